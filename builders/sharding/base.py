@@ -1,0 +1,83 @@
+"""What a builder provides to the sharded runner.
+
+A builder turns an ordered list of cheap work items (ids, caption records, ...) into rows of one
+or more outputs (a `config/split` pair each). The runner cuts the item list into fixed-size parts
+that do not depend on the number of processes, so the same config and seed give the same shards
+whether the build runs on one process or many, and a crashed build resumes part by part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Protocol, Sequence
+
+import datasets
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One published table: a split of a config, with its schema."""
+
+    config: str
+    split: str
+    features: datasets.Features
+
+    @property
+    def key(self) -> str:
+        return f"{self.config}/{self.split}"
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A finished row for the output `config/split` (see `OutputSpec.key`)."""
+
+    output: str
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Skip:
+    """An item that produced no row, and why.
+
+    `kind="filtered"` is the method working as intended (e.g. a selection rule rejected an
+    image); `kind="error"` is bad input (an unreadable image, an empty caption). Errors are
+    counted against the run's failure threshold; filtered items are not.
+    """
+
+    reason: str
+    kind: str = "filtered"
+    detail: str = ""
+
+
+@dataclass
+class BuildInfo:
+    """Provenance a builder reports for the manifest and the dataset card."""
+
+    builder: str
+    card_template: str
+    pretty_name: str
+    config: dict[str, Any]
+    models: dict[str, str] = field(default_factory=dict)
+    card_fields: dict[str, Any] = field(default_factory=dict)
+
+
+class ShardedBuilder(Protocol):
+    """Implemented by every builder module."""
+
+    def outputs(self) -> Sequence[OutputSpec]:
+        """All tables this build writes (each gets a shard set even when empty)."""
+
+    def work_items(self) -> Sequence[Any]:
+        """The full, deterministically ordered list of items (cheap records, not pixels)."""
+
+    def process(self, items: Sequence[Any]) -> Iterable[Emit | Skip]:
+        """Turn one part's items into rows. Called on every process; load models lazily."""
+
+    def info(self) -> BuildInfo:
+        """Config, model ids and card fields recorded in the manifest."""
+
+
+def iter_chunks(items: Sequence[Any], size: int) -> Iterator[tuple[int, Sequence[Any]]]:
+    """Yield `(part_index, items)` for consecutive chunks of `size` items."""
+    for start in range(0, len(items), size):
+        yield start // size, items[start : start + size]

@@ -1,0 +1,56 @@
+"""Paths inside a build output folder.
+
+    OUT/
+      README.md                      dataset card with YAML `configs:` (written by merge)
+      build_manifest.json            config, versions, models, seeds, counts (written by merge)
+      data/{split}-NNNNN-of-NNNNN.parquet            the `default` config
+      data/{config}/{split}-NNNNN-of-NNNNN.parquet   any named config
+      .parts/run.json                the run fingerprint; a resume must match it
+      .parts/{config}/{split}/part-KKKKK.parquet
+      .parts/stats/part-KKKKK.json   written last: its presence marks part K finished
+
+The same folder is what `load_dataset(OUT)` reads and what `counterfactory publish` uploads
+(everything except `.parts/`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PARTS_DIR = ".parts"
+MANIFEST = "build_manifest.json"
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    root: Path
+
+    @property
+    def parts(self) -> Path:
+        return self.root / PARTS_DIR
+
+    @property
+    def run_file(self) -> Path:
+        return self.parts / "run.json"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
+    def readme(self) -> Path:
+        return self.root / "README.md"
+
+    def part_file(self, output_key: str, part: int) -> Path:
+        return self.parts / output_key / f"part-{part:05d}.parquet"
+
+    def stats_file(self, part: int) -> Path:
+        return self.parts / "stats" / f"part-{part:05d}.json"
+
+    def data_dir(self, config: str) -> str:
+        """Folder (relative to root) of a config's shards."""
+        return "data" if config == "default" else f"data/{config}"
+
+    def shard_name(self, config: str, split: str, index: int, total: int) -> str:
+        return f"{self.data_dir(config)}/{split}-{index:05d}-of-{total:05d}.parquet"

@@ -1,0 +1,54 @@
+"""Writing one finished part: parquet per output, then the stats file.
+
+Crash safety: each parquet file is written under a temporary name and renamed into place, and the
+stats file, written last, is what marks the part finished. A kill at any point leaves either no
+stats file (the part is redone on resume, overwriting any leftovers) or a complete part.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets.table import embed_table_storage
+
+# Small row groups keep readers' memory bounded for image rows (datasets uses 100 for images).
+ROW_GROUP_ROWS = 100
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def rows_to_table(rows: list[dict[str, Any]], features: datasets.Features) -> pa.Table:
+    """Encode rows (PIL images become embedded bytes) into a table with the HF schema metadata."""
+    missing = [name for name in features if rows and name not in rows[0]]
+    if missing:
+        raise ValueError(f"builder rows lack columns {missing}; expected {list(features)}")
+    encoded = [features.encode_example(row) for row in rows]
+    table = pa.Table.from_pylist(encoded, schema=features.arrow_schema)
+    # Rows may name image files instead of holding pixels; published shards must carry the bytes.
+    return embed_table_storage(table)
+
+
+def write_parquet(path: Path, table: pa.Table) -> None:
+    """Write a parquet file atomically (temp name + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS)
+    os.replace(tmp, path)

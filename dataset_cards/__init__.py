@@ -1,0 +1,1 @@
+"""Dataset card templates rendered from build manifests."""
