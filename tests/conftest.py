@@ -34,7 +34,6 @@ os.environ.update(
     HF_METRICS_CACHE=str(_SESSION_TMP / "hf_metrics"),
     HF_HUB_DISABLE_TELEMETRY="1",
     HF_DATASETS_DISABLE_PROGRESS_BARS="1",
-    TRANSFORMERS_OFFLINE="1",
     TOKENIZERS_PARALLELISM="false",
     # Project-local NLTK data (a tagger trained on the shipped hand-tagged corpus).
     NLTK_DATA=str(REPO_ROOT / ".nltk_data"),

@@ -1,0 +1,159 @@
+"""The tiny COCO fixture and the COCO reader: determinism, the scene properties builders rely on,
+agreement of the reader with the raw JSON, and clear errors on corrupt input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from builders.cli import main as cli_main
+from builders.errors import InputFileError
+from builders.fixtures.coco import CocoFixtureConfig, write_coco_fixture, write_flickr30k_fixture
+from loading_scripts.coco import CocoSource, CocoSourceConfig, read_coco
+from loading_scripts.images import open_rgb_image
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def box_overlap(a, b) -> float:
+    """area(a ∩ b) / area(b), boxes as x, y, w, h."""
+    w = max(0.0, min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1]))
+    return w * h / (b[2] * b[3])
+
+
+def test_cli_writes_deterministic_fixture(tmp_path):
+    assert cli_main(["fixture", "coco", str(tmp_path / "a"), "--images", "12", "--seed", "3"]) == 0
+    assert cli_main(["fixture", "coco", str(tmp_path / "b"), "--images", "12", "--seed", "3"]) == 0
+    write_coco_fixture(tmp_path / "c", CocoFixtureConfig(n_images=12, seed=4))
+    a, b, c = (tree_digest(tmp_path / x) for x in "abc")
+    assert a == b
+    assert a.keys() == c.keys() and a != c
+    assert sum(k.endswith(".jpg") for k in a) == 12
+
+
+def test_fixture_has_the_cases_builders_need(coco_fixture_dir):
+    raw = {s: json.loads((coco_fixture_dir / "annotations" / f"instances_{s}.json").read_text())
+           for s in ("train2014", "val2014")}
+    cats = {c["id"]: c["name"] for c in raw["val2014"]["categories"]}
+    assert len(cats) == 80 and max(cats) == 90  # real COCO ids, with gaps
+    by_image: dict[int, list] = {}
+    sizes = {}
+    for data in raw.values():
+        sizes.update({im["id"]: (im["width"], im["height"]) for im in data["images"]})
+        for ann in data["annotations"]:
+            by_image.setdefault(ann["image_id"], []).append(ann)
+    huge = tiny = nested = crowd = single = 0
+    for image_id, anns in by_image.items():
+        w, h = sizes[image_id]
+        for ann in anns:
+            x, y, bw, bh = ann["bbox"]
+            assert 0 <= x and 0 <= y and x + bw <= w + 1e-6 and y + bh <= h + 1e-6
+            huge += bw * bh / (w * h) > 0.7
+            tiny += bw * bh < 32
+            crowd += ann["iscrowd"]
+            nested += any(o is not ann and o["category_id"] != ann["category_id"]
+                          and box_overlap(o["bbox"], ann["bbox"]) > 0.8 for o in anns)
+        single += len({a["category_id"] for a in anns}) == 1
+    assert huge and tiny and nested and crowd and single
+    # Objects are really drawn at their boxes: the box interior differs from the background.
+    img_meta = raw["val2014"]["images"][0]
+    pixels = np.asarray(Image.open(coco_fixture_dir / "val2014" / img_meta["file_name"]), dtype=float)
+    ann = by_image[img_meta["id"]][-1]
+    x, y, bw, bh = (int(round(v)) for v in ann["bbox"])
+    inside = pixels[y + 2:y + bh - 2, x + 2:x + bw - 2].mean(axis=(0, 1))
+    assert np.abs(inside - pixels[y + 2:y + bh - 2, :2].mean(axis=(0, 1))).max() > 5
+
+
+def test_read_coco_agrees_with_raw_json(coco_fixture_dir):
+    karpathy = json.loads((coco_fixture_dir / "dataset_coco.json").read_text())["images"]
+    assert {e["split"] for e in karpathy} == {"train", "restval", "val", "test"}
+    records = read_coco(CocoSourceConfig(coco_fixture_dir, karpathy_splits=("test",)))
+    expected_ids = sorted(e["cocoid"] for e in karpathy if e["split"] == "test")
+    assert [r.image_id for r in records] == expected_ids
+    caps = json.loads((coco_fixture_dir / "annotations" / "captions_val2014.json").read_text())
+    for rec in records:
+        assert rec.path.is_file() and rec.karpathy_split == "test"
+        assert sorted(c.text for c in rec.captions) == sorted(
+            a["caption"] for a in caps["annotations"] if a["image_id"] == rec.image_id)
+        assert len(rec.captions) == 5 and rec.objects
+    everything = read_coco(CocoSourceConfig(coco_fixture_dir))
+    assert len(everything) == len(karpathy)
+
+
+def test_coco_source_builder_class(coco_fixture_dir, tmp_path):
+    captions = CocoSource(config_name="captions", data_dir=str(coco_fixture_dir),
+                          cache_dir=str(tmp_path / "c1"), karpathy_splits=("test", "val"))
+    captions.download_and_prepare()
+    test = captions.as_dataset("test")
+    records = read_coco(CocoSourceConfig(coco_fixture_dir, karpathy_splits=("test",)))
+    assert len(test) == sum(len(r.captions) for r in records)
+    assert test[0]["image"].size == (128, 96)
+    instances = CocoSource(config_name="instances", data_dir=str(coco_fixture_dir),
+                           cache_dir=str(tmp_path / "c2"))
+    instances.download_and_prepare()
+    val = instances.as_dataset("val2014")
+    row = val[0]
+    rec = next(r for r in read_coco(CocoSourceConfig(coco_fixture_dir)) if r.image_id == row["image_id"])
+    assert [o["category"] for o in row["objects"]] == [o.category for o in rec.objects]
+
+
+def test_flickr30k_fixture(tmp_path):
+    root = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=6))
+    data = json.loads((root / "dataset_flickr30k.json").read_text())
+    assert len(data["images"]) == 6
+    for entry in data["images"]:
+        assert open_rgb_image(root / "flickr30k-images" / entry["filename"]).size == (128, 96)
+        assert len(entry["sentences"]) == 5
+
+
+@pytest.fixture
+def fixture_copy(tmp_path) -> Path:
+    return write_coco_fixture(tmp_path / "coco", CocoFixtureConfig(n_images=12))
+
+
+def test_malformed_json_names_file_and_position(fixture_copy):
+    path = fixture_copy / "annotations" / "captions_val2014.json"
+    path.write_text(path.read_text()[:200])
+    with pytest.raises(InputFileError, match=r"captions_val2014.json: malformed JSON at line \d+"):
+        read_coco(CocoSourceConfig(fixture_copy))
+
+
+def test_missing_annotation_file_names_it_and_the_fix(fixture_copy):
+    (fixture_copy / "annotations" / "instances_train2014.json").unlink()
+    with pytest.raises(InputFileError, match="instances_train2014.json: instances file is missing "
+                                             r"\(download COCO"):
+        read_coco(CocoSourceConfig(fixture_copy))
+    assert read_coco(CocoSourceConfig(fixture_copy, with_instances=False))
+
+
+def test_annotation_row_without_bbox_is_named(fixture_copy):
+    path = fixture_copy / "annotations" / "instances_val2014.json"
+    data = json.loads(path.read_text())
+    del data["annotations"][3]["bbox"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputFileError, match=r"annotation #3 \(id \d+\) lacks \['bbox'\]"):
+        read_coco(CocoSourceConfig(fixture_copy))
+
+
+def test_unreadable_and_missing_images(fixture_copy):
+    rec = read_coco(CocoSourceConfig(fixture_copy))[0]
+    rec.path.write_bytes(rec.path.read_bytes()[:100])
+    with pytest.raises(InputFileError, match=f"{rec.path.name}: cannot decode the image"):
+        open_rgb_image(rec.path)
+    rec.path.unlink()
+    with pytest.raises(InputFileError, match="image file is missing"):
+        open_rgb_image(rec.path)
+
+
+def test_unknown_karpathy_split(fixture_copy):
+    with pytest.raises(InputFileError, match="unknown Karpathy split"):
+        read_coco(CocoSourceConfig(fixture_copy, karpathy_splits=("testing",)))
