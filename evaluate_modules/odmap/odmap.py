@@ -1,0 +1,177 @@
+"""ODmAP@k: object-decorrelation mAP for image-to-text retrieval (evaluate module).
+
+A thin wrapper over `builders.metrics.odmap` from the counterfactory package, where the metric
+logic, its brute-force-checked tests and the streaming top-k helper live.
+"""
+
+import datasets
+import evaluate
+import numpy as np
+
+from builders.metrics.odmap import DEFAULT_K_VALUES  # From: counterfactory
+from builders.metrics.odmap import odmap  # From: counterfactory
+from builders.metrics.odmap import odmap_from_topk  # From: counterfactory
+from builders.text.class_match import ClassMatcher  # From: counterfactory
+
+_CITATION = """\
+@inproceedings{kim2023exposing,
+  title     = {Exposing and Mitigating Spurious Correlations for Cross-Modal Retrieval},
+  author    = {Kim, Jae Myung and Koepke, A. Sophia and Schmid, Cordelia and Akata, Zeynep},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR) Workshops},
+  year      = {2023}
+}
+"""
+
+_DESCRIPTION = """\
+ODmAP@k measures whether an image-to-text retrieval model retrieves captions for what is in the
+image rather than for objects that usually co-occur with it. Queries are images from which some
+object classes were removed (inpainted away). A retrieved caption is correct iff none of its noun
+phrases mentions a removed class and some noun phrase mentions a class still present
+(`require_present="any"`, or every present class with `"all"`). With rel(i) the correctness of
+the i-th retrieved caption, P(i) = (1/i) sum_{j<=i} rel(j), AP@k = (1/k) sum_{i<=k} rel(i) P(i),
+and ODmAP@k is the mean of AP@k over queries; ODmAP@1 is the fraction of queries whose top-1
+caption is correct. Noun phrases come from NLTK chunking (cached per unique caption); classes are
+matched to noun phrases with the COCO table of the paper (Appendix A) or a user-supplied table.
+"""
+
+_KWARGS_DESCRIPTION = """
+Computes ODmAP@k for each k in `k_values`.
+
+Args:
+    retrieved (`list` of `list` of `str` or `int`): per query, the retrieved captions best first
+        (caption texts), or their gallery indices when `mention_matrix` is given. At least
+        max(k_values) per query.
+    removed_classes (`list` of `list` of `str`): per query, the removed class names.
+    present_classes (`list` of `list` of `str`): per query, the class names still in the image.
+    k_values (`list` of `int`, defaults to [1, 5, 10]): the k of ODmAP@k.
+    require_present (`str`, defaults to "any"): "any" or "all" present classes must be mentioned.
+    table (`dict` or `str`, optional): class -> related words, or a JSON file of it, for datasets
+        other than COCO (default: the COCO table).
+    mention_matrix (`numpy.ndarray` or `scipy.sparse` matrix, optional): [gallery x classes] bool,
+        caption g mentions class c (see `builders.metrics.odmap.gallery_mentions`). Passed as a
+        keyword argument, it bypasses Arrow; with it, `retrieved` holds gallery indices.
+    class_names (`list` of `str`, optional): the class of each mention_matrix column (defaults to
+        the table's classes in table order, i.e. the 80 COCO classes of
+        `builders.text.class_match.COCO_CLASSES`).
+
+Returns:
+    `ODmAP@k` (`float`) for each k in k_values, and `num_queries` (`int`).
+
+Examples:
+
+    Captions as text (noun phrases are chunked with NLTK's tagger):
+
+    >>> odmap = evaluate.load("odmap")
+    >>> results = odmap.compute(
+    ...     retrieved=[["a dog on the grass", "a man with a dog"],
+    ...                ["a man with a dog", "a dog on the grass"]],
+    ...     removed_classes=[["person"], ["person"]],
+    ...     present_classes=[["dog"], ["dog"]],
+    ...     k_values=[1, 2],
+    ... )
+    >>> print(results)
+    {'ODmAP@1': 0.5, 'ODmAP@2': 0.375, 'num_queries': 2}
+
+    Fast path for a large gallery: top-k gallery indices plus a precomputed mention matrix:
+
+    >>> import numpy as np
+    >>> mentions = np.array([[True, False], [False, True], [True, True]])
+    >>> results = odmap.compute(
+    ...     retrieved=[[1, 2], [2, 0]],
+    ...     removed_classes=[["cat"], ["cat"]],
+    ...     present_classes=[["dog"], ["dog"]],
+    ...     mention_matrix=mentions,
+    ...     class_names=["cat", "dog"],
+    ...     k_values=[1, 2],
+    ... )
+    >>> print(results)
+    {'ODmAP@1': 0.5, 'ODmAP@2': 0.25, 'num_queries': 2}
+"""
+
+_CLASS_LIST = datasets.Sequence(datasets.Value("string"))
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class Odmap(evaluate.Metric):
+    """ODmAP@k (Kim et al., 2023)."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            module_type="metric",
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=[
+                datasets.Features({
+                    "retrieved": datasets.Sequence(datasets.Value("string")),
+                    "removed_classes": _CLASS_LIST,
+                    "present_classes": _CLASS_LIST,
+                }),
+                datasets.Features({
+                    "retrieved": datasets.Sequence(datasets.Value("int64")),
+                    "removed_classes": _CLASS_LIST,
+                    "present_classes": _CLASS_LIST,
+                }),
+            ],
+            reference_urls=[
+                "https://github.com/ExplainableML/Spurious_CM_Retrieval",
+            ],
+        )
+
+    def _compute(
+        self,
+        retrieved,
+        removed_classes,
+        present_classes,
+        k_values=DEFAULT_K_VALUES,
+        require_present="any",
+        table=None,
+        mention_matrix=None,
+        class_names=None,
+    ):
+        if mention_matrix is None:
+            if class_names is not None:
+                raise ValueError("class_names only applies together with mention_matrix")
+            result = odmap(
+                retrieved, removed_classes, present_classes,
+                k_values=k_values, require_present=require_present, table=table,
+            )
+        else:
+            if class_names is None:
+                names = list(ClassMatcher(table).class_names)
+            else:
+                names = list(class_names)
+            if mention_matrix.shape[1] != len(names):
+                raise ValueError(
+                    f"mention_matrix has {mention_matrix.shape[1]} columns but there are "
+                    f"{len(names)} class_names"
+                )
+            column = {c: j for j, c in enumerate(names)}
+            removed = _class_matrix(removed_classes, column, "removed_classes")
+            present = _class_matrix(present_classes, column, "present_classes")
+            try:
+                topk = np.asarray(retrieved, dtype=np.int64)
+            except ValueError:
+                lengths = sorted({len(r) for r in retrieved})
+                raise ValueError(
+                    f"retrieved gallery indices must have the same length per query, got lengths "
+                    f"{lengths}"
+                ) from None
+            result = odmap_from_topk(
+                topk, mention_matrix, removed, present,
+                k_values=k_values, require_present=require_present,
+            )
+        return {**result.as_dict(), "num_queries": result.num_queries}
+
+
+def _class_matrix(class_lists, column, name):
+    out = np.zeros((len(class_lists), len(column)), dtype=bool)
+    for q, classes in enumerate(class_lists):
+        for c in classes:
+            if c not in column:
+                raise ValueError(
+                    f"{name}[{q}] names class {c!r}, which is not among the mention_matrix "
+                    f"columns (class_names)"
+                )
+            out[q, column[c]] = True
+    return out

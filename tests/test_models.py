@@ -1,0 +1,112 @@
+"""The tiny model profile: every role builds offline and loads through the same loaders as the
+production ids; profiles and overrides resolve as documented."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from builders.cli import main as cli_main
+from builders.errors import UserFacingError
+from builders.models import loaders
+from builders.models.profiles import (PRODUCTION, ROLES, add_model_arguments, profile_from_args,
+                                      resolve_profile, with_overrides)
+from builders.models.tiny import DONE, build_tiny_models
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models_dir):
+    return resolve_profile("tiny", tiny_models_dir)
+
+
+def test_clip_roles_score_image_text_pairs(tiny):
+    model, processor = loaders.load_clip(tiny.clip)
+    batch = processor(text=["a cat", "two dogs on the grass"], images=[Image.new("RGB", (128, 96))] * 3,
+                      return_tensors="pt", padding=True)
+    with torch.no_grad():
+        assert model(**batch).logits_per_image.shape == (3, 2)
+    oc, preprocess, tokenizer = loaders.load_open_clip(tiny.open_clip)
+    with torch.no_grad():
+        img = oc.encode_image(preprocess(Image.new("RGB", (128, 96))).unsqueeze(0))
+        txt = oc.encode_text(tokenizer(["a cat", "a dog"]))
+    assert img.shape[1] == txt.shape[1] and txt.shape[0] == 2
+
+
+def test_diffusion_pipelines_run_two_steps(tiny):
+    pipe = loaders.load_sd(tiny.sd)
+    out = pipe("a cat", num_inference_steps=2, height=64, width=64, output_type="np",
+               generator=torch.Generator().manual_seed(0)).images
+    again = pipe("a cat", num_inference_steps=2, height=64, width=64, output_type="np",
+                 generator=torch.Generator().manual_seed(0)).images
+    assert out.shape == (1, 64, 64, 3) and np.array_equal(out, again)
+    inpaint = loaders.load_sd(tiny.sd_inpaint, inpaint=True)
+    img = inpaint("background", image=Image.new("RGB", (64, 64), (200, 10, 10)),
+                  mask_image=Image.new("L", (64, 64), 255), num_inference_steps=2, height=64,
+                  width=64, output_type="np").images
+    assert img.shape == (1, 64, 64, 3) and np.isfinite(img).all()
+
+
+def test_text_models(tiny):
+    mlm, tok = loaders.load_mlm(tiny.mlm)
+    enc = tok(f"A dog on the {tok.mask_token} .", return_tensors="pt")
+    with torch.no_grad():
+        logits = mlm(**enc).logits
+    pos = int((enc.input_ids[0] == tok.mask_token_id).nonzero()[0, 0])
+    proposals = [tok.decode([i]).strip() for i in logits[0, pos].topk(50).indices]
+    assert sum(p.isalpha() and len(p) > 2 for p in proposals) >= 10  # whole-word vocabulary
+    # Caption words are single tokens, as with roberta-base.
+    assert len(tok("A dog riding a skateboard .").input_ids) == 2 + 6
+    lm, ltok = loaders.load_lm(tiny.lm)
+    ids = ltok("A dog on the grass .", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ppl = torch.exp(lm(ids, labels=ids).loss)
+    assert torch.isfinite(ppl) and ppl > 1
+    cap, proc = loaders.load_captioner(tiny.captioner)
+    out = cap.generate(**proc(images=Image.new("RGB", (64, 48)), return_tensors="pt"), max_new_tokens=5)
+    assert isinstance(proc.batch_decode(out, skip_special_tokens=True)[0], str)
+    sentence = loaders.load_sentence(tiny.sentence)
+    emb = sentence.encode(["A dog on the grass.", "A puppy on the lawn.", "A red bus."],
+                          normalize_embeddings=True)
+    assert emb.shape == (3, 384)
+    assert emb[0] @ emb[1] > emb[0] @ emb[2]  # the real MiniLM, not a random one
+
+
+def test_build_is_idempotent_and_deterministic(tiny_models_dir, tmp_path):
+    marker = tiny_models_dir / DONE
+    mtime = marker.stat().st_mtime_ns
+    build_tiny_models(tiny_models_dir)
+    assert marker.stat().st_mtime_ns == mtime
+    assert cli_main(["models", "tiny", str(tmp_path / "again")]) == 0
+    for role in ("mlm", "clip"):
+        a = hashlib.sha256((tiny_models_dir / role / "model.safetensors").read_bytes()).digest()
+        b = hashlib.sha256((tmp_path / "again" / role / "model.safetensors").read_bytes()).digest()
+        assert a == b, role
+
+
+def test_profiles_and_overrides(tiny_models_dir, capsys):
+    assert resolve_profile("production") == PRODUCTION
+    assert PRODUCTION.mlm.endswith("roberta-base") and PRODUCTION.lm.endswith("gpt2-large")
+    with pytest.raises(UserFacingError, match="unknown model profile 'huge'"):
+        resolve_profile("huge")
+    assert with_overrides(PRODUCTION, mlm="my/mlm", lm=None).mlm == "my/mlm"
+    with pytest.raises(UserFacingError, match="unknown model role"):
+        with_overrides(PRODUCTION, vae="x")
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    args = parser.parse_args(["--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
+                              "--sd-model", "/elsewhere/sd"])
+    profile = profile_from_args(args)
+    assert profile.sd == "/elsewhere/sd" and profile.mlm == str(tiny_models_dir / "mlm")
+    assert cli_main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(role in out for role in ROLES)
+
+
+def test_unloadable_model_is_a_clear_error(tmp_path):
+    with pytest.raises(UserFacingError, match="cannot load the masked LM model .*--models tiny"):
+        loaders.load_mlm(str(tmp_path / "nothing-here"))
