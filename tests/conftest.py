@@ -85,3 +85,9 @@ def coco_fixture_dir() -> Path:
     path = _SESSION_TMP / "coco"
     write_coco_fixture(path, CocoFixtureConfig())
     return path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
