@@ -1,0 +1,181 @@
+"""mAP@R, R-Precision, Recall@K and the ECCV Caption suite for retrieval (evaluate module).
+
+A thin wrapper over `builders.metrics.retrieval` / `builders.metrics.retrieval_eccv` from the
+counterfactory package, where the vectorised metric code and its brute-force and eccv_caption
+parity tests live.
+"""
+
+import datasets
+import evaluate
+
+from builders.metrics.retrieval import RetrievalInputError  # From: counterfactory
+from builders.metrics.retrieval import RetrievalMetricConfig  # From: counterfactory
+from builders.metrics.retrieval import retrieval_scores  # From: counterfactory
+from builders.metrics.retrieval import retrieval_scores_from_similarity  # From: counterfactory
+from builders.metrics.retrieval_eccv import DEFAULT_TARGET_METRICS  # From: counterfactory
+from builders.metrics.retrieval_eccv import EccvAnnotations  # From: counterfactory
+from builders.metrics.retrieval_eccv import EccvSuiteConfig  # From: counterfactory
+from builders.metrics.retrieval_eccv import eccv_suite  # From: counterfactory
+from builders.metrics.retrieval_eccv import eccv_suite_from_similarity  # From: counterfactory
+from loading_scripts.eccv import pm_positives_from_instances  # From: counterfactory
+from loading_scripts.eccv import read_pm_positives  # From: counterfactory
+from loading_scripts.eccv import read_positives  # From: counterfactory
+
+_CITATION = """\
+@inproceedings{chun2022eccv_caption,
+  title     = {ECCV Caption: Correcting False Negatives by Collecting Machine-and-Human-verified Image-Caption Associations for MS-COCO},
+  author    = {Chun, Sanghyuk and Kim, Wonjae and Park, Song and Chang, Minsuk and Oh, Seong Joon},
+  booktitle = {European Conference on Computer Vision (ECCV)},
+  year      = {2022}
+}
+@inproceedings{musgrave2020metric,
+  title     = {A Metric Learning Reality Check},
+  author    = {Musgrave, Kevin and Belongie, Serge and Lim, Ser-Nam},
+  booktitle = {European Conference on Computer Vision (ECCV)},
+  year      = {2020}
+}
+"""
+
+_DESCRIPTION = """\
+mAP@R (Musgrave et al., 2020) scores a retrieval ranking against *all* R positives of a query:
+with rprecision(r) = |set(t[:r]) & G| / |set(t[:r])|, AP@R = (1/R) sum_{r<=R} 1[t[r-1] in G]
+rprecision(r), and mAP@R is its mean over queries. R-Precision is rprecision(R), R@1 is
+1[t[0] in G] and R@K is 1[set(t[:K]) & G non-empty]. The definitions, and every number, are those
+of the `eccv_caption` 0.1.0 package (ECCV Caption, Chun et al., 2022). Besides ranked id lists,
+the module takes a query x gallery similarity matrix (ranked with ties in gallery order) and
+computes the whole ECCV Caption suite: ECCV mAP@R / R-Precision / R@K, COCO 1K and 5K R@K, CxC
+R@K and PMRP, with the annotations shipped in `eccv_caption`.
+"""
+
+_KWARGS_DESCRIPTION = """
+Computes mAP@R, R-Precision and R@K; or, with keyword arguments only, the same from a similarity
+matrix or the ECCV Caption suite.
+
+Args:
+    predictions (`list` of `list` of `int`): per query, the retrieved ids, best first. A query
+        needs max(R, max(k_values)) of them (fewer raises a ValueError naming the query).
+    references (`list` of `list` of `int`): per query, its positive ids (R = distinct count).
+    k_values (`list` of `int`, defaults to [1, 5, 10]): the K of R@K.
+    map_at_r (`bool`, defaults to True), r_precision (`bool`, defaults to True): compute them.
+    r_precision_cap (`int`, optional): R-Precision at min(R, cap) (PMRP uses 50).
+
+    Similarity mode (keyword arguments, not sent through Arrow, so 5,000 x 25,000 is fine):
+    similarity (`numpy.ndarray` or `torch.Tensor`): [queries x gallery] scores, higher is better.
+    positives (`list` of `list` of `int`, or `dict` query id -> ids): the positives per row (or
+        per query id in `query_ids`).
+    query_ids, gallery_ids (`list` of `int`, optional): row / column ids (default: positions).
+
+    ECCV Caption mode (COCO 5K test split ids; output `{metric: {"i2t": x, "t2i": y}}`):
+    i2t_rankings, t2i_rankings (`dict`): COCO image id -> ranked caption ids, caption id ->
+        ranked image ids; or
+    i2t_similarity (`numpy.ndarray`): [images x captions] scores with `image_ids` and
+        `caption_ids` (and optionally a [captions x images] `t2i_similarity`).
+    target_metrics (`list` of `str`): as in eccv_caption, default coco_1k_r1, coco_5k_r1, cxc_r1,
+        eccv_r1, eccv_map_at_r; `{coco_1k,coco_5k,cxc,eccv}_recalls` give R@K for k_values,
+        plus eccv_rprecision and pmrp.
+    pm_dir (`str`, optional): folder with the official pm_*.json files, for pmrp; or
+    coco_instances (`str`, optional): COCO instances_val2014.json to compute PM positives from,
+        with `pm_zeta` (`int`, defaults to 0) differing classes allowed.
+
+Returns:
+    `map_at_r`, `r_precision`, `recall_at_{k}` (`float`, 0-1) and `num_queries` (`int`); in ECCV
+    Caption mode, `{metric: {"i2t": float, "t2i": float}}`.
+
+Examples:
+
+    Ranked id lists (SPEC worked example: AP@R 0.5556 and 0.3889):
+
+    >>> metric = evaluate.load("map_at_r")
+    >>> results = metric.compute(predictions=[[10, 99, 11, 12], [99, 10, 11, 12]],
+    ...                          references=[[10, 11, 12], [10, 11, 12]], k_values=[1, 2])
+    >>> print({k: round(v, 4) for k, v in results.items()})
+    {'map_at_r': 0.4722, 'r_precision': 0.6667, 'recall_at_1': 0.5, 'recall_at_2': 1.0, 'num_queries': 2}
+
+    A similarity matrix; ties rank in gallery order, so in row 0 column 0 beats the positive 2:
+
+    >>> import numpy as np
+    >>> scores = np.array([[0.9, 0.1, 0.9], [0.2, 0.8, 0.3]])
+    >>> results = metric.compute(similarity=scores, positives=[[2], [1, 2]], k_values=[1])
+    >>> print(results)
+    {'map_at_r': 0.5, 'r_precision': 0.5, 'recall_at_1': 0.5, 'num_queries': 2}
+"""
+
+_ID_LIST = datasets.Sequence(datasets.Value("int64"))
+_KEYWORD_MODES = ("similarity", "i2t_rankings", "t2i_rankings", "i2t_similarity")
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class RetrievalMapAtR(evaluate.Metric):
+    """mAP@R family and the ECCV Caption suite (Chun et al., 2022)."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            module_type="metric",
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features({"predictions": _ID_LIST, "references": _ID_LIST}),
+            reference_urls=["https://github.com/naver-ai/eccv-caption",
+                            "https://arxiv.org/abs/2204.03359"],
+        )
+
+    def compute(self, *, predictions=None, references=None, **kwargs):
+        """Compute the metrics (evaluate appends the argument description below)."""
+        # Matrices and id-keyed dicts bypass Arrow (a 5,000 x 25,000 matrix through Arrow costs
+        # tens of seconds and gigabytes); those modes have no per-row features to add.
+        if any(kwargs.get(name) is not None for name in _KEYWORD_MODES):
+            if predictions is not None or references is not None:
+                raise ValueError("pass either predictions/references (ranked lists) or a "
+                                 "similarity matrix / ECCV rankings, not both")
+            return self._keyword_mode(**kwargs)
+        return super().compute(predictions=predictions, references=references, **kwargs)
+
+    def _compute(self, predictions, references, k_values=(1, 5, 10), map_at_r=True,
+                 r_precision=True, r_precision_cap=None):
+        config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap)
+        scores = retrieval_scores(predictions, references, config)
+        return {**scores.as_dict(), "num_queries": scores.num_queries}
+
+    def _keyword_mode(self, similarity=None, positives=None, query_ids=None, gallery_ids=None,
+                      k_values=(1, 5, 10), map_at_r=True, r_precision=True, r_precision_cap=None,
+                      i2t_rankings=None, t2i_rankings=None, i2t_similarity=None, image_ids=None,
+                      caption_ids=None, t2i_similarity=None, target_metrics=DEFAULT_TARGET_METRICS,
+                      pm_dir=None, coco_instances=None, pm_zeta=0):
+        if similarity is not None:
+            if positives is None:
+                raise ValueError("similarity needs positives: one positive-id list per row, or a "
+                                 "dict query id -> positive ids")
+            config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap)
+            scores = retrieval_scores_from_similarity(similarity, positives, query_ids,
+                                                      gallery_ids, config)
+            return {**scores.as_dict(), "num_queries": scores.num_queries}
+        suite = EccvSuiteConfig(target_metrics=tuple(target_metrics), k_values=tuple(k_values))
+        annotations = EccvAnnotations.load(pm=_pm_positives(pm_dir, coco_instances, pm_zeta))
+        if i2t_similarity is not None:
+            if image_ids is None or caption_ids is None:
+                raise ValueError("i2t_similarity needs image_ids (its rows) and caption_ids "
+                                 "(its columns), as COCO ids")
+            return eccv_suite_from_similarity(i2t_similarity, image_ids, caption_ids, suite,
+                                              annotations, t2i_similarity)
+        if i2t_rankings is None or t2i_rankings is None:
+            raise ValueError("the ECCV Caption suite needs both i2t_rankings and t2i_rankings")
+        return eccv_suite(i2t_rankings, t2i_rankings, suite, annotations)
+
+
+def _metric_config(k_values, map_at_r, r_precision, r_precision_cap):
+    try:
+        ks = tuple(k_values)
+    except TypeError:
+        raise RetrievalInputError(f"k_values must be a list of integers, got {k_values!r}") from None
+    return RetrievalMetricConfig(k_values=ks, map_at_r=bool(map_at_r),
+                                 r_precision=bool(r_precision), r_precision_cap=r_precision_cap)
+
+
+def _pm_positives(pm_dir, coco_instances, pm_zeta):
+    if pm_dir is not None and coco_instances is not None:
+        raise ValueError("give pm_dir or coco_instances for PMRP, not both")
+    if pm_dir is not None:
+        return read_pm_positives(pm_dir)
+    if coco_instances is not None:
+        return pm_positives_from_instances(coco_instances, read_positives("coco").i2t, pm_zeta)
+    return None
