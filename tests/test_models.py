@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import pipeline
 
 from builders.cli import main as cli_main
 from builders.errors import UserFacingError
@@ -17,6 +19,8 @@ from builders.models import loaders
 from builders.models.profiles import (PRODUCTION, ROLES, add_model_arguments, profile_from_args,
                                       resolve_profile, with_overrides)
 from builders.models.tiny import DONE, build_tiny_models
+from builders.models.tiny import ROLES as TINY_ROLES  # the roles the builder makes (no sentence)
+from builders.text.nltk_setup import read_tagged_corpus
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +57,14 @@ def test_diffusion_pipelines_run_two_steps(tiny):
 
 def test_text_models(tiny):
     mlm, tok = loaders.load_mlm(tiny.mlm)
-    enc = tok(f"A dog on the {tok.mask_token} .", return_tensors="pt")
-    with torch.no_grad():
-        logits = mlm(**enc).logits
-    pos = int((enc.input_ids[0] == tok.mask_token_id).nonzero()[0, 0])
-    proposals = [tok.decode([i]).strip() for i in logits[0, pos].topk(50).indices]
-    assert sum(p.isalpha() and len(p) > 2 for p in proposals) >= 10  # whole-word vocabulary
+    # The noun-swap step asks a fill-mask pipeline for words; the tiny MLM must propose whole
+    # caption words (as roberta-base does), not word pieces or bytes.
+    corpus_words = {w for sentence in read_tagged_corpus() for w, _ in sentence}
+    fill = pipeline("fill-mask", model=mlm, tokenizer=tok, top_k=10)
+    for text in ("A dog on the <mask> .", "Two <mask> sitting on a bench ."):
+        proposals = [p["token_str"] for p in fill(text)]
+        assert len(proposals) == 10
+        assert all(p.startswith(" ") and p.strip() in corpus_words for p in proposals), proposals
     # Caption words are single tokens, as with roberta-base.
     assert len(tok("A dog riding a skateboard .").input_ids) == 2 + 6
     lm, ltok = loaders.load_lm(tiny.lm)
@@ -76,15 +82,25 @@ def test_text_models(tiny):
     assert emb[0] @ emb[1] > emb[0] @ emb[2]  # the real MiniLM, not a random one
 
 
-def test_build_is_idempotent_and_deterministic(tiny_models_dir, tmp_path):
+def test_build_is_idempotent_deterministic_and_safe_in_parallel(tiny_models_dir, tmp_path, capsys):
     marker = tiny_models_dir / DONE
     mtime = marker.stat().st_mtime_ns
     build_tiny_models(tiny_models_dir)
     assert marker.stat().st_mtime_ns == mtime
-    assert cli_main(["models", "tiny", str(tmp_path / "again")]) == 0
-    for role in ("mlm", "clip"):
-        a = hashlib.sha256((tiny_models_dir / role / "model.safetensors").read_bytes()).digest()
-        b = hashlib.sha256((tmp_path / "again" / role / "model.safetensors").read_bytes()).digest()
+    # Two builders of one folder at once (as two `accelerate launch` ranks would): the CLI and a
+    # thread. Both must succeed, and since they share torch's global RNG, interleaved builds
+    # would also break the byte-for-byte equality checked below.
+    again = tmp_path / "again"
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(build_tiny_models, again)
+        assert cli_main(["models", "tiny", str(again)]) == 0
+        assert other.result() == {role: again / role for role in TINY_ROLES}  # re-raises its error
+    assert str(again / "mlm") in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "again.lock"]  # no temp folders
+    for role in ("clip", "sd/unet", "sd_inpaint/unet", "mlm", "lm", "captioner"):
+        weights = next((tiny_models_dir / role).glob("*.safetensors")).name
+        a = hashlib.sha256((tiny_models_dir / role / weights).read_bytes()).digest()
+        b = hashlib.sha256((again / role / weights).read_bytes()).digest()
         assert a == b, role
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from builders.errors import UserFacingError
@@ -104,7 +104,3 @@ def add_model_arguments(parser: argparse.ArgumentParser, roles: tuple[str, ...] 
 def profile_from_args(args: argparse.Namespace) -> ModelProfile:
     profile = resolve_profile(args.models, args.tiny_models_dir)
     return with_overrides(profile, **{r: getattr(args, f"{r}_model", None) for r in ROLES})
-
-
-def profile_dict(profile: ModelProfile) -> dict[str, str]:
-    return asdict(profile)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 ROLES = ("clip", "open_clip", "sd", "sd_inpaint", "mlm", "lm", "captioner")
 DONE = "counterfactory_tiny_models.json"
 #: Bump when the tiny models change, so old caches are rebuilt.
-TINY_VERSION = 1
+TINY_VERSION = 2
 SEED = 0
 
 
@@ -140,10 +141,18 @@ def build_mlm(out: Path, vocab: dict, merges: list) -> None:
     tok = RobertaTokenizer(vocab=vocab, merges=merges)
     tok.save_pretrained(out)
     torch.manual_seed(SEED)
-    RobertaForMaskedLM(RobertaConfig(
+    model = RobertaForMaskedLM(RobertaConfig(
         vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=130, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)).save_pretrained(out)
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    # Like roberta-base in a caption context, propose whole caption words (" dog"), never word
+    # pieces, bytes or special tokens: a random head would rank those as often as words.
+    words = {w for line in _caption_lines() for w in line.split() if w.isalpha()}
+    with torch.no_grad():
+        for token, i in vocab.items():
+            if not (token.startswith("Ġ") and token[1:] in words):
+                model.lm_head.bias[i] = -20.0
+    model.save_pretrained(out)
 
 
 def build_lm(out: Path, vocab: dict, merges: list) -> None:
@@ -183,27 +192,40 @@ def build_captioner(out: Path, vocab: dict) -> None:
     processor.save_pretrained(out)
 
 
+def _is_complete(root: Path) -> bool:
+    done = root / DONE
+    return done.exists() and json.loads(done.read_text()).get("version") == TINY_VERSION
+
+
 def build_tiny_models(root: str | Path) -> dict[str, Path]:
     """Build (once) and return `role -> folder` for every tiny model under `root`."""
+    from filelock import FileLock  # a dependency of huggingface_hub, torch and datasets
+
     root = Path(root)
     paths = {role: root / role for role in ROLES}
-    done = root / DONE
-    if done.exists() and json.loads(done.read_text()).get("version") == TINY_VERSION:
+    if _is_complete(root):
         return paths
-    tmp = root.with_name(root.name + ".building")
-    shutil.rmtree(tmp, ignore_errors=True)
-    vocab, merges = _bpe()
-    build_clip(tmp / "clip")
-    build_open_clip(tmp / "open_clip")
-    build_sd(tmp / "sd")
-    build_sd_inpaint(tmp / "sd_inpaint")
-    build_mlm(tmp / "mlm", vocab, merges)
-    build_lm(tmp / "lm", vocab, merges)
-    build_captioner(tmp / "captioner", vocab)
-    (tmp / DONE).write_text(json.dumps({"version": TINY_VERSION, "roles": list(ROLES)}))
-    # Swap in atomically-ish: a crash leaves either the old complete folder or none.
-    shutil.rmtree(root, ignore_errors=True)
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(root)
-    log.info("built tiny models in %s", root)
+    # Several processes (`accelerate launch` ranks, parallel test runs) may ask for the same
+    # profile at once: one builds, the others wait and then find it complete.
+    with FileLock(str(root.parent / f"{root.name}.lock")):
+        if _is_complete(root):
+            return paths
+        tmp = Path(tempfile.mkdtemp(prefix=root.name + ".building-", dir=root.parent))
+        try:
+            vocab, merges = _bpe()
+            build_clip(tmp / "clip")
+            build_open_clip(tmp / "open_clip")
+            build_sd(tmp / "sd")
+            build_sd_inpaint(tmp / "sd_inpaint")
+            build_mlm(tmp / "mlm", vocab, merges)
+            build_lm(tmp / "lm", vocab, merges)
+            build_captioner(tmp / "captioner", vocab)
+            (tmp / DONE).write_text(json.dumps({"version": TINY_VERSION, "roles": list(ROLES)}))
+            # Built aside and swapped in: a crash leaves the old folder or none, never half a one.
+            shutil.rmtree(root, ignore_errors=True)
+            tmp.rename(root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built the tiny models in %s", root)
     return paths

@@ -31,8 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train NLTK's perceptron tagger on the shipped hand-tagged caption corpus and "
         "save it as averaged_perceptron_tagger_eng under --nltk-data. With internet, prefer the "
         "real data: python -m nltk.downloader averaged_perceptron_tagger_eng")
-    off.add_argument("--nltk-data", type=Path, default=Path(os.environ.get("NLTK_DATA", ".nltk_data")),
-                     help="NLTK data folder (default: $NLTK_DATA or ./.nltk_data)")
+    # NLTK_DATA may list several folders (like PATH); NLTK searches them in order.
+    default = (os.environ.get("NLTK_DATA") or ".nltk_data").split(os.pathsep)[0]
+    off.add_argument("--nltk-data", type=Path, default=Path(default),
+                     help="NLTK data folder (default: the first folder of $NLTK_DATA, else ./.nltk_data)")
     off.set_defaults(func=_offline)
     chk = sub.add_parser("check", help="say which tagger nltk.pos_tag will use (error if none)")
     chk.set_defaults(func=_check)
