@@ -15,6 +15,7 @@ from types import ModuleType
 
 BUILDER_MODULES = {
     "coco-captions": "builders.coco_captions",
+    "decorrelation": "builders.decorrelation",
 }
 
 

@@ -47,7 +47,10 @@ def demo_builds(coco: Path, tiny_dir: Path) -> list[DemoBuild]:
     known = {
         "coco-captions": DemoBuild("coco-captions", ["--coco-root", str(coco), "--splits", "test", "val"],
                                    [("default", "test"), ("captions", "test")]),
-        "decorrelation": DemoBuild("decorrelation", ["--coco-root", str(coco), "--image-size", "64", *tiny]),
+        "decorrelation": DemoBuild("decorrelation", ["--coco-root", str(coco), "--image-size", "64",
+                                                     "--inpaint-steps", "2", *tiny],
+                                   [("default", "train"), ("odmap_queries", "test"),
+                                    ("odmap_gallery", "test")]),
         "coco-counterfactuals": DemoBuild("coco-counterfactuals",
                                           ["--coco-root", str(coco), "--image-size", "64", *tiny]),
     }

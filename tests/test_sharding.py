@@ -148,3 +148,22 @@ def test_two_processes_killed_and_resumed_equal_a_single_process_run(tmp_path):
     assert shard_digests(out) == shard_digests(single)
     multi_rows = load_dataset(str(out), split="train")["id"]
     assert multi_rows == expected_rows(40)["train"] and len(set(multi_rows)) == len(multi_rows)
+
+
+class _NoTestRows(toy_builder.ToyBuilder):
+    def process(self, items):
+        for out in super().process(items):
+            if not getattr(out, "output", "").startswith("default/test"):
+                yield out
+
+
+def test_empty_output_is_left_out_of_configs_and_the_rest_loads(tmp_path):
+    out = tmp_path / "b"
+    builder = _NoTestRows(toy_builder.ToyConfig(n_items=20))
+    manifest = run_build(builder, RunConfig(output_dir=out, part_size=8, max_error_fraction=0.2)).manifest
+    assert manifest["outputs"]["default/test"]["rows"] == 0
+    assert not list((out / "data").glob("test-*"))
+    assert "split: test" not in (out / "README.md").read_text()
+    assert sorted(load_dataset(str(out), split="train")["id"]) == expected_rows(20)["train"]
+    with pytest.raises(ValueError, match="test"):
+        load_dataset(str(out), split="test")

@@ -29,6 +29,8 @@ def configs_yaml(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """The README `configs:` entries: one per config, one `data_files` entry per split."""
     configs: dict[str, list[dict[str, str]]] = {}
     for out in manifest["outputs"].values():
+        if not out["rows"]:  # no shard was written (see sharding.merge)
+            continue
         configs.setdefault(out["config"], []).append(
             {"split": out["split"], "path": f"{out['data_dir']}/{out['split']}-*"}
         )
@@ -42,7 +44,8 @@ def dataset_info_yaml(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     infos = []
     by_config: dict[str, list[dict[str, Any]]] = {}
     for out in manifest["outputs"].values():
-        by_config.setdefault(out["config"], []).append(out)
+        if out["rows"]:
+            by_config.setdefault(out["config"], []).append(out)
     for config, outs in by_config.items():
         features = datasets.Features.from_dict(outs[0]["features"])
         infos.append({

@@ -64,6 +64,11 @@ def _write_output_shards(
 ) -> tuple[int, list[str]]:
     files = [p for p in (layout.part_file(spec.key, k) for k in range(n_parts)) if p.exists()]
     total_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    if total_rows == 0:
+        # datasets 5.2 cannot read a 0-row parquet file ("BatchSize must be greater than 0"), so
+        # an empty output gets no shard and is left out of the card's `configs:`.
+        log.warning("%s has no rows: it gets no shard and no entry in the card's configs", spec.key)
+        return 0, []
     total_bytes = sum(p.stat().st_size for p in files)
     n_shards = max(1, math.ceil(total_bytes / max_shard_bytes))
     rows_per_shard = max(1, math.ceil(total_rows / n_shards))

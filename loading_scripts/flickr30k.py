@@ -1,0 +1,255 @@
+"""Reader of Flickr30k: Karpathy's split file, the images, and (optionally) Flickr30k Entities.
+
+Expected layout:
+
+    ROOT/flickr30k-images/<id>.jpg
+    ROOT/dataset_flickr30k.json                 Karpathy split (train 29,000 / val 1,014 / test 1,000)
+    ROOT/flickr30k_entities/Sentences/<id>.txt  optional: phrase <-> entity type per caption
+    ROOT/flickr30k_entities/Annotations/<id>.xml optional: boxes per entity (PASCAL VOC style)
+
+An Entities sentence line looks like
+`[/EN#18/people A man] with [/EN#19/clothing pierced ears] is wearing [/EN#20/clothing glasses] .`;
+its phrases carry the entity types (people, clothing, bodyparts, animals, vehicles, instruments,
+scene, other). A box belongs to every entity named in its `<object>`; its class is the entity's
+first type (the few multi-typed entities, e.g. `people/other`, are rare). Boxes are converted to
+COCO (x, y, width, height) with width = xmax - xmin. Entity boxes marked `nobndbox` or `scene` are
+not boxes and are skipped. Without Entities, captions come from Karpathy's `raw` sentences and
+images have no boxes.
+
+`read_flickr30k(Flickr30kSourceConfig(root, splits=("test",)))` returns `Flickr30kImage` records
+(paths, boxes, captions with phrase spans; no pixels). `Flickr30kSource` exposes the same data as
+a `datasets` builder class called directly (`Flickr30kSource(data_dir=ROOT).download_and_prepare()`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+from PIL import Image
+
+from builders.errors import InputFileError
+from loading_scripts.coco import load_json
+
+log = logging.getLogger(__name__)
+
+DOWNLOAD_FIX = ("get Flickr30k from https://shannon.cs.illinois.edu/DenotationGraph/, Karpathy's "
+                "dataset_flickr30k.json, and optionally https://github.com/BryanPlummer/flickr30k_entities")
+SPLITS = ("train", "val", "test")
+ENTITY_TYPES = ("people", "clothing", "bodyparts", "animals", "vehicles", "instruments", "scene", "other")
+_PHRASE = re.compile(r"\[/EN#(\d+)((?:/[^\s\]]+)+) ([^\]]*)\]")
+
+
+@dataclass(frozen=True)
+class EntityPhrase:
+    """An annotated phrase: character span [start, end) in the caption text, entity id, types."""
+
+    start: int
+    end: int
+    entity_id: int
+    types: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Flickr30kCaption:
+    caption_id: int
+    text: str
+    phrases: tuple[EntityPhrase, ...] = ()
+
+
+@dataclass(frozen=True)
+class Flickr30kObject:
+    entity_id: int
+    category: str
+    #: x, y, width, height in pixels (COCO convention).
+    bbox: tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class Flickr30kImage:
+    image_id: int
+    path: Path
+    width: int
+    height: int
+    split: str
+    captions: tuple[Flickr30kCaption, ...]
+    objects: tuple[Flickr30kObject, ...] = ()
+
+
+@dataclass
+class Flickr30kSourceConfig:
+    """Example: `Flickr30kSourceConfig(root=Path("f30k"), splits=("test",))`."""
+
+    root: Path
+    #: Karpathy splits to read; default: all.
+    splits: tuple[str, ...] = SPLITS
+    #: Karpathy split file; default `ROOT/dataset_flickr30k.json`.
+    karpathy_file: Path | None = None
+    #: Flickr30k Entities folder; default `ROOT/flickr30k_entities` when it exists, else none.
+    entities_dir: Path | None = None
+
+
+def parse_entity_sentence(line: str) -> tuple[str, tuple[EntityPhrase, ...]]:
+    """Plain text and phrase spans of one Entities sentence line."""
+    line = line.strip()
+    text, phrases, pos = [], [], 0
+    length = 0
+    for m in _PHRASE.finditer(line):
+        before = line[pos:m.start()]
+        text.append(before)
+        length += len(before)
+        phrase = m.group(3)
+        types = tuple(t for t in m.group(2).split("/") if t)
+        phrases.append(EntityPhrase(length, length + len(phrase), int(m.group(1)), types))
+        text.append(phrase)
+        length += len(phrase)
+        pos = m.end()
+    text.append(line[pos:])
+    return "".join(text), tuple(phrases)
+
+
+def _read_sentences(path: Path) -> list[tuple[str, tuple[EntityPhrase, ...]]]:
+    if not path.is_file():
+        raise InputFileError(path, "Entities sentence file is missing", DOWNLOAD_FIX)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [parse_entity_sentence(ln) for ln in lines if ln.strip()]
+
+
+def _read_boxes(path: Path, entity_types: dict[int, tuple[str, ...]]
+                ) -> tuple[tuple[int, int] | None, tuple[Flickr30kObject, ...]]:
+    if not path.is_file():
+        raise InputFileError(path, "Entities annotation file is missing", DOWNLOAD_FIX)
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as err:
+        raise InputFileError(path, f"malformed XML ({err})", "re-download Flickr30k Entities") from err
+    size = None
+    w, h = root.findtext("size/width"), root.findtext("size/height")
+    if w and h:
+        size = (int(w), int(h))
+    objects = []
+    for obj in root.iter("object"):
+        box = obj.find("bndbox")
+        if box is None:  # nobndbox / scene entities have no box
+            continue
+        try:
+            x0, y0, x1, y1 = (float(box.findtext(k)) for k in ("xmin", "ymin", "xmax", "ymax"))
+        except (TypeError, ValueError) as err:
+            raise InputFileError(path, f"a bndbox lacks numeric xmin/ymin/xmax/ymax ({err})",
+                                 "fix or drop that object") from err
+        for name in obj.iter("name"):
+            entity = int(name.text)
+            types = entity_types.get(entity)
+            if types:
+                objects.append(Flickr30kObject(entity, types[0], (x0, y0, x1 - x0, y1 - y0)))
+    return size, tuple(objects)
+
+
+def _entities_dir(cfg: Flickr30kSourceConfig) -> Path | None:
+    if cfg.entities_dir is not None:
+        if not Path(cfg.entities_dir).is_dir():
+            raise InputFileError(cfg.entities_dir, "Flickr30k Entities folder is missing", DOWNLOAD_FIX)
+        return Path(cfg.entities_dir)
+    default = Path(cfg.root) / "flickr30k_entities"
+    return default if default.is_dir() else None
+
+
+def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
+    """Images of the selected Karpathy splits, sorted by image id, with captions (and boxes)."""
+    root = Path(cfg.root)
+    unknown = set(cfg.splits) - set(SPLITS)
+    if unknown:
+        raise InputFileError(root, f"unknown Flickr30k split(s) {sorted(unknown)}", f"choose from {', '.join(SPLITS)}")
+    path = Path(cfg.karpathy_file or root / "dataset_flickr30k.json")
+    data = load_json(path, "Karpathy split")
+    entities = _entities_dir(cfg)
+    records = []
+    for row, entry in enumerate(data.get("images", [])):
+        try:
+            name, split = entry["filename"], entry["split"]
+            sentences = [(int(s["sentid"]), str(s["raw"]).strip()) for s in entry["sentences"]]
+            image_id = int(Path(name).stem)
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputFileError(path, f"image entry #{row} lacks filename/split/sentences ({err})",
+                                 "use Karpathy's original dataset_flickr30k.json") from err
+        if split not in cfg.splits:
+            continue
+        image_path = root / "flickr30k-images" / name
+        captions = tuple(Flickr30kCaption(sid, text) for sid, text in sentences)
+        objects: tuple[Flickr30kObject, ...] = ()
+        size = None
+        if entities is not None:
+            annotated = _read_sentences(entities / "Sentences" / f"{image_id}.txt")
+            if len(annotated) != len(sentences):
+                raise InputFileError(entities / "Sentences" / f"{image_id}.txt",
+                                     f"has {len(annotated)} sentences, Karpathy's file {len(sentences)}",
+                                     "use matching releases of both files")
+            captions = tuple(Flickr30kCaption(sid, text, phrases)
+                             for (sid, _), (text, phrases) in zip(sentences, annotated))
+            types = {p.entity_id: p.types for c in captions for p in c.phrases}
+            size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
+        if size is None:
+            size = _image_size(image_path)
+        records.append(Flickr30kImage(image_id, image_path, size[0], size[1], split, captions, objects))
+    records.sort(key=lambda r: r.image_id)
+    log.info("read %d Flickr30k images from %s (entities: %s)", len(records), root, entities or "none")
+    return records
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    """Width and height from the image header (no decoding); (0, 0) when unreadable, so the
+    builder reports the image when it opens it, with the rest of the run unaffected."""
+    try:
+        with Image.open(path) as img:
+            return img.size
+    except (OSError, ValueError, SyntaxError):
+        return (0, 0)
+
+
+# ----------------------------------------------------------------------------- datasets builder
+
+FEATURES = datasets.Features({
+    "image": datasets.Image(), "image_id": datasets.Value("int64"),
+    "caption_ids": datasets.List(datasets.Value("int64")),
+    "captions": datasets.List(datasets.Value("string")),
+    "objects": datasets.List({"entity_id": datasets.Value("int64"), "category": datasets.Value("string"),
+                              "bbox": datasets.List(datasets.Value("float32"), length=4)}),
+})
+
+
+@dataclass
+class Flickr30kBuilderConfig(datasets.BuilderConfig):
+    splits: tuple[str, ...] = SPLITS
+    entities_dir: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Flickr30kSource(datasets.GeneratorBasedBuilder):
+    """Flickr30k as a `datasets` builder, called directly (never as a Hub loading script)."""
+
+    BUILDER_CONFIG_CLASS = Flickr30kBuilderConfig
+    BUILDER_CONFIGS = [Flickr30kBuilderConfig(name="default")]
+
+    def _info(self) -> datasets.DatasetInfo:
+        return datasets.DatasetInfo(description="Flickr30k images, captions and Entities boxes",
+                                    features=FEATURES, homepage="https://shannon.cs.illinois.edu/DenotationGraph/")
+
+    def _split_generators(self, dl_manager):
+        if not self.config.data_dir:
+            raise InputFileError("data_dir", "Flickr30kSource needs data_dir=<Flickr30k root>", DOWNLOAD_FIX)
+        entities = Path(self.config.entities_dir) if self.config.entities_dir else None
+        return [datasets.SplitGenerator(name=s, gen_kwargs={"source": Flickr30kSourceConfig(
+            Path(self.config.data_dir), splits=(s,), entities_dir=entities)}) for s in self.config.splits]
+
+    def _generate_examples(self, source: Flickr30kSourceConfig):
+        for rec in read_flickr30k(source):
+            yield rec.image_id, {
+                "image": str(rec.path), "image_id": rec.image_id,
+                "caption_ids": [c.caption_id for c in rec.captions],
+                "captions": [c.text for c in rec.captions],
+                "objects": [{"entity_id": o.entity_id, "category": o.category, "bbox": list(o.bbox)}
+                            for o in rec.objects]}

@@ -1,0 +1,139 @@
+"""SPEC §2.1 selection rules: `builders.selection` against an independent brute force.
+
+The reference below rasterises boxes pixel by pixel into Python sets and applies the rules as the
+paper's pseudo-code (Appendix C) states them, so it shares no code with the implementation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from builders.selection import (REASONS, Box, SelectionConfig, box_mask, select_removals)
+from loading_scripts.coco import CocoSourceConfig, read_coco
+
+
+def brute_force(boxes, width, height, alpha1=0.4, alpha2=0.8, alpha3=0.7):
+    """-> (set of (anchor, kind, removed, present, pixels), Counter of reasons)."""
+    reasons = Counter()
+    pixels = {}
+    for category, (x, y, w, h) in boxes:
+        inside = {(i, j) for i in range(height) for j in range(width)
+                  if x <= j + 0.5 < x + w and y <= i + 0.5 < y + h}
+        if not inside:
+            reasons["empty_box"] += 1
+            continue
+        pixels.setdefault(category, set()).update(inside)
+    out = set()
+    if len(pixels) < 2:
+        reasons["fewer_than_two_classes"] += 1
+        return out, reasons
+    for anchor in pixels:
+        if len(pixels[anchor]) / (width * height) > alpha3:
+            reasons["region_too_large"] += 1
+            continue
+        overlaps = {g: len(pixels[anchor] & pixels[g]) / len(pixels[g]) for g in pixels if g != anchor}
+        if all(v < alpha1 for v in overlaps.values()):
+            kind, removed = "single", {anchor}
+        elif any(v > alpha2 for v in overlaps.values()):
+            kind, removed = "multi", {anchor} | {g for g, v in overlaps.items() if v > alpha2}
+        else:
+            reasons["partial_overlap"] += 1
+            continue
+        region = set().union(*(pixels[c] for c in removed))
+        if len(region) / (width * height) > alpha3:
+            reasons["region_too_large"] += 1
+            continue
+        present = set(pixels) - removed
+        if not present:
+            reasons["no_class_left"] += 1
+            continue
+        out.add((anchor, kind, frozenset(removed), frozenset(present), frozenset(region)))
+    return out, reasons
+
+
+def ours(boxes, width, height, **alphas):
+    sel = select_removals([Box(c, b) for c, b in boxes], width, height, SelectionConfig(**alphas))
+    got = set()
+    for r in sel.removals:
+        region = frozenset(map(tuple, np.argwhere(r.mask).tolist()))
+        got.add((r.anchor, r.kind, frozenset(r.removed), frozenset(r.present), region))
+        assert list(r.removed) == sorted(r.removed) and list(r.present) == sorted(r.present)
+        assert r.region_fraction == pytest.approx(len(region) / (width * height))
+        assert {boxes[i][0] for i in r.box_indices} == set(r.removed)
+    return got, Counter(x.reason for x in sel.rejections), sel
+
+
+def test_fixture_matches_brute_force_and_every_outcome_occurs(coco_fixture_dir):
+    records = read_coco(CocoSourceConfig(coco_fixture_dir))
+    outcomes = Counter()
+    by_scene_anchor = {}
+    for rec in records:
+        boxes = [(o.category, o.bbox) for o in rec.objects]
+        want, want_reasons = brute_force(boxes, rec.width, rec.height)
+        got, got_reasons, sel = ours(boxes, rec.width, rec.height)
+        assert got == want, rec.image_id
+        assert got_reasons == want_reasons, rec.image_id
+        outcomes.update(kind for _, kind, *_ in got)
+        outcomes.update(got_reasons)
+        for r in sel.removals:
+            by_scene_anchor[(frozenset(c for c, _ in boxes), r.anchor)] = (r.kind, r.removed)
+    # Every rule outcome occurs in the fixture, except empty boxes (the fixture has none).
+    for outcome in ("single", "multi", *REASONS[1:]):
+        assert outcomes[outcome] > 0, f"{outcome} never occurs: {outcomes}"
+    # The scenes' intent (builders/fixtures/scenes.py), spot-checked.
+    kitchen = frozenset({"refrigerator", "oven", "bottle", "bowl"})
+    assert by_scene_anchor[(kitchen, "refrigerator")] == ("multi", ("bottle", "refrigerator"))
+    assert by_scene_anchor[(frozenset({"horse", "person"}), "person")] == ("single", ("person",))
+    assert (frozenset({"horse", "person"}), "horse") not in by_scene_anchor  # nothing would be left
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_boxes_match_brute_force(seed):
+    rng = random.Random(seed)
+    classes = ["a", "b", "c", "d"]
+    outcomes = Counter()
+    for _ in range(60):
+        width, height = rng.randint(4, 14), rng.randint(4, 14)
+        boxes = []
+        for _ in range(rng.randint(1, 6)):
+            x, y = rng.uniform(-3, width), rng.uniform(-3, height)
+            w, h = rng.choice([rng.uniform(0, width), rng.uniform(0, 3), 0.0, -1.0]), rng.uniform(0, height)
+            if rng.random() < 0.15:  # nested box: drives the multi-class rule
+                px, py, pw, ph = boxes[-1][1] if boxes else (x, y, w, h)
+                x, y, w, h = px + 0.5, py + 0.5, max(pw - 1, 0.5), max(ph - 1, 0.5)
+            if rng.random() < 0.05:
+                x = math.nan
+            boxes.append((rng.choice(classes), (x, y, w, h)))
+        alphas = {"alpha1": rng.choice([0.4, 0.2]), "alpha2": rng.choice([0.8, 0.6]),
+                  "alpha3": rng.choice([0.7, 0.95])}
+        want, want_reasons = brute_force(boxes, width, height, **alphas)
+        got, got_reasons, _ = ours(boxes, width, height, **alphas)
+        assert got == want, (width, height, boxes, alphas)
+        assert got_reasons == want_reasons, (width, height, boxes, alphas)
+        outcomes.update(k for _, k, *_ in got)
+        outcomes.update(got_reasons)
+    assert outcomes["single"] and outcomes["empty_box"] and outcomes["fewer_than_two_classes"]
+
+
+def test_box_mask_pixel_centre_rule_and_clipping():
+    m = box_mask((3.2, 1.0, 2.0, 1.6), 8, 4)  # columns 3, 4 (centres 3.5, 4.5); rows 1, 2
+    assert np.argwhere(m).tolist() == [[1, 3], [1, 4], [2, 3], [2, 4]]
+    assert box_mask((-5, -5, 6, 6), 4, 4).sum() == 1  # only pixel (0, 0) is inside the image
+    for bad in [(1, 1, 0, 3), (9, 9, 2, 2), (1, 1, -2, 3), (math.nan, 0, 2, 2), (0, 0, math.inf, 2)]:
+        assert not box_mask(bad, 8, 8).any(), bad
+
+
+def test_thresholds_are_configurable_and_validated():
+    boxes = [("a", (0, 0, 10, 10)), ("b", (5, 0, 10, 10))]  # each overlaps the other by 0.5
+    assert ours(boxes, 20, 20)[1] == Counter({"partial_overlap": 2})
+    assert {k for _, k, *_ in ours(boxes, 20, 20, alpha1=0.6)[0]} == {"single"}
+    assert {k for _, k, *_ in ours(boxes, 20, 20, alpha2=0.45)[0]} == set()  # both removed: nothing left
+    assert ours(boxes, 20, 20, alpha2=0.45)[1] == Counter({"no_class_left": 2})
+    for bad in ({"alpha1": 0.9}, {"alpha3": 1.5}, {"min_classes": 1}):
+        with pytest.raises(ValueError):
+            SelectionConfig(**bad)
