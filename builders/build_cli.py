@@ -16,6 +16,7 @@ from types import ModuleType
 BUILDER_MODULES = {
     "coco-captions": "builders.coco_captions",
     "decorrelation": "builders.decorrelation",
+    "coco-counterfactuals": "builders.coco_counterfactuals",
 }
 
 

@@ -130,3 +130,10 @@ def test_bad_version_and_unfinished_build_are_clear_errors(tmp_path, local_hub):
         publish(PublishConfig(output_dir=out, repo_id="tester/x", version="1.0"))
     with pytest.raises(UserFacingError, match="not a finished counterfactory build"):
         publish(PublishConfig(output_dir=tmp_path, repo_id="tester/x", version="v1.0.0"))
+
+
+def test_published_columns_keep_the_build_order(tmp_path, local_hub, repo_id):
+    out = toy_build(tmp_path / "v1", 12, "v1")
+    publish(PublishConfig(output_dir=out, repo_id=repo_id, version="v1.0.0"))
+    remote = load_dataset(repo_id, split="train", revision="v1.0.0")
+    assert remote.column_names == list(toy_builder.MAIN) == load_dataset(str(out), split="train").column_names

@@ -32,7 +32,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    # Insertion order, not sorted keys: the manifest's feature dicts carry the column order that
+    # the card's `dataset_info` (and so a Hub load) reproduces.
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def rows_to_table(rows: list[dict[str, Any]], features: datasets.Features) -> pa.Table:
