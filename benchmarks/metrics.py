@@ -15,6 +15,9 @@ rankings whose fold-filtered list is empty, and filters full 25,000-item ranking
 the default so that no two scores tie (`torch.topk` orders ties arbitrarily, which would make
 the two rankings differ); `--dtype float32` halves the memory.
 
+It first runs the ODmAP@10 part of `odmap_benchmark.py` (10,000 queries x 600,000 captions,
+peak memory; `--odmap-queries 0` skips it).
+
 Run: `python benchmarks/metrics.py [--seed S] [--dtype float32] [--full-rankings]`.
 The last line prints the end-to-end speed ratio.
 """
@@ -22,11 +25,13 @@ The last line prints the end-to-end speed ratio.
 from __future__ import annotations
 
 import argparse
+import sys
 import contextlib
 import io
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -140,7 +145,18 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--full-rankings", action="store_true",
                         help="give eccv_caption full rankings and include COCO 1K (slow)")
+    parser.add_argument("--odmap-queries", type=int, default=10_000,
+                        help="ODmAP@10 part: queries (0 skips it; default 10,000)")
+    parser.add_argument("--odmap-gallery", type=int, default=600_000,
+                        help="ODmAP@10 part: gallery captions (default 600,000)")
     args = parser.parse_args()
+    if args.odmap_queries:
+        # First, so its peak-memory reading is not inflated by the ECCV part.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from odmap_benchmark import run_odmap_benchmark
+
+        for line in run_odmap_benchmark(args.odmap_queries, args.odmap_gallery, seed=args.seed):
+            print(line)
     for line in run_retrieval_benchmark(args.seed, args.dtype, args.full_rankings):
         print(line)
 
