@@ -4,7 +4,6 @@ from the local Hub at its tag with the original release's columns."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -19,12 +18,14 @@ from builders.cli import main as cli_main
 from builders.counterfactual_captions import CaptionModels, CaptionStage, CaptionStageConfig
 from builders.models.profiles import resolve_profile
 
+sys.path.insert(0, str(Path(__file__).parent))
+from build_helpers import accelerate_cmd, shard_digests  # noqa: E402
+
 ORIGINAL_COLUMNS = ["id", "image_0", "image_1", "caption_0", "caption_1"]
 PROVENANCE = ["source_id", "replaced_word", "replacement_word", "replaced_position", "similarity",
               "perplexity", "seed", "p", "guidance_scale", "clip_score_0", "clip_score_1",
               "clip_directional", "image_candidates_tried", "sd_model", "clip_model", "mlm_model"]
 BUILDER = Path(__file__).resolve().parents[1] / "builders" / "coco_counterfactuals.py"
-ACCELERATE = Path(sys.executable).parent / "accelerate"
 #: Tiny image stage: few candidates, 2 steps at 64 px, every candidate passes the (random) CLIP.
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "3", "--candidate-batch", "2",
               "--clip-threshold", "-1"]
@@ -49,11 +50,6 @@ def build(out: Path, coco: Path, tiny: Path, *extra: str, part_size: int = 4) ->
             "--tiny-models-dir", str(tiny), "--output", str(out), "--part-size", str(part_size),
             *extra]
     assert cli_main(argv) == 0
-
-
-def digests(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted((root / "data").rglob("*.parquet"))}
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +134,13 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
 
     # A crash after part 0: its stats are gone and a part file is truncated; the resume redoes
     # only that part and ends with identical shards.
-    reference = digests(full)
+    reference = shard_digests(full)
     (full / ".parts/stats/part-00000.json").unlink()
     part = full / ".parts/default/test/part-00000.parquet"
     part.write_bytes(part.read_bytes()[:100])
     mtime_part1 = (full / ".parts/stats/part-00001.json").stat().st_mtime_ns
     build(full, coco_fixture_dir, tiny_models_dir, "--max-captions", "8", *IMAGE_ARGS)
-    assert digests(full) == reference
+    assert shard_digests(full) == reference
     assert (full / ".parts/stats/part-00001.json").stat().st_mtime_ns == mtime_part1
 
     repo = "tester/coco-counterfactuals"
@@ -172,11 +168,9 @@ def test_two_processes_equal_one(coco_fixture_dir, tiny_models_dir, nltk_data_di
     finally:
         torch.set_num_threads(threads)
     multi = tmp_path / "multi"
-    cmd = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(BUILDER), *args,
-           "--output", str(multi), "--expect-processes", "2"]
+    cmd = accelerate_cmd(BUILDER, *args, "--output", str(multi), "--expect-processes", "2")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = {json.loads(p.read_text())["rank"] for p in (multi / ".parts/stats").glob("*.json")}
     assert ranks == {0, 1}
-    assert digests(multi) == digests(single)
+    assert shard_digests(multi) == shard_digests(single)

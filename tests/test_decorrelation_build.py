@@ -7,16 +7,12 @@ ODmAP product is fed through `evaluate_modules/odmap` and compared with a brute-
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,10 +37,10 @@ from loading_scripts.flickr30k import parse_entity_sentence
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import reference_match, reference_odmap_from_rankings  # noqa: E402
+from build_helpers import accelerate_cmd, kill_after_parts, shard_digests  # noqa: E402
 from test_selection import brute_force  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ACCELERATE = Path(sys.executable).parent / "accelerate"
 PART_SIZE = "2"
 
 
@@ -71,11 +67,6 @@ def build_args(root: Path, out: Path, tiny_dir: Path, *extra: str) -> list[str]:
     return ["--coco-root", str(root), "--output", str(out), "--models", "tiny",
             "--tiny-models-dir", str(tiny_dir), "--image-size", "64", "--inpaint-steps", "2",
             "--part-size", PART_SIZE, *extra]
-
-
-def shard_digests(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted((root / "data").rglob("*.parquet"))}
 
 
 @pytest.fixture(scope="module")
@@ -317,19 +308,12 @@ def test_adversarial_inputs_are_counted_not_fatal(tmp_path, tiny_models_dir, nlt
 def test_two_processes_killed_and_resumed_equal_the_single_process_build(
         built, coco_fixture_dir, tiny_models_dir, tmp_path):
     out = tmp_path / "multi"
-    cmd = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO_ROOT / "builders/decorrelation.py"),
-           *build_args(coco_fixture_dir, out, tiny_models_dir), "--expect-processes", "2"]
+    cmd = accelerate_cmd(REPO_ROOT / "builders/decorrelation.py",
+                         *build_args(coco_fixture_dir, out, tiny_models_dir), "--expect-processes", "2")
     n_parts = len(list((built / ".parts/stats").glob("*.json")))
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     stats_dir = out / ".parts/stats"
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(stats_dir.glob("*.json"))) < 2:
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert 2 <= len(list(stats_dir.glob("*.json"))) < n_parts, "the kill must land mid-way"
+    finished = kill_after_parts(cmd, stats_dir, min_parts=2, timeout=240, poll=0.02)
+    assert 2 <= finished < n_parts, "the kill must land mid-way"
 
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -21,20 +17,15 @@ from builders.sharding.runner import RunConfig, run_build
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_builder  # noqa: E402
+from build_helpers import accelerate_cmd, kill_after_parts, shard_digests  # noqa: E402
 
 TOY = Path(__file__).parent / "toy_builder.py"
-ACCELERATE = Path(sys.executable).parent / "accelerate"
 
 
 def expected_rows(n_items: int, tag: str = "v1") -> dict[str, list[int]]:
     """The toy's rules, restated independently of the runner: which ids land in which split."""
     kept = [i for i in range(n_items) if i % 7 != 3 and i % 11 != 5]
     return {"train": [i for i in kept if i % 5], "test": [i for i in kept if i % 5 == 0]}
-
-
-def shard_digests(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted((root / "data").rglob("*.parquet"))}
 
 
 def build(out: Path, n_items: int = 40, part_size: int = 8, **run) -> dict:
@@ -116,10 +107,8 @@ def test_cli_entry_point_reports_user_errors_in_one_line(tmp_path, capsys):
 
 
 def _accelerate_cmd(out: Path, *extra: str) -> list[str]:
-    return [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", str(TOY), "--output", str(out),
-            "--n-items", "40", "--part-size", "4", "--max-error-fraction", "0.2",
-            "--expect-processes", "2", *extra]
+    return accelerate_cmd(TOY, "--output", str(out), "--n-items", "40", "--part-size", "4",
+                          "--max-error-fraction", "0.2", "--expect-processes", "2", *extra)
 
 
 @pytest.mark.accelerate
@@ -127,16 +116,9 @@ def test_two_processes_killed_and_resumed_equal_a_single_process_run(tmp_path):
     single = tmp_path / "single"
     build(single, part_size=4)
     out = tmp_path / "multi"
-    proc = subprocess.Popen(_accelerate_cmd(out, "--sleep", "0.15"), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     stats_dir = out / ".parts/stats"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(stats_dir.glob("*.json"))) < 3:
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    finished = len(list(stats_dir.glob("*.json")))
+    finished = kill_after_parts(_accelerate_cmd(out, "--sleep", "0.15"), stats_dir, min_parts=3,
+                                timeout=120, poll=0.1)
     assert 3 <= finished < 10, "the kill must land mid-way"
     assert not (out / "data").exists()
 
