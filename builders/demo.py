@@ -14,19 +14,12 @@ import argparse
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger("counterfactory.demo")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -185,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("demo_output"))
     args = parser.parse_args(argv)
     # The demo talks to its own local Hub; the user's real token is never sent anywhere.
-    os.environ.update(HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HUB_DISABLE_XET="1",
+    from builders.local_hub import free_port  # imports no HF library: they read the env below
+
+    os.environ.update(HF_ENDPOINT=f"http://127.0.0.1:{free_port()}", HF_HUB_DISABLE_XET="1",
                       HF_TOKEN="demo-local-hub", HF_HOME=str(args.workdir.resolve() / "hf_home"),
                       HF_HUB_DISABLE_TELEMETRY="1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -15,12 +15,15 @@ import hashlib
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
+
+from builders.publishing.publish import git_blob_oid
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +33,11 @@ LFS_MIN_BYTES = 10_000_000
 REPO_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model", None: "model"}
 
 
-def git_blob_oid(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (clients read HF_ENDPOINT before the server starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _now() -> str:

@@ -8,23 +8,19 @@ is started lazily by the `local_hub` fixture.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from pathlib import Path
 
 import pytest
 
+# Imports no HF library, so the environment below is still read by them at their import.
+from builders.local_hub import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="counterfactory-tests-"))
-HUB_PORT = _free_port()
+HUB_PORT = free_port()
 os.environ.update(
     HF_ENDPOINT=f"http://127.0.0.1:{HUB_PORT}",
     HF_HUB_DISABLE_XET="1",  # otherwise LFS files go to Xet and 404 on the local Hub

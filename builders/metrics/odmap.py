@@ -381,6 +381,14 @@ def _to_float_tensor(x: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
 
+def _prepared_block(block: Any, name: str, start: int, normalize: bool) -> torch.Tensor:
+    """One chunk of embeddings as float32, checked for NaN/inf, optionally L2-normalised."""
+    t = _to_float_tensor(block)
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} has NaN or infinite values (rows {start}..)")
+    return torch.nn.functional.normalize(t, dim=1) if normalize else t
+
+
 def _merge_topk(
     best_s: torch.Tensor, best_i: torch.Tensor, s: torch.Tensor, i: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -449,19 +457,11 @@ def topk_from_embeddings(
     out_s = np.empty((q_shape[0], k), dtype=np.float32)
     with torch.inference_mode():
         for q0 in range(0, q_shape[0], query_chunk_size):
-            q = _to_float_tensor(query_emb[q0:q0 + query_chunk_size])
-            if not torch.isfinite(q).all():
-                raise ValueError(f"query_emb has NaN or infinite values (rows {q0}..)")
-            if normalize:
-                q = torch.nn.functional.normalize(q, dim=1)
+            q = _prepared_block(query_emb[q0:q0 + query_chunk_size], "query_emb", q0, normalize)
             best_s = torch.empty((q.shape[0], 0), dtype=torch.float32)
             best_i = torch.empty((q.shape[0], 0), dtype=torch.int64)
             for g0 in range(0, g_shape[0], chunk_size):
-                g = _to_float_tensor(gallery_emb[g0:g0 + chunk_size])
-                if not torch.isfinite(g).all():
-                    raise ValueError(f"gallery_emb has NaN or infinite values (rows {g0}..)")
-                if normalize:
-                    g = torch.nn.functional.normalize(g, dim=1)
+                g = _prepared_block(gallery_emb[g0:g0 + chunk_size], "gallery_emb", g0, normalize)
                 scores = q @ g.T
                 vals, idx = _chunk_topk(scores, min(k, g.shape[0]))
                 del scores  # free this block before the next one is scored

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.errors import UserFacingError
-from builders.publishing.publish import VERSION_RE
+from builders.publishing.publish import check_version, refuse_existing_tag
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,7 @@ def publish_metric(cfg: MetricPublishConfig) -> str:
     from huggingface_hub import CommitOperationAdd, HfApi
 
     module_dir = Path(cfg.module_dir)
-    if not VERSION_RE.match(cfg.version):
-        raise UserFacingError(f"--version {cfg.version!r} must look like v1.2.3")
+    check_version(cfg.version)
     name = cfg.repo_id.split("/")[-1]
     script = module_dir / f"{name}.py"
     if not script.is_file():
@@ -53,10 +52,7 @@ def publish_metric(cfg: MetricPublishConfig) -> str:
     api = HfApi(endpoint=cfg.endpoint)
     repo = dict(repo_id=cfg.repo_id, repo_type="space")
     api.create_repo(**repo, space_sdk="gradio", private=cfg.private, exist_ok=True)
-    tags = {t.name for t in api.list_repo_refs(**repo).tags}
-    if cfg.version in tags:
-        raise UserFacingError(f"{cfg.repo_id} already has tag {cfg.version}; tags are never "
-                              "moved — publish under a new version")
+    refuse_existing_tag(api, repo, cfg.version, retries=1)
     ops = [CommitOperationAdd(path_in_repo=p.relative_to(module_dir).as_posix(), path_or_fileobj=str(p))
            for p in sorted(module_dir.rglob("*"))
            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]

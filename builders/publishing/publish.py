@@ -59,8 +59,25 @@ class PublishResult:
     unchanged_files: int
 
 
-def _git_blob_oid(data: bytes) -> str:
+def git_blob_oid(data: bytes) -> str:
+    """The git object id of a file's bytes (what the Hub reports for non-LFS files)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def check_version(version: str) -> None:
+    if not VERSION_RE.match(version):
+        raise UserFacingError(f"--version {version!r} must look like v1.2.3")
+
+
+def refuse_existing_tag(api, repo: dict, version: str, retries: int) -> None:
+    """Tags are immutable: fail, naming the tagged commit, when `version` is already a tag."""
+    refs = _retrying(lambda: api.list_repo_refs(**repo), retries, "list_repo_refs")
+    tags = {t.name: t.target_commit for t in refs.tags}
+    if version in tags:
+        raise UserFacingError(
+            f"{repo['repo_id']} already has tag {version} (commit {tags[version][:10]}); "
+            "tags are never moved — publish under a new version, e.g. bump the patch number"
+        )
 
 
 def _retrying(call: Callable[[], T], retries: int, what: str) -> T:
@@ -115,8 +132,7 @@ def publish(cfg: PublishConfig) -> PublishResult:
 
     from builders.publishing.card import render_card
 
-    if not VERSION_RE.match(cfg.version):
-        raise UserFacingError(f"--version {cfg.version!r} must look like v1.2.3")
+    check_version(cfg.version)
     output_dir = Path(cfg.output_dir)
     manifest = _check_build(output_dir)
     api = HfApi(endpoint=cfg.endpoint)
@@ -124,13 +140,7 @@ def publish(cfg: PublishConfig) -> PublishResult:
     _retrying(lambda: api.create_repo(**repo, private=cfg.private, exist_ok=True),
               cfg.retries, "create_repo")
 
-    refs = _retrying(lambda: api.list_repo_refs(**repo), cfg.retries, "list_repo_refs")
-    tags = {t.name: t.target_commit for t in refs.tags}
-    if cfg.version in tags:
-        raise UserFacingError(
-            f"{cfg.repo_id} already has tag {cfg.version} (commit {tags[cfg.version][:10]}); "
-            "tags are never moved — publish under a new version, e.g. bump the patch number"
-        )
+    refuse_existing_tag(api, repo, cfg.version, cfg.retries)
 
     remote = {
         f.path: f
@@ -151,7 +161,7 @@ def publish(cfg: PublishConfig) -> PublishResult:
             return False
         if entry.lfs is not None:
             return entry.lfs.sha256 == hashlib.sha256(data).hexdigest()
-        return entry.blob_id == _git_blob_oid(data)
+        return entry.blob_id == git_blob_oid(data)
 
     # Data files first, in bounded commits; README + manifest + deletions last, so a version's
     # card never describes shards that are not there yet.
