@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 demo: $(STAMP)
-	$(PY) -m builders.demo --workdir demo_output
+	$(PY) -m builders.infra.demo --workdir demo_output
 
 clean:
 	rm -rf demo_output .pytest_cache .cache .nltk_data

@@ -1,12 +1,12 @@
 """COCO-Counterfactuals throughput: batched stages vs one-at-a-time baselines, same outputs.
 
-Caption stage (SPEC §3.1): `CaptionStage` (one MLM forward per caption batch, one sentence encode
+Caption stage (builders/counterfactuals/METHOD.md §1): `CaptionStage` (one MLM forward per caption batch, one sentence encode
 and one padded LM forward for all candidates) against a faithful re-statement of the published
 generator, which runs the fill-mask pipeline per noun, encodes each candidate alone and scores
 each candidate's perplexity alone. Same models (tiny MLM / GPT-2, the real all-MiniLM-L6-v2),
 same captions (the fixture's), and the chosen counterfactuals are asserted equal.
 
-Image stage (SPEC §3.2): candidate pairs per second with `--candidate-batch N` against one pair
+Image stage (builders/counterfactuals/METHOD.md §2): candidate pairs per second with `--candidate-batch N` against one pair
 per UNet call, tiny Stable Diffusion; the selected pair is asserted identical.
 
 Run: `python benchmarks/counterfactuals.py [--captions N] [--candidates N] [--steps N]`.
@@ -27,7 +27,7 @@ CAPTION_PAIR = ("A man riding a brown horse.", "A man riding a brown  elephant .
 
 
 def baseline_counterfactual(caption: str, models, unmasker, cfg) -> tuple[str, float] | None:
-    """The published generator's loop, one candidate at a time (plus the SPEC's drop of
+    """The published generator's loop, one candidate at a time (plus the project's drop of
     candidates equal to the original word)."""
     import nltk
     from sentence_transformers import util
@@ -62,8 +62,8 @@ def baseline_counterfactual(caption: str, models, unmasker, cfg) -> tuple[str, f
 def bench_captions(profile, n_captions: int) -> dict:
     from transformers import pipeline
 
-    from builders.counterfactual_captions import CaptionModels, CaptionStage, CaptionStageConfig
-    from builders.fixtures.scenes import SCENES
+    from builders.counterfactuals.captions import CaptionModels, CaptionStage, CaptionStageConfig
+    from builders.infra.fixtures.scenes import SCENES
 
     captions = [c for scene in SCENES for c in scene.captions]
     captions = (captions * math.ceil(n_captions / len(captions)))[:n_captions]
@@ -97,8 +97,8 @@ def bench_captions(profile, n_captions: int) -> dict:
 def bench_images(profile, candidates: int, steps: int, batch: int) -> dict:
     import numpy as np
 
-    from builders.counterfactual_images import ClipScorer, ImageStage, ImageStageConfig
-    from builders.models.loaders import load_clip, load_sd
+    from builders.counterfactuals.images import ClipScorer, ImageStage, ImageStageConfig
+    from builders.infra.models.loaders import load_clip, load_sd
 
     pipe = load_sd(profile.sd)
     scorer = ClipScorer(*load_clip(profile.clip_filter))
@@ -128,8 +128,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(REPO / ".nltk_data"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from builders.models.profiles import resolve_profile
-    from builders.text.nltk_setup import install_offline_tagger
+    from builders.infra.models.profiles import resolve_profile
+    from builders.infra.text.nltk_setup import install_offline_tagger
 
     try:
         import nltk

@@ -2,7 +2,7 @@
 
 1. Text stages, no image generation: a large synthetic COCO-format source (annotation JSON only,
    640x480 "images" built from the fixture scenes with jitter) is read with the real reader, then
-   timed per stage: the selection rules (`builders.selection`) and selection + `np_removal`
+   timed per stage: the selection rules (`builders.decorrelation.selection`) and selection + `np_removal`
    caption synthesis (NLTK chunking, cached per unique caption). Reported as images/s and rows/s.
 2. Image stage with the tiny profile: the fill methods in-process (zero / mean / blur / tiny
    inpainting), then the whole builder (`--products train`, tiny inpainting) on a fixture as one
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.caption_synthesis import CaptionConfig, CaptionSynthesizer, CocoPhrases
-from builders.decorrelation_source import SourceConfig, read_source
-from builders.fixtures.coco import CATEGORY_ID, CocoFixtureConfig, write_coco_fixture
-from builders.fixtures.scenes import SCENES
-from builders.image_fill import FillConfig, ImageFiller
-from builders.selection import select_removals
+from builders.decorrelation.captions import CaptionConfig, CaptionSynthesizer, CocoPhrases
+from builders.decorrelation.source import SourceConfig, read_source
+from builders.infra.fixtures.coco import CATEGORY_ID, CocoFixtureConfig, write_coco_fixture
+from builders.infra.fixtures.scenes import SCENES
+from builders.decorrelation.fill import FillConfig, ImageFiller
+from builders.decorrelation.selection import select_removals
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def write_annotations(root: Path, n_images: int, seed: int = 0, size: tuple[int,
 
 
 def text_stages(n_images: int, tmp: Path) -> dict[str, float]:
-    from builders.text.nltk_setup import ensure_nltk_tagger
+    from builders.infra.text.nltk_setup import ensure_nltk_tagger
 
     ensure_nltk_tagger()
     write_annotations(tmp / "big", n_images)
@@ -91,7 +91,7 @@ def text_stages(n_images: int, tmp: Path) -> dict[str, float]:
 def fill_rates(tiny_dir: Path | None, n: int = 20) -> dict[str, float]:
     from PIL import Image
 
-    from builders.models.profiles import resolve_profile
+    from builders.infra.models.profiles import resolve_profile
 
     rng = np.random.RandomState(0)
     image = Image.fromarray(rng.randint(0, 256, (480, 640, 3)).astype(np.uint8))
@@ -115,7 +115,7 @@ def builder_runs(n_images: int, tiny_dir: Path | None, tmp: Path, launch: bool) 
               "--inpaint-steps", "2", "--part-size", "4"]
     if tiny_dir:
         common += ["--tiny-models-dir", str(tiny_dir)]
-    script = str(REPO / "builders/decorrelation.py")
+    script = str(REPO / "builders/decorrelation/builder.py")
     runs = {"1 process": [sys.executable, script]}
     if launch:
         accelerate = str(Path(sys.executable).parent / "accelerate")

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from builders.metrics.retrieval_eccv import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
+from builders.infra.metrics.retrieval_eccv import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
 
 __all__ = ["run_retrieval_benchmark"]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from builders.metrics.odmap import odmap_from_topk, topk_from_embeddings
+from builders.infra.metrics.odmap import odmap_from_topk, topk_from_embeddings
 
 __all__ = ["run_odmap_benchmark"]
 

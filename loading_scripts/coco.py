@@ -24,7 +24,7 @@ from pathlib import Path
 
 import datasets
 
-from builders.errors import InputFileError
+from builders.infra.errors import InputFileError
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from builders.errors import InputFileError
+from builders.infra.errors import InputFileError
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from builders.errors import InputFileError
+from builders.infra.errors import InputFileError
 from loading_scripts.coco import load_json
 
 log = logging.getLogger(__name__)

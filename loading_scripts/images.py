@@ -6,7 +6,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from builders.errors import InputFileError
+from builders.infra.errors import InputFileError
 
 
 def open_rgb_image(path: str | Path) -> Image.Image:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 # Imports no HF library, so the environment below is still read by them at their import.
-from builders.local_hub import free_port
+from builders.infra.local_hub import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def session_tmp() -> Path:
 @pytest.fixture(scope="session")
 def local_hub():
     """A Hub-compatible HTTP server on 127.0.0.1 that the real clients talk to."""
-    from builders.local_hub import LocalHub
+    from builders.infra.local_hub import LocalHub
 
     hub = LocalHub(port=HUB_PORT)
     hub.start()
@@ -56,7 +56,7 @@ def local_hub():
 @pytest.fixture(scope="session")
 def nltk_data_dir() -> Path:
     """Offline NLTK data: the tagger trained on the project's hand-tagged corpus."""
-    from builders.text.nltk_setup import install_offline_tagger
+    from builders.infra.text.nltk_setup import install_offline_tagger
 
     path = Path(os.environ["NLTK_DATA"])
     install_offline_tagger(path)
@@ -66,7 +66,7 @@ def nltk_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_models_dir() -> Path:
     """The tiny random-init model profile, built once per session."""
-    from builders.models.tiny import build_tiny_models
+    from builders.infra.models.tiny import build_tiny_models
 
     path = _SESSION_TMP / "tiny_models"
     build_tiny_models(path)
@@ -76,7 +76,7 @@ def tiny_models_dir() -> Path:
 @pytest.fixture(scope="session")
 def coco_fixture_dir() -> Path:
     """A tiny COCO-format source (images, captions, instances, Karpathy split)."""
-    from builders.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+    from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
     path = _SESSION_TMP / "coco"
     write_coco_fixture(path, CocoFixtureConfig())

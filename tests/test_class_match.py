@@ -1,4 +1,4 @@
-"""The SPEC §2.4 class<->word table and match(c, n): exact table, whole words, plurals, errors."""
+"""The builders/decorrelation/METHOD.md §4 class<->word table and match(c, n): exact table, whole words, plurals, errors."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import builders.text.class_match as class_match
-from builders.text.class_match import COCO_CLASSES, COCO_TABLE, ClassMatcher, load_table
+import builders.infra.text.class_match as class_match
+from builders.infra.text.class_match import COCO_CLASSES, COCO_TABLE, ClassMatcher, load_table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import VOCAB, reference_match  # noqa: E402
 
-# SPEC §2.4, copied verbatim.
-SPEC_TABLE = """\
+# builders/decorrelation/METHOD.md §4, copied verbatim.
+PAPER_TABLE = """\
 person: man, woman, player, child, girl, boy, boys, people, lady, guy, kid, kids, surfer, cowboy, cowboys, adult, adults, cop, soldier, police, catcher, pitcher, jockey, baby, men, women, biker, spectator, rider, batter, gay, anyone, someone, reporter, somebody, anybody, everyone, worker, workers
 airplane: plane, jet, aircraft
 bicycle: bike, biking, cycling
@@ -70,7 +70,7 @@ teddy bear: teddy, toy, bear, doll
 
 def _parse_spec_table() -> dict[str, list[str]]:
     out = {}
-    for line in SPEC_TABLE.strip().splitlines():
+    for line in PAPER_TABLE.strip().splitlines():
         cls, _, words = line.partition(":")
         out[cls.strip()] = [w.strip() for w in words.split(",")]
     return out

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from builders.cli import build_parser
+from builders.infra.cli import build_parser
 
 CLI = Path(sys.executable).parent / "counterfactory"
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from datasets import load_dataset
 
-from builders.cli import main as cli_main
-from builders.counterfactual_captions import CaptionModels, CaptionStage, CaptionStageConfig
-from builders.models.profiles import resolve_profile
+from builders.infra.cli import main as cli_main
+from builders.counterfactuals.captions import CaptionModels, CaptionStage, CaptionStageConfig
+from builders.infra.models.profiles import resolve_profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import accelerate_cmd, shard_digests  # noqa: E402
@@ -25,7 +25,7 @@ ORIGINAL_COLUMNS = ["id", "image_0", "image_1", "caption_0", "caption_1"]
 PROVENANCE = ["source_id", "replaced_word", "replacement_word", "replaced_position", "similarity",
               "perplexity", "seed", "p", "guidance_scale", "clip_score_0", "clip_score_1",
               "clip_directional", "image_candidates_tried", "sd_model", "clip_model", "mlm_model"]
-BUILDER = Path(__file__).resolve().parents[1] / "builders" / "coco_counterfactuals.py"
+BUILDER = Path(__file__).resolve().parents[1] / "builders" / "counterfactuals" / "builder.py"
 #: Tiny image stage: few candidates, 2 steps at 64 px, every candidate passes the (random) CLIP.
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "3", "--candidate-batch", "2",
               "--clip-threshold", "-1"]
@@ -82,7 +82,7 @@ def test_caption_stage_build_follows_the_source(captions_build, coco_fixture_dir
         assert row["mlm_model"] == profile.mlm
     assert not by_id
     assert manifest["items"] == len(raw) and manifest["skipped"] == expected_skips
-    assert len(rows) >= len(raw) // 2, "the SPEC window should keep most fixture captions"
+    assert len(rows) >= len(raw) // 2, "the paper's similarity window should keep most fixture captions"
     assert "Datasheet" in (captions_build / "README.md").read_text()
 
 

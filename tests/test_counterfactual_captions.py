@@ -1,5 +1,5 @@
-"""The batched caption stage (SPEC §3.1) against a straightforward one-candidate-at-a-time
-implementation written here from the SPEC: the fill-mask pipeline per position, one sentence
+"""The batched caption stage (builders/counterfactuals/METHOD.md §1) against a straightforward one-candidate-at-a-time
+implementation written here from the paper's description: the fill-mask pipeline per position, one sentence
 encode and one LM loss per candidate (as the published generator does), on fixture captions with
 the tiny MLM / GPT-2 and the real all-MiniLM-L6-v2."""
 
@@ -14,9 +14,9 @@ import torch
 from sentence_transformers import util
 from transformers import pipeline
 
-from builders.counterfactual_captions import CaptionModels, CaptionStage, CaptionStageConfig
-from builders.fixtures.scenes import SCENES
-from builders.models.profiles import resolve_profile
+from builders.counterfactuals.captions import CaptionModels, CaptionStage, CaptionStageConfig
+from builders.infra.fixtures.scenes import SCENES
+from builders.infra.models.profiles import resolve_profile
 
 NOUN_TAGS, REPLACEMENT_TAGS = ("NN", "NNS"), ("NN", "NNS", "NNP")
 
@@ -70,7 +70,7 @@ def reference_choice(scored, low: float, high: float):
 def test_batched_stage_equals_one_at_a_time_reference(models):
     captions = fixture_captions(2)
     references = [reference_candidates(c, models) for c in captions]
-    windows = [(0.8, 0.91), (0.85, 0.88)]  # SPEC default, and a narrow one that empties some
+    windows = [(0.8, 0.91), (0.85, 0.88)]  # the paper's default, and a narrow one that empties some
     outcomes = {"ok": 0, "empty": 0}
     for (low, high), order in itertools.product(windows, ("similarity_first", "perplexity_first")):
         # A small batch size so the batch boundaries fall inside the caption list.
@@ -149,7 +149,7 @@ class _Taxonomy:
 
 
 def test_related_noun_filter_and_human_flag(models):
-    # The paper's "human" taxonomy (SPEC §3.1) and the plurals of its singular nouns.
+    # The paper's "human" taxonomy (builders/counterfactuals/METHOD.md §1) and the plurals of its singular nouns.
     human = {"girl", "boy", "man", "men", "woman", "guy", "kid", "person", "people", "child",
              "children", "couple", "group", "lady", "girls", "boys", "women", "guys", "kids",
              "persons", "couples", "groups", "ladies"}

@@ -23,16 +23,16 @@ import torch
 from datasets import load_dataset
 from PIL import Image, ImageFilter
 
-from builders.caption_synthesis import (CLIP_TEMPLATES, CaptionConfig, CaptionSynthesizer,
+from builders.decorrelation.captions import (CLIP_TEMPLATES, CaptionConfig, CaptionSynthesizer,
                                         EntityPhrases)
-from builders.cli import main as cli_main
-from builders.decorrelation_source import SourceCaption
-from builders.errors import InputFileError, UserFacingError
-from builders.fixtures.coco import CocoFixtureConfig, write_coco_fixture
-from builders.image_fill import FillConfig, ImageFiller
-from builders.models.profiles import resolve_profile
-from builders.text.class_match import COCO_CLASSES, COCO_TABLE
-from builders.text.noun_phrases import noun_phrases
+from builders.infra.cli import main as cli_main
+from builders.decorrelation.source import SourceCaption
+from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.decorrelation.fill import FillConfig, ImageFiller
+from builders.infra.models.profiles import resolve_profile
+from builders.infra.text.class_match import COCO_CLASSES, COCO_TABLE
+from builders.infra.text.noun_phrases import noun_phrases
 from loading_scripts.flickr30k import parse_entity_sentence
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -147,8 +147,8 @@ def test_gallery_holds_every_caption_with_reference_mentions(built, coco_fixture
 
 
 def test_odmap_product_feeds_the_evaluate_module(built, tiny_models_dir, one_thread):
-    from builders.metrics.odmap import topk_from_embeddings
-    from builders.models.loaders import load_clip
+    from builders.infra.metrics.odmap import topk_from_embeddings
+    from builders.infra.models.loaders import load_clip
 
     queries = load_dataset(str(built), "odmap_queries", split="test")
     gallery = load_dataset(str(built), "odmap_gallery", split="test")
@@ -232,7 +232,7 @@ def test_caption_methods(tiny_models_dir, nltk_data_dir):
     assert reason is None and [m.text for m in made] == [t.format("dog and frisbee") for t in want]
     assert len(set(CLIP_TEMPLATES)) == 80
 
-    from builders.caption_synthesis import CocoPhrases
+    from builders.decorrelation.captions import CocoPhrases
     np_removal = CaptionSynthesizer(CaptionConfig(captions_per_image=2), CocoPhrases())
     made, reason = np_removal.synthesize(caps, ["frisbee"], ["dog"], image, random.Random(0))
     assert reason is None and [(m.text, m.source.caption_id) for m in made] == [("Two dogs fighting over.", 2)]
@@ -308,7 +308,7 @@ def test_adversarial_inputs_are_counted_not_fatal(tmp_path, tiny_models_dir, nlt
 def test_two_processes_killed_and_resumed_equal_the_single_process_build(
         built, coco_fixture_dir, tiny_models_dir, tmp_path):
     out = tmp_path / "multi"
-    cmd = accelerate_cmd(REPO_ROOT / "builders/decorrelation.py",
+    cmd = accelerate_cmd(REPO_ROOT / "builders/decorrelation/builder.py",
                          *build_args(coco_fixture_dir, out, tiny_models_dir), "--expect-processes", "2")
     n_parts = len(list((built / ".parts/stats").glob("*.json")))
     stats_dir = out / ".parts/stats"
@@ -323,7 +323,7 @@ def test_two_processes_killed_and_resumed_equal_the_single_process_build(
 
 def _flickr_entities(root: Path) -> None:
     """Flickr30k Entities files for the Flickr30k fixture: a person and a dog side by side."""
-    from builders.fixtures.coco import write_flickr30k_fixture
+    from builders.infra.fixtures.coco import write_flickr30k_fixture
 
     write_flickr30k_fixture(root, CocoFixtureConfig(n_images=10))
     (root / "flickr30k_entities/Sentences").mkdir(parents=True)
@@ -370,7 +370,7 @@ def test_flickr30k_with_entities(tmp_path, tiny_models_dir):
     assert len(test) == sum(e["split"] == "test" for e in karpathy)
     assert [o["category"] for o in test[0]["objects"]] == ["people", "animals"]
 
-    from builders.decorrelation_source import SourceConfig, read_source
+    from builders.decorrelation.source import SourceConfig, read_source
     xml = next((root / "flickr30k_entities/Annotations").glob("*.xml"))
     xml.write_text("<annotation><size>")
     with pytest.raises(InputFileError, match=re.escape(xml.name) + ": malformed XML"):

@@ -1,4 +1,4 @@
-"""`make demo` runs `python -m builders.demo`: the whole pipeline on the fixture, offline."""
+"""`make demo` runs `python -m builders.infra.demo`: the whole pipeline on the fixture, offline."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 
 def test_demo_runs_end_to_end(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "builders.demo", "--workdir", str(tmp_path / "demo")],
+    proc = subprocess.run([sys.executable, "-m", "builders.infra.demo", "--workdir", str(tmp_path / "demo")],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "demo" / "demo_summary.json").read_text())
@@ -18,6 +18,6 @@ def test_demo_runs_end_to_end(tmp_path):
     assert steps["publish + load coco-captions"]["rows"]["default/test"] > 0
     assert steps["publish + load metric odmap"]["odmap_example"]["ODmAP@1"] == 0.5
     # Every registered builder is part of the demo.
-    from builders.build_cli import BUILDER_MODULES
+    from builders.registry import BUILDER_MODULES
 
     assert {f"build {name}" for name in BUILDER_MODULES} <= set(steps)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builders.errors import InputFileError
-from builders.metrics.retrieval_eccv import EccvAnnotations
+from builders.infra.errors import InputFileError
+from builders.infra.metrics.retrieval_eccv import EccvAnnotations
 from loading_scripts.eccv import (
     EccvPositivesSource,
     coco_test_caption_ids,

@@ -10,8 +10,8 @@ import evaluate
 import numpy as np
 import pytest
 
-from builders.metrics.itm import itm_score_deltas
-from builders.metrics.odmap import odmap_from_topk
+from builders.infra.metrics.itm import itm_score_deltas
+from builders.infra.metrics.odmap import odmap_from_topk
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODULES = REPO_ROOT / "evaluate_modules"

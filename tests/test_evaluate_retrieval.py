@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from builders.metrics.retrieval import (
+from builders.infra.metrics.retrieval import (
     RetrievalMetricConfig,
     retrieval_scores,
     retrieval_scores_from_similarity,
 )
-from builders.metrics.retrieval_eccv import (
+from builders.infra.metrics.retrieval_eccv import (
     EccvAnnotations,
     EccvSuiteConfig,
     eccv_suite,
@@ -152,7 +152,7 @@ def test_bad_inputs_raise_value_errors(metric, kwargs, message):
 
 
 def test_published_space_loads_with_evaluate(local_hub):
-    from builders.publishing.metric import MetricPublishConfig, publish_metric
+    from builders.infra.publishing.metric import MetricPublishConfig, publish_metric
 
     publish_metric(MetricPublishConfig(MODULE_DIR, f"tester/{NAME}", "v1.0.0"))
     module = evaluate.load(f"tester/{NAME}", revision="v1.0.0")

@@ -1,4 +1,4 @@
-"""ITM score deltas (SPEC §3.4) against a direct NumPy computation, stats, figure, bad inputs."""
+"""ITM score deltas (builders/counterfactuals/METHOD.md §4) against a direct NumPy computation, stats, figure, bad inputs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import builders.metrics.itm as itm_module
-from builders.metrics.itm import delta_stats, itm_deltas, itm_score_deltas, plot_histograms
+import builders.infra.metrics.itm as itm_module
+from builders.infra.metrics.itm import delta_stats, itm_deltas, itm_score_deltas, plot_histograms
 
 ARGS = ("g_cr_ir", "g_cr_io", "g_co_ir", "g_cc_ics", "g_cc_ios", "g_co_ics")
 
@@ -28,7 +28,7 @@ def test_docstring_examples():
 def test_deltas_and_stats_match_the_spec_formulas(seed):
     n = [1, 2, 7, 100, 1001][seed]
     s = _scores(seed, n)
-    # SPEC §3.4, written out directly
+    # builders/counterfactuals/METHOD.md §4, written out directly
     expected = {
         "IR_r": s["g_cr_ir"] - s["g_cr_io"],   # G(C_r, I_r) - G(C_r, I_o)
         "TR_r": s["g_cr_ir"] - s["g_co_ir"],   # G(C_r, I_r) - G(C_o, I_r)

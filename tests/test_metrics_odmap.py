@@ -1,4 +1,4 @@
-"""ODmAP@k (SPEC §2.5): worked examples, brute-force equivalence, streaming top-k, bad inputs."""
+"""ODmAP@k (builders/decorrelation/METHOD.md §5): worked examples, brute-force equivalence, streaming top-k, bad inputs."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import pytest
 import scipy.sparse
 import torch
 
-import builders.metrics.odmap as odmap_module
-from builders.metrics.odmap import (
+import builders.infra.metrics.odmap as odmap_module
+from builders.infra.metrics.odmap import (
     average_precision_at_k,
     gallery_mentions,
     odmap,
     odmap_from_topk,
     topk_from_embeddings,
 )
-from builders.text.class_match import COCO_CLASSES, COCO_TABLE
-from builders.text.noun_phrases import NounPhraseCache, chunk_captions
+from builders.infra.text.class_match import COCO_CLASSES, COCO_TABLE
+from builders.infra.text.noun_phrases import NounPhraseCache, chunk_captions
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import (  # noqa: E402

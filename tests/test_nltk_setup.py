@@ -9,8 +9,8 @@ import sys
 
 import nltk
 
-from builders.cli import main as cli_main
-from builders.text.nltk_setup import (DOWNLOAD_COMMAND, STAMP, TAGGER_DIR, install_offline_tagger,
+from builders.infra.cli import main as cli_main
+from builders.infra.text.nltk_setup import (DOWNLOAD_COMMAND, STAMP, TAGGER_DIR, install_offline_tagger,
                                       read_tagged_corpus)
 
 # Held-out captions (none is in the shipped corpus), hand-tagged for this test.
@@ -103,7 +103,7 @@ def test_missing_tagger_data_names_the_download_command(tmp_path):
     # folder; the system-wide folders are dropped too, so a machine that has the real tagger
     # installed still exercises the missing-data path.
     env = {**os.environ, "NLTK_DATA": str(tmp_path), "HOME": str(tmp_path)}
-    code = ("import sys, nltk; nltk.data.path[:] = [sys.argv[1]]; from builders.cli import main; "
+    code = ("import sys, nltk; nltk.data.path[:] = [sys.argv[1]]; from builders.infra.cli import main; "
             "sys.exit(main(['nltk', 'check']))")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True,
                           text=True)

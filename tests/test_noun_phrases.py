@@ -1,4 +1,4 @@
-"""Noun-phrase chunking, the per-caption cache and np_removal (SPEC §2.3)."""
+"""Noun-phrase chunking, the per-caption cache and np_removal (builders/decorrelation/METHOD.md §3)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import builders.text.noun_phrases as noun_phrases_module
-from builders.text.class_match import ClassMatcher
-from builders.text.noun_phrases import (
+import builders.infra.text.noun_phrases as noun_phrases_module
+from builders.infra.text.class_match import ClassMatcher
+from builders.infra.text.noun_phrases import (
     REASON_NO_MATCH,
     REASON_NOTHING_LEFT,
     NounPhraseCache,

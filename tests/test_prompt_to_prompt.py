@@ -9,9 +9,9 @@ import pytest
 import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor
 
-from builders.models.loaders import load_sd
-from builders.models.profiles import resolve_profile
-from builders.prompt_to_prompt import (P2PAttnProcessor, P2PController, PairSpec, generate_pairs,
+from builders.infra.models.loaders import load_sd
+from builders.infra.models.profiles import resolve_profile
+from builders.counterfactuals.prompt_to_prompt import (P2PAttnProcessor, P2PController, PairSpec, generate_pairs,
                                        injected, token_alignment)
 
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
@@ -130,8 +130,8 @@ def test_injection_schedule_and_token_alignment():
 
 
 def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe, tiny_models_dir):
-    from builders.counterfactual_images import ClipScorer, ImageStage, ImageStageConfig, candidate_specs
-    from builders.models.loaders import load_clip
+    from builders.counterfactuals.images import ClipScorer, ImageStage, ImageStageConfig, candidate_specs
+    from builders.infra.models.loaders import load_clip
 
     model, processor = load_clip(resolve_profile("tiny", tiny_models_dir).clip_filter)
     cfg = ImageStageConfig(candidates=5, candidate_batch=2, steps=2, image_size=64, clip_threshold=-1.0)

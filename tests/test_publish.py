@@ -10,10 +10,10 @@ import pytest
 from datasets import load_dataset
 from huggingface_hub import HfApi
 
-from builders.cli import main as cli_main
-from builders.errors import UserFacingError
-from builders.publishing.publish import PublishConfig, publish
-from builders.sharding.runner import RunConfig, run_build
+from builders.infra.cli import main as cli_main
+from builders.infra.errors import UserFacingError
+from builders.infra.publishing.publish import PublishConfig, publish
+from builders.infra.sharding.runner import RunConfig, run_build
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_builder  # noqa: E402

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from huggingface_hub import HfApi
 
-from builders.cli import main as cli_main
-from builders.errors import UserFacingError
-from builders.metrics.odmap import odmap_from_topk
-from builders.publishing.metric import MetricPublishConfig, publish_metric
+from builders.infra.cli import main as cli_main
+from builders.infra.errors import UserFacingError
+from builders.infra.metrics.odmap import odmap_from_topk
+from builders.infra.publishing.metric import MetricPublishConfig, publish_metric
 
 MODULES = Path(__file__).resolve().parents[1] / "evaluate_modules"
 

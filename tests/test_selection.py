@@ -1,4 +1,4 @@
-"""SPEC §2.1 selection rules: `builders.selection` against an independent brute force.
+"""builders/decorrelation/METHOD.md §1 selection rules: `builders.decorrelation.selection` against an independent brute force.
 
 The reference below rasterises boxes pixel by pixel into Python sets and applies the rules as the
 paper's pseudo-code (Appendix C) states them, so it shares no code with the implementation.
@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from builders.selection import (REASONS, Box, SelectionConfig, box_mask, select_removals)
+from builders.decorrelation.selection import (REASONS, Box, SelectionConfig, box_mask, select_removals)
 from loading_scripts.coco import CocoSourceConfig, read_coco
 
 

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import load_dataset
 
-from builders.cli import run_handled
-from builders.errors import UserFacingError
-from builders.sharding.runner import RunConfig, run_build
+from builders.infra.cli import run_handled
+from builders.infra.errors import UserFacingError
+from builders.infra.sharding.runner import RunConfig, run_build
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_builder  # noqa: E402
@@ -99,7 +99,7 @@ def test_cli_entry_point_reports_user_errors_in_one_line(tmp_path, capsys):
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk/file.txt").write_text("not a build")
     parser = __import__("argparse").ArgumentParser()
-    from builders.build_cli import add_builder_parser
+    from builders.registry import add_builder_parser
     add_builder_parser(parser, toy_builder)
     assert run_handled(parser, ["--output", str(tmp_path / "junk")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,14 +1,14 @@
 """ITM score deltas on random and counterfactual pairs (evaluate module).
 
-A thin wrapper over `builders.metrics.itm` from the counterfactory package.
+A thin wrapper over `builders.infra.metrics.itm` from the counterfactory package.
 """
 
 import datasets
 import evaluate
 
-from builders.metrics.itm import delta_stats  # From: counterfactory
-from builders.metrics.itm import itm_deltas  # From: counterfactory
-from builders.metrics.itm import plot_histograms  # From: counterfactory
+from builders.infra.metrics.itm import delta_stats  # From: counterfactory
+from builders.infra.metrics.itm import itm_deltas  # From: counterfactory
+from builders.infra.metrics.itm import plot_histograms  # From: counterfactory
 
 _CITATION = """\
 @inproceedings{le2023cococounterfactuals,

@@ -1,6 +1,6 @@
 """mAP@R, R-Precision, Recall@K and the ECCV Caption suite for retrieval (evaluate module).
 
-A thin wrapper over `builders.metrics.retrieval` / `builders.metrics.retrieval_eccv` from the
+A thin wrapper over `builders.infra.metrics.retrieval` / `builders.infra.metrics.retrieval_eccv` from the
 counterfactory package, where the vectorised metric code and its brute-force and eccv_caption
 parity tests live.
 """
@@ -8,15 +8,15 @@ parity tests live.
 import datasets
 import evaluate
 
-from builders.metrics.retrieval import RetrievalInputError  # From: counterfactory
-from builders.metrics.retrieval import RetrievalMetricConfig  # From: counterfactory
-from builders.metrics.retrieval import retrieval_scores  # From: counterfactory
-from builders.metrics.retrieval import retrieval_scores_from_similarity  # From: counterfactory
-from builders.metrics.retrieval_eccv import DEFAULT_TARGET_METRICS  # From: counterfactory
-from builders.metrics.retrieval_eccv import EccvAnnotations  # From: counterfactory
-from builders.metrics.retrieval_eccv import EccvSuiteConfig  # From: counterfactory
-from builders.metrics.retrieval_eccv import eccv_suite  # From: counterfactory
-from builders.metrics.retrieval_eccv import eccv_suite_from_similarity  # From: counterfactory
+from builders.infra.metrics.retrieval import RetrievalInputError  # From: counterfactory
+from builders.infra.metrics.retrieval import RetrievalMetricConfig  # From: counterfactory
+from builders.infra.metrics.retrieval import retrieval_scores  # From: counterfactory
+from builders.infra.metrics.retrieval import retrieval_scores_from_similarity  # From: counterfactory
+from builders.infra.metrics.retrieval_eccv import DEFAULT_TARGET_METRICS  # From: counterfactory
+from builders.infra.metrics.retrieval_eccv import EccvAnnotations  # From: counterfactory
+from builders.infra.metrics.retrieval_eccv import EccvSuiteConfig  # From: counterfactory
+from builders.infra.metrics.retrieval_eccv import eccv_suite  # From: counterfactory
+from builders.infra.metrics.retrieval_eccv import eccv_suite_from_similarity  # From: counterfactory
 from loading_scripts.eccv import pm_positives_from_instances  # From: counterfactory
 from loading_scripts.eccv import read_pm_positives  # From: counterfactory
 from loading_scripts.eccv import read_positives  # From: counterfactory

@@ -1,6 +1,6 @@
 """ODmAP@k: object-decorrelation mAP for image-to-text retrieval (evaluate module).
 
-A thin wrapper over `builders.metrics.odmap` from the counterfactory package, where the metric
+A thin wrapper over `builders.infra.metrics.odmap` from the counterfactory package, where the metric
 logic, its brute-force-checked tests and the streaming top-k helper live.
 """
 
@@ -8,10 +8,10 @@ import datasets
 import evaluate
 import numpy as np
 
-from builders.metrics.odmap import DEFAULT_K_VALUES  # From: counterfactory
-from builders.metrics.odmap import odmap  # From: counterfactory
-from builders.metrics.odmap import odmap_from_topk  # From: counterfactory
-from builders.text.class_match import ClassMatcher  # From: counterfactory
+from builders.infra.metrics.odmap import DEFAULT_K_VALUES  # From: counterfactory
+from builders.infra.metrics.odmap import odmap  # From: counterfactory
+from builders.infra.metrics.odmap import odmap_from_topk  # From: counterfactory
+from builders.infra.text.class_match import ClassMatcher  # From: counterfactory
 
 _CITATION = """\
 @inproceedings{kim2023exposing,
@@ -48,11 +48,11 @@ Args:
     table (`dict` or `str`, optional): class -> related words, or a JSON file of it, for datasets
         other than COCO (default: the COCO table).
     mention_matrix (`numpy.ndarray` or `scipy.sparse` matrix, optional): [gallery x classes] bool,
-        caption g mentions class c (see `builders.metrics.odmap.gallery_mentions`). Passed as a
+        caption g mentions class c (see `builders.infra.metrics.odmap.gallery_mentions`). Passed as a
         keyword argument, it bypasses Arrow; with it, `retrieved` holds gallery indices.
     class_names (`list` of `str`, optional): the class of each mention_matrix column (defaults to
         the table's classes in table order, i.e. the 80 COCO classes of
-        `builders.text.class_match.COCO_CLASSES`).
+        `builders.infra.text.class_match.COCO_CLASSES`).
 
 Returns:
     `ODmAP@k` (`float`) for each k in k_values, and `num_queries` (`int`).

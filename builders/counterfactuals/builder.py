@@ -1,0 +1,411 @@
+"""COCO-Counterfactuals (builders/counterfactuals/METHOD.md; Le et al., NeurIPS 2023 D&B): counterfactual caption pairs and
+minimally different image pairs, as script-free Hub parquet.
+
+    counterfactory build coco-counterfactuals --coco-root COCO --output out/ [--models tiny]
+    accelerate launch builders/counterfactuals/builder.py --coco-root COCO --output out/
+
+Stages (`--stage`):
+- `captions`: one work item per source caption -> `captions/<split>` caption pairs
+  (`builders.counterfactuals.captions`); cheap, runs anywhere.
+- `images`: caption pairs of an earlier captions build (`--captions-from DIR`) -> image pairs in
+  `default/<split>` (`builders.counterfactuals.images`); the expensive stage, shardable on GPUs.
+- `all` (default): both, writing both configs.
+
+The `default` config keeps the columns of the original release (`id`, `image_0`, `image_1`,
+`caption_0`, `caption_1`; `id` is `<coco image id>_<caption index>`) plus provenance columns.
+Sources: COCO (Karpathy splits, or COCO folders such as `val2017` as in the paper) or any
+`datasets` dataset with a text column (`--dataset NAME --text-column caption`).
+Every row depends only on its caption and the run seed (per-candidate seeds come from the row id),
+so shards are identical for any process count; every dropped caption is counted by reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import datasets
+
+from builders.counterfactuals.captions import (CaptionModels, CaptionStage, CaptionStageConfig,
+                                              CounterfactualCaption)
+from builders.counterfactuals.images import ImagePair, ImageStage, ImageStageConfig
+from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+
+HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
+STAGES = ("captions", "images", "all")
+MODEL_ROLES = ("mlm", "lm", "sentence", "sd", "clip_filter")
+
+_S, _F, _I = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
+CAPTION_FEATURES = datasets.Features({
+    "id": _S, "caption_0": _S, "caption_1": _S,
+    "source": _S, "source_id": _S, "source_image_id": _S,
+    "replaced_word": _S, "replacement_word": _S, "replaced_position": _I,
+    "similarity": _F, "perplexity": _F,
+    "caption_candidates": _I, "caption_candidates_in_window": _I,
+    "human_substitution": datasets.Value("bool"),
+    "mlm_model": _S, "lm_model": _S, "sentence_model": _S,
+})
+PAIR_FEATURES = datasets.Features({
+    "id": _S, "image_0": datasets.Image(), "image_1": datasets.Image(),
+    **{k: v for k, v in CAPTION_FEATURES.items() if k != "id"},
+    "seed": datasets.Value("int64"), "p": _F, "guidance_scale": _F,
+    "clip_score_0": _F, "clip_score_1": _F, "clip_directional": _F, "clip_image_similarity": _F,
+    "image_candidates_tried": _I, "image_candidates_passed": _I,
+    "sd_model": _S, "clip_model": _S,
+})
+COLUMN_DOCS = {
+    "id": "`<coco image id>_<caption index>` (COCO) or the source row id",
+    "image_0": "synthetic image of caption_0", "image_1": "synthetic image of caption_1",
+    "caption_0": "original caption", "caption_1": "counterfactual caption (one noun swapped)",
+    "source": "source dataset", "source_id": "source caption id (COCO annotation id)",
+    "source_image_id": "source image id", "replaced_word": "noun of caption_0 that was swapped",
+    "replacement_word": "its replacement", "replaced_position": "NLTK token index of the swap",
+    "similarity": "all-MiniLM cosine of the captions", "perplexity": "LM perplexity of caption_1",
+    "caption_candidates": "candidates after the length/noun filter",
+    "caption_candidates_in_window": "candidates inside the similarity window (null when scored "
+                                    "perplexity first, which stops at the first one)",
+    "human_substitution": "the swap touches the human taxonomy (girl, man, people, ...)",
+    "seed": "seed of the chosen candidate", "p": "Prompt-to-Prompt injection fraction",
+    "guidance_scale": "classifier-free guidance", "clip_score_0": "CLIP cos(caption_0, image_0)",
+    "clip_score_1": "CLIP cos(caption_1, image_1)", "clip_directional": "CLIP directional similarity",
+    "clip_image_similarity": "CLIP cos(image_0, image_1)",
+    "image_candidates_tried": "candidate pairs generated", "image_candidates_passed": "of which passed CLIP",
+}
+
+
+# The datasheet prose (motivation, collection, filtering, uses) is in the card template; these
+# are the fields the shared card machinery reads.
+CARD_FIELDS = {
+    "license": "cc-by-4.0",
+    "task_categories": ["image-to-text", "text-to-image", "zero-shot-image-classification"],
+    "tags": ["counterfactuals", "coco", "synthetic", "stable-diffusion", "prompt-to-prompt"],
+    "source_datasets": ["MS-COCO"],
+    "summary": "Counterfactual image-text pairs: each original COCO caption gets a counterfactual "
+               "caption with one noun swapped, and Stable Diffusion with Prompt-to-Prompt draws a "
+               "pair of images that differ only where the captions differ.",
+    "column_docs": COLUMN_DOCS,
+    "limitations": [
+        "Images are synthetic (Stable Diffusion) and inherit its failure modes and social biases.",
+        "Automatic filtering leaves errors: both captions may fit an image (hyponym swaps such as "
+        "girl -> kid), or an image may miss its subject; swaps of people (`human_substitution`) "
+        "had a 44% error rate in the paper's human study (27% overall).",
+        "Only nouns are swapped; verbs, attributes and counts are never changed.",
+    ],
+    "citation": "@inproceedings{le2023cococounterfactuals, title={COCO-Counterfactuals: "
+                "Automatically Constructed Counterfactual Examples for Image-Text Pairs}, "
+                "author={Le, Tiep and Lal, Vasudev and Howard, Phillip}, booktitle={NeurIPS "
+                "Datasets and Benchmarks Track}, year={2023}}",
+}
+
+
+@dataclass
+class CocoCounterfactualsConfig:
+    """What to build. Example: `CocoCounterfactualsConfig(coco_root="coco", stage="captions",
+    models={"mlm": ..., "lm": ..., "sentence": ...})`."""
+
+    stage: str = "all"
+    #: COCO source: Karpathy splits, or COCO folders (`val2017`) which take precedence.
+    coco_root: str | None = None
+    karpathy_splits: tuple[str, ...] = ("test",)
+    coco_splits: tuple[str, ...] | None = None
+    #: Any `datasets` source with a text column (instead of COCO).
+    dataset: str | None = None
+    dataset_config: str | None = None
+    dataset_split: str = "train"
+    text_column: str = "caption"
+    id_column: str | None = None
+    #: `--stage images`: folder of an earlier captions build.
+    captions_from: str | None = None
+    #: Keep the first N source captions (None: all).
+    max_captions: int | None = None
+    #: Split name of the published tables (the original release has one `test` split).
+    split: str = "test"
+    seed: int = 0
+    #: Model id or path per role (`MODEL_ROLES`).
+    models: dict[str, str] = field(default_factory=dict)
+    captions: CaptionStageConfig = field(default_factory=CaptionStageConfig)
+    images: ImageStageConfig = field(default_factory=ImageStageConfig)
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise UserFacingError(f"--stage takes {', '.join(STAGES)} (got {self.stage!r})")
+        if self.stage == "images" and not self.captions_from:
+            raise UserFacingError("--stage images needs --captions-from DIR (a captions build)")
+        if self.stage != "images" and len([x for x in (self.coco_root, self.dataset) if x]) != 1:
+            raise UserFacingError("give exactly one caption source: --coco-root DIR or --dataset NAME")
+        if self.stage != "images" and self.captions_from:
+            raise UserFacingError("--captions-from is only for --stage images")
+
+
+@dataclass
+class CaptionItem:
+    id: str
+    text: str
+    source: str
+    source_id: str
+    source_image_id: str
+
+
+def worker_device() -> str:
+    """Each `accelerate launch` process uses its own GPU; CPU when there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return "cpu"
+
+
+class CocoCounterfactualsBuilder:
+    """`device` and `torch_threads` say how to run, not what to build (not in the fingerprint).
+    CPU float reductions depend on the intra-op thread count, so bit-identical shards across
+    process counts need the same `torch_threads` in every run (`accelerate launch` starts its
+    workers with one thread each)."""
+
+    def __init__(self, config: CocoCounterfactualsConfig, device: str | None = None,
+                 torch_threads: int | None = None) -> None:
+        self.config, self.device, self.torch_threads = config, device, torch_threads
+        self._caption_stage: CaptionStage | None = None
+        self._image_stage: ImageStage | None = None
+
+    # -- ShardedBuilder ----------------------------------------------------------------------
+
+    def outputs(self) -> list[OutputSpec]:
+        split = self.config.split
+        specs = []
+        if self.config.stage in ("images", "all"):
+            specs.append(OutputSpec("default", split, PAIR_FEATURES))
+        if self.config.stage in ("captions", "all"):
+            specs.append(OutputSpec("captions", split, CAPTION_FEATURES))
+        return specs
+
+    def work_items(self) -> Sequence[Any]:
+        cfg = self.config
+        if cfg.stage == "images":
+            items: list[Any] = self._caption_pairs()
+        elif cfg.coco_root:
+            items = self._coco_captions()
+        else:
+            items = self._dataset_captions()
+        return items[: cfg.max_captions]
+
+    def process(self, items: Sequence[Any]) -> Iterator[Emit | Skip]:
+        if self.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
+        if self.config.stage == "images":
+            yield from self._image_rows(items)
+            return
+        valid = []
+        for item in items:
+            if item.text.strip():
+                valid.append(item)
+            else:
+                yield Skip("empty_caption", kind="error", detail=f"caption {item.id}")
+        pairs = []
+        for item, outcome in zip(valid, self.caption_stage().run([it.text for it in valid])):
+            if isinstance(outcome, str):
+                yield Skip(outcome)
+                continue
+            row = self._caption_row(item, outcome)
+            yield Emit(f"captions/{self.config.split}", row)
+            pairs.append(row)
+        if self.config.stage == "all":
+            yield from self._image_rows(pairs)
+
+    def info(self) -> BuildInfo:
+        from builders.infra.text.nltk_setup import tagger_info
+
+        config = asdict(self.config)
+        config["tagger"] = tagger_info() if self.config.stage != "images" else None
+        return BuildInfo(builder="coco-counterfactuals", card_template="coco_counterfactuals.md",
+                         pretty_name="COCO-Counterfactuals", config=config,
+                         models=dict(self.config.models),
+                         card_fields=CARD_FIELDS)
+
+    # -- sources -----------------------------------------------------------------------------
+
+    def _coco_captions(self) -> list[CaptionItem]:
+        from loading_scripts.coco import CocoSourceConfig, read_coco
+
+        cfg = self.config
+        source = CocoSourceConfig(Path(cfg.coco_root), coco_splits=cfg.coco_splits,
+                                  karpathy_splits=None if cfg.coco_splits else cfg.karpathy_splits,
+                                  with_instances=False)
+        return [CaptionItem(id=f"{rec.image_id}_{k}", text=cap.text, source=f"coco/{rec.coco_split}",
+                            source_id=str(cap.caption_id), source_image_id=str(rec.image_id))
+                for rec in read_coco(source) for k, cap in enumerate(rec.captions)]
+
+    def _dataset_captions(self) -> list[CaptionItem]:
+        cfg = self.config
+        ds = datasets.load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.dataset_split)
+        missing = [c for c in (cfg.text_column, cfg.id_column) if c and c not in ds.column_names]
+        if missing:
+            raise InputFileError(cfg.dataset, f"has no column(s) {missing} (columns: {ds.column_names})",
+                                 "pick them with --text-column / --id-column")
+        texts = ds[cfg.text_column]
+        ids = [str(x) for x in ds[cfg.id_column]] if cfg.id_column else [str(i) for i in range(len(ds))]
+        return [CaptionItem(id=i, text=str(t or ""), source=cfg.dataset, source_id=i, source_image_id="")
+                for i, t in zip(ids, texts)]
+
+    def _caption_pairs(self) -> list[dict[str, Any]]:
+        path = Path(self.config.captions_from)
+        try:
+            ds = datasets.load_dataset(str(path), "captions", split=self.config.split)
+        except (FileNotFoundError, ValueError) as err:
+            raise InputFileError(path, f"holds no `captions` config with a {self.config.split!r} "
+                                 f"split ({err})", "build it with --stage captions first") from err
+        missing = set(CAPTION_FEATURES) - set(ds.column_names)
+        if missing:
+            raise InputFileError(path, f"caption pairs lack columns {sorted(missing)}",
+                                 "use a coco-counterfactuals captions build")
+        return ds.to_list()
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def caption_stage(self) -> CaptionStage:
+        if self._caption_stage is None:
+            m = self.config.models
+            models = CaptionModels.load(m["mlm"], m["lm"], m["sentence"], self._device())
+            self._caption_stage = CaptionStage(models, self.config.captions)
+        return self._caption_stage
+
+    def image_stage(self) -> ImageStage:
+        if self._image_stage is None:
+            from builders.counterfactuals.images import ClipScorer
+            from builders.infra.models.loaders import load_clip, load_sd
+
+            device = self._device()
+            pipe = load_sd(self.config.models["sd"], device=device)
+            scorer = ClipScorer(*load_clip(self.config.models["clip_filter"], device))
+            self._image_stage = ImageStage(pipe, scorer, self.config.images, self.config.seed)
+        return self._image_stage
+
+    def _device(self) -> str:
+        return self.device or worker_device()
+
+    def _caption_row(self, item: CaptionItem, cf: CounterfactualCaption) -> dict[str, Any]:
+        m = self.config.models
+        return {
+            "id": item.id, "caption_0": cf.original, "caption_1": cf.counterfactual,
+            "source": item.source, "source_id": item.source_id,
+            "source_image_id": item.source_image_id, "replaced_word": cf.replaced,
+            "replacement_word": cf.replacement, "replaced_position": cf.position,
+            "similarity": cf.similarity, "perplexity": cf.perplexity,
+            "caption_candidates": cf.candidates, "caption_candidates_in_window": cf.in_window,
+            "human_substitution": cf.human_substitution,
+            "mlm_model": m["mlm"], "lm_model": m["lm"], "sentence_model": m["sentence"],
+        }
+
+    def _image_rows(self, pairs: Sequence[dict[str, Any]]) -> Iterator[Emit | Skip]:
+        for row in pairs:
+            result = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
+            if isinstance(result, str):
+                yield Skip(result)
+            else:
+                yield Emit(f"default/{self.config.split}", self._pair_row(row, result))
+
+    def _pair_row(self, row: dict[str, Any], pair: ImagePair) -> dict[str, Any]:
+        return {
+            "id": row["id"], "image_0": pair.image_0, "image_1": pair.image_1,
+            **{k: row[k] for k in CAPTION_FEATURES if k != "id"},
+            "seed": pair.seed, "p": pair.p, "guidance_scale": pair.guidance,
+            "clip_score_0": pair.clip_0, "clip_score_1": pair.clip_1,
+            "clip_directional": pair.directional, "clip_image_similarity": pair.image_similarity,
+            "image_candidates_tried": pair.tried, "image_candidates_passed": pair.passed,
+            "sd_model": self.config.models["sd"], "clip_model": self.config.models["clip_filter"],
+        }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from builders.infra.models.profiles import add_model_arguments
+
+    src = parser.add_argument_group("source")
+    src.add_argument("--stage", choices=STAGES, default="all", help="what to build (default: all)")
+    src.add_argument("--coco-root", default=None, help="root of a COCO download")
+    src.add_argument("--karpathy-splits", nargs="+", default=["test"],
+                     choices=["train", "restval", "val", "test"], help="Karpathy splits to read")
+    src.add_argument("--coco-splits", nargs="+", default=None,
+                     help="COCO folders to read instead (the paper used val2017)")
+    src.add_argument("--dataset", default=None, help="a `datasets` dataset (Hub id or folder)")
+    src.add_argument("--dataset-config", default=None)
+    src.add_argument("--dataset-split", default="train")
+    src.add_argument("--text-column", default="caption")
+    src.add_argument("--id-column", default=None, help="row id column (default: row index)")
+    src.add_argument("--captions-from", default=None, help="--stage images: a captions build folder")
+    src.add_argument("--max-captions", type=int, default=None, help="first N source captions")
+    src.add_argument("--output-split", default="test", help="split name of the output (default test)")
+    src.add_argument("--seed", type=int, default=0)
+    src.add_argument("--device", default=None, help="torch device (default: own GPU, else CPU)")
+    src.add_argument("--torch-threads", type=int, default=None,
+                     help="intra-op CPU threads per process; give the same value to runs whose "
+                          "shards must be bit-identical (accelerate workers default to 1)")
+
+    cap, d = parser.add_argument_group("caption stage (builders/counterfactuals/METHOD.md §1)"), CaptionStageConfig()
+    cap.add_argument("--top-k", type=int, default=d.top_k, help="MLM proposals per noun")
+    cap.add_argument("--sim-low", type=float, default=d.sim_low, help="similarity > this")
+    cap.add_argument("--sim-high", type=float, default=d.sim_high, help="similarity <= this")
+    cap.add_argument("--min-words", type=int, default=d.min_words)
+    cap.add_argument("--no-english-check", action="store_true", help="keep non-English captions")
+    cap.add_argument("--avoid-related-nouns", action="store_true",
+                     help="drop hyponym/hypernym/synonym swaps (needs NLTK wordnet data)")
+    cap.add_argument("--caption-batch", type=int, default=d.caption_batch, help="captions per MLM batch")
+    cap.add_argument("--caption-order", choices=("auto", "similarity_first", "perplexity_first"),
+                     default=d.order, help="scoring order (same choice; auto: by model sizes)")
+
+    img, e = parser.add_argument_group("image stage (builders/counterfactuals/METHOD.md §2)"), ImageStageConfig()
+    img.add_argument("--candidates", type=int, default=e.candidates, help="candidate pairs (paper: 100)")
+    img.add_argument("--candidate-batch", type=int, default=e.candidate_batch,
+                     help="candidate pairs per UNet batch")
+    img.add_argument("--steps", type=int, default=e.steps, help="denoising steps")
+    img.add_argument("--image-size", type=int, default=e.image_size)
+    img.add_argument("--p-range", type=float, nargs=2, default=list(e.p_range), metavar=("LO", "HI"))
+    img.add_argument("--guidance-range", type=float, nargs=2, default=list(e.guidance_range),
+                     metavar=("LO", "HI"))
+    img.add_argument("--clip-threshold", type=float, default=e.clip_threshold)
+    img.add_argument("--directional-threshold", type=float, default=None)
+    img.add_argument("--image-similarity-threshold", type=float, default=None)
+    img.add_argument("--early-stop", type=int, default=None, help="stop once K candidates pass")
+    img.add_argument("--inject", choices=("self", "cross", "both"), default=e.inject,
+                     help="attention maps injected (default: self, as the reference)")
+    img.add_argument("--scheduler", choices=("euler_ancestral", "pipeline"), default=e.scheduler)
+    add_model_arguments(parser, roles=MODEL_ROLES)
+
+
+def from_args(args: argparse.Namespace) -> CocoCounterfactualsBuilder:
+    from builders.infra.models.profiles import profile_from_args
+
+    profile = asdict(profile_from_args(args))
+    captions = CaptionStageConfig(
+        top_k=args.top_k, sim_low=args.sim_low, sim_high=args.sim_high, min_words=args.min_words,
+        english_check=not args.no_english_check, avoid_related_nouns=args.avoid_related_nouns,
+        caption_batch=args.caption_batch, order=args.caption_order)
+    images = ImageStageConfig(
+        candidates=args.candidates, candidate_batch=args.candidate_batch, steps=args.steps,
+        image_size=args.image_size, p_range=tuple(args.p_range),
+        guidance_range=tuple(args.guidance_range), clip_threshold=args.clip_threshold,
+        directional_threshold=args.directional_threshold,
+        image_similarity_threshold=args.image_similarity_threshold, early_stop=args.early_stop,
+        inject=args.inject, scheduler=args.scheduler)
+    config = CocoCounterfactualsConfig(
+        stage=args.stage, coco_root=str(args.coco_root) if args.coco_root else None,
+        karpathy_splits=tuple(args.karpathy_splits),
+        coco_splits=tuple(args.coco_splits) if args.coco_splits else None,
+        dataset=args.dataset, dataset_config=args.dataset_config, dataset_split=args.dataset_split,
+        text_column=args.text_column, id_column=args.id_column,
+        captions_from=str(args.captions_from) if args.captions_from else None,
+        max_captions=args.max_captions, split=args.output_split, seed=args.seed,
+        models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images)
+    return CocoCounterfactualsBuilder(config, device=args.device, torch_threads=args.torch_threads)
+
+
+if __name__ == "__main__":
+    from builders.counterfactuals import builder as coco_counterfactuals
+    from builders.registry import launch_main
+
+    sys.exit(launch_main(coco_counterfactuals))

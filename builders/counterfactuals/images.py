@@ -1,0 +1,173 @@
+"""Counterfactual image pairs (builders/counterfactuals/METHOD.md §2): over-generate, filter with CLIP, pick the best.
+
+For a caption pair (C_o, C_c) with row id `r`, candidate j (0 <= j < N) gets
+`seed_j = derive_seed(seed, r, "candidate", j)` and, from a generator seeded with it,
+`p_j ~ U(0.1, 0.9)` and guidance `g_j ~ U(7.5, 15)`. Candidates go through Stable Diffusion with
+Prompt-to-Prompt (`builders.counterfactuals.prompt_to_prompt`) `candidate_batch` at a time; a candidate's images
+depend only on its own (seed, p, g), so the output does not depend on the batch size, the batch
+position or the process count.
+
+A candidate passes when `cos(E_T(C_o), E_I(I_o)) >= clip_threshold` and
+`cos(E_T(C_c), E_I(I_c)) >= clip_threshold` (and, when set, the instruct-pix2pix extras:
+directional >= `directional_threshold`, image-image >= `image_similarity_threshold`). Among the
+passing candidates the highest `CLIP_dir = cos(E_T(C_c) - E_T(C_o), E_I(I_c) - E_I(I_o))` wins
+(the lowest index on ties). With `early_stop = K`, generation stops at the candidate where the
+K-th pass happens and only candidates up to it are considered, whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from builders.counterfactuals.prompt_to_prompt import PairSpec, generate_pairs
+from builders.infra.seeding import derive_seed
+
+NO_PASSING_CANDIDATE = "no_image_candidate_passed_clip"
+
+
+@dataclass
+class ImageStageConfig:
+    """Example (tests): `ImageStageConfig(candidates=4, steps=2, image_size=64, clip_threshold=-1)`."""
+
+    #: Candidate pairs per caption pair (paper: 100).
+    candidates: int = 100
+    #: Candidate pairs per UNet batch (the UNet sees 4x this: 2 images x guidance halves).
+    candidate_batch: int = 4
+    #: Denoising steps and image side (reference: 100 steps, 512x512).
+    steps: int = 100
+    image_size: int = 512
+    #: Ranges of the per-candidate injection fraction p and guidance scale.
+    p_range: tuple[float, float] = (0.1, 0.9)
+    guidance_range: tuple[float, float] = (7.5, 15.0)
+    #: Minimum caption-image CLIP cosine for both images (paper: 0.2).
+    clip_threshold: float = 0.2
+    #: Optional instruct-pix2pix filters (off by default, builders/counterfactuals/METHOD.md §2).
+    directional_threshold: float | None = None
+    image_similarity_threshold: float | None = None
+    #: Stop once this many candidates passed (None: always try all N).
+    early_stop: int | None = None
+    #: Attention maps injected (`self`, `cross`, `both`; see `builders.counterfactuals.prompt_to_prompt`).
+    inject: str = "self"
+    #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
+    scheduler: str = "euler_ancestral"
+
+
+@dataclass
+class ImagePair:
+    image_0: Image.Image
+    image_1: Image.Image
+    seed: int
+    p: float
+    guidance: float
+    clip_0: float
+    clip_1: float
+    directional: float
+    image_similarity: float
+    tried: int
+    passed: int
+
+
+def candidate_specs(seed: int, row_id: str, cfg: ImageStageConfig) -> list[PairSpec]:
+    specs = []
+    for j in range(cfg.candidates):
+        s = derive_seed(seed, row_id, "candidate", j)
+        rng = random.Random(s)
+        specs.append(PairSpec(seed=s, p=rng.uniform(*cfg.p_range),
+                              guidance=rng.uniform(*cfg.guidance_range)))
+    return specs
+
+
+class ClipScorer:
+    """Normalised CLIP text and image embeddings (transformers CLIP)."""
+
+    def __init__(self, model: Any, processor: Any) -> None:
+        self.model, self.processor = model, processor
+
+    @torch.inference_mode()
+    def texts(self, texts: Sequence[str]) -> torch.Tensor:
+        enc = self.processor(text=list(texts), return_tensors="pt", padding=True, truncation=True)
+        enc = {k: v.to(self.model.device) for k, v in enc.items()}
+        return torch.nn.functional.normalize(self._tensor(self.model.get_text_features(**enc)), dim=-1)
+
+    @torch.inference_mode()
+    def images(self, images: np.ndarray) -> torch.Tensor:
+        enc = self.processor(images=list(images), return_tensors="pt")
+        pixels = enc["pixel_values"].to(self.model.device)
+        features = self.model.get_image_features(pixel_values=pixels)
+        return torch.nn.functional.normalize(self._tensor(features), dim=-1)
+
+    @staticmethod
+    def _tensor(out: Any) -> torch.Tensor:
+        # transformers 5 may return a model output object instead of the bare projection.
+        return (out if isinstance(out, torch.Tensor) else out.pooler_output).float()
+
+
+@dataclass
+class _Scores:
+    clip_0: torch.Tensor
+    clip_1: torch.Tensor
+    directional: torch.Tensor
+    image_similarity: torch.Tensor
+
+
+def score_pairs(scorer: ClipScorer, caption_0: str, caption_1: str,
+                images_0: np.ndarray, images_1: np.ndarray) -> _Scores:
+    t0, t1 = scorer.texts([caption_0, caption_1])
+    i0, i1 = scorer.images(images_0), scorer.images(images_1)
+    direction = torch.nn.functional.cosine_similarity((i1 - i0), (t1 - t0).unsqueeze(0), dim=-1)
+    return _Scores(clip_0=i0 @ t0, clip_1=i1 @ t1, directional=direction,
+                   image_similarity=(i0 * i1).sum(-1))
+
+
+class ImageStage:
+    """`run(row_id, caption_0, caption_1)` -> the selected `ImagePair` or a skip reason."""
+
+    def __init__(self, pipe: Any, scorer: ClipScorer, config: ImageStageConfig, seed: int) -> None:
+        self.pipe, self.scorer, self.config, self.seed = pipe, scorer, config, seed
+
+    def _passes(self, s: _Scores, k: int) -> bool:
+        cfg = self.config
+        ok = s.clip_0[k] >= cfg.clip_threshold and s.clip_1[k] >= cfg.clip_threshold
+        if cfg.directional_threshold is not None:
+            ok = ok and s.directional[k] >= cfg.directional_threshold
+        if cfg.image_similarity_threshold is not None:
+            ok = ok and s.image_similarity[k] >= cfg.image_similarity_threshold
+        return bool(ok)
+
+    def run(self, row_id: str, caption_0: str, caption_1: str) -> ImagePair | str:
+        cfg = self.config
+        specs = candidate_specs(self.seed, row_id, cfg)
+        best: ImagePair | None = None
+        passed = tried = 0
+        for start in range(0, len(specs), max(1, cfg.candidate_batch)):
+            batch = specs[start:start + cfg.candidate_batch]
+            images_0, images_1 = generate_pairs(self.pipe, caption_0, caption_1, batch,
+                                                steps=cfg.steps, size=cfg.image_size,
+                                                inject=cfg.inject, scheduler=cfg.scheduler)
+            scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1)
+            for k, spec in enumerate(batch):
+                tried += 1
+                if not self._passes(scores, k):
+                    continue
+                passed += 1
+                if best is None or scores.directional[k].item() > best.directional:
+                    best = ImagePair(
+                        image_0=Image.fromarray(images_0[k]), image_1=Image.fromarray(images_1[k]),
+                        seed=spec.seed, p=spec.p, guidance=spec.guidance,
+                        clip_0=scores.clip_0[k].item(), clip_1=scores.clip_1[k].item(),
+                        directional=scores.directional[k].item(),
+                        image_similarity=scores.image_similarity[k].item(), tried=0, passed=0)
+                if cfg.early_stop is not None and passed >= cfg.early_stop:
+                    break
+            if cfg.early_stop is not None and passed >= cfg.early_stop:
+                break
+        if best is None:
+            return NO_PASSING_CANDIDATE
+        best.tried, best.passed = tried, passed
+        return best

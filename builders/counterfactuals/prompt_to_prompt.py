@@ -1,0 +1,236 @@
+"""Prompt-to-Prompt image pairs on diffusers' attention-processor API (builders/counterfactuals/METHOD.md §2).
+
+`generate_pairs(pipe, caption_0, caption_1, specs, ...)` denoises N candidate pairs in one UNet
+batch. Each pair (original image, counterfactual image) shares its initial latents and, with an
+ancestral sampler, its per-step noise (two generators seeded alike), so the two images differ
+only through the prompt and the attention injection. Each candidate has its own seed, injection
+fraction p and guidance scale (`PairSpec`), so a candidate's images depend on its own spec only,
+never on its batch position.
+
+Which maps are injected (`inject`):
+- `"self"` (default, the reference): like the instruct-pix2pix generator COCO-Counterfactuals was
+  built on, the counterfactual image reuses the *self*-attention maps of the original image. It
+  is done without materialising the maps: the counterfactual rows take the original rows'
+  queries and keys, so `softmax(Q_o K_o^T) V_c` runs through the memory-efficient
+  `scaled_dot_product_attention` (a 512x512 self-attention map would need GBs per batch).
+  Injected in both the unconditional and the conditional halves of the guidance batch.
+- `"cross"`: the original Prompt-to-Prompt word swap: the counterfactual's cross-attention maps
+  are copied from the original for the tokens both prompts share (aligned by common prefix and
+  suffix of the CLIP token ids, so the swapped word may span a different number of tokens);
+  the swapped word's own tokens keep their own maps. Conditional half only (the unconditional
+  prompt is the same for both images). Cross maps are computed explicitly at every step (they
+  are small: queries x 77 tokens) so the original branch's numerics never depend on p.
+- `"both"`: both of the above.
+
+Injection rule (the reference's): pair j is injected at step i (0-based) while
+`p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+INJECT_MODES = ("self", "cross", "both")
+SCHEDULERS = ("euler_ancestral", "pipeline")
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """One candidate pair: its seed, injection fraction and guidance scale."""
+
+    seed: int
+    p: float
+    guidance: float
+
+
+def injected(p: float, step: int, steps: int) -> bool:
+    return p > (step / (steps - 1) if steps > 1 else 0.0)
+
+
+def token_alignment(source_ids: Sequence[int], target_ids: Sequence[int], length: int) -> torch.Tensor:
+    """For each target token position, the source position holding the same token (aligned by
+    the common prefix and the common suffix of the unpadded ids, padding aligned after the
+    suffix), or -1 for the target's own (swapped) tokens."""
+    a = 0
+    while a < min(len(source_ids), len(target_ids)) and source_ids[a] == target_ids[a]:
+        a += 1
+    b = 0
+    while (b < min(len(source_ids), len(target_ids)) - a
+           and source_ids[-1 - b] == target_ids[-1 - b]):
+        b += 1
+    idx = torch.full((length,), -1, dtype=torch.long)
+    shift = len(source_ids) - len(target_ids)
+    for k in range(length):
+        if k < a:
+            idx[k] = k
+        elif k >= len(target_ids) - b and 0 <= k + shift < length:
+            idx[k] = k + shift
+    return idx
+
+
+class P2PController:
+    """Shared state of the processors: the current step and which pairs inject at it.
+
+    The UNet batch is `[uncond half | cond half]`, each half `[o_1, c_1, o_2, c_2, ...]`."""
+
+    def __init__(self, specs: Sequence[PairSpec], steps: int, inject: str,
+                 alignment: torch.Tensor | None) -> None:
+        if inject not in INJECT_MODES:
+            raise ValueError(f"inject must be one of {INJECT_MODES}, got {inject!r}")
+        self.specs, self.steps = list(specs), steps
+        self.inject_self = inject in ("self", "both")
+        self.inject_cross = inject in ("cross", "both")
+        self.alignment = alignment
+        self.step = 0
+
+    def rows(self, halves: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(original rows, counterfactual rows) of the pairs injecting at this step."""
+        n = len(self.specs)
+        active = [j for j, s in enumerate(self.specs) if injected(s.p, self.step, self.steps)]
+        if not active:
+            return None
+        src = torch.tensor([h * 2 * n + 2 * j for h in halves for j in active])
+        return src, src + 1
+
+
+class P2PAttnProcessor:
+    """Attention with Prompt-to-Prompt injection (see the module docstring)."""
+
+    def __init__(self, controller: P2PController, is_cross: bool) -> None:
+        self.ctrl, self.is_cross = controller, is_cross
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 temb=None, **kwargs):
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+        input_ndim = hidden_states.ndim
+        if input_ndim == 4:
+            b, c, h, w = hidden_states.shape
+            hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
+        batch, seq_len, _ = (hidden_states if encoder_hidden_states is None
+                             else encoder_hidden_states).shape
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, seq_len, batch)
+            attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        query = attn.to_q(hidden_states)
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        if encoder_hidden_states is not None and attn.norm_cross:
+            context = attn.norm_encoder_hidden_states(context)
+        key, value = attn.to_k(context), attn.to_v(context)
+        head_dim = key.shape[-1] // attn.heads
+        query, key, value = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
+                             for t in (query, key, value))
+
+        if self.is_cross and self.ctrl.inject_cross:
+            out = self._cross(attn, query, key, value, attention_mask)
+        else:
+            rows = None if self.is_cross or not self.ctrl.inject_self else self.ctrl.rows((0, 1))
+            if rows is not None:
+                src, dst = rows
+                query, key = query.clone(), key.clone()
+                query[dst], key[dst] = query[src], key[src]
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                 scale=attn.scale)
+        out = out.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim).to(query.dtype)
+        out = attn.to_out[1](attn.to_out[0](out))
+        if input_ndim == 4:
+            out = out.transpose(-1, -2).reshape(b, c, h, w)
+        if attn.residual_connection:
+            out = out + residual
+        return out / attn.rescale_output_factor
+
+    def _cross(self, attn, query, key, value, attention_mask):
+        scores = torch.matmul(query, key.transpose(-1, -2)) * attn.scale
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = scores.softmax(dim=-1)
+        rows = self.ctrl.rows((1,))
+        if rows is not None:
+            src, dst = rows
+            idx = self.ctrl.alignment
+            shared = idx >= 0
+            replaced = probs[dst].clone()
+            replaced[..., shared] = probs[src][..., idx[shared]]
+            probs = probs.clone()
+            probs[dst] = replaced
+        return torch.matmul(probs, value)
+
+
+@contextlib.contextmanager
+def p2p_processors(unet, controller: P2PController) -> Iterator[None]:
+    """Install P2P processors on every attention layer; restore the previous ones afterwards."""
+    previous = unet.attn_processors
+    unet.set_attn_processor({name: P2PAttnProcessor(controller, name.endswith("attn2.processor"))
+                             for name in previous})
+    try:
+        yield
+    finally:
+        unet.set_attn_processor(previous)
+
+
+def make_scheduler(pipe, kind: str):
+    """A fresh scheduler (schedulers keep per-run state). `euler_ancestral` is the reference's
+    sampler; `pipeline` keeps the pipeline's own scheduler class."""
+    if kind == "euler_ancestral":
+        from diffusers import EulerAncestralDiscreteScheduler
+
+        return EulerAncestralDiscreteScheduler.from_config(pipe.scheduler.config)
+    if kind == "pipeline":
+        return type(pipe.scheduler).from_config(pipe.scheduler.config)
+    raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {kind!r}")
+
+
+def _generators(seeds: Sequence[int], salt: int) -> list[torch.Generator]:
+    # Two generators per pair seeded alike: both images draw identical noise. The salt keeps
+    # the sampler-noise stream apart from the initial-latent stream of the same seed.
+    return [torch.Generator(device="cpu").manual_seed((s + salt) % 2**63) for s in seeds for _ in (0, 1)]
+
+
+@torch.inference_mode()
+def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpec], *,
+                   steps: int, size: int, inject: str = "self",
+                   scheduler: str = "euler_ancestral") -> tuple[np.ndarray, np.ndarray]:
+    """Images of every candidate pair, as uint8 arrays `(N, size, size, 3)` for the original
+    and the counterfactual caption."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    device, n = pipe.unet.device, len(specs)
+    cond, uncond = pipe.encode_prompt([caption_0, caption_1], device, 1, True)
+    emb = torch.cat([uncond[[0, 1] * n], cond[[0, 1] * n]])
+    alignment = None
+    if inject in ("cross", "both"):
+        ids = [pipe.tokenizer(t, truncation=True, max_length=pipe.tokenizer.model_max_length).input_ids
+               for t in (caption_0, caption_1)]
+        alignment = token_alignment(ids[0], ids[1], cond.shape[1])
+    ctrl = P2PController(specs, steps, inject, alignment)
+
+    sched = make_scheduler(pipe, scheduler)
+    sched.set_timesteps(steps, device=device)
+    scale = pipe.vae_scale_factor
+    shape = (1, pipe.unet.config.in_channels, size // scale, size // scale)
+    seeds = [s.seed for s in specs]
+    latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=emb.dtype)
+                         for g in _generators(seeds, 0)]) * sched.init_noise_sigma
+    noise_gens = _generators(seeds, 1)
+    guidance = torch.tensor([s.guidance for s in specs for _ in (0, 1)], dtype=emb.dtype,
+                            device=device).view(-1, 1, 1, 1)
+    with p2p_processors(pipe.unet, ctrl):
+        for i, t in enumerate(sched.timesteps):
+            ctrl.step = i
+            x = sched.scale_model_input(torch.cat([latents, latents]), t)
+            eps_uncond, eps_cond = pipe.unet(x, t, encoder_hidden_states=emb).sample.chunk(2)
+            eps = eps_uncond + guidance * (eps_cond - eps_uncond)
+            latents = sched.step(eps, t, latents, generator=noise_gens).prev_sample
+    images = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+    images = ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy() * 255)
+    images = images.round().astype(np.uint8)
+    return images[0::2], images[1::2]

@@ -1,0 +1,324 @@
+"""Object-decorrelation sets (builders/decorrelation/METHOD.md; Kim et al., CVPR-W 2023): object-removal pairs and ODmAP@k.
+
+From a COCO (or Flickr30k + Entities) source, per image with at least two classes, each class c^r
+is tried for removal under the rules of `builders.decorrelation.selection`; the removed region is filled
+(`builders.decorrelation.fill`) and, for training pairs, a caption y' is synthesised
+(`builders.decorrelation.captions`). Products (see `builders.decorrelation.schema`):
+
+- `default/train`: D' from the Karpathy train (+restval) split;
+- `odmap_queries/test` + `odmap_gallery/test`: the ODmAP@k evaluation set — removal queries from
+  the test split and the caption gallery of train+restval+val+test with class-mention vectors,
+  which `evaluate_modules/odmap` consumes directly.
+
+    counterfactory build decorrelation --coco-root COCO --output out/ [--models tiny]
+    accelerate launch builders/decorrelation/builder.py --coco-root COCO --output out/
+
+Every row depends only on its own image and the run seed (`derive_seed(seed, image_id, anchor)`),
+so shards are identical for any process count, part size and resume history. Each candidate the
+rules reject, and each row whose caption cannot be made, is counted by reason in the part stats
+and the card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from PIL import Image
+
+from builders.decorrelation.captions import CAPTION_METHODS, CaptionConfig, CaptionSynthesizer
+from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_features,
+                                           train_features)
+from builders.decorrelation.source import (DEFAULT_FLICKR_CLASSES, SourceConfig, SourceImage,
+                                           read_source)
+from builders.infra.errors import InputFileError, UserFacingError
+from builders.decorrelation.fill import FILL_METHODS, FillConfig, ImageFiller
+from builders.infra.seeding import derive_seed
+from builders.decorrelation.selection import Removal, SelectionConfig, select_removals
+from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+
+HELP = "object-decorrelation sets: object-removal training pairs D' and the ODmAP@k test set"
+PRODUCTS = ("train", "odmap")
+TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
+
+
+@dataclass
+class DecorrelationConfig:
+    """What to build. Example (no models needed):
+    `DecorrelationConfig(source=SourceConfig("coco", Path("coco")), fill=FillConfig("blur"))`.
+    The command line defaults to `--fill inpaint` with the profile's inpainting model."""
+
+    source: SourceConfig
+    fill: FillConfig
+    #: Which products: `train` (D') and/or `odmap` (queries + gallery).
+    products: tuple[str, ...] = PRODUCTS
+    #: Karpathy splits D' is built from (the paper's COCO "train" is train + restval).
+    train_splits: tuple[str, ...] = ("train", "restval")
+    #: The split the ODmAP queries come from.
+    query_split: str = "test"
+    #: Splits whose captions form the ODmAP gallery (builders/decorrelation/METHOD.md §5: train + val + test).
+    gallery_splits: tuple[str, ...] = ("train", "restval", "val", "test")
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    caption: CaptionConfig = field(default_factory=CaptionConfig)
+    #: Also store the source image in each row (off: it doubles the size).
+    keep_original: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.products) - set(PRODUCTS)
+        if not self.products or unknown:
+            raise UserFacingError(f"--products takes {', '.join(PRODUCTS)} (got {list(self.products)})")
+        if "train" in self.products and self.query_split in self.train_splits and "odmap" in self.products:
+            raise UserFacingError(f"the query split {self.query_split!r} must not be a training split "
+                                  f"({list(self.train_splits)}): ODmAP queries must be unseen images")
+
+
+class DecorrelationBuilder:
+    def __init__(self, config: DecorrelationConfig) -> None:
+        self.config = config
+        self._filler: ImageFiller | None = None
+        self._captioner: CaptionSynthesizer | None = None
+        self._phrases: Any = None
+
+    # ------------------------------------------------------------------ ShardedBuilder protocol
+
+    def outputs(self) -> list[OutputSpec]:
+        cfg, out = self.config, []
+        if "train" in cfg.products:
+            out.append(OutputSpec("default", "train", train_features(cfg.keep_original)))
+        if "odmap" in cfg.products:
+            out.append(OutputSpec("odmap_queries", "test", query_features(cfg.keep_original)))
+            out.append(OutputSpec("odmap_gallery", "test", gallery_features(len(cfg.source.class_names))))
+        return out
+
+    def _needs_text(self) -> bool:
+        cfg = self.config
+        return "odmap" in cfg.products or ("train" in cfg.products and cfg.caption.method == "np_removal")
+
+    def work_items(self) -> list[SourceImage]:
+        cfg = self.config
+        if self._needs_text() and cfg.source.kind == "coco":
+            from builders.infra.text.nltk_setup import ensure_nltk_tagger
+
+            ensure_nltk_tagger()  # fail before any part is built, with the download command
+        splits = set()
+        if "train" in cfg.products:
+            splits |= set(cfg.train_splits)
+        if "odmap" in cfg.products:
+            splits |= {cfg.query_split, *cfg.gallery_splits}
+        records = read_source(cfg.source, tuple(sorted(splits)))
+        unknown = sorted({b.category for r in records for b in r.boxes} - set(cfg.source.class_names))
+        if unknown:  # checked up front: matching would otherwise fail mid-run on these classes
+            raise UserFacingError(f"{cfg.source.root}: box categories {unknown} are not among the "
+                                  f"{len(cfg.source.class_names)} classes of the matching table")
+        return records
+
+    def process(self, items: Sequence[SourceImage]) -> Iterator[Emit | Skip]:
+        cfg = self.config
+        if "odmap" in cfg.products:
+            yield from self._gallery_rows([r for r in items if r.split in cfg.gallery_splits])
+        for rec in items:
+            train = "train" in cfg.products and rec.split in cfg.train_splits
+            query = "odmap" in cfg.products and rec.split == cfg.query_split
+            if train or query:
+                yield from self._removal_rows(rec, train)
+
+    def info(self) -> BuildInfo:
+        from builders.decorrelation.card import card_fields
+
+        cfg = self.config
+        models = {}
+        if cfg.fill.model_id:
+            models["sd_inpaint"] = cfg.fill.model_id
+        if "train" in cfg.products and cfg.caption.model_id:
+            models["captioner"] = cfg.caption.model_id
+        config = asdict(cfg)
+        config["source"]["root"] = str(cfg.source.root)
+        config["class_names"] = list(cfg.source.class_names)
+        return BuildInfo(builder="decorrelation", card_template="decorrelation.md",
+                         pretty_name=f"Object-decorrelation sets ({cfg.source.kind})", config=config,
+                         models=models, card_fields=card_fields(cfg, COLUMN_DOCS))
+
+    # ------------------------------------------------------------------ rows
+
+    def _phrase_matcher(self):
+        if self._phrases is None:
+            from builders.decorrelation.captions import CocoPhrases, EntityPhrases
+
+            self._phrases = CocoPhrases() if self.config.source.kind == "coco" else EntityPhrases()
+        return self._phrases
+
+    def _gallery_rows(self, records: Sequence[SourceImage]) -> Iterator[Emit]:
+        captions = [(rec, cap) for rec in records for cap in rec.captions]
+        if not captions:
+            return
+        names = self.config.source.class_names
+        mentions = self._phrase_matcher().mentions([c for _, c in captions], names)
+        for (rec, cap), row in zip(captions, mentions):
+            yield Emit(GALLERY_OUT, {
+                "caption_id": cap.caption_id, "image_id": rec.image_id, "source_split": rec.split,
+                "caption": cap.text, "mentions": row.tolist(),
+                "mentioned_classes": [c for c, hit in zip(names, row) if hit]})
+
+    def _removal_rows(self, rec: SourceImage, train: bool) -> Iterator[Emit | Skip]:
+        cfg = self.config
+        if rec.width < 1 or rec.height < 1:
+            yield Skip("invalid_image_size", kind="error",
+                       detail=f"image {rec.image_id}: annotated size {rec.width}x{rec.height}")
+            return
+        selection = select_removals(rec.boxes, rec.width, rec.height, cfg.selection)
+        for rejection in selection.rejections:
+            yield Skip(rejection.reason, detail=f"image {rec.image_id} {rejection.anchor}: {rejection.detail}")
+        if not selection.removals:
+            return
+        image = yield from self._open(rec)
+        if image is None:
+            return
+        for removal in selection.removals:
+            seed = derive_seed(cfg.seed, rec.image_id, removal.anchor)
+            synthetic = self._fill().fill(image, removal.mask, seed)
+            edit = self._edit_columns(rec, removal, synthetic, seed, image)
+            if train:
+                yield from self._train_rows(rec, removal, edit, synthetic, seed)
+            else:
+                yield Emit(QUERY_OUT, {"query_id": f"{rec.image_id}/{removal.anchor}", **edit,
+                                       "caption_ids": [c.caption_id for c in rec.captions]})
+
+    def _open(self, rec: SourceImage):
+        """The RGB source image, or None after yielding an input-error skip (a generator helper)."""
+        from loading_scripts.images import open_rgb_image
+
+        try:
+            image = open_rgb_image(rec.path)
+        except InputFileError as err:
+            yield Skip("unreadable_image", kind="error", detail=str(err))
+            return None
+        if image.size != (rec.width, rec.height):
+            yield Skip("image_size_mismatch", kind="error",
+                       detail=f"{rec.path}: {image.size[0]}x{image.size[1]} pixels but annotated "
+                              f"{rec.width}x{rec.height}")
+            return None
+        return image
+
+    def _fill(self) -> ImageFiller:
+        if self._filler is None:
+            self._filler = ImageFiller(self.config.fill)
+        return self._filler
+
+    def _edit_columns(self, rec: SourceImage, removal: Removal, synthetic: Image.Image, seed: int,
+                      original: Image.Image) -> dict[str, Any]:
+        cfg = self.config
+        cols = {
+            "image_id": rec.image_id, "source_split": rec.split, "image": synthetic,
+            "removed_classes": list(removal.removed), "present_classes": list(removal.present),
+            "anchor_class": removal.anchor, "removal": removal.kind,
+            "removed_boxes": [{"category": rec.boxes[i].category, "bbox": list(rec.boxes[i].bbox)}
+                              for i in removal.box_indices],
+            "mask": Image.fromarray(removal.mask.astype(np.uint8) * 255, mode="L"),
+            "region_fraction": removal.region_fraction, "fill": cfg.fill.method,
+            "fill_model": cfg.fill.model_id, "seed": seed,
+        }
+        if cfg.keep_original:
+            cols["original_image"] = original
+        return cols
+
+    def _train_rows(self, rec: SourceImage, removal: Removal, edit: dict[str, Any],
+                    synthetic: Image.Image, seed: int) -> Iterator[Emit | Skip]:
+        cfg = self.config
+        if self._captioner is None:
+            self._captioner = CaptionSynthesizer(cfg.caption, self._phrase_matcher())
+        rng = random.Random(derive_seed(seed, "caption"))
+        captions, reason = self._captioner.synthesize(rec.captions, removal.removed, removal.present,
+                                                      synthetic, rng)
+        if reason:
+            yield Skip(reason, detail=f"image {rec.image_id}, removing {list(removal.removed)}")
+            return
+        for k, cap in enumerate(captions):
+            yield Emit(TRAIN_OUT, {
+                "row_id": f"{rec.image_id}/{removal.anchor}/{k}", **edit, "caption": cap.text,
+                "caption_id": cap.source.caption_id if cap.source else None,
+                "original_caption": cap.source.text if cap.source else None,
+                "caption_method": cfg.caption.method, "caption_model": cfg.caption.model_id})
+
+
+# ---------------------------------------------------------------------- command line
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from builders.infra.models.profiles import add_model_arguments
+
+    src = parser.add_argument_group("source").add_mutually_exclusive_group(required=True)
+    src.add_argument("--coco-root", type=Path, help="root of a COCO download (with dataset_coco.json)")
+    src.add_argument("--flickr30k-root", type=Path,
+                     help="root of Flickr30k (dataset_flickr30k.json, flickr30k-images/, flickr30k_entities/)")
+    p = parser.add_argument_group("what to build")
+    p.add_argument("--products", nargs="+", choices=PRODUCTS, default=list(PRODUCTS),
+                   help="train: D' pairs; odmap: ODmAP@k queries + gallery (default: both)")
+    p.add_argument("--train-splits", nargs="+", default=["train", "restval"], help="Karpathy splits of D'")
+    p.add_argument("--query-split", default="test", help="Karpathy split of the ODmAP queries")
+    p.add_argument("--gallery-splits", nargs="+", default=["train", "restval", "val", "test"],
+                   help="Karpathy splits whose captions form the ODmAP gallery")
+    p.add_argument("--flickr-classes", nargs="+", default=list(DEFAULT_FLICKR_CLASSES),
+                   help="Flickr30k Entities types treated as object classes")
+    p.add_argument("--max-images", type=int, default=None, help="first N images per split")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-original", action="store_true", help="also store the source image per row")
+    r = parser.add_argument_group("selection rules (builders/decorrelation/METHOD.md §1)")
+    r.add_argument("--alpha1", type=float, default=0.4, help="single-class removal below this overlap")
+    r.add_argument("--alpha2", type=float, default=0.8, help="remove classes overlapping more than this")
+    r.add_argument("--alpha3", type=float, default=0.7, help="skip regions larger than this image fraction")
+    r.add_argument("--min-classes", type=int, default=2, help="distinct classes an image needs")
+    f = parser.add_argument_group("image synthesis (builders/decorrelation/METHOD.md §2)")
+    f.add_argument("--fill", choices=FILL_METHODS, default="inpaint")
+    f.add_argument("--fill-prompt", default="background", help="inpainting prompt")
+    f.add_argument("--inpaint-steps", type=int, default=50)
+    f.add_argument("--guidance-scale", type=float, default=7.5)
+    f.add_argument("--image-size", type=int, default=512, help="inpainting working resolution (multiple of 8)")
+    f.add_argument("--blur-radius", type=float, default=20.0, help="Gaussian blur radius (px) for --fill blur")
+    c = parser.add_argument_group("caption synthesis (builders/decorrelation/METHOD.md §3)")
+    c.add_argument("--caption", choices=CAPTION_METHODS, default="np_removal")
+    c.add_argument("--captions-per-image", type=int, default=1, help="synthetic captions per synthetic image")
+    c.add_argument("--caption-max-tokens", type=int, default=30, help="captioner: max new tokens")
+    add_model_arguments(parser, roles=("sd_inpaint", "captioner"))
+
+
+def from_args(args: argparse.Namespace) -> DecorrelationBuilder:
+    from builders.infra.models.profiles import profile_from_args
+
+    needs_models = args.fill == "inpaint" or ("train" in args.products and args.caption == "captioner")
+    profile = profile_from_args(args) if needs_models else None
+    kind, root = ("coco", args.coco_root) if args.coco_root else ("flickr30k", args.flickr30k_root)
+    return DecorrelationBuilder(DecorrelationConfig(
+        source=SourceConfig(kind, Path(root), flickr_classes=tuple(args.flickr_classes),
+                            max_images=args.max_images),
+        products=tuple(args.products), train_splits=tuple(args.train_splits),
+        query_split=args.query_split, gallery_splits=tuple(args.gallery_splits),
+        selection=_checked(SelectionConfig, alpha1=args.alpha1, alpha2=args.alpha2,
+                           alpha3=args.alpha3, min_classes=args.min_classes),
+        fill=FillConfig(method=args.fill, model=profile.sd_inpaint if args.fill == "inpaint" else None,
+                        prompt=args.fill_prompt, steps=args.inpaint_steps,
+                        guidance_scale=args.guidance_scale, image_size=args.image_size,
+                        blur_radius=args.blur_radius),
+        caption=CaptionConfig(method=args.caption, captions_per_image=args.captions_per_image,
+                              model=profile.captioner if args.caption == "captioner" and profile else None,
+                              max_new_tokens=args.caption_max_tokens),
+        keep_original=args.keep_original, seed=args.seed))
+
+
+def _checked(cls, **kwargs):
+    """Build a config, turning its validation errors into one-line user errors."""
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise UserFacingError(f"invalid option: {err}") from err
+
+
+if __name__ == "__main__":
+    from builders.decorrelation import builder as decorrelation
+    from builders.registry import launch_main
+
+    sys.exit(launch_main(decorrelation))

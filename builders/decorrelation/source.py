@@ -1,0 +1,111 @@
+"""The decorrelation builder's view of its source: COCO or Flickr30k as one record type.
+
+`read_source(cfg, splits)` returns `SourceImage` records (paths, boxes, captions; no pixels),
+sorted by image id, which are the builder's work items. COCO boxes carry the 80 COCO classes;
+Flickr30k boxes come from Flickr30k Entities and carry its entity types, restricted to
+`flickr_classes` (builders/decorrelation/METHOD.md §4: the paper used 4 Flickr30k classes without naming them; our default
+is the four object-like types people, animals, vehicles, instruments — clothing and body parts
+sit on people, and scene / other are not objects).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from builders.infra.errors import UserFacingError
+from builders.decorrelation.selection import Box
+from loading_scripts.flickr30k import ENTITY_TYPES, EntityPhrase
+
+SOURCES = ("coco", "flickr30k")
+DEFAULT_FLICKR_CLASSES = ("people", "animals", "vehicles", "instruments")
+
+
+@dataclass(frozen=True)
+class SourceCaption:
+    caption_id: int
+    text: str
+    #: Flickr30k Entities phrase spans (empty for COCO, whose phrases come from NLTK).
+    phrases: tuple[EntityPhrase, ...] = ()
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    image_id: int
+    path: Path
+    width: int
+    height: int
+    #: Karpathy split (`train`, `restval`, `val`, `test`).
+    split: str
+    captions: tuple[SourceCaption, ...]
+    boxes: tuple[Box, ...]
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Example: `SourceConfig(kind="coco", root=Path("coco"))`."""
+
+    kind: str
+    root: Path
+    #: Flickr30k only: the entity types that count as object classes.
+    flickr_classes: tuple[str, ...] = DEFAULT_FLICKR_CLASSES
+    #: Keep only the first N images (by image id) of each split; None keeps all.
+    max_images: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCES:
+            raise UserFacingError(f"unknown source {self.kind!r}; choose one of {', '.join(SOURCES)}")
+        unknown = set(self.flickr_classes) - set(ENTITY_TYPES)
+        if self.kind == "flickr30k" and unknown:
+            raise UserFacingError(f"--flickr-classes {sorted(unknown)} are not Flickr30k Entities "
+                                  f"types ({', '.join(ENTITY_TYPES)})")
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The classes of the mention vectors, in column order."""
+        if self.kind == "coco":
+            from builders.infra.text.class_match import COCO_CLASSES
+
+            return COCO_CLASSES
+        return tuple(self.flickr_classes)
+
+
+def read_source(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
+    """All images of `splits`, sorted by image id."""
+    records = _read_coco(cfg, splits) if cfg.kind == "coco" else _read_flickr(cfg, splits)
+    if cfg.max_images is not None:
+        kept: dict[str, int] = {}
+        limited = []
+        for rec in records:
+            if kept.get(rec.split, 0) < cfg.max_images:
+                kept[rec.split] = kept.get(rec.split, 0) + 1
+                limited.append(rec)
+        records = limited
+    return records
+
+
+def _read_coco(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
+    from loading_scripts.coco import CocoSourceConfig, read_coco
+
+    return [SourceImage(image_id=r.image_id, path=r.path, width=r.width, height=r.height,
+                        split=r.karpathy_split or r.coco_split,
+                        captions=tuple(SourceCaption(c.caption_id, c.text) for c in r.captions),
+                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects))
+            for r in read_coco(CocoSourceConfig(Path(cfg.root), karpathy_splits=splits))]
+
+
+def _read_flickr(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
+    from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
+
+    # Flickr30k's Karpathy split has no restval: its train split is the whole training set.
+    wanted = tuple(s for s in dict.fromkeys("train" if s == "restval" else s for s in splits))
+    records = read_flickr30k(Flickr30kSourceConfig(Path(cfg.root), splits=wanted))
+    if records and not any(c.phrases for r in records for c in r.captions):
+        raise UserFacingError(
+            f"{cfg.root}: Flickr30k needs Flickr30k Entities (boxes and phrase types) for object "
+            "removal; put it in ROOT/flickr30k_entities (https://github.com/BryanPlummer/flickr30k_entities)")
+    classes = set(cfg.flickr_classes)
+    return [SourceImage(image_id=r.image_id, path=r.path, width=r.width, height=r.height, split=r.split,
+                        captions=tuple(SourceCaption(c.caption_id, c.text, c.phrases) for c in r.captions),
+                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects if o.category in classes))
+            for r in records]

@@ -1,0 +1,438 @@
+"""mAP@R, R-Precision and Recall@K exactly as `eccv_caption` 0.1.0 defines them (evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4)).
+
+Per query with positives G (R = |set(G)|) and ranked list t:
+
+    rprecision(r) = |set(t[:r]) & G| / |set(t[:r])|   (denominator: *unique* retrieved items)
+    AP@R          = (1/R) * sum_{r=1..R} 1[t[r-1] in G] * rprecision(r)
+    R-Precision   = rprecision(R)      (PMRP: rprecision(min(R, 50)), `r_precision_cap=50`)
+    R@1           = 1[t[0] in G];   R@K = 1[set(t[:K]) & G non-empty]
+
+and each metric is the mean over queries. Duplicates in a ranking therefore count once in the
+denominator but once per position in the AP sum, as in the reference. Queries are the keys of the
+positives (extra ranked queries are ignored; a missing one is an error). Where the reference
+crashes (a ranking shorter than R, an empty ranking, empty positives) we raise
+`RetrievalInputError` saying which query and what is needed.
+
+Two entry points, both vectorised over all queries (no per-query Python loop beyond converting
+ragged Python lists):
+
+- `retrieval_scores(rankings, positives)`: ranked id lists (a dict keyed like `positives`, or
+  lists / a 2-D array aligned with a list of positives);
+- `retrieval_scores_from_similarity(similarity, positives, query_ids, gallery_ids)`: a
+  query x gallery matrix, ranked best-first with ties in gallery order (a stable sort), of which
+  only the needed prefix is ever computed (`retrieval_topk.stable_topk`).
+
+Example (evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4); R@5 / R@10 would need 5 / 10 items per ranking, so only R@1 here):
+    >>> s = retrieval_scores([[10, 99, 11, 12], [99, 10, 11]], [[10, 11, 12], [10, 11, 12]],
+    ...                      RetrievalMetricConfig(k_values=(1,)))
+    >>> [round(float(v), 4) for v in s.per_query["map_at_r"]], s.recall_at_k
+    ([0.5556, 0.3889], {1: 0.5})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from builders.infra.metrics.retrieval_topk import RetrievalInputError, as_score_tensor, stable_topk
+
+__all__ = [
+    "RetrievalInputError",
+    "RetrievalMetricConfig",
+    "RetrievalScores",
+    "needed_depth",
+    "ranking_depth",
+    "retrieval_scores",
+    "retrieval_scores_from_similarity",
+    "retrieval_scores_from_topk",
+]
+
+
+@dataclass(frozen=True)
+class RetrievalMetricConfig:
+    """Which metrics to compute. Example: `RetrievalMetricConfig(k_values=(1,), map_at_r=False)`
+    for R@1 only (then rankings need just one item)."""
+
+    k_values: tuple[int, ...] = (1, 5, 10)
+    map_at_r: bool = True
+    r_precision: bool = True
+    #: R-Precision looks at min(R, cap) items; the paper's modified PMRP uses 50. None: R.
+    r_precision_cap: int | None = None
+
+    def __post_init__(self) -> None:
+        for k in self.k_values:
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+                raise RetrievalInputError(f"k_values must be positive integers, got {k!r}")
+        cap = self.r_precision_cap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer))
+                                or cap < 1):
+            raise RetrievalInputError(f"r_precision_cap must be a positive integer, got {cap!r}")
+        if not (self.k_values or self.map_at_r or self.r_precision):
+            raise RetrievalInputError("no metric selected: give k_values or enable map_at_r / "
+                                      "r_precision")
+
+
+@dataclass(frozen=True)
+class RetrievalScores:
+    """Means over queries, plus per-query values (in query order) for analysis / CIs."""
+
+    map_at_r: float | None
+    r_precision: float | None
+    recall_at_k: dict[int, float]
+    num_queries: int
+    query_ids: np.ndarray = field(repr=False)
+    per_query: dict[str, np.ndarray] = field(repr=False)
+
+    def as_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.map_at_r is not None:
+            out["map_at_r"] = self.map_at_r
+        if self.r_precision is not None:
+            out["r_precision"] = self.r_precision
+        out.update({f"recall_at_{k}": v for k, v in self.recall_at_k.items()})
+        return out
+
+
+@dataclass(frozen=True)
+class _Ragged:
+    """Rows of int64 ids stored flat: row i is values[starts[i] : starts[i] + lengths[i]]."""
+
+    values: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def rows(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.lengths)), self.lengths)
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.lengths)[:-1])).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def retrieval_scores(rankings: Any, positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
+                     config: RetrievalMetricConfig | None = None) -> RetrievalScores:
+    """The metrics of `config` from ranked id lists.
+
+    `positives` is either a dict query id -> positive ids (then `rankings` is a dict with at
+    least those keys, as in `eccv_caption`) or a list aligned with `rankings` (a list of lists or
+    a [queries x L] int array / tensor). Rankings may be truncated: each query needs max(R, K)
+    items for mAP@R / R-Precision / R@K (fewer raises `RetrievalInputError`).
+    """
+    cfg = config or RetrievalMetricConfig()
+    query_ids, pos_lists = _positive_lists(positives)
+    ranked_rows = _ranking_rows(rankings, positives, query_ids)
+    return _score(ranked_rows, _checked_positives(pos_lists, query_ids), query_ids, cfg)
+
+
+def retrieval_scores_from_similarity(
+        similarity: Any, positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
+        query_ids: Sequence[int] | np.ndarray | None = None,
+        gallery_ids: Sequence[int] | np.ndarray | None = None,
+        config: RetrievalMetricConfig | None = None) -> RetrievalScores:
+    """The metrics of `config` from a [queries x gallery] score matrix (higher = better).
+
+    Rows are `query_ids` (default 0..Q-1) and columns `gallery_ids` (default 0..N-1). With a
+    dict of positives, its keys select and order the queries; with a list, it is aligned with
+    the rows. Every positive must be a gallery id. Identical to running `retrieval_scores` on
+    `np.argsort(-similarity, axis=1, kind="stable")` mapped to gallery ids.
+    """
+    cfg = config or RetrievalMetricConfig()
+    scores = as_score_tensor(similarity)
+    n_rows, n_cols = scores.shape
+    q_ids = _id_array(np.arange(n_rows) if query_ids is None else query_ids, "query_ids")
+    g_ids = _id_array(np.arange(n_cols) if gallery_ids is None else gallery_ids, "gallery_ids")
+    if len(q_ids) != n_rows or len(g_ids) != n_cols:
+        raise RetrievalInputError(
+            f"similarity has shape {tuple(scores.shape)} but there are {len(q_ids)} query_ids "
+            f"and {len(g_ids)} gallery_ids (rows are queries, columns gallery items)")
+    _require_unique(g_ids, "gallery_ids")
+    rows = None
+    if isinstance(positives, Mapping):
+        _require_unique(q_ids, "query_ids")
+        wanted, pos_lists = _positive_lists(positives)
+        rows = index_of(q_ids, wanted, "query id", "query_ids (the similarity rows)")
+        if len(rows) == n_rows and (rows == np.arange(n_rows)).all():
+            rows = None  # every row, in order: no gather needed
+    else:
+        wanted, pos_lists = q_ids, list(positives)
+        if len(pos_lists) != n_rows:
+            raise RetrievalInputError(f"similarity has {n_rows} rows but positives has "
+                                      f"{len(pos_lists)} lists (one per row)")
+    pos = _checked_positives(pos_lists, wanted)
+    _require_known(pos, wanted, g_ids)
+    depth = int(needed_depth(_unique_counts(pos), cfg).max(initial=0))
+    top = stable_topk(scores, depth, rows=rows)
+    # A complete ranking of a gallery smaller than K is not "too short" for R@K.
+    return _score(g_ids[top], pos, wanted, cfg, depth_cap=n_cols)
+
+
+def retrieval_scores_from_topk(topk_ids: Any, topk_query_ids: Sequence[int] | np.ndarray,
+                               positives: Mapping[Any, Sequence[int]],
+                               config: RetrievalMetricConfig | None = None,
+                               gallery_size: int | None = None) -> RetrievalScores:
+    """The metrics from ranking prefixes [n x depth] whose rows are `topk_query_ids`.
+
+    For top-k lists from a nearest-neighbour index or `stable_topk`: the queries are the keys of
+    `positives` (each must be a row). `gallery_size`, when given, lets a prefix holding the whole
+    gallery satisfy R@K for K above it.
+    """
+    cfg = config or RetrievalMetricConfig()
+    if isinstance(topk_ids, torch.Tensor):
+        topk_ids = topk_ids.detach().cpu().numpy()
+    top = np.asarray(topk_ids)
+    row_ids = _id_array(topk_query_ids, "topk_query_ids")
+    if top.ndim != 2 or len(top) != len(row_ids):
+        raise RetrievalInputError(f"topk_ids must be 2-D with one row per topk_query_id, got shape "
+                                  f"{top.shape} for {len(row_ids)} query ids")
+    _require_unique(row_ids, "topk_query_ids")
+    wanted, pos_lists = _positive_lists(positives)
+    rows = index_of(row_ids, wanted, "query id", "topk_query_ids")
+    return _score(top[rows], _checked_positives(pos_lists, wanted), wanted, cfg,
+                  depth_cap=gallery_size)
+
+
+def ranking_depth(positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
+                  config: RetrievalMetricConfig | None = None) -> int:
+    """How many ranked items per query `config` needs at most (max over queries of max(R, K))."""
+    cfg = config or RetrievalMetricConfig()
+    query_ids, pos_lists = _positive_lists(positives)
+    pos = _checked_positives(pos_lists, query_ids)
+    return int(needed_depth(_unique_counts(pos), cfg).max(initial=0))
+
+
+# ----------------------------------------------------------------------------- input shaping
+
+def index_of(haystack: np.ndarray, needles: np.ndarray, what: str, where: str) -> np.ndarray:
+    """Positions of `needles` in the unique id array `haystack`; unknown ids raise."""
+    found = np.zeros(len(needles), dtype=np.int64)
+    ok = np.zeros(len(needles), dtype=bool)
+    if len(haystack):
+        order = np.argsort(haystack, kind="stable")
+        found = order[np.minimum(np.searchsorted(haystack, needles, sorter=order),
+                                 len(haystack) - 1)]
+        ok = haystack[found] == needles
+    if not ok.all():
+        missing = needles[~ok]
+        raise RetrievalInputError(
+            f"{what} {_show(missing[0])} is not among the {where} ({len(missing)} missing, e.g. "
+            f"{', '.join(_show(m) for m in missing[:5])})")
+    return found
+
+
+def _positive_lists(positives: Any) -> tuple[np.ndarray, list]:
+    if isinstance(positives, Mapping):
+        keys = list(positives.keys())
+        # Query keys are only labels here (integers when they must match matrix rows).
+        ids = np.asarray(keys)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            ids = np.empty(len(keys), dtype=object)
+            ids[:] = keys
+        return ids.astype(np.int64) if ids.dtype.kind in "iu" else ids, list(positives.values())
+    if isinstance(positives, (str, bytes)) or not isinstance(positives, Sequence):
+        raise RetrievalInputError("positives must be a dict query id -> positive ids, or a list "
+                                  f"of positive-id lists, got {type(positives).__name__}")
+    return np.arange(len(positives)), list(positives)
+
+
+def _ranking_rows(rankings: Any, positives: Any, query_ids: np.ndarray) -> Any:
+    """`rankings` as something indexable by query position (a list or a 2-D array)."""
+    if isinstance(positives, Mapping):
+        if not isinstance(rankings, Mapping):
+            raise RetrievalInputError("positives is a dict keyed by query id, so rankings must "
+                                      f"be a dict too, got {type(rankings).__name__}")
+        missing = [q for q in positives if q not in rankings]
+        if missing:
+            raise RetrievalInputError(
+                f"no ranking for query {_show(missing[0])} ({len(missing)} of {len(positives)} "
+                f"queries missing, e.g. {', '.join(_show(m) for m in missing[:5])}); rank every query "
+                "of the ground truth")
+        return [rankings[q] for q in positives]
+    if isinstance(rankings, torch.Tensor):
+        rankings = rankings.detach().cpu().numpy()
+    if isinstance(rankings, Mapping):
+        raise RetrievalInputError("rankings is a dict, so positives must be a dict with the "
+                                  "same query ids")
+    if len(rankings) != len(query_ids):
+        raise RetrievalInputError(f"{len(rankings)} rankings but {len(query_ids)} positive "
+                                  "lists: pass one of each per query")
+    if isinstance(rankings, np.ndarray) and rankings.ndim != 2:
+        raise RetrievalInputError(f"a rankings array must be 2-D (queries x L), got shape "
+                                  f"{rankings.shape}")
+    return rankings
+
+
+def _id_array(ids: Any, name: str) -> np.ndarray:
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    arr = np.asarray(ids)
+    if arr.size == 0:
+        return arr.astype(np.int64).reshape(-1)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise RetrievalInputError(f"{name} must be a flat list of integer ids, got "
+                                  f"{arr.dtype} with shape {arr.shape}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _require_unique(ids: np.ndarray, name: str) -> None:
+    uniq, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise RetrievalInputError(f"{name} has duplicates, e.g. {int(uniq[counts > 1][0])}; "
+                                  "each row / column must have its own id")
+
+
+def _ragged_ids(rows: Any, cap: np.ndarray | None, query_ids: np.ndarray, what: str) -> _Ragged:
+    """Ragged int64 rows, each cut at cap[i] items (no cut when cap is None)."""
+    if isinstance(rows, np.ndarray):
+        if rows.size and rows.dtype.kind not in "iu":
+            raise RetrievalInputError(f"{what} must hold integer ids, got dtype {rows.dtype}")
+        width = rows.shape[1]
+        lengths = np.full(len(rows), width, dtype=np.int64)
+        if cap is not None:
+            lengths = np.minimum(lengths, cap)
+        keep = np.arange(width)[None, :] < lengths[:, None]
+        return _Ragged(rows[keep].astype(np.int64, copy=False), lengths)
+    parts = []
+    for i, row in enumerate(rows):
+        if cap is not None:
+            row = row[:int(cap[i])]
+        arr = np.asarray(row)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise RetrievalInputError(
+                f"{what} of query {_show(query_ids[i])} must be a flat list of integer ids, got "
+                f"{_preview(row)}")
+        parts.append(arr.astype(np.int64, copy=False))
+    lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+    values = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    return _Ragged(values, lengths)
+
+
+def _checked_positives(pos_lists: list, query_ids: np.ndarray) -> _Ragged:
+    pos = _ragged_ids(pos_lists, None, query_ids, "positives")
+    if len(pos.lengths) == 0:
+        raise RetrievalInputError("no queries: positives is empty")
+    empty = np.flatnonzero(pos.lengths == 0)
+    if len(empty):
+        raise RetrievalInputError(
+            f"query {_show(query_ids[empty[0]])} has no positives ({len(empty)} such queries); "
+            "mAP@R, R-Precision and R@K are undefined without positives — drop those queries")
+    return pos
+
+
+def _require_known(pos: _Ragged, query_ids: np.ndarray, gallery_ids: np.ndarray) -> None:
+    unknown = ~np.isin(pos.values, gallery_ids)
+    if unknown.any():
+        first = int(np.flatnonzero(unknown)[0])
+        query = query_ids[np.searchsorted(np.cumsum(pos.lengths), first, side="right")]
+        raise RetrievalInputError(
+            f"positive id {int(pos.values[first])} of query {_show(query)} is not among the "
+            f"gallery_ids ({unknown.sum()} unknown positive ids in total); the positives and the "
+            "similarity columns must use the same ids")
+
+
+def _unique_counts(pos: _Ragged) -> np.ndarray:
+    """R per query: the number of distinct positives (the reference takes set(G))."""
+    uniq, codes = np.unique(pos.values, return_inverse=True)
+    keys = np.unique(pos.rows * len(uniq) + codes)
+    return np.bincount(keys // len(uniq), minlength=len(pos.lengths))
+
+
+def needed_depth(r: np.ndarray, cfg: RetrievalMetricConfig) -> np.ndarray:
+    """Ranked items each query needs, given its number of positives R."""
+    need = np.full(len(r), max(cfg.k_values, default=0), dtype=np.int64)
+    if cfg.map_at_r:
+        need = np.maximum(need, r)
+    if cfg.r_precision:
+        need = np.maximum(need, _rp_depth(r, cfg))
+    return need
+
+
+def _rp_depth(r: np.ndarray, cfg: RetrievalMetricConfig) -> np.ndarray:
+    return r if cfg.r_precision_cap is None else np.minimum(r, cfg.r_precision_cap)
+
+
+# ----------------------------------------------------------------------------- the metrics
+
+def _score(ranked_rows: Any, pos: _Ragged, query_ids: np.ndarray, cfg: RetrievalMetricConfig,
+           depth_cap: int | None = None) -> RetrievalScores:
+    """The metrics from (already validated, non-empty) positives and rankings in query order."""
+    n_q = len(pos.lengths)
+    r = _unique_counts(pos)
+    need = needed_depth(r, cfg)
+    if depth_cap is not None:
+        need = np.minimum(need, depth_cap)
+    ranked = _ragged_ids(ranked_rows, need, query_ids, "ranking")
+    short = np.flatnonzero(ranked.lengths < np.maximum(need, 1))
+    if len(short):
+        i = short[0]
+        raise RetrievalInputError(
+            f"the ranking of query {_show(query_ids[i])} has {ranked.lengths[i]} items but "
+            f"{need[i]} are needed ({_needs(r[i], cfg)}); {len(short)} of {n_q} rankings are "
+            "too short — retrieve more items per query or drop the metric that needs them")
+
+    # Membership of (query, id) pairs, on dense id codes so the pair keys fit in int64.
+    uniq, codes = np.unique(np.concatenate((ranked.values, pos.values)), return_inverse=True)
+    n_codes = len(uniq)
+    rows = ranked.rows
+    r_keys = rows * n_codes + codes[:len(ranked.values)]
+    p_keys = pos.rows * n_codes + codes[len(ranked.values):]
+    hit = np.isin(r_keys, p_keys)
+    # np.unique's return_index sorts stably, so it marks the first occurrence in each row.
+    first = np.zeros(len(r_keys), dtype=bool)
+    first[np.unique(r_keys, return_index=True)[1]] = True
+    starts = ranked.starts
+    position = np.arange(len(r_keys)) - np.repeat(starts, ranked.lengths)
+    # rprecision(p + 1) at every ranked position p: unique hits / unique items so far.
+    rprec = _row_cumsum(first & hit, starts, ranked.lengths) / _row_cumsum(first, starts,
+                                                                             ranked.lengths)
+    per_query: dict[str, np.ndarray] = {}
+    if cfg.map_at_r:
+        in_r = hit & (position < r[rows])
+        per_query["map_at_r"] = np.bincount(rows, weights=np.where(in_r, rprec, 0.0),
+                                            minlength=n_q) / r
+    if cfg.r_precision:
+        per_query["r_precision"] = rprec[starts + _rp_depth(r, cfg) - 1]
+    if cfg.k_values:
+        first_hit = np.full(n_q, np.iinfo(np.int64).max)
+        hit_rows, first_of_row = np.unique(rows[hit], return_index=True)
+        first_hit[hit_rows] = position[hit][first_of_row]
+        for k in sorted(set(int(k) for k in cfg.k_values)):
+            per_query[f"recall_at_{k}"] = (first_hit < k).astype(np.float64)
+    means = {name: float(np.mean(v)) for name, v in per_query.items()}
+    return RetrievalScores(
+        map_at_r=means.get("map_at_r"), r_precision=means.get("r_precision"),
+        recall_at_k={int(name.rsplit("_", 1)[1]): v for name, v in means.items()
+                     if name.startswith("recall_at_")},
+        num_queries=n_q, query_ids=query_ids, per_query=per_query)
+
+
+def _row_cumsum(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    total = np.cumsum(x, dtype=np.int64)
+    before_row = total[starts] - x[starts]
+    return (total - np.repeat(before_row, lengths)).astype(np.float64)
+
+
+def _needs(r: int, cfg: RetrievalMetricConfig) -> str:
+    parts = []
+    if cfg.map_at_r:
+        parts.append(f"mAP@R with R={r}")
+    if cfg.r_precision:
+        parts.append(f"R-Precision at {int(_rp_depth(np.array([r]), cfg)[0])}")
+    if cfg.k_values:
+        parts.append(f"R@{max(cfg.k_values)}" if max(cfg.k_values) > 1 else "R@1")
+    return ", ".join(parts)
+
+
+def _show(x: Any) -> str:
+    """A query id as the user wrote it: 7, 'b'."""
+    return repr(x.item() if isinstance(x, np.generic) else x)
+
+
+def _preview(row: Any) -> str:
+    text = repr(row)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,228 @@
+"""Run a `ShardedBuilder`: assign parts to processes, resume, report progress, then merge.
+
+Parts are consecutive chunks of `part_size` work items, numbered from 0; process r of w takes the
+parts k with k % w == r. Part boundaries never depend on the number of processes, and rows only
+depend on their own items, so 1 or N processes (or N machines sharing a folder) produce identical
+shards. A part is finished once its stats file exists (see `part_writer`), which is what a
+resumed run checks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from builders.infra.distributed import ProcessGroup, init_process_group
+from builders.infra.errors import UserFacingError
+from builders.infra.sharding.base import Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
+from builders.infra.sharding.layout import OutputLayout
+from builders.infra.sharding.merge import collect_stats, merge_parts
+from builders.infra.sharding.part_writer import atomic_write_json, rows_to_table, write_parquet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunConfig:
+    """How a build runs (not what it builds: that is the builder's own config)."""
+
+    output_dir: Path
+    #: Work items per part. Fixed per run (recorded in the fingerprint) so that resumes and any
+    #: process count cut the same parts. Smaller parts resume more finely; larger ones write fewer files.
+    part_size: int = 64
+    #: Target size of a published parquet shard (the Hub's viewer and loaders like ≤ 500 MB).
+    max_shard_bytes: int = 500_000_000
+    #: Fail the run (after keeping every finished part) when more than this fraction of items
+    #: were skipped for input errors, so a mostly broken build cannot pass as a success.
+    max_error_fraction: float = 0.05
+    #: Assert this many processes take part (catches `accelerate launch --cpu`, which runs one).
+    expect_processes: int | None = None
+    #: Delete a previous build in `output_dir` made with a different config instead of failing.
+    overwrite: bool = False
+    #: On resume, redo finished parts that recorded input errors (after fixing the inputs).
+    retry_errors: bool = False
+
+
+@dataclass
+class BuildResult:
+    output_dir: Path
+    manifest: dict[str, Any]
+
+
+def _fingerprint(builder: ShardedBuilder, cfg: RunConfig) -> dict[str, Any]:
+    info = builder.info()
+    return {
+        "builder": info.builder,
+        "config": info.config,
+        "part_size": cfg.part_size,
+        "outputs": {spec.key: spec.features.to_dict() for spec in builder.outputs()},
+    }
+
+
+def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite: bool) -> None:
+    if layout.run_file.exists():
+        previous = json.loads(layout.run_file.read_text())
+        if previous == json.loads(json.dumps(fingerprint)):
+            log.info("resuming the build in %s", layout.root)
+            return
+        if not overwrite:
+            raise UserFacingError(
+                f"{layout.root} holds a build made with a different configuration "
+                f"({layout.run_file}); use a new --output folder, or --overwrite to discard it"
+            )
+        log.warning("--overwrite: discarding the previous build in %s", layout.root)
+        shutil.rmtree(layout.parts)
+        shutil.rmtree(layout.root / "data", ignore_errors=True)
+    elif layout.root.exists() and any(layout.root.iterdir()) and not overwrite:
+        raise UserFacingError(
+            f"{layout.root} is not empty and holds no counterfactory build; "
+            "choose an empty or new --output folder"
+        )
+    atomic_write_json(layout.run_file, fingerprint)
+
+
+class _Progress:
+    """Logs one line per finished part with throughput and an ETA for this process."""
+
+    def __init__(self, group: ProcessGroup, total_items: int, total_parts: int) -> None:
+        self.group, self.total_items, self.total_parts = group, total_items, total_parts
+        self.done_items = self.done_parts = 0
+        self.start = time.monotonic()
+
+    def part_done(self, part: int, items: int, rows: int, skipped: int) -> None:
+        self.done_items += items
+        self.done_parts += 1
+        elapsed = time.monotonic() - self.start
+        rate = self.done_items / elapsed if elapsed > 0 else 0.0
+        remaining = self.total_items - self.done_items
+        eta = remaining / rate if rate > 0 else float("inf")
+        log.info(
+            "[rank %d/%d] part %d done (%d/%d parts, %d/%d items): %d rows, %d skipped; "
+            "%.1f items/s, ETA %s",
+            self.group.rank, self.group.world_size, part, self.done_parts, self.total_parts,
+            self.done_items, self.total_items, rows, skipped, rate, _fmt_eta(eta),
+        )
+
+
+def _fmt_eta(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "unknown"
+    return time.strftime("%H:%M:%S", time.gmtime(max(0.0, seconds)))
+
+
+def _part_needs_work(layout: OutputLayout, part: int, retry_errors: bool) -> bool:
+    stats_path = layout.stats_file(part)
+    if not stats_path.exists():
+        return True
+    return retry_errors and bool(json.loads(stats_path.read_text()).get("errors"))
+
+
+def _build_part(
+    builder: ShardedBuilder,
+    outputs: Sequence[OutputSpec],
+    layout: OutputLayout,
+    part: int,
+    items: Sequence[Any],
+    group: ProcessGroup,
+) -> dict[str, Any]:
+    by_key = {spec.key: spec for spec in outputs}
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    filtered: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    t0 = time.perf_counter()
+    for record in builder.process(items):
+        if isinstance(record, Emit):
+            if record.output not in by_key:
+                raise ValueError(f"builder emitted a row for unknown output {record.output!r}")
+            rows[record.output].append(record.row)
+        elif isinstance(record, Skip):
+            (errors if record.kind == "error" else filtered)[record.reason] += 1
+            if record.kind == "error":
+                log.warning("part %d: skipped an item (%s): %s", part, record.reason, record.detail)
+        else:
+            raise TypeError(f"builder yielded {type(record).__name__}, expected Emit or Skip")
+    t1 = time.perf_counter()
+    for key, spec in by_key.items():
+        path = layout.part_file(key, part)
+        if rows.get(key):
+            write_parquet(path, rows_to_table(rows[key], spec.features))
+        elif path.exists():  # leftover of an earlier attempt at this part
+            path.unlink()
+    t2 = time.perf_counter()
+    stats = {
+        "part": part,
+        "items": len(items),
+        "rows": {key: len(rows.get(key, [])) for key in by_key},
+        "skipped": dict(sorted(filtered.items())),
+        "errors": dict(sorted(errors.items())),
+        "timings": {"process_s": round(t1 - t0, 4), "write_s": round(t2 - t1, 4)},
+        "rank": group.rank,
+        "world_size": group.world_size,
+    }
+    # Written last: its presence is what marks the part finished.
+    atomic_write_json(layout.stats_file(part), stats)
+    return stats
+
+
+def run_build(builder: ShardedBuilder, cfg: RunConfig) -> BuildResult | None:
+    """Build (or resume) `builder` into `cfg.output_dir`. Returns the result on the main process."""
+    if cfg.part_size < 1:
+        raise UserFacingError(f"--part-size must be at least 1 (got {cfg.part_size})")
+    group = init_process_group(cfg.expect_processes)
+    layout = OutputLayout(Path(cfg.output_dir))
+    outputs = list(builder.outputs())
+    if group.is_main:
+        _prepare_output(layout, _fingerprint(builder, cfg), cfg.overwrite)
+    group.barrier()
+
+    items = builder.work_items()
+    parts = list(iter_chunks(items, cfg.part_size))
+    mine = [(k, chunk) for k, chunk in parts if k % group.world_size == group.rank]
+    todo = [(k, chunk) for k, chunk in mine if _part_needs_work(layout, k, cfg.retry_errors)]
+    log.info(
+        "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
+        group.rank, group.world_size, len(items), len(parts), len(mine), len(mine) - len(todo),
+    )
+    progress = _Progress(group, sum(len(chunk) for _, chunk in todo), len(todo))
+    for k, chunk in todo:
+        stats = _build_part(builder, outputs, layout, k, chunk, group)
+        skipped = sum(stats["skipped"].values()) + sum(stats["errors"].values())
+        progress.part_done(k, len(chunk), sum(stats["rows"].values()), skipped)
+    group.barrier()
+    if not group.is_main:
+        return None
+    stats = collect_stats(layout, len(parts))
+    _check_error_rate(stats, len(items), cfg.max_error_fraction, layout)
+    manifest = merge_parts(
+        layout=layout,
+        outputs=outputs,
+        stats=stats,
+        n_items=len(items),
+        info=builder.info(),
+        run_config={**asdict(cfg), "output_dir": str(cfg.output_dir)},
+        world_size=group.world_size,
+        max_shard_bytes=cfg.max_shard_bytes,
+    )
+    return BuildResult(output_dir=layout.root, manifest=manifest)
+
+
+def _check_error_rate(
+    stats: Sequence[dict[str, Any]], n_items: int, max_fraction: float, layout: OutputLayout
+) -> None:
+    errors: Counter[str] = Counter()
+    for s in stats:
+        errors.update(s["errors"])
+    n_errors = sum(errors.values())
+    if n_items and n_errors / n_items > max_fraction:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
+        raise UserFacingError(
+            f"{n_errors} of {n_items} items failed on bad input ({reasons}), more than "
+            f"--max-error-fraction {max_fraction}; finished parts are kept in {layout.parts} "
+            "(per-part reasons in stats/); fix the inputs and re-run with --retry-errors"
+        )
