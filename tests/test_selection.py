@@ -1,7 +1,9 @@
 """builders/decorrelation/METHOD.md §1 selection rules: `builders.decorrelation.selection` against an independent brute force.
 
-The reference below rasterises boxes pixel by pixel into Python sets and applies the rules as the
-paper's pseudo-code (Appendix C) states them, so it shares no code with the implementation.
+The reference below rasterises boxes pixel by pixel into Python sets (a pixel is the unit square
+[j, j+1) x [i, i+1); it belongs to a box when the two overlap with positive area) and applies the
+rules as the paper's pseudo-code (Appendix C) states them, so it shares no code with the
+implementation.
 """
 
 from __future__ import annotations
@@ -17,13 +19,23 @@ from builders.decorrelation.selection import (REASONS, Box, SelectionConfig, box
 from loading_scripts.coco import CocoSourceConfig, read_coco
 
 
+def touched_pixels(box, width, height, grow=0.0):
+    """(row, column) of every pixel square the box (x, y, w, h), grown by `grow` on each side,
+    overlaps with positive area; a box with a non-finite number or no area touches nothing."""
+    x, y, w, h = box
+    if not all(map(math.isfinite, (x, y, x + w, y + h))) or w <= 0 or h <= 0:
+        return set()
+    x0, y0, x1, y1 = x - grow, y - grow, x + w + grow, y + h + grow
+    return {(i, j) for i in range(height) for j in range(width)
+            if min(j + 1, x1) - max(j, x0) > 0 and min(i + 1, y1) - max(i, y0) > 0}
+
+
 def brute_force(boxes, width, height, alpha1=0.4, alpha2=0.8, alpha3=0.7):
     """-> (set of (anchor, kind, removed, present, pixels), Counter of reasons)."""
     reasons = Counter()
     pixels = {}
-    for category, (x, y, w, h) in boxes:
-        inside = {(i, j) for i in range(height) for j in range(width)
-                  if x <= j + 0.5 < x + w and y <= i + 0.5 < y + h}
+    for category, box in boxes:
+        inside = touched_pixels(box, width, height)
         if not inside:
             reasons["empty_box"] += 1
             continue
@@ -120,11 +132,14 @@ def test_random_boxes_match_brute_force(seed):
     assert outcomes["single"] and outcomes["empty_box"] and outcomes["fewer_than_two_classes"]
 
 
-def test_box_mask_pixel_centre_rule_and_clipping():
-    m = box_mask((3.2, 1.0, 2.0, 1.6), 8, 4)  # columns 3, 4 (centres 3.5, 4.5); rows 1, 2
-    assert np.argwhere(m).tolist() == [[1, 3], [1, 4], [2, 3], [2, 4]]
+def test_box_mask_covers_every_touched_pixel_and_clips():
+    m = box_mask((3.2, 1.0, 2.0, 1.6), 8, 4)  # x in [3.2, 5.2): columns 3, 4, 5; y in [1, 2.6): rows 1, 2
+    assert np.argwhere(m).tolist() == [[1, 3], [1, 4], [1, 5], [2, 3], [2, 4], [2, 5]]
+    assert np.argwhere(box_mask((2.0, 1.0, 2.0, 1.0), 8, 4)).tolist() == [[1, 2], [1, 3]]  # edges on pixel borders
+    assert np.argwhere(box_mask((2.9, 0.5, 0.05, 0.01), 8, 4)).tolist() == [[0, 2]]  # a sliver touches one pixel
     assert box_mask((-5, -5, 6, 6), 4, 4).sum() == 1  # only pixel (0, 0) is inside the image
-    for bad in [(1, 1, 0, 3), (9, 9, 2, 2), (1, 1, -2, 3), (math.nan, 0, 2, 2), (0, 0, math.inf, 2)]:
+    for bad in [(1, 1, 0, 3), (9, 9, 2, 2), (1, 1, -2, 3), (math.nan, 0, 2, 2), (0, 0, math.inf, 2),
+                (8, 0, 2, 2), (-2, 0, 2, 2)]:  # zero-area, outside, non-finite, touching only an edge
         assert not box_mask(bad, 8, 8).any(), bad
 
 

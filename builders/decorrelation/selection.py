@@ -15,9 +15,11 @@ O = {(b_i, c_i)} and at least `min_classes` distinct classes, every class c^r is
 
 Choices where the paper is silent (also in the dataset card):
 
-- Boxes are COCO (x, y, width, height) in pixels, rasterised with the pixel-centre rule: pixel
-  (row i, column j) belongs to a box iff x <= j + 0.5 < x + width and y <= i + 0.5 < y + height.
-  Parts outside the image are clipped. A box that covers no pixel (zero or negative size, fully
+- Boxes are COCO (x, y, width, height) in pixels (possibly fractional), rasterised to every
+  pixel they touch: pixel (row i, column j), the square [j, j+1) x [i, i+1), belongs to a box iff
+  j < x + width and j + 1 > x (and likewise for rows), i.e. columns floor(x) .. ceil(x + width) - 1.
+  A pixel-centre rule would leave a 1-pixel outline of the object along fractional edges
+  (builders/decorrelation/METHOD.md §1). Parts outside the image are clipped. A box that covers no pixel (zero or negative size, fully
   outside the image, non-finite numbers) is dropped (`empty_box`) before the rules run, so its
   class neither counts towards the two classes nor is reported present.
 - Crowd annotations (COCO `iscrowd=1`) are boxes of their class like any other.
@@ -118,7 +120,7 @@ class Selection:
 
 
 def box_mask(bbox: Sequence[float], width: int, height: int) -> np.ndarray:
-    """Bool [height x width] mask of one box by the pixel-centre rule (empty if degenerate)."""
+    """Bool [height x width] mask of every pixel one box touches (empty if degenerate)."""
     mask = np.zeros((height, width), dtype=bool)
     rows, cols = _pixel_range(bbox[1], bbox[3], height), _pixel_range(bbox[0], bbox[2], width)
     if rows and cols:
@@ -127,11 +129,13 @@ def box_mask(bbox: Sequence[float], width: int, height: int) -> np.ndarray:
 
 
 def _pixel_range(start: float, size: float, limit: int) -> tuple[int, int] | None:
-    """Pixels p with start <= p + 0.5 < start + size, clipped to [0, limit)."""
-    if not (math.isfinite(start) and math.isfinite(size)) or size <= 0:
+    """Pixels p whose span [p, p + 1) meets [start, start + size) in more than a point, clipped
+    to [0, limit)."""
+    end = start + size
+    if not (math.isfinite(start) and math.isfinite(end)) or size <= 0:
         return None
-    first = max(0, math.ceil(start - 0.5))
-    stop = min(limit, math.ceil(start + size - 0.5))
+    first = max(0, math.floor(start))
+    stop = min(limit, math.ceil(end))
     return (first, stop) if stop > first else None
 
 
