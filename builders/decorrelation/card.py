@@ -34,22 +34,23 @@ def _how_built(cfg: Any) -> list[str]:
                       "seeded random order and one that mentions no removed class is not used",
         "prompts": "prompts: one of the 80 CLIP ImageNet templates, filled with the present classes "
                    "joined by \" and \"",
-        "captioner": f"captioner: `{cap.model}` run on x' (greedy decoding)",
+        "captioner": f"captioner: `{cap.model}` run on x' (greedy decoding; the paper used ClipCap)",
     }[cap.method]
     return [
         f"Source: {cfg.source.kind} at Karpathy splits; D' from {list(cfg.train_splits)}, ODmAP "
         f"queries from `{cfg.query_split}`, gallery captions from {list(cfg.gallery_splits)}.",
-        f"Selection (builders/decorrelation/METHOD.md §1): images with >= {sel.min_classes} classes; for each class c^r, masks "
-        f"are pixel unions of boxes (pixel-centre rule); skip if area(B^r)/area(x) > alpha3 = "
-        f"{sel.alpha3}; single-class removal if every other class overlaps B^r by < alpha1 = "
-        f"{sel.alpha1}; else multi-class removal of c^r and every class overlapping > alpha2 = "
-        f"{sel.alpha2} (the union must also pass alpha3); else skipped. Removals that leave no "
-        "class are skipped; boxes without pixels are dropped.",
-        f"Image synthesis (builders/decorrelation/METHOD.md §2): {fill_text}.",
-        f"Caption synthesis (builders/decorrelation/METHOD.md §3, D' only): {cap_text}; {cap.captions_per_image} caption(s) "
-        "per synthetic image, each a row.",
-        "Gallery mentions (builders/decorrelation/METHOD.md §5): `mentions[c]` is true when a noun phrase of the caption "
-        "matches class c (COCO: NLTK noun phrases + matching table; Flickr30k: Entities types).",
+        f"Selection (Kim et al. 2023, §3.1 and App. C): images with >= {sel.min_classes} classes; "
+        f"for each class c^r, masks are pixel unions of boxes (pixel-centre rule); skip if "
+        f"area(B^r)/area(x) > alpha3 = {sel.alpha3}; single-class removal if every other class "
+        f"overlaps B^r by < alpha1 = {sel.alpha1}; else multi-class removal of c^r and every class "
+        f"overlapping > alpha2 = {sel.alpha2} (the union must also pass alpha3); else skipped. "
+        "Removals that leave no class are skipped; boxes without pixels are dropped.",
+        f"Image synthesis (Kim et al. 2023, §3.1; baselines §4.4): {fill_text}.",
+        f"Caption synthesis (Kim et al. 2023, §3.3; D' only): {cap_text}; "
+        f"{cap.captions_per_image} caption(s) per synthetic image, each a row.",
+        "Gallery mentions (Kim et al. 2023, §3.2 and App. A): `mentions[c]` is true when a noun "
+        "phrase of the caption matches class c (COCO: NLTK noun phrases + the paper's Table 4, "
+        "whole words, simple and irregular plurals; Flickr30k: Entities types).",
         f"Seeds: run seed {cfg.seed}; each row's seed is derive_seed(run seed, image id, anchor "
         "class), so rows do not depend on process count, part size or resumes.",
     ]
@@ -85,6 +86,10 @@ def card_fields(cfg: Any, column_docs: dict[str, str]) -> dict[str, Any]:
         ],
         "citation": CITATION,
     }
+    if not coco:
+        fields["limitations"].append(
+            "The paper used 4 Flickr30k classes without naming them; this build treats the Flickr30k "
+            f"Entities types {', '.join(cfg.source.class_names)} as the object classes.")
     if coco and ("odmap" in cfg.products or cfg.caption.method == "np_removal"):
         from builders.infra.text.nltk_setup import tagger_info
 
