@@ -40,7 +40,7 @@ def _how_built(cfg: Any) -> list[str]:
         f"Source: {cfg.source.kind} at Karpathy splits; D' from {list(cfg.train_splits)}, ODmAP "
         f"queries from `{cfg.query_split}`, gallery captions from {list(cfg.gallery_splits)}.",
         f"Selection (Kim et al. 2023, §3.1 and App. C): images with >= {sel.min_classes} classes; "
-        f"for each class c^r, masks are pixel unions of boxes (pixel-centre rule); skip if "
+        f"for each class c^r, masks are unions of boxes covering every pixel they touch; skip if "
         f"area(B^r)/area(x) > alpha3 = {sel.alpha3}; single-class removal if every other class "
         f"overlaps B^r by < alpha1 = {sel.alpha1}; else multi-class removal of c^r and every class "
         f"overlapping > alpha2 = {sel.alpha2} (the union must also pass alpha3); else skipped. "
