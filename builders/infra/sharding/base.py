@@ -49,6 +49,15 @@ class Skip:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Count:
+    """A tally that is not an item's outcome (e.g. candidates a filter rejected): summed per
+    part into the stats and over the build into the manifest's `counts`."""
+
+    name: str
+    n: int = 1
+
+
 @dataclass
 class BuildInfo:
     """Provenance a builder reports for the manifest and the dataset card."""

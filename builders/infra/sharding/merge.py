@@ -118,7 +118,7 @@ def _remove_stale_shards(layout: OutputLayout, keep: set[str]) -> None:
 def _aggregate(stats: Sequence[dict[str, Any]], field: str) -> dict[str, int]:
     total: Counter[str] = Counter()
     for s in stats:
-        total.update(s[field])
+        total.update(s.get(field, {}))  # `counts` is absent from parts of older builds
     return dict(sorted(total.items()))
 
 
@@ -163,6 +163,7 @@ def merge_parts(
         "outputs": outputs_manifest,
         "skipped": _aggregate(stats, "skipped"),
         "errors": _aggregate(stats, "errors"),
+        "counts": _aggregate(stats, "counts"),
         "timings": {
             "process_s": round(sum(s["timings"]["process_s"] for s in stats), 3),
             "write_s": round(sum(s["timings"]["write_s"] for s in stats), 3),
