@@ -1,8 +1,12 @@
 """`counterfactory build <dataset>`: options every builder shares, and the builder registry.
 
-Each builder module exposes `add_arguments(parser)`, `from_args(args) -> ShardedBuilder` and a
-one-line `HELP`; the same module is also an `accelerate launch` entry point (its `__main__`), so
-`counterfactory build X ...` and `accelerate launch builders/<dataset>/builder.py ...` run identical code.
+Each registered module (`builders/<dataset>/options.py`) exposes `add_arguments(parser)`,
+`from_args(args) -> ShardedBuilder` and a one-line `HELP`. It must import no heavy library (torch,
+datasets, NLTK, ...) at module level, because `counterfactory --help` builds every parser
+(tests/test_help_imports.py checks); `from_args` imports the builder itself.
+`builders/<dataset>/builder.py` is the `accelerate launch` entry point and hands the same options
+module to `launch_main`, so `counterfactory build X ...` and `accelerate launch
+builders/<dataset>/builder.py ...` run identical code.
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sys
 from pathlib import Path
 from types import ModuleType
 
+from builders.infra.option_types import fraction, positive_int
+
 BUILDER_MODULES = {
-    "coco-captions": "builders.coco_captions.builder",
-    "decorrelation": "builders.decorrelation.builder",
-    "coco-counterfactuals": "builders.counterfactuals.builder",
+    "coco-captions": "builders.coco_captions.options",
+    "decorrelation": "builders.decorrelation.options",
+    "coco-counterfactuals": "builders.counterfactuals.options",
 }
 
 
@@ -24,13 +31,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `RunConfig` (how the build runs, as opposed to what it builds)."""
     group = parser.add_argument_group("run")
     group.add_argument("--output", type=Path, required=True, help="output folder (Hub layout)")
-    group.add_argument("--part-size", type=int, default=64,
+    group.add_argument("--part-size", type=positive_int, default=64,
                        help="work items per resumable part (fixed for a build; default 64)")
-    group.add_argument("--max-shard-bytes", type=int, default=500_000_000,
+    group.add_argument("--max-shard-bytes", type=positive_int, default=500_000_000,
                        help="target size of a published parquet shard (default 500 MB)")
-    group.add_argument("--max-error-fraction", type=float, default=0.05,
-                       help="fail when more than this fraction of items hit input errors")
-    group.add_argument("--expect-processes", type=int, default=None,
+    group.add_argument("--max-error-fraction", type=fraction, default=0.05,
+                       help="fail when more than this fraction (0..1) of items hit input errors")
+    group.add_argument("--expect-processes", type=positive_int, default=None,
                        help="assert this many processes run (catches a mis-launched accelerate)")
     group.add_argument("--overwrite", action="store_true",
                        help="discard a previous build with a different config in --output")
@@ -53,9 +60,10 @@ def run_config_from_args(args: argparse.Namespace):
 
 
 def run_builder_module(module: ModuleType, args: argparse.Namespace) -> int:
+    from builders.infra.models.profiles import apply_profile_defaults
     from builders.infra.sharding.runner import run_build
 
-    result = run_build(module.from_args(args), run_config_from_args(args))
+    result = run_build(module.from_args(apply_profile_defaults(args)), run_config_from_args(args))
     if result is not None:
         counts = {k: v["rows"] for k, v in result.manifest["outputs"].items()}
         logging.getLogger(module.__name__).info("built %s: %s", result.output_dir, counts)
@@ -80,7 +88,6 @@ def launch_main(module: ModuleType, argv: list[str] | None = None) -> int:
     """Entry point for `accelerate launch builders/<dataset>/builder.py ...` (same options as the CLI)."""
     from builders.infra.cli import run_handled
 
-    parser = argparse.ArgumentParser(prog=f"accelerate launch {module.__name__.replace('.', '/')}.py",
-                                     description=module.HELP)
+    parser = argparse.ArgumentParser(prog=f"accelerate launch {sys.argv[0]}", description=module.HELP)
     add_builder_parser(parser, module)
     return run_handled(parser, argv)

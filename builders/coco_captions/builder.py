@@ -11,7 +11,6 @@ config one row per caption (the retrieval gallery / query list, keyed by COCO ca
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,8 +19,6 @@ import datasets
 
 from builders.infra.errors import InputFileError
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
-
-HELP = "COCO Karpathy splits (images + captions + boxes) as Hub parquet"
 
 IMAGES = datasets.Features({
     "image": datasets.Image(),
@@ -117,21 +114,8 @@ class CocoCaptionsBuilder:
         )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--coco-root", required=True, help="root of a COCO download")
-    parser.add_argument("--splits", nargs="+", default=["test"],
-                        choices=["train", "restval", "val", "test"], help="Karpathy splits")
-    parser.add_argument("--max-images", type=int, default=None, help="first N images per split")
-
-
-def from_args(args: argparse.Namespace) -> CocoCaptionsBuilder:
-    return CocoCaptionsBuilder(CocoCaptionsConfig(coco_root=str(args.coco_root),
-                                                  splits=tuple(args.splits),
-                                                  max_images=args.max_images))
-
-
 if __name__ == "__main__":
-    from builders.coco_captions import builder as coco_captions
+    from builders.coco_captions import options
     from builders.registry import launch_main
 
-    sys.exit(launch_main(coco_captions))
+    sys.exit(launch_main(options))

@@ -21,7 +21,6 @@ so shards are identical for any process count; every dropped caption is counted 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -30,15 +29,12 @@ from typing import Any, Iterator, Sequence
 
 import datasets
 
-from builders.counterfactuals.captions import (CaptionModels, CaptionStage, CaptionStageConfig,
-                                              CounterfactualCaption)
-from builders.counterfactuals.images import ImagePair, ImageStage, ImageStageConfig
+from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
+from builders.counterfactuals.config import CaptionStageConfig, ImageStageConfig
+from builders.counterfactuals.images import ImagePair, ImageStage
 from builders.infra.errors import InputFileError, UserFacingError
+from builders.counterfactuals.options import MODEL_ROLES, STAGES
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
-
-HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
-STAGES = ("captions", "images", "all")
-MODEL_ROLES = ("mlm", "lm", "sentence", "sd", "clip_filter")
 
 _S, _F, _I = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
 CAPTION_FEATURES = datasets.Features({
@@ -322,90 +318,8 @@ class CocoCounterfactualsBuilder:
         }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from builders.infra.models.profiles import add_model_arguments
-
-    src = parser.add_argument_group("source")
-    src.add_argument("--stage", choices=STAGES, default="all", help="what to build (default: all)")
-    src.add_argument("--coco-root", default=None, help="root of a COCO download")
-    src.add_argument("--karpathy-splits", nargs="+", default=["test"],
-                     choices=["train", "restval", "val", "test"], help="Karpathy splits to read")
-    src.add_argument("--coco-splits", nargs="+", default=None,
-                     help="COCO folders to read instead (the paper used val2017)")
-    src.add_argument("--dataset", default=None, help="a `datasets` dataset (Hub id or folder)")
-    src.add_argument("--dataset-config", default=None)
-    src.add_argument("--dataset-split", default="train")
-    src.add_argument("--text-column", default="caption")
-    src.add_argument("--id-column", default=None, help="row id column (default: row index)")
-    src.add_argument("--captions-from", default=None, help="--stage images: a captions build folder")
-    src.add_argument("--max-captions", type=int, default=None, help="first N source captions")
-    src.add_argument("--output-split", default="test", help="split name of the output (default test)")
-    src.add_argument("--seed", type=int, default=0)
-    src.add_argument("--device", default=None, help="torch device (default: own GPU, else CPU)")
-    src.add_argument("--torch-threads", type=int, default=None,
-                     help="intra-op CPU threads per process; give the same value to runs whose "
-                          "shards must be bit-identical (accelerate workers default to 1)")
-
-    cap, d = parser.add_argument_group("caption stage (builders/counterfactuals/METHOD.md §1)"), CaptionStageConfig()
-    cap.add_argument("--top-k", type=int, default=d.top_k, help="MLM proposals per noun")
-    cap.add_argument("--sim-low", type=float, default=d.sim_low, help="similarity > this")
-    cap.add_argument("--sim-high", type=float, default=d.sim_high, help="similarity <= this")
-    cap.add_argument("--min-words", type=int, default=d.min_words)
-    cap.add_argument("--no-english-check", action="store_true", help="keep non-English captions")
-    cap.add_argument("--avoid-related-nouns", action="store_true",
-                     help="drop hyponym/hypernym/synonym swaps (needs NLTK wordnet data)")
-    cap.add_argument("--caption-batch", type=int, default=d.caption_batch, help="captions per MLM batch")
-    cap.add_argument("--caption-order", choices=("auto", "similarity_first", "perplexity_first"),
-                     default=d.order, help="scoring order (same choice; auto: by model sizes)")
-
-    img, e = parser.add_argument_group("image stage (builders/counterfactuals/METHOD.md §2)"), ImageStageConfig()
-    img.add_argument("--candidates", type=int, default=e.candidates, help="candidate pairs (paper: 100)")
-    img.add_argument("--candidate-batch", type=int, default=e.candidate_batch,
-                     help="candidate pairs per UNet batch")
-    img.add_argument("--steps", type=int, default=e.steps, help="denoising steps")
-    img.add_argument("--image-size", type=int, default=e.image_size)
-    img.add_argument("--p-range", type=float, nargs=2, default=list(e.p_range), metavar=("LO", "HI"))
-    img.add_argument("--guidance-range", type=float, nargs=2, default=list(e.guidance_range),
-                     metavar=("LO", "HI"))
-    img.add_argument("--clip-threshold", type=float, default=e.clip_threshold)
-    img.add_argument("--directional-threshold", type=float, default=None)
-    img.add_argument("--image-similarity-threshold", type=float, default=None)
-    img.add_argument("--early-stop", type=int, default=None, help="stop once K candidates pass")
-    img.add_argument("--inject", choices=("self", "cross", "both"), default=e.inject,
-                     help="attention maps injected (default: self, as the reference)")
-    img.add_argument("--scheduler", choices=("euler_ancestral", "pipeline"), default=e.scheduler)
-    add_model_arguments(parser, roles=MODEL_ROLES)
-
-
-def from_args(args: argparse.Namespace) -> CocoCounterfactualsBuilder:
-    from builders.infra.models.profiles import profile_from_args
-
-    profile = asdict(profile_from_args(args))
-    captions = CaptionStageConfig(
-        top_k=args.top_k, sim_low=args.sim_low, sim_high=args.sim_high, min_words=args.min_words,
-        english_check=not args.no_english_check, avoid_related_nouns=args.avoid_related_nouns,
-        caption_batch=args.caption_batch, order=args.caption_order)
-    images = ImageStageConfig(
-        candidates=args.candidates, candidate_batch=args.candidate_batch, steps=args.steps,
-        image_size=args.image_size, p_range=tuple(args.p_range),
-        guidance_range=tuple(args.guidance_range), clip_threshold=args.clip_threshold,
-        directional_threshold=args.directional_threshold,
-        image_similarity_threshold=args.image_similarity_threshold, early_stop=args.early_stop,
-        inject=args.inject, scheduler=args.scheduler)
-    config = CocoCounterfactualsConfig(
-        stage=args.stage, coco_root=str(args.coco_root) if args.coco_root else None,
-        karpathy_splits=tuple(args.karpathy_splits),
-        coco_splits=tuple(args.coco_splits) if args.coco_splits else None,
-        dataset=args.dataset, dataset_config=args.dataset_config, dataset_split=args.dataset_split,
-        text_column=args.text_column, id_column=args.id_column,
-        captions_from=str(args.captions_from) if args.captions_from else None,
-        max_captions=args.max_captions, split=args.output_split, seed=args.seed,
-        models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images)
-    return CocoCounterfactualsBuilder(config, device=args.device, torch_threads=args.torch_threads)
-
-
 if __name__ == "__main__":
-    from builders.counterfactuals import builder as coco_counterfactuals
+    from builders.counterfactuals import options
     from builders.registry import launch_main
 
-    sys.exit(launch_main(coco_counterfactuals))
+    sys.exit(launch_main(options))

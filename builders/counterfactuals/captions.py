@@ -42,6 +42,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from builders.counterfactuals.config import CaptionStageConfig
 from builders.infra.errors import UserFacingError
 from builders.infra.text.noun_phrases import default_tagger, tokenize
 
@@ -57,36 +58,6 @@ _FUNCTION_WORDS = frozenset(
 
 REASONS = ("contains_mask_token", "too_short", "not_english", "too_long", "no_nouns",
            "no_valid_substitution", "no_candidate_in_similarity_window", "no_scorable_candidate")
-
-
-@dataclass
-class CaptionStageConfig:
-    """Example: `CaptionStageConfig(sim_low=0.5, sim_high=0.99)` for a permissive window."""
-
-    #: MLM proposals per noun position (paper: 10).
-    top_k: int = 10
-    #: Keep candidates with `sim_low < similarity <= sim_high` (paper: 0.8, 0.91).
-    sim_low: float = 0.8
-    sim_high: float = 0.91
-    #: Tags of the positions to replace, and tags the replacement must have (reference values).
-    noun_tags: tuple[str, ...] = ("NN", "NNS")
-    replacement_tags: tuple[str, ...] = ("NN", "NNS", "NNP")
-    #: Captions with fewer words (tokens holding a letter) are dropped as `too_short`.
-    min_words: int = 2
-    #: Drop captions that do not look English (`looks_english`) as `not_english`.
-    english_check: bool = True
-    #: Drop hyponym/hypernym/synonym swaps (WordNet; needs the NLTK `wordnet` data).
-    avoid_related_nouns: bool = False
-    #: `similarity_first` (the reference's order), `perplexity_first` (same choice; fewer
-    #: sentence encodes, more LM passes) or `auto`: perplexity first when the LM has fewer
-    #: parameters than the sentence model (tiny LM), else similarity first (gpt2-large).
-    order: str = "auto"
-    #: Perplexity-first: candidates per caption per similarity round.
-    probe: int = 4
-    #: Captions per MLM forward; candidate sentences per sentence-model / LM forward.
-    caption_batch: int = 32
-    encode_batch: int = 256
-    lm_batch: int = 64
 
 
 @dataclass(frozen=True)

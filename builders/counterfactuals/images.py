@@ -25,37 +25,11 @@ import numpy as np
 import torch
 from PIL import Image
 
+from builders.counterfactuals.config import ImageStageConfig
 from builders.counterfactuals.prompt_to_prompt import PairSpec, generate_pairs
 from builders.infra.seeding import derive_seed
 
 NO_PASSING_CANDIDATE = "no_image_candidate_passed_clip"
-
-
-@dataclass
-class ImageStageConfig:
-    """Example (tests): `ImageStageConfig(candidates=4, steps=2, image_size=64, clip_threshold=-1)`."""
-
-    #: Candidate pairs per caption pair (paper: 100).
-    candidates: int = 100
-    #: Candidate pairs per UNet batch (the UNet sees 4x this: 2 images x guidance halves).
-    candidate_batch: int = 4
-    #: Denoising steps and image side (reference: 100 steps, 512x512).
-    steps: int = 100
-    image_size: int = 512
-    #: Ranges of the per-candidate injection fraction p and guidance scale.
-    p_range: tuple[float, float] = (0.1, 0.9)
-    guidance_range: tuple[float, float] = (7.5, 15.0)
-    #: Minimum caption-image CLIP cosine for both images (paper: 0.2).
-    clip_threshold: float = 0.2
-    #: Optional instruct-pix2pix filters (off by default, builders/counterfactuals/METHOD.md §2).
-    directional_threshold: float | None = None
-    image_similarity_threshold: float | None = None
-    #: Stop once this many candidates passed (None: always try all N).
-    early_stop: int | None = None
-    #: Attention maps injected (`self`, `cross`, `both`; see `builders.counterfactuals.prompt_to_prompt`).
-    inject: str = "self"
-    #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
-    scheduler: str = "euler_ancestral"
 
 
 @dataclass

@@ -21,7 +21,6 @@ and the card.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from dataclasses import asdict, dataclass, field
@@ -31,19 +30,17 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from PIL import Image
 
-from builders.decorrelation.captions import CAPTION_METHODS, CaptionConfig, CaptionSynthesizer
+from builders.decorrelation.captions import CaptionConfig, CaptionSynthesizer
 from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_features,
                                            train_features)
-from builders.decorrelation.source import (DEFAULT_FLICKR_CLASSES, SourceConfig, SourceImage,
-                                           read_source)
+from builders.decorrelation.options import PRODUCTS
+from builders.decorrelation.source import SourceConfig, SourceImage, read_source
 from builders.infra.errors import InputFileError, UserFacingError
-from builders.decorrelation.fill import FILL_METHODS, FillConfig, ImageFiller
+from builders.decorrelation.fill import FillConfig, ImageFiller
 from builders.infra.seeding import derive_seed
 from builders.decorrelation.selection import Removal, SelectionConfig, select_removals
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
-HELP = "object-decorrelation sets: object-removal training pairs D' and the ODmAP@k test set"
-PRODUCTS = ("train", "odmap")
 TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
 
 
@@ -246,79 +243,8 @@ class DecorrelationBuilder:
                 "caption_method": cfg.caption.method, "caption_model": cfg.caption.model_id})
 
 
-# ---------------------------------------------------------------------- command line
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from builders.infra.models.profiles import add_model_arguments
-
-    src = parser.add_argument_group("source").add_mutually_exclusive_group(required=True)
-    src.add_argument("--coco-root", type=Path, help="root of a COCO download (with dataset_coco.json)")
-    src.add_argument("--flickr30k-root", type=Path,
-                     help="root of Flickr30k (dataset_flickr30k.json, flickr30k-images/, flickr30k_entities/)")
-    p = parser.add_argument_group("what to build")
-    p.add_argument("--products", nargs="+", choices=PRODUCTS, default=list(PRODUCTS),
-                   help="train: D' pairs; odmap: ODmAP@k queries + gallery (default: both)")
-    p.add_argument("--train-splits", nargs="+", default=["train", "restval"], help="Karpathy splits of D'")
-    p.add_argument("--query-split", default="test", help="Karpathy split of the ODmAP queries")
-    p.add_argument("--gallery-splits", nargs="+", default=["train", "restval", "val", "test"],
-                   help="Karpathy splits whose captions form the ODmAP gallery")
-    p.add_argument("--flickr-classes", nargs="+", default=list(DEFAULT_FLICKR_CLASSES),
-                   help="Flickr30k Entities types treated as object classes")
-    p.add_argument("--max-images", type=int, default=None, help="first N images per split")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep-original", action="store_true", help="also store the source image per row")
-    r = parser.add_argument_group("selection rules (builders/decorrelation/METHOD.md §1)")
-    r.add_argument("--alpha1", type=float, default=0.4, help="single-class removal below this overlap")
-    r.add_argument("--alpha2", type=float, default=0.8, help="remove classes overlapping more than this")
-    r.add_argument("--alpha3", type=float, default=0.7, help="skip regions larger than this image fraction")
-    r.add_argument("--min-classes", type=int, default=2, help="distinct classes an image needs")
-    f = parser.add_argument_group("image synthesis (builders/decorrelation/METHOD.md §2)")
-    f.add_argument("--fill", choices=FILL_METHODS, default="inpaint")
-    f.add_argument("--fill-prompt", default="background", help="inpainting prompt")
-    f.add_argument("--inpaint-steps", type=int, default=50)
-    f.add_argument("--guidance-scale", type=float, default=7.5)
-    f.add_argument("--image-size", type=int, default=512, help="inpainting working resolution (multiple of 8)")
-    f.add_argument("--blur-radius", type=float, default=20.0, help="Gaussian blur radius (px) for --fill blur")
-    c = parser.add_argument_group("caption synthesis (builders/decorrelation/METHOD.md §3)")
-    c.add_argument("--caption", choices=CAPTION_METHODS, default="np_removal")
-    c.add_argument("--captions-per-image", type=int, default=1, help="synthetic captions per synthetic image")
-    c.add_argument("--caption-max-tokens", type=int, default=30, help="captioner: max new tokens")
-    add_model_arguments(parser, roles=("sd_inpaint", "captioner"))
-
-
-def from_args(args: argparse.Namespace) -> DecorrelationBuilder:
-    from builders.infra.models.profiles import profile_from_args
-
-    needs_models = args.fill == "inpaint" or ("train" in args.products and args.caption == "captioner")
-    profile = profile_from_args(args) if needs_models else None
-    kind, root = ("coco", args.coco_root) if args.coco_root else ("flickr30k", args.flickr30k_root)
-    return DecorrelationBuilder(DecorrelationConfig(
-        source=SourceConfig(kind, Path(root), flickr_classes=tuple(args.flickr_classes),
-                            max_images=args.max_images),
-        products=tuple(args.products), train_splits=tuple(args.train_splits),
-        query_split=args.query_split, gallery_splits=tuple(args.gallery_splits),
-        selection=_checked(SelectionConfig, alpha1=args.alpha1, alpha2=args.alpha2,
-                           alpha3=args.alpha3, min_classes=args.min_classes),
-        fill=FillConfig(method=args.fill, model=profile.sd_inpaint if args.fill == "inpaint" else None,
-                        prompt=args.fill_prompt, steps=args.inpaint_steps,
-                        guidance_scale=args.guidance_scale, image_size=args.image_size,
-                        blur_radius=args.blur_radius),
-        caption=CaptionConfig(method=args.caption, captions_per_image=args.captions_per_image,
-                              model=profile.captioner if args.caption == "captioner" and profile else None,
-                              max_new_tokens=args.caption_max_tokens),
-        keep_original=args.keep_original, seed=args.seed))
-
-
-def _checked(cls, **kwargs):
-    """Build a config, turning its validation errors into one-line user errors."""
-    try:
-        return cls(**kwargs)
-    except ValueError as err:
-        raise UserFacingError(f"invalid option: {err}") from err
-
-
 if __name__ == "__main__":
-    from builders.decorrelation import builder as decorrelation
+    from builders.decorrelation import options
     from builders.registry import launch_main
 
-    sys.exit(launch_main(decorrelation))
+    sys.exit(launch_main(options))

@@ -29,12 +29,12 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 from PIL import Image
 
+from builders.decorrelation.options import CAPTION_METHODS
 from builders.decorrelation.source import SourceCaption
 from builders.infra.errors import UserFacingError
 from builders.infra.text.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
                                         NpRemoval, remove_noun_phrases_with_reason)
 
-CAPTION_METHODS = ("np_removal", "prompts", "captioner")
 REASON_EMPTY = "caption_empty"
 
 #: The 80 prompt templates of CLIP's ImageNet zero-shot evaluation (as in open_clip's

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.infra.errors import UserFacingError
+from builders.decorrelation.options import DEFAULT_FLICKR_CLASSES
 from builders.decorrelation.selection import Box
 from loading_scripts.flickr30k import ENTITY_TYPES, EntityPhrase
 
 SOURCES = ("coco", "flickr30k")
-DEFAULT_FLICKR_CLASSES = ("people", "animals", "vehicles", "instruments")
 
 
 @dataclass(frozen=True)

