@@ -36,9 +36,10 @@ from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_
 from builders.decorrelation.options import PRODUCTS
 from builders.decorrelation.source import SourceConfig, SourceImage, read_source
 from builders.infra.errors import InputFileError, UserFacingError
-from builders.decorrelation.fill import FillConfig, ImageFiller
+from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
 from builders.infra.seeding import derive_seed
 from builders.decorrelation.selection import Removal, SelectionConfig, select_removals
+from builders.decorrelation.verify import REASON_STILL_VISIBLE, RemovalVerifier, Verdict, VerifyConfig
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
@@ -62,6 +63,9 @@ class DecorrelationConfig:
     gallery_splits: tuple[str, ...] = ("train", "restval", "val", "test")
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     caption: CaptionConfig = field(default_factory=CaptionConfig)
+    #: CLIP check that removed classes are gone from x' (off unless asked for; the command line
+    #: turns it on for inpainting with the production profile).
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
     #: Also store the source image in each row (off: it doubles the size).
     keep_original: bool = False
     seed: int = 0
@@ -79,6 +83,7 @@ class DecorrelationBuilder:
     def __init__(self, config: DecorrelationConfig) -> None:
         self.config = config
         self._filler: ImageFiller | None = None
+        self._verifier: RemovalVerifier | None = None
         self._captioner: CaptionSynthesizer | None = None
         self._phrases: Any = None
 
@@ -132,6 +137,8 @@ class DecorrelationBuilder:
         models = {}
         if cfg.fill.model_id:
             models["sd_inpaint"] = cfg.fill.model_id
+        if cfg.verify.enabled:
+            models["clip_filter"] = cfg.verify.model
         if "train" in cfg.products and cfg.caption.model_id:
             models["captioner"] = cfg.caption.model_id
         config = asdict(cfg)
@@ -178,8 +185,18 @@ class DecorrelationBuilder:
             return
         for removal in selection.removals:
             seed = derive_seed(cfg.seed, rec.image_id, removal.anchor)
-            synthetic = self._fill().fill(image, removal.mask, seed)
-            edit = self._edit_columns(rec, removal, synthetic, seed, image)
+            fill_mask = dilate(removal.mask, cfg.fill.mask_dilation)
+            synthetic = self._fill().fill(image, fill_mask, seed)
+            verdict = None
+            if cfg.verify.enabled:
+                verdict = self._verify().check(image, synthetic, fill_mask, removal.removed)
+                if verdict.still_visible:
+                    scores = {c: round(p, 3) for c, p in zip(removal.removed, verdict.after)}
+                    yield Skip(REASON_STILL_VISIBLE,
+                               detail=f"image {rec.image_id} {removal.anchor}: after the fill CLIP scores "
+                                      f"{scores} (threshold {cfg.verify.threshold})")
+                    continue
+            edit = self._edit_columns(rec, removal, fill_mask, synthetic, seed, image, verdict)
             if train:
                 yield from self._train_rows(rec, removal, edit, synthetic, seed)
             else:
@@ -207,8 +224,14 @@ class DecorrelationBuilder:
             self._filler = ImageFiller(self.config.fill)
         return self._filler
 
-    def _edit_columns(self, rec: SourceImage, removal: Removal, synthetic: Image.Image, seed: int,
-                      original: Image.Image) -> dict[str, Any]:
+    def _verify(self) -> RemovalVerifier:
+        if self._verifier is None:
+            self._verifier = RemovalVerifier(self.config.verify, self.config.source.class_names)
+        return self._verifier
+
+    def _edit_columns(self, rec: SourceImage, removal: Removal, fill_mask: np.ndarray,
+                      synthetic: Image.Image, seed: int, original: Image.Image,
+                      verdict: Verdict | None) -> dict[str, Any]:
         cfg = self.config
         cols = {
             "image_id": rec.image_id, "source_split": rec.split, "image": synthetic,
@@ -216,9 +239,11 @@ class DecorrelationBuilder:
             "anchor_class": removal.anchor, "removal": removal.kind,
             "removed_boxes": [{"category": rec.boxes[i].category, "bbox": list(rec.boxes[i].bbox)}
                               for i in removal.box_indices],
-            "mask": Image.fromarray(removal.mask.astype(np.uint8) * 255, mode="L"),
+            "mask": Image.fromarray(fill_mask.astype(np.uint8) * 255, mode="L"),
             "region_fraction": removal.region_fraction, "fill": cfg.fill.method,
             "fill_model": cfg.fill.model_id, "seed": seed,
+            "visibility_before": list(verdict.before) if verdict else None,
+            "visibility_after": list(verdict.after) if verdict else None,
         }
         if cfg.keep_original:
             cols["original_image"] = original

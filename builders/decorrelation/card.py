@@ -45,7 +45,11 @@ def _how_built(cfg: Any) -> list[str]:
         f"overlaps B^r by < alpha1 = {sel.alpha1}; else multi-class removal of c^r and every class "
         f"overlapping > alpha2 = {sel.alpha2} (the union must also pass alpha3); else skipped. "
         "Removals that leave no class are skipped; boxes without pixels are dropped.",
-        f"Image synthesis (Kim et al. 2023, §3.1; baselines §4.4): {fill_text}.",
+        f"Image synthesis (Kim et al. 2023, §3.1; baselines §4.4): {fill_text}. The filled region "
+        f"(`mask`) is the removed boxes grown by {fill.mask_dilation} px on every side (square "
+        "dilation, clipped), as inpainting practice grows masks so box edges and colour bleed "
+        "around a tight box are replaced too; the selection rules use the undilated boxes.",
+        _verify_text(cfg.verify),
         f"Caption synthesis (Kim et al. 2023, §3.3; D' only): {cap_text}; "
         f"{cap.captions_per_image} caption(s) per synthetic image, each a row.",
         "Gallery mentions (Kim et al. 2023, §3.2 and App. A): `mentions[c]` is true when a noun "
@@ -54,6 +58,20 @@ def _how_built(cfg: Any) -> list[str]:
         f"Seeds: run seed {cfg.seed}; each row's seed is derive_seed(run seed, image id, anchor "
         "class), so rows do not depend on process count, part size or resumes.",
     ]
+
+
+def _verify_text(verify: Any) -> str:
+    if not verify.enabled:
+        return ("Removal check: off. Nothing verifies that a removed object is gone from x' "
+                "(diffusion inpainting can redraw it).")
+    view = (f"a square crop around the filled region (plus {verify.context:g} of its longer side on "
+            "each side)" if verify.view == "region" else "the whole image")
+    prompt = verify.prompt.format("{class}")
+    return (f"Removal check (not in the paper): CLIP `{verify.model}` scores {view} of x and of x' "
+            f"zero-shot against \"{prompt}\" (softmax over all classes); a candidate whose removed "
+            f"class still has probability >= {verify.threshold} on x' is skipped as "
+            "`object_still_visible` (counted below). Both probabilities are kept per row "
+            "(`visibility_before`, `visibility_after`).")
 
 
 def card_fields(cfg: Any, column_docs: dict[str, str]) -> dict[str, Any]:

@@ -10,6 +10,11 @@
 - `mean`: removed pixels set to the per-channel mean of the removed region (rounded).
 - `blur`: removed pixels replaced by a Gaussian blur (radius `blur_radius` px) of the image.
 
+The filled mask is the selection's removed region (every pixel the removed boxes touch) grown by
+`mask_dilation` pixels on every side (`dilate`), as inpainting practice grows masks: box edges,
+JPEG colour bleed and anti-aliased outlines sit on or just outside a tight box
+(builders/decorrelation/METHOD.md §2). The selection rules themselves use the undilated region.
+
 Every fill is a function of (image, mask, seed): inpainting draws its noise from a CPU
 `torch.Generator` seeded per row, and runs one image at a time so results do not depend on
 batch composition. On the CPU the output was checked to be identical for 1 and 2 torch threads;
@@ -53,6 +58,8 @@ class FillConfig:
     image_size: int = 512
     #: Gaussian blur radius in pixels for `blur`.
     blur_radius: float = 20.0
+    #: Pixels the removed region is grown by on every side before filling (0 = the boxes only).
+    mask_dilation: int = 4
 
     def __post_init__(self) -> None:
         if self.method not in FILL_METHODS:
@@ -64,6 +71,8 @@ class FillConfig:
                 raise UserFacingError(f"--image-size must be a positive multiple of 8, got {self.image_size}")
             if self.steps < 1:
                 raise UserFacingError(f"--inpaint-steps must be at least 1, got {self.steps}")
+        if self.mask_dilation < 0:
+            raise UserFacingError(f"--mask-dilation must be 0 or more pixels, got {self.mask_dilation}")
         if self.method == "blur" and self.blur_radius <= 0:
             raise UserFacingError(f"--blur-radius must be positive, got {self.blur_radius}")
 
@@ -80,6 +89,24 @@ def worker_device() -> str:
     if torch.cuda.is_available():
         return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     return "cpu"
+
+
+def dilate(mask: np.ndarray, pixels: int) -> np.ndarray:
+    """Bool `mask` grown by `pixels` in every direction (a square of side 2 * pixels + 1 around
+    each masked pixel), clipped to the image. For a union of boxes this is the union of the boxes
+    grown by `pixels` on each side."""
+    out = mask.astype(bool)
+    if pixels <= 0:
+        return out.copy()
+    for axis in (0, 1):  # a square window is separable: grow along rows, then along columns
+        length = out.shape[axis]
+        counts = np.cumsum(out, axis=axis, dtype=np.int64)
+        prefix = np.concatenate([np.zeros_like(np.take(counts, [0], axis=axis)), counts], axis=axis)
+        index = np.arange(length)
+        hi = np.minimum(index + pixels + 1, length)
+        lo = np.maximum(index - pixels, 0)
+        out = (np.take(prefix, hi, axis=axis) - np.take(prefix, lo, axis=axis)) > 0
+    return out
 
 
 def composite(original: Image.Image, filled: np.ndarray, mask: np.ndarray) -> Image.Image:

@@ -31,6 +31,8 @@ _EDIT = {
     "fill": datasets.Value("string"),
     "fill_model": datasets.Value("string"),
     "seed": datasets.Value("int64"),
+    "visibility_before": datasets.List(datasets.Value("float32")),
+    "visibility_after": datasets.List(datasets.Value("float32")),
 }
 
 
@@ -77,11 +79,16 @@ COLUMN_DOCS = {
     "anchor_class": "the class c^r whose removal was tried (builders/decorrelation/METHOD.md §1)",
     "removal": "`single` (only c^r) or `multi` (c^r plus classes overlapping it by > alpha2)",
     "removed_boxes": "source boxes of the removed classes, COCO (x, y, w, h) pixels as annotated",
-    "mask": "removed region: L-mode PNG, 255 = removed (union of the removed boxes, clipped)",
-    "region_fraction": "mask area / image area",
+    "mask": "filled region: L-mode PNG, 255 = replaced (every pixel the removed boxes touch, grown "
+            "by `mask_dilation` px on every side, clipped to the image)",
+    "region_fraction": "area of the removed boxes (touched pixels, not dilated) / image area: the "
+                       "quantity the alpha3 rule tests",
     "fill": "how the region was filled: inpaint, zero, mean or blur",
     "fill_model": "inpainting model id (null for the zero/mean/blur baselines)",
     "seed": "per-row seed (derived from the run seed, image id and anchor class)",
+    "visibility_before": "removal check: CLIP zero-shot probability of each removed class (order of "
+                         "`removed_classes`) on the source view; null when the check was off",
+    "visibility_after": "the same on the synthetic image; every value is below the card's threshold",
     "caption": "synthetic caption y' (D') / gallery caption text (gallery)",
     "caption_id": "id of the original caption y' was made from (np_removal; null otherwise) / gallery caption id",
     "original_caption": "the original caption y' was made from (np_removal; null otherwise)",
