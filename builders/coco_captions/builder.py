@@ -17,6 +17,7 @@ from pathlib import Path
 
 import datasets
 
+from builders.infra import progress
 from builders.infra.errors import InputFileError
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
@@ -71,7 +72,7 @@ class CocoCaptionsBuilder:
     def process(self, items):
         from loading_scripts.images import open_rgb_image
 
-        for rec in items:
+        for rec in progress.items(items, "images"):
             if not rec.captions:
                 yield Skip("no_captions", kind="error", detail=f"image {rec.image_id}")
                 continue

@@ -32,6 +32,7 @@ import datasets
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
 from builders.counterfactuals.config import CaptionStageConfig, ImageStageConfig
 from builders.counterfactuals.images import ImagePair, ImageStage
+from builders.infra import progress
 from builders.infra.errors import InputFileError, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
@@ -204,6 +205,7 @@ class CocoCounterfactualsBuilder:
             else:
                 yield Skip("empty_caption", kind="error", detail=f"caption {item.id}")
         pairs = []
+        progress.stage("captions")
         for item, outcome in zip(valid, self.caption_stage().run([it.text for it in valid])):
             if isinstance(outcome, str):
                 yield Skip(outcome)
@@ -299,7 +301,7 @@ class CocoCounterfactualsBuilder:
         }
 
     def _image_rows(self, pairs: Sequence[dict[str, Any]]) -> Iterator[Emit | Skip]:
-        for row in pairs:
+        for row in progress.items(pairs, "image pairs"):
             result = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
             if isinstance(result, str):
                 yield Skip(result)

@@ -27,6 +27,7 @@ from PIL import Image
 
 from builders.counterfactuals.config import ImageStageConfig
 from builders.counterfactuals.prompt_to_prompt import PairSpec, generate_pairs
+from builders.infra import progress
 from builders.infra.seeding import derive_seed
 
 NO_PASSING_CANDIDATE = "no_image_candidate_passed_clip"
@@ -121,6 +122,7 @@ class ImageStage:
         passed = tried = 0
         for start in range(0, len(specs), max(1, cfg.candidate_batch)):
             batch = specs[start:start + cfg.candidate_batch]
+            progress.stage("candidates", start, len(specs))
             images_0, images_1 = generate_pairs(self.pipe, caption_0, caption_1, batch,
                                                 steps=cfg.steps, size=cfg.image_size,
                                                 inject=cfg.inject, scheduler=cfg.scheduler)

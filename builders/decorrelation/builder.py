@@ -35,6 +35,7 @@ from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_
                                            train_features)
 from builders.decorrelation.options import PRODUCTS
 from builders.decorrelation.source import SourceConfig, SourceImage, read_source
+from builders.infra import progress
 from builders.infra.errors import InputFileError, UserFacingError
 from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
 from builders.infra.seeding import derive_seed
@@ -123,8 +124,9 @@ class DecorrelationBuilder:
     def process(self, items: Sequence[SourceImage]) -> Iterator[Emit | Skip]:
         cfg = self.config
         if "odmap" in cfg.products:
+            progress.stage("gallery captions")
             yield from self._gallery_rows([r for r in items if r.split in cfg.gallery_splits])
-        for rec in items:
+        for rec in progress.items(items, f"removing objects ({cfg.fill.method})"):
             train = "train" in cfg.products and rec.split in cfg.train_splits
             query = "odmap" in cfg.products and rec.split == cfg.query_split
             if train or query:

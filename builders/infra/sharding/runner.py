@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from builders.infra import progress
 from builders.infra.distributed import ProcessGroup, init_process_group
 from builders.infra.errors import UserFacingError
 from builders.infra.sharding.base import Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
@@ -87,33 +88,14 @@ def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite
     atomic_write_json(layout.run_file, fingerprint)
 
 
-class _Progress:
-    """Logs one line per finished part with throughput and an ETA for this process."""
-
-    def __init__(self, group: ProcessGroup, total_items: int, total_parts: int) -> None:
-        self.group, self.total_items, self.total_parts = group, total_items, total_parts
-        self.done_items = self.done_parts = 0
-        self.start = time.monotonic()
-
-    def part_done(self, part: int, items: int, rows: int, skipped: int) -> None:
-        self.done_items += items
-        self.done_parts += 1
-        elapsed = time.monotonic() - self.start
-        rate = self.done_items / elapsed if elapsed > 0 else 0.0
-        remaining = self.total_items - self.done_items
-        eta = remaining / rate if rate > 0 else float("inf")
-        log.info(
-            "[rank %d/%d] part %d done (%d/%d parts, %d/%d items): %d rows, %d skipped; "
-            "%.1f items/s, ETA %s",
-            self.group.rank, self.group.world_size, part, self.done_parts, self.total_parts,
-            self.done_items, self.total_items, rows, skipped, rate, _fmt_eta(eta),
-        )
-
-
-def _fmt_eta(seconds: float) -> str:
-    if seconds == float("inf"):
-        return "unknown"
-    return time.strftime("%H:%M:%S", time.gmtime(max(0.0, seconds)))
+def _log_part_done(tracker: progress.Tracker, group: ProcessGroup, part: int, parts_done: int,
+                   parts_total: int, rows: int, skipped: int) -> None:
+    log.info(
+        "[rank %d/%d] part %d done (%d/%d parts, %d/%d items): %d rows, %d skipped; "
+        "%.1f items/s, ETA %s",
+        group.rank, group.world_size, part, parts_done, parts_total, tracker.done, tracker.total,
+        rows, skipped, tracker.rate(), progress.format_eta(tracker.eta()),
+    )
 
 
 def _part_needs_work(layout: OutputLayout, part: int, retry_errors: bool) -> bool:
@@ -189,11 +171,14 @@ def run_build(builder: ShardedBuilder, cfg: RunConfig) -> BuildResult | None:
         "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
         group.rank, group.world_size, len(items), len(parts), len(mine), len(mine) - len(todo),
     )
-    progress = _Progress(group, sum(len(chunk) for _, chunk in todo), len(todo))
-    for k, chunk in todo:
-        stats = _build_part(builder, outputs, layout, k, chunk, group)
-        skipped = sum(stats["skipped"].values()) + sum(stats["errors"].values())
-        progress.part_done(k, len(chunk), sum(stats["rows"].values()), skipped)
+    # One live tracker per process: a bar on a terminal, periodic log lines otherwise.
+    with progress.track(sum(len(chunk) for _, chunk in todo), f"[rank {group.rank}/{group.world_size}]",
+                        position=group.rank) as tracker:
+        for n, (k, chunk) in enumerate(todo, start=1):
+            stats = _build_part(builder, outputs, layout, k, chunk, group)
+            tracker.part_done(len(chunk))
+            skipped = sum(stats["skipped"].values()) + sum(stats["errors"].values())
+            _log_part_done(tracker, group, k, n, len(todo), sum(stats["rows"].values()), skipped)
     group.barrier()
     if not group.is_main:
         return None
