@@ -1,0 +1,173 @@
+"""Two CLIP implementations behind one interface: transformers `CLIPModel` and open_clip.
+
+A backend owns the model (an `nn.Module` whose forward returns normalised image and text
+features and the logit scale, so DDP sees every forward), the picklable image transform and
+tokenizer the DataLoader workers use, and saving in the backend's own format:
+`save_pretrained` folders for transformers, open_clip's `local-dir:` layout
+(`open_clip_config.json` + `open_clip_model.safetensors`) for open_clip. Both load back with the
+same `--model` flag (`--model runs/x/final`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision import transforms
+
+from builders.infra.models.loaders import load_clip, load_open_clip, open_clip_name
+
+
+class DualEncoder(nn.Module):
+    """forward(pixel_values, text) -> (image features, text features, logit scale), L2-normalised."""
+
+    def encode_image(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode_text(self, text: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def logit_scale(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, pixel_values=None, text=None, negative_text=None):
+        img = F.normalize(self.encode_image(pixel_values), dim=-1) if pixel_values is not None else None
+        txt = F.normalize(self.encode_text(text), dim=-1) if text is not None else None
+        neg = F.normalize(self.encode_text(negative_text), dim=-1) if negative_text is not None else None
+        return img, txt, neg, self.logit_scale()
+
+
+class HFClip(DualEncoder):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode_image(self, pixel_values):
+        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+
+    def encode_text(self, text):
+        return self.model.get_text_features(**text).pooler_output
+
+    def logit_scale(self):
+        return self.model.logit_scale.exp()
+
+    def image_tower(self):
+        return [self.model.vision_model, self.model.visual_projection]
+
+    def text_tower(self):
+        return [self.model.text_model, self.model.text_projection]
+
+
+class OpenClip(DualEncoder):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode_image(self, pixel_values):
+        return self.model.encode_image(pixel_values)
+
+    def encode_text(self, text):
+        return self.model.encode_text(text["input_ids"])
+
+    def logit_scale(self):
+        return self.model.logit_scale.exp()
+
+    def image_tower(self):
+        return [self.model.visual]
+
+    def text_tower(self):
+        return [m for name, m in self.model.named_children() if name != "visual"] + \
+            ([self.model.text_projection] if isinstance(self.model.text_projection, nn.Parameter) else [])
+
+
+class HFTokenize:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts):
+        out = self.tokenizer(texts, padding="max_length", truncation=True,
+                             max_length=self.tokenizer.model_max_length, return_tensors="pt")
+        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
+
+
+class OpenClipTokenize:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts):
+        return {"input_ids": self.tokenizer(texts)}
+
+
+class Backend:
+    """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
+
+    def __init__(self, kind: str, model_id: str, module: DualEncoder, transform, tokenize,
+                 image_size: int, extra) -> None:
+        self.kind, self.model_id, self.module = kind, model_id, module
+        self._transform, self.tokenize, self.image_size, self._extra = transform, tokenize, image_size, extra
+
+    def image_transform(self):
+        return self._transform
+
+    def freeze(self, lock_image: bool, lock_text: bool) -> None:
+        for locked, towers in ((lock_image, self.module.image_tower()), (lock_text, self.module.text_tower())):
+            if locked:
+                for tower in towers:
+                    for p in (tower.parameters() if isinstance(tower, nn.Module) else [tower]):
+                        p.requires_grad_(False)
+
+    def save(self, module: DualEncoder, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        if self.kind == "transformers":
+            module.model.save_pretrained(out)
+            self._extra.save_pretrained(out)  # the processor
+            return
+        from safetensors.torch import save_file
+
+        (out / "open_clip_config.json").write_text(json.dumps(self._extra, indent=1))
+        save_file({k: v.contiguous() for k, v in module.model.state_dict().items()},
+                  str(out / "open_clip_model.safetensors"))
+
+
+def _transform(size: int, mean, std):
+    """Resize the short side (bicubic) + centre crop + normalise: CLIP's preprocessing."""
+    return transforms.Compose([
+        transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC),
+        transforms.CenterCrop(size), transforms.ToTensor(), transforms.Normalize(mean, std)])
+
+
+def load_backend(kind: str, model_id: str) -> Backend:
+    """`kind` is `transformers` (a Hub id or save_pretrained folder) or `open_clip` (`ARCH:TAG`,
+    `hf-hub:...`, `local-dir:PATH` or a folder)."""
+    if kind == "transformers":
+        model, processor = load_clip(model_id)
+        ip = processor.image_processor
+        size = ip.crop_size["height"] if ip.do_center_crop else ip.size["shortest_edge"]
+        return Backend(kind, model_id, HFClip(model.train()), _transform(size, ip.image_mean, ip.image_std),
+                       HFTokenize(processor.tokenizer), size, processor)
+    import open_clip
+
+    model, preprocess, tokenizer = load_open_clip(model_id)
+    cfg = model.visual.preprocess_cfg
+    size = model.visual.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    name, _ = open_clip_name(model_id)
+    saved = {"model_cfg": _open_clip_model_cfg(name), "preprocess_cfg": dict(cfg)}
+    return Backend(kind, model_id, OpenClip(model.train()), _transform(size, cfg["mean"], cfg["std"]),
+                   OpenClipTokenize(tokenizer), size, saved)
+
+
+def _open_clip_model_cfg(name: str) -> dict:
+    import open_clip
+
+    if name.startswith("local-dir:"):
+        return json.loads((Path(name[len("local-dir:"):]) / "open_clip_config.json").read_text())["model_cfg"]
+    if name.startswith("hf-hub:"):
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(name[len("hf-hub:"):], "open_clip_config.json")
+        return json.loads(Path(path).read_text())["model_cfg"]
+    return open_clip.get_model_config(name)

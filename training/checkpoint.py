@@ -1,0 +1,132 @@
+"""Checkpoints, resume, the final model with its card, and `--push-to-hub`.
+
+A checkpoint is `OUTPUT/checkpoints/step-NNNNNNNN/`: `accelerator.save_state` (model, optimizer,
+scheduler, RNG states) plus `trainer_state.json` (epoch, next batch in that epoch, step, best
+validation loss), written last, so a folder without it is an interrupted save and is ignored.
+`--resume latest` takes the newest complete one; the batch order is a function of (seed, epoch),
+so the resumed run continues with the same data order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from builders.infra.errors import UserFacingError
+
+log = logging.getLogger(__name__)
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    epoch: int = 0
+    #: The next batch of `epoch` to train on.
+    batch: int = 0
+    step: int = 0
+    best_val_loss: float | None = None
+
+
+def checkpoint_dir(output: Path, step: int) -> Path:
+    return output / "checkpoints" / f"step-{step:08d}"
+
+
+def save_checkpoint(accelerator, output: Path, state: TrainerState) -> Path:
+    path = checkpoint_dir(output, state.step)
+    accelerator.save_state(str(path))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        tmp = path / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(state)))
+        os.replace(tmp, path / STATE_FILE)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def find_checkpoint(output: Path, resume: str) -> Path | None:
+    """`latest` -> newest complete checkpoint (None if there is none yet); else a folder."""
+    if resume != "latest":
+        path = Path(resume)
+        if not (path / STATE_FILE).is_file():
+            raise UserFacingError(f"--resume {resume}: no {STATE_FILE} there; give a checkpoint "
+                                  f"folder under {output / 'checkpoints'} or `latest`")
+        return path
+    done = sorted(p for p in (output / "checkpoints").glob("step-*") if (p / STATE_FILE).is_file())
+    return done[-1] if done else None
+
+
+def load_checkpoint(accelerator, path: Path) -> TrainerState:
+    accelerator.load_state(str(path))
+    return TrainerState(**json.loads((path / STATE_FILE).read_text()))
+
+
+def metric_table(metrics: dict[str, float]) -> str:
+    rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in sorted(metrics.items()))
+    return f"| metric | value |\n|---|---|\n{rows}\n"
+
+
+def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
+    data_rows = "\n".join(
+        f"| `{r['path']}` | {r['revision'] or '(local folder)'} | {r['commit'] or '-'} | "
+        f"{r['config']}/{r['split']} | {r['rows']} |" for r in run_record["tables"])
+    cfg = run_record["config"]
+    recipe = cfg.get("recipe") or "custom"
+    card = f"""---
+library_name: {'transformers' if cfg['run']['backend'] == 'transformers' else 'open_clip'}
+tags:
+- clip
+- counterfactory
+- spurious-correlations
+---
+
+# CLIP finetuned with counterfactory
+
+Base model: `{cfg['run']['model']}` ({cfg['run']['backend']}). Mixture: `{cfg['data']['mix']}`
+(ratio {cfg['data']['ratio']}, data seed {cfg['data']['data_seed']}), hard negatives:
+`{cfg['data']['hard_negatives']}`, recipe: `{recipe}`, seed {cfg['run']['seed']}.
+
+## Training data
+
+| dataset | revision | commit | config/split | rows read |
+|---|---|---|---|---|
+{data_rows}
+
+Examples trained on: {run_record['train_examples']}; validation: {run_record['validation_examples']}.
+
+## Optimisation
+
+```json
+{json.dumps(cfg['optim'], indent=1)}
+```
+
+## Evaluation (final model)
+
+{metric_table(metrics)}
+"""
+    (out / "README.md").write_text(card)
+
+
+def push_to_hub(folder: Path, repo_id: str) -> str:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="model", exist_ok=True)
+        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+                                 commit_message="counterfactory finetuned CLIP")
+    except HfHubHTTPError as err:
+        raise UserFacingError(f"--push-to-hub {repo_id}: the Hub refused the upload ({err}); "
+                              "check the repo id and HF_TOKEN") from None
+    log.info("pushed %s to %s", folder, repo_id)
+    return info.oid
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)

@@ -1,0 +1,257 @@
+"""Typed run configuration of `training/finetune_clip.py`, the paper recipes, and the CLI flags.
+
+Precedence: dataclass defaults < `--recipe` preset < flags given on the command line, so every
+field of a recipe can be overridden (`--recipe kim2023 --epochs 1`).
+
+Recipes (the papers' finetuning set-ups):
+
+- `kim2023` (object decorrelation, Kim et al. 2023 §4.1 / builders/decorrelation/METHOD.md §6):
+  10 epochs, batch 256, Adam, lr 2e-6, lr x 0.5 every 2 epochs.
+- `le2023` (COCO-Counterfactuals, Le et al. 2023 §5 / builders/counterfactuals/METHOD.md §5):
+  AdamW, lr 5e-7, weight decay 0.001, batch 128, best checkpoint by validation loss.
+
+Example:
+    >>> cfg = config_from_args(build_parser().parse_args(
+    ...     ["--real", "out/coco-captions", "--output", "run", "--recipe", "kim2023", "--epochs", "1"]))
+    >>> cfg.optim.lr, cfg.optim.epochs, cfg.optim.batch_size
+    (2e-06, 1, 256)
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from builders.infra.errors import UserFacingError
+
+MIXES = ("none", "decorrelation", "cf:base", "cf:medium", "cf:all")
+HARD_NEGATIVES = ("none", "pairs", "negclip")
+BACKENDS = ("transformers", "open_clip")
+DEFAULT_MODEL = "openai/clip-vit-base-patch32"
+
+
+@dataclass
+class SourceRef:
+    """One of our datasets: a Hub repo id or a local build folder, at a revision (tag/branch/sha)."""
+
+    path: str
+    revision: str | None = None
+
+
+@dataclass
+class DataConfig:
+    """What to train and evaluate on. Example: `DataConfig(real=SourceRef("org/coco-captions",
+    "v1.0.0"), decorrelation=SourceRef("org/decorrelation", "v1.0.0"), mix="decorrelation",
+    ratio=0.1)`."""
+
+    #: The real pairs D: a `coco-captions` build (its `default` config, one row per image).
+    real: SourceRef | None = None
+    #: Karpathy splits of D used for training (the paper's "train" is train + restval).
+    real_train_splits: tuple[str, ...] = ("train", "restval")
+    #: Split of D for validation (loss) with `--mix none|decorrelation`; None: no validation.
+    real_val_split: str | None = "val"
+    #: Split of D for retrieval evaluation (COCO 5K/1K protocol: 5 captions per image).
+    real_test_split: str | None = "test"
+    #: The decorrelation build: D' (`default/train`) and the ODmAP@k sets (`odmap_*`/`test`).
+    decorrelation: SourceRef | None = None
+    #: A COCO-Counterfactuals build (`default` rows image_0/image_1/caption_0/caption_1).
+    counterfactuals: SourceRef | None = None
+    #: Split of the counterfactuals build to read.
+    counterfactuals_split: str = "train"
+    mix: str = "none"
+    #: |D'_sub| / |D| for `--mix decorrelation` (None: all of D').
+    ratio: float | None = None
+    #: Seed of every data choice: mixture sampling, 80/20 split (not the batch order).
+    data_seed: int = 0
+    hard_negatives: str = "none"
+    #: DataLoader workers decoding the parquet image bytes.
+    num_workers: int = 2
+
+
+@dataclass
+class OptimConfig:
+    """Optimisation. Example: `OptimConfig(lr=2e-6, epochs=10, batch_size=256, schedule="step")`."""
+
+    epochs: int = 1
+    #: Global batch (all processes, one optimizer step before accumulation).
+    batch_size: int = 64
+    grad_accum: int = 1
+    optimizer: Literal["adam", "adamw"] = "adamw"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    #: constant | cosine | step (x step_gamma every step_epochs epochs)
+    schedule: Literal["constant", "cosine", "step"] = "constant"
+    warmup_steps: int = 0
+    step_epochs: int = 2
+    step_gamma: float = 0.5
+    max_grad_norm: float | None = None
+    #: Stop after this many optimizer steps (None: run all epochs).
+    max_steps: int | None = None
+    lock_image: bool = False
+    lock_text: bool = False
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+
+
+@dataclass
+class RunConfig:
+    """Where and how the run goes. Example: `RunConfig(output="runs/a", seed=107)`."""
+
+    output: str = "runs/finetune"
+    backend: str = "transformers"
+    model: str = DEFAULT_MODEL
+    seed: int = 0
+    #: Evaluate every N optimizer steps (0: only per epoch and at the end).
+    eval_every: int = 0
+    #: Save accelerate state every N optimizer steps (0: only per epoch).
+    save_every: int = 0
+    #: Keep the checkpoint with the lowest validation loss as the final model.
+    best_by_val_loss: bool = False
+    resume: str | None = None
+    eval_only: bool = False
+    #: Fail at start-up unless this many processes were launched.
+    expect_processes: int | None = None
+    push_to_hub: str | None = None
+    eval_batch_size: int = 64
+    #: ODmAP@k / R@K cut-offs.
+    k_values: tuple[int, ...] = (1, 5, 10)
+    #: Also run the ECCV Caption suite (needs the real COCO 5K test split).
+    eccv: bool = False
+    log_every: int = 1
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    recipe: str | None = None
+
+    def check(self) -> None:
+        """Option errors that need no data: raised before anything is loaded."""
+        d, o, r = self.data, self.optim, self.run
+        if d.mix not in MIXES:
+            raise UserFacingError(f"--mix {d.mix!r} is unknown; choose one of {', '.join(MIXES)}")
+        if d.hard_negatives not in HARD_NEGATIVES:
+            raise UserFacingError(f"--hard-negatives {d.hard_negatives!r} is unknown; choose one of "
+                                  f"{', '.join(HARD_NEGATIVES)}")
+        if r.backend not in BACKENDS:
+            raise UserFacingError(f"--backend {r.backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+        if d.real is None and not r.eval_only:
+            raise UserFacingError("--real is required: the coco-captions build (folder or repo id) "
+                                  "holding the real pairs D and their images")
+        if d.mix == "decorrelation" and d.decorrelation is None:
+            raise UserFacingError("--mix decorrelation needs --decorrelation (the decorrelation build)")
+        if d.mix.startswith("cf:") and d.counterfactuals is None:
+            raise UserFacingError(f"--mix {d.mix} needs --counterfactuals (a coco-counterfactuals build)")
+        if d.ratio is not None and (d.mix != "decorrelation" or d.ratio <= 0):
+            raise UserFacingError(f"--ratio {d.ratio} applies only to --mix decorrelation and must be > 0")
+        if o.batch_size < 1 or o.grad_accum < 1 or o.epochs < 1:
+            raise UserFacingError("--batch-size, --grad-accum and --epochs must be >= 1")
+        if o.lock_image and o.lock_text:
+            raise UserFacingError("--lock-image and --lock-text together leave nothing to train")
+
+
+#: Recipe name -> {section: {field: value}}.
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "kim2023": {"optim": {"epochs": 10, "batch_size": 256, "optimizer": "adam", "lr": 2e-6,
+                          "weight_decay": 0.0, "schedule": "step", "step_epochs": 2,
+                          "step_gamma": 0.5}},
+    "le2023": {"optim": {"optimizer": "adamw", "lr": 5e-7, "weight_decay": 0.001,
+                         "batch_size": 128},
+               "run": {"best_by_val_loss": True, "eval_batch_size": 128}},
+}
+
+# flag -> (section, field, argparse kwargs). Defaults are None so "not given" is visible.
+_FLAGS: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("--real-train-splits", "data", "real_train_splits", {"nargs": "+"}),
+    ("--real-val-split", "data", "real_val_split", {}),
+    ("--real-test-split", "data", "real_test_split", {}),
+    ("--counterfactuals-split", "data", "counterfactuals_split", {}),
+    ("--mix", "data", "mix", {"choices": MIXES}),
+    ("--ratio", "data", "ratio", {"type": float}),
+    ("--data-seed", "data", "data_seed", {"type": int}),
+    ("--hard-negatives", "data", "hard_negatives", {"choices": HARD_NEGATIVES}),
+    ("--num-workers", "data", "num_workers", {"type": int}),
+    ("--epochs", "optim", "epochs", {"type": int}),
+    ("--batch-size", "optim", "batch_size", {"type": int}),
+    ("--grad-accum", "optim", "grad_accum", {"type": int}),
+    ("--optimizer", "optim", "optimizer", {"choices": ("adam", "adamw")}),
+    ("--lr", "optim", "lr", {"type": float}),
+    ("--weight-decay", "optim", "weight_decay", {"type": float}),
+    ("--schedule", "optim", "schedule", {"choices": ("constant", "cosine", "step")}),
+    ("--warmup-steps", "optim", "warmup_steps", {"type": int}),
+    ("--step-epochs", "optim", "step_epochs", {"type": int}),
+    ("--step-gamma", "optim", "step_gamma", {"type": float}),
+    ("--max-grad-norm", "optim", "max_grad_norm", {"type": float}),
+    ("--max-steps", "optim", "max_steps", {"type": int}),
+    ("--lock-image", "optim", "lock_image", {"action": "store_const", "const": True}),
+    ("--lock-text", "optim", "lock_text", {"action": "store_const", "const": True}),
+    ("--mixed-precision", "optim", "mixed_precision", {"choices": ("no", "fp16", "bf16")}),
+    ("--output", "run", "output", {}),
+    ("--backend", "run", "backend", {"choices": BACKENDS}),
+    ("--model", "run", "model", {}),
+    ("--seed", "run", "seed", {"type": int}),
+    ("--eval-every", "run", "eval_every", {"type": int}),
+    ("--save-every", "run", "save_every", {"type": int}),
+    ("--best-by-val-loss", "run", "best_by_val_loss", {"action": "store_const", "const": True}),
+    ("--resume", "run", "resume", {"help": "`latest` or a checkpoint folder"}),
+    ("--eval-only", "run", "eval_only", {"action": "store_const", "const": True}),
+    ("--expect-processes", "run", "expect_processes", {"type": int}),
+    ("--push-to-hub", "run", "push_to_hub", {"metavar": "ORG/NAME"}),
+    ("--eval-batch-size", "run", "eval_batch_size", {"type": int}),
+    ("--k-values", "run", "k_values", {"type": int, "nargs": "+"}),
+    ("--eccv", "run", "eccv", {"action": "store_const", "const": True}),
+    ("--log-every", "run", "log_every", {"type": int}),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="finetune_clip.py",
+        description="Finetune CLIP on our datasets (by repo id + revision or build folder) and "
+                    "evaluate it with the project's metrics.")
+    p.add_argument("--recipe", choices=sorted(RECIPES), help="paper preset; flags override it")
+    for name in ("real", "decorrelation", "counterfactuals"):
+        p.add_argument(f"--{name}", metavar="REPO_OR_DIR", help=f"the {name} build (repo id or folder)")
+        p.add_argument(f"--{name}-revision", metavar="REV", help="tag, branch or commit")
+    p.add_argument("--models", choices=("production", "tiny"), default=None,
+                   help="`tiny`: the project's tiny random-init CLIP (tests); sets --model")
+    p.add_argument("--tiny-models-dir", default=None)
+    for flag, _section, _name, kwargs in _FLAGS:
+        p.add_argument(flag, default=None, **kwargs)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    cfg = TrainConfig(recipe=args.recipe)
+    if args.recipe:
+        for section, values in RECIPES[args.recipe].items():
+            setattr(cfg, section, replace(getattr(cfg, section), **values))
+    for flag, section, name, _ in _FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            setattr(getattr(cfg, section), name, tuple(value) if isinstance(value, list) else value)
+    for name in ("real", "decorrelation", "counterfactuals"):
+        path = getattr(args, name)
+        if path is not None:
+            setattr(cfg.data, name, SourceRef(path, getattr(args, f"{name}_revision")))
+    if args.models == "tiny":
+        from pathlib import Path
+
+        from builders.infra.models.profiles import tiny_profile
+
+        profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
+        if args.model is None:
+            cfg.run.model = profile.open_clip if cfg.run.backend == "open_clip" else profile.clip
+    cfg.check()
+    return cfg
+
+
+def as_dict(cfg: Any) -> Any:
+    """Plain JSON-able view of a config (for the run record and the model card)."""
+    if hasattr(cfg, "__dataclass_fields__"):
+        return {f.name: as_dict(getattr(cfg, f.name)) for f in fields(cfg)}
+    if isinstance(cfg, tuple):
+        return list(cfg)
+    return cfg

@@ -1,0 +1,149 @@
+"""Batches: the pair-aware batch sampler and the DataLoader that decodes parquet image bytes.
+
+The sampler cuts the *global* batch first and only then hands each process its slice, so the
+rows of a global batch and their order do not depend on the process count (1 and N processes
+see the same loss). With `--hard-negatives pairs` the shuffled groups are packed into units of
+two rows (a pair, or two single rows) and every process's slice is a whole number of units, so
+both members of a pair land in the same batch on the same process. The order is a function of
+(seed, epoch) only, and a resumed run starts an epoch at a given batch.
+
+Images are decoded in the DataLoader workers from the bytes stored in the parquet (JPEG decoding
+uses PIL's draft mode to decode at the smallest scale still >= the model's input size, which is
+where most of the time of a full-size decode goes), then resized, cropped and normalised.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from builders.infra.errors import UserFacingError
+from training.mixtures import ExampleSet
+
+
+class BatchConfigError(UserFacingError, ValueError):
+    """The batch size does not fit the process count or the pair size."""
+
+
+class PairBatchSampler:
+    """Local batches of example indices for one process; see the module docstring."""
+
+    def __init__(self, groups: list[list[int]], batch_size: int, num_replicas: int = 1,
+                 rank: int = 0, seed: int = 0, keep_pairs: bool = False) -> None:
+        self.unit = 2 if keep_pairs else 1
+        if batch_size % num_replicas:
+            raise BatchConfigError(f"--batch-size {batch_size} is the global batch and must divide "
+                                   f"evenly over {num_replicas} processes")
+        local = batch_size // num_replicas
+        if keep_pairs and local < 2:
+            raise BatchConfigError(f"--hard-negatives pairs needs at least 2 rows per process batch "
+                                   f"(a pair), but --batch-size {batch_size} over {num_replicas} "
+                                   f"process(es) gives {local}; raise --batch-size")
+        if local % self.unit:
+            raise BatchConfigError(f"--hard-negatives pairs needs an even per-process batch, got "
+                                   f"{local} (--batch-size {batch_size} / {num_replicas} processes)")
+        if max((len(g) for g in groups), default=1) > self.unit:
+            raise BatchConfigError(f"a group of {max(len(g) for g in groups)} rows cannot share a "
+                                   f"batch unit of {self.unit}")
+        self.groups = groups
+        self.batch_size, self.local = batch_size, local
+        self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Iterate epoch `epoch` from its batch `start` (for resuming mid-epoch)."""
+        self.epoch, self.start = epoch, start
+
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self.groups))
+        units: list[list[int]] = []
+        single: list[int] = []
+        for g in order.tolist():
+            group = self.groups[g]
+            if len(group) == self.unit:
+                units.append(list(group))
+            else:  # two single rows make a unit (unit 2); a lone last one is dropped
+                single += group
+                if len(single) == self.unit:
+                    units.append(single)
+                    single = []
+        per_batch = self.batch_size // self.unit
+        return [[i for u in units[b:b + per_batch] for i in u]
+                for b in range(0, len(units) - per_batch + 1, per_batch)]
+
+    def __len__(self) -> int:
+        n_units = sum(len(g) == self.unit for g in self.groups)
+        n_units += sum(len(g) for g in self.groups if len(g) != self.unit) // self.unit
+        return n_units // (self.batch_size // self.unit)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.global_batches(self.epoch)[self.start:]:
+            yield batch[self.rank * self.local:(self.rank + 1) * self.local]
+
+
+def decode_image(data: bytes, transform: Callable[[Image.Image], torch.Tensor],
+                 min_side: int) -> torch.Tensor:
+    img = Image.open(io.BytesIO(data))
+    if img.format == "JPEG":
+        img.draft("RGB", (min_side, min_side))
+    return transform(img.convert("RGB"))
+
+
+class ExampleDataset(torch.utils.data.Dataset):
+    """Example index -> (pixels, caption, negative caption or None)."""
+
+    def __init__(self, examples: ExampleSet, transform, min_side: int) -> None:
+        self.examples, self.transform, self.min_side = examples, transform, min_side
+        # One image column per (table, column): reading a row then touches only those bytes.
+        self._columns: dict[tuple[int, str], object] = {}
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def image_bytes(self, i: int) -> bytes:
+        ex = self.examples
+        key = (ex.table_of[i], ex.column[i])
+        if key not in self._columns:
+            self._columns[key] = ex.tables[key[0]].select_columns([key[1]])
+        return self._columns[key][ex.row[i]][key[1]]["bytes"]
+
+    def __getitem__(self, i: int):
+        ex = self.examples
+        return decode_image(self.image_bytes(i), self.transform, self.min_side), ex.caption[i], ex.negative[i]
+
+
+@dataclass
+class Collate:
+    """Stacks pixels and tokenizes captions (in the worker). Negatives: tokens + a mask saying
+    which rows have one."""
+
+    tokenize: Callable[[list[str]], dict[str, torch.Tensor]]
+    negatives: bool = False
+
+    def __call__(self, items):
+        pixels, captions, negs = zip(*items)
+        batch = {"pixel_values": torch.stack(pixels), "text": self.tokenize(list(captions))}
+        if self.negatives:
+            batch["negative_text"] = self.tokenize([n or "" for n in negs])
+            batch["negative_mask"] = torch.tensor([n is not None for n in negs])
+        return batch
+
+
+def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
+                negatives: bool = False) -> torch.utils.data.DataLoader:
+    dataset = ExampleDataset(examples, backend.image_transform(), backend.image_size)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, num_workers=num_workers,
+        collate_fn=Collate(backend.tokenize, negatives), persistent_workers=False,
+        multiprocessing_context="fork" if num_workers else None)
+
+
+def fixed_batches(n: int, batch_size: int) -> list[list[int]]:
+    """In-order batches (evaluation, validation)."""
+    return [list(range(b, min(b + batch_size, n))) for b in range(0, n, batch_size)]

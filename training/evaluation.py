@@ -1,0 +1,279 @@
+"""Evaluation with the project's metrics, in the loop, at the end and for `--eval-only`.
+
+Sets (each evaluated when its source is given):
+
+- retrieval: the real test split (`--real-test-split`, the Karpathy 5K test for COCO), images x
+  all their captions, 5 positives per image (i2t) and 1 per caption (t2i): R@1/5/10 on the whole
+  split (COCO 5K) and, for splits of >= 5,000 images, the mean over five 1,000-image folds
+  (COCO 1K). `--eccv` adds the ECCV Caption suite (ECCV mAP@R / R-P / R@1, CxC) of `map_at_r`.
+- odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
+  (gallery class mentions from its `mentioned_classes`, streaming top-k).
+- itm: ITM score deltas (cosine similarity as the score G) on the held-out counterfactual pairs
+  (IR_c, TR_c) and on real test pairs against a random other pair (IR_r, TR_r).
+- necessity: per removed class, PN = (s(x, y) - s(x', y)) / s(x, y) with s = (cos + 1) / 2 in
+  [0, 1], x the original image, x' the object-removal image and y an original caption of x that
+  mentions the removed class (the model-agnostic reading of the NUIF paper's necessity).
+- validation loss: the contrastive loss on the validation examples, in order.
+
+The embeddings of the last evaluation are saved (`embeddings.npz`) so any metric can be recomputed
+post hoc with the evaluate modules.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+
+from metric_spaces.itm_score_deltas.deltas import itm_score_deltas
+from metric_spaces.odmap.odmap_scores import odmap_from_topk
+from metric_spaces.map_at_r.topk import topk_from_embeddings
+from metric_spaces.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
+from training.config import TrainConfig
+from training.data import fixed_batches, make_loader
+from training.losses import clip_loss
+from training.mixtures import ExampleSet, REAL_COLUMNS
+from training.sources import open_table, resolve_commit
+
+log = logging.getLogger(__name__)
+
+QUERY_COLUMNS = {"image": datasets.Image, "image_id": object, "removed_classes": object,
+                 "present_classes": object, "caption_ids": object}
+GALLERY_COLUMNS = {"caption_id": object, "caption": object, "mentioned_classes": object}
+FOLD = 1000
+
+
+@dataclass
+class EvalData:
+    """Everything evaluation reads, opened once."""
+
+    retrieval: ExampleSet | None = None  # one example per test image (caption = its first)
+    image_ids: np.ndarray | None = None
+    caption_ids: np.ndarray | None = None
+    captions: list[str] = field(default_factory=list)
+    caption_image: np.ndarray | None = None  # image id of each caption
+    queries: ExampleSet | None = None  # odmap queries (x')
+    originals: ExampleSet | None = None  # x of each query (None where x is not in the test split)
+    removed: list[list[str]] = field(default_factory=list)
+    present: list[list[str]] = field(default_factory=list)
+    query_captions: list[list[int]] = field(default_factory=list)
+    gallery_captions: list[str] = field(default_factory=list)
+    gallery_ids: np.ndarray | None = None
+    gallery_mentions: list[list[str]] = field(default_factory=list)
+    cf_pairs: ExampleSet | None = None  # held-out pairs as rows (image_0, image_1) alternating
+    validation: ExampleSet | None = None
+    records: list = field(default_factory=list)
+
+
+def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalData:
+    d = cfg.data
+    out = EvalData(validation=validation)
+    by_image: dict[int, int] = {}
+    if d.real is not None and d.real_test_split:
+        test, record = open_table(d.real, "default", d.real_test_split, REAL_COLUMNS, resolve_commit(d.real))
+        out.records.append(record)
+        meta = test.select_columns(["image_id", "caption_ids", "captions"]).to_dict()
+        out.retrieval = ExampleSet(tables=[test])
+        for row, (caps) in enumerate(meta["captions"]):
+            out.retrieval.add(0, row, "image", caps[0] if caps else "", None, -1, "real")
+        out.image_ids = np.asarray(meta["image_id"], dtype=np.int64)
+        by_image = {int(i): row for row, i in enumerate(out.image_ids)}
+        out.caption_ids = np.asarray([c for ids in meta["caption_ids"] for c in ids], dtype=np.int64)
+        out.captions = [c for caps in meta["captions"] for c in caps]
+        out.caption_image = np.repeat(out.image_ids, [len(c) for c in meta["caption_ids"]])
+    if d.decorrelation is not None:
+        commit = resolve_commit(d.decorrelation)
+        queries, rq = open_table(d.decorrelation, "odmap_queries", "test", QUERY_COLUMNS, commit)
+        gallery, rg = open_table(d.decorrelation, "odmap_gallery", "test", GALLERY_COLUMNS, commit)
+        out.records += [rq, rg]
+        qm = queries.select_columns(["image_id", "removed_classes", "present_classes", "caption_ids"]).to_dict()
+        out.queries = ExampleSet(tables=[queries])
+        for row in range(len(queries)):
+            out.queries.add(0, row, "image", "", None, -1, "decorrelation")
+        out.removed, out.present, out.query_captions = qm["removed_classes"], qm["present_classes"], qm["caption_ids"]
+        gm = gallery.select_columns(["caption_id", "caption", "mentioned_classes"]).to_dict()
+        out.gallery_captions, out.gallery_mentions = gm["caption"], gm["mentioned_classes"]
+        out.gallery_ids = np.asarray(gm["caption_id"], dtype=np.int64)
+        if out.retrieval is not None:
+            out.originals = ExampleSet(tables=out.retrieval.tables)
+            for image_id in qm["image_id"]:
+                out.originals.add(0, by_image.get(int(image_id), -1), "image", "", None, -1, "real")
+    if heldout_cf:
+        out.cf_pairs = ExampleSet(tables=cf_tables)
+        for table, row in heldout_cf:
+            out.cf_pairs.add(table, row, "image_0", "", None, -1, "counterfactual")
+            out.cf_pairs.add(table, row, "image_1", "", None, -1, "counterfactual")
+    return out
+
+
+@torch.no_grad()
+def encode_images(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> np.ndarray:
+    loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
+    feats = [module(pixel_values=b["pixel_values"])[0] for b in loader]
+    return torch.cat(feats).float().numpy() if feats else np.zeros((0, 0), np.float32)
+
+
+@torch.no_grad()
+def encode_texts(module, backend, texts: list[str], batch_size: int) -> np.ndarray:
+    feats = [module(text=backend.tokenize(texts[b:b + batch_size]))[1]
+             for b in range(0, len(texts), batch_size)]
+    return torch.cat(feats).float().numpy() if feats else np.zeros((0, 0), np.float32)
+
+
+def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:
+    """The embeddings every metric below needs (L2-normalised, float32)."""
+    emb: dict[str, np.ndarray] = {}
+    if data.retrieval is not None:
+        emb["image"] = encode_images(module, backend, data.retrieval, batch_size, workers)
+        emb["text"] = encode_texts(module, backend, data.captions, batch_size)
+    if data.queries is not None:
+        emb["query_image"] = encode_images(module, backend, data.queries, batch_size, workers)
+        emb["gallery_text"] = encode_texts(module, backend, data.gallery_captions, batch_size)
+    if data.cf_pairs is not None:
+        ex = data.cf_pairs
+        emb["cf_image"] = encode_images(module, backend, ex, batch_size, workers)
+        meta = ex.tables[ex.table_of[0]].select_columns(["caption_0", "caption_1"])
+        texts = [meta[ex.row[i]][f"caption_{i % 2}"] for i in range(len(ex))]
+        emb["cf_text"] = encode_texts(module, backend, texts, batch_size)
+    return emb
+
+
+def retrieval_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
+    sim = emb["image"] @ emb["text"].T
+    cfg = RetrievalMetricConfig(k_values=tuple(k_values), map_at_r=False, r_precision=False)
+    out: dict[str, float] = {}
+    folds = [np.arange(len(data.image_ids))]
+    if len(data.image_ids) >= 5 * FOLD:
+        folds += [np.arange(f * FOLD, (f + 1) * FOLD) for f in range(5)]
+    for n, rows in enumerate(folds):
+        name = "retrieval" if n == 0 else "retrieval_1k"
+        image_ids = data.image_ids[rows]
+        cols = np.flatnonzero(np.isin(data.caption_image, image_ids))
+        i2t = {int(i): data.caption_ids[cols][data.caption_image[cols] == i].tolist() for i in image_ids}
+        t2i = {int(c): [int(i)] for c, i in zip(data.caption_ids[cols], data.caption_image[cols])}
+        s = sim[np.ix_(rows, cols)]
+        for direction, matrix, pos, q, g in (("i2t", s, i2t, image_ids, data.caption_ids[cols]),
+                                             ("t2i", s.T, t2i, data.caption_ids[cols], image_ids)):
+            scores = retrieval_scores_from_similarity(matrix, pos, q, g, cfg)
+            for k, v in scores.recall_at_k.items():
+                out.setdefault(f"{name}/{direction}_R@{k}", []).append(v)
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
+    from metric_spaces.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
+
+    suite = EccvSuiteConfig(target_metrics=("eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_recalls",
+                                            "coco_1k_recalls", "coco_5k_recalls"))
+    res = eccv_suite_from_similarity(emb["image"] @ emb["text"].T, data.image_ids, data.caption_ids,
+                                     suite, EccvAnnotations.load())
+    return {f"eccv/{m}_{d}": float(v) for m, by_dir in res.items() for d, v in by_dir.items()}
+
+
+def class_matrix(lists: list[list[str]], classes: list[str]) -> np.ndarray:
+    column = {c: j for j, c in enumerate(classes)}
+    out = np.zeros((len(lists), len(classes)), dtype=bool)
+    for i, names in enumerate(lists):
+        out[i, [column[c] for c in names]] = True
+    return out
+
+
+def odmap_classes(data: EvalData) -> list[str]:
+    return sorted({c for group in (data.removed, data.present, data.gallery_mentions) for cs in group for c in cs})
+
+
+def odmap_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
+    k = min(max(k_values), len(data.gallery_captions))
+    top, _ = topk_from_embeddings(emb["query_image"], emb["gallery_text"], k)
+    classes = odmap_classes(data)
+    res = odmap_from_topk(top, class_matrix(data.gallery_mentions, classes),
+                          class_matrix(data.removed, classes), class_matrix(data.present, classes),
+                          k_values=[v for v in k_values if v <= k])
+    return {f"odmap/{name}": v for name, v in res.as_dict().items()}
+
+
+def necessity(emb_original: np.ndarray, emb, data: EvalData) -> dict[str, float]:
+    """PN per removed class (see the module docstring)."""
+    text_row = {int(c): i for i, c in enumerate(data.gallery_ids)}
+    per_class: dict[str, list[float]] = {}
+    for q, removed in enumerate(data.removed):
+        if data.originals.row[q] < 0:
+            continue
+        for cap in data.query_captions[q]:
+            t = text_row.get(int(cap))
+            if t is None:
+                continue
+            s_x = (emb_original[q] @ emb["gallery_text"][t] + 1) / 2
+            s_xp = (emb["query_image"][q] @ emb["gallery_text"][t] + 1) / 2
+            for c in set(removed) & set(data.gallery_mentions[t]):
+                per_class.setdefault(c, []).append(float((s_x - s_xp) / s_x))
+    out = {f"necessity/PN_{c}": float(np.mean(v)) for c, v in sorted(per_class.items())}
+    if per_class:
+        out["necessity/PN_mean"] = float(np.mean([v for vs in per_class.values() for v in vs]))
+    return out
+
+
+def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
+    """Score arguments of `itm_score_deltas` (G = cosine similarity)."""
+    args: dict[str, np.ndarray] = {}
+    if "cf_image" in emb:
+        i0, i1 = emb["cf_image"][0::2], emb["cf_image"][1::2]
+        c0, c1 = emb["cf_text"][0::2], emb["cf_text"][1::2]
+        args.update(g_cc_ics=(c1 * i1).sum(1), g_cc_ios=(c1 * i0).sum(1), g_co_ics=(c0 * i1).sum(1))
+    if "image" in emb and len(data.image_ids) > 1:
+        # Real pair (C_o, I_o) = image i with its first caption; (C_r, I_r) = image i + 1's.
+        first = np.unique(data.caption_image, return_index=True)[1]
+        order = np.argsort(np.argsort(data.image_ids))  # image row -> rank of its id
+        img = emb["image"]
+        cap = emb["text"][first][order]
+        r = np.roll(np.arange(len(img)), -1)
+        args.update(g_cr_ir=(cap[r] * img[r]).sum(1), g_cr_io=(cap[r] * img).sum(1), g_co_ir=(cap * img[r]).sum(1))
+    return args
+
+
+@torch.no_grad()
+def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> float:
+    loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
+    losses, sizes = [], []
+    for b in loader:
+        img, txt, _, scale = module(pixel_values=b["pixel_values"], text=b["text"])
+        losses.append(float(clip_loss(img, txt, scale)))
+        sizes.append(len(img))
+    return float(np.average(losses, weights=sizes)) if losses else float("nan")
+
+
+def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: Path | None = None) -> dict[str, float]:
+    """All metrics of `data`; with `save_to`, also write the embeddings there."""
+    was_training = module.training
+    module.eval()
+    bs, workers = cfg.run.eval_batch_size, cfg.data.num_workers
+    emb = compute_embeddings(module, backend, data, bs, workers)
+    metrics: dict[str, float] = {}
+    if "image" in emb:
+        metrics.update(retrieval_metrics(emb, data, cfg.run.k_values))
+        if cfg.run.eccv:
+            metrics.update(eccv_metrics(emb, data))
+    if "query_image" in emb:
+        metrics.update(odmap_metrics(emb, data, cfg.run.k_values))
+        if data.originals is not None:
+            known = ExampleSet(tables=data.originals.tables)
+            rows = [max(r, 0) for r in data.originals.row]
+            for r in rows:
+                known.add(0, r, "image", "", None, -1, "real")
+            emb["query_original_image"] = encode_images(module, backend, known, bs, workers)
+            metrics.update(necessity(emb["query_original_image"], emb, data))
+    itm_args = itm_inputs(emb, data)
+    if itm_args:
+        for delta, stats in itm_score_deltas(**itm_args).items():
+            metrics.update({f"itm/{delta}_{k}": float(v) for k, v in stats.items()
+                            if k in ("mean", "median", "frac_below_zero")})
+    if data.validation is not None and len(data.validation):
+        metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers)
+    if save_to is not None:
+        np.savez(save_to, **emb, **{f"itm_{k}": v for k, v in itm_args.items()})
+    module.train(was_training)
+    return metrics

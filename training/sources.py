@@ -1,0 +1,90 @@
+"""Reading our datasets by repo id + revision (or a local build folder), with clear input errors.
+
+Every table is opened with `load_dataset` (memory-mapped Arrow; nothing is decoded), its image
+columns are switched to undecoded bytes so the DataLoader workers decode them, and the run
+records what it read: path, revision, resolved commit and row counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from builders.infra.errors import UserFacingError
+from training.config import SourceRef
+
+log = logging.getLogger(__name__)
+
+
+class DataInputError(UserFacingError, ValueError):
+    """A training or evaluation dataset cannot be used as given."""
+
+
+@dataclass
+class TableRecord:
+    """What one opened table was: recorded in the run and the model card."""
+
+    path: str
+    revision: str | None
+    commit: str | None
+    config: str
+    split: str
+    rows: int
+
+
+def resolve_commit(ref: SourceRef) -> str | None:
+    """The commit a Hub repo's revision points to (None for local folders). A revision that
+    does not exist fails here, before any data is read."""
+    if Path(ref.path).exists():
+        if ref.revision is not None:
+            raise DataInputError(f"{ref.path} is a local folder, so --*-revision {ref.revision!r} "
+                                 "cannot apply; drop the revision or give the Hub repo id")
+        return None
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        return HfApi().dataset_info(ref.path, revision=ref.revision).sha
+    except RevisionNotFoundError:
+        raise DataInputError(f"dataset {ref.path}: revision {ref.revision!r} does not exist; list "
+                             "its tags with `HfApi().list_repo_refs(repo_id, repo_type='dataset')`"
+                             ) from None
+    except RepositoryNotFoundError:
+        raise DataInputError(f"dataset {ref.path} is neither a local folder nor a Hub dataset repo "
+                             "(check the path / repo id and HF_TOKEN)") from None
+    except HfHubHTTPError as err:
+        raise DataInputError(f"dataset {ref.path}: the Hub answered {err}") from None
+
+
+def open_table(ref: SourceRef, config: str, split: str, needed: dict[str, type],
+               commit: str | None = None) -> tuple[datasets.Dataset, TableRecord]:
+    """One split of one config, with image columns undecoded.
+
+    `needed` maps column -> `datasets.Image` or `object` (any type); a missing column or a
+    non-image column where an image is needed raises a one-line error naming the table.
+    """
+    where = f"{ref.path}{'@' + ref.revision if ref.revision else ''} (config {config!r}, split {split!r})"
+    try:
+        ds = datasets.load_dataset(ref.path, config, split=split, revision=ref.revision)
+    except ValueError as err:
+        raise DataInputError(f"{where}: cannot load it ({str(err)[:200]}); check the config and "
+                             "split names in the dataset card's `configs:`") from None
+    except FileNotFoundError as err:
+        raise DataInputError(f"{where}: not found ({str(err)[:200]})") from None
+    missing = [c for c in needed if c not in ds.column_names]
+    if missing:
+        raise DataInputError(f"{where} has no column(s) {missing} (it has {ds.column_names}); "
+                             "pass the matching build of the project (coco-captions, decorrelation "
+                             "or coco-counterfactuals)")
+    for column, kind in needed.items():
+        if kind is datasets.Image:
+            if not isinstance(ds.features[column], datasets.Image):
+                raise DataInputError(f"{where}: column {column!r} is {ds.features[column]}, not an "
+                                     "image column")
+            ds = ds.cast_column(column, datasets.Image(decode=False))
+    record = TableRecord(ref.path, ref.revision, commit, config, split, len(ds))
+    log.info("read %s: %d rows", where, len(ds))
+    return ds, record

@@ -1,0 +1,241 @@
+"""The training loop: set-up and input checks first, then steps, evaluation, checkpoints.
+
+Everything that can be wrong with the input (options, datasets, revisions, mixture sizes, batch
+vs pair size) is checked before the first step. Every process computes the loss of the whole
+global batch (training/losses.py), so the loss curve does not depend on the process count.
+Evaluation runs on the main process while the others wait.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from builders.infra.errors import UserFacingError
+from training.backends import load_backend
+from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
+                                 push_to_hub, replace_dir, save_checkpoint, write_model_card)
+from training.config import TrainConfig, as_dict
+from training.data import PairBatchSampler, make_loader
+from training.evaluation import evaluate_model, load_eval_data
+from training.losses import clip_loss, gather_global
+from training.mixtures import build_mixture
+
+log = logging.getLogger(__name__)
+
+
+def make_accelerator(cfg: TrainConfig, output: Path):
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    try:
+        import tensorboard  # noqa: F401  (optional: the tracker only when installed)
+        trackers = ["tensorboard"]
+    except ImportError:
+        trackers = None
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
+                              mixed_precision=cfg.optim.mixed_precision, log_with=trackers,
+                              project_config=ProjectConfiguration(project_dir=str(output),
+                                                                  logging_dir=str(output / "logs")))
+    expected = cfg.run.expect_processes
+    if expected is not None and accelerator.num_processes != expected:
+        raise UserFacingError(
+            f"--expect-processes {expected} but {accelerator.num_processes} process(es) started; on "
+            "CPU use `accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
+            "(`--cpu --num_processes N` starts one)")
+    if trackers:
+        accelerator.init_trackers("finetune_clip")
+    return accelerator
+
+
+def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
+    o = cfg.optim
+
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else 1.0
+        if o.schedule == "cosine":
+            progress = min(1.0, max(0, step - o.warmup_steps) / max(1, total_steps - o.warmup_steps))
+            return warm * 0.5 * (1 + math.cos(math.pi * progress))
+        if o.schedule == "step":
+            return warm * o.step_gamma ** ((step // max(1, steps_per_epoch)) // o.step_epochs)
+        return warm
+
+    return factor
+
+
+def run(cfg: TrainConfig) -> dict[str, float]:
+    """Train (or only evaluate) as `cfg` says; returns the final metrics."""
+    output = Path(cfg.run.output)
+    output.mkdir(parents=True, exist_ok=True)
+    accelerator = make_accelerator(cfg, output)
+    torch.manual_seed(cfg.run.seed)
+    backend = load_backend(cfg.run.backend, cfg.run.model)
+    backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
+    record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
+
+    if cfg.run.eval_only:
+        data = load_eval_data(cfg, [], [], None)
+        record["tables"] = [asdict(r) for r in data.records]
+        metrics = {}
+        if accelerator.is_main_process:
+            metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
+            _write_results(output, record, [{"step": 0, "final": True, **metrics}], metrics)
+        accelerator.wait_for_everyone()
+        return metrics
+
+    mixture = build_mixture(cfg.data)
+    keep_pairs = cfg.data.hard_negatives == "pairs"
+    groups = mixture.train.groups() if keep_pairs else [[i] for i in range(len(mixture.train))]
+    sampler = PairBatchSampler(groups, cfg.optim.batch_size, accelerator.num_processes,
+                               accelerator.process_index, cfg.run.seed, keep_pairs)
+    steps_per_epoch = len(sampler) // cfg.optim.grad_accum
+    if steps_per_epoch == 0:
+        raise UserFacingError(f"{len(mixture.train)} training examples make no full step of "
+                              f"--batch-size {cfg.optim.batch_size} x --grad-accum "
+                              f"{cfg.optim.grad_accum}; lower them or add data")
+    total = steps_per_epoch * cfg.optim.epochs
+    if cfg.optim.max_steps is not None:
+        total = min(total, cfg.optim.max_steps)
+    cf_tables = mixture.train.tables
+    data = load_eval_data(cfg, mixture.heldout_cf, cf_tables, mixture.validation)
+    record.update(tables=[asdict(r) for r in mixture.records + data.records],
+                  train_examples=mixture.train.counts(),
+                  validation_examples=mixture.validation.counts() if mixture.validation else {},
+                  skipped=mixture.skipped, steps=total, steps_per_epoch=steps_per_epoch)
+    if accelerator.is_main_process:
+        (output / "run.json").write_text(json.dumps(record, indent=1))
+    loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
+                         negatives=cfg.data.hard_negatives == "negclip")
+
+    params = [p for p in backend.module.parameters() if p.requires_grad]
+    opt_cls = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.AdamW
+    optimizer = opt_cls(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
+    # The scheduler is not prepared: accelerate would step it once per process per step.
+    model, optimizer = accelerator.prepare(backend.module, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+
+    state = TrainerState()
+    if cfg.run.resume:
+        found = find_checkpoint(output, cfg.run.resume)
+        if found is not None:
+            state = load_checkpoint(accelerator, found)
+            log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch,
+                     state.batch, state.step)
+    history = _read_jsonl(output / "loss.jsonl", state.step)
+    evals = _read_jsonl(output / "metrics.jsonl", state.step)
+    bar = tqdm(total=total, initial=state.step, desc="train", unit="step",
+               disable=not accelerator.is_local_main_process)
+    world, accum = accelerator.num_processes, cfg.optim.grad_accum
+    unwrapped = accelerator.unwrap_model(model)
+
+    def evaluate(final: bool = False) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if accelerator.is_main_process:
+            metrics = evaluate_model(unwrapped, backend, data, cfg,
+                                     output / "embeddings.npz" if final else None)
+            evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
+            _write_jsonl(output / "metrics.jsonl", evals)
+            val = metrics.get("val_loss")
+            if cfg.run.best_by_val_loss and val is not None and not final and (
+                    state.best_val_loss is None or val < state.best_val_loss):
+                state.best_val_loss = val
+                backend.save(unwrapped, output / "best")
+        accelerator.wait_for_everyone()
+        return metrics
+
+    while state.step < total and state.epoch < cfg.optim.epochs:
+        sampler.set_epoch(state.epoch, state.batch)
+        batches = iter(loader)
+        for _ in range(state.batch // accum, steps_per_epoch):
+            if state.step >= total:
+                break
+            loss_sum = 0.0
+            for micro in range(accum):
+                batch = next(batches)
+                with accelerator.autocast():
+                    img, txt, neg, scale = model(pixel_values=batch["pixel_values"], text=batch["text"],
+                                                 negative_text=batch.get("negative_text"))
+                    mask = batch.get("negative_mask")
+                    loss = clip_loss(gather_global(img, accelerator), gather_global(txt, accelerator),
+                                     scale,
+                                     gather_global(neg, accelerator) if neg is not None else None,
+                                     gather_global(mask, accelerator) if mask is not None else None)
+                # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
+                if micro < accum - 1:
+                    with accelerator.no_sync(model):
+                        accelerator.backward(loss * world / accum)
+                else:
+                    accelerator.backward(loss * world / accum)
+                loss_sum += float(loss.detach()) / accum
+            if cfg.optim.max_grad_norm is not None:
+                accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            state.step += 1
+            state.batch += accum
+            bar.update(1)
+            if state.step % cfg.run.log_every == 0 or state.step == total:
+                history.append({"step": state.step, "epoch": state.epoch, "loss": loss_sum, "lr": lr})
+                accelerator.log({"loss": loss_sum, "lr": lr}, step=state.step)
+                if accelerator.is_main_process:
+                    _write_jsonl(output / "loss.jsonl", history)
+                bar.set_postfix(loss=f"{loss_sum:.4f}")
+            if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
+                evaluate()
+            if cfg.run.save_every and state.step % cfg.run.save_every == 0:
+                save_checkpoint(accelerator, output, state)
+        if state.batch >= steps_per_epoch * accum:
+            state.epoch, state.batch = state.epoch + 1, 0
+            evaluate()
+            save_checkpoint(accelerator, output, state)
+    bar.close()
+
+    final_dir = output / "final"
+    if accelerator.is_main_process:
+        if cfg.run.best_by_val_loss and (output / "best").is_dir():
+            replace_dir(output / "best", final_dir)
+            unwrapped = load_backend(cfg.run.backend, _saved_model_id(cfg, final_dir)).module
+        else:
+            backend.save(unwrapped, final_dir)
+    metrics = evaluate(final=True)
+    if accelerator.is_main_process:
+        write_model_card(final_dir, record, metrics)
+        _write_results(output, record, evals, metrics)
+        if cfg.run.push_to_hub:
+            push_to_hub(final_dir, cfg.run.push_to_hub)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return metrics
+
+
+def _saved_model_id(cfg: TrainConfig, folder: Path) -> str:
+    return f"local-dir:{folder}" if cfg.run.backend == "open_clip" else str(folder)
+
+
+def _read_jsonl(path: Path, upto_step: int) -> list[dict]:
+    """Records up to the resumed step (a killed run may have logged past its last checkpoint)."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["step"] <= upto_step]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def _write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
+    _write_jsonl(output / "metrics.jsonl", evals)
+    (output / "metrics.md").write_text(metric_table(final))
+    (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))
