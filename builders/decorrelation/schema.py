@@ -76,7 +76,7 @@ COLUMN_DOCS = {
     "original_image": "the source image x (only with `--keep-original`)",
     "removed_classes": "classes removed from the image (sorted)",
     "present_classes": "classes still in the image (sorted, never empty)",
-    "anchor_class": "the class c^r whose removal was tried (builders/decorrelation/METHOD.md §1)",
+    "anchor_class": "the class c^r whose removal was tried (Kim et al. 2023 §3.1)",
     "removal": "`single` (only c^r) or `multi` (c^r plus classes overlapping it by > alpha2)",
     "removed_boxes": "source boxes of the removed classes, COCO (x, y, w, h) pixels as annotated",
     "mask": "filled region: L-mode PNG, 255 = replaced (every pixel the removed boxes touch, grown "
