@@ -9,22 +9,21 @@ Expected layout (what cocodataset.org and Karpathy's splits give you):
 `read_coco(CocoSourceConfig(root))` returns cheap `CocoImage` records (paths, boxes, captions, no
 pixels) for builders to shard; `CocoSource` exposes the same data as a `datasets` builder class,
 called directly (`CocoSource(config_name="captions", data_dir=ROOT).download_and_prepare()`).
-Annotations are indexed with pycocotools; JSON is parsed here first so that a malformed file is
-reported with its name and position instead of a bare traceback.
+Every field is checked (no silent coercion): a malformed file or repeated ids fail the read with
+the file and rows named; a malformed field of one image marks that record's `input_problem`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 
-from builders.infra.errors import InputFileError
+from builders.infra.errors import InputFileError, InputProblem
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,8 @@ class CocoObject:
 class CocoCaption:
     caption_id: int
     text: str
+    #: Set when the caption is not usable text (not a string, blank, invalid Unicode).
+    input_problem: InputProblem | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class CocoImage:
     karpathy_split: str | None
     captions: tuple[CocoCaption, ...]
     objects: tuple[CocoObject, ...] = ()
+    #: The image's first malformed field, if any: builders skip the image and count the reason.
+    input_problem: InputProblem | None = None
 
 
 @dataclass
@@ -83,41 +86,159 @@ def load_json(path: Path, what: str) -> dict:
     if not path.is_file():
         raise InputFileError(path, f"{what} file is missing", DOWNLOAD_FIX)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise InputFileError(path, f"is not UTF-8 text (byte {err.start})",
+                             "re-download the file; it is truncated or corrupt") from err
     except json.JSONDecodeError as err:
         raise InputFileError(path, f"malformed JSON at line {err.lineno} column {err.colno}: "
                              f"{err.msg}", "re-download the file; it is truncated or corrupt") from err
+    if not isinstance(data, dict):
+        raise InputFileError(path, f"holds a JSON {type(data).__name__}, not an object",
+                             f"this is not a {what} file")
+    return data
 
 
-def _index(path: Path, data: dict, need: tuple[str, ...]):
-    from pycocotools.coco import COCO
+def _is_number(value: object) -> bool:
+    # bool is an int subclass; "12" and [1] are not numbers either (no silent coercion).
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
+
+def _is_int(value: object) -> bool:
+    return _is_number(value) and float(value).is_integer()
+
+
+@dataclass
+class _AnnotationFile:
+    """One `captions_*.json` / `instances_*.json`, checked and indexed by image id."""
+
+    path: Path
+    images: dict[int, dict]
+    #: image id -> its annotations, sorted by annotation id.
+    annotations: dict[int, list[dict]]
+    #: image id -> position of its entry in `images` (to name it in messages).
+    positions: dict[int, int]
+    categories: dict[int, str] = field(default_factory=dict)
+
+
+def _unique_ids(path: Path, rows: list, what: str) -> dict[int, int]:
+    """id -> row position; a missing, non-integer or repeated id fails the file, naming both rows
+    (a repeated image id would give one image's annotations the other's pixels)."""
+    seen: dict[int, int] = {}
+    for row, entry in enumerate(rows):
+        if not isinstance(entry, dict) or not _is_int(entry.get("id")):
+            got = entry.get("id") if isinstance(entry, dict) else entry
+            raise InputFileError(path, f"{what} #{row} has no integer 'id' (got {got!r})",
+                                 "fix or drop that entry")
+        key = int(entry["id"])
+        if key in seen:
+            first = rows[seen[key]]
+            names = ""
+            if what == "images":
+                names = f" ({first.get('file_name')!r} and {entry.get('file_name')!r})"
+            raise InputFileError(path, f"{what} #{seen[key]} and #{row} both have id {key}{names}",
+                                 "ids must be unique; remove or renumber one of them")
+        seen[key] = row
+    return seen
+
+
+def _index(path: Path, data: dict) -> _AnnotationFile:
     for key in ("images", "annotations"):
         if not isinstance(data.get(key), list):
             raise InputFileError(path, f"has no '{key}' list", "this is not a COCO annotation file")
+    positions = _unique_ids(path, data["images"], "images")
+    _unique_ids(path, data["annotations"], "annotations")
+    by_image: dict[int, list[dict]] = {}
     for row, ann in enumerate(data["annotations"]):
-        missing = [k for k in need if k not in ann]
-        if missing:
-            raise InputFileError(path, f"annotation #{row} (id {ann.get('id')}) lacks {missing}",
-                                 "fix or drop that annotation")
-    coco = COCO()
-    coco.dataset = data
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress to stdout
-        coco.createIndex()
-    return coco
+        image_id = ann.get("image_id")
+        if not _is_int(image_id) or int(image_id) not in positions:
+            raise InputFileError(path, f"annotation #{row} (id {ann['id']}) names image_id "
+                                 f"{image_id!r}, which is not in 'images'",
+                                 "add the image entry or drop the annotation")
+        by_image.setdefault(int(image_id), []).append(ann)
+    for anns in by_image.values():
+        anns.sort(key=lambda a: a["id"])
+    categories = {}
+    for row, cat in enumerate(data.get("categories") or []):
+        if not isinstance(cat, dict) or not _is_int(cat.get("id")) or not isinstance(cat.get("name"), str):
+            raise InputFileError(path, f"category #{row} lacks an integer id or a name",
+                                 "use the categories list of the original instances file")
+        categories[int(cat["id"])] = cat["name"]
+    images = {int(e["id"]): e for e in data["images"]}
+    return _AnnotationFile(path, images, by_image, positions, categories)
+
+
+def _image_problem(index: _AnnotationFile, image_id: int) -> InputProblem | None:
+    meta = index.images[image_id]
+    where = f"{index.path.name}: images #{index.positions[image_id]} (id {image_id})"
+    if not isinstance(meta.get("file_name"), str) or not meta["file_name"].strip():
+        return InputProblem("bad_image_entry", f"{where} has no file_name")
+    for key in ("width", "height"):
+        if not _is_int(meta.get(key)) or meta[key] <= 0:
+            return InputProblem("bad_image_entry", f"{where} has {key} {meta.get(key)!r}, "
+                                "not a positive integer")
+    return None
+
+
+def _caption(index: _AnnotationFile, ann: dict) -> CocoCaption:
+    where = f"{index.path.name}: caption id {ann['id']} of image {ann['image_id']}"
+    text = ann.get("caption")
+    problem = None
+    if not isinstance(text, str):
+        problem = InputProblem("bad_caption", f"{where} is {text!r}, not a string")
+        text = ""
+    elif not text.strip():
+        problem = InputProblem("blank_caption", f"{where} is empty or whitespace")
+    else:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate from a JSON \ud8xx escape
+            problem = InputProblem("bad_caption", f"{where} is not valid Unicode ({err.reason} "
+                                   f"at character {err.start})")
+    return CocoCaption(int(ann["id"]), text.strip(), problem)
+
+
+def _object(index: _AnnotationFile, ann: dict) -> CocoObject | InputProblem:
+    where = f"{index.path.name}: annotation id {ann['id']} of image {ann['image_id']}"
+    missing = [k for k in ("category_id", "bbox", "area", "iscrowd") if k not in ann]
+    if missing:
+        return InputProblem("bad_annotation", f"{where} lacks {missing}")
+    bbox, category_id = ann["bbox"], ann["category_id"]
+    if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+        return InputProblem("bad_bbox", f"{where} has bbox {bbox!r}, not 4 finite numbers "
+                            "[x, y, width, height]")
+    if any(v < 0 for v in bbox):
+        return InputProblem("bad_bbox", f"{where} has negative numbers in bbox {bbox!r}")
+    if not _is_int(category_id) or int(category_id) not in index.categories:
+        return InputProblem("unknown_category", f"{where} has category_id {category_id!r}, "
+                            "which is not in 'categories'")
+    if not _is_number(ann["area"]) or ann["area"] < 0:
+        return InputProblem("bad_area", f"{where} has area {ann['area']!r}, not a number >= 0")
+    if ann["iscrowd"] not in (0, 1) or isinstance(ann["iscrowd"], bool):
+        return InputProblem("bad_annotation", f"{where} has iscrowd {ann['iscrowd']!r}, not 0 or 1")
+    return CocoObject(int(ann["id"]), index.categories[int(category_id)], int(category_id),
+                      tuple(float(v) for v in bbox), float(ann["area"]), int(ann["iscrowd"]))
 
 
 def _karpathy(cfg: CocoSourceConfig) -> dict[int, tuple[str, str]]:
     """cocoid -> (folder, split) from Karpathy's file."""
     path = Path(cfg.karpathy_file or Path(cfg.root) / "dataset_coco.json")
     data = load_json(path, "Karpathy split")
-    out = {}
+    out: dict[int, tuple[str, str]] = {}
+    rows: dict[int, int] = {}
     for row, entry in enumerate(data.get("images", [])):
         try:
-            out[int(entry["cocoid"])] = (entry["filepath"], entry["split"])
+            cocoid = entry["cocoid"]
+            if not _is_int(cocoid):
+                raise ValueError(f"cocoid {cocoid!r} is not an integer")
+            value = (str(entry["filepath"]), str(entry["split"]))
         except (KeyError, TypeError, ValueError) as err:
             raise InputFileError(path, f"image entry #{row} lacks cocoid/filepath/split ({err})",
                                  "use Karpathy's original dataset_coco.json") from err
+        if int(cocoid) in out:
+            raise InputFileError(path, f"image entries #{rows[int(cocoid)]} and #{row} both have "
+                                 f"cocoid {cocoid}", "cocoids must be unique; remove one of them")
+        out[int(cocoid)], rows[int(cocoid)] = value, row
     return out
 
 
@@ -132,8 +253,41 @@ def _coco_splits(cfg: CocoSourceConfig, karpathy: dict[int, tuple[str, str]] | N
     return found
 
 
+def _record(root: Path, split: str, image_id: int, k_split: str | None, caps: _AnnotationFile,
+            inst: _AnnotationFile | None) -> CocoImage:
+    """One image with its annotations; its first malformed field (if any) becomes its
+    `input_problem`: the whole image is skipped rather than used with a caption or box missing."""
+    meta = caps.images[image_id]
+    problems = [_image_problem(caps, image_id)]
+    if inst is not None and image_id not in inst.images:
+        problems.append(InputProblem("bad_image_entry", f"{inst.path.name} has no images entry "
+                                     f"for image {image_id} of {caps.path.name}"))
+    captions = tuple(_caption(caps, a) for a in caps.annotations.get(image_id, []))
+    problems += [c.input_problem for c in captions]
+    objects = []
+    for ann in inst.annotations.get(image_id, []) if inst is not None else []:
+        obj = _object(inst, ann)
+        if isinstance(obj, InputProblem):
+            problems.append(obj)
+        else:
+            objects.append(obj)
+    problem = next((p for p in problems if p is not None), None)
+    valid_size = problem is None or problem.reason != "bad_image_entry"
+    return CocoImage(image_id=image_id, path=root / split / str(meta.get("file_name", "")),
+                     width=int(meta["width"]) if valid_size else 0,
+                     height=int(meta["height"]) if valid_size else 0,
+                     coco_split=split, karpathy_split=k_split, captions=captions,
+                     objects=tuple(objects), input_problem=problem)
+
+
 def read_coco(cfg: CocoSourceConfig) -> list[CocoImage]:
-    """All images of the selected splits, sorted by image id, with captions and boxes."""
+    """All images of the selected splits, sorted by image id, with captions and boxes.
+
+    A file that cannot be trusted as a whole (malformed JSON, repeated ids, annotations of
+    unknown images) raises `InputFileError`; a malformed field of one image (a caption that is
+    not text, a bbox that is not 4 numbers, an unknown category, ...) sets that image's
+    `input_problem`, so builders skip and count it and keep the rest.
+    """
     root = Path(cfg.root)
     if cfg.karpathy_splits:
         unknown = set(cfg.karpathy_splits) - set(KARPATHY_SPLITS)
@@ -142,35 +296,30 @@ def read_coco(cfg: CocoSourceConfig) -> list[CocoImage]:
                                  f"choose from {', '.join(KARPATHY_SPLITS)}")
     karpathy = _karpathy(cfg) if cfg.karpathy_splits else None
     records: list[CocoImage] = []
+    seen: dict[int, str] = {}
     for split in _coco_splits(cfg, karpathy):
         cap_path = root / "annotations" / f"captions_{split}.json"
-        caps = _index(cap_path, load_json(cap_path, "captions"), ("id", "image_id", "caption"))
+        caps = _index(cap_path, load_json(cap_path, "captions"))
         inst = None
         if cfg.with_instances:
             inst_path = root / "annotations" / f"instances_{split}.json"
-            inst = _index(inst_path, load_json(inst_path, "instances"),
-                          ("id", "image_id", "category_id", "bbox", "area", "iscrowd"))
-        for image_id in sorted(caps.imgs):
+            inst = _index(inst_path, load_json(inst_path, "instances"))
+        for image_id in sorted(caps.images):
             k_split = None
             if karpathy is not None:
                 folder, k_split = karpathy.get(image_id, (None, None))
                 if k_split not in cfg.karpathy_splits or folder != split:
                     continue
-            meta = caps.imgs[image_id]
-            captions = tuple(CocoCaption(int(a["id"]), str(a["caption"]).strip())
-                             for a in sorted(caps.imgToAnns.get(image_id, []), key=lambda a: a["id"]))
-            objects: tuple[CocoObject, ...] = ()
-            if inst is not None:
-                objects = tuple(
-                    CocoObject(int(a["id"]), inst.cats[a["category_id"]]["name"], int(a["category_id"]),
-                               tuple(float(v) for v in a["bbox"]), float(a["area"]), int(a["iscrowd"]))
-                    for a in sorted(inst.imgToAnns.get(image_id, []), key=lambda a: a["id"]))
-            records.append(CocoImage(image_id=int(image_id), path=root / split / meta["file_name"],
-                                     width=int(meta["width"]), height=int(meta["height"]),
-                                     coco_split=split, karpathy_split=k_split,
-                                     captions=captions, objects=objects))
+            if image_id in seen:
+                raise InputFileError(cap_path, f"image id {image_id} is also in captions_"
+                                     f"{seen[image_id]}.json", "an image id must name one image; "
+                                     "read one of the two folders (--coco-splits)")
+            seen[image_id] = split
+            records.append(_record(root, split, image_id, k_split, caps, inst))
     records.sort(key=lambda r: r.image_id)
-    log.info("read %d COCO images from %s", len(records), root)
+    bad = sum(r.input_problem is not None for r in records)
+    log.info("read %d COCO images from %s (%d with malformed annotations, skipped by builders)",
+             len(records), root, bad)
     return records
 
 
@@ -233,6 +382,10 @@ class CocoSource(datasets.GeneratorBasedBuilder):
 
     def _generate_examples(self, source: CocoSourceConfig):
         for rec in read_coco(source):
+            if rec.input_problem is not None:
+                log.warning("skipping image %d (%s): %s", rec.image_id, rec.input_problem.reason,
+                            rec.input_problem.detail)
+                continue
             if self.config.name == "captions":
                 for cap in rec.captions:
                     yield cap.caption_id, {"image": str(rec.path), "image_id": rec.image_id,

@@ -32,7 +32,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from builders.infra.errors import InputFileError
+from builders.infra.errors import InputFileError, InputProblem
 from loading_scripts.coco import load_json
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class Flickr30kImage:
     split: str
     captions: tuple[Flickr30kCaption, ...]
     objects: tuple[Flickr30kObject, ...] = ()
+    #: Set when a caption of this image is not usable text: builders skip and count the image.
+    input_problem: InputProblem | None = None
 
 
 @dataclass
@@ -168,16 +170,25 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
     data = load_json(path, "Karpathy split")
     entities = _entities_dir(cfg)
     records = []
+    rows: dict[int, int] = {}
     for row, entry in enumerate(data.get("images", [])):
         try:
             name, split = entry["filename"], entry["split"]
-            sentences = [(int(s["sentid"]), str(s["raw"]).strip()) for s in entry["sentences"]]
+            raw = [(int(s["sentid"]), s["raw"]) for s in entry["sentences"]]
             image_id = int(Path(name).stem)
         except (KeyError, TypeError, ValueError) as err:
             raise InputFileError(path, f"image entry #{row} lacks filename/split/sentences ({err})",
                                  "use Karpathy's original dataset_flickr30k.json") from err
+        if image_id in rows:
+            raise InputFileError(path, f"image entries #{rows[image_id]} and #{row} are both image "
+                                 f"{image_id}", "image file names must be unique; remove one of them")
+        rows[image_id] = row
         if split not in cfg.splits:
             continue
+        problem = next((InputProblem("bad_caption", f"{path.name}: sentence {sid} of image "
+                                     f"{image_id} is {text!r}, not text")
+                        for sid, text in raw if not isinstance(text, str) or not text.strip()), None)
+        sentences = [(sid, text.strip() if isinstance(text, str) else "") for sid, text in raw]
         image_path = root / "flickr30k-images" / name
         captions = tuple(Flickr30kCaption(sid, text) for sid, text in sentences)
         objects: tuple[Flickr30kObject, ...] = ()
@@ -194,7 +205,8 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
             size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
         if size is None:
             size = _image_size(image_path)
-        records.append(Flickr30kImage(image_id, image_path, size[0], size[1], split, captions, objects))
+        records.append(Flickr30kImage(image_id, image_path, size[0], size[1], split, captions, objects,
+                                      problem))
     records.sort(key=lambda r: r.image_id)
     log.info("read %d Flickr30k images from %s (entities: %s)", len(records), root, entities or "none")
     return records
@@ -206,7 +218,7 @@ def _image_size(path: Path) -> tuple[int, int]:
     try:
         with Image.open(path) as img:
             return img.size
-    except (OSError, ValueError, SyntaxError):
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return (0, 0)
 
 
@@ -247,6 +259,9 @@ class Flickr30kSource(datasets.GeneratorBasedBuilder):
 
     def _generate_examples(self, source: Flickr30kSourceConfig):
         for rec in read_flickr30k(source):
+            if rec.input_problem is not None:
+                log.warning("skipping image %d: %s", rec.image_id, rec.input_problem.detail)
+                continue
             yield rec.image_id, {
                 "image": str(rec.path), "image_id": rec.image_id,
                 "caption_ids": [c.caption_id for c in rec.captions],

@@ -140,8 +140,14 @@ def test_annotation_row_without_bbox_is_named(fixture_copy):
     data = json.loads(path.read_text())
     del data["annotations"][3]["bbox"]
     path.write_text(json.dumps(data))
-    with pytest.raises(InputFileError, match=r"annotation #3 \(id \d+\) lacks \['bbox'\]"):
-        read_coco(CocoSourceConfig(fixture_copy))
+    ann = data["annotations"][3]
+    # One malformed row marks its image (skipped and counted by builders); the rest reads fine.
+    records = {r.image_id: r for r in read_coco(CocoSourceConfig(fixture_copy))}
+    problem = records[ann["image_id"]].input_problem
+    assert problem is not None and problem.reason == "bad_annotation"
+    assert f"instances_val2014.json: annotation id {ann['id']} of image {ann['image_id']} lacks " \
+        "['bbox']" == problem.detail
+    assert all(r.input_problem is None for i, r in records.items() if i != ann["image_id"])
 
 
 def test_unreadable_and_missing_images(fixture_copy):

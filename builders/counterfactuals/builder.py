@@ -33,7 +33,7 @@ from builders.counterfactuals.captions import CaptionModels, CaptionStage, Count
 from builders.counterfactuals.config import CaptionStageConfig, ImageStageConfig
 from builders.counterfactuals.images import ImagePair, ImageStage
 from builders.infra import progress
-from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
@@ -146,6 +146,8 @@ class CaptionItem:
     source: str
     source_id: str
     source_image_id: str
+    #: Set by the reader for a caption that is not usable text; the runner skips and counts it.
+    input_problem: InputProblem | None = None
 
 
 def worker_device() -> str:
@@ -236,7 +238,8 @@ class CocoCounterfactualsBuilder:
                                   karpathy_splits=None if cfg.coco_splits else cfg.karpathy_splits,
                                   with_instances=False)
         return [CaptionItem(id=f"{rec.image_id}_{k}", text=cap.text, source=f"coco/{rec.coco_split}",
-                            source_id=str(cap.caption_id), source_image_id=str(rec.image_id))
+                            source_id=str(cap.caption_id), source_image_id=str(rec.image_id),
+                            input_problem=cap.input_problem)
                 for rec in read_coco(source) for k, cap in enumerate(rec.captions)]
 
     def _dataset_captions(self) -> list[CaptionItem]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from builders.infra.errors import UserFacingError
+from builders.infra.errors import InputProblem, UserFacingError
 from builders.decorrelation.options import DEFAULT_FLICKR_CLASSES
 from builders.decorrelation.selection import Box
 from loading_scripts.flickr30k import ENTITY_TYPES, EntityPhrase
@@ -39,6 +39,9 @@ class SourceImage:
     split: str
     captions: tuple[SourceCaption, ...]
     boxes: tuple[Box, ...]
+    #: Set by the reader when an annotation of this image is malformed: the runner skips the
+    #: image and counts the reason (builders.infra.errors.InputProblem).
+    input_problem: InputProblem | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ def _read_coco(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
     return [SourceImage(image_id=r.image_id, path=r.path, width=r.width, height=r.height,
                         split=r.karpathy_split or r.coco_split,
                         captions=tuple(SourceCaption(c.caption_id, c.text) for c in r.captions),
-                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects))
+                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects),
+                        input_problem=r.input_problem)
             for r in read_coco(CocoSourceConfig(Path(cfg.root), karpathy_splits=splits))]
 
 
@@ -107,5 +111,6 @@ def _read_flickr(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage
     classes = set(cfg.flickr_classes)
     return [SourceImage(image_id=r.image_id, path=r.path, width=r.width, height=r.height, split=r.split,
                         captions=tuple(SourceCaption(c.caption_id, c.text, c.phrases) for c in r.captions),
-                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects if o.category in classes))
+                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects if o.category in classes),
+                        input_problem=r.input_problem)
             for r in records]

@@ -6,6 +6,7 @@
       data/{split}-NNNNN-of-NNNNN.parquet            the `default` config
       data/{config}/{split}-NNNNN-of-NNNNN.parquet   any named config
       .parts/run.json                the run fingerprint; a resume must match it
+      .parts/lock                    held by the build that is writing here (see output_guard)
       .parts/{config}/{split}/part-KKKKK.parquet
       .parts/stats/part-KKKKK.json   written last: its presence marks part K finished
 
@@ -33,6 +34,10 @@ class OutputLayout:
     @property
     def run_file(self) -> Path:
         return self.parts / "run.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.parts / "lock"
 
     @property
     def manifest(self) -> Path:

@@ -84,21 +84,32 @@ def _write_output_shards(
     shard, (writer, tmp) = 0, open_writer(0)
     written_tmp = [tmp]
     room = rows_per_shard
-    for path in files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
-            table = pa.Table.from_batches([batch]).cast(schema)
-            while table.num_rows:
-                if room == 0:
-                    writer.close()
-                    shard += 1
-                    writer, tmp = open_writer(shard)
-                    written_tmp.append(tmp)
-                    room = rows_per_shard
-                take = table.slice(0, room)
-                writer.write_table(take, row_group_size=ROW_GROUP_ROWS)
-                room -= take.num_rows
-                table = table.slice(take.num_rows)
-    writer.close()
+    try:
+        for path in files:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+                table = pa.Table.from_batches([batch]).cast(schema)
+                while table.num_rows:
+                    if room == 0:
+                        writer.close()
+                        shard += 1
+                        writer, tmp = open_writer(shard)
+                        written_tmp.append(tmp)
+                        room = rows_per_shard
+                    take = table.slice(0, room)
+                    writer.write_table(take, row_group_size=ROW_GROUP_ROWS)
+                    room -= take.num_rows
+                    table = table.slice(take.num_rows)
+        writer.close()
+    except BaseException:
+        # A failed merge (disk full) leaves no half-written shard behind; the parts are intact,
+        # so re-running the command merges again.
+        try:
+            writer.close()
+        except OSError:
+            pass  # closing flushes, which fails the same way on a full disk
+        for path in written_tmp:
+            path.unlink(missing_ok=True)
+        raise
     for tmp_path, name in zip(written_tmp, names):
         os.replace(tmp_path, layout.root / name)
     return total_rows, names

@@ -2,15 +2,17 @@
 
 Crash safety: each parquet file is written under a temporary name and renamed into place, and the
 stats file, written last, is what marks the part finished. A kill at any point leaves either no
-stats file (the part is redone on resume, overwriting any leftovers) or a complete part.
+stats file (the part is redone on resume, overwriting any leftovers) or a complete part. A write
+that fails (disk full) removes its temp file; one left by a kill is removed by the next run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import datasets
 import pyarrow as pa
@@ -24,11 +26,12 @@ ROW_GROUP_ROWS = 100
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with _removed_on_error(tmp):
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -52,5 +55,17 @@ def write_parquet(path: Path, table: pa.Table) -> None:
     """Write a parquet file atomically (temp name + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS)
-    os.replace(tmp, path)
+    with _removed_on_error(tmp):
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS)
+        os.replace(tmp, path)
+
+
+@contextmanager
+def _removed_on_error(*tmp_files: Path) -> Iterator[None]:
+    """A failed write (e.g. disk full) must not leave a half-written temp file taking space."""
+    try:
+        yield
+    except BaseException:
+        for tmp in tmp_files:
+            tmp.unlink(missing_ok=True)
+        raise

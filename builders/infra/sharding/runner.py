@@ -9,6 +9,7 @@ resumed run checks.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -21,8 +22,11 @@ from typing import Any, Sequence
 from builders.infra import progress
 from builders.infra.distributed import ProcessGroup, init_process_group
 from builders.infra.errors import UserFacingError
-from builders.infra.sharding.base import Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
+from builders.infra.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
+from builders.infra.sharding.inputs import changed_items, part_digests, split_problems
 from builders.infra.sharding.layout import OutputLayout
+from builders.infra.sharding.output_guard import (check_output_folder, output_errors, output_lock,
+                                                  remove_temp_files)
 from builders.infra.sharding.merge import collect_stats, merge_parts
 from builders.infra.sharding.part_writer import atomic_write_json, rows_to_table, write_parquet
 
@@ -78,13 +82,51 @@ def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite
                 f"({layout.run_file}); use a new --output folder, or --overwrite to discard it"
             )
         log.warning("--overwrite: discarding the previous build in %s", layout.root)
-        shutil.rmtree(layout.parts)
-        shutil.rmtree(layout.root / "data", ignore_errors=True)
-    elif layout.root.exists() and any(layout.root.iterdir()) and not overwrite:
+        _discard_build(layout)
+    atomic_write_json(layout.run_file, fingerprint)
+
+
+def _discard_build(layout: OutputLayout) -> None:
+    for path in layout.parts.iterdir():  # all but the lock this build holds
+        if path != layout.lock_file:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    shutil.rmtree(layout.root / "data", ignore_errors=True)
+
+
+def _changed_inputs(layout: OutputLayout, parts: Sequence[tuple[int, Sequence[Any]]], part_size: int,
+                    retry_errors: bool) -> list[str]:
+    """What differs between the current inputs and those finished parts were built from."""
+    changed: list[str] = []
+    for k, chunk in parts:
+        path = layout.stats_file(k)
+        if not path.exists():
+            continue
+        stats = json.loads(path.read_text())
+        if "item_digests" not in stats or (retry_errors and stats.get("errors")):
+            continue  # a part from before digests were recorded, or one that is redone anyway
+        changed += [f"part {k}: {c}" for c in changed_items(k * part_size, chunk, stats["item_digests"])]
+    n_finished = len(list(layout.stats_file(0).parent.glob("part-*.json")))
+    if n_finished > len(parts):
+        changed.append(f"the inputs now give {len(parts)} parts, {n_finished} were finished")
+    return changed
+
+
+def _prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], cfg: RunConfig,
+                    parts: Sequence[tuple[int, Sequence[Any]]]) -> None:
+    """Start or resume the build in `layout` (main process, after the inputs were read)."""
+    _prepare_output(layout, fingerprint, cfg.overwrite)
+    changed = _changed_inputs(layout, parts, cfg.part_size, cfg.retry_errors)
+    if not changed:
+        return
+    if not cfg.overwrite:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise UserFacingError(
-            f"{layout.root} is not empty and holds no counterfactory build; "
-            "choose an empty or new --output folder"
+            f"the inputs of {layout.root} changed since its parts were built "
+            f"({'; '.join(changed[:3])}{more}); restore the original inputs to resume, or rebuild "
+            "from the current ones with --overwrite (or a new --output)"
         )
+    log.warning("--overwrite: the inputs changed (%s); discarding the previous build", changed[0])
+    _discard_build(layout)
     atomic_write_json(layout.run_file, fingerprint)
 
 
@@ -117,8 +159,11 @@ def _build_part(
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     filtered: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
     t0 = time.perf_counter()
-    for record in builder.process(items):
+    usable, problems = split_problems(items)
+    # Items the reader marked malformed are counted as input errors and never reach the builder.
+    for record in itertools.chain(problems, builder.process(usable) if usable else ()):
         if isinstance(record, Emit):
             if record.output not in by_key:
                 raise ValueError(f"builder emitted a row for unknown output {record.output!r}")
@@ -127,8 +172,10 @@ def _build_part(
             (errors if record.kind == "error" else filtered)[record.reason] += 1
             if record.kind == "error":
                 log.warning("part %d: skipped an item (%s): %s", part, record.reason, record.detail)
+        elif isinstance(record, Count):
+            counts[record.name] += record.n
         else:
-            raise TypeError(f"builder yielded {type(record).__name__}, expected Emit or Skip")
+            raise TypeError(f"builder yielded {type(record).__name__}, expected Emit, Skip or Count")
     t1 = time.perf_counter()
     for key, spec in by_key.items():
         path = layout.part_file(key, part)
@@ -143,6 +190,9 @@ def _build_part(
         "rows": {key: len(rows.get(key, [])) for key in by_key},
         "skipped": dict(sorted(filtered.items())),
         "errors": dict(sorted(errors.items())),
+        "counts": dict(sorted(counts.items())),
+        # What this part was built from: a resume compares it with the current inputs.
+        "item_digests": part_digests(items),
         "timings": {"process_s": round(t1 - t0, 4), "write_s": round(t2 - t1, 4)},
         "rank": group.rank,
         "world_size": group.world_size,
@@ -158,13 +208,26 @@ def run_build(builder: ShardedBuilder, cfg: RunConfig) -> BuildResult | None:
         raise UserFacingError(f"--part-size must be at least 1 (got {cfg.part_size})")
     group = init_process_group(cfg.expect_processes)
     layout = OutputLayout(Path(cfg.output_dir))
-    outputs = list(builder.outputs())
-    if group.is_main:
-        _prepare_output(layout, _fingerprint(builder, cfg), cfg.overwrite)
-    group.barrier()
+    with output_errors(layout.root):
+        if not group.is_main:
+            return _run_locked(builder, cfg, group, layout)
+        check_output_folder(layout)
+        with output_lock(layout):
+            return _run_locked(builder, cfg, group, layout)
 
+
+def _run_locked(builder: ShardedBuilder, cfg: RunConfig, group: ProcessGroup,
+                layout: OutputLayout) -> BuildResult | None:
+    outputs = list(builder.outputs())
+    # The inputs are read before anything is written: a run that fails on a missing or broken
+    # input leaves no fingerprint behind to refuse the corrected rerun.
     items = builder.work_items()
     parts = list(iter_chunks(items, cfg.part_size))
+    if group.is_main:
+        remove_temp_files(layout)
+        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
+    group.barrier()
+
     mine = [(k, chunk) for k, chunk in parts if k % group.world_size == group.rank]
     todo = [(k, chunk) for k, chunk in mine if _part_needs_work(layout, k, cfg.retry_errors)]
     log.info(

@@ -1,0 +1,78 @@
+"""What a part was built from, so a resume never mixes old and new inputs.
+
+Each finished part records one short digest per work item (`item_digests`) in its stats file:
+the item's full record (ids, captions, boxes, paths: everything the reader parsed from the
+annotation files) plus the size and modification time of the file it points at (`item.path`,
+e.g. the source image). A resumed run re-reads the inputs and compares: a finished part whose
+items differ was built from other inputs, and the resume is refused naming the first changed
+items — unless that part is about to be redone anyway (`--retry-errors` on a part that recorded
+input errors, the usual "fix the bad rows and re-run" loop). Parts not built yet need no check:
+they will be built from the current inputs, so the output always equals a clean build of them.
+
+Items a reader marked malformed (`item.input_problem`, see `builders.infra.errors.InputProblem`)
+never reach the builder: `split_problems` turns them into counted input-error skips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from builders.infra.sharding.base import Skip
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def item_label(item: Any, index: int) -> str:
+    """How messages name an item: its image or item id when it has one."""
+    for attr in ("image_id", "id"):
+        value = item.get(attr) if isinstance(item, dict) else getattr(item, attr, None)
+        if value is not None:
+            return f"{attr.replace('_', ' ')} {value}"
+    return f"item #{index}"
+
+
+def item_digest(item: Any) -> str:
+    """A digest of the item's record and of the file it points at (size, mtime)."""
+    # Object addresses are not content (and differ per run): a builder whose items lack a
+    # value repr still gets its paths checked.
+    text = _ADDRESS.sub("", repr(item))
+    path = getattr(item, "path", None)
+    if isinstance(path, Path):
+        try:
+            st = path.stat()
+            text += f"|{st.st_size}|{st.st_mtime_ns}"
+        except OSError:
+            text += "|missing"
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def part_digests(items: Sequence[Any]) -> list[str]:
+    return [item_digest(item) for item in items]
+
+
+def changed_items(start: int, items: Sequence[Any], recorded: Sequence[str]) -> list[str]:
+    """Labels of the items of a part (first item at global index `start`) whose digest differs
+    from what the finished part recorded."""
+    if len(recorded) != len(items):
+        return [f"the part now has {len(items)} items, it was built from {len(recorded)}"]
+    out = []
+    for offset, (item, old) in enumerate(zip(items, recorded)):
+        if item_digest(item) != old:
+            path = getattr(item, "path", None)
+            out.append(item_label(item, start + offset) + (f" ({path})" if path else ""))
+    return out
+
+
+def split_problems(items: Iterable[Any]) -> tuple[list[Any], list[Skip]]:
+    """Separate the usable items from those the reader marked malformed (as input-error skips)."""
+    good, skips = [], []
+    for item in items:
+        problem = getattr(item, "input_problem", None)
+        if problem is None:
+            good.append(item)
+        else:
+            skips.append(Skip(problem.reason, kind="error", detail=problem.detail))
+    return good, skips
