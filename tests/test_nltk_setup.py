@@ -116,3 +116,32 @@ def test_offline_tagger_cli_installs_into_a_new_folder(tmp_path):
     target = tmp_path / "nd"
     assert cli_main(["nltk", "offline-tagger", "--nltk-data", str(target)]) == 0
     assert target.joinpath(TAGGER_DIR, STAMP).exists()
+
+
+def test_offline_tagger_installs_where_nltk_looks_by_default(tmp_path):
+    # No NLTK_DATA anywhere: the tagger goes to NLTK's own download folder (~/nltk_data, with HOME
+    # pointed at tmp_path) and a fresh process with no settings finds it. NLTK's system-wide
+    # folders are dropped from its search path so the test never writes outside tmp_path.
+    env = {k: v for k, v in os.environ.items() if k != "NLTK_DATA"} | {"HOME": str(tmp_path)}
+    code = ("import sys, nltk; nltk.data.path[:] = [p for p in nltk.data.path if p.startswith(sys.argv[1])]; "
+            "from builders.infra.cli import main; sys.exit(main(sys.argv[2:]))")
+
+    def counterfactory(*argv):
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path), *argv], env=env,
+                              capture_output=True, text=True)
+
+    installed = counterfactory("nltk", "offline-tagger")
+    assert installed.returncode == 0, installed.stderr
+    assert (tmp_path / "nltk_data").joinpath(TAGGER_DIR, STAMP).exists()
+    check = counterfactory("nltk", "check")
+    assert check.returncode == 0, check.stderr
+    assert "offline caption tagger" in check.stdout
+
+
+def test_offline_tagger_never_replaces_the_real_tagger(tmp_path):
+    real = tmp_path.joinpath(TAGGER_DIR)
+    real.mkdir(parents=True)
+    weights = real / "averaged_perceptron_tagger_eng.weights.json"
+    weights.write_text("{}")  # stands in for the downloaded data (no counterfactory stamp)
+    assert cli_main(["nltk", "offline-tagger", "--nltk-data", str(tmp_path)]) == 0
+    assert weights.read_text() == "{}" and not real.joinpath(STAMP).exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 from importlib import resources
 from pathlib import Path
@@ -44,8 +45,20 @@ def _corpus_digest() -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def default_nltk_data() -> Path:
+    """Where the offline tagger goes: the first `$NLTK_DATA` folder, else where NLTK's downloader
+    puts data (a folder on NLTK's default search path, usually ~/nltk_data)."""
+    if os.environ.get("NLTK_DATA"):
+        # NLTK_DATA may list several folders (like PATH); NLTK searches them in order.
+        return Path(os.environ["NLTK_DATA"].split(os.pathsep)[0])
+    from nltk.downloader import Downloader
+
+    return Path(Downloader().default_download_dir())
+
+
 def install_offline_tagger(nltk_data: str | Path) -> Path:
-    """Train the offline tagger and save it under `nltk_data`; a no-op when already current."""
+    """Train the offline tagger and save it under `nltk_data`; a no-op when already current, and
+    when the real tagger is installed there (it is better: never replaced)."""
     import nltk
     from nltk.tag.perceptron import PerceptronTagger
 
@@ -54,6 +67,9 @@ def install_offline_tagger(nltk_data: str | Path) -> Path:
     digest = _corpus_digest()
     stamp = target / STAMP
     if stamp.exists() and stamp.read_text().strip() == digest:
+        return target
+    if not stamp.exists() and any(target.glob("*.json")):
+        log.info("the real NLTK tagger is already installed in %s; keeping it", target)
         return target
     # nltk 3.10 refuses to save outside its search path, and must find the tagger there later.
     if str(nltk_data) not in nltk.data.path:
@@ -78,7 +94,7 @@ def ensure_nltk_tagger() -> None:
         raise UserFacingError(
             "NLTK's POS tagger data (averaged_perceptron_tagger_eng) is missing; download it "
             f"once with `{DOWNLOAD_COMMAND}` (or, offline, install the small caption tagger with "
-            "`counterfactory nltk offline-tagger` and set NLTK_DATA to its folder)"
+            "`counterfactory nltk offline-tagger`)"
         ) from None
 
 
