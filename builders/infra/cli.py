@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES = (
     "builders.infra.models.cli",
     "builders.infra.text.nltk_cli",
     "builders.registry",
+    "builders.eccv_positives.cli",
     "builders.infra.publishing.cli",
     "builders.infra.publishing.metric_cli",
     "builders.infra.local_hub_cli",
@@ -54,6 +55,8 @@ def run_handled(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The Hub client logs every HTTP request at INFO: noise unless asked for with -v.
+    logging.getLogger("httpx2").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except UserFacingError as err:

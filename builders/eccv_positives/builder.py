@@ -1,0 +1,234 @@
+"""ECCV Caption positives as Hub parquet: `counterfactory build eccv-positives`.
+
+Reads the positive sets (from the `eccv_caption` package, or a folder written by
+`counterfactory eccv ingest`) and, optionally, a COCO root for images, caption texts and
+instances, and writes:
+
+    i2t/test      one row per image query of any source: image, its ECCV positives (caption ids,
+                  texts, provenance label each), its CxC and original COCO positives
+    t2i/test      one row per caption query: caption, its ECCV / CxC / COCO positive image ids
+    pm/i2t, pm/t2i  plausible-match pseudo-positives from COCO instances (needs --coco-root)
+    removed/test  the captions and the image the ECCV Caption paper removes (Appendix C.1)
+
+Rows exist for every annotated query whether or not the COCO root holds it: image and text
+columns are then null, so the published positives always equal the annotation files exactly
+(see METHOD.md §1).
+
+    counterfactory build eccv-positives --coco-root COCO --output out/eccv-positives
+    accelerate launch builders/eccv_positives/builder.py --coco-root COCO --output out/...
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from builders.eccv_positives.annotations import AnnotationSet, read_mitl_report, removed_rows
+from builders.infra.errors import InputFileError
+from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+
+log = logging.getLogger(__name__)
+
+HELP = "ECCV Caption / CxC / COCO positives (+ PM pseudo-positives) of COCO retrieval as Hub parquet"
+
+_IDS = datasets.List(datasets.Value("int64"))
+_TEXTS = datasets.List(datasets.Value("string"))
+I2T = datasets.Features({
+    "image": datasets.Image(), "image_id": datasets.Value("int64"),
+    "file_name": datasets.Value("string"), "eccv_query": datasets.Value("bool"),
+    "positive_caption_ids": _IDS, "positive_captions": _TEXTS, "positive_sources": _TEXTS,
+    "cxc_caption_ids": _IDS, "coco_caption_ids": _IDS,
+})
+T2I = datasets.Features({
+    "caption": datasets.Value("string"), "caption_id": datasets.Value("int64"),
+    "image_id": datasets.Value("int64"), "eccv_query": datasets.Value("bool"),
+    "positive_image_ids": _IDS, "positive_sources": _TEXTS,
+    "cxc_image_ids": _IDS, "coco_image_ids": _IDS,
+})
+PM_I2T = datasets.Features({"image_id": datasets.Value("int64"), "pm_caption_ids": _IDS})
+PM_T2I = datasets.Features({"caption_id": datasets.Value("int64"), "pm_image_ids": _IDS})
+REMOVED = datasets.Features({"kind": datasets.Value("string"), "id": datasets.Value("int64"),
+                             "reason": datasets.Value("string"), "text": datasets.Value("string")})
+
+
+@dataclass
+class EccvPositivesConfig:
+    """Example: `EccvPositivesConfig(coco_root="coco", pm_zeta=0)`."""
+
+    #: COCO download for images, caption texts and instances (PM); None: ids only, no PM.
+    coco_root: str | None = None
+    #: Folder with `{eccv,cxc,original}_{image_to_caption,caption_to_image}.json`; None: the
+    #: files shipped in the installed `eccv_caption` package (the published ECCV Caption).
+    annotations_dir: str | None = None
+    #: PM pseudo-positives: images whose 80-class instance vectors differ in <= zeta classes.
+    pm_zeta: int = 0
+    #: Compute the `pm` config (needs `coco_root` with instances of the test images).
+    with_pm: bool = True
+
+
+@dataclass(frozen=True)
+class _Coco:
+    """What the build needs from a COCO root: texts, image paths, instance classes."""
+
+    captions: dict[int, str]
+    images: dict[int, Path]
+    classes: dict[int, list[int]]
+
+
+class EccvPositivesBuilder:
+    def __init__(self, config: EccvPositivesConfig) -> None:
+        self.config = config
+
+    def outputs(self):
+        return [OutputSpec("i2t", "test", I2T), OutputSpec("t2i", "test", T2I),
+                OutputSpec("pm", "i2t", PM_I2T), OutputSpec("pm", "t2i", PM_T2I),
+                OutputSpec("removed", "test", REMOVED)]
+
+    @cached_property
+    def annotations(self) -> AnnotationSet:
+        return AnnotationSet.load(self.config.annotations_dir)
+
+    @cached_property
+    def coco(self) -> _Coco:
+        if not self.config.coco_root:
+            return _Coco({}, {}, {})
+        from loading_scripts.coco import CocoSourceConfig, read_coco
+
+        records = read_coco(CocoSourceConfig(Path(self.config.coco_root),
+                                             with_instances=self.config.with_pm))
+        return _Coco(captions={c.caption_id: c.text for r in records for c in r.captions},
+                     images={r.image_id: r.path for r in records},
+                     classes={r.image_id: sorted({o.category_id for o in r.objects})
+                              for r in records if r.objects})
+
+    @cached_property
+    def pm(self):
+        from loading_scripts.eccv import Positives, pm_positives
+
+        wanted = self.annotations.coco.i2t
+        classes = {i: c for i, c in self.coco.classes.items() if i in wanted}
+        if not (self.config.with_pm and classes):
+            if self.config.with_pm:
+                log.warning("no instances for the annotated images under --coco-root: the pm "
+                            "config is left out")
+            return Positives({}, {})
+        # The query's own image (and so its own captions) is no PM positive: PM is meant to find
+        # positives beyond the original pairs (METHOD.md §4).
+        return pm_positives(classes, wanted, self.config.pm_zeta, omit_own_image=True)
+
+    def work_items(self):
+        ann = self.annotations
+        return ([("i2t", i) for i in ann.image_queries()] + [("t2i", c) for c in ann.caption_queries()]
+                + [("pm_i2t", i) for i in sorted(self.pm.i2t)]
+                + [("pm_t2i", c) for c in sorted(self.pm.t2i)]
+                + [("removed", n) for n in range(len(removed_rows()))])
+
+    def process(self, items):
+        for kind, key in items:
+            if kind == "i2t":
+                yield from self._image_row(key)
+            elif kind == "t2i":
+                yield Emit("t2i/test", self._caption_row(key))
+            elif kind == "pm_i2t":
+                yield Emit("pm/i2t", {"image_id": key, "pm_caption_ids": self.pm.i2t[key].tolist()})
+            elif kind == "pm_t2i":
+                yield Emit("pm/t2i", {"caption_id": key, "pm_image_ids": self.pm.t2i[key].tolist()})
+            else:
+                yield Emit("removed/test", removed_rows()[key])
+
+    def _image_row(self, image_id: int):
+        from loading_scripts.images import open_rgb_image
+
+        ann, coco = self.annotations, self.coco
+        eccv = image_id in ann.eccv.i2t
+        positives = ann.eccv.i2t[image_id].tolist() if eccv else []
+        image, path = None, coco.images.get(image_id)
+        if path is not None:
+            try:
+                image = open_rgb_image(path)
+            except InputFileError as err:
+                yield Skip("unreadable_image", kind="error", detail=str(err))
+                return
+        yield Emit("i2t/test", {
+            "image": image, "image_id": image_id, "file_name": path.name if path else None,
+            "eccv_query": eccv, "positive_caption_ids": positives,
+            "positive_captions": [coco.captions.get(c) for c in positives],
+            "positive_sources": ann.labels("i2t", image_id) if eccv else [],
+            "cxc_caption_ids": _ids(ann.cxc.i2t, image_id), "coco_caption_ids": _ids(ann.coco.i2t, image_id),
+        })
+
+    def _caption_row(self, caption_id: int) -> dict[str, Any]:
+        ann = self.annotations
+        eccv = caption_id in ann.eccv.t2i
+        original = ann.coco.t2i.get(caption_id)
+        return {
+            "caption": self.coco.captions.get(caption_id), "caption_id": caption_id,
+            "image_id": int(original[0]) if original is not None and len(original) else None,
+            "eccv_query": eccv,
+            "positive_image_ids": ann.eccv.t2i[caption_id].tolist() if eccv else [],
+            "positive_sources": ann.labels("t2i", caption_id) if eccv else [],
+            "cxc_image_ids": _ids(ann.cxc.t2i, caption_id), "coco_image_ids": _ids(ann.coco.t2i, caption_id),
+        }
+
+    def info(self):
+        from builders.eccv_positives.card import card_fields
+
+        return BuildInfo(
+            builder="eccv-positives", card_template="eccv_positives.md",
+            pretty_name="ECCV Caption positives" if not self.config.annotations_dir
+            else "ECCV Caption-style positives (new MITL version)",
+            config=self._config_record(),
+            card_fields=card_fields(self.config, self.annotations.statistics(),
+                                    read_mitl_report(self.config.annotations_dir)),
+        )
+
+
+    def _config_record(self) -> dict[str, Any]:
+        """The config, plus a digest of a custom annotation folder: re-ingesting verdicts changes
+        the files, not the folder name, and must not resume a build made from the old ones."""
+        record: dict[str, Any] = asdict(self.config)
+        if self.config.annotations_dir:
+            digest = hashlib.sha256()
+            for path in sorted(Path(self.config.annotations_dir).glob("*.json")):
+                digest.update(path.name.encode() + path.read_bytes())
+            record["annotations_sha256"] = digest.hexdigest()
+        return record
+
+
+def _ids(mapping: dict, key: int) -> list[int] | None:
+    """A query's positives, or None when the source has no such query (not the same as [])."""
+    return mapping[key].tolist() if key in mapping else None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--coco-root", default=None,
+                        help="COCO download for images, caption texts and instances (optional: "
+                             "without it rows hold ids only and there is no pm config)")
+    parser.add_argument("--annotations-dir", default=None,
+                        help="folder of positives in the eccv_caption file format (default: the "
+                             "installed eccv_caption package; `counterfactory eccv ingest` writes one)")
+    parser.add_argument("--pm-zeta", type=int, default=0,
+                        help="PM: max number of differing instance classes (paper PMRP: 0)")
+    parser.add_argument("--no-pm", dest="with_pm", action="store_false", help="skip the pm config")
+
+
+def from_args(args: argparse.Namespace) -> EccvPositivesBuilder:
+    return EccvPositivesBuilder(EccvPositivesConfig(
+        coco_root=str(args.coco_root) if args.coco_root else None,
+        annotations_dir=str(args.annotations_dir) if args.annotations_dir else None,
+        pm_zeta=args.pm_zeta, with_pm=args.with_pm))
+
+
+if __name__ == "__main__":
+    from builders.eccv_positives import builder as eccv_positives
+    from builders.registry import launch_main
+
+    sys.exit(launch_main(eccv_positives))

@@ -1,0 +1,160 @@
+"""Stage 1 of a MITL round: machine annotators propose candidate positives (METHOD.md §2).
+
+Queries are sampled from the gallery (`image_queries` images and `caption_queries` captions,
+seeded); every model retrieves its top-k (paper: 5) from the *whole* gallery for each query, by
+streaming top-k over the cached embeddings (no query x gallery matrix, so a 600K-caption gallery
+fits). The proposals are unioned and deduplicated; each candidate keeps the models that proposed
+it and their ranks (1 = best). Each query also records the union of the models' top-`exclusion_depth`
+(paper: 25), from which golden negatives must stay away.
+
+Output: one JSON file (`candidates.json`) holding the config, the gallery, the queries, the
+candidates and the exclusion lists: everything `counterfactory eccv tasks` needs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from builders.eccv_positives.embeddings import Gallery, gallery_embeddings
+from builders.infra.errors import InputFileError, UserFacingError
+
+log = logging.getLogger(__name__)
+
+MODALITIES = ("i2t", "t2i")
+
+
+@dataclass
+class CandidatesConfig:
+    """Example: `CandidatesConfig(coco_root="coco", models=("openai/clip-vit-base-patch32",))`."""
+
+    #: COCO download holding the gallery (images, captions, Karpathy split file).
+    coco_root: str
+    #: Machine annotators: transformers CLIP ids/folders or open_clip ids (see embeddings.py).
+    models: tuple[str, ...]
+    #: Karpathy splits forming the gallery (paper: the 5K test split).
+    splits: tuple[str, ...] = ("test",)
+    #: Sampled image and caption queries (paper: 1,261 and 1,333); capped at the gallery size.
+    image_queries: int = 1261
+    caption_queries: int = 1333
+    seed: int = 0
+    #: Candidates per model and query (paper: top-5).
+    k: int = 5
+    #: Golden negatives are drawn outside every model's top-`exclusion_depth` (paper: 25).
+    exclusion_depth: int = 25
+    #: Embedding cache (default: $COUNTERFACTORY_CACHE/eccv_embeddings).
+    cache_dir: str | None = None
+    batch_size: int = 64
+
+
+@dataclass
+class Candidates:
+    """What `find_candidates` returns and `candidates.json` holds."""
+
+    config: dict[str, Any]
+    gallery: Gallery
+    #: modality -> sampled query ids (image ids for i2t, caption ids for t2i), ascending.
+    queries: dict[str, list[int]]
+    #: One dict per candidate pair: modality, query_id, item_id, proposed_by {model: rank}.
+    candidates: list[dict[str, Any]]
+    #: modality -> str(query id) -> item ids in some model's top-`exclusion_depth`.
+    exclude: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"format": "counterfactory-eccv-candidates/1", "config": self.config,
+                "gallery": self.gallery.to_json(), "queries": self.queries,
+                "candidates": self.candidates, "exclude": self.exclude}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Candidates:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise InputFileError(path, f"cannot read the candidates file ({err})",
+                                 "pass the candidates.json written by `counterfactory eccv candidates`") from err
+        if not isinstance(data, dict) or data.get("format") != "counterfactory-eccv-candidates/1":
+            raise InputFileError(path, "is not a candidates file",
+                                 "pass the candidates.json written by `counterfactory eccv candidates`")
+        return cls(config=data["config"], gallery=Gallery.from_json(data["gallery"]),
+                   queries=data["queries"], candidates=data["candidates"], exclude=data["exclude"])
+
+
+def default_cache_dir() -> Path:
+    import os
+
+    cache = os.environ.get("COUNTERFACTORY_CACHE") or Path.home() / ".cache" / "counterfactory"
+    return Path(cache) / "eccv_embeddings"
+
+
+def sample_queries(gallery: Gallery, n_images: int, n_captions: int, seed: int) -> dict[str, list[int]]:
+    """Seeded sample without replacement, returned in ascending id order."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for modality, ids, n in (("i2t", gallery.image_ids, n_images), ("t2i", gallery.caption_ids, n_captions)):
+        if n > len(ids):
+            log.warning("%s: %d queries asked, the gallery has %d: using all", modality, n, len(ids))
+        picked = rng.choice(len(ids), size=min(n, len(ids)), replace=False)
+        out[modality] = sorted(int(ids[i]) for i in picked)
+    return out
+
+
+def model_topk(image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery,
+               queries: dict[str, list[int]], k: int) -> dict[str, np.ndarray]:
+    """Per modality, [n_queries x k] gallery ids of one model's top-k (ties: lower gallery index)."""
+    from metric_spaces.map_at_r.topk import topk_from_embeddings
+
+    image_row = {i: n for n, i in enumerate(gallery.image_ids)}
+    caption_row = {c: n for n, c in enumerate(gallery.caption_ids)}
+    i2t_q = image_emb[[image_row[q] for q in queries["i2t"]]]
+    t2i_q = caption_emb[[caption_row[q] for q in queries["t2i"]]]
+    out = {}
+    for modality, q, g, ids in (("i2t", i2t_q, caption_emb, gallery.caption_ids),
+                                ("t2i", t2i_q, image_emb, gallery.image_ids)):
+        if len(q) == 0:
+            out[modality] = np.empty((0, min(k, len(ids))), dtype=np.int64)
+            continue
+        index, _ = topk_from_embeddings(q, g, min(k, len(ids)))
+        out[modality] = np.asarray(ids, dtype=np.int64)[index]
+    return out
+
+
+def find_candidates(cfg: CandidatesConfig) -> Candidates:
+    if not cfg.models:
+        raise UserFacingError("no machine annotator given: pass at least one --model ID")
+    if len(set(cfg.models)) != len(cfg.models):
+        raise UserFacingError(f"a --model is given twice ({list(cfg.models)}); give each once")
+    if cfg.k < 1 or cfg.exclusion_depth < cfg.k:
+        raise UserFacingError(f"need 1 <= --k ({cfg.k}) <= --exclusion-depth ({cfg.exclusion_depth})")
+    gallery = Gallery.from_coco(cfg.coco_root, cfg.splits)
+    queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    proposed: dict[tuple[str, int, int], dict[str, int]] = {}
+    exclude: dict[str, dict[str, set[int]]] = {m: {} for m in MODALITIES}
+    for model in cfg.models:
+        image_emb, caption_emb = gallery_embeddings(model, gallery, cache, cfg.batch_size)
+        top = model_topk(image_emb, caption_emb, gallery, queries, cfg.exclusion_depth)
+        for modality in MODALITIES:
+            for query, row in zip(queries[modality], top[modality].tolist()):
+                exclude[modality].setdefault(str(query), set()).update(row)
+                for rank, item in enumerate(row[:cfg.k], start=1):
+                    proposed.setdefault((modality, query, item), {})[model] = rank
+    candidates = [{"modality": m, "query_id": q, "item_id": i, "proposed_by": by}
+                  for (m, q, i), by in sorted(proposed.items())]
+    n_raw = sum(len(by) for by in proposed.values())
+    log.info("%d proposals by %d models -> %d unique candidate pairs", n_raw, len(cfg.models),
+             len(candidates))
+    config = {**asdict(cfg), "models": list(cfg.models), "splits": list(cfg.splits),
+              "proposals": n_raw}
+    return Candidates(config=config, gallery=gallery, queries=queries, candidates=candidates,
+                      exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()})

@@ -1,0 +1,136 @@
+"""`counterfactory eccv candidates | tasks | ingest | model-bias`: a machine-in-the-loop round.
+
+    counterfactory eccv candidates --coco-root COCO --model ID --model ID ... --output run/candidates.json
+    counterfactory eccv tasks run/candidates.json --output run/tasks
+    (annotate run/tasks/label_studio_tasks.json in Label Studio, or fill in run/tasks/tasks.csv)
+    counterfactory eccv ingest export.json ... --tasks run/tasks --state run/state --output out/v2
+    counterfactory publish out/v2 --repo-id ORG/NAME --version v2.0.0
+    counterfactory eccv model-bias --tasks run/tasks --state run/state --output run/bias
+
+Heavy libraries are imported inside the handlers so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _candidates(args: argparse.Namespace) -> int:
+    from builders.eccv_positives.candidates import CandidatesConfig, find_candidates
+
+    cfg = CandidatesConfig(coco_root=str(args.coco_root), models=tuple(args.model),
+                           splits=tuple(args.splits), image_queries=args.image_queries,
+                           caption_queries=args.caption_queries, seed=args.seed, k=args.k,
+                           exclusion_depth=args.exclusion_depth,
+                           cache_dir=str(args.cache_dir) if args.cache_dir else None,
+                           batch_size=args.batch_size)
+    find_candidates(cfg).save(args.output)
+    return 0
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from builders.eccv_positives.tasks import TasksConfig, write_tasks
+
+    write_tasks(TasksConfig(candidates=str(args.candidates), output=str(args.output), seed=args.seed,
+                            image_url_template=args.image_url_template,
+                            embed_thumbnails=args.embed_thumbnails))
+    return 0
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from builders.eccv_positives.ingest import IngestConfig, ingest
+
+    report = ingest(IngestConfig(verdicts=tuple(str(v) for v in args.verdicts), tasks=str(args.tasks),
+                                 state=str(args.state), strict=args.strict,
+                                 exclude_failed_golden=not args.keep_failed_golden,
+                                 cxc_dir=str(args.cxc_dir) if args.cxc_dir else None))
+    if args.output is None:
+        return 0
+    from builders.eccv_positives.builder import EccvPositivesBuilder, EccvPositivesConfig
+    from builders.infra.sharding.runner import RunConfig, run_build
+
+    root = args.coco_root or report["candidates_config"]["coco_root"]
+    run_build(EccvPositivesBuilder(EccvPositivesConfig(
+        coco_root=str(root), annotations_dir=str(Path(args.state) / "annotations"),
+        pm_zeta=args.pm_zeta)), RunConfig(output_dir=args.output, overwrite=args.overwrite))
+    if args.repo_id:
+        from builders.infra.publishing.publish import PublishConfig, publish
+
+        publish(PublishConfig(output_dir=args.output, repo_id=args.repo_id, version=args.version))
+    return 0
+
+
+def _model_bias(args: argparse.Namespace) -> int:
+    from builders.eccv_positives.model_bias import ModelBiasConfig, score_models, write_report
+
+    cfg = ModelBiasConfig(tasks=str(args.tasks), state=str(args.state), output=str(args.output),
+                          models=tuple(args.model or ()),
+                          cache_dir=str(args.cache_dir) if args.cache_dir else None)
+    out = write_report(cfg, score_models(cfg))
+    print((out / "model_bias.md").read_text(), end="")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    eccv = subparsers.add_parser("eccv", help="machine-in-the-loop tooling for new ECCV Caption-style positives")
+    sub = eccv.add_subparsers(dest="eccv_command", metavar="STAGE", required=True)
+
+    p = sub.add_parser("candidates", help="machine annotators propose top-k candidate pairs",
+                       description="Embed the gallery with each model (cached), sample queries, "
+                       "retrieve each model's top-k, union them with per-model ranks.")
+    p.add_argument("--coco-root", type=Path, required=True, help="COCO download holding the gallery")
+    p.add_argument("--model", action="append", required=True, metavar="ID",
+                   help="a machine annotator (repeat): transformers CLIP id/folder, or open_clip "
+                        "as open_clip:ARCH[:TAG], hf-hub:ORG/REPO, local-dir:PATH")
+    p.add_argument("--splits", nargs="+", default=["test"], help="Karpathy splits of the gallery")
+    p.add_argument("--image-queries", type=int, default=1261, help="sampled image queries (paper: 1261)")
+    p.add_argument("--caption-queries", type=int, default=1333, help="sampled caption queries (paper: 1333)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k", type=int, default=5, help="candidates per model and query (paper: 5)")
+    p.add_argument("--exclusion-depth", type=int, default=25,
+                   help="golden negatives avoid every model's top-N (paper: 25)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="embedding cache")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--output", type=Path, required=True, help="candidates JSON file to write")
+    p.set_defaults(func=_candidates)
+
+    p = sub.add_parser("tasks", help="package candidates into 20-item verification tasks",
+                       description="18 candidates + 1 golden positive + 1 golden negative per task; "
+                       "exports Label Studio import JSON (+ label config) and CSV.")
+    p.add_argument("candidates", type=Path, help="candidates JSON from `eccv candidates`")
+    p.add_argument("--output", type=Path, required=True, help="folder for tasks.json and the exports")
+    p.add_argument("--seed", type=int, default=0, help="task shuffle seed")
+    p.add_argument("--image-url-template", default="/data/local-files/?d={file}",
+                   help="image reference with {file}, {file_name}, {image_id}")
+    p.add_argument("--embed-thumbnails", action="store_true",
+                   help="embed JPEG thumbnails (data: URIs) instead of image URLs")
+    p.set_defaults(func=_tasks)
+
+    p = sub.add_parser("ingest", help="quality-check verdicts and build the new positives",
+                       description="Ingest Label Studio JSON exports or CSV verdicts; exclude tasks "
+                       "failing a golden; vote; remove invalid captions; merge with CxC and COCO; "
+                       "optionally build (--output) and publish (--repo-id/--version).")
+    p.add_argument("verdicts", type=Path, nargs="+", help="Label Studio JSON exports or CSV files")
+    p.add_argument("--tasks", type=Path, required=True, help="tasks folder (or tasks.json)")
+    p.add_argument("--state", type=Path, required=True, help="folder accumulating verdicts")
+    p.add_argument("--strict", action="store_true", help="positives are '100%% YES' only")
+    p.add_argument("--keep-failed-golden", action="store_true",
+                   help="keep submissions that fail a golden item (default: excluded)")
+    p.add_argument("--cxc-dir", type=Path, default=None, help="CxC positives folder (default: eccv_caption's)")
+    p.add_argument("--output", type=Path, default=None, help="build the new version here")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous build in --output")
+    p.add_argument("--coco-root", type=Path, default=None, help="default: the candidates' COCO root")
+    p.add_argument("--pm-zeta", type=int, default=0)
+    p.add_argument("--repo-id", default=None, help="publish the build to this Hub dataset")
+    p.add_argument("--version", default=None, help="tag of the published version (v1.2.3)")
+    p.set_defaults(func=_ingest)
+
+    p = sub.add_parser("model-bias", help="rank models on single-annotator positive sets (Appendix E)")
+    p.add_argument("--tasks", type=Path, required=True)
+    p.add_argument("--state", type=Path, required=True)
+    p.add_argument("--model", action="append", default=None, metavar="ID",
+                   help="a model to rank (repeat; default: the round's annotators)")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--output", type=Path, required=True, help="folder for the table and the plot")
+    p.set_defaults(func=_model_bias)

@@ -1,0 +1,305 @@
+"""Stage 3 of a MITL round: human verdicts -> quality control -> positives -> a new version
+(METHOD.md §4).
+
+Verdicts come as Label Studio JSON exports (of `label_studio_tasks.json`) or CSV files with
+columns `task_id, item_id, worker_id, answer`. One worker's answers to one task form a
+submission; a submission must answer all 20 items once. Every file is checked completely before
+anything is stored, and the verdict store (`state/verdicts.json`) is replaced atomically, so a bad
+file is rejected with the file and row at fault and what was ingested before stays intact.
+
+Quality control: a submission fails when it calls its golden positive a NO or its golden
+negative a YES; failing submissions are excluded by default (counts per worker and per task are
+reported either way). A pair is positive when more than half of its kept verdicts are positive
+("100% YES" or "Partially YES", or only "100% YES" with `strict`). Then the invalid captions and
+the duplicate image of the paper's Appendix C.1 are removed and the result is merged with CxC and
+the original COCO pairs, written in the `eccv_caption` file format next to `mitl_report.json`,
+and built with the eccv-positives builder.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from builders.eccv_positives.annotations import (DUPLICATE_IMAGES, INVALID_CAPTION_IDS, MITL_REPORT,
+                                                 write_positives)
+from builders.eccv_positives.tasks import ANSWERS, load_tasks
+from builders.infra.errors import InputFileError
+
+log = logging.getLogger(__name__)
+
+CSV_COLUMNS = ("task_id", "item_id", "worker_id", "answer")
+
+
+@dataclass
+class IngestConfig:
+    """Example: `IngestConfig(verdicts=("export.json",), tasks="run/tasks", state="run/state")`."""
+
+    verdicts: tuple[str, ...]
+    #: tasks.json (or its folder) written by `counterfactory eccv tasks`.
+    tasks: str
+    #: Folder accumulating verdicts across calls; the positives are written to `state/annotations`.
+    state: str
+    #: Positives are "100% YES" only (default: also "Partially YES").
+    strict: bool = False
+    #: Drop submissions that fail a golden item (default, as the paper's qualification does).
+    exclude_failed_golden: bool = True
+    #: CxC positives to merge (folder in the eccv_caption format; default: the package's).
+    cxc_dir: str | None = None
+
+
+def _positive(answer: str, strict: bool) -> bool:
+    return answer == ANSWERS[0] or (not strict and answer == ANSWERS[1])
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputFileError(path, f"malformed verdict CSV: header lacks {missing}",
+                                 f"the header must name {', '.join(CSV_COLUMNS)}")
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            if any(not (row.get(c) or "").strip() for c in CSV_COLUMNS):
+                raise InputFileError(path, f"row {line}: empty {[c for c in CSV_COLUMNS if not (row.get(c) or '').strip()]}",
+                                     "fill in every column or drop the row")
+            rows.append({"task_id": row["task_id"].strip(), "item_id": row["item_id"].strip(),
+                         "worker": row["worker_id"].strip(), "answer": row["answer"].strip(),
+                         "where": f"row {line}"})
+    return rows
+
+
+def _worker(annotation: dict[str, Any]) -> str:
+    who = annotation.get("completed_by")
+    if isinstance(who, dict):
+        who = who.get("email") or who.get("id")
+    return str(who)
+
+
+def _read_label_studio(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputFileError(path, f"malformed JSON at line {err.lineno} column {err.colno}: "
+                             f"{err.msg}", "export the project again from Label Studio (JSON)") from err
+    if not isinstance(data, list):
+        raise InputFileError(path, "a Label Studio export is a JSON list of tasks",
+                             "export the project as JSON (not JSON-MIN or a single task)")
+    rows = []
+    for n, task in enumerate(data):
+        where = f"task #{n}"
+        try:
+            task_id, item_id = task["data"]["task_id"], task["data"]["item_id"]
+            annotations = task.get("annotations", [])
+            for annotation in annotations:
+                if annotation.get("was_cancelled"):
+                    continue
+                choices = [r["value"]["choices"] for r in annotation["result"]
+                           if r.get("from_name") == "answer"]
+                if len(choices) != 1 or len(choices[0]) != 1:
+                    raise InputFileError(path, f"{where} (item {item_id}): expected one answer "
+                                         f"choice, got {choices}", "re-annotate that item")
+                rows.append({"task_id": str(task_id), "item_id": str(item_id),
+                             "worker": _worker(annotation), "answer": choices[0][0], "where": where})
+        except (KeyError, TypeError) as err:
+            raise InputFileError(path, f"{where}: malformed Label Studio task (missing {err})",
+                                 "export with the label config written by `counterfactory eccv tasks`") from err
+    return rows
+
+
+def read_verdicts(path: Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileError(path, "verdict file is missing", "check the path")
+    if path.suffix.lower() == ".csv":
+        return _read_csv(path)
+    return _read_label_studio(path)
+
+
+class VerdictStore:
+    """Verdicts ingested so far (`state/verdicts.json`), replaced atomically."""
+
+    def __init__(self, state: Path) -> None:
+        self.path = Path(state) / "verdicts.json"
+        data = json.loads(self.path.read_text()) if self.path.is_file() else {"files": [], "verdicts": []}
+        self.files: list[dict[str, Any]] = data["files"]
+        self.verdicts: list[dict[str, Any]] = data["verdicts"]
+
+    def submissions(self) -> set[tuple[str, str]]:
+        return {(v["task_id"], v["worker"]) for v in self.verdicts}
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"files": self.files, "verdicts": self.verdicts}))
+        tmp.replace(self.path)
+
+
+def _check(rows: list[dict[str, Any]], path: Path, items: dict[str, dict[str, Any]],
+           task_sizes: dict[str, int], known: set[tuple[str, str]]) -> None:
+    """Unknown ids, bad answers, a task answered twice, incomplete submissions: one clear error."""
+    seen: dict[tuple[str, str, str], str] = {}
+    per_submission: Counter[tuple[str, str]] = Counter()
+    for row in rows:
+        where = f"{row['where']} (task {row['task_id']}, item {row['item_id']})"
+        if row["task_id"] not in task_sizes:
+            raise InputFileError(path, f"{where}: unknown task id", "verdicts must come from the "
+                                 "tasks written by `counterfactory eccv tasks` (pass that --tasks)")
+        item = items.get(row["item_id"])
+        if item is None or item["task_id"] != row["task_id"]:
+            raise InputFileError(path, f"{where}: unknown item id for this task",
+                                 "check the export belongs to these tasks")
+        if row["answer"] not in ANSWERS:
+            raise InputFileError(path, f"{where}: answer {row['answer']!r} is not one of {list(ANSWERS)}",
+                                 "use the label config written by `counterfactory eccv tasks`")
+        key = (row["task_id"], row["worker"], row["item_id"])
+        if key in seen:
+            raise InputFileError(path, f"{where}: worker {row['worker']} answered this item twice "
+                                 f"(also at {seen[key]})", "keep one answer per item")
+        if (row["task_id"], row["worker"]) in known:
+            raise InputFileError(path, f"{where}: task {row['task_id']} was already answered by "
+                                 f"worker {row['worker']} in an earlier verdict file",
+                                 "a task is answered once per worker; drop the repeated submission")
+        seen[key] = row["where"]
+        per_submission[(row["task_id"], row["worker"])] += 1
+    for (task_id, worker), n in per_submission.items():
+        if n != task_sizes[task_id]:
+            raise InputFileError(path, f"task {task_id}, worker {worker}: {n} of "
+                                 f"{task_sizes[task_id]} items answered",
+                                 "submit whole tasks (the golden items decide whether it counts)")
+
+
+def ingest(cfg: IngestConfig) -> dict[str, Any]:
+    """Check and store the new verdicts, then recompute the positives. Returns the report."""
+    manifest = load_tasks(Path(cfg.tasks))
+    items = {i["item_id"]: {**i, "task_id": t["task_id"]} for t in manifest["tasks"] for i in t["items"]}
+    task_sizes = {t["task_id"]: len(t["items"]) for t in manifest["tasks"]}
+    store = VerdictStore(Path(cfg.state))
+    known = store.submissions()
+    new_files, new_rows = [], []
+    for name in cfg.verdicts:
+        path = Path(name)
+        digest = _digest(path) if path.is_file() else None
+        if digest and any(f["sha256"] == digest for f in store.files + new_files):
+            log.info("%s: already ingested, skipped", path)
+            continue
+        rows = read_verdicts(path)
+        _check(rows, path, items, task_sizes, known)
+        submissions = {(r["task_id"], r["worker"]) for r in rows}
+        known |= submissions
+        new_files.append({"path": str(path), "sha256": digest, "submissions": len(submissions)})
+        new_rows += [{k: r[k] for k in ("task_id", "item_id", "worker", "answer")} for r in rows]
+    # Only now, with every new file valid, does the store change.
+    store.files += new_files
+    store.verdicts += new_rows
+    store.save()
+    return write_positives_for(store, manifest, items, cfg)
+
+
+def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: dict[str, dict[str, Any]],
+                        cfg: IngestConfig) -> dict[str, Any]:
+    """Quality control, vote, merge; writes `state/annotations/` and returns the report."""
+    from loading_scripts.eccv import Positives, read_positives
+
+    by_submission: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for v in store.verdicts:
+        by_submission[(v["task_id"], v["worker"])].append(v)
+    failed: set[tuple[str, str]] = set()
+    per_worker: dict[str, Counter[str]] = defaultdict(Counter)
+    per_task: dict[str, Counter[str]] = defaultdict(Counter)
+    votes: dict[tuple[str, int, int], Counter[bool]] = defaultdict(Counter)
+    for sub, verdicts in sorted(by_submission.items()):
+        ok = all(_positive(v["answer"], False) == (items[v["item_id"]]["kind"] == "golden_positive")
+                 for v in verdicts if items[v["item_id"]]["kind"] != "candidate")
+        if not ok:
+            failed.add(sub)
+        for counter in (per_worker[sub[1]], per_task[sub[0]]):
+            counter["submissions"] += 1
+            counter["failed_golden"] += not ok
+        if not ok and cfg.exclude_failed_golden:
+            continue
+        for v in verdicts:
+            item = items[v["item_id"]]
+            if item["kind"] == "candidate":
+                pair = (item["modality"], item["query_id"], item["image_id"] if item["modality"] == "t2i"
+                        else item["caption_id"])
+                votes[pair][_positive(v["answer"], cfg.strict)] += 1
+    human = {pair for pair, c in votes.items() if c[True] > c[False]}
+    from builders.eccv_positives.candidates import Candidates
+
+    cands = Candidates.load(Path(manifest["config"]["candidates"]))
+    g = cands.gallery
+    gallery_images, gallery_captions = set(g.image_ids), set(g.caption_ids)
+    coco_i2t: dict[int, list[int]] = defaultdict(list)
+    for caption, image in zip(g.caption_ids, g.caption_image_ids):
+        coco_i2t[image].append(caption)
+    coco = Positives(i2t={i: np.asarray(c) for i, c in coco_i2t.items()},
+                     t2i={c: np.asarray([i]) for c, i in g.caption_image.items()})
+    package_cxc = read_positives("cxc", Path(cfg.cxc_dir) if cfg.cxc_dir else None)
+    cxc = Positives(
+        i2t=_restricted(package_cxc.i2t, gallery_images, gallery_captions),
+        t2i=_restricted(package_cxc.t2i, gallery_captions, gallery_images))
+    merged: dict[str, dict[int, set[int]]] = {"i2t": {}, "t2i": {}}
+    for modality in ("i2t", "t2i"):
+        for query in manifest["queries"][modality]:
+            found = {item for (m, q, item) in human if m == modality and q == query}
+            for source in (cxc, coco):
+                found |= set(getattr(source, modality).get(query, np.empty(0)).tolist())
+            merged[modality][query] = found
+    removed = 0
+    for modality, invalid_items in (("i2t", INVALID_CAPTION_IDS), ("t2i", set(DUPLICATE_IMAGES))):
+        invalid_queries = set(DUPLICATE_IMAGES) if modality == "i2t" else INVALID_CAPTION_IDS
+        for query in list(merged[modality]):
+            if query in invalid_queries:
+                removed += len(merged[modality].pop(query))
+                continue
+            before = len(merged[modality][query])
+            merged[modality][query] -= invalid_items
+            removed += before - len(merged[modality][query])
+    eccv = Positives(**{m: {q: np.asarray(sorted(v), dtype=np.int64) for q, v in merged[m].items() if v}
+                        for m in ("i2t", "t2i")})
+    out = Path(cfg.state) / "annotations"
+    for name, positives in (("eccv", eccv), ("cxc", cxc), ("coco", coco)):
+        write_positives(positives, out, name)
+    report = {
+        "models": cands.config["models"], "candidates_config": cands.config,
+        "queries": {m: len(manifest["queries"][m]) for m in ("i2t", "t2i")},
+        "candidate_pairs": manifest["candidate_pairs"], "tasks": len(manifest["tasks"]),
+        "task_seed": manifest["config"]["seed"], "verdict_files": store.files,
+        "submissions": len(by_submission), "failed_golden": len(failed),
+        "failed_submissions": sorted(f"{t}/{w}" for t, w in failed),
+        "exclude_failed_golden": cfg.exclude_failed_golden, "strict": cfg.strict,
+        "verified_pairs": len(votes), "verified_positives": len(human), "removed_invalid": removed,
+        "per_worker": {w: dict(c) for w, c in sorted(per_worker.items())},
+        "per_task": {t: dict(c) for t, c in sorted(per_task.items())},
+        "human_positive_pairs": sorted([m, q, i] for m, q, i in human),
+        "config": {k: v for k, v in asdict(cfg).items() if k != "verdicts"},
+    }
+    (out / MITL_REPORT).write_text(json.dumps(report, indent=1))
+    log.info("ingested %d submissions (%d failed a golden); %d of %d verified pairs positive -> %s",
+             len(by_submission), len(failed), len(human), len(votes), out)
+    return report
+
+
+def _restricted(mapping: dict[int, np.ndarray], queries: set[int], items: set[int]) -> dict[int, np.ndarray]:
+    """A positive mapping cut to a gallery: queries and items both inside it, empty ones dropped."""
+    out = {}
+    for query, ids in mapping.items():
+        if query in queries:
+            kept = ids[np.isin(ids, list(items))]
+            if len(kept):
+                out[query] = kept
+    return out

@@ -1,0 +1,164 @@
+"""Model-bias analysis of a MITL round (the ECCV Caption paper's Appendix E; METHOD.md §5).
+
+From one round's human-verified positive pairs, build one positive set per machine annotator
+(the verified positives that annotator proposed: the dataset a single-model MITL round would
+have produced) and the set of all of them. Every evaluated model then retrieves over the full
+gallery, and is scored with mAP@R (also R-Precision and R@1) on each set. A dataset free of model
+bias ranks the models the same way whichever annotator built it; the bias of a set Θ is
+B_Θ = mean over models |s_Θ(model) - s_All(model)| (the paper's Eq. E.5), split into self-bias
+(models in Θ) and non-self-bias (the others).
+
+Writes `model_bias.csv`, `model_bias.md` and `model_bias.png` (one line per evaluated model
+across the annotation sets) into the output folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from builders.eccv_positives.annotations import MITL_REPORT
+from builders.eccv_positives.candidates import Candidates, default_cache_dir
+from builders.eccv_positives.embeddings import gallery_embeddings
+from builders.eccv_positives.tasks import load_tasks
+from builders.infra.errors import InputFileError, UserFacingError
+
+log = logging.getLogger(__name__)
+
+ALL = "all"
+METRICS = ("map_at_r", "r_precision", "recall_at_1")
+
+
+@dataclass
+class ModelBiasConfig:
+    """Example: `ModelBiasConfig(tasks="run/tasks", state="run/state", output="run/bias")`."""
+
+    tasks: str
+    #: The ingest state folder (its `annotations/mitl_report.json` holds the verified pairs).
+    state: str
+    output: str
+    #: Models to rank (default: the machine annotators of the round).
+    models: tuple[str, ...] = ()
+    cache_dir: str | None = None
+
+
+def annotation_sets(report: dict[str, Any], cands: Candidates) -> dict[str, dict[str, dict[int, list[int]]]]:
+    """Set name (an annotator id, or `all`) -> modality -> query id -> positive ids."""
+    proposers = {(c["modality"], c["query_id"], c["item_id"]): set(c["proposed_by"]) for c in cands.candidates}
+    sets: dict[str, dict[str, dict[int, list[int]]]] = {}
+    for name in [*report["models"], ALL]:
+        chosen: dict[str, dict[int, list[int]]] = {"i2t": {}, "t2i": {}}
+        for modality, query, item in report["human_positive_pairs"]:
+            if name == ALL or name in proposers.get((modality, query, item), ()):
+                chosen[modality].setdefault(query, []).append(item)
+        sets[name] = chosen
+    return sets
+
+
+def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
+    """One row per (evaluated model, annotation set, modality) with mAP@R, R-P and R@1."""
+    from metric_spaces.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
+
+    report_path = Path(cfg.state) / "annotations" / MITL_REPORT
+    if not report_path.is_file():
+        raise InputFileError(report_path, "no ingested verdicts", "run `counterfactory eccv ingest` first")
+    report = json.loads(report_path.read_text())
+    cands = Candidates.load(Path(load_tasks(Path(cfg.tasks))["config"]["candidates"]))
+    sets = annotation_sets(report, cands)
+    models = list(cfg.models) or list(report["models"])
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    g = cands.gallery
+    rows = []
+    for model in models:
+        images, captions = gallery_embeddings(model, g, cache)
+        sims = {"i2t": (images, captions, g.image_ids, g.caption_ids),
+                "t2i": (captions, images, g.caption_ids, g.image_ids)}
+        for set_name, positives in sets.items():
+            for modality, (q_emb, g_emb, q_ids, g_ids) in sims.items():
+                pos = positives[modality]
+                if not pos:
+                    continue
+                row_of = {q: n for n, q in enumerate(q_ids)}
+                queries = sorted(pos)
+                similarity = q_emb[[row_of[q] for q in queries]] @ g_emb.T
+                scores = retrieval_scores_from_similarity(
+                    similarity, {q: pos[q] for q in queries}, queries, g_ids,
+                    RetrievalMetricConfig(k_values=(1,))).as_dict()
+                rows.append({"model": model, "annotation_set": set_name, "modality": modality,
+                             "queries": len(queries), **{m: scores[m] for m in METRICS}})
+    if not rows:
+        raise UserFacingError(f"{report_path}: no verified positive pair to score models on")
+    return rows
+
+
+def bias(rows: list[dict[str, Any]], metric: str = "map_at_r") -> dict[str, dict[str, float]]:
+    """Per single-annotator set Θ and modality: B_Θ, self-bias and non-self-bias (Eq. E.5)."""
+    score = {(r["model"], r["annotation_set"], r["modality"]): r[metric] for r in rows}
+    models = sorted({r["model"] for r in rows})
+    out: dict[str, dict[str, float]] = {}
+    for set_name in sorted({r["annotation_set"] for r in rows} - {ALL}):
+        for modality in ("i2t", "t2i"):
+            gaps = {m: abs(score[(m, set_name, modality)] - score[(m, ALL, modality)])
+                    for m in models if (m, set_name, modality) in score and (m, ALL, modality) in score}
+            if not gaps:
+                continue
+            own = [v for m, v in gaps.items() if m == set_name]
+            other = [v for m, v in gaps.items() if m != set_name]
+            out[f"{set_name}/{modality}"] = {
+                "bias": float(np.mean(list(gaps.values()))),
+                "self_bias": float(np.mean(own)) if own else float("nan"),
+                "non_self_bias": float(np.mean(other)) if other else float("nan")}
+    return out
+
+
+def write_report(cfg: ModelBiasConfig, rows: list[dict[str, Any]]) -> Path:
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "model_bias.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    sets = list(dict.fromkeys(r["annotation_set"] for r in rows))
+    lines = []
+    for modality in ("i2t", "t2i"):
+        lines += [f"### {modality} mAP@R (rows: evaluated model, columns: annotation set)", "",
+                  "| model | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            cells = {r["annotation_set"]: r["map_at_r"] for r in rows
+                     if r["model"] == model and r["modality"] == modality}
+            lines.append(f"| {model} | " + " | ".join(f"{cells[s]:.4f}" if s in cells else "-"
+                                                     for s in sets) + " |")
+        lines.append("")
+    lines += ["### Bias (Eq. E.5, mAP@R)", "", "| set/modality | B | self | non-self |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['bias']:.4f} | {v['self_bias']:.4f} | {v['non_self_bias']:.4f} |"
+              for k, v in bias(rows).items()]
+    (out / "model_bias.md").write_text("\n".join(lines) + "\n")
+    _plot(rows, sets, out / "model_bias.png")
+    return out
+
+
+def _plot(rows: list[dict[str, Any]], sets: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, modality in zip(axes, ("i2t", "t2i")):
+        for model in dict.fromkeys(r["model"] for r in rows):
+            cells = {r["annotation_set"]: r["map_at_r"] for r in rows
+                     if r["model"] == model and r["modality"] == modality}
+            ax.plot(range(len(sets)), [cells.get(s, np.nan) for s in sets], marker="o",
+                    label=Path(model).name or model)
+        ax.set_xticks(range(len(sets)), [Path(s).name or s for s in sets], rotation=30, ha="right")
+        ax.set_title(f"{modality} mAP@R by annotation set")
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
