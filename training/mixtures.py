@@ -182,15 +182,11 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
     cf_columns = ["caption_0", "caption_1"] + (["source_image_id"] if "source_image_id" in cf.column_names else [])
     meta = cf.select_columns(cf_columns).to_dict()
     n_pairs = len(cf)
-    real_frac, cf_frac = CF_FRACTIONS[cfg.mix]
+    n_real, n_whole, n_extra = cf_counts(n_pairs, cfg.mix)
     # The real part (a.): each pair's original caption with its real image.
-    real_pairs = rng.permutation(n_pairs)[:math.ceil(real_frac * n_pairs)] if real_frac < 1 else np.arange(n_pairs)
+    real_pairs = rng.permutation(n_pairs)[:n_real]
     order = rng.permutation(n_pairs)
-    if cfg.mix == "cf:medium":  # a fraction of the rows: whole pairs, plus one row if odd
-        n_rows = math.ceil(cf_frac * 2 * n_pairs)
-        whole, extra = order[:n_rows // 2], order[n_rows // 2:n_rows // 2 + n_rows % 2]
-    else:
-        whole, extra = order[:math.ceil(cf_frac * n_pairs)], order[:0]
+    whole, extra = order[:n_whole], order[n_whole:n_whole + n_extra]
     examples.tables.extend(real_tables)
     cf_k = len(examples.tables)
     examples.tables.append(cf)
@@ -223,6 +219,15 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
     validation = examples.subset([i for u in val_units for i in units[u]])
     heldout = [(cf_k, examples.row[units[u][0]]) for u in val_units if len(units[u]) == 2]
     return Mixture(train, validation, heldout, records, dict(skipped))
+
+
+def cf_counts(n_pairs: int, mix: str) -> tuple[int, int, int]:
+    """(real examples, whole counterfactual pairs, single counterfactual rows) of a `cf:` mix."""
+    real_frac, cf_frac = CF_FRACTIONS[mix]
+    if mix == "cf:medium":  # a fraction of the rows: whole pairs, plus one row if odd
+        n_rows = math.ceil(cf_frac * 2 * n_pairs)
+        return math.ceil(real_frac * n_pairs), n_rows // 2, n_rows % 2
+    return math.ceil(real_frac * n_pairs), math.ceil(cf_frac * n_pairs), 0
 
 
 def _image_rows(tables: list[datasets.Dataset]) -> dict[int, tuple[int, int]]:

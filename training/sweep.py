@@ -1,0 +1,169 @@
+"""Several seeds of one finetuning command, mean ± std per metric, and a one-tailed Welch t-test
+against a baseline sweep (the COCO-Counterfactuals paper's protocol: 25 seeds, 107-131 with
+data seeds 108-132, Le et al. 2023 §5.1).
+
+    python training/sweep.py --seeds 107-131 --data-seed-offset 1 --output runs/medium \
+        --baseline runs/real-only -- --real ORG/coco-captions --counterfactuals ORG/cf --mix cf:medium ...
+
+Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, so an interrupted
+sweep continues). OUTPUT/summary.json holds every seed's final metrics; summary.md the table
+(mean ± std, and with `--baseline` the baseline's mean ± std and the one-tailed p-value: "higher
+than the baseline", or "lower" for losses); summary.png one panel per metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import training  # noqa: F401
+except ImportError:  # run as a script from a checkout whose install predates `training/`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from builders.infra.errors import UserFacingError  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`107-131` or `1,2,5`."""
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))
+            return list(range(lo, hi + 1))
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserFacingError(f"--seeds {text!r}: give a range like 107-131 or a list like 1,2,5") from None
+
+
+def run_seeds(seeds: list[int], output: Path, train_args: list[str], data_seed_offset: int | None) -> None:
+    from training.config import build_parser, config_from_args
+    from training.trainer import run
+
+    for seed in seeds:
+        out = output / f"seed-{seed}"
+        if (out / "run.json").is_file() and "final_metrics" in json.loads((out / "run.json").read_text()):
+            log.info("seed %d already finished in %s", seed, out)
+            continue
+        args = [*train_args, "--seed", str(seed), "--output", str(out)]
+        if data_seed_offset is not None:
+            args += ["--data-seed", str(seed + data_seed_offset)]
+        run(config_from_args(build_parser().parse_args(args)))
+
+
+def collect(output: Path) -> dict[str, dict[str, float]]:
+    """seed folder name -> final metrics of every finished seed under `output`."""
+    out = {}
+    for run_json in sorted(output.glob("seed-*/run.json")):
+        record = json.loads(run_json.read_text())
+        if "final_metrics" in record:
+            out[run_json.parent.name] = record["final_metrics"]
+    if not out:
+        raise UserFacingError(f"{output}: no finished seed-*/run.json; run the sweep first")
+    return out
+
+
+def welch_one_tailed(a: np.ndarray, b: np.ndarray, greater: bool) -> float:
+    """p-value of Welch's t-test, H1: mean(a) > mean(b) (or < when not `greater`)."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    return float(stats.ttest_ind(a, b, equal_var=False,
+                                 alternative="greater" if greater else "less").pvalue)
+
+
+def summarize(output: Path, baseline: Path | None = None) -> dict:
+    runs = collect(output)
+    base = collect(baseline) if baseline else None
+    names = sorted(set.intersection(*(set(m) for m in runs.values())))
+    rows = []
+    for name in names:
+        values = np.array([m[name] for m in runs.values()], dtype=float)
+        row = {"metric": name, "n": len(values), "mean": float(values.mean()),
+               "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+        if base is not None and all(name in m for m in base.values()):
+            b = np.array([m[name] for m in base.values()], dtype=float)
+            row.update(baseline_mean=float(b.mean()),
+                       baseline_std=float(b.std(ddof=1)) if len(b) > 1 else 0.0,
+                       p_value=welch_one_tailed(values, b, greater="loss" not in name))
+        rows.append(row)
+    summary = {"runs": runs, "baseline_runs": base, "metrics": rows}
+    (output / "summary.json").write_text(json.dumps(summary, indent=1))
+    (output / "summary.md").write_text(_markdown(rows, base is not None))
+    _plot(rows, output / "summary.png")
+    return summary
+
+
+def _markdown(rows: list[dict], with_baseline: bool) -> str:
+    head = "| metric | n | mean ± std |" + (" baseline mean ± std | one-tailed p |" if with_baseline else "")
+    sep = "|---|---|---|" + ("---|---|" if with_baseline else "")
+    lines = [head, sep]
+    for r in rows:
+        line = f"| {r['metric']} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
+        if with_baseline:
+            line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {r['p_value']:.4g} |"
+                     if "p_value" in r else " - | - |")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(rows))
+    cols = min(4, n)
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3 * cols, 2.5 * ((n + cols - 1) // cols)),
+                             squeeze=False)
+    for ax, r in zip(axes.flat, rows):
+        labels, means, stds = ["run"], [r["mean"]], [r["std"]]
+        if "baseline_mean" in r:
+            labels.insert(0, "baseline")
+            means.insert(0, r["baseline_mean"])
+            stds.insert(0, r["baseline_std"])
+        ax.bar(labels, means, yerr=stds, capsize=4, color=["#999999", "#3366cc"][-len(labels):])
+        title = r["metric"] + (f"\np={r['p_value']:.3g}" if "p_value" in r else "")
+        ax.set_title(title, fontsize=7)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", required=True, help="107-131 or 1,2,5")
+    p.add_argument("--data-seed-offset", type=int, default=None,
+                   help="data seed = seed + offset (the paper: 1); default: the command's --data-seed")
+    p.add_argument("--output", required=True)
+    p.add_argument("--baseline", default=None, help="a finished sweep folder to test against")
+    p.add_argument("--summarize-only", action="store_true")
+    args = p.parse_args(own)
+    try:
+        output = Path(args.output)
+        if not args.summarize_only:
+            run_seeds(parse_seeds(args.seeds), output, train_args, args.data_seed_offset)
+        summarize(output, Path(args.baseline) if args.baseline else None)
+    except UserFacingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
