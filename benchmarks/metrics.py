@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from builders.infra.metrics.retrieval_eccv import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
+from metric_spaces.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
 
 __all__ = ["run_retrieval_benchmark"]
 

@@ -11,16 +11,16 @@ import pytest
 import scipy.sparse
 import torch
 
-import builders.infra.metrics.odmap as odmap_module
-from builders.infra.metrics.odmap import (
+import metric_spaces.odmap.odmap_scores as odmap_module
+from metric_spaces.odmap.odmap_scores import (
     average_precision_at_k,
     gallery_mentions,
     odmap,
     odmap_from_topk,
-    topk_from_embeddings,
 )
-from builders.infra.text.class_match import COCO_CLASSES, COCO_TABLE
-from builders.infra.text.noun_phrases import NounPhraseCache, chunk_captions
+from metric_spaces.map_at_r.topk import topk_from_embeddings
+from metric_spaces.odmap.class_match import COCO_CLASSES, COCO_TABLE
+from metric_spaces.odmap.noun_phrases import NounPhraseCache, chunk_captions
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import (  # noqa: E402

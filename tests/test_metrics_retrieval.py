@@ -1,4 +1,4 @@
-"""The mAP@R family: evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) worked examples, a brute-force reference, eccv_caption parity."""
+"""The mAP@R family: metric_spaces/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) worked examples, a brute-force reference, eccv_caption parity."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from builders.infra.errors import UserFacingError
-from builders.infra.metrics.retrieval import (
+from metric_spaces.map_at_r.retrieval import (
     RetrievalInputError,
     RetrievalMetricConfig,
     ranking_depth,
@@ -18,7 +17,7 @@ from builders.infra.metrics.retrieval import (
     retrieval_scores_from_similarity,
     retrieval_scores_from_topk,
 )
-from builders.infra.metrics.retrieval_topk import as_score_tensor, stable_topk
+from metric_spaces.map_at_r.topk import as_score_matrix, stable_topk
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # eccv_caption warns that ujson is missing
@@ -28,7 +27,7 @@ with warnings.catch_warnings():
 # ----------------------------------------------------------------------------- brute force
 
 def brute_force(ranking, positives, k_values=(1, 5, 10), cap=None):
-    """One query, straight from the definitions in evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) (a Python loop, no numpy)."""
+    """One query, straight from the definitions in metric_spaces/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) (a Python loop, no numpy)."""
     gt = set(positives)
     r = len(gt)
 
@@ -67,18 +66,18 @@ NEG = list(range(100, 120))
 
 
 @pytest.mark.parametrize("ranking, expected_ap, expected_r1", [
-    ([100] + EIGHT + NEG, 0.660, 0.0),        # (A) only the top-1 wrong
+    ([99] + EIGHT + NEG, 0.660, 0.0),         # (A) only the top-1 wrong
     ([0] + NEG, 0.125, 1.0),                  # (B) only the top-1 right
     (NEG[:5] + EIGHT, 0.103, 0.0),            # (C) top-1..5 wrong, the rest right
     (NEG[:4] + [0] + NEG[4:], 0.025, 0.0),    # (D) only the 5th right
 ])
-def test_spec_worked_examples_with_eight_positives(ranking, expected_ap, expected_r1):
+def test_worked_examples_with_eight_positives(ranking, expected_ap, expected_r1):
     s = retrieval_scores([ranking], [EIGHT])
     assert round(s.map_at_r, 3) == expected_ap
     assert s.recall_at_k[1] == expected_r1
 
 
-def test_spec_worked_examples_with_three_positives():
+def test_worked_examples_with_three_positives():
     s = retrieval_scores({"a": [10, 99, 11, 12], "b": [99, 10, 11]},
                          {"a": [10, 11, 12], "b": [12, 11, 10]}, RetrievalMetricConfig(k_values=(1,)))
     assert round(float(s.per_query["map_at_r"][0]), 4) == 0.5556
@@ -95,7 +94,7 @@ def test_rankings_equal_brute_force(seed):
     rng = np.random.default_rng(seed)
     rankings, positives = random_case(rng, 200, np.arange(30) * 7 + 1000, extra=5)
     ap, rp, rec = brute_force_means(rankings, positives)
-    s = retrieval_scores(rankings, positives)
+    s = retrieval_scores(rankings, positives, RetrievalMetricConfig(allow_duplicates=True))
     assert s.map_at_r == pytest.approx(ap, abs=1e-12)
     assert s.r_precision == pytest.approx(rp, abs=1e-12)
     assert s.recall_at_k == pytest.approx(rec, abs=1e-12)
@@ -103,18 +102,31 @@ def test_rankings_equal_brute_force(seed):
     np.testing.assert_allclose(s.per_query["map_at_r"], [p[0] for p in per], atol=1e-12)
 
 
-def test_duplicates_count_once_in_the_denominator_but_per_position_in_the_sum():
-    # R = 2; t = [5, 5, 7]: rprecision(1) = 1, rprecision(2) = 1/1 (set {5}), so AP = (1 + 1) / 2.
-    s = retrieval_scores([[5, 5, 7]], [[5, 6, 6]], RetrievalMetricConfig(k_values=(1,)))
+def test_duplicates_raise_unless_allowed_then_count_like_the_reference():
+    with pytest.raises(RetrievalInputError, match=r"ranking of query 0 repeats id 5 \(positions 0 and 1"):
+        retrieval_scores([[5, 5, 7]], [[5, 6, 6]], RetrievalMetricConfig(k_values=(1,)))
+    # The issue's case: eccv_caption scores [10, 10, 10] against {10, 11, 12} as mAP@R 1.0.
+    with pytest.raises(RetrievalInputError, match="query 'b' repeats id 10"):
+        retrieval_scores({"a": [10, 11, 12], "b": [10, 10, 10]}, {"a": [10], "b": [10, 11, 12]},
+                         RetrievalMetricConfig(k_values=(1,)))
+    # Parity mode, R = 2; t = [5, 5, 7]: rprecision(1) = 1, rprecision(2) = 1/1 (set {5}), so
+    # AP = (1 + 1) / 2: a repeat counts once in the denominator but per position in the sum.
+    s = retrieval_scores([[5, 5, 7]], [[5, 6, 6]],
+                         RetrievalMetricConfig(k_values=(1,), allow_duplicates=True))
     assert s.map_at_r == 1.0 == brute_force([5, 5, 7], [5, 6, 6])[0]
     assert s.r_precision == 1.0
+    ranked, gts = {0: [10, 10, 10]}, {0: [10, 11, 12]}
+    ref = reference.compute_eccv_metrics(ranked, gts)
+    s = retrieval_scores(ranked, gts, RetrievalMetricConfig(k_values=(1,), allow_duplicates=True))
+    assert s.map_at_r == ref["eccv_map_at_r"] == 1.0
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_pmrp_cap_and_metric_selection_equal_brute_force(seed):
     rng = np.random.default_rng(100 + seed)
     rankings, positives = random_case(rng, 150, np.arange(80), max_pos=40)
-    cfg = RetrievalMetricConfig(k_values=(), map_at_r=False, r_precision=True, r_precision_cap=5)
+    cfg = RetrievalMetricConfig(k_values=(), map_at_r=False, r_precision=True, r_precision_cap=5,
+                                allow_duplicates=True)
     short = [t[:5] for t in rankings]  # min(R, 5) items suffice
     s = retrieval_scores(short, positives, cfg)
     assert s.map_at_r is None and s.recall_at_k == {}
@@ -126,7 +138,7 @@ def test_input_forms_agree_dict_list_array_tensor():
     rankings, positives = random_case(rng, 50, np.arange(40))
     width = min(len(t) for t in rankings)
     table = np.array([t[:width] for t in rankings])
-    cfg = RetrievalMetricConfig(k_values=(1, 3))
+    cfg = RetrievalMetricConfig(k_values=(1, 3), allow_duplicates=True)
     depth_ok = [i for i, p in enumerate(positives) if len(set(p)) <= width]
     table = table[depth_ok]
     pos = [positives[i] for i in depth_ok]
@@ -146,7 +158,8 @@ def test_reference_functions_agree_on_random_rankings(seed):
     rankings, positives = random_case(rng, 120, np.arange(25), max_pos=8, extra=4)
     ranked = dict(enumerate(rankings))
     gts = dict(enumerate(positives))
-    ours = retrieval_scores(ranked, gts, RetrievalMetricConfig(k_values=(1, 5, 10)))
+    ours = retrieval_scores(ranked, gts, RetrievalMetricConfig(k_values=(1, 5, 10),
+                                                               allow_duplicates=True))
     ref = reference.compute_eccv_metrics(ranked, gts)
     assert ours.map_at_r == pytest.approx(ref["eccv_map_at_r"], abs=1e-9)
     assert ours.r_precision == pytest.approx(ref["eccv_rprecision"], abs=1e-9)
@@ -199,7 +212,7 @@ def test_stable_topk_equals_a_stable_argsort(seed):
     sim[3] = 0.0
     sim[4, ::2] = -0.0  # -0.0 == 0.0: a tie, not an order
     sim[5, 7] = np.inf
-    scores = as_score_tensor(sim)
+    scores = as_score_matrix(sim)
     for k in (1, 7, 61, 90):
         expected = np.argsort(-sim, axis=1, kind="stable")[:, :k]
         np.testing.assert_array_equal(stable_topk(scores, k, chunk_rows=5), expected)
@@ -216,7 +229,7 @@ def test_topk_entry_point_and_ranking_depth():
     cfg = RetrievalMetricConfig(k_values=(1, 5))
     depth = ranking_depth(gts, cfg)
     assert depth == max(5, max(len(p) for p in gts.values()))
-    top = stable_topk(as_score_tensor(sim), depth)
+    top = stable_topk(as_score_matrix(sim), depth)
     assert retrieval_scores_from_topk(top, np.arange(20), gts, cfg).as_dict() == \
         retrieval_scores_from_similarity(sim, gts, config=cfg).as_dict()
 
@@ -247,10 +260,11 @@ def test_topk_entry_point_and_ranking_depth():
     (lambda: retrieval_scores_from_similarity(np.zeros(3), [[0]]), "must be 2-D"),
     (lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), [[0]]), "2 rows but positives has 1"),
 ])
-def test_bad_input_raises_a_clear_user_facing_value_error(call, message):
+def test_bad_input_raises_a_clear_value_error(call, message):
+    # A plain ValueError: the metric Space must not depend on the project's error classes.
     with pytest.raises(RetrievalInputError, match=message) as info:
         call()
-    assert isinstance(info.value, UserFacingError) and isinstance(info.value, ValueError)
+    assert isinstance(info.value, ValueError)
 
 
 # ----------------------------------------------------------------------------- the ECCV Caption suite
@@ -261,7 +275,7 @@ ALL_BUT_PMRP = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_a
 
 @pytest.fixture(scope="module")
 def annotations():
-    from builders.infra.metrics.retrieval_eccv import EccvAnnotations
+    from metric_spaces.map_at_r.eccv_suite import EccvAnnotations
 
     return EccvAnnotations.load()
 
@@ -315,10 +329,11 @@ def assert_same(ours, ref, keys):
 
 
 def test_suite_equals_eccv_caption_on_random_rankings(annotations, reference_metrics):
-    from builders.infra.metrics.retrieval_eccv import EccvSuiteConfig, eccv_suite
+    from metric_spaces.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
 
     i2t, t2i = random_eccv_rankings(annotations, seed=0)
-    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(ALL_BUT_PMRP + ("eccv_recalls",)), annotations)
+    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(ALL_BUT_PMRP + ("eccv_recalls",),
+                                                allow_duplicates=True), annotations)
     ref = reference_metrics.compute_all_metrics(i2t, t2i, target_metrics=ALL_BUT_PMRP,
                                                 Ks=(1, 5, 10), verbose=False)
     assert set(ref) < set(ours)
@@ -329,14 +344,15 @@ def test_suite_equals_eccv_caption_on_random_rankings(annotations, reference_met
         assert_same(ours, {f"eccv_r{k}": reference_metrics.eccv_recalls(
             {"i2t": i2t, "t2i": t2i}, "all", K=k)}, [f"eccv_r{k}"])
     # 0.1.0 returns nothing for eccv_rprecision alone (a key typo); ours returns it.
-    alone = eccv_suite(i2t, t2i, EccvSuiteConfig(("eccv_rprecision",)), annotations)
+    alone = eccv_suite(i2t, t2i, EccvSuiteConfig(("eccv_rprecision",), allow_duplicates=True),
+                       annotations)
     assert alone == {"eccv_rprecision": ours["eccv_rprecision"]}
 
 
 def test_pmrp_equals_eccv_caption_on_top50_rankings(annotations, tmp_path):
     import json
 
-    from builders.infra.metrics.retrieval_eccv import EccvSuiteConfig, eccv_suite
+    from metric_spaces.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
     from loading_scripts.eccv import pm_positives
 
     rng = np.random.default_rng(3)
@@ -358,14 +374,15 @@ def test_pmrp_equals_eccv_caption_on_top50_rankings(annotations, tmp_path):
         from eccv_caption import Metrics
 
         ref = Metrics(extra_file_dir=str(tmp_path)).pmrp({"i2t": i2t, "t2i": t2i}, "all")
-    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(("pmrp",)), replace(annotations, pm=pm))
+    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(("pmrp",), allow_duplicates=True),
+                      replace(annotations, pm=pm))
     assert ours.keys() == {"pmrp"}
     assert_same(ours, {"pmrp": ref}, ["pmrp"])
     assert 0.01 < ours["pmrp"]["i2t"] < 0.9
 
 
 def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
-    from builders.infra.metrics.retrieval_eccv import EccvSuiteConfig, eccv_suite, eccv_suite_from_similarity
+    from metric_spaces.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite, eccv_suite_from_similarity
 
     rng = np.random.default_rng(4)
     image_ids = rng.permutation(np.array(list(annotations.coco.i2t)))
@@ -379,7 +396,7 @@ def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
     sim = sim.astype(np.float32)
     cfg = EccvSuiteConfig(ALL_BUT_PMRP)
     ours = eccv_suite_from_similarity(sim, image_ids, caption_ids, cfg, annotations)
-    scores = as_score_tensor(sim)
+    scores = as_score_matrix(sim)
     i2t = {int(q): caption_ids[r].tolist() for q, r in zip(image_ids, stable_topk(scores, 200))}
     t2i = {int(q): image_ids[r].tolist() for q, r in zip(caption_ids, stable_topk(scores.T, 200))}
     whole = tuple(m for m in ALL_BUT_PMRP if not m.startswith("coco_1k"))
@@ -399,14 +416,14 @@ def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
      "t2i rankings contain .* not COCO 5K test image ids"),
     (lambda s, a: s.eccv_suite({i: [int(a.coco_test_ids[0])] * 60 for i in a.coco.i2t},
                                {c: [int(a.coco.t2i[c][0])] * 60 for c in a.coco.t2i},
-                               s.EccvSuiteConfig(("coco_1k_recalls",)), a),
+                               s.EccvSuiteConfig(("coco_1k_recalls",), allow_duplicates=True), a),
      r"coco_1k \(i2t\): fold 2, after keeping only the fold's items: the ranking of query "
      r"\d+ has 0 items but 10"),
     (lambda s, a: s.eccv_suite_from_similarity(np.zeros((2, 2)), [1, 2], [3, 4], None, a),
      "image_ids must be the 5000 distinct COCO 5K test image ids"),
 ])
 def test_suite_bad_input_raises(annotations, call, message):
-    from builders.infra.metrics import retrieval_eccv
+    from metric_spaces.map_at_r import eccv_suite as retrieval_eccv
 
     with pytest.raises(RetrievalInputError, match=message):
         call(retrieval_eccv, annotations)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import builders.infra.text.noun_phrases as noun_phrases_module
-from builders.infra.text.class_match import ClassMatcher
-from builders.infra.text.noun_phrases import (
+import metric_spaces.odmap.noun_phrases as noun_phrases_module
+from metric_spaces.odmap.class_match import ClassMatcher
+from metric_spaces.odmap.noun_phrases import (
     REASON_NO_MATCH,
     REASON_NOTHING_LEFT,
     NounPhraseCache,

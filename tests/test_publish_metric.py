@@ -12,10 +12,10 @@ from huggingface_hub import HfApi
 
 from builders.infra.cli import main as cli_main
 from builders.infra.errors import UserFacingError
-from builders.infra.metrics.odmap import odmap_from_topk
+from metric_spaces.odmap.odmap_scores import odmap_from_topk
 from builders.infra.publishing.metric import MetricPublishConfig, publish_metric
 
-MODULES = Path(__file__).resolve().parents[1] / "evaluate_modules"
+MODULES = Path(__file__).resolve().parents[1] / "metric_spaces"
 
 
 def test_published_metric_loads_by_tag_from_the_hub(local_hub, capsys):
@@ -42,5 +42,5 @@ def test_published_metric_loads_by_tag_from_the_hub(local_hub, capsys):
 
 
 def test_repo_name_must_match_the_module_file(local_hub):
-    with pytest.raises(UserFacingError, match=r"fetches odmap-metric.py.*found \['odmap.py'\]"):
+    with pytest.raises(UserFacingError, match=r"fetches odmap-metric.py.*found \[.*'odmap.py'"):
         publish_metric(MetricPublishConfig(MODULES / "odmap", "tester/odmap-metric", "v1.0.0"))

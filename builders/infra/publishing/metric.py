@@ -1,12 +1,23 @@
-"""Publish an `evaluate` module folder as a tagged Hub Space, so users can `evaluate.load` it.
+"""Publish a metric Space folder (`metric_spaces/NAME`) as a tagged Hub Space for `evaluate.load`.
 
-`evaluate.load("ORG/NAME")` downloads `NAME.py` from the Space `ORG/NAME`, so the folder must hold
-`NAME.py` for the repo's NAME. A Space also needs an app; the standard evaluate widget app is
-added when the folder has none. Tags are immutable, as for datasets.
+`evaluate.load("ORG/NAME")` downloads `NAME.py` from the Space `ORG/NAME` and, for each relative
+import at the top of `NAME.py` (`from .helper import x`), `helper.py` from the same Space. It does
+not follow the helpers' own imports, and it refuses absolute imports of packages that are not
+installed. So a Space is self-contained when `NAME.py` imports every helper the helpers need and
+everything else comes from PyPI (`requirements.txt`). `space_files` checks exactly that before
+anything is uploaded and lists what to upload: `NAME.py`, its helpers, `README.md`,
+`requirements.txt` (and `app.py`; the standard evaluate widget app is added when there is none).
+The package markers (`__init__.py`) that make the folder importable in the project are not
+uploaded: the uploaded files are byte for byte the ones the project imports.
+
+Sharing a helper between Spaces: the file has one home (one Space folder); another Space that
+needs it holds a symlink to it, and `publish-metric` uploads the content, so no copy can drift.
+Tags are immutable, as for datasets.
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +37,7 @@ launch_gradio_widget(module)
 
 @dataclass
 class MetricPublishConfig:
-    """Example: `MetricPublishConfig(Path("evaluate_modules/odmap"), "org/odmap", "v1.0.0")`."""
+    """Example: `MetricPublishConfig(Path("metric_spaces/odmap"), "org/odmap", "v1.0.0")`."""
 
     module_dir: Path
     #: `ORG/NAME`; NAME must equal the module file's stem (`NAME.py`).
@@ -36,26 +47,69 @@ class MetricPublishConfig:
     private: bool = False
 
 
+def _relative_imports(path: Path, top_level_only: bool) -> dict[str, int]:
+    """Helper module name -> line of each `from .helper import ...` in `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found: dict[str, int] = {}
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if node.level != 1 or not node.module:
+                raise UserFacingError(f"{path}:{node.lineno}: only `from .helper import name` "
+                                      "works in a metric Space (evaluate downloads helper.py)")
+            found.setdefault(node.module, node.lineno)
+    return found
+
+
+def space_files(module_dir: Path, name: str) -> list[Path]:
+    """The files of the Space NAME (checked self-contained, see the module docstring)."""
+    module_dir = Path(module_dir)
+    script = module_dir / f"{name}.py"
+    if not script.is_file():
+        found = sorted(p.name for p in module_dir.glob("*.py") if p.name != "__init__.py") \
+            if module_dir.is_dir() else []
+        raise UserFacingError(
+            f"{script} does not exist: evaluate.load('ORG/{name}') fetches {name}.py, so the "
+            f"repo name must match the module file (found {found or 'no .py files'} in {module_dir})")
+    helpers = _relative_imports(script, top_level_only=True)
+    nested = set(_relative_imports(script, top_level_only=False)) - set(helpers)
+    if nested:
+        raise UserFacingError(f"{script} imports .{sorted(nested)[0]} inside a function: evaluate "
+                              "downloads only helpers imported at the top of the file; move the "
+                              "import there")
+    files = [script]
+    for helper, line in sorted(helpers.items()):
+        path = module_dir / f"{helper}.py"
+        if not path.is_file():
+            raise UserFacingError(f"{script}:{line} imports .{helper}, but {path} does not exist "
+                                  "(a helper shared with another Space: symlink its one home here)")
+        for needed, needed_line in _relative_imports(path, top_level_only=False).items():
+            if needed not in helpers:
+                raise UserFacingError(
+                    f"{path}:{needed_line} imports .{needed}, which {name}.py does not import: "
+                    f"evaluate.load downloads only the helpers {name}.py imports — add "
+                    f"`from .{needed} import ...` to {name}.py")
+        files.append(path)
+    for extra in ("README.md", "requirements.txt", "app.py"):
+        if (module_dir / extra).is_file():
+            files.append(module_dir / extra)
+    return files
+
+
 def publish_metric(cfg: MetricPublishConfig) -> str:
-    """Upload the module and tag it; returns the tagged commit."""
+    """Upload the Space's files (`space_files`) and tag them; returns the tagged commit."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     module_dir = Path(cfg.module_dir)
     check_version(cfg.version)
     name = cfg.repo_id.split("/")[-1]
-    script = module_dir / f"{name}.py"
-    if not script.is_file():
-        found = sorted(p.name for p in module_dir.glob("*.py")) if module_dir.is_dir() else []
-        raise UserFacingError(
-            f"{script} does not exist: evaluate.load('{cfg.repo_id}') fetches {name}.py, so the "
-            f"repo name must match the module file (found {found or 'no .py files'} in {module_dir})")
+    files = space_files(module_dir, name)
     api = HfApi(endpoint=cfg.endpoint)
     repo = dict(repo_id=cfg.repo_id, repo_type="space")
     api.create_repo(**repo, space_sdk="gradio", private=cfg.private, exist_ok=True)
     refuse_existing_tag(api, repo, cfg.version, retries=1)
-    ops = [CommitOperationAdd(path_in_repo=p.relative_to(module_dir).as_posix(), path_or_fileobj=str(p))
-           for p in sorted(module_dir.rglob("*"))
-           if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    # A symlinked helper is read through the link: the Space gets its content.
+    ops = [CommitOperationAdd(path_in_repo=p.name, path_or_fileobj=p.read_bytes()) for p in files]
     if not (module_dir / "app.py").exists():
         ops.append(CommitOperationAdd(path_in_repo="app.py",
                                       path_or_fileobj=APP.format(repo_id=cfg.repo_id).encode()))

@@ -19,11 +19,13 @@ from importlib import resources
 from pathlib import Path
 
 from builders.infra.errors import UserFacingError
+# The check itself lives with the odmap metric Space, whose text mode needs the tagger too.
+from metric_spaces.odmap.noun_phrases import DOWNLOAD_COMMAND, TAGGER_DIR, TaggerDataMissing, ensure_tagger
 
 log = logging.getLogger(__name__)
 
-TAGGER_DIR = "taggers/averaged_perceptron_tagger_eng"
-DOWNLOAD_COMMAND = "python -m nltk.downloader averaged_perceptron_tagger_eng"
+__all__ = ["DOWNLOAD_COMMAND", "TAGGER_DIR", "ensure_nltk_tagger", "install_offline_tagger",
+           "read_tagged_corpus", "tagger_info"]
 CORPUS = "nltk_tagged_corpus.txt"
 #: Written beside the tagger: which corpus trained it (lets a re-install skip unchanged data).
 STAMP = "counterfactory_corpus.sha256"
@@ -85,16 +87,13 @@ def install_offline_tagger(nltk_data: str | Path) -> Path:
 
 
 def ensure_nltk_tagger() -> None:
-    """Fail early, with the fix, when `nltk.pos_tag` has no tagger data."""
-    import nltk
-
+    """Fail early, with the fix, when `nltk.pos_tag` has no tagger data (a one-line CLI error)."""
     try:
-        nltk.data.find(TAGGER_DIR + "/")
-    except LookupError:
+        ensure_tagger()
+    except TaggerDataMissing as err:
         raise UserFacingError(
-            "NLTK's POS tagger data (averaged_perceptron_tagger_eng) is missing; download it "
-            f"once with `{DOWNLOAD_COMMAND}` (or, offline, install the small caption tagger with "
-            "`counterfactory nltk offline-tagger`)"
+            f"{err}; offline, install the small caption tagger with "
+            "`counterfactory nltk offline-tagger`"
         ) from None
 
 

@@ -1,17 +1,20 @@
 """ODmAP@k: object-decorrelation mAP for image-to-text retrieval (evaluate module).
 
-A thin wrapper over `builders.infra.metrics.odmap` from the counterfactory package, where the metric
-logic, its brute-force-checked tests and the streaming top-k helper live.
+The metric code is in the helper modules of this Space (`odmap_scores`, `class_match`,
+`noun_phrases`), imported relatively so that `evaluate.load` downloads them too; every helper
+must be imported here, because evaluate does not follow the helpers' own imports. Text mode needs
+NLTK's POS tagger data; without it the error names the one download command.
 """
 
 import datasets
 import evaluate
 import numpy as np
 
-from builders.infra.metrics.odmap import DEFAULT_K_VALUES  # From: counterfactory
-from builders.infra.metrics.odmap import odmap  # From: counterfactory
-from builders.infra.metrics.odmap import odmap_from_topk  # From: counterfactory
-from builders.infra.text.class_match import ClassMatcher  # From: counterfactory
+from .class_match import ClassMatcher
+from .noun_phrases import ensure_tagger
+from .odmap_scores import DEFAULT_K_VALUES
+from .odmap_scores import odmap
+from .odmap_scores import odmap_from_topk
 
 _CITATION = """\
 @inproceedings{kim2023exposing,
@@ -48,11 +51,15 @@ Args:
     table (`dict` or `str`, optional): class -> related words, or a JSON file of it, for datasets
         other than COCO (default: the COCO table).
     mention_matrix (`numpy.ndarray` or `scipy.sparse` matrix, optional): [gallery x classes] bool,
-        caption g mentions class c (see `builders.infra.metrics.odmap.gallery_mentions`). Passed as a
-        keyword argument, it bypasses Arrow; with it, `retrieved` holds gallery indices.
+        caption g mentions class c (see `odmap_scores.gallery_mentions` in this Space). Passed as
+        a keyword argument, it bypasses Arrow; with it, `retrieved` holds gallery indices.
     class_names (`list` of `str`, optional): the class of each mention_matrix column (defaults to
         the table's classes in table order, i.e. the 80 COCO classes of
-        `builders.infra.text.class_match.COCO_CLASSES`).
+        `class_match.COCO_CLASSES` in this Space).
+
+    Bad input raises a ValueError naming the query: a class list given as a bare string, float
+    or bool gallery indices, caption texts together with a mention_matrix, a mention_matrix that
+    is not 2-D, no queries.
 
 Returns:
     `ODmAP@k` (`float`) for each k in k_values, and `num_queries` (`int`).
@@ -118,6 +125,16 @@ class Odmap(evaluate.Metric):
             ],
         )
 
+    def compute(self, *, retrieved=None, removed_classes=None, present_classes=None, **kwargs):
+        """Compute ODmAP@k (evaluate appends the argument description below)."""
+        # Checked before Arrow, which would cast float indices, or fail on a bare-string class
+        # list with an unrelated KeyError.
+        if hasattr(retrieved, "detach"):  # torch top-k indices
+            retrieved = retrieved.detach().cpu().numpy()
+        _check_inputs(retrieved, removed_classes, present_classes, kwargs.get("mention_matrix"))
+        return super().compute(retrieved=retrieved, removed_classes=removed_classes,
+                               present_classes=present_classes, **kwargs)
+
     def _compute(
         self,
         retrieved,
@@ -141,6 +158,9 @@ class Odmap(evaluate.Metric):
                 names = list(ClassMatcher(table).class_names)
             else:
                 names = list(class_names)
+            if len(mention_matrix.shape) != 2:
+                raise ValueError(f"mention_matrix must be 2-D [gallery x classes], got shape "
+                                 f"{tuple(mention_matrix.shape)}")
             if mention_matrix.shape[1] != len(names):
                 raise ValueError(
                     f"mention_matrix has {mention_matrix.shape[1]} columns but there are "
@@ -162,6 +182,51 @@ class Odmap(evaluate.Metric):
                 k_values=k_values, require_present=require_present,
             )
         return {**result.as_dict(), "num_queries": result.num_queries}
+
+
+def _check_inputs(retrieved, removed_classes, present_classes, mention_matrix):
+    for name, value in (("retrieved", retrieved), ("removed_classes", removed_classes),
+                        ("present_classes", present_classes)):
+        if value is None:
+            raise ValueError(f"{name} is missing: pass one list per query")
+        if isinstance(value, str) or not hasattr(value, "__len__"):
+            raise ValueError(f"{name} must be a list with one entry per query, got "
+                             f"{type(value).__name__}")
+    if len(retrieved) == 0:
+        raise ValueError("no queries: retrieved is empty (pass one ranking per query)")
+    for name, lists in (("removed_classes", removed_classes), ("present_classes", present_classes)):
+        for q, classes in enumerate(lists):
+            if isinstance(classes, str) or not hasattr(classes, "__iter__"):
+                raise ValueError(f"{name}[{q}] (query {q}) must be a list of class names, got "
+                                 f"{classes!r}; write [{classes!r}] for one class")
+            for c in classes:
+                if not isinstance(c, str):
+                    raise ValueError(f"{name}[{q}] (query {q}) holds {c!r}; class names are "
+                                     "strings")
+    if mention_matrix is not None:
+        shape = getattr(mention_matrix, "shape", None)
+        if shape is None or len(shape) != 2:
+            raise ValueError(f"mention_matrix must be a 2-D [gallery x classes] array, got "
+                             f"shape {shape}")
+    texts = mention_matrix is None
+    for q, ranking in enumerate(retrieved):
+        if isinstance(ranking, str) or not hasattr(ranking, "__iter__"):
+            raise ValueError(f"retrieved[{q}] (query {q}) must be a list (best first), got "
+                             f"{ranking!r}")
+        for item in ranking:
+            if texts and not isinstance(item, str):
+                raise ValueError(
+                    f"retrieved[{q}] (query {q}) holds {item!r}, not a caption text; gallery "
+                    "indices need mention_matrix= (and class_names=)")
+            if not texts and (isinstance(item, (bool, np.bool_, str))
+                              or not isinstance(item, (int, np.integer))):
+                what = "a caption text" if isinstance(item, str) else type(item).__name__
+                raise ValueError(
+                    f"retrieved[{q}] (query {q}) holds {item!r} ({what}); with mention_matrix, "
+                    "retrieved holds integer gallery indices (drop mention_matrix to score "
+                    "caption texts)")
+    if texts:
+        ensure_tagger()
 
 
 def _class_matrix(class_lists, column, name):

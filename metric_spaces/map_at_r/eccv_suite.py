@@ -2,7 +2,7 @@
 
 Same inputs (i2t rankings keyed by COCO image id, t2i rankings keyed by COCO caption id), same
 target-metric names and the same output layout `{metric: {"i2t": x, "t2i": y}}`, computed with
-`builders.infra.metrics.retrieval` on the annotations shipped in `eccv_caption` 0.1.0:
+`retrieval` on the annotations shipped in `eccv_caption` 0.1.0 (read by `eccv_annotations`):
 
     coco_5k_r{K}     R@K on the original COCO pairs of the 5K test split
     coco_1k_r{K}     mean over the five folds (5,000 consecutive ids of `coco_test_ids.npy` and
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from builders.infra.metrics.retrieval import (
+from .eccv_annotations import Positives, coco_test_caption_ids, read_positives
+from .retrieval import (
     RetrievalInputError,
     RetrievalMetricConfig,
     RetrievalScores,
@@ -44,8 +44,7 @@ from builders.infra.metrics.retrieval import (
     retrieval_scores_from_similarity,
     retrieval_scores_from_topk,
 )
-from builders.infra.metrics.retrieval_topk import as_score_tensor, stable_topk
-from loading_scripts.eccv import Positives, coco_test_caption_ids, read_positives
+from .topk import as_score_matrix, stable_topk
 
 __all__ = ["DEFAULT_TARGET_METRICS", "EccvAnnotations", "EccvSuiteConfig", "VALID_METRICS",
            "eccv_suite", "eccv_suite_from_similarity"]
@@ -66,6 +65,9 @@ class EccvSuiteConfig:
     k_values: tuple[int, ...] = (1, 5, 10)
     #: PMRP looks at min(R, pmrp_cap) items (the paper's modified PMRP).
     pmrp_cap: int = 50
+    #: Score rankings that repeat an id like eccv_caption 0.1.0 (parity runs only; see
+    #: `RetrievalMetricConfig.allow_duplicates`). False: a repeat raises.
+    allow_duplicates: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.target_metrics) - set(VALID_METRICS))
@@ -79,7 +81,7 @@ class EccvSuiteConfig:
 @dataclass(frozen=True)
 class EccvAnnotations:
     """Ground truths of the suite. `EccvAnnotations.load()` reads the shipped ones; PM positives
-    (for `pmrp`) come from `loading_scripts.eccv.read_pm_positives` / `pm_positives_from_instances`."""
+    (for `pmrp`) come from `eccv_annotations.read_pm_positives` / `pm_positives_from_instances`."""
 
     eccv: Positives
     cxc: Positives
@@ -129,23 +131,26 @@ def _tasks(cfg: EccvSuiteConfig, ann: EccvAnnotations) -> list[_Task]:
             return ks
         return (1,) if f"{name}_r1" in targets else ()
 
+    dup = cfg.allow_duplicates
     tasks = []
     for name, positives in (("coco_1k", None), ("coco_5k", ann.coco), ("cxc", ann.cxc)):
         if recall_ks(name):
             tasks.append(_Task(name, positives, RetrievalMetricConfig(
-                k_values=recall_ks(name), map_at_r=False, r_precision=False)))
+                k_values=recall_ks(name), map_at_r=False, r_precision=False,
+                allow_duplicates=dup)))
     eccv = dict(k_values=recall_ks("eccv"), map_at_r="eccv_map_at_r" in targets,
                 r_precision="eccv_rprecision" in targets)
     if any(eccv.values()):
-        tasks.append(_Task("eccv", ann.eccv, RetrievalMetricConfig(**eccv)))
+        tasks.append(_Task("eccv", ann.eccv, RetrievalMetricConfig(**eccv, allow_duplicates=dup)))
     if "pmrp" in targets:
         if ann.pm is None:
             raise RetrievalInputError(
                 "pmrp needs plausible-match positives, which eccv_caption does not ship: pass "
-                "pm=loading_scripts.eccv.pm_positives_from_instances(<instances_val2014.json>, "
-                "read_positives('coco').i2t) or read_pm_positives(<folder with pm_*.json>)")
+                "coco_instances=<instances_val2014.json> (PM positives computed from it) or "
+                "pm_dir=<folder with the official pm_*.json files>")
         tasks.append(_Task("pmrp", ann.pm, RetrievalMetricConfig(
-            k_values=(), map_at_r=False, r_precision=True, r_precision_cap=cfg.pmrp_cap)))
+            k_values=(), map_at_r=False, r_precision=True, r_precision_cap=cfg.pmrp_cap,
+            allow_duplicates=dup)))
     return tasks
 
 
@@ -253,7 +258,7 @@ def eccv_suite_from_similarity(i2t_similarity: Any, image_ids: Sequence[int] | n
     cfg = config or EccvSuiteConfig()
     ann = annotations or EccvAnnotations.load()
     tasks = _tasks(cfg, ann)
-    scores = as_score_tensor(i2t_similarity, "i2t_similarity")
+    scores = as_score_matrix(i2t_similarity, "i2t_similarity")
     images = _split_ids(image_ids, ann.test_ids("t2i"), "image")
     captions = _split_ids(caption_ids, ann.test_ids("i2t"), "caption")
     if tuple(scores.shape) != (len(images), len(captions)):
@@ -263,7 +268,7 @@ def eccv_suite_from_similarity(i2t_similarity: Any, image_ids: Sequence[int] | n
     if t2i_similarity is None:
         t2i_scores = scores.T
     else:
-        t2i_scores = as_score_tensor(t2i_similarity, "t2i_similarity")
+        t2i_scores = as_score_matrix(t2i_similarity, "t2i_similarity")
         if tuple(t2i_scores.shape) != (len(captions), len(images)):
             raise RetrievalInputError(f"t2i_similarity must be captions x images "
                                       f"{(len(captions), len(images))}, got "
@@ -313,7 +318,7 @@ def _split_ids(ids: Sequence[int] | np.ndarray, split: np.ndarray, what: str) ->
     return arr
 
 
-def _coco_1k_from_similarity(views: dict[str, tuple[torch.Tensor, np.ndarray, np.ndarray]],
+def _coco_1k_from_similarity(views: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
                              ann: EccvAnnotations, config: RetrievalMetricConfig
                              ) -> dict[str, dict[str, float]]:
     """Per fold, the fold's rows x columns (kept in matrix order, so ties break as in the full
@@ -324,7 +329,7 @@ def _coco_1k_from_similarity(views: dict[str, tuple[torch.Tensor, np.ndarray, np
             gallery = fold["t2i" if modality == "i2t" else "i2t"]
             rows = np.flatnonzero(np.isin(row_ids, np.fromiter(fold[modality], dtype=np.int64)))
             cols = np.flatnonzero(np.isin(col_ids, np.fromiter(gallery, dtype=np.int64)))
-            sub = matrix.numpy()[np.ix_(rows, cols)]
+            sub = matrix[np.ix_(rows, cols)]
             try:
                 scores = retrieval_scores_from_similarity(
                     sub, fold[modality], query_ids=row_ids[rows], gallery_ids=col_ids[cols],

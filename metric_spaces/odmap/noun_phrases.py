@@ -1,4 +1,4 @@
-"""Noun-phrase chunking of captions and noun-phrase removal (builders/decorrelation/METHOD.md §3 `np_removal`, §5).
+"""Noun-phrase chunking of captions and noun-phrase removal (Kim et al., 2023, §3.1, §3.2).
 
 Pipeline per caption: NLTK tokenisation (``word_tokenize(text, preserve_line=True)``, which needs
 no ``punkt`` data) -> ``pos_tag`` with NLTK's averaged perceptron tagger -> ``RegexpParser`` with
@@ -18,9 +18,8 @@ Participles are accepted only *before* the nouns, so "a man holding umbrellas" i
 "a man" + "umbrellas", not as one phrase. Pronouns such as "he" are not noun phrases
 (the COCO table's "someone", "everyone" are tagged as nouns by the tagger).
 
-`remove_noun_phrases` deletes every noun phrase that matches a removed class (match(c, n) of
-builders/decorrelation/METHOD.md §4, see `builders.infra.text.class_match`) and detokenises the rest with NLTK's Treebank
-detokeniser (no space before punctuation). Dangling commas / semicolons / colons left in front of
+`remove_noun_phrases` deletes every noun phrase that matches a removed class (match(c, n), see
+`class_match`) and detokenises the rest with NLTK's Treebank detokeniser (no space before punctuation). Dangling commas / semicolons / colons left in front of
 other punctuation or at either end are dropped. It returns None when no noun phrase matched
 (`REASON_NO_MATCH`) or when no content word (noun, verb, adjective, adverb, number) would remain
 (`REASON_NOTHING_LEFT`); `remove_noun_phrases_with_reason` tells the caller which, so the caller
@@ -47,7 +46,7 @@ from typing import Protocol, Union
 import nltk
 from nltk.tokenize.treebank import TreebankWordDetokenizer
 
-from builders.infra.text.class_match import ClassMatcher, TableLike
+from .class_match import ClassMatcher, TableLike
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +57,10 @@ __all__ = [
     "ChunkedCaption",
     "NounPhraseCache",
     "NpRemoval",
+    "DOWNLOAD_COMMAND",
+    "TAGGER_DIR",
+    "TaggerDataMissing",
+    "ensure_tagger",
     "chunk_captions",
     "chunk_tagged",
     "default_tagger",
@@ -79,12 +82,12 @@ _CONTENT_TAG = re.compile(r"^(NN|VB|JJ|RB|CD)")
 _DANGLING = {",", ";", ":"}
 _PUNCT_RE = re.compile(r"^[^\w\s]+$")
 
-_TAGGER_HELP = (
-    "NLTK's POS tagger data (averaged_perceptron_tagger_eng) is missing. With internet: "
-    "`python -m nltk.downloader averaged_perceptron_tagger_eng`. Offline: "
-    "`counterfactory nltk offline-tagger --nltk-data .nltk_data` "
-    "and set NLTK_DATA=.nltk_data."
-)
+TAGGER_DIR = "taggers/averaged_perceptron_tagger_eng"
+DOWNLOAD_COMMAND = "python -m nltk.downloader averaged_perceptron_tagger_eng"
+
+
+class TaggerDataMissing(LookupError):
+    """NLTK's POS tagger data is not installed; the message gives the one download command."""
 
 
 class Tagger(Protocol):
@@ -96,15 +99,24 @@ def tokenize(text: str) -> list[str]:
     return nltk.word_tokenize(text, preserve_line=True)
 
 
+def ensure_tagger() -> None:
+    """Fail early, with the fix, when `nltk.pos_tag` has no tagger data."""
+    try:
+        nltk.data.find(TAGGER_DIR + "/")
+    except LookupError:
+        raise TaggerDataMissing(
+            "NLTK's POS tagger data (averaged_perceptron_tagger_eng) is missing; download it once "
+            f"with `{DOWNLOAD_COMMAND}` (or set NLTK_DATA to a folder holding {TAGGER_DIR})"
+        ) from None
+
+
 @lru_cache(maxsize=1)
 def default_tagger() -> Tagger:
     """The tagger `nltk.pos_tag` uses (loaded once), with a clear error when its data is missing."""
     from nltk.tag.perceptron import PerceptronTagger
 
-    try:
-        return PerceptronTagger()
-    except LookupError:
-        raise LookupError(_TAGGER_HELP) from None
+    ensure_tagger()
+    return PerceptronTagger()
 
 
 @lru_cache(maxsize=1)
@@ -273,7 +285,7 @@ def remove_noun_phrases_with_reason(
     *,
     cache: NounPhraseCache | None = None,
 ) -> NpRemoval:
-    """Delete every noun phrase of `caption` that matches one of `classes` (builders/decorrelation/METHOD.md §3)."""
+    """Delete every noun phrase of `caption` that matches one of `classes` (paper §3.1)."""
     matcher = _as_matcher(table)
     class_names = list(classes)
     if not class_names:

@@ -1,4 +1,5 @@
-"""mAP@R, R-Precision and Recall@K exactly as `eccv_caption` 0.1.0 defines them (evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4)).
+"""mAP@R, R-Precision and Recall@K exactly as `eccv_caption` 0.1.0 defines them (Chun et al., 2022,
+ECCV Caption §4; mAP@R from Musgrave et al., 2020).
 
 Per query with positives G (R = |set(G)|) and ranked list t:
 
@@ -7,11 +8,13 @@ Per query with positives G (R = |set(G)|) and ranked list t:
     R-Precision   = rprecision(R)      (PMRP: rprecision(min(R, 50)), `r_precision_cap=50`)
     R@1           = 1[t[0] in G];   R@K = 1[set(t[:K]) & G non-empty]
 
-and each metric is the mean over queries. Duplicates in a ranking therefore count once in the
-denominator but once per position in the AP sum, as in the reference. Queries are the keys of the
+and each metric is the mean over queries. A ranking must not repeat an id: the reference counts a
+repeated id once in the denominator but once per position in the AP sum, so `[10, 10, 10]`
+against positives {10, 11, 12} scores mAP@R 1.0. We raise instead, naming the query;
+`allow_duplicates=True` reproduces the reference for parity runs only. Queries are the keys of the
 positives (extra ranked queries are ignored; a missing one is an error). Where the reference
 crashes (a ranking shorter than R, an empty ranking, empty positives) we raise
-`RetrievalInputError` saying which query and what is needed.
+`RetrievalInputError` (a `ValueError`) saying which query and what is needed.
 
 Two entry points, both vectorised over all queries (no per-query Python loop beyond converting
 ragged Python lists):
@@ -20,9 +23,10 @@ ragged Python lists):
   lists / a 2-D array aligned with a list of positives);
 - `retrieval_scores_from_similarity(similarity, positives, query_ids, gallery_ids)`: a
   query x gallery matrix, ranked best-first with ties in gallery order (a stable sort), of which
-  only the needed prefix is ever computed (`retrieval_topk.stable_topk`).
+  only the needed prefix is ever computed (`topk.stable_topk`).
 
-Example (evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4); R@5 / R@10 would need 5 / 10 items per ranking, so only R@1 here):
+Example (the worked example of this Space's README; R@5 / R@10 would need 5 / 10 items per
+ranking, so only R@1 here):
     >>> s = retrieval_scores([[10, 99, 11, 12], [99, 10, 11]], [[10, 11, 12], [10, 11, 12]],
     ...                      RetrievalMetricConfig(k_values=(1,)))
     >>> [round(float(v), 4) for v in s.per_query["map_at_r"]], s.recall_at_k
@@ -36,9 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from builders.infra.metrics.retrieval_topk import RetrievalInputError, as_score_tensor, stable_topk
+from .topk import RetrievalInputError, as_array, as_score_matrix, stable_topk
 
 __all__ = [
     "RetrievalInputError",
@@ -46,6 +49,7 @@ __all__ = [
     "RetrievalScores",
     "needed_depth",
     "ranking_depth",
+    "check_id_lists",
     "retrieval_scores",
     "retrieval_scores_from_similarity",
     "retrieval_scores_from_topk",
@@ -62,6 +66,9 @@ class RetrievalMetricConfig:
     r_precision: bool = True
     #: R-Precision looks at min(R, cap) items; the paper's modified PMRP uses 50. None: R.
     r_precision_cap: int | None = None
+    #: Score rankings that repeat an id the way eccv_caption 0.1.0 does (parity runs only: it
+    #: lets `[10, 10, 10]` reach mAP@R 1.0 on positives {10, 11, 12}). False: a repeat raises.
+    allow_duplicates: bool = False
 
     def __post_init__(self) -> None:
         for k in self.k_values:
@@ -143,7 +150,7 @@ def retrieval_scores_from_similarity(
     `np.argsort(-similarity, axis=1, kind="stable")` mapped to gallery ids.
     """
     cfg = config or RetrievalMetricConfig()
-    scores = as_score_tensor(similarity)
+    scores = as_score_matrix(similarity)
     n_rows, n_cols = scores.shape
     q_ids = _id_array(np.arange(n_rows) if query_ids is None else query_ids, "query_ids")
     g_ids = _id_array(np.arange(n_cols) if gallery_ids is None else gallery_ids, "gallery_ids")
@@ -183,9 +190,7 @@ def retrieval_scores_from_topk(topk_ids: Any, topk_query_ids: Sequence[int] | np
     gallery satisfy R@K for K above it.
     """
     cfg = config or RetrievalMetricConfig()
-    if isinstance(topk_ids, torch.Tensor):
-        topk_ids = topk_ids.detach().cpu().numpy()
-    top = np.asarray(topk_ids)
+    top = as_array(topk_ids)
     row_ids = _id_array(topk_query_ids, "topk_query_ids")
     if top.ndim != 2 or len(top) != len(row_ids):
         raise RetrievalInputError(f"topk_ids must be 2-D with one row per topk_query_id, got shape "
@@ -253,8 +258,8 @@ def _ranking_rows(rankings: Any, positives: Any, query_ids: np.ndarray) -> Any:
                 f"queries missing, e.g. {', '.join(_show(m) for m in missing[:5])}); rank every query "
                 "of the ground truth")
         return [rankings[q] for q in positives]
-    if isinstance(rankings, torch.Tensor):
-        rankings = rankings.detach().cpu().numpy()
+    if hasattr(rankings, "detach"):  # a torch tensor
+        rankings = as_array(rankings)
     if isinstance(rankings, Mapping):
         raise RetrievalInputError("rankings is a dict, so positives must be a dict with the "
                                   "same query ids")
@@ -268,9 +273,7 @@ def _ranking_rows(rankings: Any, positives: Any, query_ids: np.ndarray) -> Any:
 
 
 def _id_array(ids: Any, name: str) -> np.ndarray:
-    if isinstance(ids, torch.Tensor):
-        ids = ids.detach().cpu().numpy()
-    arr = np.asarray(ids)
+    arr = as_array(ids)
     if arr.size == 0:
         return arr.astype(np.int64).reshape(-1)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
@@ -386,6 +389,8 @@ def _score(ranked_rows: Any, pos: _Ragged, query_ids: np.ndarray, cfg: Retrieval
     first = np.zeros(len(r_keys), dtype=bool)
     first[np.unique(r_keys, return_index=True)[1]] = True
     starts = ranked.starts
+    if not cfg.allow_duplicates and not first.all():
+        _raise_repeated(ranked, first, query_ids)
     position = np.arange(len(r_keys)) - np.repeat(starts, ranked.lengths)
     # rprecision(p + 1) at every ranked position p: unique hits / unique items so far.
     rprec = _row_cumsum(first & hit, starts, ranked.lengths) / _row_cumsum(first, starts,
@@ -409,6 +414,48 @@ def _score(ranked_rows: Any, pos: _Ragged, query_ids: np.ndarray, cfg: Retrieval
         recall_at_k={int(name.rsplit("_", 1)[1]): v for name, v in means.items()
                      if name.startswith("recall_at_")},
         num_queries=n_q, query_ids=query_ids, per_query=per_query)
+
+
+def _raise_repeated(ranked: _Ragged, first: np.ndarray, query_ids: np.ndarray) -> None:
+    at = int(np.flatnonzero(~first)[0])
+    row = int(ranked.rows[at])
+    start = int(ranked.starts[row])
+    repeated = ranked.values[at]
+    positions = np.flatnonzero(ranked.values[start:at + 1] == repeated)
+    n_rows = len(np.unique(ranked.rows[~first]))
+    raise RetrievalInputError(
+        f"the ranking of query {_show(query_ids[row])} repeats id {int(repeated)} (positions "
+        f"{int(positions[0])} and {int(positions[-1])}; {n_rows} rankings repeat ids): a ranking "
+        "lists each gallery item once — deduplicate it (allow_duplicates=True scores repeats "
+        "like eccv_caption 0.1.0, for parity runs only)")
+
+
+def check_id_lists(rows: Any, name: str) -> None:
+    """Raise unless every row of `rows` is a list of integer ids (not floats, not bools).
+
+    For the evaluate module, which must check before its Arrow features would silently turn
+    10.7 into 10 and True into 1.
+    """
+    if rows is None:
+        raise RetrievalInputError(f"{name} is missing: pass one list of integer ids per query")
+    if hasattr(rows, "detach") or isinstance(rows, np.ndarray):
+        arr = as_array(rows)
+        if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 2):
+            raise RetrievalInputError(f"{name} must be [queries x n] integer ids, got {arr.dtype} "
+                                      f"with shape {arr.shape}")
+        return
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise RetrievalInputError(f"{name} must be a list of integer-id lists, got "
+                                  f"{type(rows).__name__}")
+    for q, row in enumerate(rows):
+        if isinstance(row, (str, bytes)) or not isinstance(row, (Sequence, np.ndarray)):
+            raise RetrievalInputError(f"{name}[{q}] (query {q}) must be a list of integer ids, "
+                                      f"got {_preview(row)}")
+        for item in row:
+            if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+                raise RetrievalInputError(
+                    f"{name}[{q}] (query {q}) holds {item!r} ({type(item).__name__}); ids must "
+                    "be integers — floats are not truncated and bools are not 0/1 here")
 
 
 def _row_cumsum(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

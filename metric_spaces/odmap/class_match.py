@@ -1,9 +1,9 @@
-"""match(c, n): does a noun phrase mention an object class? (builders/decorrelation/METHOD.md §4)
+"""match(c, n): does a noun phrase mention an object class? (Kim et al., 2023, §3.1, Appendix A)
 
 A noun phrase n matches class c when n contains, as whole words and case-insensitively, the class
 name or one of the class's related words from a matching table. The COCO table below is the
-paper's Table 4 (Appendix A) exactly as builders/decorrelation/METHOD.md §4 lists it; all 80 COCO classes are known, and a
-class without listed words matches only its own name. Other datasets pass their own table (a dict
+paper's Table 4 (Appendix A), verbatim; all 80 COCO classes are known, and a class without
+listed words matches only its own name. Other datasets pass their own table (a dict
 or a JSON file ``{"class": ["related", "words"], ...}``; its keys are the known classes).
 
 Matching rules (documented choices where the paper is silent):
@@ -68,7 +68,8 @@ COCO_CLASSES: tuple[str, ...] = (
     "teddy bear", "hair drier", "toothbrush",
 )
 
-# builders/decorrelation/METHOD.md §4 / paper Table 4, verbatim. The class name itself always counts and is not repeated.
+# Kim et al. (2023), Appendix A, Table 4, verbatim. The class name itself always counts and is
+# not repeated.
 _COCO_RELATED: dict[str, tuple[str, ...]] = {
     "person": (
         "man", "woman", "player", "child", "girl", "boy", "boys", "people", "lady", "guy", "kid",
@@ -209,9 +210,9 @@ class ClassMatcher:
     """Whole-word, case-insensitive class <-> noun-phrase matching with a table.
 
     Args:
-        table: class -> related words (a mapping, a path to a JSON file, or None for the COCO
-            table of builders/decorrelation/METHOD.md §4). Its keys are the known class names; asking about any other
-            class raises ValueError.
+        table: class -> related words (a mapping, a path to a JSON file, or None for the paper's
+            COCO table). Its keys are the known class names; asking about any other class raises
+            ValueError.
     """
 
     def __init__(self, table: TableLike = None) -> None:

@@ -1,4 +1,4 @@
-"""ODmAP@k, the object-decorrelation metric (builders/decorrelation/METHOD.md §5; paper §3.2).
+"""ODmAP@k, the object-decorrelation metric (Kim et al., 2023, §3.2).
 
 Queries are object-removal images x' with removed classes R and present classes P. A retrieved
 caption y is *correct* iff (1) no noun phrase of y matches a class in R and (2) some noun phrase of
@@ -16,14 +16,13 @@ so ODmAP@1 is the fraction of queries whose top-1 caption is correct. Every rank
 Two entry points:
 
 - `odmap(retrieved_captions, removed_classes, present_classes)`: rankings as caption texts;
-  noun phrases via `builders.infra.text.noun_phrases` (each unique caption chunked once) and class
-  matching via `builders.infra.text.class_match` (COCO table by default, or a user table).
+  noun phrases via `noun_phrases` (each unique caption chunked once) and class matching via
+  `class_match` (the paper's COCO table by default, or a user table).
 - `odmap_from_topk(topk_indices, mention_matrix, removed, present)`: the fast path for a large
   gallery. `mention_matrix[g, c]` says whether gallery caption g mentions class c (precompute it
-  once with `gallery_mentions`); `topk_indices` come from `topk_from_embeddings`, which streams
-  over gallery chunks with a running top-k, so no queries x gallery matrix is ever held (10,000
-  queries x 600,000 captions would be 24 GB as float32). Memory is bounded by
-  `query_chunk_size x chunk_size` scores plus the inputs.
+  once with `gallery_mentions`); `topk_indices` come from any retrieval code, e.g. counterfactory's
+  streaming `metric_spaces.map_at_r.topk.topk_from_embeddings`, which never holds the queries x
+  gallery matrix (10,000 queries x 600,000 captions would be 24 GB as float32).
 
 Example:
     >>> import numpy as np
@@ -43,12 +42,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
-from builders.infra.text.class_match import ClassMatcher, TableLike
+from .class_match import ClassMatcher, TableLike
 
 if TYPE_CHECKING:  # NLTK is imported only by the text path
-    from builders.infra.text.noun_phrases import NounPhraseCache
+    from .noun_phrases import NounPhraseCache
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +58,6 @@ __all__ = [
     "odmap",
     "odmap_from_topk",
     "relevance_from_mentions",
-    "topk_from_embeddings",
 ]
 
 DEFAULT_K_VALUES: tuple[int, ...] = (1, 5, 10)
@@ -104,7 +101,7 @@ def _check_require_present(require_present: str) -> str:
 
 
 def _as_array(x: Any, name: str) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
         x = x.detach().cpu().numpy()
     try:
         return np.asarray(x)
@@ -149,7 +146,7 @@ def _check_query_sets(removed: np.ndarray, present: np.ndarray, require_present:
 # ----------------------------------------------------------------------------- core formulas
 
 def average_precision_at_k(relevance: np.ndarray, k_values: Iterable[int]) -> dict[int, np.ndarray]:
-    """AP@k per query from a [Q x n] relevance matrix (builders/decorrelation/METHOD.md §5), for every k in `k_values`."""
+    """AP@k per query from a [Q x n] relevance matrix (Kim et al., 2023, §3.2), for each k."""
     rel = _as_bool_matrix(relevance, "relevance")
     ks = _check_k_values(k_values, rel.shape[1])
     kmax = ks[-1]
@@ -216,9 +213,7 @@ def odmap_from_topk(
     if hasattr(mention_matrix, "tocsr"):  # scipy.sparse: row indexing needs CSR
         mention_matrix = mention_matrix.tocsr()
     else:
-        if isinstance(mention_matrix, torch.Tensor):
-            mention_matrix = mention_matrix.detach().cpu().numpy()
-        mention_matrix = np.asarray(mention_matrix)
+        mention_matrix = _as_array(mention_matrix, "mention_matrix")
         if mention_matrix.dtype != bool:
             mention_matrix = _as_bool_matrix(mention_matrix, "mention_matrix")
     if len(mention_matrix.shape) != 2:
@@ -275,7 +270,7 @@ def gallery_mentions(
     captions are chunked in batches and only the mention rows are kept, so memory stays at
     G x C bools for a 600K-caption gallery.
     """
-    from builders.infra.text.noun_phrases import chunk_captions
+    from .noun_phrases import chunk_captions
 
     matcher = _matcher(table)
     cols = matcher.class_indices(class_names)
@@ -326,8 +321,8 @@ def odmap(
         removed_classes: per query, the names of the removed classes R.
         present_classes: per query, the names of the present classes P.
         k_values, require_present: as in `odmap_from_topk`.
-        table: class matching table (None = COCO table of builders/decorrelation/METHOD.md §4; a dict or JSON path for
-            other datasets) or a ready `ClassMatcher`.
+        table: class matching table (None = the paper's COCO table, Kim et al. 2023 Appendix A;
+            a dict or JSON path for other datasets) or a ready `ClassMatcher`.
         cache: a `NounPhraseCache` shared across calls (each unique caption is chunked once).
     """
     _check_require_present(require_present)
@@ -371,101 +366,3 @@ def odmap(
         topk.reshape(n, ks[-1]), mentions, removed, present,
         k_values=ks, require_present=require_present,
     )
-
-
-# ----------------------------------------------------------------------------- streaming top-k
-
-def _to_float_tensor(x: Any) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device="cpu", dtype=torch.float32)
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-
-
-def _prepared_block(block: Any, name: str, start: int, normalize: bool) -> torch.Tensor:
-    """One chunk of embeddings as float32, checked for NaN/inf, optionally L2-normalised."""
-    t = _to_float_tensor(block)
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} has NaN or infinite values (rows {start}..)")
-    return torch.nn.functional.normalize(t, dim=1) if normalize else t
-
-
-def _merge_topk(
-    best_s: torch.Tensor, best_i: torch.Tensor, s: torch.Tensor, i: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of the union, ordered by (score desc, gallery index asc)."""
-    cand_s = torch.cat([best_s, s], dim=1)
-    cand_i = torch.cat([best_i, i], dim=1)
-    by_index = torch.argsort(cand_i, dim=1, stable=True)
-    cand_s = torch.gather(cand_s, 1, by_index)
-    cand_i = torch.gather(cand_i, 1, by_index)
-    by_score = torch.sort(cand_s, dim=1, descending=True, stable=True).indices[:, :k]
-    return torch.gather(cand_s, 1, by_score), torch.gather(cand_i, 1, by_score)
-
-
-def _chunk_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of each row, ties at the boundary resolved to the lowest column (exactly).
-
-    The k-th best value is unambiguous unless it equals the (k+1)-th; only such rows (rare for
-    real-valued scores) are re-ranked with a stable full sort.
-    """
-    vals, idx = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1, largest=True, sorted=True)
-    if vals.shape[1] > k:
-        ambiguous = torch.nonzero(vals[:, k - 1] == vals[:, k]).flatten()
-        vals, idx = vals[:, :k].clone(), idx[:, :k].clone()
-        if ambiguous.numel():
-            order = torch.sort(scores[ambiguous], dim=1, descending=True, stable=True).indices[:, :k]
-            idx[ambiguous] = order
-            vals[ambiguous] = torch.gather(scores[ambiguous], 1, order)
-    return vals, idx
-
-
-def topk_from_embeddings(
-    query_emb: Any,
-    gallery_emb: Any,
-    k: int,
-    *,
-    chunk_size: int = 32_768,
-    query_chunk_size: int = 1_024,
-    normalize: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k gallery items per query by dot product, streamed over gallery chunks.
-
-    Never materialises the [Q x G] score matrix: for each block of `query_chunk_size` queries it
-    scores `chunk_size` gallery rows at a time and keeps a running top-k. Ties are broken by the
-    lower gallery index (deterministic, independent of the chunk sizes). `gallery_emb` may be a
-    numpy memmap. Set `normalize=True` for cosine similarity of unnormalised embeddings.
-
-    Returns:
-        (indices [Q x k] int64, scores [Q x k] float32), best first.
-    """
-    q_shape = tuple(query_emb.shape)
-    g_shape = tuple(gallery_emb.shape)
-    if len(q_shape) != 2 or len(g_shape) != 2:
-        raise ValueError(f"embeddings must be 2-D, got query {q_shape} and gallery {g_shape}")
-    if q_shape[1] != g_shape[1]:
-        raise ValueError(f"embedding dims differ: query {q_shape[1]} vs gallery {g_shape[1]}")
-    if q_shape[0] == 0:
-        raise ValueError("no queries: query_emb has 0 rows")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    if k > g_shape[0]:
-        raise ValueError(f"k={k} exceeds the gallery size {g_shape[0]}")
-    if chunk_size < 1 or query_chunk_size < 1:
-        raise ValueError("chunk_size and query_chunk_size must be >= 1")
-    k = int(k)
-    out_i = np.empty((q_shape[0], k), dtype=np.int64)
-    out_s = np.empty((q_shape[0], k), dtype=np.float32)
-    with torch.inference_mode():
-        for q0 in range(0, q_shape[0], query_chunk_size):
-            q = _prepared_block(query_emb[q0:q0 + query_chunk_size], "query_emb", q0, normalize)
-            best_s = torch.empty((q.shape[0], 0), dtype=torch.float32)
-            best_i = torch.empty((q.shape[0], 0), dtype=torch.int64)
-            for g0 in range(0, g_shape[0], chunk_size):
-                g = _prepared_block(gallery_emb[g0:g0 + chunk_size], "gallery_emb", g0, normalize)
-                scores = q @ g.T
-                vals, idx = _chunk_topk(scores, min(k, g.shape[0]))
-                del scores  # free this block before the next one is scored
-                best_s, best_i = _merge_topk(best_s, best_i, vals, idx + g0, k)
-            out_s[q0:q0 + q.shape[0]] = best_s.numpy()
-            out_i[q0:q0 + q.shape[0]] = best_i.numpy()
-    return out_i, out_s

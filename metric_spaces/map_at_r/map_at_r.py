@@ -1,25 +1,26 @@
 """mAP@R, R-Precision, Recall@K and the ECCV Caption suite for retrieval (evaluate module).
 
-A thin wrapper over `builders.infra.metrics.retrieval` / `builders.infra.metrics.retrieval_eccv` from the
-counterfactory package, where the vectorised metric code and its brute-force and eccv_caption
-parity tests live.
+The metric code is in the helper modules of this Space (`retrieval`, `topk`, `eccv_suite`,
+`eccv_annotations`), imported relatively so that `evaluate.load` downloads them too; every helper
+must be imported here, because evaluate does not follow the helpers' own imports.
 """
 
 import datasets
 import evaluate
 
-from builders.infra.metrics.retrieval import RetrievalInputError  # From: counterfactory
-from builders.infra.metrics.retrieval import RetrievalMetricConfig  # From: counterfactory
-from builders.infra.metrics.retrieval import retrieval_scores  # From: counterfactory
-from builders.infra.metrics.retrieval import retrieval_scores_from_similarity  # From: counterfactory
-from builders.infra.metrics.retrieval_eccv import DEFAULT_TARGET_METRICS  # From: counterfactory
-from builders.infra.metrics.retrieval_eccv import EccvAnnotations  # From: counterfactory
-from builders.infra.metrics.retrieval_eccv import EccvSuiteConfig  # From: counterfactory
-from builders.infra.metrics.retrieval_eccv import eccv_suite  # From: counterfactory
-from builders.infra.metrics.retrieval_eccv import eccv_suite_from_similarity  # From: counterfactory
-from loading_scripts.eccv import pm_positives_from_instances  # From: counterfactory
-from loading_scripts.eccv import read_pm_positives  # From: counterfactory
-from loading_scripts.eccv import read_positives  # From: counterfactory
+from .eccv_annotations import pm_positives_from_instances
+from .eccv_annotations import read_pm_positives
+from .eccv_annotations import read_positives
+from .eccv_suite import DEFAULT_TARGET_METRICS
+from .eccv_suite import EccvAnnotations
+from .eccv_suite import EccvSuiteConfig
+from .eccv_suite import eccv_suite
+from .eccv_suite import eccv_suite_from_similarity
+from .retrieval import RetrievalMetricConfig
+from .retrieval import check_id_lists
+from .retrieval import retrieval_scores
+from .retrieval import retrieval_scores_from_similarity
+from .topk import RetrievalInputError
 
 _CITATION = """\
 @inproceedings{chun2022eccv_caption,
@@ -58,6 +59,13 @@ Args:
     k_values (`list` of `int`, defaults to [1, 5, 10]): the K of R@K.
     map_at_r (`bool`, defaults to True), r_precision (`bool`, defaults to True): compute them.
     r_precision_cap (`int`, optional): R-Precision at min(R, cap) (PMRP uses 50).
+    allow_duplicates (`bool`, defaults to False): a ranking that repeats an id raises a
+        ValueError naming the query; True scores repeats like eccv_caption 0.1.0 (a repeated
+        positive counts at every position, so [10, 10, 10] against {10, 11, 12} reaches
+        mAP@R 1.0). Only for parity runs against eccv_caption.
+
+    Ids must be integers: floats and bools raise a ValueError naming the query (they are not
+    truncated or read as 0/1).
 
     Similarity mode (keyword arguments, not sent through Arrow, so 5,000 x 25,000 is fine):
     similarity (`numpy.ndarray` or `torch.Tensor`): [queries x gallery] scores, higher is better.
@@ -83,7 +91,7 @@ Returns:
 
 Examples:
 
-    Ranked id lists (SPEC worked example: AP@R 0.5556 and 0.3889):
+    Ranked id lists (AP@R of the two queries: 0.5556 and 0.3889):
 
     >>> metric = evaluate.load("map_at_r")
     >>> results = metric.compute(predictions=[[10, 99, 11, 12], [99, 10, 11, 12]],
@@ -128,16 +136,23 @@ class RetrievalMapAtR(evaluate.Metric):
                 raise ValueError("pass either predictions/references (ranked lists) or a "
                                  "similarity matrix / ECCV rankings, not both")
             return self._keyword_mode(**kwargs)
+        # Checked before Arrow, whose int64 features would turn 10.7 into 10 and True into 1.
+        check_id_lists(predictions, "predictions")
+        check_id_lists(references, "references")
+        if len(predictions) == 0 or len(references) == 0:
+            raise RetrievalInputError("no queries: predictions and references are empty")
         return super().compute(predictions=predictions, references=references, **kwargs)
 
     def _compute(self, predictions, references, k_values=(1, 5, 10), map_at_r=True,
-                 r_precision=True, r_precision_cap=None):
-        config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap)
+                 r_precision=True, r_precision_cap=None, allow_duplicates=False):
+        config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap,
+                                allow_duplicates)
         scores = retrieval_scores(predictions, references, config)
         return {**scores.as_dict(), "num_queries": scores.num_queries}
 
     def _keyword_mode(self, similarity=None, positives=None, query_ids=None, gallery_ids=None,
                       k_values=(1, 5, 10), map_at_r=True, r_precision=True, r_precision_cap=None,
+                      allow_duplicates=False,
                       i2t_rankings=None, t2i_rankings=None, i2t_similarity=None, image_ids=None,
                       caption_ids=None, t2i_similarity=None, target_metrics=DEFAULT_TARGET_METRICS,
                       pm_dir=None, coco_instances=None, pm_zeta=0):
@@ -145,11 +160,13 @@ class RetrievalMapAtR(evaluate.Metric):
             if positives is None:
                 raise ValueError("similarity needs positives: one positive-id list per row, or a "
                                  "dict query id -> positive ids")
-            config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap)
+            config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap,
+                                    allow_duplicates)
             scores = retrieval_scores_from_similarity(similarity, positives, query_ids,
                                                       gallery_ids, config)
             return {**scores.as_dict(), "num_queries": scores.num_queries}
-        suite = EccvSuiteConfig(target_metrics=tuple(target_metrics), k_values=tuple(k_values))
+        suite = EccvSuiteConfig(target_metrics=tuple(target_metrics), k_values=tuple(k_values),
+                                allow_duplicates=bool(allow_duplicates))
         annotations = EccvAnnotations.load(pm=_pm_positives(pm_dir, coco_instances, pm_zeta))
         if i2t_similarity is not None:
             if image_ids is None or caption_ids is None:
@@ -162,13 +179,14 @@ class RetrievalMapAtR(evaluate.Metric):
         return eccv_suite(i2t_rankings, t2i_rankings, suite, annotations)
 
 
-def _metric_config(k_values, map_at_r, r_precision, r_precision_cap):
+def _metric_config(k_values, map_at_r, r_precision, r_precision_cap, allow_duplicates):
     try:
         ks = tuple(k_values)
     except TypeError:
         raise RetrievalInputError(f"k_values must be a list of integers, got {k_values!r}") from None
     return RetrievalMetricConfig(k_values=ks, map_at_r=bool(map_at_r),
-                                 r_precision=bool(r_precision), r_precision_cap=r_precision_cap)
+                                 r_precision=bool(r_precision), r_precision_cap=r_precision_cap,
+                                 allow_duplicates=bool(allow_duplicates))
 
 
 def _pm_positives(pm_dir, coco_instances, pm_zeta):

@@ -1,4 +1,4 @@
-"""ITM score deltas on counterfactual and random pairs (builders/counterfactuals/METHOD.md §4; COCO-Counterfactuals §4.2.2).
+"""ITM score deltas on counterfactual and random pairs (Le et al., 2023, COCO-Counterfactuals §4.2.2).
 
 G is a model's image-text matching score. (C_o, I_o) is a real pair, (C_r, I_r) a random other
 real pair (I_r != I_o), I_o^s / I_c^s the synthetic images of the original / counterfactual
@@ -38,6 +38,7 @@ import numpy as np
 __all__ = [
     "DELTA_NAMES",
     "DeltaStats",
+    "SCORE_NAMES",
     "delta_stats",
     "itm_deltas",
     "itm_score_deltas",
@@ -52,6 +53,8 @@ DELTA_DEFINITIONS: dict[str, tuple[str, str]] = {
     "TR_c": ("g_cc_ics", "g_co_ics"),
 }
 DELTA_NAMES: tuple[str, ...] = tuple(DELTA_DEFINITIONS)
+#: The six score arguments, in the order of the definitions.
+SCORE_NAMES: tuple[str, ...] = ("g_cr_ir", "g_cr_io", "g_co_ir", "g_cc_ics", "g_cc_ios", "g_co_ics")
 _FORMULAS = {
     "IR_r": "G(C_r, I_r) - G(C_r, I_o)",
     "TR_r": "G(C_r, I_r) - G(C_o, I_r)",

@@ -1,14 +1,16 @@
 """ITM score deltas on random and counterfactual pairs (evaluate module).
 
-A thin wrapper over `builders.infra.metrics.itm` from the counterfactory package.
+The metric code is in this Space's helper module `deltas`, imported relatively so that
+`evaluate.load` downloads it too.
 """
 
 import datasets
 import evaluate
 
-from builders.infra.metrics.itm import delta_stats  # From: counterfactory
-from builders.infra.metrics.itm import itm_deltas  # From: counterfactory
-from builders.infra.metrics.itm import plot_histograms  # From: counterfactory
+from .deltas import SCORE_NAMES
+from .deltas import delta_stats
+from .deltas import itm_deltas
+from .deltas import plot_histograms
 
 _CITATION = """\
 @inproceedings{le2023cococounterfactuals,
@@ -84,6 +86,17 @@ class ItmScoreDeltas(evaluate.Metric):
             }),
             reference_urls=["https://huggingface.co/datasets/Intel/COCO-Counterfactuals"],
         )
+
+    def compute(self, **kwargs):
+        """Compute the deltas (evaluate appends the argument description below)."""
+        # Checked before Arrow, which reports a missing column as a TypeError about NoneType.
+        missing = [name for name in SCORE_NAMES if kwargs.get(name) is None]
+        if missing:
+            raise ValueError(
+                f"missing score column(s) {missing}: this module needs all six scores per pair "
+                f"({', '.join(SCORE_NAMES)}); to score only the random or only the "
+                "counterfactual group, call deltas.itm_score_deltas with the scores you have")
+        return super().compute(**kwargs)
 
     def _compute(
         self,

@@ -1,0 +1,1 @@
+"""The odmap metric Space (see README.md); helpers import each other relatively."""
