@@ -195,7 +195,8 @@ def run(cfg: TrainConfig) -> dict[str, float]:
                 save_checkpoint(accelerator, output, state)
         if state.batch >= steps_per_epoch * accum:
             state.epoch, state.batch = state.epoch + 1, 0
-            evaluate()
+            if not cfg.run.eval_every:  # per-epoch evaluation unless a step interval is given
+                evaluate()
             save_checkpoint(accelerator, output, state)
     bar.close()
 

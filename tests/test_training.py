@@ -1,0 +1,258 @@
+"""`training/finetune_clip.py` end to end on the fixture builds with the tiny CLIP: 1 vs 2
+processes, kill -9 + `--resume latest`, learning sanity, in-loop metrics = the evaluate modules
+post hoc, bad inputs, datasets by revision from the local Hub and `--push-to-hub`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import evaluate
+import numpy as np
+import pytest
+import torch
+
+from builders.infra.cli import main as cli_main
+from training.finetune_clip import main as train_main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from build_helpers import accelerate_cmd  # noqa: E402
+from training_helpers import (PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl, weights,  # noqa: E402
+                              write_color_set)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
+    root = tmp_path_factory.mktemp("builds")
+    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits",
+                     "train", "restval", "val", "test", "--output", str(root / "cc")]) == 0
+    assert cli_main(["build", "decorrelation", "--coco-root", str(coco_fixture_dir), "--fill",
+                     "zero", "--output", str(root / "dec")]) == 0
+    return root / "cc", root / "dec"
+
+
+def base_args(builds, tiny_models_dir, out: Path, *extra: str) -> list[str]:
+    cc, dec = builds
+    return ["--real", str(cc), "--decorrelation", str(dec), "--mix", "decorrelation", "--ratio", "0.3",
+            "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "8",
+            "--lr", "1e-3", "--num-workers", "1", "--output", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def single_run(builds, tiny_models_dir, tmp_path_factory) -> Path:
+    """One process, pairs kept together, 6 steps: the reference for the 2-process run and the
+    post hoc metric check."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    assert train_main(base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs",
+                                "--max-steps", "6")) == 0
+    return out
+
+
+@pytest.mark.accelerate
+def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_dir, tmp_path):
+    out = tmp_path / "two"
+    cmd = accelerate_cmd(SCRIPT, *base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs",
+                                             "--max-steps", "6", "--expect-processes", "2"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["processes"] == 2
+    one, two = read_jsonl(single_run / "loss.jsonl"), read_jsonl(out / "loss.jsonl")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-4, atol=1e-5)
+    for name, w in weights(single_run / "final").items():
+        np.testing.assert_allclose(weights(out / "final")[name], w, atol=1e-4, err_msg=name)
+
+
+def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_dir, tmp_path):
+    # 91 examples / batch 8 = 11 steps per epoch: 2 epochs, killed after the step-4 checkpoint.
+    extra = ("--epochs", "2", "--save-every", "2", "--real-test-split", "", "--eval-every", "0")
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([PYTHON, str(SCRIPT), *base_args(builds, tiny_models_dir, killed, *extra)],
+                            cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    marker = killed / "checkpoints" / "step-00000004" / "trainer_state.json"
+    deadline = time.time() + 300
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint at step 4"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "final").exists(), "the run finished before the kill"
+    losses_at_kill = read_jsonl(killed / "loss.jsonl")
+    assert train_main(base_args(builds, tiny_models_dir, killed, *extra, "--resume", "latest")) == 0
+
+    straight = tmp_path / "straight"
+    assert train_main(base_args(builds, tiny_models_dir, straight, *extra)) == 0
+    resumed_w, straight_w = weights(killed / "final"), weights(straight / "final")
+    assert resumed_w.keys() == straight_w.keys()
+    for name, w in straight_w.items():
+        np.testing.assert_allclose(resumed_w[name], w, atol=1e-5, err_msg=name)
+    # The resumed loss curve continues the killed one and equals the uninterrupted one.
+    resumed, uninterrupted = read_jsonl(killed / "loss.jsonl"), read_jsonl(straight / "loss.jsonl")
+    assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted] == list(range(1, 23))
+    np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in uninterrupted], atol=1e-5)
+    assert [r["loss"] for r in resumed[:4]] == [r["loss"] for r in losses_at_kill[:4]]
+
+
+def test_learning_sanity_r1_well_above_chance(tmp_path, tiny_models_dir):
+    """Captions name the image's colour: a few hundred steps must lift R@1 far above chance
+    (1/8 both ways: 8 test images, 5 captions each). This checks that gradients flow."""
+    data = write_color_set(tmp_path / "colors", {"train": 4, "val": 1, "test": 1})
+    out = tmp_path / "run"
+    assert train_main(["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
+                       "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "16", "--lr", "2e-3",
+                       "--epochs", "200", "--max-steps", "300", "--eval-every", "150",
+                       "--num-workers", "0", "--output", str(out)]) == 0
+    evals = read_jsonl(out / "metrics.jsonl")
+    assert [e["step"] for e in evals] == [150, 300, 300]
+    baseline = tmp_path / "baseline"
+    assert train_main(["--real", str(data), "--models", "tiny", "--tiny-models-dir",
+                       str(tiny_models_dir), "--eval-only", "--output", str(baseline),
+                       "--num-workers", "0"]) == 0
+    chance = 1 / 8
+    before, after = final_metrics(baseline), evals[-1]
+    assert after["retrieval/i2t_R@1"] >= 4 * chance and after["retrieval/t2i_R@1"] >= 4 * chance, after
+    assert after["retrieval/t2i_R@1"] > before["retrieval/t2i_R@1"] + 0.25
+
+
+def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds, tiny_models_dir):
+    from datasets import load_dataset
+
+    from training.backends import load_backend
+    from training.config import SourceRef, TrainConfig
+    from training.evaluation import compute_embeddings, load_eval_data
+
+    cc, dec = builds
+    final = read_jsonl(single_run / "metrics.jsonl")[-1]
+    assert final["final"] and final == {**final, **final_metrics(single_run)}
+    emb = np.load(single_run / "embeddings.npz")
+
+    # The saved model reproduces the saved embeddings.
+    cfg = TrainConfig()
+    cfg.data.real, cfg.data.decorrelation = SourceRef(str(cc)), SourceRef(str(dec))
+    backend = load_backend("transformers", str(single_run / "final"))
+    backend.module.eval()
+    again = compute_embeddings(backend.module, backend, load_eval_data(cfg, [], [], None), 16, 0)
+    for key in ("image", "text", "query_image", "gallery_text"):
+        np.testing.assert_allclose(again[key], emb[key], atol=1e-5, err_msg=key)
+
+    # Retrieval: map_at_r in similarity mode, positives straight from the build's rows.
+    test = load_dataset(str(cc), "default", split="test")
+    image_ids, per_image = list(test["image_id"]), list(test["caption_ids"])
+    caption_ids = [c for ids in per_image for c in ids]
+    owner = {c: i for i, ids in zip(image_ids, per_image) for c in ids}
+    map_at_r = evaluate.load(str(REPO_ROOT / "metric_spaces" / "map_at_r"))
+    sim = emb["image"] @ emb["text"].T
+    i2t = map_at_r.compute(similarity=sim, positives=dict(zip(image_ids, per_image)),
+                           query_ids=image_ids, gallery_ids=caption_ids, k_values=[1, 5, 10],
+                           map_at_r=False, r_precision=False)
+    t2i = map_at_r.compute(similarity=sim.T, positives={c: [owner[c]] for c in caption_ids},
+                           query_ids=caption_ids, gallery_ids=image_ids, k_values=[1, 5, 10],
+                           map_at_r=False, r_precision=False)
+    for k in (1, 5, 10):
+        assert final[f"retrieval/i2t_R@{k}"] == pytest.approx(i2t[f"recall_at_{k}"])
+        assert final[f"retrieval/t2i_R@{k}"] == pytest.approx(t2i[f"recall_at_{k}"])
+
+    # ODmAP@k: the odmap module on top-k ids against the gallery's mention lists.
+    queries = load_dataset(str(dec), "odmap_queries", split="test")
+    gallery = load_dataset(str(dec), "odmap_gallery", split="test")
+    removed, present = list(queries["removed_classes"]), list(queries["present_classes"])
+    mentioned = list(gallery["mentioned_classes"])
+    classes = sorted({c for rows in (removed, present, mentioned) for r in rows for c in r})
+    mentions = np.array([[c in set(r) for c in classes] for r in mentioned])
+    ranked = np.argsort(-(emb["query_image"] @ emb["gallery_text"].T), axis=1, kind="stable")[:, :10]
+    odmap = evaluate.load(str(REPO_ROOT / "metric_spaces" / "odmap"))
+    res = odmap.compute(retrieved=ranked.tolist(), removed_classes=removed,
+                        present_classes=present, mention_matrix=mentions,
+                        class_names=classes, k_values=[1, 5, 10])
+    for k in (1, 5, 10):
+        assert final[f"odmap/ODmAP@{k}"] == pytest.approx(res[f"ODmAP@{k}"])
+
+    # ITM deltas (random group), brute force from the embeddings: real pair (C_o, I_o) = image i
+    # with its first caption, (C_r, I_r) = the next image with its first caption.
+    first = np.cumsum([0] + [len(ids) for ids in per_image])[:-1]
+    img, cap = emb["image"], emb["text"][first]
+    nxt = [(i + 1) % len(img) for i in range(len(img))]
+    g = lambda c, i: float(cap[c] @ img[i])  # noqa: E731
+    ir_r = [g(nxt[i], nxt[i]) - g(nxt[i], i) for i in range(len(img))]
+    tr_r = [g(nxt[i], nxt[i]) - g(i, nxt[i]) for i in range(len(img))]
+    for name, d in (("IR_r", ir_r), ("TR_r", tr_r)):
+        assert final[f"itm/{name}_mean"] == pytest.approx(np.mean(d), abs=1e-6)
+        assert final[f"itm/{name}_frac_below_zero"] == pytest.approx(np.mean(np.array(d) < 0))
+
+
+def _error_of(capsys, argv) -> str:
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+def test_bad_inputs_are_one_line_errors_before_training(builds, tiny_models_dir, tmp_path, capsys):
+    cc, dec = builds
+    out = tmp_path / "run"
+    # The decorrelation build's default config has images but no `captions` / `caption_ids`.
+    err = _error_of(capsys, base_args((dec, dec), tiny_models_dir, out))
+    assert "has no column(s) ['caption_ids', 'captions']" in err and str(dec) in err
+    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--ratio", "5"))
+    assert "--ratio 5.0 needs" in err and "lower --ratio" in err
+    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs",
+                                      "--batch-size", "1"))
+    assert "needs at least 2 rows per process batch" in err
+    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--real-revision", "v1.0.0"))
+    assert "is a local folder" in err
+    assert not (out / "loss.jsonl").exists() and not (out / "checkpoints").exists()
+
+
+def test_open_clip_backend_trains_and_saves_a_local_dir_model(builds, tiny_models_dir, tmp_path):
+    import open_clip
+
+    out = tmp_path / "oc"
+    assert train_main(base_args(builds, tiny_models_dir, out, "--backend", "open_clip", "--max-steps",
+                                "2", "--hard-negatives", "negclip", "--real-test-split", "test")) == 0
+    model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{out / 'final'}")
+    assert len(read_jsonl(out / "loss.jsonl")) == 2
+    # Evaluating the saved model reproduces the run's final numbers.
+    again = tmp_path / "again"
+    assert train_main(["--real", str(builds[0]), "--decorrelation", str(builds[1]), "--backend",
+                       "open_clip", "--model", f"local-dir:{out / 'final'}", "--eval-only",
+                       "--num-workers", "0", "--output", str(again)]) == 0
+    for key, value in final_metrics(again).items():
+        if not key.startswith("val_loss"):
+            assert final_metrics(out)[key] == pytest.approx(value, abs=1e-6), key
+    assert isinstance(model, torch.nn.Module)
+
+
+def test_datasets_by_revision_from_the_hub_and_push_to_hub(builds, tiny_models_dir, tmp_path,
+                                                           capsys, local_hub):
+    from huggingface_hub import HfApi, hf_hub_download
+    from transformers import CLIPModel
+
+    cc, _ = builds
+    repo = "trainer-test/coco-captions"
+    assert cli_main(["publish", str(cc), "--repo-id", repo, "--version", "v1.0.0"]) == 0
+    sha = HfApi().dataset_info(repo, revision="v1.0.0").sha
+    out = tmp_path / "run"
+    args = ["--real", repo, "--real-revision", "v1.0.0", "--models", "tiny", "--tiny-models-dir",
+            str(tiny_models_dir), "--batch-size", "8", "--max-steps", "2", "--num-workers", "0",
+            "--output", str(out)]
+    err = _error_of(capsys, [*args[:3], "v9.9.9", *args[4:]])
+    assert "revision 'v9.9.9' does not exist" in err and repo in err
+    assert train_main([*args, "--push-to-hub", "trainer-test/tiny-clip"]) == 0
+    tables = json.loads((out / "run.json").read_text())["tables"]
+    assert {(t["path"], t["revision"], t["commit"]) for t in tables} == {(repo, "v1.0.0", sha)}
+    card = Path(hf_hub_download("trainer-test/tiny-clip", "README.md")).read_text()
+    assert repo in card and "v1.0.0" in card and sha in card and "retrieval/i2t_R@1" in card
+    pushed = CLIPModel.from_pretrained("trainer-test/tiny-clip")
+    local = weights(out / "final")
+    for name, param in pushed.state_dict().items():
+        if name in local:
+            np.testing.assert_array_equal(param.numpy(), local[name])
