@@ -186,8 +186,8 @@ def test_pm_config_equals_brute_force(tmp_path):
     out = tmp_path / "build"
     assert cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
                      "--pm-zeta", "1", "--part-size", "8192"]) == 0
-    pm_i2t = {r["image_id"]: r["pm_caption_ids"] for r in load_dataset(str(out), "pm", split="i2t")}
-    pm_t2i = {r["caption_id"]: r["pm_image_ids"] for r in load_dataset(str(out), "pm", split="t2i")}
+    pm_i2t = {r["query_id"]: r["pm_positive_ids"] for r in load_dataset(str(out), "pm", split="i2t")}
+    pm_t2i = {r["query_id"]: r["pm_positive_ids"] for r in load_dataset(str(out), "pm", split="t2i")}
     expected_i2t, expected_t2i = {}, {}
     for a in images:
         matches = [b for b in images if b != a and len(set(classes[a]) ^ set(classes[b])) <= 1]

@@ -7,7 +7,8 @@ instances, and writes:
     i2t/test      one row per image query of any source: image, its ECCV positives (caption ids,
                   texts, provenance label each), its CxC and original COCO positives
     t2i/test      one row per caption query: caption, its ECCV / CxC / COCO positive image ids
-    pm/i2t, pm/t2i  plausible-match pseudo-positives from COCO instances (needs --coco-root)
+    pm/i2t, pm/t2i  plausible-match pseudo-positives from COCO instances (needs --coco-root):
+                  query_id -> pm_positive_ids (captions of an image query, images of a caption)
     removed/test  the captions and the image the ECCV Caption paper removes (Appendix C.1)
 
 Rows exist for every annotated query whether or not the COCO root holds it: image and text
@@ -53,8 +54,9 @@ T2I = datasets.Features({
     "positive_image_ids": _IDS, "positive_sources": _TEXTS,
     "cxc_image_ids": _IDS, "coco_image_ids": _IDS,
 })
-PM_I2T = datasets.Features({"image_id": datasets.Value("int64"), "pm_caption_ids": _IDS})
-PM_T2I = datasets.Features({"caption_id": datasets.Value("int64"), "pm_image_ids": _IDS})
+# One schema for both splits (a config has one): split i2t holds image queries -> caption ids,
+# split t2i caption queries -> image ids.
+PM = datasets.Features({"query_id": datasets.Value("int64"), "pm_positive_ids": _IDS})
 REMOVED = datasets.Features({"kind": datasets.Value("string"), "id": datasets.Value("int64"),
                              "reason": datasets.Value("string"), "text": datasets.Value("string")})
 
@@ -89,7 +91,7 @@ class EccvPositivesBuilder:
 
     def outputs(self):
         return [OutputSpec("i2t", "test", I2T), OutputSpec("t2i", "test", T2I),
-                OutputSpec("pm", "i2t", PM_I2T), OutputSpec("pm", "t2i", PM_T2I),
+                OutputSpec("pm", "i2t", PM), OutputSpec("pm", "t2i", PM),
                 OutputSpec("removed", "test", REMOVED)]
 
     @cached_property
@@ -138,9 +140,9 @@ class EccvPositivesBuilder:
             elif kind == "t2i":
                 yield Emit("t2i/test", self._caption_row(key))
             elif kind == "pm_i2t":
-                yield Emit("pm/i2t", {"image_id": key, "pm_caption_ids": self.pm.i2t[key].tolist()})
+                yield Emit("pm/i2t", {"query_id": key, "pm_positive_ids": self.pm.i2t[key].tolist()})
             elif kind == "pm_t2i":
-                yield Emit("pm/t2i", {"caption_id": key, "pm_image_ids": self.pm.t2i[key].tolist()})
+                yield Emit("pm/t2i", {"query_id": key, "pm_positive_ids": self.pm.t2i[key].tolist()})
             else:
                 yield Emit("removed/test", removed_rows()[key])
 

@@ -27,8 +27,8 @@ COLUMN_DOCS = {
     "cxc_image_ids": "CxC positives (null: not a CxC query)",
     "coco_caption_ids": "original COCO positives (null: not a COCO query)",
     "coco_image_ids": "original COCO positives (null: not a COCO query)",
-    "pm_caption_ids": "plausible-match captions (own image excluded)",
-    "pm_image_ids": "plausible-match images (own image excluded)",
+    "query_id": "pm: image id (split i2t) or caption id (split t2i)",
+    "pm_positive_ids": "pm: plausible-match captions (i2t) / images (t2i), own image excluded",
     "image": "COCO image (null when the COCO root lacks it)",
     "caption": "caption text (null when the COCO root lacks it)",
 }
