@@ -72,19 +72,22 @@ def test_every_decorrelation_card_variant_cites_papers_only(nltk_data_dir):
     from builders.decorrelation.card import card_fields
     from builders.decorrelation.fill import FILL_METHODS, FillConfig
     from builders.decorrelation.source import SourceConfig
+    from builders.decorrelation.verify import VerifyConfig
 
     seen = 0
-    for kind, fill, caption in itertools.product(("coco", "flickr30k"), FILL_METHODS, CAPTION_METHODS):
+    for kind, fill, caption, verify in itertools.product(("coco", "flickr30k"), FILL_METHODS,
+                                                         CAPTION_METHODS, (False, True)):
         cfg = DecorrelationConfig(source=SourceConfig(kind, Path("source")),
                                   fill=FillConfig(fill, model="inpaint-model"),
-                                  caption=CaptionConfig(caption, model="captioner-model"))
+                                  caption=CaptionConfig(caption, model="captioner-model"),
+                                  verify=VerifyConfig(enabled=verify, model="clip-model" if verify else None))
         fields = card_fields(cfg, COLUMN_DOCS)
         text = json.dumps(fields, indent=1, ensure_ascii=False)
-        hits = forbidden_lines(text, f"{kind}/{fill}/{caption}")
+        hits = forbidden_lines(text, f"{kind}/{fill}/{caption}/verify={verify}")
         assert not hits, "\n".join(hits)
         assert "kim2023exposing" in fields["citation"]
         seen += 1
-    assert seen == 2 * len(FILL_METHODS) * len(CAPTION_METHODS)
+    assert seen == 2 * 2 * len(FILL_METHODS) * len(CAPTION_METHODS)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +145,7 @@ def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(publishe
     code = re.findall(r"```python\n(.*?)```", card, flags=re.S)[-1]
     assert "ORG/odmap" in code and "openai/clip-vit-base-patch32" in code
     code = (code.replace("openai/clip-vit-base-patch32", str(tiny_models_dir / "clip"))
-                .replace('"ORG/odmap"', repr(str(REPO_ROOT / "evaluate_modules" / "odmap"))))
+                .replace('"ORG/odmap"', repr(str(REPO_ROOT / "metric_spaces" / "odmap"))))
     scope: dict = {}
     exec(compile(code, "card-recipe", "exec"), scope)  # the published text, not a copy of it
     printed = capsys.readouterr().out.strip().splitlines()[-1]
@@ -163,7 +166,7 @@ def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(publishe
 
 
 def test_published_metric_spaces_cite_papers_only(local_hub):
-    modules = sorted(p for p in (REPO_ROOT / "evaluate_modules").iterdir() if (p / f"{p.name}.py").is_file())
+    modules = sorted(p for p in (REPO_ROOT / "metric_spaces").iterdir() if (p / f"{p.name}.py").is_file())
     assert modules
     hits = []
     for module in modules:
