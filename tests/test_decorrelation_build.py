@@ -28,7 +28,7 @@ from builders.decorrelation.captions import (CLIP_TEMPLATES, CaptionConfig, Capt
 from builders.infra.cli import main as cli_main
 from builders.decorrelation.source import SourceCaption
 from builders.infra.errors import InputFileError, UserFacingError
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.infra.fixtures.coco import CocoFixtureConfig, drawn_object_mask, write_coco_fixture
 from builders.decorrelation.fill import FillConfig, ImageFiller
 from builders.infra.models.profiles import resolve_profile
 from metric_spaces.odmap.class_match import COCO_CLASSES, COCO_TABLE
@@ -38,7 +38,7 @@ from loading_scripts.flickr30k import parse_entity_sentence
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import reference_match, reference_odmap_from_rankings  # noqa: E402
 from build_helpers import accelerate_cmd, kill_after_parts, shard_digests  # noqa: E402
-from test_selection import brute_force  # noqa: E402
+from test_selection import brute_force, touched_pixels  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PART_SIZE = "2"
@@ -97,6 +97,8 @@ def test_rows_follow_the_rules_and_the_source(built, coco_fixture_dir):
                 expected[(image_id, anchor)] = (im["split"], kind, removed, present, region)
     skipped = manifest["skipped"]
     assert {k: v for k, v in skipped.items() if not k.startswith("caption_")} == dict(reasons)
+    dilation = manifest["config"]["fill"]["mask_dilation"]
+    assert dilation > 0  # the default grows the filled region
     assert manifest["errors"] == {}
 
     train = load_dataset(str(built), split="train")
@@ -116,8 +118,11 @@ def test_rows_follow_the_rules_and_the_source(built, coco_fixture_dir):
         assert row["source_split"] == split and row["removal"] == kind
         assert set(row["removed_classes"]) == removed and set(row["present_classes"]) == present
         assert {b["category"] for b in row["removed_boxes"]} == removed
-        mask = np.asarray(row["mask"]) > 0
-        assert set(map(tuple, np.argwhere(mask).tolist())) == region
+        assert row["region_fraction"] == pytest.approx(len(region) / (im["w"] * im["h"]))
+        mask = np.asarray(row["mask"]) > 0  # the filled region: the removed boxes grown by `dilation`
+        filled = set().union(*(touched_pixels(box, im["w"], im["h"], grow=dilation) for c, box in im["boxes"]
+                               if c in removed and touched_pixels(box, im["w"], im["h"])))
+        assert set(map(tuple, np.argwhere(mask).tolist())) == filled
         source = np.asarray(Image.open(im["file"]).convert("RGB"))
         synthetic = np.asarray(row["image"])
         assert synthetic.shape == source.shape
@@ -192,6 +197,46 @@ def test_simulated_crash_resumes_to_identical_shards(built, coco_fixture_dir, ti
     part.write_bytes(part.read_bytes()[:100])
     assert cli_main(["build", "decorrelation", *build_args(coco_fixture_dir, out, tiny_models_dir)]) == 0
     assert shard_digests(out) == shard_digests(built)
+
+
+def _grow(mask: np.ndarray, n: int) -> np.ndarray:
+    """Every pixel within n rows and n columns of a masked pixel."""
+    h, w = mask.shape
+    padded, out = np.pad(mask, n), np.zeros_like(mask)
+    for di in range(2 * n + 1):
+        for dj in range(2 * n + 1):
+            out |= padded[di:di + h, dj:dj + w]
+    return out
+
+
+@pytest.mark.parametrize("dilation", [0, None])
+def test_zero_fill_leaves_no_pixel_of_a_removed_object(coco_fixture_dir, tiny_models_dir, nltk_data_dir,
+                                                       tmp_path, dilation):
+    """The fixture paints each object at its (fractional) box; after a `zero` fill none of its
+    painted pixels (outline included) may survive. With the default dilation the 2-pixel JPEG
+    colour bleed around the object is gone too."""
+    out = tmp_path / "zero"
+    extra = ["--fill", "zero", "--products", "train", "--caption", "prompts"]
+    extra += [] if dilation is None else ["--mask-dilation", str(dilation)]
+    assert cli_main(["build", "decorrelation", *build_args(coco_fixture_dir, out, tiny_models_dir), *extra]) == 0
+    raw = raw_images(coco_fixture_dir)
+    rows = load_dataset(str(out), split="train")
+    assert len(rows) > 10
+    centre_rule_misses = 0
+    for row in rows:
+        im = raw[row["image_id"]]
+        synthetic = np.asarray(row["image"])
+        for category, (x, y, w, h) in im["boxes"]:
+            if category not in row["removed_classes"]:
+                continue
+            painted = np.asarray(drawn_object_mask(category, (x, y, w, h), (im["w"], im["h"]))) > 0
+            must_be_black = painted if dilation == 0 else _grow(painted, 2)
+            assert (synthetic[must_be_black] == 0).all(), (row["row_id"], category)
+            # The pixel-centre rule this replaced would leave painted pixels: the test can fail.
+            rows_i, cols_j = np.nonzero(painted)
+            centre_rule_misses += int(np.count_nonzero(~((x <= cols_j + 0.5) & (cols_j + 0.5 < x + w)
+                                                         & (y <= rows_i + 0.5) & (rows_i + 0.5 < y + h))))
+    assert centre_rule_misses > 0
 
 
 def test_fill_methods_against_independent_computations(tiny_models_dir, one_thread):
