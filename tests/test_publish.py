@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from datasets import load_dataset
 from huggingface_hub import HfApi
 
 from builders.infra.cli import main as cli_main
-from builders.infra.errors import UserFacingError
+from builders.infra.errors import PublishError, UserFacingError
+from builders.infra.publishing.hub_client import PublishInterrupted
 from builders.infra.publishing.publish import PublishConfig, publish
 from builders.infra.sharding.runner import RunConfig, run_build
 
@@ -32,7 +34,9 @@ def pixels(ds) -> list[np.ndarray]:
 
 @pytest.fixture
 def repo_id(request, local_hub) -> str:
-    return f"tester/{request.node.name.replace('_', '-')[:60]}"
+    import re
+
+    return f"tester/{re.sub(r'[^A-Za-z0-9]+', '-', request.node.name)[:60].strip('-')}"
 
 
 def test_publish_two_versions_and_load_each_by_tag(tmp_path, local_hub, repo_id):
@@ -137,3 +141,186 @@ def test_published_columns_keep_the_build_order(tmp_path, local_hub, repo_id):
     publish(PublishConfig(output_dir=out, repo_id=repo_id, version="v1.0.0"))
     remote = load_dataset(repo_id, split="train", revision="v1.0.0")
     assert remote.column_names == list(toy_builder.MAIN) == load_dataset(str(out), split="train").column_names
+
+
+# ------------------------------------------------------------------ failures and recovery (#12)
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("counterfactory: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def tag_target(repo_id: str, version: str, endpoint: str | None = None) -> str | None:
+    tags = HfApi(endpoint=endpoint).list_repo_refs(repo_id, repo_type="dataset").tags
+    return {t.name: t.target_commit for t in tags}.get(version)
+
+
+@pytest.fixture
+def own_hub(monkeypatch):
+    """A second local Hub for tests that stall or kill it; HF_ENDPOINT is restored afterwards."""
+    from builders.infra.local_hub import LocalHub
+
+    monkeypatch.setenv("HF_ENDPOINT", os.environ["HF_ENDPOINT"])
+    hub = LocalHub().start()
+    yield hub
+    hub.stall(False)
+    hub.stop()
+
+
+def test_rerun_after_the_tag_was_made_exits_0_when_the_tag_holds_this_build(
+        tmp_path, local_hub, repo_id, capsys):
+    out = toy_build(tmp_path / "v1", 20, "v1", max_shard_bytes=2_000)
+    assert cli_main(["publish", str(out), "--repo-id", repo_id, "--version", "v1.0.0"]) == 0
+    tagged = tag_target(repo_id, "v1.0.0")
+    n_commits = len(HfApi().list_repo_commits(repo_id, repo_type="dataset"))
+    capsys.readouterr()
+    # What a publish killed right after creating the tag leaves behind, re-run as is:
+    assert cli_main(["publish", str(out), "--repo-id", repo_id, "--version", "v1.0.0"]) == 0
+    assert "already holds exactly this build" in capsys.readouterr().out
+    assert tag_target(repo_id, "v1.0.0") == tagged
+    assert len(HfApi().list_repo_commits(repo_id, repo_type="dataset")) == n_commits
+
+
+def test_a_commit_racing_another_publish_is_refused_and_the_tag_holds_one_build(
+        tmp_path, local_hub, repo_id, monkeypatch):
+    ours = toy_build(tmp_path / "ours", 20, "ours")
+    theirs = toy_build(tmp_path / "theirs", 25, "theirs")
+    real_commit = HfApi.create_commit
+
+    def racing_commit(self, *args, **kwargs):
+        if "card and manifest" in kwargs["commit_message"]:
+            # Another build is published to the same repo just before our final commit.
+            monkeypatch.setattr(HfApi, "create_commit", real_commit)
+            publish(PublishConfig(output_dir=theirs, repo_id=repo_id, version="v1.0.0"))
+        return real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(HfApi, "create_commit", racing_commit)
+    with pytest.raises(PublishError, match="main branch moved during the publish"):
+        publish(PublishConfig(output_dir=ours, repo_id=repo_id, version="v1.0.0", retries=1))
+    tagged = load_dataset(repo_id, split="train", revision="v1.0.0")["caption"]
+    assert tagged == load_dataset(str(theirs), split="train")["caption"]
+
+
+def test_tag_made_by_another_publish_in_between_is_detected(tmp_path, local_hub, repo_id,
+                                                            monkeypatch):
+    ours = toy_build(tmp_path / "ours", 20, "ours")
+    theirs = toy_build(tmp_path / "theirs", 25, "theirs")
+    real_tag = HfApi.create_tag
+
+    def racing_tag(self, *args, **kwargs):
+        # Between our final commit and our tag, another build is published under the same tag.
+        monkeypatch.setattr(HfApi, "create_tag", real_tag)
+        publish(PublishConfig(output_dir=theirs, repo_id=repo_id, version="v1.0.0"))
+        return real_tag(self, *args, **kwargs)
+
+    monkeypatch.setattr(HfApi, "create_tag", racing_tag)
+    with pytest.raises(PublishError, match="does not hold exactly this build"):
+        publish(PublishConfig(output_dir=ours, repo_id=repo_id, version="v1.0.0"))
+    # The tag is whole: one build's shards and its own card, nothing of ours.
+    assert load_dataset(repo_id, split="train", revision="v1.0.0")["caption"] == \
+        load_dataset(str(theirs), split="train")["caption"]
+
+
+class _NoRows(toy_builder.ToyBuilder):
+    def process(self, items):
+        for _ in items:
+            yield toy_builder.Skip("nothing_to_keep")
+
+
+def test_an_empty_build_is_never_published_and_never_loads_its_manifest(tmp_path, local_hub,
+                                                                         repo_id, capsys):
+    out = tmp_path / "empty"
+    run_build(_NoRows(toy_builder.ToyConfig(n_items=5)), RunConfig(output_dir=out, part_size=8))
+    assert cli_main(["publish", str(out), "--repo-id", repo_id, "--version", "v1.0.0"]) == 2
+    assert "has no rows in any output" in one_error_line(capsys)
+    assert not HfApi().repo_exists(repo_id, repo_type="dataset")  # refused before any upload
+    # Locally too, `configs:` stays explicit: no table appears out of build_manifest.json.
+    with pytest.raises(Exception, match="data files"):
+        load_dataset(str(out))
+
+
+@pytest.mark.parametrize("repo, message", [
+    ("bad id!!", "must be ORG/NAME"),
+    ("no-org", "must be ORG/NAME"),
+    ("org/bad id!!", "is not a valid Hub repo id"),
+    ("org/-dash", "is not a valid Hub repo id"),
+    ("org/a--b", "is not a valid Hub repo id"),
+])
+def test_invalid_repo_ids_are_one_line(tmp_path, local_hub, repo, message, capsys):
+    out = toy_build(tmp_path / "v1", 10, "v1")
+    assert cli_main(["publish", str(out), "--repo-id", repo, "--version", "v1.0.0"]) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_no_hub_reachable_is_one_line(tmp_path, own_hub, capsys):
+    from builders.infra.local_hub import free_port
+
+    out = toy_build(tmp_path / "v1", 10, "v1")
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert cli_main(["publish", str(out), "--repo-id", "tester/x", "--version", "v1.0.0",
+                     "--endpoint", nowhere, "--retries", "2"]) == 2
+    line = one_error_line(capsys)
+    assert f"cannot reach the Hub at {nowhere}" in line and "re-run the same command" in line
+
+
+def test_a_hub_that_stops_answering_times_out_instead_of_hanging(tmp_path, own_hub, capsys):
+    out = toy_build(tmp_path / "v1", 10, "v1")
+    own_hub.stall()
+    assert cli_main(["publish", str(out), "--repo-id", "tester/x", "--version", "v1.0.0",
+                     "--endpoint", own_hub.url, "--timeout", "0.5", "--retries", "2"]) == 2
+    line = one_error_line(capsys)
+    assert f"the Hub at {own_hub.url} did not answer in time" in line
+
+
+def test_hub_dying_mid_upload_then_rerun_completes_the_version(tmp_path, own_hub, monkeypatch):
+    from builders.infra.local_hub import LocalHub
+
+    out = toy_build(tmp_path / "v1", 60, "v1", max_shard_bytes=1_500)
+    real_commit = HfApi.create_commit
+    calls = {"n": 0}
+
+    def dying_commit(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            own_hub.stop()  # the server goes away between two data commits
+        return real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(HfApi, "create_commit", dying_commit)
+    cfg = PublishConfig(output_dir=out, repo_id="tester/dying", version="v1.0.0",
+                        endpoint=own_hub.url, max_commit_files=1, retries=1)
+    with pytest.raises(PublishInterrupted, match="cannot reach the Hub"):
+        publish(cfg)
+    port = int(own_hub.url.rsplit(":", 1)[1])
+    with LocalHub(port=port, state=own_hub.state) as restarted:
+        result = publish(cfg)
+        assert result.unchanged_files == 2  # committed before the server died
+        files = {f.path for f in HfApi(endpoint=restarted.url).list_repo_tree(
+            "tester/dying", repo_type="dataset", revision="v1.0.0", recursive=True)
+            if hasattr(f, "blob_id")}
+    local = {p.relative_to(out).as_posix() for p in out.rglob("*")
+             if p.is_file() and ".parts" not in p.parts}
+    assert files - {".gitattributes"} == local
+
+
+def test_endpoint_flag_alone_publishes_and_http_lines_are_quiet(tmp_path, own_hub):
+    """`publish --endpoint URL` with nothing else set (no HF_ENDPOINT, no HF_HUB_DISABLE_XET)."""
+    import subprocess
+
+    out = toy_build(tmp_path / "v1", 10, "v1")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET")}
+    cli = Path(sys.executable).parent / "counterfactory"
+    cmd = [str(cli), "publish", str(out), "--repo-id", "tester/flag-only", "--version", "v1.0.0",
+           "--endpoint", own_hub.url]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "HTTP Request" not in done.stderr
+    assert tag_target("tester/flag-only", "v1.0.0", own_hub.url) is not None
+    verbose = subprocess.run([str(cli), "-v", *cmd[1:-4], "--repo-id", "tester/flag-only",
+                              "--version", "v1.0.1", "--endpoint", own_hub.url],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert "HTTP Request" in verbose.stderr

@@ -5,7 +5,9 @@ Tests and the demo point the *real* `huggingface_hub`, `datasets` and `evaluate`
 configs, streaming and `evaluate.load` from a Space are exercised end to end without network.
 Covered: repo create/info, preupload, NDJSON commits (regular + LFS), LFS batch/PUT, branches,
 tags (409 when one exists: tags are immutable), refs, tree (with LFS sha256), paths-info,
-commits, resolve (HEAD/GET/Range) for model, dataset and space repos.
+commits (412 when `parentCommit` is not the branch head), resolve (HEAD/GET/Range) for model,
+dataset and space repos. For failure tests, `LocalHub.stall()` makes it stop answering, and a
+stopped hub's `state` can be served again by a new `LocalHub` (a restart).
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ class HubState:
         self.lock = threading.Lock()
         self.repos: dict[tuple[str, str], Repo] = {}
         self.lfs: dict[str, bytes] = {}
+        #: While set, requests are read but never answered (a Hub that stopped responding).
+        self.stalled = threading.Event()
+        #: Set when the server stops, releasing stalled requests.
+        self.stopping = threading.Event()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -166,6 +172,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("PUT")
 
     def _route(self, method: str) -> None:
+        while self.state.stalled.is_set() and not self.state.stopping.wait(0.05):
+            pass
+        if self.state.stalled.is_set() or self.state.stopping.is_set():
+            # Hang up without an answer: a stalled or stopped server, also on kept-alive connections.
+            self.close_connection = True
+            return None
         url = urlparse(self.path)
         path, query = url.path, parse_qs(url.query)
         head = method == "HEAD"
@@ -385,8 +397,10 @@ class _Handler(BaseHTTPRequestHandler):
 class LocalHub:
     """Start/stop a local Hub on 127.0.0.1; `url` is what `HF_ENDPOINT` must be set to."""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1") -> None:
-        self.state = HubState()
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", state: HubState | None = None) -> None:
+        # Passing the `state` of a stopped hub restarts it with the same repos (a server restart).
+        self.state = state or HubState()
+        self.state.stopping.clear()
         handler = type("BoundHandler", (_Handler,), {"state": self.state})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
@@ -404,7 +418,12 @@ class LocalHub:
         log.info("local Hub listening on %s", self.url)
         return self
 
+    def stall(self, stalled: bool = True) -> None:
+        """Keep accepting connections but stop answering (or answer again)."""
+        (self.state.stalled.set if stalled else self.state.stalled.clear)()
+
     def stop(self) -> None:
+        self.state.stopping.set()
         self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:

@@ -28,9 +28,11 @@ def _size_category(n: int) -> str:
 def configs_yaml(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """The README `configs:` entries: one per config, one `data_files` entry per split."""
     configs: dict[str, list[dict[str, str]]] = {}
-    for out in manifest["outputs"].values():
-        if not out["rows"]:  # no shard was written (see sharding.merge)
-            continue
+    outputs = list(manifest["outputs"].values())
+    # Outputs without rows get no shard (see sharding.merge) and no entry; an all-empty build
+    # still lists them (patterns matching nothing), as loaders left without `configs:` would take
+    # build_manifest.json for the data.
+    for out in [o for o in outputs if o["rows"]] or outputs:
         configs.setdefault(out["config"], []).append(
             {"split": out["split"], "path": f"{out['data_dir']}/{out['split']}-*"}
         )

@@ -6,6 +6,11 @@ interruption finishes the same version without re-committing unchanged shards. T
 writes the card and manifest and deletes shards of older versions that this one no longer has;
 then the tag is created on exactly that commit. An existing tag is never moved.
 
+Concurrent publishes cannot mix: every commit names its parent (the Hub refuses it with 412 when
+main moved), and after tagging, the tagged tree is compared file by file (LFS sha256 / git blob
+id) with this build. A rerun that finds the tag already holding exactly this build succeeds
+without uploading; one that finds other content fails. An empty build is never published.
+
 The token comes from the environment or `huggingface_hub` login; nothing here writes it anywhere.
 """
 
@@ -15,18 +20,18 @@ import hashlib
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Iterator
 
-from builders.infra.errors import UserFacingError
+from builders.infra.errors import PublishError, UserFacingError
+from builders.infra.publishing.hub_client import (bound_request_time, check_repo_id, hub_errors,
+                                                  retrying, use_endpoint)
 from builders.infra.sharding.layout import MANIFEST, PARTS_DIR
 
 log = logging.getLogger(__name__)
 
 VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+$")
-T = TypeVar("T")
 
 
 @dataclass
@@ -47,6 +52,9 @@ class PublishConfig:
     max_commit_files: int = 100
     #: Attempts for one Hub call that fails with 429/5xx or a connection error.
     retries: int = 5
+    #: Seconds a request may wait to connect, send or receive before it counts as failed
+    #: (without it a Hub that stops answering hangs the publish forever).
+    timeout_s: float = 120.0
 
 
 @dataclass
@@ -57,6 +65,8 @@ class PublishResult:
     data_commits: int
     uploaded_files: int
     unchanged_files: int
+    #: True when the tag already held exactly this build (a rerun after an interrupted publish).
+    already_published: bool = False
 
 
 def git_blob_oid(data: bytes) -> str:
@@ -71,34 +81,12 @@ def check_version(version: str) -> None:
 
 def refuse_existing_tag(api, repo: dict, version: str, retries: int) -> None:
     """Tags are immutable: fail, naming the tagged commit, when `version` is already a tag."""
-    refs = _retrying(lambda: api.list_repo_refs(**repo), retries, "list_repo_refs")
-    tags = {t.name: t.target_commit for t in refs.tags}
+    tags = _tags(api, repo, retries)
     if version in tags:
         raise UserFacingError(
             f"{repo['repo_id']} already has tag {version} (commit {tags[version][:10]}); "
             "tags are never moved — publish under a new version, e.g. bump the patch number"
         )
-
-
-def _retrying(call: Callable[[], T], retries: int, what: str) -> T:
-    from huggingface_hub.errors import HfHubHTTPError
-
-    delay = 1.0
-    for attempt in range(1, retries + 1):
-        try:
-            return call()
-        except HfHubHTTPError as err:
-            status = err.response.status_code if err.response is not None else None
-            if status not in (429, 500, 502, 503, 504) or attempt == retries:
-                raise
-            log.warning("%s failed with HTTP %s; retrying in %.0f s", what, status, delay)
-        except (ConnectionError, TimeoutError) as err:
-            if attempt == retries:
-                raise
-            log.warning("%s failed (%s); retrying in %.0f s", what, err, delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 60.0)
-    raise AssertionError("unreachable")
 
 
 def _local_files(output_dir: Path) -> dict[str, Path]:
@@ -124,58 +112,121 @@ def _check_build(output_dir: Path) -> dict:
             f"{output_dir} contains loading script(s) {scripts}; published versions must load "
             "with plain load_dataset from parquet, remove them"
         )
-    return json.loads(manifest_path.read_text())
+    manifest = json.loads(manifest_path.read_text())
+    if not any(out["rows"] for out in manifest["outputs"].values()):
+        # An empty version would load as nothing (or, without explicit configs, as the manifest).
+        reasons = {**manifest.get("skipped", {}), **manifest.get("errors", {})}
+        raise PublishError(
+            f"{output_dir} has no rows in any output ({manifest.get('items', 0)} items; skipped: "
+            f"{reasons or 'none'}); an empty build is never published — check the inputs and the "
+            "build options"
+        )
+    return manifest
 
 
 def publish(cfg: PublishConfig) -> PublishResult:
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
-
-    from builders.infra.publishing.card import render_card
-
+    """Upload the build in `cfg.output_dir` and tag it `cfg.version` (see the module docstring)."""
     check_version(cfg.version)
+    check_repo_id(cfg.repo_id)
     output_dir = Path(cfg.output_dir)
     manifest = _check_build(output_dir)
-    api = HfApi(endpoint=cfg.endpoint)
-    repo = dict(repo_id=cfg.repo_id, repo_type="dataset")
-    _retrying(lambda: api.create_repo(**repo, private=cfg.private, exist_ok=True),
-              cfg.retries, "create_repo")
+    endpoint = use_endpoint(cfg.endpoint)
+    bound_request_time(cfg.timeout_s)
+    with hub_errors(endpoint, cfg.repo_id, f"re-run the same command to finish {cfg.version} "
+                    "(uploaded shards are not sent again)"):
+        return _publish(cfg, output_dir, manifest, endpoint)
 
-    refuse_existing_tag(api, repo, cfg.version, cfg.retries)
 
-    remote = {
-        f.path: f
-        for f in _retrying(lambda: list(api.list_repo_tree(**repo, recursive=True, revision="main")),
-                           cfg.retries, "list_repo_tree")
-        if hasattr(f, "blob_id")
-    }
-    files = _local_files(output_dir)
-    # The card is re-rendered for this repo and version; the local README is the unreleased one.
-    final = {
-        "README.md": render_card(manifest, repo_id=cfg.repo_id, version=cfg.version).encode(),
-        MANIFEST: files[MANIFEST].read_bytes(),
-    }
+@dataclass(frozen=True)
+class _Local:
+    """A file of the version: where its bytes come from and the hashes the Hub reports."""
 
-    def unchanged(path: str, data: bytes) -> bool:
-        entry = remote.get(path)
-        if entry is None:
-            return False
+    source: Path | bytes
+    sha256: str
+    git_oid: str
+
+    @classmethod
+    def of(cls, source: Path | bytes) -> "_Local":
+        size = source.stat().st_size if isinstance(source, Path) else len(source)
+        sha, git = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
+        chunks = [source] if isinstance(source, bytes) else _read_chunks(source)
+        for chunk in chunks:
+            sha.update(chunk)
+            git.update(chunk)
+        return cls(source, sha.hexdigest(), git.hexdigest())
+
+    def same_as(self, entry) -> bool:
+        """Whether a Hub tree entry holds exactly these bytes (LFS sha256, else git blob id)."""
         if entry.lfs is not None:
-            return entry.lfs.sha256 == hashlib.sha256(data).hexdigest()
-        return entry.blob_id == git_blob_oid(data)
+            return entry.lfs.sha256 == self.sha256
+        return entry.blob_id == self.git_oid
+
+
+def _read_chunks(path: Path, size: int = 8 << 20) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while chunk := fh.read(size):
+            yield chunk
+
+
+def _version_files(output_dir: Path, manifest: dict, cfg: PublishConfig) -> dict[str, _Local]:
+    """Every file of the published version, as it must be on the Hub."""
+    from builders.infra.publishing.card import render_card
+
+    files = {path: _Local.of(local) for path, local in _local_files(output_dir).items()
+             if path not in ("README.md", MANIFEST)}
+    # The card is re-rendered for this repo and version; the local README is the unreleased one.
+    files["README.md"] = _Local.of(
+        render_card(manifest, repo_id=cfg.repo_id, version=cfg.version).encode())
+    files[MANIFEST] = _Local.of((output_dir / MANIFEST).read_bytes())
+    return files
+
+
+def _tree(api, repo: dict, revision: str, retries: int) -> dict:
+    entries = retrying(lambda: list(api.list_repo_tree(**repo, recursive=True, revision=revision)),
+                       retries, f"list_repo_tree {revision}")
+    return {f.path: f for f in entries if hasattr(f, "blob_id") and f.path != ".gitattributes"}
+
+
+def _differences(tree: dict, files: dict[str, _Local]) -> list[str]:
+    """How a Hub tree differs from the version's files (empty when it is exactly this build)."""
+    out = [f"{p} is missing" for p in sorted(set(files) - set(tree))]
+    out += [f"{p} is not part of this build" for p in sorted(set(tree) - set(files))]
+    out += [f"{p} has other content" for p in sorted(set(files) & set(tree))
+            if not files[p].same_as(tree[p])]
+    return out
+
+
+def _publish(cfg: PublishConfig, output_dir: Path, manifest: dict, endpoint: str) -> PublishResult:
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    api = HfApi(endpoint=endpoint)
+    repo = dict(repo_id=cfg.repo_id, repo_type="dataset")
+    retrying(lambda: api.create_repo(**repo, private=cfg.private, exist_ok=True),
+             cfg.retries, "create_repo")
+    files = _version_files(output_dir, manifest, cfg)
+
+    tagged = _tags(api, repo, cfg.retries).get(cfg.version)
+    if tagged is not None:
+        return _already_tagged(api, repo, cfg, files, tagged)
+
+    # Every commit names its parent: if another publish commits to main in between, the Hub
+    # answers 412 and this one stops, so two builds' files never interleave in one version.
+    head = retrying(lambda: api.repo_info(**repo, revision="main").sha, cfg.retries, "repo_info")
+    remote = _tree(api, repo, head, cfg.retries)
 
     # Data files first, in bounded commits; README + manifest + deletions last, so a version's
     # card never describes shards that are not there yet.
-    batches: list[list[tuple[str, Path]]] = [[]]
+    final = ("README.md", MANIFEST)
+    batches: list[list[tuple[str, _Local]]] = [[]]
     batch_bytes = 0
     skipped = 0
     for path, local in files.items():
-        if path in final or path == "README.md":
+        if path in final:
             continue
-        data = local.read_bytes()
-        if unchanged(path, data):
+        if path in remote and local.same_as(remote[path]):
             skipped += 1
             continue
-        size = len(data)
+        size = local.source.stat().st_size
         if batches[-1] and (batch_bytes + size > cfg.max_commit_bytes
                             or len(batches[-1]) >= cfg.max_commit_files):
             batches.append([])
@@ -185,29 +236,67 @@ def publish(cfg: PublishConfig) -> PublishResult:
     batches = [b for b in batches if b]
 
     for i, batch in enumerate(batches, 1):
-        ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local)) for p, local in batch]
-        _retrying(lambda: api.create_commit(**repo, operations=ops,
-                                            commit_message=f"{cfg.version}: data {i}/{len(batches)}"),
-                  cfg.retries, f"data commit {i}/{len(batches)}")
+        ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local.source))
+               for p, local in batch]
+        head = _commit(api, repo, cfg, ops, head, f"{cfg.version}: data {i}/{len(batches)}")
         log.info("uploaded data commit %d/%d (%d files)", i, len(batches), len(batch))
 
-    final_ops: list = [
-        CommitOperationAdd(path_in_repo=p, path_or_fileobj=data)
-        for p, data in sorted(final.items())
-        if not unchanged(p, data)
-    ]
-    final_ops += [CommitOperationDelete(path_in_repo=p) for p in sorted(remote)
-                  if p not in files and p not in final and p != ".gitattributes"]
+    final_ops: list = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=files[p].source)
+                       for p in final if not (p in remote and files[p].same_as(remote[p]))]
+    final_ops += [CommitOperationDelete(path_in_repo=p) for p in sorted(remote) if p not in files]
     if final_ops:
-        info = _retrying(lambda: api.create_commit(**repo, operations=final_ops,
-                                                   commit_message=f"{cfg.version}: card and manifest"),
-                         cfg.retries, "final commit")
-        head = info.oid
-    else:
-        head = api.repo_info(**repo, revision="main").sha
-    _retrying(lambda: api.create_tag(**repo, tag=cfg.version, revision=head,
-                                     tag_message=f"counterfactory {cfg.version}"),
-              cfg.retries, "create_tag")
+        head = _commit(api, repo, cfg, final_ops, head, f"{cfg.version}: card and manifest")
+    _tag(api, repo, cfg, files, head)
     log.info("published %s at %s (commit %s)", cfg.repo_id, cfg.version, head[:10])
     return PublishResult(cfg.repo_id, cfg.version, head, len(batches),
                          sum(len(b) for b in batches), skipped)
+
+
+def _commit(api, repo: dict, cfg: PublishConfig, ops: list, parent: str, message: str) -> str:
+    info = retrying(lambda: api.create_commit(**repo, operations=ops, commit_message=message,
+                                              parent_commit=parent),
+                    cfg.retries, message)
+    return info.oid
+
+
+def _tags(api, repo: dict, retries: int) -> dict[str, str]:
+    refs = retrying(lambda: api.list_repo_refs(**repo), retries, "list_repo_refs")
+    return {t.name: t.target_commit for t in refs.tags}
+
+
+def _already_tagged(api, repo: dict, cfg: PublishConfig, files: dict[str, _Local],
+                    commit: str) -> PublishResult:
+    """A rerun after the tag was made: fine when the tag holds exactly this build."""
+    diff = _differences(_tree(api, repo, commit, cfg.retries), files)
+    if diff:
+        raise PublishError(
+            f"{cfg.repo_id} already has tag {cfg.version} (commit {commit[:10]}) with other content "
+            f"({diff[0]}); tags are never moved — publish under a new version, e.g. bump the "
+            "patch number"
+        )
+    log.info("%s@%s already holds exactly this build (commit %s); nothing to do",
+             cfg.repo_id, cfg.version, commit[:10])
+    return PublishResult(cfg.repo_id, cfg.version, commit, 0, 0, len(files), already_published=True)
+
+
+def _tag(api, repo: dict, cfg: PublishConfig, files: dict[str, _Local], head: str) -> None:
+    """Tag `head`, then check the tag names exactly this build's files."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        retrying(lambda: api.create_tag(**repo, tag=cfg.version, revision=head,
+                                        tag_message=f"counterfactory {cfg.version}"),
+                 cfg.retries, "create_tag")
+    except HfHubHTTPError as err:
+        if err.response is None or err.response.status_code != 409:
+            raise
+        log.warning("tag %s appeared while publishing (another publish?); checking it", cfg.version)
+    tagged = _tags(api, repo, cfg.retries).get(cfg.version)
+    diff = _differences(_tree(api, repo, tagged or head, cfg.retries), files)
+    if tagged is None or diff:
+        raise PublishError(
+            f"tag {cfg.version} of {cfg.repo_id} does not hold exactly this build "
+            f"({diff[0] if diff else 'the tag is missing'}); another publish to the same repo and "
+            "version interleaved with this one — check the tagged files, and publish this build "
+            "under a new version"
+        )
