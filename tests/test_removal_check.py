@@ -52,7 +52,11 @@ class ColourOracle:
 
 @pytest.fixture
 def oracle(monkeypatch):
-    monkeypatch.setattr(verify, "load_scorer", lambda config, class_names: ColourOracle(class_names))
+    """Substitutes the scorer; returns the list of scorers made (one per build process)."""
+    made = []
+    monkeypatch.setattr(verify, "load_scorer",
+                        lambda config, class_names: made.append(ColourOracle(class_names)) or made[-1])
+    return made
 
 
 def _expected_train_removals(root: Path) -> set[tuple[int, str]]:
@@ -74,7 +78,8 @@ def test_identity_fill_is_caught_and_zero_fill_passes(coco_fixture_dir, tiny_mod
     for row in rows:
         assert len(row["visibility_after"]) == len(row["removed_classes"])
         assert max(row["visibility_after"]) < ORACLE_THRESHOLD
-    # The check saw the objects before the fill (it can tell), in all but occluded cases.
+    assert len(oracle) == 1  # loaded once for the whole build, not per part or row
+    # The check saw the objects before the fill (it can tell), in all but tiny or occluded cases.
     seen = [max(r["visibility_before"]) >= ORACLE_THRESHOLD for r in rows]
     assert sum(seen) >= 0.9 * len(seen)
 
