@@ -1,0 +1,299 @@
+"""A machine-in-the-loop round with the `counterfactory eccv` commands, on a fixture gallery and
+two tiny machine annotators (transformers CLIP and open_clip).
+
+References are independent: the candidates are checked against a full-matrix retrieval computed
+here with the models' own libraries; the simulated annotation has a hidden ground truth; goldens
+are checked against the fixture's own JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datasets import load_dataset
+from PIL import Image
+
+from builders.infra.cli import main as cli_main
+
+ANSWERS = ("100% YES", "Partially YES, but", "Mostly NO, because", "100% NO")
+YES, NO = ANSWERS[:2], ANSWERS[2:]
+
+
+@pytest.fixture(scope="module")
+def gallery(tmp_path_factory):
+    """A 60-image COCO fixture; the gallery is all of it (all Karpathy splits)."""
+    from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+
+    root = tmp_path_factory.mktemp("mitl") / "coco"
+    write_coco_fixture(root, CocoFixtureConfig(n_images=60, seed=5))
+    images, captions = {}, []
+    for split in ("train2014", "val2014"):
+        data = json.loads((root / "annotations" / f"captions_{split}.json").read_text())
+        images.update({im["id"]: root / split / im["file_name"] for im in data["images"]})
+        captions += [(a["image_id"], a["id"], a["caption"].strip()) for a in data["annotations"]]
+    captions.sort()
+    return {"root": root, "image_ids": sorted(images), "paths": [images[i] for i in sorted(images)],
+            "caption_ids": [c for _, c, _ in captions], "caption_image": {c: i for i, c, _ in captions},
+            "texts": [t for _, _, t in captions]}
+
+
+@pytest.fixture(scope="module")
+def annotators(tiny_models_dir):
+    from builders.infra.models.tiny import build_tiny_models
+
+    paths = build_tiny_models(tiny_models_dir)
+    return [str(paths["clip"]), f"local-dir:{paths['open_clip']}"]
+
+
+def brute_force_scores(model_id: str, gallery) -> tuple[np.ndarray, np.ndarray]:
+    """Full [images x captions] similarity with each library's documented calls, one batch."""
+    images = [Image.open(p).convert("RGB") for p in gallery["paths"]]
+    with torch.no_grad():
+        if model_id.startswith("local-dir:"):
+            import open_clip
+
+            model, _, preprocess = open_clip.create_model_and_transforms(model_id)
+            model.eval()
+            img = model.encode_image(torch.stack([preprocess(im) for im in images]))
+            txt = model.encode_text(open_clip.get_tokenizer(model_id)(gallery["texts"]))
+        else:
+            from transformers import CLIPModel, CLIPProcessor
+
+            model, proc = CLIPModel.from_pretrained(model_id).eval(), CLIPProcessor.from_pretrained(model_id)
+            img = model.get_image_features(pixel_values=proc(images=images, return_tensors="pt")["pixel_values"])
+            txt = model.get_text_features(**proc(text=gallery["texts"], return_tensors="pt", padding=True,
+                                                 truncation=True))
+            img, txt = (getattr(x, "pooler_output", x) for x in (img, txt))
+    img = torch.nn.functional.normalize(img.float(), dim=-1)
+    txt = torch.nn.functional.normalize(txt.float(), dim=-1)
+    return (img @ txt.T).numpy(), (txt @ img.T).numpy()
+
+
+@pytest.fixture(scope="module")
+def round_dir(tmp_path_factory, gallery, annotators):
+    run = tmp_path_factory.mktemp("round")
+    args = ["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "train", "restval",
+            "val", "test", "--image-queries", "10", "--caption-queries", "14", "--seed", "1",
+            "--batch-size", "1000", "--cache-dir", str(run / "cache"), "--output", str(run / "candidates.json")]
+    for model in annotators:
+        args += ["--model", model]
+    assert cli_main(args) == 0
+    assert cli_main(["eccv", "tasks", str(run / "candidates.json"), "--output", str(run / "tasks"),
+                     "--seed", "7"]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def brute(gallery, annotators):
+    return {m: brute_force_scores(m, gallery) for m in annotators}
+
+
+def ranked(scores: np.ndarray, row: int, ids: list[int], k: int) -> list[int]:
+    return [ids[j] for j in np.argsort(-scores[row], kind="stable")[:k]]
+
+
+def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, brute):
+    data = json.loads((round_dir / "candidates.json").read_text())
+    queries = data["queries"]
+    assert len(queries["i2t"]) == 10 and len(queries["t2i"]) == 14
+    expected: dict[tuple, dict[str, int]] = {}
+    for model, (i2t, t2i) in brute.items():
+        for modality, scores, rows, items in (("i2t", i2t, gallery["image_ids"], gallery["caption_ids"]),
+                                              ("t2i", t2i, gallery["caption_ids"], gallery["image_ids"])):
+            for q in queries[modality]:
+                top = ranked(scores, rows.index(q), items, 25)
+                for rank, item in enumerate(top[:5], start=1):
+                    expected.setdefault((modality, q, item), {})[model] = rank
+    got = {(c["modality"], c["query_id"], c["item_id"]): c["proposed_by"] for c in data["candidates"]}
+    assert got == expected
+    # The exclusion lists are the union of both models' top-25.
+    for modality, scores_of, rows, items in (("i2t", 0, gallery["image_ids"], gallery["caption_ids"]),
+                                             ("t2i", 1, gallery["caption_ids"], gallery["image_ids"])):
+        for q in queries[modality]:
+            union = set()
+            for model in annotators:
+                union |= set(ranked(brute[model][scores_of], rows.index(q), items, 25))
+            assert set(data["exclude"][modality][str(q)]) == union
+
+
+def test_tasks_have_18_candidates_and_two_goldens(round_dir, gallery, brute):
+    tasks = json.loads((round_dir / "tasks" / "tasks.json").read_text())["tasks"]
+    data = json.loads((round_dir / "candidates.json").read_text())
+    candidates = {(c["modality"], c["query_id"], c["item_id"]) for c in data["candidates"]}
+    covered = set()
+    for task in tasks:
+        kinds = [i["kind"] for i in task["items"]]
+        assert len(kinds) == 20 and kinds.count("candidate") == 18
+        assert kinds.count("golden_positive") == 1 and kinds.count("golden_negative") == 1
+        for item in task["items"]:
+            m = item["modality"]
+            pair = (m, item["query_id"], item["caption_id"] if m == "i2t" else item["image_id"])
+            original = gallery["caption_image"][item["caption_id"]] == item["image_id"]
+            if item["kind"] == "candidate":
+                assert pair in candidates
+                covered.add(pair)
+            elif item["kind"] == "golden_positive":
+                assert original
+            else:  # in no model's top-25 (full-matrix reference) and not an original pair
+                assert not original
+                rows = gallery["image_ids"] if m == "i2t" else gallery["caption_ids"]
+                items = gallery["caption_ids"] if m == "i2t" else gallery["image_ids"]
+                for i2t, t2i in brute.values():
+                    scores = i2t if m == "i2t" else t2i
+                    assert pair[2] not in ranked(scores, rows.index(pair[1]), items, 25)
+    assert covered == candidates
+
+
+def test_task_shuffles_are_deterministic(round_dir, tmp_path):
+    first = round_dir / "tasks"
+    assert cli_main(["eccv", "tasks", str(round_dir / "candidates.json"), "--output", str(tmp_path / "a"),
+                     "--seed", "7"]) == 0
+    for name in ("label_studio_tasks.json", "tasks.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (first / name).read_bytes()
+    assert json.loads((tmp_path / "a" / "tasks.json").read_text())["tasks"] == \
+        json.loads((first / "tasks.json").read_text())["tasks"]
+    assert cli_main(["eccv", "tasks", str(round_dir / "candidates.json"), "--output", str(tmp_path / "b"),
+                     "--seed", "8", "--embed-thumbnails"]) == 0
+    order = [[i["kind"] for i in t["items"]] for t in json.loads((first / "tasks.json").read_text())["tasks"]]
+    other = [[i["kind"] for i in t["items"]] for t in json.loads((tmp_path / "b" / "tasks.json").read_text())["tasks"]]
+    assert order != other
+    studio = json.loads((tmp_path / "b" / "label_studio_tasks.json").read_text())
+    assert len(studio) == 20 * len(order)
+    assert all(t["data"]["image"].startswith("data:image/jpeg;base64,") for t in studio)
+    assert all(t["predictions"][0]["result"][0]["value"]["choices"][0] in ANSWERS for t in studio)
+    config = (first / "label_config.xml").read_text()
+    assert all(f'"{a}"' in config for a in ANSWERS)
+
+
+# ----------------------------------------------------------------------------- simulated annotation
+
+def truth(item, gallery) -> bool:
+    """Hidden ground truth: original pairs are positive, other pairs with probability 0.4."""
+    if gallery["caption_image"][item["caption_id"]] == item["image_id"]:
+        return True
+    return random.Random(f"{item['image_id']}-{item['caption_id']}").random() < 0.4
+
+
+def good_answer(item, gallery, rng: random.Random) -> str:
+    if rng.random() < 0.05:  # 5% noise: a random answer
+        return rng.choice(ANSWERS)
+    return rng.choice(YES if truth(item, gallery) else NO)
+
+
+def spam_answer(item, rng: random.Random) -> str:
+    if item["kind"] == "golden_positive":
+        return "100% NO"
+    if item["kind"] == "golden_negative":
+        return "100% YES"
+    return rng.choice(ANSWERS)
+
+
+def failed_golden(answers: dict[str, str], task) -> bool:
+    for item in task["items"]:
+        if item["kind"] == "golden_positive" and answers[item["item_id"]] not in YES:
+            return True
+        if item["kind"] == "golden_negative" and answers[item["item_id"]] not in NO:
+            return True
+    return False
+
+
+def write_csv(path: Path, rows: list[tuple[str, str, str, str]]) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task_id", "item_id", "worker_id", "answer"])
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def simulation(round_dir, gallery):
+    """5 good workers answer every task, 2 spammers every other one. Even tasks' good answers go
+    to a Label Studio export, odd ones to a CSV, the spammers to their own CSV."""
+    tasks = json.loads((round_dir / "tasks" / "tasks.json").read_text())["tasks"]
+    studio = {t["data"]["item_id"]: t for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())}
+    rng = random.Random(11)
+    export, good_rows, spam_rows, submissions = [], [], [], []
+    for n, task in enumerate(tasks):
+        workers = [f"good{w}" for w in range(5)] + ([f"spam{n // 2 % 2}"] if n % 2 == 0 else [])
+        for worker in workers:
+            answers = {i["item_id"]: (spam_answer(i, rng) if worker.startswith("spam")
+                                      else good_answer(i, gallery, rng)) for i in task["items"]}
+            submissions.append({"task": task, "worker": worker, "answers": answers,
+                                "failed": failed_golden(answers, task)})
+            for item_id, answer in answers.items():
+                row = (task["task_id"], item_id, worker, answer)
+                if worker.startswith("spam"):
+                    spam_rows.append(row)
+                elif n % 2:
+                    good_rows.append(row)
+                else:
+                    entry = dict(studio[item_id]) if item_id not in {e["data"]["item_id"] for e in export} else None
+                    target = entry or next(e for e in export if e["data"]["item_id"] == item_id)
+                    target.setdefault("annotations", []).append({
+                        "completed_by": {"id": worker}, "was_cancelled": False,
+                        "result": [{"from_name": "answer", "to_name": "text", "type": "choices",
+                                    "value": {"choices": [answer]}}]})
+                    if entry:
+                        export.append(entry)
+    files = round_dir / "verdicts"
+    files.mkdir()
+    (files / "export.json").write_text(json.dumps(export))
+    return {"tasks": tasks, "submissions": submissions,
+            "files": [files / "export.json", write_csv(files / "good.csv", good_rows),
+                      write_csv(files / "spam.csv", spam_rows)]}
+
+
+@pytest.fixture(scope="module")
+def ingested(round_dir, simulation):
+    out = round_dir / "v2"
+    assert cli_main(["eccv", "ingest", *map(str, simulation["files"]), "--tasks", str(round_dir / "tasks"),
+                     "--state", str(round_dir / "state"), "--output", str(out)]) == 0
+    return out
+
+
+def test_ingest_recovers_the_ground_truth_and_excludes_spammers(ingested, round_dir, simulation, gallery):
+    report = json.loads((round_dir / "state" / "annotations" / "mitl_report.json").read_text())
+    failed = set(report["failed_submissions"])
+    spam = {f"{s['task']['task_id']}/{s['worker']}" for s in simulation["submissions"]
+            if s["worker"].startswith("spam")}
+    assert spam and spam <= failed
+    assert failed == {f"{s['task']['task_id']}/{s['worker']}" for s in simulation["submissions"] if s["failed"]}
+
+    positives = {("i2t", r["image_id"]): set(r["positive_caption_ids"])
+                 for r in load_dataset(str(ingested), "i2t", split="test") if r["eccv_query"]}
+    positives |= {("t2i", r["caption_id"]): set(r["positive_image_ids"])
+                  for r in load_dataset(str(ingested), "t2i", split="test") if r["eccv_query"]}
+    checked = 0
+    for sub in simulation["submissions"]:
+        if sub["failed"]:
+            continue
+        for item in sub["task"]["items"]:
+            if item["kind"] != "candidate":
+                continue
+            m = item["modality"]
+            other = item["caption_id"] if m == "i2t" else item["image_id"]
+            assert (other in positives.get((m, item["query_id"]), set())) == truth(item, gallery), item
+            checked += 1
+    assert checked > 200
+    # Every sampled query keeps its original COCO pairs (merged in).
+    for (m, q), pos in positives.items():
+        if m == "t2i":
+            assert gallery["caption_image"][q] in pos
+        else:
+            assert {c for c, i in gallery["caption_image"].items() if i == q} <= pos
+
+
+def test_card_counts_match_the_simulation(ingested, simulation):
+    card = (ingested / "README.md").read_text()
+    n_failed = sum(s["failed"] for s in simulation["submissions"])
+    assert f"task submissions: {len(simulation['submissions'])};" in card
+    assert f"failing a golden item: {n_failed} (excluded)" in card
+    for worker in ("spam0", "spam1"):
+        n = sum(s["worker"] == worker for s in simulation["submissions"])
+        assert f"| {worker} | {n} | {n} |" in card
