@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from builders.infra.cli import build_parser
+import pytest
+
+from builders.infra.cli import build_parser, main
 
 CLI = Path(sys.executable).parent / "counterfactory"
 
@@ -39,3 +41,76 @@ def test_every_command_has_help():
             assert stop.code == 0, path
         else:  # pragma: no cover - argparse always exits on --help
             raise AssertionError(f"{path} --help did not exit")
+
+
+# Option ranges are checked when the command line is parsed: argparse's usage error (exit 2),
+# one line naming the option, before any input is read or model loaded.
+BAD_OPTIONS = [
+    (["--max-error-fraction", "-1"], "--max-error-fraction"),
+    (["--max-error-fraction", "1.5"], "--max-error-fraction"),
+    (["--max-error-fraction", "nan"], "--max-error-fraction"),
+    (["--part-size", "0"], "--part-size"),
+    (["--expect-processes", "0"], "--expect-processes"),
+    (["--max-shard-bytes", "-5"], "--max-shard-bytes"),
+]
+PER_BUILDER = {
+    "coco-captions": [(["--max-images", "0"], "--max-images"), (["--max-images", "-1"], "--max-images")],
+    "decorrelation": [(["--max-images", "0"], "--max-images"), (["--alpha3", "1.2"], "--alpha3"),
+                      (["--inpaint-steps", "0"], "--inpaint-steps"), (["--mask-dilation", "-1"], "--mask-dilation")],
+    "coco-counterfactuals": [(["--max-captions", "0"], "--max-captions"), (["--candidates", "0"], "--candidates"),
+                             (["--steps", "-2"], "--steps"), (["--image-size", "x"], "--image-size")],
+}
+
+
+def _bad_option_cases():
+    for builder, cases in PER_BUILDER.items():
+        for argv, option in [*BAD_OPTIONS, *cases]:
+            yield pytest.param(builder, argv, option, id=f"{builder} {' '.join(argv)}")
+
+
+@pytest.mark.parametrize("builder,argv,option", _bad_option_cases())
+def test_option_ranges_are_checked_at_parse_time(builder, argv, option, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["build", builder, "--coco-root", str(tmp_path / "missing"), "--output",
+              str(tmp_path / "out"), *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {option}" in err and argv[-1] in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tiny_profile_picks_small_sizes_and_flags_win():
+    from builders.infra.models.profiles import apply_profile_defaults
+
+    def parsed(*argv):
+        args = build_parser().parse_args(["build", "coco-counterfactuals", "--output", "o", *argv])
+        return apply_profile_defaults(args)
+
+    production, tiny = parsed(), parsed("--models", "tiny")
+    assert (production.steps, production.image_size, production.candidates) == (100, 512, 100)
+    assert (tiny.steps, tiny.image_size, tiny.candidates) == (2, 64, 4)
+    assert tiny.clip_threshold == -1.0 < production.clip_threshold
+    # An explicit flag wins, even when it equals the production default.
+    chosen = parsed("--models", "tiny", "--steps", "100", "--image-size", "128")
+    assert (chosen.steps, chosen.image_size, chosen.candidates) == (100, 128, 4)
+    decor = apply_profile_defaults(build_parser().parse_args(
+        ["build", "decorrelation", "--coco-root", "c", "--output", "o", "--models", "tiny"]))
+    assert (decor.image_size, decor.inpaint_steps) == (64, 2)
+
+
+def test_dataset_without_the_split_lists_configs_splits_and_flags(tmp_path):
+    import datasets
+
+    source = tmp_path / "captions_only"
+    datasets.Dataset.from_dict({"caption": ["A dog on a couch.", "Two cats on a bed."]}).to_parquet(
+        str(source / "data" / "validation-00000-of-00001.parquet"))
+    proc = subprocess.run([str(CLI), "build", "coco-counterfactuals", "--stage", "captions",
+                           "--dataset", str(source), "--text-column", "caption",
+                           "--output", str(tmp_path / "out"), "--models", "tiny"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("counterfactory: error:") and str(source) in line
+    for expected in ("'train'", "default: validation", "--dataset-config", "--dataset-split"):
+        assert expected in line, line

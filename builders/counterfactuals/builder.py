@@ -33,6 +33,7 @@ from builders.counterfactuals.captions import CaptionModels, CaptionStage, Count
 from builders.counterfactuals.config import CaptionStageConfig, ImageStageConfig
 from builders.counterfactuals.images import ImagePair, ImageStage
 from builders.infra import progress
+from builders.infra.dataset_source import load_dataset_split
 from builders.infra.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
@@ -244,7 +245,7 @@ class CocoCounterfactualsBuilder:
 
     def _dataset_captions(self) -> list[CaptionItem]:
         cfg = self.config
-        ds = datasets.load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.dataset_split)
+        ds = load_dataset_split(cfg.dataset, cfg.dataset_config, cfg.dataset_split)
         missing = [c for c in (cfg.text_column, cfg.id_column) if c and c not in ds.column_names]
         if missing:
             raise InputFileError(cfg.dataset, f"has no column(s) {missing} (columns: {ds.column_names})",

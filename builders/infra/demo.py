@@ -40,16 +40,13 @@ def demo_builds(coco: Path, tiny_dir: Path) -> list[DemoBuild]:
     known = {
         "coco-captions": DemoBuild("coco-captions", ["--coco-root", str(coco), "--splits", "test", "val"],
                                    [("default", "test"), ("captions", "test")]),
-        "decorrelation": DemoBuild("decorrelation", ["--coco-root", str(coco), "--image-size", "64",
-                                                     "--inpaint-steps", "2", *tiny],
+        # `--models tiny` also picks the tiny sizes (64 px, 2 steps, 4 candidates, no CLIP
+        # threshold: builders.infra.models.profiles); the real defaults are the METHOD.md notes'.
+        "decorrelation": DemoBuild("decorrelation", ["--coco-root", str(coco), *tiny],
                                    [("default", "train"), ("odmap_queries", "test"),
                                     ("odmap_gallery", "test")]),
-        # Tiny random models: few steps and candidates, and no CLIP threshold (random CLIP
-        # scores sit near 0); the real defaults are builders/counterfactuals/METHOD.md §2's.
         "coco-counterfactuals": DemoBuild("coco-counterfactuals",
-                                          ["--coco-root", str(coco), "--karpathy-splits", "test",
-                                           "--image-size", "64", "--steps", "2", "--candidates", "4",
-                                           "--clip-threshold", "-1", *tiny],
+                                          ["--coco-root", str(coco), "--karpathy-splits", "test", *tiny],
                                           [("default", "test"), ("captions", "test")]),
     }
     return [known[name] for name in BUILDER_MODULES if name in known]

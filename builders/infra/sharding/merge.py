@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from builders import __version__
 from builders.infra.errors import UserFacingError
+from builders.infra.provenance import git_state, portable
 from builders.infra.sharding.base import BuildInfo, OutputSpec
 from builders.infra.sharding.layout import OutputLayout
 from builders.infra.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_bytes, atomic_write_json
@@ -166,8 +167,9 @@ def merge_parts(
     manifest = {
         **{k: v for k, v in asdict(info).items()},
         "counterfactory_version": __version__,
+        "counterfactory_git": git_state(),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": sys.argv,
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
         "run": {**run_config, "processes": world_size, "parts": len(stats)},
         "packages": package_versions(),
         "items": n_items,
@@ -180,6 +182,8 @@ def merge_parts(
             "write_s": round(sum(s["timings"]["write_s"] for s in stats), 3),
         },
     }
+    # Published as is: model folders, sources and the tagger are named without local paths.
+    manifest = portable(manifest, layout.root)
     atomic_write_json(layout.manifest, manifest)
     atomic_write_bytes(layout.readme, render_card(manifest).encode())
     return manifest

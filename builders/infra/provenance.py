@@ -1,0 +1,82 @@
+"""What a published manifest says about where a build came from, without leaking the machine.
+
+- `git_state()`: the commit of the counterfactory checkout that ran the build, and whether its
+  tracked files had uncommitted changes (None outside a git checkout, e.g. a wheel install).
+- `portable(value, root)`: every absolute local path in a manifest becomes something meaningful
+  elsewhere: a path inside the build → relative to it; a Hugging Face cache snapshot →
+  `ORG/NAME@REVISION`; any other existing file or folder (a local model, the NLTK tagger) →
+  `local:NAME@sha256:DIGEST` of its contents; anything else → relative to the build. So no card
+  or manifest names the builder's home or temp directories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+#: `prefix:` / `--flag=` before an absolute path (open_clip's `local-dir:/...`, argv `--x=/...`).
+_PATH_VALUE = re.compile(r"^(?P<prefix>[\w.\-]*[:=])?(?P<path>/(?!/)[^\n]*)$")
+_HUB_SNAPSHOT = re.compile(r"/(?:models|datasets|spaces)--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]+)")
+#: Files larger than this enter a folder digest by name and size only (weights of real models are
+#: gigabytes; their configs and tokenizers, hashed in full, still tell versions apart).
+_HASH_FULL_BYTES = 1 << 20
+
+
+def git_state(root: Path = _PACKAGE_ROOT) -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def content_digest(path: Path) -> str:
+    """sha256 over a file, or over a folder's relative file names, sizes and (small) contents."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\0{size}\0".encode())
+        if size <= _HASH_FULL_BYTES:
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def portable_path(path: str, root: Path) -> str:
+    p = Path(path)
+    root = root.resolve()
+    try:
+        return p.resolve().relative_to(root).as_posix() or "."
+    except ValueError:
+        pass
+    snapshot = _HUB_SNAPSHOT.search(path)
+    if snapshot:
+        return f"{snapshot['org']}/{snapshot['name']}@{snapshot['rev']}"
+    if p.exists():
+        return f"local:{p.name}@sha256:{content_digest(p)[:16]}"
+    return os.path.relpath(p, root)
+
+
+def portable(value: Any, root: Path) -> Any:
+    """`value` (JSON-like) with every absolute local path rewritten by `portable_path`."""
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, root) for v in value]
+    if isinstance(value, str):
+        match = _PATH_VALUE.match(value)
+        if match:
+            return (match["prefix"] or "") + portable_path(match["path"], root)
+    return value
