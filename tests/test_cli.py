@@ -68,7 +68,7 @@ def _bad_option_cases():
             yield pytest.param(builder, argv, option, id=f"{builder} {' '.join(argv)}")
 
 
-@pytest.mark.parametrize("builder,argv,option", _bad_option_cases())
+@pytest.mark.parametrize("builder,argv,option", list(_bad_option_cases()))
 def test_option_ranges_are_checked_at_parse_time(builder, argv, option, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["build", builder, "--coco-root", str(tmp_path / "missing"), "--output",

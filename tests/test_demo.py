@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 
 def test_demo_runs_end_to_end(tmp_path):
@@ -21,3 +23,10 @@ def test_demo_runs_end_to_end(tmp_path):
     from builders.registry import BUILDER_MODULES
 
     assert {f"build {name}" for name in BUILDER_MODULES} <= set(steps)
+    # What it publishes names no directory of this machine (models, sources, the tagger).
+    local = {str(tmp_path), str(Path.home()), str(Path(__file__).resolve().parents[1]),
+             tempfile.gettempdir()}
+    for build in (tmp_path / "demo" / "builds").iterdir():
+        for name in ("README.md", "build_manifest.json"):
+            text = (build / name).read_text()
+            assert not [d for d in local if d in text], f"{build.name}/{name} names a local directory"

@@ -22,9 +22,11 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: `prefix:` / `--flag=` before an absolute path (open_clip's `local-dir:/...`, argv `--x=/...`).
 _PATH_VALUE = re.compile(r"^(?P<prefix>[\w.\-]*[:=])?(?P<path>/(?!/)[^\n]*)$")
 _HUB_SNAPSHOT = re.compile(r"/(?:models|datasets|spaces)--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]+)")
-#: Files larger than this enter a folder digest by name and size only (weights of real models are
-#: gigabytes; their configs and tokenizers, hashed in full, still tell versions apart).
+#: Which files of a folder are hashed in full: small configs, tokenizers and annotation lists.
+#: Everything else (model weights, images: gigabytes) enters by name and size only, so naming a
+#: COCO download or a real model stays cheap and still tells versions apart.
 _HASH_FULL_BYTES = 1 << 20
+_HASH_FULL_SUFFIXES = {".json", ".txt", ".yaml", ".yml", ".cfg", ".model", ".md"}
 
 
 def git_state(root: Path = _PACKAGE_ROOT) -> dict[str, Any]:
@@ -43,18 +45,20 @@ def git_state(root: Path = _PACKAGE_ROOT) -> dict[str, Any]:
 
 
 def content_digest(path: Path) -> str:
-    """sha256 over a file, or over a folder's relative file names, sizes and (small) contents."""
+    """sha256 over a file, or over a folder's relative file names, sizes and small text contents."""
     h = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for f in files:
         size = f.stat().st_size
         h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\0{size}\0".encode())
-        if size <= _HASH_FULL_BYTES:
+        if size <= _HASH_FULL_BYTES and (f == path or f.suffix in _HASH_FULL_SUFFIXES):
             h.update(f.read_bytes())
     return h.hexdigest()
 
 
-def portable_path(path: str, root: Path) -> str:
+def portable_path(path: str, root: Path, digests: dict[Path, str] | None = None) -> str:
+    """One absolute path as described in the module docstring (`digests` memoises folder hashes)."""
+    digests = {} if digests is None else digests
     p = Path(path)
     root = root.resolve()
     try:
@@ -65,18 +69,21 @@ def portable_path(path: str, root: Path) -> str:
     if snapshot:
         return f"{snapshot['org']}/{snapshot['name']}@{snapshot['rev']}"
     if p.exists():
-        return f"local:{p.name}@sha256:{content_digest(p)[:16]}"
+        if p not in digests:
+            digests[p] = content_digest(p)
+        return f"local:{p.name}@sha256:{digests[p][:16]}"
     return os.path.relpath(p, root)
 
 
-def portable(value: Any, root: Path) -> Any:
+def portable(value: Any, root: Path, digests: dict[Path, str] | None = None) -> Any:
     """`value` (JSON-like) with every absolute local path rewritten by `portable_path`."""
+    digests = {} if digests is None else digests  # a source folder is named in several places
     if isinstance(value, dict):
-        return {k: portable(v, root) for k, v in value.items()}
+        return {k: portable(v, root, digests) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [portable(v, root) for v in value]
+        return [portable(v, root, digests) for v in value]
     if isinstance(value, str):
         match = _PATH_VALUE.match(value)
         if match:
-            return (match["prefix"] or "") + portable_path(match["path"], root)
+            return (match["prefix"] or "") + portable_path(match["path"], root, digests)
     return value
