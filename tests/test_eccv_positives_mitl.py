@@ -297,3 +297,94 @@ def test_card_counts_match_the_simulation(ingested, simulation):
     for worker in ("spam0", "spam1"):
         n = sum(s["worker"] == worker for s in simulation["submissions"])
         assert f"| {worker} | {n} | {n} |" in card
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def state_snapshot(round_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(round_dir).as_posix(): p.read_bytes()
+            for p in sorted((round_dir / "state").rglob("*")) if p.is_file()}
+
+
+def a_submission(task, worker: str, answer: str = "100% YES") -> list[tuple[str, str, str, str]]:
+    return [(task["task_id"], i["item_id"], worker, answer) for i in task["items"]]
+
+
+def test_bad_verdicts_are_clear_errors_and_lose_nothing(ingested, round_dir, simulation, tmp_path, capsys):
+    tasks = simulation["tasks"]
+    before = state_snapshot(round_dir)
+    good = write_csv(tmp_path / "new_worker.csv", a_submission(tasks[1], "fresh"))
+    unknown_task = write_csv(tmp_path / "unknown_task.csv",
+                             a_submission(tasks[0], "w9")[:3] + [("i2t-99999", "i2t-99999-00", "w9", "100% NO")])
+    unknown_item = write_csv(tmp_path / "unknown_item.csv",
+                             [(tasks[0]["task_id"], f"{tasks[0]['task_id']}-77", "w9", "100% NO")])
+    twice = write_csv(tmp_path / "twice.csv", a_submission(tasks[2], "good0", "100% NO"))
+    malformed = tmp_path / "export.json"
+    malformed.write_text(json.dumps([{"data": {"task_id": "x"}}])[:-5])
+    expected = {unknown_task: ("row 5", "unknown task id"), unknown_item: ("row 2", "unknown item id"),
+                twice: ("row 2", "already answered by worker good0"),
+                malformed: ("malformed JSON at line 1", "")}
+    for bad, (where, what) in expected.items():
+        # A valid file in the same call is not stored either: a call is all or nothing.
+        code = cli_main(["eccv", "ingest", str(good), str(bad), "--tasks", str(round_dir / "tasks"),
+                         "--state", str(round_dir / "state")])
+        err = capsys.readouterr().err
+        assert code == 2 and str(bad) in err and where in err and what in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert state_snapshot(round_dir) == before
+
+
+def test_a_model_that_cannot_load_is_a_clear_error(gallery, tmp_path, capsys):
+    for model in ("/nonexistent/clip-model", "local-dir:/nonexistent/open-clip"):
+        code = cli_main(["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "test",
+                         "--model", model, "--image-queries", "2", "--caption-queries", "2",
+                         "--cache-dir", str(tmp_path), "--output", str(tmp_path / "c.json")])
+        err = capsys.readouterr().err
+        assert code == 2 and "/nonexistent/" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c.json").exists()
+
+
+# ----------------------------------------------------------------------------- model bias
+
+def map_at_r(ranking: list[int], positives: set[int]) -> float:
+    """mAP@R of one query, straight from its definition (Musgrave et al., 2020)."""
+    r = len(positives)
+    hits = 0
+    total = 0.0
+    for n, item in enumerate(ranking[:r], start=1):
+        if item in positives:
+            hits += 1
+            total += hits / n
+    return total / r
+
+
+def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, simulation, gallery,
+                                                          annotators, brute, capsys):
+    out = round_dir / "bias"
+    assert cli_main(["eccv", "model-bias", "--tasks", str(round_dir / "tasks"), "--state",
+                     str(round_dir / "state"), "--output", str(out)]) == 0
+    assert "mAP@R" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(out / "model_bias.csv")))
+    assert {(r["model"], r["annotation_set"]) for r in rows} == \
+        {(m, s) for m in annotators for s in [*annotators, "all"]}
+    assert (out / "model_bias.png").stat().st_size > 0
+    # Reference: the verified pairs are the ground truth (previous test); a single annotator's
+    # set keeps the positives it proposed.
+    proposed = {(c["modality"], c["query_id"], c["item_id"]): c["proposed_by"] for c in
+                json.loads((round_dir / "candidates.json").read_text())["candidates"]}
+    verified = {(i["modality"], i["query_id"], i["caption_id"] if i["modality"] == "i2t" else i["image_id"]): i
+                for s in simulation["submissions"] if not s["failed"]
+                for i in s["task"]["items"] if i["kind"] == "candidate"}
+    for row in rows:
+        m, set_name, model = row["modality"], row["annotation_set"], row["model"]
+        positives: dict[int, set[int]] = {}
+        for pair, item in verified.items():
+            if pair[0] == m and truth(item, gallery) and (set_name == "all" or set_name in proposed[pair]):
+                positives.setdefault(pair[1], set()).add(pair[2])
+        scores = brute[model][0 if m == "i2t" else 1]
+        rows_ids = gallery["image_ids"] if m == "i2t" else gallery["caption_ids"]
+        items = gallery["caption_ids"] if m == "i2t" else gallery["image_ids"]
+        expected = np.mean([map_at_r(ranked(scores, rows_ids.index(q), items, len(items)), pos)
+                            for q, pos in sorted(positives.items())])
+        assert int(row["queries"]) == len(positives)
+        assert float(row["map_at_r"]) == pytest.approx(expected, abs=1e-9)
