@@ -5,7 +5,8 @@
    timed per stage: the selection rules (`builders.decorrelation.selection`) and selection + `np_removal`
    caption synthesis (NLTK chunking, cached per unique caption). Reported as images/s and rows/s.
 2. Image stage with the tiny profile: the fill methods in-process (zero / mean / blur / tiny
-   inpainting), then the whole builder (`--products train`, tiny inpainting) on a fixture as one
+   inpainting), the 4 px mask dilation and the CLIP removal check (`--verify-removal`, tiny CLIP,
+   80 COCO classes, before + after views of one removal per check), then the whole builder (`--products train`, tiny inpainting) on a fixture as one
    process and as two `accelerate launch` processes, reported as synthetic images per second of
    wall time (launch overhead included, as a user sees it).
 
@@ -31,7 +32,8 @@ from builders.decorrelation.captions import CaptionConfig, CaptionSynthesizer, C
 from builders.decorrelation.source import SourceConfig, read_source
 from builders.infra.fixtures.coco import CATEGORY_ID, CocoFixtureConfig, write_coco_fixture
 from builders.infra.fixtures.scenes import SCENES
-from builders.decorrelation.fill import FillConfig, ImageFiller
+from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
+from builders.decorrelation.verify import RemovalVerifier, VerifyConfig
 from builders.decorrelation.selection import select_removals
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,6 +108,18 @@ def fill_rates(tiny_dir: Path | None, n: int = 20) -> dict[str, float]:
         for s in range(n):
             filler.fill(image, mask, s)
         out[f"{method}_images_per_s"] = n / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for _ in range(n):
+        dilate(mask, 4)
+    out["dilation_4px_masks_per_s"] = n / (time.perf_counter() - t)
+    verifier = RemovalVerifier(VerifyConfig(enabled=True, model=resolve_profile("tiny", tiny_dir).clip_filter),
+                               SourceConfig("coco", Path(".")).class_names)
+    verifier.check(image, image, mask, ("dog",))  # warm-up (model load)
+    t = time.perf_counter()
+    for _ in range(n):
+        verifier.check(image, image, mask, ("dog",))
+    out["removal_check_per_s"] = n / (time.perf_counter() - t)
+    out["removal_check / tiny inpaint time"] = out["inpaint_images_per_s"] / out["removal_check_per_s"]
     return out
 
 

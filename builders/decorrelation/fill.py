@@ -95,17 +95,16 @@ def dilate(mask: np.ndarray, pixels: int) -> np.ndarray:
     """Bool `mask` grown by `pixels` in every direction (a square of side 2 * pixels + 1 around
     each masked pixel), clipped to the image. For a union of boxes this is the union of the boxes
     grown by `pixels` on each side."""
-    out = mask.astype(bool)
-    if pixels <= 0:
-        return out.copy()
-    for axis in (0, 1):  # a square window is separable: grow along rows, then along columns
-        length = out.shape[axis]
-        counts = np.cumsum(out, axis=axis, dtype=np.int64)
-        prefix = np.concatenate([np.zeros_like(np.take(counts, [0], axis=axis)), counts], axis=axis)
-        index = np.arange(length)
-        hi = np.minimum(index + pixels + 1, length)
-        lo = np.maximum(index - pixels, 0)
-        out = (np.take(prefix, hi, axis=axis) - np.take(prefix, lo, axis=axis)) > 0
+    out = mask.astype(bool, copy=True)
+    # A square window is separable: grow along columns, then along rows, one shifted OR per pixel.
+    for axis in (1, 0):
+        grown = out.copy()
+        for d in range(1, min(pixels, out.shape[axis] - 1) + 1):
+            head, tail = [slice(None)] * 2, [slice(None)] * 2
+            head[axis], tail[axis] = slice(d, None), slice(None, -d)
+            grown[tuple(head)] |= out[tuple(tail)]
+            grown[tuple(tail)] |= out[tuple(head)]
+        out = grown
     return out
 
 
