@@ -169,7 +169,11 @@ def test_streaming_topk_matches_full_matrix_with_ties(seed):
         np.testing.assert_array_equal(scores, np.take_along_axis(scores_full, expected, 1))
 
 
-def test_streaming_topk_random_floats_and_normalize():
+@pytest.mark.parametrize("with_torch", [True, False])
+def test_streaming_topk_random_floats_and_normalize(with_torch, monkeypatch):
+    import metric_spaces.map_at_r.topk as topk_module
+
+    monkeypatch.setattr(topk_module, "_HAVE_TORCH", with_torch)
     rng = np.random.default_rng(7)
     # dyadic values keep float32 dot products exact, so the order is fully determined
     query = (rng.integers(-64, 65, (30, 16)) / 64).astype(np.float32)

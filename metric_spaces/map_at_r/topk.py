@@ -109,10 +109,9 @@ def _contiguous(block: np.ndarray) -> np.ndarray:
     return out
 
 
-def _largest(block: np.ndarray, n: int, use_torch: bool = _HAVE_TORCH
-             ) -> tuple[np.ndarray, np.ndarray]:
+def _largest(block: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The n largest values of each row, best first, and their columns (ties in any order)."""
-    if use_torch:
+    if _HAVE_TORCH:
         import torch
 
         values, index = torch.topk(torch.from_numpy(block), n, dim=1, largest=True, sorted=True)
@@ -126,8 +125,8 @@ def _largest(block: np.ndarray, n: int, use_torch: bool = _HAVE_TORCH
     return np.take_along_axis(values, order, axis=1), np.take_along_axis(index, order, axis=1)
 
 
-def _stable_topk_block(block: np.ndarray, k: int, use_torch: bool = _HAVE_TORCH) -> np.ndarray:
-    values, index = _largest(block, min(k + 1, block.shape[1]), use_torch)
+def _stable_topk_block(block: np.ndarray, k: int) -> np.ndarray:
+    values, index = _largest(block, min(k + 1, block.shape[1]))
     result = index[:, :k].copy()
     tied = (values[:, 1:] == values[:, :-1]).any(axis=1)
     if tied.any():
