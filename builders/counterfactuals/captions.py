@@ -13,6 +13,12 @@ COCO-Counterfactuals):
 5. Perplexity `exp(mean token NLL)` without a BOS token; the lowest wins (first one on ties).
 
 What differs from the reference, on purpose:
+- The published counterfactual is the original string with exactly the swapped word's character
+  span replaced (`edit_at`): the decoded fill-mask sequence only supplies the new word. Decoding
+  re-joins tokens, and byte-level BPE tokenizers (RoBERTa) under transformers 5 no longer clean
+  up spaces, which gave `"through the  truck ."`: a formatting cue a model could learn instead
+  of the content. The length/tag check of step 3 runs on that final string, and so do the
+  similarity and the perplexity.
 - Batching (the reference scores one candidate at a time): one MLM forward for every masked
   position of a batch of captions, one sentence-model encode for every candidate of the batch,
   one padded LM forward for every survivor (chunked only to bound memory).
@@ -24,7 +30,8 @@ What differs from the reference, on purpose:
   duplicates are pooled once (same sentence, same scores: the choice cannot change).
 - Captions the reference would crash on or silently drop are dropped with a counted reason:
   `too_short` (< `min_words` words: one token has no perplexity), `not_english` (see
-  `looks_english`), `too_long` (more tokens than the MLM or LM accepts), `no_nouns`,
+  `looks_english`), `too_long` (more tokens than the MLM or LM accepts), `no_token_spans`
+  (NLTK's tokens cannot be located in the string), `no_nouns`,
   `no_valid_substitution`, `no_candidate_in_similarity_window`, `no_scorable_candidate`.
 - Tokenisation uses `word_tokenize(text, preserve_line=True)` (no `punkt` data needed); for a
   one-sentence caption it differs from the sentence-splitting default only for inner periods.
@@ -41,10 +48,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import torch
+from nltk.tokenize import NLTKWordTokenizer
 
 from builders.counterfactuals.config import CaptionStageConfig
 from builders.infra.errors import UserFacingError
-from builders.infra.text.noun_phrases import default_tagger, tokenize
+from metric_spaces.odmap.noun_phrases import default_tagger, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +64,19 @@ _FUNCTION_WORDS = frozenset(
     "a an the of on in at with and or to is are be by for from near next into onto over under "
     "its his her their this that there some two three while as up down out".split())
 
-REASONS = ("contains_mask_token", "too_short", "not_english", "too_long", "no_nouns",
+REASONS = ("contains_mask_token", "too_short", "not_english", "too_long", "no_token_spans", "no_nouns",
            "no_valid_substitution", "no_candidate_in_similarity_window", "no_scorable_candidate")
 
 
 @dataclass(frozen=True)
 class CounterfactualCaption:
     original: str
+    #: `original` with the characters `[start, start + len(replaced))` replaced by `replacement`.
     counterfactual: str
     #: Index of the replaced token in the NLTK tokens of the original caption.
     position: int
+    #: Character offset of the swapped word, the same in both captions.
+    start: int
     replaced: str
     replacement: str
     similarity: float
@@ -153,12 +164,32 @@ def looks_english(tokens: Sequence[str]) -> bool:
     return len(words) < 4 or any(w in _FUNCTION_WORDS for w in words)
 
 
+#: `tokenize` is `word_tokenize(preserve_line=True)`, i.e. this tokenizer's `tokenize`.
+_SPANS = NLTKWordTokenizer()
+
+
+def token_spans(text: str, tokens: Sequence[str]) -> list[tuple[int, int]] | None:
+    """Character span of each of `tokenize(text)`'s tokens (NLTK's own alignment, which maps
+    its rewritten quotes back to the source characters); None when it cannot align them."""
+    try:
+        spans = list(_SPANS.span_tokenize(text))
+    except ValueError:
+        return None
+    return spans if len(spans) == len(tokens) else None
+
+
+def edit_at(text: str, span: tuple[int, int], word: str) -> str:
+    """`text` with exactly the characters of `span` replaced by `word`."""
+    return text[:span[0]] + word + text[span[1]:]
+
+
 @dataclass
 class _Caption:
     """Working state of one caption through the stage."""
 
     text: str
     tokens: list[str]
+    spans: list[tuple[int, int]]
     positions: list[int]
     #: (sentence, position) in pooled order.
     pool: list[tuple[str, int]]
@@ -223,10 +254,16 @@ class CaptionStage:
         lm_len = len(self.models.lm_tokenizer(text).input_ids)
         if mlm_len > self.models.mlm_limit() or lm_len > self.models.lm_limit():
             return "too_long"
-        positions = [i for i, tag in enumerate(tags) if tag in self.config.noun_tags]
+        spans = token_spans(text, tokens)
+        if spans is None:
+            return "no_token_spans"
+        # A noun whose span is not its token verbatim cannot be edited in place (never seen for
+        # a word: NLTK rewrites quotes only).
+        positions = [i for i, tag in enumerate(tags) if tag in self.config.noun_tags
+                     and text[slice(*spans[i])] == tokens[i]]
         if not positions:
             return "no_nouns"
-        return _Caption(text, tokens, positions, [])
+        return _Caption(text, tokens, spans, positions, [])
 
     def _propose(self, captions: list[_Caption]) -> None:
         """One MLM forward for every masked position of the batch; fills each caption's pool."""
@@ -247,10 +284,12 @@ class CaptionStage:
         for row, ((cap, i), proposals) in enumerate(zip(jobs, top)):
             ids = input_ids[row].clone()
             seen = {s for s, _ in cap.pool}
-            for token_id in proposals:  # the fill-mask pipeline's `sequence`
+            for token_id in proposals:
                 ids[mask_cols[row]] = token_id
-                sentence = tok.decode(ids[keep[row]], skip_special_tokens=True)
-                if sentence not in seen and self._valid(cap, sentence, i):
+                # The fill-mask pipeline's `sequence`, which only supplies the new word.
+                decoded = tok.decode(ids[keep[row]], skip_special_tokens=True)
+                sentence = self._edit(cap, decoded, i)
+                if sentence is not None and sentence not in seen:
                     seen.add(sentence)
                     cap.pool.append((sentence, i))
 
@@ -264,13 +303,24 @@ class CaptionStage:
             return model(**enc).logits[rows, cols]
         return head(base(**enc).last_hidden_state[rows, cols])
 
-    def _valid(self, cap: _Caption, sentence: str, i: int) -> bool:
+    def _edit(self, cap: _Caption, decoded: str, i: int) -> str | None:
+        """The candidate: the original with token i's span replaced by the decoded sequence's
+        token i, if both have the original's token count and the edited string tags the new
+        word as a noun; None otherwise."""
+        proposed = self._tag(decoded)[0]
+        if len(proposed) != len(cap.tokens):
+            return None
+        word = proposed[i]
+        if word.lower() == cap.tokens[i].lower():
+            return None
+        sentence = edit_at(cap.text, cap.spans[i], word)
         tokens, tags = self._tag(sentence)
-        if len(tokens) != len(cap.tokens) or tags[i] not in self.config.replacement_tags:
-            return False
-        if tokens[i].lower() == cap.tokens[i].lower():
-            return False
-        return self.relations is None or not self.relations.related(cap.tokens[i], tokens[i])
+        if (len(tokens) != len(cap.tokens) or tokens[i] != word
+                or tags[i] not in self.config.replacement_tags):
+            return None
+        if self.relations is not None and self.relations.related(cap.tokens[i], word):
+            return None
+        return sentence
 
     def _encode(self, texts: Sequence[str]) -> torch.Tensor:
         """Normalised sentence embeddings of `texts`, in one encode call."""
@@ -387,6 +437,7 @@ class CaptionStage:
         replacement = self._tag(sentence)[0][i]
         human = cap.tokens[i].lower() in HUMAN_WORDS or replacement.lower() in HUMAN_WORDS
         return CounterfactualCaption(
-            original=cap.text, counterfactual=sentence, position=i, replaced=cap.tokens[i],
+            original=cap.text, counterfactual=sentence, position=i, start=cap.spans[i][0],
+            replaced=cap.tokens[i],
             replacement=replacement, similarity=sim, perplexity=ppl, candidates=len(cap.pool),
             in_window=in_window, human_substitution=human)
