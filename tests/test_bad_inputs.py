@@ -315,3 +315,34 @@ def test_duplicate_image_error_names_both_entries(case, capsys):
     positions = [i for i, e in enumerate(data["images"]) if e["id"] == case["target"]]
     assert f"images #{positions[0]} and #{positions[1]}" in line
     assert all(data["images"][i]["file_name"] in line for i in positions)
+
+
+def test_decorrelation_counts_bad_rows_and_keeps_the_rest(clean, tmp_path, tiny_models_dir,
+                                                          nltk_data_dir):
+    """The same reader policy in the decorrelation builder: a blank caption and a NaN box no
+    longer slip into the ODmAP gallery or vanish as `empty_box`; every other row is unchanged."""
+    def decorrelation(root: Path, out: Path) -> int:
+        return cli_main(["build", "decorrelation", "--coco-root", str(root), "--output", str(out),
+                         "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
+                         "--fill", "zero", "--image-size", "64", "--part-size", "2",
+                         "--max-error-fraction", "0.9"])
+
+    assert decorrelation(clean["root"], tmp_path / "clean") == 0
+    root = tmp_path / "coco"
+    shutil.copytree(clean["root"], root)
+    case = {**clean, "root": root}
+    _set_caption("  \n ")(case)
+    karpathy = json.loads((root / "dataset_coco.json").read_text())["images"]
+    other = next(e["cocoid"] for e in karpathy if e["split"] == "test" and e["cocoid"] != clean["target"])
+    _set_box([1.0, 2.0, float("nan"), 4.0])({**case, "target": other,
+                                             "folder": next(e["filepath"] for e in karpathy
+                                                            if e["cocoid"] == other)})
+    assert decorrelation(root, tmp_path / "bad") == 0
+    manifest = json.loads((tmp_path / "bad/build_manifest.json").read_text())
+    assert manifest["errors"] == {"blank_caption": 1, "bad_bbox": 1}
+    dropped = {clean["target"], other}
+    before, after = rows_by_output(tmp_path / "clean"), rows_by_output(tmp_path / "bad")
+    assert set(before) == set(after)
+    for key in before:
+        assert after[key] == [r for r in before[key] if r.get("image_id") not in dropped], key
+    assert any(r["image_id"] in dropped for rows in before.values() for r in rows)
