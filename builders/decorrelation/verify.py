@@ -86,18 +86,15 @@ class ClipZeroShot:
     """CLIP zero-shot over fixed class prompts; text embeddings are computed once."""
 
     def __init__(self, model: Any, processor: Any, class_names: Sequence[str], prompt: str) -> None:
-        import torch
-
         from builders.counterfactuals.images import ClipScorer
 
         self._clip = ClipScorer(model, processor)
         self._texts = self._clip.texts([prompt.format(c) for c in class_names])
         self._scale = float(model.logit_scale.detach().exp())
-        self._torch = torch
 
     def probabilities(self, images: Sequence[Image.Image]) -> np.ndarray:
         logits = self._scale * self._clip.images(np.stack([np.asarray(i) for i in images])) @ self._texts.T
-        return self._torch.softmax(logits, dim=-1).numpy()
+        return logits.softmax(dim=-1).numpy()
 
 
 def load_scorer(config: VerifyConfig, class_names: Sequence[str]) -> ZeroShotScorer:
