@@ -123,7 +123,7 @@ class EccvPositivesBuilder:
                             "config is left out")
             return Positives({}, {})
         # The query's own image (and so its own captions) is no PM positive: PM is meant to find
-        # positives beyond the original pairs (METHOD.md §4).
+        # positives beyond the original pairs (METHOD.md §1).
         return pm_positives(classes, wanted, self.config.pm_zeta, omit_own_image=True)
 
     def work_items(self):
