@@ -24,7 +24,7 @@ BUILDER_MODULES = {
     "coco-captions": "builders.coco_captions.options",
     "decorrelation": "builders.decorrelation.options",
     "coco-counterfactuals": "builders.counterfactuals.options",
-    "eccv-positives": "builders.eccv_positives.builder",
+    "eccv-positives": "builders.eccv_positives.options",
 }
 
 

@@ -21,7 +21,6 @@ columns are then null, so the published positives always equal the annotation fi
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import sys
@@ -38,7 +37,6 @@ from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 log = logging.getLogger(__name__)
 
-HELP = "ECCV Caption / CxC / COCO positives (+ PM pseudo-positives) of COCO retrieval as Hub parquet"
 
 _IDS = datasets.List(datasets.Value("int64"))
 _TEXTS = datasets.List(datasets.Value("string"))
@@ -210,27 +208,8 @@ def _ids(mapping: dict, key: int) -> list[int] | None:
     return mapping[key].tolist() if key in mapping else None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--coco-root", default=None,
-                        help="COCO download for images, caption texts and instances (optional: "
-                             "without it rows hold ids only and there is no pm config)")
-    parser.add_argument("--annotations-dir", default=None,
-                        help="folder of positives in the eccv_caption file format (default: the "
-                             "installed eccv_caption package; `counterfactory eccv ingest` writes one)")
-    parser.add_argument("--pm-zeta", type=int, default=0,
-                        help="PM: max number of differing instance classes (paper PMRP: 0)")
-    parser.add_argument("--no-pm", dest="with_pm", action="store_false", help="skip the pm config")
-
-
-def from_args(args: argparse.Namespace) -> EccvPositivesBuilder:
-    return EccvPositivesBuilder(EccvPositivesConfig(
-        coco_root=str(args.coco_root) if args.coco_root else None,
-        annotations_dir=str(args.annotations_dir) if args.annotations_dir else None,
-        pm_zeta=args.pm_zeta, with_pm=args.with_pm))
-
-
 if __name__ == "__main__":
-    from builders.eccv_positives import builder as eccv_positives
+    from builders.eccv_positives import options
     from builders.registry import launch_main
 
-    sys.exit(launch_main(eccv_positives))
+    sys.exit(launch_main(options))
