@@ -93,6 +93,17 @@ def _best_of(n: int, fn: Callable[[], dict]) -> tuple[dict, float]:
     return result, min(times)
 
 
+@contextlib.contextmanager
+def _without_torch():
+    from metric_spaces.map_at_r import topk
+
+    saved, topk._HAVE_TORCH = topk._HAVE_TORCH, False
+    try:
+        yield
+    finally:
+        topk._HAVE_TORCH = saved
+
+
 def _compare(ours: dict, ref: dict) -> tuple[int, float]:
     diffs = [abs(ours[k][m] - float(ref[k][m])) for k in ref for m in ("i2t", "t2i")]
     return len(diffs), max(diffs)
@@ -115,6 +126,12 @@ def run_retrieval_benchmark(seed: int = 0, dtype: str = "float64",
         sim, images, captions, EccvSuiteConfig(COCO_1K), ann))
     lines.append(f"  ours from the matrix: {ours_s:.2f} s (COCO 1K R@1/5/10 on top: "
                  f"{ours_1k_s:.2f} s more); best of 2 runs")
+    # The metric Space in an environment without torch selects top-k with numpy instead.
+    with _without_torch():
+        no_torch, no_torch_s = _best_of(1, lambda: eccv_suite_from_similarity(
+            sim, images, captions, EccvSuiteConfig(SUITE), ann))
+    lines.append(f"  ours without torch (numpy top-k, as the Space in a torch-free env): "
+                 f"{no_torch_s:.2f} s, {'same numbers' if no_torch == ours else 'MISMATCH'}")
 
     if full_rankings:  # R@1 only: each K is another pass of Python filtering over full lists
         ref, convert_s, metric_s = _reference(sim, images, captions, SUITE + ("coco_1k_r1",), None)
