@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES = (
     "builders.infra.publishing.cli",
     "builders.infra.publishing.metric_cli",
     "builders.infra.local_hub_cli",
+    "builders.infra.gallery.cli",
 )
 
 

@@ -11,11 +11,12 @@ from builders.infra.errors import InputFileError
 
 
 def load_dataset_split(name: str, config: str | None, split: str, *,
-                       config_flag: str = "--dataset-config", split_flag: str = "--dataset-split"):
+                       config_flag: str = "--dataset-config", split_flag: str = "--dataset-split",
+                       revision: str | None = None):
     import datasets
 
     try:
-        configs = datasets.get_dataset_config_names(name)
+        configs = datasets.get_dataset_config_names(name, revision=revision)
     except (OSError, ValueError) as err:  # not found (FileNotFoundError), no network (ConnectionError)
         raise InputFileError(name, f"cannot open this dataset ({type(err).__name__}: {err})",
                              "give a Hub id ORG/NAME or a local dataset folder") from None
@@ -26,10 +27,10 @@ def load_dataset_split(name: str, config: str | None, split: str, *,
         raise InputFileError(name, f"has no config {config!r} (configs: {', '.join(configs)})",
                              f"pick one with {config_flag} NAME")
     chosen = config or ("default" if "default" in configs else configs[0])
-    splits = datasets.get_dataset_split_names(name, chosen)
+    splits = datasets.get_dataset_split_names(name, chosen, revision=revision)
     if split not in splits:
-        available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c))}"
+        available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c, revision=revision))}"
                               for c in configs)
         raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
                              f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
-    return datasets.load_dataset(name, config, split=split)
+    return datasets.load_dataset(name, config, split=split, revision=revision)

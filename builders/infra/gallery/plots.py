@@ -1,0 +1,84 @@
+"""Bar charts, histograms and example grids as PNG files (matplotlib's Agg canvas, no pyplot).
+
+A bare `Figure` with the Agg canvas leaves pyplot's global backend alone, and PNGs are written
+without the software/version metadata so the same numbers give the same bytes.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+#: Bars beyond this many are summed into "other" (a chart of 5,000 words reads as nothing).
+MAX_BARS = 30
+_PNG = {"Software": None}
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path, dpi: int = 100) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi, metadata=_PNG)
+    return path
+
+
+def top_counts(counts: Mapping[str, int], limit: int = MAX_BARS) -> list[tuple[str, int]]:
+    """Largest first (ties by name); the rest summed as "other (N values)"."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    if len(ranked) <= limit:
+        return ranked
+    rest = ranked[limit - 1:]
+    return ranked[:limit - 1] + [(f"other ({len(rest)} values)", sum(v for _, v in rest))]
+
+
+def bar_chart(counts: Mapping[str, int], path: Path, *, title: str, xlabel: str = "rows") -> Path:
+    """Horizontal bars, largest on top."""
+    bars = top_counts(counts)
+    fig = _figure(6.0, 0.8 + 0.28 * max(1, len(bars)))
+    ax = fig.add_subplot()
+    labels = [textwrap.shorten(k, 40) for k, _ in bars][::-1]
+    ax.barh(labels, [v for _, v in bars][::-1], color="tab:blue")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, bins: int = 30) -> Path:
+    fig = _figure(4.5, 3.0)
+    ax = fig.add_subplot()
+    arr = np.asarray(values, dtype=float)
+    ax.hist(arr, bins=bins, color="tab:orange")
+    ax.axvline(float(arr.mean()), color="black", linestyle="--", linewidth=1,
+               label=f"mean {arr.mean():.3g} (n={arr.size})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("rows")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def example_grid(rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, *,
+                 cell: float = 1.6) -> Path:
+    """One line per example: its images side by side, its caption(s) underneath as the title."""
+    columns = max(len(images) for images, _ in rows)
+    fig = _figure(cell * columns + 0.4, (cell + 0.55) * len(rows))
+    axes = fig.subplots(len(rows), columns, squeeze=False)
+    for line, (images, caption) in zip(axes, rows):
+        for ax, image in zip(line, list(images) + [None] * (columns - len(images))):
+            ax.axis("off")
+            if image is not None:
+                ax.imshow(np.asarray(image.convert("RGB")))
+        line[0].set_title(textwrap.fill(caption, 26 * columns), fontsize=7, loc="left")
+    return _save(fig, path, dpi=90)
