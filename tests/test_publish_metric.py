@@ -8,12 +8,12 @@ from pathlib import Path
 import evaluate
 import numpy as np
 import pytest
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, hf_hub_download
 
 from builders.infra.cli import main as cli_main
 from builders.infra.errors import UserFacingError
 from metric_spaces.odmap.odmap_scores import odmap_from_topk
-from builders.infra.publishing.metric import MetricPublishConfig, publish_metric
+from builders.infra.publishing.metric import MetricPublishConfig, publish_metric, space_files
 
 MODULES = Path(__file__).resolve().parents[1] / "metric_spaces"
 
@@ -44,3 +44,63 @@ def test_published_metric_loads_by_tag_from_the_hub(local_hub, capsys):
 def test_repo_name_must_match_the_module_file(local_hub):
     with pytest.raises(UserFacingError, match=r"fetches odmap-metric.py.*found \[.*'odmap.py'"):
         publish_metric(MetricPublishConfig(MODULES / "odmap", "tester/odmap-metric", "v1.0.0"))
+
+
+def _space(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize("files, message", [
+    # evaluate downloads only what the main file imports: a helper's own helper would be missing.
+    ({"m.py": "from .a import x\n", "a.py": "from .b import y\nx = y\n", "b.py": "y = 1\n"},
+     r"a.py:1 imports .b, which m.py does not import.*add `from .b import ...` to m.py"),
+    ({"m.py": "from .a import x\n"}, r"m.py:1 imports .a, but .*a.py does not exist"),
+    ({"m.py": "def f():\n    from .a import x\n", "a.py": "x = 1\n"},
+     "imports .a inside a function"),
+    ({"m.py": "from ..pkg import x\n"}, r"only `from .helper import name` works"),
+])
+def test_space_must_be_self_contained(tmp_path, files, message):
+    with pytest.raises(UserFacingError, match=message):
+        space_files(_space(tmp_path / "m", files), "m")
+
+
+def test_space_files_are_main_helpers_and_docs_without_package_markers(tmp_path):
+    home = _space(tmp_path / "home", {"shared.py": "z = 3\n"})
+    folder = _space(tmp_path / "m", {"m.py": "from .a import x\nfrom .shared import z\n",
+                                     "a.py": "from .shared import z\nx = z\n",
+                                     "__init__.py": "", "stray.py": "", "README.md": "card",
+                                     "requirements.txt": "numpy\n"})
+    (folder / "shared.py").symlink_to(home / "shared.py")  # one home, shared by symlink
+    names = [p.name for p in space_files(folder, "m")]
+    assert names == ["m.py", "a.py", "shared.py", "README.md", "requirements.txt"]
+
+
+def test_a_symlinked_helper_is_published_with_its_content(local_hub, tmp_path):
+    home = _space(tmp_path / "home", {"shared.py": "VALUE = 41 + 1\n"})
+    folder = _space(tmp_path / "answer", {"answer.py": ANSWER_MODULE})
+    (folder / "shared.py").symlink_to(home / "shared.py")
+    publish_metric(MetricPublishConfig(folder, "tester/answer", "v1.0.0"))
+    remote = hf_hub_download("tester/answer", "shared.py", repo_type="space", revision="v1.0.0")
+    assert Path(remote).read_bytes() == (home / "shared.py").read_bytes()
+    assert evaluate.load("tester/answer", revision="v1.0.0").compute(
+        predictions=[1], references=[1]) == {"answer": 42}
+
+
+ANSWER_MODULE = '''import datasets
+import evaluate
+
+from .shared import VALUE
+
+
+class Answer(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(description="d", citation="c", inputs_description="i",
+                                   features=datasets.Features({"predictions": datasets.Value("int64"),
+                                                               "references": datasets.Value("int64")}))
+
+    def _compute(self, predictions, references):
+        return {"answer": VALUE}
+'''
