@@ -82,6 +82,8 @@ RUNNER = textwrap.dedent('''
         kwargs = dict(case["kwargs"])
         for key in case.get("arrays", []):
             kwargs[key] = np.asarray(kwargs[key])
+        for key in case.get("id_dicts", []):  # JSON object keys are strings
+            kwargs[key] = {int(q): ids for q, ids in kwargs[key].items()}
         metric = evaluate.load(case["repo_id"], revision=case["revision"])
         try:
             out.append({"result": metric.compute(**kwargs)})
@@ -151,7 +153,33 @@ def _in_process(case: dict):
     kwargs = dict(case["kwargs"])
     for key in case["arrays"]:
         kwargs[key] = np.asarray(kwargs[key])
+    for key in case.get("id_dicts", []):
+        kwargs[key] = {int(q): ids for q, ids in kwargs[key].items()}
     return json.loads(json.dumps(evaluate.load(str(SPACES / case["name"])).compute(**kwargs)))
+
+
+def _eccv_case(seed: int = 1) -> dict:
+    """The ECCV Caption suite from seeded rankings over the real COCO 5K test ids (the
+    annotations come from eccv_caption inside the clean venv)."""
+    from metric_spaces.map_at_r.eccv_suite import EccvAnnotations
+
+    ann = EccvAnnotations.load()
+    rng = np.random.default_rng(seed)
+    galleries = {"i2t": ann.coco_test_ids, "t2i": np.asarray(list(ann.coco.i2t))}
+    rankings = {}
+    for modality, gallery in galleries.items():
+        ranked = {}
+        for query in getattr(ann.coco, modality):
+            positives = set()
+            for source in (ann.eccv, ann.coco, ann.cxc):
+                positives.update(int(p) for p in getattr(source, modality).get(query, ()))
+            hits = [p for p in positives if rng.random() < 0.6]
+            filler = rng.choice(gallery, 60, replace=False).tolist()
+            ranked[str(query)] = list(dict.fromkeys(hits + filler))[:60]
+        rankings[f"{modality}_rankings"] = ranked
+    targets = ["eccv_map_at_r", "eccv_rprecision", "eccv_r1", "coco_5k_recalls", "cxc_r1"]
+    return {"name": "map_at_r", "arrays": [], "id_dicts": list(rankings),
+            "kwargs": {**rankings, "target_metrics": targets}}
 
 
 def test_clean_venv_has_no_project_and_no_torch(clean_python, tmp_path):
@@ -165,7 +193,7 @@ def test_clean_venv_has_no_project_and_no_torch(clean_python, tmp_path):
 
 def test_spaces_reproduce_the_checkout_numbers_in_a_clean_venv(clean_python, published, tmp_path,
                                                                 nltk_data_dir):
-    cases = _cases()
+    cases = [*_cases(), _eccv_case()]
     got = _run_clean(clean_python, [dict(c) for c in cases], published, tmp_path, tmp_path / "none")
     for case, out in zip(cases, got):
         assert "result" in out, (case["name"], out)
