@@ -6,6 +6,7 @@ without the software/version metadata so the same numbers give the same bytes.
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -70,15 +71,19 @@ def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, b
 
 
 def example_grid(rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, *,
-                 cell: float = 1.6) -> Path:
-    """One line per example: its images side by side, its caption(s) underneath as the title."""
-    columns = max(len(images) for images, _ in rows)
-    fig = _figure(cell * columns + 0.4, (cell + 0.55) * len(rows))
-    axes = fig.subplots(len(rows), columns, squeeze=False)
-    for line, (images, caption) in zip(axes, rows):
-        for ax, image in zip(line, list(images) + [None] * (columns - len(images))):
-            ax.axis("off")
-            if image is not None:
-                ax.imshow(np.asarray(image.convert("RGB")))
-        line[0].set_title(textwrap.fill(caption, 26 * columns), fontsize=7, loc="left")
+                 cell: float = 1.8, images_per_line: int = 4) -> Path:
+    """Examples side by side (their images next to each other), each captioned above."""
+    n_img = max(len(images) for images, _ in rows)
+    per_line = max(1, images_per_line // n_img)
+    lines = math.ceil(len(rows) / per_line)
+    fig = _figure(cell * n_img * per_line + 0.2, (cell + 0.7) * lines)
+    axes = fig.subplots(lines, n_img * per_line, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for k, (images, caption) in enumerate(rows):
+        line, first = divmod(k, per_line)
+        cells = axes[line][first * n_img:(first + 1) * n_img]
+        for ax, image in zip(cells, images):
+            ax.imshow(np.asarray(image.convert("RGB")))
+        cells[0].set_title(textwrap.fill(caption, 24 * n_img), fontsize=7, loc="left")
     return _save(fig, path, dpi=90)

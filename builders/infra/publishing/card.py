@@ -15,6 +15,8 @@ from typing import Any
 import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from builders.infra.gallery.card_figures import figures_markdown
+
 
 def _size_category(n: int) -> str:
     bounds = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
@@ -115,5 +117,6 @@ def render_card(
         version=version,
         schema=schema_rows(manifest),
         total_rows=total_rows,
+        figures=figures_markdown(manifest),
     )
     return str(card)

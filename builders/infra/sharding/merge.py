@@ -184,6 +184,10 @@ def merge_parts(
     }
     # Published as is: model folders, sources and the tagger are named without local paths.
     manifest = portable(manifest, layout.root)
+    # The card's example grid and histograms, published with the shards (figures/*.png).
+    from builders.infra.gallery.card_figures import write_card_figures
+
+    manifest["card_figures"] = write_card_figures(layout.root, manifest)
     atomic_write_json(layout.manifest, manifest)
     atomic_write_bytes(layout.readme, render_card(manifest).encode())
     return manifest
