@@ -250,11 +250,22 @@ def simulation(round_dir, gallery):
 
 
 @pytest.fixture(scope="module")
-def ingested(round_dir, simulation):
+def ingested(round_dir, simulation, local_hub):
+    """Ingest, build and publish the new version to the local Hub in one command."""
     out = round_dir / "v2"
     assert cli_main(["eccv", "ingest", *map(str, simulation["files"]), "--tasks", str(round_dir / "tasks"),
-                     "--state", str(round_dir / "state"), "--output", str(out)]) == 0
+                     "--state", str(round_dir / "state"), "--output", str(out),
+                     "--repo-id", "tester/eccv-mitl", "--version", "v2.0.0"]) == 0
     return out
+
+
+def test_new_version_loads_at_its_tag(ingested):
+    for config in ("i2t", "t2i"):
+        remote = load_dataset("tester/eccv-mitl", config, split="test", revision="v2.0.0")
+        local = load_dataset(str(ingested), config, split="test")
+        columns = [c for c in local.column_names if c != "image"]
+        assert remote.select_columns(columns).to_list() == local.select_columns(columns).to_list()
+        assert sum(local["eccv_query"]) == (14 if config == "t2i" else 10)  # the sampled queries
 
 
 def test_ingest_recovers_the_ground_truth_and_excludes_spammers(ingested, round_dir, simulation, gallery):
