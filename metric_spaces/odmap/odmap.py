@@ -15,6 +15,8 @@ from .noun_phrases import ensure_tagger
 from .odmap_scores import DEFAULT_K_VALUES
 from .odmap_scores import odmap
 from .odmap_scores import odmap_from_topk
+from .odmap_scores import per_class_odmap
+from .odmap_scores import plot_per_class
 
 _CITATION = """\
 @inproceedings{kim2023exposing,
@@ -56,13 +58,16 @@ Args:
     class_names (`list` of `str`, optional): the class of each mention_matrix column (defaults to
         the table's classes in table order, i.e. the 80 COCO classes of
         `class_match.COCO_CLASSES` in this Space).
+    per_class_plot_path (`str`, optional): write a bar chart of ODmAP@k per removed class there
+        (png/pdf/svg; needs matplotlib).
 
     Bad input raises a ValueError naming the query: a class list given as a bare string, float
     or bool gallery indices, caption texts together with a mention_matrix, a mention_matrix that
     is not 2-D, no queries.
 
 Returns:
-    `ODmAP@k` (`float`) for each k in k_values, and `num_queries` (`int`).
+    `ODmAP@k` (`float`) for each k in k_values, and `num_queries` (`int`); with
+    `per_class_plot_path`, also `per_class` ({class: {"ODmAP@k": float}}) and the path written.
 
 Examples:
 
@@ -145,6 +150,7 @@ class Odmap(evaluate.Metric):
         table=None,
         mention_matrix=None,
         class_names=None,
+        per_class_plot_path=None,
     ):
         if mention_matrix is None:
             if class_names is not None:
@@ -181,7 +187,13 @@ class Odmap(evaluate.Metric):
                 topk, mention_matrix, removed, present,
                 k_values=k_values, require_present=require_present,
             )
-        return {**result.as_dict(), "num_queries": result.num_queries}
+        scores = {**result.as_dict(), "num_queries": result.num_queries}
+        if per_class_plot_path is not None:
+            per_class = per_class_odmap(result, removed_classes)
+            path = plot_per_class(per_class, per_class_plot_path, title="ODmAP@k per removed class")
+            scores["per_class"] = {c: {f"ODmAP@{k}": v for k, v in ks.items()} for c, ks in per_class.items()}
+            scores["per_class_plot_path"] = str(path)
+        return scores
 
 
 def _check_inputs(retrieved, removed_classes, present_classes, mention_matrix):

@@ -37,9 +37,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import numpy as np
 
@@ -57,6 +59,8 @@ __all__ = [
     "gallery_mentions",
     "odmap",
     "odmap_from_topk",
+    "per_class_odmap",
+    "plot_per_class",
     "relevance_from_mentions",
 ]
 
@@ -366,3 +370,49 @@ def odmap(
         topk.reshape(n, ks[-1]), mentions, removed, present,
         k_values=ks, require_present=require_present,
     )
+
+
+def per_class_odmap(result: OdmapResult, removed_classes: Sequence[Iterable[str]]) -> dict[str, dict[int, float]]:
+    """ODmAP@k per removed class: the mean AP@k of the queries that removed it (a query with
+    several removed classes counts for each), classes sorted by name."""
+    queries: dict[str, list[int]] = {}
+    for q, classes in enumerate(removed_classes):
+        for c in set(classes):
+            queries.setdefault(str(c), []).append(q)
+    return {c: {k: float(ap[qs].mean()) for k, ap in result.per_query.items()}
+            for c, qs in sorted(queries.items())}
+
+
+def plot_per_class(per_class: dict[str, dict[int, float]], path: Union[str, os.PathLike], *,
+                   title: str | None = None) -> Path:
+    """Bar chart of ODmAP@k per removed class (one bar per k), written to `path` (png/pdf/svg).
+
+    Needs matplotlib (`pip install matplotlib`), imported only here.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not per_class:
+        raise ValueError("no classes to plot")
+    classes = list(per_class)
+    ks = sorted({k for v in per_class.values() for k in v})
+    fig = Figure(figsize=(max(4.0, 0.45 * len(classes) * len(ks) + 1.5), 3.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / len(ks)
+    x = np.arange(len(classes))
+    for j, k in enumerate(ks):
+        ax.bar(x + (j - (len(ks) - 1) / 2) * width, [per_class[c].get(k, np.nan) for c in classes],
+               width, label=f"ODmAP@{k}")
+    ax.set_xticks(x, classes, rotation=60, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("ODmAP@k")
+    ax.set_xlabel("removed class")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
