@@ -346,3 +346,19 @@ def test_decorrelation_counts_bad_rows_and_keeps_the_rest(clean, tmp_path, tiny_
     for key in before:
         assert after[key] == [r for r in before[key] if r.get("image_id") not in dropped], key
     assert any(r["image_id"] in dropped for rows in before.values() for r in rows)
+
+
+def test_repeated_ids_in_a_dataset_source_are_refused(tmp_path, tiny_models_dir, capsys):
+    """`--dataset` with an `--id-column` that repeats a value: one line naming both rows."""
+    import datasets
+
+    source = tmp_path / "captions"
+    source.mkdir()
+    datasets.Dataset.from_dict({"text": ["a dog on a sofa", "a cat on a mat", "a red bus"],
+                                "key": ["k0", "k1", "k0"]}).to_parquet(str(source / "train.parquet"))
+    capsys.readouterr()
+    assert cli_main(["build", "coco-counterfactuals", "--stage", "captions", "--dataset", str(source),
+                     "--text-column", "text", "--id-column", "key", "--models", "tiny",
+                     "--tiny-models-dir", str(tiny_models_dir), "--output", str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "work items #0 and #2 of the source both have id 'k0'" in line

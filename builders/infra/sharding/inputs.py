@@ -9,7 +9,7 @@ items — unless that part is about to be redone anyway (`--retry-errors` on a p
 input errors, the usual "fix the bad rows and re-run" loop). Parts not built yet need no check:
 they will be built from the current inputs, so the output always equals a clean build of them.
 
-Items a reader marked malformed (`item.input_problem`, see `builders.infra.errors.InputProblem`)
+Items that carry ids must not repeat them (`check_unique_ids`). Items a reader marked malformed (`item.input_problem`, see `builders.infra.errors.InputProblem`)
 never reach the builder: `split_problems` turns them into counted input-error skips.
 """
 
@@ -20,18 +20,40 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from builders.infra.errors import UserFacingError
 from builders.infra.sharding.base import Skip
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def item_label(item: Any, index: int) -> str:
-    """How messages name an item: its image or item id when it has one."""
+def _item_id(item: Any) -> tuple[str, Any] | None:
     for attr in ("image_id", "id"):
         value = item.get(attr) if isinstance(item, dict) else getattr(item, attr, None)
         if value is not None:
-            return f"{attr.replace('_', ' ')} {value}"
-    return f"item #{index}"
+            return attr.replace("_", " "), value
+    return None
+
+
+def item_label(item: Any, index: int) -> str:
+    """How messages name an item: its image or item id when it has one."""
+    key = _item_id(item)
+    return f"{key[0]} {key[1]}" if key else f"item #{index}"
+
+
+def check_unique_ids(items: Sequence[Any]) -> None:
+    """Items that carry an id (`image_id` or `id`) must not repeat it: two rows with one id would
+    silently mix two sources' records (one image's captions with another's pixels)."""
+    seen: dict[tuple[str, Any], int] = {}
+    for index, item in enumerate(items):
+        key = _item_id(item)
+        if key is None:
+            continue
+        if key in seen:
+            raise UserFacingError(
+                f"work items #{seen[key]} and #{index} of the source both have {key[0]} {key[1]!r}; "
+                "ids must be unique — fix the source (or, with --dataset, choose a unique --id-column)"
+            )
+        seen[key] = index
 
 
 def item_digest(item: Any) -> str:

@@ -23,7 +23,8 @@ from builders.infra import progress
 from builders.infra.distributed import ProcessGroup, init_process_group
 from builders.infra.errors import UserFacingError
 from builders.infra.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
-from builders.infra.sharding.inputs import changed_items, part_digests, split_problems
+from builders.infra.sharding.inputs import (changed_items, check_unique_ids, part_digests,
+                                            split_problems)
 from builders.infra.sharding.layout import OutputLayout
 from builders.infra.sharding.output_guard import (check_output_folder, output_errors, output_lock,
                                                   remove_temp_files)
@@ -222,6 +223,7 @@ def _run_locked(builder: ShardedBuilder, cfg: RunConfig, group: ProcessGroup,
     # The inputs are read before anything is written: a run that fails on a missing or broken
     # input leaves no fingerprint behind to refuse the corrected rerun.
     items = builder.work_items()
+    check_unique_ids(items)
     parts = list(iter_chunks(items, cfg.part_size))
     if group.is_main:
         remove_temp_files(layout)
