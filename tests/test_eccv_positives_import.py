@@ -202,3 +202,21 @@ def test_pm_config_equals_brute_force(tmp_path):
     for i, row in shown.items():
         assert all(t == f"caption {c}" for c, t in zip(row["positive_caption_ids"], row["positive_captions"])
                    if t is not None)
+
+
+def test_two_processes_write_the_same_shards(build, coco_fixture_dir, tmp_path):
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from build_helpers import accelerate_cmd, shard_digests
+
+    out = tmp_path / "multi"
+    cmd = accelerate_cmd(REPO_ROOT / "builders/eccv_positives/builder.py", "--coco-root",
+                         str(coco_fixture_dir), "--output", str(out), "--part-size", "8192",
+                         "--expect-processes", "2")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    stats = [json.loads(p.read_text()) for p in (out / ".parts/stats").glob("*.json")]
+    assert {s["rank"] for s in stats} == {0, 1}
+    assert shard_digests(out) == shard_digests(build)
