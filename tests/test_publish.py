@@ -168,6 +168,10 @@ def own_hub(monkeypatch):
     yield hub
     hub.stall(False)
     hub.stop()
+    # The request limit is process-wide: give later tests the default back, not a test's 0.5 s.
+    from builders.infra.publishing.hub_client import bound_request_time
+
+    bound_request_time(PublishConfig.timeout_s)
 
 
 def test_rerun_after_the_tag_was_made_exits_0_when_the_tag_holds_this_build(
