@@ -4,6 +4,9 @@ Module map:
 - `base`: the `ShardedBuilder` protocol builders implement, and the `Emit` / `Skip` records.
 - `layout`: where parts, stats, shards and the manifest live in an output folder.
 - `part_writer`: writes one part's rows as parquet (temp name, then rename; stats last).
+- `inputs`: what each part was built from (a resume refuses changed inputs), repeated ids, and
+  items the reader marked malformed (counted input-error skips).
+- `output_guard`: the output folder's lock, one-line OS errors, removal of stale `.tmp` files.
 - `runner`: assigns parts to processes, skips finished parts, reports progress and failures.
 - `merge`: turns finished parts into the Hub layout (`data/*.parquet`, README configs, manifest).
 """

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 _RECORDED_PACKAGES = (
     "counterfactory", "torch", "datasets", "huggingface_hub", "pyarrow", "pillow", "numpy",
     "transformers", "diffusers", "sentence-transformers", "open_clip_torch", "nltk",
-    "accelerate", "pycocotools",
+    "accelerate",
 )
 
 
