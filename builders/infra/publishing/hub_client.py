@@ -113,7 +113,7 @@ def retrying(call: Callable[[], T], retries: int, what: str) -> T:
 def hub_errors(endpoint: str, repo_id: str, resume_hint: str) -> Iterator[None]:
     """Turn what the Hub client raises into one line naming the cause and what to do."""
     import httpx2
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
     try:
         yield
@@ -121,6 +121,9 @@ def hub_errors(endpoint: str, repo_id: str, resume_hint: str) -> Iterator[None]:
         raise
     except OfflineModeIsEnabled as err:
         raise PublishError(f"{err}".splitlines()[0]) from err
+    except LocalTokenNotFoundError as err:
+        raise PublishError(f"no Hugging Face token found for {endpoint}: set HF_TOKEN or run "
+                           "`hf auth login`") from err
     except httpx2.TimeoutException as err:
         raise PublishInterrupted(f"the Hub at {endpoint} did not answer in time "
                                  f"({type(err).__name__}); {resume_hint}") from err
