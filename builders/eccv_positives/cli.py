@@ -40,6 +40,10 @@ def _tasks(args: argparse.Namespace) -> int:
 
 def _ingest(args: argparse.Namespace) -> int:
     from builders.eccv_positives.ingest import IngestConfig, ingest
+    from builders.infra.errors import UserFacingError
+
+    if args.repo_id and not (args.version and args.output):
+        raise UserFacingError("--repo-id publishes the build: also give --output and --version")
 
     report = ingest(IngestConfig(verdicts=tuple(str(v) for v in args.verdicts), tasks=str(args.tasks),
                                  state=str(args.state), strict=args.strict,

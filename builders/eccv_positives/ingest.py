@@ -31,6 +31,7 @@ import numpy as np
 
 from builders.eccv_positives.annotations import (DUPLICATE_IMAGES, INVALID_CAPTION_IDS, MITL_REPORT,
                                                  write_positives)
+from builders.eccv_positives.candidates import Candidates
 from builders.eccv_positives.tasks import ANSWERS, load_tasks
 from builders.infra.errors import InputFileError
 
@@ -73,9 +74,9 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
                                  f"the header must name {', '.join(CSV_COLUMNS)}")
         rows = []
         for line, row in enumerate(reader, start=2):
-            if any(not (row.get(c) or "").strip() for c in CSV_COLUMNS):
-                raise InputFileError(path, f"row {line}: empty {[c for c in CSV_COLUMNS if not (row.get(c) or '').strip()]}",
-                                     "fill in every column or drop the row")
+            empty = [c for c in CSV_COLUMNS if not (row.get(c) or "").strip()]
+            if empty:
+                raise InputFileError(path, f"row {line}: empty {empty}", "fill in every column or drop the row")
             rows.append({"task_id": row["task_id"].strip(), "item_id": row["item_id"].strip(),
                          "worker": row["worker_id"].strip(), "answer": row["answer"].strip(),
                          "where": f"row {line}"})
@@ -209,59 +210,88 @@ def ingest(cfg: IngestConfig) -> dict[str, Any]:
     return write_positives_for(store, manifest, items, cfg)
 
 
-def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: dict[str, dict[str, Any]],
-                        cfg: IngestConfig) -> dict[str, Any]:
-    """Quality control, vote, merge; writes `state/annotations/` and returns the report."""
-    from loading_scripts.eccv import Positives, read_positives
+@dataclass
+class _Review:
+    """Outcome of quality control and voting over every stored verdict."""
 
+    submissions: int
+    failed: set[tuple[str, str]]
+    per_worker: dict[str, Counter[str]]
+    per_task: dict[str, Counter[str]]
+    #: (modality, query id, item id) -> verdict counts {positive?: n} of the kept submissions.
+    votes: dict[tuple[str, int, int], Counter[bool]]
+
+    def positives(self) -> dict[str, dict[int, set[int]]]:
+        """modality -> query -> items that more than half of the kept verdicts call positive."""
+        out: dict[str, dict[int, set[int]]] = {"i2t": {}, "t2i": {}}
+        for (modality, query, item), c in self.votes.items():
+            if c[True] > c[False]:
+                out[modality].setdefault(query, set()).add(item)
+        return out
+
+
+def review(verdicts: list[dict[str, Any]], items: dict[str, dict[str, Any]], cfg: IngestConfig) -> _Review:
     by_submission: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for v in store.verdicts:
+    for v in verdicts:
         by_submission[(v["task_id"], v["worker"])].append(v)
-    failed: set[tuple[str, str]] = set()
-    per_worker: dict[str, Counter[str]] = defaultdict(Counter)
-    per_task: dict[str, Counter[str]] = defaultdict(Counter)
-    votes: dict[tuple[str, int, int], Counter[bool]] = defaultdict(Counter)
-    for sub, verdicts in sorted(by_submission.items()):
+    result = _Review(len(by_submission), set(), defaultdict(Counter), defaultdict(Counter),
+                     defaultdict(Counter))
+    for sub, answers in sorted(by_submission.items()):
+        # Goldens are judged on YES/NO, whatever --strict says about candidates.
         ok = all(_positive(v["answer"], False) == (items[v["item_id"]]["kind"] == "golden_positive")
-                 for v in verdicts if items[v["item_id"]]["kind"] != "candidate")
+                 for v in answers if items[v["item_id"]]["kind"] != "candidate")
         if not ok:
-            failed.add(sub)
-        for counter in (per_worker[sub[1]], per_task[sub[0]]):
+            result.failed.add(sub)
+        for counter in (result.per_worker[sub[1]], result.per_task[sub[0]]):
             counter["submissions"] += 1
             counter["failed_golden"] += not ok
         if not ok and cfg.exclude_failed_golden:
             continue
-        for v in verdicts:
+        for v in answers:
             item = items[v["item_id"]]
             if item["kind"] == "candidate":
-                pair = (item["modality"], item["query_id"], item["image_id"] if item["modality"] == "t2i"
-                        else item["caption_id"])
-                votes[pair][_positive(v["answer"], cfg.strict)] += 1
-    human = {pair for pair, c in votes.items() if c[True] > c[False]}
-    from builders.eccv_positives.candidates import Candidates
+                other = item["caption_id"] if item["modality"] == "i2t" else item["image_id"]
+                result.votes[(item["modality"], item["query_id"], other)][_positive(v["answer"], cfg.strict)] += 1
+    return result
 
-    cands = Candidates.load(Path(manifest["config"]["candidates"]))
+
+def _gallery_sources(cands: Candidates, cxc_dir: str | None):
+    """The gallery's original COCO pairs, and the CxC positives restricted to the gallery."""
+    from loading_scripts.eccv import Positives, read_positives
+
     g = cands.gallery
-    gallery_images, gallery_captions = set(g.image_ids), set(g.caption_ids)
     coco_i2t: dict[int, list[int]] = defaultdict(list)
     for caption, image in zip(g.caption_ids, g.caption_image_ids):
         coco_i2t[image].append(caption)
-    coco = Positives(i2t={i: np.asarray(c) for i, c in coco_i2t.items()},
-                     t2i={c: np.asarray([i]) for c, i in g.caption_image.items()})
-    package_cxc = read_positives("cxc", Path(cfg.cxc_dir) if cfg.cxc_dir else None)
-    cxc = Positives(
-        i2t=_restricted(package_cxc.i2t, gallery_images, gallery_captions),
-        t2i=_restricted(package_cxc.t2i, gallery_captions, gallery_images))
+    coco = Positives(i2t={i: np.asarray(c, dtype=np.int64) for i, c in coco_i2t.items()},
+                     t2i={c: np.asarray([i], dtype=np.int64) for c, i in g.caption_image.items()})
+    shipped = read_positives("cxc", Path(cxc_dir) if cxc_dir else None)
+    images, captions = set(g.image_ids), set(g.caption_ids)
+    cxc = Positives(i2t=_restricted(shipped.i2t, images, captions),
+                    t2i=_restricted(shipped.t2i, captions, images))
+    return coco, cxc
+
+
+def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: dict[str, dict[str, Any]],
+                        cfg: IngestConfig) -> dict[str, Any]:
+    """Quality control, vote, remove invalid items, merge; writes `state/annotations/`."""
+    from loading_scripts.eccv import Positives
+
+    result = review(store.verdicts, items, cfg)
+    human = result.positives()
+    cands = Candidates.load(Path(manifest["config"]["candidates"]))
+    coco, cxc = _gallery_sources(cands, cfg.cxc_dir)
     merged: dict[str, dict[int, set[int]]] = {"i2t": {}, "t2i": {}}
     for modality in ("i2t", "t2i"):
         for query in manifest["queries"][modality]:
-            found = {item for (m, q, item) in human if m == modality and q == query}
+            found = set(human[modality].get(query, ()))
             for source in (cxc, coco):
                 found |= set(getattr(source, modality).get(query, np.empty(0)).tolist())
             merged[modality][query] = found
     removed = 0
-    for modality, invalid_items in (("i2t", INVALID_CAPTION_IDS), ("t2i", set(DUPLICATE_IMAGES))):
-        invalid_queries = set(DUPLICATE_IMAGES) if modality == "i2t" else INVALID_CAPTION_IDS
+    # Appendix C.1: invalid captions and the duplicate image go, as items and as queries.
+    for modality, invalid_items, invalid_queries in (("i2t", INVALID_CAPTION_IDS, set(DUPLICATE_IMAGES)),
+                                                     ("t2i", set(DUPLICATE_IMAGES), INVALID_CAPTION_IDS)):
         for query in list(merged[modality]):
             if query in invalid_queries:
                 removed += len(merged[modality].pop(query))
@@ -274,23 +304,24 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
     out = Path(cfg.state) / "annotations"
     for name, positives in (("eccv", eccv), ("cxc", cxc), ("coco", coco)):
         write_positives(positives, out, name)
+    n_human = sum(len(v) for m in human.values() for v in m.values())
     report = {
         "models": cands.config["models"], "candidates_config": cands.config,
         "queries": {m: len(manifest["queries"][m]) for m in ("i2t", "t2i")},
         "candidate_pairs": manifest["candidate_pairs"], "tasks": len(manifest["tasks"]),
         "task_seed": manifest["config"]["seed"], "verdict_files": store.files,
-        "submissions": len(by_submission), "failed_golden": len(failed),
-        "failed_submissions": sorted(f"{t}/{w}" for t, w in failed),
+        "submissions": result.submissions, "failed_golden": len(result.failed),
+        "failed_submissions": sorted(f"{t}/{w}" for t, w in result.failed),
         "exclude_failed_golden": cfg.exclude_failed_golden, "strict": cfg.strict,
-        "verified_pairs": len(votes), "verified_positives": len(human), "removed_invalid": removed,
-        "per_worker": {w: dict(c) for w, c in sorted(per_worker.items())},
-        "per_task": {t: dict(c) for t, c in sorted(per_task.items())},
-        "human_positive_pairs": sorted([m, q, i] for m, q, i in human),
+        "verified_pairs": len(result.votes), "verified_positives": n_human, "removed_invalid": removed,
+        "per_worker": {w: dict(c) for w, c in sorted(result.per_worker.items())},
+        "per_task": {t: dict(c) for t, c in sorted(result.per_task.items())},
+        "human_positive_pairs": sorted([m, q, i] for m in human for q, v in human[m].items() for i in v),
         "config": {k: v for k, v in asdict(cfg).items() if k != "verdicts"},
     }
     (out / MITL_REPORT).write_text(json.dumps(report, indent=1))
     log.info("ingested %d submissions (%d failed a golden); %d of %d verified pairs positive -> %s",
-             len(by_submission), len(failed), len(human), len(votes), out)
+             result.submissions, len(result.failed), n_human, len(result.votes), out)
     return report
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ALL = "all"
 METRICS = ("map_at_r", "r_precision", "recall_at_1")
+QUERY_CHUNK = 256
 
 
 @dataclass
@@ -86,12 +87,18 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
                     continue
                 row_of = {q: n for n, q in enumerate(q_ids)}
                 queries = sorted(pos)
-                similarity = q_emb[[row_of[q] for q in queries]] @ g_emb.T
-                scores = retrieval_scores_from_similarity(
-                    similarity, {q: pos[q] for q in queries}, queries, g_ids,
-                    RetrievalMetricConfig(k_values=(1,))).as_dict()
+                totals = dict.fromkeys(METRICS, 0.0)
+                # Query chunks bound the score matrix (a 600K-caption gallery); the metrics are
+                # means over queries, so chunk means weighted by chunk size give the same numbers.
+                for start in range(0, len(queries), QUERY_CHUNK):
+                    chunk = queries[start:start + QUERY_CHUNK]
+                    scores = retrieval_scores_from_similarity(
+                        q_emb[[row_of[q] for q in chunk]] @ g_emb.T, {q: pos[q] for q in chunk},
+                        chunk, g_ids, RetrievalMetricConfig(k_values=(1,))).as_dict()
+                    for m in METRICS:
+                        totals[m] += scores[m] * len(chunk)
                 rows.append({"model": model, "annotation_set": set_name, "modality": modality,
-                             "queries": len(queries), **{m: scores[m] for m in METRICS}})
+                             "queries": len(queries), **{m: totals[m] / len(queries) for m in METRICS}})
     if not rows:
         raise UserFacingError(f"{report_path}: no verified positive pair to score models on")
     return rows

@@ -118,10 +118,13 @@ def build_tasks(cands: Candidates, seed: int) -> list[dict[str, Any]]:
     return tasks
 
 
-def _image_refs(cands: Candidates, cfg: TasksConfig) -> dict[int, str]:
+def _image_refs(cands: Candidates, cfg: TasksConfig, used: set[int]) -> dict[int, str]:
+    """URL or embedded thumbnail of every image the tasks show (only those: a gallery may be huge)."""
     g = cands.gallery
     refs = {}
     for image_id, file in zip(g.image_ids, g.image_files):
+        if image_id not in used:
+            continue
         if cfg.embed_thumbnails:
             from loading_scripts.images import open_rgb_image
 
@@ -143,7 +146,7 @@ def write_tasks(cfg: TasksConfig) -> Path:
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     texts = dict(zip(cands.gallery.caption_ids, cands.gallery.captions))
-    refs = _image_refs(cands, cfg)
+    refs = _image_refs(cands, cfg, {i["image_id"] for t in tasks for i in t["items"]})
     # The candidates path is stored absolute: ingest reads it again from any working folder.
     manifest = {"format": TASKS_FORMAT,
                 "config": {**asdict(cfg), "candidates": str(Path(cfg.candidates).resolve())}, "candidates_config": cands.config,
