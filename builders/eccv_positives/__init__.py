@@ -3,11 +3,12 @@
 
 Import: `eccv_caption` annotation files (+ optional COCO root) → `annotations.py` (sources,
 provenance labels, the paper's removal list, counts) → `builder.py` (configs i2t, t2i, pm,
-removed; card via `card.py`) → Hub-layout parquet. New versions: a COCO-style gallery →
-`candidates.py` (machine annotators embed it once, cached in `embeddings.py`; streaming top-k per
-sampled query; union with per-model ranks) → `tasks.py` (tasks of 18 candidates + 1 golden positive
-+ 1 golden negative; Label Studio JSON and CSV) → human verdicts → `ingest.py` (quality control on
-the goldens, majority vote, invalid captions removed, merge with CxC and COCO; writes positives in
-the `eccv_caption` format, then runs the same builder) → `model_bias.py` (models ranked by mAP@R on
-single-annotator positive sets). `cli.py` holds the `counterfactory eccv ...` subcommands.
+removed; options in the light `options.py`, card fields in `card.py`) → Hub-layout parquet.
+New versions: a COCO-style gallery → `candidates.py` (machine annotators embed it once, cached by
+`embeddings.py`; streaming top-k per sampled query; union with per-model ranks) → `tasks.py`
+(18 candidates + 1 golden positive + 1 golden negative per task; Label Studio JSON and CSV) →
+human verdicts → `ingest.py` (quality control on the goldens, majority vote, invalid captions
+removed, merge with CxC and COCO; positives in the `eccv_caption` format, built by the same
+builder) → `model_bias.py` (models ranked by mAP@R on single-annotator positive sets).
+`cli.py` holds the `counterfactory eccv ...` subcommands.
 """
