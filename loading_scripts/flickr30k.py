@@ -24,6 +24,7 @@ a `datasets` builder class called directly (`Flickr30kSource(data_dir=ROOT).down
 from __future__ import annotations
 
 import logging
+import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -117,7 +118,10 @@ def parse_entity_sentence(line: str) -> tuple[str, tuple[EntityPhrase, ...]]:
 def _read_sentences(path: Path) -> list[tuple[str, tuple[EntityPhrase, ...]]]:
     if not path.is_file():
         raise InputFileError(path, "Entities sentence file is missing", DOWNLOAD_FIX)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise InputFileError(path, f"is not UTF-8 text ({err.reason})", "re-download Flickr30k Entities") from err
     return [parse_entity_sentence(ln) for ln in lines if ln.strip()]
 
 
@@ -127,7 +131,7 @@ def _read_boxes(path: Path, entity_types: dict[int, tuple[str, ...]]
         raise InputFileError(path, "Entities annotation file is missing", DOWNLOAD_FIX)
     try:
         root = ET.parse(path).getroot()
-    except ET.ParseError as err:
+    except (ET.ParseError, UnicodeDecodeError) as err:
         raise InputFileError(path, f"malformed XML ({err})", "re-download Flickr30k Entities") from err
     size = None
     w, h = root.findtext("size/width"), root.findtext("size/height")
@@ -143,7 +147,13 @@ def _read_boxes(path: Path, entity_types: dict[int, tuple[str, ...]]
         except (TypeError, ValueError) as err:
             raise InputFileError(path, f"a bndbox lacks numeric xmin/ymin/xmax/ymax ({err})",
                                  "fix or drop that object") from err
+        if not all(math.isfinite(v) for v in (x0, y0, x1, y1)) or min(x0, y0) < 0 or x1 < x0 or y1 < y0:
+            raise InputFileError(path, f"a bndbox is not a box (xmin {x0}, ymin {y0}, xmax {x1}, "
+                                 f"ymax {y1})", "fix or drop that object")
         for name in obj.iter("name"):
+            if not (name.text or "").strip().isdigit():
+                raise InputFileError(path, f"an object names entity {name.text!r}, not a number",
+                                     "fix or drop that object")
             entity = int(name.text)
             types = entity_types.get(entity)
             if types:

@@ -163,3 +163,39 @@ def test_unreadable_and_missing_images(fixture_copy):
 def test_unknown_karpathy_split(fixture_copy):
     with pytest.raises(InputFileError, match="unknown Karpathy split"):
         read_coco(CocoSourceConfig(fixture_copy, karpathy_splits=("testing",)))
+
+
+def test_flickr30k_reader_rejects_repeated_images_and_marks_bad_captions(tmp_path):
+    from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
+
+    root = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=6))
+    path = root / "dataset_flickr30k.json"
+    data = json.loads(path.read_text())
+    data["images"][2]["sentences"][1]["raw"] = None
+    path.write_text(json.dumps(data))
+    records = {r.image_id: r for r in read_flickr30k(Flickr30kSourceConfig(root))}
+    bad = int(Path(data["images"][2]["filename"]).stem)
+    assert records[bad].input_problem.reason == "bad_caption"
+    assert [i for i, r in records.items() if r.input_problem] == [bad]
+
+    data["images"].append(dict(data["images"][4]))
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputFileError, match=r"image entries #4 and #6 are both image \d+"):
+        read_flickr30k(Flickr30kSourceConfig(root))
+
+
+def test_flickr30k_entities_box_that_is_not_a_box_is_named(tmp_path):
+    from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
+
+    root = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=2))
+    (root / "flickr30k_entities/Sentences").mkdir(parents=True)
+    (root / "flickr30k_entities/Annotations").mkdir(parents=True)
+    for entry in json.loads((root / "dataset_flickr30k.json").read_text())["images"]:
+        stem = Path(entry["filename"]).stem
+        (root / f"flickr30k_entities/Sentences/{stem}.txt").write_text(
+            "\n".join(["[/EN#1/people A man] walks ."] * len(entry["sentences"])) + "\n")
+        (root / f"flickr30k_entities/Annotations/{stem}.xml").write_text(
+            "<annotation><object><name>1</name><bndbox><xmin>5</xmin><ymin>nan</ymin>"
+            "<xmax>40</xmax><ymax>30</ymax></bndbox></object></annotation>")
+    with pytest.raises(InputFileError, match=r"\.xml: a bndbox is not a box \(xmin 5.0, ymin nan"):
+        read_flickr30k(Flickr30kSourceConfig(root))
