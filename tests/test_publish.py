@@ -328,3 +328,14 @@ def test_endpoint_flag_alone_publishes_and_http_lines_are_quiet(tmp_path, own_hu
                              env=env, capture_output=True, text=True, timeout=300)
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "HTTP Request" in verbose.stderr
+
+
+def test_a_folder_still_being_built_is_not_published(tmp_path, local_hub, repo_id):
+    from builders.infra.sharding.layout import OutputLayout
+    from builders.infra.sharding.output_guard import output_lock
+
+    out = toy_build(tmp_path / "v1", 10, "v1")
+    with output_lock(OutputLayout(out)):  # what a running (resumed) build holds
+        with pytest.raises(PublishError, match="a build is still writing to"):
+            publish(PublishConfig(output_dir=out, repo_id=repo_id, version="v1.0.0"))
+    assert publish(PublishConfig(output_dir=out, repo_id=repo_id, version="v1.0.0")).commit

@@ -27,7 +27,7 @@ from typing import Iterator
 from builders.infra.errors import PublishError, UserFacingError
 from builders.infra.publishing.hub_client import (bound_request_time, check_repo_id, hub_errors,
                                                   retrying, use_endpoint)
-from builders.infra.sharding.layout import MANIFEST, PARTS_DIR
+from builders.infra.sharding.layout import MANIFEST, PARTS_DIR, OutputLayout
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,11 @@ def _local_files(output_dir: Path) -> dict[str, Path]:
 
 
 def _check_build(output_dir: Path) -> dict:
+    from builders.infra.sharding.output_guard import build_in_progress
+
+    if build_in_progress(OutputLayout(output_dir)):
+        raise PublishError(f"a build is still writing to {output_dir}; publish it once the build "
+                           "has finished")
     manifest_path = output_dir / MANIFEST
     if not manifest_path.exists():
         raise UserFacingError(

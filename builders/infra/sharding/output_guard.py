@@ -81,6 +81,21 @@ def output_lock(layout: OutputLayout) -> Iterator[None]:
         lock.release()
 
 
+def build_in_progress(layout: OutputLayout) -> bool:
+    """Whether a build holds the folder's lock right now (e.g. before publishing it)."""
+    from filelock import FileLock, Timeout
+
+    if not layout.lock_file.exists():
+        return False
+    lock = FileLock(str(layout.lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
 def remove_temp_files(layout: OutputLayout) -> None:
     for folder in (layout.root / "data", layout.parts):
         for path in folder.rglob("*.tmp") if folder.is_dir() else ():
