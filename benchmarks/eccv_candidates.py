@@ -9,8 +9,10 @@ needs its top-25 (the candidates are the top-5, the golden-negative exclusion th
   the queries x gallery matrix never exists);
 - baseline: `torch` queries @ gallery.T, then `torch.topk`, per modality.
 
-Both must give the same ids, up to near-ties that float32 rounding orders differently. Then the scaling part: the image queries over a 600,000-caption
-gallery (all COCO captions), ours only unless `--baseline-at-scale` (its matrix alone is 3 GB).
+Both must give the same ids, up to near-ties that float32 rounding orders differently. Then the
+scaling part: the image queries over a 600,000-caption gallery (all COCO captions), ours only
+unless `--baseline-at-scale` (its matrix alone is 3 GB). Peak RSS counts the memory-mapped
+gallery pages read (1.2 GB at 600K x 512), not only allocations.
 
 Run: `python benchmarks/eccv_candidates.py [--dim 512] [--scale-captions 600000] [--seed S]`.
 Prints sizes, seconds and peak RSS above the start of each method; the last line is the speed ratio.

@@ -161,7 +161,8 @@ def test_task_shuffles_are_deterministic(round_dir, tmp_path):
     assert cli_main(["eccv", "tasks", str(round_dir / "candidates.json"), "--output", str(tmp_path / "b"),
                      "--seed", "8", "--embed-thumbnails"]) == 0
     order = [[i["kind"] for i in t["items"]] for t in json.loads((first / "tasks.json").read_text())["tasks"]]
-    other = [[i["kind"] for i in t["items"]] for t in json.loads((tmp_path / "b" / "tasks.json").read_text())["tasks"]]
+    other = [[i["kind"] for i in t["items"]]
+             for t in json.loads((tmp_path / "b" / "tasks.json").read_text())["tasks"]]
     assert order != other
     studio = json.loads((tmp_path / "b" / "label_studio_tasks.json").read_text())
     assert len(studio) == 20 * len(order)
@@ -216,7 +217,8 @@ def simulation(round_dir, gallery):
     """5 good workers answer every task, 2 spammers every other one. Even tasks' good answers go
     to a Label Studio export, odd ones to a CSV, the spammers to their own CSV."""
     tasks = json.loads((round_dir / "tasks" / "tasks.json").read_text())["tasks"]
-    studio = {t["data"]["item_id"]: t for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())}
+    studio = {t["data"]["item_id"]: t
+              for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())}
     rng = random.Random(11)
     export, good_rows, spam_rows, submissions = [], [], [], []
     for n, task in enumerate(tasks):

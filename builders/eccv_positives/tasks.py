@@ -149,7 +149,8 @@ def write_tasks(cfg: TasksConfig) -> Path:
     refs = _image_refs(cands, cfg, {i["image_id"] for t in tasks for i in t["items"]})
     # The candidates path is stored absolute: ingest reads it again from any working folder.
     manifest = {"format": TASKS_FORMAT,
-                "config": {**asdict(cfg), "candidates": str(Path(cfg.candidates).resolve())}, "candidates_config": cands.config,
+                "config": {**asdict(cfg), "candidates": str(Path(cfg.candidates).resolve())},
+                "candidates_config": cands.config,
                 "gallery_root": str(cands.gallery.root), "queries": cands.queries,
                 "candidate_pairs": len(cands.candidates), "answers": list(ANSWERS), "tasks": tasks}
     (out / "tasks.json").write_text(json.dumps(manifest, indent=1))
