@@ -41,3 +41,14 @@ def test_folder_digest_follows_contents(tmp_path):
     changed_config = content_digest(tmp_path)
     (tmp_path / "weights.bin").write_bytes(b"\0" * 11)  # big files enter by size
     assert content_digest(tmp_path) != changed_config
+
+
+def test_prose_quoting_a_path_gets_the_same_name(tmp_path):
+    model = tmp_path / "tiny" / "sd_inpaint"
+    model.mkdir(parents=True)
+    manifest = {"models": {"sd_inpaint": str(model)},
+                "card_fields": {"method": [f"inpainting with `{model}` (2 steps)"]}}
+    out = portable(manifest, tmp_path / "build")
+    name = out["models"]["sd_inpaint"]
+    assert name.startswith("local:sd_inpaint@sha256:")
+    assert out["card_fields"]["method"] == [f"inpainting with `{name}` (2 steps)"]

@@ -5,8 +5,9 @@
 - `portable(value, root)`: every absolute local path in a manifest becomes something meaningful
   elsewhere: a path inside the build → relative to it; a Hugging Face cache snapshot →
   `ORG/NAME@REVISION`; any other existing file or folder (a local model, the NLTK tagger) →
-  `local:NAME@sha256:DIGEST` of its contents; anything else → relative to the build. So no card
-  or manifest names the builder's home or temp directories.
+  `local:NAME@sha256:DIGEST` of its contents; anything else → relative to the build. Prose that
+  quotes one of these paths (a card sentence naming the model) gets the same name. So no card or
+  manifest names the builder's home or temp directories.
 """
 
 from __future__ import annotations
@@ -75,15 +76,37 @@ def portable_path(path: str, root: Path, digests: dict[Path, str] | None = None)
     return os.path.relpath(p, root)
 
 
-def portable(value: Any, root: Path, digests: dict[Path, str] | None = None) -> Any:
-    """`value` (JSON-like) with every absolute local path rewritten by `portable_path`."""
-    digests = {} if digests is None else digests  # a source folder is named in several places
-    if isinstance(value, dict):
-        return {k: portable(v, root, digests) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [portable(v, root, digests) for v in value]
-    if isinstance(value, str):
-        match = _PATH_VALUE.match(value)
-        if match:
-            return (match["prefix"] or "") + portable_path(match["path"], root, digests)
-    return value
+def portable(value: Any, root: Path) -> Any:
+    """`value` (JSON-like) with every absolute local path rewritten by `portable_path`: values that
+    are a path, and the same paths where prose quotes them (a card sentence naming the model)."""
+    names: dict[str, str] = {}
+    digests: dict[Path, str] = {}  # a source folder is named in several places
+
+    def collect(v: Any) -> None:
+        if isinstance(v, dict):
+            for item in v.values():
+                collect(item)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                collect(item)
+        elif isinstance(v, str):
+            match = _PATH_VALUE.match(v)
+            if match and match["path"] not in names:
+                names[match["path"]] = portable_path(match["path"], root, digests)
+
+    def rewrite(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: rewrite(item) for k, item in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [rewrite(item) for item in v]
+        if isinstance(v, str):
+            match = _PATH_VALUE.match(v)
+            if match:
+                return (match["prefix"] or "") + names[match["path"]]
+            for path in sorted(names, key=len, reverse=True):  # longest first: nested paths
+                if path in v:
+                    v = v.replace(path, names[path])
+        return v
+
+    collect(value)
+    return rewrite(value)
