@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from odmap_benchmark import _current_rss_mb, _peak_rss_mb, _reset_peak_rss  # noqa: E402
 
 from builders.eccv_positives.candidates import model_topk  # noqa: E402
-from builders.eccv_positives.embeddings import Gallery  # noqa: E402
+from builders.eccv_positives.gallery import Gallery  # noqa: E402
 
 K = 25
 

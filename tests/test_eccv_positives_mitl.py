@@ -401,3 +401,27 @@ def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, s
                             for q, pos in sorted(positives.items())])
         assert int(row["queries"]) == len(positives)
         assert float(row["map_at_r"]) == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_dataset_gallery_gives_the_same_candidates_as_its_coco_root(gallery, annotators, tmp_path):
+    """The coco-captions build of the fixture's test split, read as a plain image-caption dataset."""
+    dataset = tmp_path / "coco-captions"
+    assert cli_main(["build", "coco-captions", "--coco-root", str(gallery["root"]), "--splits", "test",
+                     "--output", str(dataset)]) == 0
+    # 15 test images: golden negatives can only avoid the top-5 of both models.
+    common = ["--image-queries", "4", "--caption-queries", "6", "--seed", "2", "--batch-size", "1000",
+              "--exclusion-depth", "5", "--cache-dir", str(tmp_path / "cache")]
+    for model in annotators:
+        common += ["--model", model]
+    assert cli_main(["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "test",
+                     *common, "--output", str(tmp_path / "coco.json")]) == 0
+    assert cli_main(["eccv", "candidates", "--dataset", str(dataset), "--dataset-split", "test",
+                     "--text-column", "captions", "--image-id-column", "image_id",
+                     "--caption-id-column", "caption_ids", *common, "--output", str(tmp_path / "ds.json")]) == 0
+    from_coco, from_dataset = (json.loads((tmp_path / f).read_text()) for f in ("coco.json", "ds.json"))
+    assert from_dataset["queries"] == from_coco["queries"]
+    assert from_dataset["candidates"] == from_coco["candidates"] and from_coco["candidates"]
+    assert cli_main(["eccv", "tasks", str(tmp_path / "ds.json"), "--output", str(tmp_path / "tasks"),
+                     "--image-url-template", "https://example.org/{image_id}.jpg"]) == 0
+    studio = json.loads((tmp_path / "tasks" / "label_studio_tasks.json").read_text())
+    assert studio and all(t["data"]["image"].startswith("https://example.org/") for t in studio)

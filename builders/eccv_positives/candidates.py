@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.embeddings import Gallery, gallery_embeddings
+from builders.eccv_positives.embeddings import gallery_embeddings
+from builders.eccv_positives.gallery import DatasetSource, Gallery
 from builders.infra.errors import InputFileError, UserFacingError
 
 log = logging.getLogger(__name__)
@@ -31,14 +32,16 @@ MODALITIES = ("i2t", "t2i")
 
 @dataclass
 class CandidatesConfig:
-    """Example: `CandidatesConfig(coco_root="coco", models=("openai/clip-vit-base-patch32",))`."""
+    """Example: `CandidatesConfig(models=("openai/clip-vit-base-patch32",), coco_root="coco")`."""
 
-    #: COCO download holding the gallery (images, captions, Karpathy split file).
-    coco_root: str
     #: Machine annotators: transformers CLIP ids/folders or open_clip ids (see embeddings.py).
     models: tuple[str, ...]
-    #: Karpathy splits forming the gallery (paper: the 5K test split).
+    #: The gallery: a COCO download (images, captions, Karpathy split file) ...
+    coco_root: str | None = None
+    #: ... its Karpathy splits (paper: the 5K test split) ...
     splits: tuple[str, ...] = ("test",)
+    #: ... or any image-caption dataset (exactly one of `coco_root` and `dataset`).
+    dataset: DatasetSource | None = None
     #: Sampled image and caption queries (paper: 1,261 and 1,333); capped at the gallery size.
     image_queries: int = 1261
     caption_queries: int = 1333
@@ -136,7 +139,10 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         raise UserFacingError(f"a --model is given twice ({list(cfg.models)}); give each once")
     if cfg.k < 1 or cfg.exclusion_depth < cfg.k:
         raise UserFacingError(f"need 1 <= --k ({cfg.k}) <= --exclusion-depth ({cfg.exclusion_depth})")
-    gallery = Gallery.from_coco(cfg.coco_root, cfg.splits)
+    if (cfg.coco_root is None) == (cfg.dataset is None):
+        raise UserFacingError("give the gallery as --coco-root or as --dataset (exactly one)")
+    gallery = (Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root
+               else Gallery.from_dataset(cfg.dataset))
     queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     proposed: dict[tuple[str, int, int], dict[str, int]] = {}

@@ -18,9 +18,16 @@ from pathlib import Path
 
 def _candidates(args: argparse.Namespace) -> int:
     from builders.eccv_positives.candidates import CandidatesConfig, find_candidates
+    from builders.eccv_positives.gallery import DatasetSource
 
-    cfg = CandidatesConfig(coco_root=str(args.coco_root), models=tuple(args.model),
-                           splits=tuple(args.splits), image_queries=args.image_queries,
+    dataset = None
+    if args.dataset:
+        dataset = DatasetSource(path=args.dataset, config=args.dataset_config, split=args.dataset_split,
+                                image_column=args.image_column, text_column=args.text_column,
+                                image_id_column=args.image_id_column,
+                                caption_id_column=args.caption_id_column)
+    cfg = CandidatesConfig(models=tuple(args.model), coco_root=str(args.coco_root) if args.coco_root else None,
+                           splits=tuple(args.splits), dataset=dataset, image_queries=args.image_queries,
                            caption_queries=args.caption_queries, seed=args.seed, k=args.k,
                            exclusion_depth=args.exclusion_depth,
                            cache_dir=str(args.cache_dir) if args.cache_dir else None,
@@ -54,9 +61,10 @@ def _ingest(args: argparse.Namespace) -> int:
     from builders.eccv_positives.builder import EccvPositivesBuilder, EccvPositivesConfig
     from builders.infra.sharding.runner import RunConfig, run_build
 
+    # A dataset gallery has no COCO root: the new version then holds ids only.
     root = args.coco_root or report["candidates_config"]["coco_root"]
     run_build(EccvPositivesBuilder(EccvPositivesConfig(
-        coco_root=str(root), annotations_dir=str(Path(args.state) / "annotations"),
+        coco_root=str(root) if root else None, annotations_dir=str(Path(args.state) / "annotations"),
         pm_zeta=args.pm_zeta)), RunConfig(output_dir=args.output, overwrite=args.overwrite))
     if args.repo_id:
         from builders.infra.publishing.publish import PublishConfig, publish
@@ -83,11 +91,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("candidates", help="machine annotators propose top-k candidate pairs",
                        description="Embed the gallery with each model (cached), sample queries, "
                        "retrieve each model's top-k, union them with per-model ranks.")
-    p.add_argument("--coco-root", type=Path, required=True, help="COCO download holding the gallery")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--coco-root", type=Path, help="COCO download holding the gallery")
+    source.add_argument("--dataset", help="or any image-caption dataset (Hub id or folder)")
+    p.add_argument("--dataset-config", default=None)
+    p.add_argument("--dataset-split", default="test")
+    p.add_argument("--image-column", default="image")
+    p.add_argument("--text-column", default="caption", help="a caption or a list of captions per row")
+    p.add_argument("--image-id-column", default=None, help="default: row numbers")
+    p.add_argument("--caption-id-column", default=None, help="default: running numbers")
     p.add_argument("--model", action="append", required=True, metavar="ID",
                    help="a machine annotator (repeat): transformers CLIP id/folder, or open_clip "
                         "as open_clip:ARCH[:TAG], hf-hub:ORG/REPO, local-dir:PATH")
-    p.add_argument("--splits", nargs="+", default=["test"], help="Karpathy splits of the gallery")
+    p.add_argument("--splits", nargs="+", default=["test"], help="Karpathy splits of a COCO gallery")
     p.add_argument("--image-queries", type=int, default=1261, help="sampled image queries (paper: 1261)")
     p.add_argument("--caption-queries", type=int, default=1333, help="sampled caption queries (paper: 1333)")
     p.add_argument("--seed", type=int, default=0)

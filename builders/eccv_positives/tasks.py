@@ -56,7 +56,7 @@ class TasksConfig:
     output: str
     seed: int = 0
     #: Image reference in the exports: a template with {file} (path under the COCO root),
-    #: {file_name} and {image_id}; ignored with `embed_thumbnails`.
+    #: {file_name} and {image_id} (a dataset gallery has only ids); ignored with `embed_thumbnails`.
     image_url_template: str = "/data/local-files/?d={file}"
     #: Embed JPEG thumbnails as data: URIs instead of URLs (self-contained exports).
     embed_thumbnails: bool = False
@@ -122,13 +122,11 @@ def _image_refs(cands: Candidates, cfg: TasksConfig, used: set[int]) -> dict[int
     """URL or embedded thumbnail of every image the tasks show (only those: a gallery may be huge)."""
     g = cands.gallery
     refs = {}
-    for image_id, file in zip(g.image_ids, g.image_files):
+    for n, (image_id, file) in enumerate(zip(g.image_ids, g.image_files)):
         if image_id not in used:
             continue
         if cfg.embed_thumbnails:
-            from loading_scripts.images import open_rgb_image
-
-            image = open_rgb_image(g.root / file)
+            image = g.open_image(n)
             image.thumbnail((cfg.thumbnail_size, cfg.thumbnail_size))
             buf = io.BytesIO()
             image.save(buf, format="JPEG", quality=85)

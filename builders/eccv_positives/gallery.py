@@ -1,0 +1,142 @@
+"""The retrieval gallery of a MITL round: images and captions, with ids, from one of two sources.
+
+- a COCO download (`Gallery.from_coco`): Karpathy splits, COCO image and caption ids, image files
+  under the root (so tasks can link them and the new version can embed them);
+- any `datasets` image-caption dataset (`Gallery.from_dataset`, a Hub id or a local folder): an
+  image column and a text column holding one caption or a list of them; ids from id columns when
+  given, else row numbers (images) and running numbers (captions). Images are read back from the
+  dataset, so tasks reference them by `{image_id}` or embedded thumbnails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from builders.infra.errors import UserFacingError
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """Example: `DatasetSource("out/coco-captions", split="test", text_column="captions")`."""
+
+    path: str
+    config: str | None = None
+    split: str = "test"
+    image_column: str = "image"
+    #: A string column (one caption per row) or a list-of-strings column.
+    text_column: str = "caption"
+    #: Optional id columns (int, or a list of ints aligned with a list text column).
+    image_id_column: str | None = None
+    caption_id_column: str | None = None
+
+
+@lru_cache(maxsize=2)
+def _load(source: DatasetSource):
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(source.path, source.config, split=source.split)
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
+        raise UserFacingError(f"cannot load the gallery dataset {source.path!r} (config "
+                              f"{source.config}, split {source.split}): {err}") from err
+    wanted = [c for c in (source.image_column, source.text_column, source.image_id_column,
+                          source.caption_id_column) if c]
+    missing = [c for c in wanted if c not in ds.column_names]
+    if missing:
+        raise UserFacingError(f"{source.path}: no column(s) {missing} (columns: {ds.column_names}); "
+                              "set --image-column / --text-column / --*-id-column")
+    return ds
+
+
+@dataclass(frozen=True)
+class Gallery:
+    """Images and captions; `image_files` are paths under `root` (COCO) or empty (dataset)."""
+
+    root: Path
+    image_ids: list[int]
+    image_files: list[str]
+    caption_ids: list[int]
+    caption_image_ids: list[int]
+    captions: list[str]
+    dataset: DatasetSource | None = None
+
+    @classmethod
+    def from_coco(cls, root: str | Path, splits: Sequence[str]) -> Gallery:
+        from loading_scripts.coco import CocoSourceConfig, read_coco
+
+        root = Path(root)
+        records = read_coco(CocoSourceConfig(root, karpathy_splits=tuple(splits), with_instances=False))
+        if not records:
+            raise UserFacingError(f"{root}: no image of the Karpathy split(s) {list(splits)} "
+                                  "(check --splits and dataset_coco.json)")
+        caps = [(c.caption_id, r.image_id, c.text) for r in records for c in r.captions]
+        return cls(root=root, image_ids=[r.image_id for r in records],
+                   image_files=[r.path.relative_to(root).as_posix() for r in records],
+                   caption_ids=[c[0] for c in caps], caption_image_ids=[c[1] for c in caps],
+                   captions=[c[2] for c in caps])
+
+    @classmethod
+    def from_dataset(cls, source: DatasetSource) -> Gallery:
+        ds = _load(source)
+        texts = ds[source.text_column]
+        image_ids = ds[source.image_id_column] if source.image_id_column else list(range(len(ds)))
+        cap_ids = ds[source.caption_id_column] if source.caption_id_column else None
+        caption_ids, caption_images, captions = [], [], []
+        for row, (image, text) in enumerate(zip(image_ids, texts)):
+            many = isinstance(text, list)
+            row_texts = text if many else [text]
+            ids = cap_ids[row] if cap_ids is not None else None
+            if ids is not None and not isinstance(ids, list):
+                ids = [ids]
+            if ids is not None and len(ids) != len(row_texts):
+                raise UserFacingError(f"{source.path} row {row}: {len(row_texts)} captions but "
+                                      f"{len(ids)} caption ids")
+            for j, caption in enumerate(row_texts):
+                caption_ids.append(int(ids[j]) if ids is not None else len(caption_ids))
+                caption_images.append(int(image))
+                captions.append(str(caption))
+        for name, values in (("image", image_ids), ("caption", caption_ids)):
+            if len(set(values)) != len(values):
+                raise UserFacingError(f"{source.path}: {name} ids are not unique; pass an id "
+                                      f"column with unique ids (--{name}-id-column) or none")
+        return cls(root=Path(source.path), image_ids=[int(i) for i in image_ids],
+                   image_files=[""] * len(image_ids), caption_ids=caption_ids,
+                   caption_image_ids=caption_images, captions=captions, dataset=source)
+
+    def open_image(self, n: int):
+        """The n-th gallery image as an RGB PIL image."""
+        if self.dataset is None:
+            from loading_scripts.images import open_rgb_image
+
+            return open_rgb_image(self.root / self.image_files[n])
+        return _load(self.dataset)[n][self.dataset.image_column].convert("RGB")
+
+    @cached_property
+    def caption_image(self) -> dict[int, int]:
+        """Caption id -> the image it was written for (the original pairs)."""
+        return dict(zip(self.caption_ids, self.caption_image_ids))
+
+    def digest(self) -> str:
+        blob = json.dumps([self.image_ids, self.image_files, self.caption_ids, self.captions,
+                           asdict(self.dataset) if self.dataset else None])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"root": str(self.root), "dataset": asdict(self.dataset) if self.dataset else None,
+                "images": [{"image_id": i, "file": f} for i, f in zip(self.image_ids, self.image_files)],
+                "captions": [{"caption_id": c, "image_id": i, "text": t} for c, i, t in
+                             zip(self.caption_ids, self.caption_image_ids, self.captions)]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Gallery:
+        return cls(root=Path(data["root"]), image_ids=[x["image_id"] for x in data["images"]],
+                   image_files=[x["file"] for x in data["images"]],
+                   caption_ids=[x["caption_id"] for x in data["captions"]],
+                   caption_image_ids=[x["image_id"] for x in data["captions"]],
+                   captions=[x["text"] for x in data["captions"]],
+                   dataset=DatasetSource(**data["dataset"]) if data.get("dataset") else None)
