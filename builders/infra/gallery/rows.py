@@ -33,6 +33,7 @@ PROVENANCE_ORDER = (
     "image_candidates_passed", "caption_candidates", "caption_candidates_in_window",
     "removal", "anchor_class", "region_fraction", "fill", "caption_method", "seed",
 )
+KEY_PROVENANCE = frozenset(PROVENANCE_ORDER[:12])
 #: Numeric columns whose distributions the stats page and the card plot, when present.
 HISTOGRAM_COLUMNS = ("clip_score_0", "clip_score_1", "clip_directional", "clip_image_similarity",
                      "similarity", "perplexity", "region_fraction")
@@ -234,13 +235,16 @@ def record(kind: RowKind, row: dict[str, Any], index: int, thumbs: list[dict[str
            image_cols: Sequence[str]) -> dict[str, Any]:
     """The page's JSON for one row (`thumbs`: the written thumbnails of `kind.slots`)."""
     texts = kind.texts(row)
+    meta = provenance(row, set(image_cols) | set(kind.text_columns))
     return {
         "i": index,
         "id": row_id(row, index),
         "imgs": thumbs,
         "texts": texts,
         "facets": {k: v for k, v in kind.facets(row).items() if v},
-        "meta": provenance(row, set(image_cols) | set(kind.text_columns)),
+        "meta": meta,
+        # The generation parameters and scores, shown on the card itself (the rest folds away).
+        "key": [m for m in meta if m[0] in KEY_PROVENANCE],
     }
 
 

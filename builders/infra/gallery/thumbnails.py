@@ -24,10 +24,10 @@ OUTLINE_RGB = (255, 40, 40)
 
 @dataclass(frozen=True)
 class ThumbnailConfig:
-    """Example: `ThumbnailConfig(max_side=192, quality=80)`."""
+    """Example: `ThumbnailConfig(max_side=160, quality=80)`."""
 
-    #: Longest side in pixels (smaller images keep their size).
-    max_side: int = 192
+    #: Longest side in pixels (smaller images keep their size); the page shows them 160 px wide.
+    max_side: int = 160
     #: JPEG quality (1-95).
     quality: int = 80
 
@@ -56,11 +56,13 @@ def write_thumbnail(image: Image.Image, path: Path, cfg: ThumbnailConfig,
                     mask: Image.Image | None = None) -> dict[str, Any]:
     """Write `image` (with `mask` outlined) as a JPEG; return its {"w", "h"} in pixels."""
     thumb = image.convert("RGB")
-    thumb.thumbnail((cfg.max_side, cfg.max_side), Image.Resampling.LANCZOS)
+    # Bicubic halves Lanczos' cost at thumbnail sizes with no visible difference.
+    thumb.thumbnail((cfg.max_side, cfg.max_side), Image.Resampling.BICUBIC)
     if mask is not None:
         thumb.paste(OUTLINE_RGB, (0, 0), outline(mask, thumb.size))
     path.parent.mkdir(parents=True, exist_ok=True)
-    thumb.save(path, "JPEG", quality=cfg.quality, optimize=True)
+    # 4:4:4 chroma: with the default 4:2:0 the thin red outline bleeds into its neighbours.
+    thumb.save(path, "JPEG", quality=cfg.quality, subsampling=0)
     return {"w": thumb.width, "h": thumb.height}
 
 

@@ -85,6 +85,7 @@
     return el("article", { class: "row", "data-row": rec.i }, [
       el("header", { text: "#" + rec.i + " · " + rec.id }),
       el("div", { class: "imgs" }, imgs), el("div", { class: "texts" }, texts),
+      el("p", { class: "key", text: rec.key.map(([k, v]) => k + " " + v).join(" · ") }),
       el("div", { class: "chips" }, chips),
       el("details", {}, [el("summary", { text: "provenance (" + rec.meta.length + ")" }), meta])]);
   }

@@ -1,0 +1,249 @@
+"""`counterfactory show`: the gallery written from real (tiny) builds holds every row in order, with
+thumbnails that depict the row's images, the swapped word highlighted where the captions differ,
+the removed words struck through, the mask outlined; a published version at a tag gives the same
+gallery; bad input is one line each. The browser test drives these galleries
+(test_gallery_browser.py); the card figures are checked in test_gallery_cards.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datasets import load_dataset
+from PIL import Image
+
+from builders.infra.cli import main as cli_main
+
+#: Tiny builds shared by the gallery tests (built once per session, on demand).
+BUILD_ARGS = {
+    "coco-captions": lambda coco, tiny: ["--coco-root", str(coco), "--splits", "test", "val"],
+    "coco-counterfactuals": lambda coco, tiny: [
+        "--coco-root", str(coco), "--karpathy-splits", "test", "--max-captions", "8",
+        "--candidates", "2", "--models", "tiny", "--tiny-models-dir", str(tiny)],
+    "decorrelation": lambda coco, tiny: [
+        "--coco-root", str(coco), "--max-images", "6", "--keep-original", "--products", "train",
+        "--models", "tiny", "--tiny-models-dir", str(tiny)],
+}
+
+
+def fixture_build(name: str, root: Path, coco: Path, tiny: Path) -> Path:
+    """`counterfactory build NAME` on the fixture into root/NAME, once per session."""
+    out = root / "gallery_builds" / name
+    if not (out / "build_manifest.json").exists():
+        argv = ["build", name, *BUILD_ARGS[name](coco, tiny), "--output", str(out), "--part-size", "4"]
+        assert cli_main(argv) == 0
+    return out
+
+
+def show(*argv: str) -> int:
+    return cli_main(["show", *map(str, argv)])
+
+
+def page_records(gallery: Path) -> list[dict]:
+    """Every row record of the gallery's page scripts, in page order."""
+    records = []
+    for path in sorted((gallery / "pages").glob("page-*.js")):
+        text = path.read_text(encoding="utf-8")
+        payload = re.fullmatch(r"window\.galleryPage\((\d+), (.*)\);\n", text, flags=re.S)
+        assert payload and int(payload.group(1)) == int(path.stem.split("-")[1]), path
+        records += json.loads(payload.group(2))
+    return records
+
+
+def only_split(build: Path, config: str = "default"):
+    splits = load_dataset(str(build), config)
+    assert len(splits) == 1
+    return next(iter(splits.values()))
+
+
+def text_of(segs: list) -> str:
+    return "".join(s[0] for s in segs)
+
+
+def span(segs: list, style: str) -> tuple[int, str]:
+    """(start offset, text) of the only segment with `style`."""
+    marked = [(k, s) for k, s in enumerate(segs) if s[1] == style]
+    assert len(marked) == 1, segs
+    k, seg = marked[0]
+    return len(text_of(segs[:k])), seg[0]
+
+
+def assert_depicts(thumb_path: Path, original: Image.Image, other: Image.Image | None = None,
+                   max_side: int = 160) -> None:
+    """The thumbnail has the original's aspect ratio, is never enlarged, and looks like the
+    original (JPEG of the tiny models' noise images is lossy: closer to it than to `other`)."""
+    thumb = Image.open(thumb_path).convert("RGB")
+    w, h = original.size
+    scale = min(1.0, max_side / max(w, h))
+    assert abs(thumb.width - w * scale) <= 1 and abs(thumb.height - h * scale) <= 1, (thumb.size, original.size)
+
+    def error(image: Image.Image) -> float:
+        reference = np.asarray(image.convert("RGB").resize(thumb.size, Image.Resampling.BICUBIC), dtype=float)
+        return float(np.abs(np.asarray(thumb, dtype=float) - reference).mean())
+
+    own = error(original)
+    assert own < 40, (thumb_path, own)
+    if other is not None:
+        assert own < 0.75 * error(other), (thumb_path, own, error(other))
+
+
+@pytest.fixture(scope="module")
+def builds(session_tmp, coco_fixture_dir, tiny_models_dir, nltk_data_dir):
+    return lambda name: fixture_build(name, session_tmp, coco_fixture_dir, tiny_models_dir)
+
+
+def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, tmp_path):
+    build = builds("coco-counterfactuals")
+    out = tmp_path / "gallery"
+    assert show(build, "--output", out, "--page-size", "3") == 0
+    ds = only_split(build)
+    records = page_records(out)
+    assert len(ds) >= 4 and [r["i"] for r in records] == list(range(len(ds)))
+    assert [r["id"] for r in records] == ds["id"]
+    assert len(list((out / "pages").glob("*.js"))) == -(-len(ds) // 3)
+    for k, (rec, row) in enumerate(zip(records, ds)):
+        assert [im["label"] for im in rec["imgs"]] == ["image_0", "image_1"]
+        # A pair shares its initial noise (Prompt-to-Prompt), so compare with another row's image.
+        other = ds[(k + 1) % len(ds)]["image_0"]
+        for im, column in zip(rec["imgs"], ("image_0", "image_1")):
+            assert_depicts(out / im["src"], row[column], other)
+        c0, c1 = rec["texts"]
+        assert text_of(c0["segs"]) == row["caption_0"] and text_of(c1["segs"]) == row["caption_1"]
+        # Where the two captions first differ lies inside the highlighted word of each.
+        differ = len(os.path.commonprefix([row["caption_0"], row["caption_1"]]))
+        for segs, word in ((c0["segs"], row["replaced_word"]), (c1["segs"], row["replacement_word"])):
+            start, text = span(segs, "hl")
+            assert text == word and start <= differ < start + len(word), (segs, differ)
+        assert rec["facets"]["replaced word"] == [row["replaced_word"]]
+        shown = dict(rec["meta"])
+        assert float(shown["clip_score_0"]) == pytest.approx(row["clip_score_0"], rel=1e-3)
+    index = [e for p in sorted((out / "index").glob("*.js"))
+             for e in json.loads(p.read_text().split(", ", 1)[1].rsplit(");", 1)[0])]
+    assert [e[0] for e in index] == list(range(len(ds)))
+    assert [e[1] for e in index] == [f"{a} {b}".lower() for a, b in zip(ds["caption_0"], ds["caption_1"])]
+    stats = (out / "stats.html").read_text()
+    for word, n in Counter(ds["replaced_word"]).items():
+        assert f"<tr><td>{word}</td><td>{n}</td></tr>" in stats
+    for column in ("clip_score_0", "similarity", "perplexity"):
+        assert Image.open(out / f"stats/hist_{column}.png").size[0] > 100
+    summary = json.loads((out / "gallery.json").read_text())
+    assert summary["complete"] and summary["rows"] == len(ds) and summary["kind"] == "counterfactual"
+
+
+def test_decorrelation_gallery_strikes_removed_words_and_outlines_the_mask(builds, tmp_path):
+    build = builds("decorrelation")
+    out = tmp_path / "gallery"
+    assert show(build, "--output", out) == 0
+    ds = only_split(build)
+    records = page_records(out)
+    assert len(records) == len(ds) >= 3
+    struck = 0
+    for rec, row in zip(records, ds):
+        assert rec["facets"]["removed class"] == row["removed_classes"]
+        original, synthetic = rec["imgs"]
+        assert (original["label"], synthetic["label"]) == ("original", "synthetic")
+        assert_depicts(out / original["src"], row["original_image"])
+        # The outline: the mask's border pixels are red on the synthetic thumbnail.
+        thumb = np.asarray(Image.open(out / synthetic["src"]).convert("RGB"), dtype=int)
+        mask = np.asarray(row["mask"].convert("L").resize((thumb.shape[1], thumb.shape[0]),
+                                                          Image.Resampling.NEAREST)) >= 128
+        inner = mask.copy()
+        inner[1:-1, 1:-1] &= mask[:-2, 1:-1] & mask[2:, 1:-1] & mask[1:-1, :-2] & mask[1:-1, 2:]
+        border = mask & ~inner
+        assert border.any(), row["row_id"]
+        red = (thumb[..., 0] > 170) & (thumb[..., 1] < 110) & (thumb[..., 2] < 110)
+        assert red[border].mean() > 0.8, row["row_id"]
+        texts = {t["label"]: t["segs"] for t in rec["texts"]}
+        assert text_of(texts["original caption"]) == row["original_caption"]
+        assert text_of(texts["synthetic caption"]) == row["caption"]
+        kept = "".join(s[0] for s in texts["original caption"] if s[1] != "del")
+        words = lambda s: re.findall(r"[\w'-]+", s.lower())  # noqa: E731
+        assert words(kept) == words(row["caption"]), texts
+        struck += any(s[1] == "del" for s in texts["original caption"])
+    assert struck == len(ds)  # every np_removal caption lost a noun phrase
+    stats = (out / "stats.html").read_text()
+    manifest = json.loads((build / "build_manifest.json").read_text())
+    for reason, n in manifest["skipped"].items():
+        assert f"<tr><td>{reason}</td><td>{n}</td></tr>" in stats
+
+
+def test_a_published_version_gives_the_same_gallery_as_the_build(builds, local_hub, tmp_path):
+    build = builds("coco-captions")
+    repo = "tester/gallery-coco-captions"
+    assert cli_main(["publish", str(build), "--repo-id", repo, "--version", "v1.0.0"]) == 0
+    assert show(build, "--output", tmp_path / "local", "--split", "val") == 0
+    assert show(repo, "--revision", "v1.0.0", "--output", tmp_path / "hub", "--split", "val") == 0
+    local, hub = page_records(tmp_path / "local"), page_records(tmp_path / "hub")
+    assert len(local) == len(only_split_named(build, "val")) and local == hub
+    for rec in local:
+        for im in rec["imgs"]:
+            assert (tmp_path / "local" / im["src"]).read_bytes() == (tmp_path / "hub" / im["src"]).read_bytes()
+    assert rec["texts"] and rec["facets"]["class"]
+
+
+def only_split_named(build: Path, split: str):
+    return load_dataset(str(build), split=split)
+
+
+def one_error_line(capsys, argv: list, *expected: str) -> str:
+    capsys.readouterr()
+    assert show(*argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("counterfactory: error: ") and "\n" not in err, err
+    for part in expected:
+        assert part in err, err
+    return err
+
+
+def test_bad_input_is_one_clear_line(builds, local_hub, tmp_path, capsys):
+    out = tmp_path / "gallery"
+    not_a_build = tmp_path / "photos"
+    not_a_build.mkdir()
+    (not_a_build / "cat.txt").write_text("not a build")
+    one_error_line(capsys, [not_a_build, "--output", out], str(not_a_build), "not a build folder")
+    (not_a_build / "README.md").write_text("# my notes\n")
+    one_error_line(capsys, [not_a_build, "--output", out], "no YAML `configs:`")
+    one_error_line(capsys, [tmp_path / "no" / "such" / "dir", "--output", out], "neither a build folder")
+    one_error_line(capsys, ["tester/no-such-dataset", "--output", out], "no such dataset repo")
+    build = builds("coco-captions")
+    repo = "tester/gallery-errors"
+    assert cli_main(["publish", str(build), "--repo-id", repo, "--version", "v1.0.0"]) == 0
+    one_error_line(capsys, [repo, "--revision", "v9.9.9", "--output", out], "no revision 'v9.9.9'")
+    one_error_line(capsys, [build, "--config", "captions", "--output", out], "'captions' has no image column")
+    one_error_line(capsys, [build, "--config", "nope", "--output", out], "no config 'nope'")
+    one_error_line(capsys, [build, "--split", "train", "--output", out], "no split 'train'")
+    one_error_line(capsys, [build, "--revision", "v1.0.0", "--output", out], "Hub datasets only")
+    assert not out.exists()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "thesis.tex").write_text("keep me")
+    one_error_line(capsys, [build, "--output", tmp_path / "busy"], "not empty")
+    assert (tmp_path / "busy" / "thesis.tex").read_text() == "keep me"
+
+
+def test_serve_serves_the_written_gallery(builds, tmp_path):
+    build = builds("coco-captions")
+    out = tmp_path / "gallery"
+    cmd = [sys.executable, "-m", "builders.infra.cli", "show", str(build), "--output", str(out),
+           "--serve", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        while "serving" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "show --serve exited without serving"
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line).group(0)
+        with urllib.request.urlopen(url + "index.html", timeout=30) as response:
+            assert response.read() == (out / "index.html").read_bytes()
+        with urllib.request.urlopen(url + "pages/page-00000.js", timeout=30) as response:
+            assert response.read() == (out / "pages/page-00000.js").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
