@@ -23,26 +23,33 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-CAPTION_PAIR = ("A man riding a brown horse.", "A man riding a brown  elephant .")
+CAPTION_PAIR = ("A man riding a brown horse.", "A man riding a brown elephant.")
 
 
 def baseline_counterfactual(caption: str, models, unmasker, cfg) -> tuple[str, float] | None:
     """The published generator's loop, one candidate at a time (plus the project's drop of
-    candidates equal to the original word)."""
+    candidates equal to the original word, and its in-place edit of the original string)."""
     import nltk
     from sentence_transformers import util
 
+    from builders.counterfactuals.captions import edit_at, token_spans
+
     tokens = nltk.word_tokenize(caption, preserve_line=True)
+    spans = token_spans(caption, tokens)
     positions = [i for i, (_, t) in enumerate(nltk.pos_tag(tokens)) if t in cfg.noun_tags]
     pool = []
     for i in positions:
         masked = list(tokens)
         masked[i] = unmasker.tokenizer.mask_token
         for proposal in unmasker(" ".join(masked), top_k=cfg.top_k):
-            cand = nltk.word_tokenize(proposal["sequence"], preserve_line=True)
-            if (len(cand) == len(tokens) and nltk.pos_tag(cand)[i][1] in cfg.replacement_tags
-                    and cand[i].lower() != tokens[i].lower()):
-                pool.append(proposal["sequence"])
+            word = nltk.word_tokenize(proposal["sequence"], preserve_line=True)
+            if len(word) != len(tokens) or word[i].lower() == tokens[i].lower():
+                continue
+            sentence = edit_at(caption, spans[i], word[i])
+            cand = nltk.word_tokenize(sentence, preserve_line=True)
+            if (len(cand) == len(tokens) and cand[i] == word[i]
+                    and nltk.pos_tag(cand)[i][1] in cfg.replacement_tags and sentence not in pool):
+                pool.append(sentence)
     original = models.sentence.encode(caption, convert_to_tensor=True)
     best = None
     for sentence in pool:
@@ -97,21 +104,23 @@ def bench_captions(profile, n_captions: int) -> dict:
 def bench_images(profile, candidates: int, steps: int, batch: int) -> dict:
     import numpy as np
 
-    from builders.counterfactuals.images import ClipScorer, ImageStage, ImageStageConfig
+    from builders.counterfactuals.config import ImageStageConfig
+    from builders.counterfactuals.images import ClipScorer, ImageStage
     from builders.infra.models.loaders import load_clip, load_sd
 
     pipe = load_sd(profile.sd)
     scorer = ClipScorer(*load_clip(profile.clip_filter))
     results, times = {}, {}
     for b in (batch, 1):
-        cfg = ImageStageConfig(candidates=candidates, candidate_batch=b, steps=steps,
-                               image_size=64, clip_threshold=-1.0)
+        cfg = ImageStageConfig(candidates=candidates, candidate_batch=b, steps=steps, image_size=64,
+                               clip_threshold=-1.0, image_similarity_threshold=-1.0,
+                               directional_threshold=-1.0)
         stage = ImageStage(pipe, scorer, cfg, seed=0)
         stage.run("warmup", *CAPTION_PAIR)
         start = time.perf_counter()
         results[b] = stage.run("bench", *CAPTION_PAIR)
         times[b] = time.perf_counter() - start
-    a, b = results[batch], results[1]
+    a, b = results[batch].pair, results[1].pair
     assert a.seed == b.seed and np.array_equal(np.asarray(a.image_1), np.asarray(b.image_1))
     return {"candidates": candidates, "steps": steps, "batch": batch,
             "batched_pairs_per_s": candidates / times[batch], "single_pairs_per_s": candidates / times[1],

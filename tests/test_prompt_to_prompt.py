@@ -11,8 +11,8 @@ from diffusers.models.attention_processor import Attention, AttnProcessor
 
 from builders.infra.models.loaders import load_sd
 from builders.infra.models.profiles import resolve_profile
-from builders.counterfactuals.prompt_to_prompt import (P2PAttnProcessor, P2PController, PairSpec, generate_pairs,
-                                       injected, token_alignment)
+from builders.counterfactuals.prompt_to_prompt import (P2PAttnProcessor, P2PController, PairSpec,
+                                                       generate_pairs, injected, replacement_mapper)
 
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
 
@@ -79,6 +79,24 @@ def explicit_attention(attn: Attention, hidden, context, maps_from=None) -> torc
     return attn.to_out[0](out)
 
 
+#: Hand-written word-swap mappers (rows: source token, columns: target token) for 5 context
+#: tokens. "[bos] a cat [eos]" -> "[bos] a hot|dog [eos]": each of the new word's 2 tokens takes
+#: half of the old word's map (P2P's aligner for words of different token counts), [eos] moves
+#: one place right.
+SPREAD = torch.tensor([[1, 0, 0.0, 0.0, 0],
+                       [0, 1, 0.0, 0.0, 0],
+                       [0, 0, 0.5, 0.5, 0],
+                       [0, 0, 0.0, 0.0, 1],
+                       [0, 0, 0.0, 0.0, 0]])
+#: The other way round: the new word's single token takes the sum of the old word's 2 maps,
+#: [eos] moves one place left, and the last (padding) position has no source: it keeps its own.
+MAPPER = torch.tensor([[1, 0, 0, 0, 0.0],
+                       [0, 1, 0, 0, 0],
+                       [0, 0, 1, 0, 0],
+                       [0, 0, 1, 0, 0],
+                       [0, 0, 0, 1, 0]])
+
+
 def test_processors_inject_exactly_the_documented_maps():
     torch.manual_seed(0)
     attn = Attention(query_dim=16, heads=2, dim_head=8, cross_attention_dim=12).eval()
@@ -87,54 +105,90 @@ def test_processors_inject_exactly_the_documented_maps():
     specs = [PairSpec(0, 1.0, 7.5), PairSpec(1, 0.0, 7.5)]
     hidden = torch.randn(8, 6, 16)
     context = torch.randn(8, 5, 12)
-    alignment = torch.tensor([0, 1, -1, 2, 4])  # token 2 is the swapped word; 3 <- 2 (shift)
+
+    def self_maps(rows):  # row r of `rows` takes the self-attention map of row r - 1 (its original)
+        def swap(probs):
+            out = probs.clone()
+            out[rows] = probs[[r - 1 for r in rows]]
+            return out
+        return swap
+
+    def word_swap(probs):  # conditional c1 (row 5) from cond o1 (row 4), by the hand-written mapper
+        out = probs.clone()
+        for n in range(5):
+            sources = MAPPER[:, n].nonzero().flatten().tolist()
+            if sources:
+                out[5, :, :, n] = sum(MAPPER[w, n] * probs[4, :, :, w] for w in sources)
+        return out
+
     with torch.no_grad():
-        ctrl = P2PController(specs, steps=3, inject="both", alignment=alignment)
-        got_self = P2PAttnProcessor(ctrl, is_cross=False)(self_attn, hidden)
-        got_cross = P2PAttnProcessor(ctrl, is_cross=True)(attn, hidden, context)
-
-        def self_maps(probs):  # row 1 (uncond c1) and row 5 (cond c1) take rows 0 and 4
-            out = probs.clone()
-            out[[1, 5]] = probs[[0, 4]]
-            return out
-
-        def cross_maps(probs):  # conditional half only, aligned tokens only
-            out = probs.clone()
-            for k, src in enumerate(alignment.tolist()):
-                if src >= 0:
-                    out[5, :, :, k] = probs[4, :, :, src]
-            return out
-
-        want_self = explicit_attention(self_attn, hidden, hidden, self_maps)
-        want_cross = explicit_attention(attn, hidden, context, cross_maps)
         plain = AttnProcessor()(attn, hidden, context)
-    torch.testing.assert_close(got_self, want_self, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(got_cross, want_cross, atol=1e-5, rtol=1e-4)
-    # Rows that are not injected equal diffusers' own attention.
-    untouched = [0, 2, 3, 4, 6, 7]
-    torch.testing.assert_close(got_cross[untouched], plain[untouched], atol=1e-5, rtol=1e-4)
+        plain_self = AttnProcessor()(self_attn, hidden)
+        both = P2PController(specs, steps=3, inject="both", mapper=MAPPER)
+        # `self`/`both`: every self-attention layer, both halves of the guidance batch.
+        torch.testing.assert_close(P2PAttnProcessor(both, is_cross=False)(self_attn, hidden),
+                                   explicit_attention(self_attn, hidden, hidden, self_maps([1, 5])),
+                                   atol=1e-5, rtol=1e-4)
+        got_cross = P2PAttnProcessor(both, is_cross=True)(attn, hidden, context)
+        torch.testing.assert_close(got_cross, explicit_attention(attn, hidden, context, word_swap),
+                                   atol=1e-5, rtol=1e-4)
+        # Rows that are not injected equal diffusers' own attention.
+        untouched = [0, 1, 2, 3, 4, 6, 7]
+        torch.testing.assert_close(got_cross[untouched], plain[untouched], atol=1e-5, rtol=1e-4)
 
-    ctrl.step = 2  # the last step: 1.0 > 2/2 is false, nothing is injected
-    with torch.no_grad():
-        torch.testing.assert_close(P2PAttnProcessor(ctrl, is_cross=True)(attn, hidden, context),
+        # `cross`: the word swap, plus self maps only in low-resolution layers (here: at most 6
+        # query positions), conditional half only.
+        low = P2PController(specs, steps=3, inject="cross", mapper=MAPPER, low_res_tokens=6)
+        high = P2PController(specs, steps=3, inject="cross", mapper=MAPPER, low_res_tokens=5)
+        torch.testing.assert_close(P2PAttnProcessor(low, is_cross=True)(attn, hidden, context),
+                                   got_cross, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(P2PAttnProcessor(low, is_cross=False)(self_attn, hidden),
+                                   explicit_attention(self_attn, hidden, hidden, self_maps([5])),
+                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(P2PAttnProcessor(high, is_cross=False)(self_attn, hidden),
+                                   plain_self, atol=1e-5, rtol=1e-4)
+
+        both.step = 2  # the last step: 1.0 > 2/2 is false, nothing is injected
+        torch.testing.assert_close(P2PAttnProcessor(both, is_cross=True)(attn, hidden, context),
                                    plain, atol=1e-5, rtol=1e-4)
 
 
-def test_injection_schedule_and_token_alignment():
+def test_injection_schedule_and_word_swap_mapper():
     assert [injected(0.5, i, 5) for i in range(5)] == [True, True, False, False, False]
     assert not any(injected(0.0, i, 5) for i in range(5))
     assert [injected(1.0, i, 3) for i in range(3)] == [True, True, False]
-    # "a cat on it" vs "a big dog on it": prefix [bos, a], suffix [on, it, eos].
-    src, tgt = [0, 5, 7, 8, 9, 1], [0, 5, 6, 6, 8, 9, 1]
-    assert token_alignment(src, tgt, 9).tolist() == [0, 1, -1, -1, 3, 4, 5, 6, 7]
+    # Token ids: [bos] 0, a 5, cat 7, hot|dog 6 8 (one word, two tokens), [eos] 1.
+    torch.testing.assert_close(replacement_mapper([0, 5, 7, 1], [0, 5, 6, 8, 1], 5), SPREAD)
+    torch.testing.assert_close(replacement_mapper([0, 5, 6, 8, 1], [0, 5, 7, 1], 5), MAPPER)
+    # Same token count: every token, the new word's included, maps one to one.
+    torch.testing.assert_close(replacement_mapper([0, 5, 7, 8, 1], [0, 5, 9, 8, 1], 6), torch.eye(6))
+
+
+def brute_force(scores: list[dict], cuts: dict[str, float]) -> tuple[int | None, dict[str, int]]:
+    """Filter then argmax, written out: the index of the passing candidate with the highest
+    directional score (the first on ties; None when none passes) and per filter how many
+    candidates fail it."""
+    fails = {"text_image": lambda s: min(s["clip_0"], s["clip_1"]) < cuts["text_image"],
+             "image_image": lambda s: s["image"] < cuts["image_image"],
+             "directional": lambda s: s["dir"] < cuts["directional"]}
+    rejected = {name: sum(fails[name](s) for s in scores) for name in cuts}
+    passing = [k for k, s in enumerate(scores) if not any(fails[name](s) for name in cuts)]
+    best = None
+    for k in passing:
+        if best is None or scores[k]["dir"] > scores[best]["dir"]:
+            best = k
+    return best, rejected
 
 
 def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe, tiny_models_dir):
-    from builders.counterfactuals.images import ClipScorer, ImageStage, ImageStageConfig, candidate_specs
+    from builders.counterfactuals.config import ImageStageConfig
+    from builders.counterfactuals.images import ClipScorer, ImageStage, candidate_specs
     from builders.infra.models.loaders import load_clip
 
     model, processor = load_clip(resolve_profile("tiny", tiny_models_dir).clip_filter)
-    cfg = ImageStageConfig(candidates=5, candidate_batch=2, steps=2, image_size=64, clip_threshold=-1.0)
+    cfg = ImageStageConfig(candidates=5, candidate_batch=2, steps=2, image_size=64, clip_threshold=-1.0,
+                           image_similarity_threshold=-1.0, directional_threshold=-1.0)
+    assert ImageStageConfig().filters == ("text_image", "image_image", "directional")
     specs = candidate_specs(0, "42_1", cfg)
     assert len({s.seed for s in specs}) == 5
     assert all(0.1 <= s.p <= 0.9 and 7.5 <= s.guidance <= 15 for s in specs)
@@ -145,7 +199,7 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
         text = model.get_text_features(**processor(text=list(CAPTIONS), return_tensors="pt",
                                                    padding=True)).pooler_output
         text = text / text.norm(dim=-1, keepdim=True)
-        scores = []
+        scores, images = [], []
         for spec in specs:
             im0, im1 = generate_pairs(pipe, *CAPTIONS, [spec], steps=2, size=64)
             feats = model.get_image_features(**processor(images=[im0[0], im1[0]],
@@ -154,31 +208,119 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
             d_img, d_txt = feats[1] - feats[0], text[1] - text[0]
             scores.append({"clip_0": float(feats[0] @ text[0]), "clip_1": float(feats[1] @ text[1]),
                            "dir": float(d_img @ d_txt / (d_img.norm() * d_txt.norm())),
-                           "image": im1[0]})
+                           "image": float(feats[0] @ feats[1])})
+            images.append(im1[0])
     best = max(range(5), key=lambda k: scores[k]["dir"])
     scorer = ClipScorer(model, processor)
-    results = {b: ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "candidate_batch": b}),
-                             seed=0).run("42_1", *CAPTIONS) for b in (1, 2, 5)}
-    for result in results.values():
-        assert result.seed == specs[best].seed and result.tried == result.passed == 5
-        assert result.directional == pytest.approx(scores[best]["dir"], abs=1e-5)
-        assert np.array_equal(np.asarray(result.image_1), scores[best]["image"])
 
-    # A threshold between candidates' scores keeps exactly those above it; none above -> reason.
-    clip_min = [min(s["clip_0"], s["clip_1"]) for s in scores]
-    cut = sum(sorted(clip_min)[1:3]) / 2  # midway: float noise cannot move a candidate across
-    kept = [k for k in range(5) if clip_min[k] >= cut]
-    strict = ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "clip_threshold": cut}),
-                        seed=0).run("42_1", *CAPTIONS)
-    assert strict.passed == len(kept) == 3
-    assert strict.seed == specs[max(kept, key=lambda k: scores[k]["dir"])].seed
-    none = ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "clip_threshold": 1.01}),
-                      seed=0).run("42_1", *CAPTIONS)
-    assert none == "no_image_candidate_passed_clip"
+    def run(**changes):
+        return ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, **changes}),
+                          seed=0).run("42_1", *CAPTIONS)
+
+    for b in (1, 2, 5):
+        result = run(candidate_batch=b)
+        assert result.pair.seed == specs[best].seed and result.tried == result.passed == 5
+        assert result.rejected == {"text_image": 0, "image_image": 0, "directional": 0}
+        assert result.pair.directional == pytest.approx(scores[best]["dir"], abs=1e-5)
+        assert np.array_equal(np.asarray(result.pair.image_1), images[best])
+
+    # Thresholds between candidates' scores (midway: float noise cannot move a candidate
+    # across): each filter alone keeps exactly those above it, and all three together select
+    # what filter-then-argmax over the per-candidate scores selects, counting every failure.
+    keys = {"text_image": lambda s: min(s["clip_0"], s["clip_1"]),
+            "image_image": lambda s: s["image"], "directional": lambda s: s["dir"]}
+    cuts = {name: sum(sorted(map(key, scores))[1:3]) / 2 for name, key in keys.items()}
+    flags = {"text_image": "clip_threshold", "image_image": "image_similarity_threshold",
+             "directional": "directional_threshold"}
+    for name in cuts:
+        alone = run(filters=(name,), **{flags[name]: cuts[name]})
+        want, rejected = brute_force(scores, {name: cuts[name]})
+        assert rejected == {name: 2} and alone.rejected == rejected and alone.passed == 3
+        assert alone.pair.seed == specs[want].seed
+    together = run(**{flags[name]: cut for name, cut in cuts.items()})
+    want, rejected = brute_force(scores, cuts)
+    assert together.rejected == rejected and together.tried == 5
+    assert together.passed == 5 - len([s for s in scores if any(
+        keys[n](s) < c for n, c in cuts.items())])
+    assert (together.pair.seed if together.pair else None) == (specs[want].seed if want is not None else None)
+    none = run(clip_threshold=1.01)
+    assert none.pair is None and none.rejected == {"text_image": 5, "image_image": 0, "directional": 0}
     # Early stop at the 2nd pass: only the first two candidates count, for any batch size.
     for b in (1, 3):
-        early = ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "early_stop": 2,
-                                                             "candidate_batch": b}),
-                           seed=0).run("42_1", *CAPTIONS)
+        early = run(early_stop=2, candidate_batch=b)
         assert early.tried == 2
-        assert early.seed == specs[max((0, 1), key=lambda k: scores[k]["dir"])].seed
+        assert early.pair.seed == specs[max((0, 1), key=lambda k: scores[k]["dir"])].seed
+
+
+class PixelScorer:
+    """A stand-in for CLIP: an image embeds as its centred, normalised pixels; the two captions
+    embed as the given vectors. Pixel cosine makes "two images that differ everywhere" exact."""
+
+    def __init__(self, text_0: torch.Tensor, text_1: torch.Tensor) -> None:
+        self.text = torch.nn.functional.normalize(torch.stack([text_0, text_1]), dim=1)
+
+    def texts(self, texts):
+        return self.text
+
+    def images(self, images):
+        return pixel_embedding(np.asarray(images))
+
+
+def pixel_embedding(images: np.ndarray) -> torch.Tensor:
+    x = torch.tensor(images, dtype=torch.float64).flatten(1)
+    x = x - x.mean(1, keepdim=True)
+    return x / x.norm(dim=1, keepdim=True)
+
+
+def test_image_image_filter_rejects_a_pair_that_differs_everywhere(monkeypatch):
+    """A stub generator: candidate j's counterfactual image is its original with one corner
+    redrawn, except candidate FLIP, whose counterfactual is the original's negative (it differs
+    in every pixel). The captions' direction is chosen so that FLIP has the best directional
+    score: the looser `--filters text_image` picks it, the paper's filters reject it as
+    image-image, and the choice equals filter-then-argmax over per-candidate scores."""
+    import builders.counterfactuals.images as images_module
+    from builders.counterfactuals.config import ImageStageConfig
+    from builders.counterfactuals.images import ImageStage, candidate_specs
+
+    cfg = ImageStageConfig(candidates=8, candidate_batch=3, clip_threshold=-1.0)
+    specs = candidate_specs(0, "7_0", cfg)
+    flip = 5
+
+    def draw(spec: PairSpec) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(spec.seed % 2**32)
+        original = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+        if spec.seed == specs[flip].seed:
+            return original, 255 - original
+        edited = original.copy()
+        edited[:3, :3] = rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)
+        return original, edited
+
+    def fake_generate(pipe, caption_0, caption_1, batch, **kwargs):
+        pairs = [draw(spec) for spec in batch]
+        return np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs])
+
+    monkeypatch.setattr(images_module, "generate_pairs", fake_generate)
+    emb = {k: pixel_embedding(np.stack(draw(spec))) for k, spec in enumerate(specs)}
+    change = lambda k: (emb[k][1] - emb[k][0]) / (emb[k][1] - emb[k][0]).norm()  # noqa: E731
+    direction = change(flip) + sum(change(k) for k in emb if k != flip) / 3
+    noise = torch.randn(192, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    text_0 = noise / noise.norm()
+    text_1 = (text_0 + direction) / (text_0 + direction).norm()
+    scorer = PixelScorer(text_0, text_1)
+    scores = []
+    for k in range(len(specs)):
+        d_txt = text_1 - text_0
+        scores.append({"clip_0": float(emb[k][0] @ text_0), "clip_1": float(emb[k][1] @ text_1),
+                       "image": float(emb[k][0] @ emb[k][1]),
+                       "dir": float(change(k) @ d_txt / d_txt.norm())})
+    assert max(range(len(specs)), key=lambda k: scores[k]["dir"]) == flip
+    assert scores[flip]["image"] == pytest.approx(-1.0)
+
+    loose = ImageStage(None, scorer, ImageStageConfig(**{**cfg.__dict__, "filters": ("text_image",)}),
+                       seed=0).run("7_0", "c0", "c1")
+    assert loose.pair.seed == specs[flip].seed and loose.passed == len(specs)
+    paper = ImageStage(None, scorer, cfg, seed=0).run("7_0", "c0", "c1")
+    want, rejected = brute_force(scores, {"text_image": -1.0, "image_image": 0.7, "directional": 0.2})
+    assert want is not None and want != flip and rejected["image_image"] >= 1
+    assert paper.pair.seed == specs[want].seed and paper.rejected == rejected
+    assert paper.pair.image_similarity == pytest.approx(scores[want]["image"], abs=1e-6)

@@ -30,13 +30,14 @@ from typing import Any, Iterator, Sequence
 import datasets
 
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
-from builders.counterfactuals.config import CaptionStageConfig, ImageStageConfig
-from builders.counterfactuals.images import ImagePair, ImageStage
+from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS, CaptionStageConfig,
+                                             ImageStageConfig)
+from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
 from builders.infra import progress
 from builders.infra.dataset_source import load_dataset_split
 from builders.infra.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
-from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from builders.infra.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
 
 _S, _F, _I = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
 CAPTION_FEATURES = datasets.Features({
@@ -54,6 +55,7 @@ PAIR_FEATURES = datasets.Features({
     "seed": datasets.Value("int64"), "p": _F, "guidance_scale": _F,
     "clip_score_0": _F, "clip_score_1": _F, "clip_directional": _F, "clip_image_similarity": _F,
     "image_candidates_tried": _I, "image_candidates_passed": _I,
+    **{f"image_rejected_{name}": _I for name in IMAGE_FILTERS},
     "sd_model": _S, "clip_model": _S,
 })
 COLUMN_DOCS = {
@@ -62,7 +64,10 @@ COLUMN_DOCS = {
     "caption_0": "original caption", "caption_1": "counterfactual caption (one noun swapped)",
     "source": "source dataset", "source_id": "source caption id (COCO annotation id)",
     "source_image_id": "source image id", "replaced_word": "noun of caption_0 that was swapped",
-    "replacement_word": "its replacement", "replaced_position": "NLTK token index of the swap",
+    "replacement_word": "its replacement",
+    "replaced_position": "character offset of the swap, the same in both captions: caption_0 and "
+                         "caption_1 are identical except that `replaced_word` starts there in "
+                         "caption_0 and `replacement_word` in caption_1",
     "similarity": "all-MiniLM cosine of the captions", "perplexity": "LM perplexity of caption_1",
     "caption_candidates": "candidates after the length/noun filter",
     "caption_candidates_in_window": "candidates inside the similarity window (null when scored "
@@ -72,7 +77,10 @@ COLUMN_DOCS = {
     "guidance_scale": "classifier-free guidance", "clip_score_0": "CLIP cos(caption_0, image_0)",
     "clip_score_1": "CLIP cos(caption_1, image_1)", "clip_directional": "CLIP directional similarity",
     "clip_image_similarity": "CLIP cos(image_0, image_1)",
-    "image_candidates_tried": "candidate pairs generated", "image_candidates_passed": "of which passed CLIP",
+    "image_candidates_tried": "candidate pairs generated",
+    "image_candidates_passed": "of which passed every image filter",
+    **{f"image_rejected_{name}": f"candidates that failed the {name} filter (a candidate can fail "
+                                 "several; null when the filter was off)" for name in IMAGE_FILTERS},
 }
 
 
@@ -107,10 +115,10 @@ class CocoCounterfactualsConfig:
     models={"mlm": ..., "lm": ..., "sentence": ...})`."""
 
     stage: str = "all"
-    #: COCO source: Karpathy splits, or COCO folders (`val2017`) which take precedence.
+    #: COCO source: COCO folders (default `val2017`, as the paper), or Karpathy splits instead.
     coco_root: str | None = None
-    karpathy_splits: tuple[str, ...] = ("test",)
     coco_splits: tuple[str, ...] | None = None
+    karpathy_splits: tuple[str, ...] | None = None
     #: Any `datasets` source with a text column (instead of COCO).
     dataset: str | None = None
     dataset_config: str | None = None
@@ -138,6 +146,10 @@ class CocoCounterfactualsConfig:
             raise UserFacingError("give exactly one caption source: --coco-root DIR or --dataset NAME")
         if self.stage != "images" and self.captions_from:
             raise UserFacingError("--captions-from is only for --stage images")
+        if self.coco_splits and self.karpathy_splits:
+            raise UserFacingError("give --coco-splits or --karpathy-splits, not both")
+        if self.coco_root and not self.karpathy_splits and not self.coco_splits:
+            self.coco_splits = DEFAULT_COCO_SPLITS
 
 
 @dataclass
@@ -193,7 +205,7 @@ class CocoCounterfactualsBuilder:
             items = self._dataset_captions()
         return items[: cfg.max_captions]
 
-    def process(self, items: Sequence[Any]) -> Iterator[Emit | Skip]:
+    def process(self, items: Sequence[Any]) -> Iterator[Emit | Skip | Count]:
         if self.torch_threads:
             import torch
 
@@ -232,16 +244,32 @@ class CocoCounterfactualsBuilder:
     # -- sources -----------------------------------------------------------------------------
 
     def _coco_captions(self) -> list[CaptionItem]:
-        from loading_scripts.coco import CocoSourceConfig, read_coco
+        """Every caption of the selected COCO folders, in annotation-file order (the order of
+        `captions_<folder>.json`, folder by folder); `k` in the id `<image id>_<k>` counts an
+        image's captions in that order, as the original release does (METHOD.md §1)."""
+        from loading_scripts.coco import CocoSourceConfig, load_json, read_coco
 
         cfg = self.config
-        source = CocoSourceConfig(Path(cfg.coco_root), coco_splits=cfg.coco_splits,
-                                  karpathy_splits=None if cfg.coco_splits else cfg.karpathy_splits,
-                                  with_instances=False)
-        return [CaptionItem(id=f"{rec.image_id}_{k}", text=cap.text, source=f"coco/{rec.coco_split}",
-                            source_id=str(cap.caption_id), source_image_id=str(rec.image_id),
-                            input_problem=cap.input_problem)
-                for rec in read_coco(source) for k, cap in enumerate(rec.captions)]
+        root = Path(cfg.coco_root)
+        records = read_coco(CocoSourceConfig(root, coco_splits=cfg.coco_splits,
+                                             karpathy_splits=cfg.karpathy_splits,
+                                             with_instances=False))
+        # read_coco validated the files and sorts by ids; the file order is read here.
+        folders = list(cfg.coco_splits) if cfg.coco_splits else sorted({r.coco_split for r in records})
+        position = {}
+        for rank, folder in enumerate(folders):
+            anns = load_json(root / "annotations" / f"captions_{folder}.json", "captions")["annotations"]
+            position.update({(folder, int(a["id"])): (rank, row) for row, a in enumerate(anns)})
+        captions = sorted(((rec, cap) for rec in records for cap in rec.captions),
+                          key=lambda rc: position[rc[0].coco_split, rc[1].caption_id])
+        seen: dict[int, int] = {}
+        items = []
+        for rec, cap in captions:
+            k = seen[rec.image_id] = seen.get(rec.image_id, -1) + 1
+            items.append(CaptionItem(id=f"{rec.image_id}_{k}", text=cap.text,
+                                     source=f"coco/{rec.coco_split}", source_id=str(cap.caption_id),
+                                     source_image_id=str(rec.image_id), input_problem=cap.input_problem))
+        return items
 
     def _dataset_captions(self) -> list[CaptionItem]:
         cfg = self.config
@@ -297,29 +325,36 @@ class CocoCounterfactualsBuilder:
             "id": item.id, "caption_0": cf.original, "caption_1": cf.counterfactual,
             "source": item.source, "source_id": item.source_id,
             "source_image_id": item.source_image_id, "replaced_word": cf.replaced,
-            "replacement_word": cf.replacement, "replaced_position": cf.position,
+            "replacement_word": cf.replacement, "replaced_position": cf.start,
             "similarity": cf.similarity, "perplexity": cf.perplexity,
             "caption_candidates": cf.candidates, "caption_candidates_in_window": cf.in_window,
             "human_substitution": cf.human_substitution,
             "mlm_model": m["mlm"], "lm_model": m["lm"], "sentence_model": m["sentence"],
         }
 
-    def _image_rows(self, pairs: Sequence[dict[str, Any]]) -> Iterator[Emit | Skip]:
+    def _image_rows(self, pairs: Sequence[dict[str, Any]]) -> Iterator[Emit | Skip | Count]:
         for row in progress.items(pairs, "image pairs"):
-            result = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
-            if isinstance(result, str):
-                yield Skip(result)
+            selection = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
+            # Candidate tallies of every caption pair, also those that got no image pair.
+            yield Count("image_candidates_tried", selection.tried)
+            yield Count("image_candidates_passed", selection.passed)
+            for name, n in selection.rejected.items():
+                yield Count(f"image_rejected_{name}", n)
+            if selection.pair is None:
+                yield Skip(NO_PASSING_CANDIDATE)
             else:
-                yield Emit(f"default/{self.config.split}", self._pair_row(row, result))
+                yield Emit(f"default/{self.config.split}", self._pair_row(row, selection))
 
-    def _pair_row(self, row: dict[str, Any], pair: ImagePair) -> dict[str, Any]:
+    def _pair_row(self, row: dict[str, Any], selection: ImageSelection) -> dict[str, Any]:
+        pair = selection.pair
         return {
             "id": row["id"], "image_0": pair.image_0, "image_1": pair.image_1,
             **{k: row[k] for k in CAPTION_FEATURES if k != "id"},
             "seed": pair.seed, "p": pair.p, "guidance_scale": pair.guidance,
             "clip_score_0": pair.clip_0, "clip_score_1": pair.clip_1,
             "clip_directional": pair.directional, "clip_image_similarity": pair.image_similarity,
-            "image_candidates_tried": pair.tried, "image_candidates_passed": pair.passed,
+            "image_candidates_tried": selection.tried, "image_candidates_passed": selection.passed,
+            **{f"image_rejected_{name}": selection.rejected.get(name) for name in IMAGE_FILTERS},
             "sd_model": self.config.models["sd"], "clip_model": self.config.models["clip_filter"],
         }
 

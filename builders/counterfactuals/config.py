@@ -13,6 +13,8 @@ from builders.infra.errors import UserFacingError
 #: Image-pair filters, in the order they are reported: caption-image CLIP of both images,
 #: image-image CLIP, CLIP directional similarity (App. B.1.2 of the paper applies all three).
 IMAGE_FILTERS = ("text_image", "image_image", "directional")
+#: The paper's caption source (Le et al. 2023 §3.3, fn. 9): COCO val2017's 25,014 captions.
+DEFAULT_COCO_SPLITS = ("val2017",)
 
 
 @dataclass

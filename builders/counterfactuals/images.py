@@ -7,18 +7,24 @@ Prompt-to-Prompt (`builders.counterfactuals.prompt_to_prompt`) `candidate_batch`
 depend only on its own (seed, p, g), so the output does not depend on the batch size, the batch
 position or the process count.
 
-A candidate passes when `cos(E_T(C_o), E_I(I_o)) >= clip_threshold` and
-`cos(E_T(C_c), E_I(I_c)) >= clip_threshold` (and, when set, the instruct-pix2pix extras:
-directional >= `directional_threshold`, image-image >= `image_similarity_threshold`). Among the
-passing candidates the highest `CLIP_dir = cos(E_T(C_c) - E_T(C_o), E_I(I_c) - E_I(I_o))` wins
-(the lowest index on ties). With `early_stop = K`, generation stops at the candidate where the
-K-th pass happens and only candidates up to it are considered, whatever the batch size.
+A candidate passes every filter of `filters` (all three by default, as in App. B.1.2 of the
+paper with the instruct-pix2pix generator's defaults):
+- `text_image`: `cos(E_T(C_o), E_I(I_o)) >= clip_threshold` and
+  `cos(E_T(C_c), E_I(I_c)) >= clip_threshold` (0.2);
+- `image_image`: `cos(E_I(I_o), E_I(I_c)) >= image_similarity_threshold` (0.7), so the two images
+  cannot differ everywhere;
+- `directional`: `CLIP_dir >= directional_threshold` (0.2), with
+  `CLIP_dir = cos(E_T(C_c) - E_T(C_o), E_I(I_c) - E_I(I_o))`.
+Every filter a candidate fails is counted (`ImageSelection.rejected`; a candidate can fail
+several). Among the passing candidates the highest `CLIP_dir` wins (the lowest index on ties).
+With `early_stop = K`, generation stops at the candidate where the K-th pass happens and only
+candidates up to it are considered, whatever the batch size.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,8 +50,18 @@ class ImagePair:
     clip_1: float
     directional: float
     image_similarity: float
-    tried: int
-    passed: int
+
+
+@dataclass
+class ImageSelection:
+    """What `ImageStage.run` found for one caption pair: the chosen pair (None when no candidate
+    passed), how many candidates were generated and passed, and per filter of the config how
+    many candidates failed it."""
+
+    pair: ImagePair | None
+    tried: int = 0
+    passed: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 def candidate_specs(seed: int, row_id: str, cfg: ImageStageConfig) -> list[PairSpec]:
@@ -101,25 +117,27 @@ def score_pairs(scorer: ClipScorer, caption_0: str, caption_1: str,
 
 
 class ImageStage:
-    """`run(row_id, caption_0, caption_1)` -> the selected `ImagePair` or a skip reason."""
+    """`run(row_id, caption_0, caption_1)` -> an `ImageSelection`."""
 
     def __init__(self, pipe: Any, scorer: ClipScorer, config: ImageStageConfig, seed: int) -> None:
         self.pipe, self.scorer, self.config, self.seed = pipe, scorer, config, seed
 
-    def _passes(self, s: _Scores, k: int) -> bool:
+    def failed_filters(self, s: _Scores, k: int) -> list[str]:
+        """The filters of `config.filters` that candidate k fails."""
         cfg = self.config
-        ok = s.clip_0[k] >= cfg.clip_threshold and s.clip_1[k] >= cfg.clip_threshold
-        if cfg.directional_threshold is not None:
-            ok = ok and s.directional[k] >= cfg.directional_threshold
-        if cfg.image_similarity_threshold is not None:
-            ok = ok and s.image_similarity[k] >= cfg.image_similarity_threshold
-        return bool(ok)
+        ok = {
+            "text_image": min(s.clip_0[k].item(), s.clip_1[k].item()) >= cfg.clip_threshold,
+            "image_image": s.image_similarity[k].item() >= cfg.image_similarity_threshold,
+            "directional": s.directional[k].item() >= cfg.directional_threshold,
+        }
+        return [name for name in cfg.filters if not ok[name]]
 
-    def run(self, row_id: str, caption_0: str, caption_1: str) -> ImagePair | str:
+    def run(self, row_id: str, caption_0: str, caption_1: str) -> ImageSelection:
         cfg = self.config
         specs = candidate_specs(self.seed, row_id, cfg)
         best: ImagePair | None = None
         passed = tried = 0
+        rejected = dict.fromkeys(cfg.filters, 0)
         for start in range(0, len(specs), max(1, cfg.candidate_batch)):
             batch = specs[start:start + cfg.candidate_batch]
             progress.stage("candidates", start, len(specs))
@@ -129,7 +147,10 @@ class ImageStage:
             scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1)
             for k, spec in enumerate(batch):
                 tried += 1
-                if not self._passes(scores, k):
+                failed = self.failed_filters(scores, k)
+                for name in failed:
+                    rejected[name] += 1
+                if failed:
                     continue
                 passed += 1
                 if best is None or scores.directional[k].item() > best.directional:
@@ -138,12 +159,9 @@ class ImageStage:
                         seed=spec.seed, p=spec.p, guidance=spec.guidance,
                         clip_0=scores.clip_0[k].item(), clip_1=scores.clip_1[k].item(),
                         directional=scores.directional[k].item(),
-                        image_similarity=scores.image_similarity[k].item(), tried=0, passed=0)
+                        image_similarity=scores.image_similarity[k].item())
                 if cfg.early_stop is not None and passed >= cfg.early_stop:
                     break
             if cfg.early_stop is not None and passed >= cfg.early_stop:
                 break
-        if best is None:
-            return NO_PASSING_CANDIDATE
-        best.tried, best.passed = tried, passed
-        return best
+        return ImageSelection(best, tried, passed, rejected)

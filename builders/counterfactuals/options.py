@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from builders.counterfactuals.config import IMAGE_FILTERS, CaptionStageConfig, ImageStageConfig
+from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS, CaptionStageConfig,
+                                             ImageStageConfig)
 from builders.infra.option_types import fraction, non_negative_int, positive_int
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
@@ -23,10 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source")
     src.add_argument("--stage", choices=STAGES, default="all", help="what to build (default: all)")
     src.add_argument("--coco-root", default=None, help="root of a COCO download")
-    src.add_argument("--karpathy-splits", nargs="+", default=["test"],
-                     choices=["train", "restval", "val", "test"], help="Karpathy splits to read")
     src.add_argument("--coco-splits", nargs="+", default=None,
-                     help="COCO folders to read instead (the paper used val2017)")
+                     help=f"COCO folders to read, captions in annotation-file order (default: "
+                          f"{' '.join(DEFAULT_COCO_SPLITS)}, as the paper)")
+    src.add_argument("--karpathy-splits", nargs="+", default=None,
+                     choices=["train", "restval", "val", "test"],
+                     help="read these Karpathy splits instead of --coco-splits")
     src.add_argument("--dataset", default=None, help="a `datasets` dataset (Hub id or folder)")
     src.add_argument("--dataset-config", default=None)
     src.add_argument("--dataset-split", default="train")
@@ -79,7 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="directional filter: minimum CLIP directional similarity")
     img.add_argument("--early-stop", type=positive_int, default=None, help="stop once K candidates pass")
     img.add_argument("--inject", choices=("self", "cross", "both"), default=e.inject,
-                     help="attention maps injected (default: self, as the reference)")
+                     help="maps injected for the first fraction p of steps: self (default, as the "
+                          "paper's generator): every self-attention map; cross: Prompt-to-Prompt's "
+                          "word swap (the new word takes the old word's cross-attention map, "
+                          "self maps in low-resolution layers); both (METHOD.md §2)")
     img.add_argument("--scheduler", choices=("euler_ancestral", "pipeline"), default=e.scheduler)
     add_model_arguments(parser, roles=MODEL_ROLES)
 
@@ -102,7 +108,7 @@ def from_args(args: argparse.Namespace):
         inject=args.inject, scheduler=args.scheduler)
     config = CocoCounterfactualsConfig(
         stage=args.stage, coco_root=str(args.coco_root) if args.coco_root else None,
-        karpathy_splits=tuple(args.karpathy_splits),
+        karpathy_splits=tuple(args.karpathy_splits) if args.karpathy_splits else None,
         coco_splits=tuple(args.coco_splits) if args.coco_splits else None,
         dataset=args.dataset, dataset_config=args.dataset_config, dataset_split=args.dataset_split,
         text_column=args.text_column, id_column=args.id_column,

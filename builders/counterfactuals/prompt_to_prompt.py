@@ -14,13 +14,17 @@ Which maps are injected (`inject`):
   queries and keys, so `softmax(Q_o K_o^T) V_c` runs through the memory-efficient
   `scaled_dot_product_attention` (a 512x512 self-attention map would need GBs per batch).
   Injected in both the unconditional and the conditional halves of the guidance batch.
-- `"cross"`: the original Prompt-to-Prompt word swap: the counterfactual's cross-attention maps
-  are copied from the original for the tokens both prompts share (aligned by common prefix and
-  suffix of the CLIP token ids, so the swapped word may span a different number of tokens);
-  the swapped word's own tokens keep their own maps. Conditional half only (the unconditional
-  prompt is the same for both images). Cross maps are computed explicitly at every step (they
-  are small: queries x 77 tokens) so the original branch's numerics never depend on p.
-- `"both"`: both of the above.
+- `"cross"`: Prompt-to-Prompt's word swap (Hertz et al. 2022, `AttentionReplace`): *every*
+  cross-attention map of the counterfactual comes from the original, through the mapper of
+  `replacement_mapper`: shared tokens take their own counterpart's map, and the new word's
+  tokens take the replaced word's map (spread evenly when the two words have different token
+  counts, as P2P's sequence aligner does). Self-attention maps are replaced too, but only in the
+  low-resolution layers (at most (latent side / 4)^2 query positions: 16x16 and below at 512 px),
+  as the reference does. Conditional half of the guidance batch only, as the reference edits it
+  (the unconditional prompt is the same for both images). Cross maps are computed explicitly at
+  every step (they are small: queries x 77 tokens) so the original branch's numerics never
+  depend on p.
+- `"both"`: the `self` injection (every layer, both halves) and the `cross` word swap.
 
 Injection rule (the reference's): pair j is injected at step i (0-based) while
 `p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last.
@@ -53,25 +57,37 @@ def injected(p: float, step: int, steps: int) -> bool:
     return p > (step / (steps - 1) if steps > 1 else 0.0)
 
 
-def token_alignment(source_ids: Sequence[int], target_ids: Sequence[int], length: int) -> torch.Tensor:
-    """For each target token position, the source position holding the same token (aligned by
-    the common prefix and the common suffix of the unpadded ids, padding aligned after the
-    suffix), or -1 for the target's own (swapped) tokens."""
+def replacement_mapper(source_ids: Sequence[int], target_ids: Sequence[int], length: int) -> torch.Tensor:
+    """Prompt-to-Prompt's word-swap mapper `M` (length x length): the counterfactual's map of
+    token n is `sum_w M[w, n] * map_of_source_token_w`.
+
+    The unpadded ids are aligned by their common prefix and common suffix; what lies between is
+    the swapped word. Prefix, suffix and padding map one to one (the suffix and padding shifted
+    by the difference in length); the new word's tokens take the old word's tokens one to one
+    when both have as many, else each new token gets `1 / len(new)` of every old token's map
+    (P2P's `get_replacement_mapper`). For a one-word swap this is P2P's word alignment, unless
+    the two words share a leading or trailing sub-token, which then maps to itself. A column
+    left empty (a padding position past the source's end) keeps the counterfactual's own map."""
+    ns, nt = len(source_ids), len(target_ids)
     a = 0
-    while a < min(len(source_ids), len(target_ids)) and source_ids[a] == target_ids[a]:
+    while a < min(ns, nt) and source_ids[a] == target_ids[a]:
         a += 1
     b = 0
-    while (b < min(len(source_ids), len(target_ids)) - a
-           and source_ids[-1 - b] == target_ids[-1 - b]):
+    while b < min(ns, nt) - a and source_ids[-1 - b] == target_ids[-1 - b]:
         b += 1
-    idx = torch.full((length,), -1, dtype=torch.long)
-    shift = len(source_ids) - len(target_ids)
-    for k in range(length):
-        if k < a:
-            idx[k] = k
-        elif k >= len(target_ids) - b and 0 <= k + shift < length:
-            idx[k] = k + shift
-    return idx
+    mapper = torch.zeros(length, length)
+    for k in range(min(a, length)):
+        mapper[k, k] = 1.0
+    old, new = range(a, min(ns - b, length)), range(a, min(nt - b, length))
+    if len(old) == len(new):
+        for w, n in zip(old, new):
+            mapper[w, n] = 1.0
+    elif len(old) and len(new):
+        mapper[old.start:old.stop, new.start:new.stop] = 1.0 / len(new)
+    for n in range(nt - b, length):
+        if 0 <= n + ns - nt < length:
+            mapper[n + ns - nt, n] = 1.0
+    return mapper
 
 
 class P2PController:
@@ -80,13 +96,16 @@ class P2PController:
     The UNet batch is `[uncond half | cond half]`, each half `[o_1, c_1, o_2, c_2, ...]`."""
 
     def __init__(self, specs: Sequence[PairSpec], steps: int, inject: str,
-                 alignment: torch.Tensor | None) -> None:
+                 mapper: torch.Tensor | None, low_res_tokens: int = 0) -> None:
         if inject not in INJECT_MODES:
             raise ValueError(f"inject must be one of {INJECT_MODES}, got {inject!r}")
         self.specs, self.steps = list(specs), steps
+        #: Self-attention maps of every layer, both halves (`self`, `both`).
         self.inject_self = inject in ("self", "both")
+        #: Word-swap cross maps, plus self maps of layers with at most `low_res_tokens` query
+        #: positions, conditional half (`cross`, `both`).
         self.inject_cross = inject in ("cross", "both")
-        self.alignment = alignment
+        self.mapper, self.low_res_tokens = mapper, low_res_tokens
         self.step = 0
 
     def rows(self, halves: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -133,7 +152,12 @@ class P2PAttnProcessor:
         if self.is_cross and self.ctrl.inject_cross:
             out = self._cross(attn, query, key, value, attention_mask)
         else:
-            rows = None if self.is_cross or not self.ctrl.inject_self else self.ctrl.rows((0, 1))
+            rows = None
+            if not self.is_cross and self.ctrl.inject_self:
+                rows = self.ctrl.rows((0, 1))
+            elif (not self.is_cross and self.ctrl.inject_cross
+                  and query.shape[2] <= self.ctrl.low_res_tokens):
+                rows = self.ctrl.rows((1,))
             if rows is not None:
                 src, dst = rows
                 query, key = query.clone(), key.clone()
@@ -156,10 +180,10 @@ class P2PAttnProcessor:
         rows = self.ctrl.rows((1,))
         if rows is not None:
             src, dst = rows
-            idx = self.ctrl.alignment
-            shared = idx >= 0
-            replaced = probs[dst].clone()
-            replaced[..., shared] = probs[src][..., idx[shared]]
+            mapper = self.ctrl.mapper.to(probs.device, probs.dtype)
+            replaced = torch.einsum("bhqw,wn->bhqn", probs[src], mapper)
+            own = mapper.sum(0) == 0
+            replaced[..., own] = probs[dst][..., own]
             probs = probs.clone()
             probs[dst] = replaced
         return torch.matmul(probs, value)
@@ -206,17 +230,18 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
     device, n = pipe.unet.device, len(specs)
     cond, uncond = pipe.encode_prompt([caption_0, caption_1], device, 1, True)
     emb = torch.cat([uncond[[0, 1] * n], cond[[0, 1] * n]])
-    alignment = None
+    mapper = None
     if inject in ("cross", "both"):
         ids = [pipe.tokenizer(t, truncation=True, max_length=pipe.tokenizer.model_max_length).input_ids
                for t in (caption_0, caption_1)]
-        alignment = token_alignment(ids[0], ids[1], cond.shape[1])
-    ctrl = P2PController(specs, steps, inject, alignment)
+        mapper = replacement_mapper(ids[0], ids[1], cond.shape[1])
+    side = size // pipe.vae_scale_factor
+    # The reference's "16x16 and below" for 64x64 latents, relative to any latent size.
+    ctrl = P2PController(specs, steps, inject, mapper, low_res_tokens=(side // 4) ** 2)
 
     sched = make_scheduler(pipe, scheduler)
     sched.set_timesteps(steps, device=device)
-    scale = pipe.vae_scale_factor
-    shape = (1, pipe.unet.config.in_channels, size // scale, size // scale)
+    shape = (1, pipe.unet.config.in_channels, side, side)
     seeds = [s.seed for s in specs]
     latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=emb.dtype)
                          for g in _generators(seeds, 0)]) * sched.init_noise_sigma
