@@ -64,13 +64,17 @@ def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_
     one, two = read_jsonl(single_run / "loss.jsonl"), read_jsonl(out / "loss.jsonl")
     assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
     np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-4, atol=1e-5)
+    two_w = weights(out / "final")
     for name, w in weights(single_run / "final").items():
-        np.testing.assert_allclose(weights(out / "final")[name], w, atol=1e-4, err_msg=name)
+        # Attention is invariant to the key bias, so its gradient is float noise that Adam
+        # scales up to full lr steps: those weights differ by design, not by a data difference.
+        if not name.endswith("k_proj.bias"):
+            np.testing.assert_allclose(two_w[name], w, atol=1e-4, err_msg=name)
 
 
 def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_dir, tmp_path):
-    # 91 examples / batch 8 = 11 steps per epoch: 2 epochs, killed after the step-4 checkpoint.
-    extra = ("--epochs", "2", "--save-every", "2", "--real-test-split", "", "--eval-every", "0")
+    # 91 examples / batch 8 = 11 steps per epoch; 8 steps, killed after the step-4 checkpoint.
+    extra = ("--max-steps", "8", "--save-every", "2", "--real-test-split", "", "--real-val-split", "")
     killed = tmp_path / "killed"
     proc = subprocess.Popen([PYTHON, str(SCRIPT), *base_args(builds, tiny_models_dir, killed, *extra)],
                             cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -95,7 +99,7 @@ def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_
         np.testing.assert_allclose(resumed_w[name], w, atol=1e-5, err_msg=name)
     # The resumed loss curve continues the killed one and equals the uninterrupted one.
     resumed, uninterrupted = read_jsonl(killed / "loss.jsonl"), read_jsonl(straight / "loss.jsonl")
-    assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted] == list(range(1, 23))
+    assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted] == list(range(1, 9))
     np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in uninterrupted], atol=1e-5)
     assert [r["loss"] for r in resumed[:4]] == [r["loss"] for r in losses_at_kill[:4]]
 
@@ -107,10 +111,10 @@ def test_learning_sanity_r1_well_above_chance(tmp_path, tiny_models_dir):
     out = tmp_path / "run"
     assert train_main(["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
                        "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "16", "--lr", "2e-3",
-                       "--epochs", "200", "--max-steps", "300", "--eval-every", "150",
+                       "--epochs", "200", "--max-steps", "200", "--eval-every", "100",
                        "--num-workers", "0", "--output", str(out)]) == 0
     evals = read_jsonl(out / "metrics.jsonl")
-    assert [e["step"] for e in evals] == [150, 300, 300]
+    assert [e["step"] for e in evals] == [100, 200, 200]
     baseline = tmp_path / "baseline"
     assert train_main(["--real", str(data), "--models", "tiny", "--tiny-models-dir",
                        str(tiny_models_dir), "--eval-only", "--output", str(baseline),
@@ -256,3 +260,33 @@ def test_datasets_by_revision_from_the_hub_and_push_to_hub(builds, tiny_models_d
     for name, param in pushed.state_dict().items():
         if name in local:
             np.testing.assert_array_equal(param.numpy(), local[name])
+
+
+def test_sweep_writes_mean_std_and_a_one_tailed_welch_test(tmp_path, tiny_models_dir):
+    from scipy import stats
+
+    from training.sweep import main as sweep_main
+
+    data = write_color_set(tmp_path / "colors", {"train": 2, "val": 1, "test": 1})
+    common = ["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
+              "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0"]
+    assert sweep_main(["--seeds", "1-3", "--data-seed-offset", "1", "--output", str(tmp_path / "base"),
+                       "--", *common, "--eval-only"]) == 0
+    assert sweep_main(["--seeds", "4,5,6", "--output", str(tmp_path / "run"), "--baseline",
+                       str(tmp_path / "base"), "--", *common, "--batch-size", "16", "--lr", "2e-3",
+                       "--max-steps", "20"]) == 0
+    runs = {s: final_metrics(tmp_path / "run" / f"seed-{s}") for s in (4, 5, 6)}
+    base = {s: final_metrics(tmp_path / "base" / f"seed-{s}") for s in (1, 2, 3)}
+    assert json.loads((tmp_path / "run" / "seed-5" / "run.json").read_text())["config"]["run"]["seed"] == 5
+    table = (tmp_path / "run" / "summary.md").read_text()
+    for metric in ("retrieval/t2i_R@1", "val_loss"):
+        v = np.array([m[metric] for m in runs.values()])
+        row = next(line for line in table.splitlines() if line.startswith(f"| {metric} |"))
+        assert f"{v.mean():.4f} ± {v.std(ddof=1):.4f}" in row, row
+    v = np.array([m["retrieval/t2i_R@1"] for m in runs.values()])
+    b = np.array([m["retrieval/t2i_R@1"] for m in base.values()])
+    p = stats.ttest_ind(v, b, equal_var=False, alternative="greater").pvalue
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    got = next(r for r in summary["metrics"] if r["metric"] == "retrieval/t2i_R@1")
+    assert got["p_value"] == pytest.approx(p, nan_ok=True)
+    assert (tmp_path / "run" / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

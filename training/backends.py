@@ -88,7 +88,9 @@ class HFTokenize:
         self.tokenizer = tokenizer
 
     def __call__(self, texts):
-        out = self.tokenizer(texts, padding="max_length", truncation=True,
+        # Padding to the longest caption of the batch: the causal text tower pools at the end
+        # token, which never attends to the padding after it.
+        out = self.tokenizer(texts, padding=True, truncation=True,
                              max_length=self.tokenizer.model_max_length, return_tensors="pt")
         return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
 
