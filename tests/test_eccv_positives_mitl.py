@@ -425,3 +425,28 @@ def test_a_dataset_gallery_gives_the_same_candidates_as_its_coco_root(gallery, a
                      "--image-url-template", "https://example.org/{image_id}.jpg"]) == 0
     studio = json.loads((tmp_path / "tasks" / "label_studio_tasks.json").read_text())
     assert studio and all(t["data"]["image"].startswith("https://example.org/") for t in studio)
+
+
+def test_cxc_ratings_are_merged_above_the_threshold(round_dir, simulation, gallery, tmp_path):
+    """CxC's SITS rows for gallery pairs: those scoring >= 3 join the positives, the others not."""
+    tasks = json.loads((round_dir / "tasks" / "tasks.json").read_text())
+    image = tasks["queries"]["i2t"][0]
+    caption = next(c for c, i in gallery["caption_image"].items() if i != image)
+    low = next(c for c, i in gallery["caption_image"].items() if i != image and c != caption)
+    sits = tmp_path / "sits_test.csv"
+    sits.write_text("caption,image,agg_score,sampling_method\n"
+                    f"COCO_val2014:sentid:{caption},COCO_val2014_{image:012d}.jpg,3.4,c2i_intrasim\n"
+                    f"COCO_val2014:sentid:{low},COCO_val2014_{image:012d}.jpg,2.9,c2i_intrasim\n")
+    out = tmp_path / "v3"
+    assert cli_main(["eccv", "ingest", str(simulation["files"][0]), "--tasks", str(round_dir / "tasks"),
+                     "--state", str(tmp_path / "state"), "--cxc-sits", str(sits), "--output", str(out)]) == 0
+    rows = {r["image_id"]: r for r in load_dataset(str(out), "i2t", split="test")}
+    assert rows[image]["cxc_caption_ids"] == [caption]
+    assert caption in rows[image]["positive_caption_ids"]
+    assert "cxc" in rows[image]["positive_sources"]
+    assert "pairs scoring ≥ 3.0 in" in (out / "README.md").read_text()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("caption,image,agg_score,sampling_method\nCOCO_val2014:sentid:x,img.jpg,3,y\n")
+    assert cli_main(["eccv", "ingest", str(simulation["files"][0]), "--tasks", str(round_dir / "tasks"),
+                     "--state", str(tmp_path / "state2"), "--cxc-sits", str(bad)]) == 2
+    assert not (tmp_path / "state2" / "verdicts.json").exists()  # a failed call stores nothing

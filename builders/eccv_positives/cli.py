@@ -55,7 +55,9 @@ def _ingest(args: argparse.Namespace) -> int:
     report = ingest(IngestConfig(verdicts=tuple(str(v) for v in args.verdicts), tasks=str(args.tasks),
                                  state=str(args.state), strict=args.strict,
                                  exclude_failed_golden=not args.keep_failed_golden,
-                                 cxc_dir=str(args.cxc_dir) if args.cxc_dir else None))
+                                 cxc_dir=str(args.cxc_dir) if args.cxc_dir else None,
+                                 cxc_sits=tuple(str(p) for p in args.cxc_sits or ()),
+                                 cxc_min_score=args.cxc_min_score))
     if args.output is None:
         return 0
     from builders.eccv_positives.builder import EccvPositivesBuilder, EccvPositivesConfig
@@ -137,7 +139,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true", help="positives are '100%% YES' only")
     p.add_argument("--keep-failed-golden", action="store_true",
                    help="keep submissions that fail a golden item (default: excluded)")
-    p.add_argument("--cxc-dir", type=Path, default=None, help="CxC positives folder (default: eccv_caption's)")
+    cxc = p.add_mutually_exclusive_group()
+    cxc.add_argument("--cxc-dir", type=Path, default=None,
+                     help="CxC positives in the eccv_caption format (default: the shipped ones)")
+    cxc.add_argument("--cxc-sits", type=Path, nargs="+", default=None, metavar="CSV",
+                     help="CxC rating files (sits_test.csv ...), pairs scoring >= --cxc-min-score")
+    p.add_argument("--cxc-min-score", type=float, default=3.0, help="CxC threshold (paper: 3)")
     p.add_argument("--output", type=Path, default=None, help="build the new version here")
     p.add_argument("--overwrite", action="store_true", help="replace a previous build in --output")
     p.add_argument("--coco-root", type=Path, default=None, help="default: the candidates' COCO root")

@@ -12,7 +12,8 @@ negative a YES; failing submissions are excluded by default (counts per worker a
 reported either way). A pair is positive when more than half of its kept verdicts are positive
 ("100% YES" or "Partially YES", or only "100% YES" with `strict`). Then the invalid captions and
 the duplicate image of the paper's Appendix C.1 are removed and the result is merged with CxC and
-the original COCO pairs, written in the `eccv_caption` file format next to `mitl_report.json`,
+the original COCO pairs (CxC: the ids shipped with `eccv_caption`, or CxC's rating files with a
+score threshold), written in the `eccv_caption` file format next to `mitl_report.json`,
 and built with the eccv-positives builder.
 """
 
@@ -32,6 +33,7 @@ import numpy as np
 from builders.eccv_positives.annotations import (DUPLICATE_IMAGES, INVALID_CAPTION_IDS, MITL_REPORT,
                                                  write_positives)
 from builders.eccv_positives.candidates import Candidates
+from builders.eccv_positives.cxc import read_cxc_sits
 from builders.eccv_positives.tasks import ANSWERS, load_tasks
 from builders.infra.errors import InputFileError
 
@@ -53,8 +55,11 @@ class IngestConfig:
     strict: bool = False
     #: Drop submissions that fail a golden item (default, as the paper's qualification does).
     exclude_failed_golden: bool = True
-    #: CxC positives to merge (folder in the eccv_caption format; default: the package's).
+    #: CxC positives to merge: folder in the eccv_caption format (default: the package's) ...
     cxc_dir: str | None = None
+    #: ... or CxC's own rating files (sits_*.csv), thresholded at `cxc_min_score` (paper: 3).
+    cxc_sits: tuple[str, ...] = ()
+    cxc_min_score: float = 3.0
 
 
 def _positive(answer: str, strict: bool) -> bool:
@@ -203,11 +208,13 @@ def ingest(cfg: IngestConfig) -> dict[str, Any]:
         known |= submissions
         new_files.append({"path": str(path), "sha256": digest, "submissions": len(submissions)})
         new_rows += [{k: r[k] for k in ("task_id", "item_id", "worker", "answer")} for r in rows]
-    # Only now, with every new file valid, does the store change.
+    cands = Candidates.load(Path(manifest["config"]["candidates"]))
+    sources = _gallery_sources(cands, cfg)
+    # Only now, with every input read and valid, does the store change.
     store.files += new_files
     store.verdicts += new_rows
     store.save()
-    return write_positives_for(store, manifest, items, cfg)
+    return write_positives_for(store, manifest, items, cfg, cands, sources)
 
 
 @dataclass
@@ -255,7 +262,7 @@ def review(verdicts: list[dict[str, Any]], items: dict[str, dict[str, Any]], cfg
     return result
 
 
-def _gallery_sources(cands: Candidates, cxc_dir: str | None):
+def _gallery_sources(cands: Candidates, cfg: IngestConfig):
     """The gallery's original COCO pairs, and the CxC positives restricted to the gallery."""
     from loading_scripts.eccv import Positives, read_positives
 
@@ -265,7 +272,10 @@ def _gallery_sources(cands: Candidates, cxc_dir: str | None):
         coco_i2t[image].append(caption)
     coco = Positives(i2t={i: np.asarray(c, dtype=np.int64) for i, c in coco_i2t.items()},
                      t2i={c: np.asarray([i], dtype=np.int64) for c, i in g.caption_image.items()})
-    shipped = read_positives("cxc", Path(cxc_dir) if cxc_dir else None)
+    if cfg.cxc_sits:
+        shipped = read_cxc_sits(cfg.cxc_sits, cfg.cxc_min_score)
+    else:
+        shipped = read_positives("cxc", Path(cfg.cxc_dir) if cfg.cxc_dir else None)
     images, captions = set(g.image_ids), set(g.caption_ids)
     cxc = Positives(i2t=_restricted(shipped.i2t, images, captions),
                     t2i=_restricted(shipped.t2i, captions, images))
@@ -273,14 +283,13 @@ def _gallery_sources(cands: Candidates, cxc_dir: str | None):
 
 
 def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: dict[str, dict[str, Any]],
-                        cfg: IngestConfig) -> dict[str, Any]:
+                        cfg: IngestConfig, cands: Candidates, sources: tuple) -> dict[str, Any]:
     """Quality control, vote, remove invalid items, merge; writes `state/annotations/`."""
     from loading_scripts.eccv import Positives
 
     result = review(store.verdicts, items, cfg)
     human = result.positives()
-    cands = Candidates.load(Path(manifest["config"]["candidates"]))
-    coco, cxc = _gallery_sources(cands, cfg.cxc_dir)
+    coco, cxc = sources
     merged: dict[str, dict[int, set[int]]] = {"i2t": {}, "t2i": {}}
     for modality in ("i2t", "t2i"):
         for query in manifest["queries"][modality]:
