@@ -175,9 +175,12 @@ def test_task_shuffles_are_deterministic(round_dir, tmp_path):
 # ----------------------------------------------------------------------------- simulated annotation
 
 def truth(item, gallery) -> bool:
-    """Hidden ground truth: original pairs are positive, other pairs with probability 0.4."""
+    """Hidden ground truth: original pairs are positive, golden negatives (outside every model's
+    top-25) negative, other pairs positive with probability 0.4."""
     if gallery["caption_image"][item["caption_id"]] == item["image_id"]:
         return True
+    if item["kind"] == "golden_negative":
+        return False
     return random.Random(f"{item['image_id']}-{item['caption_id']}").random() < 0.4
 
 
