@@ -453,3 +453,28 @@ def test_cxc_ratings_are_merged_above_the_threshold(round_dir, simulation, galle
     assert cli_main(["eccv", "ingest", str(simulation["files"][0]), "--tasks", str(round_dir / "tasks"),
                      "--state", str(tmp_path / "state2"), "--cxc-sits", str(bad)]) == 2
     assert not (tmp_path / "state2" / "verdicts.json").exists()  # a failed call stores nothing
+
+
+def test_strict_keeps_only_full_yes_majorities(round_dir, simulation, gallery, tmp_path):
+    out = tmp_path / "strict"
+    assert cli_main(["eccv", "ingest", str(simulation["files"][0]), "--tasks", str(round_dir / "tasks"),
+                     "--state", str(tmp_path / "state"), "--strict", "--output", str(out)]) == 0
+    exported = {t["task_id"] for t in simulation["tasks"][::2]}  # good workers' even tasks
+    votes: dict[tuple, list[bool]] = {}
+    for sub in simulation["submissions"]:
+        if sub["failed"] or sub["worker"].startswith("spam") or sub["task"]["task_id"] not in exported:
+            continue
+        for item in sub["task"]["items"]:
+            if item["kind"] == "candidate":
+                m = item["modality"]
+                pair = (m, item["query_id"], item["caption_id"] if m == "i2t" else item["image_id"])
+                votes.setdefault(pair, []).append(sub["answers"][item["item_id"]] == "100% YES")
+    assert votes
+    rows = {("i2t", r["image_id"]): set(r["positive_caption_ids"])
+            for r in load_dataset(str(out), "i2t", split="test") if r["eccv_query"]}
+    rows |= {("t2i", r["caption_id"]): set(r["positive_image_ids"])
+             for r in load_dataset(str(out), "t2i", split="test") if r["eccv_query"]}
+    for (m, q, other), v in votes.items():
+        original = (gallery["caption_image"][other] == q) if m == "i2t" else (gallery["caption_image"][q] == other)
+        expected = original or sum(v) > len(v) - sum(v)
+        assert (other in rows.get((m, q), set())) == expected
