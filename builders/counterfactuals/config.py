@@ -49,7 +49,8 @@ class CaptionStageConfig:
 
 @dataclass
 class ImageStageConfig:
-    """Example (tests): `ImageStageConfig(candidates=4, steps=2, image_size=64, clip_threshold=-1)`."""
+    """Example (tests, random tiny CLIP): `ImageStageConfig(candidates=4, steps=2, image_size=64,
+    filters=("text_image",), clip_threshold=-1)`."""
 
     #: Candidate pairs per caption pair (paper: 100).
     candidates: int = 100
