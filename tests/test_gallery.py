@@ -187,6 +187,13 @@ def test_a_published_version_gives_the_same_gallery_as_the_build(builds, local_h
         for im in rec["imgs"]:
             assert (tmp_path / "local" / im["src"]).read_bytes() == (tmp_path / "hub" / im["src"]).read_bytes()
     assert rec["texts"] and rec["facets"]["class"]
+    # `make demo` links its galleries from one page.
+    from builders.infra.gallery.render import write_gallery_index
+
+    index = write_gallery_index(tmp_path, {"local": tmp_path / "local", "hub": tmp_path / "hub"})
+    links = re.findall(r'href="([^"]+)"', index.read_text())
+    assert {"local/index.html", "hub/index.html", "local/stats.html", "hub/style.css"} <= set(links)
+    assert all((tmp_path / link).is_file() for link in links)
 
 
 def only_split_named(build: Path, split: str):

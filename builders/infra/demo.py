@@ -95,7 +95,20 @@ class Demo:
             self.step("publish + load metric odmap", self.metric_roundtrip)
             if any(b.name == "decorrelation" for b in builds):
                 self.step("ODmAP@k of tiny CLIP on demo/decorrelation", self.odmap_of_tiny_clip, tiny_dir)
+        self.step("gallery", self.galleries, builds)
         return self.summary
+
+    def galleries(self, builds: list[DemoBuild]) -> dict:
+        """`counterfactory show` of every build, linked from one page to open in a browser."""
+        from builders.infra.cli import main as cli
+        from builders.infra.gallery.render import write_gallery_index
+
+        root = self.workdir / "gallery"
+        for b in builds:
+            if cli(["show", str(self.workdir / "builds" / b.name), "--output", str(root / b.name)]) != 0:
+                raise SystemExit(f"the gallery of {b.name} failed")
+        index = write_gallery_index(root, {b.name: root / b.name for b in builds})
+        return {"gallery": str(index)}
 
     def publish_and_load(self, b: DemoBuild) -> dict:
         from datasets import load_dataset
@@ -189,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.workdir / "demo_summary.json"
     path.write_text(json.dumps(summary, indent=2))
     log.info("demo finished in %.0f s; summary in %s", summary["total_seconds"], path)
+    print(f"browse the demo builds: open {summary['steps']['gallery']['gallery']}")
     return 0
 
 

@@ -207,3 +207,17 @@ def write_gallery(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
     log.info("gallery of %s (%s/%s): %d rows, %d pages, first page %.0f kB -> %s", source.title,
              source.config, source.split, result.rows, result.pages, first / 1000, result.index_html)
     return result
+
+
+def write_gallery_index(root: Path, galleries: dict[str, Path]) -> Path:
+    """root/index.html linking several galleries (name -> gallery folder inside `root`)."""
+    entries = []
+    for name, folder in galleries.items():
+        summary = json.loads((folder / MARKER).read_text())
+        rel = folder.relative_to(root).as_posix()
+        entries.append({"name": name, "href": f"{rel}/index.html", "stats": f"{rel}/stats.html",
+                        "config": summary["config"], "split": summary["split"], "rows": summary["rows"]})
+    css = next(iter(galleries.values())).relative_to(root).as_posix() + "/style.css" if galleries else ""
+    html = _templates().get_template("galleries.html").render(galleries=entries, css=css)
+    (root / "index.html").write_text(html, encoding="utf-8")
+    return root / "index.html"
