@@ -1,7 +1,8 @@
 """Every shell command of the README's "Using it" section runs as written and exits 0.
 
 The commands are read from the README itself (its ```bash blocks between "## Using it" and the
-next "## " heading), so the two cannot drift. They run as one bash script (`set -e`: the first
+next "## " heading), so the two cannot drift; a template that needs the user's own files (real
+models, an annotation export) is fenced as ```text and says so. They run as one bash script (`set -e`: the first
 failing command fails the test, `-x` names it) in a scratch folder laid out like the repository
 root (symlinks to its folders; `data/` and `out/` are real), with `.venv/bin` on the PATH, HOME in
 the scratch folder and no NLTK_DATA (so `counterfactory nltk offline-tagger` must install where
