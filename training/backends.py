@@ -54,11 +54,11 @@ class HFClip(DualEncoder):
     def logit_scale(self):
         return self.model.logit_scale.exp()
 
-    def image_tower(self):
-        return [self.model.vision_model, self.model.visual_projection]
+    def is_image_param(self, name: str) -> bool:
+        return name.startswith(("model.vision_model.", "model.visual_projection."))
 
-    def text_tower(self):
-        return [self.model.text_model, self.model.text_projection]
+    def is_text_param(self, name: str) -> bool:
+        return name.startswith(("model.text_model.", "model.text_projection."))
 
 
 class OpenClip(DualEncoder):
@@ -75,12 +75,12 @@ class OpenClip(DualEncoder):
     def logit_scale(self):
         return self.model.logit_scale.exp()
 
-    def image_tower(self):
-        return [self.model.visual]
+    def is_image_param(self, name: str) -> bool:
+        return name.startswith("model.visual.")
 
-    def text_tower(self):
-        return [m for name, m in self.model.named_children() if name != "visual"] + \
-            ([self.model.text_projection] if isinstance(self.model.text_projection, nn.Parameter) else [])
+    def is_text_param(self, name: str) -> bool:
+        # The text tower is everything outside `visual` but the shared temperature / bias.
+        return not self.is_image_param(name) and name not in ("model.logit_scale", "model.logit_bias")
 
 
 class HFTokenize:
@@ -115,11 +115,10 @@ class Backend:
         return self._transform
 
     def freeze(self, lock_image: bool, lock_text: bool) -> None:
-        for locked, towers in ((lock_image, self.module.image_tower()), (lock_text, self.module.text_tower())):
-            if locked:
-                for tower in towers:
-                    for p in (tower.parameters() if isinstance(tower, nn.Module) else [tower]):
-                        p.requires_grad_(False)
+        """`--lock-image` / `--lock-text`: the tower's weights get no gradient (and no update)."""
+        for name, p in self.module.named_parameters():
+            if (lock_image and self.module.is_image_param(name)) or (lock_text and self.module.is_text_param(name)):
+                p.requires_grad_(False)
 
     def save(self, module: DualEncoder, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -195,7 +195,7 @@ _FLAGS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--eval-every", "run", "eval_every", {"type": int}),
     ("--save-every", "run", "save_every", {"type": int}),
     ("--best-by-val-loss", "run", "best_by_val_loss", {"action": "store_const", "const": True}),
-    ("--resume", "run", "resume", {"help": "`latest` or a checkpoint folder"}),
+    ("--resume", "run", "resume", {}),
     ("--eval-only", "run", "eval_only", {"action": "store_const", "const": True}),
     ("--expect-processes", "run", "expect_processes", {"type": int}),
     ("--push-to-hub", "run", "push_to_hub", {"metavar": "ORG/NAME"}),
@@ -204,6 +204,38 @@ _FLAGS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--eccv", "run", "eccv", {"action": "store_const", "const": True}),
     ("--log-every", "run", "log_every", {"type": int}),
 ]
+
+
+_HELP = {
+    "--real-train-splits": "splits of --real to train on (cf: mixes: where the real images are found)",
+    "--real-val-split": "split of --real for the validation loss ('' for none; cf: mixes hold out 20%%)",
+    "--real-test-split": "split of --real for R@K (all 5 captions per image; '' to skip)",
+    "--counterfactuals-split": "split of the --counterfactuals build to read",
+    "--mix": "none: D; decorrelation: D + D'_sub; cf:base|medium|all: COCO-Counterfactuals mixtures",
+    "--ratio": "|D'_sub| / |D| for --mix decorrelation (default: all of D')",
+    "--data-seed": "seed of the mixture sampling and the 80/20 split",
+    "--hard-negatives": "pairs: both rows of a pair in one batch; negclip: extra i2t text negatives",
+    "--num-workers": "DataLoader workers decoding images",
+    "--batch-size": "global batch (all processes together)",
+    "--grad-accum": "batches per optimizer step",
+    "--schedule": "lr after warm-up (step: x --step-gamma every --step-epochs epochs)",
+    "--max-steps": "stop after this many optimizer steps",
+    "--lock-image": "freeze the image tower",
+    "--lock-text": "freeze the text tower",
+    "--output": "run folder (checkpoints, metrics, final model)",
+    "--backend": "transformers (CLIPModel) or open_clip",
+    "--model": "Hub id or folder (transformers); ARCH:TAG, hf-hub:..., local-dir:PATH (open_clip)",
+    "--seed": "training seed (batch order)",
+    "--eval-every": "evaluate every N steps (default: every epoch)",
+    "--save-every": "checkpoint every N steps (and always per epoch)",
+    "--best-by-val-loss": "final model = the evaluation with the lowest validation loss",
+    "--eval-only": "only evaluate --model (e.g. the pretrained baseline)",
+    "--expect-processes": "fail unless this many processes were launched",
+    "--push-to-hub": "upload the final model + card to this model repo",
+    "--k-values": "K of R@K and ODmAP@K",
+    "--eccv": "also the ECCV Caption suite (needs the COCO 5K test split)",
+    "--resume": "`latest` (newest checkpoint under --output) or a checkpoint folder",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="`tiny`: the project's tiny random-init CLIP (tests); sets --model")
     p.add_argument("--tiny-models-dir", default=None)
     for flag, _section, _name, kwargs in _FLAGS:
-        p.add_argument(flag, default=None, **kwargs)
+        p.add_argument(flag, default=None, help=_HELP.get(flag), **kwargs)
     return p
 
 
