@@ -23,7 +23,7 @@ from training.finetune_clip import main as train_main
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import accelerate_cmd  # noqa: E402
 from training_helpers import (PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl, weights,  # noqa: E402
-                              write_color_set)
+                              write_color_set, write_counterfactuals)
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +298,28 @@ def test_sweep_writes_mean_std_and_a_one_tailed_welch_test(tmp_path, tiny_models
     got = next(r for r in summary["metrics"] if r["metric"] == "retrieval/t2i_R@1")
     assert got["p_value"] == pytest.approx(p, nan_ok=True)
     assert (tmp_path / "run" / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_path, tiny_models_dir):
+    from training.mixtures import cf_counts
+
+    real = write_color_set(tmp_path / "real", {"train": 2, "test": 1})
+    cf = write_counterfactuals(tmp_path / "cf", list(range(1, 16)))
+    out = tmp_path / "run"
+    assert train_main(["--real", str(real), "--real-train-splits", "train", "--counterfactuals", str(cf),
+                       "--mix", "cf:medium", "--hard-negatives", "negclip", "--models", "tiny",
+                       "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "4", "--max-steps",
+                       "3", "--num-workers", "0", "--output", str(out)]) == 0
+    record = json.loads((out / "run.json").read_text())
+    n_real, whole, extra = cf_counts(15, "cf:medium")
+    train, val = record["train_examples"], record["validation_examples"]
+    assert train["real"] + val["real"] == n_real
+    assert train["counterfactual"] + val["counterfactual"] == 2 * whole + extra
+    final = record["final_metrics"]
+    assert "val_loss" in final
+    emb = np.load(out / "embeddings.npz")
+    i0, i1, c0, c1 = emb["cf_image"][0::2], emb["cf_image"][1::2], emb["cf_text"][0::2], emb["cf_text"][1::2]
+    assert len(i0) >= 1
+    s = lambda c, i: (c * i).sum(1)  # noqa: E731
+    assert final["itm/IR_c_mean"] == pytest.approx(float(np.mean(s(c1, i1) - s(c1, i0))), abs=1e-6)
+    assert final["itm/TR_c_mean"] == pytest.approx(float(np.mean(s(c1, i1) - s(c0, i1))), abs=1e-6)
