@@ -28,6 +28,7 @@ BUILD_ARGS = {
     "coco-counterfactuals": lambda coco, tiny: [
         "--coco-root", str(coco), "--karpathy-splits", "test", "--max-captions", "8",
         "--candidates", "2", "--models", "tiny", "--tiny-models-dir", str(tiny)],
+    "eccv-positives": lambda coco, tiny: ["--coco-root", str(coco), "--part-size", "8192"],
     "decorrelation": lambda coco, tiny: [
         "--coco-root", str(coco), "--max-images", "6", "--keep-original", "--products", "train",
         "--models", "tiny", "--tiny-models-dir", str(tiny)],
@@ -173,6 +174,28 @@ def test_decorrelation_gallery_strikes_removed_words_and_outlines_the_mask(build
     manifest = json.loads((build / "build_manifest.json").read_text())
     for reason, n in manifest["skipped"].items():
         assert f"<tr><td>{reason}</td><td>{n}</td></tr>" in stats
+
+
+def test_eccv_gallery_groups_each_query_s_positives_by_source(builds, tmp_path, capsys):
+    build = builds("eccv-positives")
+    out = tmp_path / "gallery"
+    assert show(build, "--output", out, "--page-size", "500") == 0  # default: the config with images
+    ds = load_dataset(str(build), "i2t", split="test")
+    records = page_records(out)
+    assert [r["id"] for r in records] == [str(i) for i in ds["image_id"]]
+    grouped = 0
+    for rec, row in zip(records, ds):
+        assert len(rec["imgs"]) == (row["image"] is not None)
+        expected: dict[str, list[str]] = {}
+        for k, (cid, source) in enumerate(zip(row["positive_caption_ids"], row["positive_sources"])):
+            text = row["positive_captions"][k] if row["positive_captions"] else None
+            expected.setdefault(f"{source} positives", []).append(text or f"caption {cid}")
+        shown = {t["label"].rsplit(" (", 1)[0]: text_of(t["segs"]).split(" | ") for t in rec["texts"]}
+        assert shown == expected, row["image_id"]
+        assert rec["facets"].get("positive source", []) == sorted(set(row["positive_sources"]))
+        grouped += len(expected) > 1
+    assert grouped > 0  # some query has positives from several sources
+    one_error_line(capsys, [build, "--config", "t2i", "--output", out], "'t2i' has no image column")
 
 
 def test_a_published_version_gives_the_same_gallery_as_the_build(builds, local_hub, tmp_path):

@@ -144,9 +144,13 @@ def _decor_facets(row: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def _eccv_texts(row: dict[str, Any]) -> list[dict[str, Any]]:
+    sources = row.get("positive_sources") or []
+    ids = row.get("positive_caption_ids") or [None] * len(sources)
+    texts = row.get("positive_captions") or [None] * len(sources)
     groups: dict[str, list[str]] = {}
-    for text, source in zip(row.get("positive_captions") or [], row.get("positive_sources") or []):
-        groups.setdefault(str(source), []).append(text)
+    for text, caption_id, source in zip(texts, ids, sources):
+        # Without the COCO captions at build time only the caption id is known.
+        groups.setdefault(str(source), []).append(text if text is not None else f"caption {caption_id}")
     return [{"label": f"{source} positives ({len(texts)})", "segs": _plain(" | ".join(texts))}
             for source, texts in sorted(groups.items())]
 
