@@ -11,6 +11,7 @@ same `--model` flag (`--model runs/x/final`).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -106,13 +107,11 @@ class OpenClipTokenize:
 class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
 
-    def __init__(self, kind: str, model_id: str, module: DualEncoder, transform, tokenize,
-                 image_size: int, extra) -> None:
+    def __init__(self, kind: str, model_id: str, module: DualEncoder, pixels: PixelPipeline,
+                 tokenize, extra) -> None:
         self.kind, self.model_id, self.module = kind, model_id, module
-        self._transform, self.tokenize, self.image_size, self._extra = transform, tokenize, image_size, extra
-
-    def image_transform(self):
-        return self._transform
+        self.pixels, self.tokenize, self._extra = pixels, tokenize, extra
+        self.image_size = pixels.size
 
     def freeze(self, lock_image: bool, lock_text: bool) -> None:
         """`--lock-image` / `--lock-text`: the tower's weights get no gradient (and no update)."""
@@ -133,11 +132,25 @@ class Backend:
                   str(out / "open_clip_model.safetensors"))
 
 
-def _transform(size: int, mean, std):
-    """Resize the short side (bicubic) + centre crop + normalise: CLIP's preprocessing."""
-    return transforms.Compose([
-        transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC),
-        transforms.CenterCrop(size), transforms.ToTensor(), transforms.Normalize(mean, std)])
+@dataclass(frozen=True)
+class PixelPipeline:
+    """CLIP's preprocessing in two halves: per image in the DataLoader workers, resize of the short
+    side (bicubic) + centre crop to uint8 (4x less to ship between processes than float), then
+    per batch, vectorised: scale to [0, 1] and normalise."""
+
+    size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def per_image(self):
+        return transforms.Compose([
+            transforms.Resize(self.size, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.CenterCrop(self.size), transforms.PILToTensor()])
+
+    def per_batch(self, images: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (images.float() / 255 - mean) / std
 
 
 def load_backend(kind: str, model_id: str) -> Backend:
@@ -147,8 +160,9 @@ def load_backend(kind: str, model_id: str) -> Backend:
         model, processor = load_clip(model_id)
         ip = processor.image_processor
         size = ip.crop_size["height"] if ip.do_center_crop else ip.size["shortest_edge"]
-        return Backend(kind, model_id, HFClip(model.train()), _transform(size, ip.image_mean, ip.image_std),
-                       HFTokenize(processor.tokenizer), size, processor)
+        return Backend(kind, model_id, HFClip(model.train()),
+                       PixelPipeline(size, tuple(ip.image_mean), tuple(ip.image_std)),
+                       HFTokenize(processor.tokenizer), processor)
     import open_clip
 
     model, preprocess, tokenizer = load_open_clip(model_id)
@@ -157,8 +171,9 @@ def load_backend(kind: str, model_id: str) -> Backend:
     size = size[0] if isinstance(size, (tuple, list)) else size
     name, _ = open_clip_name(model_id)
     saved = {"model_cfg": _open_clip_model_cfg(name), "preprocess_cfg": dict(cfg)}
-    return Backend(kind, model_id, OpenClip(model.train()), _transform(size, cfg["mean"], cfg["std"]),
-                   OpenClipTokenize(tokenizer), size, saved)
+    return Backend(kind, model_id, OpenClip(model.train()),
+                   PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"])),
+                   OpenClipTokenize(tokenizer), saved)
 
 
 def _open_clip_model_cfg(name: str) -> dict:

@@ -9,7 +9,8 @@ both members of a pair land in the same batch on the same process. The order is 
 
 Images are decoded in the DataLoader workers from the bytes stored in the parquet (JPEG decoding
 uses PIL's draft mode to decode at the smallest scale still >= the model's input size, which is
-where most of the time of a full-size decode goes), then resized, cropped and normalised.
+where most of the time of a full-size decode goes), resized and cropped there; the batch is
+normalised at once in the collate function (training/backends.py `PixelPipeline`).
 """
 
 from __future__ import annotations
@@ -120,15 +121,16 @@ class ExampleDataset(torch.utils.data.Dataset):
 
 @dataclass
 class Collate:
-    """Stacks pixels and tokenizes captions (in the worker). Negatives: tokens + a mask saying
-    which rows have one."""
+    """Stacks and normalises pixels, tokenizes captions (in the worker). Negatives: tokens + a
+    mask saying which rows have one."""
 
     tokenize: Callable[[list[str]], dict[str, torch.Tensor]]
+    per_batch: Callable[[torch.Tensor], torch.Tensor]
     negatives: bool = False
 
     def __call__(self, items):
         pixels, captions, negs = zip(*items)
-        batch = {"pixel_values": torch.stack(pixels), "text": self.tokenize(list(captions))}
+        batch = {"pixel_values": self.per_batch(torch.stack(pixels)), "text": self.tokenize(list(captions))}
         if self.negatives:
             batch["negative_text"] = self.tokenize([n or "" for n in negs])
             batch["negative_mask"] = torch.tensor([n is not None for n in negs])
@@ -137,10 +139,10 @@ class Collate:
 
 def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
                 negatives: bool = False) -> torch.utils.data.DataLoader:
-    dataset = ExampleDataset(examples, backend.image_transform(), backend.image_size)
+    dataset = ExampleDataset(examples, backend.pixels.per_image(), backend.pixels.size)
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, num_workers=num_workers,
-        collate_fn=Collate(backend.tokenize, negatives), persistent_workers=False,
+        collate_fn=Collate(backend.tokenize, backend.pixels.per_batch, negatives), persistent_workers=False,
         multiprocessing_context="fork" if num_workers else None)
 
 
