@@ -323,3 +323,28 @@ def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_pat
     s = lambda c, i: (c * i).sum(1)  # noqa: E731
     assert final["itm/IR_c_mean"] == pytest.approx(float(np.mean(s(c1, i1) - s(c1, i0))), abs=1e-6)
     assert final["itm/TR_c_mean"] == pytest.approx(float(np.mean(s(c1, i1) - s(c0, i1))), abs=1e-6)
+
+
+def test_le2023_recipe_with_overrides_keeps_the_best_validation_checkpoint(tmp_path, tiny_models_dir):
+    data = write_color_set(tmp_path / "colors", {"train": 4, "val": 1, "test": 1})
+    out = tmp_path / "run"
+    # 160 examples / 16 = 10 steps per epoch; the lr is multiplied by 1000 after 2 epochs, so
+    # the model learns, then wrecks itself: the best validation loss is not the last one.
+    assert train_main(["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
+                       "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0",
+                       "--recipe", "le2023", "--lr", "2e-3", "--batch-size", "16", "--epochs", "3",
+                       "--schedule", "step", "--step-epochs", "2", "--step-gamma", "1000",
+                       "--warmup-steps", "3", "--max-grad-norm", "1.0", "--eval-every", "5",
+                       "--output", str(out)]) == 0
+    cfg = json.loads((out / "run.json").read_text())["config"]
+    assert cfg["recipe"] == "le2023" and cfg["run"]["best_by_val_loss"]
+    assert (cfg["optim"]["optimizer"], cfg["optim"]["weight_decay"], cfg["optim"]["lr"]) == ("adamw", 0.001, 2e-3)
+    want = [2e-3 * min(1, (s + 1) / 3) * 1000 ** (s // 20) for s in range(30)]
+    np.testing.assert_allclose([r["lr"] for r in read_jsonl(out / "loss.jsonl")], want, rtol=1e-9)
+    # The final model is the evaluation with the lowest validation loss: evaluating it again
+    # at the end gives that loss.
+    in_loop = [e for e in read_jsonl(out / "metrics.jsonl") if not e["final"]]
+    assert [e["step"] for e in in_loop] == [5, 10, 15, 20, 25, 30]
+    losses = [e["val_loss"] for e in in_loop]
+    assert min(losses) < losses[-1], losses
+    assert final_metrics(out)["val_loss"] == pytest.approx(min(losses), abs=1e-6)

@@ -190,3 +190,15 @@ def test_welch_one_tailed_matches_the_formula(tmp_path):
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     assert welch_one_tailed(a, b, greater=True) == pytest.approx(stats.t.sf(t, df), rel=1e-9)
     assert welch_one_tailed(a, b, greater=False) == pytest.approx(stats.t.cdf(t, df), rel=1e-9)
+
+
+def test_cosine_schedule_with_warmup():
+    from training.config import TrainConfig
+    from training.trainer import lr_lambda
+
+    cfg = TrainConfig()
+    cfg.optim.schedule, cfg.optim.warmup_steps = "cosine", 4
+    f = lr_lambda(cfg, steps_per_epoch=10, total_steps=24)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(14) == pytest.approx(0.5) and f(24) == pytest.approx(0.0)
+    assert all(f(s) > f(s + 1) for s in range(4, 23))
