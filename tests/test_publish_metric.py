@@ -104,3 +104,47 @@ class Answer(evaluate.Metric):
     def _compute(self, predictions, references):
         return {"answer": VALUE}
 '''
+
+
+def test_publish_metric_errors_are_one_line(monkeypatch, capsys):
+    """Bad repo id and an unreachable --endpoint: one line each, no traceback (like `publish`)."""
+    import os
+
+    from builders.infra.local_hub import free_port
+
+    monkeypatch.setenv("HF_ENDPOINT", os.environ.get("HF_ENDPOINT", ""))
+    assert cli_main(["publish-metric", str(MODULES / "odmap"), "--repo-id", "odmap",
+                     "--version", "v1.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "must be ORG/NAME" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert cli_main(["publish-metric", str(MODULES / "odmap"), "--repo-id", "tester/odmap",
+                     "--version", "v1.0.0", "--endpoint", nowhere, "--timeout", "2"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines()
+             if ln.startswith("counterfactory: error:")]
+    assert len(lines) == 1 and f"cannot reach the Hub at {nowhere}" in lines[0], lines
+
+
+def test_publish_metric_with_endpoint_flag_alone(tmp_path):
+    """`publish-metric --endpoint URL` with no HF_ENDPOINT / HF_HUB_DISABLE_XET in the environment."""
+    import os
+    import subprocess
+    import sys
+
+    from builders.infra.local_hub import LocalHub
+
+    hub = LocalHub().start()
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_ENDPOINT", "HF_HUB_DISABLE_XET")}
+        cli = Path(sys.executable).parent / "counterfactory"
+        done = subprocess.run([str(cli), "publish-metric", str(MODULES / "itm_score_deltas"),
+                               "--repo-id", "tester/itm_score_deltas", "--version", "v1.0.0",
+                               "--endpoint", hub.url], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        tags = [t.name for t in HfApi(endpoint=hub.url).list_repo_refs(
+            "tester/itm_score_deltas", repo_type="space").tags]
+        assert tags == ["v1.0.0"]
+    finally:
+        hub.stop()

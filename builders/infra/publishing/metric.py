@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builders.infra.errors import UserFacingError
+from builders.infra.publishing.hub_client import (bound_request_time, check_repo_id, hub_errors,
+                                                  use_endpoint)
 from builders.infra.publishing.publish import check_version, refuse_existing_tag
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ class MetricPublishConfig:
     version: str
     endpoint: str | None = None
     private: bool = False
+    #: seconds one Hub request may wait before it fails (no hang on a stalled server).
+    timeout_s: float = 120.0
 
 
 def _relative_imports(path: Path, top_level_only: bool) -> dict[str, int]:
@@ -98,13 +102,23 @@ def space_files(module_dir: Path, name: str) -> list[Path]:
 
 def publish_metric(cfg: MetricPublishConfig) -> str:
     """Upload the Space's files (`space_files`) and tag them; returns the tagged commit."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import HfApi
 
     module_dir = Path(cfg.module_dir)
     check_version(cfg.version)
+    check_repo_id(cfg.repo_id)
     name = cfg.repo_id.split("/")[-1]
     files = space_files(module_dir, name)
-    api = HfApi(endpoint=cfg.endpoint)
+    endpoint = use_endpoint(cfg.endpoint)
+    bound_request_time(cfg.timeout_s)
+    with hub_errors(endpoint, cfg.repo_id, "re-run the same command"):
+        return _upload_and_tag(HfApi(endpoint=endpoint), cfg, module_dir, name, files)
+
+
+def _upload_and_tag(api, cfg: MetricPublishConfig, module_dir: Path, name: str,
+                    files: list[Path]) -> str:
+    from huggingface_hub import CommitOperationAdd
+
     repo = dict(repo_id=cfg.repo_id, repo_type="space")
     api.create_repo(**repo, space_sdk="gradio", private=cfg.private, exist_ok=True)
     refuse_existing_tag(api, repo, cfg.version, retries=1)

@@ -10,7 +10,7 @@ def _handler(args: argparse.Namespace) -> int:
     from builders.infra.publishing.metric import MetricPublishConfig, publish_metric
 
     commit = publish_metric(MetricPublishConfig(args.module_dir, args.repo_id, args.version,
-                                                args.endpoint, args.private))
+                                                args.endpoint, args.private, args.timeout))
     print(f"published {args.repo_id}@{args.version} (commit {commit}); load it with "
           f"evaluate.load({args.repo_id!r}, revision={args.version!r})")
     return 0
@@ -27,5 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repo-id", required=True, help="ORG/NAME of the Space")
     p.add_argument("--version", required=True, help="version tag, e.g. v1.0.0")
     p.add_argument("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds one request may wait for the Hub (default 120)")
     p.add_argument("--private", action="store_true")
     p.set_defaults(func=_handler)
