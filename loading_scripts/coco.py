@@ -180,22 +180,25 @@ def _image_problem(index: _AnnotationFile, image_id: int) -> InputProblem | None
     return None
 
 
+def caption_problem(text: object, where: str) -> InputProblem | None:
+    """Why `text` is not a usable caption (`bad_caption` / `blank_caption`), or None."""
+    if not isinstance(text, str):
+        return InputProblem("bad_caption", f"{where} is {text!r}, not a string")
+    if not text.strip():
+        return InputProblem("blank_caption", f"{where} is empty or whitespace")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate from a JSON \ud8xx escape
+        return InputProblem("bad_caption", f"{where} is not valid Unicode ({err.reason} "
+                            f"at character {err.start})")
+    return None
+
+
 def _caption(index: _AnnotationFile, ann: dict) -> CocoCaption:
     where = f"{index.path.name}: caption id {ann['id']} of image {ann['image_id']}"
     text = ann.get("caption")
-    problem = None
-    if not isinstance(text, str):
-        problem = InputProblem("bad_caption", f"{where} is {text!r}, not a string")
-        text = ""
-    elif not text.strip():
-        problem = InputProblem("blank_caption", f"{where} is empty or whitespace")
-    else:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:  # a lone surrogate from a JSON \ud8xx escape
-            problem = InputProblem("bad_caption", f"{where} is not valid Unicode ({err.reason} "
-                                   f"at character {err.start})")
-    return CocoCaption(int(ann["id"]), text.strip(), problem)
+    problem = caption_problem(text, where)
+    return CocoCaption(int(ann["id"]), text.strip() if isinstance(text, str) else "", problem)
 
 
 def _object(index: _AnnotationFile, ann: dict) -> CocoObject | InputProblem:

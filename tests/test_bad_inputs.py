@@ -362,3 +362,20 @@ def test_repeated_ids_in_a_dataset_source_are_refused(tmp_path, tiny_models_dir,
                      "--tiny-models-dir", str(tiny_models_dir), "--output", str(tmp_path / "out")]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "work items #0 and #2 of the source both have id 'k0'" in line
+
+
+def test_non_text_captions_in_a_dataset_source_are_counted_not_coerced(tmp_path, tiny_models_dir):
+    """`--dataset` rows whose text is None, blank or a number: counted skips, never `'None'`."""
+    import datasets
+
+    source = tmp_path / "captions"
+    source.mkdir()
+    texts = ["a dog on a sofa", None, "   ", "a cat on a mat"]
+    datasets.Dataset.from_dict({"text": texts}).to_parquet(str(source / "train.parquet"))
+    assert cli_main(["build", "coco-counterfactuals", "--stage", "captions", "--dataset", str(source),
+                     "--text-column", "text", "--models", "tiny", "--max-error-fraction", "0.9",
+                     "--tiny-models-dir", str(tiny_models_dir), "--output", str(tmp_path / "out")]) == 0
+    manifest = json.loads((tmp_path / "out/build_manifest.json").read_text())
+    assert manifest["errors"] == {"bad_caption": 1, "blank_caption": 1}
+    rows = [r for rs in rows_by_output(tmp_path / "out").values() for r in rs]
+    assert {r["caption_0"] for r in rows} <= {"a dog on a sofa", "a cat on a mat"}

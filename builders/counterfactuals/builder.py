@@ -272,6 +272,8 @@ class CocoCounterfactualsBuilder:
         return items
 
     def _dataset_captions(self) -> list[CaptionItem]:
+        from loading_scripts.coco import caption_problem
+
         cfg = self.config
         ds = load_dataset_split(cfg.dataset, cfg.dataset_config, cfg.dataset_split)
         missing = [c for c in (cfg.text_column, cfg.id_column) if c and c not in ds.column_names]
@@ -280,8 +282,11 @@ class CocoCounterfactualsBuilder:
                                  "pick them with --text-column / --id-column")
         texts = ds[cfg.text_column]
         ids = [str(x) for x in ds[cfg.id_column]] if cfg.id_column else [str(i) for i in range(len(ds))]
-        return [CaptionItem(id=i, text=str(t or ""), source=cfg.dataset, source_id=i, source_image_id="")
-                for i, t in zip(ids, texts)]
+        # A non-string or blank text is a counted input error, never coerced (`None` is no caption).
+        return [CaptionItem(id=i, text=t if isinstance(t, str) else "", source=cfg.dataset,
+                            source_id=i, source_image_id="",
+                            input_problem=caption_problem(t, f"{cfg.dataset} row {n} ({cfg.text_column})"))
+                for n, (i, t) in enumerate(zip(ids, texts))]
 
     def _caption_pairs(self) -> list[dict[str, Any]]:
         path = Path(self.config.captions_from)
