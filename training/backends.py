@@ -136,7 +136,7 @@ class Backend:
 class PixelPipeline:
     """CLIP's preprocessing in two halves: per image in the DataLoader workers, resize of the short
     side (bicubic) + centre crop to uint8 (4x less to ship between processes than float), then
-    per batch, vectorised: scale to [0, 1] and normalise."""
+    per batch in the training process, vectorised: scale to [0, 1] and normalise."""
 
     size: int
     mean: tuple[float, ...]

@@ -9,8 +9,8 @@ both members of a pair land in the same batch on the same process. The order is 
 
 Images are decoded in the DataLoader workers from the bytes stored in the parquet (JPEG decoding
 uses PIL's draft mode to decode at the smallest scale still >= the model's input size, which is
-where most of the time of a full-size decode goes), resized and cropped there; the batch is
-normalised at once in the collate function (training/backends.py `PixelPipeline`).
+where most of the time of a full-size decode goes), resized and cropped there to uint8; the
+consuming process normalises each batch at once (training/backends.py `PixelPipeline`).
 """
 
 from __future__ import annotations
@@ -121,29 +121,46 @@ class ExampleDataset(torch.utils.data.Dataset):
 
 @dataclass
 class Collate:
-    """Stacks and normalises pixels, tokenizes captions (in the worker). Negatives: tokens + a
-    mask saying which rows have one."""
+    """Stacks the uint8 pixels and tokenizes captions (in the worker). Negatives: tokens + a mask
+    saying which rows have one."""
 
     tokenize: Callable[[list[str]], dict[str, torch.Tensor]]
-    per_batch: Callable[[torch.Tensor], torch.Tensor]
     negatives: bool = False
 
     def __call__(self, items):
         pixels, captions, negs = zip(*items)
-        batch = {"pixel_values": self.per_batch(torch.stack(pixels)), "text": self.tokenize(list(captions))}
+        batch = {"pixel_values": torch.stack(pixels), "text": self.tokenize(list(captions))}
         if self.negatives:
             batch["negative_text"] = self.tokenize([n or "" for n in negs])
             batch["negative_mask"] = torch.tensor([n is not None for n in negs])
         return batch
 
 
+class Batches:
+    """The DataLoader's batches with pixels normalised in the consuming process: the workers ship
+    uint8 (a quarter of float32's bytes; shipping floats halved the 2-worker throughput in
+    benchmarks/training.py)."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, per_batch) -> None:
+        self.loader, self.per_batch = loader, per_batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            batch["pixel_values"] = self.per_batch(batch["pixel_values"])
+            yield batch
+
+
 def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
-                negatives: bool = False) -> torch.utils.data.DataLoader:
+                negatives: bool = False) -> Batches:
     dataset = ExampleDataset(examples, backend.pixels.per_image(), backend.pixels.size)
-    return torch.utils.data.DataLoader(
+    loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, num_workers=num_workers,
-        collate_fn=Collate(backend.tokenize, backend.pixels.per_batch, negatives), persistent_workers=False,
+        collate_fn=Collate(backend.tokenize, negatives), persistent_workers=False,
         multiprocessing_context="fork" if num_workers else None)
+    return Batches(loader, backend.pixels.per_batch)
 
 
 def fixed_batches(n: int, batch_size: int) -> list[list[int]]:
