@@ -30,6 +30,8 @@ class DemoBuild:
     args: list[str]
     #: Configs/splits to check after loading from the Hub.
     check: list[tuple[str, str]] = field(default_factory=list)
+    #: Small parts, so that the fixture's few items still make several parts (resume, sharding).
+    part_size: int = 4
 
 
 def demo_builds(coco: Path, tiny_dir: Path) -> list[DemoBuild]:
@@ -48,6 +50,11 @@ def demo_builds(coco: Path, tiny_dir: Path) -> list[DemoBuild]:
         "coco-counterfactuals": DemoBuild("coco-counterfactuals",
                                           ["--coco-root", str(coco), "--karpathy-splits", "test", *tiny],
                                           [("default", "test"), ("captions", "test")]),
+        # Every annotated ECCV query gets a row (30,000 with ids only where the fixture has no
+        # such image or caption), so parts are larger.
+        "eccv-positives": DemoBuild("eccv-positives", ["--coco-root", str(coco)],
+                                    [("i2t", "test"), ("t2i", "test"), ("removed", "test")],
+                                    part_size=2000),
     }
     return [known[name] for name in BUILDER_MODULES if name in known]
 
@@ -84,7 +91,7 @@ class Demo:
         for b in builds:
             out = self.workdir / "builds" / b.name
             self.step(f"build {b.name}", lambda b=b, out=out: must(
-                ["build", b.name, *b.args, "--output", str(out), "--part-size", "4"]))
+                ["build", b.name, *b.args, "--output", str(out), "--part-size", str(b.part_size)]))
 
         from builders.infra.local_hub import LocalHub
 
