@@ -26,8 +26,11 @@ from builders.infra.cli import main as cli_main
 BUILD_ARGS = {
     "coco-captions": lambda coco, tiny: ["--coco-root", str(coco), "--splits", "test", "val"],
     "coco-counterfactuals": lambda coco, tiny: [
-        "--coco-root", str(coco), "--karpathy-splits", "test", "--max-captions", "8",
-        "--candidates", "2", "--models", "tiny", "--tiny-models-dir", str(tiny)],
+        "--coco-root", str(coco), "--karpathy-splits", "test", "--max-captions", "12",
+        "--candidates", "3", "--models", "tiny", "--tiny-models-dir", str(tiny),
+        # The tiny CLIP's random directional scores sit near 0: about half the candidates are
+        # rejected, so rows carry rejections and some captions are skipped.
+        "--directional-threshold", "0"],
     "eccv-positives": lambda coco, tiny: ["--coco-root", str(coco), "--part-size", "8192"],
     "decorrelation": lambda coco, tiny: [
         "--coco-root", str(coco), "--max-images", "6", "--keep-original", "--products", "train",
@@ -124,6 +127,8 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
             start, text = span(segs, "hl")
             assert text == word and start <= differ < start + len(word), (segs, differ)
         assert rec["facets"]["replaced word"] == [row["replaced_word"]]
+        rejected = ["candidate rejected: directional"] if row["image_rejected_directional"] else []
+        assert rec["facets"].get("skip reason", []) == rejected
         shown = dict(rec["meta"])
         assert float(shown["clip_score_0"]) == pytest.approx(row["clip_score_0"], rel=1e-3)
     index = [e for p in sorted((out / "index").glob("*.js"))
@@ -133,6 +138,11 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
     stats = (out / "stats.html").read_text()
     for word, n in Counter(ds["replaced_word"]).items():
         assert f"<tr><td>{word}</td><td>{n}</td></tr>" in stats
+    assert any(r["image_rejected_directional"] for r in ds)
+    skipped = json.loads((build / "build_manifest.json").read_text())["skipped"]
+    assert skipped
+    for reason, n in skipped.items():
+        assert f"<tr><td>{reason}</td><td>{n}</td></tr>" in stats
     for column in ("clip_score_0", "similarity", "perplexity"):
         assert Image.open(out / f"stats/hist_{column}.png").size[0] > 100
     summary = json.loads((out / "gallery.json").read_text())
@@ -214,8 +224,8 @@ def test_a_published_version_gives_the_same_gallery_as_the_build(builds, local_h
     from builders.infra.gallery.render import write_gallery_index
 
     index = write_gallery_index(tmp_path, {"local": tmp_path / "local", "hub": tmp_path / "hub"})
-    links = re.findall(r'href="([^"]+)"', index.read_text())
-    assert {"local/index.html", "hub/index.html", "local/stats.html", "hub/style.css"} <= set(links)
+    links = [link for link in re.findall(r'href="([^"]+)"', index.read_text()) if link != "data:,"]
+    assert {"local/index.html", "hub/index.html", "local/stats.html", "local/style.css"} <= set(links)
     assert all((tmp_path / link).is_file() for link in links)
 
 

@@ -127,6 +127,16 @@ def test_counterfactual_gallery_in_chromium(browser, galleries, tmp_path):
     assert f"{len(expected)} of {len(ds)} rows" in browser.find_element("id", "status").text
     assert_images_load(browser)
 
+    # The skip-reason filter: rows where some candidate was rejected.
+    browser.get((gallery / "index.html").as_uri() + "#")
+    browser.refresh()
+    wait_ready(browser, {"page": 0, "q": "", "filters": {}})
+    reason = "candidate rejected: directional"
+    Select(browser.find_element("css selector", 'select[data-facet="skip reason"]')).select_by_value(reason)
+    wait_ready(browser, {"page": 0, "q": "", "filters": {"skip reason": reason}})
+    expected = [r["id"] for r in ds if r["image_rejected_directional"] > 0]
+    assert 0 < len(expected) < len(ds) and card_ids(browser) == expected[:PAGE]
+
     # Search over captions (case-insensitive substring of either caption), from the URL too.
     query = ds["caption_1"][0].split()[-1].strip(".").lower()
     browser.get((gallery / "index.html").as_uri() + f"#q={query}")
