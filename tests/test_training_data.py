@@ -202,3 +202,26 @@ def test_cosine_schedule_with_warmup():
     assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert f(14) == pytest.approx(0.5) and f(24) == pytest.approx(0.0)
     assert all(f(s) > f(s + 1) for s in range(4, 23))
+
+
+def test_coco_5k_recall_equals_the_eccv_suite_on_the_real_test_split():
+    """The trainer's 5-captions-per-image R@K on the real COCO 5K ids (from the annotations
+    shipped in eccv_caption) equals the ECCV suite's coco_5k recalls on the same embeddings."""
+    from metric_spaces.map_at_r.eccv_annotations import read_positives
+    from training.evaluation import EvalData, eccv_metrics, retrieval_metrics
+
+    i2t = read_positives("coco").i2t
+    image_ids = np.array(sorted(i2t))
+    caption_ids = np.array([c for i in image_ids for c in sorted(i2t[i])])
+    owner = np.repeat(image_ids, [len(i2t[i]) for i in image_ids])
+    rng = np.random.default_rng(0)
+    # Captions near their image, so R@K is far from 0 (and continuous scores: no ties).
+    emb = {"image": rng.normal(size=(len(image_ids), 8)).astype(np.float32)}
+    emb["text"] = (emb["image"][np.searchsorted(image_ids, owner)]
+                   + rng.normal(scale=0.3, size=(len(caption_ids), 8)).astype(np.float32))
+    data = EvalData(image_ids=image_ids, caption_ids=caption_ids, caption_image=owner)
+    ours, eccv = retrieval_metrics(emb, data, (1, 5, 10)), eccv_metrics(emb, data)
+    assert len(image_ids) == 5000 and ours["retrieval/i2t_R@1"] > 0.05
+    for k in (1, 5, 10):
+        for d in ("i2t", "t2i"):
+            assert ours[f"retrieval/{d}_R@{k}"] == pytest.approx(eccv[f"eccv/coco_5k_r{k}_{d}"], abs=1e-9)
