@@ -323,6 +323,15 @@ def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_pat
     s = lambda c, i: (c * i).sum(1)  # noqa: E731
     assert final["itm/IR_c_mean"] == pytest.approx(float(np.mean(s(c1, i1) - s(c1, i0))), abs=1e-6)
     assert final["itm/TR_c_mean"] == pytest.approx(float(np.mean(s(c1, i1) - s(c0, i1))), abs=1e-6)
+    # The pretrained baseline (--eval-only, same mixture and data seed) is scored on the same
+    # held-out pairs and validation examples.
+    base = tmp_path / "baseline"
+    assert train_main(["--real", str(real), "--real-train-splits", "train", "--counterfactuals", str(cf),
+                       "--mix", "cf:medium", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
+                       "--eval-only", "--num-workers", "0", "--output", str(base)]) == 0
+    base_emb = np.load(base / "embeddings.npz")
+    assert base_emb["cf_image"].shape == emb["cf_image"].shape
+    assert "itm/IR_c_mean" in final_metrics(base) and "val_loss" in final_metrics(base)
 
 
 def test_le2023_recipe_with_overrides_keeps_the_best_validation_checkpoint(tmp_path, tiny_models_dir):

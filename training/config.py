@@ -137,7 +137,7 @@ class TrainConfig:
                                   f"{', '.join(HARD_NEGATIVES)}")
         if r.backend not in BACKENDS:
             raise UserFacingError(f"--backend {r.backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
-        if d.real is None and not r.eval_only:
+        if d.real is None and (not r.eval_only or d.mix.startswith("cf:")):
             raise UserFacingError("--real is required: the coco-captions build (folder or repo id) "
                                   "holding the real pairs D and their images")
         if d.mix == "decorrelation" and d.decorrelation is None:

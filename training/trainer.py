@@ -80,8 +80,12 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
 
     if cfg.run.eval_only:
-        data = load_eval_data(cfg, [], [], None)
-        record["tables"] = [asdict(r) for r in data.records]
+        # A cf: mixture's held-out pairs and validation split depend only on --data-seed, so a
+        # baseline is evaluated on the same ones as the runs it is compared with.
+        held = build_mixture(cfg.data) if cfg.data.mix.startswith("cf:") else None
+        data = load_eval_data(cfg, held.heldout_cf if held else [], held.train.tables if held else [],
+                              held.validation if held else None)
+        record["tables"] = [asdict(r) for r in (held.records if held else []) + data.records]
         metrics = {}
         if accelerator.is_main_process:
             metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
