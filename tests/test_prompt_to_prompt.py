@@ -1,6 +1,8 @@
 """Prompt-to-Prompt attention injection: the processors compute what the method says (checked
 against explicit attention maps), injection pulls the pair together, the original image never
-depends on p, and a candidate's images do not depend on its batch."""
+depends on p, a candidate's images do not depend on its batch, and shared computation gives every
+candidate the images it gets alone, with the UNet work a brute-force count of distinct row states
+predicts."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from diffusers.models.attention_processor import Attention, AttnProcessor
 from builders.infra.models.loaders import load_sd
 from builders.infra.models.profiles import resolve_profile
 from builders.counterfactuals.prompt_to_prompt import (P2PAttnProcessor, P2PController, PairSpec,
-                                                       generate_pairs, injected, replacement_mapper)
+                                                       UNetWork, generate_pairs, injected,
+                                                       replacement_mapper)
 
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
 
@@ -63,6 +66,58 @@ def test_candidate_images_do_not_depend_on_the_batch(pipe):
         assert np.array_equal(batched[0][k], alone[0][0]) and np.array_equal(batched[1][k], alone[1][0])
     # Different seeds give different images (the seed really drives the latents).
     assert not np.array_equal(batched[0][0], batched[0][1])
+
+
+#: 5 steps: p injects at steps i < 4p. Coinciding specs on purpose: p = 0.5 twice, p = 0.3 and
+#: 0.5 (both inject at steps 0-1), p = 0 (never) and p = 1 (all but the last step); seed 21 with
+#: two guidance scales (must not share) and a second seed; candidates of a group interleaved.
+SHARED_SPECS = [PairSpec(21, 0.0, 7.5), PairSpec(21, 0.3, 7.5), PairSpec(22, 0.6, 7.5),
+                PairSpec(21, 0.5, 7.5), PairSpec(21, 0.5, 7.5), PairSpec(21, 0.6, 7.5),
+                PairSpec(21, 1.0, 12.0), PairSpec(21, 1.0, 7.5), PairSpec(21, 0.2, 7.5),
+                PairSpec(21, 0.5, 12.0), PairSpec(22, 0.0, 7.5)]
+
+
+def distinct_row_states(specs, steps: int) -> int:
+    """UNet rows a computation that evaluates each distinct state once needs, brute force: at
+    step i an original row is told by (seed, guidance) and a counterfactual row by (seed,
+    guidance, its injection decisions at steps 0..i); each counts twice (guidance halves)."""
+    rows = 0
+    for i in range(steps):
+        originals = {(s.seed, s.guidance) for s in specs}
+        branches = {(s.seed, s.guidance, tuple(injected(s.p, k, steps) for k in range(i + 1)))
+                    for s in specs}
+        rows += 2 * (len(originals) + len(branches))
+    return rows
+
+
+@pytest.mark.parametrize("inject,scheduler", [("self", "euler_ancestral"), ("cross", "euler_ancestral"),
+                                              ("both", "euler_ancestral"), ("self", "dpm_solver_pp")])
+def test_shared_computation_gives_each_candidate_its_own_images(sharp_pipe, inject, scheduler):
+    steps, batch_sizes = 5, []
+    hook = sharp_pipe.unet.register_forward_pre_hook(lambda _, args: batch_sizes.append(len(args[0])))
+    try:
+        work = UNetWork()
+        shared = generate_pairs(sharp_pipe, *CAPTIONS, SHARED_SPECS, steps=steps, size=64,
+                                inject=inject, scheduler=scheduler, share=True, work=work)
+        counted = sum(batch_sizes)
+        unshared = generate_pairs(sharp_pipe, *CAPTIONS, SHARED_SPECS, steps=steps, size=64,
+                                  inject=inject, scheduler=scheduler, share=False)
+    finally:
+        hook.remove()
+    # The reference: every candidate alone, nothing to share with.
+    alone = [generate_pairs(sharp_pipe, *CAPTIONS, [spec], steps=steps, size=64, inject=inject,
+                            scheduler=scheduler) for spec in SHARED_SPECS]
+    for k, (im0, im1) in enumerate(alone):
+        for side, image in ((0, im0[0]), (1, im1[0])):
+            for got in (shared, unshared):  # uint8 images: at most one level of float noise
+                assert np.abs(got[side][k].astype(int) - image.astype(int)).max() <= 1, (k, side)
+    # The check can fail: counterfactuals injected for 0, 1 or 2 steps differ by more than the
+    # tolerance, so a branch forked at the wrong step would show.
+    cf = [alone[SHARED_SPECS.index(PairSpec(21, p, 7.5))][1][0].astype(int) for p in (0.0, 0.2, 0.5)]
+    assert all(np.abs(a - b).max() > 1 for a, b in zip(cf, cf[1:]))
+    # Work: the rows the UNet saw (counted at the UNet) are the brute-force count of distinct
+    # states: 152 of the 220 rows of 11 independent candidates here.
+    assert work.unet_rows == counted == distinct_row_states(SHARED_SPECS, steps) < 4 * steps * 11
 
 
 def explicit_attention(attn: Attention, hidden, context, maps_from=None) -> torch.Tensor:

@@ -13,6 +13,10 @@ from builders.infra.errors import UserFacingError
 #: Image-pair filters, in the order they are reported: caption-image CLIP of both images,
 #: image-image CLIP, CLIP directional similarity (App. B.1.2 of the paper applies all three).
 IMAGE_FILTERS = ("text_image", "image_image", "directional")
+#: How candidate specs are drawn (builders/counterfactuals/METHOD.md §2): `independent`, the
+#: paper's sampling (a seed, p and guidance per candidate); `grouped`, `seeds` x `p_values`
+#: candidates that share their seed and guidance per group (what shared computation saves on).
+CANDIDATE_PLANS = ("independent", "grouped")
 #: The paper's caption source (Le et al. 2023 §3.3, fn. 9): COCO val2017's 25,014 captions.
 DEFAULT_COCO_SPLITS = ("val2017",)
 
@@ -50,12 +54,21 @@ class CaptionStageConfig:
 @dataclass
 class ImageStageConfig:
     """Example (tests, random tiny CLIP): `ImageStageConfig(candidates=4, steps=2, image_size=64,
-    filters=("text_image",), clip_threshold=-1)`."""
+    filters=("text_image",), clip_threshold=-1)`; `ImageStageConfig(candidate_plan="grouped",
+    seeds=10, p_values=10)` for 100 candidates in 10 groups."""
 
-    #: Candidate pairs per caption pair (paper: 100).
+    #: Candidate pairs per caption pair (paper: 100); the grouped plan sets it to seeds x p_values.
     candidates: int = 100
-    #: Candidate pairs per UNet batch (the UNet sees 4x this: 2 images x guidance halves).
+    #: `CANDIDATE_PLANS`; `grouped`: `seeds` groups of `p_values` candidates each.
+    candidate_plan: str = "independent"
+    seeds: int = 10
+    p_values: int = 10
+    #: Candidate pairs per UNet batch (the UNet sees at most 4x this: 2 images x guidance
+    #: halves); a batch holds whole groups of candidates sharing (seed, guidance).
     candidate_batch: int = 4
+    #: Evaluate each distinct UNet row once per step (same images; METHOD.md §2). Off only to
+    #: measure or check the saving.
+    share: bool = True
     #: Denoising steps and image side (reference: 100 steps, 512x512).
     steps: int = 100
     image_size: int = 512
@@ -79,6 +92,11 @@ class ImageStageConfig:
     scheduler: str = "euler_ancestral"
 
     def __post_init__(self) -> None:
+        if self.candidate_plan not in CANDIDATE_PLANS:
+            raise UserFacingError(f"--candidate-plan takes {', '.join(CANDIDATE_PLANS)} "
+                                  f"(got {self.candidate_plan!r})")
+        if self.candidate_plan == "grouped":
+            self.candidates = self.seeds * self.p_values
         unknown = [f for f in self.filters if f not in IMAGE_FILTERS]
         if unknown or not self.filters:
             raise UserFacingError(f"--filters takes one or more of {', '.join(IMAGE_FILTERS)} "

@@ -1,10 +1,18 @@
 """Counterfactual image pairs (builders/counterfactuals/METHOD.md §2): over-generate, filter with CLIP, pick the best.
 
-For a caption pair (C_o, C_c) with row id `r`, candidate j (0 <= j < N) gets
-`seed_j = derive_seed(seed, r, "candidate", j)` and, from a generator seeded with it,
-`p_j ~ U(0.1, 0.9)` and guidance `g_j ~ U(7.5, 15)`. Candidates go through Stable Diffusion with
-Prompt-to-Prompt (`builders.counterfactuals.prompt_to_prompt`) `candidate_batch` at a time; a candidate's images
-depend only on its own (seed, p, g), so the output does not depend on the batch size, the batch
+For a caption pair (C_o, C_c) with row id `r`, the candidate plan (`candidate_plan`) draws the
+specs:
+- `independent` (the paper's sampling): candidate j (0 <= j < N) gets
+  `seed_j = derive_seed(seed, r, "candidate", j)` and, from a generator seeded with it,
+  `p_j ~ U(0.1, 0.9)` and guidance `g_j ~ U(7.5, 15)`;
+- `grouped`: group k (0 <= k < K = `seeds`) gets `seed_k = derive_seed(seed, r, "group", k)`
+  and, from a generator seeded with it, one guidance `g_k ~ U(7.5, 15)` and M = `p_values`
+  injection fractions, one uniform draw in each of M equal slices of the p range (stratified:
+  every p is still U(0.1, 0.9) over the candidates), in increasing order.
+Candidates go through Stable Diffusion with Prompt-to-Prompt (`builders.counterfactuals.prompt_to_prompt`) about
+`candidate_batch` at a time, a batch holding whole groups of candidates that share (seed,
+guidance) so that they share their UNet work (`share`); a candidate's images depend only on its
+own (seed, p, g), so the output does not depend on the plan's batching, the batch size, the batch
 position or the process count.
 
 A candidate passes every filter of `filters` (all three by default, as in App. B.1.2 of the
@@ -32,7 +40,7 @@ import torch
 from PIL import Image
 
 from builders.counterfactuals.config import ImageStageConfig
-from builders.counterfactuals.prompt_to_prompt import PairSpec, generate_pairs
+from builders.counterfactuals.prompt_to_prompt import PairSpec, UNetWork, generate_pairs
 from builders.infra import progress
 from builders.infra.seeding import derive_seed
 
@@ -55,23 +63,54 @@ class ImagePair:
 @dataclass
 class ImageSelection:
     """What `ImageStage.run` found for one caption pair: the chosen pair (None when no candidate
-    passed), how many candidates were generated and passed, and per filter of the config how
-    many candidates failed it."""
+    passed), how many candidates were generated and passed, per filter of the config how
+    many candidates failed it, and the UNet / decoder work it took."""
 
     pair: ImagePair | None
     tried: int = 0
     passed: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    work: UNetWork = field(default_factory=UNetWork)
 
 
 def candidate_specs(seed: int, row_id: str, cfg: ImageStageConfig) -> list[PairSpec]:
+    """The candidates of one caption pair under `cfg.candidate_plan` (module docstring)."""
     specs = []
+    if cfg.candidate_plan == "grouped":
+        lo, hi = cfg.p_range
+        width = (hi - lo) / cfg.p_values
+        for k in range(cfg.seeds):
+            s = derive_seed(seed, row_id, "group", k)
+            rng = random.Random(s)
+            guidance = rng.uniform(*cfg.guidance_range)
+            specs += [PairSpec(seed=s, p=lo + width * (m + rng.random()), guidance=guidance)
+                      for m in range(cfg.p_values)]
+        return specs
     for j in range(cfg.candidates):
         s = derive_seed(seed, row_id, "candidate", j)
         rng = random.Random(s)
         specs.append(PairSpec(seed=s, p=rng.uniform(*cfg.p_range),
                               guidance=rng.uniform(*cfg.guidance_range)))
     return specs
+
+
+def candidate_batches(specs: Sequence[PairSpec], size: int) -> list[list[PairSpec]]:
+    """Consecutive batches of about `size` candidates that never split a run of candidates
+    sharing (seed, guidance): a batch closes before a group that would overflow it, and a group
+    larger than `size` is a batch of its own."""
+    groups: list[list[PairSpec]] = []
+    for spec in specs:
+        if groups and (groups[-1][0].seed, groups[-1][0].guidance) == (spec.seed, spec.guidance):
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    batches: list[list[PairSpec]] = []
+    for group in groups:
+        if batches and len(batches[-1]) + len(group) <= size:
+            batches[-1] += group
+        else:
+            batches.append(list(group))
+    return batches
 
 
 class ClipScorer:
@@ -138,12 +177,15 @@ class ImageStage:
         best: ImagePair | None = None
         passed = tried = 0
         rejected = dict.fromkeys(cfg.filters, 0)
-        for start in range(0, len(specs), max(1, cfg.candidate_batch)):
-            batch = specs[start:start + cfg.candidate_batch]
+        work = UNetWork()
+        start = 0
+        for batch in candidate_batches(specs, max(1, cfg.candidate_batch)):
             progress.stage("candidates", start, len(specs))
+            start += len(batch)
             images_0, images_1 = generate_pairs(self.pipe, caption_0, caption_1, batch,
                                                 steps=cfg.steps, size=cfg.image_size,
-                                                inject=cfg.inject, scheduler=cfg.scheduler)
+                                                inject=cfg.inject, scheduler=cfg.scheduler,
+                                                share=cfg.share, work=work)
             scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1)
             for k, spec in enumerate(batch):
                 tried += 1
@@ -164,4 +206,4 @@ class ImageStage:
                     break
             if cfg.early_stop is not None and passed >= cfg.early_stop:
                 break
-        return ImageSelection(best, tried, passed, rejected)
+        return ImageSelection(best, tried, passed, rejected, work)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS, CaptionStageConfig,
-                                             ImageStageConfig)
+from builders.counterfactuals.config import (CANDIDATE_PLANS, DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
+                                             CaptionStageConfig, ImageStageConfig)
+from builders.infra.errors import UserFacingError
 from builders.infra.option_types import fraction, non_negative_int, positive_int
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
@@ -59,9 +60,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     img, e = parser.add_argument_group("image stage (builders/counterfactuals/METHOD.md §2)"), ImageStageConfig()
     add_profile_argument(img, "--candidates", type=positive_int, default=e.candidates, tiny=4,
-                         help="candidate pairs per caption pair (paper: 100)")
+                         help="independent plan: candidate pairs per caption pair (paper: 100)")
+    img.add_argument("--candidate-plan", choices=CANDIDATE_PLANS, default=e.candidate_plan,
+                     help="independent (default, the paper's sampling): a seed, p and guidance "
+                          "per candidate; grouped: --seeds groups sharing seed and guidance, "
+                          "--p-values p each, whose UNet work is shared (METHOD.md §2)")
+    add_profile_argument(img, "--seeds", type=positive_int, default=e.seeds, tiny=2,
+                         help="grouped plan: groups (seed, guidance) per caption pair")
+    add_profile_argument(img, "--p-values", type=positive_int, default=e.p_values, tiny=3,
+                         help="grouped plan: injection fractions per group")
     img.add_argument("--candidate-batch", type=positive_int, default=e.candidate_batch,
-                     help="candidate pairs per UNet batch")
+                     help="candidate pairs per UNet batch (rounded to whole groups)")
+    img.add_argument("--no-shared-computation", action="store_true",
+                     help="evaluate every candidate's UNet rows even where candidates share them "
+                          "(same images, more work: to measure or check the saving)")
     add_profile_argument(img, "--steps", type=positive_int, default=e.steps, tiny=2, help="denoising steps")
     add_profile_argument(img, "--image-size", type=positive_int, default=e.image_size, tiny=64,
                          help="image side in pixels")
@@ -86,7 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "paper's generator): every self-attention map; cross: Prompt-to-Prompt's "
                           "word swap (the new word takes the old word's cross-attention map, "
                           "self maps in low-resolution layers); both (METHOD.md §2)")
-    img.add_argument("--scheduler", choices=("euler_ancestral", "pipeline"), default=e.scheduler)
+    img.add_argument("--scheduler", choices=("euler_ancestral", "dpm_solver_pp", "pipeline"),
+                     default=e.scheduler,
+                     help="euler_ancestral (default, as the paper's generator); dpm_solver_pp: "
+                          "DPM-Solver++ for fewer steps (e.g. --steps 25; other images, METHOD.md "
+                          "§2); pipeline: the model's own scheduler")
     add_model_arguments(parser, roles=MODEL_ROLES)
 
 
@@ -95,12 +111,20 @@ def from_args(args: argparse.Namespace):
     from builders.infra.models.profiles import profile_from_args
 
     profile = asdict(profile_from_args(args))
+    given = getattr(args, "given_options", set())
+    wrong = {"grouped": ["candidates"], "independent": ["seeds", "p_values"]}[args.candidate_plan]
+    if given & set(wrong):
+        raise UserFacingError(f"--{wrong[0].replace('_', '-')} does not apply to "
+                              f"--candidate-plan {args.candidate_plan} (independent: --candidates N; "
+                              "grouped: --seeds K --p-values M, K x M candidates)")
     captions = CaptionStageConfig(
         top_k=args.top_k, sim_low=args.sim_low, sim_high=args.sim_high, min_words=args.min_words,
         english_check=not args.no_english_check, avoid_related_nouns=args.avoid_related_nouns,
         caption_batch=args.caption_batch, order=args.caption_order)
     images = ImageStageConfig(
-        candidates=args.candidates, candidate_batch=args.candidate_batch, steps=args.steps,
+        candidates=args.candidates, candidate_plan=args.candidate_plan, seeds=args.seeds,
+        p_values=args.p_values, candidate_batch=args.candidate_batch,
+        share=not args.no_shared_computation, steps=args.steps,
         image_size=args.image_size, p_range=tuple(args.p_range),
         guidance_range=tuple(args.guidance_range), filters=tuple(args.filters),
         clip_threshold=args.clip_threshold, directional_threshold=args.directional_threshold,

@@ -28,6 +28,15 @@ Which maps are injected (`inject`):
 
 Injection rule (the reference's): pair j is injected at step i (0-based) while
 `p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last.
+
+Shared computation (`share=True`, builders/counterfactuals/METHOD.md §2 "Shared computation"):
+the images are those of the independent computation, but the UNet sees each distinct row state
+once per step. The original branch reads neither p nor the counterfactual branch, so candidates
+with the same (seed, guidance) share it; their counterfactual branches are identical until the
+first step where one injects and another does not (a tree of branches, forking at
+`injected_steps(p)`). The sampler runs on every candidate's rows, each with its own noise
+generator, so any row-wise scheduler (multistep ones included) keeps per-candidate state; only
+the UNet (and the VAE decoder) work is deduplicated.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 INJECT_MODES = ("self", "cross", "both")
-SCHEDULERS = ("euler_ancestral", "pipeline")
+SCHEDULERS = ("euler_ancestral", "dpm_solver_pp", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -53,8 +62,51 @@ class PairSpec:
     guidance: float
 
 
+@dataclass
+class UNetWork:
+    """Work done by `generate_pairs`: UNet rows (one latent through the UNet at one step; the
+    guidance batch counts both halves) and VAE-decoded images."""
+
+    unet_rows: int = 0
+    decoded: int = 0
+
+
 def injected(p: float, step: int, steps: int) -> bool:
     return p > (step / (steps - 1) if steps > 1 else 0.0)
+
+
+def injected_steps(p: float, steps: int) -> int:
+    """How many leading steps inject (the rule is a prefix of the steps)."""
+    return sum(injected(p, i, steps) for i in range(steps))
+
+
+def row_keys(specs: Sequence[PairSpec], steps: int, step: int, share: bool) -> list[tuple]:
+    """A key per row of `[o_1, c_1, o_2, c_2, ...]` such that rows with equal keys hold the same
+    latents and get the same UNet input at `step` (`step == steps`: the final latents).
+
+    An original row depends on (seed, guidance) only. A counterfactual row's latents before
+    `step` depend on which of the steps `0..step-1` injected, a prefix of length
+    `min(n, step)` with `n = injected_steps(p)`, and its UNet input on whether `step` injects
+    (`n > step`): both are told by `min(n, step + 1)`. Without `share`, every row is its own."""
+    if not share:
+        return [(r,) for r in range(2 * len(specs))]
+    keys = []
+    for s in specs:
+        keys.append(("o", s.seed, s.guidance))
+        keys.append(("c", s.seed, s.guidance, min(injected_steps(s.p, steps), step + 1)))
+    return keys
+
+
+def _dedupe(keys: Sequence[tuple]) -> tuple[list[int], list[int]]:
+    """(first row of each distinct key, in row order; for every row, the index of its key)."""
+    first: dict[tuple, int] = {}
+    unique, index = [], []
+    for r, key in enumerate(keys):
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(r)
+        index.append(first[key])
+    return unique, index
 
 
 def replacement_mapper(source_ids: Sequence[int], target_ids: Sequence[int], length: int) -> torch.Tensor:
@@ -93,7 +145,9 @@ def replacement_mapper(source_ids: Sequence[int], target_ids: Sequence[int], len
 class P2PController:
     """Shared state of the processors: the current step and which pairs inject at it.
 
-    The UNet batch is `[uncond half | cond half]`, each half `[o_1, c_1, o_2, c_2, ...]`."""
+    The UNet batch is `[uncond half | cond half]`, each half `[o_1, c_1, o_2, c_2, ...]` (or, when
+    `links` is set, any rows: `links` lists the (original row, counterfactual row) positions
+    inside a half of `half` rows that inject at this step)."""
 
     def __init__(self, specs: Sequence[PairSpec], steps: int, inject: str,
                  mapper: torch.Tensor | None, low_res_tokens: int = 0) -> None:
@@ -107,15 +161,20 @@ class P2PController:
         self.inject_cross = inject in ("cross", "both")
         self.mapper, self.low_res_tokens = mapper, low_res_tokens
         self.step = 0
+        self.links: list[tuple[int, int]] | None = None
+        self.half = 2 * len(self.specs)
 
     def rows(self, halves: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(original rows, counterfactual rows) of the pairs injecting at this step."""
-        n = len(self.specs)
-        active = [j for j, s in enumerate(self.specs) if injected(s.p, self.step, self.steps)]
-        if not active:
+        links = self.links
+        if links is None:
+            links = [(2 * j, 2 * j + 1) for j, s in enumerate(self.specs)
+                     if injected(s.p, self.step, self.steps)]
+        if not links:
             return None
-        src = torch.tensor([h * 2 * n + 2 * j for h in halves for j in active])
-        return src, src + 1
+        src = torch.tensor([h * self.half + o for h in halves for o, _ in links])
+        dst = torch.tensor([h * self.half + c for h in halves for _, c in links])
+        return src, dst
 
 
 class P2PAttnProcessor:
@@ -203,11 +262,18 @@ def p2p_processors(unet, controller: P2PController) -> Iterator[None]:
 
 def make_scheduler(pipe, kind: str):
     """A fresh scheduler (schedulers keep per-run state). `euler_ancestral` is the reference's
-    sampler; `pipeline` keeps the pipeline's own scheduler class."""
+    sampler; `dpm_solver_pp` is DPM-Solver++ (2M), a multistep solver meant for ~25 steps (an
+    approximation: other images than the reference sampler's); `pipeline` keeps the pipeline's
+    own scheduler class."""
     if kind == "euler_ancestral":
         from diffusers import EulerAncestralDiscreteScheduler
 
         return EulerAncestralDiscreteScheduler.from_config(pipe.scheduler.config)
+    if kind == "dpm_solver_pp":
+        from diffusers import DPMSolverMultistepScheduler
+
+        return DPMSolverMultistepScheduler.from_config(pipe.scheduler.config,
+                                                       algorithm_type="dpmsolver++", solver_order=2)
     if kind == "pipeline":
         return type(pipe.scheduler).from_config(pipe.scheduler.config)
     raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {kind!r}")
@@ -222,14 +288,15 @@ def _generators(seeds: Sequence[int], salt: int) -> list[torch.Generator]:
 @torch.inference_mode()
 def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpec], *,
                    steps: int, size: int, inject: str = "self",
-                   scheduler: str = "euler_ancestral") -> tuple[np.ndarray, np.ndarray]:
+                   scheduler: str = "euler_ancestral", share: bool = True,
+                   work: UNetWork | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Images of every candidate pair, as uint8 arrays `(N, size, size, 3)` for the original
-    and the counterfactual caption."""
+    and the counterfactual caption. `share` evaluates each distinct row state once (same images;
+    see the module docstring); `work`, when given, accumulates the work done."""
     from diffusers.utils.torch_utils import randn_tensor
 
     device, n = pipe.unet.device, len(specs)
     cond, uncond = pipe.encode_prompt([caption_0, caption_1], device, 1, True)
-    emb = torch.cat([uncond[[0, 1] * n], cond[[0, 1] * n]])
     mapper = None
     if inject in ("cross", "both"):
         ids = [pipe.tokenizer(t, truncation=True, max_length=pipe.tokenizer.model_max_length).input_ids
@@ -243,19 +310,32 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
     sched.set_timesteps(steps, device=device)
     shape = (1, pipe.unet.config.in_channels, side, side)
     seeds = [s.seed for s in specs]
-    latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=emb.dtype)
+    # Every candidate keeps its own rows and generators: the sampler runs on all 2N rows.
+    latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=cond.dtype)
                          for g in _generators(seeds, 0)]) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
-    guidance = torch.tensor([s.guidance for s in specs for _ in (0, 1)], dtype=emb.dtype,
-                            device=device).view(-1, 1, 1, 1)
+    work = work if work is not None else UNetWork()
     with p2p_processors(pipe.unet, ctrl):
         for i, t in enumerate(sched.timesteps):
-            ctrl.step = i
-            x = sched.scale_model_input(torch.cat([latents, latents]), t)
+            unique, index = _dedupe(row_keys(specs, steps, i, share))
+            at = {r: u for u, r in enumerate(unique)}
+            # Row 2j+1 and its original 2j: positions among the unique rows (a shared original
+            # sits wherever its first candidate put it).
+            ctrl.step, ctrl.half = i, len(unique)
+            ctrl.links = [(index[r - 1], at[r]) for r in unique
+                          if r % 2 and injected(specs[r // 2].p, i, steps)]
+            caption = [r % 2 for r in unique]
+            emb = torch.cat([uncond[caption], cond[caption]])
+            guidance = torch.tensor([specs[r // 2].guidance for r in unique], dtype=emb.dtype,
+                                    device=device).view(-1, 1, 1, 1)
+            x = sched.scale_model_input(torch.cat([latents[unique], latents[unique]]), t)
             eps_uncond, eps_cond = pipe.unet(x, t, encoder_hidden_states=emb).sample.chunk(2)
-            eps = eps_uncond + guidance * (eps_cond - eps_uncond)
+            eps = (eps_uncond + guidance * (eps_cond - eps_uncond))[index]
             latents = sched.step(eps, t, latents, generator=noise_gens).prev_sample
-    images = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+            work.unet_rows += 2 * len(unique)
+    unique, index = _dedupe(row_keys(specs, steps, steps, share))
+    images = pipe.vae.decode(latents[unique] / pipe.vae.config.scaling_factor).sample
+    work.decoded += len(unique)
     images = ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy() * 255)
-    images = images.round().astype(np.uint8)
+    images = images.round().astype(np.uint8)[index]
     return images[0::2], images[1::2]
