@@ -229,6 +229,24 @@ def test_a_published_version_gives_the_same_gallery_as_the_build(builds, local_h
     assert all((tmp_path / link).is_file() for link in links)
 
 
+def test_a_rebuilt_folder_of_the_same_name_shows_its_own_rows(builds, tmp_path):
+    """`load_dataset` caches a local folder by its base name; the gallery must not show a stale copy."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    build = builds("coco-captions")
+    first, second = tmp_path / "one" / "cc", tmp_path / "two" / "cc"
+    shutil.copytree(build, first)
+    shutil.copytree(build, second)
+    shard = second / "data" / "val-00000-of-00001.parquet"
+    pq.write_table(pq.read_table(shard).slice(0, 2), shard)
+    assert show(first, "--output", tmp_path / "g1", "--split", "val") == 0
+    assert show(second, "--output", tmp_path / "g2", "--split", "val") == 0
+    assert len(page_records(tmp_path / "g1")) == len(only_split_named(build, "val")) > 2
+    assert len(page_records(tmp_path / "g2")) == 2
+
+
 def only_split_named(build: Path, split: str):
     return load_dataset(str(build), split=split)
 

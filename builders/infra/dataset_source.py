@@ -11,12 +11,11 @@ from builders.infra.errors import InputFileError
 
 
 def load_dataset_split(name: str, config: str | None, split: str, *,
-                       config_flag: str = "--dataset-config", split_flag: str = "--dataset-split",
-                       revision: str | None = None):
+                       config_flag: str = "--dataset-config", split_flag: str = "--dataset-split"):
     import datasets
 
     try:
-        configs = datasets.get_dataset_config_names(name, revision=revision)
+        configs = datasets.get_dataset_config_names(name)
     except (OSError, ValueError) as err:  # not found (FileNotFoundError), no network (ConnectionError)
         raise InputFileError(name, f"cannot open this dataset ({type(err).__name__}: {err})",
                              "give a Hub id ORG/NAME or a local dataset folder") from None
@@ -27,10 +26,10 @@ def load_dataset_split(name: str, config: str | None, split: str, *,
         raise InputFileError(name, f"has no config {config!r} (configs: {', '.join(configs)})",
                              f"pick one with {config_flag} NAME")
     chosen = config or ("default" if "default" in configs else configs[0])
-    splits = datasets.get_dataset_split_names(name, chosen, revision=revision)
+    splits = datasets.get_dataset_split_names(name, chosen)
     if split not in splits:
-        available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c, revision=revision))}"
+        available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c))}"
                               for c in configs)
         raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
                              f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
-    return datasets.load_dataset(name, config, split=split, revision=revision)
+    return datasets.load_dataset(name, config, split=split)

@@ -1,6 +1,9 @@
 """Where a gallery's rows come from: a local build folder or a Hub dataset at a revision.
 
-Both are read the way users read them, with `load_dataset`. Before that, the README's `configs:`
+Both are read the way users read them, with `load_dataset`, streaming: the rows go straight from
+the parquet shards to the thumbnailer, with no Arrow copy of a possibly large build, and no cache
+entry — `load_dataset` caches a local folder under its base name, so a rebuilt `out/cf` (or
+another folder named `cf`) would otherwise show the rows of an earlier one. Before that, the README's `configs:`
 (and `dataset_info` features) are read to pick the config and split and to refuse, in one line,
 a folder that is not a build, a repo or revision that does not exist, or a config without image
 columns. The build manifest (skip counts per reason) is read when there is one.
@@ -49,12 +52,10 @@ class GallerySource:
     split: str
     #: Column name -> `datasets` feature (images decoded lazily: raw bytes, see `rows`).
     features: dict[str, Any]
+    #: The split as a streaming `IterableDataset`.
     dataset: Any = field(repr=False)
     #: build_manifest.json when the build has one (skip/error counts per reason).
     manifest: dict[str, Any] | None = field(default=None, repr=False)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def rows(self, batch_size: int = 256) -> Iterator[dict[str, Any]]:
         """Rows in order; image columns as {"bytes", "path"} (decoding is the thumbnailer's)."""
@@ -167,15 +168,12 @@ def choose_split(meta: dict[str, Any], cfg: SourceConfig, where: str) -> tuple[s
 
 
 def open_source(cfg: SourceConfig) -> GallerySource:
-    """Resolve `cfg` to one split, loaded with `load_dataset` (images left undecoded)."""
+    """Resolve `cfg` to one split, streamed with `load_dataset` (images left undecoded)."""
     import datasets
-
-    from builders.infra.dataset_source import load_dataset_split
 
     name, readme, manifest_path, title = _locate(cfg)
     config, split = choose_split(_front_matter(readme, title), cfg, title)
-    ds = load_dataset_split(name, config, split, config_flag="--config", split_flag="--split",
-                            revision=cfg.revision)
+    ds = datasets.load_dataset(name, config, split=split, revision=cfg.revision, streaming=True)
     images = image_columns(ds.features)
     if not images:
         raise InputFileError(title, f"config {config!r} has no image column, so there is nothing "
@@ -183,6 +181,6 @@ def open_source(cfg: SourceConfig) -> GallerySource:
     for column in images:
         ds = ds.cast_column(column, datasets.Image(decode=False))
     manifest = json.loads(manifest_path.read_text()) if manifest_path else None
-    log.info("%s: %s/%s, %d rows, image columns %s", title, config, split, len(ds), images)
+    log.info("%s: %s/%s, image columns %s", title, config, split, images)
     return GallerySource(title=title, config=config, split=split, features=dict(ds.features),
                          dataset=ds, manifest=manifest)
