@@ -167,10 +167,6 @@ def _captions_facets(row: dict[str, Any]) -> dict[str, list[str]]:
     return {"class": sorted({str(o.get("category")) for o in row.get("objects") or [] if isinstance(o, dict)})}
 
 
-def _generic_slots(columns: Sequence[str], image_cols: Sequence[str]) -> list[Slot]:
-    return [Slot(c, c) for c in image_cols]
-
-
 def _generic_texts(row: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"label": k, "segs": _plain(v)} for k, v in row.items()
             if k in ("caption", "text", "sentence") and isinstance(v, str)]
@@ -198,7 +194,7 @@ def detect_kind(columns: Sequence[str], image_cols: Sequence[str]) -> RowKind:
     for kind in KINDS:
         if all(c in columns for c in kind.required):
             return kind
-    return RowKind("generic", (), lambda cols: _generic_slots(cols, image_cols), _generic_texts,
+    return RowKind("generic", (), lambda cols: [Slot(c, c) for c in image_cols], _generic_texts,
                    _generic_facets, ("caption", "text", "sentence"))
 
 
