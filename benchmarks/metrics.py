@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from metric_spaces.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
+from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
 
 __all__ = ["run_retrieval_benchmark"]
 
@@ -95,7 +95,7 @@ def _best_of(n: int, fn: Callable[[], dict]) -> tuple[dict, float]:
 
 @contextlib.contextmanager
 def _without_torch():
-    from metric_spaces.map_at_r import topk
+    from counterfactory_metrics.map_at_r import topk
 
     saved, topk._HAVE_TORCH = topk._HAVE_TORCH, False
     try:

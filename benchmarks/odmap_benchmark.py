@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from metric_spaces.odmap.odmap_scores import odmap_from_topk
-from metric_spaces.map_at_r.topk import topk_from_embeddings
+from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
+from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 
 __all__ = ["run_odmap_benchmark"]
 

@@ -16,7 +16,7 @@ Plausible-match (PM) pseudo-positives, needed for PMRP, are not shipped (> 140 M
 the official `pm_*.json` files (`read_pm_positives(DIR)`) or compute them from COCO instance
 annotations (`pm_positives_from_instances`), the way the PCME / ECCV Caption tooling does.
 
-The readers are those of the map_at_r metric (`metric_spaces.map_at_r.eccv_annotations`, one
+The readers are those of the map_at_r metric (`counterfactory_metrics.map_at_r.eccv_annotations`, one
 source for the metric and the builders); here they raise `InputFileError`.
 """
 
@@ -32,8 +32,8 @@ import datasets
 import numpy as np
 
 from builders.infra.errors import InputFileError
-from metric_spaces.map_at_r import eccv_annotations as annotations
-from metric_spaces.map_at_r.eccv_annotations import PM_FIX, SOURCES, AnnotationFileError, Positives
+from counterfactory_metrics.map_at_r import eccv_annotations as annotations
+from counterfactory_metrics.map_at_r.eccv_annotations import PM_FIX, SOURCES, AnnotationFileError, Positives
 
 __all__ = ["PM_FIX", "SOURCES", "EccvPositivesConfig", "EccvPositivesSource", "Positives",
            "coco_test_caption_ids", "eccv_data_dir", "pm_positives", "pm_positives_from_instances",

@@ -1,7 +1,7 @@
 """Brute-force reference implementations for the ODmAP@k tests (test-only, deliberately slow).
 
 Everything here follows builders/decorrelation/METHOD.md §4 / §5 literally with plain Python loops, independently of the
-vectorised code in `metric_spaces.odmap.odmap_scores` and the n-gram lookup in `metric_spaces.odmap.class_match`:
+vectorised code in `counterfactory_metrics.odmap.odmap_scores` and the n-gram lookup in `counterfactory_metrics.odmap.class_match`:
 regex whole-word matching, a per-query loop over the ranked captions, and AP@k summed term by term.
 """
 
@@ -19,7 +19,7 @@ _IRREGULAR = {
 
 
 def _forms(word: str) -> list[str]:
-    """The word and its simple plurals (the rules documented in metric_spaces.odmap.class_match)."""
+    """The word and its simple plurals (the rules documented in counterfactory_metrics.odmap.class_match)."""
     word = word.lower()
     head, _, last = word.rpartition(" ")
     lasts = [last, last + "s"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import metric_spaces.odmap.class_match as class_match
-from metric_spaces.odmap.class_match import COCO_CLASSES, COCO_TABLE, ClassMatcher, load_table
+import counterfactory_metrics.odmap.class_match as class_match
+from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE, ClassMatcher, load_table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import VOCAB, reference_match  # noqa: E402

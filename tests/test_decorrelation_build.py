@@ -2,7 +2,7 @@
 
 Rows are checked against the raw fixture JSON and the brute-force selection rules of
 `test_selection.py`; gallery mentions against the regex matcher of `reference_odmap.py`; the
-ODmAP product is fed through `metric_spaces/odmap` and compared with a brute-force ODmAP@k.
+ODmAP product is fed through `evaluate_modules/odmap` and compared with a brute-force ODmAP@k.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from builders.infra.errors import InputFileError, UserFacingError
 from builders.infra.fixtures.coco import CocoFixtureConfig, drawn_object_mask, write_coco_fixture
 from builders.decorrelation.fill import FillConfig, ImageFiller
 from builders.infra.models.profiles import resolve_profile
-from metric_spaces.odmap.class_match import COCO_CLASSES, COCO_TABLE
-from metric_spaces.odmap.noun_phrases import noun_phrases
+from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE
+from counterfactory_metrics.odmap.noun_phrases import noun_phrases
 from loading_scripts.flickr30k import parse_entity_sentence
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -152,7 +152,7 @@ def test_gallery_holds_every_caption_with_reference_mentions(built, coco_fixture
 
 
 def test_odmap_product_feeds_the_evaluate_module(built, tiny_models_dir, one_thread):
-    from metric_spaces.map_at_r.topk import topk_from_embeddings
+    from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
     from builders.infra.models.loaders import load_clip
 
     queries = load_dataset(str(built), "odmap_queries", split="test")
@@ -163,7 +163,7 @@ def test_odmap_product_feeds_the_evaluate_module(built, tiny_models_dir, one_thr
         text_emb = model.get_text_features(**processor(text=list(gallery["caption"]), return_tensors="pt",
                                                        padding=True, truncation=True)).pooler_output
     topk, _ = topk_from_embeddings(image_emb, text_emb, k=10, normalize=True)
-    odmap = evaluate.load(str(REPO_ROOT / "metric_spaces" / "odmap"))
+    odmap = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "odmap"))
     result = odmap.compute(retrieved=topk.tolist(), removed_classes=list(queries["removed_classes"]),
                            present_classes=list(queries["present_classes"]),
                            mention_matrix=np.array(gallery["mentions"]), class_names=list(COCO_CLASSES))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from builders.infra.errors import InputFileError
-from metric_spaces.map_at_r.eccv_suite import EccvAnnotations
+from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations
 from loading_scripts.eccv import (
     EccvPositivesSource,
     coco_test_caption_ids,

@@ -19,7 +19,7 @@ from PIL import Image
 from builders.infra.cli import main as cli_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MAP_AT_R = REPO_ROOT / "metric_spaces" / "map_at_r"
+MAP_AT_R = REPO_ROOT / "evaluate_modules" / "map_at_r"
 FILES = {"eccv": "eccv", "cxc": "cxc", "coco": "original"}
 
 
@@ -104,8 +104,8 @@ def random_rankings(positives: dict[int, list[int]], gallery: list[int], rng: ra
 
 
 def test_eccv_metrics_from_the_dataset_equal_those_from_the_package(tables):
-    from metric_spaces.map_at_r.eccv_annotations import Positives
-    from metric_spaces.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite
+    from counterfactory_metrics.map_at_r.eccv_annotations import Positives
+    from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite
     from loading_scripts.eccv import coco_test_caption_ids
 
     rng = random.Random(0)

@@ -10,11 +10,11 @@ import evaluate
 import numpy as np
 import pytest
 
-from metric_spaces.itm_score_deltas.deltas import itm_score_deltas
-from metric_spaces.odmap.odmap_scores import odmap_from_topk
+from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
+from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODULES = REPO_ROOT / "metric_spaces"
+MODULES = REPO_ROOT / "evaluate_modules"
 NAMES = ("odmap", "itm_score_deltas")
 
 

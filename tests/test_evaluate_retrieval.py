@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from metric_spaces.map_at_r.retrieval import (
+from counterfactory_metrics.map_at_r.retrieval import (
     RetrievalMetricConfig,
     retrieval_scores,
     retrieval_scores_from_similarity,
 )
-from metric_spaces.map_at_r.eccv_suite import (
+from counterfactory_metrics.map_at_r.eccv_suite import (
     EccvAnnotations,
     EccvSuiteConfig,
     eccv_suite,
@@ -27,7 +27,7 @@ from metric_spaces.map_at_r.eccv_suite import (
 from loading_scripts.eccv import read_pm_positives
 
 NAME = "map_at_r"
-MODULE_DIR = Path(__file__).resolve().parents[1] / "metric_spaces" / NAME
+MODULE_DIR = Path(__file__).resolve().parents[1] / "evaluate_modules" / NAME
 
 
 @pytest.fixture(scope="module")

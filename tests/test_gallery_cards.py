@@ -73,7 +73,7 @@ def test_odmap_per_class_bar_chart_equals_odmap_of_each_class_alone(tmp_path, mo
         removed.append(picked[:rng.integers(1, 3)])
         present.append(picked[3:])
     retrieved = [list(rng.choice(40, size=5, replace=False)) for _ in removed]
-    odmap = evaluate.load(str(REPO_ROOT / "metric_spaces" / "odmap"))
+    odmap = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "odmap"))
     common = dict(mention_matrix=mentions, class_names=classes, k_values=[1, 5])
     plot = tmp_path / "per_class.png"
     result = odmap.compute(retrieved=retrieved, removed_classes=removed, present_classes=present,

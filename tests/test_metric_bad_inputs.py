@@ -10,7 +10,7 @@ import evaluate
 import numpy as np
 import pytest
 
-SPACES = Path(__file__).resolve().parents[1] / "metric_spaces"
+SPACES = Path(__file__).resolve().parents[1] / "evaluate_modules"
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_odmap_rejects_bad_inputs(odmap, kwargs, message):
 def test_odmap_text_mode_without_tagger_names_the_download(odmap, monkeypatch, tmp_path):
     import nltk
 
-    from metric_spaces.odmap.noun_phrases import DOWNLOAD_COMMAND
+    from counterfactory_metrics.odmap.noun_phrases import DOWNLOAD_COMMAND
 
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
     # (The loaded module's own TaggerDataMissing class, a LookupError.)

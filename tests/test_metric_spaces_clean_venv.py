@@ -28,7 +28,7 @@ from builders.infra.cli import main as cli_main
 from builders.infra.publishing.metric import space_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SPACES = REPO_ROOT / "metric_spaces"
+SPACES = REPO_ROOT / "evaluate_modules"
 NAMES = ("map_at_r", "odmap", "itm_score_deltas")
 ORG = "clean"
 VERSION = "v1.0.0"
@@ -161,7 +161,7 @@ def _in_process(case: dict):
 def _eccv_case(seed: int = 1) -> dict:
     """The ECCV Caption suite from seeded rankings over the real COCO 5K test ids (the
     annotations come from eccv_caption inside the clean venv)."""
-    from metric_spaces.map_at_r.eccv_suite import EccvAnnotations
+    from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations
 
     ann = EccvAnnotations.load()
     rng = np.random.default_rng(seed)
@@ -184,7 +184,7 @@ def _eccv_case(seed: int = 1) -> dict:
 
 def test_clean_venv_has_no_project_and_no_torch(clean_python, tmp_path):
     probe = ("import importlib.util as u; "
-             "print([m for m in ('torch', 'builders', 'metric_spaces', 'counterfactory') "
+             "print([m for m in ('torch', 'builders', 'evaluate_modules', 'counterfactory') "
              "if u.find_spec(m)])")
     proc = subprocess.run([str(clean_python), "-c", probe], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)

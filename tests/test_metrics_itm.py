@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import metric_spaces.itm_score_deltas.deltas as itm_module
-from metric_spaces.itm_score_deltas.deltas import delta_stats, itm_deltas, itm_score_deltas, plot_histograms
+import counterfactory_metrics.itm_score_deltas.deltas as itm_module
+from counterfactory_metrics.itm_score_deltas.deltas import delta_stats, itm_deltas, itm_score_deltas, plot_histograms
 
 ARGS = ("g_cr_ir", "g_cr_io", "g_co_ir", "g_cc_ics", "g_cc_ios", "g_co_ics")
 

@@ -11,16 +11,16 @@ import pytest
 import scipy.sparse
 import torch
 
-import metric_spaces.odmap.odmap_scores as odmap_module
-from metric_spaces.odmap.odmap_scores import (
+import counterfactory_metrics.odmap.odmap_scores as odmap_module
+from counterfactory_metrics.odmap.odmap_scores import (
     average_precision_at_k,
     gallery_mentions,
     odmap,
     odmap_from_topk,
 )
-from metric_spaces.map_at_r.topk import topk_from_embeddings
-from metric_spaces.odmap.class_match import COCO_CLASSES, COCO_TABLE
-from metric_spaces.odmap.noun_phrases import NounPhraseCache, chunk_captions
+from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
+from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE
+from counterfactory_metrics.odmap.noun_phrases import NounPhraseCache, chunk_captions
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import (  # noqa: E402
@@ -171,7 +171,7 @@ def test_streaming_topk_matches_full_matrix_with_ties(seed):
 
 @pytest.mark.parametrize("with_torch", [True, False])
 def test_streaming_topk_random_floats_and_normalize(with_torch, monkeypatch):
-    import metric_spaces.map_at_r.topk as topk_module
+    import counterfactory_metrics.map_at_r.topk as topk_module
 
     monkeypatch.setattr(topk_module, "_HAVE_TORCH", with_torch)
     rng = np.random.default_rng(7)

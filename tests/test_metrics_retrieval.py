@@ -1,4 +1,4 @@
-"""The mAP@R family: metric_spaces/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) worked examples, a brute-force reference, eccv_caption parity."""
+"""The mAP@R family: evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) worked examples, a brute-force reference, eccv_caption parity."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from metric_spaces.map_at_r.retrieval import (
+from counterfactory_metrics.map_at_r.retrieval import (
     RetrievalInputError,
     RetrievalMetricConfig,
     ranking_depth,
@@ -17,8 +17,8 @@ from metric_spaces.map_at_r.retrieval import (
     retrieval_scores_from_similarity,
     retrieval_scores_from_topk,
 )
-import metric_spaces.map_at_r.topk as topk_module
-from metric_spaces.map_at_r.topk import as_score_matrix, stable_topk
+import counterfactory_metrics.map_at_r.topk as topk_module
+from counterfactory_metrics.map_at_r.topk import as_score_matrix, stable_topk
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # eccv_caption warns that ujson is missing
@@ -28,7 +28,7 @@ with warnings.catch_warnings():
 # ----------------------------------------------------------------------------- brute force
 
 def brute_force(ranking, positives, k_values=(1, 5, 10), cap=None):
-    """One query, straight from the definitions in metric_spaces/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) (a Python loop, no numpy)."""
+    """One query, straight from the definitions in evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) (a Python loop, no numpy)."""
     gt = set(positives)
     r = len(gt)
 
@@ -279,7 +279,7 @@ ALL_BUT_PMRP = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_a
 
 @pytest.fixture(scope="module")
 def annotations():
-    from metric_spaces.map_at_r.eccv_suite import EccvAnnotations
+    from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations
 
     return EccvAnnotations.load()
 
@@ -333,7 +333,7 @@ def assert_same(ours, ref, keys):
 
 
 def test_suite_equals_eccv_caption_on_random_rankings(annotations, reference_metrics):
-    from metric_spaces.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
+    from counterfactory_metrics.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
 
     i2t, t2i = random_eccv_rankings(annotations, seed=0)
     ours = eccv_suite(i2t, t2i, EccvSuiteConfig(ALL_BUT_PMRP + ("eccv_recalls",),
@@ -356,7 +356,7 @@ def test_suite_equals_eccv_caption_on_random_rankings(annotations, reference_met
 def test_pmrp_equals_eccv_caption_on_top50_rankings(annotations, tmp_path):
     import json
 
-    from metric_spaces.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
+    from counterfactory_metrics.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
     from loading_scripts.eccv import pm_positives
 
     rng = np.random.default_rng(3)
@@ -386,7 +386,7 @@ def test_pmrp_equals_eccv_caption_on_top50_rankings(annotations, tmp_path):
 
 
 def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
-    from metric_spaces.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite, eccv_suite_from_similarity
+    from counterfactory_metrics.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite, eccv_suite_from_similarity
 
     rng = np.random.default_rng(4)
     image_ids = rng.permutation(np.array(list(annotations.coco.i2t)))
@@ -427,7 +427,7 @@ def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
      "image_ids must be the 5000 distinct COCO 5K test image ids"),
 ])
 def test_suite_bad_input_raises(annotations, call, message):
-    from metric_spaces.map_at_r import eccv_suite as retrieval_eccv
+    from counterfactory_metrics.map_at_r import eccv_suite as retrieval_eccv
 
     with pytest.raises(RetrievalInputError, match=message):
         call(retrieval_eccv, annotations)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import metric_spaces.odmap.noun_phrases as noun_phrases_module
-from metric_spaces.odmap.class_match import ClassMatcher
-from metric_spaces.odmap.noun_phrases import (
+import counterfactory_metrics.odmap.noun_phrases as noun_phrases_module
+from counterfactory_metrics.odmap.class_match import ClassMatcher
+from counterfactory_metrics.odmap.noun_phrases import (
     REASON_NO_MATCH,
     REASON_NOTHING_LEFT,
     NounPhraseCache,

@@ -12,10 +12,10 @@ from huggingface_hub import HfApi, hf_hub_download
 
 from builders.infra.cli import main as cli_main
 from builders.infra.errors import UserFacingError
-from metric_spaces.odmap.odmap_scores import odmap_from_topk
+from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from builders.infra.publishing.metric import MetricPublishConfig, publish_metric, space_files
 
-MODULES = Path(__file__).resolve().parents[1] / "metric_spaces"
+MODULES = Path(__file__).resolve().parents[1] / "evaluate_modules"
 
 
 def test_published_metric_loads_by_tag_from_the_hub(local_hub, capsys):

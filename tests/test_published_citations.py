@@ -145,7 +145,7 @@ def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(publishe
     code = re.findall(r"```python\n(.*?)```", card, flags=re.S)[-1]
     assert "ORG/odmap" in code and "openai/clip-vit-base-patch32" in code
     code = (code.replace("openai/clip-vit-base-patch32", str(tiny_models_dir / "clip"))
-                .replace('"ORG/odmap"', repr(str(REPO_ROOT / "metric_spaces" / "odmap"))))
+                .replace('"ORG/odmap"', repr(str(REPO_ROOT / "evaluate_modules" / "odmap"))))
     scope: dict = {}
     exec(compile(code, "card-recipe", "exec"), scope)  # the published text, not a copy of it
     printed = capsys.readouterr().out.strip().splitlines()[-1]
@@ -166,7 +166,7 @@ def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(publishe
 
 
 def test_published_metric_spaces_cite_papers_only(local_hub):
-    modules = sorted(p for p in (REPO_ROOT / "metric_spaces").iterdir() if (p / f"{p.name}.py").is_file())
+    modules = sorted(p for p in (REPO_ROOT / "evaluate_modules").iterdir() if (p / f"{p.name}.py").is_file())
     assert modules
     hits = []
     for module in modules:

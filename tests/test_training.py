@@ -151,7 +151,7 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     image_ids, per_image = list(test["image_id"]), list(test["caption_ids"])
     caption_ids = [c for ids in per_image for c in ids]
     owner = {c: i for i, ids in zip(image_ids, per_image) for c in ids}
-    map_at_r = evaluate.load(str(REPO_ROOT / "metric_spaces" / "map_at_r"))
+    map_at_r = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "map_at_r"))
     sim = emb["image"] @ emb["text"].T
     i2t = map_at_r.compute(similarity=sim, positives=dict(zip(image_ids, per_image)),
                            query_ids=image_ids, gallery_ids=caption_ids, k_values=[1, 5, 10],
@@ -171,7 +171,7 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     classes = sorted({c for rows in (removed, present, mentioned) for r in rows for c in r})
     mentions = np.array([[c in set(r) for c in classes] for r in mentioned])
     ranked = np.argsort(-(emb["query_image"] @ emb["gallery_text"].T), axis=1, kind="stable")[:, :10]
-    odmap = evaluate.load(str(REPO_ROOT / "metric_spaces" / "odmap"))
+    odmap = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "odmap"))
     res = odmap.compute(retrieved=ranked.tolist(), removed_classes=removed,
                         present_classes=present, mention_matrix=mentions,
                         class_names=classes, k_values=[1, 5, 10])

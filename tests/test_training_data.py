@@ -207,7 +207,7 @@ def test_cosine_schedule_with_warmup():
 def test_coco_5k_recall_equals_the_eccv_suite_on_the_real_test_split():
     """The trainer's 5-captions-per-image R@K on the real COCO 5K ids (from the annotations
     shipped in eccv_caption) equals the ECCV suite's coco_5k recalls on the same embeddings."""
-    from metric_spaces.map_at_r.eccv_annotations import read_positives
+    from counterfactory_metrics.map_at_r.eccv_annotations import read_positives
     from training.evaluation import EvalData, eccv_metrics, retrieval_metrics
 
     i2t = read_positives("coco").i2t

@@ -29,10 +29,10 @@ import datasets
 import numpy as np
 import torch
 
-from metric_spaces.itm_score_deltas.deltas import itm_score_deltas
-from metric_spaces.odmap.odmap_scores import odmap_from_topk
-from metric_spaces.map_at_r.topk import topk_from_embeddings
-from metric_spaces.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
+from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
+from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
+from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
+from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.config import TrainConfig
 from training.data import fixed_batches, make_loader
 from training.losses import clip_loss
@@ -170,7 +170,7 @@ def retrieval_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
 
 
 def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
-    from metric_spaces.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
+    from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
 
     suite = EccvSuiteConfig(target_metrics=("eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_recalls",
                                             "coco_1k_recalls", "coco_5k_recalls"))

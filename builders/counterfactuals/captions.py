@@ -52,7 +52,7 @@ from nltk.tokenize import NLTKWordTokenizer
 
 from builders.counterfactuals.config import CaptionStageConfig
 from builders.infra.errors import UserFacingError
-from metric_spaces.odmap.noun_phrases import default_tagger, tokenize
+from counterfactory_metrics.odmap.noun_phrases import default_tagger, tokenize
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ is tried for removal under the rules of `builders.decorrelation.selection`; the 
 - `default/train`: D' from the Karpathy train (+restval) split;
 - `odmap_queries/test` + `odmap_gallery/test`: the ODmAP@k evaluation set — removal queries from
   the test split and the caption gallery of train+restval+val+test with class-mention vectors,
-  which `metric_spaces/odmap` consumes directly.
+  which `evaluate_modules/odmap` consumes directly.
 
     counterfactory build decorrelation --coco-root COCO --output out/ [--models tiny]
     accelerate launch builders/decorrelation/builder.py --coco-root COCO --output out/

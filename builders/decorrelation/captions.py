@@ -32,7 +32,7 @@ from PIL import Image
 from builders.decorrelation.options import CAPTION_METHODS
 from builders.decorrelation.source import SourceCaption
 from builders.infra.errors import UserFacingError
-from metric_spaces.odmap.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
+from counterfactory_metrics.odmap.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
                                         NpRemoval, remove_noun_phrases_with_reason)
 
 REASON_EMPTY = "caption_empty"
@@ -79,7 +79,7 @@ class CocoPhrases:
     """NLTK noun phrases + the COCO matching table (builders/decorrelation/METHOD.md §4); chunking cached per caption."""
 
     def __init__(self) -> None:
-        from metric_spaces.odmap.class_match import ClassMatcher
+        from counterfactory_metrics.odmap.class_match import ClassMatcher
 
         self.matcher = ClassMatcher()
         self.cache = NounPhraseCache()
@@ -88,7 +88,7 @@ class CocoPhrases:
         return remove_noun_phrases_with_reason(caption.text, removed, self.matcher, cache=self.cache)
 
     def mentions(self, captions: Sequence[SourceCaption], class_names: Sequence[str]) -> np.ndarray:
-        from metric_spaces.odmap.odmap_scores import gallery_mentions
+        from counterfactory_metrics.odmap.odmap_scores import gallery_mentions
 
         return gallery_mentions([c.text for c in captions], class_names, self.matcher, cache=self.cache)
 

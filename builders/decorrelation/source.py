@@ -67,7 +67,7 @@ class SourceConfig:
     def class_names(self) -> tuple[str, ...]:
         """The classes of the mention vectors, in column order."""
         if self.kind == "coco":
-            from metric_spaces.odmap.class_match import COCO_CLASSES
+            from counterfactory_metrics.odmap.class_match import COCO_CLASSES
 
             return COCO_CLASSES
         return tuple(self.flickr_classes)

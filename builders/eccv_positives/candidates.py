@@ -115,7 +115,7 @@ def sample_queries(gallery: Gallery, n_images: int, n_captions: int, seed: int) 
 def model_topk(image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery,
                queries: dict[str, list[int]], k: int) -> dict[str, np.ndarray]:
     """Per modality, [n_queries x k] gallery ids of one model's top-k (ties: lower gallery index)."""
-    from metric_spaces.map_at_r.topk import topk_from_embeddings
+    from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 
     image_row = {i: n for n, i in enumerate(gallery.image_ids)}
     caption_row = {c: n for n, c in enumerate(gallery.caption_ids)}

@@ -64,7 +64,7 @@ def annotation_sets(report: dict[str, Any], cands: Candidates) -> dict[str, dict
 
 def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
     """One row per (evaluated model, annotation set, modality) with mAP@R, R-P and R@1."""
-    from metric_spaces.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
+    from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 
     report_path = Path(cfg.state) / "annotations" / MITL_REPORT
     if not report_path.is_file():

@@ -141,7 +141,7 @@ class Demo:
 
         from builders.infra.cli import main as cli
 
-        module_dir = Path(__file__).resolve().parents[2] / "metric_spaces" / "odmap"
+        module_dir = Path(__file__).resolve().parents[2] / "evaluate_modules" / "odmap"
         if cli(["publish-metric", str(module_dir), "--repo-id", "demo/odmap", "--version", "v1.0.0"]) != 0:
             raise SystemExit("publishing the odmap metric failed")
         odmap = evaluate.load("demo/odmap", revision="v1.0.0")
@@ -165,7 +165,7 @@ class Demo:
         import torch
         from datasets import load_dataset
 
-        from metric_spaces.map_at_r.topk import topk_from_embeddings
+        from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
         from builders.infra.models.loaders import load_clip
         from builders.infra.models.profiles import resolve_profile
 

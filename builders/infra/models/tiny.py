@@ -31,7 +31,7 @@ SEED = 0
 
 
 def _caption_lines() -> list[str]:
-    from metric_spaces.odmap.class_match import COCO_CLASSES
+    from counterfactory_metrics.odmap.class_match import COCO_CLASSES
     from builders.infra.text.nltk_setup import read_tagged_corpus
 
     lines = [" ".join(w for w, _ in sent) for sent in read_tagged_corpus()]

@@ -1,4 +1,4 @@
-"""Publish a metric Space folder (`metric_spaces/NAME`) as a tagged Hub Space for `evaluate.load`.
+"""Publish a metric Space folder (`evaluate_modules/NAME`) as a tagged Hub Space for `evaluate.load`.
 
 `evaluate.load("ORG/NAME")` downloads `NAME.py` from the Space `ORG/NAME` and, for each relative
 import at the top of `NAME.py` (`from .helper import x`), `helper.py` from the same Space. It does
@@ -39,7 +39,7 @@ launch_gradio_widget(module)
 
 @dataclass
 class MetricPublishConfig:
-    """Example: `MetricPublishConfig(Path("metric_spaces/odmap"), "org/odmap", "v1.0.0")`."""
+    """Example: `MetricPublishConfig(Path("evaluate_modules/odmap"), "org/odmap", "v1.0.0")`."""
 
     module_dir: Path
     #: `ORG/NAME`; NAME must equal the module file's stem (`NAME.py`).

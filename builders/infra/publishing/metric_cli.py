@@ -19,7 +19,7 @@ def _handler(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "publish-metric", help="push an evaluate module folder to a Space and tag it",
-        description="Upload a metric Space folder (e.g. metric_spaces/odmap: NAME.py, the helpers it "
+        description="Upload a metric Space folder (e.g. evaluate_modules/odmap: NAME.py, the helpers it "
         "imports relatively, README.md, requirements.txt) to the Space ORG/NAME, "
         "where NAME.py is the module file, and tag the version so evaluate.load(ORG/NAME, "
         "revision=VERSION) loads exactly it.")

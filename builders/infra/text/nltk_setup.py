@@ -20,7 +20,7 @@ from pathlib import Path
 
 from builders.infra.errors import UserFacingError
 # The check itself lives with the odmap metric Space, whose text mode needs the tagger too.
-from metric_spaces.odmap.noun_phrases import DOWNLOAD_COMMAND, TAGGER_DIR, TaggerDataMissing, ensure_tagger
+from counterfactory_metrics.odmap.noun_phrases import DOWNLOAD_COMMAND, TAGGER_DIR, TaggerDataMissing, ensure_tagger
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ Two entry points:
 - `odmap_from_topk(topk_indices, mention_matrix, removed, present)`: the fast path for a large
   gallery. `mention_matrix[g, c]` says whether gallery caption g mentions class c (precompute it
   once with `gallery_mentions`); `topk_indices` come from any retrieval code, e.g. counterfactory's
-  streaming `metric_spaces.map_at_r.topk.topk_from_embeddings`, which never holds the queries x
+  streaming `counterfactory_metrics.map_at_r.topk.topk_from_embeddings`, which never holds the queries x
   gallery matrix (10,000 queries x 600,000 captions would be 24 GB as float32).
 
 Example:
