@@ -9,7 +9,16 @@ same captions (the fixture's), and the chosen counterfactuals are asserted equal
 Image stage (builders/counterfactuals/METHOD.md §2): candidate pairs per second with `--candidate-batch N` against one pair
 per UNet call, tiny Stable Diffusion; the selected pair is asserted identical.
 
-Run: `python benchmarks/counterfactuals.py [--captions N] [--candidates N] [--steps N]`.
+Candidate plans (METHOD.md §2 "Shared computation"): for the same caption pairs and the same
+grouped candidate specs (K seeds x M p values), UNet row-evaluations per caption pair and wall
+time of the batched independent computation (`--no-shared-computation`) against the shared one;
+the selected pairs are asserted identical (images within one uint8 level). Then each approximate
+option's selection-change rate against the exact selection, and the full-release estimate on one
+GPU from the production plan's row counts (computed from the plan, no model needed) and a stated
+UNet throughput.
+
+Run: `python benchmarks/counterfactuals.py [--captions N] [--candidates N] [--steps N]
+[--only captions|images|plans] [--plan-steps N] [--p-values M] [--unet-rows-per-s R]`.
 """
 
 from __future__ import annotations
@@ -24,6 +33,17 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTION_PAIR = ("A man riding a brown horse.", "A man riding a brown elephant.")
+PLAN_PAIRS = [CAPTION_PAIR, ("A cat sleeping on a red couch.", "A dog sleeping on a red couch."),
+              ("Two people walking on a sandy beach.", "Two people walking on a snowy beach."),
+              ("A plate of food next to a cup.", "A plate of food next to a bottle.")]
+#: Caption pairs of the released COCO-Counterfactuals with images generated for them (Le et al.
+#: 2023, §3.3: 24,508 caption pairs -> 2.45 M candidate pairs).
+RELEASE_CAPTION_PAIRS = 24_508
+#: UNet rows per second of Stable Diffusion v1.5 at 512 x 512 on one A100 80GB SXM: 31.19 it/s
+#: end to end (Diffusers, torch 2.1, SDPA, batch 1) in fal.ai's public benchmark
+#: (github.com/fal-ai/stable-diffusion-benchmarks, "SD1.5 (End-to-end) Benchmarks"); one
+#: iteration is one guided step, 2 UNet rows. Conservative: larger batches run more rows/s.
+A100_UNET_ROWS_PER_S = 2 * 31.19
 
 
 def baseline_counterfactual(caption: str, models, unmasker, cfg) -> tuple[str, float] | None:
@@ -127,6 +147,111 @@ def bench_images(profile, candidates: int, steps: int, batch: int) -> dict:
             "speedup": times[1] / times[batch]}
 
 
+def _same_selection(a, b) -> bool:
+    """Same chosen candidate (or none), images within one uint8 level."""
+    import numpy as np
+
+    if a.pair is None or b.pair is None:
+        return a.pair is None and b.pair is None and a.rejected == b.rejected
+    same = (a.pair.seed, a.pair.p, a.pair.guidance, a.passed, a.rejected) == \
+        (b.pair.seed, b.pair.p, b.pair.guidance, b.passed, b.rejected)
+    return same and all(
+        np.abs(np.asarray(x).astype(int) - np.asarray(y).astype(int)).max() <= 1
+        for x, y in ((a.pair.image_0, b.pair.image_0), (a.pair.image_1, b.pair.image_1)))
+
+
+def production_rows(plan: dict, row_ids: list[str]) -> tuple[float, float]:
+    """Mean UNet rows per caption pair of a production-size plan (100 steps) without sharing and
+    with it, counted from the specs by `row_keys` (no model runs)."""
+    from builders.counterfactuals.config import ImageStageConfig
+    from builders.counterfactuals.images import candidate_batches, candidate_specs
+    from builders.counterfactuals.prompt_to_prompt import row_keys
+
+    cfg = ImageStageConfig(**plan)
+    plain = shared = 0
+    for row_id in row_ids:
+        for batch in candidate_batches(candidate_specs(0, row_id, cfg), cfg.candidate_batch):
+            plain += 4 * cfg.steps * len(batch)
+            shared += sum(2 * len(set(row_keys(batch, cfg.steps, i, True))) for i in range(cfg.steps))
+    return plain / len(row_ids), shared / len(row_ids)
+
+
+def bench_plans(profile, args) -> dict:
+    from builders.counterfactuals.config import ImageStageConfig
+    from builders.counterfactuals.images import ClipScorer, ImageStage
+    from builders.infra.models.loaders import load_clip, load_sd
+
+    pipe = load_sd(profile.sd)
+    scorer = ClipScorer(*load_clip(profile.clip_filter))
+    pairs = (PLAN_PAIRS * math.ceil(args.plan_pairs / len(PLAN_PAIRS)))[:args.plan_pairs]
+    # Random tiny CLIP scores sit near 0: thresholds -1 let every candidate pass, so the
+    # selection is the directional argmax over all candidates.
+    base = dict(candidate_plan="grouped", seeds=args.seeds, p_values=args.p_values,
+                candidate_batch=args.p_values, steps=args.plan_steps, image_size=64,
+                clip_threshold=-1.0, image_similarity_threshold=-1.0, directional_threshold=-1.0)
+
+    def run(**changes):
+        stage = ImageStage(pipe, scorer, ImageStageConfig(**{**base, **changes}), seed=0)
+        start = time.perf_counter()
+        out = [stage.run(f"bench-{k}", *pair) for k, pair in enumerate(pairs)]
+        return out, time.perf_counter() - start
+
+    run(share=True, steps=2)  # warm-up
+    # Alternating repeats, fastest of each: the machine may be shared, and other load only
+    # ever slows a run down.
+    t_shared = t_independent = math.inf
+    for _ in range(args.repeats):
+        exact, seconds = run(share=True)
+        t_shared = min(t_shared, seconds)
+        independent, seconds = run(share=False)
+        t_independent = min(t_independent, seconds)
+        assert all(_same_selection(a, b) for a, b in zip(exact, independent)), "shared != independent"
+    rows = {name: sum(s.work.unet_rows for s in sel) / len(pairs)
+            for name, sel in (("independent", independent), ("shared", exact))}
+    approximate = {}
+    fewer = max(2, args.plan_steps // 4)
+    for name, changes in ((f"dpm_solver_pp, {fewer} steps", dict(scheduler="dpm_solver_pp", steps=fewer)),
+                          (f"early stop after {args.early_stop} passes", dict(early_stop=args.early_stop))):
+        sel, seconds = run(**changes)
+        changed = sum((a.pair.seed, a.pair.p) != (b.pair.seed, b.pair.p) for a, b in zip(sel, exact))
+        approximate[name] = {"rows": sum(s.work.unet_rows for s in sel) / len(pairs),
+                             "seconds": seconds, "changed": changed / len(pairs)}
+    ids = [f"release-{k}" for k in range(args.release_sample)]
+    release = {
+        "independent (paper: 100 candidates)": production_rows(dict(candidates=100), ids),
+        f"grouped 10 x {args.p_values}": production_rows(dict(candidate_plan="grouped", seeds=10,
+                                                              p_values=args.p_values,
+                                                              candidate_batch=args.p_values), ids),
+    }
+    return {"pairs": len(pairs), "candidates": args.seeds * args.p_values, "rows": rows,
+            "t_shared": t_shared, "t_independent": t_independent, "approximate": approximate,
+            "release": release}
+
+
+def print_plans(res: dict, args) -> None:
+    rows, t_ind, t_sh = res["rows"], res["t_independent"], res["t_shared"]
+    print(f"candidate plans: {res['pairs']} caption pairs, grouped {args.seeds} seeds x "
+          f"{args.p_values} p = {res['candidates']} candidates, {args.plan_steps} steps, 64x64, "
+          "tiny pipeline (same selections, images within 1 level)")
+    print(f"  batched independent {rows['independent']:8.0f} UNet rows/pair  {t_ind:6.1f} s "
+          f"(fastest of {args.repeats})")
+    print(f"  shared              {rows['shared']:8.0f} UNet rows/pair  {t_sh:6.1f} s")
+    print(f"  shared / independent: {rows['shared'] / rows['independent']:.1%} of the rows, "
+          f"wall-time speed-up {t_ind / t_sh:.2f}x")
+    print("  approximate options (selection-change rate vs the exact selection; random tiny CLIP, "
+          "so only a GPU run with the real models measures the real rate):")
+    for name, a in res["approximate"].items():
+        print(f"    {name:28s} {a['rows']:8.0f} UNet rows/pair  {a['seconds']:6.1f} s  "
+              f"selection changed for {a['changed']:.0%} of the pairs")
+    print(f"full release estimate: {RELEASE_CAPTION_PAIRS} caption pairs, 100 steps, at "
+          f"{args.unet_rows_per_s:.1f} UNet rows/s on one GPU (default: A100, fal.ai's public "
+          "SD1.5 benchmark, batch 1; pass --unet-rows-per-s for yours):")
+    for name, (plain, shared) in res["release"].items():
+        days = lambda r: RELEASE_CAPTION_PAIRS * r / args.unet_rows_per_s / 86400  # noqa: E731
+        print(f"  {name:36s} {plain:8.0f} rows/pair unshared ({days(plain):6.1f} GPU-days), "
+              f"{shared:8.0f} shared ({shared / plain:.1%}, {days(shared):6.1f} GPU-days)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--captions", type=int, default=66, help="captions (fixture ones, cycled)")
@@ -134,6 +259,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="denoising steps")
     parser.add_argument("--candidate-batch", type=int, default=8)
     parser.add_argument("--tiny-models-dir", type=Path, default=None)
+    parser.add_argument("--only", choices=("captions", "images", "plans"), default=None)
+    parser.add_argument("--plan-pairs", type=int, default=3, help="caption pairs of the plan bench")
+    parser.add_argument("--seeds", type=int, default=2, help="grouped plan: seeds per caption pair")
+    parser.add_argument("--p-values", type=int, default=10, help="grouped plan: p values per seed")
+    parser.add_argument("--plan-steps", type=int, default=20, help="denoising steps of the plan bench")
+    parser.add_argument("--early-stop", type=int, default=5, help="early-stop option: K passes")
+    parser.add_argument("--repeats", type=int, default=3, help="plan bench: timed repeats (fastest kept)")
+    parser.add_argument("--release-sample", type=int, default=20,
+                        help="row ids averaged for the production row counts")
+    parser.add_argument("--unet-rows-per-s", type=float, default=A100_UNET_ROWS_PER_S,
+                        help="production UNet rows/s at 512x512 on your GPU")
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(REPO / ".nltk_data"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -147,7 +283,15 @@ def main() -> None:
     except LookupError:
         install_offline_tagger(os.environ["NLTK_DATA"])
     profile = resolve_profile("tiny", args.tiny_models_dir)
-    cap = bench_captions(profile, args.captions)
+    if args.only in (None, "plans"):
+        print_plans(bench_plans(profile, args), args)
+    if args.only in (None, "captions"):
+        print_captions(bench_captions(profile, args.captions))
+    if args.only in (None, "images"):
+        print_images(bench_images(profile, args.candidates, args.steps, args.candidate_batch))
+
+
+def print_captions(cap: dict) -> None:
     print(f"caption stage: {cap['captions']} captions -> {cap['pairs']} pairs (same choices)")
     print(f"  batched  {cap['ours_per_s']:8.2f} captions/s ({cap['ours_s']:.1f} s, order {cap['order']})")
     print(f"  batched  {cap['captions'] / cap['sim_first_s']:8.2f} captions/s "
@@ -155,7 +299,9 @@ def main() -> None:
     print(f"  baseline {cap['baseline_per_s']:8.2f} captions/s ({cap['baseline_s']:.1f} s)")
     print(f"  speed-up {cap['speedup']:.1f}x "
           f"({cap['baseline_s'] / cap['sim_first_s']:.1f}x similarity first)")
-    img = bench_images(profile, args.candidates, args.steps, args.candidate_batch)
+
+
+def print_images(img: dict) -> None:
     print(f"image stage: {img['candidates']} candidate pairs, {img['steps']} steps, 64x64 (same pair)")
     print(f"  batch {img['batch']:<3d} {img['batched_pairs_per_s']:8.2f} pairs/s")
     print(f"  batch 1   {img['single_pairs_per_s']:8.2f} pairs/s")
