@@ -9,7 +9,7 @@ same captions (the fixture's), and the chosen counterfactuals are asserted equal
 Image stage (builders/counterfactuals/METHOD.md §2): candidate pairs per second with `--candidate-batch N` against one pair
 per UNet call, tiny Stable Diffusion; the selected pair is asserted identical.
 
-Candidate plans (METHOD.md §2 "Shared computation"): for the same caption pairs and the same
+Candidate plans (builders/counterfactuals/METHOD.md §2 "Shared computation"): for the same caption pairs and the same
 grouped candidate specs (K seeds x M p values), UNet row-evaluations per caption pair and wall
 time of the batched independent computation (`--no-shared-computation`) against the shared one;
 the selected pairs are asserted identical (images within one uint8 level). Then each approximate

@@ -142,7 +142,7 @@ def test_any_text_dataset_with_counted_reasons(tmp_path, tiny_models_dir, nltk_d
     rows = load_dataset(str(out), split="test")
     assert rows["id"] == ["k0", "k5"] and rows["caption_0"] == [texts[0], texts[5]]
     manifest = json.loads((out / "build_manifest.json").read_text())
-    assert manifest["errors"] == {"empty_caption": 1}
+    assert manifest["errors"] == {"blank_caption": 1}
     assert manifest["skipped"] == {"not_english": 1, "too_long": 1, "too_short": 1}
     assert "| too_long | filtered by the method | 1 |" in (out / "README.md").read_text()
 

@@ -213,15 +213,11 @@ class CocoCounterfactualsBuilder:
         if self.config.stage == "images":
             yield from self._image_rows(items)
             return
-        valid = []
-        for item in items:
-            if item.text.strip():
-                valid.append(item)
-            else:
-                yield Skip("empty_caption", kind="error", detail=f"caption {item.id}")
+        # Blank or non-text captions never reach here: the runner counts the readers'
+        # `input_problem` (bad_caption / blank_caption) as input errors.
         pairs = []
         progress.stage("captions")
-        for item, outcome in zip(valid, self.caption_stage().run([it.text for it in valid])):
+        for item, outcome in zip(items, self.caption_stage().run([it.text for it in items])):
             if isinstance(outcome, str):
                 yield Skip(outcome)
                 continue
