@@ -9,6 +9,7 @@ similarity and perplexity are those of the published `caption_1`."""
 from __future__ import annotations
 
 import json
+import re
 import math
 
 import datasets
@@ -88,6 +89,10 @@ CORPUS = [
 ]
 
 
+#: A plain word, inner hyphens and apostrophes allowed (`skate-board`, `o'clock`).
+WORD = re.compile(r"\w+(?:[-'’]\w+)*")
+
+
 def cut(text: str, start: int, word: str) -> str:
     return text[:start] + text[start + len(word):]
 
@@ -120,6 +125,8 @@ def test_pairs_differ_only_in_the_swapped_word(edits_build):
         assert c0[start:start + len(old)] == old and c1[start:start + len(new)] == new, row["id"]
         assert cut(c0, start, old) == cut(c1, start, new), (c0, c1)
         assert old.lower() != new.lower() and new.strip() == new and " " not in new
+        # Both are plain words: a period or comma taken along would vanish from caption_1.
+        assert WORD.fullmatch(old) and WORD.fullmatch(new), (c0, c1)
         # The edit is a whole word: no letter or digit glued on either side.
         for text, word in ((c0, old), (c1, new)):
             before, after = text[start - 1:start], text[start + len(word):start + len(word) + 1]

@@ -33,8 +33,11 @@ What differs from the reference, on purpose:
   `looks_english`), `too_long` (more tokens than the MLM or LM accepts), `no_token_spans`
   (NLTK's tokens cannot be located in the string), `no_nouns`,
   `no_valid_substitution`, `no_candidate_in_similarity_window`, `no_scorable_candidate`.
-- Tokenisation uses `word_tokenize(text, preserve_line=True)` (no `punkt` data needed); for a
-  one-sentence caption it differs from the sentence-splitting default only for inner periods.
+- Tokenisation uses `word_tokenize(text, preserve_line=True)` (no `punkt` data needed), which
+  leaves a period inside a caption on its word ("rides a bike. He is" -> `bike.`). The
+  reference's default splits sentences first, which separates it; `caption_tokens` splits such a
+  period off the same way, so a two-sentence caption's noun is a word and its edit keeps the
+  period (editing `bike.` whole would drop it: "rides a meat He is").
 - Options from the paper's future work: `avoid_related_nouns` drops substitutions where one noun
   is a WordNet hyponym, hypernym or synonym of the other (girl -> kid), and every row says whether
   the swap touches the "human" taxonomy (`HUMAN_WORDS`, 44% error rate in the paper's study).
@@ -168,13 +171,40 @@ def looks_english(tokens: Sequence[str]) -> bool:
 _SPANS = NLTKWordTokenizer()
 
 
+def _inner_periods(tokens: Sequence[str]) -> set[int]:
+    """Positions of words that carry a sentence-ending period inside the caption (`bike.`
+    followed by more tokens); abbreviations with inner dots (`U.S.`) are left alone."""
+    return {k for k, tok in enumerate(tokens[:-1])
+            if len(tok) > 1 and tok.endswith(".") and "." not in tok[:-1]
+            and any(ch.isalpha() for ch in tok)}
+
+
+def caption_tokens(text: str) -> list[str]:
+    """`tokenize(text)` with inner sentence periods split off their words (module docstring)."""
+    raw = tokenize(text)
+    cut = _inner_periods(raw)
+    return [part for k, tok in enumerate(raw) for part in ((tok[:-1], ".") if k in cut else (tok,))]
+
+
 def token_spans(text: str, tokens: Sequence[str]) -> list[tuple[int, int]] | None:
-    """Character span of each of `tokenize(text)`'s tokens (NLTK's own alignment, which maps
-    its rewritten quotes back to the source characters); None when it cannot align them."""
+    """Character span of each of `caption_tokens(text)`'s tokens (NLTK's own alignment, which
+    maps its rewritten quotes back to the source characters); None when it cannot align them."""
     try:
-        spans = list(_SPANS.span_tokenize(text))
+        raw_spans = list(_SPANS.span_tokenize(text))
     except ValueError:
         return None
+    raw = tokenize(text)
+    if len(raw_spans) != len(raw):
+        return None
+    cut = _inner_periods(raw)
+    spans: list[tuple[int, int]] = []
+    for k, (a, b) in enumerate(raw_spans):
+        if k in cut:
+            if text[b - 1] != ".":
+                return None
+            spans += [(a, b - 1), (b - 1, b)]
+        else:
+            spans.append((a, b))
     return spans if len(spans) == len(tokens) else None
 
 
@@ -226,7 +256,7 @@ class CaptionStage:
         # Tagging is the stage's Python hot spot; the chosen candidate is tagged twice.
         hit = self._tag_cache.get(text)
         if hit is None:
-            tokens = tokenize(text)
+            tokens = caption_tokens(text)
             hit = (tokens, [t for _, t in self.tagger.tag(tokens)]) if tokens else ([], [])
             if len(self._tag_cache) > 100_000:
                 self._tag_cache.clear()
