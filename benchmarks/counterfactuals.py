@@ -13,7 +13,8 @@ Candidate plans (builders/counterfactuals/METHOD.md §2 "Shared computation"): f
 grouped candidate specs (K seeds x M p values), UNet row-evaluations per caption pair and wall
 time of the batched independent computation (`--no-shared-computation`) against the shared one;
 the selected pairs are asserted identical (images within one uint8 level). Then each approximate
-option's selection-change rate against the exact selection, and the full-release estimate on one
+option's selection-change rate against the exact selection (early rejection against the exact run
+with a directional threshold of 0, so that candidates can fail), and the full-release estimate on one
 GPU from the production plan's row counts (computed from the plan, no model needed) and a stated
 UNet throughput.
 
@@ -160,6 +161,12 @@ def _same_selection(a, b) -> bool:
         for x, y in ((a.pair.image_0, b.pair.image_0), (a.pair.image_1, b.pair.image_1)))
 
 
+def _changed(selections, reference) -> float:
+    """Fraction of caption pairs whose chosen candidate (or none) differs from the reference's."""
+    key = lambda s: (s.pair.seed, s.pair.p) if s.pair else None  # noqa: E731
+    return sum(key(a) != key(b) for a, b in zip(selections, reference)) / len(reference)
+
+
 def production_rows(plan: dict, row_ids: list[str]) -> tuple[float, float]:
     """Mean UNet rows per caption pair of a production-size plan (100 steps) without sharing and
     with it, counted from the specs by `row_keys` (no model runs)."""
@@ -213,9 +220,19 @@ def bench_plans(profile, args) -> dict:
     for name, changes in ((f"dpm_solver_pp, {fewer} steps", dict(scheduler="dpm_solver_pp", steps=fewer)),
                           (f"early stop after {args.early_stop} passes", dict(early_stop=args.early_stop))):
         sel, seconds = run(**changes)
-        changed = sum((a.pair.seed, a.pair.p) != (b.pair.seed, b.pair.p) for a, b in zip(sel, exact))
         approximate[name] = {"rows": sum(s.work.unet_rows for s in sel) / len(pairs),
-                             "seconds": seconds, "changed": changed / len(pairs)}
+                             "seconds": seconds, "changed": _changed(sel, exact)}
+    # Early rejection only acts when candidates can fail: a directional threshold of 0 rejects
+    # about half of the random tiny CLIP's candidates; the reference is the exact run with it.
+    strict = dict(filters=("directional",), directional_threshold=0.0)
+    reference, _ = run(**strict)
+    name = f"early rejection at {args.early_reject_at}, margin {args.early_reject_margin}"
+    sel, seconds = run(**strict, early_reject_at=args.early_reject_at,
+                       early_reject_margin=args.early_reject_margin)
+    approximate[name + " (directional >= 0)"] = {
+        "rows": sum(s.work.unet_rows for s in sel) / len(pairs), "seconds": seconds,
+        "changed": _changed(sel, reference),
+        "reference_rows": sum(s.work.unet_rows for s in reference) / len(pairs)}
     ids = [f"release-{k}" for k in range(args.release_sample)]
     release = {
         "independent (paper: 100 candidates)": production_rows(dict(candidates=100), ids),
@@ -236,12 +253,15 @@ def print_plans(res: dict, args) -> None:
     print(f"  batched independent {rows['independent']:8.0f} UNet rows/pair  {t_ind:6.1f} s "
           f"(fastest of {args.repeats})")
     print(f"  shared              {rows['shared']:8.0f} UNet rows/pair  {t_sh:6.1f} s")
-    print(f"  shared / independent: {rows['shared'] / rows['independent']:.1%} of the rows, "
-          f"wall-time speed-up {t_ind / t_sh:.2f}x")
+    share, speedup = rows["shared"] / rows["independent"], t_ind / t_sh
+    print(f"  shared / independent: {share:.1%} of the rows, wall-time speed-up {speedup:.2f}x")
+    print(f"  targets (M = 10): rows <= 40% {'met' if share <= 0.4 else 'MISSED'}, "
+          f"speed-up >= 2x {'met' if speedup >= 2 else 'MISSED'}")
     print("  approximate options (selection-change rate vs the exact selection; random tiny CLIP, "
           "so only a GPU run with the real models measures the real rate):")
     for name, a in res["approximate"].items():
-        print(f"    {name:28s} {a['rows']:8.0f} UNet rows/pair  {a['seconds']:6.1f} s  "
+        against = f" (exact: {a['reference_rows']:.0f})" if "reference_rows" in a else ""
+        print(f"    {name:28s} {a['rows']:8.0f} UNet rows/pair{against}  {a['seconds']:6.1f} s  "
               f"selection changed for {a['changed']:.0%} of the pairs")
     print(f"full release estimate: {RELEASE_CAPTION_PAIRS} caption pairs, 100 steps, at "
           f"{args.unet_rows_per_s:.1f} UNet rows/s on one GPU (default: A100, fal.ai's public "
@@ -265,6 +285,9 @@ def main() -> None:
     parser.add_argument("--p-values", type=int, default=10, help="grouped plan: p values per seed")
     parser.add_argument("--plan-steps", type=int, default=20, help="denoising steps of the plan bench")
     parser.add_argument("--early-stop", type=int, default=5, help="early-stop option: K passes")
+    parser.add_argument("--early-reject-at", type=float, default=0.5,
+                        help="early-rejection option: fraction of the steps before the preview")
+    parser.add_argument("--early-reject-margin", type=float, default=0.05)
     parser.add_argument("--repeats", type=int, default=3, help="plan bench: timed repeats (fastest kept)")
     parser.add_argument("--release-sample", type=int, default=20,
                         help="row ids averaged for the production row counts")

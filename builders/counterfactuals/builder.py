@@ -341,6 +341,8 @@ class CocoCounterfactualsBuilder:
             yield Count("image_candidates_passed", selection.passed)
             for name, n in selection.rejected.items():
                 yield Count(f"image_rejected_{name}", n)
+            if self.config.images.early_reject_at is not None:
+                yield Count("image_rejected_early", selection.early_rejected)
             if selection.pair is None:
                 yield Skip(NO_PASSING_CANDIDATE)
             else:

@@ -86,10 +86,22 @@ class ImageStageConfig:
     directional_threshold: float = 0.2
     #: Stop once this many candidates passed (None: always try all N).
     early_stop: int | None = None
+    #: Approximate, off by default (METHOD.md §2): at this fraction of the steps, decode each
+    #: candidate's predicted clean image and stop denoising the candidates whose preview fails a
+    #: filter by more than `early_reject_margin` (they count as tried, not as passed).
+    early_reject_at: float | None = None
+    early_reject_margin: float = 0.1
     #: Attention maps injected (`self`, `cross`, `both`; see `builders.counterfactuals.prompt_to_prompt`).
     inject: str = "self"
     #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
     scheduler: str = "euler_ancestral"
+
+    def early_reject_step(self) -> int | None:
+        """The 0-based step after which candidates are previewed (None: never). A preview after
+        the last step would save nothing."""
+        if self.early_reject_at is None or self.steps < 2:
+            return None
+        return min(self.steps - 2, int(self.early_reject_at * (self.steps - 1)))
 
     def __post_init__(self) -> None:
         if self.candidate_plan not in CANDIDATE_PLANS:
@@ -101,5 +113,11 @@ class ImageStageConfig:
         if unknown or not self.filters:
             raise UserFacingError(f"--filters takes one or more of {', '.join(IMAGE_FILTERS)} "
                                   f"(got {', '.join(self.filters) or 'none'})")
+        if self.early_reject_at is not None and not 0 < self.early_reject_at < 1:
+            raise UserFacingError(f"--early-reject-at takes a fraction of the steps in (0, 1) "
+                                  f"(got {self.early_reject_at})")
+        if self.early_reject_margin < 0:
+            raise UserFacingError(f"--early-reject-margin takes a number >= 0 "
+                                  f"(got {self.early_reject_margin})")
         # One canonical order: the same set of filters is the same build.
         self.filters = tuple(f for f in IMAGE_FILTERS if f in self.filters)

@@ -26,7 +26,9 @@ paper with the instruct-pix2pix generator's defaults):
 Every filter a candidate fails is counted (`ImageSelection.rejected`; a candidate can fail
 several). Among the passing candidates the highest `CLIP_dir` wins (the lowest index on ties).
 With `early_stop = K`, generation stops at the candidate where the K-th pass happens and only
-candidates up to it are considered, whatever the batch size.
+candidates up to it are considered, whatever the batch size. With `early_reject_at` (approximate,
+off by default), a candidate whose predicted clean image at that fraction of the steps fails a
+filter by more than `early_reject_margin` is not denoised further (`ImageSelection.early_rejected`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch
 from PIL import Image
 
 from builders.counterfactuals.config import ImageStageConfig
-from builders.counterfactuals.prompt_to_prompt import PairSpec, UNetWork, generate_pairs
+from builders.counterfactuals.prompt_to_prompt import EarlyRejection, PairSpec, UNetWork, generate_pairs
 from builders.infra import progress
 from builders.infra.seeding import derive_seed
 
@@ -64,12 +66,14 @@ class ImagePair:
 class ImageSelection:
     """What `ImageStage.run` found for one caption pair: the chosen pair (None when no candidate
     passed), how many candidates were generated and passed, per filter of the config how
-    many candidates failed it, and the UNet / decoder work it took."""
+    many finished candidates failed it, how many were dropped early on their preview, and the
+    UNet / decoder work it took."""
 
     pair: ImagePair | None
     tried: int = 0
     passed: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    early_rejected: int = 0
     work: UNetWork = field(default_factory=UNetWork)
 
 
@@ -161,34 +165,54 @@ class ImageStage:
     def __init__(self, pipe: Any, scorer: ClipScorer, config: ImageStageConfig, seed: int) -> None:
         self.pipe, self.scorer, self.config, self.seed = pipe, scorer, config, seed
 
-    def failed_filters(self, s: _Scores, k: int) -> list[str]:
-        """The filters of `config.filters` that candidate k fails."""
+    def failed_filters(self, s: _Scores, k: int, margin: float = 0.0) -> list[str]:
+        """The filters of `config.filters` that candidate k fails by more than `margin`."""
         cfg = self.config
         ok = {
-            "text_image": min(s.clip_0[k].item(), s.clip_1[k].item()) >= cfg.clip_threshold,
-            "image_image": s.image_similarity[k].item() >= cfg.image_similarity_threshold,
-            "directional": s.directional[k].item() >= cfg.directional_threshold,
+            "text_image": min(s.clip_0[k].item(), s.clip_1[k].item()) >= cfg.clip_threshold - margin,
+            "image_image": s.image_similarity[k].item() >= cfg.image_similarity_threshold - margin,
+            "directional": s.directional[k].item() >= cfg.directional_threshold - margin,
         }
         return [name for name in cfg.filters if not ok[name]]
+
+    def early_rejection(self, caption_0: str, caption_1: str) -> EarlyRejection | None:
+        step = self.config.early_reject_step()
+        if step is None:
+            return None
+
+        def check(previews_0: np.ndarray, previews_1: np.ndarray) -> list[bool]:
+            scores = score_pairs(self.scorer, caption_0, caption_1, previews_0, previews_1)
+            return [not self.failed_filters(scores, k, self.config.early_reject_margin)
+                    for k in range(len(previews_0))]
+
+        return EarlyRejection(step, check)
 
     def run(self, row_id: str, caption_0: str, caption_1: str) -> ImageSelection:
         cfg = self.config
         specs = candidate_specs(self.seed, row_id, cfg)
         best: ImagePair | None = None
-        passed = tried = 0
+        passed = tried = early_rejected = 0
         rejected = dict.fromkeys(cfg.filters, 0)
         work = UNetWork()
         start = 0
         for batch in candidate_batches(specs, max(1, cfg.candidate_batch)):
             progress.stage("candidates", start, len(specs))
             start += len(batch)
+            early = self.early_rejection(caption_0, caption_1)
             images_0, images_1 = generate_pairs(self.pipe, caption_0, caption_1, batch,
                                                 steps=cfg.steps, size=cfg.image_size,
                                                 inject=cfg.inject, scheduler=cfg.scheduler,
-                                                share=cfg.share, work=work)
-            scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1)
-            for k, spec in enumerate(batch):
+                                                share=cfg.share, work=work, early=early)
+            dropped = set(early.dropped) if early else set()
+            scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1) \
+                if len(images_0) else None
+            k = -1  # position among the finished candidates (the images' rows)
+            for j, spec in enumerate(batch):
                 tried += 1
+                if j in dropped:
+                    early_rejected += 1
+                    continue
+                k += 1
                 failed = self.failed_filters(scores, k)
                 for name in failed:
                     rejected[name] += 1
@@ -206,4 +230,4 @@ class ImageStage:
                     break
             if cfg.early_stop is not None and passed >= cfg.early_stop:
                 break
-        return ImageSelection(best, tried, passed, rejected, work)
+        return ImageSelection(best, tried, passed, rejected, early_rejected, work)

@@ -93,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          default=e.directional_threshold, tiny=-1.0,
                          help="directional filter: minimum CLIP directional similarity")
     img.add_argument("--early-stop", type=positive_int, default=None, help="stop once K candidates pass")
+    img.add_argument("--early-reject-at", type=float, default=None, metavar="FRACTION",
+                     help="approximate, off by default: after this fraction of the steps, score "
+                          "each candidate's predicted clean image with CLIP and stop denoising "
+                          "those that fail a filter by more than --early-reject-margin (METHOD.md §2)")
+    img.add_argument("--early-reject-margin", type=float, default=e.early_reject_margin,
+                     help="early rejection: how far below a filter's threshold a preview must "
+                          f"score to be dropped (default {e.early_reject_margin})")
     img.add_argument("--inject", choices=("self", "cross", "both"), default=e.inject,
                      help="maps injected for the first fraction p of steps: self (default, as the "
                           "paper's generator): every self-attention map; cross: Prompt-to-Prompt's "
@@ -129,6 +136,7 @@ def from_args(args: argparse.Namespace):
         guidance_range=tuple(args.guidance_range), filters=tuple(args.filters),
         clip_threshold=args.clip_threshold, directional_threshold=args.directional_threshold,
         image_similarity_threshold=args.image_similarity_threshold, early_stop=args.early_stop,
+        early_reject_at=args.early_reject_at, early_reject_margin=args.early_reject_margin,
         inject=args.inject, scheduler=args.scheduler)
     config = CocoCounterfactualsConfig(
         stage=args.stage, coco_root=str(args.coco_root) if args.coco_root else None,

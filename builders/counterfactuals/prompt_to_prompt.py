@@ -37,13 +37,20 @@ first step where one injects and another does not (a tree of branches, forking a
 `injected_steps(p)`). The sampler runs on every candidate's rows, each with its own noise
 generator, so any row-wise scheduler (multistep ones included) keeps per-candidate state; only
 the UNet (and the VAE decoder) work is deduplicated.
+
+Early rejection (`early`, an approximate option, builders/counterfactuals/METHOD.md §2): after
+step `early.step` the sampler's prediction of the clean latents (x0) is decoded for every
+candidate and `early.check` decides which candidates go on; the others leave the batch (their
+rows, noise generators and sampler history), so the remaining steps cost less. The survivors'
+images are those they would have had without it: a candidate never depends on the rest of its
+batch.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -69,6 +76,18 @@ class UNetWork:
 
     unet_rows: int = 0
     decoded: int = 0
+
+
+@dataclass
+class EarlyRejection:
+    """After step `step` (0-based, before the last), `check(previews_0, previews_1)` gets the
+    decoded x0 predictions of the batch's live candidates (uint8 `(n, size, size, 3)` each) and
+    returns one bool per candidate: keep it. `generate_pairs` lists the batch positions of the
+    candidates it dropped in `dropped`."""
+
+    step: int
+    check: Callable[[np.ndarray, np.ndarray], Sequence[bool]]
+    dropped: list[int] = field(default_factory=list)
 
 
 def injected(p: float, step: int, steps: int) -> bool:
@@ -279,6 +298,30 @@ def make_scheduler(pipe, kind: str):
     raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {kind!r}")
 
 
+def predicted_x0(sched, out) -> torch.Tensor:
+    """The sampler's x0 prediction of the step it just took: Euler-type samplers return it,
+    DPM-Solver++ keeps it as its newest model output."""
+    x0 = getattr(out, "pred_original_sample", None)
+    if x0 is None and getattr(sched, "model_outputs", None) and sched.model_outputs[-1] is not None:
+        x0 = sched.model_outputs[-1]
+    if x0 is None:
+        raise ValueError(f"early rejection needs a sampler that predicts x0 "
+                         f"(euler_ancestral, dpm_solver_pp), not {type(sched).__name__}")
+    return x0
+
+
+def _keep_sampler_rows(sched, rows: list[int]) -> None:
+    """Drop the per-row history of a multistep sampler along with the rows themselves."""
+    if getattr(sched, "model_outputs", None):
+        sched.model_outputs = [m[rows] if isinstance(m, torch.Tensor) else m for m in sched.model_outputs]
+
+
+def _decode(pipe, latents: torch.Tensor) -> np.ndarray:
+    images = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+    images = ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy() * 255)
+    return images.round().astype(np.uint8)
+
+
 def _generators(seeds: Sequence[int], salt: int) -> list[torch.Generator]:
     # Two generators per pair seeded alike: both images draw identical noise. The salt keeps
     # the sampler-noise stream apart from the initial-latent stream of the same seed.
@@ -289,13 +332,15 @@ def _generators(seeds: Sequence[int], salt: int) -> list[torch.Generator]:
 def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpec], *,
                    steps: int, size: int, inject: str = "self",
                    scheduler: str = "euler_ancestral", share: bool = True,
-                   work: UNetWork | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   work: UNetWork | None = None,
+                   early: EarlyRejection | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Images of every candidate pair, as uint8 arrays `(N, size, size, 3)` for the original
     and the counterfactual caption. `share` evaluates each distinct row state once (same images;
-    see the module docstring); `work`, when given, accumulates the work done."""
+    see the module docstring); `work`, when given, accumulates the work done. With `early`, the
+    candidates it drops are left out of the arrays (their batch positions: `early.dropped`)."""
     from diffusers.utils.torch_utils import randn_tensor
 
-    device, n = pipe.unet.device, len(specs)
+    device = pipe.unet.device
     cond, uncond = pipe.encode_prompt([caption_0, caption_1], device, 1, True)
     mapper = None
     if inject in ("cross", "both"):
@@ -315,8 +360,11 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
                          for g in _generators(seeds, 0)]) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
     work = work if work is not None else UNetWork()
+    live = list(range(len(specs)))  # batch positions of the candidates still denoised
     with p2p_processors(pipe.unet, ctrl):
         for i, t in enumerate(sched.timesteps):
+            if not specs:
+                break
             unique, index = _dedupe(row_keys(specs, steps, i, share))
             at = {r: u for u, r in enumerate(unique)}
             # Row 2j+1 and its original 2j: positions among the unique rows (a shared original
@@ -331,11 +379,25 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
             x = sched.scale_model_input(torch.cat([latents[unique], latents[unique]]), t)
             eps_uncond, eps_cond = pipe.unet(x, t, encoder_hidden_states=emb).sample.chunk(2)
             eps = (eps_uncond + guidance * (eps_cond - eps_uncond))[index]
-            latents = sched.step(eps, t, latents, generator=noise_gens).prev_sample
+            out = sched.step(eps, t, latents, generator=noise_gens)
+            latents = out.prev_sample
             work.unet_rows += 2 * len(unique)
+            if early is not None and i == early.step and i < steps - 1:
+                # Rows that shared this step's input share their x0 prediction too.
+                previews = _decode(pipe, predicted_x0(sched, out)[unique])[index]
+                work.decoded += len(unique)
+                keep = [bool(k) for k in early.check(previews[0::2], previews[1::2])]
+                early.dropped += [j for j, k in zip(live, keep) if not k]
+                kept = [j for j, k in enumerate(keep) if k]
+                rows = [2 * j + h for j in kept for h in (0, 1)]
+                latents, noise_gens = latents[rows], [noise_gens[r] for r in rows]
+                _keep_sampler_rows(sched, rows)
+                specs, live = [specs[j] for j in kept], [live[j] for j in kept]
+                ctrl.specs = specs
+    if not specs:
+        empty = np.zeros((0, size, size, 3), dtype=np.uint8)
+        return empty, empty
     unique, index = _dedupe(row_keys(specs, steps, steps, share))
-    images = pipe.vae.decode(latents[unique] / pipe.vae.config.scaling_factor).sample
+    images = _decode(pipe, latents[unique])[index]
     work.decoded += len(unique)
-    images = ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy() * 255)
-    images = images.round().astype(np.uint8)[index]
     return images[0::2], images[1::2]
