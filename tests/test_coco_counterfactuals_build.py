@@ -228,16 +228,24 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
 
 
 @pytest.mark.accelerate
-def test_two_processes_equal_one(coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp_path):
+@pytest.mark.parametrize("variant", ["karpathy", "val2017-grouped"])
+def test_two_processes_equal_one(variant, coco_fixture_dir, coco2017_dir, tiny_models_dir,
+                                 nltk_data_dir, tmp_path):
     # CPU float sums depend on the intra-op thread count: every run uses one thread per process.
-    # (The Karpathy-split source, as the demo reads it.)
-    common = ["--max-captions", "8", "--torch-threads", "1", "--karpathy-splits", "test", *IMAGE_ARGS]
-    args = ["--coco-root", str(coco_fixture_dir), "--models", "tiny", "--tiny-models-dir",
+    # `karpathy`: the Karpathy-split source, as the demo reads it, independent candidates;
+    # `val2017-grouped`: the default source (file order) and the grouped plan's shared UNet work.
+    coco, extra = {"karpathy": (coco_fixture_dir, ["--karpathy-splits", "test"]),
+                   "val2017-grouped": (coco2017_dir, ["--candidate-plan", "grouped", "--seeds", "2",
+                                                      "--p-values", "3"])}[variant]
+    image_args = IMAGE_ARGS if variant == "karpathy" else \
+        ["--image-size", "64", "--steps", "2", "--candidate-batch", "4"]
+    common = ["--max-captions", "8", "--torch-threads", "1", *extra, *image_args]
+    args = ["--coco-root", str(coco), "--models", "tiny", "--tiny-models-dir",
             str(tiny_models_dir), "--part-size", "2", *common]
     single = tmp_path / "single"
     threads = torch.get_num_threads()
     try:
-        build(single, coco_fixture_dir, tiny_models_dir, *common, part_size=2)
+        build(single, coco, tiny_models_dir, *common, part_size=2)
     finally:
         torch.set_num_threads(threads)
     multi = tmp_path / "multi"
