@@ -213,6 +213,11 @@ def test_bad_inputs_are_one_line_errors_before_training(builds, tiny_models_dir,
     assert "needs at least 2 rows per process batch" in err
     err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--real-revision", "v1.0.0"))
     assert "is a local folder" in err
+    # The fixture's test split is a handful of images, not the COCO 5K set the ECCV suite scores.
+    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--eccv"))
+    assert "--eccv needs the COCO 5K test split" in err and f"{cc} split 'test'" in err
+    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--eccv", "--real-test-split", ""))
+    assert "--eccv scores the COCO 5K test split" in err
     assert not (out / "loss.jsonl").exists() and not (out / "checkpoints").exists()
 
 

@@ -1,8 +1,11 @@
 """Training inputs without training: the pair-aware batch sampler (property test over seeds, 1 and
-2 processes), the paper's mixture counts, the decorrelation ratio, and the sweep statistics."""
+2 processes), the paper's mixture counts, the decorrelation ratio, the sweep statistics and their
+directions, the NegCLIP loss, COCO 5K / 1K recall against the ECCV suite, and the parser (model
+defaults, the kim2023 recipe)."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -204,24 +207,179 @@ def test_cosine_schedule_with_warmup():
     assert all(f(s) > f(s + 1) for s in range(4, 23))
 
 
-def test_coco_5k_recall_equals_the_eccv_suite_on_the_real_test_split():
+def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
     """The trainer's 5-captions-per-image R@K on the real COCO 5K ids (from the annotations
-    shipped in eccv_caption) equals the ECCV suite's coco_5k recalls on the same embeddings."""
+    shipped in eccv_caption), in the coco-captions build's row order (image ids ascending),
+    equals the ECCV suite's coco_5k recalls on the same embeddings, and its 1K fold means equal
+    the suite's coco_1k ones (folds from `coco_test_ids.npy`, not from the row order)."""
     from counterfactory_metrics.map_at_r.eccv_annotations import read_positives
-    from training.evaluation import EvalData, eccv_metrics, retrieval_metrics
+    from training.evaluation import (DataInputError, EvalData, check_eccv_split, eccv_metrics,
+                                     keep_standard_coco_captions, retrieval_folds, retrieval_metrics)
 
     i2t = read_positives("coco").i2t
     image_ids = np.array(sorted(i2t))
-    caption_ids = np.array([c for i in image_ids for c in sorted(i2t[i])])
+    # A sixth caption of image 0, as COCO has for a few test images (an id outside the 25,000):
+    # the 5-captions-per-image protocol leaves it out.
+    extra = max(c for caps in i2t.values() for c in caps) + 1
+    caption_ids = np.array([c for i in image_ids for c in sorted(i2t[i])] + [extra])
     owner = np.repeat(image_ids, [len(i2t[i]) for i in image_ids])
+    owner = np.append(owner, image_ids[0])
     rng = np.random.default_rng(0)
     # Captions near their image, so R@K is far from 0 (and continuous scores: no ties).
-    emb = {"image": rng.normal(size=(len(image_ids), 8)).astype(np.float32)}
-    emb["text"] = (emb["image"][np.searchsorted(image_ids, owner)]
-                   + rng.normal(scale=0.3, size=(len(caption_ids), 8)).astype(np.float32))
-    data = EvalData(image_ids=image_ids, caption_ids=caption_ids, caption_image=owner)
+    image_emb = rng.normal(size=(len(image_ids), 8)).astype(np.float32)
+    text_emb = (image_emb[np.searchsorted(image_ids, owner)]
+                + rng.normal(scale=0.3, size=(len(caption_ids), 8)).astype(np.float32))
+    data = EvalData(image_ids=image_ids, caption_ids=caption_ids, caption_image=owner,
+                    captions=[f"caption {c}" for c in caption_ids])
+    keep_standard_coco_captions(data)
+    assert len(data.caption_ids) == len(data.captions) == 25_000 and extra not in data.caption_ids
+    assert data.captions[-1] == f"caption {data.caption_ids[-1]}"
+    emb = {"image": image_emb, "text": text_emb[:-1]}
+    caption_ids, owner = data.caption_ids, data.caption_image
+    folds = retrieval_folds(image_ids)
+    # The standard folds are not blocks of consecutive image ids, so the row order would differ.
+    assert len(folds) == 5 and not any(np.array_equal(f, np.arange(n * 1000, (n + 1) * 1000))
+                                       for n, f in enumerate(folds))
+    data.folds = folds
+    check_eccv_split(data, "the test split")
     ours, eccv = retrieval_metrics(emb, data, (1, 5, 10)), eccv_metrics(emb, data)
     assert len(image_ids) == 5000 and ours["retrieval/i2t_R@1"] > 0.05
     for k in (1, 5, 10):
         for d in ("i2t", "t2i"):
             assert ours[f"retrieval/{d}_R@{k}"] == pytest.approx(eccv[f"eccv/coco_5k_r{k}_{d}"], abs=1e-9)
+            assert ours[f"retrieval_1k/{d}_R@{k}"] == pytest.approx(eccv[f"eccv/coco_1k_r{k}_{d}"], abs=1e-9)
+    # A split missing one of the 5K images cannot be scored by the suite: refused up front.
+    keep = image_ids != image_ids[7]
+    short = EvalData(image_ids=image_ids[keep], caption_ids=caption_ids[owner != image_ids[7]],
+                     caption_image=owner[owner != image_ids[7]])
+    with pytest.raises(DataInputError, match=r"--eccv needs the COCO 5K test split .* 4999 images "
+                                             r"\(0 outside it.*1 of its images and 5 of its captions"):
+        check_eccv_split(short, "the test split")
+
+
+def _ce(logits: np.ndarray, target: int) -> float:
+    """Cross-entropy of one row of logits, by hand (log-sum-exp minus the target's logit)."""
+    top = logits.max()
+    return float(top + np.log(np.exp(logits - top).sum()) - logits[target])
+
+
+def test_negclip_loss_is_cross_entropy_over_texts_and_unmasked_negative_columns():
+    """NegCLIP (Yuksekgonul et al. 2023): image i's softmax runs over [all texts | the extra
+    negatives of the rows that have one]; text j's softmax over the images is CLIP's."""
+    import torch
+
+    from training.losses import clip_loss
+
+    rng = np.random.default_rng(0)
+    n, scale = 6, 7.0
+    img, txt, neg = (rng.normal(size=(n, 5)) for _ in range(3))
+    mask = np.array([True, False, True, True, False, True])
+    sim = scale * img @ txt.T
+    with_neg = np.concatenate([sim, scale * img @ neg[mask].T], axis=1)  # [texts | 4 negatives]
+    i2t = np.mean([_ce(with_neg[i], i) for i in range(n)])
+    i2t_plain = np.mean([_ce(sim[i], i) for i in range(n)])
+    t2i = np.mean([_ce(sim[:, j], j) for j in range(n)])
+    assert i2t > i2t_plain + 1e-3  # the negatives are hard enough to show
+
+    def loss(negatives=None, m=mask) -> float:
+        t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+        return float(clip_loss(t(img), t(txt), torch.tensor(scale, dtype=torch.float64),
+                               None if negatives is None else t(negatives), torch.tensor(m)))
+
+    assert loss(neg) == pytest.approx((i2t + t2i) / 2, rel=1e-12)
+    assert loss() == pytest.approx((i2t_plain + t2i) / 2, rel=1e-12)
+    # Masked rows add no column: their negative can be anything, and all masked is plain CLIP.
+    other = neg.copy()
+    other[~mask] = rng.normal(size=(int((~mask).sum()), 5)) * 10
+    assert loss(other) == pytest.approx(loss(neg), rel=1e-12)
+    assert loss(neg, np.zeros(n, dtype=bool)) == pytest.approx(loss(), rel=1e-12)
+
+
+def _write_sweep(root: Path, seeds: dict[int, dict[str, float]]) -> Path:
+    for seed, metrics in seeds.items():
+        (root / f"seed-{seed}").mkdir(parents=True)
+        (root / f"seed-{seed}" / "run.json").write_text(json.dumps({"final_metrics": metrics}))
+    return root
+
+
+def test_sweep_tests_lower_is_better_metrics_for_lower_values(tmp_path):
+    """A model that leaves fewer ITM deltas below zero, or a lower loss, is better: the one-tailed
+    test there is H1 'run < baseline'; for R@1 it is 'run > baseline'."""
+    from scipy import stats
+
+    from training.sweep import summarize
+
+    base = {"itm/IR_c_frac_below_zero": [0.42, 0.45, 0.40, 0.44], "val_loss": [2.1, 2.3, 2.2, 2.25],
+            "retrieval/t2i_R@1": [0.30, 0.32, 0.31, 0.29]}
+    run = {"itm/IR_c_frac_below_zero": [0.31, 0.28, 0.33, 0.30], "val_loss": [1.9, 1.8, 2.0, 1.85],
+           "retrieval/t2i_R@1": [0.36, 0.38, 0.35, 0.37]}
+    # Directions from what the metrics mean (written here, not read from the sweep).
+    alternative = {"itm/IR_c_frac_below_zero": "less", "val_loss": "less", "retrieval/t2i_R@1": "greater"}
+    _write_sweep(tmp_path / "base", {s: {m: v[s] for m, v in base.items()} for s in range(4)})
+    _write_sweep(tmp_path / "run", {s: {m: v[s - 10] for m, v in run.items()} for s in range(10, 14)})
+    summary = summarize(tmp_path / "run", tmp_path / "base")
+    rows = {r["metric"]: r for r in summary["metrics"]}
+    table = (tmp_path / "run" / "summary.md").read_text()
+    for metric, alt in alternative.items():
+        p = stats.ttest_ind(run[metric], base[metric], equal_var=False, alternative=alt).pvalue
+        assert rows[metric]["p_value"] == pytest.approx(p, rel=1e-9) and p < 0.01, metric
+        line = next(line for line in table.splitlines() if line.startswith(f"| {metric} |"))
+        assert ("run < baseline" if alt == "less" else "run > baseline") in line, line
+
+
+def _parse(*argv: str):
+    from training.config import build_parser, config_from_args
+
+    return config_from_args(build_parser().parse_args(["--real", "out/cc", "--output", "run", *argv]))
+
+
+def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, monkeypatch):
+    import open_clip
+
+    import training.trainer
+    from builders.infra.errors import UserFacingError
+    from builders.infra.models.loaders import open_clip_name
+
+    cfg = _parse("--backend", "open_clip")
+    assert (cfg.run.model, cfg.run.pretrained) == ("ViT-B-32", "openai")
+    assert open_clip_name(cfg.run.model_id()) == ("ViT-B-32", "openai")
+    # Weights open_clip's registry knows (a listing: nothing is downloaded).
+    assert "openai" in open_clip.list_pretrained_tags_by_model("ViT-B-32")
+    explicit = _parse("--backend", "open_clip", "--model", "ViT-B-32", "--pretrained", "laion2b_s34b_b79k")
+    assert open_clip_name(explicit.run.model_id()) == ("ViT-B-32", "laion2b_s34b_b79k")
+    assert _parse().run.model_id() == "openai/clip-vit-base-patch32"
+    with pytest.raises(UserFacingError, match="--pretrained names open_clip weights"):
+        _parse("--pretrained", "openai")
+    with pytest.raises(UserFacingError, match="already says which weights"):
+        _parse("--backend", "open_clip", "--model", "ViT-B-32:openai", "--pretrained", "openai")
+
+    # The trainer asks the backend for exactly that model (stopped there: no download).
+    class Loaded(Exception):
+        pass
+
+    def fake_load(kind, model_id):
+        raise Loaded(kind, model_id)
+
+    monkeypatch.setattr(training.trainer, "load_backend", fake_load)
+    with pytest.raises(Loaded) as got:
+        training.trainer.run(_parse("--backend", "open_clip", "--output", str(tmp_path / "run")))
+    assert got.value.args == ("open_clip", "ViT-B-32:openai")
+
+
+def test_kim2023_recipe_is_the_decorrelation_papers():
+    """Kim et al. 2023 §4.1, CLIP: 10 epochs, batch 256, Adam, learning rate 2e-6, multiplied by
+    0.5 every 2 epochs."""
+    from training.trainer import lr_lambda
+
+    cfg = _parse("--recipe", "kim2023")
+    o = cfg.optim
+    assert (o.epochs, o.batch_size, o.optimizer, o.lr) == (10, 256, "adam", 2e-6)
+    # Plain Adam: no weight decay, no warm-up.
+    assert (o.weight_decay, o.warmup_steps) == (0, 0)
+    # The lr the trainer applies in each epoch (first and last step): halved every 2 epochs.
+    factor = lr_lambda(cfg, steps_per_epoch=3, total_steps=30)
+    for epoch in range(10):
+        assert factor(3 * epoch) == factor(3 * epoch + 2) == 0.5 ** (epoch // 2), epoch
+    # A flag overrides one field and keeps the rest.
+    o = _parse("--recipe", "kim2023", "--lr", "1e-5").optim
+    assert (o.epochs, o.batch_size, o.optimizer, o.lr) == (10, 256, "adam", 1e-5)

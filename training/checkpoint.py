@@ -75,6 +75,8 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
         f"{r['config']}/{r['split']} | {r['rows']} |" for r in run_record["tables"])
     cfg = run_record["config"]
     recipe = cfg.get("recipe") or "custom"
+    tag = cfg["run"]["pretrained"]
+    base = f"`{cfg['run']['model']}`" + (f", weights `{tag}`" if tag else "")
     card = f"""---
 library_name: {'transformers' if cfg['run']['backend'] == 'transformers' else 'open_clip'}
 tags:
@@ -85,7 +87,7 @@ tags:
 
 # CLIP finetuned with counterfactory
 
-Base model: `{cfg['run']['model']}` ({cfg['run']['backend']}). Mixture: `{cfg['data']['mix']}`
+Base model: {base} ({cfg['run']['backend']}). Mixture: `{cfg['data']['mix']}`
 (ratio {cfg['data']['ratio']}, data seed {cfg['data']['data_seed']}), hard negatives:
 `{cfg['data']['hard_negatives']}`, recipe: `{recipe}`, seed {cfg['run']['seed']}.
 

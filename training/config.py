@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from builders.infra.errors import UserFacingError
@@ -28,7 +29,12 @@ from builders.infra.errors import UserFacingError
 MIXES = ("none", "decorrelation", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
 BACKENDS = ("transformers", "open_clip")
-DEFAULT_MODEL = "openai/clip-vit-base-patch32"
+#: Backend -> (model, pretrained tag) when --model is not given: CLIP ViT-B/32 with OpenAI's
+#: weights in both (open_clip names the architecture and the weights separately).
+DEFAULT_MODELS: dict[str, tuple[str, str | None]] = {
+    "transformers": ("openai/clip-vit-base-patch32", None),
+    "open_clip": ("ViT-B-32", "openai"),
+}
 
 
 @dataclass
@@ -99,7 +105,10 @@ class RunConfig:
 
     output: str = "runs/finetune"
     backend: str = "transformers"
-    model: str = DEFAULT_MODEL
+    #: None: DEFAULT_MODELS[backend].
+    model: str | None = None
+    #: open_clip weights tag of an architecture name (`--model ViT-B-32 --pretrained openai`).
+    pretrained: str | None = None
     seed: int = 0
     #: Evaluate every N optimizer steps (0: only per epoch and at the end).
     eval_every: int = 0
@@ -119,6 +128,18 @@ class RunConfig:
     eccv: bool = False
     log_every: int = 1
 
+    def weights(self) -> tuple[str, str | None]:
+        """(model, pretrained tag) with the backend's defaults filled in."""
+        if self.model is not None:
+            return self.model, self.pretrained
+        model, tag = DEFAULT_MODELS[self.backend]
+        return model, self.pretrained or tag
+
+    def model_id(self) -> str:
+        """What the backend loads: `ARCH:TAG` for an open_clip architecture with a tag."""
+        model, tag = self.weights()
+        return f"{model}:{tag}" if tag else model
+
 
 @dataclass
 class TrainConfig:
@@ -137,6 +158,13 @@ class TrainConfig:
                                   f"{', '.join(HARD_NEGATIVES)}")
         if r.backend not in BACKENDS:
             raise UserFacingError(f"--backend {r.backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+        if r.pretrained is not None and r.backend != "open_clip":
+            raise UserFacingError("--pretrained names open_clip weights; with --backend transformers "
+                                  "give the checkpoint as --model (Hub id or folder)")
+        if r.pretrained is not None and r.model is not None and (":" in r.model or Path(r.model).is_dir()):
+            raise UserFacingError(f"--model {r.model} already says which weights to load, so --pretrained "
+                                  f"{r.pretrained} cannot apply; give an architecture name (ViT-B-32) "
+                                  "or drop --pretrained")
         if d.real is None and (not r.eval_only or d.mix.startswith("cf:")):
             raise UserFacingError("--real is required: the coco-captions build (folder or repo id) "
                                   "holding the real pairs D and their images")
@@ -150,6 +178,9 @@ class TrainConfig:
             raise UserFacingError("--batch-size, --grad-accum and --epochs must be >= 1")
         if o.lock_image and o.lock_text:
             raise UserFacingError("--lock-image and --lock-text together leave nothing to train")
+        if r.eccv and (d.real is None or not d.real_test_split):
+            raise UserFacingError("--eccv scores the COCO 5K test split: give --real (a coco-captions "
+                                  "build) and --real-test-split test")
 
 
 #: Recipe name -> {section: {field: value}}.
@@ -191,6 +222,7 @@ _FLAGS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--output", "run", "output", {}),
     ("--backend", "run", "backend", {"choices": BACKENDS}),
     ("--model", "run", "model", {}),
+    ("--pretrained", "run", "pretrained", {"metavar": "TAG"}),
     ("--seed", "run", "seed", {"type": int}),
     ("--eval-every", "run", "eval_every", {"type": int}),
     ("--save-every", "run", "save_every", {"type": int}),
@@ -224,7 +256,9 @@ _HELP = {
     "--lock-text": "freeze the text tower",
     "--output": "run folder (checkpoints, metrics, final model)",
     "--backend": "transformers (CLIPModel) or open_clip",
-    "--model": "Hub id or folder (transformers); ARCH:TAG, hf-hub:..., local-dir:PATH (open_clip)",
+    "--model": "Hub id or folder (transformers; default openai/clip-vit-base-patch32); ARCH, "
+               "ARCH:TAG, hf-hub:..., local-dir:PATH (open_clip; default ViT-B-32 + --pretrained openai)",
+    "--pretrained": "open_clip weights tag of an architecture --model (ViT-B-32: openai, laion2b_s34b_b79k, ...)",
     "--seed": "training seed (batch order)",
     "--eval-every": "evaluate every N steps (default: every epoch)",
     "--save-every": "checkpoint every N steps (and always per epoch)",
@@ -269,14 +303,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if path is not None:
             setattr(cfg.data, name, SourceRef(path, getattr(args, f"{name}_revision")))
     if args.models == "tiny":
-        from pathlib import Path
-
         from builders.infra.models.profiles import tiny_profile
 
         profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
         if args.model is None:
             cfg.run.model = profile.open_clip if cfg.run.backend == "open_clip" else profile.clip
     cfg.check()
+    # Concrete names, so run.json and the model card say which weights were the start.
+    cfg.run.model, cfg.run.pretrained = cfg.run.weights()
     return cfg
 
 

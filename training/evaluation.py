@@ -4,8 +4,14 @@ Sets (each evaluated when its source is given):
 
 - retrieval: the real test split (`--real-test-split`, the Karpathy 5K test for COCO), images x
   all their captions, 5 positives per image (i2t) and 1 per caption (t2i): R@1/5/10 on the whole
-  split (COCO 5K) and, for splits of >= 5,000 images, the mean over five folds of 1,000
-  consecutive images in the split's row order (COCO 1K). `--eccv` adds the ECCV Caption suite (ECCV mAP@R / R-P / R@1, CxC) of `map_at_r`.
+  split (COCO 5K) and the mean over five folds of 1,000 images (COCO 1K). On the COCO 5K test
+  images the protocol is the standard one: their 25,000 captions of eccv_caption's
+  `coco_test_ids.npy` (5 per image; COCO's few sixth and seventh captions are left out) and the
+  1K folds of each 5,000 consecutive caption ids there (the order of the VSE++ / ECCV Caption
+  evaluations), not the build's image-id order. Other splits of >= 5,000 images get folds of 1,000 consecutive rows,
+  which match no published protocol. `--eccv` adds the ECCV Caption suite (ECCV mAP@R / R-P /
+  R@1, CxC) of `map_at_r`; it is defined on the COCO 5K test split only, which is checked before
+  training.
 - odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
   (gallery class mentions from its `mentioned_classes`, streaming top-k).
 - itm: ITM score deltas (cosine similarity as the score G) on the held-out counterfactual pairs
@@ -37,7 +43,7 @@ from training.config import TrainConfig
 from training.data import fixed_batches, make_loader
 from training.losses import clip_loss
 from training.mixtures import ExampleSet, REAL_COLUMNS
-from training.sources import open_table, resolve_commit
+from training.sources import DataInputError, open_table, resolve_commit
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,7 @@ class EvalData:
     caption_ids: np.ndarray | None = None
     captions: list[str] = field(default_factory=list)
     caption_image: np.ndarray | None = None  # image id of each caption
+    folds: list[np.ndarray] = field(default_factory=list)  # rows of image_ids per COCO 1K fold
     queries: ExampleSet | None = None  # odmap queries (x')
     originals: ExampleSet | None = None  # x of each query (None where x is not in the test split)
     removed: list[list[str]] = field(default_factory=list)
@@ -85,6 +92,10 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
         out.caption_ids = np.asarray([c for ids in meta["caption_ids"] for c in ids], dtype=np.int64)
         out.captions = [c for caps in meta["captions"] for c in caps]
         out.caption_image = np.repeat(out.image_ids, [len(c) for c in meta["caption_ids"]])
+        keep_standard_coco_captions(out)
+        out.folds = retrieval_folds(out.image_ids)
+        if cfg.run.eccv:
+            check_eccv_split(out, f"{d.real.path} split {d.real_test_split!r}")
     if d.decorrelation is not None:
         commit = resolve_commit(d.decorrelation)
         queries, rq = open_table(d.decorrelation, "odmap_queries", "test", QUERY_COLUMNS, commit)
@@ -108,6 +119,66 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
             out.cf_pairs.add(table, row, "image_0", "", None, -1, "counterfactual")
             out.cf_pairs.add(table, row, "image_1", "", None, -1, "counterfactual")
     return out
+
+
+def coco_5k_reference() -> tuple[np.ndarray, np.ndarray]:
+    """The 25,000 COCO 5K test caption ids in eccv_caption's `coco_test_ids.npy` order (which
+    defines the COCO 1K folds) and the image id owning each: (owners, captions)."""
+    from counterfactory_metrics.map_at_r.eccv_annotations import coco_test_caption_ids, read_positives
+
+    coco = read_positives("coco")
+    captions = coco_test_caption_ids()
+    owners = np.fromiter((coco.t2i[int(c)][0] for c in captions), dtype=np.int64, count=len(captions))
+    return owners, captions
+
+
+def is_coco_5k(image_ids: np.ndarray) -> bool:
+    """Whether the split's images are exactly the COCO 5K test images."""
+    return len(image_ids) == 5 * FOLD and \
+        set(image_ids.tolist()) == set(coco_5k_reference()[0].tolist())
+
+
+def keep_standard_coco_captions(data: EvalData) -> None:
+    """On the COCO 5K test images, the 5-captions-per-image protocol: COCO has a sixth or
+    seventh caption for a few test images, which the published 5K/1K numbers (and the ECCV
+    suite) leave out. Other splits keep every caption."""
+    if not is_coco_5k(data.image_ids):
+        return
+    keep = np.flatnonzero(np.isin(data.caption_ids, coco_5k_reference()[1]))
+    data.caption_ids, data.caption_image = data.caption_ids[keep], data.caption_image[keep]
+    if data.captions:
+        data.captions = [data.captions[k] for k in keep]
+
+
+def retrieval_folds(image_ids: np.ndarray) -> list[np.ndarray]:
+    """Rows of `image_ids` in each COCO 1K fold (sorted, so ties rank as in the whole split);
+    none for splits of fewer than 5,000 images."""
+    if len(image_ids) < 5 * FOLD:
+        return []
+    if is_coco_5k(image_ids):
+        owners, _ = coco_5k_reference()
+        row = {int(i): r for r, i in enumerate(image_ids)}
+        per_fold = len(owners) // 5
+        fold_images = [dict.fromkeys(owners[f * per_fold:(f + 1) * per_fold].tolist()) for f in range(5)]
+        return [np.sort([row[i] for i in images]) for images in fold_images]
+    return [np.arange(f * FOLD, (f + 1) * FOLD) for f in range(5)]
+
+
+def check_eccv_split(data: EvalData, where: str) -> None:
+    """`--eccv` scores against eccv_caption's annotations of the COCO 5K test split: any other
+    image set cannot be scored, so it is refused before training rather than after."""
+    owners, captions = coco_5k_reference()
+    images = set(owners.tolist())
+    outside = sorted(set(data.image_ids.tolist()) - images)
+    missing_images = images - set(data.image_ids.tolist())
+    missing_captions = np.setdiff1d(captions, data.caption_ids)
+    if outside or missing_images or len(missing_captions):
+        raise DataInputError(
+            f"--eccv needs the COCO 5K test split (Karpathy test: {len(images)} images, "
+            f"{len(captions)} captions) as --real-test-split, but {where} has "
+            f"{len(data.image_ids)} images ({len(outside)} outside it, e.g. {outside[:3]}; "
+            f"{len(missing_images)} of its images and {len(missing_captions)} of its captions "
+            "missing); pass a coco-captions build with the Karpathy test split or drop --eccv")
 
 
 @torch.no_grad()
@@ -146,10 +217,7 @@ def retrieval_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
     sim = emb["image"] @ emb["text"].T
     cfg = RetrievalMetricConfig(k_values=tuple(k_values), map_at_r=False, r_precision=False)
     out: dict[str, float] = {}
-    folds = [np.arange(len(data.image_ids))]
-    if len(data.image_ids) >= 5 * FOLD:
-        folds += [np.arange(f * FOLD, (f + 1) * FOLD) for f in range(5)]
-    for n, rows in enumerate(folds):
+    for n, rows in enumerate([np.arange(len(data.image_ids)), *data.folds]):
         name = "retrieval" if n == 0 else "retrieval_1k"
         image_ids = data.image_ids[rows]
         cols = np.flatnonzero(np.isin(data.caption_image, image_ids))
@@ -174,8 +242,10 @@ def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
 
     suite = EccvSuiteConfig(target_metrics=("eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_recalls",
                                             "coco_1k_recalls", "coco_5k_recalls"))
-    res = eccv_suite_from_similarity(emb["image"] @ emb["text"].T, data.image_ids, data.caption_ids,
-                                     suite, EccvAnnotations.load())
+    # load_eval_data checked the split is COCO 5K and kept its standard 25,000 captions, the
+    # ones the suite is defined on.
+    res = eccv_suite_from_similarity(emb["image"] @ emb["text"].T, data.image_ids,
+                                     data.caption_ids, suite, EccvAnnotations.load())
     return {f"eccv/{m}_{d}": float(v) for m, by_dir in res.items() for d, v in by_dir.items()}
 
 

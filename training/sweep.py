@@ -7,8 +7,9 @@ data seeds 108-132, Le et al. 2023 §5.1).
 
 Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, so an interrupted
 sweep continues). OUTPUT/summary.json holds every seed's final metrics; summary.md the table
-(mean ± std, and with `--baseline` the baseline's mean ± std and the one-tailed p-value: "higher
-than the baseline", or "lower" for losses); summary.png one panel per metric.
+(mean ± std, and with `--baseline` the baseline's mean ± std and the one-tailed p-value of "better
+than the baseline": higher, or lower for the metrics of `LOWER_IS_BETTER`); summary.png one panel
+per metric.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ except ImportError:  # run as a script from a checkout whose install predates `t
 from builders.infra.errors import UserFacingError  # noqa: E402
 
 log = logging.getLogger(__name__)
+
+#: Name parts of the metrics where lower is better: losses, and the fraction of ITM deltas below
+#: zero (pairs where the model prefers the wrong image or caption; builders/counterfactuals/
+#: METHOD.md §4). Every other metric (R@K, ECCV mAP@R / R-P, ODmAP@k, ITM delta mean / median,
+#: necessity PN) is higher-is-better.
+LOWER_IS_BETTER = ("loss", "frac_below_zero")
+
+
+def higher_is_better(metric: str) -> bool:
+    return not any(part in metric for part in LOWER_IS_BETTER)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -90,9 +101,11 @@ def summarize(output: Path, baseline: Path | None = None) -> dict:
                "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
         if base is not None and all(name in m for m in base.values()):
             b = np.array([m[name] for m in base.values()], dtype=float)
+            greater = higher_is_better(name)
             row.update(baseline_mean=float(b.mean()),
                        baseline_std=float(b.std(ddof=1)) if len(b) > 1 else 0.0,
-                       p_value=welch_one_tailed(values, b, greater="loss" not in name))
+                       alternative="greater" if greater else "less",
+                       p_value=welch_one_tailed(values, b, greater=greater))
         rows.append(row)
     summary = {"runs": runs, "baseline_runs": base, "metrics": rows}
     (output / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -102,14 +115,15 @@ def summarize(output: Path, baseline: Path | None = None) -> dict:
 
 
 def _markdown(rows: list[dict], with_baseline: bool) -> str:
-    head = "| metric | n | mean ± std |" + (" baseline mean ± std | one-tailed p |" if with_baseline else "")
-    sep = "|---|---|---|" + ("---|---|" if with_baseline else "")
+    head = "| metric | n | mean ± std |" + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
+    sep = "|---|---|---|" + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
     for r in rows:
         line = f"| {r['metric']} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
         if with_baseline:
-            line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {r['p_value']:.4g} |"
-                     if "p_value" in r else " - | - |")
+            h1 = "run > baseline" if r.get("alternative") == "greater" else "run < baseline"
+            line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {h1} | {r['p_value']:.4g} |"
+                     if "p_value" in r else " - | - | - |")
         lines.append(line)
     return "\n".join(lines) + "\n"
 

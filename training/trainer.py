@@ -75,7 +75,7 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     output.mkdir(parents=True, exist_ok=True)
     accelerator = make_accelerator(cfg, output)
     torch.manual_seed(cfg.run.seed)
-    backend = load_backend(cfg.run.backend, cfg.run.model)
+    backend = load_backend(cfg.run.backend, cfg.run.model_id())
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
     record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
 
