@@ -1,5 +1,5 @@
 """A corpus of malformed COCO inputs, each made from the tiny fixture and built with the cheapest
-builder (`coco-captions`) through the CLI.
+builder (`coco-captions`) through the CLI (and a few through the other builders that read COCO).
 
 Every case asserts one of two outcomes:
 - the file cannot be trusted as a whole (repeated ids, broken JSON, ...): exit 2 and exactly one
@@ -11,7 +11,9 @@ Every case asserts one of two outcomes:
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +23,9 @@ from PIL import Image
 
 from builders.infra.cli import main as cli_main
 from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_eccv_positives_import import package_json, write_test_image_root  # noqa: E402
 
 SPLITS = ("test", "val")
 
@@ -379,3 +384,60 @@ def test_non_text_captions_in_a_dataset_source_are_counted_not_coerced(tmp_path,
     assert manifest["errors"] == {"bad_caption": 1, "blank_caption": 1}
     rows = [r for rs in rows_by_output(tmp_path / "out").values() for r in rs]
     assert {r["caption_0"] for r in rows} <= {"a dog on a sofa", "a cat on a mat"}
+
+
+@pytest.fixture(scope="module")
+def eccv_clean(tmp_path_factory) -> dict[str, Any]:
+    """A COCO root of 4 real ECCV image queries (the fixture's ids are no test ids) and a clean
+    eccv-positives build of it."""
+    base = tmp_path_factory.mktemp("eccv_bad_inputs")
+    images = sorted(random.Random(5).sample(sorted(package_json("eccv", "i2t")), 4))
+    root = write_test_image_root(base / "coco", {i: [1] for i in images})
+    assert eccv_build(root, base / "clean") == 0
+    return {"root": root, "folder": "val2014", "target": images[1],
+            "rows": rows_by_output(base / "clean")}
+
+
+def eccv_build(root: Path, out: Path) -> int:
+    return cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
+                     "--part-size", "8192"])
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    pytest.param(_set_caption(None), "bad_caption", id="caption-null"),
+    pytest.param(_set_caption(" "), "blank_caption", id="caption-whitespace"),
+    pytest.param(_set_image("width", _DELETE), "bad_image_entry", id="image-without-width"),
+    pytest.param(_set_box([10, 10, float("nan"), 20]), "bad_bbox", id="bbox-nan"),
+])
+def test_eccv_positives_counts_malformed_coco_records_and_never_stores_them(
+        eccv_clean, tmp_path, mutate, reason):
+    """A malformed record of the COCO root is counted once under the reader's reason and left out
+    whole (METHOD.md §1): its image row is skipped, its captions' texts are null (as for a
+    caption the root does not hold), its classes make no PM match; every other cell is as before."""
+    root = tmp_path / "coco"
+    shutil.copytree(eccv_clean["root"], root)
+    target = eccv_clean["target"]
+    mutate({**eccv_clean, "root": root})
+    assert eccv_build(root, tmp_path / "out") == 0
+    manifest = json.loads((tmp_path / "out/build_manifest.json").read_text())
+    assert manifest["errors"] == {reason: 1}
+    rows = rows_by_output(tmp_path / "out")
+    texts = [r["caption"] for r in rows["t2i/test"]] + \
+        [t for r in rows["i2t/test"] for t in r["positive_captions"]]
+    assert "" not in texts and " " not in texts
+
+    own = set(package_json("coco", "i2t")[target])
+
+    def expected(key: str, row: dict[str, Any]) -> dict[str, Any]:
+        if key == "i2t/test":
+            return {**row, "positive_captions": [None if c in own else t for c, t in
+                                                 zip(row["positive_caption_ids"], row["positive_captions"])]}
+        return {**row, "caption": None} if key == "t2i/test" and row["caption_id"] in own else row
+
+    for key in ("i2t/test", "t2i/test", "removed/test"):
+        clean = [expected(key, r) for r in eccv_clean["rows"][key]
+                 if not (key == "i2t/test" and r["image_id"] == target)]
+        assert rows[key] == clean, key
+    pm_images = {r["query_id"] for r in rows["pm/i2t"]} | \
+        {i for r in rows["pm/t2i"] for i in r["pm_positive_ids"]}
+    assert target not in pm_images and pm_images

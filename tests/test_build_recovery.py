@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import shard_digests  # noqa: E402
+from test_eccv_positives_import import package_json, write_test_image_root  # noqa: E402
 
 TOY = Path(__file__).parent / "toy_builder.py"
 
@@ -103,6 +105,62 @@ def test_changes_only_in_unbuilt_parts_resume_to_a_clean_build_of_the_new_inputs
     edit_caption(coco, ids[-1], "a cat sits next to a red umbrella")
     assert build(coco, out) == 0
     assert build(coco, tmp_path / "fresh") == 0
+    assert shard_digests(out) == shard_digests(tmp_path / "fresh")
+
+
+def test_eccv_resume_on_a_changed_coco_root_is_refused_naming_the_query(tmp_path, capsys):
+    """eccv-positives rows read captions, image files and instances of several COCO records:
+    each work item carries them, so a resume on a changed COCO root is refused too."""
+    eccv, coco_i2t = package_json("eccv", "i2t"), package_json("coco", "i2t")
+    # ECCV image queries one of whose own captions is an ECCV positive (its text is in the row).
+    queries = [i for i in sorted(eccv) if set(eccv[i]) & set(coco_i2t[i])]
+    images = random.Random(7).sample(queries, 4)
+    # Two pairs of PM matches (same classes): swapping two images' classes keeps every PM query.
+    root = write_test_image_root(tmp_path / "coco", dict(zip(images, ([1], [1], [2], [2]))))
+    target = images[0]
+    caption = next(c for c in eccv[target] if c in coco_i2t[target])
+    out = tmp_path / "out"
+
+    def build_eccv(dest: Path = out) -> int:
+        # 2000 items a part: parts 0-2 hold the 5,000 image queries, the last one PM and `removed`.
+        return cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(dest),
+                         "--part-size", "2000"])
+
+    assert build_eccv() == 0
+    crash_after(out, finished=3)
+    captions = root / "annotations/captions_val2014.json"
+    original = captions.read_bytes()
+    data = json.loads(original)
+    next(a for a in data["annotations"] if a["id"] == caption)["caption"] = "a changed caption"
+    captions.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert build_eccv() == 2
+    line = error_line(capsys)
+    image = root / f"val2014/COCO_val2014_{target:012d}.jpg"
+    assert "changed since its parts were built" in line and f"image id {target} ({image})" in line
+    assert not (out / "data").exists()
+
+    # Instance classes: PM rows (in the last part) change when two images swap classes, with
+    # the same PM queries as before (the same items, were items only ids).
+    captions.write_bytes(original)
+    assert build_eccv() == 0  # restored: the resume goes on
+    stats = sorted((out / ".parts/stats").glob("part-*.json"))
+    stats[0].unlink()  # a crash of another process: only part 0 unfinished
+    shutil.rmtree(out / "data")
+    (out / "build_manifest.json").unlink()
+    instances = root / "annotations/instances_val2014.json"
+    data = json.loads(instances.read_text())
+    for ann in data["annotations"]:
+        ann["category_id"] = {images[0]: 2, images[2]: 1}.get(ann["image_id"], ann["category_id"])
+    instances.write_text(json.dumps(data))
+    assert build_eccv() == 2
+    line = error_line(capsys)
+    assert f"part {len(stats) - 1}: pm i2t query {min(images)}" in line and "part 0" not in line
+
+    # --overwrite rebuilds from the current inputs: equal to a clean build of them.
+    assert cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
+                     "--part-size", "2000", "--overwrite"]) == 0
+    assert build_eccv(tmp_path / "fresh") == 0
     assert shard_digests(out) == shard_digests(tmp_path / "fresh")
 
 

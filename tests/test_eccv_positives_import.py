@@ -161,13 +161,12 @@ def test_load_from_local_hub_at_tag(build, tables, local_hub):
         assert remote.select_columns(columns).to_list() == tables[name].select_columns(columns).to_list()
 
 
-def test_pm_config_equals_brute_force(tmp_path):
-    """A COCO root holding 12 real test images (tiny JPEGs, made-up boxes): PM from instances."""
-    rng = random.Random(3)
+def write_test_image_root(root: Path, classes: dict[int, list[int]]) -> Path:
+    """A COCO root holding the real test images `classes` names (tiny JPEGs, captions
+    "caption <id>" with their real ids, one made-up box per class in `classes[image]`, classes
+    1-4): the fixture's made-up ids would leave every row of the build without a text or image."""
     coco_i2t = package_json("coco", "i2t")
-    images = sorted(rng.sample(sorted(coco_i2t), 12))
-    classes = {i: sorted(rng.sample([1, 2, 3, 4], rng.randint(1, 2))) for i in images}
-    root = tmp_path / "coco"
+    images = sorted(classes)
     (root / "val2014").mkdir(parents=True)
     (root / "annotations").mkdir()
     entries = []
@@ -183,6 +182,16 @@ def test_pm_config_equals_brute_force(tmp_path):
         {"images": entries, "annotations": caps}))
     (root / "annotations" / "instances_val2014.json").write_text(json.dumps(
         {"images": entries, "annotations": inst, "categories": cats}))
+    return root
+
+
+def test_pm_config_equals_brute_force(tmp_path):
+    """A COCO root holding 12 real test images (tiny JPEGs, made-up boxes): PM from instances."""
+    rng = random.Random(3)
+    coco_i2t = package_json("coco", "i2t")
+    images = sorted(rng.sample(sorted(coco_i2t), 12))
+    classes = {i: sorted(rng.sample([1, 2, 3, 4], rng.randint(1, 2))) for i in images}
+    root = write_test_image_root(tmp_path / "coco", classes)
     out = tmp_path / "build"
     assert cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
                      "--pm-zeta", "1", "--part-size", "8192"]) == 0

@@ -114,6 +114,31 @@ def test_interrupted_publish_resumes_without_recommitting_uploaded_shards(
         load_dataset(str(out), split="train")["caption"]
 
 
+def test_a_transport_error_of_the_http_client_is_retried_and_logged(tmp_path, local_hub, repo_id,
+                                                                    monkeypatch, caplog):
+    """The Hub client raises `httpx2` errors, which are no built-in `ConnectionError`: without
+    them in the back-off, one dropped connection would fail the whole publish."""
+    import httpx2
+
+    out = toy_build(tmp_path / "v1", 20, "v1")
+    real_commit = HfApi.create_commit
+    calls = {"n": 0}
+
+    def dropped_once(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise httpx2.ConnectError("connection reset by peer")
+        return real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(HfApi, "create_commit", dropped_once)
+    with caplog.at_level("WARNING", logger="builders.infra.publishing.hub_client"):
+        result = publish(PublishConfig(output_dir=out, repo_id=repo_id, version="v1.0.0", retries=2))
+    assert result.commit and calls["n"] >= 2
+    assert "failed (connection reset by peer); retrying in 1 s" in caplog.text
+    assert load_dataset(repo_id, split="train", revision="v1.0.0")["caption"] == \
+        load_dataset(str(out), split="train")["caption"]
+
+
 def test_token_is_never_written(tmp_path, local_hub, repo_id, caplog, capsys):
     import os
 

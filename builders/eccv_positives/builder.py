@@ -13,7 +13,10 @@ instances, and writes:
 
 Rows exist for every annotated query whether or not the COCO root holds it: image and text
 columns are then null, so the published positives always equal the annotation files exactly
-(see METHOD.md §1).
+(see METHOD.md §1). Each work item carries everything its row is made of except the pixels
+(`RowItem`), so the runner's per-item digests cover the COCO root too and a resume on changed
+captions, images or instances is refused; COCO records the reader marked malformed are counted
+input errors, never published (METHOD.md §1).
 
     counterfactory build eccv-positives --coco-root COCO --output out/eccv-positives
     accelerate launch builders/eccv_positives/builder.py --coco-root COCO --output out/...
@@ -32,7 +35,7 @@ from typing import Any
 import datasets
 
 from builders.eccv_positives.annotations import AnnotationSet, read_mitl_report, removed_rows
-from builders.infra.errors import InputFileError
+from builders.infra.errors import InputFileError, InputProblem
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 log = logging.getLogger(__name__)
@@ -76,11 +79,30 @@ class EccvPositivesConfig:
 
 @dataclass(frozen=True)
 class _Coco:
-    """What the build needs from a COCO root: texts, image paths, instance classes."""
+    """What the build needs from a COCO root: texts, image paths, instance classes — of the
+    well-formed records only — and why each malformed record is left out."""
 
     captions: dict[int, str]
     images: dict[int, Path]
     classes: dict[int, list[int]]
+    #: image id -> (its path, the reader's reason): the record is not used at all (METHOD.md §1).
+    problems: dict[int, tuple[Path, InputProblem]]
+
+
+@dataclass(frozen=True)
+class RowItem:
+    """One output row's inputs, all but the pixels. The runner digests what an item holds (its
+    repr, plus the size and mtime of `path`) and skips and counts an item with an
+    `input_problem`, so both resume checks and bad-record counting see everything the row reads
+    (builders.infra.sharding.inputs)."""
+
+    #: Output key (`i2t/test`, ...) and how resume messages name the item (`caption id 42`).
+    output: str
+    label: str
+    row: dict[str, Any]
+    #: The image file of an `i2t/test` row, when the COCO root holds it.
+    path: Path | None = None
+    input_problem: InputProblem | None = None
 
 
 class EccvPositivesBuilder:
@@ -99,15 +121,20 @@ class EccvPositivesBuilder:
     @cached_property
     def coco(self) -> _Coco:
         if not self.config.coco_root:
-            return _Coco({}, {}, {})
+            return _Coco({}, {}, {}, {})
         from loading_scripts.coco import CocoSourceConfig, read_coco
 
         records = read_coco(CocoSourceConfig(Path(self.config.coco_root),
                                              with_instances=self.config.with_pm))
-        return _Coco(captions={c.caption_id: c.text for r in records for c in r.captions},
-                     images={r.image_id: r.path for r in records},
+        # A malformed record is left out whole, as the other builders skip the whole image: no
+        # caption of it (not even the well-formed ones) and no instance class reaches a row.
+        good = [r for r in records if r.input_problem is None]
+        return _Coco(captions={c.caption_id: c.text for r in good for c in r.captions},
+                     images={r.image_id: r.path for r in good},
                      classes={r.image_id: sorted({o.category_id for o in r.objects})
-                              for r in records if r.objects})
+                              for r in good if r.objects},
+                     problems={r.image_id: (r.path, r.input_problem) for r in records
+                               if r.input_problem is not None})
 
     @cached_property
     def pm(self):
@@ -124,59 +151,59 @@ class EccvPositivesBuilder:
         # positives beyond the original pairs (METHOD.md §1).
         return pm_positives(classes, wanted, self.config.pm_zeta, omit_own_image=True)
 
-    def work_items(self):
-        ann = self.annotations
-        return ([("i2t", i) for i in ann.image_queries()] + [("t2i", c) for c in ann.caption_queries()]
-                + [("pm_i2t", i) for i in sorted(self.pm.i2t)]
-                + [("pm_t2i", c) for c in sorted(self.pm.t2i)]
-                + [("removed", n) for n in range(len(removed_rows()))])
+    def work_items(self) -> list[RowItem]:
+        removed = [RowItem("removed/test", f"removed #{n}", row) for n, row in enumerate(removed_rows())]
+        return ([self._image_item(i) for i in self.annotations.image_queries()]
+                + [self._caption_item(c) for c in self.annotations.caption_queries()]
+                + [RowItem(f"pm/{direction}", f"pm {direction} query {q}",
+                           {"query_id": q, "pm_positive_ids": ids[q].tolist()})
+                   for direction, ids in (("i2t", self.pm.i2t), ("t2i", self.pm.t2i))
+                   for q in sorted(ids)]
+                + removed)
 
     def process(self, items):
-        for kind, key in items:
-            if kind == "i2t":
-                yield from self._image_row(key)
-            elif kind == "t2i":
-                yield Emit("t2i/test", self._caption_row(key))
-            elif kind == "pm_i2t":
-                yield Emit("pm/i2t", {"query_id": key, "pm_positive_ids": self.pm.i2t[key].tolist()})
-            elif kind == "pm_t2i":
-                yield Emit("pm/t2i", {"query_id": key, "pm_positive_ids": self.pm.t2i[key].tolist()})
-            else:
-                yield Emit("removed/test", removed_rows()[key])
-
-    def _image_row(self, image_id: int):
         from loading_scripts.images import open_rgb_image
 
+        for item in items:
+            row = item.row
+            if item.output == "i2t/test":
+                try:
+                    row = {**row, "image": open_rgb_image(item.path) if item.path else None}
+                except InputFileError as err:
+                    yield Skip("unreadable_image", kind="error", detail=str(err))
+                    continue
+            yield Emit(item.output, row)
+
+    def _image_item(self, image_id: int) -> RowItem:
         ann, coco = self.annotations, self.coco
+        label = f"image id {image_id}"
+        if image_id in coco.problems:
+            # Never reaches `process`: the runner counts it under the reader's reason.
+            path, problem = coco.problems[image_id]
+            return RowItem("i2t/test", label, {"image_id": image_id}, path, problem)
         eccv = image_id in ann.eccv.i2t
         positives = ann.eccv.i2t[image_id].tolist() if eccv else []
-        image, path = None, coco.images.get(image_id)
-        if path is not None:
-            try:
-                image = open_rgb_image(path)
-            except InputFileError as err:
-                yield Skip("unreadable_image", kind="error", detail=str(err))
-                return
-        yield Emit("i2t/test", {
-            "image": image, "image_id": image_id, "file_name": path.name if path else None,
+        path = coco.images.get(image_id)
+        return RowItem("i2t/test", label, {
+            "image_id": image_id, "file_name": path.name if path else None,
             "eccv_query": eccv, "positive_caption_ids": positives,
             "positive_captions": [coco.captions.get(c) for c in positives],
             "positive_sources": ann.labels("i2t", image_id) if eccv else [],
             "cxc_caption_ids": _ids(ann.cxc.i2t, image_id), "coco_caption_ids": _ids(ann.coco.i2t, image_id),
-        })
+        }, path)
 
-    def _caption_row(self, caption_id: int) -> dict[str, Any]:
+    def _caption_item(self, caption_id: int) -> RowItem:
         ann = self.annotations
         eccv = caption_id in ann.eccv.t2i
         original = ann.coco.t2i.get(caption_id)
-        return {
+        return RowItem("t2i/test", f"caption id {caption_id}", {
             "caption": self.coco.captions.get(caption_id), "caption_id": caption_id,
             "image_id": int(original[0]) if original is not None and len(original) else None,
             "eccv_query": eccv,
             "positive_image_ids": ann.eccv.t2i[caption_id].tolist() if eccv else [],
             "positive_sources": ann.labels("t2i", caption_id) if eccv else [],
             "cxc_image_ids": _ids(ann.cxc.t2i, caption_id), "coco_image_ids": _ids(ann.coco.t2i, caption_id),
-        }
+        })
 
     def info(self):
         from builders.eccv_positives.card import card_fields

@@ -9,8 +9,12 @@ items — unless that part is about to be redone anyway (`--retry-errors` on a p
 input errors, the usual "fix the bad rows and re-run" loop). Parts not built yet need no check:
 they will be built from the current inputs, so the output always equals a clean build of them.
 
-Items that carry ids must not repeat them (`check_unique_ids`). Items a reader marked malformed (`item.input_problem`, see `builders.infra.errors.InputProblem`)
-never reach the builder: `split_problems` turns them into counted input-error skips.
+A builder whose rows read more than one record (a query row with its positives' texts) makes
+each item carry all of it, so the digest covers it; the item's `label` then names it in messages.
+
+Items that carry ids must not repeat them (`check_unique_ids`). Items a reader marked malformed
+(`item.input_problem`, see `builders.infra.errors.InputProblem`) never reach the builder:
+`split_problems` turns them into counted input-error skips.
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ def _item_id(item: Any) -> tuple[str, Any] | None:
 
 
 def item_label(item: Any, index: int) -> str:
-    """How messages name an item: its image or item id when it has one."""
+    """How messages name an item: its own `label` (for items that are neither one image nor one
+    id, e.g. `caption id 42`), else its image or item id when it has one."""
+    label = getattr(item, "label", None)
+    if isinstance(label, str):
+        return label
     key = _item_id(item)
     return f"{key[0]} {key[1]}" if key else f"item #{index}"
 
