@@ -2,7 +2,8 @@
 
 The paper's setting: 1,261 image and 1,333 caption queries (2,594) retrieve from the whole COCO
 5K test gallery (5,000 images / 25,000 captions). Random unit embeddings (d = 512, CLIP ViT-B/32)
-are written to .npy files and read back memory-mapped, as the embedding cache is; each model then
+are written as an embedding-cache entry and read back memory-mapped, by the cache's own
+`write_cache_entry` / `read_cache_entry` (builders/eccv_positives/embeddings.py); each model then
 needs its top-25 (the candidates are the top-5, the golden-negative exclusion the top-25).
 
 - ours: `builders.eccv_positives.candidates.model_topk` (streaming top-k over gallery chunks;
@@ -34,24 +35,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from odmap_benchmark import _current_rss_mb, _peak_rss_mb, _reset_peak_rss  # noqa: E402
 
 from builders.eccv_positives.candidates import model_topk  # noqa: E402
+from builders.eccv_positives.embeddings import read_cache_entry, write_cache_entry  # noqa: E402
 from builders.eccv_positives.gallery import Gallery  # noqa: E402
 
 K = 25
 
 
-def _cached(path: Path, n: int, dim: int, rng: np.random.Generator) -> np.ndarray:
-    """Unit vectors written to disk and memory-mapped back (how the embedding cache is read)."""
-    x = rng.standard_normal((n, dim), dtype=np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    np.save(path, x)
-    del x
-    return np.load(path, mmap_mode="r")
+def _cached(entry: Path, n_images: int, n_captions: int, dim: int,
+            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors stored as an embedding-cache entry and read back as `candidates` reads them."""
+    def unit(n: int) -> np.ndarray:
+        x = rng.standard_normal((n, dim), dtype=np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    write_cache_entry(entry, unit(n_images), unit(n_captions), {"model_id": "random"})
+    return read_cache_entry(entry)
 
 
 def _gallery(n_images: int, n_captions: int) -> Gallery:
+    # Distinct texts, as random embeddings are: no caption is a copy of another.
     return Gallery(root=Path("."), image_ids=list(range(n_images)), image_files=[""] * n_images,
-                   caption_ids=list(range(n_captions)),
-                   caption_image_ids=[i % n_images for i in range(n_captions)], captions=[""] * n_captions)
+                   caption_ids=list(range(n_captions)), caption_image_ids=[i % n_images for i in range(n_captions)],
+                   captions=[f"caption {i}" for i in range(n_captions)])
 
 
 def _baseline(images: np.ndarray, captions: np.ndarray, queries: dict[str, list[int]]) -> dict[str, np.ndarray]:
@@ -105,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rng = np.random.default_rng(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        images = _cached(Path(tmp) / "images.npy", args.images, args.dim, rng)
-        captions = _cached(Path(tmp) / "captions.npy", args.captions, args.dim, rng)
+        images, captions = _cached(Path(tmp) / "gallery", args.images, args.captions, args.dim, rng)
         queries = {"i2t": sorted(rng.choice(args.images, args.image_queries, replace=False).tolist()),
                    "t2i": sorted(rng.choice(args.captions, args.caption_queries, replace=False).tolist())}
         print(f"{len(queries['i2t']) + len(queries['t2i'])} queries over {args.images} images / "
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  top-{K} ids differ in {differing} of {len(queries['i2t']) + len(queries['t2i'])} "
               f"rows, largest score gap at a rank {gap:.1e} (near-ties only: {same})")
         if args.scale_captions:
-            big = _cached(Path(tmp) / "captions_big.npy", args.scale_captions, args.dim, rng)
+            _, big = _cached(Path(tmp) / "gallery_big", 1, args.scale_captions, args.dim, rng)
             scale_q = {"i2t": queries["i2t"], "t2i": []}
             print(f"scaling: {len(scale_q['i2t'])} image queries over {args.scale_captions} captions")
             big_gallery = _gallery(args.images, args.scale_captions)

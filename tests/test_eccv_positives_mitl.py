@@ -2,14 +2,15 @@
 two tiny machine annotators (transformers CLIP and open_clip).
 
 References are independent: the candidates are checked against a full-matrix retrieval computed
-here with the models' own libraries; the simulated annotation has a hidden ground truth; goldens
-are checked against the fixture's own JSON.
+here with the models' own libraries (equal up to float near-ties); the simulated annotation has a
+hidden ground truth; goldens are checked against the fixture's own JSON.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 from pathlib import Path
 
@@ -72,7 +73,11 @@ def brute_force_scores(model_id: str, gallery) -> tuple[np.ndarray, np.ndarray]:
             img, txt = (getattr(x, "pooler_output", x) for x in (img, txt))
     img = torch.nn.functional.normalize(img.float(), dim=-1)
     txt = torch.nn.functional.normalize(txt.float(), dim=-1)
-    return (img @ txt.T).numpy(), (txt @ img.T).numpy()
+    # A caption text repeated in the gallery is one model input, so one score: its copies tie
+    # exactly and rank by gallery index (METHOD.md §2), whatever rounding the product gives them.
+    first: dict[str, int] = {}
+    same = [first.setdefault(t, n) for n, t in enumerate(gallery["texts"])]
+    return (img @ txt.T).numpy()[:, same], (txt @ img.T).numpy()[same]
 
 
 @pytest.fixture(scope="module")
@@ -98,28 +103,74 @@ def ranked(scores: np.ndarray, row: int, ids: list[int], k: int) -> list[int]:
     return [ids[j] for j in np.argsort(-scores[row], kind="stable")[:k]]
 
 
+#: float32 scores summed in another order differ by ~1e-7, so two items this close may swap; a
+#: wrong item is further off (and most rankings must match exactly, see below).
+TOL = 1e-6
+
+
 def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, brute):
     data = json.loads((round_dir / "candidates.json").read_text())
     queries = data["queries"]
     assert len(queries["i2t"]) == 10 and len(queries["t2i"]) == 14
-    expected: dict[tuple, dict[str, int]] = {}
+    got: dict[tuple, dict[int, int]] = {}
+    for c in data["candidates"]:
+        for model, rank in c["proposed_by"].items():
+            got.setdefault((c["modality"], c["query_id"], model), {})[rank] = c["item_id"]
+    text = dict(zip(gallery["caption_ids"], gallery["texts"]))
+    position = {c: n for n, c in enumerate(gallery["caption_ids"])}
+    exact = checked = 0
     for model, (i2t, t2i) in brute.items():
         for modality, scores, rows, items in (("i2t", i2t, gallery["image_ids"], gallery["caption_ids"]),
                                               ("t2i", t2i, gallery["caption_ids"], gallery["image_ids"])):
             for q in queries[modality]:
-                top = ranked(scores, rows.index(q), items, 25)
-                for rank, item in enumerate(top[:5], start=1):
-                    expected.setdefault((modality, q, item), {})[model] = rank
-    got = {(c["modality"], c["query_id"], c["item_id"]): c["proposed_by"] for c in data["candidates"]}
-    assert got == expected
-    # The exclusion lists are the union of both models' top-25.
+                score = dict(zip(items, scores[rows.index(q)]))
+                expected = ranked(scores, rows.index(q), items, 5)
+                mine = [got[(modality, q, model)][r] for r in sorted(got[(modality, q, model)])]
+                assert sorted(got[(modality, q, model)]) == [1, 2, 3, 4, 5]
+                # The same items up to float near-ties: the same score at every rank.
+                assert all(abs(score[a] - score[b]) <= TOL for a, b in zip(mine, expected)), (q, mine, expected)
+                if modality == "i2t":  # copies of a caption text come in gallery order
+                    for r, item in enumerate(mine):
+                        twins = {c for c in items if text[c] == text[item] and position[c] < position[item]}
+                        assert twins <= set(mine[:r]), (q, mine)
+                exact += mine == expected
+                checked += 1
+    assert exact >= 0.9 * checked  # near-ties are rare, or the tolerance would hide mistakes
+    # The exclusion lists are the union of both models' top-25, up to ties at the 25th score.
     for modality, scores_of, rows, items in (("i2t", 0, gallery["image_ids"], gallery["caption_ids"]),
                                              ("t2i", 1, gallery["caption_ids"], gallery["image_ids"])):
         for q in queries[modality]:
-            union = set()
+            union, kth = set(), []
             for model in annotators:
-                union |= set(ranked(brute[model][scores_of], rows.index(q), items, 25))
-            assert set(data["exclude"][modality][str(q)]) == union
+                score = dict(zip(items, brute[model][scores_of][rows.index(q)]))
+                top = ranked(brute[model][scores_of], rows.index(q), items, 25)
+                union |= set(top)
+                kth.append((score, score[top[-1]]))
+            for item in set(data["exclude"][modality][str(q)]) ^ union:
+                assert any(abs(score[item] - last) <= TOL for score, last in kth), (q, item)
+
+
+def test_model_topk_breaks_ties_by_gallery_index():
+    """Brute force on small-integer embeddings (exact float products, many exact ties), with
+    repeated caption texts whose vectors sometimes differ (only true copies may be merged)."""
+    from builders.eccv_positives.candidates import model_topk
+    from builders.eccv_positives.gallery import Gallery
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n_images, n_captions = int(rng.integers(2, 12)), int(rng.integers(3, 50))
+        text = rng.integers(0, rng.integers(1, n_captions + 1), n_captions)
+        captions = rng.integers(-2, 3, (n_captions, 4)).astype(np.float32)[text]
+        captions[rng.random(n_captions) < 0.2, 0] += 1
+        images = rng.integers(-2, 3, (n_images, 4)).astype(np.float32)
+        g = Gallery(root=Path("."), image_ids=list(range(n_images)), image_files=[""] * n_images,
+                    caption_ids=list(range(100, 100 + n_captions)), caption_image_ids=[0] * n_captions,
+                    captions=[f"text {t}" for t in text])
+        k = int(rng.integers(1, n_captions + 1))
+        got = model_topk(images, captions, g, {"i2t": list(range(n_images)), "t2i": [100]}, k)
+        expected = np.argsort(-(images.astype(np.float64) @ captions.T), axis=1, kind="stable")[:, :k]
+        assert np.array_equal(got["i2t"], expected + 100)
+        assert got["t2i"].tolist() == [ranked(captions @ images.T, 0, list(range(n_images)), k)]
 
 
 def test_tasks_have_18_candidates_and_two_goldens(round_dir, gallery, brute):
@@ -190,7 +241,9 @@ def good_answer(item, gallery, rng: random.Random) -> str:
     return rng.choice(YES if truth(item, gallery) else NO)
 
 
-def spam_answer(item, rng: random.Random) -> str:
+def spam_answer(item, rng: random.Random, worker: str) -> str:
+    if worker.startswith("spam-yes"):  # accepts the pre-selected machine answer everywhere
+        return "100% YES"
     if item["kind"] == "golden_positive":
         return "100% NO"
     if item["kind"] == "golden_negative":
@@ -217,8 +270,9 @@ def write_csv(path: Path, rows: list[tuple[str, str, str, str]]) -> Path:
 
 @pytest.fixture(scope="module")
 def simulation(round_dir, gallery):
-    """5 good workers answer every task, 2 spammers every other one. Even tasks' good answers go
-    to a Label Studio export, odd ones to a CSV, the spammers to their own CSV."""
+    """5 good workers answer every task, 2 spammers every other one, and every fourth task gets a
+    spam majority (6 workers saying "100% YES" to everything). Even tasks' good answers go to a
+    Label Studio export, odd ones to a CSV, the spammers to their own CSV."""
     tasks = json.loads((round_dir / "tasks" / "tasks.json").read_text())["tasks"]
     studio = {t["data"]["item_id"]: t
               for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())}
@@ -226,8 +280,9 @@ def simulation(round_dir, gallery):
     export, good_rows, spam_rows, submissions = [], [], [], []
     for n, task in enumerate(tasks):
         workers = [f"good{w}" for w in range(5)] + ([f"spam{n // 2 % 2}"] if n % 2 == 0 else [])
+        workers += [f"spam-yes{w}" for w in range(6)] if n % 4 == 1 else []
         for worker in workers:
-            answers = {i["item_id"]: (spam_answer(i, rng) if worker.startswith("spam")
+            answers = {i["item_id"]: (spam_answer(i, rng, worker) if worker.startswith("spam")
                                       else good_answer(i, gallery, rng)) for i in task["items"]}
             submissions.append({"task": task, "worker": worker, "answers": answers,
                                 "failed": failed_golden(answers, task)})
@@ -310,9 +365,27 @@ def test_card_counts_match_the_simulation(ingested, simulation):
     n_failed = sum(s["failed"] for s in simulation["submissions"])
     assert f"task submissions: {len(simulation['submissions'])};" in card
     assert f"failing a golden item: {n_failed} (excluded)" in card
-    for worker in ("spam0", "spam1"):
+    for worker in {s["worker"] for s in simulation["submissions"] if s["worker"].startswith("spam")}:
         n = sum(s["worker"] == worker for s in simulation["submissions"])
         assert f"| {worker} | {n} | {n} |" in card
+
+
+def test_spam_majorities_count_only_with_keep_failed_golden(ingested, round_dir, simulation, tmp_path):
+    assert any(s["worker"].startswith("spam-yes") for s in simulation["submissions"])
+    assert cli_main(["eccv", "ingest", *map(str, simulation["files"]), "--tasks", str(round_dir / "tasks"),
+                     "--state", str(tmp_path / "state"), "--keep-failed-golden"]) == 0
+    kept = json.loads((tmp_path / "state" / "annotations" / "mitl_report.json").read_text())
+    votes: dict[tuple, list[bool]] = {}  # every submission's verdicts, failed goldens included
+    for sub in simulation["submissions"]:
+        for item in sub["task"]["items"]:
+            if item["kind"] == "candidate":
+                m = item["modality"]
+                pair = (m, item["query_id"], item["caption_id"] if m == "i2t" else item["image_id"])
+                votes.setdefault(pair, []).append(sub["answers"][item["item_id"]] in YES)
+    assert kept["human_positive_pairs"] == sorted([*p] for p, v in votes.items() if 2 * sum(v) > len(v))
+    # The default ingest (checked against the ground truth above) drops what the spam majority adds.
+    default = json.loads((round_dir / "state" / "annotations" / "mitl_report.json").read_text())
+    assert set(map(tuple, default["human_positive_pairs"])) < set(map(tuple, kept["human_positive_pairs"]))
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -350,6 +423,46 @@ def test_bad_verdicts_are_clear_errors_and_lose_nothing(ingested, round_dir, sim
         assert state_snapshot(round_dir) == before
 
 
+def studio_export(round_dir: Path, answers: list[tuple[str, str]]) -> list[dict]:
+    """A Label Studio export of "100% YES" answers, given as (item id, worker) pairs."""
+    studio = {t["data"]["item_id"]: t
+              for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())}
+    export: dict[str, dict] = {}
+    for item_id, worker in answers:
+        export.setdefault(item_id, dict(studio[item_id], annotations=[]))["annotations"].append({
+            "completed_by": {"id": worker}, "was_cancelled": False,
+            "result": [{"from_name": "answer", "to_name": "text", "type": "choices",
+                        "value": {"choices": ["100% YES"]}}]})
+    return list(export.values())
+
+
+def test_incomplete_submissions_are_counted_skips(round_dir, simulation, tmp_path):
+    """Label Studio shows each pair as its own task: an export holds half-done 20-item tasks."""
+    t0, t1 = simulation["tasks"][:2]
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(studio_export(round_dir, [(i["item_id"], "p1") for i in t0["items"][:7]]
+                                                + [(i["item_id"], "p2") for i in t1["items"]]
+                                                + [(i["item_id"], "p3") for i in t1["items"][1:]])))
+    args = ["--tasks", str(round_dir / "tasks"), "--state", str(tmp_path / "state")]
+    assert cli_main(["eccv", "ingest", str(partial), *args]) == 0
+    report_path = tmp_path / "state" / "annotations" / "mitl_report.json"
+    report = json.loads(report_path.read_text())
+    assert (report["submissions"], report["incomplete_submissions"]) == (1, 2)
+    assert report["per_worker"]["p1"] == {"submissions": 0, "failed_golden": 0, "incomplete": 1}
+    assert report["per_worker"]["p3"]["incomplete"] == 1 and report["per_worker"]["p2"]["incomplete"] == 0
+    assert report["per_task"][t0["task_id"]]["incomplete"] == 1
+    assert report["per_task"][t1["task_id"]] == {"submissions": 1, "failed_golden": 1, "incomplete": 1}
+    stored = json.loads((tmp_path / "state" / "verdicts.json").read_text())["verdicts"]
+    assert {v["worker"] for v in stored} == {"p2"}
+    # A later export with p1's whole task counts it; the earlier skip stays on record.
+    full = tmp_path / "full.json"
+    full.write_text(json.dumps(studio_export(round_dir, [(i["item_id"], "p1") for i in t0["items"]])))
+    assert cli_main(["eccv", "ingest", str(full), *args]) == 0
+    report = json.loads(report_path.read_text())
+    assert (report["submissions"], report["incomplete_submissions"]) == (2, 2)
+    assert report["per_worker"]["p1"] == {"submissions": 1, "failed_golden": 1, "incomplete": 1}
+
+
 def test_a_model_that_cannot_load_is_a_clear_error(gallery, tmp_path, capsys):
     for model in ("/nonexistent/clip-model", "local-dir:/nonexistent/open-clip"):
         code = cli_main(["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "test",
@@ -374,8 +487,15 @@ def map_at_r(ranking: list[int], positives: set[int]) -> float:
     return total / r
 
 
+def no_model(model_id: str):
+    raise AssertionError(f"{model_id} was loaded although its embeddings are cached")
+
+
 def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, simulation, gallery,
-                                                          annotators, brute, capsys):
+                                                          annotators, brute, capsys, monkeypatch):
+    from builders.eccv_positives import embeddings
+
+    monkeypatch.setattr(embeddings, "load_encoder", no_model)  # the round's cache has them
     out = round_dir / "bias"
     assert cli_main(["eccv", "model-bias", "--tasks", str(round_dir / "tasks"), "--state",
                      str(round_dir / "state"), "--output", str(out)]) == 0
@@ -430,6 +550,50 @@ def test_a_dataset_gallery_gives_the_same_candidates_as_its_coco_root(gallery, a
     assert studio and all(t["data"]["image"].startswith("https://example.org/") for t in studio)
 
 
+def test_a_dataset_gallery_keeps_its_own_ids_apart_from_coco(gallery, annotators, tmp_path):
+    """A dataset's ids are its own: numbers that are COCO ids elsewhere (a shipped CxC pair, the
+    paper's Appendix C.1 caption 19273 and image 578492) are neither merged nor removed, unless
+    --coco-ids says they are COCO ids."""
+    import datasets
+
+    from loading_scripts.eccv import read_positives
+
+    cxc = read_positives("cxc", None)
+    cxc_image = next(iter(cxc.i2t))
+    cxc_caption = int(cxc.i2t[cxc_image][0])
+    image_ids = [cxc_image, 578492, *range(2, 12)]
+    captions = [[t for c, t in zip(gallery["caption_ids"], gallery["texts"]) if gallery["caption_image"][c] == i]
+                for i in gallery["image_ids"][:12]]
+    caption_ids = [[1000 + 10 * row + j for j in range(len(c))] for row, c in enumerate(captions)]
+    caption_ids[2][0], caption_ids[3][0] = cxc_caption, 19273
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    datasets.Dataset.from_dict({"image": list(map(str, gallery["paths"][:12])), "captions": captions,
+                                "image_id": image_ids, "caption_ids": caption_ids}).cast_column(
+        "image", datasets.Image()).to_parquet(str(folder / "test.parquet"))
+    assert cli_main(["eccv", "candidates", "--dataset", str(folder), "--text-column", "captions",
+                     "--image-id-column", "image_id", "--caption-id-column", "caption_ids",
+                     "--model", annotators[0], "--image-queries", "12", "--caption-queries", "0",
+                     "--exclusion-depth", "10", "--cache-dir", str(tmp_path / "cache"),
+                     "--output", str(tmp_path / "c.json")]) == 0
+    assert cli_main(["eccv", "tasks", str(tmp_path / "c.json"), "--output", str(tmp_path / "tasks")]) == 0
+    no_verdicts = write_csv(tmp_path / "none.csv", [])
+    original = {i: set(c) for i, c in zip(image_ids, caption_ids)}
+    in_gallery = set().union(*original.values())
+    as_coco = {i: (c | (in_gallery & set(cxc.i2t.get(i, np.empty(0)).tolist()))) - {19273}
+               for i, c in original.items() if i != 578492}
+    assert cxc_caption in as_coco[cxc_image]
+    for flags, expected, merged in (([], original, None), (["--coco-ids"], as_coco, "shipped")):
+        state = tmp_path / f"state{len(flags)}"
+        assert cli_main(["eccv", "ingest", str(no_verdicts), "--tasks", str(tmp_path / "tasks"),
+                         "--state", str(state), *flags]) == 0
+        report = json.loads((state / "annotations" / "mitl_report.json").read_text())
+        assert (report["gallery"], report["cxc_merged"], report["appendix_c1_removal"]) == \
+            ("dataset", merged, bool(flags))
+        positives = json.loads((state / "annotations" / "eccv_image_to_caption.json").read_text())
+        assert {int(i): set(c) for i, c in positives.items()} == expected
+
+
 def test_cxc_ratings_are_merged_above_the_threshold(round_dir, simulation, gallery, tmp_path):
     """CxC's SITS rows for gallery pairs: those scoring >= 3 join the positives, the others not."""
     tasks = json.loads((round_dir / "tasks" / "tasks.json").read_text())
@@ -478,3 +642,47 @@ def test_strict_keeps_only_full_yes_majorities(round_dir, simulation, gallery, t
         original = (gallery["caption_image"][other] == q) if m == "i2t" else (gallery["caption_image"][q] == other)
         expected = original or sum(v) > len(v) - sum(v)
         assert (other in rows.get((m, q), set())) == expected
+
+
+def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, annotators, tmp_path,
+                                                                     monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from builders.eccv_positives import embeddings
+    from builders.eccv_positives.gallery import Gallery
+
+    model, root, cache = tmp_path / "clip", tmp_path / "coco", tmp_path / "cache"
+    shutil.copytree(annotators[0], model)
+    shutil.copytree(gallery["root"], root)
+    g = Gallery.from_coco(root, ("test",))
+    images, captions = embeddings.gallery_embeddings(str(model), g, cache)
+    real_loader = embeddings.load_encoder
+    monkeypatch.setattr(embeddings, "load_encoder", no_model)
+    again = embeddings.gallery_embeddings(str(model), g, cache)
+    assert np.array_equal(again[0], images) and np.array_equal(again[1], captions)
+    assert isinstance(again[1], np.memmap)  # read memory-mapped, as benchmarks/eccv_candidates.py does
+
+    def rewritten(path: Path) -> None:
+        # A retrain or re-download writes later; shown even where timestamps are coarse.
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+    weights = model / "model.safetensors"
+    state = load_file(weights)
+    name = next(n for n in state if "text_projection" in n)
+    state[name] = state[name] * 2 + 0.1  # "retrained": same file, same size, new values
+    save_file(state, weights, metadata={"format": "pt"})
+    rewritten(weights)
+    with pytest.raises(AssertionError, match="although its embeddings are cached"):
+        embeddings.gallery_embeddings(str(model), g, cache)
+    monkeypatch.setattr(embeddings, "load_encoder", real_loader)
+    new_images, new_captions = embeddings.gallery_embeddings(str(model), g, cache)
+    assert np.array_equal(new_images, images) and not np.allclose(new_captions, captions)
+    # An image replaced in place invalidates the entry too.
+    monkeypatch.setattr(embeddings, "load_encoder", no_model)
+    Image.new("RGB", (64, 48), "red").save(root / g.image_files[0])
+    rewritten(root / g.image_files[0])
+    with pytest.raises(AssertionError, match="although its embeddings are cached"):
+        embeddings.gallery_embeddings(str(model), g, cache)

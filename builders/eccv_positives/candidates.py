@@ -3,9 +3,10 @@
 Queries are sampled from the gallery (`image_queries` images and `caption_queries` captions,
 seeded); every model retrieves its top-k (paper: 5) from the *whole* gallery for each query, by
 streaming top-k over the cached embeddings (no query x gallery matrix, so a 600K-caption gallery
-fits). The proposals are unioned and deduplicated; each candidate keeps the models that proposed
-it and their ranks (1 = best). Each query also records the union of the models' top-`exclusion_depth`
-(paper: 25), from which golden negatives must stay away.
+fits). Ties go to the lower gallery index; a caption text repeated in the gallery is scored once,
+so its copies tie exactly. The proposals are unioned and deduplicated; each candidate keeps the
+models that proposed it and their ranks (1 = best). Each query also records the union of the
+models' top-`exclusion_depth` (paper: 25), from which golden negatives must stay away.
 
 Output: one JSON file (`candidates.json`) holding the config, the gallery, the queries, the
 candidates and the exclusion lists: everything `counterfactory eccv tasks` needs.
@@ -50,7 +51,8 @@ class CandidatesConfig:
     k: int = 5
     #: Golden negatives are drawn outside every model's top-`exclusion_depth` (paper: 25).
     exclusion_depth: int = 25
-    #: Embedding cache (default: $COUNTERFACTORY_CACHE/eccv_embeddings).
+    #: Embedding cache (default: $COUNTERFACTORY_CACHE/eccv_embeddings); recorded in
+    #: candidates.json, where `model-bias` finds it.
     cache_dir: str | None = None
     batch_size: int = 64
 
@@ -112,9 +114,57 @@ def sample_queries(gallery: Gallery, n_images: int, n_captions: int, seed: int) 
     return out
 
 
+class _Rows:
+    """Selected rows of an embedding matrix, read one streamed chunk at a time (no full copy of a
+    memory-mapped 600K-caption gallery)."""
+
+    def __init__(self, emb: np.ndarray, rows: np.ndarray) -> None:
+        self.emb, self.rows = emb, rows
+        self.shape = (len(rows), emb.shape[1])
+
+    def __getitem__(self, chunk: slice) -> np.ndarray:
+        return np.asarray(self.emb[self.rows[chunk]])
+
+
+def distinct_captions(caption_emb: np.ndarray, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the first caption of each distinct (text, vector), ascending, and for every
+    gallery row the position of its distinct caption among them.
+
+    A repeated caption text has the bitwise-same vector (embeddings.py embeds each text once),
+    yet a blocked matrix product can round its scores differently at different gallery columns,
+    so ties would not be exact. Scoring each distinct vector once makes them exact. Vectors are
+    compared, not only texts, so embeddings from elsewhere are never merged wrongly."""
+    first: dict[str, int] = {}
+    rep = np.array([first.setdefault(t, n) for n, t in enumerate(texts)], dtype=np.int64)
+    dup = np.flatnonzero(rep != np.arange(len(texts)))
+    if len(dup):
+        same = (np.asarray(caption_emb[dup]) == np.asarray(caption_emb[rep[dup]])).all(axis=1)
+        rep[dup[~same]] = dup[~same]
+    reps = np.flatnonzero(rep == np.arange(len(texts)))
+    return reps, np.searchsorted(reps, rep)
+
+
+def _topk_over_distinct(q: np.ndarray, caption_emb: np.ndarray, reps: np.ndarray, slot: np.ndarray,
+                        k: int) -> np.ndarray:
+    """Top-k gallery rows (ties: lower row) from the top-k distinct captions. Enough: an item
+    outside them has k distinct captions ranked ahead, whose first rows all rank ahead of it."""
+    from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
+
+    order = np.argsort(slot, kind="stable")  # gallery rows grouped by distinct caption, ascending
+    members = np.split(order, np.cumsum(np.bincount(slot, minlength=len(reps)))[:-1])
+    index, scores = topk_from_embeddings(q, _Rows(caption_emb, reps), min(k, len(reps)))
+    out = np.empty((len(q), k), dtype=np.int64)
+    for r, (slots, vals) in enumerate(zip(index, scores)):
+        rows = np.concatenate([members[s] for s in slots])
+        row_scores = np.repeat(vals, [len(members[s]) for s in slots])
+        out[r] = rows[np.lexsort((rows, -row_scores))[:k]]
+    return out
+
+
 def model_topk(image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery,
                queries: dict[str, list[int]], k: int) -> dict[str, np.ndarray]:
-    """Per modality, [n_queries x k] gallery ids of one model's top-k (ties: lower gallery index)."""
+    """Per modality, [n_queries x k] gallery ids of one model's top-k (ties: lower gallery index;
+    identical captions tie exactly, see `distinct_captions`)."""
     from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 
     image_row = {i: n for n, i in enumerate(gallery.image_ids)}
@@ -122,12 +172,17 @@ def model_topk(image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery,
     i2t_q = image_emb[[image_row[q] for q in queries["i2t"]]]
     t2i_q = caption_emb[[caption_row[q] for q in queries["t2i"]]]
     out = {}
-    for modality, q, g, ids in (("i2t", i2t_q, caption_emb, gallery.caption_ids),
-                                ("t2i", t2i_q, image_emb, gallery.image_ids)):
+    for modality, q, ids in (("i2t", i2t_q, gallery.caption_ids), ("t2i", t2i_q, gallery.image_ids)):
+        n = min(k, len(ids))
         if len(q) == 0:
-            out[modality] = np.empty((0, min(k, len(ids))), dtype=np.int64)
+            out[modality] = np.empty((0, n), dtype=np.int64)
             continue
-        index, _ = topk_from_embeddings(q, g, min(k, len(ids)))
+        if modality == "i2t":
+            reps, slot = distinct_captions(caption_emb, gallery.captions)
+            index = (_topk_over_distinct(q, caption_emb, reps, slot, n) if len(reps) < len(ids)
+                     else topk_from_embeddings(q, caption_emb, n)[0])
+        else:
+            index = topk_from_embeddings(q, image_emb, n)[0]
         out[modality] = np.asarray(ids, dtype=np.int64)[index]
     return out
 
@@ -144,7 +199,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     gallery = (Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root
                else Gallery.from_dataset(cfg.dataset))
     queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    cache = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()).resolve()
     proposed: dict[tuple[str, int, int], dict[str, int]] = {}
     exclude: dict[str, dict[str, set[int]]] = {m: {} for m in MODALITIES}
     for model in cfg.models:
@@ -160,7 +215,8 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     n_raw = sum(len(by) for by in proposed.values())
     log.info("%d proposals by %d models -> %d unique candidate pairs", n_raw, len(cfg.models),
              len(candidates))
+    # The cache actually used, absolute: `model-bias` reads the same embeddings from any folder.
     config = {**asdict(cfg), "models": list(cfg.models), "splits": list(cfg.splits),
-              "proposals": n_raw}
+              "cache_dir": str(cache), "proposals": n_raw}
     return Candidates(config=config, gallery=gallery, queries=queries, candidates=candidates,
                       exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()})

@@ -57,7 +57,7 @@ def _ingest(args: argparse.Namespace) -> int:
                                  exclude_failed_golden=not args.keep_failed_golden,
                                  cxc_dir=str(args.cxc_dir) if args.cxc_dir else None,
                                  cxc_sits=tuple(str(p) for p in args.cxc_sits or ()),
-                                 cxc_min_score=args.cxc_min_score))
+                                 cxc_min_score=args.cxc_min_score, coco_ids=args.coco_ids or None))
     if args.output is None:
         return 0
     from builders.eccv_positives.builder import EccvPositivesBuilder, EccvPositivesConfig
@@ -130,8 +130,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_tasks)
 
     p = sub.add_parser("ingest", help="quality-check verdicts and build the new positives",
-                       description="Ingest Label Studio JSON exports or CSV verdicts; exclude tasks "
-                       "failing a golden; vote; remove invalid captions; merge with CxC and COCO; "
+                       description="Ingest Label Studio JSON exports or CSV verdicts (a worker's "
+                       "incomplete task is skipped and counted); exclude tasks failing a golden; "
+                       "vote; remove invalid captions; merge with CxC and COCO; "
                        "optionally build (--output) and publish (--repo-id/--version).")
     p.add_argument("verdicts", type=Path, nargs="+", help="Label Studio JSON exports or CSV files")
     p.add_argument("--tasks", type=Path, required=True, help="tasks folder (or tasks.json)")
@@ -141,10 +142,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep submissions that fail a golden item (default: excluded)")
     cxc = p.add_mutually_exclusive_group()
     cxc.add_argument("--cxc-dir", type=Path, default=None,
-                     help="CxC positives in the eccv_caption format (default: the shipped ones)")
+                     help="CxC positives in the eccv_caption format (default: the shipped ones, "
+                          "for a COCO gallery or with --coco-ids)")
     cxc.add_argument("--cxc-sits", type=Path, nargs="+", default=None, metavar="CSV",
                      help="CxC rating files (sits_test.csv ...), pairs scoring >= --cxc-min-score")
     p.add_argument("--cxc-min-score", type=float, default=3.0, help="CxC threshold (paper: 3)")
+    p.add_argument("--coco-ids", action="store_true",
+                   help="a --dataset gallery's ids are COCO ids: merge the shipped CxC and remove the "
+                        "paper's Appendix C.1 ids (always done for a --coco-root gallery)")
     p.add_argument("--output", type=Path, default=None, help="build the new version here")
     p.add_argument("--overwrite", action="store_true", help="replace a previous build in --output")
     p.add_argument("--coco-root", type=Path, default=None, help="default: the candidates' COCO root")
@@ -158,6 +163,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--model", action="append", default=None, metavar="ID",
                    help="a model to rank (repeat; default: the round's annotators)")
-    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="embedding cache (default: the one the round's candidates used)")
     p.add_argument("--output", type=Path, required=True, help="folder for the table and the plot")
     p.set_defaults(func=_model_bias)

@@ -2,9 +2,13 @@
 
 A machine annotator is any CLIP-like model: a transformers CLIP id or folder, or an open_clip
 model (`open_clip:ARCH[:TAG]`, `hf-hub:ORG/REPO`, `local-dir:PATH`). Each embeds every gallery
-image and caption once; the normalised embeddings are cached in `cache_dir` under a key made of
-the model id and the gallery's content, so later runs (more queries, another seed, the model-bias
-analysis) reuse them.
+image and every distinct caption text once (a repeated caption reuses its vector, so identical
+captions tie exactly in retrieval, METHOD.md §2). The normalised embeddings are cached in
+`cache_dir`, one folder per entry holding `images.npy` and `captions.npy`, read back
+memory-mapped (a 600K-caption gallery is not loaded into memory to be streamed over). The key
+covers the model id, a fingerprint of its weight files, the gallery's ids and texts and the
+size and mtime of its image files: later runs (more queries, another seed, the model-bias
+analysis) reuse an entry, retrained weights or replaced images do not.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -57,26 +63,92 @@ def load_encoder(model_id: str):
     return ClipScorer(*load_clip(model_id))
 
 
+def weights_fingerprint(model_id: str) -> str:
+    """Size and mtime of the model's weight files: a local folder or file, or the Hub snapshot
+    cached for a Hub id; retraining into the same path changes it.
+
+    A Hub id not yet downloaded (and an open_clip pretrained tag, which names a fixed release)
+    has no files to stat: the id alone identifies it ("unresolved")."""
+    name = model_id.removeprefix("local-dir:").removeprefix("open_clip:")
+    if model_id.startswith("open_clip:"):
+        name = name.partition(":")[2]  # ARCH:TAG, where TAG may be a checkpoint file
+    path = Path(name) if name and Path(name).exists() else _hub_snapshot(model_id)
+    if path is None:
+        return "unresolved"
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    stats = [(p.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns)
+             for p, st in ((p, p.stat()) for p in files)]
+    return hashlib.sha256(json.dumps([str(path.resolve()), stats]).encode()).hexdigest()[:16]
+
+
+def _hub_snapshot(model_id: str) -> Path | None:
+    """The locally cached snapshot folder of a Hub model (its name is the commit), if any."""
+    repo = model_id.removeprefix("hf-hub:")
+    if model_id.startswith(("open_clip:", "local-dir:")) or repo.count("/") != 1:
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo, local_files_only=True))
+    except (OSError, ValueError) as err:  # not cached, or not a valid Hub id: nothing to stat
+        log.debug("%s: no cached Hub snapshot (%s)", model_id, err)
+        return None
+
+
+def _cache_key(model_id: str, gallery_key: list[str]) -> str:
+    blob = json.dumps([model_id, weights_fingerprint(model_id), *gallery_key])
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def write_cache_entry(entry: Path, images: np.ndarray, captions: np.ndarray, meta: dict[str, Any]) -> None:
+    """Write an entry folder atomically: built under a temporary name, then renamed, so a
+    killed run never leaves a half-written entry and concurrent runs keep the first one."""
+    entry = Path(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_name(f".{entry.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    np.save(tmp / "images.npy", np.ascontiguousarray(images, dtype=np.float32))
+    np.save(tmp / "captions.npy", np.ascontiguousarray(captions, dtype=np.float32))
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    try:
+        tmp.rename(entry)
+    except OSError:
+        if not (entry / "meta.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another run stored the same entry first
+
+
+def read_cache_entry(entry: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(images, captions) memory-mapped read-only, or None when the entry is absent."""
+    entry = Path(entry)
+    if not (entry / "meta.json").is_file():
+        return None
+    return (np.load(entry / "images.npy", mmap_mode="r"), np.load(entry / "captions.npy", mmap_mode="r"))
+
+
 def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path,
                        batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """(image embeddings [I x d], caption embeddings [C x d]), L2-normalised, cached."""
-    key = hashlib.sha256(f"{model_id}|{gallery.digest()}".encode()).hexdigest()[:20]
-    path = Path(cache_dir) / f"{key}.npz"
-    if path.is_file():
-        with np.load(path) as cached:
-            log.info("embeddings of %s: cached in %s", model_id, path)
-            return cached["images"], cached["captions"]
+    gallery_key = [gallery.digest(), gallery.files_fingerprint()]
+    entry = Path(cache_dir) / _cache_key(model_id, gallery_key)
+    cached = read_cache_entry(entry)
+    if cached is not None:
+        log.info("embeddings of %s: cached in %s", model_id, entry)
+        return cached
     encoder = load_encoder(model_id)
-    log.info("embedding %d images and %d captions with %s", len(gallery.image_ids),
-             len(gallery.captions), model_id)
+    texts = list(dict.fromkeys(gallery.captions))
+    log.info("embedding %d images and %d distinct captions (of %d) with %s", len(gallery.image_ids),
+             len(texts), len(gallery.captions), model_id)
     images = np.concatenate([
         encoder.images([gallery.open_image(n) for n in range(i, min(i + batch_size, len(gallery.image_ids)))]).numpy()
-        for i in range(0, len(gallery.image_ids), batch_size)])
-    captions = np.concatenate([encoder.texts(gallery.captions[i:i + batch_size]).numpy()
-                               for i in range(0, len(gallery.captions), batch_size)])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, images=images.astype(np.float32), captions=captions.astype(np.float32),
-             model_id=np.array(model_id))
-    tmp.replace(path)  # a killed run never leaves a truncated cache entry
-    return images.astype(np.float32), captions.astype(np.float32)
+        for i in range(0, len(gallery.image_ids), batch_size)]).astype(np.float32)
+    distinct = np.concatenate([encoder.texts(texts[i:i + batch_size]).numpy()
+                               for i in range(0, len(texts), batch_size)]).astype(np.float32)
+    row = {t: n for n, t in enumerate(texts)}
+    captions = distinct[[row[t] for t in gallery.captions]]
+    # Loading a Hub model may have just downloaded it: key the entry by the snapshot now cached,
+    # so the next run (which finds that snapshot) hits it.
+    entry = Path(cache_dir) / _cache_key(model_id, gallery_key)
+    write_cache_entry(entry, images, captions, {"model_id": model_id, "gallery": gallery.digest()})
+    return images, captions

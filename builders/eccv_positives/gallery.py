@@ -17,7 +17,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from builders.infra.errors import UserFacingError
+from builders.infra.errors import InputFileError, UserFacingError
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,28 @@ class Gallery:
         blob = json.dumps([self.image_ids, self.image_files, self.caption_ids, self.captions,
                            asdict(self.dataset) if self.dataset else None])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def files_fingerprint(self) -> str:
+        """Size and mtime of every image file (COCO) or of the dataset's Arrow cache files.
+
+        `digest` covers ids and texts only; an image replaced in place (or a dataset re-prepared
+        from changed files, which `datasets` writes under a new cache file name) changes this, so
+        embeddings cached for the old pixels are not reused. Stats, not content hashes, so a cache
+        hit does not read every image."""
+        if self.dataset is None:  # named under the root: the same files reached another way match
+            files = [(f, self.root / f) for f in self.image_files]
+        else:
+            files = [(f["filename"], Path(f["filename"])) for f in _load(self.dataset).cache_files]
+        stats = []
+        for name, path in files:
+            try:
+                st = path.stat()
+            except OSError as err:
+                raise InputFileError(path, f"gallery file cannot be read ({err.strerror})",
+                                     "restore it, or run `counterfactory eccv candidates` again "
+                                     "on the gallery as it is now") from err
+            stats.append((name, st.st_size, st.st_mtime_ns))
+        return hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
         return {"root": str(self.root), "dataset": asdict(self.dataset) if self.dataset else None,

@@ -3,18 +3,24 @@
 
 Verdicts come as Label Studio JSON exports (of `label_studio_tasks.json`) or CSV files with
 columns `task_id, item_id, worker_id, answer`. One worker's answers to one task form a
-submission; a submission must answer all 20 items once. Every file is checked completely before
-anything is stored, and the verdict store (`state/verdicts.json`) is replaced atomically, so a bad
-file is rejected with the file and row at fault and what was ingested before stays intact.
+submission; a submission counts once it answers all 20 items (Label Studio shows each pair as
+its own task, so an export often holds a worker's task half done: such a submission is skipped,
+counted per worker and per task in the report, and may be completed by a later export). Every
+file is checked completely before anything is stored, and the verdict store
+(`state/verdicts.json`) is replaced atomically, so a bad file (unknown ids, an item answered
+twice, a task already answered) is rejected with the file and row at fault and what was
+ingested before stays intact.
 
 Quality control: a submission fails when it calls its golden positive a NO or its golden
 negative a YES; failing submissions are excluded by default (counts per worker and per task are
 reported either way). A pair is positive when more than half of its kept verdicts are positive
 ("100% YES" or "Partially YES", or only "100% YES" with `strict`). Then the invalid captions and
 the duplicate image of the paper's Appendix C.1 are removed and the result is merged with CxC and
-the original COCO pairs (CxC: the ids shipped with `eccv_caption`, or CxC's rating files with a
-score threshold), written in the `eccv_caption` file format next to `mitl_report.json`,
-and built with the eccv-positives builder.
+the original gallery pairs (CxC: the ids shipped with `eccv_caption`, or CxC's rating files with
+a score threshold), written in the `eccv_caption` file format next to `mitl_report.json`, and
+built with the eccv-positives builder. Appendix C.1 and CxC name COCO ids: a `--dataset` gallery's
+ids are its own (row numbers by default), so both are skipped there unless `coco_ids` says its
+ids are COCO's (or CxC files are given explicitly).
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ class IngestConfig:
     #: ... or CxC's own rating files (sits_*.csv), thresholded at `cxc_min_score` (paper: 3).
     cxc_sits: tuple[str, ...] = ()
     cxc_min_score: float = 3.0
+    #: The gallery's ids are COCO ids, so CxC's ids and Appendix C.1's apply (default: true for
+    #: a COCO gallery, false for a --dataset one, whose ids may collide with COCO's).
+    coco_ids: bool | None = None
 
 
 def _positive(answer: str, strict: bool) -> bool:
@@ -155,8 +164,11 @@ class VerdictStore:
 
 
 def _check(rows: list[dict[str, Any]], path: Path, items: dict[str, dict[str, Any]],
-           task_sizes: dict[str, int], known: set[tuple[str, str]]) -> None:
-    """Unknown ids, bad answers, a task answered twice, incomplete submissions: one clear error."""
+           task_sizes: dict[str, int], known: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Unknown ids, bad answers, an item answered twice, a task answered again: one clear error.
+
+    Returns the incomplete submissions (fewer items answered than the task has), which the
+    caller skips: a partial export is normal, not a broken file."""
     seen: dict[tuple[str, str, str], str] = {}
     per_submission: Counter[tuple[str, str]] = Counter()
     for row in rows:
@@ -181,11 +193,9 @@ def _check(rows: list[dict[str, Any]], path: Path, items: dict[str, dict[str, An
                                  "a task is answered once per worker; drop the repeated submission")
         seen[key] = row["where"]
         per_submission[(row["task_id"], row["worker"])] += 1
-    for (task_id, worker), n in per_submission.items():
-        if n != task_sizes[task_id]:
-            raise InputFileError(path, f"task {task_id}, worker {worker}: {n} of "
-                                 f"{task_sizes[task_id]} items answered",
-                                 "submit whole tasks (the golden items decide whether it counts)")
+    return [{"task_id": task_id, "worker": worker, "answered": n, "items": task_sizes[task_id],
+             "file": str(path)}
+            for (task_id, worker), n in sorted(per_submission.items()) if n < task_sizes[task_id]]
 
 
 def ingest(cfg: IngestConfig) -> dict[str, Any]:
@@ -203,10 +213,19 @@ def ingest(cfg: IngestConfig) -> dict[str, Any]:
             log.info("%s: already ingested, skipped", path)
             continue
         rows = read_verdicts(path)
-        _check(rows, path, items, task_sizes, known)
+        incomplete = _check(rows, path, items, task_sizes, known)
+        if incomplete:
+            log.warning("%s: %d incomplete submission(s) skipped (e.g. task %s, worker %s: %d of %d "
+                        "items); they count once a later file has all their items", path,
+                        len(incomplete), incomplete[0]["task_id"], incomplete[0]["worker"],
+                        incomplete[0]["answered"], incomplete[0]["items"])
+        # Not stored and not `known`: a later, fuller export of the same task is accepted.
+        skipped = {(i["task_id"], i["worker"]) for i in incomplete}
+        rows = [r for r in rows if (r["task_id"], r["worker"]) not in skipped]
         submissions = {(r["task_id"], r["worker"]) for r in rows}
         known |= submissions
-        new_files.append({"path": str(path), "sha256": digest, "submissions": len(submissions)})
+        new_files.append({"path": str(path), "sha256": digest, "submissions": len(submissions),
+                          "incomplete": incomplete})
         new_rows += [{k: r[k] for k in ("task_id", "item_id", "worker", "answer")} for r in rows]
     cands = Candidates.load(Path(manifest["config"]["candidates"]))
     sources = _gallery_sources(cands, cfg)
@@ -262,8 +281,13 @@ def review(verdicts: list[dict[str, Any]], items: dict[str, dict[str, Any]], cfg
     return result
 
 
+def uses_coco_ids(cands: Candidates, cfg: IngestConfig) -> bool:
+    return cfg.coco_ids if cfg.coco_ids is not None else cands.gallery.dataset is None
+
+
 def _gallery_sources(cands: Candidates, cfg: IngestConfig):
-    """The gallery's original COCO pairs, and the CxC positives restricted to the gallery."""
+    """The gallery's original pairs, the CxC positives restricted to the gallery (None when
+    not merged), and which CxC was used."""
     from loading_scripts.eccv import Positives, read_positives
 
     g = cands.gallery
@@ -273,13 +297,18 @@ def _gallery_sources(cands: Candidates, cfg: IngestConfig):
     coco = Positives(i2t={i: np.asarray(c, dtype=np.int64) for i, c in coco_i2t.items()},
                      t2i={c: np.asarray([i], dtype=np.int64) for c, i in g.caption_image.items()})
     if cfg.cxc_sits:
-        shipped = read_cxc_sits(cfg.cxc_sits, cfg.cxc_min_score)
-    else:
+        shipped, which = read_cxc_sits(cfg.cxc_sits, cfg.cxc_min_score), "sits"
+    elif cfg.cxc_dir or uses_coco_ids(cands, cfg):
         shipped = read_positives("cxc", Path(cfg.cxc_dir) if cfg.cxc_dir else None)
+        which = "dir" if cfg.cxc_dir else "shipped"
+    else:
+        log.info("dataset gallery: its ids are not COCO ids, so the shipped CxC pairs are not merged "
+                 "and the Appendix C.1 ids are not removed (pass --coco-ids if they are COCO ids)")
+        return coco, None, None
     images, captions = set(g.image_ids), set(g.caption_ids)
     cxc = Positives(i2t=_restricted(shipped.i2t, images, captions),
                     t2i=_restricted(shipped.t2i, captions, images))
-    return coco, cxc
+    return coco, cxc, which
 
 
 def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: dict[str, dict[str, Any]],
@@ -289,18 +318,21 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
 
     result = review(store.verdicts, items, cfg)
     human = result.positives()
-    coco, cxc = sources
+    coco, cxc, cxc_source = sources
     merged: dict[str, dict[int, set[int]]] = {"i2t": {}, "t2i": {}}
     for modality in ("i2t", "t2i"):
         for query in manifest["queries"][modality]:
             found = set(human[modality].get(query, ()))
-            for source in (cxc, coco):
+            for source in (coco,) if cxc is None else (cxc, coco):
                 found |= set(getattr(source, modality).get(query, np.empty(0)).tolist())
             merged[modality][query] = found
     removed = 0
-    # Appendix C.1: invalid captions and the duplicate image go, as items and as queries.
-    for modality, invalid_items, invalid_queries in (("i2t", INVALID_CAPTION_IDS, set(DUPLICATE_IMAGES)),
-                                                     ("t2i", set(DUPLICATE_IMAGES), INVALID_CAPTION_IDS)):
+    remove_c1 = uses_coco_ids(cands, cfg)
+    # Appendix C.1: invalid captions and the duplicate image go, as items and as queries (COCO
+    # ids only: in a dataset gallery the same numbers name other captions).
+    c1 = (("i2t", INVALID_CAPTION_IDS, set(DUPLICATE_IMAGES)),
+          ("t2i", set(DUPLICATE_IMAGES), INVALID_CAPTION_IDS))
+    for modality, invalid_items, invalid_queries in c1 if remove_c1 else ():
         for query in list(merged[modality]):
             if query in invalid_queries:
                 removed += len(merged[modality].pop(query))
@@ -311,9 +343,16 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
     eccv = Positives(**{m: {q: np.asarray(sorted(v), dtype=np.int64) for q, v in merged[m].items() if v}
                         for m in ("i2t", "t2i")})
     out = Path(cfg.state) / "annotations"
-    for name, positives in (("eccv", eccv), ("cxc", cxc), ("coco", coco)):
+    no_cxc = Positives(i2t={}, t2i={})
+    for name, positives in (("eccv", eccv), ("cxc", no_cxc if cxc is None else cxc), ("coco", coco)):
         write_positives(positives, out, name)
     n_human = sum(len(v) for m in human.values() for v in m.values())
+    # Stores written before incomplete submissions were skipped have no such list.
+    incomplete = [i for f in store.files for i in f.get("incomplete", [])]
+    for i in incomplete:
+        result.per_worker[i["worker"]]["incomplete"] += 1
+        result.per_task[i["task_id"]]["incomplete"] += 1
+    counts = ("submissions", "failed_golden", "incomplete")
     report = {
         "models": cands.config["models"], "candidates_config": cands.config,
         "queries": {m: len(manifest["queries"][m]) for m in ("i2t", "t2i")},
@@ -322,15 +361,22 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
         "submissions": result.submissions, "failed_golden": len(result.failed),
         "failed_submissions": sorted(f"{t}/{w}" for t, w in result.failed),
         "exclude_failed_golden": cfg.exclude_failed_golden, "strict": cfg.strict,
-        "verified_pairs": len(result.votes), "verified_positives": n_human, "removed_invalid": removed,
-        "per_worker": {w: dict(c) for w, c in sorted(result.per_worker.items())},
-        "per_task": {t: dict(c) for t, c in sorted(result.per_task.items())},
+        "incomplete_submissions": len(incomplete),
+        "incomplete": [f"{i['task_id']}/{i['worker']} ({i['answered']} of {i['items']}, {i['file']})"
+                       for i in incomplete],
+        "verified_pairs": len(result.votes), "verified_positives": n_human,
+        "gallery": "coco" if cands.gallery.dataset is None else "dataset",
+        "cxc_merged": cxc_source, "appendix_c1_removal": remove_c1,
+        "removed_invalid": removed,
+        "per_worker": {w: {n: c[n] for n in counts} for w, c in sorted(result.per_worker.items())},
+        "per_task": {t: {n: c[n] for n in counts} for t, c in sorted(result.per_task.items())},
         "human_positive_pairs": sorted([m, q, i] for m in human for q, v in human[m].items() for i in v),
         "config": {k: v for k, v in asdict(cfg).items() if k != "verdicts"},
     }
     (out / MITL_REPORT).write_text(json.dumps(report, indent=1))
-    log.info("ingested %d submissions (%d failed a golden); %d of %d verified pairs positive -> %s",
-             result.submissions, len(result.failed), n_human, len(result.votes), out)
+    log.info("ingested %d submissions (%d failed a golden, %d incomplete skipped); %d of %d verified "
+             "pairs positive -> %s", result.submissions, len(result.failed), len(incomplete), n_human,
+             len(result.votes), out)
     return report
 
 

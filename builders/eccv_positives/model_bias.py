@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from builders.eccv_positives.annotations import MITL_REPORT
-from builders.eccv_positives.candidates import Candidates, default_cache_dir
+from builders.eccv_positives.candidates import Candidates, default_cache_dir, distinct_captions
 from builders.eccv_positives.embeddings import gallery_embeddings
 from builders.eccv_positives.tasks import load_tasks
 from builders.infra.errors import InputFileError, UserFacingError
@@ -46,6 +46,7 @@ class ModelBiasConfig:
     output: str
     #: Models to rank (default: the machine annotators of the round).
     models: tuple[str, ...] = ()
+    #: Embedding cache (default: the one the round's `candidates` run used).
     cache_dir: str | None = None
 
 
@@ -73,15 +74,20 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
     cands = Candidates.load(Path(load_tasks(Path(cfg.tasks))["config"]["candidates"]))
     sets = annotation_sets(report, cands)
     models = list(cfg.models) or list(report["models"])
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    # The round's own cache (recorded by `candidates`) holds the annotators' embeddings already.
+    round_cache = cands.config.get("cache_dir")
+    cache = Path(cfg.cache_dir or round_cache or default_cache_dir())
     g = cands.gallery
     rows = []
     for model in models:
         images, captions = gallery_embeddings(model, g, cache)
-        sims = {"i2t": (images, captions, g.image_ids, g.caption_ids),
-                "t2i": (captions, images, g.caption_ids, g.image_ids)}
+        # Captions are scored once per distinct text and the columns copied, so repeated captions
+        # tie exactly and rank by gallery index, as in the candidates (METHOD.md §2).
+        reps, slot = distinct_captions(captions, g.captions)
+        sims = {"i2t": (images, np.asarray(captions[reps]), slot, g.image_ids, g.caption_ids),
+                "t2i": (captions, images, None, g.caption_ids, g.image_ids)}
         for set_name, positives in sets.items():
-            for modality, (q_emb, g_emb, q_ids, g_ids) in sims.items():
+            for modality, (q_emb, g_emb, columns, q_ids, g_ids) in sims.items():
                 pos = positives[modality]
                 if not pos:
                     continue
@@ -92,8 +98,11 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
                 # means over queries, so chunk means weighted by chunk size give the same numbers.
                 for start in range(0, len(queries), QUERY_CHUNK):
                     chunk = queries[start:start + QUERY_CHUNK]
+                    similarity = q_emb[[row_of[q] for q in chunk]] @ g_emb.T
+                    if columns is not None:
+                        similarity = similarity[:, columns]
                     scores = retrieval_scores_from_similarity(
-                        q_emb[[row_of[q] for q in chunk]] @ g_emb.T, {q: pos[q] for q in chunk},
+                        similarity, {q: pos[q] for q in chunk},
                         chunk, g_ids, RetrievalMetricConfig(k_values=(1,))).as_dict()
                     for m in METRICS:
                         totals[m] += scores[m] * len(chunk)
