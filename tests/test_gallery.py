@@ -7,6 +7,7 @@ gallery; bad input is one line each. The browser test drives these galleries
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -21,6 +22,7 @@ from datasets import load_dataset
 from PIL import Image
 
 from builders.infra.cli import main as cli_main
+from builders.infra.gallery.rows import KEY_PROVENANCE, PROVENANCE_ORDER
 
 #: Tiny builds shared by the gallery tests (built once per session, on demand).
 BUILD_ARGS = {
@@ -80,6 +82,30 @@ def span(segs: list, style: str) -> tuple[int, str]:
     return len(text_of(segs[:k])), seg[0]
 
 
+def assert_provenance_shown(rec: dict, row: dict) -> list[str]:
+    """Every provenance column of the row with a value is in the record's details with that value,
+    and the key ones also on the card itself; a null one is not shown. Returns the shown names."""
+    details, card = dict(rec["meta"]), dict(rec["key"])
+    shown = []
+    for name in (n for n in PROVENANCE_ORDER if n in row):
+        value = row[name]
+        if value is None:
+            assert name not in details, (name, details[name])
+            continue
+        assert (name in card) == (name in KEY_PROVENANCE) and name in details, (name, rec["key"])
+        if name in card:
+            assert card[name] == details[name]
+        if isinstance(value, float):
+            if math.isnan(value):
+                assert details[name] == "nan"
+            else:
+                assert float(details[name]) == pytest.approx(value, rel=1e-3), (name, details[name])
+        else:
+            assert details[name] == str(value), (name, details[name], value)
+        shown.append(name)
+    return shown
+
+
 def assert_depicts(thumb_path: Path, original: Image.Image, other: Image.Image | None = None,
                    max_side: int = 160) -> None:
     """The thumbnail has the original's aspect ratio, is never enlarged, and looks like the
@@ -113,6 +139,7 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
     assert len(ds) >= 4 and [r["i"] for r in records] == list(range(len(ds)))
     assert [r["id"] for r in records] == ds["id"]
     assert len(list((out / "pages").glob("*.js"))) == -(-len(ds) // 3)
+    provenance_shown: set[str] = set()
     for k, (rec, row) in enumerate(zip(records, ds)):
         assert [im["label"] for im in rec["imgs"]] == ["image_0", "image_1"]
         # A pair shares its initial noise (Prompt-to-Prompt), so compare with another row's image.
@@ -129,8 +156,7 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
         assert rec["facets"]["replaced word"] == [row["replaced_word"]]
         rejected = ["candidate rejected: directional"] if row["image_rejected_directional"] else []
         assert rec["facets"].get("skip reason", []) == rejected
-        shown = dict(rec["meta"])
-        assert float(shown["clip_score_0"]) == pytest.approx(row["clip_score_0"], rel=1e-3)
+        provenance_shown.update(assert_provenance_shown(rec, row))
     index = [e for p in sorted((out / "index").glob("*.js"))
              for e in json.loads(p.read_text().split(", ", 1)[1].rsplit(");", 1)[0])]
     assert [e[0] for e in index] == list(range(len(ds)))
@@ -145,8 +171,12 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
         assert f"<tr><td>{reason}</td><td>{n}</td></tr>" in stats
     for column in ("clip_score_0", "similarity", "perplexity"):
         assert Image.open(out / f"stats/hist_{column}.png").size[0] > 100
+    # The build has every key column (generation parameters and scores), each shown on some card.
+    assert KEY_PROVENANCE <= set(ds.column_names)
+    assert {n for n in KEY_PROVENANCE if any(v is not None for v in ds[n])} <= provenance_shown
     summary = json.loads((out / "gallery.json").read_text())
     assert summary["complete"] and summary["rows"] == len(ds) and summary["kind"] == "counterfactual"
+    assert 0 < summary["first_page_bytes"] < 1e6  # the first screen loads fast whatever the size
 
 
 def test_decorrelation_gallery_strikes_removed_words_and_outlines_the_mask(builds, tmp_path):
@@ -179,6 +209,7 @@ def test_decorrelation_gallery_strikes_removed_words_and_outlines_the_mask(build
         words = lambda s: re.findall(r"[\w'-]+", s.lower())  # noqa: E731
         assert words(kept) == words(row["caption"]), texts
         struck += any(s[1] == "del" for s in texts["original caption"])
+        assert {"removal", "fill", "seed"} <= set(assert_provenance_shown(rec, row))
     assert struck == len(ds)  # every np_removal caption lost a noun phrase
     stats = (out / "stats.html").read_text()
     manifest = json.loads((build / "build_manifest.json").read_text())

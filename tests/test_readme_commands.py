@@ -1,12 +1,19 @@
-"""Every shell command of the README's "Using it" section runs as written and exits 0.
+"""Every shell command of the README's "Using it" and "Seeing the data" sections runs as written
+and exits 0.
 
 The commands are read from the README itself (its ```bash blocks between "## Using it" and the
-next "## " heading), so the two cannot drift; a template that needs the user's own files (real
-models, an annotation export) is fenced as ```text and says so. They run as one bash script (`set -e`: the first
-failing command fails the test, `-x` names it) in a scratch folder laid out like the repository
-root (symlinks to its folders; `data/` and `out/` are real), with `.venv/bin` on the PATH, HOME in
-the scratch folder and no NLTK_DATA (so `counterfactory nltk offline-tagger` must install where
-NLTK looks by default), and the Hub endpoint pointed at the local Hub where they publish.
+next "## " heading, then those of "## Seeing the data"), so the two cannot drift; a template that
+needs the user's own files (real models, an annotation export) is fenced as ```text and says so.
+They run as one bash script (`set -e`: the first failing command fails the test, `-x` names it) in
+a scratch folder laid out like the repository root (symlinks to its folders; `data/` and `out/`
+are real), with `.venv/bin` on the PATH, HOME in the scratch folder and no NLTK_DATA (so
+`counterfactory nltk offline-tagger` must install where NLTK looks by default), and the Hub
+endpoint pointed at the test's local Hub where the real-Hub examples publish.
+
+The README's local-Hub session (the block that starts `counterfactory local-hub`) runs as a fresh
+shell would: without HF_ENDPOINT, HF_HUB_DISABLE_XET and HF_TOKEN, so `--endpoint` alone must be
+enough to publish and the block itself must set what `load_dataset` and `evaluate.load` need. It
+runs on a free port instead of the README's, so concurrent test runs never collide.
 
 The builds they write are then checked as data: cards and manifests name no local directory of
 the machine that built them, and the manifest records the git commit of the code.
@@ -17,30 +24,85 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from builders.infra.local_hub import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 #: Written by the commands themselves; everything else of the repository root is linked.
 _SCRATCH_OWN = {"data", "out"}
+#: The port of the README's local-Hub session, replaced by a free one when the test runs it.
+README_HUB_PORT = "18765"
+#: What a fresh shell does not have; the local-Hub session must work without it.
+HUB_CLIENT_ENV = ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN")
 
 
-def readme_commands(readme: str) -> str:
-    """The ```bash blocks of the "Using it" section, in order, as one script."""
-    start = readme.index("\n## Using it\n")
+def section_blocks(readme: str, heading: str) -> list[str]:
+    """The ```bash blocks of the README's "## HEADING" section, in order."""
+    start = readme.index(f"\n## {heading}\n")
     end = readme.find("\n## ", start + 1)
     section = readme[start:end if end != -1 else None]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
-    assert blocks, "no ```bash block in the README's Using it section"
-    return "\n".join(blocks)
+    assert blocks, f"no ```bash block in the README's {heading} section"
+    return blocks
+
+
+def local_hub_block(readme: str) -> str:
+    """The README's local-Hub session (the one "Using it" block that starts `local-hub`)."""
+    found = [b for b in section_blocks(readme, "Using it") if "counterfactory local-hub" in b]
+    assert len(found) == 1, f"{len(found)} blocks of \"Using it\" start `counterfactory local-hub`"
+    assert f"--port {README_HUB_PORT}" in found[0], f"the session no longer uses port {README_HUB_PORT}"
+    return found[0]
+
+
+def as_fresh_shell(block: str, port: int) -> str:
+    """`block` on `port`, in a subshell without the Hub client environment."""
+    return f"(\nunset {' '.join(HUB_CLIENT_ENV)}\n{block.replace(README_HUB_PORT, str(port))})\n"
+
+
+def readme_commands(readme: str, hub_port: int) -> str:
+    """The bash blocks of "Using it" then "Seeing the data" as one script (see the module doc)."""
+    session = local_hub_block(readme)
+    blocks = [as_fresh_shell(b, hub_port) if b == session else b
+              for b in section_blocks(readme, "Using it")]
+    return "\n".join(blocks + section_blocks(readme, "Seeing the data"))
+
+
+def commands_of(script: str) -> list[str]:
+    """One line per command (continuation lines joined), comments and blank lines dropped."""
+    return [line for line in re.sub(r"\\\n", " ", script).splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _build_dirs(script: str, cwd: Path) -> list[Path]:
-    return [cwd / out for out in re.findall(r"--output\s+(\S+)", script)]
+    builds = [c for c in commands_of(script)
+              if re.match(r"\s*(counterfactory build|accelerate launch)\b", c)]
+    return [cwd / out for c in builds for out in re.findall(r"--output\s+(\S+)", c)]
+
+
+def wait_until_closed(port: int, seconds: float = 15.0) -> bool:
+    """True once nothing listens on 127.0.0.1:port (a killed server takes a moment to go)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def command_env(scratch: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "NLTK_DATA"}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+               HOME=str(scratch / "home"), **extra)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -49,23 +111,20 @@ def readme_run(local_hub, tmp_path_factory):
     for entry in REPO.iterdir():
         if not entry.name.startswith(".") and entry.name not in _SCRATCH_OWN:
             (scratch / entry.name).symlink_to(entry)
-    script = readme_commands((REPO / "README.md").read_text())
-    env = {k: v for k, v in os.environ.items() if k != "NLTK_DATA"}
-    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-               HOME=str(scratch / "home"), HF_ENDPOINT=local_hub.url,
-               COUNTERFACTORY_PROGRESS_INTERVAL="5")
+    hub_port = free_port()
+    script = readme_commands((REPO / "README.md").read_text(), hub_port)
+    env = command_env(scratch, HF_ENDPOINT=local_hub.url, COUNTERFACTORY_PROGRESS_INTERVAL="5")
     proc = subprocess.run(["bash", "-e", "-x", "-c", script], cwd=scratch, env=env,
                           capture_output=True, text=True)
-    return scratch, script, proc
+    return scratch, script, proc, hub_port
 
 
 def test_readme_commands_run_as_written(readme_run):
-    scratch, script, proc = readme_run
+    scratch, script, proc, _ = readme_run
     traced = [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
     assert proc.returncode == 0, (f"README command failed: {traced[-1] if traced else '?'}\n"
                                   + proc.stderr[-4000:])
-    commands = [line for line in re.sub(r"\\\n", " ", script).splitlines()
-                if line.strip() and not line.lstrip().startswith("#")]
+    commands = commands_of(script)
     assert len(commands) >= 8
     assert sum(c.lstrip().startswith("counterfactory build") for c in commands) >= 5
     for out in _build_dirs(script, scratch):
@@ -76,7 +135,7 @@ def test_readme_commands_run_as_written(readme_run):
 
 
 def test_cards_and_manifests_name_no_local_directory(readme_run):
-    scratch, script, proc = readme_run
+    scratch, script, proc, _ = readme_run
     assert proc.returncode == 0
     local = {str(scratch), str(scratch.resolve()), str(REPO), str(Path.home()),
              tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
@@ -90,7 +149,7 @@ def test_cards_and_manifests_name_no_local_directory(readme_run):
 
 
 def test_manifest_records_the_code_commit(readme_run):
-    scratch, script, proc = readme_run
+    scratch, script, proc, _ = readme_run
     assert proc.returncode == 0
     for out in _build_dirs(script, scratch):
         git = json.loads((out / "build_manifest.json").read_text())["counterfactory_git"]
@@ -102,7 +161,7 @@ def test_manifest_records_the_code_commit(readme_run):
 
 
 def test_cards_describe_only_the_configs_a_build_has(readme_run):
-    scratch, script, proc = readme_run
+    scratch, script, proc, _ = readme_run
     assert proc.returncode == 0
     for out in _build_dirs(script, scratch):
         manifest = json.loads((out / "build_manifest.json").read_text())
@@ -110,3 +169,60 @@ def test_cards_describe_only_the_configs_a_build_has(readme_run):
         card = (out / "README.md").read_text()
         named = set(re.findall(r"`(\w+)`\s+config\b", card))
         assert named <= configs, f"{out.name}: the card describes configs {sorted(named - configs)}"
+
+
+def test_the_local_hub_session_needs_only_endpoint_and_its_own_exports(readme_run, local_hub):
+    scratch, script, proc, hub_port = readme_run
+    assert proc.returncode == 0
+    block = local_hub_block((REPO / "README.md").read_text())
+    # Both publishes run before the block sets any client variable: `--endpoint` alone suffices.
+    assert block.index("export HF_ENDPOINT") > block.rindex("--endpoint http://127.0.0.1:")
+    assert "published my-org/decorrelation@v1.0.0" in proc.stdout
+    assert "published my-org/odmap@v1.0.0" in proc.stdout
+    # load_dataset read back every row of the build; the metric loaded from its tag computes.
+    rows = json.loads((scratch / "out/decorrelation/build_manifest.json").read_text())["outputs"]
+    assert re.search(rf"train: Dataset\(\{{.*?num_rows: {rows['default/train']['rows']}\n", proc.stdout,
+                     re.S), proc.stdout[-2000:]
+    assert "{'ODmAP@1': 1.0, 'num_queries': 1}" in proc.stdout
+    # It published to its own server on its own port, not to the Hub the rest of the README uses.
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=local_hub.url)
+    assert api.repo_exists("my-org/coco-counterfactuals", repo_type="dataset")
+    assert not api.repo_exists("my-org/decorrelation", repo_type="dataset")
+    assert f"127.0.0.1:{hub_port}" in proc.stderr and wait_until_closed(hub_port)
+
+
+def test_the_local_hub_session_stops_its_server_when_a_command_fails(tmp_path):
+    """Without the builds it publishes, the session's first publish fails: the trap still stops
+    the server it started (and the failure reaches the caller)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "evaluate_modules").symlink_to(REPO / "evaluate_modules")
+    port = free_port()
+    env = {k: v for k, v in command_env(tmp_path).items() if k not in HUB_CLIENT_ENV}
+    block = local_hub_block((REPO / "README.md").read_text())
+    proc = subprocess.run(["bash", "-c", block.replace(README_HUB_PORT, str(port))], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "out/decorrelation" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"local Hub on http://127.0.0.1:{port}" in (tmp_path / "out/local-hub.log").read_text()
+    assert wait_until_closed(port), f"the local Hub still listens on {port} after the failure"
+
+
+def test_seeing_the_data_writes_the_galleries_it_names(readme_run):
+    scratch, script, proc, _ = readme_run
+    assert proc.returncode == 0
+    shows = [c for c in commands_of("\n".join(section_blocks((REPO / "README.md").read_text(),
+                                                             "Seeing the data")))
+             if c.lstrip().startswith("counterfactory show")]
+    assert len(shows) >= 2
+    galleries = [scratch / re.search(r"--output\s+(\S+)", c).group(1) for c in shows]
+    for gallery in galleries:
+        summary = json.loads((gallery / "gallery.json").read_text())
+        assert summary["complete"] and summary["rows"] > 0 and (gallery / "index.html").is_file()
+    # The published version shows exactly the rows of the build it was published from.
+    build, published = galleries[0], galleries[1]
+    assert json.loads((published / "gallery.json").read_text())["source"].endswith("@v1.0.0")
+    pages = sorted(p.name for p in (build / "pages").iterdir())
+    assert pages and pages == sorted(p.name for p in (published / "pages").iterdir())
+    assert all((build / "pages" / n).read_bytes() == (published / "pages" / n).read_bytes() for n in pages)
