@@ -145,10 +145,36 @@ def test_eccv_metrics_from_the_dataset_equal_those_from_the_package(tables):
         assert got[name] == pytest.approx(values, rel=1e-12, abs=0)
 
 
+def package_json(name: str) -> dict[int, list[int]]:
+    """One of eccv_caption's annotation files, read here with json alone (independent of the
+    project's readers)."""
+    import eccv_caption
+
+    path = Path(eccv_caption.__file__).parent / "data" / f"{name}.json"
+    return {int(k): [int(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
+
+
 def test_card_recomputes_the_paper_multiplicity(build):
     card = (build / "README.md").read_text()
-    assert "×3.58" in card and "×8.47" in card  # Table 3 of the paper
+    # Table 3 of the paper, in the rendered table row (the prose below it quotes them too).
+    assert "| positive multiplicity vs COCO | ×3.58 | ×8.47 |" in card
     assert "| ECCV positives | 22550 | 11279 |" in card
+    # Per-source counts from the package's JSON: an ECCV positive is `coco` when it is an
+    # original pair, else `cxc` when CxC lists it, else `eccv` (verified by the MITL only).
+    counts = {}
+    for direction, suffix in (("i2t", "image_to_caption"), ("t2i", "caption_to_image")):
+        eccv, coco, cxc = (package_json(f"{p}_{suffix}") for p in ("eccv", "original", "cxc"))
+        n = {"coco": 0, "cxc": 0, "eccv": 0}
+        for query, positives in eccv.items():
+            for p in positives:
+                n["coco" if p in coco.get(query, ()) else "cxc" if p in cxc.get(query, ()) else "eccv"] += 1
+        counts[direction] = n
+    for source, row in (("coco", "of which original COCO pairs (`coco`)"),
+                        ("cxc", "of which CxC, not COCO (`cxc`)"),
+                        ("eccv", "of which MITL-verified only (`eccv`)")):
+        assert f"| {row} | {counts['i2t'][source]} | {counts['t2i'][source]} |" in card, source
+    assert sum(counts["i2t"].values()) == 22550 and sum(counts["t2i"].values()) == 11279
+    assert card.startswith("---") and "\nlicense: cc-by-4.0\n" in card.split("---")[1]
     assert "config_name: pm" not in card  # the fixture holds no instance of a real test image
 
 
