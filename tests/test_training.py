@@ -1,6 +1,7 @@
 """`training/finetune_clip.py` end to end on the fixture builds with the tiny CLIP: 1 vs 2
 processes, kill -9 + `--resume latest`, learning sanity, in-loop metrics = the evaluate modules
-post hoc, bad inputs, datasets by revision from the local Hub and `--push-to-hub`."""
+post hoc, counterfactuals scored without being trained on, bad inputs, datasets by revision from
+the local Hub and `--push-to-hub`."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from training.finetune_clip import main as train_main
 
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import accelerate_cmd  # noqa: E402
-from training_helpers import (PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl, weights,  # noqa: E402
-                              write_color_set, write_counterfactuals)
+from training_helpers import (COLORS, PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl,  # noqa: E402
+                              weights, write_color_set, write_counterfactuals)
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +45,24 @@ def base_args(builds, tiny_models_dir, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def single_run(builds, tiny_models_dir, tmp_path_factory) -> Path:
-    """One process, pairs kept together, 6 steps: the reference for the 2-process run and the
-    post hoc metric check."""
+def scored_cf(builds, tmp_path_factory) -> Path:
+    """A counterfactuals build that `single_run` scores but does not train on, with as many pairs
+    as test images: the itm_score_deltas module takes the six scores of a pair as one row, so
+    the real and counterfactual groups must be equally long."""
+    from datasets import load_dataset
+
+    n_test = len(load_dataset(str(builds[0]), "default", split="test"))
+    return write_counterfactuals(tmp_path_factory.mktemp("cf") / "cf", list(range(1, n_test + 1)))
+
+
+@pytest.fixture(scope="module")
+def single_run(builds, scored_cf, tiny_models_dir, tmp_path_factory) -> Path:
+    """One process, pairs kept together, 6 steps: the reference for the 2-process run (the
+    counterfactuals are only scored, so its training is that of base_args) and the post hoc
+    metric check."""
     out = tmp_path_factory.mktemp("single") / "run"
     assert train_main(base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs",
-                                "--max-steps", "6")) == 0
+                                "--max-steps", "6", "--counterfactuals", str(scored_cf))) == 0
     return out
 
 
@@ -125,25 +138,30 @@ def test_learning_sanity_r1_well_above_chance(tmp_path, tiny_models_dir):
     assert after["retrieval/t2i_R@1"] > before["retrieval/t2i_R@1"] + 0.25
 
 
-def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds, tiny_models_dir):
+def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds, scored_cf, tiny_models_dir):
     from datasets import load_dataset
 
     from training.backends import load_backend
     from training.config import SourceRef, TrainConfig
     from training.evaluation import compute_embeddings, load_eval_data
+    from training.mixtures import CF_COLUMNS
+    from training.sources import open_table
 
     cc, dec = builds
     final = read_jsonl(single_run / "metrics.jsonl")[-1]
     assert final["final"] and final == {**final, **final_metrics(single_run)}
     emb = np.load(single_run / "embeddings.npz")
 
-    # The saved model reproduces the saved embeddings.
+    # The saved model reproduces the saved embeddings; the counterfactual ones are every pair of
+    # the scored build in row order, image_0 / image_1 (caption_0 / caption_1) alternating.
     cfg = TrainConfig()
     cfg.data.real, cfg.data.decorrelation = SourceRef(str(cc)), SourceRef(str(dec))
+    cf_table, _ = open_table(SourceRef(str(scored_cf)), "default", "train", CF_COLUMNS)
+    every_pair = [(0, row) for row in range(len(cf_table))]
     backend = load_backend("transformers", str(single_run / "final"))
     backend.module.eval()
-    again = compute_embeddings(backend.module, backend, load_eval_data(cfg, [], [], None), 16, 0)
-    for key in ("image", "text", "query_image", "gallery_text"):
+    again = compute_embeddings(backend.module, backend, load_eval_data(cfg, every_pair, [cf_table], None), 16, 0)
+    for key in ("image", "text", "query_image", "gallery_text", "cf_image", "cf_text"):
         np.testing.assert_allclose(again[key], emb[key], atol=1e-5, err_msg=key)
 
     # Retrieval: map_at_r in similarity mode, positives straight from the build's rows.
@@ -178,17 +196,43 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     for k in (1, 5, 10):
         assert final[f"odmap/ODmAP@{k}"] == pytest.approx(res[f"ODmAP@{k}"])
 
-    # ITM deltas (random group), brute force from the embeddings: real pair (C_o, I_o) = image i
-    # with its first caption, (C_r, I_r) = the next image with its first caption.
+    # ITM deltas: the itm_score_deltas module on G = cosine similarity of the saved embeddings.
+    # Random group: real pair (C_o, I_o) = image i of the test split with its first caption,
+    # (C_r, I_r) = the next image with its first caption. Counterfactual group: (C_o, I_o^s) =
+    # (caption_0, image_0), (C_c, I_c^s) = (caption_1, image_1) of every scored pair.
     first = np.cumsum([0] + [len(ids) for ids in per_image])[:-1]
     img, cap = emb["image"], emb["text"][first]
-    nxt = [(i + 1) % len(img) for i in range(len(img))]
-    g = lambda c, i: float(cap[c] @ img[i])  # noqa: E731
-    ir_r = [g(nxt[i], nxt[i]) - g(nxt[i], i) for i in range(len(img))]
-    tr_r = [g(nxt[i], nxt[i]) - g(i, nxt[i]) for i in range(len(img))]
-    for name, d in (("IR_r", ir_r), ("TR_r", tr_r)):
-        assert final[f"itm/{name}_mean"] == pytest.approx(np.mean(d), abs=1e-6)
-        assert final[f"itm/{name}_frac_below_zero"] == pytest.approx(np.mean(np.array(d) < 0))
+    nxt = np.roll(np.arange(len(img)), -1)
+    i0, i1, c0, c1 = emb["cf_image"][0::2], emb["cf_image"][1::2], emb["cf_text"][0::2], emb["cf_text"][1::2]
+    g = lambda c, i: (c * i).sum(1)  # noqa: E731
+    itm = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "itm_score_deltas"))
+    deltas = itm.compute(g_cr_ir=g(cap[nxt], img[nxt]), g_cr_io=g(cap[nxt], img), g_co_ir=g(cap, img[nxt]),
+                         g_cc_ics=g(c1, i1), g_cc_ios=g(c1, i0), g_co_ics=g(c0, i1))
+    for name in ("IR_r", "TR_r", "IR_c", "TR_c"):
+        for stat in ("mean", "median", "frac_below_zero"):
+            assert final[f"itm/{name}_{stat}"] == pytest.approx(deltas[name][stat], abs=1e-6), (name, stat)
+
+    # Object necessity per removed class c: PN = (s(x, y) - s(x', y)) / s(x, y), s = (cos + 1) / 2,
+    # averaged over the queries x' removing c whose source image x is in the test split and the
+    # original captions y of x that mention c (the gallery's mention lists).
+    test_row = {i: r for r, i in enumerate(image_ids)}
+    gallery_row = {c: r for r, c in enumerate(gallery["caption_id"])}
+    s = lambda i, t: (float(i @ t) + 1) / 2  # noqa: E731
+    pn: dict[str, list[float]] = {}
+    for q, (image_id, caption_ids) in enumerate(zip(queries["image_id"], queries["caption_ids"])):
+        if image_id not in test_row:
+            continue
+        x, x_removed = emb["image"][test_row[image_id]], emb["query_image"][q]
+        for caption_id in caption_ids:
+            y = emb["gallery_text"][gallery_row[caption_id]]
+            for c in set(removed[q]) & set(mentioned[gallery_row[caption_id]]):
+                pn.setdefault(c, []).append((s(x, y) - s(x_removed, y)) / s(x, y))
+    assert pn, "no query of the fixture has its source image in the test split"
+    in_loop = {k for k in final if k.startswith("necessity/PN_") and k != "necessity/PN_mean"}
+    assert in_loop == {f"necessity/PN_{c}" for c in pn}
+    for c, values in pn.items():
+        assert final[f"necessity/PN_{c}"] == pytest.approx(np.mean(values), abs=1e-5), c
+    assert final["necessity/PN_mean"] == pytest.approx(np.mean([v for vs in pn.values() for v in vs]), abs=1e-5)
 
 
 def _error_of(capsys, argv) -> str:
@@ -337,6 +381,40 @@ def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_pat
     base_emb = np.load(base / "embeddings.npz")
     assert base_emb["cf_image"].shape == emb["cf_image"].shape
     assert "itm/IR_c_mean" in final_metrics(base) and "val_loss" in final_metrics(base)
+
+
+def test_counterfactuals_without_a_cf_mix_are_scored_on_every_pair_not_trained_on(tmp_path, tiny_models_dir):
+    real = write_color_set(tmp_path / "real", {"train": 2, "val": 1, "test": 1})
+    n_pairs = 7
+    cf = write_counterfactuals(tmp_path / "cf", list(range(1, n_pairs + 1)))
+    common = ["--real", str(real), "--real-train-splits", "train", "--models", "tiny", "--tiny-models-dir",
+              str(tiny_models_dir), "--batch-size", "8", "--lr", "1e-3", "--max-steps", "3",
+              "--num-workers", "0"]
+    scored, plain = tmp_path / "scored", tmp_path / "plain"
+    assert train_main([*common, "--counterfactuals", str(cf), "--output", str(scored)]) == 0
+    assert train_main([*common, "--output", str(plain)]) == 0
+    # Not trained on: the same examples, loss curve and weights as the run without it.
+    with_cf, without = (json.loads((d / "run.json").read_text()) for d in (scored, plain))
+    assert with_cf["train_examples"] == without["train_examples"] == {"real": 2 * len(COLORS) * 5}
+    assert read_jsonl(scored / "loss.jsonl") == read_jsonl(plain / "loss.jsonl")
+    scored_w = weights(scored / "final")
+    for name, w in weights(plain / "final").items():
+        np.testing.assert_array_equal(scored_w[name], w, err_msg=name)
+    # Scored: all of the split (recorded in run.json), both rows of every pair.
+    assert {"path": str(cf), "revision": None, "commit": None, "config": "default", "split": "train",
+            "rows": n_pairs} in with_cf["tables"]
+    emb = np.load(scored / "embeddings.npz")
+    assert emb["cf_image"].shape[0] == emb["cf_text"].shape[0] == 2 * n_pairs
+    itm_c = {k for k in final_metrics(scored) if k.startswith(("itm/IR_c", "itm/TR_c"))}
+    assert {"itm/IR_c_mean", "itm/TR_c_mean"} <= itm_c
+    assert not any(k.startswith("itm/IR_c") for k in final_metrics(plain))
+    # --eval-only (no --real needed) scores the same pairs: the trained model gives its final numbers.
+    again = tmp_path / "again"
+    assert train_main(["--counterfactuals", str(cf), "--model", str(scored / "final"), "--eval-only",
+                       "--num-workers", "0", "--output", str(again)]) == 0
+    np.testing.assert_allclose(np.load(again / "embeddings.npz")["cf_image"], emb["cf_image"], atol=1e-5)
+    for key in itm_c:
+        assert final_metrics(again)[key] == pytest.approx(final_metrics(scored)[key], abs=1e-6), key
 
 
 def test_le2023_recipe_with_overrides_keeps_the_best_validation_checkpoint(tmp_path, tiny_models_dir):

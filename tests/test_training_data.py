@@ -1,7 +1,7 @@
 """Training inputs without training: the pair-aware batch sampler (property test over seeds, 1 and
-2 processes), the paper's mixture counts, the decorrelation ratio, the sweep statistics and their
-directions, the NegCLIP loss, COCO 5K / 1K recall against the ECCV suite, and the parser (model
-defaults, the kim2023 recipe)."""
+2 processes), the paper's mixture counts, the decorrelation ratio, unmixed counterfactuals held
+out whole, the sweep statistics, their directions and `--summarize-only`, the NegCLIP loss, COCO
+5K / 1K recall against the ECCV suite, and the parser (model defaults, the kim2023 recipe)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,29 @@ def test_counterfactual_mixture_counts_and_split(tmp_path, color_real, mix):
     cfg.data_seed = 6
     other = build_mixture(cfg)
     assert (other.train.row, other.train.column) != (m.train.row, m.train.column)
+
+
+def test_unmixed_counterfactuals_are_held_out_whole_and_not_trained_on(tmp_path, color_real):
+    from training.mixtures import eval_only_sets
+
+    n_pairs = 5
+    cf = write_counterfactuals(tmp_path / "cf", list(range(1, n_pairs + 1)), split="test")
+    cfg = DataConfig(real=SourceRef(str(color_real)), real_train_splits=("train",), mix="none",
+                     counterfactuals=SourceRef(str(cf)), counterfactuals_split="test")
+    m, plain = build_mixture(cfg), build_mixture(DataConfig(real=SourceRef(str(color_real)),
+                                                            real_train_splits=("train",)))
+    assert m.train.counts() == plain.train.counts() == {"real": 2 * len(COLORS) * 5}
+    assert (m.train.table_of, m.train.row, m.train.caption) == (plain.train.table_of, plain.train.row,
+                                                                plain.train.caption)
+    # Every pair of the split, in row order, from the counterfactuals table.
+    assert [row for _, row in m.heldout_cf] == list(range(n_pairs))
+    (k,) = {k for k, _ in m.heldout_cf}
+    assert m.train.tables[k]["caption_0"] == [f"a {list(COLORS)[p % len(COLORS)]} cube" for p in range(n_pairs)]
+    assert [(r.path, r.split, r.rows) for r in m.records][-1] == (str(cf), "test", n_pairs)
+    # --eval-only: the same pairs without any real table.
+    held = eval_only_sets(DataConfig(counterfactuals=SourceRef(str(cf)), counterfactuals_split="test"))
+    assert [row for _, row in held.heldout_cf] == list(range(n_pairs)) and len(held.train) == 0
+    assert [(r.path, r.split) for r in held.records] == [(str(cf), "test")]
 
 
 @pytest.fixture(scope="module")
@@ -325,6 +348,28 @@ def test_sweep_tests_lower_is_better_metrics_for_lower_values(tmp_path):
         assert rows[metric]["p_value"] == pytest.approx(p, rel=1e-9) and p < 0.01, metric
         line = next(line for line in table.splitlines() if line.startswith(f"| {metric} |"))
         assert ("run < baseline" if alt == "less" else "run > baseline") in line, line
+
+
+def test_sweep_summarize_only_needs_no_seeds(tmp_path, capsys):
+    from training.sweep import main as sweep_main
+
+    r1 = {"retrieval/t2i_R@1": [0.30, 0.34, 0.35], "val_loss": [2.0, 1.9, 2.3]}
+    _write_sweep(tmp_path / "run", {s: {m: v[s - 7] for m, v in r1.items()} for s in (7, 8, 9)})
+    assert sweep_main(["--output", str(tmp_path / "run"), "--summarize-only"]) == 0
+    table = (tmp_path / "run" / "summary.md").read_text()
+    for metric, values in r1.items():
+        v = np.array(values)
+        line = next(line for line in table.splitlines() if line.startswith(f"| {metric} |"))
+        assert line == f"| {metric} | 3 | {v.mean():.4f} ± {v.std(ddof=1):.4f} |", line
+    assert sorted(json.loads((tmp_path / "run" / "summary.json").read_text())["runs"]) == \
+        ["seed-7", "seed-8", "seed-9"]
+    # Running a sweep still needs its seeds: a one-line error, nothing trained.
+    assert sweep_main(["--output", str(tmp_path / "new"), "--", "--real", "x"]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error: ")] == [
+        "error: --seeds is needed to run a sweep (e.g. --seeds 107-131); to summarise the finished "
+        "seeds only, pass --summarize-only"], err
+    assert not (tmp_path / "new").exists()
 
 
 def _parse(*argv: str):

@@ -66,7 +66,7 @@ CF_FEATURES = Features({"id": Value("string"), "image_0": Image(), "image_1": Im
                         "source_image_id": Value("string")})
 
 
-def write_counterfactuals(root: Path, image_ids: list[int], split: str = "train") -> Path:
+def write_counterfactuals(root: Path, image_ids: list[int], split: str = "test") -> Path:
     """A coco-counterfactuals-shaped folder: one pair per source image id."""
     cols = {k: [] for k in CF_FEATURES}
     names = list(COLORS)

@@ -63,8 +63,10 @@ class DataConfig:
     decorrelation: SourceRef | None = None
     #: A COCO-Counterfactuals build (`default` rows image_0/image_1/caption_0/caption_1).
     counterfactuals: SourceRef | None = None
-    #: Split of the counterfactuals build to read.
-    counterfactuals_split: str = "train"
+    #: Split of the counterfactuals build to read (default: the one split `counterfactory build
+    #: coco-counterfactuals` publishes, like the original release): the `cf:` mixtures train on
+    #: 80 % of it; with another mix all of it is held out for the ITM deltas (training/mixtures.py).
+    counterfactuals_split: str = "test"
     mix: str = "none"
     #: |D'_sub| / |D| for `--mix decorrelation` (None: all of D').
     ratio: float | None = None
@@ -242,7 +244,8 @@ _HELP = {
     "--real-train-splits": "splits of --real to train on (cf: mixes: where the real images are found)",
     "--real-val-split": "split of --real for the validation loss ('' for none; cf: mixes hold out 20%%)",
     "--real-test-split": "split of --real for R@K (all 5 captions per image; '' to skip)",
-    "--counterfactuals-split": "split of the --counterfactuals build to read",
+    "--counterfactuals-split": "split of the --counterfactuals build to read (all of it is scored "
+                               "when no cf: mix trains on it)",
     "--mix": "none: D; decorrelation: D + D'_sub; cf:base|medium|all: COCO-Counterfactuals mixtures",
     "--ratio": "|D'_sub| / |D| for --mix decorrelation (default: all of D')",
     "--data-seed": "seed of the mixture sampling and the 80/20 split",
@@ -272,6 +275,16 @@ _HELP = {
 }
 
 
+_SOURCE_HELP = {
+    "real": "the coco-captions build (repo id or folder): D and the retrieval test split",
+    "decorrelation": "the decorrelation build (repo id or folder): D' and the ODmAP@k sets",
+    "counterfactuals": "a coco-counterfactuals build (repo id or folder): --mix cf:* train on it and "
+                       "hold out 20%% for the ITM deltas; with --mix none|decorrelation it is not "
+                       "trained on and every pair of --counterfactuals-split is scored (IR_c, TR_c), "
+                       "also with --eval-only",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="finetune_clip.py",
@@ -279,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "evaluate it with the project's metrics.")
     p.add_argument("--recipe", choices=sorted(RECIPES), help="paper preset; flags override it")
     for name in ("real", "decorrelation", "counterfactuals"):
-        p.add_argument(f"--{name}", metavar="REPO_OR_DIR", help=f"the {name} build (repo id or folder)")
+        p.add_argument(f"--{name}", metavar="REPO_OR_DIR", help=_SOURCE_HELP[name])
         p.add_argument(f"--{name}-revision", metavar="REV", help="tag, branch or commit")
     p.add_argument("--models", choices=("production", "tiny"), default=None,
                    help="`tiny`: the project's tiny random-init CLIP (tests); sets --model")

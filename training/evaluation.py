@@ -15,7 +15,9 @@ Sets (each evaluated when its source is given):
 - odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
   (gallery class mentions from its `mentioned_classes`, streaming top-k).
 - itm: ITM score deltas (cosine similarity as the score G) on the held-out counterfactual pairs
-  (IR_c, TR_c) and on real test pairs against a random other pair (IR_r, TR_r).
+  (IR_c, TR_c: a `cf:` mixture's validation pairs, or every pair of `--counterfactuals-split`
+  when the build is not mixed into training, training/mixtures.py) and on real test pairs
+  against a random other pair (IR_r, TR_r).
 - necessity: per removed class, PN = (s(x, y) - s(x', y)) / s(x, y) with s = (cos + 1) / 2 in
   [0, 1], x the original image, x' the object-removal image and y an original caption of x that
   mentions the removed class (the model-agnostic reading of the NUIF paper's necessity).

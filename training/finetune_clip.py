@@ -4,6 +4,10 @@
         --decorrelation ORG/decorrelation --decorrelation-revision v1.0.0 --mix decorrelation \
         --ratio 0.1 --recipe kim2023 --output runs/kim2023
     python training/finetune_clip.py ...   # the same, one process
+    # the pretrained baseline's ITM deltas on a counterfactual set it is not trained on (so are
+    # `--mix none|decorrelation` runs given --counterfactuals: every pair of the split is scored)
+    python training/finetune_clip.py --real ORG/coco-captions --counterfactuals ORG/cf \
+        --counterfactuals-split test --eval-only --output runs/baseline
 
 `--help` lists every flag; README "Training" has worked examples. Input errors are printed as one
 line (exit status 2) before training starts.

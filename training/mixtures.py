@@ -23,6 +23,10 @@ group it must share a batch with (`--hard-negatives pairs`).
   floor(0.2 x units) units (a real example, or the rows of one pair) go to validation. The
   validation pairs are the held-out counterfactual split of the ITM deltas. NegCLIP negatives:
   caption_1 for the real example and for image_0, caption_0 for image_1.
+- `--counterfactuals` with `none` or `decorrelation` (or `--eval-only` without a `cf:` mix): the
+  build is not trained on, so every pair of `--counterfactuals-split` is held out for the ITM
+  deltas (IR_c, TR_c): a baseline or a decorrelation run is scored on a counterfactual set it
+  never saw.
 """
 
 from __future__ import annotations
@@ -124,7 +128,20 @@ def build_mixture(cfg: DataConfig) -> Mixture:
         _add_real(validation, [val_table])
     if cfg.mix == "decorrelation":
         _add_decorrelation(cfg, rng, examples, real_index, records, skipped)
-    return Mixture(examples, validation, [], records, dict(skipped))
+    heldout = _add_unmixed_counterfactuals(cfg, examples, records) if cfg.counterfactuals else []
+    return Mixture(examples, validation, heldout, records, dict(skipped))
+
+
+def eval_only_sets(cfg: DataConfig) -> Mixture:
+    """What `--eval-only` scores besides the test sets: a `cf:` mixture's held-out pairs and
+    validation split (they depend only on `--data-seed`, so a baseline is scored on the same ones
+    as the runs it is compared with), or every pair of an unmixed `--counterfactuals`. No
+    training examples."""
+    if cfg.mix.startswith("cf:"):
+        return build_mixture(cfg)
+    examples, records = ExampleSet(), []
+    heldout = _add_unmixed_counterfactuals(cfg, examples, records) if cfg.counterfactuals else []
+    return Mixture(examples, None, heldout, records, {})
 
 
 def _open(ref, config, split, columns, commit, records) -> datasets.Dataset:
@@ -173,6 +190,16 @@ def _add_decorrelation(cfg, rng, examples: ExampleSet, real_index, records, skip
             examples.group[partner] = group
         examples.add(k, row, "image", meta["caption"][row], meta["original_caption"][row], group,
                      "decorrelation")
+
+
+def _add_unmixed_counterfactuals(cfg, examples: ExampleSet, records) -> list[tuple[int, int]]:
+    """Every pair of the counterfactuals split as held-out (table, row), its table appended to
+    `examples.tables` (no example reads it: nothing of it is trained on)."""
+    ref = cfg.counterfactuals
+    cf = _open(ref, "default", cfg.counterfactuals_split, CF_COLUMNS, resolve_commit(ref), records)
+    k = len(examples.tables)
+    examples.tables.append(cf)
+    return [(k, row) for row in range(len(cf))]
 
 
 def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -> Mixture:

@@ -6,10 +6,11 @@ data seeds 108-132, Le et al. 2023 §5.1).
         --baseline runs/real-only -- --real ORG/coco-captions --counterfactuals ORG/cf --mix cf:medium ...
 
 Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, so an interrupted
-sweep continues). OUTPUT/summary.json holds every seed's final metrics; summary.md the table
-(mean ± std, and with `--baseline` the baseline's mean ± std and the one-tailed p-value of "better
-than the baseline": higher, or lower for the metrics of `LOWER_IS_BETTER`); summary.png one panel
-per metric.
+sweep continues). OUTPUT/summary.json holds the final metrics of every seed finished under OUTPUT;
+summary.md the table (mean ± std, and with `--baseline` the baseline's mean ± std and the
+one-tailed p-value of "better than the baseline": higher, or lower for the metrics of
+`LOWER_IS_BETTER`); summary.png one panel per metric. `--summarize-only` (no `--seeds` needed)
+rewrites these from the seeds finished so far.
 """
 
 from __future__ import annotations
@@ -161,16 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     train_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", required=True, help="107-131 or 1,2,5")
+    p.add_argument("--seeds", help="107-131 or 1,2,5 (needed unless --summarize-only)")
     p.add_argument("--data-seed-offset", type=int, default=None,
                    help="data seed = seed + offset (the paper: 1); default: the command's --data-seed")
     p.add_argument("--output", required=True)
     p.add_argument("--baseline", default=None, help="a finished sweep folder to test against")
-    p.add_argument("--summarize-only", action="store_true")
+    p.add_argument("--summarize-only", action="store_true",
+                   help="only rewrite the summary of every seed finished under --output (no --seeds)")
     args = p.parse_args(own)
     try:
         output = Path(args.output)
+        if args.summarize_only and args.seeds is not None:
+            # The summary always covers every finished seed under --output (as after a sweep).
+            log.warning("--summarize-only summarises every finished seed under %s; --seeds %s is unused",
+                        output, args.seeds)
         if not args.summarize_only:
+            if args.seeds is None:
+                raise UserFacingError("--seeds is needed to run a sweep (e.g. --seeds 107-131); "
+                                      "to summarise the finished seeds only, pass --summarize-only")
             run_seeds(parse_seeds(args.seeds), output, train_args, args.data_seed_offset)
         summarize(output, Path(args.baseline) if args.baseline else None)
     except UserFacingError as err:

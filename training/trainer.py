@@ -25,7 +25,7 @@ from training.config import TrainConfig, as_dict
 from training.data import PairBatchSampler, make_loader
 from training.evaluation import evaluate_model, load_eval_data
 from training.losses import clip_loss, gather_global
-from training.mixtures import build_mixture
+from training.mixtures import build_mixture, eval_only_sets
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,9 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
 
     if cfg.run.eval_only:
-        # A cf: mixture's held-out pairs and validation split depend only on --data-seed, so a
-        # baseline is evaluated on the same ones as the runs it is compared with.
-        held = build_mixture(cfg.data) if cfg.data.mix.startswith("cf:") else None
-        data = load_eval_data(cfg, held.heldout_cf if held else [], held.train.tables if held else [],
-                              held.validation if held else None)
-        record["tables"] = [asdict(r) for r in (held.records if held else []) + data.records]
+        held = eval_only_sets(cfg.data)
+        data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
+        record["tables"] = [asdict(r) for r in held.records + data.records]
         metrics = {}
         if accelerator.is_main_process:
             metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
