@@ -36,6 +36,10 @@ os.environ.update(
     COUNTERFACTORY_CACHE=str(REPO_ROOT / ".cache"),
 )
 
+# The ECCV machine-in-the-loop round shared by test_eccv_positives_mitl.py and
+# test_eccv_positives_ingest.py: session fixtures, so it is built once for both files.
+pytest_plugins = ["eccv_mitl_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def session_tmp() -> Path:
