@@ -351,3 +351,25 @@ def test_strict_keeps_only_full_yes_majorities(round_dir, simulation, gallery, t
         original = (gallery["caption_image"][other] == q) if m == "i2t" else (gallery["caption_image"][q] == other)
         expected = original or sum(v) > len(v) - sum(v)
         assert (other in rows.get((m, q), set())) == expected
+
+
+def test_bias_ranks_and_rank_agreement_on_hand_made_scores():
+    """Eq. E.5 and the rankings on numbers worked out by hand: models a, b, c scored on the sets
+    built by annotator a, by annotator b, and by all annotators."""
+    from builders.eccv_positives.model_bias import bias, rank_agreement, rankings
+
+    scores = {("a", "a"): 0.9, ("b", "a"): 0.5, ("c", "a"): 0.4,
+              ("a", "b"): 0.3, ("b", "b"): 0.2, ("c", "b"): 0.4,
+              ("a", "all"): 0.6, ("b", "all"): 0.7, ("c", "all"): 0.4}
+    rows = [{"model": m, "annotation_set": s, "modality": "i2t", "map_at_r": v}
+            for (m, s), v in scores.items()]
+    b = bias(rows)
+    # Set a: |0.9-0.6|, |0.5-0.7|, |0.4-0.4| -> mean 0.5/3; self (model a) 0.3; others 0.1.
+    assert b["a/i2t"] == pytest.approx({"bias": 0.5 / 3, "self_bias": 0.3, "non_self_bias": 0.1})
+    # Set b: |0.3-0.6|, |0.2-0.7|, 0 -> mean 0.8/3; self (model b) 0.5; others 0.15.
+    assert b["b/i2t"] == pytest.approx({"bias": 0.8 / 3, "self_bias": 0.5, "non_self_bias": 0.15})
+    assert rankings(rows, "i2t") == {"a": {"a": 1, "b": 2, "c": 3}, "b": {"a": 2, "b": 3, "c": 1},
+                                     "all": {"a": 2, "b": 1, "c": 3}}
+    # Against all's order (b, a, c): set a (a, b, c) disagrees on one pair of three (tau 1/3),
+    # set b (c, a, b) on all three (tau -1).
+    assert rank_agreement(rows, "i2t") == pytest.approx({"a": 1 / 3, "b": -1.0})

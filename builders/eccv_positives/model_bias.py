@@ -8,8 +8,9 @@ bias ranks the models the same way whichever annotator built it; the bias of a s
 B_Θ = mean over models |s_Θ(model) - s_All(model)| (the paper's Eq. E.5), split into self-bias
 (models in Θ) and non-self-bias (the others).
 
-Writes `model_bias.csv`, `model_bias.md` and `model_bias.png` (one line per evaluated model
-across the annotation sets) into the output folder.
+Writes `model_bias.csv`, `model_bias.md` (mAP@R and each model's rank per set, Kendall's tau
+of each set's ranking against the ranking by all annotators, and the bias table) and
+`model_bias.png` (one line per evaluated model across the annotation sets) into the output folder.
 """
 
 from __future__ import annotations
@@ -133,6 +134,32 @@ def bias(rows: list[dict[str, Any]], metric: str = "map_at_r") -> dict[str, dict
     return out
 
 
+def rankings(rows: list[dict[str, Any]], modality: str, metric: str = "map_at_r") -> dict[str, dict[str, int]]:
+    """Per annotation set, each model's rank by `metric` (1 = best; ties share the better rank)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        if r["modality"] == modality:
+            out.setdefault(r["annotation_set"], {})[r["model"]] = r[metric]
+    return {name: {m: 1 + sum(v > s for v in scores.values()) for m, s in scores.items()}
+            for name, scores in out.items()}
+
+
+def rank_agreement(rows: list[dict[str, Any]], modality: str) -> dict[str, float]:
+    """Kendall's tau between each single-annotator set's ranking of the models and the ranking by
+    the set of all annotators (1: the same order, an unbiased set; Appendix E compares rankings)."""
+    from scipy.stats import kendalltau
+
+    ranks = rankings(rows, modality)
+    reference = ranks.get(ALL, {})
+    out = {}
+    for name, by_model in ranks.items():
+        models = sorted(set(by_model) & set(reference))
+        if name != ALL and len(models) >= 2:
+            tau = kendalltau([by_model[m] for m in models], [reference[m] for m in models]).statistic
+            out[name] = float(tau)
+    return out
+
+
 def write_report(cfg: ModelBiasConfig, rows: list[dict[str, Any]]) -> Path:
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,13 +170,16 @@ def write_report(cfg: ModelBiasConfig, rows: list[dict[str, Any]]) -> Path:
     sets = list(dict.fromkeys(r["annotation_set"] for r in rows))
     lines = []
     for modality in ("i2t", "t2i"):
-        lines += [f"### {modality} mAP@R (rows: evaluated model, columns: annotation set)", "",
+        ranks, tau = rankings(rows, modality), rank_agreement(rows, modality)
+        lines += [f"### {modality} mAP@R (rank) (rows: evaluated model, columns: annotation set)", "",
                   "| model | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
         for model in dict.fromkeys(r["model"] for r in rows):
             cells = {r["annotation_set"]: r["map_at_r"] for r in rows
                      if r["model"] == model and r["modality"] == modality}
-            lines.append(f"| {model} | " + " | ".join(f"{cells[s]:.4f}" if s in cells else "-"
-                                                     for s in sets) + " |")
+            lines.append(f"| {model} | " + " | ".join(
+                f"{cells[s]:.4f} (#{ranks[s][model]})" if s in cells else "-" for s in sets) + " |")
+        lines.append("| Kendall τ vs all | " + " | ".join(
+            f"{tau[s]:.2f}" if s in tau else "-" for s in sets) + " |")
         lines.append("")
     lines += ["### Bias (Eq. E.5, mAP@R)", "", "| set/modality | B | self | non-self |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['bias']:.4f} | {v['self_bias']:.4f} | {v['non_self_bias']:.4f} |"
