@@ -14,8 +14,9 @@ ACCELERATE = Path(sys.executable).parent / "accelerate"
 
 
 def accelerate_cmd(script: Path, *args: str, processes: int = 2) -> list[str]:
-    """`accelerate launch` with N CPU processes: `--cpu` would start only one (ECOSYSTEM.md), so
-    this uses the multi-GPU launcher, and the builders ask accelerate for the CPU themselves."""
+    """`accelerate launch` with N CPU processes: `--cpu` would start only one (accelerate 1.15.0's
+    `launch_command` sends `--cpu` to its single-process `simple_launcher`), so this uses the
+    multi-GPU launcher, and the builders ask accelerate for the CPU themselves."""
     return [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             str(script), *args]

@@ -73,7 +73,7 @@ def brute_force_scores(model_id: str, gallery) -> tuple[np.ndarray, np.ndarray]:
     img = torch.nn.functional.normalize(img.float(), dim=-1)
     txt = torch.nn.functional.normalize(txt.float(), dim=-1)
     # A caption text repeated in the gallery is one model input, so one score: its copies tie
-    # exactly and rank by gallery index (METHOD.md §2), whatever rounding the product gives them.
+    # exactly and rank by gallery index (builders/eccv_positives/METHOD.md §2), whatever rounding the product gives them.
     first: dict[str, int] = {}
     same = [first.setdefault(t, n) for n, t in enumerate(gallery["texts"])]
     return (img @ txt.T).numpy()[:, same], (txt @ img.T).numpy()[same]

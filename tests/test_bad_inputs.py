@@ -412,7 +412,7 @@ def eccv_build(root: Path, out: Path) -> int:
 def test_eccv_positives_counts_malformed_coco_records_and_never_stores_them(
         eccv_clean, tmp_path, mutate, reason):
     """A malformed record of the COCO root is counted once under the reader's reason and left out
-    whole (METHOD.md §1): its image row is skipped, its captions' texts are null (as for a
+    whole (builders/eccv_positives/METHOD.md §1): its image row is skipped, its captions' texts are null (as for a
     caption the root does not hold), its classes make no PM match; every other cell is as before."""
     root = tmp_path / "coco"
     shutil.copytree(eccv_clean["root"], root)

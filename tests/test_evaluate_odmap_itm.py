@@ -74,7 +74,7 @@ def test_odmap_module_fast_path_equals_package_function():
     classes = ["cat", "dog", "person", "frisbee", "car"]
     gallery, queries = 400, 50
     mentions = rng.random((gallery, len(classes))) < 0.3
-    topk = rng.integers(gallery, size=(queries, 10))
+    topk = np.stack([rng.permutation(gallery)[:10] for _ in range(queries)])  # distinct per query
     removed_sets, present_sets = [], []
     for _ in range(queries):
         perm = rng.permutation(len(classes))

@@ -111,7 +111,7 @@ def _cases(seed: int = 0) -> list[dict]:
                    "present_classes": [["dog"], ["dog"]],
                    "mention_matrix": [[True, False], [False, True], [True, True]],
                    "class_names": ["cat", "dog"], "k_values": [1, 2]}, ["mention_matrix"]),
-        ("odmap", {"retrieved": rng.integers(300, size=(60, 10)).tolist(),
+        ("odmap", {"retrieved": [rng.permutation(300)[:10].tolist() for _ in range(60)],
                    "removed_classes": [["cat"], ["person", "car"]] * 30,
                    "present_classes": [["dog", "car"], ["dog"]] * 30,
                    "mention_matrix": (rng.random((300, 4)) < 0.3).tolist(),

@@ -29,7 +29,7 @@ def test_published_metric_loads_by_tag_from_the_hub(local_hub, capsys):
     module = evaluate.load("tester/odmap", revision="v1.0.0")
     rng = np.random.default_rng(0)
     mentions = rng.random((50, 3)) < 0.4
-    topk = rng.integers(50, size=(8, 5))
+    topk = np.stack([rng.permutation(50)[:5] for _ in range(8)])  # distinct per query
     removed, present = [["cat"]] * 8, [["dog", "car"]] * 8
     got = module.compute(retrieved=topk, removed_classes=removed, present_classes=present,
                          mention_matrix=mentions, class_names=["cat", "dog", "car"], k_values=[1, 5])

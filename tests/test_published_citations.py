@@ -7,7 +7,7 @@ branch of their conditionals) and the card text of every fill x caption x source
 decorrelation card. None may mention the project-internal notes ("METHOD.md"), an outside
 specification ("SPEC") or the outside background folder ("shared/"): a Hub reader cannot open
 them. The code, in turn, cites `builders/<dataset>/METHOD.md §N`; each such N must be a heading
-of that file.
+of that file, and cites no outside background notes ("ECOSYSTEM", "shared/") at all.
 """
 
 from __future__ import annotations
@@ -247,6 +247,37 @@ def test_every_method_citation_resolves_to_a_heading():
             bad += unresolved(cites, str(path.relative_to(REPO_ROOT)))
     assert count > 20, "the scanner found suspiciously few citations"
     assert not bad, "\n".join(bad)
+
+
+#: Code that may not cite the outside background notes: a reader of the repository cannot open
+#: them, so the code states the fact itself (with its paper, documentation or observation).
+CODE_DIRS = ("builders", "tests", "benchmarks", "training", "evaluate_modules", "loading_scripts")
+OUTSIDE_NOTES = re.compile(r"ECOSYSTEM|shared/")
+
+
+def outside_note_lines(text: str, where: str) -> list[str]:
+    return [f"{where}:{n}: {line.strip()[:160]}" for n, line in enumerate(text.splitlines(), 1)
+            if OUTSIDE_NOTES.search(line)]
+
+
+def test_the_outside_note_check_catches_what_it_should():
+    bad = ["(see ECOSYSTEM.md)", "# verified together (../shared/ECOSYSTEM.md)",
+           "../shared/papers/x.txt"]
+    good = ["accelerate 1.15.0's `simple_launcher`", "shared noise", "a shared helper", "ecosystem"]
+    assert all(outside_note_lines(t, "x") for t in bad)
+    assert not any(outside_note_lines(t, "x") for t in good)
+
+
+def test_code_cites_no_outside_background_notes():
+    paths = [REPO_ROOT / "pyproject.toml"]
+    for folder in CODE_DIRS:
+        paths += [p for p in sorted((REPO_ROOT / folder).rglob("*"))
+                  if p.is_file() and "__pycache__" not in p.parts]
+    assert len(paths) > 100, "the scan found suspiciously few files"
+    hits = [h for p in paths if p != Path(__file__).resolve()
+            for h in outside_note_lines(p.read_text(encoding="utf-8", errors="replace"),
+                                        str(p.relative_to(REPO_ROOT)))]
+    assert not hits, "code cites outside background notes; state the fact instead:\n" + "\n".join(hits)
 
 
 @pytest.mark.parametrize("notes", ["builders/decorrelation/METHOD.md", "builders/counterfactuals/METHOD.md"])

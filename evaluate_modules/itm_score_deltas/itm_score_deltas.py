@@ -4,8 +4,11 @@ The metric code is in this Space's helper module `deltas`, imported relatively s
 `evaluate.load` downloads it too.
 """
 
+from collections.abc import Sequence
+
 import datasets
 import evaluate
+import numpy as np
 
 from .deltas import SCORE_NAMES
 from .deltas import delta_stats
@@ -45,6 +48,11 @@ Args:
     histogram_path (`str`, optional): write the histogram figure (png/pdf/svg) there.
     title (`str`, optional): figure title, e.g. the model name.
     bins (`int`, defaults to 50): histogram bins.
+
+    Scores are real numbers: a bool, a string or a missing column raises a ValueError naming the
+    column (and pair). Step by step: `add_batch(g_cr_ir=..., ...)` with the six columns (or `add`
+    for one pair) checks and buffers pairs, and `compute(...)` with the optional arguments above
+    scores every buffered pair, together with any pairs given to that call.
 
 Returns:
     For each of `IR_r`, `TR_r`, `IR_c`, `TR_c` a dict with `mean`, `median`, `std`,
@@ -87,15 +95,21 @@ class ItmScoreDeltas(evaluate.Metric):
             reference_urls=["https://huggingface.co/datasets/Intel/COCO-Counterfactuals"],
         )
 
+    def add_batch(self, **kwargs):
+        """Buffer a batch of pairs for a later `compute()`, checked like `compute`'s inputs."""
+        super().add_batch(**_checked_scores(kwargs, "add_batch"))
+
+    def add(self, **kwargs):
+        """Buffer one pair for a later `compute()`, checked like `compute`'s inputs."""
+        super().add(**_checked_scores(kwargs, "add", single=True))
+
     def compute(self, **kwargs):
         """Compute the deltas (evaluate appends the argument description below)."""
-        # Checked before Arrow, which reports a missing column as a TypeError about NoneType.
-        missing = [name for name in SCORE_NAMES if kwargs.get(name) is None]
-        if missing:
-            raise ValueError(
-                f"missing score column(s) {missing}: this module needs all six scores per pair "
-                f"({', '.join(SCORE_NAMES)}); to score only the random or only the "
-                "counterfactual group, call deltas.itm_score_deltas with the scores you have")
+        if not len(self) and all(kwargs.get(name) is None for name in SCORE_NAMES):
+            raise ValueError(_missing_message(SCORE_NAMES) + ", or buffer pairs with add/add_batch "
+                             "before compute()")
+        # evaluate's compute sends given scores through `add_batch` (checked there) and then
+        # scores every buffered pair.
         return super().compute(**kwargs)
 
     def _compute(
@@ -119,3 +133,44 @@ class ItmScoreDeltas(evaluate.Metric):
             path = plot_histograms(deltas, histogram_path, title=title, bins=bins)
             results["histogram_path"] = str(path)
         return results
+
+
+def _missing_message(missing):
+    return (f"missing score column(s) {list(missing)}: this module needs all six scores per pair "
+            f"({', '.join(SCORE_NAMES)}); to score only the random or only the counterfactual "
+            "group, call deltas.itm_score_deltas with the scores you have")
+
+
+def _checked_scores(columns, method, single=False):
+    """The six score columns, torch tensors as numpy; raises naming the column and pair on input
+    Arrow would misread (its float64 features read True as 1.0 and "0.5" as 0.5) or reject with
+    an unrelated TypeError (a missing column, a bare number)."""
+    extra = sorted(set(columns) - set(SCORE_NAMES))
+    if extra:
+        raise ValueError(f"{method} takes the six score columns only; pass {', '.join(extra)} to "
+                         "compute()")
+    missing = [name for name in SCORE_NAMES if columns.get(name) is None]
+    if missing:
+        raise ValueError(_missing_message(missing))
+    checked = {}
+    for name in SCORE_NAMES:
+        values = columns[name]
+        if hasattr(values, "detach"):  # torch tensor
+            values = values.detach().cpu().numpy()
+        checked[name] = values
+        rows = [values] if single else values
+        if isinstance(rows, np.ndarray):
+            if rows.ndim != 1 or rows.dtype.kind not in "fiu":
+                raise ValueError(f"{name} must hold one real-number score per pair, got "
+                                 f"{rows.dtype} with shape {rows.shape}")
+            continue
+        if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+            raise ValueError(f"{name} must be a list with one score per pair, got "
+                             f"{type(rows).__name__}")
+        for i, value in enumerate(rows):
+            if isinstance(value, (bool, np.bool_)) \
+                    or not isinstance(value, (int, float, np.integer, np.floating)):
+                where = f"{name} (the added pair)" if single else f"{name}[{i}] (pair {i})"
+                raise ValueError(f"{where} holds {value!r} ({type(value).__name__}); scores are "
+                                 "real numbers")
+    return checked

@@ -67,6 +67,13 @@ Args:
     Ids must be integers: floats and bools raise a ValueError naming the query (they are not
     truncated or read as 0/1).
 
+    Step by step: `add_batch(predictions=..., references=...)` (or `add(prediction=...,
+    reference=...)` for one query) checks and buffers queries, and `compute(k_values=...)` scores
+    every buffered query. Inputs given to that compute call are scored together with the
+    buffered ones, as in every evaluate module. The similarity and ECCV Caption modes below take
+    all their input in one compute call: add/add_batch reject their arguments, and they raise
+    while queries are buffered.
+
     Similarity mode (keyword arguments, not sent through Arrow, so 5,000 x 25,000 is fine):
     similarity (`numpy.ndarray` or `torch.Tensor`): [queries x gallery] scores, higher is better.
     positives (`list` of `list` of `int`, or `dict` query id -> ids): the positives per row (or
@@ -127,6 +134,23 @@ class RetrievalMapAtR(evaluate.Metric):
                             "https://arxiv.org/abs/2204.03359"],
         )
 
+    def add_batch(self, *, predictions=None, references=None, **kwargs):
+        """Buffer a batch of queries for a later `compute()`, checked like `compute`'s inputs."""
+        _reject_keyword_modes(kwargs, "add_batch")
+        # Checked before Arrow, whose int64 features would turn 10.7 into 10 and True into 1.
+        check_id_lists(predictions, "predictions")
+        check_id_lists(references, "references")
+        if len(predictions) == 0 or len(references) == 0:
+            raise RetrievalInputError("no queries: predictions and references are empty")
+        super().add_batch(predictions=predictions, references=references, **kwargs)
+
+    def add(self, *, prediction=None, reference=None, **kwargs):
+        """Buffer one query for a later `compute()`, checked like `compute`'s inputs."""
+        _reject_keyword_modes(kwargs, "add")
+        check_id_lists(prediction, "prediction", single=True)
+        check_id_lists(reference, "reference", single=True)
+        super().add(prediction=prediction, reference=reference, **kwargs)
+
     def compute(self, *, predictions=None, references=None, **kwargs):
         """Compute the metrics (evaluate appends the argument description below)."""
         # Matrices and id-keyed dicts bypass Arrow (a 5,000 x 25,000 matrix through Arrow costs
@@ -135,12 +159,16 @@ class RetrievalMapAtR(evaluate.Metric):
             if predictions is not None or references is not None:
                 raise ValueError("pass either predictions/references (ranked lists) or a "
                                  "similarity matrix / ECCV rankings, not both")
+            if len(self):  # evaluate's count of buffered queries
+                raise ValueError("queries buffered with add/add_batch are waiting for compute() "
+                                 "without a similarity matrix / ECCV rankings; those modes take "
+                                 "all their input in one compute call")
             return self._keyword_mode(**kwargs)
-        # Checked before Arrow, whose int64 features would turn 10.7 into 10 and True into 1.
-        check_id_lists(predictions, "predictions")
-        check_id_lists(references, "references")
-        if len(predictions) == 0 or len(references) == 0:
-            raise RetrievalInputError("no queries: predictions and references are empty")
+        if predictions is None and references is None and not len(self):
+            raise RetrievalInputError("no queries: pass predictions= and references=, or buffer "
+                                      "them with add/add_batch before compute()")
+        # evaluate's compute sends given predictions/references through `add_batch` (checked
+        # there) and then scores every buffered query.
         return super().compute(predictions=predictions, references=references, **kwargs)
 
     def _compute(self, predictions, references, k_values=(1, 5, 10), map_at_r=True,
@@ -177,6 +205,14 @@ class RetrievalMapAtR(evaluate.Metric):
         if i2t_rankings is None or t2i_rankings is None:
             raise ValueError("the ECCV Caption suite needs both i2t_rankings and t2i_rankings")
         return eccv_suite(i2t_rankings, t2i_rankings, suite, annotations)
+
+
+def _reject_keyword_modes(kwargs, method):
+    modes = [name for name in _KEYWORD_MODES if name in kwargs]
+    if modes:
+        raise ValueError(f"{', '.join(modes)} cannot go through {method}: the similarity and ECCV "
+                         "Caption modes bypass evaluate's buffering, so pass all of their input "
+                         "to one compute(...) call")
 
 
 def _metric_config(k_values, map_at_r, r_precision, r_precision_cap, allow_duplicates):

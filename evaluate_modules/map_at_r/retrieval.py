@@ -430,15 +430,18 @@ def _raise_repeated(ranked: _Ragged, first: np.ndarray, query_ids: np.ndarray) -
         "like eccv_caption 0.1.0, for parity runs only)")
 
 
-def check_id_lists(rows: Any, name: str) -> None:
-    """Raise unless every row of `rows` is a list of integer ids (not floats, not bools).
+def check_id_lists(rows: Any, name: str, *, single: bool = False) -> None:
+    """Raise unless every row of `rows` is a list of integer ids (not floats, not bools); with
+    `single`, `rows` is the one query of evaluate's `add`.
 
     For the evaluate module, which must check before its Arrow features would silently turn
     10.7 into 10 and True into 1.
     """
     if rows is None:
         raise RetrievalInputError(f"{name} is missing: pass one list of integer ids per query")
-    if hasattr(rows, "detach") or isinstance(rows, np.ndarray):
+    if single:
+        rows = [as_array(rows) if hasattr(rows, "detach") else rows]
+    elif hasattr(rows, "detach") or isinstance(rows, np.ndarray):
         arr = as_array(rows)
         if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 2):
             raise RetrievalInputError(f"{name} must be [queries x n] integer ids, got {arr.dtype} "
@@ -448,14 +451,14 @@ def check_id_lists(rows: Any, name: str) -> None:
         raise RetrievalInputError(f"{name} must be a list of integer-id lists, got "
                                   f"{type(rows).__name__}")
     for q, row in enumerate(rows):
+        where = f"{name} (the added query)" if single else f"{name}[{q}] (query {q})"
         if isinstance(row, (str, bytes)) or not isinstance(row, (Sequence, np.ndarray)):
-            raise RetrievalInputError(f"{name}[{q}] (query {q}) must be a list of integer ids, "
-                                      f"got {_preview(row)}")
+            raise RetrievalInputError(f"{where} must be a list of integer ids, got {_preview(row)}")
         for item in row:
             if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
                 raise RetrievalInputError(
-                    f"{name}[{q}] (query {q}) holds {item!r} ({type(item).__name__}); ids must "
-                    "be integers — floats are not truncated and bools are not 0/1 here")
+                    f"{where} holds {item!r} ({type(item).__name__}); ids must be integers — "
+                    "floats are not truncated and bools are not 0/1 here")
 
 
 def _row_cumsum(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

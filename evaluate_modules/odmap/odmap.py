@@ -58,12 +58,21 @@ Args:
     class_names (`list` of `str`, optional): the class of each mention_matrix column (defaults to
         the table's classes in table order, i.e. the 80 COCO classes of
         `class_match.COCO_CLASSES` in this Space).
+    allow_duplicates (`bool`, defaults to False): with mention_matrix, a ranking that repeats a
+        gallery index raises a ValueError naming the query; True scores every position as given
+        (a repeat counts at each of its positions). Caption texts may repeat: distinct gallery
+        captions can share a text.
     per_class_plot_path (`str`, optional): write a bar chart of ODmAP@k per removed class there
         (png/pdf/svg; needs matplotlib).
 
     Bad input raises a ValueError naming the query: a class list given as a bare string, float
     or bool gallery indices, caption texts together with a mention_matrix, a mention_matrix that
     is not 2-D, no queries.
+
+    Step by step: `add_batch(retrieved=..., removed_classes=..., present_classes=...)` (or `add`
+    for one query) checks and buffers queries, caption texts or gallery indices (not both), and
+    `compute(...)` with the other arguments above scores every buffered query. Inputs given to
+    that compute call are scored together with the buffered ones, as in every evaluate module.
 
 Returns:
     `ODmAP@k` (`float`) for each k in k_values, and `num_queries` (`int`); with
@@ -130,15 +139,42 @@ class Odmap(evaluate.Metric):
             ],
         )
 
+    def add_batch(self, *, retrieved=None, removed_classes=None, present_classes=None, **kwargs):
+        """Buffer a batch of queries for a later `compute()`, checked like `compute`'s inputs."""
+        _reject_compute_only(kwargs, "add_batch")
+        retrieved = _numpy_if_torch(retrieved)
+        _check_batch(retrieved, removed_classes, present_classes, self._buffered_kind())
+        super().add_batch(retrieved=retrieved, removed_classes=removed_classes,
+                          present_classes=present_classes)
+
+    def add(self, *, retrieved=None, removed_classes=None, present_classes=None, **kwargs):
+        """Buffer one query for a later `compute()`, checked like `compute`'s inputs."""
+        _reject_compute_only(kwargs, "add")
+        retrieved = _numpy_if_torch(retrieved)
+        # One query, checked as a batch of one.
+        rows = [None if x is None else [x] for x in (retrieved, removed_classes, present_classes)]
+        _check_batch(*rows, self._buffered_kind(), single=True)
+        super().add(retrieved=retrieved, removed_classes=removed_classes,
+                    present_classes=present_classes)
+
     def compute(self, *, retrieved=None, removed_classes=None, present_classes=None, **kwargs):
         """Compute ODmAP@k (evaluate appends the argument description below)."""
-        # Checked before Arrow, which would cast float indices, or fail on a bare-string class
-        # list with an unrelated KeyError.
-        if hasattr(retrieved, "detach"):  # torch top-k indices
-            retrieved = retrieved.detach().cpu().numpy()
-        _check_inputs(retrieved, removed_classes, present_classes, kwargs.get("mention_matrix"))
+        if retrieved is None and removed_classes is None and present_classes is None \
+                and not len(self):  # evaluate's count of buffered queries
+            raise ValueError("retrieved is missing: pass retrieved=, removed_classes= and "
+                             "present_classes= (one entry per query), or buffer queries with "
+                             "add/add_batch before compute()")
+        # evaluate's compute sends given inputs through `add_batch` (checked there, before Arrow
+        # could cast float indices) and then scores every buffered query.
         return super().compute(retrieved=retrieved, removed_classes=removed_classes,
                                present_classes=present_classes, **kwargs)
+
+    def _buffered_kind(self):
+        """"texts" or "indices" for the queries already buffered, None when there are none."""
+        if not len(self):
+            return None
+        dtype = self.selected_feature_format["retrieved"].feature.dtype
+        return "texts" if dtype == "string" else "indices"
 
     def _compute(
         self,
@@ -150,9 +186,18 @@ class Odmap(evaluate.Metric):
         table=None,
         mention_matrix=None,
         class_names=None,
+        allow_duplicates=False,
         per_class_plot_path=None,
     ):
+        # The kind of the buffered rankings (one kind per computation, see `_check_batch`) must
+        # match the mode, which only compute's mention_matrix decides.
+        first = next(((q, r[0]) for q, r in enumerate(retrieved) if len(r)), None)
         if mention_matrix is None:
+            if first is not None and not isinstance(first[1], str):
+                q, item = first
+                raise ValueError(
+                    f"retrieved[{q}] (query {q}) holds {item!r}, not a caption text; gallery "
+                    "indices need mention_matrix= (and class_names=)")
             if class_names is not None:
                 raise ValueError("class_names only applies together with mention_matrix")
             result = odmap(
@@ -160,13 +205,20 @@ class Odmap(evaluate.Metric):
                 k_values=k_values, require_present=require_present, table=table,
             )
         else:
+            shape = getattr(mention_matrix, "shape", None)
+            if shape is None or len(shape) != 2:
+                raise ValueError(f"mention_matrix must be a 2-D [gallery x classes] array, got "
+                                 f"shape {shape}")
+            if first is not None and isinstance(first[1], str):
+                q, item = first
+                raise ValueError(
+                    f"retrieved[{q}] (query {q}) holds {item!r} (a caption text); with "
+                    "mention_matrix, retrieved holds integer gallery indices (drop "
+                    "mention_matrix to score caption texts)")
             if class_names is None:
                 names = list(ClassMatcher(table).class_names)
             else:
                 names = list(class_names)
-            if len(mention_matrix.shape) != 2:
-                raise ValueError(f"mention_matrix must be 2-D [gallery x classes], got shape "
-                                 f"{tuple(mention_matrix.shape)}")
             if mention_matrix.shape[1] != len(names):
                 raise ValueError(
                     f"mention_matrix has {mention_matrix.shape[1]} columns but there are "
@@ -183,6 +235,8 @@ class Odmap(evaluate.Metric):
                     f"retrieved gallery indices must have the same length per query, got lengths "
                     f"{lengths}"
                 ) from None
+            if not allow_duplicates:
+                _check_no_repeats(topk)
             result = odmap_from_topk(
                 topk, mention_matrix, removed, present,
                 k_values=k_values, require_present=require_present,
@@ -196,7 +250,26 @@ class Odmap(evaluate.Metric):
         return scores
 
 
-def _check_inputs(retrieved, removed_classes, present_classes, mention_matrix):
+#: How error messages name one item / the items of each kind of ranking.
+_KIND = {"texts": ("a caption text", "caption texts"),
+         "indices": ("a gallery index", "gallery indices")}
+
+
+def _numpy_if_torch(retrieved):
+    return retrieved.detach().cpu().numpy() if hasattr(retrieved, "detach") else retrieved
+
+
+def _reject_compute_only(kwargs, method):
+    if kwargs:
+        raise ValueError(f"{method} takes retrieved, removed_classes and present_classes only; "
+                         f"pass {', '.join(sorted(kwargs))} to compute()")
+
+
+def _check_batch(retrieved, removed_classes, present_classes, buffered_kind, single=False):
+    """Raise, naming the query, on input that Arrow would cast (float indices) or reject with an
+    unrelated error (a bare-string class list), and on rankings mixing caption texts and gallery
+    indices; `buffered_kind` is the kind of the rankings already buffered, `single` means the one
+    query of evaluate's `add`. Whether the kind fits the mode is `_compute`'s check."""
     for name, value in (("retrieved", retrieved), ("removed_classes", removed_classes),
                         ("present_classes", present_classes)):
         if value is None:
@@ -206,39 +279,58 @@ def _check_inputs(retrieved, removed_classes, present_classes, mention_matrix):
                              f"{type(value).__name__}")
     if len(retrieved) == 0:
         raise ValueError("no queries: retrieved is empty (pass one ranking per query)")
+
+    def where(name, q):
+        return f"{name} (the added query)" if single else f"{name}[{q}] (query {q})"
+
     for name, lists in (("removed_classes", removed_classes), ("present_classes", present_classes)):
         for q, classes in enumerate(lists):
             if isinstance(classes, str) or not hasattr(classes, "__iter__"):
-                raise ValueError(f"{name}[{q}] (query {q}) must be a list of class names, got "
+                raise ValueError(f"{where(name, q)} must be a list of class names, got "
                                  f"{classes!r}; write [{classes!r}] for one class")
             for c in classes:
                 if not isinstance(c, str):
-                    raise ValueError(f"{name}[{q}] (query {q}) holds {c!r}; class names are "
-                                     "strings")
-    if mention_matrix is not None:
-        shape = getattr(mention_matrix, "shape", None)
-        if shape is None or len(shape) != 2:
-            raise ValueError(f"mention_matrix must be a 2-D [gallery x classes] array, got "
-                             f"shape {shape}")
-    texts = mention_matrix is None
+                    raise ValueError(f"{where(name, q)} holds {c!r}; class names are strings")
+    kind, source = buffered_kind, "the queries buffered before"
     for q, ranking in enumerate(retrieved):
         if isinstance(ranking, str) or not hasattr(ranking, "__iter__"):
-            raise ValueError(f"retrieved[{q}] (query {q}) must be a list (best first), got "
+            raise ValueError(f"{where('retrieved', q)} must be a list (best first), got "
                              f"{ranking!r}")
         for item in ranking:
-            if texts and not isinstance(item, str):
+            if isinstance(item, str):
+                item_kind = "texts"
+            elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
+                item_kind = "indices"
+            else:
                 raise ValueError(
-                    f"retrieved[{q}] (query {q}) holds {item!r}, not a caption text; gallery "
-                    "indices need mention_matrix= (and class_names=)")
-            if not texts and (isinstance(item, (bool, np.bool_, str))
-                              or not isinstance(item, (int, np.integer))):
-                what = "a caption text" if isinstance(item, str) else type(item).__name__
+                    f"{where('retrieved', q)} holds {item!r} ({type(item).__name__}); retrieved "
+                    "holds caption texts, or integer gallery indices scored with mention_matrix=")
+            if kind is None:
+                kind, source = item_kind, where("retrieved", q)
+            elif item_kind != kind:
                 raise ValueError(
-                    f"retrieved[{q}] (query {q}) holds {item!r} ({what}); with mention_matrix, "
-                    "retrieved holds integer gallery indices (drop mention_matrix to score "
-                    "caption texts)")
-    if texts:
+                    f"{where('retrieved', q)} holds {item!r} ({_KIND[item_kind][0]}), but "
+                    f"{_KIND[kind][1]} came first ({source}): one computation scores caption "
+                    "texts or gallery indices, not both")
+    if kind == "texts":
         ensure_tagger()
+
+
+def _check_no_repeats(topk):
+    # odmap_from_topk counts a repeated index at every position, so a ranking listing one
+    # relevant caption k times would reach ODmAP@k 1.0.
+    ordered = np.sort(topk, axis=1)
+    repeats = ordered[:, 1:] == ordered[:, :-1]
+    rows = np.flatnonzero(repeats.any(axis=1))
+    if rows.size:
+        q = int(rows[0])
+        index = int(ordered[q, 1:][repeats[q]][0])
+        positions = np.flatnonzero(topk[q] == index)
+        raise ValueError(
+            f"retrieved[{q}] (query {q}) repeats gallery index {index} (positions "
+            f"{int(positions[0])} and {int(positions[1])}; {rows.size} of {len(topk)} rankings "
+            "repeat an index): a ranking lists each gallery caption once — deduplicate it "
+            "(allow_duplicates=True scores every position as given)")
 
 
 def _class_matrix(class_lists, column, name):
