@@ -156,7 +156,7 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     # the scored build in row order, image_0 / image_1 (caption_0 / caption_1) alternating.
     cfg = TrainConfig()
     cfg.data.real, cfg.data.decorrelation = SourceRef(str(cc)), SourceRef(str(dec))
-    cf_table, _ = open_table(SourceRef(str(scored_cf)), "default", "train", CF_COLUMNS)
+    cf_table, _ = open_table(SourceRef(str(scored_cf)), "default", "test", CF_COLUMNS)
     every_pair = [(0, row) for row in range(len(cf_table))]
     backend = load_backend("transformers", str(single_run / "final"))
     backend.module.eval()
@@ -401,7 +401,7 @@ def test_counterfactuals_without_a_cf_mix_are_scored_on_every_pair_not_trained_o
     for name, w in weights(plain / "final").items():
         np.testing.assert_array_equal(scored_w[name], w, err_msg=name)
     # Scored: all of the split (recorded in run.json), both rows of every pair.
-    assert {"path": str(cf), "revision": None, "commit": None, "config": "default", "split": "train",
+    assert {"path": str(cf), "revision": None, "commit": None, "config": "default", "split": "test",
             "rows": n_pairs} in with_cf["tables"]
     emb = np.load(scored / "embeddings.npz")
     assert emb["cf_image"].shape[0] == emb["cf_text"].shape[0] == 2 * n_pairs
