@@ -148,6 +148,7 @@ def test_eccv_metrics_from_the_dataset_equal_those_from_the_package(tables):
 def test_card_recomputes_the_paper_multiplicity(build):
     card = (build / "README.md").read_text()
     # Table 3 of the paper, in the rendered table row (the prose below it quotes them too).
+    assert "positives of COCO retrieval: ECCV Caption" in card
     assert "| positive multiplicity vs COCO | ×3.58 | ×8.47 |" in card
     assert "| ECCV positives | 22550 | 11279 |" in card
     # Per-source counts from the package's JSON: an ECCV positive is `coco` when it is an

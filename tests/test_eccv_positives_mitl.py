@@ -227,6 +227,8 @@ def test_a_dataset_gallery_keeps_its_own_ids_apart_from_coco(gallery, annotators
             said = ("verified pairs; Appendix C.1 removal skipped (its ids are COCO ids, the gallery's are "
                     "its own); CxC not merged (its ids are COCO ids); merged with the original dataset pairs.")
         assert said in card and ("merged with CxC" in card) == bool(flags)
+        assert "positives of an image-caption dataset" in card and "COCO retrieval" not in card
+        assert ("and CrissCrossed Captions" in card) == bool(flags)
 
 
 def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, annotators, tmp_path,

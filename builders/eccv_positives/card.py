@@ -34,6 +34,19 @@ COLUMN_DOCS = {
 }
 
 
+def _summary(mitl: dict[str, Any] | None) -> str:
+    """The card's first line; a version annotated over another dataset's gallery merged no COCO
+    list unless asked (`--coco-ids`), so it says what it holds."""
+    if mitl and mitl.get("gallery") == "dataset":
+        merged = " and CrissCrossed Captions" if mitl.get("cxc_merged") else ""
+        return ("Image-to-caption and caption-to-image positives of an image-caption dataset: the "
+                f"original pairs, machine-and-human-verified positives{merged}, as parquet (no "
+                "loading script).")
+    return ("Image-to-caption and caption-to-image positives of COCO retrieval: ECCV Caption "
+            "(machine-and-human-verified), CrissCrossed Captions and the original COCO pairs, "
+            "as parquet (no loading script).")
+
+
 def card_fields(config: Any, stats: dict[str, Any], mitl: dict[str, Any] | None) -> dict[str, Any]:
     """`BuildInfo.card_fields` for an `EccvPositivesConfig`."""
     source = ("the annotation files shipped in the `eccv_caption` package (the published ECCV "
@@ -51,9 +64,7 @@ def card_fields(config: Any, stats: dict[str, Any], mitl: dict[str, Any] | None)
         "task_categories": ["image-to-text", "text-to-image"],
         "tags": ["coco", "retrieval", "eccv-caption", "false-negatives"],
         "source_datasets": ["MS-COCO"],
-        "summary": "Image-to-caption and caption-to-image positives of COCO retrieval: ECCV Caption "
-                   "(machine-and-human-verified), CrissCrossed Captions and the original COCO pairs, "
-                   "as parquet (no loading script).",
+        "summary": _summary(mitl),
         "column_docs": COLUMN_DOCS,
         "how_built": how,
         "stats": stats,
