@@ -85,6 +85,22 @@ def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_
             np.testing.assert_allclose(two_w[name], w, atol=1e-4, err_msg=name)
 
 
+def test_loss_and_lr_reach_tensorboard(single_run):
+    """With TensorBoard installed (the dev extra), accelerate's tracker writes the logged loss
+    and lr under OUTPUT/logs: the event file holds the loss curve of loss.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = sorted((single_run / "logs").rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file under logs/"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    assert {"loss", "lr"} <= set(acc.Tags()["scalars"])
+    curve = read_jsonl(single_run / "loss.jsonl")
+    logged = acc.Scalars("loss")
+    assert [e.step for e in logged] == [r["step"] for r in curve]
+    np.testing.assert_allclose([e.value for e in logged], [r["loss"] for r in curve], rtol=1e-6)
+
+
 def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_dir, tmp_path):
     # 91 examples / batch 8 = 11 steps per epoch; 8 steps, killed after the step-4 checkpoint.
     extra = ("--max-steps", "8", "--save-every", "2", "--real-test-split", "", "--real-val-split", "")
