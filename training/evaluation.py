@@ -8,8 +8,8 @@ Sets (each evaluated when its source is given):
   images the protocol is the standard one: their 25,000 captions of eccv_caption's
   `coco_test_ids.npy` (5 per image; COCO's few sixth and seventh captions are left out) and the
   1K folds of each 5,000 consecutive caption ids there (the order of the VSE++ / ECCV Caption
-  evaluations), not the build's image-id order. Other splits of >= 5,000 images get folds of 1,000 consecutive rows,
-  which match no published protocol. `--eccv` adds the ECCV Caption suite (ECCV mAP@R / R-P /
+  evaluations), not the build's image-id order. Other splits of >= 5,000 images get folds of
+  1,000 consecutive rows, which match no published protocol. `--eccv` adds the ECCV Caption suite (ECCV mAP@R / R-P /
   R@1, CxC) of `map_at_r`; it is defined on the COCO 5K test split only, which is checked before
   training.
 - odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
@@ -29,6 +29,7 @@ post hoc with the evaluate modules.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,9 +124,12 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
     return out
 
 
+@functools.cache
 def coco_5k_reference() -> tuple[np.ndarray, np.ndarray]:
     """The 25,000 COCO 5K test caption ids in eccv_caption's `coco_test_ids.npy` order (which
-    defines the COCO 1K folds) and the image id owning each: (owners, captions)."""
+    defines the COCO 1K folds) and the image id owning each: (owners, captions). Read once per
+    process: the protocol checks, the folds and the --eccv check all ask for it (callers must
+    not modify the arrays)."""
     from counterfactory_metrics.map_at_r.eccv_annotations import coco_test_caption_ids, read_positives
 
     coco = read_positives("coco")

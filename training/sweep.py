@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 #: Name parts of the metrics where lower is better: losses, and the fraction of ITM deltas below
 #: zero (pairs where the model prefers the wrong image or caption;
-#: builders/counterfactuals/METHOD.md §4). Every other metric (R@K, ECCV mAP@R / R-P, ODmAP@k, ITM delta mean / median,
-#: necessity PN) is higher-is-better.
+#: builders/counterfactuals/METHOD.md §4). Every other metric (R@K, ECCV mAP@R / R-P, ODmAP@k,
+#: ITM delta mean / median, necessity PN) is higher-is-better.
 LOWER_IS_BETTER = ("loss", "frac_below_zero")
 
 

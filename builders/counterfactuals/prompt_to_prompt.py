@@ -360,7 +360,6 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
                          for g in _generators(seeds, 0)]) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
     work = work if work is not None else UNetWork()
-    live = list(range(len(specs)))  # batch positions of the candidates still denoised
     with p2p_processors(pipe.unet, ctrl):
         for i, t in enumerate(sched.timesteps):
             if not specs:
@@ -387,13 +386,13 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
                 previews = _decode(pipe, predicted_x0(sched, out)[unique])[index]
                 work.decoded += len(unique)
                 keep = [bool(k) for k in early.check(previews[0::2], previews[1::2])]
-                early.dropped += [j for j, k in zip(live, keep) if not k]
+                # One preview step, so positions among the live candidates are batch positions.
+                early.dropped = [j for j, k in enumerate(keep) if not k]
                 kept = [j for j, k in enumerate(keep) if k]
                 rows = [2 * j + h for j in kept for h in (0, 1)]
                 latents, noise_gens = latents[rows], [noise_gens[r] for r in rows]
                 _keep_sampler_rows(sched, rows)
-                specs, live = [specs[j] for j in kept], [live[j] for j in kept]
-                ctrl.specs = specs
+                specs = ctrl.specs = [specs[j] for j in kept]
     if not specs:
         empty = np.zeros((0, size, size, 3), dtype=np.uint8)
         return empty, empty
