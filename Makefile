@@ -1,5 +1,7 @@
 # Two entry points: `make test` and `make demo`. Both create .venv when missing and install the
 # project into it; the install re-runs only when pyproject.toml changes (a stamp file records it).
+# `make test` also installs what its tests need outside Python (.ci/bootstrap.sh: Chromium and
+# chromedriver, only when missing, saying so), so a second `make test` installs nothing.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +10,7 @@ STAMP := $(VENV)/.counterfactory-installed
 export NLTK_DATA ?= $(CURDIR)/.nltk_data
 export COUNTERFACTORY_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: install test demo clean
+.PHONY: install system-deps test demo clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +21,10 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-test: $(STAMP)
+system-deps:
+	@bash .ci/bootstrap.sh
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest
 
 demo: $(STAMP)

@@ -2,7 +2,8 @@
 from disk as a user opens it: every thumbnail of the first page loads, the swapped word is
 highlighted, a filter and the search narrow the rows to exactly the matching ones, paging shows
 the next rows, the stats page's plots load, nothing is logged to the console, and a screenshot
-shows the page. `.ci/run` installs chromium when it is missing; here a missing browser fails."""
+shows the page. `make test` installs chromium when it is missing (.ci/bootstrap.sh); here a
+missing browser fails."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def browser(tmp_path_factory):
     chromium, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_bin):
         pytest.fail("the gallery browser test needs Debian's chromium and chromedriver: run "
-                    "`apt-get install -y chromium chromium-driver` (.ci/run does it when missing)")
+                    "`apt-get install -y chromium chromium-driver` (`make test` does it when missing)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
