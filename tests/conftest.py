@@ -1,8 +1,17 @@
-"""Shared test set-up: an offline Hugging Face environment pointed at a local Hub.
+"""Shared test set-up: a hermetic, offline environment pointed at a local Hub.
 
 The Hub endpoint must be in the environment before huggingface_hub / datasets are imported (they
 read it into module constants), so the port is chosen here at import time and the server itself
 is started lazily by the `local_hub` fixture.
+
+Tests never read the user's home folder, caches or NLTK data (a user who followed the README has
+a tagger in ~/nltk_data and models in ~/.cache): the session gets a temporary HOME and XDG
+folders, its own Hugging Face, torch and matplotlib folders, and the user's own settings for
+those libraries are dropped, all before any of them is imported; subprocesses inherit it. NLTK
+searches only the project's data (system-wide folders such as /usr/share/nltk_data are dropped
+from its path here; a subprocess that must find no NLTK data confines its own path). Kept: the
+user's pip and git settings (package index, trusted folders), which decide how things install,
+not what a test computes.
 """
 
 from __future__ import annotations
@@ -19,9 +28,46 @@ from builders.infra.local_hub import free_port
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+#: The user's real home, for tests that check nothing of it leaks into an output.
+REAL_HOME = Path.home()
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="counterfactory-tests-"))
+_HOME = _SESSION_TMP / "home"
 HUB_PORT = free_port()
+#: User settings that would point a library at the user's own files, caches or Hub.
+_USER_SETTINGS = (
+    "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE",
+    "HF_ASSETS_CACHE", "HF_XET_CACHE", "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH", "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "SENTENCE_TRANSFORMERS_HOME", "MATPLOTLIBRC",
+    "TORCH_EXTENSIONS_DIR",
+)
+
+
+def _user_tool_settings() -> dict[str, str]:
+    """The user's pip and git configuration files, named explicitly so the temporary HOME keeps
+    them (pip's package index, git's safe.directory)."""
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or REAL_HOME / ".config")
+    found = {}
+    for var, candidates in (("PIP_CONFIG_FILE", (config / "pip" / "pip.conf", REAL_HOME / ".pip" / "pip.conf")),
+                            ("GIT_CONFIG_GLOBAL", (REAL_HOME / ".gitconfig", config / "git" / "config"))):
+        existing = [c for c in candidates if c.is_file()]
+        if var not in os.environ and existing:
+            found[var] = str(existing[0])
+    return found
+
+
+os.environ.update(_user_tool_settings())
+for _name in _USER_SETTINGS:
+    os.environ.pop(_name, None)
+for _folder in ("home", "xdg_cache", "xdg_config", "xdg_data", "xdg_state"):
+    (_SESSION_TMP / _folder).mkdir()
 os.environ.update(
+    HOME=str(_HOME),
+    XDG_CACHE_HOME=str(_SESSION_TMP / "xdg_cache"),
+    XDG_CONFIG_HOME=str(_SESSION_TMP / "xdg_config"),
+    XDG_DATA_HOME=str(_SESSION_TMP / "xdg_data"),
+    XDG_STATE_HOME=str(_SESSION_TMP / "xdg_state"),
+    TORCH_HOME=str(_SESSION_TMP / "torch"),
+    MPLCONFIGDIR=str(_SESSION_TMP / "matplotlib"),
     HF_ENDPOINT=f"http://127.0.0.1:{HUB_PORT}",
     HF_HUB_DISABLE_XET="1",  # otherwise LFS files go to Xet and 404 on the local Hub
     HF_TOKEN="hf_test_dummy_token",
@@ -35,6 +81,9 @@ os.environ.update(
     NLTK_DATA=str(REPO_ROOT / ".nltk_data"),
     COUNTERFACTORY_CACHE=str(REPO_ROOT / ".cache"),
 )
+import nltk  # noqa: E402  (after HOME and NLTK_DATA are set: its search path is fixed at import)
+
+nltk.data.path[:] = [os.environ["NLTK_DATA"]]
 
 # The ECCV machine-in-the-loop round shared by test_eccv_positives_mitl.py and
 # test_eccv_positives_ingest.py: session fixtures, so it is built once for both files.
@@ -44,6 +93,21 @@ pytest_plugins = ["eccv_mitl_fixtures"]
 @pytest.fixture(scope="session")
 def session_tmp() -> Path:
     return _SESSION_TMP
+
+
+@pytest.fixture(autouse=True)
+def _nltk_search_path():
+    """Each test starts with NLTK searching the project's data only (installing a tagger into a
+    test's own folder adds that folder to the path)."""
+    saved = list(nltk.data.path)
+    yield
+    nltk.data.path[:] = saved
+
+
+@pytest.fixture(scope="session")
+def real_home() -> Path:
+    """The user's home folder (HOME itself is a temporary folder during the tests)."""
+    return REAL_HOME
 
 
 @pytest.fixture(scope="session")

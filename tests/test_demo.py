@@ -39,7 +39,7 @@ def card_table_row(card: str, first_cell: str) -> dict[str, str]:
     return dict(zip(cells(lines[start]), cells(lines[k])))
 
 
-def test_demo_runs_end_to_end(tmp_path):
+def test_demo_runs_end_to_end(tmp_path, real_home):
     proc = subprocess.run([sys.executable, "-m", "builders.infra.demo", "--workdir", str(tmp_path / "demo")],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,7 +55,7 @@ def test_demo_runs_end_to_end(tmp_path):
 
     assert {f"build {name}" for name in BUILDER_MODULES} <= set(steps)
     # What it publishes names no directory of this machine (models, sources, the tagger).
-    local = {str(tmp_path), str(Path.home()), str(Path(__file__).resolve().parents[1]),
+    local = {str(tmp_path), str(Path.home()), str(real_home), str(Path(__file__).resolve().parents[1]),
              tempfile.gettempdir()}
     for build in (demo / "builds").iterdir():
         for name in ("README.md", "build_manifest.json"):

@@ -71,8 +71,12 @@ def published(local_hub) -> dict[str, str]:
 
 
 # The script run inside the clean venv: loads each Space by tag, runs the cases, prints JSON.
+# NLTK searches only NLTK_DATA: a tagger in ~/nltk_data or a system-wide folder such as
+# /usr/share/nltk_data is never found, so "no tagger" means none, on any machine.
 RUNNER = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
+    import nltk
+    nltk.data.path[:] = [p for p in os.environ["NLTK_DATA"].split(os.pathsep) if p]
     import numpy as np
     import evaluate
 

@@ -143,10 +143,10 @@ def test_readme_commands_run_as_written(readme_run):
     assert re.search(r"counterfactory\.progress: .*candidates \d+/\d+; \d+/\d+ items", proc.stderr)
 
 
-def test_cards_and_manifests_name_no_local_directory(readme_run):
+def test_cards_and_manifests_name_no_local_directory(readme_run, real_home):
     scratch, script, proc, _ = readme_run
     assert proc.returncode == 0
-    local = {str(scratch), str(scratch.resolve()), str(REPO), str(Path.home()),
+    local = {str(scratch), str(scratch.resolve()), str(REPO), str(Path.home()), str(real_home),
              tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
     builds = _build_dirs(script, scratch)
     assert builds
