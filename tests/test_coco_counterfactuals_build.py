@@ -103,7 +103,9 @@ def test_caption_stage_build_follows_the_source(captions_build, coco2017_dir, ti
         assert (row["caption_0"], row["caption_1"]) == (text, outcome.counterfactual)
         assert row["source_id"] == str(caption_id) and row["source_image_id"] == row_id.split("_")[0]
         assert row["replaced_word"] == outcome.replaced and row["replaced_position"] == outcome.start
-        assert row["mlm_model"] == profile.mlm and row["source"] == "coco/val2017"
+        # The model as the manifest names it (a local folder by its contents, no local path).
+        assert row["mlm_model"] == manifest["models"]["mlm"] and row["source"] == "coco/val2017"
+        assert row["mlm_model"].startswith("local:mlm@sha256:") and profile.mlm not in row["mlm_model"]
         assert_one_word_edit(row)
     assert not by_id
     assert manifest["items"] == len(raw) and manifest["skipped"] == expected_skips

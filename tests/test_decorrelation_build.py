@@ -127,7 +127,7 @@ def test_rows_follow_the_rules_and_the_source(built, coco_fixture_dir):
         synthetic = np.asarray(row["image"])
         assert synthetic.shape == source.shape
         assert np.array_equal(synthetic[~mask], source[~mask])  # only the removed region changed
-        assert row["fill"] == "inpaint" and row["fill_model"].endswith("sd_inpaint")
+        assert row["fill"] == "inpaint" and row["fill_model"].startswith("local:sd_inpaint@sha256:")
 
     for row in train:  # np_removal: y' is y minus words, and y mentioned a removed class
         original = raw[row["image_id"]]["captions"][row["caption_id"]]

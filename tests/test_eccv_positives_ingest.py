@@ -17,6 +17,7 @@ from datasets import load_dataset
 from eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, write_csv
 
 from builders.infra.cli import main as cli_main
+from builders.infra.provenance import model_name
 
 
 # ----------------------------------------------------------------------------- simulated annotation
@@ -278,8 +279,11 @@ def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, s
                      str(round_dir / "state"), "--output", str(out)]) == 0
     assert "mAP@R" in capsys.readouterr().out
     rows = list(csv.DictReader(open(out / "model_bias.csv")))
+    # Models and sets are named by provenance (local folders: local:NAME@sha256:...).
+    spec_of = {model_name(m): m for m in annotators}
+    assert all(name.startswith("local:") for name in spec_of)
     assert {(r["model"], r["annotation_set"]) for r in rows} == \
-        {(m, s) for m in annotators for s in [*annotators, "all"]}
+        {(m, s) for m in spec_of for s in [*spec_of, "all"]}
     assert (out / "model_bias.png").stat().st_size > 0
     # Reference: the verified pairs are the ground truth (previous test); a single annotator's
     # set keeps the positives it proposed.
@@ -294,7 +298,7 @@ def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, s
         for pair, item in verified.items():
             if pair[0] == m and truth(item, gallery) and (set_name == "all" or set_name in proposed[pair]):
                 positives.setdefault(pair[1], set()).add(pair[2])
-        scores = brute[model][0 if m == "i2t" else 1]
+        scores = brute[spec_of[model]][0 if m == "i2t" else 1]
         rows_ids = gallery["image_ids"] if m == "i2t" else gallery["caption_ids"]
         items = gallery["caption_ids"] if m == "i2t" else gallery["image_ids"]
         expected = np.mean([map_at_r(ranked(scores, rows_ids.index(q), items, len(items)), pos)

@@ -20,6 +20,7 @@ from eccv_mitl_fixtures import ANSWERS, no_model, ranked, write_csv
 from PIL import Image
 
 from builders.infra.cli import main as cli_main
+from builders.infra.provenance import model_name
 
 
 #: float32 scores summed in another order differ by ~1e-7, so two items this close may swap; a
@@ -38,14 +39,18 @@ def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, 
     text = dict(zip(gallery["caption_ids"], gallery["texts"]))
     position = {c: n for n, c in enumerate(gallery["caption_ids"])}
     exact = checked = 0
+    # Models are recorded by their provenance names (local folders: local:NAME@sha256:...).
+    assert data["config"]["models"] == [model_name(m) for m in annotators]
+    assert all(m.startswith("local:") for m in data["config"]["models"])
     for model, (i2t, t2i) in brute.items():
+        name = model_name(model)
         for modality, scores, rows, items in (("i2t", i2t, gallery["image_ids"], gallery["caption_ids"]),
                                               ("t2i", t2i, gallery["caption_ids"], gallery["image_ids"])):
             for q in queries[modality]:
                 score = dict(zip(items, scores[rows.index(q)]))
                 expected = ranked(scores, rows.index(q), items, 5)
-                mine = [got[(modality, q, model)][r] for r in sorted(got[(modality, q, model)])]
-                assert sorted(got[(modality, q, model)]) == [1, 2, 3, 4, 5]
+                mine = [got[(modality, q, name)][r] for r in sorted(got[(modality, q, name)])]
+                assert sorted(got[(modality, q, name)]) == [1, 2, 3, 4, 5]
                 # The same items up to float near-ties: the same score at every rank.
                 assert all(abs(score[a] - score[b]) <= TOL for a, b in zip(mine, expected)), (q, mine, expected)
                 if modality == "i2t":  # copies of a caption text come in gallery order

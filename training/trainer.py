@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from builders.infra.errors import UserFacingError
+from builders.infra.provenance import portable
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, replace_dir, save_checkpoint, write_model_card)
@@ -86,7 +87,8 @@ def run(cfg: TrainConfig) -> dict[str, float]:
         metrics = {}
         if accelerator.is_main_process:
             metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
-            _write_results(output, record, [{"step": 0, "final": True, **metrics}], metrics)
+            _write_results(output, published_record(record, cfg, output),
+                           [{"step": 0, "final": True, **metrics}], metrics)
         accelerator.wait_for_everyone()
         return metrics
 
@@ -110,7 +112,7 @@ def run(cfg: TrainConfig) -> dict[str, float]:
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
                   skipped=mixture.skipped, steps=total, steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
-        (output / "run.json").write_text(json.dumps(record, indent=1))
+        (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
                          negatives=cfg.data.hard_negatives == "negclip")
 
@@ -210,13 +212,24 @@ def run(cfg: TrainConfig) -> dict[str, float]:
             backend.save(unwrapped, final_dir)
     metrics = evaluate(final=True)
     if accelerator.is_main_process:
-        write_model_card(final_dir, record, metrics)
-        _write_results(output, record, evals, metrics)
+        write_model_card(final_dir, published_record(record, cfg, output), metrics)
+        _write_results(output, published_record(record, cfg, output), evals, metrics)
         if cfg.run.push_to_hub:
             push_to_hub(final_dir, cfg.run.push_to_hub)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics
+
+
+def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
+    """The run record as run.json and the model card (pushed with the model) state it: no local
+    path. The model (and a checkpoint file given as the open_clip tag) is named as every record
+    names models (`provenance.model_name`: `local:NAME@sha256:...` for a local folder, however
+    spelled); a local dataset folder likewise (Hub datasets keep their id, revision and commit);
+    any other absolute path as the build manifests name it, the output folder as `.`."""
+    sources = [ref.path for ref in (cfg.data.real, cfg.data.decorrelation, cfg.data.counterfactuals) if ref]
+    local = [path for path in sources if Path(path).exists()]
+    return portable(record, output, inputs=[cfg.run.model, cfg.run.pretrained, *local])
 
 
 def _saved_model_id(cfg: TrainConfig, folder: Path) -> str:

@@ -21,6 +21,7 @@ so shards are identical for any process count; every dropped caption is counted 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -37,9 +38,12 @@ from builders.infra import progress
 from builders.infra.dataset_source import load_dataset_split
 from builders.infra.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
+from builders.infra.provenance import model_names
 from builders.infra.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
 
 _S, _F, _I = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
+#: The models of each stage (the rest of `MODEL_ROLES` is unused by that stage).
+CAPTION_ROLES, IMAGE_ROLES = ("mlm", "lm", "sentence"), ("sd", "clip_filter")
 CAPTION_FEATURES = datasets.Features({
     "id": _S, "caption_0": _S, "caption_1": _S,
     "source": _S, "source_id": _S, "source_image_id": _S,
@@ -183,6 +187,7 @@ class CocoCounterfactualsBuilder:
         self.config, self.device, self.torch_threads = config, device, torch_threads
         self._caption_stage: CaptionStage | None = None
         self._image_stage: ImageStage | None = None
+        self._model_names: dict[str, str] | None = None
 
     # -- ShardedBuilder ----------------------------------------------------------------------
 
@@ -232,10 +237,31 @@ class CocoCounterfactualsBuilder:
 
         config = asdict(self.config)
         config["tagger"] = tagger_info() if self.config.stage != "images" else None
+        config["models"] = self._run_models()
         return BuildInfo(builder="coco-counterfactuals", card_template="coco_counterfactuals.md",
                          pretty_name="COCO-Counterfactuals", config=config,
-                         models=dict(self.config.models),
-                         card_fields=CARD_FIELDS)
+                         models=dict(config["models"]), card_fields=CARD_FIELDS)
+
+    def _run_models(self) -> dict[str, str]:
+        """The models behind this build's rows: the stage's own (as given; the manifest names
+        them), and for `--stage images` the caption models as the captions build named them."""
+        own = {r: self.config.models[r] for r in self._stage_roles()}
+        if self.config.stage != "images":
+            return own
+        manifest = Path(self.config.captions_from) / "build_manifest.json"
+        earlier = json.loads(manifest.read_text()).get("models", {}) if manifest.is_file() else {}
+        return {**{r: earlier[r] for r in CAPTION_ROLES if r in earlier}, **own}
+
+    def _stage_roles(self) -> tuple[str, ...]:
+        return {"captions": CAPTION_ROLES, "images": IMAGE_ROLES}.get(self.config.stage,
+                                                                     CAPTION_ROLES + IMAGE_ROLES)
+
+    def model_names(self) -> dict[str, str]:
+        """How rows name this stage's models: as the manifest does (`provenance.model_name`),
+        so no row holds a local path."""
+        if self._model_names is None:
+            self._model_names = model_names({r: self.config.models[r] for r in self._stage_roles()})
+        return self._model_names
 
     # -- sources -----------------------------------------------------------------------------
 
@@ -321,7 +347,7 @@ class CocoCounterfactualsBuilder:
         return self.device or worker_device()
 
     def _caption_row(self, item: CaptionItem, cf: CounterfactualCaption) -> dict[str, Any]:
-        m = self.config.models
+        m = self.model_names()
         return {
             "id": item.id, "caption_0": cf.original, "caption_1": cf.counterfactual,
             "source": item.source, "source_id": item.source_id,
@@ -358,7 +384,7 @@ class CocoCounterfactualsBuilder:
             "clip_directional": pair.directional, "clip_image_similarity": pair.image_similarity,
             "image_candidates_tried": selection.tried, "image_candidates_passed": selection.passed,
             **{f"image_rejected_{name}": selection.rejected.get(name) for name in IMAGE_FILTERS},
-            "sd_model": self.config.models["sd"], "clip_model": self.config.models["clip_filter"],
+            "sd_model": self.model_names()["sd"], "clip_model": self.model_names()["clip_filter"],
         }
 
 

@@ -37,6 +37,7 @@ from builders.decorrelation.options import PRODUCTS
 from builders.decorrelation.source import SourceConfig, SourceImage, read_source
 from builders.infra import progress
 from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.provenance import model_names
 from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
 from builders.infra.seeding import derive_seed
 from builders.decorrelation.selection import Removal, SelectionConfig, select_removals
@@ -87,6 +88,7 @@ class DecorrelationBuilder:
         self._verifier: RemovalVerifier | None = None
         self._captioner: CaptionSynthesizer | None = None
         self._phrases: Any = None
+        self._model_names: dict[str, str | None] | None = None
 
     # ------------------------------------------------------------------ ShardedBuilder protocol
 
@@ -151,6 +153,14 @@ class DecorrelationBuilder:
                          models=models, card_fields=card_fields(cfg, COLUMN_DOCS))
 
     # ------------------------------------------------------------------ rows
+
+    def model_names(self) -> dict[str, str | None]:
+        """The fill and caption models as rows record them: named as the manifest names them
+        (`provenance.model_name`), so no row holds a local path; None for the baselines."""
+        if self._model_names is None:
+            cfg = self.config
+            self._model_names = model_names({"fill": cfg.fill.model_id, "caption": cfg.caption.model_id})
+        return self._model_names
 
     def _phrase_matcher(self):
         if self._phrases is None:
@@ -243,7 +253,7 @@ class DecorrelationBuilder:
                               for i in removal.box_indices],
             "mask": Image.fromarray(fill_mask.astype(np.uint8) * 255, mode="L"),
             "region_fraction": removal.region_fraction, "fill": cfg.fill.method,
-            "fill_model": cfg.fill.model_id, "seed": seed,
+            "fill_model": self.model_names()["fill"], "seed": seed,
             "visibility_before": list(verdict.before) if verdict else None,
             "visibility_after": list(verdict.after) if verdict else None,
         }
@@ -267,7 +277,7 @@ class DecorrelationBuilder:
                 "row_id": f"{rec.image_id}/{removal.anchor}/{k}", **edit, "caption": cap.text,
                 "caption_id": cap.source.caption_id if cap.source else None,
                 "original_caption": cap.source.text if cap.source else None,
-                "caption_method": cfg.caption.method, "caption_model": cfg.caption.model_id})
+                "caption_method": cfg.caption.method, "caption_model": self.model_names()["caption"]})
 
 
 if __name__ == "__main__":

@@ -208,13 +208,16 @@ class EccvPositivesBuilder:
     def info(self):
         from builders.eccv_positives.card import card_fields
 
+        mitl = read_mitl_report(self.config.annotations_dir)
         return BuildInfo(
             builder="eccv-positives", card_template="eccv_positives.md",
             pretty_name="ECCV Caption positives" if not self.config.annotations_dir
             else "ECCV Caption-style positives (new MITL version)",
             config=self._config_record(),
-            card_fields=card_fields(self.config, self.annotations.statistics(),
-                                    read_mitl_report(self.config.annotations_dir)),
+            # The round's machine annotators, as `eccv candidates` named them (a round recorded
+            # by an older version may hold the specs as given: the manifest names those too).
+            models={f"annotator_{n}": m for n, m in enumerate(mitl["models"] if mitl else [], 1)},
+            card_fields=card_fields(self.config, self.annotations.statistics(), mitl),
         )
 
 

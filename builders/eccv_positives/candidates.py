@@ -9,7 +9,12 @@ models that proposed it and their ranks (1 = best). Each query also records the 
 models' top-`exclusion_depth` (paper: 25), from which golden negatives must stay away.
 
 Output: one JSON file (`candidates.json`) holding the config, the gallery, the queries, the
-candidates and the exclusion lists: everything `counterfactory eccv tasks` needs.
+candidates and the exclusion lists: everything `counterfactory eccv tasks` needs. Models are
+recorded by their provenance names (`provenance.model_name`: `local:NAME@sha256:...` for a local
+folder, the Hub id otherwise), also as the keys of `proposed_by`, so the tasks, the ingest report,
+the card of the new version and the model-bias report never name a local path. The one place the
+specs as given stay is `config.model_sources` (name -> spec): the round's own working reference,
+with which `model-bias` embeds again; it is not copied into the ingest report.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 from builders.eccv_positives.embeddings import gallery_embeddings
 from builders.eccv_positives.gallery import DatasetSource, Gallery
 from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.provenance import model_names
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +196,8 @@ def model_topk(image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery,
 def find_candidates(cfg: CandidatesConfig) -> Candidates:
     if not cfg.models:
         raise UserFacingError("no machine annotator given: pass at least one --model ID")
-    if len(set(cfg.models)) != len(cfg.models):
+    names = model_names({m: m for m in cfg.models})
+    if len(set(names.values())) != len(cfg.models):  # also one folder spelled two ways
         raise UserFacingError(f"a --model is given twice ({list(cfg.models)}); give each once")
     if cfg.k < 1 or cfg.exclusion_depth < cfg.k:
         raise UserFacingError(f"need 1 <= --k ({cfg.k}) <= --exclusion-depth ({cfg.exclusion_depth})")
@@ -209,14 +216,15 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
             for query, row in zip(queries[modality], top[modality].tolist()):
                 exclude[modality].setdefault(str(query), set()).update(row)
                 for rank, item in enumerate(row[:cfg.k], start=1):
-                    proposed.setdefault((modality, query, item), {})[model] = rank
+                    proposed.setdefault((modality, query, item), {})[names[model]] = rank
     candidates = [{"modality": m, "query_id": q, "item_id": i, "proposed_by": by}
                   for (m, q, i), by in sorted(proposed.items())]
     n_raw = sum(len(by) for by in proposed.values())
     log.info("%d proposals by %d models -> %d unique candidate pairs", n_raw, len(cfg.models),
              len(candidates))
     # The cache actually used, absolute: `model-bias` reads the same embeddings from any folder.
-    config = {**asdict(cfg), "models": list(cfg.models), "splits": list(cfg.splits),
+    config = {**asdict(cfg), "models": list(names.values()), "splits": list(cfg.splits),
+              "model_sources": {names[m]: m for m in cfg.models},
               "cache_dir": str(cache), "proposals": n_raw}
     return Candidates(config=config, gallery=gallery, queries=queries, candidates=candidates,
                       exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()})

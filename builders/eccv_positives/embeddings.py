@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from builders.eccv_positives.gallery import Gallery
+from builders.infra.provenance import hub_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +84,9 @@ def weights_fingerprint(model_id: str) -> str:
 
 def _hub_snapshot(model_id: str) -> Path | None:
     """The locally cached snapshot folder of a Hub model (its name is the commit), if any."""
-    repo = model_id.removeprefix("hf-hub:")
-    if model_id.startswith(("open_clip:", "local-dir:")) or repo.count("/") != 1:
+    if model_id.startswith(("open_clip:", "local-dir:")):
         return None
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo, local_files_only=True))
-    except (OSError, ValueError) as err:  # not cached, or not a valid Hub id: nothing to stat
-        log.debug("%s: no cached Hub snapshot (%s)", model_id, err)
-        return None
+    return hub_snapshot(model_id.removeprefix("hf-hub:"))
 
 
 def _cache_key(model_id: str, gallery_key: list[str]) -> str:

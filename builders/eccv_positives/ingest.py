@@ -354,7 +354,9 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
         result.per_task[i["task_id"]]["incomplete"] += 1
     counts = ("submissions", "failed_golden", "incomplete")
     report = {
-        "models": cands.config["models"], "candidates_config": cands.config,
+        # Provenance names only: the specs as given (`model_sources`) stay in the round's files.
+        "models": cands.config["models"],
+        "candidates_config": {k: v for k, v in cands.config.items() if k != "model_sources"},
         "queries": {m: len(manifest["queries"][m]) for m in ("i2t", "t2i")},
         "candidate_pairs": manifest["candidate_pairs"], "tasks": len(manifest["tasks"]),
         "task_seed": manifest["config"]["seed"], "verdict_files": store.files,

@@ -29,6 +29,7 @@ from builders.eccv_positives.candidates import Candidates, default_cache_dir, di
 from builders.eccv_positives.embeddings import gallery_embeddings
 from builders.eccv_positives.tasks import load_tasks
 from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.provenance import model_name, model_names
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ def annotation_sets(report: dict[str, Any], cands: Candidates) -> dict[str, dict
         for modality, query, item in report["human_positive_pairs"]:
             if name == ALL or name in proposers.get((modality, query, item), ()):
                 chosen[modality].setdefault(query, []).append(item)
-        sets[name] = chosen
+        # Named as the scored models are (a round recorded by an older version holds specs).
+        sets[name if name == ALL else model_name(name)] = chosen
     return sets
 
 
@@ -74,7 +76,11 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
     report = json.loads(report_path.read_text())
     cands = Candidates.load(Path(load_tasks(Path(cfg.tasks))["config"]["candidates"]))
     sets = annotation_sets(report, cands)
-    models = list(cfg.models) or list(report["models"])
+    # Models to embed with (specs): those asked for, else the round's annotators, whose specs as
+    # given `candidates` kept in `model_sources`; reports and tables name each by `model_name`.
+    sources = cands.config.get("model_sources", {})
+    models = list(cfg.models) or [sources.get(name, name) for name in report["models"]]
+    names = model_names({m: m for m in models})
     # The round's own cache (recorded by `candidates`) holds the annotators' embeddings already.
     round_cache = cands.config.get("cache_dir")
     cache = Path(cfg.cache_dir or round_cache or default_cache_dir())
@@ -107,7 +113,7 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
                         chunk, g_ids, RetrievalMetricConfig(k_values=(1,))).as_dict()
                     for m in METRICS:
                         totals[m] += scores[m] * len(chunk)
-                rows.append({"model": model, "annotation_set": set_name, "modality": modality,
+                rows.append({"model": names[model], "annotation_set": set_name, "modality": modality,
                              "queries": len(queries), **{m: totals[m] / len(queries) for m in METRICS}})
     if not rows:
         raise UserFacingError(f"{report_path}: no verified positive pair to score models on")

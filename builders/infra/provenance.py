@@ -2,12 +2,21 @@
 
 - `git_state()`: the commit of the counterfactory checkout that ran the build, and whether its
   tracked files had uncommitted changes (None outside a git checkout, e.g. a wheel install).
-- `portable(value, root)`: every absolute local path in a manifest becomes something meaningful
-  elsewhere: a path inside the build → relative to it; a Hugging Face cache snapshot →
-  `ORG/NAME@REVISION`; any other existing file or folder (a local model, the NLTK tagger) →
-  `local:NAME@sha256:DIGEST` of its contents; anything else → relative to the build. Prose that
-  quotes one of these paths (a card sentence naming the model) gets the same name. So no card or
-  manifest names the builder's home or temp directories.
+- `model_name(spec)`: the one name every record (data rows, manifest, card, the trainer's
+  run.json and model card, the MITL files) gives a model passed as `spec` (a flag value). What
+  decides is what the spec resolves to, not how it is spelled:
+  an existing local folder or file (absolute, relative to the working folder, `~/...`, or behind
+  open_clip's `local-dir:`) → `local:NAME@sha256:DIGEST` of its contents (a Hugging Face cache
+  snapshot folder → `ORG/NAME@REVISION`); a path-like spec that does not exist → `local:NAME`;
+  anything else is a Hub id and stays one, `ORG/NAME@REVISION` when the local Hub cache holds a
+  snapshot of it (`hf-hub:` and `open_clip:ARCH:TAG` keep their prefix, a local TAG named too).
+- `portable(value, root, inputs)`: every absolute local path in a manifest becomes something
+  meaningful elsewhere: a path inside the build → relative to it; anything else → as
+  `model_name` names it (a local model, the NLTK tagger, a source folder); a path that does not
+  exist → relative to the build. The given `inputs` (model specs, however spelled) get their
+  `model_name` wherever a value is one (config, command line). Prose that quotes one of these
+  paths or inputs (a card sentence naming the model) gets the same name. So no card, manifest or
+  run record names the builder's home or temp directories.
 """
 
 from __future__ import annotations
@@ -17,12 +26,20 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: `prefix:` / `--flag=` before an absolute path (open_clip's `local-dir:/...`, argv `--x=/...`).
 _PATH_VALUE = re.compile(r"^(?P<prefix>[\w.\-]*[:=])?(?P<path>/(?!/)[^\n]*)$")
+#: `--flag=VALUE` in a recorded command line.
+_FLAG_VALUE = re.compile(r"^(?P<flag>--[\w\-]+=)(?P<value>.+)$")
+#: open_clip's loader prefixes: a value with one is a model spec, named as a whole.
+_MODEL_PREFIXES = ("local-dir:", "hf-hub:")
 _HUB_SNAPSHOT = re.compile(r"/(?:models|datasets|spaces)--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]+)")
+#: A Hub repo id (`NAME` or `ORG/NAME`), the only specs whose cached revision is looked up.
+_REPO_ID = re.compile(r"[\w.\-]+(/[\w.\-]+)?")
+#: A spec spelled as a path (absolute, `./`, `../`, `~`): never a Hub id, even when missing.
+_PATH_LIKE = re.compile(r"^(/|\./|\.\./|~|\.$|\.\.$)")
 #: Which files of a folder are hashed in full: small configs, tokenizers and annotation lists.
 #: Everything else (model weights, images: gigabytes) enters by name and size only, so naming a
 #: COCO download or a real model stays cheap and still tells versions apart.
@@ -57,30 +74,85 @@ def content_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The locally cached snapshot folder of a Hub model (its name is the commit), if any."""
+    if not _REPO_ID.fullmatch(repo_id):
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (OSError, ValueError):  # not cached, or not a valid Hub id: no revision to tell
+        return None
+
+
+def _local_name(path: Path, digests: dict[Path, str]) -> str:
+    """A local file or folder: a Hub cache snapshot by its repo and revision, anything else by its
+    name and the digest of its contents (just its name when it does not exist)."""
+    exists = path.exists()
+    # As spelled (a file in a snapshot is a link into blobs/) and as resolved (a link to a snapshot).
+    for spelling in (os.path.abspath(path), *([str(path.resolve())] if exists else [])):
+        snapshot = _HUB_SNAPSHOT.search(spelling)
+        if snapshot:
+            return f"{snapshot['org']}/{snapshot['name']}@{snapshot['rev']}"
+    if not exists:
+        return f"local:{Path(os.path.abspath(path)).name}"
+    resolved = path.resolve()
+    if resolved not in digests:
+        digests[resolved] = content_digest(resolved)
+    return f"local:{resolved.name}@sha256:{digests[resolved][:16]}"
+
+
+def model_name(spec: str, digests: dict[Path, str] | None = None) -> str:
+    """The provenance name of the model `spec` (module docstring); `digests` memoises hashes."""
+    digests = {} if digests is None else digests
+    prefix, _, rest = spec.partition(":")
+    if prefix == "local-dir" and rest:  # open_clip's local folder: local:... says it already
+        return model_name(rest, digests)
+    if prefix == "hf-hub" and rest:
+        named = model_name(rest, digests)
+        return named if named.startswith("local:") else f"hf-hub:{named}"
+    if prefix == "open_clip" and rest:  # ARCH[:TAG], where TAG may be a checkpoint file
+        arch, _, tag = rest.partition(":")
+        return f"open_clip:{arch}" + (f":{model_name(tag, digests)}" if tag else "")
+    path = Path(spec).expanduser()
+    if spec and (path.exists() or _PATH_LIKE.match(spec)):
+        return _local_name(path, digests)
+    snapshot = hub_snapshot(spec)
+    return f"{spec}@{snapshot.name}" if snapshot else spec
+
+
+def model_names(specs: dict[str, str | None]) -> dict[str, str | None]:
+    """`model_name` of every role's spec (None stays None: a role the run did not use)."""
+    digests: dict[Path, str] = {}
+    return {role: model_name(spec, digests) if spec else spec for role, spec in specs.items()}
+
+
 def portable_path(path: str, root: Path, digests: dict[Path, str] | None = None) -> str:
     """One absolute path as described in the module docstring (`digests` memoises folder hashes)."""
     digests = {} if digests is None else digests
     p = Path(path)
-    root = root.resolve()
     try:
-        return p.resolve().relative_to(root).as_posix() or "."
+        return p.resolve().relative_to(root.resolve()).as_posix() or "."
     except ValueError:
         pass
-    snapshot = _HUB_SNAPSHOT.search(path)
-    if snapshot:
-        return f"{snapshot['org']}/{snapshot['name']}@{snapshot['rev']}"
-    if p.exists():
-        if p not in digests:
-            digests[p] = content_digest(p)
-        return f"local:{p.name}@sha256:{digests[p][:16]}"
+    if p.exists() or _HUB_SNAPSHOT.search(path):
+        return model_name(path, digests)
     return os.path.relpath(p, root)
 
 
-def portable(value: Any, root: Path) -> Any:
-    """`value` (JSON-like) with every absolute local path rewritten by `portable_path`: values that
-    are a path, and the same paths where prose quotes them (a card sentence naming the model)."""
+def portable(value: Any, root: Path, inputs: Iterable[str | None] = ()) -> Any:
+    """`value` (JSON-like) with every absolute local path rewritten by `portable_path`, and every
+    value that is one of `inputs` (model specs, a local dataset folder; however spelled:
+    `models/sd` too) by `model_name`: values that are a path or an input (also as
+    `--flag=VALUE`), and the same paths and inputs where prose quotes them (a card sentence
+    naming the model)."""
     names: dict[str, str] = {}
     digests: dict[Path, str] = {}  # a source folder is named in several places
+    specs = {m: model_name(m, digests) for m in inputs if m}
+    # Prose quotes a spec as a whole word: `models/sd` is not replaced inside `models/sd_v2`.
+    quoted = [(re.compile(rf"(?<![\w./~-]){re.escape(spec)}(?![\w/-]|\.\w)"), name)
+              for spec, name in sorted(specs.items(), key=lambda kv: -len(kv[0])) if spec != name]
 
     def collect(v: Any) -> None:
         if isinstance(v, dict):
@@ -94,19 +166,30 @@ def portable(value: Any, root: Path) -> Any:
             if match and match["path"] not in names:
                 names[match["path"]] = portable_path(match["path"], root, digests)
 
+    def rewrite_text(v: str) -> str:
+        if v in specs:
+            return specs[v]
+        flag = _FLAG_VALUE.match(v)
+        if flag and flag["value"] in specs:
+            return flag["flag"] + specs[flag["value"]]
+        match = _PATH_VALUE.match(v)
+        if match:
+            if match["prefix"] in _MODEL_PREFIXES:  # open_clip's loader prefixes: a model spec
+                return model_name(v, digests)
+            return (match["prefix"] or "") + names[match["path"]]
+        for path in sorted(names, key=len, reverse=True):  # longest first: nested paths
+            if path in v:
+                v = v.replace(path, names[path])
+        for pattern, name in quoted:
+            v = pattern.sub(name, v)
+        return v
+
     def rewrite(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: rewrite(item) for k, item in v.items()}
         if isinstance(v, (list, tuple)):
             return [rewrite(item) for item in v]
-        if isinstance(v, str):
-            match = _PATH_VALUE.match(v)
-            if match:
-                return (match["prefix"] or "") + names[match["path"]]
-            for path in sorted(names, key=len, reverse=True):  # longest first: nested paths
-                if path in v:
-                    v = v.replace(path, names[path])
-        return v
+        return rewrite_text(v) if isinstance(v, str) else v
 
     collect(value)
     return rewrite(value)

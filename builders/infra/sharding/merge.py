@@ -182,8 +182,9 @@ def merge_parts(
             "write_s": round(sum(s["timings"]["write_s"] for s in stats), 3),
         },
     }
-    # Published as is: model folders, sources and the tagger are named without local paths.
-    manifest = portable(manifest, layout.root)
+    # Published as is: model folders, sources and the tagger are named without local paths, and
+    # every model as the rows name it (`provenance.model_name`), however its flag spelled it.
+    manifest = portable(manifest, layout.root, inputs=info.models.values())
     # The card's example grid and histograms, published with the shards (figures/*.png).
     from builders.infra.gallery.card_figures import write_card_figures
 
