@@ -217,6 +217,6 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
              len(candidates))
     # The cache actually used, absolute: `model-bias` reads the same embeddings from any folder.
     config = {**asdict(cfg), "models": list(cfg.models), "splits": list(cfg.splits),
-              "cache_dir": str(cache), "proposals": n_raw}
+              "cache_dir": str(cache), "proposals": n_raw, "gallery_left_out": gallery.left_out}
     return Candidates(config=config, gallery=gallery, queries=queries, candidates=candidates,
                       exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()})
