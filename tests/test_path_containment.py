@@ -349,3 +349,39 @@ def test_the_eccv_dataset_gallery_opens_no_path_outside_its_folder(gallery, anno
     assert made["config"]["gallery_left_out"] == {REASON: 2}
     assert [im["image_id"] for im in made["gallery"]["images"]] == [0, 1, 2, 3, 4]
     assert [c["text"] for c in made["gallery"]["captions"]] == [f"caption {n}" for n in range(5)]
+
+
+def test_the_eccv_coco_gallery_leaves_out_a_path_outside_the_root(coco, annotators, tmp_path,
+                                                                  monkeypatch, capsys):
+    """`eccv candidates --coco-root`: a record whose file is outside the root is left out of the
+    gallery (counted), never opened; `eccv tasks` checks the files a candidates file names again,
+    so an edited one cannot make it embed an outside file as a thumbnail."""
+    case = make_case(coco, tmp_path)
+    dotdot(case)
+    args = ["--splits", "train", "restval", "val", "test", "--model", annotators[0],
+            "--image-queries", "0", "--caption-queries", "20", "--k", "1", "--exclusion-depth", "2",
+            "--cache-dir", str(tmp_path / "cache")]
+    spy = TouchSpy(monkeypatch)
+    code = cli_main(["eccv", "candidates", "--coco-root", str(case["root"]), *args,
+                     "--output", str(tmp_path / "c.json")])
+    monkeypatch.undo()
+    assert code == 0
+    assert spy.under(case["secret"].parent) == []
+    made = json.loads((tmp_path / "c.json").read_text())
+    assert made["config"]["gallery_left_out"] == {REASON: 1}
+    images = [im["image_id"] for im in made["gallery"]["images"]]
+    assert case["target"] not in images and len(images) == 7
+    assert case["target"] not in {c["image_id"] for c in made["gallery"]["captions"]}
+
+    escape = os.path.relpath(case["secret"], case["root"] / case["folder"])
+    for image in made["gallery"]["images"]:
+        image["file"] = f"{case['folder']}/{escape}"
+    (tmp_path / "edited.json").write_text(json.dumps(made))
+    capsys.readouterr()
+    spy = TouchSpy(monkeypatch)
+    code = cli_main(["eccv", "tasks", str(tmp_path / "edited.json"), "--output", str(tmp_path / "tasks"),
+                     "--embed-thumbnails"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and f"outside {case['root']}" in err
+    assert spy.under(case["secret"].parent) == []
