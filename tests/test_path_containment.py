@@ -383,5 +383,5 @@ def test_the_eccv_coco_gallery_leaves_out_a_path_outside_the_root(coco, annotato
                      "--embed-thumbnails"])
     monkeypatch.undo()
     err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and f"outside {case['root']}" in err
+    assert code == 2 and "Traceback" not in err and f"outside the root {case['root']}" in err
     assert spy.under(case["secret"].parent) == []

@@ -61,7 +61,8 @@ class ContainedPaths:
                                  "name a folder directly under the root, like val2014")
         self.root = root
         self.base = root / folder if folder else root
-        self._roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (root, self.base)))
+        self._base_real = os.path.realpath(self.base)
+        self._roots = tuple(dict.fromkeys((os.path.realpath(root), self._base_real)))
         # The root and folder as given, and the ancestors of both forms: the walk of an absolute
         # name (or of a `..`) passes through them on its way back inside.
         declared = (os.path.abspath(root), os.path.abspath(self.base))
@@ -70,35 +71,34 @@ class ContainedPaths:
     def _visitable(self, path: str) -> bool:
         return any(_within(path, r) for r in self._roots) or path in self._waypoints
 
-    def _refuse(self, name: str, why: str) -> PathOutsideRoot:
+    def _refuse(self, name: str, where: str) -> PathOutsideRoot:
         return PathOutsideRoot(self.base / name if not os.path.isabs(name) else name,
-                               f"{why}, outside {self.root}",
+                               f"{name!r} leads to {where}, outside the root {self.root}",
                                "image files must lie inside the source root; fix the file name "
                                "or move the file into the root")
 
     def resolve(self, name: str) -> Path:
         """The real path `name` (relative to `root/folder`, or absolute) opens, if inside."""
         if not isinstance(name, str) or "\0" in name:
-            raise self._refuse(str(name), "the file name is no path")
-        current = "/" if os.path.isabs(name) else os.path.realpath(self.base)
+            raise self._refuse(str(name), "no path")
+        current = "/" if os.path.isabs(name) else self._base_real
         pending = [p for p in name.split("/") if p not in ("", ".")]
         links = 0
         while pending:
             part = pending.pop(0)
             step = os.path.dirname(current) if part == ".." else os.path.join(current, part)
             if not self._visitable(step):
-                raise self._refuse(name, f"{name!r} leads to {step}" if not os.path.isabs(name)
-                                   else f"{name!r} is")
+                raise self._refuse(name, step)
             if part == "..":
                 current = step
                 continue
             try:
                 mode = os.lstat(step).st_mode
-            except OSError:  # missing (or not a folder): the opener reports it, naming the path
+            except OSError:  # missing (or not a folder): the opener fails on it, naming the path
                 rest = os.path.normpath(os.path.join(step, *pending))
                 if not any(_within(rest, r) for r in self._roots):
-                    raise self._refuse(name, f"{name!r} leads outside") from None
-                return Path(rest)
+                    raise self._refuse(name, rest) from None
+                return Path(step, *pending)
             if not stat.S_ISLNK(mode):
                 current = step
                 continue
@@ -110,7 +110,7 @@ class ContainedPaths:
                 current = "/"
             pending = [p for p in target.split("/") if p not in ("", ".")] + pending
         if not any(_within(current, r) for r in self._roots):
-            raise self._refuse(name, f"{name!r} leads to {current}")
+            raise self._refuse(name, current)
         return Path(current)
 
     def problem(self, name: str, where: str) -> InputProblem | None:
