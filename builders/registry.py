@@ -46,6 +46,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                        help="on resume, redo finished parts that recorded input errors")
 
 
+def add_source_image_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the builders that read source images (`loading_scripts.images`)."""
+    from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
+
+    group = parser.add_argument_group("source images")
+    group.add_argument("--max-image-pixels", type=positive_int, default=DEFAULT_MAX_IMAGE_PIXELS,
+                       metavar="N", help="skip (and count as image_too_large) a source image of more "
+                       "pixels, checked from its header before decoding (default %(default)s)")
+
+
 def run_config_from_args(args: argparse.Namespace):
     from builders.infra.sharding.runner import RunConfig
 

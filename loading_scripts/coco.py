@@ -11,6 +11,12 @@ pixels) for builders to shard; `CocoSource` exposes the same data as a `datasets
 called directly (`CocoSource(config_name="captions", data_dir=ROOT).download_and_prepare()`).
 Every field is checked (no silent coercion): a malformed file or repeated ids fail the read with
 the file and rows named; a malformed field of one image marks that record's `input_problem`.
+
+A `file_name` must name a file inside its image folder or elsewhere inside ROOT, after `..` and
+symlinks (`builders.infra.contained_paths`); one that leads outside (`../../etc/passwd`, an
+absolute path elsewhere, a symlink in `val2014/` to a file outside) is never stat'ed or opened: its
+record's `input_problem` is `path_outside_root`. The image folders themselves (`ROOT/val2014`) may
+be symlinks, e.g. to another disk.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 
 import datasets
 
+from builders.infra.contained_paths import ContainedPaths, is_folder_name
 from builders.infra.errors import InputFileError, InputProblem
 
 log = logging.getLogger(__name__)
@@ -238,6 +245,10 @@ def _karpathy(cfg: CocoSourceConfig) -> dict[int, tuple[str, str]]:
         except (KeyError, TypeError, ValueError) as err:
             raise InputFileError(path, f"image entry #{row} lacks cocoid/filepath/split ({err})",
                                  "use Karpathy's original dataset_coco.json") from err
+        if not is_folder_name(value[0]):
+            # The folder names an annotation file and an image folder under the root.
+            raise InputFileError(path, f"image entry #{row} has filepath {value[0]!r}, not a COCO "
+                                 "folder name", "use a folder under the root, like val2014")
         if int(cocoid) in out:
             raise InputFileError(path, f"image entries #{rows[int(cocoid)]} and #{row} both have "
                                  f"cocoid {cocoid}", "cocoids must be unique; remove one of them")
@@ -256,12 +267,15 @@ def _coco_splits(cfg: CocoSourceConfig, karpathy: dict[int, tuple[str, str]] | N
     return found
 
 
-def _record(root: Path, split: str, image_id: int, k_split: str | None, caps: _AnnotationFile,
-            inst: _AnnotationFile | None) -> CocoImage:
+def _record(paths: ContainedPaths, split: str, image_id: int, k_split: str | None,
+            caps: _AnnotationFile, inst: _AnnotationFile | None) -> CocoImage:
     """One image with its annotations; its first malformed field (if any) becomes its
     `input_problem`: the whole image is skipped rather than used with a caption or box missing."""
     meta = caps.images[image_id]
     problems = [_image_problem(caps, image_id)]
+    if problems[0] is None:
+        problems.append(paths.problem(meta["file_name"], f"{caps.path.name}: images "
+                                      f"#{caps.positions[image_id]} (id {image_id})"))
     if inst is not None and image_id not in inst.images:
         problems.append(InputProblem("bad_image_entry", f"{inst.path.name} has no images entry "
                                      f"for image {image_id} of {caps.path.name}"))
@@ -276,7 +290,7 @@ def _record(root: Path, split: str, image_id: int, k_split: str | None, caps: _A
             objects.append(obj)
     problem = next((p for p in problems if p is not None), None)
     valid_size = problem is None or problem.reason != "bad_image_entry"
-    return CocoImage(image_id=image_id, path=root / split / str(meta.get("file_name", "")),
+    return CocoImage(image_id=image_id, path=paths.base / str(meta.get("file_name", "")),
                      width=int(meta["width"]) if valid_size else 0,
                      height=int(meta["height"]) if valid_size else 0,
                      coco_split=split, karpathy_split=k_split, captions=captions,
@@ -303,6 +317,7 @@ def read_coco(cfg: CocoSourceConfig) -> list[CocoImage]:
     for split in _coco_splits(cfg, karpathy):
         cap_path = root / "annotations" / f"captions_{split}.json"
         caps = _index(cap_path, load_json(cap_path, "captions"))
+        paths = ContainedPaths(root, split)
         inst = None
         if cfg.with_instances:
             inst_path = root / "annotations" / f"instances_{split}.json"
@@ -318,7 +333,7 @@ def read_coco(cfg: CocoSourceConfig) -> list[CocoImage]:
                                      f"{seen[image_id]}.json", "an image id must name one image; "
                                      "read one of the two folders (--coco-splits)")
             seen[image_id] = split
-            records.append(_record(root, split, image_id, k_split, caps, inst))
+            records.append(_record(paths, split, image_id, k_split, caps, inst))
     records.sort(key=lambda r: r.image_id)
     bad = sum(r.input_problem is not None for r in records)
     log.info("read %d COCO images from %s (%d with malformed annotations, skipped by builders)",

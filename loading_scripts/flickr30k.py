@@ -19,6 +19,10 @@ images have no boxes.
 `read_flickr30k(Flickr30kSourceConfig(root, splits=("test",)))` returns `Flickr30kImage` records
 (paths, boxes, captions with phrase spans; no pixels). `Flickr30kSource` exposes the same data as
 a `datasets` builder class called directly (`Flickr30kSource(data_dir=ROOT).download_and_prepare()`).
+
+A `filename` must name a file inside `flickr30k-images/` or elsewhere inside ROOT, after `..` and
+symlinks (`builders.infra.contained_paths`; the folder itself may be a symlink): one that leads
+outside is never stat'ed or opened, its record's `input_problem` is `path_outside_root`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
+from builders.infra.contained_paths import ContainedPaths
 from builders.infra.errors import InputFileError, InputProblem
 from loading_scripts.coco import load_json
 
@@ -179,6 +184,7 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
     path = Path(cfg.karpathy_file or root / "dataset_flickr30k.json")
     data = load_json(path, "Karpathy split")
     entities = _entities_dir(cfg)
+    paths = ContainedPaths(root, "flickr30k-images")
     records = []
     rows: dict[int, int] = {}
     for row, entry in enumerate(data.get("images", [])):
@@ -195,11 +201,12 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
         rows[image_id] = row
         if split not in cfg.splits:
             continue
-        problem = next((InputProblem("bad_caption", f"{path.name}: sentence {sid} of image "
-                                     f"{image_id} is {text!r}, not text")
-                        for sid, text in raw if not isinstance(text, str) or not text.strip()), None)
+        problem = paths.problem(name, f"{path.name}: image entry #{row}") or next(
+            (InputProblem("bad_caption", f"{path.name}: sentence {sid} of image {image_id} is "
+                          f"{text!r}, not text")
+             for sid, text in raw if not isinstance(text, str) or not text.strip()), None)
         sentences = [(sid, text.strip() if isinstance(text, str) else "") for sid, text in raw]
-        image_path = root / "flickr30k-images" / name
+        image_path = paths.base / name
         captions = tuple(Flickr30kCaption(sid, text) for sid, text in sentences)
         objects: tuple[Flickr30kObject, ...] = ()
         size = None
@@ -214,7 +221,7 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
             types = {p.entity_id: p.types for c in captions for p in c.phrases}
             size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
         if size is None:
-            size = _image_size(image_path)
+            size = (0, 0) if problem is not None else _image_size(image_path)
         records.append(Flickr30kImage(image_id, image_path, size[0], size[1], split, captions, objects,
                                       problem))
     records.sort(key=lambda r: r.image_id)

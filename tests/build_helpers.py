@@ -1,14 +1,21 @@
-"""Shared by the builder tests: multi-process launches, killing a build mid-way, shard digests."""
+"""Shared by the builder tests: multi-process launches, killing a build mid-way, shard digests,
+and the fixture cases and builds of the bad-input tests (test_path_containment.py,
+test_bad_inputs_images.py)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from builders.infra.cli import main as cli_main
+from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 
@@ -40,3 +47,48 @@ def kill_after_parts(cmd: list[str], stats_dir: Path, min_parts: int, timeout: f
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     return len(list(stats_dir.glob("*.json")))
+
+
+# ------------------------------------------------------------------------------ bad-input cases
+
+def fixture_case(base: Path) -> dict[str, Any]:
+    """An 8-image COCO fixture under `base` and the image the cases break (a test-split image)."""
+    root = write_coco_fixture(base / "coco", CocoFixtureConfig(n_images=8))
+    karpathy = json.loads((root / "dataset_coco.json").read_text())["images"]
+    target = sorted(e["cocoid"] for e in karpathy if e["split"] == "test")[1]
+    entry = next(e for e in karpathy if e["cocoid"] == target)
+    return {"root": root, "target": target, "folder": entry["filepath"],
+            "image": root / entry["filepath"] / entry["filename"], "size": (128, 96)}
+
+
+def captions_build(root: Path, out: Path) -> int:
+    return cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "val",
+                     "--output", str(out), "--part-size", "2", "--max-error-fraction", "0.5"])
+
+
+def decorrelation_build(root: Path, out: Path, models: Path, *source: str) -> int:
+    """The tiny-profile decorrelation build of a COCO root (or of `source` options)."""
+    return cli_main(["build", "decorrelation", *(source or ("--coco-root", str(root))),
+                     "--output", str(out), "--models", "tiny", "--tiny-models-dir", str(models),
+                     "--fill", "zero", "--image-size", "64", "--part-size", "2",
+                     "--max-error-fraction", "0.9"])
+
+
+def eccv_build(root: Path, out: Path) -> int:
+    return cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
+                     "--part-size", "8192", "--max-error-fraction", "0.5"])
+
+
+def errors_everywhere(out: Path) -> tuple[dict, dict]:
+    """The manifest's input errors and the sum of the per-part stats files' errors."""
+    manifest = json.loads((out / "build_manifest.json").read_text())["errors"]
+    parts: dict[str, int] = {}
+    for path in (out / ".parts/stats").glob("*.json"):
+        for reason, n in json.loads(path.read_text()).get("errors", {}).items():
+            parts[reason] = parts.get(reason, 0) + n
+    return manifest, parts
+
+
+def without_target(rows: dict[str, list[dict]], target: int) -> dict[str, list[dict]]:
+    """Every output's rows but those of image `target`."""
+    return {key: [r for r in rs if r.get("image_id") != target] for key, rs in rows.items()}

@@ -257,7 +257,7 @@ ROW_ERRORS = [
     pytest.param(_image_bytes(lambda b: b[:200]), "unreadable_image", id="image-truncated"),
     pytest.param(_image_bytes(lambda b: b"not an image at all"), "unreadable_image", id="image-not-an-image"),
     pytest.param(_remove_image, "unreadable_image", id="image-missing"),
-    pytest.param(_huge_image, "unreadable_image", id="image-decompression-bomb"),
+    pytest.param(_huge_image, "image_too_large", id="image-decompression-bomb"),
 ]
 
 

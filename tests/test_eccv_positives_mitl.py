@@ -199,7 +199,9 @@ def test_a_dataset_gallery_keeps_its_own_ids_apart_from_coco(gallery, annotators
     caption_ids[2][0], caption_ids[3][0] = cxc_caption, 19273
     folder = tmp_path / "dataset"
     folder.mkdir()
-    datasets.Dataset.from_dict({"image": list(map(str, gallery["paths"][:12])), "captions": captions,
+    # Embedded: a path-only cell naming a file outside the dataset folder is never opened.
+    images = [{"bytes": p.read_bytes(), "path": None} for p in gallery["paths"][:12]]
+    datasets.Dataset.from_dict({"image": images, "captions": captions,
                                 "image_id": image_ids, "caption_ids": caption_ids}).cast_column(
         "image", datasets.Image()).to_parquet(str(folder / "test.parquet"))
     assert cli_main(["eccv", "candidates", "--dataset", str(folder), "--text-column", "captions",

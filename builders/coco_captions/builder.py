@@ -18,8 +18,8 @@ from pathlib import Path
 import datasets
 
 from builders.infra import progress
-from builders.infra.errors import InputFileError
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 IMAGES = datasets.Features({
     "image": datasets.Image(),
@@ -50,6 +50,8 @@ class CocoCaptionsConfig:
     splits: tuple[str, ...] = ("test",)
     #: Keep only the first N images of each split (by image id); None keeps all.
     max_images: int | None = None
+    #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
 
 class CocoCaptionsBuilder:
@@ -70,16 +72,18 @@ class CocoCaptionsBuilder:
         return items
 
     def process(self, items):
-        from loading_scripts.images import open_rgb_image
+        from loading_scripts.images import ImageProblem, open_rgb_image
 
         for rec in progress.items(items, "images"):
             if not rec.captions:
                 yield Skip("no_captions", kind="error", detail=f"image {rec.image_id}")
                 continue
             try:
-                image = open_rgb_image(rec.path)
-            except InputFileError as err:
-                yield Skip("unreadable_image", kind="error", detail=str(err))
+                # The annotated size must hold: the boxes are in its pixels.
+                image = open_rgb_image(rec.path, max_pixels=self.config.max_image_pixels,
+                                       expected_size=(rec.width, rec.height))
+            except ImageProblem as err:
+                yield Skip(err.reason, kind="error", detail=str(err))
                 continue
             split = rec.karpathy_split
             yield Emit(f"default/{split}", {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from builders.infra.option_types import positive_int
+from builders.registry import add_source_image_arguments
 
 HELP = "COCO Karpathy splits (images + captions + boxes) as Hub parquet"
 
@@ -18,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--splits", nargs="+", default=["test"],
                         choices=["train", "restval", "val", "test"], help="Karpathy splits")
     parser.add_argument("--max-images", type=positive_int, default=None, help="first N images per split")
+    add_source_image_arguments(parser)
 
 
 def from_args(args: argparse.Namespace):
@@ -25,4 +27,5 @@ def from_args(args: argparse.Namespace):
 
     return CocoCaptionsBuilder(CocoCaptionsConfig(coco_root=str(args.coco_root),
                                                   splits=tuple(args.splits),
-                                                  max_images=args.max_images))
+                                                  max_images=args.max_images,
+                                                  max_image_pixels=args.max_image_pixels))

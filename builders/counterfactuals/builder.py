@@ -35,7 +35,7 @@ from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
                                              ImageStageConfig)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
 from builders.infra import progress
-from builders.infra.dataset_source import load_dataset_split
+from builders.infra.dataset_source import load_dataset_split, stored_values
 from builders.infra.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
 from builders.infra.provenance import model_names
@@ -302,8 +302,9 @@ class CocoCounterfactualsBuilder:
         if missing:
             raise InputFileError(cfg.dataset, f"has no column(s) {missing} (columns: {ds.column_names})",
                                  "pick them with --text-column / --id-column")
-        texts = ds[cfg.text_column]
-        ids = [str(x) for x in ds[cfg.id_column]] if cfg.id_column else [str(i) for i in range(len(ds))]
+        # As stored: a text column typed Image is a counted bad caption, its paths never opened.
+        texts = stored_values(ds, cfg.text_column)
+        ids = [str(x) for x in stored_values(ds, cfg.id_column)] if cfg.id_column else [str(i) for i in range(len(ds))]
         # A non-string or blank text is a counted input error, never coerced (`None` is no caption).
         return [CaptionItem(id=i, text=t if isinstance(t, str) else "", source=cfg.dataset,
                             source_id=i, source_image_id="",

@@ -36,7 +36,7 @@ from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_
 from builders.decorrelation.options import PRODUCTS
 from builders.decorrelation.source import SourceConfig, SourceImage, read_source
 from builders.infra import progress
-from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.errors import UserFacingError
 from builders.infra.provenance import model_names
 from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
 from builders.infra.seeding import derive_seed
@@ -216,20 +216,16 @@ class DecorrelationBuilder:
                                        "caption_ids": [c.caption_id for c in rec.captions]})
 
     def _open(self, rec: SourceImage):
-        """The RGB source image, or None after yielding an input-error skip (a generator helper)."""
-        from loading_scripts.images import open_rgb_image
+        """The RGB source image, or None after yielding an input-error skip (a generator helper):
+        too large, not of its annotated size (the boxes would be wrong), or unreadable."""
+        from loading_scripts.images import ImageProblem, open_rgb_image
 
         try:
-            image = open_rgb_image(rec.path)
-        except InputFileError as err:
-            yield Skip("unreadable_image", kind="error", detail=str(err))
+            return open_rgb_image(rec.path, max_pixels=self.config.source.max_image_pixels,
+                                  expected_size=(rec.width, rec.height))
+        except ImageProblem as err:
+            yield Skip(err.reason, kind="error", detail=str(err))
             return None
-        if image.size != (rec.width, rec.height):
-            yield Skip("image_size_mismatch", kind="error",
-                       detail=f"{rec.path}: {image.size[0]}x{image.size[1]} pixels but annotated "
-                              f"{rec.width}x{rec.height}")
-            return None
-        return image
 
     def _fill(self) -> ImageFiller:
         if self._filler is None:

@@ -13,6 +13,7 @@ from builders.decorrelation.fill import FILL_METHODS, FillConfig
 from builders.decorrelation.verify import VIEWS, VerifyConfig
 from builders.infra.errors import UserFacingError
 from builders.infra.option_types import fraction, non_negative_int, positive_int
+from builders.registry import add_source_image_arguments
 
 HELP = "object-decorrelation sets: object-removal training pairs D' and the ODmAP@k test set"
 PRODUCTS = ("train", "odmap")
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-images", type=positive_int, default=None, help="first N images per split")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-original", action="store_true", help="also store the source image per row")
+    add_source_image_arguments(parser)
     r = parser.add_argument_group("selection rules (builders/decorrelation/METHOD.md §1)")
     r.add_argument("--alpha1", type=fraction, default=0.4, help="single-class removal below this overlap")
     r.add_argument("--alpha2", type=fraction, default=0.8, help="remove classes overlapping more than this")
@@ -91,7 +93,7 @@ def from_args(args: argparse.Namespace):
     kind, root = ("coco", args.coco_root) if args.coco_root else ("flickr30k", args.flickr30k_root)
     return DecorrelationBuilder(DecorrelationConfig(
         source=SourceConfig(kind, Path(root), flickr_classes=tuple(args.flickr_classes),
-                            max_images=args.max_images),
+                            max_images=args.max_images, max_image_pixels=args.max_image_pixels),
         products=tuple(args.products), train_splits=tuple(args.train_splits),
         query_split=args.query_split, gallery_splits=tuple(args.gallery_splits),
         selection=_checked(SelectionConfig, alpha1=args.alpha1, alpha2=args.alpha2,

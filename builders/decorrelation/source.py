@@ -17,6 +17,7 @@ from builders.infra.errors import InputProblem, UserFacingError
 from builders.decorrelation.options import DEFAULT_FLICKR_CLASSES
 from builders.decorrelation.selection import Box
 from loading_scripts.flickr30k import ENTITY_TYPES, EntityPhrase
+from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 SOURCES = ("coco", "flickr30k")
 
@@ -54,6 +55,8 @@ class SourceConfig:
     flickr_classes: tuple[str, ...] = DEFAULT_FLICKR_CLASSES
     #: Keep only the first N images (by image id) of each split; None keeps all.
     max_images: int | None = None
+    #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCES:

@@ -35,8 +35,9 @@ from typing import Any
 import datasets
 
 from builders.eccv_positives.annotations import AnnotationSet, read_mitl_report, removed_rows
-from builders.infra.errors import InputFileError, InputProblem
+from builders.infra.errors import InputProblem
 from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class EccvPositivesConfig:
     pm_zeta: int = 0
     #: Compute the `pm` config (needs `coco_root` with instances of the test images).
     with_pm: bool = True
+    #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class _Coco:
     well-formed records only — and why each malformed record is left out."""
 
     captions: dict[int, str]
-    images: dict[int, Path]
+    #: image id -> its file and annotated (width, height).
+    images: dict[int, tuple[Path, tuple[int, int]]]
     classes: dict[int, list[int]]
     #: image id -> (its path, the reader's reason): the record is not used at all (METHOD.md §1).
     problems: dict[int, tuple[Path, InputProblem]]
@@ -100,9 +104,10 @@ class RowItem:
     output: str
     label: str
     row: dict[str, Any]
-    #: The image file of an `i2t/test` row, when the COCO root holds it.
+    #: The image file of an `i2t/test` row, when the COCO root holds it, and its annotated size.
     path: Path | None = None
     input_problem: InputProblem | None = None
+    size: tuple[int, int] | None = None
 
 
 class EccvPositivesBuilder:
@@ -130,7 +135,7 @@ class EccvPositivesBuilder:
         # caption of it (not even the well-formed ones) and no instance class reaches a row.
         good = [r for r in records if r.input_problem is None]
         return _Coco(captions={c.caption_id: c.text for r in good for c in r.captions},
-                     images={r.image_id: r.path for r in good},
+                     images={r.image_id: (r.path, (r.width, r.height)) for r in good},
                      classes={r.image_id: sorted({o.category_id for o in r.objects})
                               for r in good if r.objects},
                      problems={r.image_id: (r.path, r.input_problem) for r in records
@@ -162,16 +167,19 @@ class EccvPositivesBuilder:
                 + removed)
 
     def process(self, items):
-        from loading_scripts.images import open_rgb_image
+        from loading_scripts.images import ImageProblem, open_rgb_image
 
         for item in items:
             row = item.row
-            if item.output == "i2t/test":
+            if item.output == "i2t/test" and item.path:
                 try:
-                    row = {**row, "image": open_rgb_image(item.path) if item.path else None}
-                except InputFileError as err:
-                    yield Skip("unreadable_image", kind="error", detail=str(err))
+                    row = {**row, "image": open_rgb_image(item.path, expected_size=item.size,
+                                                          max_pixels=self.config.max_image_pixels)}
+                except ImageProblem as err:
+                    yield Skip(err.reason, kind="error", detail=str(err))
                     continue
+            elif item.output == "i2t/test":
+                row = {**row, "image": None}
             yield Emit(item.output, row)
 
     def _image_item(self, image_id: int) -> RowItem:
@@ -183,14 +191,14 @@ class EccvPositivesBuilder:
             return RowItem("i2t/test", label, {"image_id": image_id}, path, problem)
         eccv = image_id in ann.eccv.i2t
         positives = ann.eccv.i2t[image_id].tolist() if eccv else []
-        path = coco.images.get(image_id)
+        path, size = coco.images.get(image_id, (None, None))
         return RowItem("i2t/test", label, {
             "image_id": image_id, "file_name": path.name if path else None,
             "eccv_query": eccv, "positive_caption_ids": positives,
             "positive_captions": [coco.captions.get(c) for c in positives],
             "positive_sources": ann.labels("i2t", image_id) if eccv else [],
             "cxc_caption_ids": _ids(ann.cxc.i2t, image_id), "coco_caption_ids": _ids(ann.coco.i2t, image_id),
-        }, path)
+        }, path, size=size)
 
     def _caption_item(self, caption_id: int) -> RowItem:
         ann = self.annotations

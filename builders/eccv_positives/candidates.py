@@ -225,6 +225,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     # The cache actually used, absolute: `model-bias` reads the same embeddings from any folder.
     config = {**asdict(cfg), "models": list(names.values()), "splits": list(cfg.splits),
               "model_sources": {names[m]: m for m in cfg.models},
-              "cache_dir": str(cache), "proposals": n_raw}
+              "cache_dir": str(cache), "proposals": n_raw,
+              "gallery_left_out": gallery.left_out}
     return Candidates(config=config, gallery=gallery, queries=queries, candidates=candidates,
                       exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from builders.infra.option_types import non_negative_int
+from builders.registry import add_source_image_arguments
 
 HELP = "ECCV Caption / CxC / COCO positives (+ PM pseudo-positives) of COCO retrieval as Hub parquet"
 
@@ -23,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pm-zeta", type=non_negative_int, default=0,
                         help="PM: max number of differing instance classes (paper PMRP: 0)")
     parser.add_argument("--no-pm", dest="with_pm", action="store_false", help="skip the pm config")
+    add_source_image_arguments(parser)
 
 
 def from_args(args: argparse.Namespace):
@@ -31,4 +33,4 @@ def from_args(args: argparse.Namespace):
     return EccvPositivesBuilder(EccvPositivesConfig(
         coco_root=str(args.coco_root) if args.coco_root else None,
         annotations_dir=str(args.annotations_dir) if args.annotations_dir else None,
-        pm_zeta=args.pm_zeta, with_pm=args.with_pm))
+        pm_zeta=args.pm_zeta, with_pm=args.with_pm, max_image_pixels=args.max_image_pixels))

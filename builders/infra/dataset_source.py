@@ -3,10 +3,20 @@
 `datasets.load_dataset` answers a wrong config or split with a raw `ValueError` traceback
 (`Unknown split "train"`). Here the configs and splits are looked up first, so a wrong choice is
 one line that lists what exists and names the flags that pick it.
+
+A dataset's cells are data, so no path they name is opened by `datasets`' decoding: columns are
+read as stored (`stored_values`: an Image cell stays a `{bytes, path}` dict), and an image is
+decoded from the cell's bytes, or from its path only when that lies inside the local dataset
+folder (`cell_image_source`; a local image folder's cells carry such paths). A path-only cell of
+a Hub dataset, or one leading outside the folder, is `path_outside_root` and never touched.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
+
+from builders.infra.contained_paths import ContainedPaths, PathOutsideRoot
 from builders.infra.errors import InputFileError
 
 
@@ -33,3 +43,25 @@ def load_dataset_split(name: str, config: str | None, split: str, *,
         raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
                              f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
     return datasets.load_dataset(name, config, split=split)
+
+
+def stored_values(ds, column: str) -> list:
+    """A column's values as stored, never decoded (an Image cell is its `{bytes, path}` dict)."""
+    return ds.with_format("arrow")[column].to_pylist()
+
+
+@lru_cache(maxsize=8)
+def _folder_paths(folder: str) -> ContainedPaths:
+    return ContainedPaths(folder)
+
+
+def cell_image_source(dataset: str, cell: dict, where: str) -> bytes | Path:
+    """What to decode for the Image cell `cell` of `dataset`: its bytes, else the file its path
+    names, which must lie inside the local dataset folder (relative paths are relative to it)."""
+    if cell.get("bytes"):
+        return cell["bytes"]
+    if not Path(dataset).is_dir():
+        raise PathOutsideRoot(where, f"the image cell has no bytes, only the local path "
+                              f"{cell.get('path')!r}, in a dataset that is no local folder",
+                              "publish the dataset with its images embedded")
+    return _folder_paths(str(Path(dataset).resolve())).resolve(cell.get("path") or "")

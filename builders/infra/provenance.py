@@ -63,10 +63,18 @@ def git_state(root: Path = _PACKAGE_ROOT) -> dict[str, Any]:
 
 
 def content_digest(path: Path) -> str:
-    """sha256 over a file, or over a folder's relative file names, sizes and small text contents."""
+    """sha256 over a file, or over a folder's relative file names, sizes and small text contents.
+
+    A symlink inside the folder enters by its name and link text, never followed: it may lead out
+    of the folder (a COCO root's image linked to a private file), which is never read."""
     h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*"))
     for f in files:
+        if f != path and f.is_symlink():
+            h.update(f"{f.relative_to(path).as_posix()}\0->{os.readlink(f)}\0".encode())
+            continue
+        if not f.is_file():
+            continue
         size = f.stat().st_size
         h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\0{size}\0".encode())
         if size <= _HASH_FULL_BYTES and (f == path or f.suffix in _HASH_FULL_SUFFIXES):

@@ -70,7 +70,9 @@ def item_digest(item: Any) -> str:
     # value repr still gets its paths checked.
     text = _ADDRESS.sub("", repr(item))
     path = getattr(item, "path", None)
-    if isinstance(path, Path):
+    # A malformed item's file is never used, and may lie outside the root (`path_outside_root`):
+    # it is not even stat'ed.
+    if isinstance(path, Path) and getattr(item, "input_problem", None) is None:
         try:
             st = path.stat()
             text += f"|{st.st_size}|{st.st_mtime_ns}"
