@@ -43,8 +43,10 @@ def expected_tree(out: Path) -> set[str]:
     return set(listed) | {"README.md", "build_manifest.json"}
 
 
-def tagged_tree(repo: str, version: str, repo_type: str = "dataset") -> set[str]:
-    entries = HfApi().list_repo_tree(repo, repo_type=repo_type, revision=version, recursive=True)
+def tagged_tree(repo: str, version: str, repo_type: str = "dataset",
+                endpoint: str | None = None) -> set[str]:
+    entries = HfApi(endpoint=endpoint).list_repo_tree(repo, repo_type=repo_type, revision=version,
+                                                      recursive=True)
     return {e.path for e in entries if hasattr(e, "blob_id")} - {".gitattributes"}
 
 

@@ -37,7 +37,7 @@ OFFICIAL_HUB = "https://huggingface.co"
 #: Statuses worth retrying: rate limits and server-side failures.
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 # The Hub's rules: ORG/NAME, each part letters, digits, '-', '_', '.', no '--' or '..', ≤ 96 chars.
-_REPO_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?", re.ASCII)
 
 
 #: Per thread, the method and path of the last request the Hub client sent.
@@ -94,13 +94,22 @@ def repo_path_problem(path: str) -> str | None:
     return None
 
 
-def check_repo_id(repo_id: str) -> None:
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why the Hub would refuse `repo_id` (None when it is a valid ORG/NAME)."""
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts):
+        return "not ORG/NAME"
+    if len(repo_id) > 96 or any(not _REPO_PART.fullmatch(p) or "--" in p or ".." in p for p in parts):
+        return "not a valid Hub repo id"
+    return None
+
+
+def check_repo_id(repo_id: str) -> None:
+    problem = repo_id_problem(repo_id)
+    if problem == "not ORG/NAME":
         raise PublishError(f"--repo-id {repo_id!r} must be ORG/NAME (an organisation or user name, "
                            "a slash, and the dataset name), e.g. my-org/coco-captions")
-    bad = [p for p in parts if not _REPO_PART.match(p) or "--" in p or ".." in p]
-    if bad or len(repo_id) > 96:
+    if problem:
         raise PublishError(f"--repo-id {repo_id!r} is not a valid Hub repo id: use letters, digits, "
                            "'-', '_' and '.', not starting or ending with '-' or '.', at most 96 characters")
 
