@@ -3,15 +3,45 @@
 `datasets.load_dataset` answers a wrong config or split with a raw `ValueError` traceback
 (`Unknown split "train"`). Here the configs and splits are looked up first, so a wrong choice is
 one line that lists what exists and names the flags that pick it.
+
+A folder (or Hub repo) `NAME` holding `NAME.py` is the old loading-script layout, which `datasets`
+refuses with a `RuntimeError` traceback; `no_dataset_scripts` makes that one line naming the
+folder and the fix, for every reader of a user-given dataset.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from builders.infra.errors import InputFileError
+
+# How `datasets` (>= 4) starts the error for a dataset that is a loading script.
+_SCRIPT_ERROR = "Dataset scripts are no longer supported"
+
+
+@contextmanager
+def no_dataset_scripts(name: str, flag: str) -> Iterator[None]:
+    """Turn `datasets`' refusal of a loading-script dataset `name` (given as `flag`) into one line."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not str(err).startswith(_SCRIPT_ERROR):
+            raise
+        script = str(err).rsplit(" ", 1)[-1]
+        raise InputFileError(
+            name, f"holds the loading script {script}, which `datasets` no longer runs",
+            f"give {flag} a folder of data files (parquet, csv, json; images with a metadata file) "
+            f"without {script}, e.g. the dataset saved once with `Dataset.to_parquet`") from None
 
 
 def load_dataset_split(name: str, config: str | None, split: str, *,
                        config_flag: str = "--dataset-config", split_flag: str = "--dataset-split"):
+    with no_dataset_scripts(name, "--dataset"):
+        return _load_split(name, config, split, config_flag, split_flag)
+
+
+def _load_split(name: str, config: str | None, split: str, config_flag: str, split_flag: str):
     import datasets
 
     try:
