@@ -8,7 +8,8 @@ folder with the recorded size and digest, and `--overwrite` deletes exactly the 
 Beside them a build folder holds only the build's bookkeeping (`.parts/`, and `*.tmp` files an
 interrupted write left, which the next run removes). Anything else — a symlink (to a secret or
 not), a dotfile such as `.env`, a stray file — is never published and never deleted: both refuse
-with one line naming it, so the user decides what it is.
+with one line naming it, so the user decides what it is. (The merge's own folders are the
+exception for `--overwrite`: every merge replaces `figures/` and the parquet files under `data/`.)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def is_bookkeeping(rel: str) -> bool:
 
 
 def folder_contents(root: Path) -> tuple[list[str], list[str]]:
-    """(regular files, symlinks) under `root` as relative paths, links never followed."""
+    """(files, symlinks) under `root` but outside `.parts/`, as relative paths; links not followed."""
     files, links = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -103,7 +104,8 @@ def check_published_files(root: Path, manifest: dict[str, Any]) -> dict[str, dic
     root = root.resolve()
     listed = listed_paths(manifest, root)
     files, links = folder_contents(root)
-    strays = [p for p in files if p not in set(listed) | {CARD, MANIFEST} and not is_bookkeeping(p)]
+    own = set(listed) | {CARD, MANIFEST}
+    strays = [p for p in files if p not in own and not is_bookkeeping(p)]
     if links or strays:
         found = [f"symlink {p}" for p in links] + strays
         raise UserFacingError(
@@ -142,9 +144,8 @@ def discard_build(layout: OutputLayout) -> None:
     listed: set[str] = set()
     if layout.manifest.is_file():
         try:
-            manifest = json.loads(layout.manifest.read_text())
-            listed = set(listed_paths(manifest, root))
-        except (ValueError, UserFacingError):
+            listed = set(listed_paths(json.loads(layout.manifest.read_text()), root))
+        except (ValueError, AttributeError, UserFacingError):
             pass  # a damaged manifest names nothing; the merge-owned patterns below still apply
     files, links = folder_contents(root)
 
