@@ -68,25 +68,40 @@ def test_space_must_be_self_contained(tmp_path, files, message):
 
 
 def test_space_files_are_main_helpers_and_docs_without_package_markers(tmp_path):
-    home = _space(tmp_path / "home", {"shared.py": "z = 3\n"})
     folder = _space(tmp_path / "m", {"m.py": "from .a import x\nfrom .shared import z\n",
-                                     "a.py": "from .shared import z\nx = z\n",
+                                     "a.py": "from .shared import z\nx = z\n", "shared.py": "z = 3\n",
                                      "__init__.py": "", "stray.py": "", "README.md": "card",
-                                     "requirements.txt": "numpy\n"})
-    (folder / "shared.py").symlink_to(home / "shared.py")  # one home, shared by symlink
+                                     "requirements.txt": "numpy\n", ".env": "HF_TOKEN=x\n"})
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
     names = [p.name for p in space_files(folder, "m")]
     assert names == ["m.py", "a.py", "shared.py", "README.md", "requirements.txt"]
 
 
-def test_a_symlinked_helper_is_published_with_its_content(local_hub, tmp_path):
-    home = _space(tmp_path / "home", {"shared.py": "VALUE = 41 + 1\n"})
-    folder = _space(tmp_path / "answer", {"answer.py": ANSWER_MODULE})
-    (folder / "shared.py").symlink_to(home / "shared.py")
+def test_a_published_space_holds_its_helpers_and_computes(local_hub, tmp_path):
+    folder = _space(tmp_path / "answer", {"answer.py": ANSWER_MODULE, "shared.py": "VALUE = 41 + 1\n"})
     publish_metric(MetricPublishConfig(folder, "tester/answer", "v1.0.0"))
     remote = hf_hub_download("tester/answer", "shared.py", repo_type="space", revision="v1.0.0")
-    assert Path(remote).read_bytes() == (home / "shared.py").read_bytes()
+    assert Path(remote).read_bytes() == (folder / "shared.py").read_bytes()
     assert evaluate.load("tester/answer", revision="v1.0.0").compute(
         predictions=[1], references=[1]) == {"answer": 42}
+
+
+@pytest.mark.parametrize("linked", ["shared.py", "README.md", "answer.py"])
+def test_a_symlink_in_a_space_is_refused_before_anything_is_read_or_sent(local_hub, tmp_path,
+                                                                         linked, capsys):
+    """A link could send any file of this machine (a helper or README pointing at a secret)."""
+    secret = tmp_path / "secret.py"
+    secret.write_text("VALUE = 'TOP-SECRET'\n")
+    folder = _space(tmp_path / "answer", {"answer.py": ANSWER_MODULE, "shared.py": "VALUE = 42\n",
+                                          "README.md": "card"})
+    (folder / linked).unlink()
+    (folder / linked).symlink_to(secret)
+    repo = f"refused-{linked.split('.')[0]}/answer"  # NAME must be the module's
+    assert cli_main(["publish-metric", str(folder), "--repo-id", repo, "--version", "v1.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{linked}: a symlink" in err and "TOP-SECRET" not in err
+    assert not HfApi().repo_exists(repo, repo_type="space")
 
 
 ANSWER_MODULE = '''import datasets

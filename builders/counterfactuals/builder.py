@@ -35,7 +35,7 @@ from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
                                              ImageStageConfig)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
 from builders.infra import progress
-from builders.infra.dataset_source import load_dataset_split, stored_values
+from builders.infra.dataset_source import load_dataset_split, no_dataset_scripts, stored_values
 from builders.infra.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
 from builders.infra.provenance import model_names
@@ -313,11 +313,12 @@ class CocoCounterfactualsBuilder:
 
     def _caption_pairs(self) -> list[dict[str, Any]]:
         path = Path(self.config.captions_from)
-        try:
-            ds = datasets.load_dataset(str(path), "captions", split=self.config.split)
-        except (FileNotFoundError, ValueError) as err:
-            raise InputFileError(path, f"holds no `captions` config with a {self.config.split!r} "
-                                 f"split ({err})", "build it with --stage captions first") from err
+        with no_dataset_scripts(str(path), "--captions-from"):
+            try:
+                ds = datasets.load_dataset(str(path), "captions", split=self.config.split)
+            except (FileNotFoundError, ValueError) as err:
+                raise InputFileError(path, f"holds no `captions` config with a {self.config.split!r} "
+                                     f"split ({err})", "build it with --stage captions first") from err
         missing = set(CAPTION_FEATURES) - set(ds.column_names)
         if missing:
             raise InputFileError(path, f"caption pairs lack columns {sorted(missing)}",

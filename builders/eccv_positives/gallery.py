@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from builders.infra.contained_paths import ContainedPaths, PathOutsideRoot
-from builders.infra.dataset_source import cell_image_source, stored_values
+from builders.infra.dataset_source import cell_image_source, no_dataset_scripts, stored_values
 from builders.infra.errors import InputFileError, UserFacingError
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,12 @@ class DatasetSource:
 def _load(source: DatasetSource):
     import datasets
 
-    try:
-        ds = datasets.load_dataset(source.path, source.config, split=source.split)
-    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
-        raise UserFacingError(f"cannot load the gallery dataset {source.path!r} (config "
-                              f"{source.config}, split {source.split}): {err}") from err
+    with no_dataset_scripts(source.path, "--dataset"):
+        try:
+            ds = datasets.load_dataset(source.path, source.config, split=source.split)
+        except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
+            raise UserFacingError(f"cannot load the gallery dataset {source.path!r} (config "
+                                  f"{source.config}, split {source.split}): {err}") from err
     wanted = [c for c in (source.image_column, source.text_column, source.image_id_column,
                           source.caption_id_column) if c]
     missing = [c for c in wanted if c not in ds.column_names]

@@ -9,19 +9,48 @@ read as stored (`stored_values`: an Image cell stays a `{bytes, path}` dict), an
 decoded from the cell's bytes, or from its path only when that lies inside the local dataset
 folder (`cell_image_source`; a local image folder's cells carry such paths). A path-only cell of
 a Hub dataset, or one leading outside the folder, is `path_outside_root` and never touched.
+
+A folder (or Hub repo) `NAME` holding `NAME.py` is the old loading-script layout, which `datasets`
+refuses with a `RuntimeError` traceback; `no_dataset_scripts` makes that one line naming the
+folder and the fix, for every reader of a user-given dataset.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 from builders.infra.contained_paths import ContainedPaths, PathOutsideRoot
 from builders.infra.errors import InputFileError
 
+# How `datasets` (>= 4) starts the error for a dataset that is a loading script.
+_SCRIPT_ERROR = "Dataset scripts are no longer supported"
+
+
+@contextmanager
+def no_dataset_scripts(name: str, flag: str) -> Iterator[None]:
+    """Turn `datasets`' refusal of a loading-script dataset `name` (given as `flag`) into one line."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not str(err).startswith(_SCRIPT_ERROR):
+            raise
+        script = str(err).rsplit(" ", 1)[-1]
+        raise InputFileError(
+            name, f"holds the loading script {script}, which `datasets` no longer runs",
+            f"give {flag} a folder of data files (parquet, csv, json; images with a metadata file) "
+            f"without {script}, e.g. the dataset saved once with `Dataset.to_parquet`") from None
+
 
 def load_dataset_split(name: str, config: str | None, split: str, *,
                        config_flag: str = "--dataset-config", split_flag: str = "--dataset-split"):
+    with no_dataset_scripts(name, "--dataset"):
+        return _load_split(name, config, split, config_flag, split_flag)
+
+
+def _load_split(name: str, config: str | None, split: str, config_flag: str, split_flag: str):
     import datasets
 
     try:

@@ -6,13 +6,14 @@ configs, streaming and `evaluate.load` from a Space are exercised end to end wit
 Covered: repo create/info, preupload, NDJSON commits (regular + LFS), LFS batch/PUT, branches,
 tags (409 when one exists: tags are immutable), refs, tree (with LFS sha256), paths-info,
 commits (412 when `parentCommit` is not the branch head), resolve (HEAD/GET/Range) for model,
-dataset and space repos. For failure tests, `LocalHub.stall()` makes it stop answering, and a
-stopped hub's `state` can be served again by a new `LocalHub` (a restart).
+dataset and space repos. Malformed bodies and the repo ids and file paths the Hub refuses get
+400 with `{"error": ...}` (see `local_hub_requests`). For failure tests, `LocalHub.stall()` makes
+it stop answering, `LocalHub.inject(Fault(...))` makes it give a wrong answer to some requests,
+and a stopped hub's `state` can be served again by a new `LocalHub` (a restart).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -25,6 +26,9 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
+from builders.infra.local_hub_requests import (BadRequest, Fault, byte_range, commit_lines,
+                                                json_body, json_field, read_body, repo_id, repo_path,
+                                                sha256_oid)
 from builders.infra.publishing.publish import git_blob_oid
 
 log = logging.getLogger(__name__)
@@ -89,6 +93,8 @@ class HubState:
         self.stalled = threading.Event()
         #: Set when the server stops, releasing stalled requests.
         self.stopping = threading.Event()
+        #: Wrong answers given instead of the real ones (see `LocalHub.inject`).
+        self.faults: list[Fault] = []
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -113,19 +119,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, code: int, error_code: str, msg: str, head: bool = False) -> None:
         self._send(code, {"error": msg}, {"X-Error-Code": error_code, "X-Error-Message": msg}, head)
-
-    def _body(self) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            out = b""
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return out
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
 
     def _host(self) -> str:
         return f"http://{self.headers['Host']}"
@@ -178,21 +171,39 @@ class _Handler(BaseHTTPRequestHandler):
             # Hang up without an answer: a stalled or stopped server, also on kept-alive connections.
             self.close_connection = True
             return None
+        head = method == "HEAD"
+        try:
+            # Read up front, so that no answer (404, 400) leaves a body to be misread as a request.
+            self.raw = read_body(self.rfile, self.headers) if method in ("POST", "PUT") else b""
+        except BadRequest as err:
+            # The framing is lost: what follows on this connection is not a request.
+            self.close_connection = True
+            return self._send(400, {"error": str(err)}, {"X-Error-Code": "BadRequest",
+                                                         "Connection": "close"}, head)
+        path = urlparse(self.path).path
+        with self.state.lock:
+            fault = next((f for f in self.state.faults if f.matches(method, path)), None)
+        if fault is not None:
+            return self._send(fault.status, fault.body, {"Content-Type": "application/json"}, head)
+        try:
+            return self._dispatch(method, head)
+        except BadRequest as err:
+            return self._error(400, "BadRequest", str(err), head)
+
+    def _dispatch(self, method: str, head: bool) -> None:
         url = urlparse(self.path)
         path, query = url.path, parse_qs(url.query)
-        head = method == "HEAD"
         if path == "/api/whoami-v2":
             return self._send(200, {"type": "user", "name": "tester", "orgs": [],
                                     "auth": {"type": "access_token",
                                              "accessToken": {"role": "write"}}}, head=head)
         if path == "/api/validate-yaml" and method == "POST":
-            self._body()
             return self._send(200, {"errors": [], "warnings": []})
         if path == "/api/repos/create" and method == "POST":
             return self._create_repo()
         m = re.match(r"^/api/(model|dataset|space)s/([^/]+/[^/]+)(?:/(.*))?$", path)
         if m:
-            repo = self._repo(m.group(1), m.group(2), head)
+            repo = self._repo(m.group(1), repo_id(unquote(m.group(2))), head)
             if repo is not None:
                 self._api(method, m.group(1), m.group(2), repo, m.group(3) or "", query, head)
             return None
@@ -201,7 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._lfs_batch()
         m = re.match(r"^/_lfs/([0-9a-f]{64})$", path)
         if m and method == "PUT":
-            data = self._body()
+            data = self.raw
             if hashlib.sha256(data).hexdigest() != m.group(1):
                 return self._error(400, "BadRequest", "sha256 mismatch")
             with self.state.lock:
@@ -209,13 +220,17 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {})
         m = re.match(r"^/(?:(datasets|spaces|models)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
         if m and method in ("GET", "HEAD"):
-            return self._resolve(REPO_TYPES[m.group(1)], m.group(2), m.group(3), m.group(4), head)
+            return self._resolve(REPO_TYPES[m.group(1)], repo_id(unquote(m.group(2))), m.group(3),
+                                 repo_path(unquote(m.group(4))), head)
         return self._error(404, "NotFound", f"no route {method} {path}", head)
 
     def _create_repo(self) -> None:
-        p = json.loads(self._body() or b"{}")
-        rtype = p.get("type") or "model"
-        rid = f"{p.get('organization') or 'tester'}/{p['name']}"
+        p = json_body(self.raw, empty={})
+        rtype = json_field(p, "type", str, optional=True) or "model"
+        if rtype not in ("model", "dataset", "space"):
+            raise BadRequest(f"unknown repo type {rtype!r}")
+        org = json_field(p, "organization", str, optional=True) or "tester"
+        rid = repo_id(f"{org}/{json_field(p, 'name', str)}")
         url = f"{self._host()}/{'' if rtype == 'model' else rtype + 's/'}{rid}"
         with self.state.lock:
             if (rtype, rid) in self.state.repos:
@@ -226,10 +241,12 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(200, {"url": url, "name": rid})
 
     def _lfs_batch(self) -> None:
-        p = json.loads(self._body())
         objects = []
-        for o in p["objects"]:
-            obj = {"oid": o["oid"], "size": o["size"], "authenticated": True}
+        for o in json_field(json_body(self.raw), "objects", list):
+            if not isinstance(o, dict):
+                raise BadRequest("each LFS object must be a JSON object")
+            obj = {"oid": sha256_oid(o.get("oid")), "size": json_field(o, "size", int),
+                   "authenticated": True}
             if o["oid"] not in self.state.lfs:
                 obj["actions"] = {"upload": {"href": f"{self._host()}/_lfs/{o['oid']}"}}
             objects.append(obj)
@@ -243,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
         sha = repo.resolve(rev)
         if sha is None:
             return self._error(404, "RevisionNotFound", "Revision not found", head)
-        stored = repo.commits[sha].files.get(unquote(fpath))
+        stored = repo.commits[sha].files.get(fpath)
         if stored is None:
             return self._error(404, "EntryNotFound", f"{fpath} not found", head)
         data = stored.data
@@ -254,9 +271,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-Linked-Size"] = len(data)
         rng = self.headers.get("Range")
         if rng and not head:
-            a, b = rng.replace("bytes=", "").split("-")
-            start = int(a) if a else 0
-            end = int(b) if b else len(data) - 1
+            start, end = byte_range(rng, len(data))
             chunk = data[start:end + 1]
             headers["Content-Range"] = f"bytes {start}-{start + len(chunk) - 1}/{len(data)}"
             return self._send(206, chunk, headers)
@@ -281,11 +296,7 @@ class _Handler(BaseHTTPRequestHandler):
         if op in ("branch", "tag") and method == "POST":
             return self._create_ref(repo, op, unquote(arg))
         if op == "preupload" and method == "POST":
-            p = json.loads(self._body())
-            return self._send(200, {"files": [
-                {"path": f["path"], "shouldIgnore": False,
-                 "uploadMode": "lfs" if f["path"].lower().endswith(LFS_SUFFIXES)
-                 or f["size"] >= LFS_MIN_BYTES else "regular"} for f in p["files"]]})
+            return self._preupload()
         if op == "commit" and method == "POST":
             return self._commit(rtype, rid, repo, unquote(arg))
         if op == "tree" and method == "GET":
@@ -294,6 +305,8 @@ class _Handler(BaseHTTPRequestHandler):
             if sha is None:
                 return self._error(404, "RevisionNotFound", "Revision not found")
             files, sub = repo.commits[sha].files, unquote(sub)
+            if sub:
+                repo_path(sub.rstrip("/"))
             if sub and sub in files:
                 return self._error(404, "EntryNotFound", "not a directory")
             entries = self._tree(files, sub, query.get("recursive", ["false"])[0].lower() == "true")
@@ -312,6 +325,17 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, out)
         return self._error(404, "NotFound", f"no api route {method} {rest}", head)
 
+    def _preupload(self) -> None:
+        answers = []
+        for f in json_field(json_body(self.raw), "files", list):
+            if not isinstance(f, dict):
+                raise BadRequest("each file must be a JSON object")
+            path, size = repo_path(f.get("path")), json_field(f, "size", int)
+            lfs = path.lower().endswith(LFS_SUFFIXES) or size >= LFS_MIN_BYTES
+            answers.append({"path": path, "shouldIgnore": False,
+                            "uploadMode": "lfs" if lfs else "regular"})
+        return self._send(200, {"files": answers})
+
     def _repo_info(self, rid: str, repo: Repo, rev: str, head: bool) -> None:
         sha = repo.resolve(rev)
         if sha is None:
@@ -325,12 +349,12 @@ class _Handler(BaseHTTPRequestHandler):
         }, head=head)
 
     def _create_ref(self, repo: Repo, op: str, name: str) -> None:
-        p = json.loads(self._body() or b"{}")
+        p = json_body(self.raw, empty={})
         with self.state.lock:
             if op == "branch":
                 if name in repo.branches:
                     return self._error(409, "BranchExists", "Reference already exists")
-                start = repo.resolve(p.get("startingPoint") or "main")
+                start = repo.resolve(json_field(p, "startingPoint", str, optional=True) or "main")
                 if start is None:
                     return self._error(404, "RevisionNotFound", "Revision not found")
                 repo.branches[name] = start
@@ -338,26 +362,25 @@ class _Handler(BaseHTTPRequestHandler):
                 sha = repo.resolve(name)
                 if sha is None:
                     return self._error(404, "RevisionNotFound", "Revision not found")
-                if p["tag"] in repo.tags:
-                    return self._error(409, "TagExists", f"Tag {p['tag']} already exists")
-                repo.tags[p["tag"]] = sha
+                tag = json_field(p, "tag", str)
+                if tag in repo.tags:
+                    return self._error(409, "TagExists", f"Tag {tag} already exists")
+                repo.tags[tag] = sha
         return self._send(200, {})
 
     def _commit(self, rtype: str, rid: str, repo: Repo, branch: str) -> None:
-        lines = [json.loads(x) for x in self._body().decode().splitlines() if x.strip()]
+        header, ops = commit_lines(self.raw)
         with self.state.lock:
             parent = repo.branches.get(branch)
             if parent is None:
                 return self._error(404, "RevisionNotFound", f"branch {branch} not found")
-            header = next(x["value"] for x in lines if x["key"] == "header")
             if header.get("parentCommit") and header["parentCommit"] != parent:
                 return self._error(412, "PreconditionFailed",
                                    "parent commit is not the head of the branch")
             files = dict(repo.commits[parent].files)
-            for line in lines:
-                key, v = line["key"], line["value"]
+            for key, v in ops:
                 if key == "file":
-                    files[v["path"]] = StoredFile(base64.b64decode(v["content"]))
+                    files[v["path"]] = StoredFile(v["content"])
                 elif key == "deletedFile":
                     files.pop(v["path"], None)
                 elif key == "deletedFolder":
@@ -379,13 +402,19 @@ class _Handler(BaseHTTPRequestHandler):
         sha = repo.resolve(rev)
         if sha is None:
             return self._error(404, "RevisionNotFound", "Revision not found")
-        raw = self._body().decode()
         if "json" in self.headers.get("Content-Type", ""):
-            paths = json.loads(raw)["paths"]
+            paths = json_field(json_body(self.raw), "paths", list)
         else:
-            paths = parse_qs(raw).get("paths", [])
+            try:
+                paths = parse_qs(self.raw.decode(), strict_parsing=bool(self.raw)).get("paths", [])
+            except (UnicodeDecodeError, ValueError) as err:
+                raise BadRequest(f"malformed form body: {err}") from None
+        if not all(isinstance(p, str) for p in paths):
+            raise BadRequest("field 'paths' must be a list of strings")
         files, out = repo.commits[sha].files, []
         for p in (p.strip("/") for p in paths):
+            if p:
+                repo_path(p)
             if p in files:
                 out.append(self._file_entry(p, files[p]))
             elif p == "" or any(f.startswith(p + "/") for f in files):
@@ -417,6 +446,15 @@ class LocalHub:
         self._thread.start()
         log.info("local Hub listening on %s", self.url)
         return self
+
+    def inject(self, fault: Fault) -> None:
+        """Give `fault`'s answer to matching requests from now on (until `clear_faults`)."""
+        with self.state.lock:
+            self.state.faults.append(fault)
+
+    def clear_faults(self) -> None:
+        with self.state.lock:
+            self.state.faults.clear()
 
     def stall(self, stalled: bool = True) -> None:
         """Keep accepting connections but stop answering (or answer again)."""

@@ -11,6 +11,11 @@ main moved), and after tagging, the tagged tree is compared file by file (LFS sh
 id) with this build. A rerun that finds the tag already holding exactly this build succeeds
 without uploading; one that finds other content fails. An empty build is never published.
 
+Only the build's own files are sent: those `build_manifest.json` lists (each checked to be a
+regular file inside the folder with the recorded size and sha256), the card and the manifest. A
+folder that holds anything else (a symlink, a dotfile, a stray file) is refused before anything is
+uploaded, naming them (see `sharding.build_files`).
+
 The token comes from the environment or `huggingface_hub` login; nothing here writes it anywhere.
 """
 
@@ -22,16 +27,19 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from builders.infra.errors import PublishError, UserFacingError
-from builders.infra.publishing.hub_client import (bound_request_time, check_repo_id, hub_errors,
-                                                  retrying, use_endpoint)
-from builders.infra.sharding.layout import MANIFEST, PARTS_DIR, OutputLayout
+from builders.infra.publishing.hub_client import (bound_request_time, check_answer, check_repo_id,
+                                                  hub_errors, retrying, use_endpoint)
+from builders.infra.sharding.build_files import (CARD, changed_since_build, check_published_files,
+                                                 read_chunks)
+from builders.infra.sharding.layout import MANIFEST, OutputLayout
 
 log = logging.getLogger(__name__)
 
-VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+$")
+# ASCII digits only: `\d` would also take `１` or `١`, and `$` a trailing newline.
+VERSION_RE = re.compile(r"v[0-9]+\.[0-9]+\.[0-9]+", re.ASCII)
+_COMMIT_ID = re.compile(r"[0-9a-f]{40}", re.ASCII)
 
 
 @dataclass
@@ -75,7 +83,7 @@ def git_blob_oid(data: bytes) -> str:
 
 
 def check_version(version: str) -> None:
-    if not VERSION_RE.match(version):
+    if not VERSION_RE.fullmatch(version):
         raise UserFacingError(f"--version {version!r} must look like v1.2.3")
 
 
@@ -89,16 +97,6 @@ def refuse_existing_tag(api, repo: dict, version: str, retries: int) -> None:
         )
 
 
-def _local_files(output_dir: Path) -> dict[str, Path]:
-    """Files that make up the published version (everything but the resumable work area)."""
-    files = {}
-    for path in sorted(output_dir.rglob("*")):
-        rel = path.relative_to(output_dir).as_posix()
-        if path.is_file() and not rel.startswith(PARTS_DIR + "/") and not rel.endswith(".tmp"):
-            files[rel] = path
-    return files
-
-
 def _check_build(output_dir: Path) -> dict:
     from builders.infra.sharding.output_guard import build_in_progress
 
@@ -106,19 +104,18 @@ def _check_build(output_dir: Path) -> dict:
         raise PublishError(f"a build is still writing to {output_dir}; publish it once the build "
                            "has finished")
     manifest_path = output_dir / MANIFEST
-    if not manifest_path.exists():
+    if not manifest_path.exists() or manifest_path.is_symlink():
         raise UserFacingError(
-            f"{manifest_path} is missing: {output_dir} is not a finished counterfactory build "
-            "(run or resume the build first)"
+            f"{manifest_path} is missing (or a symlink): {output_dir} is not a finished "
+            "counterfactory build (run or resume the build first)"
         )
-    scripts = [p.name for p in output_dir.glob("*.py")]
-    if scripts:
-        raise UserFacingError(
-            f"{output_dir} contains loading script(s) {scripts}; published versions must load "
-            "with plain load_dataset from parquet, remove them"
-        )
-    manifest = json.loads(manifest_path.read_text())
-    if not any(out["rows"] for out in manifest["outputs"].values()):
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        rows = [out["rows"] for out in manifest["outputs"].values()]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise UserFacingError(f"{manifest_path} is damaged ({type(err).__name__}: {err}); re-run "
+                              "the build command to write it again") from None
+    if not any(rows):
         # An empty version would load as nothing (or, without explicit configs, as the manifest).
         reasons = {**manifest.get("skipped", {}), **manifest.get("errors", {})}
         raise PublishError(
@@ -133,13 +130,15 @@ def publish(cfg: PublishConfig) -> PublishResult:
     """Upload the build in `cfg.output_dir` and tag it `cfg.version` (see the module docstring)."""
     check_version(cfg.version)
     check_repo_id(cfg.repo_id)
-    output_dir = Path(cfg.output_dir)
+    output_dir = Path(cfg.output_dir).resolve()
     manifest = _check_build(output_dir)
+    # Every local check (and hash) before the first request: a refused folder uploads nothing.
+    files = _version_files(output_dir, manifest, cfg)
     endpoint = use_endpoint(cfg.endpoint)
     bound_request_time(cfg.timeout_s)
     with hub_errors(endpoint, cfg.repo_id, f"re-run the same command to finish {cfg.version} "
                     "(uploaded shards are not sent again)"):
-        return _publish(cfg, output_dir, manifest, endpoint)
+        return _publish(cfg, files, endpoint)
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,7 @@ class _Local:
     def of(cls, source: Path | bytes) -> "_Local":
         size = source.stat().st_size if isinstance(source, Path) else len(source)
         sha, git = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
-        chunks = [source] if isinstance(source, bytes) else _read_chunks(source)
+        chunks = [source] if isinstance(source, bytes) else read_chunks(source)
         for chunk in chunks:
             sha.update(chunk)
             git.update(chunk)
@@ -167,20 +166,17 @@ class _Local:
         return entry.blob_id == self.git_oid
 
 
-def _read_chunks(path: Path, size: int = 8 << 20) -> Iterator[bytes]:
-    with open(path, "rb") as fh:
-        while chunk := fh.read(size):
-            yield chunk
-
-
 def _version_files(output_dir: Path, manifest: dict, cfg: PublishConfig) -> dict[str, _Local]:
-    """Every file of the published version, as it must be on the Hub."""
+    """Every file of the published version, as it must be on the Hub (the listed files verified)."""
     from builders.infra.publishing.card import render_card
 
-    files = {path: _Local.of(local) for path, local in _local_files(output_dir).items()
-             if path not in ("README.md", MANIFEST)}
+    files = {}
+    for path, record in check_published_files(output_dir, manifest).items():
+        files[path] = _Local.of(output_dir / path)
+        if files[path].sha256 != record.get("sha256"):
+            raise changed_since_build(output_dir / path)
     # The card is re-rendered for this repo and version; the local README is the unreleased one.
-    files["README.md"] = _Local.of(
+    files[CARD] = _Local.of(
         render_card(manifest, repo_id=cfg.repo_id, version=cfg.version).encode())
     files[MANIFEST] = _Local.of((output_dir / MANIFEST).read_bytes())
     return files
@@ -201,14 +197,13 @@ def _differences(tree: dict, files: dict[str, _Local]) -> list[str]:
     return out
 
 
-def _publish(cfg: PublishConfig, output_dir: Path, manifest: dict, endpoint: str) -> PublishResult:
+def _publish(cfg: PublishConfig, files: dict[str, _Local], endpoint: str) -> PublishResult:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     api = HfApi(endpoint=endpoint)
     repo = dict(repo_id=cfg.repo_id, repo_type="dataset")
     retrying(lambda: api.create_repo(**repo, private=cfg.private, exist_ok=True),
              cfg.retries, "create_repo")
-    files = _version_files(output_dir, manifest, cfg)
 
     tagged = _tags(api, repo, cfg.retries).get(cfg.version)
     if tagged is not None:
@@ -216,12 +211,13 @@ def _publish(cfg: PublishConfig, output_dir: Path, manifest: dict, endpoint: str
 
     # Every commit names its parent: if another publish commits to main in between, the Hub
     # answers 412 and this one stops, so two builds' files never interleave in one version.
-    head = retrying(lambda: api.repo_info(**repo, revision="main").sha, cfg.retries, "repo_info")
+    head = retrying(lambda: _commit_id(api.repo_info(**repo, revision="main").sha),
+                    cfg.retries, "repo_info")
     remote = _tree(api, repo, head, cfg.retries)
 
     # Data files first, in bounded commits; README + manifest + deletions last, so a version's
     # card never describes shards that are not there yet.
-    final = ("README.md", MANIFEST)
+    final = (CARD, MANIFEST)
     batches: list[list[tuple[str, _Local]]] = [[]]
     batch_bytes = 0
     skipped = 0
@@ -258,10 +254,16 @@ def _publish(cfg: PublishConfig, output_dir: Path, manifest: dict, endpoint: str
 
 
 def _commit(api, repo: dict, cfg: PublishConfig, ops: list, parent: str, message: str) -> str:
-    info = retrying(lambda: api.create_commit(**repo, operations=ops, commit_message=message,
-                                              parent_commit=parent),
+    return retrying(lambda: _commit_id(api.create_commit(**repo, operations=ops, commit_message=message,
+                                                         parent_commit=parent).oid),
                     cfg.retries, message)
-    return info.oid
+
+
+def _commit_id(value) -> str:
+    """A commit id from a Hub answer, which must be one (it becomes the next commit's parent)."""
+    check_answer(isinstance(value, str) and bool(_COMMIT_ID.fullmatch(value)),
+                 f"expected a commit id, got {str(value)[:60]!r}")
+    return value
 
 
 def _tags(api, repo: dict, retries: int) -> dict[str, str]:

@@ -9,4 +9,6 @@ Module map:
 - `output_guard`: the output folder's lock, one-line OS errors, removal of stale `.tmp` files.
 - `runner`: assigns parts to processes, skips finished parts, reports progress and failures.
 - `merge`: turns finished parts into the Hub layout (`data/*.parquet`, README configs, manifest).
+- `build_files`: the files of a build (the manifest's `files`) and what else its folder may hold;
+  what `publish` sends and `--overwrite` deletes.
 """

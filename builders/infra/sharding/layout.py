@@ -10,8 +10,8 @@
       .parts/{config}/{split}/part-KKKKK.parquet
       .parts/stats/part-KKKKK.json   written last: its presence marks part K finished
 
-The same folder is what `load_dataset(OUT)` reads and what `counterfactory publish` uploads
-(everything except `.parts/`).
+The same folder is what `load_dataset(OUT)` reads; `counterfactory publish` uploads the files the
+manifest lists, the card and the manifest (see `build_files`), never `.parts/`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Turn finished parts into the Hub layout: shards, README configs + card, build manifest.
 
+The manifest lists every data file written (`files`, see `build_files`).
+
 Shards are streamed part by part (never the whole split in memory) into
 `data/[config/]split-NNNNN-of-NNNNN.parquet`; the shard count comes from the parts' total size so
 each shard stays near `max_shard_bytes`. New shards are written under temporary names and renamed,
@@ -27,6 +29,7 @@ from builders import __version__
 from builders.infra.errors import UserFacingError
 from builders.infra.provenance import git_state, portable
 from builders.infra.sharding.base import BuildInfo, OutputSpec
+from builders.infra.sharding.build_files import FILES, file_record
 from builders.infra.sharding.layout import OutputLayout
 from builders.infra.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_bytes, atomic_write_json
 
@@ -189,6 +192,10 @@ def merge_parts(
     from builders.infra.gallery.card_figures import write_card_figures
 
     manifest["card_figures"] = write_card_figures(layout.root, manifest)
+    # Every data file this merge wrote, with size and digest: exactly what `publish` sends (with
+    # the card and this manifest) and what `--overwrite` deletes.
+    written = keep | {figure["path"] for figure in manifest["card_figures"]}
+    manifest[FILES] = [file_record(layout.root, rel) for rel in sorted(written)]
     atomic_write_json(layout.manifest, manifest)
     atomic_write_bytes(layout.readme, render_card(manifest).encode())
     return manifest

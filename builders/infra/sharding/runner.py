@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import shutil
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ from builders.infra import progress
 from builders.infra.distributed import ProcessGroup, init_process_group
 from builders.infra.errors import UserFacingError
 from builders.infra.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
+from builders.infra.sharding.build_files import discard_build
 from builders.infra.sharding.inputs import (changed_items, check_unique_ids, part_digests,
                                             split_problems)
 from builders.infra.sharding.layout import OutputLayout
@@ -83,15 +83,8 @@ def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite
                 f"({layout.run_file}); use a new --output folder, or --overwrite to discard it"
             )
         log.warning("--overwrite: discarding the previous build in %s", layout.root)
-        _discard_build(layout)
+        discard_build(layout)
     atomic_write_json(layout.run_file, fingerprint)
-
-
-def _discard_build(layout: OutputLayout) -> None:
-    for path in layout.parts.iterdir():  # all but the lock this build holds
-        if path != layout.lock_file:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    shutil.rmtree(layout.root / "data", ignore_errors=True)
 
 
 def _changed_inputs(layout: OutputLayout, parts: Sequence[tuple[int, Sequence[Any]]], part_size: int,
@@ -127,7 +120,7 @@ def _prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], cfg: RunC
             "from the current ones with --overwrite (or a new --output)"
         )
     log.warning("--overwrite: the inputs changed (%s); discarding the previous build", changed[0])
-    _discard_build(layout)
+    discard_build(layout)
     atomic_write_json(layout.run_file, fingerprint)
 
 
