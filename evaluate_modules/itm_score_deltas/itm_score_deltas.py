@@ -11,6 +11,7 @@ import evaluate
 import numpy as np
 
 from .deltas import SCORE_NAMES
+from .deltas import check_bins
 from .deltas import delta_stats
 from .deltas import itm_deltas
 from .deltas import plot_histograms
@@ -46,8 +47,10 @@ Args:
     g_cc_ios (`list` of `float`): G(C_c, I_o^s).
     g_co_ics (`list` of `float`): G(C_o, I_c^s).
     histogram_path (`str`, optional): write the histogram figure (png/pdf/svg) there.
-    title (`str`, optional): figure title, e.g. the model name.
-    bins (`int`, defaults to 50): histogram bins.
+    title (`str`, optional): figure title, e.g. the model name (drawn as written: a `$` is a
+        dollar sign, not TeX math).
+    bins (`int`, defaults to 50): histogram bins, an integer from 1 to 10,000 (a ValueError
+        names `bins` otherwise).
 
     Scores are real numbers: a bool, a string or a missing column raises a ValueError naming the
     column (and pair). Step by step: `add_batch(g_cr_ir=..., ...)` with the six columns (or `add`
@@ -105,6 +108,8 @@ class ItmScoreDeltas(evaluate.Metric):
 
     def compute(self, **kwargs):
         """Compute the deltas (evaluate appends the argument description below)."""
+        if "bins" in kwargs:  # before any pair is buffered or scored
+            check_bins(kwargs["bins"])
         if not len(self) and all(kwargs.get(name) is None for name in SCORE_NAMES):
             raise ValueError(_missing_message(SCORE_NAMES) + ", or buffer pairs with add/add_batch "
                              "before compute()")
