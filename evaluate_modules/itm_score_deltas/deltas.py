@@ -57,9 +57,9 @@ DELTA_DEFINITIONS: dict[str, tuple[str, str]] = {
 DELTA_NAMES: tuple[str, ...] = tuple(DELTA_DEFINITIONS)
 #: The six score arguments, in the order of the definitions.
 SCORE_NAMES: tuple[str, ...] = ("g_cr_ir", "g_cr_io", "g_co_ir", "g_cc_ics", "g_cc_ios", "g_co_ics")
-#: Most histogram bins `plot_histograms` draws: more than a figure can show, and each bin costs
-#: memory (a billion bins would take gigabytes).
-MAX_BINS = 10_000
+#: Most histogram bins `plot_histograms` draws: more than a panel's pixels can show. Each bin is
+#: a drawn bar (10,000 take half a minute) and memory (a billion would take gigabytes).
+MAX_BINS = 1_000
 _FORMULAS = {
     "IR_r": "G(C_r, I_r) - G(C_r, I_o)",
     "TR_r": "G(C_r, I_r) - G(C_o, I_r)",
