@@ -29,6 +29,7 @@ except ImportError:  # run as a script from a checkout whose install predates `t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from builders.infra.errors import UserFacingError  # noqa: E402
+from builders.infra.gallery.plots import plain_text  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ def _markdown(rows: list[dict], with_baseline: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+@plain_text  # metric names are drawn as written
 def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 

@@ -29,6 +29,7 @@ from builders.eccv_positives.candidates import Candidates, default_cache_dir, di
 from builders.eccv_positives.embeddings import gallery_embeddings
 from builders.eccv_positives.tasks import load_tasks
 from builders.infra.errors import InputFileError, UserFacingError
+from builders.infra.gallery.plots import plain_text
 from builders.infra.provenance import model_name, model_names
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ def write_report(cfg: ModelBiasConfig, rows: list[dict[str, Any]]) -> Path:
     return out
 
 
+@plain_text  # model and annotator names are drawn as written
 def _plot(rows: list[dict[str, Any]], sets: list[str], path: Path) -> None:
     import matplotlib
 

@@ -38,7 +38,9 @@ import numpy as np
 __all__ = [
     "DELTA_NAMES",
     "DeltaStats",
+    "MAX_BINS",
     "SCORE_NAMES",
+    "check_bins",
     "delta_stats",
     "itm_deltas",
     "itm_score_deltas",
@@ -55,6 +57,9 @@ DELTA_DEFINITIONS: dict[str, tuple[str, str]] = {
 DELTA_NAMES: tuple[str, ...] = tuple(DELTA_DEFINITIONS)
 #: The six score arguments, in the order of the definitions.
 SCORE_NAMES: tuple[str, ...] = ("g_cr_ir", "g_cr_io", "g_co_ir", "g_cc_ics", "g_cc_ios", "g_co_ics")
+#: Most histogram bins `plot_histograms` draws: more than a panel's pixels can show. Each bin is
+#: a drawn bar (10,000 take half a minute) and memory (a billion would take gigabytes).
+MAX_BINS = 1_000
 _FORMULAS = {
     "IR_r": "G(C_r, I_r) - G(C_r, I_o)",
     "TR_r": "G(C_r, I_r) - G(C_o, I_r)",
@@ -159,6 +164,14 @@ def itm_score_deltas(**scores: Any) -> dict[str, dict[str, float | int]]:
     return {name: s.as_dict() for name, s in delta_stats(itm_deltas(**scores)).items()}
 
 
+def check_bins(bins: Any) -> int:
+    """`bins` if it is an integer in 1..MAX_BINS; a ValueError naming `bins` otherwise."""
+    if isinstance(bins, (bool, np.bool_)) or not isinstance(bins, (int, np.integer)) \
+            or not 1 <= bins <= MAX_BINS:
+        raise ValueError(f"bins must be an integer from 1 to {MAX_BINS:,}, got {bins!r}")
+    return int(bins)
+
+
 def plot_histograms(
     deltas: Mapping[str, Any],
     path: Union[str, os.PathLike],
@@ -170,18 +183,30 @@ def plot_histograms(
 
     Panels: image retrieval (IR_r and IR_c overlaid) and text retrieval (TR_r and TR_c
     overlaid), with a dashed line at 0 and each distribution's mean in the legend. Deltas that
-    are absent are skipped. Writes `path` (format from its suffix, e.g. .png / .pdf).
+    are absent are skipped. `bins` is an integer from 1 to MAX_BINS, and `title` is drawn as
+    written (no mathtext: a `$` is a dollar sign). Writes `path` (format from its suffix, e.g.
+    .png / .pdf).
     """
-    # A bare Figure renders with the Agg canvas and leaves pyplot's global backend alone.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    import matplotlib
 
+    bins = check_bins(bins)
     arrays = {name: _scores(v, name) for name, v in deltas.items()}
     unknown = sorted(set(arrays) - set(DELTA_NAMES))
     if unknown:
         raise ValueError(f"unknown delta names {unknown}; expected some of {list(DELTA_NAMES)}")
     if not arrays:
         raise ValueError("no deltas to plot")
+    # Text objects read `text.parse_math` when created, tick labels when drawn: all inside.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw_histograms(arrays, Path(path), title, bins)
+
+
+def _draw_histograms(arrays: dict[str, np.ndarray], path: Path, title: str | None,
+                     bins: int) -> Path:
+    # A bare Figure renders with the Agg canvas and leaves pyplot's global backend alone.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     panels = [p for p in ("IR", "TR") if any(n.startswith(p) for n in arrays)]
     fig = Figure(figsize=(5 * len(panels), 3.6))
     FigureCanvasAgg(fig)
@@ -204,7 +229,6 @@ def plot_histograms(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path

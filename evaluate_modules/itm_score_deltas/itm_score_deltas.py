@@ -4,6 +4,7 @@ The metric code is in this Space's helper module `deltas`, imported relatively s
 `evaluate.load` downloads it too.
 """
 
+import math
 from collections.abc import Sequence
 
 import datasets
@@ -11,6 +12,7 @@ import evaluate
 import numpy as np
 
 from .deltas import SCORE_NAMES
+from .deltas import check_bins
 from .deltas import delta_stats
 from .deltas import itm_deltas
 from .deltas import plot_histograms
@@ -46,13 +48,16 @@ Args:
     g_cc_ios (`list` of `float`): G(C_c, I_o^s).
     g_co_ics (`list` of `float`): G(C_o, I_c^s).
     histogram_path (`str`, optional): write the histogram figure (png/pdf/svg) there.
-    title (`str`, optional): figure title, e.g. the model name.
-    bins (`int`, defaults to 50): histogram bins.
+    title (`str`, optional): figure title, e.g. the model name (drawn as written: a `$` is a
+        dollar sign, not TeX math).
+    bins (`int`, defaults to 50): histogram bins, an integer from 1 to 1,000 (a ValueError
+        names `bins` otherwise).
 
-    Scores are real numbers: a bool, a string or a missing column raises a ValueError naming the
-    column (and pair). Step by step: `add_batch(g_cr_ir=..., ...)` with the six columns (or `add`
-    for one pair) checks and buffers pairs, and `compute(...)` with the optional arguments above
-    scores every buffered pair, together with any pairs given to that call.
+    Scores are finite real numbers: a bool, a string, NaN, an infinity, an integer beyond float64
+    or a missing column raises a ValueError naming the column (and pair). Step by step:
+    `add_batch(g_cr_ir=..., ...)` with the six columns (or `add` for one pair) checks and buffers
+    pairs, and `compute(...)` with the optional arguments above scores every buffered pair,
+    together with any pairs given to that call.
 
 Returns:
     For each of `IR_r`, `TR_r`, `IR_c`, `TR_c` a dict with `mean`, `median`, `std`,
@@ -105,6 +110,8 @@ class ItmScoreDeltas(evaluate.Metric):
 
     def compute(self, **kwargs):
         """Compute the deltas (evaluate appends the argument description below)."""
+        if "bins" in kwargs:  # before any pair is buffered or scored
+            check_bins(kwargs["bins"])
         if not len(self) and all(kwargs.get(name) is None for name in SCORE_NAMES):
             raise ValueError(_missing_message(SCORE_NAMES) + ", or buffer pairs with add/add_batch "
                              "before compute()")
@@ -163,6 +170,10 @@ def _checked_scores(columns, method, single=False):
             if rows.ndim != 1 or rows.dtype.kind not in "fiu":
                 raise ValueError(f"{name} must hold one real-number score per pair, got "
                                  f"{rows.dtype} with shape {rows.shape}")
+            bad = np.flatnonzero(~np.isfinite(rows))
+            if bad.size:
+                raise ValueError(f"{_where(name, int(bad[0]), single)} holds "
+                                 f"{rows[bad[0]].item()!r}; {_FINITE}")
             continue
         if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
             raise ValueError(f"{name} must be a list with one score per pair, got "
@@ -170,7 +181,26 @@ def _checked_scores(columns, method, single=False):
         for i, value in enumerate(rows):
             if isinstance(value, (bool, np.bool_)) \
                     or not isinstance(value, (int, float, np.integer, np.floating)):
-                where = f"{name} (the added pair)" if single else f"{name}[{i}] (pair {i})"
-                raise ValueError(f"{where} holds {value!r} ({type(value).__name__}); scores are "
-                                 "real numbers")
+                raise ValueError(f"{_where(name, i, single)} holds {value!r} "
+                                 f"({type(value).__name__}); scores are real numbers")
+            if not _finite(value):
+                text = repr(value)
+                text = text if len(text) <= 40 else text[:37] + "..."
+                raise ValueError(f"{_where(name, i, single)} holds {text} "
+                                 f"({type(value).__name__}); {_FINITE}")
     return checked
+
+
+_FINITE = ("scores are finite real numbers (NaN, infinities and integers beyond float64 have no "
+           "delta)")
+
+
+def _where(name, i, single):
+    return f"{name} (the added pair)" if single else f"{name}[{i}] (pair {i})"
+
+
+def _finite(value):
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float64 (Arrow would raise the same, unnamed)
+        return False

@@ -44,7 +44,7 @@ from .retrieval import (
     retrieval_scores_from_similarity,
     retrieval_scores_from_topk,
 )
-from .topk import as_score_matrix, stable_topk
+from .topk import as_array, as_score_matrix, require_int64, stable_topk
 
 __all__ = ["DEFAULT_TARGET_METRICS", "EccvAnnotations", "EccvSuiteConfig", "VALID_METRICS",
            "eccv_suite", "eccv_suite_from_similarity"]
@@ -183,12 +183,15 @@ def eccv_suite(i2t: Mapping[int, Sequence[int]], t2i: Mapping[int, Sequence[int]
     cfg = config or EccvSuiteConfig()
     ann = annotations or EccvAnnotations.load()
     tasks = _tasks(cfg, ann)
-    results: dict[str, dict[str, float]] = {}
-    for modality, rankings in (("i2t", i2t), ("t2i", t2i)):
+    checked = {}
+    for modality, rankings in (("i2t", i2t), ("t2i", t2i)):  # both, before any scoring
         if not isinstance(rankings, Mapping):
             raise RetrievalInputError(f"{modality} rankings must be a dict query id -> ranked ids, "
                                       f"got {type(rankings).__name__}")
-        _check_ranked_ids(rankings, ann.test_ids(modality), modality)
+        checked[modality] = _ranking_arrays(rankings, modality)
+        _check_ranked_ids(checked[modality], ann.test_ids(modality), modality)
+    results: dict[str, dict[str, float]] = {}
+    for modality, rankings in checked.items():
         for task in tasks:
             try:
                 if task.positives is None:
@@ -202,13 +205,32 @@ def eccv_suite(i2t: Mapping[int, Sequence[int]], t2i: Mapping[int, Sequence[int]
     return results
 
 
-def _check_ranked_ids(rankings: Mapping[int, Sequence[int]], gallery: np.ndarray,
+def _ranking_arrays(rankings: Mapping[int, Any], modality: str) -> dict[int, np.ndarray]:
+    """Each ranking as a flat int64 array, converted once; anything else (a bare id, a string, a
+    nested list, floats, bools, ids beyond int64) raises naming the query."""
+    arrays = {}
+    for query, ranking in rankings.items():
+        where = f"{modality}_rankings[{query!r}]"
+        arr = None if isinstance(ranking, (str, bytes)) else as_array(ranking)
+        if arr is None or arr.ndim != 1:
+            text = repr(ranking)
+            raise RetrievalInputError(f"{where} must be a list of integer COCO ids (best first), "
+                                      f"got {text if len(text) <= 60 else text[:57] + '...'}")
+        require_int64(arr, ranking, where)
+        if arr.size and arr.dtype.kind not in "iu":
+            bad = next((x for x in ranking if isinstance(x, (bool, np.bool_))
+                        or not isinstance(x, (int, np.integer))), arr[0])
+            raise RetrievalInputError(f"{where} holds {bad!r} ({type(bad).__name__}); COCO ids are "
+                                      "integers (floats are not truncated, bools are not 0/1)")
+        arrays[query] = arr.astype(np.int64, copy=False)
+    return arrays
+
+
+def _check_ranked_ids(rankings: Mapping[int, np.ndarray], gallery: np.ndarray,
                       modality: str) -> None:
     """Ids outside the 5K test split mean swapped modalities or another id space."""
-    sample = [np.asarray(r[:50]) for r in rankings.values()]
+    sample = [r[:50] for r in rankings.values()]
     flat = np.concatenate(sample) if sample else np.empty(0, dtype=np.int64)
-    if flat.size and flat.dtype.kind not in "iu":
-        raise RetrievalInputError(f"{modality} rankings must hold integer COCO ids, got {flat.dtype}")
     unknown = flat[~np.isin(flat, gallery)]
     if len(unknown):
         what = "caption" if modality == "i2t" else "image"
@@ -304,6 +326,7 @@ def _depth_bound(positives: dict[int, np.ndarray], config: RetrievalMetricConfig
 
 def _split_ids(ids: Sequence[int] | np.ndarray, split: np.ndarray, what: str) -> np.ndarray:
     arr = np.asarray(ids)
+    require_int64(arr, ids, f"{what}_ids")
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise RetrievalInputError(f"{what}_ids must be a flat list of integer COCO ids")
     arr = arr.astype(np.int64)

@@ -64,8 +64,10 @@ Args:
         positive counts at every position, so [10, 10, 10] against {10, 11, 12} reaches
         mAP@R 1.0). Only for parity runs against eccv_caption.
 
-    Ids must be integers: floats and bools raise a ValueError naming the query (they are not
-    truncated or read as 0/1).
+    Ids must be integers that fit int64 (-2**63 to 2**63 - 1): floats, bools and larger ids raise
+    a ValueError naming the argument and the query (floats are not truncated, bools not read as
+    0/1, large ids not wrapped around), in every mode and in add/add_batch. k_values and
+    r_precision_cap are positive integers up to 2**63 - 1.
 
     Step by step: `add_batch(predictions=..., references=...)` (or `add(prediction=...,
     reference=...)` for one query) checks and buffers queries, and `compute(k_values=...)` scores
@@ -81,8 +83,8 @@ Args:
     query_ids, gallery_ids (`list` of `int`, optional): row / column ids (default: positions).
 
     ECCV Caption mode (COCO 5K test split ids; output `{metric: {"i2t": x, "t2i": y}}`):
-    i2t_rankings, t2i_rankings (`dict`): COCO image id -> ranked caption ids, caption id ->
-        ranked image ids; or
+    i2t_rankings, t2i_rankings (`dict`): COCO image id -> ranked caption ids (a list per query),
+        caption id -> ranked image ids; or
     i2t_similarity (`numpy.ndarray`): [images x captions] scores with `image_ids` and
         `caption_ids` (and optionally a [captions x images] `t2i_similarity`).
     target_metrics (`list` of `str`): as in eccv_caption, default coco_1k_r1, coco_5k_r1, cxc_r1,

@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from .topk import RetrievalInputError, as_array, as_score_matrix, stable_topk
+from .topk import (INT64, INT64_IDS, RetrievalInputError, as_array, as_score_matrix,
+                   outside_int64, positive_int64, require_int64, stable_topk)
 
 __all__ = [
     "RetrievalInputError",
@@ -72,12 +73,13 @@ class RetrievalMetricConfig:
 
     def __post_init__(self) -> None:
         for k in self.k_values:
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-                raise RetrievalInputError(f"k_values must be positive integers, got {k!r}")
+            if not positive_int64(k):
+                raise RetrievalInputError(f"k_values must be positive integers up to 2**63 - 1, "
+                                          f"got {k!r}")
         cap = self.r_precision_cap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer))
-                                or cap < 1):
-            raise RetrievalInputError(f"r_precision_cap must be a positive integer, got {cap!r}")
+        if cap is not None and not positive_int64(cap):
+            raise RetrievalInputError(f"r_precision_cap must be a positive integer up to "
+                                      f"2**63 - 1, got {cap!r}")
         if not (self.k_values or self.map_at_r or self.r_precision):
             raise RetrievalInputError("no metric selected: give k_values or enable map_at_r / "
                                       "r_precision")
@@ -235,6 +237,9 @@ def _positive_lists(positives: Any) -> tuple[np.ndarray, list]:
         keys = list(positives.keys())
         # Query keys are only labels here (integers when they must match matrix rows).
         ids = np.asarray(keys)
+        big = None if ids.dtype.kind in "ib" else outside_int64(ids if ids.dtype.kind == "u" else keys)
+        if big is not None:
+            raise RetrievalInputError(f"positives holds query id {big}; {INT64_IDS}")
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             ids = np.empty(len(keys), dtype=object)
             ids[:] = keys
@@ -274,6 +279,7 @@ def _ranking_rows(rankings: Any, positives: Any, query_ids: np.ndarray) -> Any:
 
 def _id_array(ids: Any, name: str) -> np.ndarray:
     arr = as_array(ids)
+    require_int64(arr, ids, name)
     if arr.size == 0:
         return arr.astype(np.int64).reshape(-1)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
@@ -292,6 +298,7 @@ def _require_unique(ids: np.ndarray, name: str) -> None:
 def _ragged_ids(rows: Any, cap: np.ndarray | None, query_ids: np.ndarray, what: str) -> _Ragged:
     """Ragged int64 rows, each cut at cap[i] items (no cut when cap is None)."""
     if isinstance(rows, np.ndarray):
+        require_int64(rows, rows, what)
         if rows.size and rows.dtype.kind not in "iu":
             raise RetrievalInputError(f"{what} must hold integer ids, got dtype {rows.dtype}")
         width = rows.shape[1]
@@ -305,6 +312,7 @@ def _ragged_ids(rows: Any, cap: np.ndarray | None, query_ids: np.ndarray, what: 
         if cap is not None:
             row = row[:int(cap[i])]
         arr = np.asarray(row)
+        require_int64(arr, row, f"{what} of query {_show(query_ids[i])}")
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise RetrievalInputError(
                 f"{what} of query {_show(query_ids[i])} must be a flat list of integer ids, got "
@@ -443,6 +451,7 @@ def check_id_lists(rows: Any, name: str, *, single: bool = False) -> None:
         rows = [as_array(rows) if hasattr(rows, "detach") else rows]
     elif hasattr(rows, "detach") or isinstance(rows, np.ndarray):
         arr = as_array(rows)
+        require_int64(arr, arr, name)
         if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 2):
             raise RetrievalInputError(f"{name} must be [queries x n] integer ids, got {arr.dtype} "
                                       f"with shape {arr.shape}")
@@ -459,6 +468,8 @@ def check_id_lists(rows: Any, name: str, *, single: bool = False) -> None:
                 raise RetrievalInputError(
                     f"{where} holds {item!r} ({type(item).__name__}); ids must be integers — "
                     "floats are not truncated and bools are not 0/1 here")
+            if not INT64.min <= int(item) <= INT64.max:  # Arrow's int64 would overflow
+                raise RetrievalInputError(f"{where} holds {int(item)}; {INT64_IDS}")
 
 
 def _row_cumsum(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -25,8 +25,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RetrievalInputError", "as_array", "as_score_matrix", "stable_topk",
+__all__ = ["INT64", "INT64_IDS", "RetrievalInputError", "as_array", "as_score_matrix",
+           "outside_int64", "positive_int64", "require_int64", "stable_topk",
            "topk_from_embeddings"]
+
+#: Ids are stored as int64 (numpy arrays, evaluate's Arrow features): the bound, for messages.
+INT64 = np.iinfo(np.int64)
+INT64_IDS = "ids must fit int64 (-2**63 to 2**63 - 1)"
 
 #: Cells per processed block (32 MB of float32 scores).
 _CHUNK_CELLS = 1 << 23
@@ -44,6 +49,39 @@ def as_array(x: Any) -> np.ndarray:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
         x = x.detach().cpu().numpy()
     return np.asarray(x)
+
+
+def outside_int64(values: Any) -> int | None:
+    """The first integer of `values` (a flat list or array) that int64 cannot hold, else None."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind == "u":
+            big = values[values > INT64.max]
+            return int(big.flat[0]) if big.size else None
+        if values.dtype.kind != "O":
+            return None  # a signed or float array holds no such integer
+        values = values.ravel()
+    for item in values:
+        if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)) \
+                and not INT64.min <= int(item) <= INT64.max:
+            return int(item)
+    return None
+
+
+def positive_int64(x: Any) -> bool:
+    """Whether `x` is an integer (not a bool) from 1 to 2**63 - 1 (a k of R@k, a cap)."""
+    return (isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+            and 1 <= int(x) <= INT64.max)
+
+
+def require_int64(arr: np.ndarray, original: Any, what: str) -> None:
+    """Raise, naming `what`, when `arr` (numpy's view of `original`) holds an id int64 cannot
+    hold: numpy makes uint64 of ids up to 2**64 - 1 (a cast to int64 would wrap them to negative
+    ids) and object or float arrays of larger Python ints."""
+    if arr.dtype.kind in "ib":
+        return
+    big = outside_int64(arr if arr.dtype.kind == "u" else original)
+    if big is not None:
+        raise RetrievalInputError(f"{what} holds {big}; {INT64_IDS}")
 
 
 def as_score_matrix(similarity: Any, name: str = "similarity") -> np.ndarray:

@@ -63,11 +63,12 @@ Args:
         (a repeat counts at each of its positions). Caption texts may repeat: distinct gallery
         captions can share a text.
     per_class_plot_path (`str`, optional): write a bar chart of ODmAP@k per removed class there
-        (png/pdf/svg; needs matplotlib).
+        (png/pdf/svg; needs matplotlib). Class names are drawn as written (no TeX math).
 
     Bad input raises a ValueError naming the query: a class list given as a bare string, float
-    or bool gallery indices, caption texts together with a mention_matrix, a mention_matrix that
-    is not 2-D, no queries.
+    or bool gallery indices, indices outside int64 (-2**63 to 2**63 - 1; they must also be rows
+    of mention_matrix), caption texts together with a mention_matrix, a mention_matrix that is
+    not 2-D, no queries.
 
     Step by step: `add_batch(retrieved=..., removed_classes=..., present_classes=...)` (or `add`
     for one query) checks and buffers queries, caption texts or gallery indices (not both), and
@@ -110,6 +111,7 @@ Examples:
 """
 
 _CLASS_LIST = datasets.Sequence(datasets.Value("string"))
+_INT64 = np.iinfo(np.int64)
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -301,6 +303,9 @@ def _check_batch(retrieved, removed_classes, present_classes, buffered_kind, sin
                 item_kind = "texts"
             elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
                 item_kind = "indices"
+                if not _INT64.min <= int(item) <= _INT64.max:  # Arrow's int64 would overflow
+                    raise ValueError(f"{where('retrieved', q)} holds {int(item)}; gallery indices "
+                                     "must fit int64 (-2**63 to 2**63 - 1)")
             else:
                 raise ValueError(
                     f"{where('retrieved', q)} holds {item!r} ({type(item).__name__}); retrieved "

@@ -387,13 +387,22 @@ def plot_per_class(per_class: dict[str, dict[int, float]], path: Union[str, os.P
                    title: str | None = None) -> Path:
     """Bar chart of ODmAP@k per removed class (one bar per k), written to `path` (png/pdf/svg).
 
+    Class names and the title are drawn as written (no mathtext: a `$` is a dollar sign).
     Needs matplotlib (`pip install matplotlib`), imported only here.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    import matplotlib
 
     if not per_class:
         raise ValueError("no classes to plot")
+    # Text objects read `text.parse_math` when created, tick labels when drawn: all inside.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw_per_class(per_class, Path(path), title)
+
+
+def _draw_per_class(per_class: dict[str, dict[int, float]], out: Path, title: str | None) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     classes = list(per_class)
     ks = sorted({k for v in per_class.values() for k in v})
     fig = Figure(figsize=(max(4.0, 0.45 * len(classes) * len(ks) + 1.5), 3.6))
@@ -412,7 +421,6 @@ def plot_per_class(per_class: dict[str, dict[int, float]], path: Union[str, os.P
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     return out

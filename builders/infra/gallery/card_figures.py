@@ -8,18 +8,18 @@ figures); the histograms cover every row of that output.
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow.parquet as pq
 from PIL import Image
 
 from builders.infra.gallery import plots
-from builders.infra.gallery.rows import HISTOGRAM_COLUMNS, detect_kind
+from builders.infra.gallery.rows import HISTOGRAM_COLUMNS, Slot, detect_kind
+from builders.infra.gallery.thumbnails import ImageProblem, decode_image
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,20 @@ def _caption(texts: list[dict[str, Any]], facets: dict[str, list[str]]) -> str:
     return caption + (f"  (removed: {', '.join(removed)})" if removed else "")
 
 
+def _images(row: dict[str, Any], slots: Sequence[Slot], index: int) -> list[Image.Image]:
+    """The row's images that can be drawn, from their bytes (a path is never opened)."""
+    images = []
+    for slot in slots:
+        if row.get(slot.column) is None:
+            continue
+        try:
+            images.append(decode_image(row[slot.column]))
+        except ImageProblem as problem:
+            log.warning("card figures: row %d (%s) left out of the examples: %s", index,
+                        slot.column, problem)
+    return images
+
+
 def write_card_figures(root: Path, manifest: dict[str, Any]) -> list[dict[str, str]]:
     """Write the card's figures under `root/figures/`; return [{"path", "alt"}] for the card."""
     shutil.rmtree(root / FIGURES_DIR, ignore_errors=True)  # no figure of an earlier merge stays
@@ -57,9 +71,8 @@ def write_card_figures(root: Path, manifest: dict[str, Any]) -> list[dict[str, s
     shards = [root / name for name in out["shards"]]
     first = next(pq.ParquetFile(shards[0]).iter_batches(batch_size=EXAMPLES)).to_pylist()
     examples = []
-    for row in first:
-        images = [Image.open(io.BytesIO(row[s.column]["bytes"])) for s in slots
-                  if row.get(s.column) and row[s.column].get("bytes")]
+    for index, row in enumerate(first):
+        images = _images(row, slots, index)
         if images:
             examples.append((images, _caption(kind.texts(row), kind.facets(row))))
     figures = []

@@ -27,14 +27,14 @@ def _serve(folder: Path, port: int) -> None:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    from builders.infra.gallery.render import GalleryConfig, write_gallery
+    from builders.infra.gallery.render import GalleryConfig, not_shown_summary, write_gallery
     from builders.infra.gallery.source import SourceConfig, open_source
 
     source = open_source(SourceConfig(target=args.target, revision=args.revision,
                                       config=args.config, split=args.split))
     result = write_gallery(source, GalleryConfig(output=args.output, page_size=args.page_size))
     print(f"wrote the gallery of {source.title} ({source.config}/{source.split}, {result.rows} rows, "
-          f"{result.pages} pages): open {result.index_html.resolve()}")
+          f"{result.pages} pages{not_shown_summary(result)}): open {result.index_html.resolve()}")
     if args.serve is not None:
         _serve(args.output, args.serve)
     return 0

@@ -1,15 +1,18 @@
 """Bar charts, histograms and example grids as PNG files (matplotlib's Agg canvas, no pyplot).
 
 A bare `Figure` with the Agg canvas leaves pyplot's global backend alone, and PNGs are written
-without the software/version metadata so the same numbers give the same bytes.
+without the software/version metadata so the same numbers give the same bytes. Every figure is
+drawn under `plain_text`: captions, class names and titles come from data and are drawn as
+written, never parsed as mathtext.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, ParamSpec, Sequence, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -17,6 +20,26 @@ from PIL import Image
 #: Bars beyond this many are summed into "other" (a chart of 5,000 words reads as nothing).
 MAX_BARS = 30
 _PNG = {"Software": None}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def plain_text(draw: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run `draw` with matplotlib's mathtext off, so text from data is plain text.
+
+    With mathtext on, a caption or a name with two `$` ("$5 and $10", a code snippet) is parsed
+    as TeX math: drawn wrong, or raising on an unknown command. Titles and labels read the setting
+    when they are created and tick labels when the figure is drawn, so the whole figure, savefig
+    included, is made inside `draw`.
+    """
+    @functools.wraps(draw)
+    def plain(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return plain
 
 
 def _figure(width: float, height: float):
@@ -44,6 +67,7 @@ def top_counts(counts: Mapping[str, int], limit: int = MAX_BARS) -> list[tuple[s
     return ranked[:limit - 1] + [(f"other ({len(rest)} values)", sum(v for _, v in rest))]
 
 
+@plain_text
 def bar_chart(counts: Mapping[str, int], path: Path, *, title: str, xlabel: str = "rows") -> Path:
     """Horizontal bars, largest on top."""
     bars = top_counts(counts)
@@ -56,6 +80,7 @@ def bar_chart(counts: Mapping[str, int], path: Path, *, title: str, xlabel: str 
     return _save(fig, path)
 
 
+@plain_text
 def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, bins: int = 30) -> Path:
     fig = _figure(4.5, 3.0)
     ax = fig.add_subplot()
@@ -70,6 +95,7 @@ def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, b
     return _save(fig, path)
 
 
+@plain_text
 def example_grid(rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, *,
                  cell: float = 1.8, images_per_line: int = 4) -> Path:
     """Examples side by side (their images next to each other), each captioned above."""

@@ -8,6 +8,11 @@
       stats/*.png             bar charts and histograms (plots.py)
       gallery.json            marks OUT as a gallery; when complete: rows, pages, first-page bytes
 
+An image that cannot be shown (a cell with a path but no bytes, which is never opened; truncated
+or undecodable bytes; too many pixels) is a missing thumbnail with its reason, counted on the
+stats page and in gallery.json. A write that fails (disk full, no permission) is one line naming
+the path (`OutputError`).
+
 Page data are script files, not JSON fetched at run time, because browsers refuse `fetch` on
 file:// URLs and the gallery must open from disk. index.html carries only the first page's script
 and its thumbnails (lazy-loaded), so its weight does not grow with the build; the search index is
@@ -21,14 +26,15 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from builders.infra.errors import OutputError
+from builders.infra.errors import OutputError, UserFacingError
 from builders.infra.gallery import plots
-from builders.infra.gallery.rows import detect_kind, record, search_text
+from builders.infra.gallery.rows import Slot, detect_kind, record, search_text
 from builders.infra.gallery.source import GallerySource
-from builders.infra.gallery.stats import GalleryStats, skip_counts
-from builders.infra.gallery.thumbnails import ThumbnailConfig, open_image, thumbnail_path, write_thumbnail
+from builders.infra.gallery.stats import EXAMPLE_ROWS, GalleryStats, skip_counts
+from builders.infra.gallery.thumbnails import (ImageProblem, ThumbnailConfig, decode_image,
+                                               thumbnail_path, write_thumbnail)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,8 @@ class GalleryResult:
     kind: str
     #: Bytes a browser loads for the first page: HTML, CSS, JS, page data and every thumbnail.
     first_page_bytes: int
+    #: Images shown as missing, per reason (thumbnails.ImageProblem), most frequent first.
+    images_not_shown: dict[str, int] = field(default_factory=dict)
 
 
 def _prepare(out: Path) -> None:
@@ -107,19 +115,9 @@ class _Writer:
         self.first_page_bytes = 0
 
     def add(self, index: int, row: dict[str, Any]) -> None:
-        thumbs = []
-        for k, slot in enumerate(self.slots):
-            if row.get(slot.column) is None:
-                continue  # an optional image missing in this row
-            where = f"row {index} ({slot.column})"
-            mask = (open_image(row[slot.outline], f"row {index} ({slot.outline})")
-                    if slot.outline and row.get(slot.outline) is not None else None)
-            rel = thumbnail_path(index, k)
-            size = write_thumbnail(open_image(row[slot.column], where), self.out / rel,
-                                   self.cfg.thumbnails, mask)
-            thumbs.append({"src": rel, "label": slot.label, **size})
-            if self.pages == 0:
-                self.first_page_bytes += (self.out / rel).stat().st_size
+        # A null cell is an optional image this row lacks: nothing to show, nothing wrong.
+        thumbs = [self.thumbnail(index, k, slot, row) for k, slot in enumerate(self.slots)
+                  if row.get(slot.column) is not None]
         rec = record(self.kind, row, index, thumbs, self.image_cols)
         self.stats.add(row, rec["facets"])
         self.page.append(rec)
@@ -128,6 +126,30 @@ class _Writer:
             self.flush_page()
         if len(self.index) == self.cfg.index_part_rows:
             self.flush_index()
+
+    def thumbnail(self, index: int, k: int, slot: Slot, row: dict[str, Any]) -> dict[str, Any]:
+        """The record of one image of a row: its written thumbnail, or why it is missing."""
+        max_pixels = self.cfg.thumbnails.max_pixels
+        try:
+            image = decode_image(row[slot.column], max_pixels)
+        except ImageProblem as problem:
+            self.not_shown(index, slot.column, problem)
+            return {"label": slot.label, "missing": problem.reason}
+        mask = None
+        if slot.outline and row.get(slot.outline) is not None:
+            try:
+                mask = decode_image(row[slot.outline], max_pixels)
+            except ImageProblem as problem:  # the image is shown, without the outline
+                self.not_shown(index, slot.outline, problem)
+        rel = thumbnail_path(index, k)
+        size = write_thumbnail(image, self.out / rel, self.cfg.thumbnails, mask)
+        if self.pages == 0:
+            self.first_page_bytes += (self.out / rel).stat().st_size
+        return {"src": rel, "label": slot.label, **size}
+
+    def not_shown(self, index: int, column: str, problem: ImageProblem) -> None:
+        self.stats.image_not_shown(index, problem.reason)
+        log.debug("row %d (%s): image not shown, %s", index, column, problem)
 
     def flush_page(self) -> None:
         size = _script(self.out / f"pages/page-{self.pages:05d}.js", "window.galleryPage",
@@ -168,10 +190,13 @@ def _stats_page(w: _Writer, source: GallerySource, env, common: dict[str, Any]) 
         histograms.append({"column": column, "plot": path.relative_to(out).as_posix(), "n": len(values),
                            "min": f"{min(values):.4g}", "mean": f"{sum(values) / len(values):.4g}",
                            "max": f"{max(values):.4g}"})
+    not_shown = [(reason, n, ", ".join(map(str, w.stats.rows_not_shown[reason])))
+                 for reason, n in w.stats.not_shown_counts().items()]
     html = env.get_template("stats.html").render(
         **common, skips=list(skips.items()), skipped_total=sum(skips.values()),
         skip_plot=skip_plot.as_posix() if skip_plot else None, has_manifest=source.manifest is not None,
-        facet_stats=facet_stats, histograms=histograms)
+        facet_stats=facet_stats, histograms=histograms, not_shown=not_shown, example_rows=EXAMPLE_ROWS,
+        not_shown_total=sum(w.stats.images_not_shown.values()))
     (out / "stats.html").write_text(html, encoding="utf-8")
 
 
@@ -179,8 +204,54 @@ def write_gallery(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
     """Write the gallery of `source` into `cfg.output`; return where and how big."""
     out = cfg.output
     _prepare(out)
+    try:
+        result = _write(source, cfg)
+    except OSError as err:
+        # Reading errors were turned into UserFacingError by `_rows`: this one is a write.
+        raise OutputError(f"{err.filename or out}: cannot write the gallery "
+                          f"({err.strerror or err}); free disk space or fix the permissions, or "
+                          "give another --output, then re-run") from None
+    if result.images_not_shown:
+        log.warning("%s: %d images not shown (%s); see %s", source.title,
+                    sum(result.images_not_shown.values()), _counts(result.images_not_shown),
+                    out / "stats.html")
+    log.info("gallery of %s (%s/%s): %d rows, %d pages, first page %.0f kB -> %s", source.title,
+             source.config, source.split, result.rows, result.pages,
+             result.first_page_bytes / 1000, result.index_html)
+    return result
+
+
+def _rows(source: GallerySource) -> Iterator[dict[str, Any]]:
+    """The source's rows; a failing read (network, file) is one line naming the source."""
+    rows = source.rows()
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except OSError as err:
+            raise UserFacingError(f"{source.title}: cannot read the rows of {source.config}/"
+                                  f"{source.split} ({type(err).__name__}: {err}); check the "
+                                  "folder or the network and re-run") from None
+        yield row
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in counts.items())
+
+
+def not_shown_summary(result: GalleryResult) -> str:
+    """"; 2 images not shown (path_only 2; see stats.html)" or "" when every image is shown."""
+    if not result.images_not_shown:
+        return ""
+    return (f"; {sum(result.images_not_shown.values())} images not shown "
+            f"({_counts(result.images_not_shown)}; see stats.html)")
+
+
+def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
+    out = cfg.output
     w = _Writer(source, cfg)
-    for index, row in enumerate(source.rows()):
+    for index, row in enumerate(_rows(source)):
         w.add(index, row)
     w.finish()
     env = _templates()
@@ -199,13 +270,13 @@ def write_gallery(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
     _stats_page(w, source, env, common)
     first = w.first_page_bytes + sum((out / n).stat().st_size for n in ("index.html", "style.css", "gallery.js"))
     result = GalleryResult(index_html=out / "index.html", rows=w.stats.rows, pages=w.pages,
-                           kind=w.kind.name, first_page_bytes=first)
+                           kind=w.kind.name, first_page_bytes=first,
+                           images_not_shown=w.stats.not_shown_counts())
     (out / MARKER).write_text(json.dumps({"complete": True, "source": source.title, "config": source.config,
                                           "split": source.split, "rows": result.rows,
                                           "pages": result.pages, "kind": result.kind,
-                                          "first_page_bytes": first}, indent=1))
-    log.info("gallery of %s (%s/%s): %d rows, %d pages, first page %.0f kB -> %s", source.title,
-             source.config, source.split, result.rows, result.pages, first / 1000, result.index_html)
+                                          "first_page_bytes": first,
+                                          "images_not_shown": result.images_not_shown}, indent=1))
     return result
 
 

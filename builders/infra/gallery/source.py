@@ -50,7 +50,7 @@ class GallerySource:
     title: str
     config: str
     split: str
-    #: Column name -> `datasets` feature (images decoded lazily: raw bytes, see `rows`).
+    #: Column name -> `datasets` feature (nothing decoded: images are raw cells, see `rows`).
     features: dict[str, Any]
     #: The split as a streaming `IterableDataset`.
     dataset: Any = field(repr=False)
@@ -58,7 +58,8 @@ class GallerySource:
     manifest: dict[str, Any] | None = field(default=None, repr=False)
 
     def rows(self, batch_size: int = 256) -> Iterator[dict[str, Any]]:
-        """Rows in order; image columns as {"bytes", "path"} (decoding is the thumbnailer's)."""
+        """Rows in order; image columns as {"bytes", "path"} (decoding is the thumbnailer's, from
+        the bytes only)."""
         for batch in self.dataset.iter(batch_size=batch_size):
             names = list(batch)
             for values in zip(*(batch[n] for n in names)):
@@ -168,7 +169,7 @@ def choose_split(meta: dict[str, Any], cfg: SourceConfig, where: str) -> tuple[s
 
 
 def open_source(cfg: SourceConfig) -> GallerySource:
-    """Resolve `cfg` to one split, streamed with `load_dataset` (images left undecoded)."""
+    """Resolve `cfg` to one split, streamed with `load_dataset` (nothing decoded)."""
     import datasets
 
     name, readme, manifest_path, title = _locate(cfg)
@@ -178,8 +179,11 @@ def open_source(cfg: SourceConfig) -> GallerySource:
     if not images:
         raise InputFileError(title, f"config {config!r} has no image column, so there is nothing "
                              "to show", "pick a config with images with --config")
-    for column in images:
-        ds = ds.cast_column(column, datasets.Image(decode=False))
+    # No decoding by `datasets`, of any column: it would open the local file a cell's `path`
+    # names, and a dataset (maybe someone else's, from the Hub) may name any file of the user's.
+    # Casting the image columns alone would leave nested images (a list of images, a struct
+    # holding one), audio and video decoded.
+    ds = ds.decode(False)
     manifest = json.loads(manifest_path.read_text()) if manifest_path else None
     log.info("%s: %s/%s, image columns %s", title, config, split, images)
     return GallerySource(title=title, config=config, split=split, features=dict(ds.features),

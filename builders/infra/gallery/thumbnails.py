@@ -4,22 +4,43 @@ Files (not base64 inside the pages) keep every page small whatever the build siz
 browser fetches only the thumbnails it shows (`loading="lazy"`). A decorrelation mask is drawn as
 a red outline on the synthetic image's thumbnail, so the replaced region is visible at a glance.
 Thumbnails are never enlarged; tiny images (the 64 px fixture builds) are scaled up by the page.
+
+Images are read from a cell's bytes only. A cell holding just a `path` is never opened: the path
+comes from the dataset (maybe someone else's, from the Hub) and may name any file of the user's,
+which the gallery would then embed. Such a cell, and bytes that cannot be shown (truncated,
+undecodable, more pixels than `max_pixels`), raise `ImageProblem` with a counted reason; the
+gallery shows the image as missing.
 """
 
 from __future__ import annotations
 
 import io
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageChops, ImageFilter
 
-from builders.infra.errors import InputFileError
-
 #: Rows per thumbnail folder, so no folder holds tens of thousands of files.
 ROWS_PER_FOLDER = 1000
 OUTLINE_RGB = (255, 40, 40)
+#: PIL's own decompression-bomb limit (1024 * 1024 * 1024 // 4 // 3 pixels, 256 MB as RGB).
+MAX_PIXELS = 89_478_485
+#: Why an image is not shown, the reasons counted on the stats page.
+PATH_ONLY = "path_only"
+EMPTY = "empty"
+TRUNCATED = "truncated"
+UNDECODABLE = "undecodable"
+TOO_MANY_PIXELS = "too_many_pixels"
+
+
+class ImageProblem(Exception):
+    """An image cell that cannot be shown: `reason` (counted) and what was found (`detail`)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
 
 
 @dataclass(frozen=True)
@@ -30,19 +51,35 @@ class ThumbnailConfig:
     max_side: int = 160
     #: JPEG quality (1-95).
     quality: int = 80
+    #: Images with more pixels are not decoded (shown as missing, `too_many_pixels`).
+    max_pixels: int = MAX_PIXELS
 
 
-def open_image(value: Any, where: str) -> Image.Image:
-    """A PIL image from a `datasets` Image cell ({"bytes", "path"}, undecoded)."""
+def decode_image(value: Any, max_pixels: int = MAX_PIXELS) -> Image.Image:
+    """The decoded image of a `datasets` Image cell ({"bytes", "path"}, undecoded), from its bytes
+    only; `ImageProblem` when it cannot be shown."""
     data = value.get("bytes") if isinstance(value, dict) else None
-    try:
-        if data:
-            return Image.open(io.BytesIO(data))
+    if not data:
         if isinstance(value, dict) and value.get("path"):
-            return Image.open(value["path"])
-    except OSError as err:
-        raise InputFileError(where, f"image cannot be read ({err})", "rebuild this row") from None
-    raise InputFileError(where, "image cell holds neither bytes nor a path", "rebuild this row")
+            raise ImageProblem(PATH_ONLY, f"no bytes, only the path {value['path']!r} (not read)")
+        raise ImageProblem(EMPTY, "neither bytes nor a path")
+    try:
+        with warnings.catch_warnings():
+            # Above PIL's limit `open` only warns, and decoding would then allocate it all.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            if image.width * image.height > max_pixels:
+                raise ImageProblem(TOO_MANY_PIXELS, f"{image.width}x{image.height} pixels, more "
+                                   f"than {max_pixels:,}")
+            image.load()
+    except ImageProblem:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ImageProblem(TOO_MANY_PIXELS, str(err)) from None
+    except Exception as err:  # noqa: BLE001 - PIL's decoders raise many types on hostile bytes
+        reason = TRUNCATED if "truncated" in str(err).lower() else UNDECODABLE
+        raise ImageProblem(reason, f"{type(err).__name__}: {err}") from None
+    return image
 
 
 def outline(mask: Image.Image, size: tuple[int, int], width: int = 2) -> Image.Image:

@@ -75,8 +75,10 @@
   }
 
   function card(rec) {
+    // An image the gallery could not show (rec.imgs[k].missing: the reason) is a placeholder.
     const imgs = rec.imgs.map((im) => el("figure", {}, [
-      el("img", { src: im.src, loading: "lazy", width: im.w, height: im.h, alt: im.label + " of " + rec.id }),
+      im.src ? el("img", { src: im.src, loading: "lazy", width: im.w, height: im.h, alt: im.label + " of " + rec.id })
+        : el("div", { class: "missing", text: "image not shown: " + im.missing }),
       el("figcaption", { text: im.label })]));
     const texts = rec.texts.map((t) => el("p", {}, [el("span", { class: "label", text: t.label }), ...segments(t.segs)]));
     const chips = [];
