@@ -28,7 +28,7 @@ test: $(STAMP) system-deps
 	$(PY) -m pytest
 
 demo: $(STAMP)
-	$(PY) -m builders.infra.demo --workdir demo_output
+	$(PY) -m builders.app.demo --workdir demo_output
 
 clean:
 	rm -rf demo_output .pytest_cache .cache .nltk_data

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from builders.infra.cli import build_parser  # noqa: E402
+from builders.app.cli import build_parser  # noqa: E402
 
 
 def cpu_seconds(argv: list[str]) -> float:
@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per command (the minimum counts)")
     args = parser.parse_args()
-    cli = [sys.executable, "-c", "import sys; from builders.infra.cli import main; sys.exit(main(sys.argv[1:]))"]
+    cli = [sys.executable, "-c", "import sys; from builders.app.cli import main; sys.exit(main(sys.argv[1:]))"]
     paths = [()] + sorted(command_paths(build_parser()))
     times = {}
     for path in paths:

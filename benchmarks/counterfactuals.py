@@ -91,7 +91,7 @@ def bench_captions(profile, n_captions: int) -> dict:
     from transformers import pipeline
 
     from builders.counterfactuals.captions import CaptionModels, CaptionStage, CaptionStageConfig
-    from builders.infra.fixtures.scenes import SCENES
+    from builders.devtools.fixtures.scenes import SCENES
 
     captions = [c for scene in SCENES for c in scene.captions]
     captions = (captions * math.ceil(n_captions / len(captions)))[:n_captions]
@@ -126,8 +126,9 @@ def bench_images(profile, candidates: int, steps: int, batch: int) -> dict:
     import numpy as np
 
     from builders.counterfactuals.config import ImageStageConfig
-    from builders.counterfactuals.images import ClipScorer, ImageStage
-    from builders.infra.models.loaders import load_clip, load_sd
+    from builders.counterfactuals.images import ImageStage
+    from builders.models.clip import ClipScorer
+    from builders.models.loaders import load_clip, load_sd
 
     pipe = load_sd(profile.sd)
     scorer = ClipScorer(*load_clip(profile.clip_filter))
@@ -185,8 +186,9 @@ def production_rows(plan: dict, row_ids: list[str]) -> tuple[float, float]:
 
 def bench_plans(profile, args) -> dict:
     from builders.counterfactuals.config import ImageStageConfig
-    from builders.counterfactuals.images import ClipScorer, ImageStage
-    from builders.infra.models.loaders import load_clip, load_sd
+    from builders.counterfactuals.images import ImageStage
+    from builders.models.clip import ClipScorer
+    from builders.models.loaders import load_clip, load_sd
 
     pipe = load_sd(profile.sd)
     scorer = ClipScorer(*load_clip(profile.clip_filter))
@@ -296,8 +298,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(REPO / ".nltk_data"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from builders.infra.models.profiles import resolve_profile
-    from builders.infra.text.nltk_setup import install_offline_tagger
+    from builders.models.profiles import resolve_profile
+    from builders.engine.nltk_setup import install_offline_tagger
 
     try:
         import nltk

@@ -30,8 +30,8 @@ import numpy as np
 
 from builders.decorrelation.captions import CaptionConfig, CaptionSynthesizer, CocoPhrases
 from builders.decorrelation.source import SourceConfig, read_source
-from builders.infra.fixtures.coco import CATEGORY_ID, CocoFixtureConfig, write_coco_fixture
-from builders.infra.fixtures.scenes import SCENES
+from builders.devtools.fixtures.coco import CATEGORY_ID, CocoFixtureConfig, write_coco_fixture
+from builders.devtools.fixtures.scenes import SCENES
 from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
 from builders.decorrelation.verify import RemovalVerifier, VerifyConfig
 from builders.decorrelation.selection import select_removals
@@ -66,7 +66,7 @@ def write_annotations(root: Path, n_images: int, seed: int = 0, size: tuple[int,
 
 
 def text_stages(n_images: int, tmp: Path) -> dict[str, float]:
-    from builders.infra.text.nltk_setup import ensure_nltk_tagger
+    from builders.engine.nltk_setup import ensure_nltk_tagger
 
     ensure_nltk_tagger()
     write_annotations(tmp / "big", n_images)
@@ -93,7 +93,7 @@ def text_stages(n_images: int, tmp: Path) -> dict[str, float]:
 def fill_rates(tiny_dir: Path | None, n: int = 20) -> dict[str, float]:
     from PIL import Image
 
-    from builders.infra.models.profiles import resolve_profile
+    from builders.models.profiles import resolve_profile
 
     rng = np.random.RandomState(0)
     image = Image.fromarray(rng.randint(0, 256, (480, 640, 3)).astype(np.uint8))

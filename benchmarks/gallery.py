@@ -90,8 +90,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="write build + gallery here")
     args = parser.parse_args()
 
-    from builders.infra.gallery.render import GalleryConfig, write_gallery
-    from builders.infra.gallery.source import SourceConfig, open_source
+    from builders.viewer.render import GalleryConfig, write_gallery
+    from builders.viewer.source import SourceConfig, open_source
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="gallery-bench-"))
     build = synthetic_build(work / "build", args.rows)

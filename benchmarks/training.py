@@ -124,7 +124,7 @@ def pipeline(table, tokenize, workers: int, batch: int = 32) -> float:
 
 
 def model_steps(tiny_dir: Path | None, steps: int = 20, batch: int = 32) -> float:
-    from builders.infra.models.profiles import tiny_profile
+    from builders.models.profiles import tiny_profile
 
     backend = load_backend("transformers", tiny_profile(tiny_dir).clip)
     opt = torch.optim.AdamW(backend.module.parameters(), lr=1e-4)
@@ -170,7 +170,7 @@ def main() -> None:
 
 
 def _tiny_clip(tiny_dir: Path | None) -> str:
-    from builders.infra.models.profiles import tiny_profile
+    from builders.models.profiles import tiny_profile
 
     return tiny_profile(tiny_dir).clip
 

@@ -13,7 +13,7 @@ Every field is checked (no silent coercion): a malformed file or repeated ids fa
 the file and rows named; a malformed field of one image marks that record's `input_problem`.
 
 A `file_name` must name a file inside its image folder or elsewhere inside ROOT, after `..` and
-symlinks (`builders.infra.contained_paths`); one that leads outside (`../../etc/passwd`, an
+symlinks (`builders.engine.contained_paths`); one that leads outside (`../../etc/passwd`, an
 absolute path elsewhere, a symlink in `val2014/` to a file outside) is never stat'ed or opened: its
 record's `input_problem` is `path_outside_root`. The image folders themselves (`ROOT/val2014`) may
 be symlinks, e.g. to another disk.
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import datasets
 
-from builders.infra.contained_paths import ContainedPaths, is_folder_name
-from builders.infra.errors import InputFileError, InputProblem
+from builders.engine.contained_paths import ContainedPaths, is_folder_name
+from builders.engine.errors import InputFileError, InputProblem
 
 log = logging.getLogger(__name__)
 

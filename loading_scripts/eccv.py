@@ -31,7 +31,7 @@ from typing import TypeVar
 import datasets
 import numpy as np
 
-from builders.infra.errors import InputFileError
+from builders.engine.errors import InputFileError
 from counterfactory_metrics.map_at_r import eccv_annotations as annotations
 from counterfactory_metrics.map_at_r.eccv_annotations import PM_FIX, SOURCES, AnnotationFileError, Positives
 

@@ -21,7 +21,7 @@ images have no boxes.
 a `datasets` builder class called directly (`Flickr30kSource(data_dir=ROOT).download_and_prepare()`).
 
 A `filename` must name a file inside `flickr30k-images/` or elsewhere inside ROOT, after `..` and
-symlinks (`builders.infra.contained_paths`; the folder itself may be a symlink): one that leads
+symlinks (`builders.engine.contained_paths`; the folder itself may be a symlink): one that leads
 outside is never stat'ed or opened, its record's `input_problem` is `path_outside_root`.
 """
 
@@ -37,8 +37,8 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from builders.infra.contained_paths import ContainedPaths
-from builders.infra.errors import InputFileError, InputProblem
+from builders.engine.contained_paths import ContainedPaths
+from builders.engine.errors import InputFileError, InputProblem
 from loading_scripts.coco import load_json
 
 log = logging.getLogger(__name__)

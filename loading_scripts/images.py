@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from builders.infra.errors import InputFileError
+from builders.engine.errors import InputFileError
 
 #: Default of `--max-image-pixels`: 40 Mpx (about 120 MB of decoded RGB), 60 times a COCO image
 #: and below PIL's own bomb limit (89.5 Mpx), so a small file that decodes to gigabytes is refused.

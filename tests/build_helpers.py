@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builders.infra.cli import main as cli_main
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.app.cli import main as cli_main
+from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 

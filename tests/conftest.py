@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 # Imports no HF library, so the environment below is still read by them at their import.
-from builders.infra.local_hub import free_port
+from builders.devtools.local_hub import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def real_home() -> Path:
 @pytest.fixture(scope="session")
 def local_hub():
     """A Hub-compatible HTTP server on 127.0.0.1 that the real clients talk to."""
-    from builders.infra.local_hub import LocalHub
+    from builders.devtools.local_hub import LocalHub
 
     hub = LocalHub(port=HUB_PORT)
     hub.start()
@@ -124,7 +124,7 @@ def local_hub():
 @pytest.fixture(scope="session")
 def nltk_data_dir() -> Path:
     """Offline NLTK data: the tagger trained on the project's hand-tagged corpus."""
-    from builders.infra.text.nltk_setup import install_offline_tagger
+    from builders.engine.nltk_setup import install_offline_tagger
 
     path = Path(os.environ["NLTK_DATA"])
     install_offline_tagger(path)
@@ -134,7 +134,7 @@ def nltk_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_models_dir() -> Path:
     """The tiny random-init model profile, built once per session."""
-    from builders.infra.models.tiny import build_tiny_models
+    from builders.models.tiny import build_tiny_models
 
     path = _SESSION_TMP / "tiny_models"
     build_tiny_models(path)
@@ -144,7 +144,7 @@ def tiny_models_dir() -> Path:
 @pytest.fixture(scope="session")
 def coco_fixture_dir() -> Path:
     """A tiny COCO-format source (images, captions, instances, Karpathy split)."""
-    from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+    from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
     path = _SESSION_TMP / "coco"
     write_coco_fixture(path, CocoFixtureConfig())

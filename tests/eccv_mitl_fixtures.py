@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 
 ANSWERS = ("100% YES", "Partially YES, but", "Mostly NO, because", "100% NO")
 YES, NO = ANSWERS[:2], ANSWERS[2:]
@@ -25,7 +25,7 @@ YES, NO = ANSWERS[:2], ANSWERS[2:]
 @pytest.fixture(scope="session")
 def gallery(tmp_path_factory):
     """A 60-image COCO fixture; the gallery is all of it (all Karpathy splits)."""
-    from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+    from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
     root = tmp_path_factory.mktemp("mitl") / "coco"
     write_coco_fixture(root, CocoFixtureConfig(n_images=60, seed=5))
@@ -42,7 +42,7 @@ def gallery(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def annotators(tiny_models_dir):
-    from builders.infra.models.tiny import build_tiny_models
+    from builders.models.tiny import build_tiny_models
 
     paths = build_tiny_models(tiny_models_dir)
     return [str(paths["clip"]), f"local-dir:{paths['open_clip']}"]

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.app.cli import main as cli_main
+from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_eccv_positives_import import package_json, write_test_image_root  # noqa: E402

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageFile
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import (captions_build, decorrelation_build, eccv_build,  # noqa: E402

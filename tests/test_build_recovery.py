@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from builders.infra.cli import main as cli_main
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.app.cli import main as cli_main
+from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import shard_digests  # noqa: E402
@@ -201,8 +201,8 @@ def test_a_second_build_into_the_same_folder_fails_at_once(tmp_path, capsys):
             time.sleep(0.05)
         parser = __import__("argparse").ArgumentParser()
         import toy_builder
-        from builders.infra.cli import run_handled
-        from builders.registry import add_builder_parser
+        from builders.engine.errors import run_handled
+        from builders.launch import add_builder_parser
 
         add_builder_parser(parser, toy_builder)
         capsys.readouterr()

@@ -16,8 +16,8 @@ from datasets import load_dataset
 from builders.counterfactuals.config import ImageStageConfig
 from builders.counterfactuals.images import candidate_batches, candidate_specs
 from builders.counterfactuals.prompt_to_prompt import PairSpec
-from builders.infra.cli import main as cli_main
-from builders.infra.seeding import derive_seed
+from builders.app.cli import main as cli_main
+from builders.engine.seeding import derive_seed
 
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import shard_digests  # noqa: E402

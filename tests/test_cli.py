@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.infra.cli import build_parser, main
+from builders.app.cli import build_parser, main
 
 CLI = Path(sys.executable).parent / "counterfactory"
 
@@ -80,7 +80,7 @@ def test_option_ranges_are_checked_at_parse_time(builder, argv, option, tmp_path
 
 
 def test_tiny_profile_picks_small_sizes_and_flags_win():
-    from builders.infra.models.profiles import apply_profile_defaults
+    from builders.models.profiles import apply_profile_defaults
 
     def parsed(*argv):
         args = build_parser().parse_args(["build", "coco-counterfactuals", "--output", "o", *argv])

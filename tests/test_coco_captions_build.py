@@ -10,8 +10,8 @@ import numpy as np
 from datasets import load_dataset
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.app.cli import main as cli_main
+from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 
 def raw_source(root: Path, split: str) -> dict[int, dict]:

@@ -19,9 +19,9 @@ from datasets import load_dataset
 
 from builders.counterfactuals.captions import CaptionModels, CaptionStage
 from builders.counterfactuals.config import CaptionStageConfig
-from builders.infra.cli import main as cli_main
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
-from builders.infra.models.profiles import resolve_profile
+from builders.app.cli import main as cli_main
+from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.models.profiles import resolve_profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from build_helpers import accelerate_cmd, shard_digests  # noqa: E402

@@ -15,8 +15,8 @@ from sentence_transformers import util
 from transformers import pipeline
 
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CaptionStageConfig
-from builders.infra.fixtures.scenes import SCENES
-from builders.infra.models.profiles import resolve_profile
+from builders.devtools.fixtures.scenes import SCENES
+from builders.models.profiles import resolve_profile
 
 NOUN_TAGS, REPLACEMENT_TAGS = ("NN", "NNS"), ("NN", "NNS", "NNP")
 

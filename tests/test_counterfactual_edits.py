@@ -19,8 +19,8 @@ from datasets import load_dataset
 from sentence_transformers import util
 
 from builders.counterfactuals.captions import CaptionModels
-from builders.infra.cli import main as cli_main
-from builders.infra.models.profiles import resolve_profile
+from builders.app.cli import main as cli_main
+from builders.models.profiles import resolve_profile
 
 #: (feature, caption): every feature the issue lists, several captions each.
 CORPUS = [

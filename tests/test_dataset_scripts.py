@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 
 
 def script_dataset(tmp_path: Path) -> Path:

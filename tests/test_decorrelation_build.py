@@ -25,12 +25,12 @@ from PIL import Image, ImageFilter
 
 from builders.decorrelation.captions import (CLIP_TEMPLATES, CaptionConfig, CaptionSynthesizer,
                                         EntityPhrases)
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 from builders.decorrelation.source import SourceCaption
-from builders.infra.errors import InputFileError, UserFacingError
-from builders.infra.fixtures.coco import CocoFixtureConfig, drawn_object_mask, write_coco_fixture
+from builders.engine.errors import InputFileError, UserFacingError
+from builders.devtools.fixtures.coco import CocoFixtureConfig, drawn_object_mask, write_coco_fixture
 from builders.decorrelation.fill import FillConfig, ImageFiller
-from builders.infra.models.profiles import resolve_profile
+from builders.models.profiles import resolve_profile
 from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE
 from counterfactory_metrics.odmap.noun_phrases import noun_phrases
 from loading_scripts.flickr30k import parse_entity_sentence
@@ -153,7 +153,7 @@ def test_gallery_holds_every_caption_with_reference_mentions(built, coco_fixture
 
 def test_odmap_product_feeds_the_evaluate_module(built, tiny_models_dir, one_thread):
     from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
-    from builders.infra.models.loaders import load_clip
+    from builders.models.loaders import load_clip
 
     queries = load_dataset(str(built), "odmap_queries", split="test")
     gallery = load_dataset(str(built), "odmap_gallery", split="test")
@@ -368,7 +368,7 @@ def test_two_processes_killed_and_resumed_equal_the_single_process_build(
 
 def _flickr_entities(root: Path) -> None:
     """Flickr30k Entities files for the Flickr30k fixture: a person and a dog side by side."""
-    from builders.infra.fixtures.coco import write_flickr30k_fixture
+    from builders.devtools.fixtures.coco import write_flickr30k_fixture
 
     write_flickr30k_fixture(root, CocoFixtureConfig(n_images=10))
     (root / "flickr30k_entities/Sentences").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""`make demo` runs `python -m builders.infra.demo`: the whole pipeline on the fixture, offline."""
+"""`make demo` runs `python -m builders.app.demo`: the whole pipeline on the fixture, offline."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def card_table_row(card: str, first_cell: str) -> dict[str, str]:
 
 
 def test_demo_runs_end_to_end(tmp_path, real_home):
-    proc = subprocess.run([sys.executable, "-m", "builders.infra.demo", "--workdir", str(tmp_path / "demo")],
+    proc = subprocess.run([sys.executable, "-m", "builders.app.demo", "--workdir", str(tmp_path / "demo")],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     demo = (tmp_path / "demo").resolve()
@@ -51,7 +51,7 @@ def test_demo_runs_end_to_end(tmp_path, real_home):
     assert steps["publish + load coco-captions"]["rows"]["default/test"] > 0
     assert steps["publish + load metric odmap"]["odmap_example"]["ODmAP@1"] == 0.5
     # Every registered builder is part of the demo.
-    from builders.registry import BUILDER_MODULES
+    from builders.app.registry import BUILDER_MODULES
 
     assert {f"build {name}" for name in BUILDER_MODULES} <= set(steps)
     # What it publishes names no directory of this machine (models, sources, the tagger).

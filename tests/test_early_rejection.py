@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from builders.counterfactuals.config import ImageStageConfig
-from builders.counterfactuals.images import ClipScorer, ImageStage
+from builders.counterfactuals.images import ImageStage
+from builders.models.clip import ClipScorer
 from builders.counterfactuals.prompt_to_prompt import (EarlyRejection, PairSpec, UNetWork, generate_pairs,
                                                        make_scheduler, predicted_x0)
-from builders.infra.cli import main as cli_main
-from builders.infra.models.loaders import load_clip, load_sd
-from builders.infra.models.profiles import resolve_profile
+from builders.app.cli import main as cli_main
+from builders.models.loaders import load_clip, load_sd
+from builders.models.profiles import resolve_profile
 
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
 #: Two groups sharing (seed, guidance) and two loners, so dropping one candidate of a group

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builders.infra.errors import InputFileError
+from builders.engine.errors import InputFileError
 from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations
 from loading_scripts.eccv import (
     EccvPositivesSource,

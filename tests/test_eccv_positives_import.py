@@ -16,7 +16,7 @@ import pytest
 from datasets import load_dataset
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MAP_AT_R = REPO_ROOT / "evaluate_modules" / "map_at_r"

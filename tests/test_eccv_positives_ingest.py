@@ -16,8 +16,8 @@ import pytest
 from datasets import load_dataset
 from eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, write_csv
 
-from builders.infra.cli import main as cli_main
-from builders.infra.provenance import model_name
+from builders.app.cli import main as cli_main
+from builders.engine.provenance import model_name
 
 
 # ----------------------------------------------------------------------------- simulated annotation

@@ -19,8 +19,8 @@ import pytest
 from eccv_mitl_fixtures import ANSWERS, no_model, ranked, write_csv
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
-from builders.infra.provenance import model_name
+from builders.app.cli import main as cli_main
+from builders.engine.provenance import model_name
 
 
 #: float32 scores summed in another order differ by ~1e-7, so two items this close may swap; a

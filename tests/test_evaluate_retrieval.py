@@ -155,7 +155,7 @@ def test_bad_inputs_raise_value_errors(metric, kwargs, message):
 
 
 def test_published_space_loads_with_evaluate(local_hub):
-    from builders.infra.publishing.metric import MetricPublishConfig, publish_metric
+    from builders.publishing.metric import MetricPublishConfig, publish_metric
 
     publish_metric(MetricPublishConfig(MODULE_DIR, f"tester/{NAME}", "v1.0.0"))
     module = evaluate.load(f"tester/{NAME}", revision="v1.0.0")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
-from builders.infra.errors import InputFileError
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture, write_flickr30k_fixture
+from builders.app.cli import main as cli_main
+from builders.engine.errors import InputFileError
+from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture, write_flickr30k_fixture
 from loading_scripts.coco import CocoSource, CocoSourceConfig, read_coco
 from loading_scripts.images import open_rgb_image
 

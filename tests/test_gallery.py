@@ -21,8 +21,8 @@ import pytest
 from datasets import load_dataset
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
-from builders.infra.gallery.rows import KEY_PROVENANCE, PROVENANCE_ORDER
+from builders.app.cli import main as cli_main
+from builders.viewer.rows import KEY_PROVENANCE, PROVENANCE_ORDER
 
 #: Tiny builds shared by the gallery tests (built once per session, on demand).
 BUILD_ARGS = {
@@ -252,7 +252,7 @@ def test_a_published_version_gives_the_same_gallery_as_the_build(builds, local_h
             assert (tmp_path / "local" / im["src"]).read_bytes() == (tmp_path / "hub" / im["src"]).read_bytes()
     assert rec["texts"] and rec["facets"]["class"]
     # `make demo` links its galleries from one page.
-    from builders.infra.gallery.render import write_gallery_index
+    from builders.viewer.render import write_gallery_index
 
     index = write_gallery_index(tmp_path, {"local": tmp_path / "local", "hub": tmp_path / "hub"})
     links = [link for link in re.findall(r'href="([^"]+)"', index.read_text()) if link != "data:,"]
@@ -320,7 +320,7 @@ def test_bad_input_is_one_clear_line(builds, local_hub, tmp_path, capsys):
 def test_serve_serves_the_written_gallery(builds, tmp_path):
     build = builds("coco-captions")
     out = tmp_path / "gallery"
-    cmd = [sys.executable, "-m", "builders.infra.cli", "show", str(build), "--output", str(out),
+    cmd = [sys.executable, "-m", "builders.app.cli", "show", str(build), "--output", str(out),
            "--serve", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

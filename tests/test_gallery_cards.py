@@ -15,8 +15,8 @@ import pytest
 from huggingface_hub import HfApi, hf_hub_download
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
-from builders.infra.gallery.card_figures import write_card_figures
+from builders.app.cli import main as cli_main
+from builders.viewer.card_figures import write_card_figures
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_gallery import fixture_build  # noqa: E402

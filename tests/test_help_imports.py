@@ -3,7 +3,7 @@
 Each `--help` runs in a fresh interpreter with `PYTHONPROFILEIMPORTTIME=1` (Python's own import
 trace, written to stderr), and the trace must name none of the heavy libraries below. The
 top-level help runs through the installed `counterfactory` script; the subcommands through
-`builders.infra.cli.main` in `python -c` (same parser, one interpreter each).
+`builders.app.cli.main` in `python -c` (same parser, one interpreter each).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.infra.cli import build_parser
+from builders.app.cli import build_parser
 
 CLI = Path(sys.executable).parent / "counterfactory"
 #: What made every command take 17-50 s (7 s of CPU) before the first line of help.
@@ -54,7 +54,7 @@ def test_top_level_help_imports_no_heavy_library():
 
 @pytest.mark.parametrize("path", sorted(_command_paths(build_parser())), ids=" ".join)
 def test_every_subcommand_help_imports_no_heavy_library(path):
-    code = "import sys; from builders.infra.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from builders.app.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = _help_trace([sys.executable, "-c", code, *path, "--help"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage:")
@@ -62,7 +62,7 @@ def test_every_subcommand_help_imports_no_heavy_library(path):
 
 
 def test_every_builder_is_covered():
-    from builders.registry import BUILDER_MODULES
+    from builders.app.registry import BUILDER_MODULES
 
     paths = set(_command_paths(build_parser()))
     assert {("build", name) for name in BUILDER_MODULES} <= paths

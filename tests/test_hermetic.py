@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from builders.infra.text.nltk_setup import TAGGER_DIR
+from builders.engine.nltk_setup import TAGGER_DIR
 
 TESTS = Path(__file__).resolve().parent
 

@@ -25,23 +25,24 @@ def builder_packages() -> list[str]:
 
 
 def architecture_paths(readme: str) -> list[str]:
-    """The backticked first cells of the module-map table under "## Architecture"."""
+    """The backticked paths in the first cells of the module-map table under "## Architecture"."""
     section = re.search(r"^## Architecture\n(.*?)(?=^## |\Z)", readme, flags=re.M | re.S)
     assert section, "README.md has no '## Architecture' section"
-    return re.findall(r"^\| `([^`]+)` \|", section.group(1), flags=re.M)
+    cells = re.findall(r"^\| (`[^|]+`) \|", section.group(1), flags=re.M)
+    return [path for cell in cells for path in re.findall(r"`([^`]+)`", cell)]
 
 
 def test_the_table_reader_reads_the_module_map():
     readme = ("# X\n\n## Architecture\n\n| module | role |\n|---|---|\n| `builders/a/` | a |\n"
-              "| `training/` | t |\n\nprose `not/a/row/`\n\n## Next\n\n| `elsewhere/` | no |\n")
-    assert architecture_paths(readme) == ["builders/a/", "training/"]
+              "| `training/` | t |\n| `builders/b/`, `builders/c.py` | b, c |\n\nprose `not/a/row/`\n\n## Next\n\n| `elsewhere/` | no |\n")
+    assert architecture_paths(readme) == ["builders/a/", "training/", "builders/b/", "builders/c.py"]
 
 
-def test_builders_top_level_holds_only_packages_and_the_registry():
+def test_builders_top_level_holds_only_packages_and_the_launcher():
     strays = [p.name for p in BUILDERS.iterdir()
-              if p.name not in ("__init__.py", "registry.py", "__pycache__")
+              if p.name not in ("__init__.py", "launch.py", "__pycache__")
               and not (p.is_dir() and (p / "__init__.py").is_file())]
-    assert not strays, f"builders/ may hold only packages and registry.py, found {strays}"
+    assert not strays, f"builders/ may hold only packages and launch.py, found {strays}"
     assert len(builder_packages()) >= 5
 
 

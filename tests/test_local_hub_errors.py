@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from builders.infra.local_hub import LocalHub
+from builders.devtools.local_hub import LocalHub
 
 REPO = "tester/raw"
 

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from huggingface_hub import HfApi, hf_hub_download
 
-from builders.infra.cli import main as cli_main
-from builders.infra.publishing.metric import space_files
+from builders.app.cli import main as cli_main
+from builders.publishing.metric import space_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPACES = REPO_ROOT / "evaluate_modules"

@@ -13,14 +13,14 @@ import torch
 from PIL import Image
 from transformers import pipeline
 
-from builders.infra.cli import main as cli_main
-from builders.infra.errors import UserFacingError
-from builders.infra.models import loaders
-from builders.infra.models.profiles import (PRODUCTION, ROLES, add_model_arguments, profile_from_args,
+from builders.app.cli import main as cli_main
+from builders.engine.errors import UserFacingError
+from builders.models import loaders
+from builders.models.profiles import (PRODUCTION, ROLES, add_model_arguments, profile_from_args,
                                       resolve_profile, with_overrides)
-from builders.infra.models.tiny import DONE, build_tiny_models
-from builders.infra.models.tiny import ROLES as TINY_ROLES  # the roles the builder makes (no sentence)
-from builders.infra.text.nltk_setup import read_tagged_corpus
+from builders.models.tiny import DONE, build_tiny_models
+from builders.models.tiny import ROLES as TINY_ROLES  # the roles the builder makes (no sentence)
+from builders.engine.nltk_setup import read_tagged_corpus
 
 
 @pytest.fixture(scope="module")

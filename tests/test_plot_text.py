@@ -15,7 +15,7 @@ import numpy as np
 from datasets import load_dataset
 from PIL import Image
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_gallery import page_records, show, text_of  # noqa: E402
@@ -74,7 +74,7 @@ def test_a_build_with_markup_in_captions_and_class_names_gets_its_card_and_galle
 
 
 def test_gallery_charts_draw_markup_as_text(tmp_path):
-    from builders.infra.gallery import plots
+    from builders.viewer import plots
 
     image = Image.new("RGB", (64, 64), (40, 90, 200))
     for path in (plots.bar_chart({MARKUP: 3, "plain": 1}, tmp_path / "bars.png", title=MARKUP,

@@ -11,8 +11,8 @@ import pytest
 import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor
 
-from builders.infra.models.loaders import load_sd
-from builders.infra.models.profiles import resolve_profile
+from builders.models.loaders import load_sd
+from builders.models.profiles import resolve_profile
 from builders.counterfactuals.prompt_to_prompt import (P2PAttnProcessor, P2PController, PairSpec,
                                                        UNetWork, generate_pairs, injected,
                                                        replacement_mapper)
@@ -237,8 +237,9 @@ def brute_force(scores: list[dict], cuts: dict[str, float]) -> tuple[int | None,
 
 def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe, tiny_models_dir):
     from builders.counterfactuals.config import ImageStageConfig
-    from builders.counterfactuals.images import ClipScorer, ImageStage, candidate_specs
-    from builders.infra.models.loaders import load_clip
+    from builders.counterfactuals.images import ImageStage, candidate_specs
+    from builders.models.clip import ClipScorer
+    from builders.models.loaders import load_clip
 
     model, processor = load_clip(resolve_profile("tiny", tiny_models_dir).clip_filter)
     cfg = ImageStageConfig(candidates=5, candidate_batch=2, steps=2, image_size=64, clip_threshold=-1.0,

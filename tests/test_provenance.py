@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from builders.infra.provenance import content_digest, model_name, portable
+from builders.engine.provenance import content_digest, model_name, portable
 
 
 def test_portable_names(tmp_path):

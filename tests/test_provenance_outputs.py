@@ -26,7 +26,7 @@ from unittest import mock
 import pyarrow.parquet as pq
 import pytest
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

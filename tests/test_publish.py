@@ -11,11 +11,12 @@ import pytest
 from datasets import load_dataset
 from huggingface_hub import HfApi
 
-from builders.infra.cli import main as cli_main
-from builders.infra.errors import PublishError, UserFacingError
-from builders.infra.publishing.hub_client import PublishInterrupted
-from builders.infra.publishing.publish import PublishConfig, publish
-from builders.infra.sharding.runner import RunConfig, run_build
+from builders.app.cli import main as cli_main
+from builders.engine.errors import PublishError, UserFacingError
+from builders.publishing.hub_client import PublishInterrupted
+from builders.publishing.publish import PublishConfig, publish
+from builders.engine.sharding.runner import RunConfig, run_build
+from builders.publishing.card import write_card
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_builder  # noqa: E402
@@ -24,7 +25,7 @@ import toy_builder  # noqa: E402
 def toy_build(out: Path, n_items: int, tag: str, max_shard_bytes: int = 500_000_000) -> Path:
     builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=n_items, version_tag=tag))
     run_build(builder, RunConfig(output_dir=out, part_size=8, max_error_fraction=0.2,
-                                 max_shard_bytes=max_shard_bytes))
+                                 max_shard_bytes=max_shard_bytes), finish=write_card)
     return out
 
 
@@ -131,7 +132,7 @@ def test_a_transport_error_of_the_http_client_is_retried_and_logged(tmp_path, lo
         return real_commit(self, *args, **kwargs)
 
     monkeypatch.setattr(HfApi, "create_commit", dropped_once)
-    with caplog.at_level("WARNING", logger="builders.infra.publishing.hub_client"):
+    with caplog.at_level("WARNING", logger="builders.publishing.hub_client"):
         result = publish(PublishConfig(output_dir=out, repo_id=repo_id, version="v1.0.0", retries=2))
     assert result.commit and calls["n"] >= 2
     assert "failed (connection reset by peer); retrying in 1 s" in caplog.text
@@ -188,7 +189,7 @@ def tag_target(repo_id: str, version: str, endpoint: str | None = None) -> str |
 @pytest.fixture
 def own_hub(monkeypatch):
     """A second local Hub for tests that stall or kill it; HF_ENDPOINT is restored afterwards."""
-    from builders.infra.local_hub import LocalHub
+    from builders.devtools.local_hub import LocalHub
 
     monkeypatch.setenv("HF_ENDPOINT", os.environ["HF_ENDPOINT"])
     hub = LocalHub().start()
@@ -196,7 +197,7 @@ def own_hub(monkeypatch):
     hub.stall(False)
     hub.stop()
     # The request limit is process-wide: give later tests the default back, not a test's 0.5 s.
-    from builders.infra.publishing.hub_client import bound_request_time
+    from builders.publishing.hub_client import bound_request_time
 
     bound_request_time(PublishConfig.timeout_s)
 
@@ -264,7 +265,8 @@ class _NoRows(toy_builder.ToyBuilder):
 def test_an_empty_build_is_never_published_and_never_loads_its_manifest(tmp_path, local_hub,
                                                                          repo_id, capsys):
     out = tmp_path / "empty"
-    run_build(_NoRows(toy_builder.ToyConfig(n_items=5)), RunConfig(output_dir=out, part_size=8))
+    run_build(_NoRows(toy_builder.ToyConfig(n_items=5)), RunConfig(output_dir=out, part_size=8),
+              finish=write_card)
     assert cli_main(["publish", str(out), "--repo-id", repo_id, "--version", "v1.0.0"]) == 2
     assert "has no rows in any output" in one_error_line(capsys)
     assert not HfApi().repo_exists(repo_id, repo_type="dataset")  # refused before any upload
@@ -287,7 +289,7 @@ def test_invalid_repo_ids_are_one_line(tmp_path, local_hub, repo, message, capsy
 
 
 def test_no_hub_reachable_is_one_line(tmp_path, own_hub, capsys):
-    from builders.infra.local_hub import free_port
+    from builders.devtools.local_hub import free_port
 
     out = toy_build(tmp_path / "v1", 10, "v1")
     nowhere = f"http://127.0.0.1:{free_port()}"
@@ -307,7 +309,7 @@ def test_a_hub_that_stops_answering_times_out_instead_of_hanging(tmp_path, own_h
 
 
 def test_hub_dying_mid_upload_then_rerun_completes_the_version(tmp_path, own_hub, monkeypatch):
-    from builders.infra.local_hub import LocalHub
+    from builders.devtools.local_hub import LocalHub
 
     out = toy_build(tmp_path / "v1", 60, "v1", max_shard_bytes=1_500)
     real_commit = HfApi.create_commit
@@ -358,8 +360,8 @@ def test_endpoint_flag_alone_publishes_and_http_lines_are_quiet(tmp_path, own_hu
 
 
 def test_a_folder_still_being_built_is_not_published(tmp_path, local_hub, repo_id):
-    from builders.infra.sharding.layout import OutputLayout
-    from builders.infra.sharding.output_guard import output_lock
+    from builders.engine.sharding.layout import OutputLayout
+    from builders.engine.sharding.output_guard import output_lock
 
     out = toy_build(tmp_path / "v1", 10, "v1")
     with output_lock(OutputLayout(out)):  # what a running (resumed) build holds

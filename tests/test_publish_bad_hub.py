@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from builders.infra.cli import main as cli_main
-from builders.infra.local_hub_requests import Fault
+from builders.app.cli import main as cli_main
+from builders.devtools.local_hub_requests import Fault
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_publish import one_error_line, own_hub, toy_build  # noqa: E402,F401
@@ -50,7 +50,7 @@ def test_a_garbage_answer_is_one_line_naming_the_request_and_a_rerun_completes(
         build, own_hub, kind, body, capsys, caplog):
     method, path = KINDS[kind]
     own_hub.inject(Fault(method, "^" + path.replace(".", r"\."), 200, body))
-    with caplog.at_level("WARNING", logger="builders.infra.publishing.hub_client"):
+    with caplog.at_level("WARNING", logger="builders.publishing.hub_client"):
         assert publish(build, own_hub, REPO) == 2
     line = one_error_line(capsys)
     assert f"answered {method} {path}" in line and "not a Hub answer" in line, line

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from huggingface_hub import HfApi, hf_hub_download
 
-from builders.infra.cli import main as cli_main
-from builders.infra.errors import UserFacingError
+from builders.app.cli import main as cli_main
+from builders.engine.errors import UserFacingError
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
-from builders.infra.publishing.metric import MetricPublishConfig, publish_metric, space_files
+from builders.publishing.metric import MetricPublishConfig, publish_metric, space_files
 
 MODULES = Path(__file__).resolve().parents[1] / "evaluate_modules"
 
@@ -125,7 +125,7 @@ def test_publish_metric_errors_are_one_line(monkeypatch, capsys):
     """Bad repo id and an unreachable --endpoint: one line each, no traceback (like `publish`)."""
     import os
 
-    from builders.infra.local_hub import free_port
+    from builders.devtools.local_hub import free_port
 
     monkeypatch.setenv("HF_ENDPOINT", os.environ.get("HF_ENDPOINT", ""))
     assert cli_main(["publish-metric", str(MODULES / "odmap"), "--repo-id", "odmap",
@@ -147,7 +147,7 @@ def test_publish_metric_with_endpoint_flag_alone(tmp_path):
     import subprocess
     import sys
 
-    from builders.infra.local_hub import LocalHub
+    from builders.devtools.local_hub import LocalHub
 
     hub = LocalHub().start()
     try:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi
 
-from builders.infra.cli import main as cli_main
-from builders.infra.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.app.cli import main as cli_main
+from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_publish import one_error_line, repo_id, toy_build  # noqa: E402,F401

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi, hf_hub_download
 
-from builders.infra.cli import main as cli_main
-from builders.registry import BUILDER_MODULES
+from builders.app.cli import main as cli_main
+from builders.app.registry import BUILDER_MODULES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import reference_odmap_from_rankings  # noqa: E402
@@ -183,6 +183,10 @@ def test_published_metric_spaces_cite_papers_only(local_hub):
 CITATION = re.compile(r"(?:(builders/[\w/]+)/)?METHOD\.md`?((?:\s*§\d+(?:\s*`[^`]*`)?(?:\s*(?:,|/|and)\s*)?)*)")
 
 
+#: Packages of `builders/` that are shared layers, not datasets (they have no METHOD.md notes).
+SHARED_PACKAGES = {"engine", "models", "viewer", "publishing", "devtools", "app"}
+
+
 def method_citations(text: str, source: Path) -> list[tuple[Path, int, int]]:
     """(notes file, section, line) for every `METHOD.md §N` in `text` (section 0: the file is
     named without a section). A bare `METHOD.md` refers to the notes of the dataset package
@@ -191,7 +195,7 @@ def method_citations(text: str, source: Path) -> list[tuple[Path, int, int]]:
     out = []
     rel = source.relative_to(REPO_ROOT).parts
     package = REPO_ROOT.joinpath(*rel[:2]) if rel[0] == "builders" and len(rel) > 2 \
-        and rel[1] != "infra" else None
+        and rel[1] not in SHARED_PACKAGES else None
     for m in CITATION.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         sections = [int(s) for s in re.findall(r"§(\d+)", m.group(2))]

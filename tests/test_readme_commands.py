@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from builders.infra.local_hub import free_port
+from builders.devtools.local_hub import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 #: Written by the commands themselves; everything else of the repository root is linked.

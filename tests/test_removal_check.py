@@ -1,7 +1,7 @@
 """`counterfactory build decorrelation --verify-removal`: removed objects really are gone.
 
 Two scorers stand behind the check. An oracle that knows how the fixture paints each class (its
-red and green; `builders/infra/fixtures/coco.py`) tells whether an object is still in the view,
+red and green; `builders/devtools/fixtures/coco.py`) tells whether an object is still in the view,
 so a fill that leaves the object (identity, substituted in this test) must lose every candidate to
 `object_still_visible` and a fill that removes it (`zero`) none. The tiny CLIP's scores are
 compared with a zero-shot classification computed here with transformers directly.
@@ -21,9 +21,9 @@ from PIL import Image
 
 from builders.decorrelation import options, verify
 from builders.decorrelation.fill import ImageFiller
-from builders.infra.cli import main as cli_main
-from builders.infra.fixtures.coco import CocoFixtureConfig, class_red_green, write_coco_fixture
-from builders.infra.models.profiles import PRODUCTION, resolve_profile
+from builders.app.cli import main as cli_main
+from builders.devtools.fixtures.coco import CocoFixtureConfig, class_red_green, write_coco_fixture
+from builders.models.profiles import PRODUCTION, resolve_profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_decorrelation_build import build_args, raw_images  # noqa: E402
@@ -109,7 +109,7 @@ def _zero_shot(model, processor, images, prompts):
 
 
 def test_clip_scores_equal_an_independent_zero_shot_and_the_threshold_applies(tiny_models_dir, tmp_path):
-    from builders.infra.models.loaders import load_clip
+    from builders.models.loaders import load_clip
 
     root = tmp_path / "square"  # square images: the whole-image view needs no padding
     write_coco_fixture(root, CocoFixtureConfig(n_images=12, image_size=(96, 96)))
@@ -152,7 +152,7 @@ def test_clip_scores_equal_an_independent_zero_shot_and_the_threshold_applies(ti
 def _parse(*flags):
     import argparse
 
-    from builders.infra.models.profiles import apply_profile_defaults
+    from builders.models.profiles import apply_profile_defaults
 
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builders.infra.cli import main as cli_main
+from builders.app.cli import main as cli_main
 from training.config import DataConfig, SourceRef
 from training.data import BatchConfigError, PairBatchSampler
 from training.mixtures import build_mixture, cf_counts
@@ -382,8 +382,8 @@ def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, mo
     import open_clip
 
     import training.trainer
-    from builders.infra.errors import UserFacingError
-    from builders.infra.models.loaders import open_clip_name
+    from builders.engine.errors import UserFacingError
+    from builders.models.loaders import open_clip_name
 
     cfg = _parse("--backend", "open_clip")
     assert (cfg.run.model, cfg.run.pretrained) == ("ViT-B-32", "openai")

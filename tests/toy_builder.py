@@ -18,8 +18,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from builders.infra.seeding import derive_seed  # noqa: E402
-from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip  # noqa: E402
+from builders.engine.seeding import derive_seed  # noqa: E402
+from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip  # noqa: E402
 
 HELP = "toy dataset for runner tests"
 
@@ -88,6 +88,6 @@ def from_args(args: argparse.Namespace) -> ToyBuilder:
 
 
 if __name__ == "__main__":
-    from builders.registry import launch_main
+    from builders.launch import launch_main
 
     sys.exit(launch_main(sys.modules[__name__]))

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision import transforms
 
-from builders.infra.models.loaders import load_clip, load_open_clip, open_clip_name
+from builders.models.loaders import load_clip, load_open_clip, open_clip_name
 
 
 class DualEncoder(nn.Module):

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 
 MIXES = ("none", "decorrelation", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
@@ -316,7 +316,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if path is not None:
             setattr(cfg.data, name, SourceRef(path, getattr(args, f"{name}_revision")))
     if args.models == "tiny":
-        from builders.infra.models.profiles import tiny_profile
+        from builders.models.profiles import tiny_profile
 
         profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
         if args.model is None:

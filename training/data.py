@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 from training.mixtures import ExampleSet
 
 

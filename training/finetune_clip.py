@@ -24,7 +24,7 @@ try:
 except ImportError:  # run as a script from a checkout whose install predates `training/`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from builders.infra.errors import UserFacingError  # noqa: E402
+from builders.engine.errors import UserFacingError  # noqa: E402
 from training.config import build_parser, config_from_args  # noqa: E402
 
 log = logging.getLogger("training")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import datasets
 
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 from training.config import SourceRef
 
 log = logging.getLogger(__name__)

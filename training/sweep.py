@@ -28,8 +28,8 @@ try:
 except ImportError:  # run as a script from a checkout whose install predates `training/`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from builders.infra.errors import UserFacingError  # noqa: E402
-from builders.infra.gallery.plots import plain_text  # noqa: E402
+from builders.engine.errors import UserFacingError  # noqa: E402
+from builders.viewer.plots import plain_text  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from builders.infra.errors import UserFacingError
-from builders.infra.provenance import portable
+from builders.engine.errors import UserFacingError
+from builders.engine.provenance import portable
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, replace_dir, save_checkpoint, write_model_card)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import datasets
 
-from builders.infra import progress
-from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from builders.engine import progress
+from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 IMAGES = datasets.Features({
@@ -121,6 +121,6 @@ class CocoCaptionsBuilder:
 
 if __name__ == "__main__":
     from builders.coco_captions import options
-    from builders.registry import launch_main
+    from builders.launch import launch_main
 
     sys.exit(launch_main(options))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from builders.infra.option_types import positive_int
-from builders.registry import add_source_image_arguments
+from builders.engine.option_types import positive_int
+from builders.launch import add_source_image_arguments
 
 HELP = "COCO Karpathy splits (images + captions + boxes) as Hub parquet"
 

@@ -34,12 +34,12 @@ from builders.counterfactuals.captions import CaptionModels, CaptionStage, Count
 from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS, CaptionStageConfig,
                                              ImageStageConfig)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
-from builders.infra import progress
-from builders.infra.dataset_source import load_dataset_split, no_dataset_scripts, stored_values
-from builders.infra.errors import InputFileError, InputProblem, UserFacingError
+from builders.engine import progress
+from builders.engine.dataset_source import load_dataset_split, no_dataset_scripts, stored_values
+from builders.engine.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
-from builders.infra.provenance import model_names
-from builders.infra.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
+from builders.engine.provenance import model_names
+from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
 
 _S, _F, _I = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
 #: The models of each stage (the rest of `MODEL_ROLES` is unused by that stage).
@@ -233,7 +233,7 @@ class CocoCounterfactualsBuilder:
             yield from self._image_rows(pairs)
 
     def info(self) -> BuildInfo:
-        from builders.infra.text.nltk_setup import tagger_info
+        from builders.engine.nltk_setup import tagger_info
 
         config = asdict(self.config)
         config["tagger"] = tagger_info() if self.config.stage != "images" else None
@@ -336,8 +336,8 @@ class CocoCounterfactualsBuilder:
 
     def image_stage(self) -> ImageStage:
         if self._image_stage is None:
-            from builders.counterfactuals.images import ClipScorer
-            from builders.infra.models.loaders import load_clip, load_sd
+            from builders.models.clip import ClipScorer
+            from builders.models.loaders import load_clip, load_sd
 
             device = self._device()
             pipe = load_sd(self.config.models["sd"], device=device)
@@ -392,6 +392,6 @@ class CocoCounterfactualsBuilder:
 
 if __name__ == "__main__":
     from builders.counterfactuals import options
-    from builders.registry import launch_main
+    from builders.launch import launch_main
 
     sys.exit(launch_main(options))

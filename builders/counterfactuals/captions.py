@@ -54,7 +54,7 @@ import torch
 from nltk.tokenize import NLTKWordTokenizer
 
 from builders.counterfactuals.config import CaptionStageConfig
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 from counterfactory_metrics.odmap.noun_phrases import default_tagger, tokenize
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class CaptionModels:
 
     @classmethod
     def load(cls, mlm_id: str, lm_id: str, sentence_id: str, device: str = "cpu") -> CaptionModels:
-        from builders.infra.models.loaders import load_lm, load_mlm, load_sentence
+        from builders.models.loaders import load_lm, load_mlm, load_sentence
 
         mlm, mlm_tok = load_mlm(mlm_id, device)
         lm, lm_tok = load_lm(lm_id, device)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 
 #: Image-pair filters, in the order they are reported: caption-image CLIP of both images,
 #: image-image CLIP, CLIP directional similarity (App. B.1.2 of the paper applies all three).

@@ -11,8 +11,8 @@ from dataclasses import asdict
 
 from builders.counterfactuals.config import (CANDIDATE_PLANS, DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
                                              CaptionStageConfig, ImageStageConfig)
-from builders.infra.errors import UserFacingError
-from builders.infra.option_types import fraction, non_negative_int, positive_int
+from builders.engine.errors import UserFacingError
+from builders.engine.option_types import fraction, non_negative_int, positive_int
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
 STAGES = ("captions", "images", "all")
@@ -20,7 +20,7 @@ MODEL_ROLES = ("mlm", "lm", "sentence", "sd", "clip_filter")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from builders.infra.models.profiles import add_model_arguments, add_profile_argument
+    from builders.models.profiles import add_model_arguments, add_profile_argument
 
     src = parser.add_argument_group("source")
     src.add_argument("--stage", choices=STAGES, default="all", help="what to build (default: all)")
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace):
     from builders.counterfactuals.builder import CocoCounterfactualsBuilder, CocoCounterfactualsConfig
-    from builders.infra.models.profiles import profile_from_args
+    from builders.models.profiles import profile_from_args
 
     profile = asdict(profile_from_args(args))
     given = getattr(args, "given_options", set())

@@ -35,14 +35,14 @@ from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_
                                            train_features)
 from builders.decorrelation.options import PRODUCTS
 from builders.decorrelation.source import SourceConfig, SourceImage, read_source
-from builders.infra import progress
-from builders.infra.errors import UserFacingError
-from builders.infra.provenance import model_names
+from builders.engine import progress
+from builders.engine.errors import UserFacingError
+from builders.engine.provenance import model_names
 from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
-from builders.infra.seeding import derive_seed
+from builders.engine.seeding import derive_seed
 from builders.decorrelation.selection import Removal, SelectionConfig, select_removals
 from builders.decorrelation.verify import REASON_STILL_VISIBLE, RemovalVerifier, Verdict, VerifyConfig
-from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
 
@@ -108,7 +108,7 @@ class DecorrelationBuilder:
     def work_items(self) -> list[SourceImage]:
         cfg = self.config
         if self._needs_text() and cfg.source.kind == "coco":
-            from builders.infra.text.nltk_setup import ensure_nltk_tagger
+            from builders.engine.nltk_setup import ensure_nltk_tagger
 
             ensure_nltk_tagger()  # fail before any part is built, with the download command
         splits = set()
@@ -278,6 +278,6 @@ class DecorrelationBuilder:
 
 if __name__ == "__main__":
     from builders.decorrelation import options
-    from builders.registry import launch_main
+    from builders.launch import launch_main
 
     sys.exit(launch_main(options))

@@ -3,7 +3,7 @@
 Methods:
 
 - `np_removal` (default): delete from an original caption every noun phrase that matches a
-  removed class. COCO: NLTK chunking + the paper's matching table (`builders.infra.text`). Flickr30k:
+  removed class. COCO: NLTK chunking + the paper's matching table (`builders.engine.nltk_setup`). Flickr30k:
   the phrases that Flickr30k Entities annotates with a removed type. Captions are tried in a
   seeded random order and the first `captions_per_image` that can be rewritten are used; a caption
   that mentions no removed class is not used (it would not be a synthesised caption). When no
@@ -31,7 +31,7 @@ from PIL import Image
 
 from builders.decorrelation.options import CAPTION_METHODS
 from builders.decorrelation.source import SourceCaption
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 from counterfactory_metrics.odmap.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
                                         NpRemoval, remove_noun_phrases_with_reason)
 
@@ -208,7 +208,7 @@ class CaptionSynthesizer:
         import torch
 
         from builders.decorrelation.fill import worker_device
-        from builders.infra.models.loaders import load_captioner
+        from builders.models.loaders import load_captioner
 
         if self._captioner is None:
             self._captioner = load_captioner(self.config.model, device=worker_device())

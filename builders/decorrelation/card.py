@@ -109,7 +109,7 @@ def card_fields(cfg: Any, column_docs: dict[str, str]) -> dict[str, Any]:
             "The paper used 4 Flickr30k classes without naming them; this build treats the Flickr30k "
             f"Entities types {', '.join(cfg.source.class_names)} as the object classes.")
     if coco and ("odmap" in cfg.products or cfg.caption.method == "np_removal"):
-        from builders.infra.text.nltk_setup import tagger_info
+        from builders.engine.nltk_setup import tagger_info
 
         fields["nltk_tagger"] = tagger_info()
     return fields

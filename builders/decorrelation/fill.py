@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageFilter
 
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 
 FILL_METHODS = ("inpaint", "zero", "mean", "blur")
 
@@ -144,7 +144,7 @@ class ImageFiller:
     def _inpaint(self, image: Image.Image, mask: np.ndarray, seed: int) -> np.ndarray:
         import torch
 
-        from builders.infra.models.loaders import load_sd
+        from builders.models.loaders import load_sd
 
         cfg = self.config
         if self._pipe is None:

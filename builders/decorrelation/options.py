@@ -11,9 +11,9 @@ from pathlib import Path
 
 from builders.decorrelation.fill import FILL_METHODS, FillConfig
 from builders.decorrelation.verify import VIEWS, VerifyConfig
-from builders.infra.errors import UserFacingError
-from builders.infra.option_types import fraction, non_negative_int, positive_int
-from builders.registry import add_source_image_arguments
+from builders.engine.errors import UserFacingError
+from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.launch import add_source_image_arguments
 
 HELP = "object-decorrelation sets: object-removal training pairs D' and the ODmAP@k test set"
 PRODUCTS = ("train", "odmap")
@@ -23,7 +23,7 @@ DEFAULT_FLICKR_CLASSES = ("people", "animals", "vehicles", "instruments")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from builders.infra.models.profiles import add_model_arguments, add_profile_argument
+    from builders.models.profiles import add_model_arguments, add_profile_argument
 
     src = parser.add_argument_group("source").add_mutually_exclusive_group(required=True)
     src.add_argument("--coco-root", type=Path, help="root of a COCO download (with dataset_coco.json)")
@@ -82,7 +82,7 @@ def from_args(args: argparse.Namespace):
     from builders.decorrelation.captions import CaptionConfig
     from builders.decorrelation.selection import SelectionConfig
     from builders.decorrelation.source import SourceConfig
-    from builders.infra.models.profiles import profile_from_args
+    from builders.models.profiles import profile_from_args
 
     verify = args.verify_removal
     if verify is None:  # the tiny profile's CLIP is random-init: its verdicts would mean nothing

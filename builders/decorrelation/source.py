@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from builders.infra.errors import InputProblem, UserFacingError
+from builders.engine.errors import InputProblem, UserFacingError
 from builders.decorrelation.options import DEFAULT_FLICKR_CLASSES
 from builders.decorrelation.selection import Box
 from loading_scripts.flickr30k import ENTITY_TYPES, EntityPhrase
@@ -41,7 +41,7 @@ class SourceImage:
     captions: tuple[SourceCaption, ...]
     boxes: tuple[Box, ...]
     #: Set by the reader when an annotation of this image is malformed: the runner skips the
-    #: image and counts the reason (builders.infra.errors.InputProblem).
+    #: image and counts the reason (builders.engine.errors.InputProblem).
     input_problem: InputProblem | None = None
 
 

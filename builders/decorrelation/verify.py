@@ -29,7 +29,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 from PIL import Image
 
-from builders.infra.errors import UserFacingError
+from builders.engine.errors import UserFacingError
 
 REASON_STILL_VISIBLE = "object_still_visible"
 VIEWS = ("region", "image")
@@ -86,7 +86,7 @@ class ClipZeroShot:
     """CLIP zero-shot over fixed class prompts; text embeddings are computed once."""
 
     def __init__(self, model: Any, processor: Any, class_names: Sequence[str], prompt: str) -> None:
-        from builders.counterfactuals.images import ClipScorer
+        from builders.models.clip import ClipScorer
 
         self._clip = ClipScorer(model, processor)
         self._texts = self._clip.texts([prompt.format(c) for c in class_names])
@@ -100,7 +100,7 @@ class ClipZeroShot:
 def load_scorer(config: VerifyConfig, class_names: Sequence[str]) -> ZeroShotScorer:
     """The process's scorer (called once per process by `RemovalVerifier`)."""
     from builders.decorrelation.fill import worker_device
-    from builders.infra.models.loaders import load_clip
+    from builders.models.loaders import load_clip
 
     model, processor = load_clip(config.model, worker_device())
     return ClipZeroShot(model, processor, class_names, config.prompt)

@@ -35,8 +35,8 @@ from typing import Any
 import datasets
 
 from builders.eccv_positives.annotations import AnnotationSet, read_mitl_report, removed_rows
-from builders.infra.errors import InputProblem
-from builders.infra.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from builders.engine.errors import InputProblem
+from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class RowItem:
     """One output row's inputs, all but the pixels. The runner digests what an item holds (its
     repr, plus the size and mtime of `path`) and skips and counts an item with an
     `input_problem`, so both resume checks and bad-record counting see everything the row reads
-    (builders.infra.sharding.inputs)."""
+    (builders.engine.sharding.inputs)."""
 
     #: Output key (`i2t/test`, ...) and how resume messages name the item (`caption id 42`).
     output: str
@@ -248,6 +248,6 @@ def _ids(mapping: dict, key: int) -> list[int] | None:
 
 if __name__ == "__main__":
     from builders.eccv_positives import options
-    from builders.registry import launch_main
+    from builders.launch import launch_main
 
     sys.exit(launch_main(options))

@@ -29,8 +29,8 @@ import numpy as np
 
 from builders.eccv_positives.embeddings import gallery_embeddings
 from builders.eccv_positives.gallery import DatasetSource, Gallery
-from builders.infra.errors import InputFileError, UserFacingError
-from builders.infra.provenance import model_names
+from builders.engine.errors import InputFileError, UserFacingError
+from builders.engine.provenance import model_names
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ def _tasks(args: argparse.Namespace) -> int:
 
 def _ingest(args: argparse.Namespace) -> int:
     from builders.eccv_positives.ingest import IngestConfig, ingest
-    from builders.infra.errors import UserFacingError
+    from builders.engine.errors import UserFacingError
 
     if args.repo_id and not (args.version and args.output):
         raise UserFacingError("--repo-id publishes the build: also give --output and --version")
@@ -61,15 +61,17 @@ def _ingest(args: argparse.Namespace) -> int:
     if args.output is None:
         return 0
     from builders.eccv_positives.builder import EccvPositivesBuilder, EccvPositivesConfig
-    from builders.infra.sharding.runner import RunConfig, run_build
+    from builders.engine.sharding.runner import RunConfig, run_build
+    from builders.publishing.card import write_card
 
     # A dataset gallery has no COCO root: the new version then holds ids only.
     root = args.coco_root or report["candidates_config"]["coco_root"]
     run_build(EccvPositivesBuilder(EccvPositivesConfig(
         coco_root=str(root) if root else None, annotations_dir=str(Path(args.state) / "annotations"),
-        pm_zeta=args.pm_zeta)), RunConfig(output_dir=args.output, overwrite=args.overwrite))
+        pm_zeta=args.pm_zeta)), RunConfig(output_dir=args.output, overwrite=args.overwrite),
+        finish=write_card)
     if args.repo_id:
-        from builders.infra.publishing.publish import PublishConfig, publish
+        from builders.publishing.publish import PublishConfig, publish
 
         publish(PublishConfig(output_dir=args.output, repo_id=args.repo_id, version=args.version))
     return 0

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from builders.infra.errors import InputFileError
+from builders.engine.errors import InputFileError
 from loading_scripts.eccv import Positives
 
 HEADER = ("caption", "image", "agg_score", "sampling_method")

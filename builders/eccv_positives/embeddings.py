@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from builders.eccv_positives.gallery import Gallery
-from builders.infra.provenance import hub_snapshot
+from builders.engine.provenance import hub_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +54,12 @@ class _OpenClipEncoder:
 
 def load_encoder(model_id: str):
     """An object with `.images(list of PIL)` and `.texts(list of str)` -> normalised embeddings."""
-    from builders.infra.models.loaders import load_clip, load_open_clip
+    from builders.models.loaders import load_clip, load_open_clip
 
     if model_id.startswith(OPEN_CLIP_PREFIXES):
         name = model_id.removeprefix("open_clip:")
         return _OpenClipEncoder(*load_open_clip(name))
-    from builders.counterfactuals.images import ClipScorer
+    from builders.models.clip import ClipScorer
 
     return ClipScorer(*load_clip(model_id))
 

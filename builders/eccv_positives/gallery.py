@@ -9,7 +9,7 @@
 
 No file outside the source is read: a COCO record the reader marked malformed (a `file_name`
 outside the root is `path_outside_root`) and a dataset row whose image cell has no bytes and a
-path outside the local dataset folder (`builders.infra.dataset_source.cell_image_source`) are left
+path outside the local dataset folder (`builders.engine.dataset_source.cell_image_source`) are left
 out of the gallery and counted (`left_out`, recorded in candidates.json); image files named in a
 candidates file are checked against its root again before they are opened.
 """
@@ -26,9 +26,9 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from builders.infra.contained_paths import ContainedPaths, PathOutsideRoot
-from builders.infra.dataset_source import cell_image_source, no_dataset_scripts, stored_values
-from builders.infra.errors import InputFileError, UserFacingError
+from builders.engine.contained_paths import ContainedPaths, PathOutsideRoot
+from builders.engine.dataset_source import cell_image_source, no_dataset_scripts, stored_values
+from builders.engine.errors import InputFileError, UserFacingError
 
 log = logging.getLogger(__name__)
 

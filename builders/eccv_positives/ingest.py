@@ -41,7 +41,7 @@ from builders.eccv_positives.annotations import (DUPLICATE_IMAGES, INVALID_CAPTI
 from builders.eccv_positives.candidates import Candidates
 from builders.eccv_positives.cxc import read_cxc_sits
 from builders.eccv_positives.tasks import ANSWERS, load_tasks
-from builders.infra.errors import InputFileError
+from builders.engine.errors import InputFileError
 
 log = logging.getLogger(__name__)
 

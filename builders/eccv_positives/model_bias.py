@@ -28,9 +28,9 @@ from builders.eccv_positives.annotations import MITL_REPORT
 from builders.eccv_positives.candidates import Candidates, default_cache_dir, distinct_captions
 from builders.eccv_positives.embeddings import gallery_embeddings
 from builders.eccv_positives.tasks import load_tasks
-from builders.infra.errors import InputFileError, UserFacingError
-from builders.infra.gallery.plots import plain_text
-from builders.infra.provenance import model_name, model_names
+from builders.engine.errors import InputFileError, UserFacingError
+from builders.viewer.plots import plain_text
+from builders.engine.provenance import model_name, model_names
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from builders.infra.option_types import non_negative_int
-from builders.registry import add_source_image_arguments
+from builders.engine.option_types import non_negative_int
+from builders.launch import add_source_image_arguments
 
 HELP = "ECCV Caption / CxC / COCO positives (+ PM pseudo-positives) of COCO retrieval as Hub parquet"
 

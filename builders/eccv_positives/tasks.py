@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from builders.eccv_positives.candidates import MODALITIES, Candidates
-from builders.infra.errors import InputFileError, UserFacingError
+from builders.engine.errors import InputFileError, UserFacingError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,32 @@
+"""`counterfactory build <dataset>`: the table of builders.
+
+Each registered module (`builders/<dataset>/options.py`) exposes `add_arguments(parser)`,
+`from_args(args) -> ShardedBuilder` and a one-line `HELP`. It must import no heavy library (torch,
+datasets, NLTK, ...) at module level, because `counterfactory --help` builds every parser
+(tests/test_help_imports.py checks); `from_args` imports the builder itself.
+`builders/<dataset>/builder.py` is the `accelerate launch` entry point and hands the same options
+module to `builders.launch.launch_main`, so `counterfactory build X ...` and `accelerate launch
+builders/<dataset>/builder.py ...` run identical code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from builders.launch import add_builder_parser
+
+BUILDER_MODULES = {
+    "coco-captions": "builders.coco_captions.options",
+    "decorrelation": "builders.decorrelation.options",
+    "coco-counterfactuals": "builders.counterfactuals.options",
+    "eccv-positives": "builders.eccv_positives.options",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    build = subparsers.add_parser("build", help="build a dataset (resumable, shardable)")
+    kinds = build.add_subparsers(dest="dataset", metavar="DATASET", required=True)
+    for name, module_name in BUILDER_MODULES.items():
+        module = importlib.import_module(module_name)
+        add_builder_parser(kinds.add_parser(name, help=module.HELP, description=module.HELP), module)

@@ -1,0 +1,96 @@
+"""Read one split of any `datasets` source (a Hub id or a local folder) chosen on the command line.
+
+`datasets.load_dataset` answers a wrong config or split with a raw `ValueError` traceback
+(`Unknown split "train"`). Here the configs and splits are looked up first, so a wrong choice is
+one line that lists what exists and names the flags that pick it.
+
+A dataset's cells are data, so no path they name is opened by `datasets`' decoding: columns are
+read as stored (`stored_values`: an Image cell stays a `{bytes, path}` dict), and an image is
+decoded from the cell's bytes, or from its path only when that lies inside the local dataset
+folder (`cell_image_source`; a local image folder's cells carry such paths). A path-only cell of
+a Hub dataset, or one leading outside the folder, is `path_outside_root` and never touched.
+
+A folder (or Hub repo) `NAME` holding `NAME.py` is the old loading-script layout, which `datasets`
+refuses with a `RuntimeError` traceback; `no_dataset_scripts` makes that one line naming the
+folder and the fix, for every reader of a user-given dataset.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+from builders.engine.contained_paths import ContainedPaths, PathOutsideRoot
+from builders.engine.errors import InputFileError
+
+# How `datasets` (>= 4) starts the error for a dataset that is a loading script.
+_SCRIPT_ERROR = "Dataset scripts are no longer supported"
+
+
+@contextmanager
+def no_dataset_scripts(name: str, flag: str) -> Iterator[None]:
+    """Turn `datasets`' refusal of a loading-script dataset `name` (given as `flag`) into one line."""
+    try:
+        yield
+    except RuntimeError as err:
+        if not str(err).startswith(_SCRIPT_ERROR):
+            raise
+        script = str(err).rsplit(" ", 1)[-1]
+        raise InputFileError(
+            name, f"holds the loading script {script}, which `datasets` no longer runs",
+            f"give {flag} a folder of data files (parquet, csv, json; images with a metadata file) "
+            f"without {script}, e.g. the dataset saved once with `Dataset.to_parquet`") from None
+
+
+def load_dataset_split(name: str, config: str | None, split: str, *,
+                       config_flag: str = "--dataset-config", split_flag: str = "--dataset-split"):
+    with no_dataset_scripts(name, "--dataset"):
+        return _load_split(name, config, split, config_flag, split_flag)
+
+
+def _load_split(name: str, config: str | None, split: str, config_flag: str, split_flag: str):
+    import datasets
+
+    try:
+        configs = datasets.get_dataset_config_names(name)
+    except (OSError, ValueError) as err:  # not found (FileNotFoundError), no network (ConnectionError)
+        raise InputFileError(name, f"cannot open this dataset ({type(err).__name__}: {err})",
+                             "give a Hub id ORG/NAME or a local dataset folder") from None
+    if config is None and len(configs) > 1 and "default" not in configs:
+        raise InputFileError(name, f"has several configs ({', '.join(configs)})",
+                             f"pick one with {config_flag} NAME")
+    if config is not None and config not in configs:
+        raise InputFileError(name, f"has no config {config!r} (configs: {', '.join(configs)})",
+                             f"pick one with {config_flag} NAME")
+    chosen = config or ("default" if "default" in configs else configs[0])
+    splits = datasets.get_dataset_split_names(name, chosen)
+    if split not in splits:
+        available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c))}"
+                              for c in configs)
+        raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
+                             f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
+    return datasets.load_dataset(name, config, split=split)
+
+
+def stored_values(ds, column: str) -> list:
+    """A column's values as stored, never decoded (an Image cell is its `{bytes, path}` dict)."""
+    return ds.with_format("arrow")[column].to_pylist()
+
+
+@lru_cache(maxsize=8)
+def _folder_paths(folder: str) -> ContainedPaths:
+    return ContainedPaths(folder)
+
+
+def cell_image_source(dataset: str, cell: dict, where: str) -> bytes | Path:
+    """What to decode for the Image cell `cell` of `dataset`: its bytes, else the file its path
+    names, which must lie inside the local dataset folder (relative paths are relative to it)."""
+    if cell.get("bytes"):
+        return cell["bytes"]
+    if not Path(dataset).is_dir():
+        raise PathOutsideRoot(where, f"the image cell has no bytes, only the local path "
+                              f"{cell.get('path')!r}, in a dataset that is no local folder",
+                              "publish the dataset with its images embedded")
+    return _folder_paths(str(Path(dataset).resolve())).resolve(cell.get("path") or "")

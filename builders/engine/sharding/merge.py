@@ -1,0 +1,213 @@
+"""Turn finished parts into the Hub layout: shards and the build manifest (the caller adds the card).
+
+The manifest lists every data file written (`files`, see `build_files`).
+
+Shards are streamed part by part (never the whole split in memory) into
+`data/[config/]split-NNNNN-of-NNNNN.parquet`; the shard count comes from the parts' total size so
+each shard stays near `max_shard_bytes`. New shards are written under temporary names and renamed,
+and shards of an earlier merge that the new set does not reuse are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import sys
+from collections import Counter
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from builders import __version__
+from builders.engine.errors import UserFacingError
+from builders.engine.provenance import git_state, portable
+from builders.engine.sharding.base import BuildInfo, OutputSpec
+from builders.engine.sharding.build_files import FILES, file_record
+from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_json
+
+log = logging.getLogger(__name__)
+
+#: Writes the card (and whatever it embeds) of a merged build, then its manifest:
+#: `finish(layout, manifest, written_data_files)`.
+Finisher = Callable[[OutputLayout, dict[str, Any], set[str]], None]
+
+# Versions that decide the bytes of a build; recorded so a version can be rebuilt.
+_RECORDED_PACKAGES = (
+    "counterfactory", "torch", "datasets", "huggingface_hub", "pyarrow", "pillow", "numpy",
+    "transformers", "diffusers", "sentence-transformers", "open_clip_torch", "nltk",
+    "accelerate",
+)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in _RECORDED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def collect_stats(layout: OutputLayout, n_parts: int) -> list[dict[str, Any]]:
+    missing = [k for k in range(n_parts) if not layout.stats_file(k).exists()]
+    if missing:
+        raise UserFacingError(
+            f"{len(missing)} of {n_parts} parts are unfinished (first: part {missing[0]}, no "
+            f"{layout.stats_file(missing[0])}); re-run the same command to finish them"
+        )
+    return [json.loads(layout.stats_file(k).read_text()) for k in range(n_parts)]
+
+
+def _write_output_shards(
+    layout: OutputLayout, spec: OutputSpec, n_parts: int, max_shard_bytes: int
+) -> tuple[int, list[str]]:
+    files = [p for p in (layout.part_file(spec.key, k) for k in range(n_parts)) if p.exists()]
+    total_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    if total_rows == 0:
+        # datasets 5.2 cannot read a 0-row parquet file ("BatchSize must be greater than 0"), so
+        # an empty output gets no shard and is left out of the card's `configs:`.
+        log.warning("%s has no rows: it gets no shard and no entry in the card's configs", spec.key)
+        return 0, []
+    total_bytes = sum(p.stat().st_size for p in files)
+    n_shards = max(1, math.ceil(total_bytes / max_shard_bytes))
+    rows_per_shard = max(1, math.ceil(total_rows / n_shards))
+    n_shards = max(1, math.ceil(total_rows / rows_per_shard)) if total_rows else 1
+    schema = spec.features.arrow_schema
+    names = [layout.shard_name(spec.config, spec.split, i, n_shards) for i in range(n_shards)]
+
+    def open_writer(index: int) -> tuple[pq.ParquetWriter, Path]:
+        tmp = layout.root / (names[index] + ".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        return pq.ParquetWriter(tmp, schema), tmp
+
+    shard, (writer, tmp) = 0, open_writer(0)
+    written_tmp = [tmp]
+    room = rows_per_shard
+    try:
+        for path in files:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+                table = pa.Table.from_batches([batch]).cast(schema)
+                while table.num_rows:
+                    if room == 0:
+                        writer.close()
+                        shard += 1
+                        writer, tmp = open_writer(shard)
+                        written_tmp.append(tmp)
+                        room = rows_per_shard
+                    take = table.slice(0, room)
+                    writer.write_table(take, row_group_size=ROW_GROUP_ROWS)
+                    room -= take.num_rows
+                    table = table.slice(take.num_rows)
+        writer.close()
+    except BaseException:
+        # A failed merge (disk full) leaves no half-written shard behind; the parts are intact,
+        # so re-running the command merges again.
+        try:
+            writer.close()
+        except OSError:
+            pass  # closing flushes, which fails the same way on a full disk
+        for path in written_tmp:
+            path.unlink(missing_ok=True)
+        raise
+    for tmp_path, name in zip(written_tmp, names):
+        os.replace(tmp_path, layout.root / name)
+    return total_rows, names
+
+
+def _remove_stale_shards(layout: OutputLayout, keep: set[str]) -> None:
+    data = layout.root / "data"
+    if not data.exists():
+        return
+    for path in data.rglob("*.parquet"):
+        rel = path.relative_to(layout.root).as_posix()
+        if rel not in keep:
+            log.info("removing stale shard %s", rel)
+            path.unlink()
+
+
+def _aggregate(stats: Sequence[dict[str, Any]], field: str) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for s in stats:
+        total.update(s.get(field, {}))  # `counts` is absent from parts of older builds
+    return dict(sorted(total.items()))
+
+
+def merge_parts(
+    *,
+    layout: OutputLayout,
+    outputs: Sequence[OutputSpec],
+    stats: Sequence[dict[str, Any]],
+    n_items: int,
+    info: BuildInfo,
+    run_config: dict[str, Any],
+    world_size: int,
+    max_shard_bytes: int,
+    finish: Finisher | None = None,
+) -> dict[str, Any]:
+    """Write the shards and the manifest; return the manifest.
+
+    `finish` (the caller's: e.g. `publishing.card.write_card`) writes what the build publishes
+    beside its shards, the card and its figures, and then the manifest (`write_manifest`), so
+    the card is rendered from the manifest as published. Without it the build has no card.
+    """
+    outputs_manifest: dict[str, Any] = {}
+    keep: set[str] = set()
+    for spec in outputs:
+        rows, names = _write_output_shards(layout, spec, len(stats), max_shard_bytes)
+        keep.update(names)
+        outputs_manifest[spec.key] = {
+            "config": spec.config,
+            "split": spec.split,
+            "rows": rows,
+            "data_dir": layout.data_dir(spec.config),
+            "shards": names,
+            "bytes": sum((layout.root / name).stat().st_size for name in names),
+            "features": spec.features.to_dict(),
+        }
+        log.info("%s: %d rows in %d shard(s)", spec.key, rows, len(names))
+    _remove_stale_shards(layout, keep)
+    manifest = {
+        **{k: v for k, v in asdict(info).items()},
+        "counterfactory_version": __version__,
+        "counterfactory_git": git_state(),
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "run": {**run_config, "processes": world_size, "parts": len(stats)},
+        "packages": package_versions(),
+        "items": n_items,
+        "outputs": outputs_manifest,
+        "skipped": _aggregate(stats, "skipped"),
+        "errors": _aggregate(stats, "errors"),
+        "counts": _aggregate(stats, "counts"),
+        "timings": {
+            "process_s": round(sum(s["timings"]["process_s"] for s in stats), 3),
+            "write_s": round(sum(s["timings"]["write_s"] for s in stats), 3),
+        },
+    }
+    # Published as is: model folders, sources and the tagger are named without local paths, and
+    # every model as the rows name it (`provenance.model_name`), however its flag spelled it.
+    manifest = portable(manifest, layout.root, inputs=info.models.values())
+    if finish is None:
+        write_manifest(layout, manifest, keep)
+    else:
+        finish(layout, manifest, keep)
+    return manifest
+
+
+def write_manifest(layout: OutputLayout, manifest: dict[str, Any], written: set[str]) -> None:
+    """Record the build's data files (`written`, relative paths) and write the manifest.
+
+    Every data file the merge and its finisher wrote, with size and digest: exactly what `publish`
+    sends (with the card and this manifest) and what `--overwrite` deletes.
+    """
+    manifest[FILES] = [file_record(layout.root, rel) for rel in sorted(written)]
+    atomic_write_json(layout.manifest, manifest)

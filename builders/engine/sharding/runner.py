@@ -1,0 +1,276 @@
+"""Run a `ShardedBuilder`: assign parts to processes, resume, report progress, then merge.
+
+Parts are consecutive chunks of `part_size` work items, numbered from 0; process r of w takes the
+parts k with k % w == r. Part boundaries never depend on the number of processes, and rows only
+depend on their own items, so 1 or N processes (or N machines sharing a folder) produce identical
+shards. A part is finished once its stats file exists (see `part_writer`), which is what a
+resumed run checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from builders.engine import progress
+from builders.engine.distributed import ProcessGroup, init_process_group
+from builders.engine.errors import UserFacingError
+from builders.engine.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
+from builders.engine.sharding.build_files import discard_build
+from builders.engine.sharding.inputs import (changed_items, check_unique_ids, part_digests,
+                                            split_problems)
+from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.output_guard import (check_output_folder, output_errors, output_lock,
+                                                  remove_temp_files)
+from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
+from builders.engine.sharding.part_writer import atomic_write_json, rows_to_table, write_parquet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunConfig:
+    """How a build runs (not what it builds: that is the builder's own config)."""
+
+    output_dir: Path
+    #: Work items per part. Fixed per run (recorded in the fingerprint) so that resumes and any
+    #: process count cut the same parts. Smaller parts resume more finely; larger ones write fewer files.
+    part_size: int = 64
+    #: Target size of a published parquet shard (the Hub's viewer and loaders like ≤ 500 MB).
+    max_shard_bytes: int = 500_000_000
+    #: Fail the run (after keeping every finished part) when more than this fraction of items
+    #: were skipped for input errors, so a mostly broken build cannot pass as a success.
+    max_error_fraction: float = 0.05
+    #: Assert this many processes take part (catches `accelerate launch --cpu`, which runs one).
+    expect_processes: int | None = None
+    #: Delete a previous build in `output_dir` made with a different config instead of failing.
+    overwrite: bool = False
+    #: On resume, redo finished parts that recorded input errors (after fixing the inputs).
+    retry_errors: bool = False
+
+
+@dataclass
+class BuildResult:
+    output_dir: Path
+    manifest: dict[str, Any]
+
+
+def _fingerprint(builder: ShardedBuilder, cfg: RunConfig) -> dict[str, Any]:
+    info = builder.info()
+    return {
+        "builder": info.builder,
+        "config": info.config,
+        "part_size": cfg.part_size,
+        "outputs": {spec.key: spec.features.to_dict() for spec in builder.outputs()},
+    }
+
+
+def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite: bool) -> None:
+    if layout.run_file.exists():
+        previous = json.loads(layout.run_file.read_text())
+        if previous == json.loads(json.dumps(fingerprint)):
+            log.info("resuming the build in %s", layout.root)
+            return
+        if not overwrite:
+            raise UserFacingError(
+                f"{layout.root} holds a build made with a different configuration "
+                f"({layout.run_file}); use a new --output folder, or --overwrite to discard it"
+            )
+        log.warning("--overwrite: discarding the previous build in %s", layout.root)
+        discard_build(layout)
+    atomic_write_json(layout.run_file, fingerprint)
+
+
+def _changed_inputs(layout: OutputLayout, parts: Sequence[tuple[int, Sequence[Any]]], part_size: int,
+                    retry_errors: bool) -> list[str]:
+    """What differs between the current inputs and those finished parts were built from."""
+    changed: list[str] = []
+    for k, chunk in parts:
+        path = layout.stats_file(k)
+        if not path.exists():
+            continue
+        stats = json.loads(path.read_text())
+        if "item_digests" not in stats or (retry_errors and stats.get("errors")):
+            continue  # a part from before digests were recorded, or one that is redone anyway
+        changed += [f"part {k}: {c}" for c in changed_items(k * part_size, chunk, stats["item_digests"])]
+    n_finished = len(list(layout.stats_file(0).parent.glob("part-*.json")))
+    if n_finished > len(parts):
+        changed.append(f"the inputs now give {len(parts)} parts, {n_finished} were finished")
+    return changed
+
+
+def _prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], cfg: RunConfig,
+                    parts: Sequence[tuple[int, Sequence[Any]]]) -> None:
+    """Start or resume the build in `layout` (main process, after the inputs were read)."""
+    _prepare_output(layout, fingerprint, cfg.overwrite)
+    changed = _changed_inputs(layout, parts, cfg.part_size, cfg.retry_errors)
+    if not changed:
+        return
+    if not cfg.overwrite:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise UserFacingError(
+            f"the inputs of {layout.root} changed since its parts were built "
+            f"({'; '.join(changed[:3])}{more}); restore the original inputs to resume, or rebuild "
+            "from the current ones with --overwrite (or a new --output)"
+        )
+    log.warning("--overwrite: the inputs changed (%s); discarding the previous build", changed[0])
+    discard_build(layout)
+    atomic_write_json(layout.run_file, fingerprint)
+
+
+def _log_part_done(tracker: progress.Tracker, group: ProcessGroup, part: int, parts_done: int,
+                   parts_total: int, rows: int, skipped: int) -> None:
+    log.info(
+        "[rank %d/%d] part %d done (%d/%d parts, %d/%d items): %d rows, %d skipped; "
+        "%.1f items/s, ETA %s",
+        group.rank, group.world_size, part, parts_done, parts_total, tracker.done, tracker.total,
+        rows, skipped, tracker.rate(), progress.format_eta(tracker.eta()),
+    )
+
+
+def _part_needs_work(layout: OutputLayout, part: int, retry_errors: bool) -> bool:
+    stats_path = layout.stats_file(part)
+    if not stats_path.exists():
+        return True
+    return retry_errors and bool(json.loads(stats_path.read_text()).get("errors"))
+
+
+def _build_part(
+    builder: ShardedBuilder,
+    outputs: Sequence[OutputSpec],
+    layout: OutputLayout,
+    part: int,
+    items: Sequence[Any],
+    group: ProcessGroup,
+) -> dict[str, Any]:
+    by_key = {spec.key: spec for spec in outputs}
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    filtered: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    t0 = time.perf_counter()
+    usable, problems = split_problems(items)
+    # Items the reader marked malformed are counted as input errors and never reach the builder.
+    for record in itertools.chain(problems, builder.process(usable) if usable else ()):
+        if isinstance(record, Emit):
+            if record.output not in by_key:
+                raise ValueError(f"builder emitted a row for unknown output {record.output!r}")
+            rows[record.output].append(record.row)
+        elif isinstance(record, Skip):
+            (errors if record.kind == "error" else filtered)[record.reason] += 1
+            if record.kind == "error":
+                log.warning("part %d: skipped an item (%s): %s", part, record.reason, record.detail)
+        elif isinstance(record, Count):
+            counts[record.name] += record.n
+        else:
+            raise TypeError(f"builder yielded {type(record).__name__}, expected Emit, Skip or Count")
+    t1 = time.perf_counter()
+    for key, spec in by_key.items():
+        path = layout.part_file(key, part)
+        if rows.get(key):
+            write_parquet(path, rows_to_table(rows[key], spec.features))
+        elif path.exists():  # leftover of an earlier attempt at this part
+            path.unlink()
+    t2 = time.perf_counter()
+    stats = {
+        "part": part,
+        "items": len(items),
+        "rows": {key: len(rows.get(key, [])) for key in by_key},
+        "skipped": dict(sorted(filtered.items())),
+        "errors": dict(sorted(errors.items())),
+        "counts": dict(sorted(counts.items())),
+        # What this part was built from: a resume compares it with the current inputs.
+        "item_digests": part_digests(items),
+        "timings": {"process_s": round(t1 - t0, 4), "write_s": round(t2 - t1, 4)},
+        "rank": group.rank,
+        "world_size": group.world_size,
+    }
+    # Written last: its presence is what marks the part finished.
+    atomic_write_json(layout.stats_file(part), stats)
+    return stats
+
+
+def run_build(builder: ShardedBuilder, cfg: RunConfig, finish: Finisher | None = None) -> BuildResult | None:
+    """Build (or resume) `builder` into `cfg.output_dir`. Returns the result on the main process.
+
+    `finish` writes the card beside the shards (`publishing.card.write_card` for a published
+    build), under the output lock and before the manifest; see `merge.merge_parts`.
+    """
+    if cfg.part_size < 1:
+        raise UserFacingError(f"--part-size must be at least 1 (got {cfg.part_size})")
+    group = init_process_group(cfg.expect_processes)
+    layout = OutputLayout(Path(cfg.output_dir))
+    with output_errors(layout.root):
+        if not group.is_main:
+            return _run_locked(builder, cfg, group, layout, finish)
+        check_output_folder(layout)
+        with output_lock(layout):
+            return _run_locked(builder, cfg, group, layout, finish)
+
+
+def _run_locked(builder: ShardedBuilder, cfg: RunConfig, group: ProcessGroup,
+                layout: OutputLayout, finish: Finisher | None) -> BuildResult | None:
+    outputs = list(builder.outputs())
+    # The inputs are read before anything is written: a run that fails on a missing or broken
+    # input leaves no fingerprint behind to refuse the corrected rerun.
+    items = builder.work_items()
+    check_unique_ids(items)
+    parts = list(iter_chunks(items, cfg.part_size))
+    if group.is_main:
+        remove_temp_files(layout)
+        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
+    group.barrier()
+
+    mine = [(k, chunk) for k, chunk in parts if k % group.world_size == group.rank]
+    todo = [(k, chunk) for k, chunk in mine if _part_needs_work(layout, k, cfg.retry_errors)]
+    log.info(
+        "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
+        group.rank, group.world_size, len(items), len(parts), len(mine), len(mine) - len(todo),
+    )
+    # One live tracker per process: a bar on a terminal, periodic log lines otherwise.
+    with progress.track(sum(len(chunk) for _, chunk in todo), f"[rank {group.rank}/{group.world_size}]",
+                        position=group.rank) as tracker:
+        for n, (k, chunk) in enumerate(todo, start=1):
+            stats = _build_part(builder, outputs, layout, k, chunk, group)
+            tracker.part_done(len(chunk))
+            skipped = sum(stats["skipped"].values()) + sum(stats["errors"].values())
+            _log_part_done(tracker, group, k, n, len(todo), sum(stats["rows"].values()), skipped)
+    group.barrier()
+    if not group.is_main:
+        return None
+    stats = collect_stats(layout, len(parts))
+    _check_error_rate(stats, len(items), cfg.max_error_fraction, layout)
+    manifest = merge_parts(
+        layout=layout,
+        outputs=outputs,
+        stats=stats,
+        n_items=len(items),
+        info=builder.info(),
+        run_config={**asdict(cfg), "output_dir": str(cfg.output_dir)},
+        world_size=group.world_size,
+        max_shard_bytes=cfg.max_shard_bytes,
+        finish=finish,
+    )
+    return BuildResult(output_dir=layout.root, manifest=manifest)
+
+
+def _check_error_rate(
+    stats: Sequence[dict[str, Any]], n_items: int, max_fraction: float, layout: OutputLayout
+) -> None:
+    errors: Counter[str] = Counter()
+    for s in stats:
+        errors.update(s["errors"])
+    n_errors = sum(errors.values())
+    if n_items and n_errors / n_items > max_fraction:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
+        raise UserFacingError(
+            f"{n_errors} of {n_items} items failed on bad input ({reasons}), more than "
+            f"--max-error-fraction {max_fraction}; finished parts are kept in {layout.parts} "
+            "(per-part reasons in stats/); fix the inputs and re-run with --retry-errors"
+        )

@@ -1,0 +1,85 @@
+"""How any builder runs from the command line: the options every builder shares (`RunConfig`,
+source images), the build-then-log handler, and `launch_main`, the `accelerate launch
+builders/<dataset>/builder.py ...` entry point. `counterfactory build X ...` (the table in
+`builders.app.registry`) and `accelerate launch` run this same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from builders.engine.option_types import fraction, positive_int
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `RunConfig` (how the build runs, as opposed to what it builds)."""
+    group = parser.add_argument_group("run")
+    group.add_argument("--output", type=Path, required=True, help="output folder (Hub layout)")
+    group.add_argument("--part-size", type=positive_int, default=64,
+                       help="work items per resumable part (fixed for a build; default 64)")
+    group.add_argument("--max-shard-bytes", type=positive_int, default=500_000_000,
+                       help="target size of a published parquet shard (default 500 MB)")
+    group.add_argument("--max-error-fraction", type=fraction, default=0.05,
+                       help="fail when more than this fraction (0..1) of items hit input errors")
+    group.add_argument("--expect-processes", type=positive_int, default=None,
+                       help="assert this many processes run (catches a mis-launched accelerate)")
+    group.add_argument("--overwrite", action="store_true",
+                       help="discard a previous build with a different config in --output")
+    group.add_argument("--retry-errors", action="store_true",
+                       help="on resume, redo finished parts that recorded input errors")
+
+
+def add_source_image_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the builders that read source images (`loading_scripts.images`)."""
+    from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
+
+    group = parser.add_argument_group("source images")
+    group.add_argument("--max-image-pixels", type=positive_int, default=DEFAULT_MAX_IMAGE_PIXELS,
+                       metavar="N", help="skip (and count as image_too_large) a source image of more "
+                       "pixels, checked from its header before decoding (default %(default)s)")
+
+
+def run_config_from_args(args: argparse.Namespace):
+    from builders.engine.sharding.runner import RunConfig
+
+    return RunConfig(
+        output_dir=args.output,
+        part_size=args.part_size,
+        max_shard_bytes=args.max_shard_bytes,
+        max_error_fraction=args.max_error_fraction,
+        expect_processes=args.expect_processes,
+        overwrite=args.overwrite,
+        retry_errors=args.retry_errors,
+    )
+
+
+def run_builder_module(module: ModuleType, args: argparse.Namespace) -> int:
+    from builders.models.profiles import apply_profile_defaults
+    from builders.engine.sharding.runner import run_build
+    from builders.publishing.card import write_card
+
+    result = run_build(module.from_args(apply_profile_defaults(args)), run_config_from_args(args),
+                       finish=write_card)
+    if result is not None:
+        counts = {k: v["rows"] for k, v in result.manifest["outputs"].items()}
+        logging.getLogger(module.__name__).info("built %s: %s", result.output_dir, counts)
+    return 0
+
+
+def add_builder_parser(parser: argparse.ArgumentParser, module: ModuleType) -> None:
+    module.add_arguments(parser)
+    add_run_arguments(parser)
+    parser.set_defaults(func=lambda args: run_builder_module(module, args))
+
+
+def launch_main(module: ModuleType, argv: list[str] | None = None) -> int:
+    """Entry point for `accelerate launch builders/<dataset>/builder.py ...` (same options as the CLI)."""
+    from builders.engine.errors import run_handled
+
+    parser = argparse.ArgumentParser(prog=f"accelerate launch {sys.argv[0]}", description=module.HELP)
+    add_builder_parser(parser, module)
+    return run_handled(parser, argv)

@@ -1,0 +1,59 @@
+"""What the stats page counts: rows per facet value, skips per reason, numeric distributions,
+images not shown per reason.
+
+Facet counts, numbers and images not shown are gathered from the rows during the gallery's single
+pass; skip and input-error counts come from the build manifest (the runner's per-part stats summed
+at merge), since skipped items never become rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from builders.viewer.rows import HISTOGRAM_COLUMNS
+
+#: Rows listed per reason an image is not shown (the count covers them all).
+EXAMPLE_ROWS = 10
+
+
+@dataclass
+class GalleryStats:
+    rows: int = 0
+    #: facet name -> value -> rows having it.
+    facets: dict[str, Counter] = field(default_factory=dict)
+    #: column -> finite values, for the histograms.
+    numbers: dict[str, list[float]] = field(default_factory=dict)
+    #: reason -> images not shown (thumbnails.ImageProblem), and the first rows holding one.
+    images_not_shown: Counter = field(default_factory=Counter)
+    rows_not_shown: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, row: dict[str, Any], facets: dict[str, list[str]]) -> None:
+        self.rows += 1
+        for name, values in facets.items():
+            self.facets.setdefault(name, Counter()).update(set(values))
+        for column in HISTOGRAM_COLUMNS:
+            value = row.get(column)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self.numbers.setdefault(column, []).append(float(value))
+
+    def image_not_shown(self, index: int, reason: str) -> None:
+        self.images_not_shown[reason] += 1
+        rows = self.rows_not_shown.setdefault(reason, [])
+        if len(rows) < EXAMPLE_ROWS and index not in rows:
+            rows.append(index)
+
+    def not_shown_counts(self) -> dict[str, int]:
+        """Images not shown per reason, most frequent first."""
+        return dict(sorted(self.images_not_shown.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def skip_counts(manifest: dict[str, Any] | None) -> dict[str, int]:
+    """Items the build skipped, per reason (input errors prefixed `input: `)."""
+    if not manifest:
+        return {}
+    counts = {str(k): int(v) for k, v in (manifest.get("skipped") or {}).items()}
+    counts.update({f"input: {k}": int(v) for k, v in (manifest.get("errors") or {}).items()})
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
