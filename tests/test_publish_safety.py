@@ -192,11 +192,11 @@ def test_a_version_is_validated_as_a_whole_ascii_string(small_build, local_hub, 
     assert cli_main(["publish", str(small_build), "--repo-id", "tester/versions", "--version", version]) == 2
     assert "must look like v1.2.3" in one_error_line(capsys)
     module = Path(__file__).resolve().parents[1] / "evaluate_modules" / "map_at_r"
-    assert cli_main(["publish-metric", str(module), "--repo-id", "tester/map_at_r",
+    assert cli_main(["publish-metric", str(module), "--repo-id", "tester/versions-metric",
                      "--version", version]) == 2
     assert "must look like v1.2.3" in one_error_line(capsys)
     assert not HfApi().repo_exists("tester/versions", repo_type="dataset")
-    assert not HfApi().repo_exists("tester/map_at_r", repo_type="space")
+    assert not HfApi().repo_exists("tester/versions-metric", repo_type="space")
 
 
 def test_a_metric_space_holds_exactly_its_module_files(tmp_path, local_hub):
