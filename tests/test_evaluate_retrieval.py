@@ -157,7 +157,7 @@ def test_bad_inputs_raise_value_errors(metric, kwargs, message):
 def test_published_space_loads_with_evaluate(local_hub):
     from builders.publishing.metric import MetricPublishConfig, publish_metric
 
-    publish_metric(MetricPublishConfig(MODULE_DIR, f"tester/{NAME}", "v1.0.0"))
+    publish_metric(MetricPublishConfig(f"tester/{NAME}", "v1.0.0", module_dir=MODULE_DIR))
     module = evaluate.load(f"tester/{NAME}", revision="v1.0.0")
     preds, refs = random_lists(5, n=30)
     expected = retrieval_scores(preds, refs)

@@ -38,12 +38,12 @@ def test_published_metric_loads_by_tag_from_the_hub(local_hub, capsys):
     assert got == {**expected, "num_queries": 8}
 
     with pytest.raises(UserFacingError, match="already has tag v1.0.0"):
-        publish_metric(MetricPublishConfig(MODULES / "odmap", "tester/odmap", "v1.0.0"))
+        publish_metric(MetricPublishConfig("tester/odmap", "v1.0.0", module_dir=MODULES / "odmap"))
 
 
 def test_repo_name_must_match_the_module_file(local_hub):
     with pytest.raises(UserFacingError, match=r"fetches odmap-metric.py.*found \[.*'odmap.py'"):
-        publish_metric(MetricPublishConfig(MODULES / "odmap", "tester/odmap-metric", "v1.0.0"))
+        publish_metric(MetricPublishConfig("tester/odmap-metric", "v1.0.0", module_dir=MODULES / "odmap"))
 
 
 def _space(folder: Path, files: dict[str, str]) -> Path:
@@ -80,7 +80,7 @@ def test_space_files_are_main_helpers_and_docs_without_package_markers(tmp_path)
 
 def test_a_published_space_holds_its_helpers_and_computes(local_hub, tmp_path):
     folder = _space(tmp_path / "answer", {"answer.py": ANSWER_MODULE, "shared.py": "VALUE = 41 + 1\n"})
-    publish_metric(MetricPublishConfig(folder, "tester/answer", "v1.0.0"))
+    publish_metric(MetricPublishConfig("tester/answer", "v1.0.0", module_dir=folder))
     remote = hf_hub_download("tester/answer", "shared.py", repo_type="space", revision="v1.0.0")
     assert Path(remote).read_bytes() == (folder / "shared.py").read_bytes()
     assert evaluate.load("tester/answer", revision="v1.0.0").compute(

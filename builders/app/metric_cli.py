@@ -9,8 +9,8 @@ from pathlib import Path
 def _handler(args: argparse.Namespace) -> int:
     from builders.publishing.metric import MetricPublishConfig, publish_metric
 
-    commit = publish_metric(MetricPublishConfig(args.module_dir, args.repo_id, args.version,
-                                                args.endpoint, args.private, args.timeout))
+    commit = publish_metric(MetricPublishConfig(args.repo_id, args.version, args.endpoint, args.private,
+                                                args.timeout, module_dir=args.module_dir))
     print(f"published {args.repo_id}@{args.version} (commit {commit}); load it with "
           f"evaluate.load({args.repo_id!r}, revision={args.version!r})")
     return 0

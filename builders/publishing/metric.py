@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import ast
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.engine.errors import UserFacingError
-from builders.publishing.hub_client import (bound_request_time, check_repo_id, hub_errors,
-                                                  retrying, use_endpoint)
-from builders.publishing.publish import check_version, refuse_existing_tag
+from builders.publishing.hub_client import retrying
+from builders.publishing.publish import refuse_existing_tag
+from builders.publishing.target import HubTarget
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +38,12 @@ launch_gradio_widget(module)
 
 
 @dataclass
-class MetricPublishConfig:
-    """Example: `MetricPublishConfig(Path("evaluate_modules/odmap"), "org/odmap", "v1.0.0")`."""
+class MetricPublishConfig(HubTarget):
+    """What to publish (a module folder) where (a Space whose NAME equals the module file's stem,
+    `NAME.py`). Example: `MetricPublishConfig("org/odmap", "v1.0.0", module_dir=Path(
+    "evaluate_modules/odmap"))`."""
 
-    module_dir: Path
-    #: `ORG/NAME`; NAME must equal the module file's stem (`NAME.py`).
-    repo_id: str
-    version: str
-    endpoint: str | None = None
-    private: bool = False
-    #: seconds one Hub request may wait before it fails (no hang on a stalled server).
-    timeout_s: float = 120.0
+    module_dir: Path = field(kw_only=True)
 
 
 def _relative_imports(path: Path, top_level_only: bool) -> dict[str, int]:
@@ -120,13 +115,10 @@ def publish_metric(cfg: MetricPublishConfig) -> str:
     from huggingface_hub import HfApi
 
     module_dir = Path(cfg.module_dir)
-    check_version(cfg.version)
-    check_repo_id(cfg.repo_id)
+    cfg.check()
     name = cfg.repo_id.split("/")[-1]
     files = space_files(module_dir, name)
-    endpoint = use_endpoint(cfg.endpoint)
-    bound_request_time(cfg.timeout_s)
-    with hub_errors(endpoint, cfg.repo_id, "re-run the same command"):
+    with cfg.session("re-run the same command") as endpoint:
         return _upload_and_tag(HfApi(endpoint=endpoint), cfg, module_dir, name, files)
 
 

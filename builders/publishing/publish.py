@@ -25,44 +25,32 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.engine.errors import PublishError, UserFacingError
-from builders.publishing.hub_client import (bound_request_time, check_answer, check_repo_id,
-                                                  hub_errors, retrying, use_endpoint)
+from builders.publishing.hub_client import check_answer, retrying
+from builders.publishing.target import HubTarget
 from builders.engine.sharding.build_files import (CARD, changed_since_build, check_published_files,
                                                  read_chunks)
 from builders.engine.sharding.layout import MANIFEST, OutputLayout
 
 log = logging.getLogger(__name__)
 
-# ASCII digits only: `\d` would also take `１` or `١`, and `$` a trailing newline.
-VERSION_RE = re.compile(r"v[0-9]+\.[0-9]+\.[0-9]+", re.ASCII)
 _COMMIT_ID = re.compile(r"[0-9a-f]{40}", re.ASCII)
 
 
 @dataclass
-class PublishConfig:
-    """What to publish where."""
+class PublishConfig(HubTarget):
+    """What to publish (a build folder) where (a dataset repo)."""
 
-    output_dir: Path
-    #: `ORG/NAME` of the dataset repo (created when missing).
-    repo_id: str
-    #: Semantic version tag, e.g. `v1.0.0`; tags are immutable.
-    version: str
-    #: Hub URL; default is `HF_ENDPOINT` / huggingface.co.
-    endpoint: str | None = None
-    private: bool = False
+    output_dir: Path = field(kw_only=True)
     #: Upper bound on the bytes of one data commit.
     max_commit_bytes: int = 1_000_000_000
     #: Upper bound on the files of one data commit.
     max_commit_files: int = 100
     #: Attempts for one Hub call that fails with 429/5xx or a connection error.
     retries: int = 5
-    #: Seconds a request may wait to connect, send or receive before it counts as failed
-    #: (without it a Hub that stops answering hangs the publish forever).
-    timeout_s: float = 120.0
 
 
 @dataclass
@@ -80,11 +68,6 @@ class PublishResult:
 def git_blob_oid(data: bytes) -> str:
     """The git object id of a file's bytes (what the Hub reports for non-LFS files)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def check_version(version: str) -> None:
-    if not VERSION_RE.fullmatch(version):
-        raise UserFacingError(f"--version {version!r} must look like v1.2.3")
 
 
 def refuse_existing_tag(api, repo: dict, version: str, retries: int) -> None:
@@ -128,16 +111,13 @@ def _check_build(output_dir: Path) -> dict:
 
 def publish(cfg: PublishConfig) -> PublishResult:
     """Upload the build in `cfg.output_dir` and tag it `cfg.version` (see the module docstring)."""
-    check_version(cfg.version)
-    check_repo_id(cfg.repo_id)
+    cfg.check()
     output_dir = Path(cfg.output_dir).resolve()
     manifest = _check_build(output_dir)
     # Every local check (and hash) before the first request: a refused folder uploads nothing.
     files = _version_files(output_dir, manifest, cfg)
-    endpoint = use_endpoint(cfg.endpoint)
-    bound_request_time(cfg.timeout_s)
-    with hub_errors(endpoint, cfg.repo_id, f"re-run the same command to finish {cfg.version} "
-                    "(uploaded shards are not sent again)"):
+    with cfg.session(f"re-run the same command to finish {cfg.version} "
+                     "(uploaded shards are not sent again)") as endpoint:
         return _publish(cfg, files, endpoint)
 
 
