@@ -6,9 +6,8 @@ Expected layout (what cocodataset.org and Karpathy's splits give you):
     ROOT/annotations/captions_<split>.json, instances_<split>.json
     ROOT/dataset_coco.json            (optional: Karpathy split, needed for --karpathy-split)
 
-`read_coco(CocoSourceConfig(root))` returns cheap `CocoImage` records (paths, boxes, captions, no
-pixels) for builders to shard; `CocoSource` exposes the same data as a `datasets` builder class,
-called directly (`CocoSource(config_name="captions", data_dir=ROOT).download_and_prepare()`).
+`read_coco(CocoSourceConfig(root))` returns cheap `SourceImage` records (`loading_scripts.records`:
+paths, boxes, captions, no pixels) for builders to shard.
 Every field is checked (no silent coercion): a malformed file or repeated ids fail the read with
 the file and rows named; a malformed field of one image marks that record's `input_problem`.
 
@@ -27,50 +26,15 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import datasets
-
 from builders.engine.contained_paths import ContainedPaths, is_folder_name
 from builders.engine.errors import InputFileError, InputProblem
+from loading_scripts.records import SourceCaption, SourceImage, SourceObject
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_FIX = ("download COCO from https://cocodataset.org/#download (and Karpathy's "
                 "dataset_coco.json), or make a tiny one with `counterfactory fixture coco DIR`")
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
-
-
-@dataclass(frozen=True)
-class CocoObject:
-    annotation_id: int
-    category: str
-    category_id: int
-    #: x, y, width, height in pixels (COCO convention).
-    bbox: tuple[float, float, float, float]
-    area: float
-    iscrowd: int
-
-
-@dataclass(frozen=True)
-class CocoCaption:
-    caption_id: int
-    text: str
-    #: Set when the caption is not usable text (not a string, blank, invalid Unicode).
-    input_problem: InputProblem | None = None
-
-
-@dataclass(frozen=True)
-class CocoImage:
-    image_id: int
-    path: Path
-    width: int
-    height: int
-    #: The COCO folder (`val2014`) and, when a Karpathy file was read, its split (`test`).
-    coco_split: str
-    karpathy_split: str | None
-    captions: tuple[CocoCaption, ...]
-    objects: tuple[CocoObject, ...] = ()
-    #: The image's first malformed field, if any: builders skip the image and count the reason.
-    input_problem: InputProblem | None = None
 
 
 @dataclass
@@ -201,14 +165,15 @@ def caption_problem(text: object, where: str) -> InputProblem | None:
     return None
 
 
-def _caption(index: _AnnotationFile, ann: dict) -> CocoCaption:
+def _caption(index: _AnnotationFile, ann: dict) -> SourceCaption:
     where = f"{index.path.name}: caption id {ann['id']} of image {ann['image_id']}"
     text = ann.get("caption")
     problem = caption_problem(text, where)
-    return CocoCaption(int(ann["id"]), text.strip() if isinstance(text, str) else "", problem)
+    return SourceCaption(int(ann["id"]), text.strip() if isinstance(text, str) else "",
+                         input_problem=problem)
 
 
-def _object(index: _AnnotationFile, ann: dict) -> CocoObject | InputProblem:
+def _object(index: _AnnotationFile, ann: dict) -> SourceObject | InputProblem:
     where = f"{index.path.name}: annotation id {ann['id']} of image {ann['image_id']}"
     missing = [k for k in ("category_id", "bbox", "area", "iscrowd") if k not in ann]
     if missing:
@@ -226,8 +191,9 @@ def _object(index: _AnnotationFile, ann: dict) -> CocoObject | InputProblem:
         return InputProblem("bad_area", f"{where} has area {ann['area']!r}, not a number >= 0")
     if ann["iscrowd"] not in (0, 1) or isinstance(ann["iscrowd"], bool):
         return InputProblem("bad_annotation", f"{where} has iscrowd {ann['iscrowd']!r}, not 0 or 1")
-    return CocoObject(int(ann["id"]), index.categories[int(category_id)], int(category_id),
-                      tuple(float(v) for v in bbox), float(ann["area"]), int(ann["iscrowd"]))
+    return SourceObject(index.categories[int(category_id)], tuple(float(v) for v in bbox),
+                        object_id=int(ann["id"]), category_id=int(category_id),
+                        area=float(ann["area"]), iscrowd=int(ann["iscrowd"]))
 
 
 def _karpathy(cfg: CocoSourceConfig) -> dict[int, tuple[str, str]]:
@@ -268,7 +234,7 @@ def _coco_splits(cfg: CocoSourceConfig, karpathy: dict[int, tuple[str, str]] | N
 
 
 def _record(paths: ContainedPaths, split: str, image_id: int, k_split: str | None,
-            caps: _AnnotationFile, inst: _AnnotationFile | None) -> CocoImage:
+            caps: _AnnotationFile, inst: _AnnotationFile | None) -> SourceImage:
     """One image with its annotations; its first malformed field (if any) becomes its
     `input_problem`: the whole image is skipped rather than used with a caption or box missing."""
     meta = caps.images[image_id]
@@ -290,14 +256,14 @@ def _record(paths: ContainedPaths, split: str, image_id: int, k_split: str | Non
             objects.append(obj)
     problem = next((p for p in problems if p is not None), None)
     valid_size = problem is None or problem.reason != "bad_image_entry"
-    return CocoImage(image_id=image_id, path=paths.base / str(meta.get("file_name", "")),
-                     width=int(meta["width"]) if valid_size else 0,
-                     height=int(meta["height"]) if valid_size else 0,
-                     coco_split=split, karpathy_split=k_split, captions=captions,
-                     objects=tuple(objects), input_problem=problem)
+    return SourceImage(image_id=image_id, path=paths.base / str(meta.get("file_name", "")),
+                       width=int(meta["width"]) if valid_size else 0,
+                       height=int(meta["height"]) if valid_size else 0,
+                       split=k_split or split, folder=split, captions=captions,
+                       objects=tuple(objects), input_problem=problem)
 
 
-def read_coco(cfg: CocoSourceConfig) -> list[CocoImage]:
+def read_coco(cfg: CocoSourceConfig) -> list[SourceImage]:
     """All images of the selected splits, sorted by image id, with captions and boxes.
 
     A file that cannot be trusted as a whole (malformed JSON, repeated ids, annotations of
@@ -312,7 +278,7 @@ def read_coco(cfg: CocoSourceConfig) -> list[CocoImage]:
             raise InputFileError(root, f"unknown Karpathy split(s) {sorted(unknown)}",
                                  f"choose from {', '.join(KARPATHY_SPLITS)}")
     karpathy = _karpathy(cfg) if cfg.karpathy_splits else None
-    records: list[CocoImage] = []
+    records: list[SourceImage] = []
     seen: dict[int, str] = {}
     for split in _coco_splits(cfg, karpathy):
         cap_path = root / "annotations" / f"captions_{split}.json"
@@ -339,79 +305,3 @@ def read_coco(cfg: CocoSourceConfig) -> list[CocoImage]:
     log.info("read %d COCO images from %s (%d with malformed annotations, skipped by builders)",
              len(records), root, bad)
     return records
-
-
-# ----------------------------------------------------------------------------- datasets builder
-
-_OBJECTS = datasets.List({
-    "category": datasets.Value("string"), "category_id": datasets.Value("int32"),
-    "bbox": datasets.Sequence(datasets.Value("float32"), length=4),
-    "area": datasets.Value("float32"), "iscrowd": datasets.Value("int8"),
-})
-FEATURES = {
-    "captions": datasets.Features({
-        "image": datasets.Image(), "image_id": datasets.Value("int64"),
-        "caption_id": datasets.Value("int64"), "caption": datasets.Value("string"),
-    }),
-    "instances": datasets.Features({
-        "image": datasets.Image(), "image_id": datasets.Value("int64"),
-        "width": datasets.Value("int32"), "height": datasets.Value("int32"),
-        "captions": datasets.List(datasets.Value("string")), "objects": _OBJECTS,
-    }),
-}
-
-
-@dataclass
-class CocoSourceBuilderConfig(datasets.BuilderConfig):
-    """`name` is `captions` (a row per caption) or `instances` (a row per image, with boxes)."""
-
-    karpathy_splits: tuple[str, ...] | None = None
-    coco_splits: tuple[str, ...] | None = None
-    extra: dict = field(default_factory=dict)
-
-
-class CocoSource(datasets.GeneratorBasedBuilder):
-    """COCO as a `datasets` builder, called directly (never as a Hub loading script)."""
-
-    BUILDER_CONFIG_CLASS = CocoSourceBuilderConfig
-    BUILDER_CONFIGS = [CocoSourceBuilderConfig(name=n) for n in FEATURES]
-    DEFAULT_CONFIG_NAME = "captions"
-
-    def _info(self) -> datasets.DatasetInfo:
-        return datasets.DatasetInfo(description="MS-COCO images, captions and boxes",
-                                    features=FEATURES[self.config.name],
-                                    homepage="https://cocodataset.org")
-
-    def _split_generators(self, dl_manager):
-        if not self.config.data_dir:
-            raise InputFileError("data_dir", "CocoSource needs data_dir=<COCO root>", DOWNLOAD_FIX)
-        root = Path(self.config.data_dir)
-        if self.config.karpathy_splits:
-            groups = {s: CocoSourceConfig(root, karpathy_splits=(s,),
-                                          with_instances=self.config.name == "instances")
-                      for s in self.config.karpathy_splits}
-        else:
-            splits = self.config.coco_splits or _coco_splits(CocoSourceConfig(root), None)
-            groups = {s: CocoSourceConfig(root, coco_splits=(s,),
-                                          with_instances=self.config.name == "instances")
-                      for s in splits}
-        return [datasets.SplitGenerator(name=name, gen_kwargs={"source": cfg})
-                for name, cfg in groups.items()]
-
-    def _generate_examples(self, source: CocoSourceConfig):
-        for rec in read_coco(source):
-            if rec.input_problem is not None:
-                log.warning("skipping image %d (%s): %s", rec.image_id, rec.input_problem.reason,
-                            rec.input_problem.detail)
-                continue
-            if self.config.name == "captions":
-                for cap in rec.captions:
-                    yield cap.caption_id, {"image": str(rec.path), "image_id": rec.image_id,
-                                           "caption_id": cap.caption_id, "caption": cap.text}
-            else:
-                yield rec.image_id, {
-                    "image": str(rec.path), "image_id": rec.image_id, "width": rec.width,
-                    "height": rec.height, "captions": [c.text for c in rec.captions],
-                    "objects": [{"category": o.category, "category_id": o.category_id,
-                                 "bbox": list(o.bbox), "area": o.area, "iscrowd": o.iscrowd}
-                                for o in rec.objects]}

@@ -16,9 +16,8 @@ COCO (x, y, width, height) with width = xmax - xmin. Entity boxes marked `nobndb
 not boxes and are skipped. Without Entities, captions come from Karpathy's `raw` sentences and
 images have no boxes.
 
-`read_flickr30k(Flickr30kSourceConfig(root, splits=("test",)))` returns `Flickr30kImage` records
-(paths, boxes, captions with phrase spans; no pixels). `Flickr30kSource` exposes the same data as
-a `datasets` builder class called directly (`Flickr30kSource(data_dir=ROOT).download_and_prepare()`).
+`read_flickr30k(Flickr30kSourceConfig(root, splits=("test",)))` returns `SourceImage` records
+(`loading_scripts.records`: paths, boxes, captions with phrase spans; no pixels).
 
 A `filename` must name a file inside `flickr30k-images/` or elsewhere inside ROOT, after `..` and
 symlinks (`builders.engine.contained_paths`; the folder itself may be a symlink): one that leads
@@ -31,61 +30,24 @@ import logging
 import math
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
 from PIL import Image
 
 from builders.engine.contained_paths import ContainedPaths
 from builders.engine.errors import InputFileError, InputProblem
 from loading_scripts.coco import load_json
+from loading_scripts.records import EntityPhrase, SourceCaption, SourceImage, SourceObject
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_FIX = ("get Flickr30k from https://shannon.cs.illinois.edu/DenotationGraph/, Karpathy's "
                 "dataset_flickr30k.json, and optionally https://github.com/BryanPlummer/flickr30k_entities")
 SPLITS = ("train", "val", "test")
+IMAGES_FOLDER = "flickr30k-images"
 ENTITY_TYPES = ("people", "clothing", "bodyparts", "animals", "vehicles", "instruments", "scene", "other")
 _PHRASE = re.compile(r"\[/EN#(\d+)((?:/[^\s\]]+)+) ([^\]]*)\]")
-
-
-@dataclass(frozen=True)
-class EntityPhrase:
-    """An annotated phrase: character span [start, end) in the caption text, entity id, types."""
-
-    start: int
-    end: int
-    entity_id: int
-    types: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Flickr30kCaption:
-    caption_id: int
-    text: str
-    phrases: tuple[EntityPhrase, ...] = ()
-
-
-@dataclass(frozen=True)
-class Flickr30kObject:
-    entity_id: int
-    category: str
-    #: x, y, width, height in pixels (COCO convention).
-    bbox: tuple[float, float, float, float]
-
-
-@dataclass(frozen=True)
-class Flickr30kImage:
-    image_id: int
-    path: Path
-    width: int
-    height: int
-    split: str
-    captions: tuple[Flickr30kCaption, ...]
-    objects: tuple[Flickr30kObject, ...] = ()
-    #: Set when a caption of this image is not usable text: builders skip and count the image.
-    input_problem: InputProblem | None = None
 
 
 @dataclass
@@ -131,7 +93,7 @@ def _read_sentences(path: Path) -> list[tuple[str, tuple[EntityPhrase, ...]]]:
 
 
 def _read_boxes(path: Path, entity_types: dict[int, tuple[str, ...]]
-                ) -> tuple[tuple[int, int] | None, tuple[Flickr30kObject, ...]]:
+                ) -> tuple[tuple[int, int] | None, tuple[SourceObject, ...]]:
     if not path.is_file():
         raise InputFileError(path, "Entities annotation file is missing", DOWNLOAD_FIX)
     try:
@@ -162,7 +124,7 @@ def _read_boxes(path: Path, entity_types: dict[int, tuple[str, ...]]
             entity = int(name.text)
             types = entity_types.get(entity)
             if types:
-                objects.append(Flickr30kObject(entity, types[0], (x0, y0, x1 - x0, y1 - y0)))
+                objects.append(SourceObject(types[0], (x0, y0, x1 - x0, y1 - y0), object_id=entity))
     return size, tuple(objects)
 
 
@@ -175,7 +137,7 @@ def _entities_dir(cfg: Flickr30kSourceConfig) -> Path | None:
     return default if default.is_dir() else None
 
 
-def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
+def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[SourceImage]:
     """Images of the selected Karpathy splits, sorted by image id, with captions (and boxes)."""
     root = Path(cfg.root)
     unknown = set(cfg.splits) - set(SPLITS)
@@ -184,7 +146,7 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
     path = Path(cfg.karpathy_file or root / "dataset_flickr30k.json")
     data = load_json(path, "Karpathy split")
     entities = _entities_dir(cfg)
-    paths = ContainedPaths(root, "flickr30k-images")
+    paths = ContainedPaths(root, IMAGES_FOLDER)
     records = []
     rows: dict[int, int] = {}
     for row, entry in enumerate(data.get("images", [])):
@@ -207,8 +169,8 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
              for sid, text in raw if not isinstance(text, str) or not text.strip()), None)
         sentences = [(sid, text.strip() if isinstance(text, str) else "") for sid, text in raw]
         image_path = paths.base / name
-        captions = tuple(Flickr30kCaption(sid, text) for sid, text in sentences)
-        objects: tuple[Flickr30kObject, ...] = ()
+        captions = tuple(SourceCaption(sid, text) for sid, text in sentences)
+        objects: tuple[SourceObject, ...] = ()
         size = None
         if entities is not None:
             annotated = _read_sentences(entities / "Sentences" / f"{image_id}.txt")
@@ -216,14 +178,14 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[Flickr30kImage]:
                 raise InputFileError(entities / "Sentences" / f"{image_id}.txt",
                                      f"has {len(annotated)} sentences, Karpathy's file {len(sentences)}",
                                      "use matching releases of both files")
-            captions = tuple(Flickr30kCaption(sid, text, phrases)
+            captions = tuple(SourceCaption(sid, text, phrases)
                              for (sid, _), (text, phrases) in zip(sentences, annotated))
             types = {p.entity_id: p.types for c in captions for p in c.phrases}
             size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
         if size is None:
             size = (0, 0) if problem is not None else _image_size(image_path)
-        records.append(Flickr30kImage(image_id, image_path, size[0], size[1], split, captions, objects,
-                                      problem))
+        records.append(SourceImage(image_id, image_path, size[0], size[1], split, IMAGES_FOLDER,
+                                   captions, objects, problem))
     records.sort(key=lambda r: r.image_id)
     log.info("read %d Flickr30k images from %s (entities: %s)", len(records), root, entities or "none")
     return records
@@ -237,51 +199,3 @@ def _image_size(path: Path) -> tuple[int, int]:
             return img.size
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return (0, 0)
-
-
-# ----------------------------------------------------------------------------- datasets builder
-
-FEATURES = datasets.Features({
-    "image": datasets.Image(), "image_id": datasets.Value("int64"),
-    "caption_ids": datasets.List(datasets.Value("int64")),
-    "captions": datasets.List(datasets.Value("string")),
-    "objects": datasets.List({"entity_id": datasets.Value("int64"), "category": datasets.Value("string"),
-                              "bbox": datasets.List(datasets.Value("float32"), length=4)}),
-})
-
-
-@dataclass
-class Flickr30kBuilderConfig(datasets.BuilderConfig):
-    splits: tuple[str, ...] = SPLITS
-    entities_dir: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
-class Flickr30kSource(datasets.GeneratorBasedBuilder):
-    """Flickr30k as a `datasets` builder, called directly (never as a Hub loading script)."""
-
-    BUILDER_CONFIG_CLASS = Flickr30kBuilderConfig
-    BUILDER_CONFIGS = [Flickr30kBuilderConfig(name="default")]
-
-    def _info(self) -> datasets.DatasetInfo:
-        return datasets.DatasetInfo(description="Flickr30k images, captions and Entities boxes",
-                                    features=FEATURES, homepage="https://shannon.cs.illinois.edu/DenotationGraph/")
-
-    def _split_generators(self, dl_manager):
-        if not self.config.data_dir:
-            raise InputFileError("data_dir", "Flickr30kSource needs data_dir=<Flickr30k root>", DOWNLOAD_FIX)
-        entities = Path(self.config.entities_dir) if self.config.entities_dir else None
-        return [datasets.SplitGenerator(name=s, gen_kwargs={"source": Flickr30kSourceConfig(
-            Path(self.config.data_dir), splits=(s,), entities_dir=entities)}) for s in self.config.splits]
-
-    def _generate_examples(self, source: Flickr30kSourceConfig):
-        for rec in read_flickr30k(source):
-            if rec.input_problem is not None:
-                log.warning("skipping image %d: %s", rec.image_id, rec.input_problem.detail)
-                continue
-            yield rec.image_id, {
-                "image": str(rec.path), "image_id": rec.image_id,
-                "caption_ids": [c.caption_id for c in rec.captions],
-                "captions": [c.text for c in rec.captions],
-                "objects": [{"entity_id": o.entity_id, "category": o.category, "bbox": list(o.bbox)}
-                            for o in rec.objects]}

@@ -26,7 +26,6 @@ from PIL import Image, ImageFilter
 from builders.decorrelation.captions import (CLIP_TEMPLATES, CaptionConfig, CaptionSynthesizer,
                                         EntityPhrases)
 from builders.app.cli import main as cli_main
-from builders.decorrelation.source import SourceCaption
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.devtools.fixtures.coco import CocoFixtureConfig, drawn_object_mask, write_coco_fixture
 from builders.decorrelation.fill import FillConfig, ImageFiller
@@ -34,6 +33,7 @@ from builders.models.profiles import resolve_profile
 from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE
 from counterfactory_metrics.odmap.noun_phrases import noun_phrases
 from loading_scripts.flickr30k import parse_entity_sentence
+from loading_scripts.records import SourceCaption
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_odmap import reference_match, reference_odmap_from_rankings  # noqa: E402
@@ -408,12 +408,12 @@ def test_flickr30k_with_entities(tmp_path, tiny_models_dir):
     assert Counter(tuple(r["mentioned_classes"]) for r in gallery) == Counter(
         {("people", "animals"): 3 * len(karpathy), ("people",): len(karpathy), (): len(karpathy)})
 
-    from loading_scripts.flickr30k import Flickr30kSource
-    source = Flickr30kSource(data_dir=str(root), cache_dir=str(tmp_path / "cache"))
-    source.download_and_prepare()
-    test = source.as_dataset("test")
+    from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
+    test = read_flickr30k(Flickr30kSourceConfig(root, splits=("test",)))
     assert len(test) == sum(e["split"] == "test" for e in karpathy)
-    assert [o["category"] for o in test[0]["objects"]] == ["people", "animals"]
+    assert [o.category for o in test[0].objects] == ["people", "animals"]
+    assert all(r.split == "test" and r.folder == "flickr30k-images" and r.input_problem is None
+               for r in test)
 
     from builders.decorrelation.source import SourceConfig, read_source
     xml = next((root / "flickr30k_entities/Annotations").glob("*.xml"))

@@ -12,7 +12,6 @@ import pytest
 from builders.engine.errors import InputFileError
 from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations
 from loading_scripts.eccv import (
-    EccvPositivesSource,
     coco_test_caption_ids,
     eccv_data_dir,
     pm_positives,
@@ -45,6 +44,7 @@ def test_known_sizes_of_the_shipped_annotations():
     eccv, coco = read_positives("eccv"), read_positives("coco")
     assert (len(eccv.i2t), len(eccv.t2i)) == (1261, 1332)  # paper: 1,261 images, 1,333 captions
     assert (len(coco.i2t), len(coco.t2i)) == (5000, 25000)
+    assert len(read_positives("cxc").i2t) == 5000
     ids = coco_test_caption_ids()
     np.testing.assert_array_equal(ids, np.load(eccv_data_dir() / "coco_test_ids.npy"))
     assert sorted(ids.tolist()) == sorted(coco.t2i)
@@ -65,34 +65,19 @@ def test_coco_1k_folds_partition_the_test_split():
     assert seen_images == set(ann.coco.i2t)
 
 
-def test_builder_yields_the_same_rows(tmp_path):
-    builder = EccvPositivesSource(config_name="cxc", cache_dir=str(tmp_path / "cache"))
-    builder.download_and_prepare()
-    t2i = builder.as_dataset("t2i")
-    expected = raw("cxc", "t2i")
-    assert len(t2i) == len(expected)
-    assert {r["query_id"]: r["positive_ids"] for r in t2i} == expected
-    assert len(builder.as_dataset("i2t")) == 5000
-
-
 def write_pm_files(folder: Path, i2t: dict, t2i: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pm_image_to_caption.json").write_text(json.dumps({str(k): v for k, v in i2t.items()}))
     (folder / "pm_caption_to_image.json").write_text(json.dumps({str(k): v for k, v in t2i.items()}))
 
 
-def test_pm_files_read_directly_and_through_the_builder(tmp_path):
+def test_pm_files_read(tmp_path):
     write_pm_files(tmp_path / "pm", {1: [10, 11]}, {10: [1], 11: [1, 2]})
     pm = read_pm_positives(tmp_path / "pm")
     assert pm.t2i[11].tolist() == [1, 2]
-    builder = EccvPositivesSource(config_name="pm", data_dir=str(tmp_path / "pm"),
-                                  cache_dir=str(tmp_path / "cache"))
-    builder.download_and_prepare()
-    assert builder.as_dataset("i2t")[0] == {"query_id": 1, "positive_ids": [10, 11]}
+    assert {k: v.tolist() for k, v in pm.i2t.items()} == {1: [10, 11]}
     with pytest.raises(InputFileError, match="pm_image_to_caption.json: PM positives file is missing"):
         read_pm_positives(tmp_path)
-    with pytest.raises(InputFileError, match="pm config needs data_dir"):
-        EccvPositivesSource(config_name="pm", cache_dir=str(tmp_path / "c2")).download_and_prepare()
 
 
 @pytest.mark.parametrize("content, problem", [

@@ -14,7 +14,7 @@ from PIL import Image
 from builders.app.cli import main as cli_main
 from builders.engine.errors import InputFileError
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture, write_flickr30k_fixture
-from loading_scripts.coco import CocoSource, CocoSourceConfig, read_coco
+from loading_scripts.coco import CocoSourceConfig, read_coco
 from loading_scripts.images import open_rgb_image
 
 
@@ -81,7 +81,7 @@ def test_read_coco_agrees_with_raw_json(coco_fixture_dir):
     assert [r.image_id for r in records] == expected_ids
     caps = json.loads((coco_fixture_dir / "annotations" / "captions_val2014.json").read_text())
     for rec in records:
-        assert rec.path.is_file() and rec.karpathy_split == "test"
+        assert rec.path.is_file() and rec.split == "test" and rec.path.parent.name == rec.folder
         assert sorted(c.text for c in rec.captions) == sorted(
             a["caption"] for a in caps["annotations"] if a["image_id"] == rec.image_id)
         assert len(rec.captions) == 5 and rec.objects
@@ -89,21 +89,23 @@ def test_read_coco_agrees_with_raw_json(coco_fixture_dir):
     assert len(everything) == len(karpathy)
 
 
-def test_coco_source_builder_class(coco_fixture_dir, tmp_path):
-    captions = CocoSource(config_name="captions", data_dir=str(coco_fixture_dir),
-                          cache_dir=str(tmp_path / "c1"), karpathy_splits=("test", "val"))
-    captions.download_and_prepare()
-    test = captions.as_dataset("test")
-    records = read_coco(CocoSourceConfig(coco_fixture_dir, karpathy_splits=("test",)))
-    assert len(test) == sum(len(r.captions) for r in records)
-    assert test[0]["image"].size == (128, 96)
-    instances = CocoSource(config_name="instances", data_dir=str(coco_fixture_dir),
-                           cache_dir=str(tmp_path / "c2"))
-    instances.download_and_prepare()
-    val = instances.as_dataset("val2014")
-    row = val[0]
-    rec = next(r for r in read_coco(CocoSourceConfig(coco_fixture_dir)) if r.image_id == row["image_id"])
-    assert [o["category"] for o in row["objects"]] == [o.category for o in rec.objects]
+def test_read_coco_records_agree_with_instances_and_pixels(coco_fixture_dir):
+    records = {r.image_id: r for r in read_coco(CocoSourceConfig(coco_fixture_dir))}
+    inst = json.loads((coco_fixture_dir / "annotations" / "instances_val2014.json").read_text())
+    cats = {c["id"]: c["name"] for c in inst["categories"]}
+    for meta in inst["images"]:
+        rec = records[meta["id"]]
+        assert rec.folder == "val2014" and (rec.width, rec.height) == (meta["width"], meta["height"])
+        assert open_rgb_image(rec.path).size == (rec.width, rec.height) == (128, 96)
+        anns = sorted((a for a in inst["annotations"] if a["image_id"] == meta["id"]),
+                      key=lambda a: a["id"])
+        assert [(o.object_id, o.category, o.category_id, list(o.bbox), o.area, o.iscrowd)
+                for o in rec.objects] == [(a["id"], cats[a["category_id"]], a["category_id"],
+                                           a["bbox"], a["area"], a["iscrowd"]) for a in anns]
+    caption_splits = read_coco(CocoSourceConfig(coco_fixture_dir, karpathy_splits=("test", "val"),
+                                                with_instances=False))
+    assert {r.split for r in caption_splits} == {"test", "val"}
+    assert all(not r.objects for r in caption_splits)
 
 
 def test_flickr30k_fixture(tmp_path):

@@ -15,8 +15,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from builders.decorrelation.selection import (REASONS, Box, SelectionConfig, box_mask, select_removals)
+from builders.decorrelation.selection import (REASONS, SelectionConfig, box_mask, select_removals)
 from loading_scripts.coco import CocoSourceConfig, read_coco
+from loading_scripts.records import SourceObject
 
 
 def touched_pixels(box, width, height, grow=0.0):
@@ -69,7 +70,7 @@ def brute_force(boxes, width, height, alpha1=0.4, alpha2=0.8, alpha3=0.7):
 
 
 def ours(boxes, width, height, **alphas):
-    sel = select_removals([Box(c, b) for c, b in boxes], width, height, SelectionConfig(**alphas))
+    sel = select_removals([SourceObject(c, b) for c, b in boxes], width, height, SelectionConfig(**alphas))
     got = set()
     for r in sel.removals:
         region = frozenset(map(tuple, np.argwhere(r.mask).tolist()))

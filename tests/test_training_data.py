@@ -428,3 +428,44 @@ def test_kim2023_recipe_is_the_decorrelation_papers():
     # A flag overrides one field and keeps the rest.
     o = _parse("--recipe", "kim2023", "--lr", "1e-5").optim
     assert (o.epochs, o.batch_size, o.optimizer, o.lr) == (10, 256, "adam", 1e-5)
+
+
+def test_a_path_only_image_cell_is_one_line_and_never_opened(tmp_path):
+    """A cell `{"bytes": None, "path": ...}` names a file of the user's, chosen by whoever made
+    the dataset: the trainer refuses the table in one line and never opens that file."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training_helpers import REAL_FEATURES, png
+
+    secret = tmp_path / "home" / "secret.png"
+    secret.parent.mkdir()
+    secret.write_bytes(png((13, 200, 77)))
+    opened: list[str] = []
+    watched = str(secret.parent)
+
+    def audit(event: str, args: tuple) -> None:
+        if watched and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) \
+                and os.fsdecode(args[0]).startswith(watched):
+            opened.append(os.fsdecode(args[0]))
+
+    sys.addaudithook(audit)
+    real = tmp_path / "real"
+    (real / "data").mkdir(parents=True)
+    rows = [{"image": {"bytes": png((200, 20, 20)), "path": None}, "image_id": 1,
+             "caption_ids": [1], "captions": ["a red cube"]},
+            {"image": {"bytes": None, "path": str(secret)}, "image_id": 2,
+             "caption_ids": [2], "captions": ["a green cube"]}]
+    # Written with pyarrow, so `datasets` does not embed the file the path-only cell names.
+    pq.write_table(pa.Table.from_pylist(rows, schema=REAL_FEATURES.arrow_schema),
+                   real / "data" / "train-00000-of-00001.parquet")
+    with pytest.raises(DataInputError) as raised:
+        build_mixture(DataConfig(real=SourceRef(str(real)), real_train_splits=("train",)))
+    watched = ""
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"(config 'default', split 'train'): 1 cell(s) of image column 'image' hold no image " \
+        f"bytes (row 1: path {str(secret)!r})" in message
+    assert opened == [], "the trainer opened the file a path-only cell names"

@@ -1,8 +1,10 @@
 """Reading our datasets by repo id + revision (or a local build folder), with clear input errors.
 
-Every table is opened with `load_dataset` (memory-mapped Arrow; nothing is decoded), its image
-columns are switched to undecoded bytes so the DataLoader workers decode them, and the run
-records what it read: path, revision, resolved commit and row counts.
+Every table is opened with `load_dataset` (`open_split`: memory-mapped Arrow; nothing is
+decoded; a loading-script folder is one line), its image columns are switched to undecoded bytes
+so the DataLoader workers decode them, and the run records what it read: path, revision, resolved
+commit and row counts. An image cell without bytes (path-only, `{"bytes": None, "path": ...}`)
+is a one-line error naming the table, row and path; the path is never opened.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from pathlib import Path
 
 import datasets
 
+from builders.engine.dataset_source import open_split
 from builders.engine.errors import UserFacingError
 from training.config import SourceRef
 
 log = logging.getLogger(__name__)
+
+#: The trainer's options that name a dataset (a one-line error tells which to fix).
+DATASET_FLAGS = "--real / --decorrelation / --counterfactuals"
 
 
 class DataInputError(UserFacingError, ValueError):
@@ -67,13 +73,15 @@ def open_table(ref: SourceRef, config: str, split: str, needed: dict[str, type],
     non-image column where an image is needed raises a one-line error naming the table.
     """
     where = f"{ref.path}{'@' + ref.revision if ref.revision else ''} (config {config!r}, split {split!r})"
-    try:
-        ds = datasets.load_dataset(ref.path, config, split=split, revision=ref.revision)
-    except ValueError as err:
-        raise DataInputError(f"{where}: cannot load it ({str(err)[:200]}); check the config and "
-                             "split names in the dataset card's `configs:`") from None
-    except FileNotFoundError as err:
-        raise DataInputError(f"{where}: not found ({str(err)[:200]})") from None
+
+    def cannot_load(err: Exception) -> DataInputError:
+        if isinstance(err, FileNotFoundError):
+            return DataInputError(f"{where}: not found ({str(err)[:200]})")
+        return DataInputError(f"{where}: cannot load it ({str(err)[:200]}); check the config and "
+                              "split names in the dataset card's `configs:`")
+
+    ds = open_split(ref.path, config, split, flag=DATASET_FLAGS, revision=ref.revision,
+                    cannot_load=cannot_load)
     missing = [c for c in needed if c not in ds.column_names]
     if missing:
         raise DataInputError(f"{where} has no column(s) {missing} (it has {ds.column_names}); "
@@ -85,6 +93,26 @@ def open_table(ref: SourceRef, config: str, split: str, needed: dict[str, type],
                 raise DataInputError(f"{where}: column {column!r} is {ds.features[column]}, not an "
                                      "image column")
             ds = ds.cast_column(column, datasets.Image(decode=False))
+            _require_image_bytes(ds, column, where)
     record = TableRecord(ref.path, ref.revision, commit, config, split, len(ds))
     log.info("read %s: %d rows", where, len(ds))
     return ds, record
+
+
+def _require_image_bytes(ds: datasets.Dataset, column: str, where: str) -> None:
+    """Every cell of image column `column` must hold its image's bytes: the DataLoader decodes
+    bytes only, and a cell that names a file (`{"bytes": None, "path": ...}`) names one of the
+    user's files, chosen by whoever made the dataset, so it is refused here, never opened."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    cells = ds.with_format("arrow")[column]
+    no_bytes = pc.equal(pc.fill_null(pc.binary_length(pc.struct_field(cells, "bytes")), 0), 0)
+    rows = np.flatnonzero(no_bytes.to_numpy(zero_copy_only=False))
+    if len(rows):
+        first = cells[int(rows[0])].as_py()
+        named = f"path {first['path']!r}" if first else "no cell"
+        raise DataInputError(f"{where}: {len(rows)} cell(s) of image column {column!r} hold no "
+                             f"image bytes (row {rows[0]}: {named}); training reads image bytes "
+                             "only, never a file a dataset names: rebuild or republish the dataset "
+                             "with its images embedded")

@@ -85,7 +85,7 @@ class CocoCaptionsBuilder:
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=str(err))
                 continue
-            split = rec.karpathy_split
+            split = rec.split
             yield Emit(f"default/{split}", {
                 "image": image, "image_id": rec.image_id, "file_name": rec.path.name,
                 "caption_ids": [c.caption_id for c in rec.captions],

@@ -35,7 +35,7 @@ from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
                                              ImageStageConfig)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
 from builders.engine import progress
-from builders.engine.dataset_source import load_dataset_split, no_dataset_scripts, stored_values
+from builders.engine.dataset_source import load_dataset_split, open_split, stored_values
 from builders.engine.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
 from builders.engine.provenance import model_names
@@ -277,19 +277,19 @@ class CocoCounterfactualsBuilder:
                                              karpathy_splits=cfg.karpathy_splits,
                                              with_instances=False))
         # read_coco validated the files and sorts by ids; the file order is read here.
-        folders = list(cfg.coco_splits) if cfg.coco_splits else sorted({r.coco_split for r in records})
+        folders = list(cfg.coco_splits) if cfg.coco_splits else sorted({r.folder for r in records})
         position = {}
         for rank, folder in enumerate(folders):
             anns = load_json(root / "annotations" / f"captions_{folder}.json", "captions")["annotations"]
             position.update({(folder, int(a["id"])): (rank, row) for row, a in enumerate(anns)})
         captions = sorted(((rec, cap) for rec in records for cap in rec.captions),
-                          key=lambda rc: position[rc[0].coco_split, rc[1].caption_id])
+                          key=lambda rc: position[rc[0].folder, rc[1].caption_id])
         seen: dict[int, int] = {}
         items = []
         for rec, cap in captions:
             k = seen[rec.image_id] = seen.get(rec.image_id, -1) + 1
             items.append(CaptionItem(id=f"{rec.image_id}_{k}", text=cap.text,
-                                     source=f"coco/{rec.coco_split}", source_id=str(cap.caption_id),
+                                     source=f"coco/{rec.folder}", source_id=str(cap.caption_id),
                                      source_image_id=str(rec.image_id), input_problem=cap.input_problem))
         return items
 
@@ -313,12 +313,10 @@ class CocoCounterfactualsBuilder:
 
     def _caption_pairs(self) -> list[dict[str, Any]]:
         path = Path(self.config.captions_from)
-        with no_dataset_scripts(str(path), "--captions-from"):
-            try:
-                ds = datasets.load_dataset(str(path), "captions", split=self.config.split)
-            except (FileNotFoundError, ValueError) as err:
-                raise InputFileError(path, f"holds no `captions` config with a {self.config.split!r} "
-                                     f"split ({err})", "build it with --stage captions first") from err
+        ds = open_split(str(path), "captions", self.config.split, flag="--captions-from",
+                        cannot_load=lambda err: InputFileError(
+                            path, f"holds no `captions` config with a {self.config.split!r} split "
+                            f"({err})", "build it with --stage captions first"))
         missing = set(CAPTION_FEATURES) - set(ds.column_names)
         if missing:
             raise InputFileError(path, f"caption pairs lack columns {sorted(missing)}",

@@ -117,7 +117,7 @@ class DecorrelationBuilder:
         if "odmap" in cfg.products:
             splits |= {cfg.query_split, *cfg.gallery_splits}
         records = read_source(cfg.source, tuple(sorted(splits)))
-        unknown = sorted({b.category for r in records for b in r.boxes} - set(cfg.source.class_names))
+        unknown = sorted({b.category for r in records for b in r.objects} - set(cfg.source.class_names))
         if unknown:  # checked up front: matching would otherwise fail mid-run on these classes
             raise UserFacingError(f"{cfg.source.root}: box categories {unknown} are not among the "
                                   f"{len(cfg.source.class_names)} classes of the matching table")
@@ -187,7 +187,7 @@ class DecorrelationBuilder:
             yield Skip("invalid_image_size", kind="error",
                        detail=f"image {rec.image_id}: annotated size {rec.width}x{rec.height}")
             return
-        selection = select_removals(rec.boxes, rec.width, rec.height, cfg.selection)
+        selection = select_removals(rec.objects, rec.width, rec.height, cfg.selection)
         for rejection in selection.rejections:
             yield Skip(rejection.reason, detail=f"image {rec.image_id} {rejection.anchor}: {rejection.detail}")
         if not selection.removals:
@@ -245,7 +245,7 @@ class DecorrelationBuilder:
             "image_id": rec.image_id, "source_split": rec.split, "image": synthetic,
             "removed_classes": list(removal.removed), "present_classes": list(removal.present),
             "anchor_class": removal.anchor, "removal": removal.kind,
-            "removed_boxes": [{"category": rec.boxes[i].category, "bbox": list(rec.boxes[i].bbox)}
+            "removed_boxes": [{"category": rec.objects[i].category, "bbox": list(rec.objects[i].bbox)}
                               for i in removal.box_indices],
             "mask": Image.fromarray(fill_mask.astype(np.uint8) * 255, mode="L"),
             "region_fraction": removal.region_fraction, "fill": cfg.fill.method,

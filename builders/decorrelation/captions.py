@@ -30,10 +30,10 @@ import numpy as np
 from PIL import Image
 
 from builders.decorrelation.options import CAPTION_METHODS
-from builders.decorrelation.source import SourceCaption
 from builders.engine.errors import UserFacingError
 from counterfactory_metrics.odmap.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
                                         NpRemoval, remove_noun_phrases_with_reason)
+from loading_scripts.records import SourceCaption
 
 REASON_EMPTY = "caption_empty"
 

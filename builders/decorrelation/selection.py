@@ -29,7 +29,8 @@ Choices where the paper is silent (also in the dataset card):
   B inside A); each is a separate candidate.
 
 Example:
-    >>> sel = select_removals([Box("dog", (0, 0, 4, 4)), Box("cat", (6, 6, 4, 4))], 10, 10)
+    >>> boxes = [SourceObject("dog", (0, 0, 4, 4)), SourceObject("cat", (6, 6, 4, 4))]
+    >>> sel = select_removals(boxes, 10, 10)
     >>> [(r.anchor, r.kind, r.removed, r.present) for r in sel.removals]
     [('cat', 'single', ('cat',), ('dog',)), ('dog', 'single', ('dog',), ('cat',))]
 """
@@ -41,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+
+from loading_scripts.records import SourceObject
 
 REASON_EMPTY_BOX = "empty_box"
 REASON_FEW_CLASSES = "fewer_than_two_classes"
@@ -75,13 +78,6 @@ class SelectionConfig:
             raise ValueError(f"alpha1 ({self.alpha1}) must not exceed alpha2 ({self.alpha2})")
         if self.min_classes < 2:
             raise ValueError(f"min_classes must be at least 2, got {self.min_classes}")
-
-
-@dataclass(frozen=True)
-class Box:
-    category: str
-    #: x, y, width, height in pixels (COCO convention).
-    bbox: tuple[float, float, float, float]
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,7 +135,7 @@ def _pixel_range(start: float, size: float, limit: int) -> tuple[int, int] | Non
     return (first, stop) if stop > first else None
 
 
-def class_masks(boxes: Sequence[Box], width: int, height: int
+def class_masks(boxes: Sequence[SourceObject], width: int, height: int
                 ) -> tuple[dict[str, np.ndarray], dict[str, list[int]], list[int]]:
     """Per-class union masks, the box indices behind each, and the indices of empty boxes."""
     masks: dict[str, np.ndarray] = {}
@@ -158,7 +154,7 @@ def class_masks(boxes: Sequence[Box], width: int, height: int
     return masks, members, empty
 
 
-def select_removals(boxes: Sequence[Box], width: int, height: int,
+def select_removals(boxes: Sequence[SourceObject], width: int, height: int,
                     config: SelectionConfig = SelectionConfig()) -> Selection:
     """Apply the builders/decorrelation/METHOD.md §1 rules to one image; see the module docstring."""
     if width < 1 or height < 1:

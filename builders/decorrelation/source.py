@@ -1,7 +1,7 @@
-"""The decorrelation builder's view of its source: COCO or Flickr30k as one record type.
+"""The decorrelation builder's source: COCO or Flickr30k, read by `loading_scripts`.
 
-`read_source(cfg, splits)` returns `SourceImage` records (paths, boxes, captions; no pixels),
-sorted by image id, which are the builder's work items. COCO boxes carry the 80 COCO classes;
+`read_source(cfg, splits)` returns the readers' `SourceImage` records (paths, boxes, captions; no
+pixels), sorted by image id, which are the builder's work items. COCO boxes carry the 80 COCO classes;
 Flickr30k boxes come from Flickr30k Entities and carry its entity types, restricted to
 `flickr_classes` (builders/decorrelation/METHOD.md §4: the paper used 4 Flickr30k classes without naming them; our default
 is the four object-like types people, animals, vehicles, instruments — clothing and body parts
@@ -10,39 +10,16 @@ sit on people, and scene / other are not objects).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from builders.engine.errors import InputProblem, UserFacingError
+from builders.engine.errors import UserFacingError
 from builders.decorrelation.options import DEFAULT_FLICKR_CLASSES
-from builders.decorrelation.selection import Box
-from loading_scripts.flickr30k import ENTITY_TYPES, EntityPhrase
+from loading_scripts.flickr30k import ENTITY_TYPES
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
+from loading_scripts.records import SourceImage
 
 SOURCES = ("coco", "flickr30k")
-
-
-@dataclass(frozen=True)
-class SourceCaption:
-    caption_id: int
-    text: str
-    #: Flickr30k Entities phrase spans (empty for COCO, whose phrases come from NLTK).
-    phrases: tuple[EntityPhrase, ...] = ()
-
-
-@dataclass(frozen=True)
-class SourceImage:
-    image_id: int
-    path: Path
-    width: int
-    height: int
-    #: Karpathy split (`train`, `restval`, `val`, `test`).
-    split: str
-    captions: tuple[SourceCaption, ...]
-    boxes: tuple[Box, ...]
-    #: Set by the reader when an annotation of this image is malformed: the runner skips the
-    #: image and counts the reason (builders.engine.errors.InputProblem).
-    input_problem: InputProblem | None = None
 
 
 @dataclass(frozen=True)
@@ -93,12 +70,7 @@ def read_source(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]
 def _read_coco(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
     from loading_scripts.coco import CocoSourceConfig, read_coco
 
-    return [SourceImage(image_id=r.image_id, path=r.path, width=r.width, height=r.height,
-                        split=r.karpathy_split or r.coco_split,
-                        captions=tuple(SourceCaption(c.caption_id, c.text) for c in r.captions),
-                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects),
-                        input_problem=r.input_problem)
-            for r in read_coco(CocoSourceConfig(Path(cfg.root), karpathy_splits=splits))]
+    return read_coco(CocoSourceConfig(Path(cfg.root), karpathy_splits=splits))
 
 
 def _read_flickr(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
@@ -112,8 +84,4 @@ def _read_flickr(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage
             f"{cfg.root}: Flickr30k needs Flickr30k Entities (boxes and phrase types) for object "
             "removal; put it in ROOT/flickr30k_entities (https://github.com/BryanPlummer/flickr30k_entities)")
     classes = set(cfg.flickr_classes)
-    return [SourceImage(image_id=r.image_id, path=r.path, width=r.width, height=r.height, split=r.split,
-                        captions=tuple(SourceCaption(c.caption_id, c.text, c.phrases) for c in r.captions),
-                        boxes=tuple(Box(o.category, o.bbox) for o in r.objects if o.category in classes),
-                        input_problem=r.input_problem)
-            for r in records]
+    return [replace(r, objects=tuple(o for o in r.objects if o.category in classes)) for r in records]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from builders.engine.contained_paths import ContainedPaths, PathOutsideRoot
-from builders.engine.dataset_source import cell_image_source, no_dataset_scripts, stored_values
+from builders.engine.dataset_source import cell_image_source, open_split, stored_values
 from builders.engine.errors import InputFileError, UserFacingError
 
 log = logging.getLogger(__name__)
@@ -52,12 +52,9 @@ class DatasetSource:
 def _load(source: DatasetSource):
     import datasets
 
-    with no_dataset_scripts(source.path, "--dataset"):
-        try:
-            ds = datasets.load_dataset(source.path, source.config, split=source.split)
-        except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
-            raise UserFacingError(f"cannot load the gallery dataset {source.path!r} (config "
-                                  f"{source.config}, split {source.split}): {err}") from err
+    ds = open_split(source.path, source.config, source.split, cannot_load=lambda err: UserFacingError(
+        f"cannot load the gallery dataset {source.path!r} (config {source.config}, split "
+        f"{source.split}): {err}"))
     wanted = [c for c in (source.image_column, source.text_column, source.image_id_column,
                           source.caption_id_column) if c]
     missing = [c for c in wanted if c not in ds.column_names]
@@ -135,7 +132,7 @@ class Gallery:
                                   f"(check --splits and dataset_coco.json; left out: {left_out})")
         caps = [(c.caption_id, r.image_id, c.text) for r in records for c in r.captions]
         return cls(root=root, image_ids=[r.image_id for r in records],
-                   image_files=[f"{r.coco_split}/{os.path.relpath(r.path, root / r.coco_split)}"
+                   image_files=[f"{r.folder}/{os.path.relpath(r.path, root / r.folder)}"
                                 for r in records],
                    caption_ids=[c[0] for c in caps], caption_image_ids=[c[1] for c in caps],
                    captions=[c[2] for c in caps], left_out=left_out)

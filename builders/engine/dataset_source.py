@@ -12,15 +12,16 @@ a Hub dataset, or one leading outside the folder, is `path_outside_root` and nev
 
 A folder (or Hub repo) `NAME` holding `NAME.py` is the old loading-script layout, which `datasets`
 refuses with a `RuntimeError` traceback; `no_dataset_scripts` makes that one line naming the
-folder and the fix, for every reader of a user-given dataset.
+folder and the fix. `open_split` is the one way every reader of a user-given dataset (builders,
+`show`, the trainer, the MITL gallery) opens a split, so each gets that line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
 
 from builders.engine.contained_paths import ContainedPaths, PathOutsideRoot
 from builders.engine.errors import InputFileError
@@ -44,13 +45,35 @@ def no_dataset_scripts(name: str, flag: str) -> Iterator[None]:
             f"without {script}, e.g. the dataset saved once with `Dataset.to_parquet`") from None
 
 
+def open_split(name: str, config: str | None, split: str, *, flag: str = "--dataset",
+               revision: str | None = None, streaming: bool = False,
+               cannot_load: Callable[[Exception], Exception] | None = None):
+    """`datasets.load_dataset(name, config, split=split)`: how every reader of a user-given
+    dataset (given as `flag`) opens one split. A loading-script folder is one line
+    (`no_dataset_scripts`); a split that cannot be loaded (`FileNotFoundError`, `ValueError`:
+    no such folder, repo, config or split) raises `cannot_load(err)`, the caller's one line."""
+    import datasets
+
+    with no_dataset_scripts(name, flag):
+        try:
+            return datasets.load_dataset(name, config, split=split, revision=revision,
+                                         streaming=streaming)
+        except (FileNotFoundError, ValueError) as err:
+            if cannot_load is None:
+                raise
+            raise cannot_load(err) from err
+
+
 def load_dataset_split(name: str, config: str | None, split: str, *,
                        config_flag: str = "--dataset-config", split_flag: str = "--dataset-split"):
+    """`open_split` after checking that `config` and `split` exist: a wrong choice is one line
+    listing the configs and splits there are and the flags that pick them."""
     with no_dataset_scripts(name, "--dataset"):
-        return _load_split(name, config, split, config_flag, split_flag)
+        _check_split(name, config, split, config_flag, split_flag)
+    return open_split(name, config, split)
 
 
-def _load_split(name: str, config: str | None, split: str, config_flag: str, split_flag: str):
+def _check_split(name: str, config: str | None, split: str, config_flag: str, split_flag: str) -> None:
     import datasets
 
     try:
@@ -71,7 +94,6 @@ def _load_split(name: str, config: str | None, split: str, config_flag: str, spl
                               for c in configs)
         raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
                              f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
-    return datasets.load_dataset(name, config, split=split)
 
 
 def stored_values(ds, column: str) -> list:

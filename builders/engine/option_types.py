@@ -40,10 +40,3 @@ def fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be between 0 and 1 (got {text})")
     return value
-
-
-def positive_float(text: str) -> float:
-    value = float(_number(float, text))
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0 (got {text})")
-    return value

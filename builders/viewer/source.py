@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from builders.engine.dataset_source import open_split
 from builders.engine.errors import InputFileError, UserFacingError
 
 log = logging.getLogger(__name__)
@@ -170,11 +171,9 @@ def choose_split(meta: dict[str, Any], cfg: SourceConfig, where: str) -> tuple[s
 
 def open_source(cfg: SourceConfig) -> GallerySource:
     """Resolve `cfg` to one split, streamed with `load_dataset` (nothing decoded)."""
-    import datasets
-
     name, readme, manifest_path, title = _locate(cfg)
     config, split = choose_split(_front_matter(readme, title), cfg, title)
-    ds = datasets.load_dataset(name, config, split=split, revision=cfg.revision, streaming=True)
+    ds = open_split(name, config, split, flag="`show`", revision=cfg.revision, streaming=True)
     images = image_columns(ds.features)
     if not images:
         raise InputFileError(title, f"config {config!r} has no image column, so there is nothing "
