@@ -1,5 +1,5 @@
 """`training/finetune_clip.py` end to end on the fixture builds with the tiny CLIP: 1 vs 2
-processes, kill -9 + `--resume latest`, learning sanity, in-loop metrics = the evaluate modules
+processes, `counterfactory train` = `accelerate launch`, kill -9 + `--resume latest`, learning sanity, in-loop metrics = the evaluate modules
 post hoc, counterfactuals scored without being trained on, bad inputs, datasets by revision from
 the local Hub and `--push-to-hub`."""
 
@@ -83,6 +83,22 @@ def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_
         # scales up to full lr steps: those weights differ by design, not by a data difference.
         if not name.endswith("k_proj.bias"):
             np.testing.assert_allclose(two_w[name], w, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.accelerate
+def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_models_dir, tmp_path):
+    """`counterfactory train` and `accelerate launch training/finetune_clip.py` are one trainer:
+    the same run record, loss curve and metrics, byte for byte."""
+    def args(out: Path) -> list[str]:
+        return base_args(builds, tiny_models_dir, out, "--max-steps", "3", "--eval-every", "2")
+
+    launched, cli = tmp_path / "launched", tmp_path / "cli"
+    proc = subprocess.run(accelerate_cmd(SCRIPT, *args(launched), processes=1), capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cli_main(["train", *args(cli)]) == 0
+    for name in ("run.json", "loss.jsonl", "metrics.jsonl", "metrics.md"):
+        assert (cli / name).read_text() == (launched / name).read_text(), name
 
 
 def test_loss_and_lr_reach_tensorboard(single_run):
@@ -255,7 +271,7 @@ def _error_of(capsys, argv) -> str:
     assert train_main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    errors = [line for line in err.splitlines() if line.startswith("counterfactory: error: ")]
     assert len(errors) == 1, err
     return errors[0]
 
