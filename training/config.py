@@ -164,8 +164,8 @@ class RunConfig:
                                           type=positive_int)
     push_to_hub: str | None = option(None, "upload the final model + card to this model repo",
                                      metavar="ORG/NAME")
-    eval_batch_size: int = option(64, "batch size of the evaluation embeddings (default 64)",
-                                  type=positive_int)
+    eval_batch_size: int = option(
+        64, "batch size of the evaluation: embeddings and validation loss (default 64)", type=positive_int)
     #: ODmAP@k / R@K cut-offs.
     k_values: tuple[int, ...] = option((1, 5, 10), "K of R@K and ODmAP@K", type=positive_int)
     eccv: bool = option(False, "also the ECCV Caption suite (needs the COCO 5K test split)")

@@ -129,7 +129,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", help="107-131 or 1,2,5 (needed unless --summarize-only)")
     parser.add_argument("--data-seed-offset", type=int, default=None,
-                        help="data seed = seed + offset (the paper: 1); default: the command's --data-seed")
+                        help="data seed = seed + offset (the paper: 1); default: the command's "
+                             "--data-seed")
     parser.add_argument("--output", required=True, help="sweep folder: OUTPUT/seed-N, OUTPUT/summary.*")
     parser.add_argument("--baseline", default=None, help="a finished sweep folder to test against")
     parser.add_argument("--summarize-only", action="store_true",
