@@ -1,7 +1,7 @@
 """`training/finetune_clip.py` end to end on the fixture builds with the tiny CLIP: 1 vs 2
-processes, kill -9 + `--resume latest`, learning sanity, in-loop metrics = the evaluate modules
-post hoc, counterfactuals scored without being trained on, bad inputs, datasets by revision from
-the local Hub and `--push-to-hub`."""
+processes, `counterfactory train` = `accelerate launch`, kill -9 + `--resume latest`, learning
+sanity, in-loop metrics = the evaluate modules post hoc, counterfactuals scored without being
+trained on, bad inputs, datasets by revision from the local Hub and `--push-to-hub`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from build_helpers import accelerate_cmd  # noqa: E402
+from build_helpers import ACCELERATE, accelerate_cmd  # noqa: E402
 from training_helpers import (COLORS, PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl,  # noqa: E402
                               weights, write_color_set, write_counterfactuals)
 
@@ -83,6 +83,33 @@ def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_
         # scales up to full lr steps: those weights differ by design, not by a data difference.
         if not name.endswith("k_proj.bias"):
             np.testing.assert_allclose(two_w[name], w, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.accelerate
+def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_models_dir, tmp_path):
+    """`counterfactory train` and `accelerate launch training/finetune_clip.py` are one trainer:
+    the same run record, loss curve and metrics."""
+    def args(out: Path) -> list[str]:
+        return base_args(builds, tiny_models_dir, out, "--max-steps", "3", "--eval-every", "2")
+
+    launched, cli = tmp_path / "launched", tmp_path / "cli"
+    # One process: accelerate's single-process launcher (its --multi_gpu one needs 2 or more).
+    one_process = [str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no"]
+    proc = subprocess.run([*one_process, str(SCRIPT), *args(launched)], capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cli_main(["train", *args(cli)]) == 0
+    # Equal up to float summation order (accelerate launch sets the process's CPU thread count).
+    want, got = (json.loads((d / "run.json").read_text()) for d in (launched, cli))
+    want_metrics, got_metrics = want.pop("final_metrics"), got.pop("final_metrics")
+    assert got == want  # config, datasets, example counts, steps
+    assert got_metrics.keys() == want_metrics.keys()
+    for key, value in want_metrics.items():
+        assert got_metrics[key] == pytest.approx(value, abs=1e-5), key
+    want_loss, got_loss = read_jsonl(launched / "loss.jsonl"), read_jsonl(cli / "loss.jsonl")
+    assert [r["step"] for r in got_loss] == [r["step"] for r in want_loss] == [1, 2, 3]
+    np.testing.assert_allclose([r["loss"] for r in got_loss], [r["loss"] for r in want_loss], atol=1e-5)
 
 
 def test_loss_and_lr_reach_tensorboard(single_run):
@@ -255,7 +282,7 @@ def _error_of(capsys, argv) -> str:
     assert train_main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    errors = [line for line in err.splitlines() if line.startswith("counterfactory: error: ")]
     assert len(errors) == 1, err
     return errors[0]
 

@@ -1,7 +1,8 @@
 """Training inputs without training: the pair-aware batch sampler (property test over seeds, 1 and
 2 processes), the paper's mixture counts, the decorrelation ratio, unmixed counterfactuals held
 out whole, the sweep statistics, their directions and `--summarize-only`, the NegCLIP loss, COCO
-5K / 1K recall against the ECCV suite, and the parser (model defaults, the kim2023 recipe)."""
+5K / 1K recall against the ECCV suite, and the parser (every config field a flag with help, model
+defaults, the kim2023 recipe)."""
 
 from __future__ import annotations
 
@@ -366,16 +367,44 @@ def test_sweep_summarize_only_needs_no_seeds(tmp_path, capsys):
     # Running a sweep still needs its seeds: a one-line error, nothing trained.
     assert sweep_main(["--output", str(tmp_path / "new"), "--", "--real", "x"]) == 2
     err = capsys.readouterr().err
-    assert [line for line in err.splitlines() if line.startswith("error: ")] == [
-        "error: --seeds is needed to run a sweep (e.g. --seeds 107-131); to summarise the finished "
+    assert [line for line in err.splitlines() if line.startswith("counterfactory: error: ")] == [
+        "counterfactory: error: --seeds is needed to run a sweep (e.g. --seeds 107-131); to summarise the finished "
         "seeds only, pass --summarize-only"], err
     assert not (tmp_path / "new").exists()
 
 
 def _parse(*argv: str):
-    from training.config import build_parser, config_from_args
+    from training.options import build_parser, config_from_args
 
     return config_from_args(build_parser().parse_args(["--real", "out/cc", "--output", "run", *argv]))
+
+
+def test_train_help_lists_every_config_field_with_help(capsys):
+    """One field table: every field of TrainConfig's sections and --recipe is a flag of
+    `counterfactory train` (a dataset field also its --NAME-revision), and every flag has help."""
+    import argparse
+    from dataclasses import fields
+
+    from builders.app.cli import build_parser as cli_parser
+    from training.config import TrainConfig
+
+    with pytest.raises(SystemExit) as done:
+        cli_main(["train", "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    cfg = TrainConfig()
+    expected = {"--recipe"}
+    for section in (cfg.data, cfg.optim, cfg.run):
+        for f in fields(section):
+            flag = "--" + f.name.replace("_", "-")
+            expected |= {flag, f"{flag}-revision"} if "SourceRef" in str(f.type) else {flag}
+    subcommands = next(a for a in cli_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {opt: a for a in subcommands.choices["train"]._actions for opt in a.option_strings}
+    assert len(expected) == 47 and expected <= set(actions)
+    for flag in expected:
+        assert f" {flag} " in shown or f" {flag}\n" in shown, flag
+    for flag, action in actions.items():
+        assert action.help and action.help.strip(), f"{flag} has no help text"
 
 
 def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, monkeypatch):

@@ -1,8 +1,11 @@
-"""CLIP finetuning on the project's datasets: `accelerate launch training/finetune_clip.py ...`.
+"""CLIP finetuning on the project's datasets: `counterfactory train ...`, or on N processes
+`accelerate launch training/finetune_clip.py ...` (the same code and flags).
 
-Module map: config (typed run configuration, recipes, flags) -> sources (datasets by repo id +
-revision or build folder) -> mixtures (D, D ∪ D'_sub, cf:base|medium|all) -> data (pair-aware
-batch sampler, workers decoding parquet bytes) -> backends (transformers / open_clip CLIP) ->
-losses (InfoNCE, NegCLIP) -> trainer (the loop) -> evaluation (our metrics) -> checkpoint
-(resume, final model + card, push) ; sweep (seeds + Welch t-test).
+Module map: config (typed run configuration, each field with its flag's help; recipes) -> options
+(the parsers, generated from config) -> sources (datasets by repo id + revision or build folder)
+-> mixtures (D, D ∪ D'_sub, cf:base|medium|all) -> data (pair-aware batch sampler, workers
+decoding parquet bytes) -> backends (transformers / open_clip CLIP) -> losses (InfoNCE, NegCLIP)
+-> trainer (setup -> train_one_epoch -> evaluate -> finish) -> evaluation (our metrics) ->
+checkpoint (resume, final model + card, push) ; finetune_clip (the entry point) ; sweep (seeds +
+Welch t-test, `counterfactory sweep`).
 """

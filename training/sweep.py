@@ -23,13 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    import training  # noqa: F401
-except ImportError:  # run as a script from a checkout whose install predates `training/`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from builders.engine.errors import UserFacingError  # noqa: E402
-from builders.viewer.plots import plain_text  # noqa: E402
+from builders.engine.errors import UserFacingError, run_handled
+from builders.viewer.plots import plain_text
+from training.options import build_parser, build_sweep_parser, config_from_args
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +52,6 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run_seeds(seeds: list[int], output: Path, train_args: list[str], data_seed_offset: int | None) -> None:
-    from training.config import build_parser, config_from_args
     from training.trainer import run
 
     for seed in seeds:
@@ -158,36 +153,26 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", help="107-131 or 1,2,5 (needed unless --summarize-only)")
-    p.add_argument("--data-seed-offset", type=int, default=None,
-                   help="data seed = seed + offset (the paper: 1); default: the command's --data-seed")
-    p.add_argument("--output", required=True)
-    p.add_argument("--baseline", default=None, help="a finished sweep folder to test against")
-    p.add_argument("--summarize-only", action="store_true",
-                   help="only rewrite the summary of every seed finished under --output (no --seeds)")
-    args = p.parse_args(own)
-    try:
-        output = Path(args.output)
-        if args.summarize_only and args.seeds is not None:
-            # The summary always covers every finished seed under --output (as after a sweep).
-            log.warning("--summarize-only summarises every finished seed under %s; --seeds %s is unused",
-                        output, args.seeds)
-        if not args.summarize_only:
-            if args.seeds is None:
-                raise UserFacingError("--seeds is needed to run a sweep (e.g. --seeds 107-131); "
-                                      "to summarise the finished seeds only, pass --summarize-only")
-            run_seeds(parse_seeds(args.seeds), output, train_args, args.data_seed_offset)
-        summarize(output, Path(args.baseline) if args.baseline else None)
-    except UserFacingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def sweep(args: argparse.Namespace) -> int:
+    """The handler of this script and of `counterfactory sweep` (flags: training/options.py)."""
+    output = Path(args.output)
+    if args.summarize_only and args.seeds is not None:
+        # The summary always covers every finished seed under --output (as after a sweep).
+        log.warning("--summarize-only summarises every finished seed under %s; --seeds %s is unused",
+                    output, args.seeds)
+    if not args.summarize_only:
+        if args.seeds is None:
+            raise UserFacingError("--seeds is needed to run a sweep (e.g. --seeds 107-131); "
+                                  "to summarise the finished seeds only, pass --summarize-only")
+        run_seeds(parse_seeds(args.seeds), output, args.train_args, args.data_seed_offset)
+    summarize(output, Path(args.baseline) if args.baseline else None)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_sweep_parser()
+    parser.set_defaults(func=sweep)
+    return run_handled(parser, argv)
 
 
 if __name__ == "__main__":

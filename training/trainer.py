@@ -1,4 +1,6 @@
-"""The training loop: set-up and input checks first, then steps, evaluation, checkpoints.
+"""The training loop, as its parts: `setup` (every input check, before the first step) ->
+`train_one_epoch` (steps, logs, step-interval evaluation and checkpoints) -> per epoch `evaluate`
+and a checkpoint -> `finish` (final model, card, results); `evaluate_only` for --eval-only.
 
 Everything that can be wrong with the input (options, datasets, revisions, mixture sizes, batch
 vs pair size) is checked before the first step. Every process computes the loss of the whole
@@ -11,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -24,7 +27,7 @@ from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint,
                                  push_to_hub, replace_dir, save_checkpoint, write_model_card)
 from training.config import TrainConfig, as_dict
 from training.data import PairBatchSampler, make_loader
-from training.evaluation import evaluate_model, load_eval_data
+from training.evaluation import EvalData, evaluate_model, load_eval_data
 from training.losses import clip_loss, gather_global
 from training.mixtures import build_mixture, eval_only_sets
 
@@ -70,6 +73,32 @@ def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
     return factor
 
 
+@dataclass
+class Session:
+    """What the loop, the evaluation and the finish of one training run share (`setup` makes it)."""
+
+    cfg: TrainConfig
+    output: Path
+    accelerator: Any
+    backend: Any
+    record: dict
+    data: EvalData
+    sampler: PairBatchSampler
+    loader: Any
+    model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    steps_per_epoch: int
+    total: int
+    state: TrainerState
+    #: loss.jsonl and metrics.jsonl rows (up to the resumed step).
+    history: list[dict]
+    evals: list[dict]
+    bar: Any
+    #: The model evaluated and saved (the best checkpoint's at the finish with --best-by-val-loss).
+    unwrapped: Any
+
+
 def run(cfg: TrainConfig) -> dict[str, float]:
     """Train (or only evaluate) as `cfg` says; returns the final metrics."""
     output = Path(cfg.run.output)
@@ -79,19 +108,38 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     backend = load_backend(cfg.run.backend, cfg.run.model_id())
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
     record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
-
     if cfg.run.eval_only:
-        held = eval_only_sets(cfg.data)
-        data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
-        record["tables"] = [asdict(r) for r in held.records + data.records]
-        metrics = {}
-        if accelerator.is_main_process:
-            metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
-            _write_results(output, published_record(record, cfg, output),
-                           [{"step": 0, "final": True, **metrics}], metrics)
-        accelerator.wait_for_everyone()
-        return metrics
+        return evaluate_only(cfg, accelerator, backend, record, output)
 
+    s = setup(cfg, accelerator, backend, record, output)
+    while s.state.step < s.total and s.state.epoch < cfg.optim.epochs:
+        train_one_epoch(s)
+        if s.state.batch >= s.steps_per_epoch * cfg.optim.grad_accum:
+            s.state.epoch, s.state.batch = s.state.epoch + 1, 0
+            if not cfg.run.eval_every:  # per-epoch evaluation unless a step interval is given
+                evaluate(s)
+            save_checkpoint(accelerator, output, s.state)
+    s.bar.close()
+    return finish(s)
+
+
+def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) -> dict[str, float]:
+    """`--eval-only`: the final evaluation of the loaded model, no training."""
+    held = eval_only_sets(cfg.data)
+    data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
+    record["tables"] = [asdict(r) for r in held.records + data.records]
+    metrics = {}
+    if accelerator.is_main_process:
+        metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
+        _write_results(output, published_record(record, cfg, output),
+                       [{"step": 0, "final": True, **metrics}], metrics)
+    accelerator.wait_for_everyone()
+    return metrics
+
+
+def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) -> Session:
+    """Data, batches, evaluation sets, optimizer and schedule, and the resumed state; every input
+    error is raised here, before the first step. Writes the run record (run.json)."""
     mixture = build_mixture(cfg.data)
     keep_pairs = cfg.data.hard_negatives == "pairs"
     groups = mixture.train.groups() if keep_pairs else [[i] for i in range(len(mixture.train))]
@@ -105,8 +153,7 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     total = steps_per_epoch * cfg.optim.epochs
     if cfg.optim.max_steps is not None:
         total = min(total, cfg.optim.max_steps)
-    cf_tables = mixture.train.tables
-    data = load_eval_data(cfg, mixture.heldout_cf, cf_tables, mixture.validation)
+    data = load_eval_data(cfg, mixture.heldout_cf, mixture.train.tables, mixture.validation)
     record.update(tables=[asdict(r) for r in mixture.records + data.records],
                   train_examples=mixture.train.counts(),
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
@@ -131,89 +178,104 @@ def run(cfg: TrainConfig) -> dict[str, float]:
             state = load_checkpoint(accelerator, found)
             log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch,
                      state.batch, state.step)
-    history = _read_jsonl(output / "loss.jsonl", state.step)
-    evals = _read_jsonl(output / "metrics.jsonl", state.step)
     bar = tqdm(total=total, initial=state.step, desc="train", unit="step",
                disable=not accelerator.is_local_main_process)
-    world, accum = accelerator.num_processes, cfg.optim.grad_accum
-    unwrapped = accelerator.unwrap_model(model)
+    return Session(cfg, output, accelerator, backend, record, data, sampler, loader, model, optimizer,
+                   scheduler, steps_per_epoch, total, state,
+                   history=_read_jsonl(output / "loss.jsonl", state.step),
+                   evals=_read_jsonl(output / "metrics.jsonl", state.step), bar=bar,
+                   unwrapped=accelerator.unwrap_model(model))
 
-    def evaluate(final: bool = False) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        if accelerator.is_main_process:
-            metrics = evaluate_model(unwrapped, backend, data, cfg,
-                                     output / "embeddings.npz" if final else None)
-            evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
-            _write_jsonl(output / "metrics.jsonl", evals)
-            val = metrics.get("val_loss")
-            if cfg.run.best_by_val_loss and val is not None and not final and (
-                    state.best_val_loss is None or val < state.best_val_loss):
-                state.best_val_loss = val
-                backend.save(unwrapped, output / "best")
-        accelerator.wait_for_everyone()
-        return metrics
 
-    while state.step < total and state.epoch < cfg.optim.epochs:
-        sampler.set_epoch(state.epoch, state.batch)
-        batches = iter(loader)
-        for _ in range(state.batch // accum, steps_per_epoch):
-            if state.step >= total:
-                break
-            loss_sum = 0.0
-            for micro in range(accum):
-                batch = next(batches)
-                with accelerator.autocast():
-                    img, txt, neg, scale = model(pixel_values=batch["pixel_values"], text=batch["text"],
-                                                 negative_text=batch.get("negative_text"))
-                    mask = batch.get("negative_mask")
-                    loss = clip_loss(gather_global(img, accelerator), gather_global(txt, accelerator),
-                                     scale,
-                                     gather_global(neg, accelerator) if neg is not None else None,
-                                     gather_global(mask, accelerator) if mask is not None else None)
-                # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
-                if micro < accum - 1:
-                    with accelerator.no_sync(model):
-                        accelerator.backward(loss * world / accum)
-                else:
-                    accelerator.backward(loss * world / accum)
-                loss_sum += float(loss.detach()) / accum
-            if cfg.optim.max_grad_norm is not None:
-                accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            state.step += 1
-            state.batch += accum
-            bar.update(1)
-            if state.step % cfg.run.log_every == 0 or state.step == total:
-                history.append({"step": state.step, "epoch": state.epoch, "loss": loss_sum, "lr": lr})
-                accelerator.log({"loss": loss_sum, "lr": lr}, step=state.step)
-                if accelerator.is_main_process:
-                    _write_jsonl(output / "loss.jsonl", history)
-                bar.set_postfix(loss=f"{loss_sum:.4f}")
-            if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
-                evaluate()
-            if cfg.run.save_every and state.step % cfg.run.save_every == 0:
-                save_checkpoint(accelerator, output, state)
-        if state.batch >= steps_per_epoch * accum:
-            state.epoch, state.batch = state.epoch + 1, 0
-            if not cfg.run.eval_every:  # per-epoch evaluation unless a step interval is given
-                evaluate()
-            save_checkpoint(accelerator, output, state)
-    bar.close()
+def train_one_epoch(s: Session) -> None:
+    """The optimizer steps left in the current epoch (all of them unless resumed mid-epoch or
+    stopped by --max-steps), with the step-interval logging, evaluation and checkpoints."""
+    cfg, state, accum = s.cfg, s.state, s.cfg.optim.grad_accum
+    s.sampler.set_epoch(state.epoch, state.batch)
+    batches = iter(s.loader)
+    for _ in range(state.batch // accum, s.steps_per_epoch):
+        if state.step >= s.total:
+            break
+        loss_sum = _accumulate_gradients(s, batches)
+        if cfg.optim.max_grad_norm is not None:
+            s.accelerator.clip_grad_norm_(s.model.parameters(), cfg.optim.max_grad_norm)
+        s.optimizer.step()
+        s.optimizer.zero_grad(set_to_none=True)
+        lr = s.scheduler.get_last_lr()[0]
+        s.scheduler.step()
+        state.step += 1
+        state.batch += accum
+        s.bar.update(1)
+        if state.step % cfg.run.log_every == 0 or state.step == s.total:
+            s.history.append({"step": state.step, "epoch": state.epoch, "loss": loss_sum, "lr": lr})
+            s.accelerator.log({"loss": loss_sum, "lr": lr}, step=state.step)
+            if s.accelerator.is_main_process:
+                _write_jsonl(s.output / "loss.jsonl", s.history)
+            s.bar.set_postfix(loss=f"{loss_sum:.4f}")
+        if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
+            evaluate(s)
+        if cfg.run.save_every and state.step % cfg.run.save_every == 0:
+            save_checkpoint(s.accelerator, s.output, state)
 
+
+def _accumulate_gradients(s: Session, batches) -> float:
+    """Forward and backward over --grad-accum batches of one optimizer step; their mean loss."""
+    accelerator, model = s.accelerator, s.model
+    world, accum = accelerator.num_processes, s.cfg.optim.grad_accum
+    loss_sum = 0.0
+    for micro in range(accum):
+        batch = next(batches)
+        with accelerator.autocast():
+            img, txt, neg, scale = model(pixel_values=batch["pixel_values"], text=batch["text"],
+                                         negative_text=batch.get("negative_text"))
+            mask = batch.get("negative_mask")
+            loss = clip_loss(gather_global(img, accelerator), gather_global(txt, accelerator), scale,
+                             gather_global(neg, accelerator) if neg is not None else None,
+                             gather_global(mask, accelerator) if mask is not None else None)
+        # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
+        if micro < accum - 1:
+            with accelerator.no_sync(model):
+                accelerator.backward(loss * world / accum)
+        else:
+            accelerator.backward(loss * world / accum)
+        loss_sum += float(loss.detach()) / accum
+    return loss_sum
+
+
+def evaluate(s: Session, final: bool = False) -> dict[str, float]:
+    """Our metrics on the main process (the others wait), appended to metrics.jsonl; keeps the
+    best model by validation loss with --best-by-val-loss. The final one saves the embeddings."""
+    cfg, state, output = s.cfg, s.state, s.output
+    metrics: dict[str, float] = {}
+    if s.accelerator.is_main_process:
+        metrics = evaluate_model(s.unwrapped, s.backend, s.data, cfg,
+                                 output / "embeddings.npz" if final else None)
+        s.evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
+        _write_jsonl(output / "metrics.jsonl", s.evals)
+        val = metrics.get("val_loss")
+        if cfg.run.best_by_val_loss and val is not None and not final and (
+                state.best_val_loss is None or val < state.best_val_loss):
+            state.best_val_loss = val
+            s.backend.save(s.unwrapped, output / "best")
+    s.accelerator.wait_for_everyone()
+    return metrics
+
+
+def finish(s: Session) -> dict[str, float]:
+    """The final model (the last, or the best by validation loss) with its card, the final
+    evaluation, the results files, and the push to the Hub; returns the final metrics."""
+    cfg, output, accelerator = s.cfg, s.output, s.accelerator
     final_dir = output / "final"
     if accelerator.is_main_process:
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
             replace_dir(output / "best", final_dir)
-            unwrapped = load_backend(cfg.run.backend, _saved_model_id(cfg, final_dir)).module
+            s.unwrapped = load_backend(cfg.run.backend, _saved_model_id(cfg, final_dir)).module
         else:
-            backend.save(unwrapped, final_dir)
-    metrics = evaluate(final=True)
+            s.backend.save(s.unwrapped, final_dir)
+    metrics = evaluate(s, final=True)
     if accelerator.is_main_process:
-        write_model_card(final_dir, published_record(record, cfg, output), metrics)
-        _write_results(output, published_record(record, cfg, output), evals, metrics)
+        write_model_card(final_dir, published_record(s.record, cfg, output), metrics)
+        _write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
         if cfg.run.push_to_hub:
             push_to_hub(final_dir, cfg.run.push_to_hub)
     accelerator.wait_for_everyone()

@@ -29,6 +29,7 @@ SUBCOMMAND_MODULES = (
     "builders.app.metric_cli",
     "builders.app.local_hub_cli",
     "builders.app.show_cli",
+    "builders.app.train_cli",
 )
 
 

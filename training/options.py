@@ -1,0 +1,146 @@
+"""The flags of the trainer and of the seed sweep, generated from the config's fields.
+
+Each field of `TrainConfig`'s sections (training/config.py) is the flag `--FIELD-NAME`: its type
+gives the argparse keywords (a bool is a switch, a `Literal` the choices, a tuple `nargs="+"`, a
+`SourceRef` the pair `--NAME` / `--NAME-revision`) and its metadata the help text and any option
+type (`builders.engine.option_types`, as the builders use). Every flag defaults to None so that
+`config_from_args` sees what was given: dataclass defaults < `--recipe` < flags.
+
+`accelerate launch training/finetune_clip.py`, `python training/sweep.py`, `counterfactory
+train` and `counterfactory sweep` build their parsers here. Light: no torch, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from dataclasses import Field, fields, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from training.config import RECIPES, SourceRef, TrainConfig
+
+TRAIN_DESCRIPTION = ("Finetune CLIP on our datasets (by repo id + revision or build folder) and "
+                     "evaluate it with the project's metrics.")
+SWEEP_DESCRIPTION = ("Several seeds of one finetuning command, mean ± std per metric, and a "
+                     "one-tailed Welch t-test against a baseline sweep (the COCO-Counterfactuals "
+                     "paper's protocol: 25 seeds, 107-131 with data seeds 108-132, Le et al. 2023 "
+                     "§5.1).")
+#: Help group title of each section of `TrainConfig`.
+_GROUPS = {"data": "data", "optim": "optimisation", "run": "run"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _without_none(hint: Any) -> Any:
+    """`X | None` -> X."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def _fields(cls: type) -> Iterator[tuple[Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        yield f, _without_none(hints[f.name])
+
+
+def _add_field(parser, f: Field, hint: Any) -> None:
+    help_text, extra = f.metadata["help"], f.metadata["argparse"]
+    if hint is SourceRef:
+        parser.add_argument(_flag(f.name), metavar="REPO_OR_DIR", default=None, help=help_text)
+        parser.add_argument(_flag(f"{f.name}_revision"), metavar="REV", default=None,
+                            help=f"tag, branch or commit of {_flag(f.name)}")
+        return
+    kwargs: dict[str, Any] = {}
+    if hint is bool:
+        kwargs = {"action": "store_const", "const": True}
+    elif typing.get_origin(hint) is typing.Literal:
+        kwargs = {"choices": typing.get_args(hint)}
+    elif typing.get_origin(hint) is tuple:  # tuple[X, ...]
+        kwargs = {"nargs": "+", "type": typing.get_args(hint)[0]}
+    elif hint in (int, float):
+        kwargs = {"type": hint}
+    parser.add_argument(_flag(f.name), default=None, help=help_text, **{**kwargs, **extra})
+
+
+def _sections() -> Iterator[tuple[str, type]]:
+    """(section name, its dataclass) of every section of `TrainConfig` (data, optim, run)."""
+    for f, hint in _fields(TrainConfig):
+        if f.name in _GROUPS:
+            yield f.name, hint
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every field's flag, plus `--models tiny` (the tests' tiny CLIP)."""
+    for f, hint in _fields(TrainConfig):
+        if f.name not in _GROUPS:
+            _add_field(parser, f, hint)
+    parser.add_argument("--models", choices=("production", "tiny"), default=None,
+                        help="`tiny`: the project's tiny random-init CLIP (tests); sets --model")
+    parser.add_argument("--tiny-models-dir", default=None,
+                        help="where the tiny models are built/cached (default "
+                             "$COUNTERFACTORY_CACHE/tiny_models)")
+    for section, cls in _sections():
+        group = parser.add_argument_group(_GROUPS[section])
+        for f, hint in _fields(cls):
+            _add_field(group, f, hint)
+
+
+def build_parser(prog: str = "finetune_clip.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=TRAIN_DESCRIPTION)
+    add_train_arguments(parser)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run configuration the flags describe, checked (`TrainConfig.check`)."""
+    cfg = TrainConfig(recipe=args.recipe)
+    if args.recipe:
+        for section, values in RECIPES[args.recipe].items():
+            setattr(cfg, section, replace(getattr(cfg, section), **values))
+    for section, cls in _sections():
+        for f, hint in _fields(cls):
+            value = getattr(args, f.name)
+            if value is None:
+                continue
+            if hint is SourceRef:
+                value = SourceRef(value, getattr(args, f"{f.name}_revision"))
+            elif isinstance(value, list):
+                value = tuple(value)
+            setattr(getattr(cfg, section), f.name, value)
+    if args.models == "tiny":
+        from builders.models.profiles import tiny_profile
+
+        profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
+        if args.model is None:
+            cfg.run.model = profile.open_clip if cfg.run.backend == "open_clip" else profile.clip
+    cfg.check()
+    # Concrete names, so run.json and the model card say which weights were the start.
+    cfg.run.model, cfg.run.pretrained = cfg.run.weights()
+    return cfg
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", help="107-131 or 1,2,5 (needed unless --summarize-only)")
+    parser.add_argument("--data-seed-offset", type=int, default=None,
+                        help="data seed = seed + offset (the paper: 1); default: the command's "
+                             "--data-seed")
+    parser.add_argument("--output", required=True, help="sweep folder: OUTPUT/seed-N, OUTPUT/summary.*")
+    parser.add_argument("--baseline", default=None, help="a finished sweep folder to test against")
+    parser.add_argument("--summarize-only", action="store_true",
+                        help="only rewrite the summary of every seed finished under --output (no --seeds)")
+    parser.add_argument("train_args", nargs="*", metavar="TRAIN_FLAG",
+                        help="after `--`: the training flags of every seed (see `finetune_clip.py "
+                             "--help`; each seed sets --seed and --output, and with --data-seed-offset --data-seed)")
+
+
+def build_sweep_parser(prog: str = "sweep.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=SWEEP_DESCRIPTION)
+    add_sweep_arguments(parser)
+    return parser
