@@ -91,12 +91,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from builders.viewer.render import GalleryConfig, write_gallery
-    from builders.viewer.source import SourceConfig, open_source
+    from builders.viewer.source import GallerySourceConfig, open_source
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="gallery-bench-"))
     build = synthetic_build(work / "build", args.rows)
     cpu0, wall0 = cpu(), time.perf_counter()
-    source = open_source(SourceConfig(str(build)))
+    source = open_source(GallerySourceConfig(str(build)))
     cpu1 = cpu()
     result = write_gallery(source, GalleryConfig(output=work / "gallery", page_size=args.page_size))
     cpu2, wall2 = cpu(), time.perf_counter()

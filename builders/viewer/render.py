@@ -30,7 +30,8 @@ from typing import Any, Iterator
 
 from builders.engine.errors import OutputError, UserFacingError
 from builders.viewer import plots
-from builders.viewer.rows import Slot, detect_kind, record, search_text
+from builders.viewer.row_view import Slot, view_of
+from builders.viewer.rows import record, search_text
 from builders.viewer.source import GallerySource
 from builders.viewer.stats import EXAMPLE_ROWS, GalleryStats, skip_counts
 from builders.viewer.thumbnails import (ImageProblem, ThumbnailConfig, decode_image,
@@ -106,9 +107,11 @@ class _Writer:
     def __init__(self, source: GallerySource, cfg: GalleryConfig) -> None:
         self.cfg, self.out = cfg, cfg.output
         self.image_cols = source.image_columns
-        self.kind = detect_kind(list(source.features), self.image_cols)
-        self.slots = self.kind.slots(list(source.features))
-        self.stats = GalleryStats()
+        columns = list(source.features)
+        output = (source.manifest or {}).get("outputs", {}).get(f"{source.config}/{source.split}")
+        self.view = view_of(output, columns, self.image_cols)
+        self.slots = self.view.slots_in(columns)
+        self.stats = GalleryStats(self.view.histograms)
         self.page: list[dict[str, Any]] = []
         self.index: list[list[Any]] = []
         self.pages = self.index_parts = 0
@@ -118,7 +121,7 @@ class _Writer:
         # A null cell is an optional image this row lacks: nothing to show, nothing wrong.
         thumbs = [self.thumbnail(index, k, slot, row) for k, slot in enumerate(self.slots)
                   if row.get(slot.column) is not None]
-        rec = record(self.kind, row, index, thumbs, self.image_cols)
+        rec = record(self.view, row, index, thumbs, self.image_cols)
         self.stats.add(row, rec["facets"])
         self.page.append(rec)
         self.index.append([index, search_text(rec), rec["facets"]])
@@ -256,11 +259,11 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
     w.finish()
     env = _templates()
     common = {"title": source.title, "config": source.config, "split": source.split,
-              "rows": w.stats.rows, "kind": w.kind.name}
+              "rows": w.stats.rows, "kind": w.view.name}
     facets = [{"name": name, "options": sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_FILTER_VALUES]}
               for name, c in sorted(w.stats.facets.items())]
     meta = {"rows": w.stats.rows, "pageSize": cfg.page_size, "pages": w.pages,
-            "indexParts": w.index_parts, "kind": w.kind.name}
+            "indexParts": w.index_parts, "kind": w.view.name}
     # `</` inside inline JSON would end the <script> element early.
     meta_json = json.dumps(meta).replace("</", "<\\/")
     html = env.get_template("index.html").render(**common, facets=facets, meta_json=meta_json)
@@ -270,7 +273,7 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
     _stats_page(w, source, env, common)
     first = w.first_page_bytes + sum((out / n).stat().st_size for n in ("index.html", "style.css", "gallery.js"))
     result = GalleryResult(index_html=out / "index.html", rows=w.stats.rows, pages=w.pages,
-                           kind=w.kind.name, first_page_bytes=first,
+                           kind=w.view.name, first_page_bytes=first,
                            images_not_shown=w.stats.not_shown_counts())
     (out / MARKER).write_text(json.dumps({"complete": True, "source": source.title, "config": source.config,
                                           "split": source.split, "rows": result.rows,
