@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eccv_mitl_fixtures import ANSWERS, no_model, ranked, write_csv
+from helpers.eccv_mitl_fixtures import ANSWERS, no_model, ranked, write_csv
 from PIL import Image
 
 from builders.app.cli import main as cli_main

@@ -18,8 +18,7 @@ from builders.publishing.publish import PublishConfig, publish
 from builders.engine.sharding.runner import BuildRunConfig, run_build
 from builders.publishing.card import write_card
 
-sys.path.insert(0, str(Path(__file__).parent))
-import toy_builder  # noqa: E402
+from helpers import toy_builder
 
 
 def toy_build(out: Path, n_items: int, tag: str, max_shard_bytes: int = 500_000_000) -> Path:

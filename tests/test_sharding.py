@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,11 +15,10 @@ from builders.engine.errors import UserFacingError
 from builders.engine.sharding.runner import BuildRunConfig, run_build
 from builders.publishing.card import write_card
 
-sys.path.insert(0, str(Path(__file__).parent))
-import toy_builder  # noqa: E402
-from build_helpers import accelerate_cmd, kill_after_parts, shard_digests  # noqa: E402
+from helpers import toy_builder
+from helpers.build_helpers import accelerate_cmd, kill_after_parts, shard_digests
 
-TOY = Path(__file__).parent / "toy_builder.py"
+TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
 
 
 def expected_rows(n_items: int, tag: str = "v1") -> dict[str, list[int]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,7 @@ from training.data import BatchConfigError, PairBatchSampler
 from training.mixtures import build_mixture, cf_counts
 from training.sources import DataInputError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from training_helpers import COLORS, write_color_set, write_counterfactuals  # noqa: E402
+from helpers.training_helpers import COLORS, write_color_set, write_counterfactuals
 
 
 def random_groups(rng: np.random.Generator) -> list[list[int]]:
