@@ -102,8 +102,8 @@ def _grouped(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
     for text, item_id, group in zip(items, ids, groups_of):
         # Without the texts at build time (ECCV positives without COCO) only the id is known.
         groups.setdefault(str(group), []).append(text if text is not None else f"caption {item_id}")
-    return [{"label": f"{group} {spec.label} ({len(texts)})", "segs": _plain(" | ".join(texts))}
-            for group, texts in sorted(groups.items())]
+    return [{"label": f"{group} {spec.label} ({len(members)})", "segs": _plain(" | ".join(members))}
+            for group, members in sorted(groups.items())]
 
 
 def texts(view: RowView, row: dict[str, Any]) -> list[dict[str, Any]]:
