@@ -199,7 +199,7 @@ def test_a_second_build_into_the_same_folder_fails_at_once(tmp_path, capsys):
             assert first.poll() is None and time.time() < deadline, first.stderr.read()
             time.sleep(0.05)
         parser = __import__("argparse").ArgumentParser()
-        import toy_builder
+        from helpers import toy_builder
         from builders.engine.errors import run_handled
         from builders.launch import add_builder_parser
 
