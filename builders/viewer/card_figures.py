@@ -20,7 +20,7 @@ from PIL import Image
 from builders.viewer import plots
 from builders.viewer.row_view import Slot, view_of
 from builders.viewer.rows import facets, texts
-from builders.viewer.thumbnails import ImageProblem, decode_image
+from builders.viewer.thumbnails import ThumbnailProblem, decode_image
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def _images(row: dict[str, Any], slots: Sequence[Slot], index: int) -> list[Imag
             continue
         try:
             images.append(decode_image(row[slot.column]))
-        except ImageProblem as problem:
+        except ThumbnailProblem as problem:
             log.warning("card figures: row %d (%s) left out of the examples: %s", index,
                         slot.column, problem)
     return images

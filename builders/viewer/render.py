@@ -34,7 +34,7 @@ from builders.viewer.row_view import Slot, view_of
 from builders.viewer.rows import record, search_text
 from builders.viewer.source import GallerySource
 from builders.viewer.stats import EXAMPLE_ROWS, GalleryStats, skip_counts
-from builders.viewer.thumbnails import (ImageProblem, ThumbnailConfig, decode_image,
+from builders.viewer.thumbnails import (ThumbnailProblem, ThumbnailConfig, decode_image,
                                                thumbnail_path, write_thumbnail)
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class GalleryResult:
     kind: str
     #: Bytes a browser loads for the first page: HTML, CSS, JS, page data and every thumbnail.
     first_page_bytes: int
-    #: Images shown as missing, per reason (thumbnails.ImageProblem), most frequent first.
+    #: Images shown as missing, per reason (thumbnails.ThumbnailProblem), most frequent first.
     images_not_shown: dict[str, int] = field(default_factory=dict)
 
 
@@ -135,14 +135,14 @@ class _Writer:
         max_pixels = self.cfg.thumbnails.max_pixels
         try:
             image = decode_image(row[slot.column], max_pixels)
-        except ImageProblem as problem:
+        except ThumbnailProblem as problem:
             self.not_shown(index, slot.column, problem)
             return {"label": slot.label, "missing": problem.reason}
         mask = None
         if slot.outline and row.get(slot.outline) is not None:
             try:
                 mask = decode_image(row[slot.outline], max_pixels)
-            except ImageProblem as problem:  # the image is shown, without the outline
+            except ThumbnailProblem as problem:  # the image is shown, without the outline
                 self.not_shown(index, slot.outline, problem)
         rel = thumbnail_path(index, k)
         size = write_thumbnail(image, self.out / rel, self.cfg.thumbnails, mask)
@@ -150,7 +150,7 @@ class _Writer:
             self.first_page_bytes += (self.out / rel).stat().st_size
         return {"src": rel, "label": slot.label, **size}
 
-    def not_shown(self, index: int, column: str, problem: ImageProblem) -> None:
+    def not_shown(self, index: int, column: str, problem: ThumbnailProblem) -> None:
         self.stats.image_not_shown(index, problem.reason)
         log.debug("row %d (%s): image not shown, %s", index, column, problem)
 

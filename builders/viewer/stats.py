@@ -26,7 +26,7 @@ class GalleryStats:
     facets: dict[str, Counter] = field(default_factory=dict)
     #: column -> finite values, for the histograms.
     numbers: dict[str, list[float]] = field(default_factory=dict)
-    #: reason -> images not shown (thumbnails.ImageProblem), and the first rows holding one.
+    #: reason -> images not shown (thumbnails.ThumbnailProblem), and the first rows holding one.
     images_not_shown: Counter = field(default_factory=Counter)
     rows_not_shown: dict[str, list[int]] = field(default_factory=dict)
 
