@@ -36,7 +36,7 @@ from odmap_benchmark import _current_rss_mb, _peak_rss_mb, _reset_peak_rss  # no
 
 from builders.eccv_positives.candidates import model_topk  # noqa: E402
 from builders.eccv_positives.embeddings import read_cache_entry, write_cache_entry  # noqa: E402
-from builders.eccv_positives.gallery import Gallery  # noqa: E402
+from builders.eccv_positives.image_gallery import Gallery  # noqa: E402
 
 K = 25
 

@@ -1,8 +1,9 @@
 """`counterfactory show` on a synthetic COCO-Counterfactuals-layout build: CPU seconds per 100 rows
 and the bytes a browser loads for the first page (HTML, CSS, JS, page data, every thumbnail).
 
-The build is written in the Hub layout the builders write (README `configs:` + one parquet shard)
-with 256x256 PNG image pairs, so only the gallery is measured, not a generator. Targets (issue
+The build is written in the Hub layout the builders write (README `configs:` + one parquet shard,
+and a manifest naming the counterfactuals' row view) with 256x256 PNG image pairs, so only the
+gallery is measured, not a generator. Targets (issue
 #15): under 1 CPU second per 100 rows, a first page under 1 MB at any size (try --rows 20000).
 Run: `python benchmarks/gallery.py [--rows 2000] [--keep DIR]`.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import random
 import resource
 import sys
@@ -51,6 +53,8 @@ def synthetic_build(root: Path, rows: int, seed: int = 0) -> Path:
     rng = random.Random(seed)
     images = [_png(rng) for _ in range(64)]  # reused: the gallery decodes each row's anyway
 
+    from builders.counterfactuals.view import PAIR_VIEW
+
     def gen():
         for i in range(rows):
             old, new = rng.sample(WORDS, 2)
@@ -75,6 +79,9 @@ def synthetic_build(root: Path, rows: int, seed: int = 0) -> Path:
     (root / "data").mkdir(parents=True, exist_ok=True)
     ds.to_parquet(str(root / "data" / "test-00000-of-00001.parquet"))
     (root / "README.md").write_text(README.format(rows=rows))
+    # The gallery shows a table as its manifest's view says (without one: the generic view).
+    manifest = {"outputs": {"default/test": {"view": PAIR_VIEW.to_dict()}}}
+    (root / "build_manifest.json").write_text(json.dumps(manifest))
     return root
 
 
@@ -91,12 +98,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from builders.viewer.render import GalleryConfig, write_gallery
-    from builders.viewer.source import SourceConfig, open_source
+    from builders.viewer.source import GallerySourceConfig, open_source
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="gallery-bench-"))
     build = synthetic_build(work / "build", args.rows)
     cpu0, wall0 = cpu(), time.perf_counter()
-    source = open_source(SourceConfig(str(build)))
+    source = open_source(GallerySourceConfig(str(build)))
     cpu1 = cpu()
     result = write_gallery(source, GalleryConfig(output=work / "gallery", page_size=args.page_size))
     cpu2, wall2 = cpu(), time.perf_counter()

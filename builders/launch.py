@@ -1,4 +1,4 @@
-"""How any builder runs from the command line: the options every builder shares (`RunConfig`,
+"""How any builder runs from the command line: the options every builder shares (`BuildRunConfig`,
 source images), the build-then-log handler, and `launch_main`, the `accelerate launch
 builders/<dataset>/builder.py ...` entry point. `counterfactory build X ...` (the table in
 `builders.app.registry`) and `accelerate launch` run this same code.
@@ -16,7 +16,7 @@ from builders.engine.option_types import fraction, positive_int
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `RunConfig` (how the build runs, as opposed to what it builds)."""
+    """Options of `BuildRunConfig` (how the build runs, as opposed to what it builds)."""
     group = parser.add_argument_group("run")
     group.add_argument("--output", type=Path, required=True, help="output folder (Hub layout)")
     group.add_argument("--part-size", type=positive_int, default=64,
@@ -44,9 +44,9 @@ def add_source_image_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_config_from_args(args: argparse.Namespace):
-    from builders.engine.sharding.runner import RunConfig
+    from builders.engine.sharding.runner import BuildRunConfig
 
-    return RunConfig(
+    return BuildRunConfig(
         output_dir=args.output,
         part_size=args.part_size,
         max_shard_bytes=args.max_shard_bytes,

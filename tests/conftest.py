@@ -17,6 +17,7 @@ not what a test computes.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -87,7 +88,7 @@ nltk.data.path[:] = [os.environ["NLTK_DATA"]]
 
 # The ECCV machine-in-the-loop round shared by test_eccv_positives_mitl.py and
 # test_eccv_positives_ingest.py: session fixtures, so it is built once for both files.
-pytest_plugins = ["eccv_mitl_fixtures"]
+pytest_plugins = ["helpers.eccv_mitl_fixtures"]
 
 
 @pytest.fixture(scope="session")
@@ -152,6 +153,32 @@ def coco_fixture_dir() -> Path:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import shutil
-
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
+#: Flags that keep headless chromium off the network and away from the user's profile.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1280,1000")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless chromium driven by Selenium, for the gallery's browser tests."""
+    chromium, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver_bin):
+        pytest.fail("the gallery browser test needs Debian's chromium and chromedriver: run "
+                    "`apt-get install -y chromium chromium-driver` (`make test` does it when missing)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(driver_bin))
+    driver.set_page_load_timeout(120)
+    yield driver
+    driver.quit()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,8 +23,7 @@ from PIL import Image
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_eccv_positives_import import package_json, write_test_image_root  # noqa: E402
+from test_eccv_positives_import import package_json, write_test_image_root
 
 SPLITS = ("test", "val")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,11 +27,10 @@ from PIL import Image, ImageFile
 
 from builders.app.cli import main as cli_main
 
-sys.path.insert(0, str(Path(__file__).parent))
-from build_helpers import (captions_build, decorrelation_build, eccv_build,  # noqa: E402
+from helpers.build_helpers import (captions_build, decorrelation_build, eccv_build,
                            errors_everywhere, fixture_case, without_target)
-from test_bad_inputs import rows_by_output  # noqa: E402
-from test_eccv_positives_import import package_json, write_test_image_root  # noqa: E402
+from test_bad_inputs import rows_by_output
+from test_eccv_positives_import import package_json, write_test_image_root
 
 W, H = 128, 96  # the fixture's image size
 RNG = np.random.default_rng(21)

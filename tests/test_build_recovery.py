@@ -19,11 +19,10 @@ import pytest
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
-sys.path.insert(0, str(Path(__file__).parent))
-from build_helpers import shard_digests  # noqa: E402
-from test_eccv_positives_import import package_json, write_test_image_root  # noqa: E402
+from helpers.build_helpers import shard_digests
+from test_eccv_positives_import import package_json, write_test_image_root
 
-TOY = Path(__file__).parent / "toy_builder.py"
+TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
 
 
 def build(root: Path, out: Path, *extra: str) -> int:
@@ -200,7 +199,7 @@ def test_a_second_build_into_the_same_folder_fails_at_once(tmp_path, capsys):
             assert first.poll() is None and time.time() < deadline, first.stderr.read()
             time.sleep(0.05)
         parser = __import__("argparse").ArgumentParser()
-        import toy_builder
+        from helpers import toy_builder
         from builders.engine.errors import run_handled
         from builders.launch import add_builder_parser
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,7 @@ from builders.counterfactuals.prompt_to_prompt import PairSpec
 from builders.app.cli import main as cli_main
 from builders.engine.seeding import derive_seed
 
-sys.path.insert(0, str(Path(__file__).parent))
-from build_helpers import shard_digests  # noqa: E402
+from helpers.build_helpers import shard_digests
 
 GROUPED = ["--candidate-plan", "grouped", "--seeds", "2", "--p-values", "3", "--image-size", "64",
            "--steps", "4"]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +11,7 @@ import pytest
 import counterfactory_metrics.odmap.class_match as class_match
 from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE, ClassMatcher, load_table
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference_odmap import VOCAB, reference_match  # noqa: E402
+from helpers.reference_odmap import VOCAB, reference_match
 
 # builders/decorrelation/METHOD.md §4, copied verbatim.
 PAPER_TABLE = """\

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +22,7 @@ from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 from builders.models.profiles import resolve_profile
 
-sys.path.insert(0, str(Path(__file__).parent))
-from build_helpers import accelerate_cmd, shard_digests  # noqa: E402
+from helpers.build_helpers import accelerate_cmd, shard_digests
 
 ORIGINAL_COLUMNS = ["id", "image_0", "image_1", "caption_0", "caption_1"]
 PROVENANCE = ["source_id", "replaced_word", "replacement_word", "replaced_position", "similarity",

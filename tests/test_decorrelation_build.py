@@ -12,7 +12,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -35,10 +34,9 @@ from counterfactory_metrics.odmap.noun_phrases import noun_phrases
 from loading_scripts.flickr30k import parse_entity_sentence
 from loading_scripts.records import SourceCaption
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference_odmap import reference_match, reference_odmap_from_rankings  # noqa: E402
-from build_helpers import accelerate_cmd, kill_after_parts, shard_digests  # noqa: E402
-from test_selection import brute_force, touched_pixels  # noqa: E402
+from helpers.reference_odmap import reference_match, reference_odmap_from_rankings
+from helpers.build_helpers import accelerate_cmd, kill_after_parts, shard_digests
+from test_selection import brute_force, touched_pixels
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PART_SIZE = "2"

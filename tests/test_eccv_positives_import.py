@@ -233,10 +233,8 @@ def test_pm_config_equals_brute_force(tmp_path):
 
 def test_two_processes_write_the_same_shards(build, coco_fixture_dir, tmp_path):
     import subprocess
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from build_helpers import accelerate_cmd, shard_digests
+    from helpers.build_helpers import accelerate_cmd, shard_digests
 
     out = tmp_path / "multi"
     cmd = accelerate_cmd(REPO_ROOT / "builders/eccv_positives/builder.py", "--coco-root",

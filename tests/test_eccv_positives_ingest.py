@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from datasets import load_dataset
-from eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, write_csv
+from helpers.eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, write_csv
 
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name

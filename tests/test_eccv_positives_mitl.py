@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eccv_mitl_fixtures import ANSWERS, no_model, ranked, write_csv
+from helpers.eccv_mitl_fixtures import ANSWERS, no_model, ranked, write_csv
 from PIL import Image
 
 from builders.app.cli import main as cli_main
@@ -78,7 +78,7 @@ def test_model_topk_breaks_ties_by_gallery_index():
     """Brute force on small-integer embeddings (exact float products, many exact ties), with
     repeated caption texts whose vectors sometimes differ (only true copies may be merged)."""
     from builders.eccv_positives.candidates import model_topk
-    from builders.eccv_positives.gallery import Gallery
+    from builders.eccv_positives.image_gallery import Gallery
 
     rng = np.random.default_rng(0)
     for _ in range(100):
@@ -245,7 +245,7 @@ def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, a
     from safetensors.torch import load_file, save_file
 
     from builders.eccv_positives import embeddings
-    from builders.eccv_positives.gallery import Gallery
+    from builders.eccv_positives.image_gallery import Gallery
 
     model, root, cache = tmp_path / "clip", tmp_path / "coco", tmp_path / "cache"
     shutil.copytree(annotators[0], model)

@@ -23,56 +23,7 @@ from PIL import Image
 
 from builders.app.cli import main as cli_main
 from builders.viewer.rows import KEY_PROVENANCE, PROVENANCE_ORDER
-
-#: Tiny builds shared by the gallery tests (built once per session, on demand).
-BUILD_ARGS = {
-    "coco-captions": lambda coco, tiny: ["--coco-root", str(coco), "--splits", "test", "val"],
-    "coco-counterfactuals": lambda coco, tiny: [
-        "--coco-root", str(coco), "--karpathy-splits", "test", "--max-captions", "12",
-        "--candidates", "3", "--models", "tiny", "--tiny-models-dir", str(tiny),
-        # The tiny CLIP's random directional scores sit near 0: about half the candidates are
-        # rejected, so rows carry rejections and some captions are skipped.
-        "--directional-threshold", "0"],
-    "eccv-positives": lambda coco, tiny: ["--coco-root", str(coco), "--part-size", "8192"],
-    "decorrelation": lambda coco, tiny: [
-        "--coco-root", str(coco), "--max-images", "6", "--keep-original", "--products", "train",
-        "--models", "tiny", "--tiny-models-dir", str(tiny)],
-}
-
-
-def fixture_build(name: str, root: Path, coco: Path, tiny: Path) -> Path:
-    """`counterfactory build NAME` on the fixture into root/NAME, once per session."""
-    out = root / "gallery_builds" / name
-    if not (out / "build_manifest.json").exists():
-        argv = ["build", name, *BUILD_ARGS[name](coco, tiny), "--output", str(out), "--part-size", "4"]
-        assert cli_main(argv) == 0
-    return out
-
-
-def show(*argv: str) -> int:
-    return cli_main(["show", *map(str, argv)])
-
-
-def page_records(gallery: Path) -> list[dict]:
-    """Every row record of the gallery's page scripts, in page order."""
-    records = []
-    for path in sorted((gallery / "pages").glob("page-*.js")):
-        text = path.read_text(encoding="utf-8")
-        payload = re.fullmatch(r"window\.galleryPage\((\d+), (.*)\);\n", text, flags=re.S)
-        assert payload and int(payload.group(1)) == int(path.stem.split("-")[1]), path
-        records += json.loads(payload.group(2))
-    return records
-
-
-def only_split(build: Path, config: str = "default"):
-    splits = load_dataset(str(build), config)
-    assert len(splits) == 1
-    return next(iter(splits.values()))
-
-
-def text_of(segs: list) -> str:
-    return "".join(s[0] for s in segs)
-
+from helpers.gallery_helpers import fixture_build, one_error_line, only_split, page_records, show, text_of
 
 def span(segs: list, style: str) -> tuple[int, str]:
     """(start offset, text) of the only segment with `style`."""
@@ -280,16 +231,6 @@ def test_a_rebuilt_folder_of_the_same_name_shows_its_own_rows(builds, tmp_path):
 
 def only_split_named(build: Path, split: str):
     return load_dataset(str(build), split=split)
-
-
-def one_error_line(capsys, argv: list, *expected: str) -> str:
-    capsys.readouterr()
-    assert show(*argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("counterfactory: error: ") and "\n" not in err, err
-    for part in expected:
-        assert part in err, err
-    return err
 
 
 def test_bad_input_is_one_clear_line(builds, local_hub, tmp_path, capsys):

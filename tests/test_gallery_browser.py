@@ -7,45 +7,16 @@ missing browser fails."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_gallery import fixture_build, only_split, show  # noqa: E402
+from helpers.browser_helpers import assert_images_load, console_errors, wait_ready
+from helpers.gallery_helpers import fixture_build, only_split, show
 
 PAGE = 4
-#: Flags that keep headless chromium off the network and away from the user's profile.
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,1000")
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    chromium, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver_bin):
-        pytest.fail("the gallery browser test needs Debian's chromium and chromedriver: run "
-                    "`apt-get install -y chromium chromium-driver` (`make test` does it when missing)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(driver_bin))
-    driver.set_page_load_timeout(120)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")
@@ -59,35 +30,8 @@ def galleries(session_tmp, coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp
     return out
 
 
-def wait_ready(driver, state: dict | None = None, timeout: float = 60) -> dict:
-    """Wait until the page has rendered (`state`, when given: that view)."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    def ready(d):
-        raw = d.execute_script("return document.body.dataset.ready || null")
-        return raw and (state is None or json.loads(raw) == state) and json.loads(raw)
-
-    return WebDriverWait(driver, timeout).until(ready)
-
-
 def card_ids(driver) -> list[str]:
     return [h.text.split(" · ", 1)[1] for h in driver.find_elements("css selector", "article.row > header")]
-
-
-def assert_images_load(driver) -> int:
-    """Scroll every image into view (they are lazy) and wait until each has decoded pixels."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    images = driver.find_elements("css selector", "main img")
-    for img in images:
-        driver.execute_script("arguments[0].scrollIntoView()", img)
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-            "return arguments[0].complete && arguments[0].naturalWidth > 0", img), img.get_attribute("src"))
-    return len(images)
-
-
-def console_errors(driver) -> list[dict]:
-    return [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
 
 
 def test_counterfactual_gallery_in_chromium(browser, galleries, tmp_path):

@@ -5,15 +5,11 @@ never run, in the rows, the filter menu and the stats page."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import datasets
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_gallery import show  # noqa: E402
-from test_gallery_browser import assert_images_load, browser, console_errors, wait_ready  # noqa: E402,F401
-from test_gallery_safety import SHOWN_RGB, encoded, write_dataset  # noqa: E402
+from helpers.gallery_helpers import show
+from helpers.browser_helpers import assert_images_load, console_errors, wait_ready
+from helpers.hostile_datasets import SHOWN_RGB, encoded, write_dataset
 
 SCRIPT = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">"
 MATH = r"$\notacommand{x}$ costs $5 and $10"
@@ -21,7 +17,7 @@ FEATURES = datasets.Features({"image": datasets.Image(), "caption": datasets.Val
                               "skip_reason": datasets.Value("string")})
 
 
-def test_missing_images_and_markup_in_chromium(browser, tmp_path):  # noqa: F811
+def test_missing_images_and_markup_in_chromium(browser, tmp_path):
     secret = tmp_path / "secret.jpg"
     secret.write_bytes(encoded((13, 200, 77)))
     build = write_dataset(tmp_path / "dataset", [

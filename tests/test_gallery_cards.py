@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,7 @@ from PIL import Image
 from builders.app.cli import main as cli_main
 from builders.viewer.card_figures import write_card_figures
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_gallery import fixture_build  # noqa: E402
+from helpers.gallery_helpers import fixture_build
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,18 +19,14 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_gallery import one_error_line, page_records, show  # noqa: E402
+from helpers.gallery_helpers import one_error_line, page_records, show
+from helpers.hostile_datasets import SHOWN_RGB, encoded, write_dataset
 
 #: The secret's colour: no thumbnail of the gallery may come close to it.
 SECRET_RGB = (13, 200, 77)
-SHOWN_RGB = (200, 20, 20)
 
 # ------------------------------------------------------------------ every file this process opens
 
@@ -66,35 +62,12 @@ def opened():
 
 # ------------------------------------------------------------------ hostile datasets
 
-def encoded(color: tuple[int, int, int], fmt: str = "JPEG", size: tuple[int, int] = (64, 48)) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", size, color).save(buf, fmt)
-    return buf.getvalue()
-
-
 def png_claiming(width: int, height: int) -> bytes:
     """A tiny PNG whose header claims width x height pixels (a decompression bomb's header)."""
     data = bytearray(encoded((0, 0, 0), "PNG", (8, 8)))
     data[16:24] = struct.pack(">II", width, height)  # IHDR width, height
     data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))  # IHDR checksum
     return bytes(data)
-
-
-FEATURES = datasets.Features({"image": datasets.Image(), "extras": datasets.List(datasets.Image()),
-                              "caption": datasets.Value("string")})
-
-
-def write_dataset(folder: Path, rows: list[dict], features: datasets.Features = FEATURES) -> Path:
-    """A dataset folder as on the Hub: README.md with `configs:` + features, one parquet shard
-    written with pyarrow (so `datasets` does not embed the files the path-only cells name)."""
-    (folder / "data").mkdir(parents=True)
-    table = pa.Table.from_pylist(rows, schema=features.arrow_schema)
-    pq.write_table(table, folder / "data" / "test-00000-of-00001.parquet")
-    meta = {"configs": [{"config_name": "default",
-                         "data_files": [{"split": "test", "path": "data/test-*.parquet"}]}],
-            "dataset_info": [{"config_name": "default", "features": features._to_yaml_list()}]}
-    (folder / "README.md").write_text(f"---\n{yaml.safe_dump(meta)}---\n# someone else's dataset\n")
-    return folder
 
 
 def path_only_dataset(folder: Path, secret: Path) -> Path:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import doctest
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +20,7 @@ from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE
 from counterfactory_metrics.odmap.noun_phrases import NounPhraseCache, chunk_captions
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference_odmap import (  # noqa: E402
+from helpers.reference_odmap import (
     VOCAB_TAGS,
     DictTagger,
     random_caption,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import doctest
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +19,7 @@ from counterfactory_metrics.odmap.noun_phrases import (
     remove_noun_phrases_with_reason,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference_odmap import VOCAB_TAGS, DictTagger  # noqa: E402
+from helpers.reference_odmap import VOCAB_TAGS, DictTagger
 
 TAGS = {
     **VOCAB_TAGS, "fighting": "VBG", "frisbee": "NN", "'s": "POS", "very": "RB", "large": "JJ",

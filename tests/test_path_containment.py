@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,12 +28,11 @@ from PIL import Image
 
 from builders.app.cli import main as cli_main
 
-sys.path.insert(0, str(Path(__file__).parent))
-from build_helpers import (captions_build, decorrelation_build, eccv_build,  # noqa: E402
+from helpers.build_helpers import (captions_build, decorrelation_build, eccv_build,
                            errors_everywhere, fixture_case, without_target)
-from test_bad_inputs import rows_by_output  # noqa: E402
-from test_decorrelation_build import _flickr_entities  # noqa: E402
-from test_eccv_positives_import import package_json, write_test_image_root  # noqa: E402
+from test_bad_inputs import rows_by_output
+from test_decorrelation_build import _flickr_entities
+from test_eccv_positives_import import package_json, write_test_image_root
 
 REASON = "path_outside_root"
 

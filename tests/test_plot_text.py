@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import evaluate
@@ -17,8 +16,7 @@ from PIL import Image
 
 from builders.app.cli import main as cli_main
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_gallery import page_records, show, text_of  # noqa: E402
+from helpers.gallery_helpers import page_records, show, text_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPACES = REPO_ROOT / "evaluate_modules"

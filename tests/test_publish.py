@@ -15,16 +15,15 @@ from builders.app.cli import main as cli_main
 from builders.engine.errors import PublishError, UserFacingError
 from builders.publishing.hub_client import PublishInterrupted
 from builders.publishing.publish import PublishConfig, publish
-from builders.engine.sharding.runner import RunConfig, run_build
+from builders.engine.sharding.runner import BuildRunConfig, run_build
 from builders.publishing.card import write_card
 
-sys.path.insert(0, str(Path(__file__).parent))
-import toy_builder  # noqa: E402
+from helpers import toy_builder
 
 
 def toy_build(out: Path, n_items: int, tag: str, max_shard_bytes: int = 500_000_000) -> Path:
     builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=n_items, version_tag=tag))
-    run_build(builder, RunConfig(output_dir=out, part_size=8, max_error_fraction=0.2,
+    run_build(builder, BuildRunConfig(output_dir=out, part_size=8, max_error_fraction=0.2,
                                  max_shard_bytes=max_shard_bytes), finish=write_card)
     return out
 
@@ -265,7 +264,7 @@ class _NoRows(toy_builder.ToyBuilder):
 def test_an_empty_build_is_never_published_and_never_loads_its_manifest(tmp_path, local_hub,
                                                                          repo_id, capsys):
     out = tmp_path / "empty"
-    run_build(_NoRows(toy_builder.ToyConfig(n_items=5)), RunConfig(output_dir=out, part_size=8),
+    run_build(_NoRows(toy_builder.ToyConfig(n_items=5)), BuildRunConfig(output_dir=out, part_size=8),
               finish=write_card)
     assert cli_main(["publish", str(out), "--repo-id", repo_id, "--version", "v1.0.0"]) == 2
     assert "has no rows in any output" in one_error_line(capsys)

@@ -10,7 +10,6 @@ healthy Hub then completes the same version.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,8 @@ import pytest
 from builders.app.cli import main as cli_main
 from builders.devtools.local_hub_requests import Fault
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_publish import one_error_line, own_hub, toy_build  # noqa: E402,F401
-from test_publish_safety import expected_tree, tagged_tree  # noqa: E402
+from test_publish import one_error_line, own_hub, toy_build  # noqa: F401
+from test_publish_safety import expected_tree, tagged_tree
 
 REPO = "faults/x"
 # What each kind of request looks like (the path the line must name), and its fault.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ from huggingface_hub import HfApi
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_publish import one_error_line, repo_id, toy_build  # noqa: E402,F401
+from test_publish import one_error_line, repo_id, toy_build  # noqa: F401
 
 SECRET = "TOP-SECRET-VALUE"
 

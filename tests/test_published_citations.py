@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,7 @@ from huggingface_hub import HfApi, hf_hub_download
 from builders.app.cli import main as cli_main
 from builders.app.registry import BUILDER_MODULES
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference_odmap import reference_odmap_from_rankings  # noqa: E402
+from helpers.reference_odmap import reference_odmap_from_rankings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = re.compile(r"\bSPEC\b|METHOD\.md|shared/")

@@ -10,7 +10,6 @@ compared with a zero-shot classification computed here with transformers directl
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +24,8 @@ from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, class_red_green, write_coco_fixture
 from builders.models.profiles import PRODUCTION, resolve_profile
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_decorrelation_build import build_args, raw_images  # noqa: E402
-from test_selection import brute_force  # noqa: E402
+from test_decorrelation_build import build_args, raw_images
+from test_selection import brute_force
 
 #: The oracle calls a class visible in a view when this fraction of its pixels has the class's colour.
 TOL = 16

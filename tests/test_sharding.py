@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,14 +12,13 @@ from datasets import load_dataset
 
 from builders.engine.errors import run_handled
 from builders.engine.errors import UserFacingError
-from builders.engine.sharding.runner import RunConfig, run_build
+from builders.engine.sharding.runner import BuildRunConfig, run_build
 from builders.publishing.card import write_card
 
-sys.path.insert(0, str(Path(__file__).parent))
-import toy_builder  # noqa: E402
-from build_helpers import accelerate_cmd, kill_after_parts, shard_digests  # noqa: E402
+from helpers import toy_builder
+from helpers.build_helpers import accelerate_cmd, kill_after_parts, shard_digests
 
-TOY = Path(__file__).parent / "toy_builder.py"
+TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
 
 
 def expected_rows(n_items: int, tag: str = "v1") -> dict[str, list[int]]:
@@ -31,7 +29,7 @@ def expected_rows(n_items: int, tag: str = "v1") -> dict[str, list[int]]:
 
 def build(out: Path, n_items: int = 40, part_size: int = 8, **run) -> dict:
     builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=n_items))
-    cfg = RunConfig(output_dir=out, part_size=part_size, max_error_fraction=0.2, **run)
+    cfg = BuildRunConfig(output_dir=out, part_size=part_size, max_error_fraction=0.2, **run)
     return run_build(builder, cfg, finish=write_card).manifest
 
 
@@ -85,7 +83,7 @@ def test_different_config_in_same_folder_is_refused(tmp_path):
 def test_mostly_failing_run_fails_loudly_and_keeps_parts(tmp_path):
     builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40))
     with pytest.raises(UserFacingError, match="failed on bad input"):
-        run_build(builder, RunConfig(output_dir=tmp_path / "out", part_size=8, max_error_fraction=0.01),
+        run_build(builder, BuildRunConfig(output_dir=tmp_path / "out", part_size=8, max_error_fraction=0.01),
                   finish=write_card)
     assert len(list((tmp_path / "out/.parts/stats").glob("*.json"))) == 5
 
@@ -144,7 +142,7 @@ class _NoTestRows(toy_builder.ToyBuilder):
 def test_empty_output_is_left_out_of_configs_and_the_rest_loads(tmp_path):
     out = tmp_path / "b"
     builder = _NoTestRows(toy_builder.ToyConfig(n_items=20))
-    manifest = run_build(builder, RunConfig(output_dir=out, part_size=8, max_error_fraction=0.2),
+    manifest = run_build(builder, BuildRunConfig(output_dir=out, part_size=8, max_error_fraction=0.2),
                          finish=write_card).manifest
     assert manifest["outputs"]["default/test"]["rows"] == 0
     assert not list((out / "data").glob("test-*"))

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,9 +20,8 @@ import torch
 from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
-sys.path.insert(0, str(Path(__file__).parent))
-from build_helpers import ACCELERATE, accelerate_cmd  # noqa: E402
-from training_helpers import (COLORS, PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl,  # noqa: E402
+from helpers.build_helpers import ACCELERATE, accelerate_cmd
+from helpers.training_helpers import (COLORS, PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl,
                               weights, write_color_set, write_counterfactuals)
 
 

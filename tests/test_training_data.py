@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,7 @@ from training.data import BatchConfigError, PairBatchSampler
 from training.mixtures import build_mixture, cf_counts
 from training.sources import DataInputError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from training_helpers import COLORS, write_color_set, write_counterfactuals  # noqa: E402
+from helpers.training_helpers import COLORS, write_color_set, write_counterfactuals
 
 
 def random_groups(rng: np.random.Generator) -> list[list[int]]:
@@ -467,7 +465,7 @@ def test_a_path_only_image_cell_is_one_line_and_never_opened(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from training_helpers import REAL_FEATURES, png
+    from helpers.training_helpers import REAL_FEATURES, png
 
     secret = tmp_path / "home" / "secret.png"
     secret.parent.mkdir()

@@ -28,9 +28,9 @@ def _serve(folder: Path, port: int) -> None:
 
 def _handler(args: argparse.Namespace) -> int:
     from builders.viewer.render import GalleryConfig, not_shown_summary, write_gallery
-    from builders.viewer.source import SourceConfig, open_source
+    from builders.viewer.source import GallerySourceConfig, open_source
 
-    source = open_source(SourceConfig(target=args.target, revision=args.revision,
+    source = open_source(GallerySourceConfig(target=args.target, revision=args.revision,
                                       config=args.config, split=args.split))
     result = write_gallery(source, GalleryConfig(output=args.output, page_size=args.page_size))
     print(f"wrote the gallery of {source.title} ({source.config}/{source.split}, {result.rows} rows, "

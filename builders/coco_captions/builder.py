@@ -19,6 +19,7 @@ import datasets
 
 from builders.engine import progress
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from builders.coco_captions.view import IMAGES_VIEW
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 IMAGES = datasets.Features({
@@ -60,7 +61,8 @@ class CocoCaptionsBuilder:
 
     def outputs(self):
         return [spec for split in self.config.splits
-                for spec in (OutputSpec("default", split, IMAGES), OutputSpec("captions", split, CAPTIONS))]
+                for spec in (OutputSpec("default", split, IMAGES, IMAGES_VIEW.to_dict()),
+                             OutputSpec("captions", split, CAPTIONS))]
 
     def work_items(self):
         from loading_scripts.coco import CocoSourceConfig, read_coco

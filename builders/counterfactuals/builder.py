@@ -38,29 +38,31 @@ from builders.engine import progress
 from builders.engine.dataset_source import load_dataset_split, open_split, stored_values
 from builders.engine.errors import InputFileError, InputProblem, UserFacingError
 from builders.counterfactuals.options import MODEL_ROLES, STAGES
+from builders.counterfactuals.view import PAIR_VIEW
 from builders.engine.provenance import model_names
 from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
 
-_S, _F, _I = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
+_STRING, _FLOAT, _INT = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
 #: The models of each stage (the rest of `MODEL_ROLES` is unused by that stage).
 CAPTION_ROLES, IMAGE_ROLES = ("mlm", "lm", "sentence"), ("sd", "clip_filter")
 CAPTION_FEATURES = datasets.Features({
-    "id": _S, "caption_0": _S, "caption_1": _S,
-    "source": _S, "source_id": _S, "source_image_id": _S,
-    "replaced_word": _S, "replacement_word": _S, "replaced_position": _I,
-    "similarity": _F, "perplexity": _F,
-    "caption_candidates": _I, "caption_candidates_in_window": _I,
+    "id": _STRING, "caption_0": _STRING, "caption_1": _STRING,
+    "source": _STRING, "source_id": _STRING, "source_image_id": _STRING,
+    "replaced_word": _STRING, "replacement_word": _STRING, "replaced_position": _INT,
+    "similarity": _FLOAT, "perplexity": _FLOAT,
+    "caption_candidates": _INT, "caption_candidates_in_window": _INT,
     "human_substitution": datasets.Value("bool"),
-    "mlm_model": _S, "lm_model": _S, "sentence_model": _S,
+    "mlm_model": _STRING, "lm_model": _STRING, "sentence_model": _STRING,
 })
 PAIR_FEATURES = datasets.Features({
-    "id": _S, "image_0": datasets.Image(), "image_1": datasets.Image(),
+    "id": _STRING, "image_0": datasets.Image(), "image_1": datasets.Image(),
     **{k: v for k, v in CAPTION_FEATURES.items() if k != "id"},
-    "seed": datasets.Value("int64"), "p": _F, "guidance_scale": _F,
-    "clip_score_0": _F, "clip_score_1": _F, "clip_directional": _F, "clip_image_similarity": _F,
-    "image_candidates_tried": _I, "image_candidates_passed": _I,
-    **{f"image_rejected_{name}": _I for name in IMAGE_FILTERS},
-    "sd_model": _S, "clip_model": _S,
+    "seed": datasets.Value("int64"), "p": _FLOAT, "guidance_scale": _FLOAT,
+    "clip_score_0": _FLOAT, "clip_score_1": _FLOAT, "clip_directional": _FLOAT,
+    "clip_image_similarity": _FLOAT,
+    "image_candidates_tried": _INT, "image_candidates_passed": _INT,
+    **{f"image_rejected_{name}": _INT for name in IMAGE_FILTERS},
+    "sd_model": _STRING, "clip_model": _STRING,
 })
 COLUMN_DOCS = {
     "id": "`<coco image id>_<caption index>` (COCO) or the source row id",
@@ -195,7 +197,7 @@ class CocoCounterfactualsBuilder:
         split = self.config.split
         specs = []
         if self.config.stage in ("images", "all"):
-            specs.append(OutputSpec("default", split, PAIR_FEATURES))
+            specs.append(OutputSpec("default", split, PAIR_FEATURES, PAIR_VIEW.to_dict()))
         if self.config.stage in ("captions", "all"):
             specs.append(OutputSpec("captions", split, CAPTION_FEATURES))
         return specs

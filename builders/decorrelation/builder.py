@@ -42,6 +42,7 @@ from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
 from builders.engine.seeding import derive_seed
 from builders.decorrelation.selection import Removal, SelectionConfig, select_removals
 from builders.decorrelation.verify import REASON_STILL_VISIBLE, RemovalVerifier, Verdict, VerifyConfig
+from builders.decorrelation.view import EDIT_VIEW
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
@@ -95,9 +96,10 @@ class DecorrelationBuilder:
     def outputs(self) -> list[OutputSpec]:
         cfg, out = self.config, []
         if "train" in cfg.products:
-            out.append(OutputSpec("default", "train", train_features(cfg.keep_original)))
+            out.append(OutputSpec("default", "train", train_features(cfg.keep_original), EDIT_VIEW.to_dict()))
         if "odmap" in cfg.products:
-            out.append(OutputSpec("odmap_queries", "test", query_features(cfg.keep_original)))
+            out.append(OutputSpec("odmap_queries", "test", query_features(cfg.keep_original),
+                                  EDIT_VIEW.to_dict()))
             out.append(OutputSpec("odmap_gallery", "test", gallery_features(len(cfg.source.class_names))))
         return out
 

@@ -3,7 +3,8 @@
 
 Import: `eccv_caption` annotation files (+ optional COCO root) → `annotations.py` (sources,
 provenance labels, the paper's removal list, counts) → `builder.py` (configs i2t, t2i, pm,
-removed; options in the light `options.py`, card fields in `card.py`) → Hub-layout parquet.
+removed; options in the light `options.py`, card fields in `card.py`, gallery view in `view.py`)
+→ Hub-layout parquet.
 New versions: a COCO-style gallery → `candidates.py` (machine annotators embed it once, cached by
 `embeddings.py`; streaming top-k per sampled query; union with per-model ranks) → `tasks.py`
 (18 candidates + 1 golden positive + 1 golden negative per task; Label Studio JSON and CSV) →

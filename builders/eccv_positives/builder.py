@@ -35,6 +35,7 @@ from typing import Any
 import datasets
 
 from builders.eccv_positives.annotations import AnnotationSet, read_mitl_report, removed_rows
+from builders.eccv_positives.view import I2T_VIEW
 from builders.engine.errors import InputProblem
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
@@ -64,8 +65,8 @@ REMOVED = datasets.Features({"kind": datasets.Value("string"), "id": datasets.Va
 
 
 @dataclass
-class EccvPositivesConfig:
-    """Example: `EccvPositivesConfig(coco_root="coco", pm_zeta=0)`."""
+class EccvImportConfig:
+    """Example: `EccvImportConfig(coco_root="coco", pm_zeta=0)`."""
 
     #: COCO download for images, caption texts and instances (PM); None: ids only, no PM.
     coco_root: str | None = None
@@ -111,11 +112,11 @@ class RowItem:
 
 
 class EccvPositivesBuilder:
-    def __init__(self, config: EccvPositivesConfig) -> None:
+    def __init__(self, config: EccvImportConfig) -> None:
         self.config = config
 
     def outputs(self):
-        return [OutputSpec("i2t", "test", I2T), OutputSpec("t2i", "test", T2I),
+        return [OutputSpec("i2t", "test", I2T, I2T_VIEW.to_dict()), OutputSpec("t2i", "test", T2I),
                 OutputSpec("pm", "i2t", PM), OutputSpec("pm", "t2i", PM),
                 OutputSpec("removed", "test", REMOVED)]
 

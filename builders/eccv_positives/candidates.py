@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from builders.eccv_positives.embeddings import gallery_embeddings
-from builders.eccv_positives.gallery import DatasetSource, Gallery
+from builders.eccv_positives.image_gallery import DatasetSource, Gallery
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.engine.provenance import model_names
 

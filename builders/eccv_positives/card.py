@@ -48,7 +48,7 @@ def _summary(mitl: dict[str, Any] | None) -> str:
 
 
 def card_fields(config: Any, stats: dict[str, Any], mitl: dict[str, Any] | None) -> dict[str, Any]:
-    """`BuildInfo.card_fields` for an `EccvPositivesConfig`."""
+    """`BuildInfo.card_fields` for an `EccvImportConfig`."""
     source = ("the annotation files shipped in the `eccv_caption` package (the published ECCV "
               "Caption, CxC and COCO 5K test positives)" if not config.annotations_dir else
               f"the positives written by `counterfactory eccv ingest` (`{config.annotations_dir}`)")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 def _candidates(args: argparse.Namespace) -> int:
     from builders.eccv_positives.candidates import CandidatesConfig, find_candidates
-    from builders.eccv_positives.gallery import DatasetSource
+    from builders.eccv_positives.image_gallery import DatasetSource
 
     dataset = None
     if args.dataset:
@@ -60,15 +60,15 @@ def _ingest(args: argparse.Namespace) -> int:
                                  cxc_min_score=args.cxc_min_score, coco_ids=args.coco_ids or None))
     if args.output is None:
         return 0
-    from builders.eccv_positives.builder import EccvPositivesBuilder, EccvPositivesConfig
-    from builders.engine.sharding.runner import RunConfig, run_build
+    from builders.eccv_positives.builder import EccvPositivesBuilder, EccvImportConfig
+    from builders.engine.sharding.runner import BuildRunConfig, run_build
     from builders.publishing.card import write_card
 
     # A dataset gallery has no COCO root: the new version then holds ids only.
     root = args.coco_root or report["candidates_config"]["coco_root"]
-    run_build(EccvPositivesBuilder(EccvPositivesConfig(
+    run_build(EccvPositivesBuilder(EccvImportConfig(
         coco_root=str(root) if root else None, annotations_dir=str(Path(args.state) / "annotations"),
-        pm_zeta=args.pm_zeta)), RunConfig(output_dir=args.output, overwrite=args.overwrite),
+        pm_zeta=args.pm_zeta)), BuildRunConfig(output_dir=args.output, overwrite=args.overwrite),
         finish=write_card)
     if args.repo_id:
         from builders.publishing.publish import PublishConfig, publish

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from builders.eccv_positives.gallery import Gallery
+from builders.eccv_positives.image_gallery import Gallery
 from builders.engine.provenance import hub_snapshot
 
 log = logging.getLogger(__name__)

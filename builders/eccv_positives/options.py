@@ -28,9 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace):
-    from builders.eccv_positives.builder import EccvPositivesBuilder, EccvPositivesConfig
+    from builders.eccv_positives.builder import EccvPositivesBuilder, EccvImportConfig
 
-    return EccvPositivesBuilder(EccvPositivesConfig(
+    return EccvPositivesBuilder(EccvImportConfig(
         coco_root=str(args.coco_root) if args.coco_root else None,
         annotations_dir=str(args.annotations_dir) if args.annotations_dir else None,
         pm_zeta=args.pm_zeta, with_pm=args.with_pm, max_image_pixels=args.max_image_pixels))

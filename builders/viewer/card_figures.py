@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from builders.viewer import plots
-from builders.viewer.rows import HISTOGRAM_COLUMNS, Slot, detect_kind
-from builders.viewer.thumbnails import ImageProblem, decode_image
+from builders.viewer.row_view import Slot, view_of
+from builders.viewer.rows import facets, texts
+from builders.viewer.thumbnails import ThumbnailProblem, decode_image
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def _images(row: dict[str, Any], slots: Sequence[Slot], index: int) -> list[Imag
             continue
         try:
             images.append(decode_image(row[slot.column]))
-        except ImageProblem as problem:
+        except ThumbnailProblem as problem:
             log.warning("card figures: row %d (%s) left out of the examples: %s", index,
                         slot.column, problem)
     return images
@@ -66,23 +67,22 @@ def write_card_figures(root: Path, manifest: dict[str, Any]) -> list[dict[str, s
     if out is None:
         return []
     columns = list(out["features"])
-    kind = detect_kind(columns, _image_columns(out["features"]))
-    slots = [s for s in kind.slots(columns) if s.column in columns]
+    view = view_of(out, columns, _image_columns(out["features"]))
+    slots = view.slots_in(columns)
     shards = [root / name for name in out["shards"]]
     first = next(pq.ParquetFile(shards[0]).iter_batches(batch_size=EXAMPLES)).to_pylist()
     examples = []
     for index, row in enumerate(first):
         images = _images(row, slots, index)
         if images:
-            examples.append((images, _caption(kind.texts(row), kind.facets(row))))
+            examples.append((images, _caption(texts(view, row), facets(view, row))))
     figures = []
     name = f"{out['config']}/{out['split']}"
     if examples:
         path = plots.example_grid(examples, root / FIGURES_DIR / "examples.png")
         figures.append({"path": path.relative_to(root).as_posix(),
                         "alt": f"the first {len(examples)} rows of {name}"})
-    numeric = [c for c in HISTOGRAM_COLUMNS if c in columns]
-    for column in numeric:
+    for column in [c for c in view.histograms if c in columns]:
         values = [v for s in shards for v in pq.read_table(s, columns=[column]).column(column).to_pylist()
                   if v is not None and math.isfinite(v)]
         if values:

@@ -30,10 +30,11 @@ from typing import Any, Iterator
 
 from builders.engine.errors import OutputError, UserFacingError
 from builders.viewer import plots
-from builders.viewer.rows import Slot, detect_kind, record, search_text
+from builders.viewer.row_view import Slot, view_of
+from builders.viewer.rows import record, search_text
 from builders.viewer.source import GallerySource
 from builders.viewer.stats import EXAMPLE_ROWS, GalleryStats, skip_counts
-from builders.viewer.thumbnails import (ImageProblem, ThumbnailConfig, decode_image,
+from builders.viewer.thumbnails import (ThumbnailProblem, ThumbnailConfig, decode_image,
                                                thumbnail_path, write_thumbnail)
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class GalleryResult:
     kind: str
     #: Bytes a browser loads for the first page: HTML, CSS, JS, page data and every thumbnail.
     first_page_bytes: int
-    #: Images shown as missing, per reason (thumbnails.ImageProblem), most frequent first.
+    #: Images shown as missing, per reason (thumbnails.ThumbnailProblem), most frequent first.
     images_not_shown: dict[str, int] = field(default_factory=dict)
 
 
@@ -106,9 +107,11 @@ class _Writer:
     def __init__(self, source: GallerySource, cfg: GalleryConfig) -> None:
         self.cfg, self.out = cfg, cfg.output
         self.image_cols = source.image_columns
-        self.kind = detect_kind(list(source.features), self.image_cols)
-        self.slots = self.kind.slots(list(source.features))
-        self.stats = GalleryStats()
+        columns = list(source.features)
+        output = (source.manifest or {}).get("outputs", {}).get(f"{source.config}/{source.split}")
+        self.view = view_of(output, columns, self.image_cols)
+        self.slots = self.view.slots_in(columns)
+        self.stats = GalleryStats(self.view.histograms)
         self.page: list[dict[str, Any]] = []
         self.index: list[list[Any]] = []
         self.pages = self.index_parts = 0
@@ -118,7 +121,7 @@ class _Writer:
         # A null cell is an optional image this row lacks: nothing to show, nothing wrong.
         thumbs = [self.thumbnail(index, k, slot, row) for k, slot in enumerate(self.slots)
                   if row.get(slot.column) is not None]
-        rec = record(self.kind, row, index, thumbs, self.image_cols)
+        rec = record(self.view, row, index, thumbs, self.image_cols)
         self.stats.add(row, rec["facets"])
         self.page.append(rec)
         self.index.append([index, search_text(rec), rec["facets"]])
@@ -132,14 +135,14 @@ class _Writer:
         max_pixels = self.cfg.thumbnails.max_pixels
         try:
             image = decode_image(row[slot.column], max_pixels)
-        except ImageProblem as problem:
+        except ThumbnailProblem as problem:
             self.not_shown(index, slot.column, problem)
             return {"label": slot.label, "missing": problem.reason}
         mask = None
         if slot.outline and row.get(slot.outline) is not None:
             try:
                 mask = decode_image(row[slot.outline], max_pixels)
-            except ImageProblem as problem:  # the image is shown, without the outline
+            except ThumbnailProblem as problem:  # the image is shown, without the outline
                 self.not_shown(index, slot.outline, problem)
         rel = thumbnail_path(index, k)
         size = write_thumbnail(image, self.out / rel, self.cfg.thumbnails, mask)
@@ -147,7 +150,7 @@ class _Writer:
             self.first_page_bytes += (self.out / rel).stat().st_size
         return {"src": rel, "label": slot.label, **size}
 
-    def not_shown(self, index: int, column: str, problem: ImageProblem) -> None:
+    def not_shown(self, index: int, column: str, problem: ThumbnailProblem) -> None:
         self.stats.image_not_shown(index, problem.reason)
         log.debug("row %d (%s): image not shown, %s", index, column, problem)
 
@@ -256,11 +259,11 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
     w.finish()
     env = _templates()
     common = {"title": source.title, "config": source.config, "split": source.split,
-              "rows": w.stats.rows, "kind": w.kind.name}
+              "rows": w.stats.rows, "kind": w.view.name}
     facets = [{"name": name, "options": sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_FILTER_VALUES]}
               for name, c in sorted(w.stats.facets.items())]
     meta = {"rows": w.stats.rows, "pageSize": cfg.page_size, "pages": w.pages,
-            "indexParts": w.index_parts, "kind": w.kind.name}
+            "indexParts": w.index_parts, "kind": w.view.name}
     # `</` inside inline JSON would end the <script> element early.
     meta_json = json.dumps(meta).replace("</", "<\\/")
     html = env.get_template("index.html").render(**common, facets=facets, meta_json=meta_json)
@@ -270,7 +273,7 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
     _stats_page(w, source, env, common)
     first = w.first_page_bytes + sum((out / n).stat().st_size for n in ("index.html", "style.css", "gallery.js"))
     result = GalleryResult(index_html=out / "index.html", rows=w.stats.rows, pages=w.pages,
-                           kind=w.kind.name, first_page_bytes=first,
+                           kind=w.view.name, first_page_bytes=first,
                            images_not_shown=w.stats.not_shown_counts())
     (out / MARKER).write_text(json.dumps({"complete": True, "source": source.title, "config": source.config,
                                           "split": source.split, "rows": result.rows,

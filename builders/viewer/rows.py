@@ -1,19 +1,9 @@
-"""Row kinds: how a row of each product is shown, detected from its columns.
+"""Records: a row as the gallery page shows it, following the table's view (row_view.RowView).
 
-A kind turns a row into a *record*, the JSON the gallery page renders: thumbnail slots, captions
-as text segments (plain, highlighted `hl`, struck through `del`), facet values for the filters,
-and provenance as (name, value) pairs. Captions are segments, not HTML, so the page inserts text
-only and a caption can never inject markup.
-
-- COCO-Counterfactuals (`image_0`, `image_1`, `caption_0`, `caption_1`): the swapped word is
-  highlighted in both captions (at `replaced_position` when it is the character offset of
-  `replaced_word`, else the word's first whole-word occurrence).
-- Object decorrelation (`image`, `removed_classes`): original | synthetic image with the mask
-  outlined on the synthetic one, original | synthetic caption with the removed words struck
-  through (a word diff of `original_caption` and `caption`).
-- ECCV positives (`image`, `positive_captions`, `positive_sources`): the query image and its
-  positive captions grouped by source.
-- COCO captions (`image`, `captions`) and any other table with an image column (generic).
+A record is the JSON the gallery page renders: thumbnail slots, captions as text segments (plain,
+highlighted `hl`, struck through `del`), facet values for the filters, and provenance as (name,
+value) pairs. Captions are segments, not HTML, so the page inserts text only and a caption can
+never inject markup.
 """
 
 from __future__ import annotations
@@ -21,8 +11,9 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from builders.viewer.row_view import Facet, RowView, Text
 
 Segments = list[list[str]]
 
@@ -34,32 +25,7 @@ PROVENANCE_ORDER = (
     "removal", "anchor_class", "region_fraction", "fill", "caption_method", "seed",
 )
 KEY_PROVENANCE = frozenset(PROVENANCE_ORDER[:12])
-#: Numeric columns whose distributions the stats page and the card plot, when present.
-HISTOGRAM_COLUMNS = ("clip_score_0", "clip_score_1", "clip_directional", "clip_image_similarity",
-                     "similarity", "perplexity", "region_fraction")
-_REJECTED = "image_rejected_"
 _LONG_LIST = 12
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One thumbnail of a row: the image column, its label, and a mask column to outline on it."""
-
-    column: str
-    label: str
-    outline: str | None = None
-
-
-@dataclass(frozen=True)
-class RowKind:
-    name: str
-    #: Columns that must all exist for the kind to apply.
-    required: tuple[str, ...]
-    slots: Callable[[Sequence[str]], list[Slot]]
-    texts: Callable[[dict[str, Any]], list[dict[str, Any]]]
-    facets: Callable[[dict[str, Any]], dict[str, list[str]]]
-    #: Columns shown by `texts` (left out of the provenance list).
-    text_columns: tuple[str, ...] = ()
 
 
 def _plain(text: Any) -> Segments:
@@ -109,93 +75,57 @@ def _values(x: Any) -> list[str]:
     return [str(x)]
 
 
-# ------------------------------------------------------------------------------- the kinds
+# ------------------------------------------------------------------------- a view's texts and facets
 
-def _cf_texts(row: dict[str, Any]) -> list[dict[str, Any]]:
-    pos = row.get("replaced_position")
-    return [{"label": "caption_0", "segs": highlight(row["caption_0"], row.get("replaced_word"), pos)},
-            {"label": "caption_1", "segs": highlight(row["caption_1"], row.get("replacement_word"), pos)}]
-
-
-def _cf_facets(row: dict[str, Any]) -> dict[str, list[str]]:
-    rejected = [name[len(_REJECTED):] for name, v in row.items()
-                if name.startswith(_REJECTED) and isinstance(v, (int, float)) and v > 0]
-    return {"replaced word": _values(row.get("replaced_word")),
-            "skip reason": [f"candidate rejected: {r}" for r in sorted(rejected)]}
-
-
-def _decor_slots(columns: Sequence[str]) -> list[Slot]:
-    slots = [Slot("original_image", "original")] if "original_image" in columns else []
-    return slots + [Slot("image", "synthetic", "mask" if "mask" in columns else None)]
-
-
-def _decor_texts(row: dict[str, Any]) -> list[dict[str, Any]]:
-    original, synthetic = row.get("original_caption"), row.get("caption")
-    texts = []
-    if original and synthetic is not None:
-        texts.append({"label": "original caption", "segs": strike_removed(original, synthetic)})
-    if synthetic:
-        texts.append({"label": "synthetic caption", "segs": _plain(synthetic)})
-    return texts
+def _text(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
+    value = row.get(spec.column)
+    if spec.style == "highlight":
+        word = row.get(spec.word) if spec.word else None
+        position = row.get(spec.position) if spec.position else None
+        return [{"label": spec.label, "segs": highlight(value, word, position)}]
+    if spec.style == "strike":
+        against = row.get(spec.against) if spec.against else None
+        return ([{"label": spec.label, "segs": strike_removed(value, against)}]
+                if value and against is not None else [])
+    if spec.style == "numbered":
+        return [{"label": f"{spec.label} {k}", "segs": _plain(c)} for k, c in enumerate(value or [])]
+    if spec.style == "grouped":
+        return _grouped(spec, row)
+    return [{"label": spec.label, "segs": _plain(value)}] if isinstance(value, str) else []
 
 
-def _decor_facets(row: dict[str, Any]) -> dict[str, list[str]]:
-    return {"removed class": _values(row.get("removed_classes")), "removal": _values(row.get("removal"))}
-
-
-def _eccv_texts(row: dict[str, Any]) -> list[dict[str, Any]]:
-    sources = row.get("positive_sources") or []
-    ids = row.get("positive_caption_ids") or [None] * len(sources)
-    texts = row.get("positive_captions") or [None] * len(sources)
+def _grouped(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
+    groups_of = (row.get(spec.group_by) if spec.group_by else None) or []
+    ids = (row.get(spec.ids) if spec.ids else None) or [None] * len(groups_of)
+    items = row.get(spec.column) or [None] * len(groups_of)
     groups: dict[str, list[str]] = {}
-    for text, caption_id, source in zip(texts, ids, sources):
-        # Without the COCO captions at build time only the caption id is known.
-        groups.setdefault(str(source), []).append(text if text is not None else f"caption {caption_id}")
-    return [{"label": f"{source} positives ({len(texts)})", "segs": _plain(" | ".join(texts))}
-            for source, texts in sorted(groups.items())]
+    for text, item_id, group in zip(items, ids, groups_of):
+        # Without the texts at build time (ECCV positives without COCO) only the id is known.
+        groups.setdefault(str(group), []).append(text if text is not None else f"caption {item_id}")
+    return [{"label": f"{group} {spec.label} ({len(members)})", "segs": _plain(" | ".join(members))}
+            for group, members in sorted(groups.items())]
 
 
-def _eccv_facets(row: dict[str, Any]) -> dict[str, list[str]]:
-    return {"positive source": sorted(set(_values(row.get("positive_sources"))))}
+def texts(view: RowView, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's caption blocks, in the view's order."""
+    return [block for spec in view.texts for block in _text(spec, row)]
 
 
-def _captions_texts(row: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"label": f"caption {k}", "segs": _plain(c)} for k, c in enumerate(row.get("captions") or [])]
+def _facet(spec: Facet, row: dict[str, Any]) -> list[str]:
+    if spec.style == "nonzero":
+        return sorted(label for column, label in zip(spec.columns, spec.labels)
+                      if isinstance(row.get(column), (int, float)) and row[column] > 0)
+    if spec.style == "distinct" and spec.field:
+        return sorted({str(o.get(spec.field)) for o in row.get(spec.columns[0]) or [] if isinstance(o, dict)})
+    value = row.get(spec.columns[0])
+    for column in spec.columns[1:]:
+        value = value or row.get(column)
+    return sorted(set(_values(value))) if spec.style == "distinct" else _values(value)
 
 
-def _captions_facets(row: dict[str, Any]) -> dict[str, list[str]]:
-    return {"class": sorted({str(o.get("category")) for o in row.get("objects") or [] if isinstance(o, dict)})}
-
-
-def _generic_texts(row: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"label": k, "segs": _plain(v)} for k, v in row.items()
-            if k in ("caption", "text", "sentence") and isinstance(v, str)]
-
-
-def _generic_facets(row: dict[str, Any]) -> dict[str, list[str]]:
-    return {"skip reason": _values(row.get("reason") or row.get("skip_reason"))}
-
-
-KINDS = (
-    RowKind("counterfactual", ("image_0", "image_1", "caption_0", "caption_1"),
-            lambda cols: [Slot("image_0", "image_0"), Slot("image_1", "image_1")],
-            _cf_texts, _cf_facets, ("caption_0", "caption_1")),
-    RowKind("decorrelation", ("image", "removed_classes"), _decor_slots, _decor_texts,
-            _decor_facets, ("caption", "original_caption")),
-    RowKind("eccv_positives", ("image", "positive_captions", "positive_sources"),
-            lambda cols: [Slot("image", "query image")], _eccv_texts, _eccv_facets,
-            ("positive_captions", "positive_sources")),
-    RowKind("coco_captions", ("image", "captions"), lambda cols: [Slot("image", "image")],
-            _captions_texts, _captions_facets, ("captions",)),
-)
-
-
-def detect_kind(columns: Sequence[str], image_cols: Sequence[str]) -> RowKind:
-    for kind in KINDS:
-        if all(c in columns for c in kind.required):
-            return kind
-    return RowKind("generic", (), lambda cols: [Slot(c, c) for c in image_cols], _generic_texts,
-                   _generic_facets, ("caption", "text", "sentence"))
+def facets(view: RowView, row: dict[str, Any]) -> dict[str, list[str]]:
+    """Facet name -> the row's values, in the view's order."""
+    return {spec.name: _facet(spec, row) for spec in view.facets}
 
 
 def _format(value: Any) -> str | None:
@@ -213,7 +143,7 @@ def _format(value: Any) -> str | None:
 
 def provenance(row: dict[str, Any], skip: set[str]) -> list[list[str]]:
     names = [n for n in PROVENANCE_ORDER if n in row]
-    names += sorted(n for n in row if n not in names and not n.startswith(_REJECTED))
+    names += sorted(n for n in row if n not in names)
     out = []
     for name in names:
         if name in skip:
@@ -231,17 +161,16 @@ def row_id(row: dict[str, Any], index: int) -> str:
     return str(index)
 
 
-def record(kind: RowKind, row: dict[str, Any], index: int, thumbs: list[dict[str, Any]],
+def record(view: RowView, row: dict[str, Any], index: int, thumbs: list[dict[str, Any]],
            image_cols: Sequence[str]) -> dict[str, Any]:
-    """The page's JSON for one row (`thumbs`: the written thumbnails of `kind.slots`)."""
-    texts = kind.texts(row)
-    meta = provenance(row, set(image_cols) | set(kind.text_columns))
+    """The page's JSON for one row (`thumbs`: the written thumbnails of the view's slots)."""
+    meta = provenance(row, set(image_cols) | view.text_columns | set(view.hidden))
     return {
         "i": index,
         "id": row_id(row, index),
         "imgs": thumbs,
-        "texts": texts,
-        "facets": {k: v for k, v in kind.facets(row).items() if v},
+        "texts": texts(view, row),
+        "facets": {k: v for k, v in facets(view, row).items() if v},
         "meta": meta,
         # The generation parameters and scores, shown on the card itself (the rest folds away).
         "key": [m for m in meta if m[0] in KEY_PROVENANCE],

@@ -30,8 +30,9 @@ _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
 
 
 @dataclass(frozen=True)
-class SourceConfig:
-    """What to show. Example: `SourceConfig("out/cf")`, `SourceConfig("org/cf", revision="v1.0.0")`."""
+class GallerySourceConfig:
+    """What to show. Example: `GallerySourceConfig("out/cf")`,
+    `GallerySourceConfig("org/cf", revision="v1.0.0")`."""
 
     #: A build folder (README.md with `configs:` + data/*.parquet) or a Hub dataset id ORG/NAME.
     target: str
@@ -111,7 +112,7 @@ def _fetch_hub_file(repo_id: str, name: str, revision: str | None) -> Path | Non
                               "the network or HF_ENDPOINT") from None
 
 
-def _locate(cfg: SourceConfig) -> tuple[str, Path, Path | None, str]:
+def _locate(cfg: GallerySourceConfig) -> tuple[str, Path, Path | None, str]:
     """(name for load_dataset, README path, manifest path or None, title)."""
     folder = Path(cfg.target)
     if folder.is_dir():
@@ -140,7 +141,7 @@ def _has_image(features_yaml: list[dict[str, Any]] | None) -> bool:
     return any(f.get("dtype") == "image" for f in features_yaml or [])
 
 
-def choose_split(meta: dict[str, Any], cfg: SourceConfig, where: str) -> tuple[str, str]:
+def choose_split(meta: dict[str, Any], cfg: GallerySourceConfig, where: str) -> tuple[str, str]:
     """The (config, split) to show, checked against the README's `configs:`."""
     configs = {c["config_name"]: [d["split"] for d in c.get("data_files") or [] if isinstance(d, dict)]
                for c in meta["configs"]}
@@ -169,7 +170,7 @@ def choose_split(meta: dict[str, Any], cfg: SourceConfig, where: str) -> tuple[s
     return config, cfg.split or splits[0]
 
 
-def open_source(cfg: SourceConfig) -> GallerySource:
+def open_source(cfg: GallerySourceConfig) -> GallerySource:
     """Resolve `cfg` to one split, streamed with `load_dataset` (nothing decoded)."""
     name, readme, manifest_path, title = _locate(cfg)
     config, split = choose_split(_front_matter(readme, title), cfg, title)

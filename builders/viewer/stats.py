@@ -13,20 +13,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from builders.viewer.rows import HISTOGRAM_COLUMNS
-
 #: Rows listed per reason an image is not shown (the count covers them all).
 EXAMPLE_ROWS = 10
 
 
 @dataclass
 class GalleryStats:
+    #: Numeric columns to gather for the histograms (the view's).
+    histograms: tuple[str, ...] = ()
     rows: int = 0
     #: facet name -> value -> rows having it.
     facets: dict[str, Counter] = field(default_factory=dict)
     #: column -> finite values, for the histograms.
     numbers: dict[str, list[float]] = field(default_factory=dict)
-    #: reason -> images not shown (thumbnails.ImageProblem), and the first rows holding one.
+    #: reason -> images not shown (thumbnails.ThumbnailProblem), and the first rows holding one.
     images_not_shown: Counter = field(default_factory=Counter)
     rows_not_shown: dict[str, list[int]] = field(default_factory=dict)
 
@@ -34,7 +34,7 @@ class GalleryStats:
         self.rows += 1
         for name, values in facets.items():
             self.facets.setdefault(name, Counter()).update(set(values))
-        for column in HISTOGRAM_COLUMNS:
+        for column in self.histograms:
             value = row.get(column)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 self.numbers.setdefault(column, []).append(float(value))

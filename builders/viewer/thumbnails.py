@@ -8,7 +8,7 @@ Thumbnails are never enlarged; tiny images (the 64 px fixture builds) are scaled
 Images are read from a cell's bytes only. A cell holding just a `path` is never opened: the path
 comes from the dataset (maybe someone else's, from the Hub) and may name any file of the user's,
 which the gallery would then embed. Such a cell, and bytes that cannot be shown (truncated,
-undecodable, more pixels than `max_pixels`), raise `ImageProblem` with a counted reason; the
+undecodable, more pixels than `max_pixels`), raise `ThumbnailProblem` with a counted reason; the
 gallery shows the image as missing.
 """
 
@@ -35,7 +35,7 @@ UNDECODABLE = "undecodable"
 TOO_MANY_PIXELS = "too_many_pixels"
 
 
-class ImageProblem(Exception):
+class ThumbnailProblem(Exception):
     """An image cell that cannot be shown: `reason` (counted) and what was found (`detail`)."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -57,28 +57,28 @@ class ThumbnailConfig:
 
 def decode_image(value: Any, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """The decoded image of a `datasets` Image cell ({"bytes", "path"}, undecoded), from its bytes
-    only; `ImageProblem` when it cannot be shown."""
+    only; `ThumbnailProblem` when it cannot be shown."""
     data = value.get("bytes") if isinstance(value, dict) else None
     if not data:
         if isinstance(value, dict) and value.get("path"):
-            raise ImageProblem(PATH_ONLY, f"no bytes, only the path {value['path']!r} (not read)")
-        raise ImageProblem(EMPTY, "neither bytes nor a path")
+            raise ThumbnailProblem(PATH_ONLY, f"no bytes, only the path {value['path']!r} (not read)")
+        raise ThumbnailProblem(EMPTY, "neither bytes nor a path")
     try:
         with warnings.catch_warnings():
             # Above PIL's limit `open` only warns, and decoding would then allocate it all.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             if image.width * image.height > max_pixels:
-                raise ImageProblem(TOO_MANY_PIXELS, f"{image.width}x{image.height} pixels, more "
+                raise ThumbnailProblem(TOO_MANY_PIXELS, f"{image.width}x{image.height} pixels, more "
                                    f"than {max_pixels:,}")
             image.load()
-    except ImageProblem:
+    except ThumbnailProblem:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise ImageProblem(TOO_MANY_PIXELS, str(err)) from None
+        raise ThumbnailProblem(TOO_MANY_PIXELS, str(err)) from None
     except Exception as err:  # noqa: BLE001 - PIL's decoders raise many types on hostile bytes
         reason = TRUNCATED if "truncated" in str(err).lower() else UNDECODABLE
-        raise ImageProblem(reason, f"{type(err).__name__}: {err}") from None
+        raise ThumbnailProblem(reason, f"{type(err).__name__}: {err}") from None
     return image
 
 

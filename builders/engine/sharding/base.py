@@ -16,11 +16,14 @@ import datasets
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """One published table: a split of a config, with its schema."""
+    """One published table: a split of a config, with its schema and how its rows are viewed."""
 
     config: str
     split: str
     features: datasets.Features
+    #: `builders.viewer.row_view.RowView.to_dict()`, recorded in the manifest for the gallery and
+    #: the card figures (a plain dict: the engine sits below the viewer); None: the generic view.
+    view: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:

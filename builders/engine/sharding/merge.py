@@ -172,6 +172,7 @@ def merge_parts(
             "shards": names,
             "bytes": sum((layout.root / name).stat().st_size for name in names),
             "features": spec.features.to_dict(),
+            **({"view": spec.view} if spec.view else {}),
         }
         log.info("%s: %d rows in %d shard(s)", spec.key, rows, len(names))
     _remove_stale_shards(layout, keep)

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RunConfig:
+class BuildRunConfig:
     """How a build runs (not what it builds: that is the builder's own config)."""
 
     output_dir: Path
@@ -61,7 +61,7 @@ class BuildResult:
     manifest: dict[str, Any]
 
 
-def _fingerprint(builder: ShardedBuilder, cfg: RunConfig) -> dict[str, Any]:
+def _fingerprint(builder: ShardedBuilder, cfg: BuildRunConfig) -> dict[str, Any]:
     info = builder.info()
     return {
         "builder": info.builder,
@@ -105,7 +105,7 @@ def _changed_inputs(layout: OutputLayout, parts: Sequence[tuple[int, Sequence[An
     return changed
 
 
-def _prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], cfg: RunConfig,
+def _prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], cfg: BuildRunConfig,
                     parts: Sequence[tuple[int, Sequence[Any]]]) -> None:
     """Start or resume the build in `layout` (main process, after the inputs were read)."""
     _prepare_output(layout, fingerprint, cfg.overwrite)
@@ -196,7 +196,8 @@ def _build_part(
     return stats
 
 
-def run_build(builder: ShardedBuilder, cfg: RunConfig, finish: Finisher | None = None) -> BuildResult | None:
+def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
+              finish: Finisher | None = None) -> BuildResult | None:
     """Build (or resume) `builder` into `cfg.output_dir`. Returns the result on the main process.
 
     `finish` writes the card beside the shards (`publishing.card.write_card` for a published
@@ -214,7 +215,7 @@ def run_build(builder: ShardedBuilder, cfg: RunConfig, finish: Finisher | None =
             return _run_locked(builder, cfg, group, layout, finish)
 
 
-def _run_locked(builder: ShardedBuilder, cfg: RunConfig, group: ProcessGroup,
+def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup,
                 layout: OutputLayout, finish: Finisher | None) -> BuildResult | None:
     outputs = list(builder.outputs())
     # The inputs are read before anything is written: a run that fails on a missing or broken

@@ -12,7 +12,7 @@ import numpy as np
 from datasets import Dataset, Features, Image, List, Value
 from PIL import Image as PILImage
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "training" / "finetune_clip.py"
 PYTHON = sys.executable
 

@@ -1,6 +1,6 @@
 """A toy builder for testing the sharded runner (not shipped): images + captions from a seed.
 
-Run as a script (also under `accelerate launch`): python tests/toy_builder.py --output DIR ...
+Run as a script (also under `accelerate launch`): python tests/helpers/toy_builder.py --output DIR ...
 `--sleep` slows each item so a test can kill the run mid-way.
 """
 
@@ -10,16 +10,13 @@ import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import datasets
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from builders.engine.seeding import derive_seed  # noqa: E402
-from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip  # noqa: E402
+from builders.engine.seeding import derive_seed
+from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 HELP = "toy dataset for runner tests"
 
