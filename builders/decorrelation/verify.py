@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 from PIL import Image
 
 from builders.engine.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from builders.models.clip import ClipScorer
 
 REASON_STILL_VISIBLE = "object_still_visible"
 VIEWS = ("region", "image")
@@ -85,8 +88,8 @@ class ZeroShotScorer(Protocol):
 class ClipZeroShot:
     """CLIP zero-shot over fixed class prompts; text embeddings are computed once."""
 
-    def __init__(self, clip: Any, class_names: Sequence[str], prompt: str) -> None:
-        self._clip = clip  # a transformers `ClipScorer` (its model gives the logit scale)
+    def __init__(self, clip: ClipScorer, class_names: Sequence[str], prompt: str) -> None:
+        self._clip = clip
         self._texts = clip.texts([prompt.format(c) for c in class_names])
         self._scale = float(clip.model.logit_scale.detach().exp())
 

@@ -1,12 +1,12 @@
 """One interface for "which process am I": a single process, or `accelerate launch` workers.
 
 Builders never branch on how they are launched; they ask this module for the rank and world
-size, a barrier and the process's device. Under `accelerate launch` on CPU-only machines the state must be created
-with `cpu=True`: accelerate (1.15.0, `PartialState._prepare_backend` in `accelerate/state.py`)
-picks its multi-CPU gloo backend only when asked for the CPU, and otherwise gives every rank a
-one-process state, so each silently runs the whole job alone. The world size torchrun announced
-is checked against what the state reports so that mistake fails loudly instead of duplicating
-work.
+size, a barrier and the process's device. Under `accelerate launch` on CPU-only machines the
+state must be created with `cpu=True`: accelerate (1.15.0, `PartialState._prepare_backend` in
+`accelerate/state.py`) picks its multi-CPU gloo backend only when asked for the CPU, and
+otherwise gives every rank a one-process state, so each silently runs the whole job alone. The
+world size torchrun announced is checked against what the state reports so that mistake fails
+loudly instead of duplicating work.
 """
 
 from __future__ import annotations
