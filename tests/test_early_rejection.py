@@ -18,7 +18,7 @@ from builders.models.clip import ClipScorer
 from builders.counterfactuals.prompt_to_prompt import (EarlyRejection, PairSpec, UNetWork, generate_pairs,
                                                        make_scheduler, predicted_x0)
 from builders.app.cli import main as cli_main
-from builders.models.loaders import load_clip, load_sd
+from builders.models.loaders import load_sd
 from builders.models.profiles import resolve_profile
 
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")

@@ -271,9 +271,9 @@ def map_at_r(ranking: list[int], positives: set[int]) -> float:
 
 def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, simulation, gallery,
                                                           annotators, brute, capsys, monkeypatch):
-    from builders.eccv_positives import embeddings
+    from builders.models import clip
 
-    monkeypatch.setattr(embeddings, "load_encoder", no_model)  # the round's cache has them
+    monkeypatch.setattr(clip, "load_scorer", no_model)  # the round's cache has them
     out = round_dir / "bias"
     assert cli_main(["eccv", "model-bias", "--tasks", str(round_dir / "tasks"), "--state",
                      str(round_dir / "state"), "--output", str(out)]) == 0

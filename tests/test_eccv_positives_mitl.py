@@ -246,14 +246,15 @@ def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, a
 
     from builders.eccv_positives import embeddings
     from builders.eccv_positives.image_gallery import Gallery
+    from builders.models import clip
 
     model, root, cache = tmp_path / "clip", tmp_path / "coco", tmp_path / "cache"
     shutil.copytree(annotators[0], model)
     shutil.copytree(gallery["root"], root)
     g = Gallery.from_coco(root, ("test",))
     images, captions = embeddings.gallery_embeddings(str(model), g, cache)
-    real_loader = embeddings.load_encoder
-    monkeypatch.setattr(embeddings, "load_encoder", no_model)
+    real_loader = clip.load_scorer
+    monkeypatch.setattr(clip, "load_scorer", no_model)
     again = embeddings.gallery_embeddings(str(model), g, cache)
     assert np.array_equal(again[0], images) and np.array_equal(again[1], captions)
     assert isinstance(again[1], np.memmap)  # read memory-mapped, as benchmarks/eccv_candidates.py does
@@ -271,11 +272,11 @@ def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, a
     rewritten(weights)
     with pytest.raises(AssertionError, match="although its embeddings are cached"):
         embeddings.gallery_embeddings(str(model), g, cache)
-    monkeypatch.setattr(embeddings, "load_encoder", real_loader)
+    monkeypatch.setattr(clip, "load_scorer", real_loader)
     new_images, new_captions = embeddings.gallery_embeddings(str(model), g, cache)
     assert np.array_equal(new_images, images) and not np.allclose(new_captions, captions)
     # An image replaced in place invalidates the entry too.
-    monkeypatch.setattr(embeddings, "load_encoder", no_model)
+    monkeypatch.setattr(clip, "load_scorer", no_model)
     Image.new("RGB", (64, 48), "red").save(root / g.image_files[0])
     rewritten(root / g.image_files[0])
     with pytest.raises(AssertionError, match="although its embeddings are cached"):

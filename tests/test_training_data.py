@@ -411,15 +411,17 @@ def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, mo
 
     import training.trainer
     from builders.engine.errors import UserFacingError
-    from builders.models.loaders import open_clip_name
+    from builders.models.clip_ids import OPEN_CLIP, parse_clip_id
 
     cfg = _parse("--backend", "open_clip")
     assert (cfg.run.model, cfg.run.pretrained) == ("ViT-B-32", "openai")
-    assert open_clip_name(cfg.run.model_id()) == ("ViT-B-32", "openai")
+    clip = parse_clip_id(cfg.run.model_id(), OPEN_CLIP)
+    assert (clip.name, clip.pretrained) == ("ViT-B-32", "openai")
     # Weights open_clip's registry knows (a listing: nothing is downloaded).
     assert "openai" in open_clip.list_pretrained_tags_by_model("ViT-B-32")
     explicit = _parse("--backend", "open_clip", "--model", "ViT-B-32", "--pretrained", "laion2b_s34b_b79k")
-    assert open_clip_name(explicit.run.model_id()) == ("ViT-B-32", "laion2b_s34b_b79k")
+    clip = parse_clip_id(explicit.run.model_id(), OPEN_CLIP)
+    assert (clip.name, clip.pretrained) == ("ViT-B-32", "laion2b_s34b_b79k")
     assert _parse().run.model_id() == "openai/clip-vit-base-patch32"
     with pytest.raises(UserFacingError, match="--pretrained names open_clip weights"):
         _parse("--pretrained", "openai")

@@ -1,11 +1,12 @@
-"""Two CLIP implementations behind one interface: transformers `CLIPModel` and open_clip.
+"""Two CLIP implementations behind one trainable interface: transformers `CLIPModel` and open_clip.
 
 A backend owns the model (an `nn.Module` whose forward returns normalised image and text
 features and the logit scale, so DDP sees every forward), the picklable image transform and
 tokenizer the DataLoader workers use, and saving in the backend's own format:
 `save_pretrained` folders for transformers, open_clip's `local-dir:` layout
 (`open_clip_config.json` + `open_clip_model.safetensors`) for open_clip. Both load back with the
-same `--model` flag (`--model runs/x/final`).
+same `--model` flag (`--model runs/x/final`). Reading the id, loading and reading transformers'
+outputs are `builders.models`' (`clip_ids`, `loaders`, `clip.features`), shared with every stage.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision import transforms
 
-from builders.models.loaders import load_clip, load_open_clip, open_clip_name
+from builders.models.clip import features
+from builders.models.clip_ids import TRANSFORMERS, open_clip_model_config, parse_clip_id
+from builders.models.loaders import load_clip, load_open_clip
 
 
 class DualEncoder(nn.Module):
@@ -47,10 +50,10 @@ class HFClip(DualEncoder):
         self.model = model
 
     def encode_image(self, pixel_values):
-        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+        return features(self.model.get_image_features(pixel_values=pixel_values))
 
     def encode_text(self, text):
-        return self.model.get_text_features(**text).pooler_output
+        return features(self.model.get_text_features(**text))
 
     def logit_scale(self):
         return self.model.logit_scale.exp()
@@ -121,7 +124,7 @@ class Backend:
 
     def save(self, module: DualEncoder, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        if self.kind == "transformers":
+        if self.kind == TRANSFORMERS:
             module.model.save_pretrained(out)
             self._extra.save_pretrained(out)  # the processor
             return
@@ -155,35 +158,20 @@ class PixelPipeline:
 
 def load_backend(kind: str, model_id: str) -> Backend:
     """`kind` is `transformers` (a Hub id or save_pretrained folder) or `open_clip` (`ARCH:TAG`,
-    `hf-hub:...`, `local-dir:PATH` or a folder)."""
-    if kind == "transformers":
-        model, processor = load_clip(model_id)
+    `hf-hub:...`, `local-dir:PATH` or a folder), read by `builders.models.clip_ids`."""
+    clip = parse_clip_id(model_id, kind)
+    if clip.backend == TRANSFORMERS:
+        model, processor = load_clip(clip.model_id)
         ip = processor.image_processor
         size = ip.crop_size["height"] if ip.do_center_crop else ip.size["shortest_edge"]
         return Backend(kind, model_id, HFClip(model.train()),
                        PixelPipeline(size, tuple(ip.image_mean), tuple(ip.image_std)),
                        HFTokenize(processor.tokenizer), processor)
-    import open_clip
-
-    model, preprocess, tokenizer = load_open_clip(model_id)
+    model, preprocess, tokenizer = load_open_clip(clip.model_id)
     cfg = model.visual.preprocess_cfg
     size = model.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
-    name, _ = open_clip_name(model_id)
-    saved = {"model_cfg": _open_clip_model_cfg(name), "preprocess_cfg": dict(cfg)}
+    saved = {"model_cfg": open_clip_model_config(clip), "preprocess_cfg": dict(cfg)}
     return Backend(kind, model_id, OpenClip(model.train()),
                    PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"])),
                    OpenClipTokenize(tokenizer), saved)
-
-
-def _open_clip_model_cfg(name: str) -> dict:
-    import open_clip
-
-    if name.startswith("local-dir:"):
-        return json.loads((Path(name[len("local-dir:"):]) / "open_clip_config.json").read_text())["model_cfg"]
-    if name.startswith("hf-hub:"):
-        from huggingface_hub import hf_hub_download
-
-        path = hf_hub_download(name[len("hf-hub:"):], "open_clip_config.json")
-        return json.loads(Path(path).read_text())["model_cfg"]
-    return open_clip.get_model_config(name)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 from builders import __version__

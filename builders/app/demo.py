@@ -166,6 +166,7 @@ class Demo:
         from datasets import load_dataset
 
         from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
+        from builders.models.clip import features
         from builders.models.loaders import load_clip
         from builders.models.profiles import resolve_profile
 
@@ -175,11 +176,10 @@ class Demo:
         manifest = json.loads((self.workdir / "builds" / "decorrelation" / "build_manifest.json").read_text())
         model, processor = load_clip(resolve_profile("tiny", tiny_dir).clip)
         with torch.no_grad():
-            images = model.get_image_features(**processor(images=list(queries["image"]), return_tensors="pt"))
-            texts = model.get_text_features(**processor(text=list(gallery["caption"]), return_tensors="pt",
-                                                        padding=True, truncation=True))
-        images = getattr(images, "pooler_output", images)
-        texts = getattr(texts, "pooler_output", texts)
+            images = features(model.get_image_features(**processor(images=list(queries["image"]),
+                                                                   return_tensors="pt")))
+            texts = features(model.get_text_features(**processor(text=list(gallery["caption"]), return_tensors="pt",
+                                                                 padding=True, truncation=True)))
         topk, _ = topk_from_embeddings(images, texts, k=10, normalize=True)
         result = evaluate.load("demo/odmap", revision="v1.0.0").compute(
             retrieved=topk.tolist(), removed_classes=list(queries["removed_classes"]),

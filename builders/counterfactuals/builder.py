@@ -22,7 +22,6 @@ so shards are identical for any process count; every dropped caption is counted 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,8 +35,9 @@ from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
 from builders.engine import progress
 from builders.engine.dataset_source import load_dataset_split, open_split, stored_values
+from builders.engine.distributed import worker_device
 from builders.engine.errors import InputFileError, InputProblem, UserFacingError
-from builders.counterfactuals.options import MODEL_ROLES, STAGES
+from builders.counterfactuals.options import STAGES
 from builders.counterfactuals.view import PAIR_VIEW
 from builders.engine.provenance import model_names
 from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
@@ -167,15 +167,6 @@ class CaptionItem:
     source_image_id: str
     #: Set by the reader for a caption that is not usable text; the runner skips and counts it.
     input_problem: InputProblem | None = None
-
-
-def worker_device() -> str:
-    """Each `accelerate launch` process uses its own GPU; CPU when there is none."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    return "cpu"
 
 
 class CocoCounterfactualsBuilder:
@@ -336,12 +327,13 @@ class CocoCounterfactualsBuilder:
 
     def image_stage(self) -> ImageStage:
         if self._image_stage is None:
-            from builders.models.clip import ClipScorer
-            from builders.models.loaders import load_clip, load_sd
+            from builders.models.clip import load_scorer
+            from builders.models.clip_ids import TRANSFORMERS
+            from builders.models.loaders import load_sd
 
             device = self._device()
             pipe = load_sd(self.config.models["sd"], device=device)
-            scorer = ClipScorer(*load_clip(self.config.models["clip_filter"], device))
+            scorer = load_scorer(self.config.models["clip_filter"], device, TRANSFORMERS)
             self._image_stage = ImageStage(pipe, scorer, self.config.images, self.config.seed)
         return self._image_stage
 

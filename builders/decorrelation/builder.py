@@ -24,7 +24,6 @@ from __future__ import annotations
 import random
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np

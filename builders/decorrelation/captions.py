@@ -207,7 +207,7 @@ class CaptionSynthesizer:
     def _caption_image(self, image: Image.Image) -> str:
         import torch
 
-        from builders.decorrelation.fill import worker_device
+        from builders.engine.distributed import worker_device
         from builders.models.loaders import load_captioner
 
         if self._captioner is None:

@@ -31,13 +31,13 @@ Example:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageFilter
 
+from builders.engine.distributed import worker_device
 from builders.engine.errors import UserFacingError
 
 FILL_METHODS = ("inpaint", "zero", "mean", "blur")
@@ -80,15 +80,6 @@ class FillConfig:
     def model_id(self) -> str | None:
         """The model that made the pixels (recorded per row), None for the baselines."""
         return self.model if self.method == "inpaint" else None
-
-
-def worker_device() -> str:
-    """This process's device: its own GPU under `accelerate launch`, else the CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    return "cpu"
 
 
 def dilate(mask: np.ndarray, pixels: int) -> np.ndarray:

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 from PIL import Image
 
 from builders.engine.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from builders.models.clip import ClipScorer
 
 REASON_STILL_VISIBLE = "object_still_visible"
 VIEWS = ("region", "image")
@@ -85,12 +88,10 @@ class ZeroShotScorer(Protocol):
 class ClipZeroShot:
     """CLIP zero-shot over fixed class prompts; text embeddings are computed once."""
 
-    def __init__(self, model: Any, processor: Any, class_names: Sequence[str], prompt: str) -> None:
-        from builders.models.clip import ClipScorer
-
-        self._clip = ClipScorer(model, processor)
-        self._texts = self._clip.texts([prompt.format(c) for c in class_names])
-        self._scale = float(model.logit_scale.detach().exp())
+    def __init__(self, clip: ClipScorer, class_names: Sequence[str], prompt: str) -> None:
+        self._clip = clip
+        self._texts = clip.texts([prompt.format(c) for c in class_names])
+        self._scale = float(clip.model.logit_scale.detach().exp())
 
     def probabilities(self, images: Sequence[Image.Image]) -> np.ndarray:
         logits = self._scale * self._clip.images(np.stack([np.asarray(i) for i in images])) @ self._texts.T
@@ -99,11 +100,11 @@ class ClipZeroShot:
 
 def load_scorer(config: VerifyConfig, class_names: Sequence[str]) -> ZeroShotScorer:
     """The process's scorer (called once per process by `RemovalVerifier`)."""
-    from builders.decorrelation.fill import worker_device
-    from builders.models.loaders import load_clip
+    from builders.engine.distributed import worker_device
+    from builders.models import clip
+    from builders.models.clip_ids import TRANSFORMERS
 
-    model, processor = load_clip(config.model, worker_device())
-    return ClipZeroShot(model, processor, class_names, config.prompt)
+    return ClipZeroShot(clip.load_scorer(config.model, worker_device(), TRANSFORMERS), class_names, config.prompt)
 
 
 def view_box(mask: np.ndarray, context: float) -> tuple[int, int, int, int]:

@@ -1,7 +1,8 @@
 """The embeddings of a MITL gallery by each machine annotator, computed once.
 
 A machine annotator is any CLIP-like model: a transformers CLIP id or folder, or an open_clip
-model (`open_clip:ARCH[:TAG]`, `hf-hub:ORG/REPO`, `local-dir:PATH`). Each embeds every gallery
+model (`open_clip:ARCH[:TAG]`, `hf-hub:ORG/REPO`, `local-dir:PATH`; `builders.models.clip_ids`),
+embedding through `builders.models.clip.load_scorer` on the CPU. Each embeds every gallery
 image and every distinct caption text once (a repeated caption reuses its vector, so identical
 captions tie exactly in retrieval, METHOD.md §2). The normalised embeddings are cached in
 `cache_dir`, one folder per entry holding `images.npy` and `captions.npy`, read back
@@ -19,74 +20,14 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from builders.eccv_positives.image_gallery import Gallery
-from builders.engine.provenance import hub_snapshot
+from builders.models.clip_ids import weights_fingerprint
 
 log = logging.getLogger(__name__)
-
-OPEN_CLIP_PREFIXES = ("open_clip:", "hf-hub:", "local-dir:")
-
-
-class _OpenClipEncoder:
-    """open_clip counterpart of `ClipScorer` (same two methods, normalised float32 tensors)."""
-
-    def __init__(self, model: Any, preprocess: Any, tokenizer: Any) -> None:
-        self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
-
-    def texts(self, texts: Sequence[str]):
-        import torch
-
-        with torch.inference_mode():
-            out = self.model.encode_text(self.tokenizer(list(texts)))
-        return torch.nn.functional.normalize(out.float(), dim=-1)
-
-    def images(self, images: Sequence[Any]):
-        import torch
-
-        with torch.inference_mode():
-            out = self.model.encode_image(torch.stack([self.preprocess(im) for im in images]))
-        return torch.nn.functional.normalize(out.float(), dim=-1)
-
-
-def load_encoder(model_id: str):
-    """An object with `.images(list of PIL)` and `.texts(list of str)` -> normalised embeddings."""
-    from builders.models.loaders import load_clip, load_open_clip
-
-    if model_id.startswith(OPEN_CLIP_PREFIXES):
-        name = model_id.removeprefix("open_clip:")
-        return _OpenClipEncoder(*load_open_clip(name))
-    from builders.models.clip import ClipScorer
-
-    return ClipScorer(*load_clip(model_id))
-
-
-def weights_fingerprint(model_id: str) -> str:
-    """Size and mtime of the model's weight files: a local folder or file, or the Hub snapshot
-    cached for a Hub id; retraining into the same path changes it.
-
-    A Hub id not yet downloaded (and an open_clip pretrained tag, which names a fixed release)
-    has no files to stat: the id alone identifies it ("unresolved")."""
-    name = model_id.removeprefix("local-dir:").removeprefix("open_clip:")
-    if model_id.startswith("open_clip:"):
-        name = name.partition(":")[2]  # ARCH:TAG, where TAG may be a checkpoint file
-    path = Path(name) if name and Path(name).exists() else _hub_snapshot(model_id)
-    if path is None:
-        return "unresolved"
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    stats = [(p.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns)
-             for p, st in ((p, p.stat()) for p in files)]
-    return hashlib.sha256(json.dumps([str(path.resolve()), stats]).encode()).hexdigest()[:16]
-
-
-def _hub_snapshot(model_id: str) -> Path | None:
-    """The locally cached snapshot folder of a Hub model (its name is the commit), if any."""
-    if model_id.startswith(("open_clip:", "local-dir:")):
-        return None
-    return hub_snapshot(model_id.removeprefix("hf-hub:"))
 
 
 def _cache_key(model_id: str, gallery_key: list[str]) -> str:
@@ -130,14 +71,16 @@ def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path,
     if cached is not None:
         log.info("embeddings of %s: cached in %s", model_id, entry)
         return cached
-    encoder = load_encoder(model_id)
+    from builders.models.clip import load_scorer
+
+    scorer = load_scorer(model_id)
     texts = list(dict.fromkeys(gallery.captions))
     log.info("embedding %d images and %d distinct captions (of %d) with %s", len(gallery.image_ids),
              len(texts), len(gallery.captions), model_id)
     images = np.concatenate([
-        encoder.images([gallery.open_image(n) for n in range(i, min(i + batch_size, len(gallery.image_ids)))]).numpy()
+        scorer.images([gallery.open_image(n) for n in range(i, min(i + batch_size, len(gallery.image_ids)))]).numpy()
         for i in range(0, len(gallery.image_ids), batch_size)]).astype(np.float32)
-    distinct = np.concatenate([encoder.texts(texts[i:i + batch_size]).numpy()
+    distinct = np.concatenate([scorer.texts(texts[i:i + batch_size]).numpy()
                                for i in range(0, len(texts), batch_size)]).astype(np.float32)
     row = {t: n for n, t in enumerate(texts)}
     captions = distinct[[row[t] for t in gallery.captions]]

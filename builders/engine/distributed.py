@@ -1,12 +1,12 @@
 """One interface for "which process am I": a single process, or `accelerate launch` workers.
 
 Builders never branch on how they are launched; they ask this module for the rank and world
-size and for a barrier. Under `accelerate launch` on CPU-only machines the state must be created
-with `cpu=True`: accelerate (1.15.0, `PartialState._prepare_backend` in `accelerate/state.py`)
-picks its multi-CPU gloo backend only when asked for the CPU, and otherwise gives every rank a
-one-process state, so each silently runs the whole job alone. The world size torchrun announced
-is checked against what the state reports so that mistake fails loudly instead of duplicating
-work.
+size, a barrier and the process's device. Under `accelerate launch` on CPU-only machines the
+state must be created with `cpu=True`: accelerate (1.15.0, `PartialState._prepare_backend` in
+`accelerate/state.py`) picks its multi-CPU gloo backend only when asked for the CPU, and
+otherwise gives every rank a one-process state, so each silently runs the whole job alone. The
+world size torchrun announced is checked against what the state reports so that mistake fails
+loudly instead of duplicating work.
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ class ProcessGroup:
 def launched_world_size() -> int:
     """World size announced by the launcher (torchrun / accelerate), 1 when run directly."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def worker_device() -> str:
+    """This process's device, the one place that decides it: its own GPU under `accelerate
+    launch` (`LOCAL_RANK`), else the CPU. Models are moved there once, when loaded."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return "cpu"
 
 
 def init_process_group(expect_processes: int | None = None) -> ProcessGroup:

@@ -11,7 +11,6 @@ run the download command in `DOWNLOAD_COMMAND`.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import random

@@ -1,15 +1,31 @@
-"""CLIP embeddings for every stage that scores images against text (transformers CLIP).
+"""CLIP embeddings for every stage, the MITL tools and the trainer (transformers CLIP and open_clip).
 
-The counterfactual image filter, the decorrelation removal check and the ECCV positives tools all
-embed through `ClipScorer`, so they agree on normalisation, dtype and the device (the model's).
+The counterfactual image filter, the decorrelation removal check and the ECCV positives
+annotators embed through a scorer (`ClipScorer` for transformers, `OpenClipScorer` for open_clip;
+`load_scorer` picks one by id, `clip_ids`), so they agree on normalisation and dtype (float32).
+The model is placed once, by whoever loads it; inputs follow it to its device. The trainer's
+trainable towers read transformers outputs through the same `features`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
 import torch
+
+from builders.models.clip_ids import TRANSFORMERS, parse_clip_id
+from builders.models.loaders import load_clip, load_open_clip
+
+
+def features(out: Any) -> torch.Tensor:
+    """The projection a `get_text_features` / `get_image_features` call returns: transformers 5
+    may return a model output object (its `pooler_output`) instead of the bare tensor."""
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+def normalized(out: Any) -> torch.Tensor:
+    """L2-normalised float32 embeddings of a features call (a tensor or a model output)."""
+    return torch.nn.functional.normalize(features(out).float(), dim=-1)
 
 
 class ClipScorer:
@@ -22,16 +38,35 @@ class ClipScorer:
     def texts(self, texts: Sequence[str]) -> torch.Tensor:
         enc = self.processor(text=list(texts), return_tensors="pt", padding=True, truncation=True)
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
-        return torch.nn.functional.normalize(self._tensor(self.model.get_text_features(**enc)), dim=-1)
+        return normalized(self.model.get_text_features(**enc))
 
     @torch.inference_mode()
-    def images(self, images: np.ndarray) -> torch.Tensor:
+    def images(self, images: Sequence[Any]) -> torch.Tensor:
         enc = self.processor(images=list(images), return_tensors="pt")
-        pixels = enc["pixel_values"].to(self.model.device)
-        features = self.model.get_image_features(pixel_values=pixels)
-        return torch.nn.functional.normalize(self._tensor(features), dim=-1)
+        return normalized(self.model.get_image_features(pixel_values=enc["pixel_values"].to(self.model.device)))
 
-    @staticmethod
-    def _tensor(out: Any) -> torch.Tensor:
-        # transformers 5 may return a model output object instead of the bare projection.
-        return (out if isinstance(out, torch.Tensor) else out.pooler_output).float()
+
+class OpenClipScorer:
+    """Normalised CLIP text and image embeddings (open_clip): `ClipScorer`'s two methods."""
+
+    def __init__(self, model: Any, preprocess: Any, tokenizer: Any) -> None:
+        self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
+        # open_clip models have no `.device`: the weights' device is the model's.
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def texts(self, texts: Sequence[str]) -> torch.Tensor:
+        return normalized(self.model.encode_text(self.tokenizer(list(texts)).to(self.device)))
+
+    @torch.inference_mode()
+    def images(self, images: Sequence[Any]) -> torch.Tensor:
+        pixels = torch.stack([self.preprocess(im) for im in images]).to(self.device)
+        return normalized(self.model.encode_image(pixels))
+
+
+def load_scorer(model_id: str, device: str = "cpu", backend: str | None = None) -> ClipScorer | OpenClipScorer:
+    """The scorer of `model_id` on `device`; `backend` None infers it from the id (`clip_ids`)."""
+    clip = parse_clip_id(model_id, backend)
+    if clip.backend == TRANSFORMERS:
+        return ClipScorer(*load_clip(clip.model_id, device))
+    return OpenClipScorer(*load_open_clip(clip.model_id, device))

@@ -8,10 +8,10 @@ naming the id and the `--models tiny` / `counterfactory models tiny DIR` way out
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from builders.engine.errors import UserFacingError
+from builders.models.clip_ids import OPEN_CLIP, parse_clip_id
 
 log = logging.getLogger(__name__)
 
@@ -38,26 +38,17 @@ def load_clip(model_id: str, device: str = "cpu"):
     return _wrap("CLIP", model_id, load)
 
 
-def open_clip_name(model_id: str) -> tuple[str, str | None]:
-    """`hf-hub:org/repo`, `local-dir:PATH`, an existing folder, or `ARCH:PRETRAINED_TAG`."""
-    if model_id.startswith(("hf-hub:", "local-dir:")):
-        return model_id, None
-    if Path(model_id).is_dir():
-        return f"local-dir:{model_id}", None
-    arch, _, tag = model_id.partition(":")
-    return arch, tag or None
-
-
 def load_open_clip(model_id: str, device: str = "cpu"):
-    """open_clip CLIP: `(model, preprocess, tokenizer)`."""
+    """open_clip CLIP: `(model, preprocess, tokenizer)`; `model_id` as `clip_ids` reads it for
+    the open_clip backend."""
     import open_clip
 
-    name, pretrained = open_clip_name(model_id)
+    clip = parse_clip_id(model_id, OPEN_CLIP)
 
     def load():
-        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained,
+        model, _, preprocess = open_clip.create_model_and_transforms(clip.name, pretrained=clip.pretrained,
                                                                      device=device)
-        return model.eval(), preprocess, open_clip.get_tokenizer(name)
+        return model.eval(), preprocess, open_clip.get_tokenizer(clip.name)
 
     return _wrap("open_clip", model_id, load)
 
