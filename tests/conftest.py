@@ -182,3 +182,28 @@ def browser(tmp_path_factory):
     driver.set_page_load_timeout(120)
     yield driver
     driver.quit()
+
+
+@pytest.fixture
+def repo_id(request, local_hub) -> str:
+    import re
+
+    return f"tester/{re.sub(r'[^A-Za-z0-9]+', '-', request.node.name)[:60].strip('-')}"
+
+
+@pytest.fixture
+def own_hub(monkeypatch):
+    """A second local Hub for tests that stall or kill it; HF_ENDPOINT is restored afterwards."""
+    from builders.devtools.local_hub import LocalHub
+
+    monkeypatch.setenv("HF_ENDPOINT", os.environ["HF_ENDPOINT"])
+    hub = LocalHub().start()
+    yield hub
+    hub.stall(False)
+    hub.stop()
+    # The request limit is process-wide: give later tests the default back, not a test's 0.5 s.
+    from builders.publishing.hub_client import bound_request_time
+
+    from builders.publishing.target import HubTarget
+
+    bound_request_time(HubTarget.timeout_s)

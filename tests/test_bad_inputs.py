@@ -16,14 +16,14 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
-from test_eccv_positives_import import package_json, write_test_image_root
+from helpers.build_helpers import rows_by_output
+from helpers.eccv_fixtures import package_json, write_test_image_root
 
 SPLITS = ("test", "val")
 
@@ -31,13 +31,6 @@ SPLITS = ("test", "val")
 def build(root: Path, out: Path, *extra: str) -> int:
     return cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", *SPLITS,
                      "--output", str(out), "--part-size", "2", *extra])
-
-
-def rows_by_output(out: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every published row, read straight from the shards (images as their embedded bytes)."""
-    manifest = json.loads((out / "build_manifest.json").read_text())
-    return {key: [row for shard in o["shards"] for row in pq.read_table(out / shard).to_pylist()]
-            for key, o in manifest["outputs"].items()}
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,8 @@ from builders.app.cli import main as cli_main
 
 from helpers.build_helpers import (captions_build, decorrelation_build, eccv_build,
                            errors_everywhere, fixture_case, without_target)
-from test_bad_inputs import rows_by_output
-from test_eccv_positives_import import package_json, write_test_image_root
+from helpers.build_helpers import rows_by_output
+from helpers.eccv_fixtures import package_json, write_test_image_root
 
 W, H = 128, 96  # the fixture's image size
 RNG = np.random.default_rng(21)

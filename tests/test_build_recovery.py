@@ -20,7 +20,7 @@ from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 from helpers.build_helpers import shard_digests
-from test_eccv_positives_import import package_json, write_test_image_root
+from helpers.eccv_fixtures import package_json, write_test_image_root
 
 TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
 

@@ -30,9 +30,9 @@ from builders.app.cli import main as cli_main
 
 from helpers.build_helpers import (captions_build, decorrelation_build, eccv_build,
                            errors_everywhere, fixture_case, without_target)
-from test_bad_inputs import rows_by_output
-from test_decorrelation_build import _flickr_entities
-from test_eccv_positives_import import package_json, write_test_image_root
+from helpers.build_helpers import rows_by_output
+from helpers.decorrelation_fixtures import flickr_entities
+from helpers.eccv_fixtures import package_json, write_test_image_root
 
 REASON = "path_outside_root"
 
@@ -227,7 +227,7 @@ def test_decorrelation_never_reads_outside_the_root(decorrelation_clean, tmp_pat
 @pytest.mark.parametrize("how", ["dotdot", "symlink"])
 def test_flickr30k_never_reads_outside_the_root(tmp_path, tiny_models_dir, how):
     root = tmp_path / "f30k"
-    _flickr_entities(root)
+    flickr_entities(root)
     assert decorrelation_build(root, tmp_path / "clean", tiny_models_dir,
                                "--flickr30k-root", str(root)) == 0
     karpathy_path = root / "dataset_flickr30k.json"

@@ -19,24 +19,11 @@ from builders.engine.sharding.runner import BuildRunConfig, run_build
 from builders.publishing.card import write_card
 
 from helpers import toy_builder
-
-
-def toy_build(out: Path, n_items: int, tag: str, max_shard_bytes: int = 500_000_000) -> Path:
-    builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=n_items, version_tag=tag))
-    run_build(builder, BuildRunConfig(output_dir=out, part_size=8, max_error_fraction=0.2,
-                                 max_shard_bytes=max_shard_bytes), finish=write_card)
-    return out
+from helpers.publish_helpers import one_error_line, toy_build
 
 
 def pixels(ds) -> list[np.ndarray]:
     return [np.asarray(img) for img in ds["image"]]
-
-
-@pytest.fixture
-def repo_id(request, local_hub) -> str:
-    import re
-
-    return f"tester/{re.sub(r'[^A-Za-z0-9]+', '-', request.node.name)[:60].strip('-')}"
 
 
 def test_publish_two_versions_and_load_each_by_tag(tmp_path, local_hub, repo_id):
@@ -172,33 +159,9 @@ def test_published_columns_keep_the_build_order(tmp_path, local_hub, repo_id):
 
 # ------------------------------------------------------------------ failures and recovery (#12)
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("counterfactory: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
 def tag_target(repo_id: str, version: str, endpoint: str | None = None) -> str | None:
     tags = HfApi(endpoint=endpoint).list_repo_refs(repo_id, repo_type="dataset").tags
     return {t.name: t.target_commit for t in tags}.get(version)
-
-
-@pytest.fixture
-def own_hub(monkeypatch):
-    """A second local Hub for tests that stall or kill it; HF_ENDPOINT is restored afterwards."""
-    from builders.devtools.local_hub import LocalHub
-
-    monkeypatch.setenv("HF_ENDPOINT", os.environ["HF_ENDPOINT"])
-    hub = LocalHub().start()
-    yield hub
-    hub.stall(False)
-    hub.stop()
-    # The request limit is process-wide: give later tests the default back, not a test's 0.5 s.
-    from builders.publishing.hub_client import bound_request_time
-
-    bound_request_time(PublishConfig.timeout_s)
 
 
 def test_rerun_after_the_tag_was_made_exits_0_when_the_tag_holds_this_build(

@@ -17,8 +17,7 @@ import pytest
 from builders.app.cli import main as cli_main
 from builders.devtools.local_hub_requests import Fault
 
-from test_publish import one_error_line, own_hub, toy_build  # noqa: F401
-from test_publish_safety import expected_tree, tagged_tree
+from helpers.publish_helpers import expected_tree, one_error_line, tagged_tree, toy_build
 
 REPO = "faults/x"
 # What each kind of request looks like (the path the line must name), and its fault.

@@ -19,33 +19,9 @@ from huggingface_hub import HfApi
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
-from test_publish import one_error_line, repo_id, toy_build  # noqa: F401
+from helpers.publish_helpers import expected_tree, manifest_of, one_error_line, tagged_tree, toy_build
 
 SECRET = "TOP-SECRET-VALUE"
-
-
-def manifest_of(out: Path) -> dict:
-    return json.loads((out / "build_manifest.json").read_text())
-
-
-def expected_tree(out: Path) -> set[str]:
-    """The build's files as the manifest names them, checked against the files themselves."""
-    manifest = manifest_of(out)
-    listed = {f["path"]: f for f in manifest["files"]}
-    shards = {name for o in manifest["outputs"].values() for name in o["shards"]}
-    figures = {f["path"] for f in manifest["card_figures"]}
-    assert set(listed) == shards | figures and shards and figures
-    for path, record in listed.items():
-        data = (out / path).read_bytes()
-        assert record["bytes"] == len(data) and record["sha256"] == hashlib.sha256(data).hexdigest()
-    return set(listed) | {"README.md", "build_manifest.json"}
-
-
-def tagged_tree(repo: str, version: str, repo_type: str = "dataset",
-                endpoint: str | None = None) -> set[str]:
-    entries = HfApi(endpoint=endpoint).list_repo_tree(repo, repo_type=repo_type, revision=version,
-                                                      recursive=True)
-    return {e.path for e in entries if hasattr(e, "blob_id")} - {".gitattributes"}
 
 
 def publish_cli(out: Path, repo: str, version: str = "v1.0.0") -> int:

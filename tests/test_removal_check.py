@@ -24,8 +24,8 @@ from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, class_red_green, write_coco_fixture
 from builders.models.profiles import PRODUCTION, resolve_profile
 
-from test_decorrelation_build import build_args, raw_images
-from test_selection import brute_force
+from helpers.decorrelation_fixtures import build_args, raw_images
+from helpers.selection_reference import brute_force
 
 #: The oracle calls a class visible in a view when this fraction of its pixels has the class's colour.
 TOL = 16

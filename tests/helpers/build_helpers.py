@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
@@ -92,3 +94,10 @@ def errors_everywhere(out: Path) -> tuple[dict, dict]:
 def without_target(rows: dict[str, list[dict]], target: int) -> dict[str, list[dict]]:
     """Every output's rows but those of image `target`."""
     return {key: [r for r in rs if r.get("image_id") != target] for key, rs in rows.items()}
+
+
+def rows_by_output(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every published row, read straight from the shards (images as their embedded bytes)."""
+    manifest = json.loads((out / "build_manifest.json").read_text())
+    return {key: [row for shard in o["shards"] for row in pq.read_table(out / shard).to_pylist()]
+            for key, o in manifest["outputs"].items()}
