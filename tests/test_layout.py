@@ -1,10 +1,12 @@
 """The repository layout the README's "## Architecture" section describes stays true: builders/
-holds dataset packages plus the registry, source files stay small enough to read, the module map
+holds the layer and dataset packages plus `launch.py`, source files and functions stay small enough
+to read, the module map
 names real paths and every builders/ package, and `counterfactory_metrics` is this checkout's
 evaluate_modules/."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 from pathlib import Path
@@ -16,6 +18,10 @@ BUILDERS = REPO_ROOT / "builders"
 #: Folders whose .py files must stay under MAX_LINES lines.
 SOURCE_DIRS = ("builders", "evaluate_modules", "training", "loading_scripts")
 MAX_LINES = 500
+#: Folders whose functions must stay under MAX_FUNCTION_LINES lines (the metric Spaces are exempt:
+#: each is a self-contained file users read as a whole).
+FUNCTION_DIRS = ("builders", "training", "loading_scripts")
+MAX_FUNCTION_LINES = 80
 METRICS = sorted(p.name for p in (REPO_ROOT / "evaluate_modules").iterdir()
                  if (p / f"{p.name}.py").is_file())
 
@@ -53,6 +59,28 @@ def test_no_source_file_is_over_the_line_limit():
     long = [f"{p.relative_to(REPO_ROOT)}: {n} lines" for p in files
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
     assert not long, f"split these files (limit {MAX_LINES} lines):\n" + "\n".join(long)
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    """`name:line function (N lines)` for every function of `source` over MAX_FUNCTION_LINES."""
+    return [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_is_over_the_line_limit():
+    files = [p for folder in FUNCTION_DIRS for p in (REPO_ROOT / folder).rglob("*.py")
+             if "__pycache__" not in p.parts]
+    long = [f for p in files for f in long_functions(p.read_text(encoding="utf-8"),
+                                                     str(p.relative_to(REPO_ROOT)))]
+    assert not long, f"split these functions (limit {MAX_FUNCTION_LINES} lines):\n" + "\n".join(long)
+
+
+def test_the_function_check_counts_a_long_function():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def short():\n    pass\n\n\ndef f():\n{body}", "m.py") == [
+        f"m.py:5 f ({MAX_FUNCTION_LINES + 1} lines)"]
 
 
 def test_architecture_table_paths_exist_and_name_every_builders_package():
