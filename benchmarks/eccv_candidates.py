@@ -3,10 +3,10 @@
 The paper's setting: 1,261 image and 1,333 caption queries (2,594) retrieve from the whole COCO
 5K test gallery (5,000 images / 25,000 captions). Random unit embeddings (d = 512, CLIP ViT-B/32)
 are written as an embedding-cache entry and read back memory-mapped, by the cache's own
-`write_cache_entry` / `read_cache_entry` (builders/eccv_positives/embeddings.py); each model then
+`write_cache_entry` / `read_cache_entry` (builders/eccv_positives/mitl/embeddings.py); each model then
 needs its top-25 (the candidates are the top-5, the golden-negative exclusion the top-25).
 
-- ours: `builders.eccv_positives.candidates.model_topk` (streaming top-k over gallery chunks;
+- ours: `builders.eccv_positives.mitl.candidates.model_topk` (streaming top-k over gallery chunks;
   the queries x gallery matrix never exists);
 - baseline: `torch` queries @ gallery.T, then `torch.topk`, per modality.
 
@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from odmap_benchmark import _current_rss_mb, _peak_rss_mb, _reset_peak_rss  # noqa: E402
 
-from builders.eccv_positives.candidates import model_topk  # noqa: E402
-from builders.eccv_positives.embeddings import read_cache_entry, write_cache_entry  # noqa: E402
-from builders.eccv_positives.image_gallery import Gallery  # noqa: E402
+from builders.eccv_positives.mitl.candidates import model_topk  # noqa: E402
+from builders.eccv_positives.mitl.embeddings import read_cache_entry, write_cache_entry  # noqa: E402
+from builders.eccv_positives.mitl.image_gallery import Gallery  # noqa: E402
 
 K = 25
 

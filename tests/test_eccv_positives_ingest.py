@@ -360,7 +360,7 @@ def test_strict_keeps_only_full_yes_majorities(round_dir, simulation, gallery, t
 def test_bias_ranks_and_rank_agreement_on_hand_made_scores():
     """Eq. E.5 and the rankings on numbers worked out by hand: models a, b, c scored on the sets
     built by annotator a, by annotator b, and by all annotators."""
-    from builders.eccv_positives.model_bias import bias, rank_agreement, rankings
+    from builders.eccv_positives.mitl.model_bias import bias, rank_agreement, rankings
 
     scores = {("a", "a"): 0.9, ("b", "a"): 0.5, ("c", "a"): 0.4,
               ("a", "b"): 0.3, ("b", "b"): 0.2, ("c", "b"): 0.4,

@@ -77,8 +77,8 @@ def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, 
 def test_model_topk_breaks_ties_by_gallery_index():
     """Brute force on small-integer embeddings (exact float products, many exact ties), with
     repeated caption texts whose vectors sometimes differ (only true copies may be merged)."""
-    from builders.eccv_positives.candidates import model_topk
-    from builders.eccv_positives.image_gallery import Gallery
+    from builders.eccv_positives.mitl.candidates import model_topk
+    from builders.eccv_positives.mitl.image_gallery import Gallery
 
     rng = np.random.default_rng(0)
     for _ in range(100):
@@ -244,8 +244,8 @@ def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, a
 
     from safetensors.torch import load_file, save_file
 
-    from builders.eccv_positives import embeddings
-    from builders.eccv_positives.image_gallery import Gallery
+    from builders.eccv_positives.mitl import embeddings
+    from builders.eccv_positives.mitl.image_gallery import Gallery
     from builders.models import clip
 
     model, root, cache = tmp_path / "clip", tmp_path / "coco", tmp_path / "cache"

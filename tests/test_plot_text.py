@@ -105,7 +105,7 @@ def test_odmap_per_class_plot_with_markup_class_names(tmp_path):
 
 
 def test_model_bias_plot_with_markup_model_names(tmp_path):
-    from builders.eccv_positives.model_bias import ModelBiasConfig, write_report
+    from builders.eccv_positives.mitl.model_bias import ModelBiasConfig, write_report
 
     models = [f"models/clip {MARKUP}", "models/plain"]
     rows = [{"model": m, "annotation_set": s, "modality": mod, "map_at_r": v, "r_precision": v,

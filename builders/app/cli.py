@@ -23,7 +23,7 @@ SUBCOMMAND_MODULES = (
     "builders.app.models_cli",
     "builders.app.nltk_cli",
     "builders.app.registry",
-    "builders.eccv_positives.cli",
+    "builders.eccv_positives.mitl.cli",
     "builders.app.publish_cli",
     "builders.app.metric_cli",
     "builders.app.local_hub_cli",

@@ -32,66 +32,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import datasets
-
-from builders.eccv_positives.annotations import AnnotationSet, read_mitl_report, removed_rows
+from builders.eccv_positives.config import EccvImportConfig
+from builders.eccv_positives.schema import I2T, PM, REMOVED, T2I
+from builders.eccv_positives.source import (AnnotationSet, CocoRoot, read_coco_root, read_mitl_report,
+                                            removed_rows)
 from builders.eccv_positives.view import I2T_VIEW
 from builders.engine.errors import InputProblem
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
-from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
-
-
-_IDS = datasets.List(datasets.Value("int64"))
-_TEXTS = datasets.List(datasets.Value("string"))
-I2T = datasets.Features({
-    "image": datasets.Image(), "image_id": datasets.Value("int64"),
-    "file_name": datasets.Value("string"), "eccv_query": datasets.Value("bool"),
-    "positive_caption_ids": _IDS, "positive_captions": _TEXTS, "positive_sources": _TEXTS,
-    "cxc_caption_ids": _IDS, "coco_caption_ids": _IDS,
-})
-T2I = datasets.Features({
-    "caption": datasets.Value("string"), "caption_id": datasets.Value("int64"),
-    "image_id": datasets.Value("int64"), "eccv_query": datasets.Value("bool"),
-    "positive_image_ids": _IDS, "positive_sources": _TEXTS,
-    "cxc_image_ids": _IDS, "coco_image_ids": _IDS,
-})
-# One schema for both splits (a config has one): split i2t holds image queries -> caption ids,
-# split t2i caption queries -> image ids.
-PM = datasets.Features({"query_id": datasets.Value("int64"), "pm_positive_ids": _IDS})
-REMOVED = datasets.Features({"kind": datasets.Value("string"), "id": datasets.Value("int64"),
-                             "reason": datasets.Value("string"), "text": datasets.Value("string")})
-
-
-@dataclass
-class EccvImportConfig:
-    """Example: `EccvImportConfig(coco_root="coco", pm_zeta=0)`."""
-
-    #: COCO download for images, caption texts and instances (PM); None: ids only, no PM.
-    coco_root: str | None = None
-    #: Folder with `{eccv,cxc,original}_{image_to_caption,caption_to_image}.json`; None: the
-    #: files shipped in the installed `eccv_caption` package (the published ECCV Caption).
-    annotations_dir: str | None = None
-    #: PM pseudo-positives: images whose 80-class instance vectors differ in <= zeta classes.
-    pm_zeta: int = 0
-    #: Compute the `pm` config (needs `coco_root` with instances of the test images).
-    with_pm: bool = True
-    #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-
-
-@dataclass(frozen=True)
-class _Coco:
-    """What the build needs from a COCO root: texts, image paths, instance classes — of the
-    well-formed records only — and why each malformed record is left out."""
-
-    captions: dict[int, str]
-    #: image id -> its file and annotated (width, height).
-    images: dict[int, tuple[Path, tuple[int, int]]]
-    classes: dict[int, list[int]]
-    #: image id -> (its path, the reader's reason): the record is not used at all (METHOD.md §1).
-    problems: dict[int, tuple[Path, InputProblem]]
 
 
 @dataclass(frozen=True)
@@ -125,22 +74,8 @@ class EccvPositivesBuilder:
         return AnnotationSet.load(self.config.annotations_dir)
 
     @cached_property
-    def coco(self) -> _Coco:
-        if not self.config.coco_root:
-            return _Coco({}, {}, {}, {})
-        from loading_scripts.coco import CocoSourceConfig, read_coco
-
-        records = read_coco(CocoSourceConfig(Path(self.config.coco_root),
-                                             with_instances=self.config.with_pm))
-        # A malformed record is left out whole, as the other builders skip the whole image: no
-        # caption of it (not even the well-formed ones) and no instance class reaches a row.
-        good = [r for r in records if r.input_problem is None]
-        return _Coco(captions={c.caption_id: c.text for r in good for c in r.captions},
-                     images={r.image_id: (r.path, (r.width, r.height)) for r in good},
-                     classes={r.image_id: sorted({o.category_id for o in r.objects})
-                              for r in good if r.objects},
-                     problems={r.image_id: (r.path, r.input_problem) for r in records
-                               if r.input_problem is not None})
+    def coco(self) -> CocoRoot:
+        return read_coco_root(self.config)
 
     @cached_property
     def pm(self):

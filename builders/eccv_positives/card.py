@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from builders.eccv_positives.config import EccvImportConfig
+from builders.eccv_positives.schema import COLUMN_DOCS
+
 CITATION = """@inproceedings{chun2022eccv_caption,
   title={ECCV Caption: Correcting False Negatives by Collecting Machine-and-Human-verified Image-Caption Associations for MS-COCO},
   author={Chun, Sanghyuk and Kim, Wonjae and Park, Song and Chang, Minsuk and Oh, Seong Joon},
@@ -14,25 +17,6 @@ CITATION = """@inproceedings{chun2022eccv_caption,
   booktitle={EACL}, year={2021}}
 @inproceedings{lin2014microsoft, title={Microsoft COCO: Common Objects in Context},
   author={Lin, Tsung-Yi and others}, booktitle={ECCV}, year={2014}}"""
-
-COLUMN_DOCS = {
-    "image_id": "COCO image id (for t2i: the caption's original image)",
-    "caption_id": "COCO caption id",
-    "eccv_query": "whether the row is a query of the ECCV positive set (else: CxC/COCO only)",
-    "positive_caption_ids": "ECCV positives of the image query, in annotation-file order",
-    "positive_image_ids": "ECCV positives of the caption query, in annotation-file order",
-    "positive_captions": "texts of positive_caption_ids (null when the COCO root lacks them)",
-    "positive_sources": "per positive: coco (original pair), cxc (CxC), eccv (MITL-verified only)",
-    "cxc_caption_ids": "CxC positives (null: not a CxC query)",
-    "cxc_image_ids": "CxC positives (null: not a CxC query)",
-    "coco_caption_ids": "original COCO positives (null: not a COCO query)",
-    "coco_image_ids": "original COCO positives (null: not a COCO query)",
-    "query_id": "pm: image id (split i2t) or caption id (split t2i)",
-    "pm_positive_ids": "pm: plausible-match captions (i2t) / images (t2i), own image excluded",
-    "image": "COCO image (null when the COCO root lacks it)",
-    "caption": "caption text (null when the COCO root lacks it)",
-}
-
 
 def _summary(mitl: dict[str, Any] | None) -> str:
     """The card's first line; a version annotated over another dataset's gallery merged no COCO
@@ -47,8 +31,8 @@ def _summary(mitl: dict[str, Any] | None) -> str:
             "as parquet (no loading script).")
 
 
-def card_fields(config: Any, stats: dict[str, Any], mitl: dict[str, Any] | None) -> dict[str, Any]:
-    """`BuildInfo.card_fields` for an `EccvImportConfig`."""
+def card_fields(config: EccvImportConfig, stats: dict[str, Any], mitl: dict[str, Any] | None) -> dict[str, Any]:
+    """`BuildInfo.card_fields` of a build of `config`."""
     source = ("the annotation files shipped in the `eccv_caption` package (the published ECCV "
               "Caption, CxC and COCO 5K test positives)" if not config.annotations_dir else
               f"the positives written by `counterfactory eccv ingest` (`{config.annotations_dir}`)")

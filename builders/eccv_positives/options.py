@@ -1,7 +1,8 @@
 """`counterfactory build eccv-positives` options (light: `--help` imports no datasets or torch).
 
-`from_args` turns them into an `EccvPositivesBuilder` (`builders.eccv_positives.builder`, also the
-`accelerate launch` entry point).
+`from_args` turns them into an `EccvImportConfig` (`config.py`) and the `EccvPositivesBuilder` of it
+(`builder.py`, also the `accelerate launch` entry point); both are imported there, so nothing of the
+package imports this module but that entry point.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace):
-    from builders.eccv_positives.builder import EccvPositivesBuilder, EccvImportConfig
+    from builders.eccv_positives.builder import EccvPositivesBuilder
+    from builders.eccv_positives.config import EccvImportConfig
 
     return EccvPositivesBuilder(EccvImportConfig(
         coco_root=str(args.coco_root) if args.coco_root else None,

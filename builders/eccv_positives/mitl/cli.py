@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 def _candidates(args: argparse.Namespace) -> int:
-    from builders.eccv_positives.candidates import CandidatesConfig, find_candidates
-    from builders.eccv_positives.image_gallery import DatasetSource
+    from builders.eccv_positives.mitl.candidates import CandidatesConfig, find_candidates
+    from builders.eccv_positives.mitl.image_gallery import DatasetSource
 
     dataset = None
     if args.dataset:
@@ -37,7 +37,7 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _tasks(args: argparse.Namespace) -> int:
-    from builders.eccv_positives.tasks import TasksConfig, write_tasks
+    from builders.eccv_positives.mitl.tasks import TasksConfig, write_tasks
 
     write_tasks(TasksConfig(candidates=str(args.candidates), output=str(args.output), seed=args.seed,
                             image_url_template=args.image_url_template,
@@ -46,7 +46,7 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from builders.eccv_positives.ingest import IngestConfig, ingest
+    from builders.eccv_positives.mitl.ingest import IngestConfig, ingest
     from builders.engine.errors import UserFacingError
 
     if args.repo_id and not (args.version and args.output):
@@ -60,7 +60,8 @@ def _ingest(args: argparse.Namespace) -> int:
                                  cxc_min_score=args.cxc_min_score, coco_ids=args.coco_ids or None))
     if args.output is None:
         return 0
-    from builders.eccv_positives.builder import EccvPositivesBuilder, EccvImportConfig
+    from builders.eccv_positives.builder import EccvPositivesBuilder
+    from builders.eccv_positives.config import EccvImportConfig
     from builders.engine.sharding.runner import BuildRunConfig, run_build
     from builders.publishing.card import write_card
 
@@ -78,7 +79,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _model_bias(args: argparse.Namespace) -> int:
-    from builders.eccv_positives.model_bias import ModelBiasConfig, score_models, write_report
+    from builders.eccv_positives.mitl.model_bias import ModelBiasConfig, score_models, write_report
 
     cfg = ModelBiasConfig(tasks=str(args.tasks), state=str(args.state), output=str(args.output),
                           models=tuple(args.model or ()),
@@ -91,7 +92,11 @@ def _model_bias(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     eccv = subparsers.add_parser("eccv", help="machine-in-the-loop tooling for new ECCV Caption-style positives")
     sub = eccv.add_subparsers(dest="eccv_command", metavar="STAGE", required=True)
+    for add_stage in (_add_candidates, _add_tasks, _add_ingest, _add_model_bias):
+        add_stage(sub)
 
+
+def _add_candidates(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("candidates", help="machine annotators propose top-k candidate pairs",
                        description="Embed the gallery with each model (cached), sample queries, "
                        "retrieve each model's top-k, union them with per-model ranks.")
@@ -119,6 +124,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", type=Path, required=True, help="candidates JSON file to write")
     p.set_defaults(func=_candidates)
 
+
+def _add_tasks(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tasks", help="package candidates into 20-item verification tasks",
                        description="18 candidates + 1 golden positive + 1 golden negative per task; "
                        "exports Label Studio import JSON (+ label config) and CSV.")
@@ -131,6 +138,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="embed JPEG thumbnails (data: URIs) instead of image URLs")
     p.set_defaults(func=_tasks)
 
+
+def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="quality-check verdicts and build the new positives",
                        description="Ingest Label Studio JSON exports or CSV verdicts (a worker's "
                        "incomplete task is skipped and counted); exclude tasks failing a golden; "
@@ -160,6 +169,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version", default=None, help="tag of the published version (v1.2.3)")
     p.set_defaults(func=_ingest)
 
+
+def _add_model_bias(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model-bias", help="rank models on single-annotator positive sets (Appendix E)")
     p.add_argument("--tasks", type=Path, required=True)
     p.add_argument("--state", type=Path, required=True)

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.annotations import MITL_REPORT
-from builders.eccv_positives.candidates import Candidates, default_cache_dir, distinct_captions
-from builders.eccv_positives.embeddings import gallery_embeddings
-from builders.eccv_positives.tasks import load_tasks
+from builders.eccv_positives.config import MITL_REPORT
+from builders.eccv_positives.mitl.candidates import Candidates, default_cache_dir, distinct_captions
+from builders.eccv_positives.mitl.embeddings import gallery_embeddings
+from builders.eccv_positives.mitl.tasks import load_tasks
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.viewer.plots import plain_text
 from builders.engine.provenance import model_name, model_names

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.image_gallery import Gallery
+from builders.eccv_positives.mitl.image_gallery import Gallery
 from builders.models.clip_ids import weights_fingerprint
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.embeddings import gallery_embeddings
-from builders.eccv_positives.image_gallery import DatasetSource, Gallery
+from builders.eccv_positives.mitl.embeddings import gallery_embeddings
+from builders.eccv_positives.mitl.image_gallery import DatasetSource, Gallery
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.engine.provenance import model_names
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from builders.eccv_positives.candidates import MODALITIES, Candidates
+from builders.eccv_positives.mitl.candidates import MODALITIES, Candidates
 from builders.engine.errors import InputFileError, UserFacingError
 
 log = logging.getLogger(__name__)

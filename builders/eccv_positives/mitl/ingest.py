@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.annotations import (DUPLICATE_IMAGES, INVALID_CAPTION_IDS, MITL_REPORT,
-                                                 write_positives)
-from builders.eccv_positives.candidates import Candidates
-from builders.eccv_positives.cxc import read_cxc_sits
-from builders.eccv_positives.tasks import ANSWERS, load_tasks
+from builders.eccv_positives.config import DUPLICATE_IMAGES, INVALID_CAPTION_IDS, MITL_REPORT
+from builders.eccv_positives.source import write_positives
+from builders.eccv_positives.mitl.candidates import Candidates
+from builders.eccv_positives.mitl.cxc import read_cxc_sits
+from builders.eccv_positives.mitl.tasks import ANSWERS, load_tasks
 from builders.engine.errors import InputFileError
 
 log = logging.getLogger(__name__)

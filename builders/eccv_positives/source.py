@@ -1,4 +1,6 @@
-"""The annotation sets a build publishes, and what the card says about them.
+"""What an eccv-positives build reads: the annotation sets it publishes (and what the card says
+about them), the MITL report of a new version, and the well-formed records of a COCO root; and
+`write_positives`, the writer of the annotation files, with which `eccv ingest` makes a new version.
 
 A build reads three positive sets in the `eccv_caption` file format (`loading_scripts.eccv`):
 `eccv` (ECCV Caption: human-verified machine proposals merged with CxC), `cxc` (CrissCrossed
@@ -20,56 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from builders.eccv_positives.config import (DUPLICATE_IMAGES, INVALID_CAPTION_IDS, MEANINGLESS_CAPTIONS,
+                                            MITL_REPORT, SOURCE_LABELS, WRONG_CAPTIONS, EccvImportConfig)
+from builders.engine.errors import InputProblem
 from loading_scripts.eccv import Positives, read_positives
-
-#: Provenance labels, most established first.
-SOURCE_LABELS = ("coco", "cxc", "eccv")
-#: File written next to the positives by `counterfactory eccv ingest` (counts and choices).
-MITL_REPORT = "mitl_report.json"
-
-# Chun et al., ECCV 2022, Appendix C.1: captions removed from the ECCV Caption test split
-# (18 meaningless, 14 semantically wrong) and the test image duplicated in the training set.
-MEANINGLESS_CAPTIONS = {
-    607516: "The first picture is blank all the time on purpose.",
-    607486: "Why is my first one a blank every time.",
-    433639: "There is no image here to provide a caption for.",
-    248212: "I am unable to see an image above.",
-    469834: "There is no image here to provide a caption for.",
-    462530: "I really cant see this image very well.",
-    469102: "There is no image to be reviewed on this hit.",
-    743575: "There is no image showing on this page to describe.",
-    246706: "I am unable to see an image above.",
-    61717: "There is no picture here to describe with a caption.",
-    500797: "I am unable to see the image above.",
-    19273: "There is no image for me to write about.",
-    630298: "There is no image to provide a caption for.",
-    576409: "I am unable to see the image above.",
-    390637: "I am unable to see an image above.",
-    296557: "There is no image here to provide a caption for.",
-    450553: "I am unable to see an image above.",
-    44809: "blank image with no pictures available to write about",
-}
-WRONG_CAPTIONS = {
-    610564: "An individual is in the open view in the image.",
-    359139: "I cant tell if the bears may be fighting or kissing.",
-    218995: "A baseball player hugging another player as lovers do.",
-    609235: "Individuals are up and doing something fun today.",
-    143250: "The bar of the small bathroom has many remotes on it.",
-    375316: "A photo duplicated a few times and put together.",
-    712683: "Talk about a bad hair day, his is frightful.",
-    75083: "A group of birds flying above the beach.",
-    625605: "It is always wise to have bottles of water on hand in case of an emergency.",
-    620511: "If the motorcycle brakes down, the bicycle will be good transportation.",
-    613949: "A full view of an outdoor space with many things to see.",
-    129825: "A picture of a comment that is open.",
-    605566: "There is a room with various items in the picture.",
-    634829: "That thing is really red and slow lol",
-}
-DUPLICATE_IMAGES = {
-    578492: "COCO_val2014_000000578492.jpg duplicates COCO_train2014_000000388662.jpg and "
-            "COCO_train2014_000000397819.jpg",
-}
-INVALID_CAPTION_IDS = frozenset(MEANINGLESS_CAPTIONS) | frozenset(WRONG_CAPTIONS)
 
 
 def removed_rows() -> list[dict[str, Any]]:
@@ -142,6 +98,37 @@ def read_mitl_report(directory: str | Path | None) -> dict[str, Any] | None:
         return None
     path = Path(directory) / MITL_REPORT
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class CocoRoot:
+    """What the build needs from a COCO root: texts, image paths, instance classes — of the
+    well-formed records only — and why each malformed record is left out."""
+
+    captions: dict[int, str]
+    #: image id -> its file and annotated (width, height).
+    images: dict[int, tuple[Path, tuple[int, int]]]
+    classes: dict[int, list[int]]
+    #: image id -> (its path, the reader's reason): the record is not used at all (METHOD.md §1).
+    problems: dict[int, tuple[Path, InputProblem]]
+
+
+def read_coco_root(config: EccvImportConfig) -> CocoRoot:
+    """What the build needs from `config.coco_root` (empty without one)."""
+    if not config.coco_root:
+        return CocoRoot({}, {}, {}, {})
+    from loading_scripts.coco import CocoSourceConfig, read_coco
+
+    records = read_coco(CocoSourceConfig(Path(config.coco_root), with_instances=config.with_pm))
+    # A malformed record is left out whole, as the other builders skip the whole image: no
+    # caption of it (not even the well-formed ones) and no instance class reaches a row.
+    good = [r for r in records if r.input_problem is None]
+    return CocoRoot(captions={c.caption_id: c.text for r in good for c in r.captions},
+                    images={r.image_id: (r.path, (r.width, r.height)) for r in good},
+                    classes={r.image_id: sorted({o.category_id for o in r.objects})
+                             for r in good if r.objects},
+                    problems={r.image_id: (r.path, r.input_problem) for r in records
+                              if r.input_problem is not None})
 
 
 def write_positives(positives: Positives, directory: str | Path, source: str) -> None:
