@@ -28,12 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.decorrelation.captions import CaptionConfig, CaptionSynthesizer, CocoPhrases
-from builders.decorrelation.source import SourceConfig, read_source
+from builders.decorrelation.captions import CaptionSynthesizer, CocoPhrases
+from builders.decorrelation.config import CaptionConfig, FillConfig, SourceConfig, VerifyConfig
+from builders.decorrelation.source import read_source
 from builders.devtools.fixtures.coco import CATEGORY_ID, CocoFixtureConfig, write_coco_fixture
 from builders.devtools.fixtures.scenes import SCENES
-from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
-from builders.decorrelation.verify import RemovalVerifier, VerifyConfig
+from builders.decorrelation.fill import ImageFiller, dilate
+from builders.decorrelation.verify import RemovalVerifier
 from builders.decorrelation.selection import select_removals
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ import torch
 from sentence_transformers import util
 from transformers import pipeline
 
-from builders.counterfactuals.captions import CaptionModels, CaptionStage, CaptionStageConfig
+from builders.counterfactuals.captions import CaptionModels, CaptionStage
+from builders.counterfactuals.config import CaptionStageConfig
 from builders.devtools.fixtures.scenes import SCENES
 from builders.models.profiles import resolve_profile
 

@@ -22,12 +22,12 @@ import torch
 from datasets import load_dataset
 from PIL import Image, ImageFilter
 
-from builders.decorrelation.captions import (CLIP_TEMPLATES, CaptionConfig, CaptionSynthesizer,
-                                        EntityPhrases)
+from builders.decorrelation.captions import CaptionSynthesizer, EntityPhrases
+from builders.decorrelation.config import CLIP_TEMPLATES, CaptionConfig, FillConfig, SourceConfig
 from builders.app.cli import main as cli_main
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.devtools.fixtures.coco import CocoFixtureConfig, drawn_object_mask, write_coco_fixture
-from builders.decorrelation.fill import FillConfig, ImageFiller
+from builders.decorrelation.fill import ImageFiller
 from builders.models.profiles import resolve_profile
 from counterfactory_metrics.odmap.class_match import COCO_CLASSES, COCO_TABLE
 from counterfactory_metrics.odmap.noun_phrases import noun_phrases
@@ -364,7 +364,7 @@ def test_flickr30k_with_entities(tmp_path, tiny_models_dir):
     assert all(r.split == "test" and r.folder == "flickr30k-images" and r.input_problem is None
                for r in test)
 
-    from builders.decorrelation.source import SourceConfig, read_source
+    from builders.decorrelation.source import read_source
     xml = next((root / "flickr30k_entities/Annotations").glob("*.xml"))
     xml.write_text("<annotation><size>")
     with pytest.raises(InputFileError, match=re.escape(xml.name) + ": malformed XML"):

@@ -245,10 +245,8 @@ def test_local_models_are_named_by_content_the_same_everywhere_and_for_any_spell
 def test_decorrelation_rows_name_the_captioner_as_the_manifest_does(tmp_path, tiny_models_dir):
     """The tiny captioner writes no text (its vocabulary is special tokens), so no build above has
     captioner rows; the row's `caption_model` is this builder's name for the captioner."""
-    from builders.decorrelation.builder import DecorrelationBuilder, DecorrelationConfig
-    from builders.decorrelation.captions import CaptionConfig
-    from builders.decorrelation.fill import FillConfig
-    from builders.decorrelation.source import SourceConfig
+    from builders.decorrelation.builder import DecorrelationBuilder
+    from builders.decorrelation.config import CaptionConfig, DecorrelationConfig, FillConfig, SourceConfig
 
     shutil.copytree(tiny_models_dir, tmp_path / "models")
     config = DecorrelationConfig(source=SourceConfig("coco", Path("coco")),

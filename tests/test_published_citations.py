@@ -65,12 +65,11 @@ def test_card_templates_cite_papers_only():
 
 
 def test_every_decorrelation_card_variant_cites_papers_only(nltk_data_dir):
-    from builders.decorrelation.builder import COLUMN_DOCS, DecorrelationConfig
-    from builders.decorrelation.captions import CAPTION_METHODS, CaptionConfig
     from builders.decorrelation.card import card_fields
-    from builders.decorrelation.fill import FILL_METHODS, FillConfig
-    from builders.decorrelation.source import SourceConfig
-    from builders.decorrelation.verify import VerifyConfig
+    from builders.decorrelation.config import (CAPTION_METHODS, FILL_METHODS, CaptionConfig,
+                                               DecorrelationConfig, FillConfig, SourceConfig,
+                                               VerifyConfig)
+    from builders.decorrelation.schema import COLUMN_DOCS
 
     seen = 0
     for kind, fill, caption, verify in itertools.product(("coco", "flickr30k"), FILL_METHODS,

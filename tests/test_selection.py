@@ -15,7 +15,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from builders.decorrelation.selection import (REASONS, SelectionConfig, box_mask, select_removals)
+from builders.decorrelation.config import SelectionConfig
+from builders.decorrelation.selection import (REASONS, box_mask, select_removals)
 from loading_scripts.coco import CocoSourceConfig, read_coco
 from loading_scripts.records import SourceObject
 

@@ -12,47 +12,15 @@ config one row per caption (the retrieval gallery / query list, keyed by COCO ca
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
-import datasets
-
+from builders.coco_captions.card import CARD_FIELDS
+from builders.coco_captions.config import CocoCaptionsConfig
+from builders.coco_captions.schema import CAPTIONS, IMAGES
+from builders.coco_captions.source import read_images
+from builders.coco_captions.view import IMAGES_VIEW
 from builders.engine import progress
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
-from builders.coco_captions.view import IMAGES_VIEW
-from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
-
-IMAGES = datasets.Features({
-    "image": datasets.Image(),
-    "image_id": datasets.Value("int64"),
-    "file_name": datasets.Value("string"),
-    "caption_ids": datasets.List(datasets.Value("int64")),
-    "captions": datasets.List(datasets.Value("string")),
-    "objects": datasets.List({
-        "category": datasets.Value("string"),
-        "bbox": datasets.List(datasets.Value("float32"), length=4),
-        "iscrowd": datasets.Value("int8"),
-    }),
-})
-CAPTIONS = datasets.Features({
-    "caption_id": datasets.Value("int64"),
-    "image_id": datasets.Value("int64"),
-    "caption": datasets.Value("string"),
-})
-
-
-@dataclass
-class CocoCaptionsConfig:
-    """Example: `CocoCaptionsConfig(coco_root="coco", splits=("test",))`."""
-
-    #: Root of a COCO download (see `loading_scripts.coco`).
-    coco_root: str
-    #: Karpathy splits to build (`train`, `restval`, `val`, `test`).
-    splits: tuple[str, ...] = ("test",)
-    #: Keep only the first N images of each split (by image id); None keeps all.
-    max_images: int | None = None
-    #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
 
 class CocoCaptionsBuilder:
@@ -65,13 +33,7 @@ class CocoCaptionsBuilder:
                              OutputSpec("captions", split, CAPTIONS))]
 
     def work_items(self):
-        from loading_scripts.coco import CocoSourceConfig, read_coco
-
-        items = []
-        for split in self.config.splits:
-            records = read_coco(CocoSourceConfig(Path(self.config.coco_root), karpathy_splits=(split,)))
-            items += records[: self.config.max_images]
-        return items
+        return read_images(self.config)
 
     def process(self, items):
         from loading_scripts.images import ImageProblem, open_rgb_image
@@ -104,20 +66,7 @@ class CocoCaptionsBuilder:
             builder="coco-captions", card_template="dataset_card.md",
             pretty_name="COCO Karpathy retrieval splits",
             config={**asdict(self.config), "splits": list(self.config.splits)},
-            card_fields={
-                "license": "cc-by-4.0",
-                "task_categories": ["image-to-text", "text-to-image"],
-                "tags": ["coco", "retrieval"],
-                "source_datasets": ["MS-COCO"],
-                "summary": "MS-COCO images with their captions and boxes, in Karpathy's splits, "
-                           "as parquet with embedded images (no loading script).",
-                "column_docs": {"image_id": "COCO image id", "caption_id": "COCO caption id",
-                                "objects": "COCO instance boxes (x, y, w, h in pixels)"},
-                "limitations": ["Images keep the COCO license terms of their Flickr sources."],
-                "citation": "@inproceedings{lin2014microsoft, title={Microsoft COCO: Common "
-                            "Objects in Context}, author={Lin, Tsung-Yi and others}, "
-                            "booktitle={ECCV}, year={2014}}",
-            },
+            card_fields=CARD_FIELDS,
         )
 
 

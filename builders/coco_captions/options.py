@@ -1,13 +1,14 @@
 """`counterfactory build coco-captions` options (light: `--help` imports no datasets or torch).
 
-`from_args` turns them into a `CocoCaptionsBuilder` (`builders.coco_captions.builder`, also the
-`accelerate launch` entry point).
+`from_args` turns them into a `CocoCaptionsConfig` (`builders.coco_captions.config`) and its
+`CocoCaptionsBuilder` (`builders.coco_captions.builder`, also the `accelerate launch` entry point).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from builders.coco_captions.config import KARPATHY_SPLITS, CocoCaptionsConfig
 from builders.engine.option_types import positive_int
 from builders.launch import add_source_image_arguments
 
@@ -17,13 +18,13 @@ HELP = "COCO Karpathy splits (images + captions + boxes) as Hub parquet"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coco-root", required=True, help="root of a COCO download")
     parser.add_argument("--splits", nargs="+", default=["test"],
-                        choices=["train", "restval", "val", "test"], help="Karpathy splits")
+                        choices=KARPATHY_SPLITS, help="Karpathy splits")
     parser.add_argument("--max-images", type=positive_int, default=None, help="first N images per split")
     add_source_image_arguments(parser)
 
 
 def from_args(args: argparse.Namespace):
-    from builders.coco_captions.builder import CocoCaptionsBuilder, CocoCaptionsConfig
+    from builders.coco_captions.builder import CocoCaptionsBuilder
 
     return CocoCaptionsBuilder(CocoCaptionsConfig(coco_root=str(args.coco_root),
                                                   splits=tuple(args.splits),

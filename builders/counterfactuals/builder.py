@@ -23,150 +23,23 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import datasets
-
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
-from builders.counterfactuals.config import (DEFAULT_COCO_SPLITS, IMAGE_FILTERS, CaptionStageConfig,
-                                             ImageStageConfig)
+from builders.counterfactuals.card import CARD_FIELDS
+from builders.counterfactuals.config import (CAPTION_ROLES, IMAGE_FILTERS, IMAGE_ROLES,
+                                             CocoCounterfactualsConfig)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
-from builders.engine import progress
-from builders.engine.dataset_source import load_dataset_split, open_split, stored_values
-from builders.engine.distributed import worker_device
-from builders.engine.errors import InputFileError, InputProblem, UserFacingError
-from builders.counterfactuals.options import STAGES
+from builders.counterfactuals.schema import CAPTION_FEATURES, PAIR_FEATURES
+from builders.counterfactuals.source import (CaptionItem, caption_pairs, coco_captions,
+                                             dataset_captions)
 from builders.counterfactuals.view import PAIR_VIEW
+from builders.engine import progress
+from builders.engine.distributed import worker_device
 from builders.engine.provenance import model_names
 from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
-
-_STRING, _FLOAT, _INT = datasets.Value("string"), datasets.Value("float64"), datasets.Value("int32")
-#: The models of each stage (the rest of `MODEL_ROLES` is unused by that stage).
-CAPTION_ROLES, IMAGE_ROLES = ("mlm", "lm", "sentence"), ("sd", "clip_filter")
-CAPTION_FEATURES = datasets.Features({
-    "id": _STRING, "caption_0": _STRING, "caption_1": _STRING,
-    "source": _STRING, "source_id": _STRING, "source_image_id": _STRING,
-    "replaced_word": _STRING, "replacement_word": _STRING, "replaced_position": _INT,
-    "similarity": _FLOAT, "perplexity": _FLOAT,
-    "caption_candidates": _INT, "caption_candidates_in_window": _INT,
-    "human_substitution": datasets.Value("bool"),
-    "mlm_model": _STRING, "lm_model": _STRING, "sentence_model": _STRING,
-})
-PAIR_FEATURES = datasets.Features({
-    "id": _STRING, "image_0": datasets.Image(), "image_1": datasets.Image(),
-    **{k: v for k, v in CAPTION_FEATURES.items() if k != "id"},
-    "seed": datasets.Value("int64"), "p": _FLOAT, "guidance_scale": _FLOAT,
-    "clip_score_0": _FLOAT, "clip_score_1": _FLOAT, "clip_directional": _FLOAT,
-    "clip_image_similarity": _FLOAT,
-    "image_candidates_tried": _INT, "image_candidates_passed": _INT,
-    **{f"image_rejected_{name}": _INT for name in IMAGE_FILTERS},
-    "sd_model": _STRING, "clip_model": _STRING,
-})
-COLUMN_DOCS = {
-    "id": "`<coco image id>_<caption index>` (COCO) or the source row id",
-    "image_0": "synthetic image of caption_0", "image_1": "synthetic image of caption_1",
-    "caption_0": "original caption", "caption_1": "counterfactual caption (one noun swapped)",
-    "source": "source dataset", "source_id": "source caption id (COCO annotation id)",
-    "source_image_id": "source image id", "replaced_word": "noun of caption_0 that was swapped",
-    "replacement_word": "its replacement",
-    "replaced_position": "character offset of the swap, the same in both captions: caption_0 and "
-                         "caption_1 are identical except that `replaced_word` starts there in "
-                         "caption_0 and `replacement_word` in caption_1",
-    "similarity": "all-MiniLM cosine of the captions", "perplexity": "LM perplexity of caption_1",
-    "caption_candidates": "candidates after the length/noun filter",
-    "caption_candidates_in_window": "candidates inside the similarity window (null when scored "
-                                    "perplexity first, which stops at the first one)",
-    "human_substitution": "the swap touches the human taxonomy (girl, man, people, ...)",
-    "seed": "seed of the chosen candidate", "p": "Prompt-to-Prompt injection fraction",
-    "guidance_scale": "classifier-free guidance", "clip_score_0": "CLIP cos(caption_0, image_0)",
-    "clip_score_1": "CLIP cos(caption_1, image_1)", "clip_directional": "CLIP directional similarity",
-    "clip_image_similarity": "CLIP cos(image_0, image_1)",
-    "image_candidates_tried": "candidate pairs generated",
-    "image_candidates_passed": "of which passed every image filter",
-    **{f"image_rejected_{name}": f"candidates that failed the {name} filter (a candidate can fail "
-                                 "several; null when the filter was off)" for name in IMAGE_FILTERS},
-}
-
-
-# The datasheet prose (motivation, collection, filtering, uses) is in the card template; these
-# are the fields the shared card machinery reads.
-CARD_FIELDS = {
-    "license": "cc-by-4.0",
-    "task_categories": ["image-to-text", "text-to-image", "zero-shot-image-classification"],
-    "tags": ["counterfactuals", "coco", "synthetic", "stable-diffusion", "prompt-to-prompt"],
-    "source_datasets": ["MS-COCO"],
-    "summary": "Counterfactual image-text pairs: each original COCO caption gets a counterfactual "
-               "caption with one noun swapped, and Stable Diffusion with Prompt-to-Prompt draws a "
-               "pair of images that differ only where the captions differ.",
-    "column_docs": COLUMN_DOCS,
-    "limitations": [
-        "Images are synthetic (Stable Diffusion) and inherit its failure modes and social biases.",
-        "Automatic filtering leaves errors: both captions may fit an image (hyponym swaps such as "
-        "girl -> kid), or an image may miss its subject; swaps of people (`human_substitution`) "
-        "had a 44% error rate in the paper's human study (27% overall).",
-        "Only nouns are swapped; verbs, attributes and counts are never changed.",
-    ],
-    "citation": "@inproceedings{le2023cococounterfactuals, title={COCO-Counterfactuals: "
-                "Automatically Constructed Counterfactual Examples for Image-Text Pairs}, "
-                "author={Le, Tiep and Lal, Vasudev and Howard, Phillip}, booktitle={NeurIPS "
-                "Datasets and Benchmarks Track}, year={2023}}",
-}
-
-
-@dataclass
-class CocoCounterfactualsConfig:
-    """What to build. Example: `CocoCounterfactualsConfig(coco_root="coco", stage="captions",
-    models={"mlm": ..., "lm": ..., "sentence": ...})`."""
-
-    stage: str = "all"
-    #: COCO source: COCO folders (default `val2017`, as the paper), or Karpathy splits instead.
-    coco_root: str | None = None
-    coco_splits: tuple[str, ...] | None = None
-    karpathy_splits: tuple[str, ...] | None = None
-    #: Any `datasets` source with a text column (instead of COCO).
-    dataset: str | None = None
-    dataset_config: str | None = None
-    dataset_split: str = "train"
-    text_column: str = "caption"
-    id_column: str | None = None
-    #: `--stage images`: folder of an earlier captions build.
-    captions_from: str | None = None
-    #: Keep the first N source captions (None: all).
-    max_captions: int | None = None
-    #: Split name of the published tables (the original release has one `test` split).
-    split: str = "test"
-    seed: int = 0
-    #: Model id or path per role (`MODEL_ROLES`).
-    models: dict[str, str] = field(default_factory=dict)
-    captions: CaptionStageConfig = field(default_factory=CaptionStageConfig)
-    images: ImageStageConfig = field(default_factory=ImageStageConfig)
-
-    def __post_init__(self) -> None:
-        if self.stage not in STAGES:
-            raise UserFacingError(f"--stage takes {', '.join(STAGES)} (got {self.stage!r})")
-        if self.stage == "images" and not self.captions_from:
-            raise UserFacingError("--stage images needs --captions-from DIR (a captions build)")
-        if self.stage != "images" and len([x for x in (self.coco_root, self.dataset) if x]) != 1:
-            raise UserFacingError("give exactly one caption source: --coco-root DIR or --dataset NAME")
-        if self.stage != "images" and self.captions_from:
-            raise UserFacingError("--captions-from is only for --stage images")
-        if self.coco_splits and self.karpathy_splits:
-            raise UserFacingError("give --coco-splits or --karpathy-splits, not both")
-        if self.coco_root and not self.karpathy_splits and not self.coco_splits:
-            self.coco_splits = DEFAULT_COCO_SPLITS
-
-
-@dataclass
-class CaptionItem:
-    id: str
-    text: str
-    source: str
-    source_id: str
-    source_image_id: str
-    #: Set by the reader for a caption that is not usable text; the runner skips and counts it.
-    input_problem: InputProblem | None = None
 
 
 class CocoCounterfactualsBuilder:
@@ -196,11 +69,11 @@ class CocoCounterfactualsBuilder:
     def work_items(self) -> Sequence[Any]:
         cfg = self.config
         if cfg.stage == "images":
-            items: list[Any] = self._caption_pairs()
+            items: list[Any] = caption_pairs(cfg)
         elif cfg.coco_root:
-            items = self._coco_captions()
+            items = coco_captions(cfg)
         else:
-            items = self._dataset_captions()
+            items = dataset_captions(cfg)
         return items[: cfg.max_captions]
 
     def process(self, items: Sequence[Any]) -> Iterator[Emit | Skip | Count]:
@@ -255,66 +128,6 @@ class CocoCounterfactualsBuilder:
         if self._model_names is None:
             self._model_names = model_names({r: self.config.models[r] for r in self._stage_roles()})
         return self._model_names
-
-    # -- sources -----------------------------------------------------------------------------
-
-    def _coco_captions(self) -> list[CaptionItem]:
-        """Every caption of the selected COCO folders, in annotation-file order (the order of
-        `captions_<folder>.json`, folder by folder); `k` in the id `<image id>_<k>` counts an
-        image's captions in that order, as the original release does (METHOD.md §1)."""
-        from loading_scripts.coco import CocoSourceConfig, load_json, read_coco
-
-        cfg = self.config
-        root = Path(cfg.coco_root)
-        records = read_coco(CocoSourceConfig(root, coco_splits=cfg.coco_splits,
-                                             karpathy_splits=cfg.karpathy_splits,
-                                             with_instances=False))
-        # read_coco validated the files and sorts by ids; the file order is read here.
-        folders = list(cfg.coco_splits) if cfg.coco_splits else sorted({r.folder for r in records})
-        position = {}
-        for rank, folder in enumerate(folders):
-            anns = load_json(root / "annotations" / f"captions_{folder}.json", "captions")["annotations"]
-            position.update({(folder, int(a["id"])): (rank, row) for row, a in enumerate(anns)})
-        captions = sorted(((rec, cap) for rec in records for cap in rec.captions),
-                          key=lambda rc: position[rc[0].folder, rc[1].caption_id])
-        seen: dict[int, int] = {}
-        items = []
-        for rec, cap in captions:
-            k = seen[rec.image_id] = seen.get(rec.image_id, -1) + 1
-            items.append(CaptionItem(id=f"{rec.image_id}_{k}", text=cap.text,
-                                     source=f"coco/{rec.folder}", source_id=str(cap.caption_id),
-                                     source_image_id=str(rec.image_id), input_problem=cap.input_problem))
-        return items
-
-    def _dataset_captions(self) -> list[CaptionItem]:
-        from loading_scripts.coco import caption_problem
-
-        cfg = self.config
-        ds = load_dataset_split(cfg.dataset, cfg.dataset_config, cfg.dataset_split)
-        missing = [c for c in (cfg.text_column, cfg.id_column) if c and c not in ds.column_names]
-        if missing:
-            raise InputFileError(cfg.dataset, f"has no column(s) {missing} (columns: {ds.column_names})",
-                                 "pick them with --text-column / --id-column")
-        # As stored: a text column typed Image is a counted bad caption, its paths never opened.
-        texts = stored_values(ds, cfg.text_column)
-        ids = [str(x) for x in stored_values(ds, cfg.id_column)] if cfg.id_column else [str(i) for i in range(len(ds))]
-        # A non-string or blank text is a counted input error, never coerced (`None` is no caption).
-        return [CaptionItem(id=i, text=t if isinstance(t, str) else "", source=cfg.dataset,
-                            source_id=i, source_image_id="",
-                            input_problem=caption_problem(t, f"{cfg.dataset} row {n} ({cfg.text_column})"))
-                for n, (i, t) in enumerate(zip(ids, texts))]
-
-    def _caption_pairs(self) -> list[dict[str, Any]]:
-        path = Path(self.config.captions_from)
-        ds = open_split(str(path), "captions", self.config.split, flag="--captions-from",
-                        cannot_load=lambda err: InputFileError(
-                            path, f"holds no `captions` config with a {self.config.split!r} split "
-                            f"({err})", "build it with --stage captions first"))
-        missing = set(CAPTION_FEATURES) - set(ds.column_names)
-        if missing:
-            raise InputFileError(path, f"caption pairs lack columns {sorted(missing)}",
-                                 "use a coco-counterfactuals captions build")
-        return ds.to_list()
 
     # -- stages ------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Settings of the two COCO-Counterfactuals stages (builders/counterfactuals/METHOD.md §1, §2).
+"""What a COCO-Counterfactuals build makes: the stages, model roles, and the settings of the two
+stages (builders/counterfactuals/METHOD.md §1, §2) under `CocoCounterfactualsConfig`.
 
 Plain dataclasses with no heavy import: the command line (`builders.counterfactuals.options`)
 reads their defaults to build `--help` without loading torch or NLTK.
@@ -6,10 +7,16 @@ reads their defaults to build `--help` without loading torch or NLTK.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from builders.engine.errors import UserFacingError
 
+#: What `--stage` builds: caption pairs, image pairs of an earlier captions build, or both.
+STAGES = ("captions", "images", "all")
+#: Model roles, one `--<role>-model` flag each.
+MODEL_ROLES = ("mlm", "lm", "sentence", "sd", "clip_filter")
+#: The models of each stage (the rest of `MODEL_ROLES` is unused by that stage).
+CAPTION_ROLES, IMAGE_ROLES = ("mlm", "lm", "sentence"), ("sd", "clip_filter")
 #: Image-pair filters, in the order they are reported: caption-image CLIP of both images,
 #: image-image CLIP, CLIP directional similarity (App. B.1.2 of the paper applies all three).
 IMAGE_FILTERS = ("text_image", "image_image", "directional")
@@ -121,3 +128,46 @@ class ImageStageConfig:
                                   f"(got {self.early_reject_margin})")
         # One canonical order: the same set of filters is the same build.
         self.filters = tuple(f for f in IMAGE_FILTERS if f in self.filters)
+
+
+@dataclass
+class CocoCounterfactualsConfig:
+    """What to build. Example: `CocoCounterfactualsConfig(coco_root="coco", stage="captions",
+    models={"mlm": ..., "lm": ..., "sentence": ...})`."""
+
+    stage: str = "all"
+    #: COCO source: COCO folders (default `val2017`, as the paper), or Karpathy splits instead.
+    coco_root: str | None = None
+    coco_splits: tuple[str, ...] | None = None
+    karpathy_splits: tuple[str, ...] | None = None
+    #: Any `datasets` source with a text column (instead of COCO).
+    dataset: str | None = None
+    dataset_config: str | None = None
+    dataset_split: str = "train"
+    text_column: str = "caption"
+    id_column: str | None = None
+    #: `--stage images`: folder of an earlier captions build.
+    captions_from: str | None = None
+    #: Keep the first N source captions (None: all).
+    max_captions: int | None = None
+    #: Split name of the published tables (the original release has one `test` split).
+    split: str = "test"
+    seed: int = 0
+    #: Model id or path per role (`MODEL_ROLES`).
+    models: dict[str, str] = field(default_factory=dict)
+    captions: CaptionStageConfig = field(default_factory=CaptionStageConfig)
+    images: ImageStageConfig = field(default_factory=ImageStageConfig)
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise UserFacingError(f"--stage takes {', '.join(STAGES)} (got {self.stage!r})")
+        if self.stage == "images" and not self.captions_from:
+            raise UserFacingError("--stage images needs --captions-from DIR (a captions build)")
+        if self.stage != "images" and len([x for x in (self.coco_root, self.dataset) if x]) != 1:
+            raise UserFacingError("give exactly one caption source: --coco-root DIR or --dataset NAME")
+        if self.stage != "images" and self.captions_from:
+            raise UserFacingError("--captions-from is only for --stage images")
+        if self.coco_splits and self.karpathy_splits:
+            raise UserFacingError("give --coco-splits or --karpathy-splits, not both")
+        if self.coco_root and not self.karpathy_splits and not self.coco_splits:
+            self.coco_splits = DEFAULT_COCO_SPLITS

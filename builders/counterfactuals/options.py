@@ -1,7 +1,8 @@
 """`counterfactory build coco-counterfactuals` options (light: `--help` imports no torch or NLTK).
 
-`from_args` turns them into a `CocoCounterfactualsBuilder` (`builders.counterfactuals.builder`,
-also the `accelerate launch` entry point).
+`from_args` turns them into a `CocoCounterfactualsConfig` (`builders.counterfactuals.config`) and
+its `CocoCounterfactualsBuilder` (`builders.counterfactuals.builder`, also the `accelerate launch`
+entry point).
 """
 
 from __future__ import annotations
@@ -10,18 +11,24 @@ import argparse
 from dataclasses import asdict
 
 from builders.counterfactuals.config import (CANDIDATE_PLANS, DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
-                                             CaptionStageConfig, ImageStageConfig)
+                                             MODEL_ROLES, STAGES, CaptionStageConfig,
+                                             CocoCounterfactualsConfig, ImageStageConfig)
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import fraction, non_negative_int, positive_int
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
-STAGES = ("captions", "images", "all")
-MODEL_ROLES = ("mlm", "lm", "sentence", "sd", "clip_filter")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from builders.models.profiles import add_model_arguments, add_profile_argument
+    from builders.models.profiles import add_model_arguments
 
+    _add_source_arguments(parser)
+    _add_caption_arguments(parser)
+    _add_image_arguments(parser)
+    add_model_arguments(parser, roles=MODEL_ROLES)
+
+
+def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source")
     src.add_argument("--stage", choices=STAGES, default="all", help="what to build (default: all)")
     src.add_argument("--coco-root", default=None, help="root of a COCO download")
@@ -45,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="intra-op CPU threads per process; give the same value to runs whose "
                           "shards must be bit-identical (accelerate workers default to 1)")
 
+
+def _add_caption_arguments(parser: argparse.ArgumentParser) -> None:
     cap, d = parser.add_argument_group("caption stage (builders/counterfactuals/METHOD.md §1)"), CaptionStageConfig()
     cap.add_argument("--top-k", type=positive_int, default=d.top_k, help="MLM proposals per noun")
     cap.add_argument("--sim-low", type=float, default=d.sim_low, help="similarity > this")
@@ -57,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="captions per MLM batch")
     cap.add_argument("--caption-order", choices=("auto", "similarity_first", "perplexity_first"),
                      default=d.order, help="scoring order (same choice; auto: by model sizes)")
+
+
+def _add_image_arguments(parser: argparse.ArgumentParser) -> None:
+    from builders.models.profiles import add_profile_argument
 
     img, e = parser.add_argument_group("image stage (builders/counterfactuals/METHOD.md §2)"), ImageStageConfig()
     add_profile_argument(img, "--candidates", type=positive_int, default=e.candidates, tiny=4,
@@ -110,11 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="euler_ancestral (default, as the paper's generator); dpm_solver_pp: "
                           "DPM-Solver++ for fewer steps (e.g. --steps 25; other images, METHOD.md "
                           "§2); pipeline: the model's own scheduler")
-    add_model_arguments(parser, roles=MODEL_ROLES)
 
 
 def from_args(args: argparse.Namespace):
-    from builders.counterfactuals.builder import CocoCounterfactualsBuilder, CocoCounterfactualsConfig
+    from builders.counterfactuals.builder import CocoCounterfactualsBuilder
     from builders.models.profiles import profile_from_args
 
     profile = asdict(profile_from_args(args))

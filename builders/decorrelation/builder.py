@@ -23,62 +23,28 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
 
-from builders.decorrelation.captions import CaptionConfig, CaptionSynthesizer
+from builders.decorrelation.captions import CaptionSynthesizer
+from builders.decorrelation.config import DecorrelationConfig
+from builders.decorrelation.fill import ImageFiller, dilate
 from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_features,
                                            train_features)
-from builders.decorrelation.options import PRODUCTS
-from builders.decorrelation.source import SourceConfig, SourceImage, read_source
+from builders.decorrelation.selection import Removal, select_removals
+from builders.decorrelation.source import SourceImage, read_source
+from builders.decorrelation.verify import REASON_STILL_VISIBLE, RemovalVerifier, Verdict
+from builders.decorrelation.view import EDIT_VIEW
 from builders.engine import progress
 from builders.engine.errors import UserFacingError
 from builders.engine.provenance import model_names
-from builders.decorrelation.fill import FillConfig, ImageFiller, dilate
 from builders.engine.seeding import derive_seed
-from builders.decorrelation.selection import Removal, SelectionConfig, select_removals
-from builders.decorrelation.verify import REASON_STILL_VISIBLE, RemovalVerifier, Verdict, VerifyConfig
-from builders.decorrelation.view import EDIT_VIEW
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
-
-
-@dataclass
-class DecorrelationConfig:
-    """What to build. Example (no models needed):
-    `DecorrelationConfig(source=SourceConfig("coco", Path("coco")), fill=FillConfig("blur"))`.
-    The command line defaults to `--fill inpaint` with the profile's inpainting model."""
-
-    source: SourceConfig
-    fill: FillConfig
-    #: Which products: `train` (D') and/or `odmap` (queries + gallery).
-    products: tuple[str, ...] = PRODUCTS
-    #: Karpathy splits D' is built from (the paper's COCO "train" is train + restval).
-    train_splits: tuple[str, ...] = ("train", "restval")
-    #: The split the ODmAP queries come from.
-    query_split: str = "test"
-    #: Splits whose captions form the ODmAP gallery (builders/decorrelation/METHOD.md §5: train + val + test).
-    gallery_splits: tuple[str, ...] = ("train", "restval", "val", "test")
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
-    caption: CaptionConfig = field(default_factory=CaptionConfig)
-    #: CLIP check that removed classes are gone from x' (off unless asked for; the command line
-    #: turns it on for inpainting with the production profile).
-    verify: VerifyConfig = field(default_factory=VerifyConfig)
-    #: Also store the source image in each row (off: it doubles the size).
-    keep_original: bool = False
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        unknown = set(self.products) - set(PRODUCTS)
-        if not self.products or unknown:
-            raise UserFacingError(f"--products takes {', '.join(PRODUCTS)} (got {list(self.products)})")
-        if "train" in self.products and self.query_split in self.train_splits and "odmap" in self.products:
-            raise UserFacingError(f"the query split {self.query_split!r} must not be a training split "
-                                  f"({list(self.train_splits)}): ODmAP queries must be unseen images")
 
 
 class DecorrelationBuilder:

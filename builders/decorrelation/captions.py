@@ -29,42 +29,12 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 from PIL import Image
 
-from builders.decorrelation.options import CAPTION_METHODS
-from builders.engine.errors import UserFacingError
+from builders.decorrelation.config import CLIP_TEMPLATES, CaptionConfig
 from counterfactory_metrics.odmap.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
                                         NpRemoval, remove_noun_phrases_with_reason)
 from loading_scripts.records import SourceCaption
 
 REASON_EMPTY = "caption_empty"
-
-#: The 80 prompt templates of CLIP's ImageNet zero-shot evaluation (as in open_clip's
-#: `OPENAI_IMAGENET_TEMPLATES`), kept here so a library update cannot change built captions.
-CLIP_TEMPLATES: tuple[str, ...] = (
-    'a bad photo of a {}.', 'a photo of many {}.', 'a sculpture of a {}.',
-    'a photo of the hard to see {}.', 'a low resolution photo of the {}.', 'a rendering of a {}.',
-    'graffiti of a {}.', 'a bad photo of the {}.', 'a cropped photo of the {}.', 'a tattoo of a {}.',
-    'the embroidered {}.', 'a photo of a hard to see {}.', 'a bright photo of a {}.',
-    'a photo of a clean {}.', 'a photo of a dirty {}.', 'a dark photo of the {}.',
-    'a drawing of a {}.', 'a photo of my {}.', 'the plastic {}.', 'a photo of the cool {}.',
-    'a close-up photo of a {}.', 'a black and white photo of the {}.', 'a painting of the {}.',
-    'a painting of a {}.', 'a pixelated photo of the {}.', 'a sculpture of the {}.',
-    'a bright photo of the {}.', 'a cropped photo of a {}.', 'a plastic {}.',
-    'a photo of the dirty {}.', 'a jpeg corrupted photo of a {}.', 'a blurry photo of the {}.',
-    'a photo of the {}.', 'a good photo of the {}.', 'a rendering of the {}.',
-    'a {} in a video game.', 'a photo of one {}.', 'a doodle of a {}.',
-    'a close-up photo of the {}.', 'a photo of a {}.', 'the origami {}.',
-    'the {} in a video game.', 'a sketch of a {}.', 'a doodle of the {}.', 'a origami {}.',
-    'a low resolution photo of a {}.', 'the toy {}.', 'a rendition of the {}.',
-    'a photo of the clean {}.', 'a photo of a large {}.', 'a rendition of a {}.',
-    'a photo of a nice {}.', 'a photo of a weird {}.', 'a blurry photo of a {}.', 'a cartoon {}.',
-    'art of a {}.', 'a sketch of the {}.', 'a embroidered {}.', 'a pixelated photo of a {}.',
-    'itap of the {}.', 'a jpeg corrupted photo of the {}.', 'a good photo of a {}.',
-    'a plushie {}.', 'a photo of the nice {}.', 'a photo of the small {}.',
-    'a photo of the weird {}.', 'the cartoon {}.', 'art of the {}.', 'a drawing of the {}.',
-    'a photo of the large {}.', 'a black and white photo of a {}.', 'the plushie {}.',
-    'a dark photo of a {}.', 'itap of a {}.', 'graffiti of the {}.', 'a toy {}.', 'itap of my {}.',
-    'a photo of a cool {}.', 'a photo of a small {}.', 'a tattoo of the {}.',
-)
 
 
 class PhraseMatcher(Protocol):
@@ -126,36 +96,6 @@ class EntityPhrases:
                     if t in column:
                         out[i, column[t]] = True
         return out
-
-
-@dataclass(frozen=True)
-class CaptionConfig:
-    """How y' is made. Example: `CaptionConfig(method="prompts", captions_per_image=2)`."""
-
-    method: str = "np_removal"
-    #: Synthetic captions (hence rows) per synthetic image.
-    captions_per_image: int = 1
-    #: Captioner model id or local folder (the profile's `captioner`); only for `captioner`.
-    model: str | None = None
-    max_new_tokens: int = 30
-
-    def __post_init__(self) -> None:
-        if self.method not in CAPTION_METHODS:
-            raise UserFacingError(f"unknown caption method {self.method!r}; choose one of {', '.join(CAPTION_METHODS)}")
-        if self.captions_per_image < 1:
-            raise UserFacingError(f"--captions-per-image must be at least 1, got {self.captions_per_image}")
-        if self.method == "prompts" and self.captions_per_image > len(CLIP_TEMPLATES):
-            raise UserFacingError(f"--captions-per-image is at most {len(CLIP_TEMPLATES)} with prompts")
-        if self.method == "captioner":
-            if not self.model:
-                raise UserFacingError("--caption captioner needs a captioning model (--captioner-model or --models)")
-            if self.captions_per_image != 1:
-                raise UserFacingError("--caption captioner decodes greedily: one caption per image; "
-                                      "use --captions-per-image 1")
-
-    @property
-    def model_id(self) -> str | None:
-        return self.model if self.method == "captioner" else None
 
 
 @dataclass(frozen=True)

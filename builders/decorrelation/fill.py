@@ -31,56 +31,13 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageFilter
 
+from builders.decorrelation.config import FillConfig
 from builders.engine.distributed import worker_device
-from builders.engine.errors import UserFacingError
-
-FILL_METHODS = ("inpaint", "zero", "mean", "blur")
-
-
-@dataclass(frozen=True)
-class FillConfig:
-    """How removed regions are filled. Example: `FillConfig(method="blur", blur_radius=8)`."""
-
-    method: str = "inpaint"
-    #: Inpainting model id or local folder (the profile's `sd_inpaint`); only for `inpaint`.
-    model: str | None = None
-    #: Text prompt of the inpainting model: a neutral scene word, not an object.
-    prompt: str = "background"
-    steps: int = 50
-    guidance_scale: float = 7.5
-    #: Square working resolution of the inpainting model (multiple of 8).
-    image_size: int = 512
-    #: Gaussian blur radius in pixels for `blur`.
-    blur_radius: float = 20.0
-    #: Pixels the removed region is grown by on every side before filling (0 = the boxes only).
-    mask_dilation: int = 4
-
-    def __post_init__(self) -> None:
-        if self.method not in FILL_METHODS:
-            raise UserFacingError(f"unknown fill method {self.method!r}; choose one of {', '.join(FILL_METHODS)}")
-        if self.method == "inpaint":
-            if not self.model:
-                raise UserFacingError("--fill inpaint needs an inpainting model (--sd-inpaint-model or --models)")
-            if self.image_size < 8 or self.image_size % 8:
-                raise UserFacingError(f"--image-size must be a positive multiple of 8, got {self.image_size}")
-            if self.steps < 1:
-                raise UserFacingError(f"--inpaint-steps must be at least 1, got {self.steps}")
-        if self.mask_dilation < 0:
-            raise UserFacingError(f"--mask-dilation must be 0 or more pixels, got {self.mask_dilation}")
-        if self.method == "blur" and self.blur_radius <= 0:
-            raise UserFacingError(f"--blur-radius must be positive, got {self.blur_radius}")
-
-    @property
-    def model_id(self) -> str | None:
-        """The model that made the pixels (recorded per row), None for the baselines."""
-        return self.model if self.method == "inpaint" else None
-
 
 def dilate(mask: np.ndarray, pixels: int) -> np.ndarray:
     """Bool `mask` grown by `pixels` in every direction (a square of side 2 * pixels + 1 around

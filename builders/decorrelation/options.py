@@ -1,7 +1,8 @@
 """`counterfactory build decorrelation` options (light: `--help` imports no torch, NLTK or datasets).
 
 `from_args` turns them into a `DecorrelationBuilder` (`builders.decorrelation.builder`, also the
-`accelerate launch` entry point). The choice lists live here so that `--help` can show them.
+`accelerate launch` entry point). The choice lists and configs live in `config.py`, light enough
+for `--help` to show them.
 """
 
 from __future__ import annotations
@@ -9,17 +10,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builders.decorrelation.fill import FILL_METHODS, FillConfig
-from builders.decorrelation.verify import VIEWS, VerifyConfig
+from builders.decorrelation.config import (CAPTION_METHODS, DEFAULT_FLICKR_CLASSES, FILL_METHODS,
+                                           PRODUCTS, VIEWS, CaptionConfig, DecorrelationConfig,
+                                           FillConfig, SelectionConfig, SourceConfig, VerifyConfig)
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import fraction, non_negative_int, positive_int
 from builders.launch import add_source_image_arguments
 
 HELP = "object-decorrelation sets: object-removal training pairs D' and the ODmAP@k test set"
-PRODUCTS = ("train", "odmap")
-CAPTION_METHODS = ("np_removal", "prompts", "captioner")
-#: Flickr30k Entities types treated as object classes by default.
-DEFAULT_FLICKR_CLASSES = ("people", "animals", "vehicles", "instruments")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,10 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace):
-    from builders.decorrelation.builder import DecorrelationBuilder, DecorrelationConfig
-    from builders.decorrelation.captions import CaptionConfig
-    from builders.decorrelation.selection import SelectionConfig
-    from builders.decorrelation.source import SourceConfig
+    from builders.decorrelation.builder import DecorrelationBuilder
     from builders.models.profiles import profile_from_args
 
     verify = args.verify_removal

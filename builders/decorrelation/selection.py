@@ -43,6 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
+from builders.decorrelation.config import SelectionConfig
 from loading_scripts.records import SourceObject
 
 REASON_EMPTY_BOX = "empty_box"
@@ -54,30 +55,6 @@ REASON_NO_CLASS_LEFT = "no_class_left"
 REASONS = (REASON_EMPTY_BOX, REASON_FEW_CLASSES, REASON_TOO_LARGE, REASON_PARTIAL,
            REASON_NO_CLASS_LEFT)
 SINGLE, MULTI = "single", "multi"
-
-
-@dataclass(frozen=True)
-class SelectionConfig:
-    """Thresholds of builders/decorrelation/METHOD.md §1 (defaults are the paper's)."""
-
-    #: Single-class removal when every other class overlaps the removed region by less than this.
-    alpha1: float = 0.4
-    #: Classes overlapping the removed region by more than this are removed with it.
-    alpha2: float = 0.8
-    #: Skip a removal whose region covers more than this fraction of the image.
-    alpha3: float = 0.7
-    #: Images need at least this many distinct classes (with pixels) to be considered.
-    min_classes: int = 2
-
-    def __post_init__(self) -> None:
-        for name in ("alpha1", "alpha2", "alpha3"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value}")
-        if self.alpha1 > self.alpha2:
-            raise ValueError(f"alpha1 ({self.alpha1}) must not exceed alpha2 ({self.alpha2})")
-        if self.min_classes < 2:
-            raise ValueError(f"min_classes must be at least 2, got {self.min_classes}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,48 +10,12 @@ sit on people, and scene / other are not objects).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
+from builders.decorrelation.config import SourceConfig
 from builders.engine.errors import UserFacingError
-from builders.decorrelation.options import DEFAULT_FLICKR_CLASSES
-from loading_scripts.flickr30k import ENTITY_TYPES
-from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 from loading_scripts.records import SourceImage
-
-SOURCES = ("coco", "flickr30k")
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """Example: `SourceConfig(kind="coco", root=Path("coco"))`."""
-
-    kind: str
-    root: Path
-    #: Flickr30k only: the entity types that count as object classes.
-    flickr_classes: tuple[str, ...] = DEFAULT_FLICKR_CLASSES
-    #: Keep only the first N images (by image id) of each split; None keeps all.
-    max_images: int | None = None
-    #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-
-    def __post_init__(self) -> None:
-        if self.kind not in SOURCES:
-            raise UserFacingError(f"unknown source {self.kind!r}; choose one of {', '.join(SOURCES)}")
-        unknown = set(self.flickr_classes) - set(ENTITY_TYPES)
-        if self.kind == "flickr30k" and unknown:
-            raise UserFacingError(f"--flickr-classes {sorted(unknown)} are not Flickr30k Entities "
-                                  f"types ({', '.join(ENTITY_TYPES)})")
-
-    @property
-    def class_names(self) -> tuple[str, ...]:
-        """The classes of the mention vectors, in column order."""
-        if self.kind == "coco":
-            from counterfactory_metrics.odmap.class_match import COCO_CLASSES
-
-            return COCO_CLASSES
-        return tuple(self.flickr_classes)
-
 
 def read_source(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
     """All images of `splits`, sorted by image id."""

@@ -29,46 +29,14 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 from PIL import Image
 
-from builders.engine.errors import UserFacingError
+from builders.decorrelation.config import VerifyConfig
 
 if TYPE_CHECKING:
     from builders.models.clip import ClipScorer
 
 REASON_STILL_VISIBLE = "object_still_visible"
-VIEWS = ("region", "image")
 #: Padding colour of views made square: CLIP's mean pixel, so padding reads as "nothing".
 _PAD = (122, 116, 104)
-
-
-@dataclass(frozen=True)
-class VerifyConfig:
-    """The removal check. Example: `VerifyConfig(enabled=True, model="openai/clip-vit-large-patch14")`."""
-
-    enabled: bool = False
-    #: transformers CLIP id or folder (the profile's `clip_filter`: not the ViT-B/32 that ODmAP
-    #: is usually reported with, so the check does not pick queries in that model's favour).
-    model: str | None = None
-    #: A removed class scoring at least this (after the fill) is still visible.
-    threshold: float = 0.3
-    #: `region`: a square crop around the filled region; `image`: the whole image.
-    view: str = "region"
-    #: Context around the region, as a fraction of its longer side added on each side.
-    context: float = 0.25
-    prompt: str = "a photo of a {}."
-
-    def __post_init__(self) -> None:
-        if not self.enabled:
-            return
-        if not self.model:
-            raise UserFacingError("--verify-removal needs a CLIP model (--clip-filter-model or --models)")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise UserFacingError(f"--verify-threshold must be in [0, 1], got {self.threshold}")
-        if self.view not in VIEWS:
-            raise UserFacingError(f"--verify-view takes {', '.join(VIEWS)} (got {self.view!r})")
-        if self.context < 0:
-            raise UserFacingError(f"--verify-context must be 0 or more, got {self.context}")
-        if self.prompt.count("{}") != 1:
-            raise UserFacingError(f"--verify-prompt needs exactly one '{{}}' for the class name, got {self.prompt!r}")
 
 
 @dataclass(frozen=True)
