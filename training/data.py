@@ -163,6 +163,13 @@ def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
     return Batches(loader, backend.pixels.per_batch)
 
 
+def to_device(batch: dict, device) -> dict:
+    """The batch's tensors (the tokenizer's dicts too) on `device`, the model's: the loader
+    yields CPU tensors and the forward must get them where the weights are. A no-op on CPU."""
+    return {k: to_device(v, device) if isinstance(v, dict) else
+            v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def fixed_batches(n: int, batch_size: int) -> list[list[int]]:
     """In-order batches (evaluation, validation)."""
     return [list(range(b, min(b + batch_size, n))) for b in range(0, n, batch_size)]

@@ -43,7 +43,7 @@ from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.config import TrainConfig
-from training.data import fixed_batches, make_loader
+from training.data import fixed_batches, make_loader, to_device
 from training.losses import clip_loss
 from training.mixtures import ExampleSet, REAL_COLUMNS
 from training.sources import DataInputError, open_table, resolve_commit
@@ -187,18 +187,28 @@ def check_eccv_split(data: EvalData, where: str) -> None:
             "missing); pass a coco-captions build with the Karpathy test split or drop --eccv")
 
 
+def module_device(module) -> torch.device:
+    """Where the model's weights are: evaluation encodes there (the loader yields CPU tensors)."""
+    return next(module.parameters()).device
+
+
+def _to_numpy(feats: list[torch.Tensor]) -> np.ndarray:
+    """The features of every batch as float32 numpy, moved to the CPU once."""
+    return torch.cat(feats).float().cpu().numpy() if feats else np.zeros((0, 0), np.float32)
+
+
 @torch.no_grad()
 def encode_images(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> np.ndarray:
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
-    feats = [module(pixel_values=b["pixel_values"])[0] for b in loader]
-    return torch.cat(feats).float().numpy() if feats else np.zeros((0, 0), np.float32)
+    device = module_device(module)
+    return _to_numpy([module(pixel_values=b["pixel_values"].to(device))[0] for b in loader])
 
 
 @torch.no_grad()
 def encode_texts(module, backend, texts: list[str], batch_size: int) -> np.ndarray:
-    feats = [module(text=backend.tokenize(texts[b:b + batch_size]))[1]
-             for b in range(0, len(texts), batch_size)]
-    return torch.cat(feats).float().numpy() if feats else np.zeros((0, 0), np.float32)
+    device = module_device(module)
+    return _to_numpy([module(text=to_device(backend.tokenize(texts[b:b + batch_size]), device))[1]
+                      for b in range(0, len(texts), batch_size)])
 
 
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:
@@ -320,7 +330,9 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
 def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> float:
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
     losses, sizes = [], []
+    device = module_device(module)
     for b in loader:
+        b = to_device(b, device)
         img, txt, _, scale = module(pixel_values=b["pixel_values"], text=b["text"])
         losses.append(float(clip_loss(img, txt, scale)))
         sizes.append(len(img))

@@ -26,7 +26,7 @@ from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, replace_dir, save_checkpoint, write_model_card)
 from training.config import TrainConfig, as_dict
-from training.data import PairBatchSampler, make_loader
+from training.data import PairBatchSampler, make_loader, to_device
 from training.evaluation import EvalData, evaluate_model, load_eval_data
 from training.losses import clip_loss, gather_global
 from training.mixtures import build_mixture, eval_only_sets
@@ -130,6 +130,7 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     record["tables"] = [asdict(r) for r in held.records + data.records]
     metrics = {}
     if accelerator.is_main_process:
+        backend.module.to(accelerator.device)
         metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
         _write_results(output, published_record(record, cfg, output),
                        [{"step": 0, "final": True, **metrics}], metrics)
@@ -224,7 +225,9 @@ def _accumulate_gradients(s: Session, batches) -> float:
     world, accum = accelerator.num_processes, s.cfg.optim.grad_accum
     loss_sum = 0.0
     for micro in range(accum):
-        batch = next(batches)
+        # An explicit move, not a prepared loader: preparing it would re-shard the batches that
+        # PairBatchSampler already cut per process (pairs kept together, 1 and N processes equal).
+        batch = to_device(next(batches), accelerator.device)
         with accelerator.autocast():
             img, txt, neg, scale = model(pixel_values=batch["pixel_values"], text=batch["text"],
                                          negative_text=batch.get("negative_text"))
@@ -269,7 +272,8 @@ def finish(s: Session) -> dict[str, float]:
     if accelerator.is_main_process:
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
             replace_dir(output / "best", final_dir)
-            s.unwrapped = load_backend(cfg.run.backend, _saved_model_id(cfg, final_dir)).module
+            best = load_backend(cfg.run.backend, _saved_model_id(cfg, final_dir)).module
+            s.unwrapped = best.to(accelerator.device)
         else:
             s.backend.save(s.unwrapped, final_dir)
     metrics = evaluate(s, final=True)

@@ -63,7 +63,7 @@ class ClipZeroShot:
 
     def probabilities(self, images: Sequence[Image.Image]) -> np.ndarray:
         logits = self._scale * self._clip.images(np.stack([np.asarray(i) for i in images])) @ self._texts.T
-        return logits.softmax(dim=-1).numpy()
+        return logits.softmax(dim=-1).cpu().numpy()
 
 
 def load_scorer(config: VerifyConfig, class_names: Sequence[str]) -> ZeroShotScorer:

@@ -2,12 +2,13 @@
 
 A machine annotator is any CLIP-like model: a transformers CLIP id or folder, or an open_clip
 model (`open_clip:ARCH[:TAG]`, `hf-hub:ORG/REPO`, `local-dir:PATH`; `builders.models.clip_ids`),
-embedding through `builders.models.clip.load_scorer` on the CPU. Each embeds every gallery
-image and every distinct caption text once (a repeated caption reuses its vector, so identical
-captions tie exactly in retrieval, METHOD.md §2). The normalised embeddings are cached in
-`cache_dir`, one folder per entry holding `images.npy` and `captions.npy`, read back
-memory-mapped (a 600K-caption gallery is not loaded into memory to be streamed over). The key
-covers the model id, a fingerprint of its weight files, the gallery's ids and texts and the
+embedding through `builders.models.clip.load_scorer` on the process's device (its GPU when there
+is one, `builders.engine.distributed.worker_device`; the vectors come back to the CPU). Each
+embeds every gallery image and every distinct caption text once (a repeated caption reuses its
+vector, so identical captions tie exactly in retrieval, METHOD.md §2). The normalised embeddings
+are cached in `cache_dir`, one folder per entry holding `images.npy` and `captions.npy`, read
+back memory-mapped (a 600K-caption gallery is not loaded into memory to be streamed over). The
+key covers the model id, a fingerprint of its weight files, the gallery's ids and texts and the
 size and mtime of its image files: later runs (more queries, another seed, the model-bias
 analysis) reuse an entry, retrained weights or replaced images do not.
 """
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from builders.eccv_positives.mitl.image_gallery import Gallery
+from builders.engine.distributed import worker_device
 from builders.models.clip_ids import weights_fingerprint
 
 log = logging.getLogger(__name__)
@@ -73,14 +75,15 @@ def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path,
         return cached
     from builders.models.clip import load_scorer
 
-    scorer = load_scorer(model_id)
+    scorer = load_scorer(model_id, worker_device())
     texts = list(dict.fromkeys(gallery.captions))
     log.info("embedding %d images and %d distinct captions (of %d) with %s", len(gallery.image_ids),
              len(texts), len(gallery.captions), model_id)
+    n_images = len(gallery.image_ids)
     images = np.concatenate([
-        scorer.images([gallery.open_image(n) for n in range(i, min(i + batch_size, len(gallery.image_ids)))]).numpy()
-        for i in range(0, len(gallery.image_ids), batch_size)]).astype(np.float32)
-    distinct = np.concatenate([scorer.texts(texts[i:i + batch_size]).numpy()
+        scorer.images([gallery.open_image(n) for n in range(i, min(i + batch_size, n_images))]).cpu().numpy()
+        for i in range(0, n_images, batch_size)]).astype(np.float32)
+    distinct = np.concatenate([scorer.texts(texts[i:i + batch_size]).cpu().numpy()
                                for i in range(0, len(texts), batch_size)]).astype(np.float32)
     row = {t: n for n, t in enumerate(texts)}
     captions = distinct[[row[t] for t in gallery.captions]]
