@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from builders.engine.option_types import fraction, positive_int
+from builders.engine.option_types import fraction, non_negative_int, positive_int
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                        help="discard a previous build with a different config in --output")
     group.add_argument("--retry-errors", action="store_true",
                        help="on resume, redo finished parts that recorded input errors")
+    array = parser.add_argument_group(
+        "job array", "build on a preemptible cluster without rendezvous: each worker builds its "
+        "parts (k % N == I) and exits; a final --merge-only run writes the dataset. Inside a "
+        "SLURM job array the worker comes from SLURM_ARRAY_TASK_ID/_MIN/_COUNT")
+    array.add_argument("--worker-index", type=non_negative_int, default=None, metavar="I",
+                       help="this worker's index, 0..N-1 (with --num-workers)")
+    array.add_argument("--num-workers", type=positive_int, default=None, metavar="N",
+                       help="how many array workers share the build")
+    array.add_argument("--merge-only", action="store_true",
+                       help="merge the parts the workers built; fails naming any missing part")
 
 
 def add_source_image_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +54,14 @@ def add_source_image_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_config_from_args(args: argparse.Namespace):
+    from builders.engine.distributed import array_worker
     from builders.engine.sharding.runner import BuildRunConfig
 
+    if args.merge_only:
+        # A merge needs only the worker count, to name the worker of each missing part.
+        worker_index, num_workers = None, args.num_workers or (array_worker(None, None) or (0, None))[1]
+    else:
+        worker_index, num_workers = array_worker(args.worker_index, args.num_workers) or (None, None)
     return BuildRunConfig(
         output_dir=args.output,
         part_size=args.part_size,
@@ -54,6 +70,9 @@ def run_config_from_args(args: argparse.Namespace):
         expect_processes=args.expect_processes,
         overwrite=args.overwrite,
         retry_errors=args.retry_errors,
+        worker_index=worker_index,
+        num_workers=num_workers,
+        merge_only=args.merge_only,
     )
 
 

@@ -7,6 +7,7 @@
       data/{config}/{split}-NNNNN-of-NNNNN.parquet   any named config
       .parts/run.json                the run fingerprint; a resume must match it
       .parts/lock                    held by the build that is writing here (see output_guard)
+      .parts/worker-NNNNN.lock       held by job-array worker N while it builds its parts
       .parts/{config}/{split}/part-KKKKK.parquet
       .parts/stats/part-KKKKK.json   written last: its presence marks part K finished
 
@@ -38,6 +39,9 @@ class OutputLayout:
     @property
     def lock_file(self) -> Path:
         return self.parts / "lock"
+
+    def worker_lock_file(self, worker: int) -> Path:
+        return self.parts / f"worker-{worker:05d}.lock"
 
     @property
     def manifest(self) -> Path:

@@ -3,7 +3,8 @@
 - `output_lock(layout)`: an exclusive `filelock` on `.parts/lock`, held by the main process for
   the whole build; a second build into the same folder fails at once instead of racing on the
   same `.tmp` names. (The lock is per process group: the other ranks of an `accelerate launch`
-  write only their own parts.)
+  write only their own parts.) Job-array workers (see `runner`) each hold their own
+  `.parts/worker-NNNNN.lock` and take the folder's lock only to check the run fingerprint.
 - `output_errors(root)`: turns the OS errors a user can fix (the folder is a file, no permission,
   read-only, disk full) into one `OutputError` line naming the path and the fix.
 - `remove_temp_files(layout)`: a killed or failed write leaves `*.tmp` files (see part_writer,
@@ -64,36 +65,71 @@ def check_output_folder(layout: OutputLayout) -> None:
 
 
 @contextmanager
-def output_lock(layout: OutputLayout) -> Iterator[None]:
-    """Hold `.parts/lock` for the duration of the build, failing at once if another build does."""
+def output_lock(layout: OutputLayout, wait_s: float = 0) -> Iterator[None]:
+    """Hold `.parts/lock` for the duration of the build, failing if another build holds it for
+    longer than `wait_s` (job-array workers hold it only while checking the fingerprint)."""
+    with _held(layout, layout.lock_file, wait_s, "another build"):
+        yield
+
+
+@contextmanager
+def worker_lock(layout: OutputLayout, worker: int) -> Iterator[None]:
+    """Hold job-array worker `worker`'s own lock while it builds: a second copy of the same worker
+    fails at once, and `--merge-only` can tell that a worker is still writing."""
+    with _held(layout, layout.worker_lock_file(worker), 0, f"array worker {worker}"):
+        yield
+
+
+def running_workers(layout: OutputLayout) -> list[int]:
+    """The job-array workers holding their lock on `layout` right now."""
+    return [int(path.stem.split("-")[1]) for path in sorted(layout.parts.glob("worker-*.lock"))
+            if _is_held(path)]
+
+
+@contextmanager
+def _held(layout: OutputLayout, path: Path, wait_s: float, holder: str) -> Iterator[None]:
     from filelock import FileLock, Timeout
 
     layout.parts.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(layout.lock_file))
+    lock = FileLock(str(path))
     try:
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=wait_s)
     except Timeout:
-        raise OutputError(f"another build is writing to {layout.root} (it holds "
-                          f"{layout.lock_file}); wait for it to finish, or use another --output") from None
+        raise OutputError(f"{holder} is writing to {layout.root} (it holds {path}); wait for it "
+                          "to finish, or use another --output") from None
     try:
         yield
     finally:
         lock.release()
 
 
-def build_in_progress(layout: OutputLayout) -> bool:
-    """Whether a build holds the folder's lock right now (e.g. before publishing it)."""
+def _is_held(path: Path) -> bool:
     from filelock import FileLock, Timeout
 
-    if not layout.lock_file.exists():
-        return False
-    lock = FileLock(str(layout.lock_file))
+    lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
         return True
     lock.release()
     return False
+
+
+def build_in_progress(layout: OutputLayout) -> bool:
+    """Whether a build holds the folder's lock right now (e.g. before publishing it)."""
+    return layout.lock_file.exists() and _is_held(layout.lock_file)
+
+
+def remove_part_temp_files(layout: OutputLayout, keys: list[str], parts: list[int]) -> None:
+    """Remove the `.tmp` files of `parts` only: a job-array worker must not touch the files other
+    workers are writing."""
+    for part in parts:
+        paths = [layout.stats_file(part), *(layout.part_file(key, part) for key in keys)]
+        for path in paths:
+            tmp = path.with_name(path.name + ".tmp")
+            if tmp.exists():
+                log.info("removing %s, left by an interrupted write", tmp)
+                tmp.unlink()
 
 
 def remove_temp_files(layout: OutputLayout) -> None:

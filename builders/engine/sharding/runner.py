@@ -5,6 +5,12 @@ parts k with k % w == r. Part boundaries never depend on the number of processes
 depend on their own items, so 1 or N processes (or N machines sharing a folder) produce identical
 shards. A part is finished once its stats file exists (see `part_writer`), which is what a
 resumed run checks.
+
+Job arrays (preemptible clusters, no rendezvous): worker i of n (`BuildRunConfig.worker_index`,
+`num_workers`) builds the same parts rank i of n would, then exits without merging; it holds only
+its own worker lock while building, and the folder's lock while it checks or writes the run
+fingerprint, so n workers starting at once agree on one `run.json`. A final `merge_only` run
+writes the dataset once every part exists, or names the missing parts and their workers.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from builders.engine import progress
-from builders.engine.distributed import ProcessGroup, init_process_group
+from builders.engine.distributed import ProcessGroup, init_process_group, launched_world_size
 from builders.engine.errors import UserFacingError
 from builders.engine.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
 from builders.engine.sharding.build_files import discard_build
@@ -27,7 +33,8 @@ from builders.engine.sharding.inputs import (changed_items, check_unique_ids, pa
                                             split_problems)
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import (check_output_folder, output_errors, output_lock,
-                                                  remove_temp_files)
+                                                  remove_part_temp_files, remove_temp_files,
+                                                  running_workers, worker_lock)
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
 from builders.engine.sharding.part_writer import atomic_write_json, rows_to_table, write_parquet
 
@@ -53,6 +60,17 @@ class BuildRunConfig:
     overwrite: bool = False
     #: On resume, redo finished parts that recorded input errors (after fixing the inputs).
     retry_errors: bool = False
+    #: Job-array worker `worker_index` of `num_workers`: build parts k with k % num_workers ==
+    #: worker_index, then exit without merging (a `merge_only` run merges).
+    worker_index: int | None = None
+    num_workers: int | None = None
+    #: Merge the finished parts of a job array (fails naming the missing parts and their workers).
+    merge_only: bool = False
+
+
+#: How long an array worker waits for the folder's lock, which other workers hold only while
+#: checking the fingerprint (a build or merge holding it longer makes the worker fail).
+ARRAY_LOCK_WAIT_S = 120.0
 
 
 @dataclass
@@ -205,34 +223,57 @@ def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
     """
     if cfg.part_size < 1:
         raise UserFacingError(f"--part-size must be at least 1 (got {cfg.part_size})")
-    group = init_process_group(cfg.expect_processes)
     layout = OutputLayout(Path(cfg.output_dir))
+    if cfg.merge_only or cfg.num_workers is not None:
+        _check_array_config(cfg)
+        with output_errors(layout.root):
+            check_output_folder(layout)
+            if cfg.merge_only:
+                return _merge_only(builder, cfg, layout, finish)
+            return _run_array_worker(builder, cfg, layout)
+    group = init_process_group(cfg.expect_processes)
     with output_errors(layout.root):
         if not group.is_main:
             return _run_locked(builder, cfg, group, layout, finish)
         check_output_folder(layout)
         with output_lock(layout):
+            _check_no_workers(layout)
             return _run_locked(builder, cfg, group, layout, finish)
+
+
+def _read_parts(builder: ShardedBuilder, part_size: int) -> tuple[list[Any], list[tuple[int, Any]]]:
+    # The inputs are read before anything is written: a run that fails on a missing or broken
+    # input leaves no fingerprint behind to refuse the corrected rerun.
+    items = builder.work_items()
+    check_unique_ids(items)
+    return items, list(iter_chunks(items, part_size))
 
 
 def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup,
                 layout: OutputLayout, finish: Finisher | None) -> BuildResult | None:
     outputs = list(builder.outputs())
-    # The inputs are read before anything is written: a run that fails on a missing or broken
-    # input leaves no fingerprint behind to refuse the corrected rerun.
-    items = builder.work_items()
-    check_unique_ids(items)
-    parts = list(iter_chunks(items, cfg.part_size))
+    items, parts = _read_parts(builder, cfg.part_size)
     if group.is_main:
         remove_temp_files(layout)
         _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
     group.barrier()
+    _build_mine(builder, outputs, layout, parts, group, cfg.retry_errors)
+    group.barrier()
+    if not group.is_main:
+        return None
+    return _merge(builder, cfg, layout, outputs, items, len(parts), group.world_size, finish)
 
+
+def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: OutputLayout,
+                parts: Sequence[tuple[int, Sequence[Any]]], group: ProcessGroup,
+                retry_errors: bool) -> None:
+    """Build this process's unfinished parts (k % world_size == rank)."""
+    items_total = sum(len(chunk) for _, chunk in parts)
     mine = [(k, chunk) for k, chunk in parts if k % group.world_size == group.rank]
-    todo = [(k, chunk) for k, chunk in mine if _part_needs_work(layout, k, cfg.retry_errors)]
+    todo = [(k, chunk) for k, chunk in mine if _part_needs_work(layout, k, retry_errors)]
     log.info(
         "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
-        group.rank, group.world_size, len(items), len(parts), len(mine), len(mine) - len(todo),
+        group.rank, group.world_size, items_total, len(parts), len(mine), len(mine) - len(todo),
     )
     # One live tracker per process: a bar on a terminal, periodic log lines otherwise.
     with progress.track(sum(len(chunk) for _, chunk in todo), f"[rank {group.rank}/{group.world_size}]",
@@ -242,10 +283,12 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
             tracker.part_done(len(chunk))
             skipped = sum(stats["skipped"].values()) + sum(stats["errors"].values())
             _log_part_done(tracker, group, k, n, len(todo), sum(stats["rows"].values()), skipped)
-    group.barrier()
-    if not group.is_main:
-        return None
-    stats = collect_stats(layout, len(parts))
+
+
+def _merge(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
+           outputs: Sequence[OutputSpec], items: Sequence[Any], n_parts: int, world_size: int,
+           finish: Finisher | None) -> BuildResult:
+    stats = collect_stats(layout, n_parts)
     _check_error_rate(stats, len(items), cfg.max_error_fraction, layout)
     manifest = merge_parts(
         layout=layout,
@@ -254,11 +297,81 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
         n_items=len(items),
         info=builder.info(),
         run_config={**asdict(cfg), "output_dir": str(cfg.output_dir)},
-        world_size=group.world_size,
+        world_size=world_size,
         max_shard_bytes=cfg.max_shard_bytes,
         finish=finish,
     )
     return BuildResult(output_dir=layout.root, manifest=manifest)
+
+
+def _check_array_config(cfg: BuildRunConfig) -> None:
+    if launched_world_size() > 1:
+        raise UserFacingError("a job-array worker or --merge-only run is one process: start it "
+                              "directly (`counterfactory build ...`), not under accelerate launch")
+    if cfg.overwrite:
+        raise UserFacingError("--overwrite cannot be used with --worker-index/--num-workers or "
+                              "--merge-only (one worker would delete the others' parts); discard "
+                              "the old build with one ordinary --overwrite run, or use a new --output")
+
+
+def _check_no_workers(layout: OutputLayout) -> None:
+    running = running_workers(layout)
+    if running:
+        raise UserFacingError(f"array worker(s) {', '.join(map(str, running))} are still writing "
+                              f"to {layout.root}; wait for them to finish (then run --merge-only)")
+
+
+def _run_array_worker(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout) -> None:
+    worker, n_workers = cfg.worker_index, cfg.num_workers
+    assert worker is not None and n_workers is not None
+    group = ProcessGroup(rank=worker, world_size=n_workers, barrier=lambda: None)
+    outputs = list(builder.outputs())
+    _, parts = _read_parts(builder, cfg.part_size)
+    with worker_lock(layout, worker):
+        # The first worker writes run.json; the others, serialised by the lock, find it and
+        # resume (an identical fingerprint) or refuse (a different one).
+        with output_lock(layout, wait_s=ARRAY_LOCK_WAIT_S):
+            _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
+        remove_part_temp_files(layout, [spec.key for spec in outputs],
+                               [k for k, _ in parts if k % n_workers == worker])
+        _build_mine(builder, outputs, layout, parts, group, cfg.retry_errors)
+    log.info("array worker %d of %d finished its parts; once every worker has, run the same "
+             "command with --merge-only to write the dataset", worker, n_workers)
+
+
+def _merge_only(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
+                finish: Finisher | None) -> BuildResult:
+    outputs = list(builder.outputs())
+    items, parts = _read_parts(builder, cfg.part_size)
+    with output_lock(layout):
+        _check_no_workers(layout)
+        remove_temp_files(layout)
+        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
+        n_workers = cfg.num_workers or _recorded_workers(layout, len(parts))
+        missing = [k for k, _ in parts if not layout.stats_file(k).exists()]
+        if missing:
+            raise UserFacingError(_missing_parts_message(layout, missing, len(parts), n_workers))
+        return _merge(builder, cfg, layout, outputs, items, len(parts), n_workers or 1, finish)
+
+
+def _recorded_workers(layout: OutputLayout, n_parts: int) -> int | None:
+    """The worker count the finished parts were built with (their stats' `world_size`)."""
+    sizes = Counter(json.loads(layout.stats_file(k).read_text())["world_size"]
+                    for k in range(n_parts) if layout.stats_file(k).exists())
+    return sizes.most_common(1)[0][0] if sizes else None
+
+
+def _missing_parts_message(layout: OutputLayout, missing: Sequence[int], n_parts: int,
+                           n_workers: int | None) -> str:
+    shown = missing[:10]
+    more = f" and {len(missing) - len(shown)} more" if len(missing) > len(shown) else ""
+    if n_workers is None:
+        named = ", ".join(f"part {k}" for k in shown)
+        how = "pass --num-workers N to name the workers that build them"
+    else:
+        named = ", ".join(f"part {k} (worker {k % n_workers})" for k in shown)
+        how = f"re-run those workers of --num-workers {n_workers}, then --merge-only again"
+    return (f"{len(missing)} of {n_parts} parts of {layout.root} are missing: {named}{more}; {how}")
 
 
 def _check_error_rate(
