@@ -117,9 +117,10 @@ def _attention_layers(unet, suffix: str) -> set[str]:
 
 
 def test_inject_modes_select_the_method_md_layers_at_512px(sd_unet, monkeypatch):
-    """METHOD.md §2: `self` injects every self-attention layer in both halves; `cross` every
-    cross-attention layer plus the self-attention layers of 16 x 16 and 8 x 8 query positions
-    (down_blocks.2, the mid block, up_blocks.1), conditional half; `both` is the union."""
+    """builders/counterfactuals/METHOD.md §2: `self` injects every self-attention layer in both
+    halves; `cross` every cross-attention layer plus the self-attention layers of 16 x 16 and 8 x 8
+    query positions (down_blocks.2, the mid block, up_blocks.1), conditional half; `both` is the
+    union."""
     self_layers, cross_layers = _attention_layers(sd_unet, "attn1"), _attention_layers(sd_unet, "attn2")
     low_res = {n for n in self_layers if n.startswith(("down_blocks.2.", "mid_block.", "up_blocks.1."))}
     assert len(self_layers) == len(cross_layers) == 16 and len(low_res) == 2 + 1 + 3
