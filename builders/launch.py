@@ -59,7 +59,8 @@ def run_config_from_args(args: argparse.Namespace):
 
     if args.merge_only:
         # A merge needs only the worker count, to name the worker of each missing part.
-        worker_index, num_workers = None, args.num_workers or (array_worker(None, None) or (0, None))[1]
+        slurm = None if args.num_workers else array_worker(None, None)
+        worker_index, num_workers = None, args.num_workers or (slurm[1] if slurm else None)
     else:
         worker_index, num_workers = array_worker(args.worker_index, args.num_workers) or (None, None)
     return BuildRunConfig(
