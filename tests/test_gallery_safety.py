@@ -224,3 +224,22 @@ def test_a_failing_read_is_one_line_naming_the_source_not_a_write_error(tmp_path
     err = one_error_line(capsys, [build, "--output", tmp_path / "gallery"], str(build),
                          "cannot read the rows of default/test", "Input/output error")
     assert "cannot write" not in err
+
+
+@pytest.mark.parametrize("view", [
+    "not a view", [1, 2], {"slots": []}, {"name": "x", "slots": [{"column": "image", "bogus": 1}]},
+    {"name": "x", "texts": [{"column": "caption", "label": "c", "style": "<script>"}]},
+    {"name": "x", "facets": [{"name": "f"}]},
+])
+def test_a_manifest_view_that_does_not_parse_falls_back_to_the_generic_view(tmp_path, view, caplog):
+    """Someone else's build manifest may declare any `view`: `show` warns and shows the rows."""
+    folder = write_dataset(tmp_path / "dataset", [
+        {"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "extras": [], "caption": "a cat"}])
+    (folder / "build_manifest.json").write_text(json.dumps(
+        {"outputs": {"default/test": {"config": "default", "split": "test", "view": view}}}))
+    out = tmp_path / "gallery"
+    with caplog.at_level("WARNING", logger="builders.viewer.row_view"):
+        assert show(folder, "--output", out) == 0
+    assert "declares a view that does not parse" in caplog.text
+    assert json.loads((out / "gallery.json").read_text())["kind"] == "generic"
+    assert len(page_records(out)) == 1

@@ -15,8 +15,11 @@ outline="mask"),), texts=(Text("caption", "synthetic caption"),), facets=(Facet(
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
 
 #: Text styles (rows.texts renders them).
 TEXT_STYLES = ("plain", "highlight", "strike", "numbered", "grouped")
@@ -130,6 +133,15 @@ def generic_view(columns: Sequence[str], image_columns: Sequence[str]) -> RowVie
 
 def view_of(output: dict[str, Any] | None, columns: Sequence[str],
             image_columns: Sequence[str]) -> RowView:
-    """The view an output of the build manifest declares, else the generic one."""
-    declared = (output or {}).get("view")
-    return RowView.from_dict(declared) if declared else generic_view(columns, image_columns)
+    """The view an output of the build manifest declares, else the generic one.
+
+    The manifest may be anyone's (a dataset on the Hub): a declared view that does not parse is
+    logged and the rows are shown with the generic view, never a traceback."""
+    declared = output.get("view") if isinstance(output, dict) else None
+    if declared:
+        try:
+            return RowView.from_dict(declared)
+        except (TypeError, KeyError, ValueError, AttributeError) as err:
+            log.warning("the build manifest declares a view that does not parse (%s: %s); showing "
+                        "the rows with the generic view", type(err).__name__, err)
+    return generic_view(columns, image_columns)
