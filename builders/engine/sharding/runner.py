@@ -36,7 +36,8 @@ from builders.engine.sharding.output_guard import (check_output_folder, output_e
                                                   remove_part_temp_files, remove_temp_files,
                                                   running_workers, worker_lock)
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
-from builders.engine.sharding.part_writer import atomic_write_json, rows_to_table, write_parquet
+from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_bytes, rows_to_table,
+                                                   write_parquet)
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,8 @@ def _build_part(
         # What this part was built from: a resume compares it with the current inputs.
         "item_digests": part_digests(items),
         "timings": {"process_s": round(t1 - t0, 4), "write_s": round(t2 - t1, 4)},
+        # The process's peak so far: its parts run in sequence, so the last part's is its peak.
+        "peak_rss_bytes": peak_rss_bytes(),
         "rank": group.rank,
         "world_size": group.world_size,
     }
