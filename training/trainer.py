@@ -22,13 +22,13 @@ from tqdm.auto import tqdm
 
 from builders.engine.errors import UserFacingError
 from builders.engine.provenance import portable
+from training.accumulation import accumulate_gradients
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, replace_dir, save_checkpoint, write_model_card)
 from training.config import TrainConfig, as_dict
 from training.data import PairBatchSampler, make_loader, to_device
 from training.evaluation import EvalData, evaluate_model, load_eval_data
-from training.losses import clip_loss, gather_global
 from training.mixtures import build_mixture, eval_only_sets
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,8 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     torch.manual_seed(cfg.run.seed)
     backend = load_backend(cfg.run.backend, cfg.run.model_id())
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
+    if cfg.optim.grad_checkpointing:
+        backend.enable_grad_checkpointing()
     record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
     if cfg.run.eval_only:
         return evaluate_only(cfg, accelerator, backend, record, output)
@@ -162,7 +164,8 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
-                         negatives=cfg.data.hard_negatives == "negclip")
+                         negatives=cfg.data.hard_negatives == "negclip",
+                         fast_decode=cfg.data.fast_decode)
 
     params = [p for p in backend.module.parameters() if p.requires_grad]
     opt_cls = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.AdamW
@@ -220,29 +223,12 @@ def train_one_epoch(s: Session) -> None:
 
 
 def _accumulate_gradients(s: Session, batches) -> float:
-    """Forward and backward over --grad-accum batches of one optimizer step; their mean loss."""
-    accelerator, model = s.accelerator, s.model
-    world, accum = accelerator.num_processes, s.cfg.optim.grad_accum
-    loss_sum = 0.0
-    for micro in range(accum):
-        # An explicit move, not a prepared loader: preparing it would re-shard the batches that
-        # PairBatchSampler already cut per process (pairs kept together, 1 and N processes equal).
-        batch = to_device(next(batches), accelerator.device)
-        with accelerator.autocast():
-            img, txt, neg, scale = model(pixel_values=batch["pixel_values"], text=batch["text"],
-                                         negative_text=batch.get("negative_text"))
-            mask = batch.get("negative_mask")
-            loss = clip_loss(gather_global(img, accelerator), gather_global(txt, accelerator), scale,
-                             gather_global(neg, accelerator) if neg is not None else None,
-                             gather_global(mask, accelerator) if mask is not None else None)
-        # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
-        if micro < accum - 1:
-            with accelerator.no_sync(model):
-                accelerator.backward(loss * world / accum)
-        else:
-            accelerator.backward(loss * world / accum)
-        loss_sum += float(loss.detach()) / accum
-    return loss_sum
+    """Forward and backward over --grad-accum batches of one optimizer step, as one contrastive
+    batch (training/accumulation.py); its loss."""
+    # An explicit move, not a prepared loader: preparing it would re-shard the batches that
+    # PairBatchSampler already cut per process (pairs kept together, 1 and N processes equal).
+    micro = [to_device(next(batches), s.accelerator.device) for _ in range(s.cfg.optim.grad_accum)]
+    return accumulate_gradients(s.model, micro, s.accelerator)
 
 
 def evaluate(s: Session, final: bool = False) -> dict[str, float]:
