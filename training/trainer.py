@@ -10,6 +10,7 @@ Evaluation runs on the main process while the others wait.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -22,6 +23,8 @@ from tqdm.auto import tqdm
 
 from builders.engine.errors import UserFacingError
 from builders.engine.provenance import portable
+from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.output_guard import output_lock
 from training.accumulation import accumulate_gradients
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
@@ -38,11 +41,7 @@ def make_accelerator(cfg: TrainConfig, output: Path):
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
-    try:
-        import tensorboard  # noqa: F401  (optional: the tracker only when installed)
-        trackers = ["tensorboard"]
-    except ImportError:
-        trackers = None
+    trackers = _trackers(cfg.run.report_to)
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                               mixed_precision=cfg.optim.mixed_precision, log_with=trackers,
                               project_config=ProjectConfiguration(project_dir=str(output),
@@ -53,9 +52,34 @@ def make_accelerator(cfg: TrainConfig, output: Path):
             f"--expect-processes {expected} but {accelerator.num_processes} process(es) started; on "
             "CPU use `accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
             "(`--cpu --num_processes N` starts one)")
-    if trackers:
-        accelerator.init_trackers("finetune_clip")
     return accelerator
+
+
+def _trackers(report_to: str) -> list[str] | None:
+    """accelerate's trackers of `--report-to`: each an optional package, checked before the run
+    (`auto`: TensorBoard when installed, else none)."""
+    import importlib.util
+
+    if report_to == "none":
+        return None
+    installed = importlib.util.find_spec(report_to if report_to != "auto" else "tensorboard")
+    if report_to == "auto":
+        return ["tensorboard"] if installed else None
+    if not installed:
+        raise UserFacingError(f"--report-to {report_to} needs the {report_to} package: "
+                              f"`pip install {report_to}`, or --report-to none")
+    return [report_to]
+
+
+@contextlib.contextmanager
+def _output_lock(accelerator, output: Path):
+    """One run per --output at a time, as one build per folder (the builders' lock, held by the
+    main process): a second run would interleave checkpoints and overwrite the results."""
+    if not accelerator.is_main_process:
+        yield
+        return
+    with output_lock(OutputLayout(output)):
+        yield
 
 
 def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
@@ -104,6 +128,14 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
     accelerator = make_accelerator(cfg, output)
+    with _output_lock(accelerator, output):
+        return _locked_run(cfg, accelerator, output)
+
+
+def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
+    """`run` while holding the output folder's lock."""
+    if accelerator.log_with:  # after the lock: a refused run writes nothing under --output
+        accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
     backend = load_backend(cfg.run.backend, cfg.run.model_id())
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
@@ -120,7 +152,7 @@ def run(cfg: TrainConfig) -> dict[str, float]:
             s.state.epoch, s.state.batch = s.state.epoch + 1, 0
             if not cfg.run.eval_every:  # per-epoch evaluation unless a step interval is given
                 evaluate(s)
-            save_checkpoint(accelerator, output, s.state)
+            save_checkpoint(accelerator, output, s.state, cfg.run.keep_checkpoints)
     s.bar.close()
     return finish(s)
 
@@ -219,7 +251,7 @@ def train_one_epoch(s: Session) -> None:
         if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
             evaluate(s)
         if cfg.run.save_every and state.step % cfg.run.save_every == 0:
-            save_checkpoint(s.accelerator, s.output, state)
+            save_checkpoint(s.accelerator, s.output, state, cfg.run.keep_checkpoints)
 
 
 def _accumulate_gradients(s: Session, batches) -> float:
