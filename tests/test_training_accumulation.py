@@ -1,17 +1,24 @@
 """`--grad-accum` keeps the contrastive batch whole and `--grad-checkpointing` changes no number:
 with the tiny CLIPs of both backends in fp32, the loss and every parameter's gradient equal those
-of the full batch computed in one plain forward + backward (within 1e-5)."""
+of the full batch computed in one plain forward + backward (within 1e-5); end to end, 2
+processes x --grad-accum 2 train the loss curve of one plain batch."""
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
 
+import numpy as np
 import pytest
 import torch
 
 from training.accumulation import accumulate_gradients
 from training.backends import load_backend
+from training.finetune_clip import main as train_main
 from training.losses import clip_loss
+
+from helpers.build_helpers import accelerate_cmd
+from helpers.training_helpers import REPO_ROOT, SCRIPT, read_jsonl, write_color_set
 
 WORDS = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
 
@@ -103,3 +110,27 @@ def test_grad_checkpointing_gives_the_same_loss_and_gradients(kind, tiny_models_
     # With accumulation too (the memory-saving pair a small GPU uses).
     micro = [make_batch(backend, range(b, b + 3), False, pixels) for b in (0, 3)]
     assert_same((accumulate_gradients(backend.module, micro, OneProcess()), grads(backend.module)), want)
+
+
+@pytest.mark.accelerate
+def test_grad_accum_over_two_processes_is_the_batch_of_one(tmp_path, tiny_models_dir):
+    """Batch 8 x --grad-accum 2 on 2 processes, the same on 1, and one plain batch of 16 are one
+    loss curve: the sampler's batch of 16 is its two consecutive batches of 8, and the loss is
+    that of the gathered, accumulated whole."""
+    data = write_color_set(tmp_path / "colors", {"train": 4, "val": 1, "test": 1})
+
+    def args(out, batch: str, accum: str) -> list[str]:
+        return ["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
+                "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0", "--lr", "1e-3",
+                "--batch-size", batch, "--grad-accum", accum, "--max-steps", "3",
+                "--hard-negatives", "pairs", "--report-to", "none", "--output", str(out)]
+
+    assert train_main(args(tmp_path / "plain", "16", "1")) == 0
+    assert train_main(args(tmp_path / "accum", "8", "2")) == 0
+    proc = subprocess.run(accelerate_cmd(SCRIPT, *args(tmp_path / "two", "8", "2"), "--expect-processes", "2"),
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plain, accum, two = (read_jsonl(tmp_path / name / "loss.jsonl") for name in ("plain", "accum", "two"))
+    assert [r["step"] for r in plain] == [r["step"] for r in accum] == [r["step"] for r in two] == [1, 2, 3]
+    np.testing.assert_allclose([r["loss"] for r in accum], [r["loss"] for r in plain], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in plain], rtol=1e-4, atol=1e-5)

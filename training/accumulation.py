@@ -19,6 +19,8 @@ Rows of a pair sit in one micro-batch (training/data.py), hence in the one contr
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from training.losses import clip_loss, gather_global
@@ -55,17 +57,17 @@ def accumulate_gradients(model, micro_batches: list[dict], accelerator) -> float
             cached = [_global_features(model, batch, accelerator)[0] for batch in micro_batches]
     loss_value = 0.0
     for j, batch in enumerate(micro_batches):
-        with accelerator.autocast():
-            live, scale = _global_features(model, batch, accelerator)
-            if accum > 1:
-                live = _whole_batch(cached, live, j)
-                scale = scale if j == accum - 1 else scale.detach()
-            loss = clip_loss(*live[:2], scale, *live[2:])
-        # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
-        if j < accum - 1:
-            with accelerator.no_sync(model):
-                accelerator.backward(loss * world)
-        else:
+        # DDP reduces the summed gradients once, after the last micro-batch; no_sync must hold
+        # the forward too (DDP decides there), and the logit scale gets no gradient before.
+        last = j == accum - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            with accelerator.autocast():
+                live, scale = _global_features(model, batch, accelerator)
+                if accum > 1:
+                    live = _whole_batch(cached, live, j)
+                    scale = scale if last else scale.detach()
+                loss = clip_loss(*live[:2], scale, *live[2:])
+            # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
             accelerator.backward(loss * world)
         loss_value = float(loss.detach())
     return loss_value
