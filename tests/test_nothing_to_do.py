@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from builders.engine.errors import UserFacingError
 from builders.engine.sharding import runner
 from builders.engine.sharding.runner import BuildRunConfig, run_build
 from builders.publishing.card import write_card
@@ -109,7 +110,7 @@ def test_a_damaged_build_is_merged_again(finished, damage, caplog):
     assert NOTHING in caplog.text
 
 
-def test_a_merge_interrupted_half_way_is_completed(finished, monkeypatch):
+def test_a_merge_interrupted_half_way_is_completed(finished):
     want = published(finished)
 
     def card_fails(*args):
@@ -145,8 +146,8 @@ def test_parts_rebuilt_after_the_merge_are_merged(finished, monkeypatch, caplog)
     assert NOTHING not in caplog.text and (finished / ".parts/stats/part-00003.json").is_file()
 
 
-def test_settings_that_change_the_merge_or_its_verdict_are_not_skipped(finished, tmp_path):
+def test_settings_that_change_the_merge_or_its_verdict_are_not_skipped(finished):
     build(finished, max_shard_bytes=2000)
     assert len(shard_digests(finished)) > 3, "the shards were cut again at the new size"
-    with pytest.raises(Exception, match="more than --max-error-fraction 0.01"):
+    with pytest.raises(UserFacingError, match="more than --max-error-fraction 0.01"):
         build(finished, _NoInputs, max_shard_bytes=2000, max_error_fraction=0.01)
