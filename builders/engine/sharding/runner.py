@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
@@ -69,6 +70,11 @@ class BuildRunConfig:
     #: Merge the finished parts of a job array (fails naming the missing parts and their workers).
     merge_only: bool = False
 
+
+#: How long the main process waits, after every process finished, for the parts other machines
+#: wrote to appear in the shared folder (a network filesystem may show another client's new files
+#: late, e.g. NFS's cached lookups), before concluding the folder is not shared.
+SHARED_FOLDER_WAIT_S = 60.0
 
 #: How long an array worker waits for the folder's lock, which other workers hold only while
 #: checking the fingerprint (a build or merge holding it longer makes the worker fail).
@@ -267,6 +273,8 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
     group.barrier()
     if not group.is_main:
         return None
+    if group.world_size > 1:
+        _wait_for_other_processes_parts(layout, len(parts), group.world_size)
     return _merge(builder, cfg, layout, outputs, items, len(parts), group.world_size, finish)
 
 
@@ -310,6 +318,27 @@ def _merge(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
         finish=finish,
     )
     return BuildResult(output_dir=layout.root, manifest=manifest)
+
+
+def _wait_for_other_processes_parts(layout: OutputLayout, n_parts: int, world_size: int) -> None:
+    """Every process passed the barrier after building its parts, so each part exists somewhere:
+    one still missing here after `SHARED_FOLDER_WAIT_S` was written to another machine's disk."""
+    deadline = time.monotonic() + SHARED_FOLDER_WAIT_S
+    stats_dir = layout.stats_file(0).parent
+    expected = {layout.stats_file(k).name: k for k in range(n_parts)}
+    while True:
+        # Listing the folder (not a lookup per file) revalidates a network filesystem's cache.
+        missing = sorted(set(expected) - set(os.listdir(stats_dir) if stats_dir.is_dir() else ()))
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    if missing:
+        first = expected[missing[0]]
+        raise UserFacingError(
+            f"{len(missing)} of {n_parts} parts that the other processes built are not in "
+            f"{layout.root} (first: part {first}, by rank {first % world_size}); on several "
+            "machines --output must be one folder that all of them share (a network filesystem), "
+            "not a local path on each machine")
 
 
 def _finished(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
