@@ -1,6 +1,7 @@
 """Turn finished parts into the Hub layout: shards and the build manifest (the caller adds the card).
 
-The manifest lists every data file written (`files`, see `build_files`).
+The manifest lists every data file written (`files`, see `build_files`). It is removed when a
+merge starts and written last, so its presence marks a finished build (see `up_to_date`).
 
 Shards are streamed part by part (never the whole split in memory) into
 `data/[config/]split-NNNNN-of-NNNNN.parquet`; the shard count comes from the parts' total size so
