@@ -8,8 +8,8 @@ then the production-size throughput and the release's GPU-days.
    non-float column) must be equal; float columns (CLIP scores) within `FLOAT_TOL`; images within
    `PIXEL_MEAN_TOL` uint8 levels on average (a different kernel order moves a few pixels by one
    level).
-2. `counterfactory train` for a few steps on the GPU demo's coco-captions + decorrelation builds,
-   on the CPU and on the GPU: every final metric within `METRIC_TOL`.
+2. `counterfactory train` for a few steps (the inputs of tests/test_training.py, built from the
+   demo's COCO fixture), on the CPU and on the GPU: every final metric within `METRIC_TOL`.
 3. Throughput on the GPU at the production sizes (random weights: `counterfactory doctor`'s
    models, fp32): caption pairs/s (`CaptionStage.run`), UNet rows/s and P2P pairs/s at 512 px
    (`generate_pairs`), trainer images/s (CLIP ViT-B/32, the trainer's loss and AdamW), and the
@@ -131,17 +131,23 @@ def check_demo(workdir: Path) -> list[str]:
 
 
 def check_training(workdir: Path, steps: int) -> list[str]:
-    demo = workdir / "demo_gpu"
+    demo, data = workdir / "demo_gpu", workdir / "train_data"
+    cli = [sys.executable, "-m", "builders.app.cli"]
+    # The training inputs of tests/test_training.py: every Karpathy split, and a decorrelation
+    # build that needs no model (zero fill), built once on the CPU.
+    run([*cli, "build", "coco-captions", "--coco-root", str(demo / "coco"), "--splits", "train",
+         "restval", "val", "test", "--output", str(data / "cc")], False, workdir / "train_data.log")
+    run([*cli, "build", "decorrelation", "--coco-root", str(demo / "coco"), "--fill", "zero",
+         "--output", str(data / "dec")], False, workdir / "train_data_dec.log")
     metrics, seconds = {}, {}
     for device, gpu in (("cpu", False), ("gpu", True)):
         out = workdir / f"train_{device}"
-        seconds[device] = run([sys.executable, "-m", "builders.app.cli", "train",
-                               "--real", str(demo / "builds" / "coco-captions"),
-                               "--decorrelation", str(demo / "builds" / "decorrelation"),
-                               "--mix", "decorrelation", "--ratio", "0.3", "--models", "tiny",
-                               "--tiny-models-dir", str(demo / "tiny_models"), "--batch-size", "8",
-                               "--lr", "1e-3", "--max-steps", str(steps), "--num-workers", "1",
-                               "--output", str(out)], gpu, workdir / f"train_{device}.log")
+        seconds[device] = run([*cli, "train", "--real", str(data / "cc"), "--decorrelation",
+                               str(data / "dec"), "--mix", "decorrelation", "--ratio", "0.3",
+                               "--models", "tiny", "--tiny-models-dir", str(demo / "tiny_models"),
+                               "--batch-size", "8", "--lr", "1e-3", "--max-steps", str(steps),
+                               "--num-workers", "1", "--output", str(out)],
+                              gpu, workdir / f"train_{device}.log")
         metrics[device] = json.loads((out / "run.json").read_text())["final_metrics"]
     problems = [f"training metric {k}: {metrics['cpu'][k]} (CPU) vs {metrics['gpu'].get(k)} (GPU)"
                 for k in metrics["cpu"]
