@@ -15,14 +15,17 @@ def _stages(text: str) -> tuple[str, ...]:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from builders.devtools.doctor import DoctorConfig, format_table, run_doctor, write_json
+    from builders.devtools.doctor import (HEADER, DoctorConfig, footer, format_row, run_doctor,
+                                          write_json)
     from builders.engine.distributed import worker_device
 
     config = DoctorConfig(stages=args.stages, resolution=args.resolution, steps=args.steps,
                           size=args.models, tiny_dir=args.tiny_models_dir)
-    rows = run_doctor(config)
     device = worker_device()
-    print(format_table(rows, config, device))
+    # Each row as soon as its stage is measured: a CPU run of the real sizes takes minutes.
+    print(HEADER, "-" * len(HEADER), sep="\n", flush=True)
+    rows = run_doctor(config, on_row=lambda row: print(format_row(row), flush=True))
+    print(footer(config, device))
     if args.json:
         write_json(args.json, rows, config, device)
         print(f"table written to {args.json}")

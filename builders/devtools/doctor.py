@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from builders.devtools.doctor_models import ModelSource
 from builders.devtools.doctor_stages import STAGE_NAMES, STAGES, Stage, StageSettings
@@ -161,7 +161,9 @@ def measure(stage: Stage, src: ModelSource, settings: StageSettings, shared: dic
                note="; ".join(notes))
 
 
-def run_doctor(config: DoctorConfig) -> list[Row]:
+def run_doctor(config: DoctorConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Every chosen stage in order; `on_row` sees each row as soon as it is measured (a long CPU
+    run that is cut short still shows the stages it finished)."""
     from builders.engine.distributed import worker_device
     from builders.models.profiles import tiny_profile
 
@@ -174,6 +176,8 @@ def run_doctor(config: DoctorConfig) -> list[Row]:
         src.keep({key for later in chosen[n:] for key in later.needs})
         log.info("doctor: %s", stage.name)
         rows.append(measure(stage, src, settings, shared))
+        if on_row:
+            on_row(rows[-1])
     src.keep(set())
     return rows
 
@@ -194,20 +198,22 @@ def measured_on(device: str) -> str:
     return "CUDA fp32" if device.startswith("cuda") else "CPU fp32"
 
 
-def format_table(rows: Sequence[Row], config: DoctorConfig, device: str) -> str:
-    head = (f"{'stage':<15}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
-            f"{'peak MiB':>10}  {'batch @24/40/80 GB fp16':<34}note")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        batches = "/".join(str(r.batch_fp16[str(g)]) for g in GPU_GIB)
-        lines.append(f"{r.stage:<15}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
-                     f"{r.activation_mib_per_item:>13.1f}{r.peak_mib:>10.1f}  "
-                     f"{batches + ' ' + r.unit:<34}{r.note}")
-    lines.append(f"{config.size} architectures, random weights; {config.resolution} px, "
-                 f"{config.steps} step(s); batch sizes extrapolated from {measured_on(device)} "
-                 f"(fp16 = half the measured weights and activations; training: 16 B/parameter; "
-                 f"10% of the GPU left free)")
-    return "\n".join(lines)
+HEADER = (f"{'stage':<15}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
+          f"{'peak MiB':>10}  {'batch @24/40/80 GB fp16':<34}note")
+
+
+def format_row(r: Row) -> str:
+    batches = "/".join(str(r.batch_fp16[str(g)]) for g in GPU_GIB)
+    return (f"{r.stage:<15}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
+            f"{r.activation_mib_per_item:>13.1f}{r.peak_mib:>10.1f}  "
+            f"{batches + ' ' + r.unit:<34}{r.note}")
+
+
+def footer(config: DoctorConfig, device: str) -> str:
+    return (f"{config.size} architectures, random weights; {config.resolution} px, "
+            f"{config.steps} step(s); batch sizes extrapolated from {measured_on(device)} "
+            f"(fp16 = half the measured weights and activations; training: 16 B/parameter; "
+            f"10% of the GPU left free)")
 
 
 def write_json(path: Path, rows: Sequence[Row], config: DoctorConfig, device: str) -> None:
