@@ -3,7 +3,8 @@ for each stage its time, its memory and the batch size that fits a 24 / 40 / 80 
 
 Memory is measured, not estimated: on CUDA `torch.cuda.max_memory_allocated` during the stage; on
 the CPU the process's resident set (RSS), sampled every few milliseconds by a thread (a peak
-shorter than the interval can be missed). The weights are counted from the parameters; the
+shorter than the interval can be missed), with malloc set to return freed tensor memory at once
+(`follow_tensors_in_rss`). The weights are counted from the parameters; the
 activation memory of one item is the stage's peak minus what the process held when it started
 (for a training stage, minus the gradients and the AdamW moments, 12 bytes per parameter).
 
@@ -125,6 +126,22 @@ class PeakMemory:
         self._thread.join()
 
 
+def follow_tensors_in_rss() -> None:
+    """Make the CPU RSS follow the tensors: glibc's malloc raises its mmap threshold after large
+    frees (up to 32 MiB) and then serves later allocations from heap memory freed earlier, which
+    the RSS never shows again (a stage run after a bigger one measured nothing). A fixed 64 KiB
+    threshold maps every tensor block of its own and returns it on free. No-op off glibc."""
+    import ctypes
+    import ctypes.util
+
+    m_mmap_threshold = -3
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(m_mmap_threshold, 64 << 10)
+    except (OSError, AttributeError):
+        log.info("doctor: not glibc; the RSS may miss memory reused from earlier stages")
+
+
 def fitting_batch(gpu_gib: float, static_bytes: float, per_item_bytes: float) -> int:
     """Items per batch that fit `gpu_gib` next to `static_bytes` (0: not even the weights)."""
     free = gpu_gib * (1 << 30) * HEADROOM - static_bytes
@@ -168,6 +185,8 @@ def run_doctor(config: DoctorConfig, on_row: Callable[[Row], None] | None = None
     from builders.models.profiles import tiny_profile
 
     src = ModelSource(config.size, tiny_profile(config.tiny_dir), worker_device())
+    if not src.device.startswith("cuda"):
+        follow_tensors_in_rss()
     settings = StageSettings(config.resolution, config.steps)
     chosen = [s for s in STAGES if s.name in config.stages]
     rows, shared = [], {}
