@@ -29,6 +29,7 @@ SUBCOMMAND_MODULES = (
     "builders.app.local_hub_cli",
     "builders.app.show_cli",
     "builders.app.train_cli",
+    "builders.app.doctor_cli",
 )
 
 

@@ -162,6 +162,15 @@ def build_empty(arch: ProductionArch):
         return _construct(arch.family, arch.config).eval()
 
 
+def build_random(arch: ProductionArch, seed: int = 0):
+    """`arch`'s model at its real size with random weights in CPU memory (`counterfactory
+    doctor`: real memory and compute, no download); `seed` makes the weights reproducible."""
+    import torch
+
+    torch.manual_seed(seed)
+    return _construct(arch.family, arch.config).eval()
+
+
 def _construct(family: str, config: dict[str, Any]):
     if family in (UNET, VAE):
         from diffusers import AutoencoderKL, UNet2DConditionModel

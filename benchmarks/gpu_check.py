@@ -1,0 +1,281 @@
+"""The GPU check: the demo pipeline and a short training run on the GPU, compared with the CPU,
+then the production-size throughput and the release's GPU-days.
+
+1. `python -m builders.app.demo` twice, on the CPU (`CUDA_VISIBLE_DEVICES=`) and on the GPU, each
+   in its own folder; every build's parquet shards are compared row by row. fp32 on both sides,
+   with TF32 off on the GPU (`NVIDIA_TF32_OVERRIDE=0`: cuDNN convolutions would use it by
+   default): selections (ids, captions, chosen seeds, injection fractions, guidance, every
+   non-float column) must be equal; float columns (CLIP scores) within `FLOAT_TOL`; images within
+   `PIXEL_MEAN_TOL` uint8 levels on average (a different kernel order moves a few pixels by one
+   level).
+2. `counterfactory train` for a few steps (the inputs of tests/test_training.py, built from the
+   demo's COCO fixture), on the CPU and on the GPU: every final metric within `METRIC_TOL`.
+3. Throughput on the GPU at the production sizes (random weights: `counterfactory doctor`'s
+   models, fp32): caption pairs/s (`CaptionStage.run`), UNet rows/s and P2P pairs/s at 512 px
+   (`generate_pairs`), trainer images/s (CLIP ViT-B/32, the trainer's loss and AdamW), and the
+   GPU-days of the release from the measured UNet rows/s (builders/counterfactuals/METHOD.md §2:
+   24,508 caption pairs -> 2.45 M candidate pairs -> 17,410 pairs with images; 40,000 UNet rows
+   per caption pair with the paper's 100 candidates x 100 steps, 13,708 with the shared
+   computation of the grouped 10 x 10 plan).
+
+Without CUDA it says so and exits 0: it is not a test. A mismatch in 1 or 2 exits 1.
+
+Run: `python benchmarks/gpu_check.py [--workdir gpu_check_output] [--steps 10] [--skip-demo]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FLOAT_TOL = 1e-3
+PIXEL_MEAN_TOL = 1.0
+METRIC_TOL = 0.02
+RELEASE_CAPTION_PAIRS = 24_508
+RELEASE_PAIRS = 17_410
+ROWS_PER_CAPTION_PAIR = {"paper plan (100 candidates x 100 steps)": 40_000,
+                         "grouped 10 x 10, shared computation": 13_708}
+PRODUCTION_STEPS = 100
+NO_CUDA = "gpu_check: no CUDA device (torch.cuda.is_available() is False); nothing run"
+
+
+def _env(gpu: bool) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if gpu:
+        env["NVIDIA_TF32_OVERRIDE"] = "0"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run(cmd: list[str], gpu: bool, log: Path) -> float:
+    """Run `cmd` from the repository root on the GPU or the CPU; seconds taken."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(gpu), stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"gpu_check: {' '.join(cmd[:4])} ... failed on the {'GPU' if gpu else 'CPU'} "
+                         f"(exit {proc.returncode}); see {log}")
+    return time.perf_counter() - start
+
+
+def _image_diff(a: dict, b: dict) -> float:
+    import numpy as np
+    from PIL import Image
+
+    pa, pb = (np.asarray(Image.open(io.BytesIO(x["bytes"])).convert("RGB"), dtype=np.int16)
+              for x in (a, b))
+    return float(np.abs(pa - pb).mean()) if pa.shape == pb.shape else float("inf")
+
+
+def compare_cells(where: str, a, b, problems: list[str]) -> None:
+    """Append to `problems` where the CPU cell `a` and the GPU cell `b` differ beyond tolerance."""
+    if isinstance(a, dict) and "bytes" in a and a.get("bytes") is not None:
+        diff = _image_diff(a, b)
+        if diff > PIXEL_MEAN_TOL:
+            problems.append(f"{where}: images differ by {diff:.2f} levels on average")
+    elif isinstance(a, float) and isinstance(b, float):
+        if not abs(a - b) <= FLOAT_TOL:
+            problems.append(f"{where}: {a!r} (CPU) vs {b!r} (GPU)")
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for k, (x, y) in enumerate(zip(a, b)):
+            compare_cells(f"{where}[{k}]", x, y, problems)
+    elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        for k in a:
+            compare_cells(f"{where}.{k}", a[k], b[k], problems)
+    elif a != b:
+        problems.append(f"{where}: {str(a)[:80]!r} (CPU) vs {str(b)[:80]!r} (GPU)")
+
+
+def compare_builds(cpu: Path, gpu: Path) -> tuple[int, list[str]]:
+    """(rows compared, differences) over every parquet shard of the two demo folders."""
+    import pyarrow.parquet as pq
+
+    problems: list[str] = []
+    rows = 0
+    shards = sorted(p.relative_to(cpu) for p in (cpu / "builds").rglob("*.parquet"))
+    if not shards:
+        return 0, [f"no parquet shard under {cpu / 'builds'}"]
+    for rel in shards:
+        if not (gpu / rel).is_file():
+            problems.append(f"{rel}: written on the CPU only")
+            continue
+        a, b = pq.read_table(cpu / rel).to_pylist(), pq.read_table(gpu / rel).to_pylist()
+        if len(a) != len(b):
+            problems.append(f"{rel}: {len(a)} rows (CPU) vs {len(b)} (GPU)")
+            continue
+        for n, (ra, rb) in enumerate(zip(a, b)):
+            compare_cells(f"{rel} row {n}", ra, rb, problems)
+        rows += len(a)
+    return rows, problems
+
+
+def check_demo(workdir: Path) -> list[str]:
+    seconds = {}
+    for device, gpu in (("cpu", False), ("gpu", True)):
+        out = workdir / f"demo_{device}"
+        seconds[device] = run([sys.executable, "-m", "builders.app.demo", "--workdir", str(out)],
+                              gpu, workdir / f"demo_{device}.log")
+    rows, problems = compare_builds(workdir / "demo_cpu", workdir / "demo_gpu")
+    print(f"demo: CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; {rows} build rows compared, "
+          f"{len(problems)} differences (floats within {FLOAT_TOL}, images within "
+          f"{PIXEL_MEAN_TOL} level on average, everything else equal)")
+    return problems
+
+
+def check_training(workdir: Path, steps: int) -> list[str]:
+    demo, data = workdir / "demo_gpu", workdir / "train_data"
+    cli = [sys.executable, "-m", "builders.app.cli"]
+    # The training inputs of tests/test_training.py: every Karpathy split, and a decorrelation
+    # build that needs no model (zero fill), built once on the CPU.
+    run([*cli, "build", "coco-captions", "--coco-root", str(demo / "coco"), "--splits", "train",
+         "restval", "val", "test", "--output", str(data / "cc")], False, workdir / "train_data.log")
+    run([*cli, "build", "decorrelation", "--coco-root", str(demo / "coco"), "--fill", "zero",
+         "--output", str(data / "dec")], False, workdir / "train_data_dec.log")
+    metrics, seconds = {}, {}
+    for device, gpu in (("cpu", False), ("gpu", True)):
+        out = workdir / f"train_{device}"
+        seconds[device] = run([*cli, "train", "--real", str(data / "cc"), "--decorrelation",
+                               str(data / "dec"), "--mix", "decorrelation", "--ratio", "0.3",
+                               "--models", "tiny", "--tiny-models-dir", str(demo / "tiny_models"),
+                               "--batch-size", "8", "--lr", "1e-3", "--max-steps", str(steps),
+                               "--num-workers", "1", "--output", str(out)],
+                              gpu, workdir / f"train_{device}.log")
+        metrics[device] = json.loads((out / "run.json").read_text())["final_metrics"]
+    problems = [f"training metric {k}: {metrics['cpu'][k]} (CPU) vs {metrics['gpu'].get(k)} (GPU)"
+                for k in metrics["cpu"]
+                if not abs(metrics["cpu"][k] - metrics["gpu"].get(k, float("nan"))) <= METRIC_TOL]
+    print(f"training ({steps} steps + evaluation): CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; "
+          f"{len(metrics['cpu'])} metrics compared, {len(problems)} beyond {METRIC_TOL}")
+    return problems
+
+
+def _timed(fn, repeats: int = 3) -> float:
+    """Fastest of `repeats` timed calls after one warm-up, CUDA synchronised."""
+    import torch
+
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def throughput(workdir: Path, steps: int, captions: int, train_batch: int) -> dict[str, float]:
+    from builders.devtools.doctor_models import ModelSource
+    from builders.engine.nltk_setup import install_offline_tagger
+    from builders.models.profiles import tiny_profile
+
+    install_offline_tagger(workdir / "nltk_data")
+    src = ModelSource("production", tiny_profile(workdir / "tiny_models"), "cuda:0")
+    out = {"caption pairs/s": caption_rate(src, captions)}
+    src.keep({"sd"})
+    out.update(p2p_rates(src, steps))
+    src.keep({"clip"})
+    out["trainer images/s (ViT-B/32, fp32)"] = trainer_rate(src, train_batch)
+    src.keep(set())
+    return out
+
+
+def caption_rate(src, n: int) -> float:
+    from builders.counterfactuals.captions import CaptionModels, CaptionStage
+    from builders.counterfactuals.config import CaptionStageConfig
+
+    (mlm, mlm_tok), (lm, lm_tok) = src.get("mlm"), src.get("lm")
+    stage = CaptionStage(CaptionModels(mlm, mlm_tok, lm, lm_tok, src.get("sentence")), CaptionStageConfig())
+    objects = ["dog", "cat", "cup", "book", "lamp", "bowl", "chair", "vase"]
+    texts = [f"a {objects[k % 8]} next to a {objects[(k + 3) % 8]} on a table" for k in range(n)]
+    return n / _timed(lambda: stage.run(texts), repeats=1)
+
+
+def p2p_rates(src, steps: int, pairs: int = 4) -> dict[str, float]:
+    from builders.counterfactuals.prompt_to_prompt import PairSpec, UNetWork, generate_pairs
+
+    specs = [PairSpec(seed=k, p=0.5, guidance=7.5) for k in range(pairs)]
+    work = UNetWork()
+
+    def once() -> None:
+        generate_pairs(src.get("sd"), "A man riding a brown horse.", "A man riding a brown elephant.",
+                       specs, steps=steps, size=512, inject="self", share=False, work=work)
+
+    seconds = _timed(once)
+    rows = work.unet_rows // 4  # one warm-up and three timed calls did the same work
+    return {"UNet rows/s (512 px)": rows / seconds,
+            f"P2P pairs/s (512 px, {steps} steps)": pairs / seconds,
+            f"P2P pairs/s (512 px, {PRODUCTION_STEPS} steps, extrapolated)": pairs / seconds * steps / PRODUCTION_STEPS}
+
+
+def trainer_rate(src, batch: int) -> float:
+    import torch
+
+    from training.backends import HFClip, HFTokenize
+    from training.losses import clip_loss
+
+    scorer = src.get("clip")
+    module = HFClip(scorer.model).train()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-6)
+    pixels = torch.randn(batch, 3, 224, 224, device="cuda:0")
+    text = {k: v.to("cuda:0") for k, v in
+            HFTokenize(scorer.processor.tokenizer)([f"a photo number {k}" for k in range(batch)]).items()}
+
+    def step() -> None:
+        image, txt, _, scale = module(pixel_values=pixels, text=text)
+        clip_loss(image, txt, scale).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return batch / _timed(step)
+
+
+def gpu_days(rows_per_s: float) -> dict[str, float]:
+    return {plan: RELEASE_CAPTION_PAIRS * rows / rows_per_s / 86_400
+            for plan, rows in ROWS_PER_CAPTION_PAIR.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("gpu_check_output"))
+    parser.add_argument("--steps", type=int, default=10, help="denoising steps of the P2P throughput")
+    parser.add_argument("--train-steps", type=int, default=6, help="steps of the CPU/GPU training check")
+    parser.add_argument("--captions", type=int, default=256, help="captions of the caption throughput")
+    parser.add_argument("--train-batch", type=int, default=128, help="batch of the trainer throughput")
+    parser.add_argument("--skip-demo", action="store_true", help="throughput only")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_CUDA)
+        return 0
+    workdir = args.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    problems = [] if args.skip_demo else check_demo(workdir) + check_training(workdir, args.train_steps)
+    rates = throughput(workdir, args.steps, args.captions, args.train_batch)
+    for name, value in rates.items():
+        print(f"{name:<48}{value:>10.2f}")
+    rows_per_s = rates["UNet rows/s (512 px)"]
+    print(f"release: {RELEASE_CAPTION_PAIRS:,} caption pairs -> {RELEASE_PAIRS:,} pairs with images "
+          f"(builders/counterfactuals/METHOD.md §2); at {rows_per_s:.1f} UNet rows/s (fp32, this GPU):")
+    for plan, days in gpu_days(rows_per_s).items():
+        print(f"  {plan}: {days:.1f} GPU-days")
+    (workdir / "gpu_check.json").write_text(json.dumps(
+        {"gpu": torch.cuda.get_device_name(0), "rates": rates, "gpu_days": gpu_days(rows_per_s),
+         "problems": problems}, indent=1))
+    for line in problems[:50]:
+        print(f"MISMATCH {line}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

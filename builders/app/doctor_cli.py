@@ -1,0 +1,57 @@
+"""`counterfactory doctor`: one item through every stage at the production sizes, with random
+weights (no download), and per stage its time, memory and the fp16 batch size that fits a
+24 / 40 / 80 GB GPU (builders/devtools/doctor.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builders.devtools.doctor_stages import STAGE_NAMES
+
+
+def _stages(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from builders.devtools.doctor import (HEADER, DoctorConfig, footer, format_row, run_doctor,
+                                          write_json)
+    from builders.engine.distributed import worker_device
+
+    config = DoctorConfig(stages=args.stages, resolution=args.resolution, steps=args.steps,
+                          size=args.models, tiny_dir=args.tiny_models_dir)
+    device = worker_device()
+    # Each row as soon as its stage is measured: a CPU run of the real sizes takes minutes.
+    print(HEADER, "-" * len(HEADER), sep="\n", flush=True)
+    rows = run_doctor(config, on_row=lambda row: print(format_row(row), flush=True))
+    print(footer(config, device))
+    if args.json:
+        write_json(args.json, rows, config, device)
+        print(f"table written to {args.json}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "doctor", help="run one item through every stage at the production model sizes: time, "
+        "memory and the batch that fits a 24/40/80 GB GPU",
+        description="Instantiate every production architecture (SD v1.5 and its inpainting UNet, "
+        "CLIP ViT-L/14 and ViT-B/32, roberta-base, gpt2-large) with random weights at its real "
+        "size, run one item through each stage on this process's device (its GPU under CUDA, "
+        "else the CPU) and print per stage the time, the peak memory and the batch size that "
+        "fits a 24/40/80 GB GPU in fp16, extrapolated from the measured fp32 memory. Needs "
+        "about 5 GB of free memory at a time (the SD UNet and gpt2-large are 3 GB each) and no "
+        "network: tokenizers come from the tiny profile (`counterfactory models tiny`).")
+    p.add_argument("--stages", type=_stages, default=STAGE_NAMES, metavar="A,B",
+                   help=f"comma-separated stages to run (default all: {','.join(STAGE_NAMES)})")
+    p.add_argument("--resolution", type=int, default=512,
+                   help="image side for the diffusion stages (default 512, the production one; "
+                        "smaller is faster on a CPU, and the memory is extrapolated to 512)")
+    p.add_argument("--steps", type=int, default=2, help="denoising steps (default 2)")
+    p.add_argument("--models", choices=("production", "tiny"), default="production",
+                   help="production architectures (default) or the tiny profile's (a quick check)")
+    p.add_argument("--tiny-models-dir", type=Path, default=None,
+                   help="where the tiny profile (tokenizers, schedulers) is built/cached")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table as JSON")
+    p.set_defaults(func=_doctor)
