@@ -226,6 +226,7 @@ def _jsonl_records(path: Path, columns: tuple[str, str, str]) -> list[tuple[str,
 def _dataset_records(cfg: CocoCounterfactualsConfig, table: PairTable,
                      columns: tuple[str, str, str]) -> list[tuple[str, Any]]:
     name = str(table.provenance.get("repo") or table.local)
+    label = table.provenance.get("repo") or table.local.name  # how per-row messages name it
     if table.format == "build":
         ds = open_split(str(table.local), "captions", cfg.split, flag="--captions-from",
                         cannot_load=lambda err: InputFileError(
@@ -235,7 +236,7 @@ def _dataset_records(cfg: CocoCounterfactualsConfig, table: PairTable,
         if missing:
             raise InputFileError(table.local, f"caption pairs lack columns {sorted(missing)}",
                                  "use a coco-counterfactuals captions build")
-        return [(f"{name} row {n}", rec) for n, rec in enumerate(ds.to_list())]
+        return [(f"{label} row {n}", rec) for n, rec in enumerate(ds.to_list())]
     ds = _one_split(cfg, table, name)
     id_col = columns[0] if (cfg.id_column or columns[0] in ds.column_names) else None
     missing = [c for c in (id_col, *columns[1:]) if c and c not in ds.column_names]
@@ -245,7 +246,7 @@ def _dataset_records(cfg: CocoCounterfactualsConfig, table: PairTable,
     # As stored: never decoded, so no path in a cell is opened.
     ids = stored_values(ds, id_col) if id_col else list(range(len(ds)))
     texts = zip(ids, stored_values(ds, columns[1]), stored_values(ds, columns[2]))
-    return [(f"{name} row {n}", _record(v)) for n, v in enumerate(texts)]
+    return [(f"{label} row {n}", _record(v)) for n, v in enumerate(texts)]
 
 
 def _one_split(cfg: CocoCounterfactualsConfig, table: PairTable, name: str):
