@@ -13,6 +13,7 @@ from pathlib import Path
 import datasets
 import pytest
 from datasets import load_dataset
+from huggingface_hub import HfApi
 
 from builders.app.cli import main as cli_main
 from builders.counterfactuals.config import CocoCounterfactualsConfig
@@ -177,8 +178,6 @@ def test_image_stage_builds_from_tsv_and_jsonl(tmp_path, tiny_models_dir, nltk_d
 def test_image_stage_builds_from_a_hub_table(tmp_path, tiny_models_dir, nltk_data_dir, local_hub):
     repo = "tester/caption-pairs"
     pair_dataset().push_to_hub(repo)
-    from huggingface_hub import HfApi
-
     head = HfApi().dataset_info(repo).sha
     # The Hub's own record of each LFS file's sha256: what the manifest must name.
     lfs = {f.path: f.lfs.sha256 for f in HfApi().list_repo_tree(repo, repo_type="dataset", recursive=True)
