@@ -7,8 +7,10 @@ minimally different image pairs, as script-free Hub parquet.
 Stages (`--stage`):
 - `captions`: one work item per source caption -> `captions/<split>` caption pairs
   (`builders.counterfactuals.captions`); cheap, runs anywhere.
-- `images`: caption pairs of an earlier captions build (`--captions-from DIR`) -> image pairs in
-  `default/<split>` (`builders.counterfactuals.images`); the expensive stage, shardable on GPUs.
+- `images`: caption pairs of an earlier captions build or of any caption-pair table (`--captions-from`:
+  a .tsv or .jsonl file, a `datasets` folder or Hub id; `builders.counterfactuals.pair_tables`) ->
+  image pairs in `default/<split>` (`builders.counterfactuals.images`); the expensive stage,
+  shardable on GPUs.
 - `all` (default): both, writing both configs.
 
 The `default` config keeps the columns of the original release (`id`, `image_0`, `image_1`,
@@ -24,7 +26,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
@@ -33,8 +34,8 @@ from builders.counterfactuals.config import (CAPTION_ROLES, IMAGE_FILTERS, IMAGE
                                              CocoCounterfactualsConfig)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
 from builders.counterfactuals.schema import CAPTION_FEATURES, PAIR_FEATURES
-from builders.counterfactuals.source import (CaptionItem, caption_pairs, coco_captions,
-                                             dataset_captions)
+from builders.counterfactuals.pair_tables import PairTable, read_pairs, resolve_table
+from builders.counterfactuals.source import CaptionItem, coco_captions, dataset_captions
 from builders.counterfactuals.view import PAIR_VIEW
 from builders.engine import progress
 from builders.engine.distributed import worker_device
@@ -54,6 +55,7 @@ class CocoCounterfactualsBuilder:
         self._caption_stage: CaptionStage | None = None
         self._image_stage: ImageStage | None = None
         self._model_names: dict[str, str] | None = None
+        self._table: PairTable | None = None
 
     # -- ShardedBuilder ----------------------------------------------------------------------
 
@@ -69,7 +71,7 @@ class CocoCounterfactualsBuilder:
     def work_items(self) -> Sequence[Any]:
         cfg = self.config
         if cfg.stage == "images":
-            items: list[Any] = caption_pairs(cfg)
+            items: list[Any] = read_pairs(cfg, self.pair_table())
         elif cfg.coco_root:
             items = coco_captions(cfg)
         else:
@@ -82,7 +84,8 @@ class CocoCounterfactualsBuilder:
 
             torch.set_num_threads(self.torch_threads)
         if self.config.stage == "images":
-            yield from self._image_rows(items)
+            # Rows a reader marked bad never get here (the runner counts their input_problem).
+            yield from self._image_rows([item.row for item in items])
             return
         # Blank or non-text captions never reach here: the runner counts the readers'
         # `input_problem` (bad_caption / blank_caption) as input errors.
@@ -104,6 +107,8 @@ class CocoCounterfactualsBuilder:
         config = asdict(self.config)
         config["tagger"] = tagger_info() if self.config.stage != "images" else None
         config["models"] = self._run_models()
+        # What the caption pairs were read from, with digests: a changed table is another build.
+        config["captions_table"] = self.pair_table().provenance if self.config.stage == "images" else None
         return BuildInfo(builder="coco-counterfactuals", card_template="coco_counterfactuals.md",
                          pretty_name="COCO-Counterfactuals", config=config,
                          models=dict(config["models"]), card_fields=CARD_FIELDS)
@@ -114,9 +119,15 @@ class CocoCounterfactualsBuilder:
         own = {r: self.config.models[r] for r in self._stage_roles()}
         if self.config.stage != "images":
             return own
-        manifest = Path(self.config.captions_from) / "build_manifest.json"
+        manifest = self.pair_table().local / "build_manifest.json"
         earlier = json.loads(manifest.read_text()).get("models", {}) if manifest.is_file() else {}
         return {**{r: earlier[r] for r in CAPTION_ROLES if r in earlier}, **own}
+
+    def pair_table(self) -> PairTable:
+        """The resolved `--captions-from` (a Hub table is downloaded once per process)."""
+        if self._table is None:
+            self._table = resolve_table(self.config)
+        return self._table
 
     def _stage_roles(self) -> tuple[str, ...]:
         return {"captions": CAPTION_ROLES, "images": IMAGE_ROLES}.get(self.config.stage,

@@ -213,6 +213,16 @@ def edit_at(text: str, span: tuple[int, int], word: str) -> str:
     return text[:span[0]] + word + text[span[1]:]
 
 
+def changed_words(original: str, edited: str) -> list[int] | None:
+    """Positions of the `caption_tokens` in which two captions differ; None when they have
+    different token counts. The stage's own edits (step 3: same token count, one token swapped)
+    change exactly one position, so `[i]` is a one-word edit and `[]` no edit at all."""
+    a, b = caption_tokens(original), caption_tokens(edited)
+    if len(a) != len(b):
+        return None
+    return [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+
+
 @dataclass
 class _Caption:
     """Working state of one caption through the stage."""

@@ -146,8 +146,17 @@ class CocoCounterfactualsConfig:
     dataset_split: str = "train"
     text_column: str = "caption"
     id_column: str | None = None
-    #: `--stage images`: folder of an earlier captions build.
+    #: `--stage images`: the caption pairs, a captions build or any caption-pair table (a .tsv or
+    #: .jsonl file, a `datasets` folder or Hub id; `builders.counterfactuals.pair_tables`).
     captions_from: str | None = None
+    #: Hub revision (branch, tag, commit) and split of a `datasets` table of caption pairs.
+    captions_revision: str | None = None
+    captions_split: str | None = None
+    #: Caption columns of the table (None: the format's default; `id_column` names its ids).
+    caption_0_column: str | None = None
+    caption_1_column: str | None = None
+    #: Draw pairs whose captions differ in more than one word (P2P's word swap assumes one).
+    allow_multiword_edits: bool = False
     #: Keep the first N source captions (None: all).
     max_captions: int | None = None
     #: Split name of the published tables (the original release has one `test` split).
@@ -162,11 +171,19 @@ class CocoCounterfactualsConfig:
         if self.stage not in STAGES:
             raise UserFacingError(f"--stage takes {', '.join(STAGES)} (got {self.stage!r})")
         if self.stage == "images" and not self.captions_from:
-            raise UserFacingError("--stage images needs --captions-from DIR (a captions build)")
+            raise UserFacingError("--stage images needs --captions-from (a captions build, a .tsv "
+                                  "or .jsonl file, or a dataset folder or Hub id of caption pairs)")
         if self.stage != "images" and len([x for x in (self.coco_root, self.dataset) if x]) != 1:
             raise UserFacingError("give exactly one caption source: --coco-root DIR or --dataset NAME")
         if self.stage != "images" and self.captions_from:
             raise UserFacingError("--captions-from is only for --stage images")
+        table_options = {"--captions-revision": self.captions_revision,
+                         "--captions-split": self.captions_split,
+                         "--caption-0-column": self.caption_0_column,
+                         "--caption-1-column": self.caption_1_column}
+        given = [flag for flag, value in table_options.items() if value]
+        if given and not self.captions_from:
+            raise UserFacingError(f"{', '.join(given)} only apply to --captions-from TABLE")
         if self.coco_splits and self.karpathy_splits:
             raise UserFacingError("give --coco-splits or --karpathy-splits, not both")
         if self.coco_root and not self.karpathy_splits and not self.coco_splits:

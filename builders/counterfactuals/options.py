@@ -42,8 +42,23 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--dataset-config", default=None)
     src.add_argument("--dataset-split", default="train")
     src.add_argument("--text-column", default="caption")
-    src.add_argument("--id-column", default=None, help="row id column (default: row index)")
-    src.add_argument("--captions-from", default=None, help="--stage images: a captions build folder")
+    src.add_argument("--id-column", default=None,
+                     help="row id column (default: row index; --captions-from: by format)")
+    src.add_argument("--captions-from", default=None,
+                     help="--stage images: the caption pairs: a captions build folder, a .tsv "
+                          "(id, caption_0, caption_1) or .jsonl file (coco-counterfactual-index, "
+                          "original_caption, counterfactual_caption), or a `datasets` folder or "
+                          "Hub id with caption_0/caption_1 columns (METHOD.md §2)")
+    src.add_argument("--captions-revision", default=None, help="--captions-from HUB_ID: branch, tag or commit")
+    src.add_argument("--captions-split", default=None,
+                     help="--captions-from a dataset: its split (default: its only one)")
+    src.add_argument("--caption-0-column", default=None,
+                     help="--captions-from a table: original caption column (default by format)")
+    src.add_argument("--caption-1-column", default=None,
+                     help="--captions-from a table: counterfactual caption column (default by format)")
+    src.add_argument("--allow-multiword-edits", action="store_true",
+                     help="--captions-from a table: also draw pairs whose captions differ in more "
+                          "than one word (counted and skipped otherwise)")
     src.add_argument("--max-captions", type=positive_int, default=None, help="first N source captions")
     src.add_argument("--output-split", default="test", help="split name of the output (default test)")
     src.add_argument("--seed", type=int, default=0)
@@ -157,6 +172,9 @@ def from_args(args: argparse.Namespace):
         dataset=args.dataset, dataset_config=args.dataset_config, dataset_split=args.dataset_split,
         text_column=args.text_column, id_column=args.id_column,
         captions_from=str(args.captions_from) if args.captions_from else None,
+        captions_revision=args.captions_revision, captions_split=args.captions_split,
+        caption_0_column=args.caption_0_column, caption_1_column=args.caption_1_column,
+        allow_multiword_edits=args.allow_multiword_edits,
         max_captions=args.max_captions, split=args.output_split, seed=args.seed,
         models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images)
     return CocoCounterfactualsBuilder(config, device=args.device, torch_threads=args.torch_threads)

@@ -1,8 +1,8 @@
 """The COCO-Counterfactuals builder's sources, read into its work items.
 
 The captions stage reads `CaptionItem`s from COCO (`coco_captions`, annotation-file order) or from
-any `datasets` split with a text column (`dataset_captions`); the images stage reads the caption
-pairs of an earlier captions build (`caption_pairs`). A caption that is not usable text keeps its
+any `datasets` split with a text column (`dataset_captions`); the images stage reads caption
+pairs (`builders.counterfactuals.pair_tables`). A caption that is not usable text keeps its
 `input_problem`, which the runner counts.
 """
 
@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from builders.counterfactuals.config import CocoCounterfactualsConfig
-from builders.counterfactuals.schema import CAPTION_FEATURES
-from builders.engine.dataset_source import load_dataset_split, open_split, stored_values
+from builders.engine.dataset_source import load_dataset_split, stored_values
 from builders.engine.errors import InputFileError, InputProblem
 
 
@@ -76,17 +74,3 @@ def dataset_captions(cfg: CocoCounterfactualsConfig) -> list[CaptionItem]:
                         source_id=i, source_image_id="",
                         input_problem=caption_problem(t, f"{cfg.dataset} row {n} ({cfg.text_column})"))
             for n, (i, t) in enumerate(zip(ids, texts))]
-
-
-def caption_pairs(cfg: CocoCounterfactualsConfig) -> list[dict[str, Any]]:
-    """The caption pairs of an earlier captions build (`--stage images`)."""
-    path = Path(cfg.captions_from)
-    ds = open_split(str(path), "captions", cfg.split, flag="--captions-from",
-                    cannot_load=lambda err: InputFileError(
-                        path, f"holds no `captions` config with a {cfg.split!r} split "
-                        f"({err})", "build it with --stage captions first"))
-    missing = set(CAPTION_FEATURES) - set(ds.column_names)
-    if missing:
-        raise InputFileError(path, f"caption pairs lack columns {sorted(missing)}",
-                             "use a coco-counterfactuals captions build")
-    return ds.to_list()
