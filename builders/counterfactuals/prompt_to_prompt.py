@@ -358,7 +358,7 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
     seeds = [s.seed for s in specs]
     # Every candidate keeps its own rows and generators: the sampler runs on all 2N rows. The
     # initial noise is drawn in float32 and then cast, so a seed starts from the same latents
-    # (up to rounding) in every precision (METHOD.md, Precision).
+    # (up to rounding) in every precision (METHOD.md §2, Precision).
     latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=torch.float32)
                          for g in _generators(seeds, 0)]).to(cond.dtype) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
