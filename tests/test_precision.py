@@ -172,3 +172,25 @@ def test_trainer_refuses_fp16_mixed_precision_on_the_cpu(tmp_path, tiny_models_d
     assert len(errors) == 1 and "Traceback" not in err, err
     assert "--mixed-precision fp16 needs a GPU" in errors[0] and "--mixed-precision no" in errors[0]
     assert not out.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("fill, verify, dtype, expected, card", [
+    ("inpaint", False, "auto", {"device": "cpu", "dtype": "fp32"}, "inpainting in fp32, the captioner"),
+    ("inpaint", True, "bf16", {"device": "cpu", "dtype": "bf16"},
+     "inpainting and the removal check in bf16"),
+    ("blur", True, "bf16", {"device": "cpu", "dtype": "bf16"}, "the removal check in bf16"),
+    ("blur", False, "fp16", None, None),  # no model: nothing depends on the device (nor refused)
+])
+def test_decorrelation_records_the_precision_of_its_models(fill, verify, dtype, expected, card):
+    from builders.decorrelation.builder import DecorrelationBuilder
+    from builders.decorrelation.config import (DecorrelationConfig, FillConfig, SourceConfig,
+                                               VerifyConfig)
+
+    config = DecorrelationConfig(source=SourceConfig("coco", Path("coco")),
+                                 fill=FillConfig(method=fill, model="some/inpainter"),
+                                 verify=VerifyConfig(enabled=verify, model="some/clip"))
+    info = DecorrelationBuilder(config, dtype=dtype).info()
+    assert info.config["precision"] == expected
+    steps = [s for s in info.card_fields["how_built"] if s.startswith("Precision:")]
+    assert len(steps) == (card is not None), steps
+    assert all(s.startswith("Precision: models ran on cpu, ") and card in s for s in steps), steps
