@@ -119,8 +119,8 @@ def test_mitl_embeddings_load_the_annotator_on_the_process_device(monkeypatch, t
         def texts(self, texts):
             return torch.ones(len(texts), 2)
 
-    def load_scorer(model_id, device="cpu", backend=None):
-        loaded_on.append(str(device))
+    def load_scorer(model_id, device="cpu", backend=None, dtype="fp32"):
+        loaded_on.append((str(device), dtype))
         return Scorer()
 
     monkeypatch.setattr(clip, "load_scorer", load_scorer)
@@ -130,7 +130,7 @@ def test_mitl_embeddings_load_the_annotator_on_the_process_device(monkeypatch, t
     gallery = SimpleNamespace(image_ids=[1, 2, 3], captions=["a", "b", "a"], digest=lambda: "g",
                               files_fingerprint=lambda: "f", open_image=lambda n: n)
     images, captions = embeddings.gallery_embeddings("stand-in/clip", gallery, tmp_path / "cache")
-    assert loaded_on == ["cuda:1"]
+    assert loaded_on == [("cuda:1", "fp16")]  # --dtype auto on a GPU
     assert images.shape == captions.shape == (3, 2) and images.dtype == np.float32
 
 

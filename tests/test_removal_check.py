@@ -53,7 +53,8 @@ def oracle(monkeypatch):
     """Substitutes the scorer; returns the list of scorers made (one per build process)."""
     made = []
     monkeypatch.setattr(verify, "load_scorer",
-                        lambda config, class_names: made.append(ColourOracle(class_names)) or made[-1])
+                        lambda config, class_names, precision=None:
+                        made.append(ColourOracle(class_names)) or made[-1])
     return made
 
 

@@ -144,7 +144,8 @@ class OptimConfig:
     lock_image: bool = option(False, "freeze the image tower")
     lock_text: bool = option(False, "freeze the text tower")
     mixed_precision: Literal["no", "fp16", "bf16"] = option(
-        "no", "accelerate's mixed precision (default no)")
+        "no", "accelerate's mixed precision (default no); fp16 needs a GPU, bf16 a CPU or a GPU "
+              "with bfloat16: anything else is refused")
     grad_checkpointing: bool = option(
         False, "recompute activations in the backward pass (less memory, more compute)")
 

@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from builders.engine.errors import UserFacingError
+from builders.engine.precision import resolve_dtype
 from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
@@ -35,6 +36,13 @@ from training.evaluation import EvalData, evaluate_model, load_eval_data
 from training.mixtures import build_mixture, eval_only_sets
 
 log = logging.getLogger(__name__)
+
+
+def check_mixed_precision(mode: str, device: str, bf16_supported=None) -> None:
+    """Refuse a `--mixed-precision` the device cannot run (fp16 on the CPU, bf16 on a GPU
+    without it) instead of letting accelerate run something else than what was asked."""
+    if mode != "no":
+        resolve_dtype(mode, device, bf16_supported, flag="--mixed-precision", full="no")
 
 
 def make_accelerator(cfg: TrainConfig, output: Path):
@@ -125,6 +133,8 @@ class Session:
 
 def run(cfg: TrainConfig) -> dict[str, float]:
     """Train (or only evaluate) as `cfg` says; returns the final metrics."""
+    # The device accelerate will pick (make_accelerator), checked before anything is written.
+    check_mixed_precision(cfg.optim.mixed_precision, "cuda" if torch.cuda.is_available() else "cpu")
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
     accelerator = make_accelerator(cfg, output)

@@ -38,20 +38,23 @@ from builders.counterfactuals.pair_tables import PairTable, read_pairs, resolve_
 from builders.counterfactuals.source import CaptionItem, coco_captions, dataset_captions
 from builders.counterfactuals.view import PAIR_VIEW
 from builders.engine import progress
-from builders.engine.distributed import worker_device
+from builders.engine.precision import Precision, worker_precision
 from builders.engine.provenance import model_names
 from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
 
 
 class CocoCounterfactualsBuilder:
-    """`device` and `torch_threads` say how to run, not what to build (not in the fingerprint).
-    CPU float reductions depend on the intra-op thread count, so bit-identical shards across
-    process counts need the same `torch_threads` in every run (`accelerate launch` starts its
-    workers with one thread each)."""
+    """`device` and `torch_threads` say how to run, not what to build: of them only the device
+    type enters the fingerprint, with the image stage's `dtype` (`--dtype`, resolved on the
+    device by `precision`): both change the images. CPU float reductions depend on the intra-op
+    thread count, so bit-identical shards across process counts need the same `torch_threads` in
+    every run (`accelerate launch` starts its workers with one thread each)."""
 
     def __init__(self, config: CocoCounterfactualsConfig, device: str | None = None,
-                 torch_threads: int | None = None) -> None:
+                 torch_threads: int | None = None, dtype: str = "auto") -> None:
         self.config, self.device, self.torch_threads = config, device, torch_threads
+        self.requested_dtype = dtype
+        self._precision: Precision | None = None
         self._caption_stage: CaptionStage | None = None
         self._image_stage: ImageStage | None = None
         self._model_names: dict[str, str] | None = None
@@ -109,6 +112,7 @@ class CocoCounterfactualsBuilder:
         config["models"] = self._run_models()
         # What the caption pairs were read from, with digests: a changed table is another build.
         config["captions_table"] = self.pair_table().provenance if self.config.stage == "images" else None
+        config["precision"] = self.precision().as_config()
         return BuildInfo(builder="coco-counterfactuals", card_template="coco_counterfactuals.md",
                          pretty_name="COCO-Counterfactuals", config=config,
                          models=dict(config["models"]), card_fields=CARD_FIELDS)
@@ -145,7 +149,7 @@ class CocoCounterfactualsBuilder:
     def caption_stage(self) -> CaptionStage:
         if self._caption_stage is None:
             m = self.config.models
-            models = CaptionModels.load(m["mlm"], m["lm"], m["sentence"], self._device())
+            models = CaptionModels.load(m["mlm"], m["lm"], m["sentence"], self.precision().device)
             self._caption_stage = CaptionStage(models, self.config.captions)
         return self._caption_stage
 
@@ -155,14 +159,20 @@ class CocoCounterfactualsBuilder:
             from builders.models.clip_ids import TRANSFORMERS
             from builders.models.loaders import load_sd
 
-            device = self._device()
-            pipe = load_sd(self.config.models["sd"], device=device)
-            scorer = load_scorer(self.config.models["clip_filter"], device, TRANSFORMERS)
+            precision = self.precision()
+            pipe = load_sd(self.config.models["sd"], device=precision.device, dtype=precision.dtype)
+            scorer = load_scorer(self.config.models["clip_filter"], precision.device, TRANSFORMERS,
+                                 precision.dtype)
             self._image_stage = ImageStage(pipe, scorer, self.config.images, self.config.seed)
         return self._image_stage
 
-    def _device(self) -> str:
-        return self.device or worker_device()
+    def precision(self) -> Precision:
+        """The process's device and the image stage's dtype, resolved once. A captions-only
+        build runs no image model: its dtype is the caption models' fp32, whatever `--dtype`."""
+        if self._precision is None:
+            dtype = self.requested_dtype if self.config.stage != "captions" else "fp32"
+            self._precision = worker_precision(dtype, self.device)
+        return self._precision
 
     def _caption_row(self, item: CaptionItem, cf: CounterfactualCaption) -> dict[str, Any]:
         m = self.model_names()

@@ -14,6 +14,7 @@ from builders.counterfactuals.config import (CANDIDATE_PLANS, DEFAULT_COCO_SPLIT
                                              MODEL_ROLES, STAGES, CaptionStageConfig,
                                              CocoCounterfactualsConfig, ImageStageConfig)
 from builders.engine.errors import UserFacingError
+from builders.engine.precision import add_dtype_argument
 from builders.engine.option_types import fraction, non_negative_int, positive_int
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
@@ -63,6 +64,8 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--output-split", default="test", help="split name of the output (default test)")
     src.add_argument("--seed", type=int, default=0)
     src.add_argument("--device", default=None, help="torch device (default: own GPU, else CPU)")
+    add_dtype_argument(src, "the image stage's Stable Diffusion and CLIP filter (the caption "
+                            "stage's text models run in fp32)")
     src.add_argument("--torch-threads", type=positive_int, default=None,
                      help="intra-op CPU threads per process; give the same value to runs whose "
                           "shards must be bit-identical (accelerate workers default to 1)")
@@ -177,4 +180,5 @@ def from_args(args: argparse.Namespace):
         allow_multiword_edits=args.allow_multiword_edits,
         max_captions=args.max_captions, split=args.output_split, seed=args.seed,
         models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images)
-    return CocoCounterfactualsBuilder(config, device=args.device, torch_threads=args.torch_threads)
+    return CocoCounterfactualsBuilder(config, device=args.device, torch_threads=args.torch_threads,
+                                      dtype=args.dtype)

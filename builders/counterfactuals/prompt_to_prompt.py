@@ -254,7 +254,8 @@ class P2PAttnProcessor:
         scores = torch.matmul(query, key.transpose(-1, -2)) * attn.scale
         if attention_mask is not None:
             scores = scores + attention_mask
-        probs = scores.softmax(dim=-1)
+        # Softmax in float32 under fp16/bf16 (a no-op in fp32), as diffusers' upcast_softmax.
+        probs = scores.float().softmax(dim=-1).to(scores.dtype)
         rows = self.ctrl.rows((1,))
         if rows is not None:
             src, dst = rows
@@ -355,9 +356,11 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
     sched.set_timesteps(steps, device=device)
     shape = (1, pipe.unet.config.in_channels, side, side)
     seeds = [s.seed for s in specs]
-    # Every candidate keeps its own rows and generators: the sampler runs on all 2N rows.
-    latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=cond.dtype)
-                         for g in _generators(seeds, 0)]) * sched.init_noise_sigma
+    # Every candidate keeps its own rows and generators: the sampler runs on all 2N rows. The
+    # initial noise is drawn in float32 and then cast, so a seed starts from the same latents
+    # (up to rounding) in every precision (METHOD.md §2, Precision).
+    latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=torch.float32)
+                         for g in _generators(seeds, 0)]).to(cond.dtype) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
     work = work if work is not None else UNetWork()
     with p2p_processors(pipe.unet, ctrl):

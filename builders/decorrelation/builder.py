@@ -40,6 +40,7 @@ from builders.decorrelation.verify import REASON_STILL_VISIBLE, RemovalVerifier,
 from builders.decorrelation.view import EDIT_VIEW
 from builders.engine import progress
 from builders.engine.errors import UserFacingError
+from builders.engine.precision import Precision, worker_precision
 from builders.engine.provenance import model_names
 from builders.engine.seeding import derive_seed
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
@@ -48,8 +49,12 @@ TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odma
 
 
 class DecorrelationBuilder:
-    def __init__(self, config: DecorrelationConfig) -> None:
-        self.config = config
+    """`dtype` (`--dtype`) is the precision of the inpainting pipeline and the removal check,
+    resolved with the process's device once (`precision`); it enters the config (it changes x')."""
+
+    def __init__(self, config: DecorrelationConfig, dtype: str = "auto") -> None:
+        self.config, self.requested_dtype = config, dtype
+        self._precision: Precision | None = None
         self._filler: ImageFiller | None = None
         self._verifier: RemovalVerifier | None = None
         self._captioner: CaptionSynthesizer | None = None
@@ -115,11 +120,22 @@ class DecorrelationBuilder:
         config = asdict(cfg)
         config["source"]["root"] = str(cfg.source.root)
         config["class_names"] = list(cfg.source.class_names)
+        # Without models the rows do not depend on the device: nothing to record or check.
+        config["precision"] = self.precision().as_config() if models else None
         return BuildInfo(builder="decorrelation", card_template="decorrelation.md",
                          pretty_name=f"Object-decorrelation sets ({cfg.source.kind})", config=config,
-                         models=models, card_fields=card_fields(cfg, COLUMN_DOCS))
+                         models=models, card_fields=card_fields(cfg, COLUMN_DOCS, config["precision"]))
 
     # ------------------------------------------------------------------ rows
+
+    def precision(self) -> Precision:
+        """The process's device and the fill / removal-check dtype, resolved once. The captioner
+        runs in fp32; a build whose only model is the captioner is fp32 whatever `--dtype`."""
+        if self._precision is None:
+            cfg = self.config
+            uses_dtype = cfg.fill.method == "inpaint" or cfg.verify.enabled
+            self._precision = worker_precision(self.requested_dtype if uses_dtype else "fp32")
+        return self._precision
 
     def model_names(self) -> dict[str, str | None]:
         """The fill and caption models as rows record them: named as the manifest names them
@@ -196,12 +212,13 @@ class DecorrelationBuilder:
 
     def _fill(self) -> ImageFiller:
         if self._filler is None:
-            self._filler = ImageFiller(self.config.fill)
+            self._filler = ImageFiller(self.config.fill, self.precision())
         return self._filler
 
     def _verify(self) -> RemovalVerifier:
         if self._verifier is None:
-            self._verifier = RemovalVerifier(self.config.verify, self.config.source.class_names)
+            self._verifier = RemovalVerifier(self.config.verify, self.config.source.class_names,
+                                             self.precision())
         return self._verifier
 
     def _edit_columns(self, rec: SourceImage, removal: Removal, fill_mask: np.ndarray,

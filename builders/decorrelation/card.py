@@ -60,6 +60,16 @@ def _how_built(cfg: Any) -> list[str]:
     ]
 
 
+def _precision_text(cfg: Any, precision: dict[str, str] | None) -> list[str]:
+    if precision is None:
+        return []
+    models = [name for name, used in (("inpainting", cfg.fill.method == "inpaint"),
+                                      ("the removal check", cfg.verify.enabled)) if used]
+    ran = f"{' and '.join(models)} in {precision['dtype']}, " if models else ""
+    return [f"Precision: models ran on {precision['device']}, {ran}the captioner in fp32 "
+            "(`--dtype`; another precision or device type gives other pixels from the same seeds)."]
+
+
 def _verify_text(verify: Any) -> str:
     if not verify.enabled:
         return ("Removal check: off. Nothing verifies that a removed object is gone from x' "
@@ -74,8 +84,9 @@ def _verify_text(verify: Any) -> str:
             "(`visibility_before`, `visibility_after`).")
 
 
-def card_fields(cfg: Any, column_docs: dict[str, str]) -> dict[str, Any]:
-    """`BuildInfo.card_fields` for a `DecorrelationConfig`."""
+def card_fields(cfg: Any, column_docs: dict[str, str],
+                precision: dict[str, str] | None = None) -> dict[str, Any]:
+    """`BuildInfo.card_fields` for a `DecorrelationConfig`; `precision` as the manifest records it."""
     coco = cfg.source.kind == "coco"
     fields: dict[str, Any] = {
         "license": "cc-by-4.0" if coco else "other",
@@ -87,7 +98,7 @@ def card_fields(cfg: Any, column_docs: dict[str, str]) -> dict[str, Any]:
                    "image-text retrieval, and the ODmAP@k evaluation set (object-removal queries "
                    "from the test split plus a caption gallery with class-mention vectors).",
         "column_docs": column_docs,
-        "how_built": _how_built(cfg),
+        "how_built": _how_built(cfg) + _precision_text(cfg, precision),
         "class_names": list(cfg.source.class_names),
         "fill": cfg.fill.method,
         "limitations": [

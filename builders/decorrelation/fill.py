@@ -37,7 +37,8 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from builders.decorrelation.config import FillConfig
-from builders.engine.distributed import worker_device
+from builders.engine.precision import Precision, worker_precision
+
 
 def dilate(mask: np.ndarray, pixels: int) -> np.ndarray:
     """Bool `mask` grown by `pixels` in every direction (a square of side 2 * pixels + 1 around
@@ -64,10 +65,12 @@ def composite(original: Image.Image, filled: np.ndarray, mask: np.ndarray) -> Im
 
 
 class ImageFiller:
-    """Fills masks per `FillConfig`; the inpainting pipeline is loaded on first use."""
+    """Fills masks per `FillConfig`; the inpainting pipeline is loaded on first use, on the
+    device and in the dtype of `precision` (the builder's; default: this process's device, auto
+    dtype)."""
 
-    def __init__(self, config: FillConfig) -> None:
-        self.config = config
+    def __init__(self, config: FillConfig, precision: Precision | None = None) -> None:
+        self.config, self.precision = config, precision
         self._pipe: Any = None
 
     def fill(self, image: Image.Image, mask: np.ndarray, seed: int) -> Image.Image:
@@ -96,7 +99,8 @@ class ImageFiller:
 
         cfg = self.config
         if self._pipe is None:
-            self._pipe = load_sd(cfg.model, inpaint=True, device=worker_device())
+            precision = self.precision or worker_precision()
+            self._pipe = load_sd(cfg.model, inpaint=True, device=precision.device, dtype=precision.dtype)
         size = (cfg.image_size, cfg.image_size)
         # A pixel of the working mask is masked if any source pixel under it is, so small
         # objects never vanish from the mask when downscaling.

@@ -15,6 +15,7 @@ from builders.decorrelation.config import (CAPTION_METHODS, DEFAULT_FLICKR_CLASS
                                            FillConfig, SelectionConfig, SourceConfig, VerifyConfig)
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.engine.precision import add_dtype_argument
 from builders.launch import add_source_image_arguments
 
 HELP = "object-decorrelation sets: object-removal training pairs D' and the ODmAP@k test set"
@@ -73,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="synthetic captions per synthetic image")
     c.add_argument("--caption-max-tokens", type=positive_int, default=30, help="captioner: max new tokens")
     add_model_arguments(parser, roles=("sd_inpaint", "captioner", "clip_filter"))
+    add_dtype_argument(parser, "the inpainting pipeline and the CLIP removal check (the "
+                               "captioner runs in fp32)")
 
 
 def from_args(args: argparse.Namespace):
@@ -102,7 +105,7 @@ def from_args(args: argparse.Namespace):
                               max_new_tokens=args.caption_max_tokens),
         verify=VerifyConfig(enabled=verify, model=profile.clip_filter if verify else None,
                             threshold=args.verify_threshold, view=args.verify_view),
-        keep_original=args.keep_original, seed=args.seed))
+        keep_original=args.keep_original, seed=args.seed), dtype=args.dtype)
 
 
 def _checked(cls, **kwargs):

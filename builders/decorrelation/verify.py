@@ -32,6 +32,7 @@ from PIL import Image
 from builders.decorrelation.config import VerifyConfig
 
 if TYPE_CHECKING:
+    from builders.engine.precision import Precision
     from builders.models.clip import ClipScorer
 
 REASON_STILL_VISIBLE = "object_still_visible"
@@ -66,13 +67,17 @@ class ClipZeroShot:
         return logits.softmax(dim=-1).cpu().numpy()
 
 
-def load_scorer(config: VerifyConfig, class_names: Sequence[str]) -> ZeroShotScorer:
-    """The process's scorer (called once per process by `RemovalVerifier`)."""
-    from builders.engine.distributed import worker_device
+def load_scorer(config: VerifyConfig, class_names: Sequence[str],
+                precision: Precision | None = None) -> ZeroShotScorer:
+    """The process's scorer (called once per process by `RemovalVerifier`), on the device and in
+    the dtype of `precision` (default: this process's device, auto dtype)."""
+    from builders.engine.precision import worker_precision
     from builders.models import clip
     from builders.models.clip_ids import TRANSFORMERS
 
-    return ClipZeroShot(clip.load_scorer(config.model, worker_device(), TRANSFORMERS), class_names, config.prompt)
+    precision = precision or worker_precision()
+    scorer = clip.load_scorer(config.model, precision.device, TRANSFORMERS, precision.dtype)
+    return ClipZeroShot(scorer, class_names, config.prompt)
 
 
 def view_box(mask: np.ndarray, context: float) -> tuple[int, int, int, int]:
@@ -108,8 +113,9 @@ def square(image: Image.Image) -> Image.Image:
 class RemovalVerifier:
     """`check(x, x', mask, removed)` per removal; the scorer is loaded on first use."""
 
-    def __init__(self, config: VerifyConfig, class_names: Sequence[str]) -> None:
-        self.config = config
+    def __init__(self, config: VerifyConfig, class_names: Sequence[str],
+                 precision: Precision | None = None) -> None:
+        self.config, self.precision = config, precision
         self.class_names = tuple(class_names)
         self._scorer: ZeroShotScorer | None = None
 
@@ -120,7 +126,7 @@ class RemovalVerifier:
     def check(self, original: Image.Image, synthetic: Image.Image, mask: np.ndarray,
               removed: Sequence[str]) -> Verdict:
         if self._scorer is None:
-            self._scorer = load_scorer(self.config, self.class_names)
+            self._scorer = load_scorer(self.config, self.class_names, self.precision)
         # Always the same batch (before, after): scores do not depend on other rows.
         probs = self._scorer.probabilities(self.views(original, synthetic, mask))
         columns = [self.class_names.index(c) for c in removed]

@@ -3,7 +3,8 @@
 The counterfactual image filter, the decorrelation removal check and the ECCV positives
 annotators embed through a scorer (`ClipScorer` for transformers, `OpenClipScorer` for open_clip;
 `load_scorer` picks one by id, `clip_ids`), so they agree on normalisation and dtype (float32).
-The model is placed once, by whoever loads it; inputs follow it to its device. The trainer's
+The model is placed once, in its precision (`--dtype`), by whoever loads it; inputs follow it to
+its device and dtype, and embeddings come back in float32 whatever it ran in. The trainer's
 trainable towers read transformers outputs through the same `features`.
 """
 
@@ -43,7 +44,8 @@ class ClipScorer:
     @torch.inference_mode()
     def images(self, images: Sequence[Any]) -> torch.Tensor:
         enc = self.processor(images=list(images), return_tensors="pt")
-        return normalized(self.model.get_image_features(pixel_values=enc["pixel_values"].to(self.model.device)))
+        pixels = enc["pixel_values"].to(self.model.device, self.model.dtype)
+        return normalized(self.model.get_image_features(pixel_values=pixels))
 
 
 class OpenClipScorer:
@@ -51,8 +53,9 @@ class OpenClipScorer:
 
     def __init__(self, model: Any, preprocess: Any, tokenizer: Any) -> None:
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
-        # open_clip models have no `.device`: the weights' device is the model's.
-        self.device = next(model.parameters()).device
+        # open_clip models have no `.device` / `.dtype`: the weights' are the model's.
+        weight = next(model.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
 
     @torch.inference_mode()
     def texts(self, texts: Sequence[str]) -> torch.Tensor:
@@ -60,13 +63,15 @@ class OpenClipScorer:
 
     @torch.inference_mode()
     def images(self, images: Sequence[Any]) -> torch.Tensor:
-        pixels = torch.stack([self.preprocess(im) for im in images]).to(self.device)
+        pixels = torch.stack([self.preprocess(im) for im in images]).to(self.device, self.dtype)
         return normalized(self.model.encode_image(pixels))
 
 
-def load_scorer(model_id: str, device: str = "cpu", backend: str | None = None) -> ClipScorer | OpenClipScorer:
-    """The scorer of `model_id` on `device`; `backend` None infers it from the id (`clip_ids`)."""
+def load_scorer(model_id: str, device: str = "cpu", backend: str | None = None,
+                dtype: str = "fp32") -> ClipScorer | OpenClipScorer:
+    """The scorer of `model_id` on `device` in `dtype`; `backend` None infers it from the id
+    (`clip_ids`)."""
     clip = parse_clip_id(model_id, backend)
     if clip.backend == TRANSFORMERS:
-        return ClipScorer(*load_clip(clip.model_id, device))
-    return OpenClipScorer(*load_open_clip(clip.model_id, device))
+        return ClipScorer(*load_clip(clip.model_id, device, dtype))
+    return OpenClipScorer(*load_open_clip(clip.model_id, device, dtype))

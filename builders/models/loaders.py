@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from builders.engine.errors import UserFacingError
+from builders.engine.precision import torch_dtype
 from builders.models.clip_ids import OPEN_CLIP, parse_clip_id
 
 log = logging.getLogger(__name__)
@@ -28,19 +29,21 @@ def _wrap(role: str, model_id: str, load):
             "(`--models tiny`, built by `counterfactory models tiny DIR`)") from err
 
 
-def load_clip(model_id: str, device: str = "cpu"):
-    """transformers CLIP: `(model, processor)`."""
+def load_clip(model_id: str, device: str = "cpu", dtype: str = "fp32"):
+    """transformers CLIP: `(model, processor)`, its weights in `dtype` (`fp32`, `fp16`, `bf16`)."""
     from transformers import CLIPModel, CLIPProcessor
 
     def load():
-        return CLIPModel.from_pretrained(model_id).to(device).eval(), CLIPProcessor.from_pretrained(model_id)
+        model = CLIPModel.from_pretrained(model_id, dtype=torch_dtype(dtype))
+        return model.to(device).eval(), CLIPProcessor.from_pretrained(model_id)
 
     return _wrap("CLIP", model_id, load)
 
 
-def load_open_clip(model_id: str, device: str = "cpu"):
+def load_open_clip(model_id: str, device: str = "cpu", dtype: str = "fp32"):
     """open_clip CLIP: `(model, preprocess, tokenizer)`; `model_id` as `clip_ids` reads it for
-    the open_clip backend."""
+    the open_clip backend. The whole model is cast to `dtype` (open_clip's `pure_` precisions),
+    as the transformers models are."""
     import open_clip
 
     clip = parse_clip_id(model_id, OPEN_CLIP)
@@ -48,20 +51,21 @@ def load_open_clip(model_id: str, device: str = "cpu"):
     def load():
         model, _, preprocess = open_clip.create_model_and_transforms(clip.name, pretrained=clip.pretrained,
                                                                      device=device)
-        return model.eval(), preprocess, open_clip.get_tokenizer(clip.name)
+        return model.to(torch_dtype(dtype)).eval(), preprocess, open_clip.get_tokenizer(clip.name)
 
     return _wrap("open_clip", model_id, load)
 
 
-def load_sd(model_id: str, inpaint: bool = False, device: str = "cpu"):
-    """A Stable Diffusion (or inpainting) pipeline, without the safety checker (images are
-    filtered with CLIP downstream, and the checker is not part of the method)."""
+def load_sd(model_id: str, inpaint: bool = False, device: str = "cpu", dtype: str = "fp32"):
+    """A Stable Diffusion (or inpainting) pipeline in `dtype`, without the safety checker (images
+    are filtered with CLIP downstream, and the checker is not part of the method)."""
     from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline
 
     cls = StableDiffusionInpaintPipeline if inpaint else StableDiffusionPipeline
 
     def load():
-        pipe = cls.from_pretrained(model_id, safety_checker=None, requires_safety_checker=False)
+        pipe = cls.from_pretrained(model_id, safety_checker=None, requires_safety_checker=False,
+                                   dtype=torch_dtype(dtype))
         pipe.set_progress_bar_config(disable=True)
         return pipe.to(device)
 

@@ -110,6 +110,6 @@ def write_csv(path: Path, rows: list[tuple[str, str, str, str]]) -> Path:
     return path
 
 
-def no_model(model_id: str, device: str = "cpu", backend: str | None = None):
+def no_model(model_id: str, device: str = "cpu", backend: str | None = None, dtype: str = "fp32"):
     """A `builders.models.clip.load_scorer` that must not be called."""
     raise AssertionError(f"{model_id} was loaded although its embeddings are cached")

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from builders.eccv_positives.mitl.embeddings import gallery_embeddings
+from builders.engine.precision import worker_precision
 from builders.eccv_positives.mitl.image_gallery import DatasetSource, Gallery
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.engine.provenance import model_names
@@ -61,6 +62,9 @@ class CandidatesConfig:
     #: candidates.json, where `model-bias` finds it.
     cache_dir: str | None = None
     batch_size: int = 64
+    #: Precision of the annotators' forward passes (`builders.engine.precision`; auto: fp16 on
+    #: a GPU, fp32 elsewhere); the resolved one is recorded as `precision`.
+    dtype: str = "auto"
 
 
 @dataclass
@@ -209,8 +213,9 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     cache = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()).resolve()
     proposed: dict[tuple[str, int, int], dict[str, int]] = {}
     exclude: dict[str, dict[str, set[int]]] = {m: {} for m in MODALITIES}
+    precision = worker_precision(cfg.dtype)
     for model in cfg.models:
-        image_emb, caption_emb = gallery_embeddings(model, gallery, cache, cfg.batch_size)
+        image_emb, caption_emb = gallery_embeddings(model, gallery, cache, cfg.batch_size, precision)
         top = model_topk(image_emb, caption_emb, gallery, queries, cfg.exclusion_depth)
         for modality in MODALITIES:
             for query, row in zip(queries[modality], top[modality].tolist()):
@@ -225,7 +230,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     # The cache actually used, absolute: `model-bias` reads the same embeddings from any folder.
     config = {**asdict(cfg), "models": list(names.values()), "splits": list(cfg.splits),
               "model_sources": {names[m]: m for m in cfg.models},
-              "cache_dir": str(cache), "proposals": n_raw,
+              "cache_dir": str(cache), "proposals": n_raw, "precision": precision.as_config(),
               "gallery_left_out": gallery.left_out}
     return Candidates(config=config, gallery=gallery, queries=queries, candidates=candidates,
                       exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()})

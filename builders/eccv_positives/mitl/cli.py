@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from builders.engine.precision import add_dtype_argument
+
 
 def _candidates(args: argparse.Namespace) -> int:
     from builders.eccv_positives.mitl.candidates import CandidatesConfig, find_candidates
@@ -31,7 +33,7 @@ def _candidates(args: argparse.Namespace) -> int:
                            caption_queries=args.caption_queries, seed=args.seed, k=args.k,
                            exclusion_depth=args.exclusion_depth,
                            cache_dir=str(args.cache_dir) if args.cache_dir else None,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, dtype=args.dtype)
     find_candidates(cfg).save(args.output)
     return 0
 
@@ -83,7 +85,8 @@ def _model_bias(args: argparse.Namespace) -> int:
 
     cfg = ModelBiasConfig(tasks=str(args.tasks), state=str(args.state), output=str(args.output),
                           models=tuple(args.model or ()),
-                          cache_dir=str(args.cache_dir) if args.cache_dir else None)
+                          cache_dir=str(args.cache_dir) if args.cache_dir else None,
+                          dtype=args.dtype)
     out = write_report(cfg, score_models(cfg))
     print((out / "model_bias.md").read_text(), end="")
     return 0
@@ -121,6 +124,7 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
                    help="golden negatives avoid every model's top-N (paper: 25)")
     p.add_argument("--cache-dir", type=Path, default=None, help="embedding cache")
     p.add_argument("--batch-size", type=int, default=64)
+    add_dtype_argument(p, "the annotators' embeddings")
     p.add_argument("--output", type=Path, required=True, help="candidates JSON file to write")
     p.set_defaults(func=_candidates)
 
@@ -178,5 +182,6 @@ def _add_model_bias(sub: argparse._SubParsersAction) -> None:
                    help="a model to rank (repeat; default: the round's annotators)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="embedding cache (default: the one the round's candidates used)")
+    add_dtype_argument(p, "the embeddings (the round's, to reuse its cache)")
     p.add_argument("--output", type=Path, required=True, help="folder for the table and the plot")
     p.set_defaults(func=_model_bias)

@@ -3,14 +3,16 @@
 A machine annotator is any CLIP-like model: a transformers CLIP id or folder, or an open_clip
 model (`open_clip:ARCH[:TAG]`, `hf-hub:ORG/REPO`, `local-dir:PATH`; `builders.models.clip_ids`),
 embedding through `builders.models.clip.load_scorer` on the process's device (its GPU when there
-is one, `builders.engine.distributed.worker_device`; the vectors come back to the CPU). Each
+is one, `builders.engine.distributed.worker_device`; the vectors come back to the CPU in float32)
+in the precision of `--dtype` (`builders.engine.precision`: fp16 on a GPU by default). Each
 embeds every gallery image and every distinct caption text once (a repeated caption reuses its
 vector, so identical captions tie exactly in retrieval, METHOD.md §2). The normalised embeddings
 are cached in `cache_dir`, one folder per entry holding `images.npy` and `captions.npy`, read
 back memory-mapped (a 600K-caption gallery is not loaded into memory to be streamed over). The
 key covers the model id, a fingerprint of its weight files, the gallery's ids and texts and the
-size and mtime of its image files: later runs (more queries, another seed, the model-bias
-analysis) reuse an entry, retrained weights or replaced images do not.
+size and mtime of its image files, and the dtype when it is not fp32: later runs (more queries,
+another seed, the model-bias analysis) reuse an entry, retrained weights, replaced images or
+another precision do not.
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ from typing import Any
 import numpy as np
 
 from builders.eccv_positives.mitl.image_gallery import Gallery
-from builders.engine.distributed import worker_device
+from builders.engine.precision import Precision, worker_precision
 from builders.models.clip_ids import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
 
-def _cache_key(model_id: str, gallery_key: list[str]) -> str:
-    blob = json.dumps([model_id, weights_fingerprint(model_id), *gallery_key])
+def _cache_key(model_id: str, gallery_key: list[str], dtype: str) -> str:
+    # fp32 entries keep the key they had before the dtype existed: caches stay valid.
+    precision = [] if dtype == "fp32" else [dtype]
+    blob = json.dumps([model_id, weights_fingerprint(model_id), *gallery_key, *precision])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -64,18 +68,20 @@ def read_cache_entry(entry: Path) -> tuple[np.ndarray, np.ndarray] | None:
     return (np.load(entry / "images.npy", mmap_mode="r"), np.load(entry / "captions.npy", mmap_mode="r"))
 
 
-def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path,
-                       batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """(image embeddings [I x d], caption embeddings [C x d]), L2-normalised, cached."""
+def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path, batch_size: int = 64,
+                       precision: Precision | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(image embeddings [I x d], caption embeddings [C x d]), L2-normalised float32, cached;
+    computed on `precision`'s device and dtype (default: this process's, auto dtype)."""
+    precision = precision or worker_precision()
     gallery_key = [gallery.digest(), gallery.files_fingerprint()]
-    entry = Path(cache_dir) / _cache_key(model_id, gallery_key)
+    entry = Path(cache_dir) / _cache_key(model_id, gallery_key, precision.dtype)
     cached = read_cache_entry(entry)
     if cached is not None:
         log.info("embeddings of %s: cached in %s", model_id, entry)
         return cached
     from builders.models.clip import load_scorer
 
-    scorer = load_scorer(model_id, worker_device())
+    scorer = load_scorer(model_id, precision.device, dtype=precision.dtype)
     texts = list(dict.fromkeys(gallery.captions))
     log.info("embedding %d images and %d distinct captions (of %d) with %s", len(gallery.image_ids),
              len(texts), len(gallery.captions), model_id)
@@ -89,6 +95,6 @@ def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path,
     captions = distinct[[row[t] for t in gallery.captions]]
     # Loading a Hub model may have just downloaded it: key the entry by the snapshot now cached,
     # so the next run (which finds that snapshot) hits it.
-    entry = Path(cache_dir) / _cache_key(model_id, gallery_key)
+    entry = Path(cache_dir) / _cache_key(model_id, gallery_key, precision.dtype)
     write_cache_entry(entry, images, captions, {"model_id": model_id, "gallery": gallery.digest()})
     return images, captions

@@ -27,6 +27,7 @@ import numpy as np
 from builders.eccv_positives.config import MITL_REPORT
 from builders.eccv_positives.mitl.candidates import Candidates, default_cache_dir, distinct_captions
 from builders.eccv_positives.mitl.embeddings import gallery_embeddings
+from builders.engine.precision import worker_precision
 from builders.eccv_positives.mitl.tasks import load_tasks
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.viewer.plots import plain_text
@@ -51,6 +52,9 @@ class ModelBiasConfig:
     models: tuple[str, ...] = ()
     #: Embedding cache (default: the one the round's `candidates` run used).
     cache_dir: str | None = None
+    #: Precision of the forward passes (as `CandidatesConfig.dtype`; the round's own to reuse
+    #: its cached embeddings).
+    dtype: str = "auto"
 
 
 def annotation_sets(report: dict[str, Any], cands: Candidates) -> dict[str, dict[str, dict[int, list[int]]]]:
@@ -87,8 +91,9 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
     cache = Path(cfg.cache_dir or round_cache or default_cache_dir())
     g = cands.gallery
     rows = []
+    precision = worker_precision(cfg.dtype)
     for model in models:
-        images, captions = gallery_embeddings(model, g, cache)
+        images, captions = gallery_embeddings(model, g, cache, precision=precision)
         # Captions are scored once per distinct text and the columns copied, so repeated captions
         # tie exactly and rank by gallery index, as in the candidates (METHOD.md §2).
         reps, slot = distinct_captions(captions, g.captions)

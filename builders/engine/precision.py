@@ -1,0 +1,100 @@
+"""The floating-point precision of the builders' model stages: one resolution, next to the device.
+
+`--dtype auto` (default) is fp16 on CUDA, the precision the reference generators (Stable
+Diffusion, CLIP) run in, at half the memory and about twice the throughput of fp32; on any other
+device it is fp32, so CPU builds keep their exact outputs. fp16 is refused on the CPU (PyTorch's
+CPU half kernels are missing for some ops and far slower than fp32 for the rest), bf16 where the
+GPU lacks it (`torch.cuda.is_bf16_supported()`), each with one line naming the way out.
+
+The resolved `Precision` is part of a build's config (`as_config`): it is recorded in the
+manifest and the card, and a resume with another device type or dtype is refused like any other
+config change, so parts made in different precisions are never mixed.
+
+Example:
+    >>> resolve_dtype("auto", "cuda:1"), resolve_dtype("auto", "cpu")
+    ('fp16', 'fp32')
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from builders.engine.errors import UserFacingError
+
+#: `--dtype` choices; `auto` resolves per device (`resolve_dtype`).
+DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
+
+
+def device_type(device: str) -> str:
+    """`cuda:1` -> `cuda`: what precision (and bitwise reproducibility) depends on."""
+    return str(device).split(":", 1)[0]
+
+
+def resolve_dtype(requested: str, device: str, bf16_supported: Callable[[], bool] | None = None,
+                  flag: str = "--dtype", full: str = "fp32") -> str:
+    """The dtype name (`fp32`, `fp16`, `bf16`) that `requested` means on `device`; raises a
+    `UserFacingError` for a precision the device cannot run, naming `flag` and its full-precision
+    value `full`. `bf16_supported` defaults to `torch.cuda.is_bf16_supported` (a parameter so the
+    table is testable without a GPU)."""
+    if requested not in DTYPE_CHOICES:
+        raise UserFacingError(f"{flag} takes {', '.join(DTYPE_CHOICES)} (got {requested!r})")
+    kind = device_type(device)
+    if requested == "auto":
+        return "fp16" if kind == "cuda" else "fp32"
+    if requested == "fp16" and kind == "cpu":
+        raise UserFacingError(f"{flag} fp16 needs a GPU (this process runs on the CPU, whose half "
+                              f"kernels are incomplete and slow); use {flag} {full} or {flag} bf16")
+    if requested == "bf16" and kind == "cuda":
+        if bf16_supported is None:
+            import torch
+
+            bf16_supported = torch.cuda.is_bf16_supported
+        if not bf16_supported():
+            raise UserFacingError(f"{flag} bf16: this GPU ({device}) does not support bfloat16 "
+                                  f"(torch.cuda.is_bf16_supported() is False); use {flag} fp16")
+    return requested
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a resolved dtype name."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where and in what precision a build's model stages run (resolved once per process)."""
+
+    device: str
+    dtype: str
+
+    @classmethod
+    def resolve(cls, requested: str, device: str) -> "Precision":
+        return cls(device=device, dtype=resolve_dtype(requested, device))
+
+    @property
+    def torch_dtype(self) -> Any:
+        return torch_dtype(self.dtype)
+
+    def as_config(self) -> dict[str, str]:
+        """What the manifest, the card and the resume check record: the device type (not its
+        index: workers on different GPUs make the same rows) and the dtype."""
+        return {**asdict(self), "device": device_type(self.device)}
+
+
+def worker_precision(requested: str = "auto", device: str | None = None) -> Precision:
+    """This process's `Precision`: `device` (default `distributed.worker_device`, the one place
+    that picks the device) and `requested` resolved on it."""
+    from builders.engine.distributed import worker_device
+
+    return Precision.resolve(requested, device or worker_device())
+
+
+def add_dtype_argument(group: argparse._ActionsContainer, stages: str) -> None:
+    """`--dtype` for a command whose `stages` (words for its help) run in the chosen precision."""
+    group.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                       help=f"precision of {stages} (default auto: fp16 on CUDA, fp32 elsewhere; "
+                            "fp16 is refused on the CPU, bf16 on GPUs without it)")
