@@ -1,8 +1,8 @@
 """The optimizer's parameter groups and the logit-scale clamp, as the reference CLIP trainers do.
 
-- Weight decay applies to the weight matrices only: biases, the weights of normalisation layers
-  (LayerNorm and the like) and the temperature `logit_scale` (and SigLIP's `logit_bias`) are in a
-  group without decay. Hugging Face's Trainer (`Trainer.get_decay_parameter_names`, which
+- Weight decay applies to the weight matrices only: biases (any parameter named `*bias`), the
+  weights of normalisation layers (LayerNorm and the like) and the temperature `logit_scale`
+  (and SigLIP's `logit_bias`) are in a group without decay. Hugging Face's Trainer (`Trainer.get_decay_parameter_names`, which
   run_clip.py uses) excludes biases and LayerNorm weights; open_clip's `open_clip_train/main.py`
   excludes biases, norms and `logit_scale` (its `exclude` rule). Decaying the temperature would
   pull it toward exp(0) = 1, i.e. flatten every softmax.
@@ -34,7 +34,8 @@ def no_decay_names(module: nn.Module) -> set[str]:
     for prefix, sub in module.named_modules():
         for name, _ in sub.named_parameters(recurse=False):
             full = f"{prefix}.{name}" if prefix else name
-            if name == "bias" or name in NO_DECAY_NAMES or isinstance(sub, NORM_LAYERS):
+            # `"bias" in name`: also nn.MultiheadAttention's in_proj_bias (open_clip's towers).
+            if "bias" in name or name in NO_DECAY_NAMES or isinstance(sub, NORM_LAYERS):
                 out.add(full)
     return out
 
