@@ -2,8 +2,12 @@
 against a baseline sweep (the COCO-Counterfactuals paper's protocol: 25 seeds, 107-131 with
 data seeds 108-132, Le et al. 2023 §5.1).
 
+    python training/sweep.py --seeds 107-131 --data-seed-offset 1 --output runs/real-only \
+        -- --real ORG/coco-captions --counterfactuals ORG/cf --mix cf:real --recipe le2023 ...
     python training/sweep.py --seeds 107-131 --data-seed-offset 1 --output runs/medium \
         --baseline runs/real-only -- --real ORG/coco-captions --counterfactuals ORG/cf --mix cf:medium ...
+
+(`cf:real` is the paper's real-only baseline: the same real rows without the synthetic pairs.)
 
 Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, so an interrupted
 sweep continues). OUTPUT/summary.json holds the final metrics of every seed finished under OUTPUT;
