@@ -60,7 +60,8 @@ def test_linear_schedule_is_transformers_linear_decay(warmup):
     assert ours(total - 1) == pytest.approx(1 / (total - warmup))
 
 
-#: The independent rule: biases (nn.MultiheadAttention's in_proj_bias too), the weights of LayerNorm modules as both libraries name them
+#: The independent rule: biases (nn.MultiheadAttention's in_proj_bias too), the weights of
+#: LayerNorm modules as both libraries name them
 #: (HF CLIP: layer_norm1/2, pre_layrnorm, post_layernorm, final_layer_norm; open_clip: ln_1,
 #: ln_2, ln_pre, ln_post, ln_final) and the temperature.
 NO_DECAY = re.compile(r"((^|\.)\w*bias$|(^|\.)logit_scale$|(^|\.)(ln_\w+|\w*lay\w*r?norm\w*)\.weight$)")

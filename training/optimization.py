@@ -2,10 +2,11 @@
 
 - Weight decay applies to the weight matrices only: biases (any parameter named `*bias`), the
   weights of normalisation layers (LayerNorm and the like) and the temperature `logit_scale`
-  (and SigLIP's `logit_bias`) are in a group without decay. Hugging Face's Trainer (`Trainer.get_decay_parameter_names`, which
-  run_clip.py uses) excludes biases and LayerNorm weights; open_clip's `open_clip_train/main.py`
-  excludes biases, norms and `logit_scale` (its `exclude` rule). Decaying the temperature would
-  pull it toward exp(0) = 1, i.e. flatten every softmax.
+  (and SigLIP's `logit_bias`) are in a group without decay. Hugging Face's Trainer
+  (`Trainer.get_decay_parameter_names`, which run_clip.py uses) excludes biases and LayerNorm
+  weights; open_clip's `open_clip_train/main.py` excludes biases, norms and `logit_scale` (its
+  `exclude` rule). Decaying the temperature would pull it toward exp(0) = 1, i.e. flatten every
+  softmax.
 - After every optimizer step `logit_scale` (a log temperature) is clamped to [0, ln 100]: CLIP
   (Radford et al. 2021 §2.5, "clipped to prevent scaling the logits by more than 100") and
   open_clip (`unwrap_model(model).logit_scale.clamp_(0, math.log(100))` after each step).
