@@ -1,7 +1,7 @@
 """The COCO-Counterfactuals mixtures take each pair's real row wherever its image is (the paper's
 counts on a build whose real images sit in val and test), the real-only baseline `cf:real`, and
 the leakage guard: a run training on images of an evaluation set is refused, and with
-`--allow-eval-overlap` reported with those metrics marked."""
+`--allow-eval-overlap` reported with those metrics marked (metrics.md, card, sweep summary)."""
 
 from __future__ import annotations
 
@@ -126,3 +126,19 @@ def test_overlap_counts_odmap_queries_and_held_out_pairs():
     got = check_eval_overlap(train, data, allow=True)
     assert {k: (v["shared"], v["images"]) for k, v in got.items()} == {
         "odmap_queries": (1, 4), "heldout_counterfactuals": (1, 2)}
+
+
+def test_sweep_summary_marks_metrics_of_an_overlapping_set(tmp_path):
+    from training.sweep import summarize
+
+    overlap = {"real_test": {"set": "the real test split", "shared": 3, "images": 8,
+                             "metrics": ["retrieval/", "itm/IR_r"]}}
+    for seed, r1 in ((1, 0.5), (2, 0.7)):
+        (tmp_path / f"seed-{seed}").mkdir()
+        (tmp_path / f"seed-{seed}" / "run.json").write_text(json.dumps(
+            {"eval_overlap": overlap if seed == 2 else {},
+             "final_metrics": {"retrieval/i2t_R@1": r1, "val_loss": 1.0}}))
+    summarize(tmp_path)
+    table = (tmp_path / "summary.md").read_text()
+    assert "| retrieval/i2t_R@1 [overlaps training: 3/8 images] | 2 | 0.6000 ± 0.1414 |" in table
+    assert "| val_loss | 2 |" in table

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from training.evaluation import EvalData
-from training.mixtures import ExampleSet
 from training.sources import DataInputError
+
+if TYPE_CHECKING:  # the sweep's summary marks names without importing torch
+    from training.evaluation import EvalData
+    from training.mixtures import ExampleSet
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ def check_eval_overlap(train: ExampleSet, data: EvalData, allow: bool) -> dict[s
 
 def mark_overlapping(metrics: dict[str, float], overlap: dict[str, dict]) -> dict[str, float]:
     """`metrics` with the name of every metric of an overlapping set marked (for the tables of
-    metrics.md and the model card; run.json keeps the plain names)."""
+    metrics.md, the model card and a sweep's summary.md; run.json keeps the plain names)."""
     out = {}
     for name, value in metrics.items():
         hit = next((o for o in overlap.values() if name.startswith(tuple(o["metrics"]))), None)
