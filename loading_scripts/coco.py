@@ -263,6 +263,40 @@ def _record(paths: ContainedPaths, split: str, image_id: int, k_split: str | Non
                        objects=tuple(objects), input_problem=problem)
 
 
+def _read_folder(cfg: CocoSourceConfig, split: str, karpathy: dict[int, tuple[str, str]] | None,
+                 seen: dict[int, str]) -> list[SourceImage]:
+    """The records of one COCO folder. Its parsed files are freed on return, before the next
+    folder is parsed, and the instances' polygons (most of the file, never used: records hold
+    boxes) are dropped at once."""
+    root = Path(cfg.root)
+    cap_path = root / "annotations" / f"captions_{split}.json"
+    caps = _index(cap_path, load_json(cap_path, "captions"))
+    paths = ContainedPaths(root, split)
+    inst = None
+    if cfg.with_instances:
+        inst_path = root / "annotations" / f"instances_{split}.json"
+        data = load_json(inst_path, "instances")
+        anns = data.get("annotations")
+        for ann in anns if isinstance(anns, list) else []:  # _index names a malformed list
+            if isinstance(ann, dict):
+                ann.pop("segmentation", None)
+        inst = _index(inst_path, data)
+    records = []
+    for image_id in sorted(caps.images):
+        k_split = None
+        if karpathy is not None:
+            folder, k_split = karpathy.get(image_id, (None, None))
+            if k_split not in cfg.karpathy_splits or folder != split:
+                continue
+        if image_id in seen:
+            raise InputFileError(cap_path, f"image id {image_id} is also in captions_"
+                                 f"{seen[image_id]}.json", "an image id must name one image; "
+                                 "read one of the two folders (--coco-splits)")
+        seen[image_id] = split
+        records.append(_record(paths, split, image_id, k_split, caps, inst))
+    return records
+
+
 def read_coco(cfg: CocoSourceConfig) -> list[SourceImage]:
     """All images of the selected splits, sorted by image id, with captions and boxes.
 
@@ -281,25 +315,7 @@ def read_coco(cfg: CocoSourceConfig) -> list[SourceImage]:
     records: list[SourceImage] = []
     seen: dict[int, str] = {}
     for split in _coco_splits(cfg, karpathy):
-        cap_path = root / "annotations" / f"captions_{split}.json"
-        caps = _index(cap_path, load_json(cap_path, "captions"))
-        paths = ContainedPaths(root, split)
-        inst = None
-        if cfg.with_instances:
-            inst_path = root / "annotations" / f"instances_{split}.json"
-            inst = _index(inst_path, load_json(inst_path, "instances"))
-        for image_id in sorted(caps.images):
-            k_split = None
-            if karpathy is not None:
-                folder, k_split = karpathy.get(image_id, (None, None))
-                if k_split not in cfg.karpathy_splits or folder != split:
-                    continue
-            if image_id in seen:
-                raise InputFileError(cap_path, f"image id {image_id} is also in captions_"
-                                     f"{seen[image_id]}.json", "an image id must name one image; "
-                                     "read one of the two folders (--coco-splits)")
-            seen[image_id] = split
-            records.append(_record(paths, split, image_id, k_split, caps, inst))
+        records += _read_folder(cfg, split, karpathy, seen)
     records.sort(key=lambda r: r.image_id)
     bad = sum(r.input_problem is not None for r in records)
     log.info("read %d COCO images from %s (%d with malformed annotations, skipped by builders)",

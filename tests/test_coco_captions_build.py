@@ -4,6 +4,7 @@ with a recorded reason, and the build publishes and reloads from the local Hub b
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +68,29 @@ def test_unreadable_image_is_skipped_with_reason_and_the_rest_is_kept(tmp_path):
                      "--part-size", "2", "--max-error-fraction", "0.5"]) == 0
     rows = load_dataset(str(out), split="test")
     assert sorted(rows["image_id"]) == sorted(set(expected) - {broken_id})
+
+
+def test_each_annotation_file_is_parsed_once_per_run(coco_fixture_dir, tmp_path, monkeypatch):
+    """Issue 25: the Karpathy splits share COCO folders (test and val both live in val2014), so a
+    read per split parsed captions_val2014.json and instances_val2014.json once per split."""
+    import loading_scripts.coco as coco
+
+    loads: Counter = Counter()
+    real_load = coco.load_json
+
+    def counting_load(path, what):
+        loads[Path(path).name] += 1
+        return real_load(path, what)
+
+    monkeypatch.setattr(coco, "load_json", counting_load)
+    out = tmp_path / "build"
+    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits",
+                     "test", "val", "--max-images", "2", "--output", str(out), "--part-size", "3"]) == 0
+    assert loads and set(loads.values()) == {1}, loads
+    assert {"captions_val2014.json", "instances_val2014.json", "dataset_coco.json"} <= set(loads)
+    # --max-images is still per split: the first 2 images (by id) of each, from the raw JSON.
+    for split in ("test", "val"):
+        rows = load_dataset(str(out), split=split)
+        assert sorted(rows["image_id"]) == sorted(raw_source(coco_fixture_dir, split))[:2]
+    stats = [json.loads(p.read_text()) for p in out.rglob("stats/part-*.json")]
+    assert stats and all(s["peak_rss_bytes"] > 0 for s in stats), stats

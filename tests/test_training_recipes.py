@@ -95,9 +95,9 @@ def test_no_decay_group_is_bias_norm_and_logit_scale(kind, tiny_models_dir):
 def test_logit_scale_is_clamped_to_ln_100_after_a_step_pushing_it_above(tmp_path, tiny_models_dir, monkeypatch):
     """A loss of -exp(logit_scale) and Adam at lr 3 move logit_scale from ln(1/0.07) = 2.66 by
     +3 in one step, past ln 100 = 4.61; the trainer clamps it back to the bound."""
-    import training.trainer
+    import training.accumulation
 
-    monkeypatch.setattr(training.trainer, "clip_loss", lambda img, txt, scale, *rest: -scale.sum())
+    monkeypatch.setattr(training.accumulation, "clip_loss", lambda img, txt, scale, *rest: -scale.sum())
     real = write_color_set(tmp_path / "real", {"train": 1, "test": 1})
     out = tmp_path / "run"
     assert train_main(["--real", str(real), "--real-train-splits", "train", "--real-val-split", "",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import nn
 from torchvision import transforms
 
@@ -122,6 +123,17 @@ class Backend:
             if (lock_image and self.module.is_image_param(name)) or (lock_text and self.module.is_text_param(name)):
                 p.requires_grad_(False)
 
+    def enable_grad_checkpointing(self) -> None:
+        """`--grad-checkpointing`: each transformer block's activations are recomputed in the
+        backward pass instead of kept, in both towers."""
+        if self.kind == TRANSFORMERS:
+            # Non-reentrant, as open_clip's: correct with a frozen tower (inputs without grad)
+            # and under DDP.
+            self.module.model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.module.model.set_grad_checkpointing(True)
+
     def save(self, module: DualEncoder, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         if self.kind == TRANSFORMERS:
@@ -135,25 +147,63 @@ class Backend:
                   str(out / "open_clip_model.safetensors"))
 
 
+class FloorCenterCrop:
+    """Centre crop with transformers' offsets, `int((H - h) / 2)`: torchvision's `CenterCrop`
+    rounds half up, one pixel off transformers on an odd margin (a 427x640 photo)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        left, top = int((img.width - self.size) / 2), int((img.height - self.size) / 2)
+        return img.crop((left, top, left + self.size, top + self.size))
+
+
 @dataclass(frozen=True)
 class PixelPipeline:
-    """CLIP's preprocessing in two halves: per image in the DataLoader workers, resize of the short
-    side (bicubic) + centre crop to uint8 (4x less to ship between processes than float), then
-    per batch in the training process, vectorised: scale to [0, 1] and normalise."""
+    """CLIP's preprocessing in two halves: per image in the DataLoader workers, the backend's own
+    reference steps up to its tensor conversion (resize + centre crop) to uint8 (4x less to ship
+    between processes than float), then per batch in the training process, vectorised: scale to
+    [0, 1] and normalise. Built by `transformers_pixels` / `open_clip_pixels`, so the inputs equal
+    the backend's processor (within 1 grey level: transformers resizes tensors, we resize PIL)."""
 
     size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    #: PIL -> PIL steps of the backend's reference transform (resize, crop, RGB).
+    steps: tuple = ()
 
     def per_image(self):
-        return transforms.Compose([
-            transforms.Resize(self.size, interpolation=transforms.InterpolationMode.BICUBIC),
-            transforms.CenterCrop(self.size), transforms.PILToTensor()])
+        return transforms.Compose([*self.steps, transforms.PILToTensor()])
 
     def per_batch(self, images: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.std).view(1, -1, 1, 1)
         return (images.float() / 255 - mean) / std
+
+
+def transformers_pixels(ip) -> PixelPipeline:
+    """The steps of a transformers CLIP image processor: resize (short side, or to height x width)
+    with its resample filter, then its centre crop."""
+    interpolation = ip.resample if isinstance(ip.resample, transforms.InterpolationMode) else \
+        transforms.InterpolationMode(Image.Resampling(ip.resample).name.lower())
+    size = dict(ip.size)
+    short = size.get("shortest_edge")
+    resize = transforms.Resize(short if short else (size["height"], size["width"]),
+                               interpolation=interpolation)
+    crop = ip.crop_size["height"] if ip.do_center_crop else (short or size["height"])
+    return PixelPipeline(crop, tuple(ip.image_mean), tuple(ip.image_std),
+                         (resize, FloorCenterCrop(crop)))
+
+
+def open_clip_pixels(preprocess, size: int, cfg: dict) -> PixelPipeline:
+    """open_clip's own eval transform up to its ToTensor (its resize mode, interpolation and crop,
+    whatever the model's preprocess_cfg says); its Normalize is the per-batch half."""
+    steps = list(preprocess.transforms)
+    cut = next((i for i, t in enumerate(steps) if type(t).__name__.endswith("ToTensor")), None)
+    if cut is None or not isinstance(steps[-1], transforms.Normalize):
+        raise ValueError(f"open_clip's transform is not [..., ToTensor, Normalize]: {preprocess}")
+    return PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"]), tuple(steps[:cut]))
 
 
 def load_backend(kind: str, model_id: str) -> Backend:
@@ -163,15 +213,12 @@ def load_backend(kind: str, model_id: str) -> Backend:
     if clip.backend == TRANSFORMERS:
         model, processor = load_clip(clip.model_id)
         ip = processor.image_processor
-        size = ip.crop_size["height"] if ip.do_center_crop else ip.size["shortest_edge"]
-        return Backend(kind, model_id, HFClip(model.train()),
-                       PixelPipeline(size, tuple(ip.image_mean), tuple(ip.image_std)),
+        return Backend(kind, model_id, HFClip(model.train()), transformers_pixels(ip),
                        HFTokenize(processor.tokenizer), processor)
     model, preprocess, tokenizer = load_open_clip(clip.model_id)
     cfg = model.visual.preprocess_cfg
     size = model.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
     saved = {"model_cfg": open_clip_model_config(clip), "preprocess_cfg": dict(cfg)}
-    return Backend(kind, model_id, OpenClip(model.train()),
-                   PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"])),
+    return Backend(kind, model_id, OpenClip(model.train()), open_clip_pixels(preprocess, size, cfg),
                    OpenClipTokenize(tokenizer), saved)

@@ -35,7 +35,9 @@ def checkpoint_dir(output: Path, step: int) -> Path:
     return output / "checkpoints" / f"step-{step:08d}"
 
 
-def save_checkpoint(accelerator, output: Path, state: TrainerState) -> Path:
+def save_checkpoint(accelerator, output: Path, state: TrainerState, keep: int | None = None) -> Path:
+    """Save the state at `state.step`; with `keep` (--keep-checkpoints), then delete all but the
+    newest `keep` complete checkpoints (and interrupted saves older than them)."""
     path = checkpoint_dir(output, state.step)
     accelerator.save_state(str(path))
     accelerator.wait_for_everyone()
@@ -43,8 +45,22 @@ def save_checkpoint(accelerator, output: Path, state: TrainerState) -> Path:
         tmp = path / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(asdict(state)))
         os.replace(tmp, path / STATE_FILE)
+        if keep is not None:
+            _prune_checkpoints(output, keep)
     accelerator.wait_for_everyone()
     return path
+
+
+def _prune_checkpoints(output: Path, keep: int) -> None:
+    folders = sorted((output / "checkpoints").glob("step-*"))
+    complete = [p for p in folders if (p / STATE_FILE).is_file()]
+    if len(complete) <= keep:
+        return
+    oldest_kept = complete[-keep]
+    for folder in folders:
+        if folder < oldest_kept:
+            shutil.rmtree(folder)
+            log.info("--keep-checkpoints %d: removed %s", keep, folder)
 
 
 def find_checkpoint(output: Path, resume: str) -> Path | None:

@@ -43,6 +43,7 @@ from builders.engine.option_types import non_negative_int, positive_int
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
 BACKENDS = ("transformers", "open_clip")
+REPORT_TO = ("auto", "tensorboard", "wandb", "none")
 #: Backend -> (model, pretrained tag) when --model is not given: CLIP ViT-B/32 with OpenAI's
 #: weights in both (open_clip names the architecture and the weights separately).
 DEFAULT_MODELS: dict[str, tuple[str, str | None]] = {
@@ -124,6 +125,10 @@ class DataConfig:
     #: The workers decode the parquet image bytes.
     num_workers: int = option(2, "DataLoader workers decoding images (0: in the main process)",
                               type=non_negative_int)
+    #: Off by default: the inputs then equal the backend's reference preprocessing.
+    fast_decode: bool = option(
+        False, "decode training JPEGs in PIL draft mode (faster; pixels differ from the reference "
+               "processor by a few grey levels; evaluation always decodes fully)")
 
 
 @dataclass
@@ -133,7 +138,9 @@ class OptimConfig:
     epochs: int = option(1, "passes over the training data (default 1)")
     #: One optimizer step before accumulation, all processes together.
     batch_size: int = option(64, "global batch (all processes together)")
-    grad_accum: int = option(1, "batches per optimizer step")
+    #: The micro-batches make one contrastive batch (training/accumulation.py).
+    grad_accum: int = option(1, "micro-batches of --batch-size per optimizer step: one contrastive "
+                                "batch of --batch-size x N, features cached as open_clip's --accum-freq")
     optimizer: Literal["adam", "adamw"] = option("adamw", "optimizer (default adamw)")
     lr: float = option(1e-5, "peak learning rate (default 1e-5)")
     weight_decay: float = option(0.0, "weight decay of the optimizer (default 0)")
@@ -151,6 +158,8 @@ class OptimConfig:
     lock_text: bool = option(False, "freeze the text tower")
     mixed_precision: Literal["no", "fp16", "bf16"] = option(
         "no", "accelerate's mixed precision (default no)")
+    grad_checkpointing: bool = option(
+        False, "recompute activations in the backward pass (less memory, more compute)")
 
 
 @dataclass
@@ -188,6 +197,13 @@ class RunConfig:
     allow_eval_overlap: bool = option(
         False, "report metrics on evaluation sets sharing images with the training data (marked "
                "as overlapping in metrics.md and the model card) instead of refusing the run")
+    #: auto: TensorBoard when it is installed, else none.
+    report_to: str = option("auto", "experiment tracker of the loss and lr through accelerate "
+                                    "(auto: tensorboard when installed)", choices=REPORT_TO)
+    #: None: keep all.
+    keep_checkpoints: int | None = option(
+        None, "keep only the newest N checkpoints under OUTPUT/checkpoints (default: all)",
+        type=positive_int)
 
     def weights(self) -> tuple[str, str | None]:
         """(model, pretrained tag) with the backend's defaults filled in."""

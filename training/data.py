@@ -7,10 +7,13 @@ two rows (a pair, or two single rows) and every process's slice is a whole numbe
 both members of a pair land in the same batch on the same process. The order is a function of
 (seed, epoch) only, and a resumed run starts an epoch at a given batch.
 
-Images are decoded in the DataLoader workers from the bytes stored in the parquet (JPEG decoding
-uses PIL's draft mode to decode at the smallest scale still >= the model's input size, which is
-where most of the time of a full-size decode goes), resized and cropped there to uint8; the
-consuming process normalises each batch at once (training/backends.py `PixelPipeline`).
+Images are decoded in the DataLoader workers from the bytes stored in the parquet at full size,
+resized and cropped there to uint8 by the backend's reference steps; the consuming process
+normalises each batch at once (training/backends.py `PixelPipeline`). `--fast-decode` (training
+only) decodes JPEGs in PIL's draft mode, at the smallest DCT scale still >= the model's input
+size: most of a full-size decode's time, but the pixels then differ from the reference processor
+(by 1.6 to 4.7 grey levels on
+average on 640x480 test photos, benchmarks/training.py), so evaluation never uses it.
 """
 
 from __future__ import annotations
@@ -89,9 +92,9 @@ class PairBatchSampler:
 
 
 def decode_image(data: bytes, transform: Callable[[Image.Image], torch.Tensor],
-                 min_side: int) -> torch.Tensor:
+                 min_side: int, fast_decode: bool = False) -> torch.Tensor:
     img = Image.open(io.BytesIO(data))
-    if img.format == "JPEG":
+    if fast_decode and img.format == "JPEG":
         img.draft("RGB", (min_side, min_side))
     return transform(img.convert("RGB"))
 
@@ -99,8 +102,9 @@ def decode_image(data: bytes, transform: Callable[[Image.Image], torch.Tensor],
 class ExampleDataset(torch.utils.data.Dataset):
     """Example index -> (pixels, caption, negative caption or None)."""
 
-    def __init__(self, examples: ExampleSet, transform, min_side: int) -> None:
+    def __init__(self, examples: ExampleSet, transform, min_side: int, fast_decode: bool = False) -> None:
         self.examples, self.transform, self.min_side = examples, transform, min_side
+        self.fast_decode = fast_decode
         # One image column per (table, column): reading a row then touches only those bytes.
         self._columns: dict[tuple[int, str], object] = {}
 
@@ -116,7 +120,8 @@ class ExampleDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         ex = self.examples
-        return decode_image(self.image_bytes(i), self.transform, self.min_side), ex.caption[i], ex.negative[i]
+        pixels = decode_image(self.image_bytes(i), self.transform, self.min_side, self.fast_decode)
+        return pixels, ex.caption[i], ex.negative[i]
 
 
 @dataclass
@@ -154,8 +159,8 @@ class Batches:
 
 
 def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
-                negatives: bool = False) -> Batches:
-    dataset = ExampleDataset(examples, backend.pixels.per_image(), backend.pixels.size)
+                negatives: bool = False, fast_decode: bool = False) -> Batches:
+    dataset = ExampleDataset(examples, backend.pixels.per_image(), backend.pixels.size, fast_decode)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, num_workers=num_workers,
         collate_fn=Collate(backend.tokenize, negatives), persistent_workers=False,

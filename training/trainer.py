@@ -10,6 +10,7 @@ Evaluation runs on the main process while the others wait.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -22,13 +23,15 @@ from tqdm.auto import tqdm
 
 from builders.engine.errors import UserFacingError
 from builders.engine.provenance import portable
+from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.output_guard import output_lock
+from training.accumulation import accumulate_gradients
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, replace_dir, save_checkpoint, write_model_card)
 from training.config import TrainConfig, as_dict
 from training.data import PairBatchSampler, make_loader, to_device
 from training.evaluation import EvalData, evaluate_model, load_eval_data
-from training.losses import clip_loss, gather_global
 from training.leakage import check_eval_overlap, mark_overlapping
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
@@ -40,11 +43,7 @@ def make_accelerator(cfg: TrainConfig, output: Path):
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
-    try:
-        import tensorboard  # noqa: F401  (optional: the tracker only when installed)
-        trackers = ["tensorboard"]
-    except ImportError:
-        trackers = None
+    trackers = _trackers(cfg.run.report_to)
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                               mixed_precision=cfg.optim.mixed_precision, log_with=trackers,
                               project_config=ProjectConfiguration(project_dir=str(output),
@@ -55,9 +54,34 @@ def make_accelerator(cfg: TrainConfig, output: Path):
             f"--expect-processes {expected} but {accelerator.num_processes} process(es) started; on "
             "CPU use `accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
             "(`--cpu --num_processes N` starts one)")
-    if trackers:
-        accelerator.init_trackers("finetune_clip")
     return accelerator
+
+
+def _trackers(report_to: str) -> list[str] | None:
+    """accelerate's trackers of `--report-to`: each an optional package, checked before the run
+    (`auto`: TensorBoard when installed, else none)."""
+    import importlib.util
+
+    if report_to == "none":
+        return None
+    installed = importlib.util.find_spec(report_to if report_to != "auto" else "tensorboard")
+    if report_to == "auto":
+        return ["tensorboard"] if installed else None
+    if not installed:
+        raise UserFacingError(f"--report-to {report_to} needs the {report_to} package: "
+                              f"`pip install {report_to}`, or --report-to none")
+    return [report_to]
+
+
+@contextlib.contextmanager
+def _output_lock(accelerator, output: Path):
+    """One run per --output at a time, as one build per folder (the builders' lock, held by the
+    main process): a second run would interleave checkpoints and overwrite the results."""
+    if not accelerator.is_main_process:
+        yield
+        return
+    with output_lock(OutputLayout(output)):
+        yield
 
 
 def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
@@ -110,9 +134,19 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
     accelerator = make_accelerator(cfg, output)
+    with _output_lock(accelerator, output):
+        return _locked_run(cfg, accelerator, output)
+
+
+def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
+    """`run` while holding the output folder's lock."""
+    if accelerator.log_with:  # after the lock: a refused run writes nothing under --output
+        accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
     backend = load_backend(cfg.run.backend, cfg.run.model_id())
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
+    if cfg.optim.grad_checkpointing:
+        backend.enable_grad_checkpointing()
     record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
     if cfg.run.eval_only:
         return evaluate_only(cfg, accelerator, backend, record, output)
@@ -124,7 +158,7 @@ def run(cfg: TrainConfig) -> dict[str, float]:
             s.state.epoch, s.state.batch = s.state.epoch + 1, 0
             if not cfg.run.eval_every:  # per-epoch evaluation unless a step interval is given
                 evaluate(s)
-            save_checkpoint(accelerator, output, s.state)
+            save_checkpoint(accelerator, output, s.state, cfg.run.keep_checkpoints)
     s.bar.close()
     return finish(s)
 
@@ -169,7 +203,8 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
-                         negatives=cfg.data.hard_negatives == "negclip")
+                         negatives=cfg.data.hard_negatives == "negclip",
+                         fast_decode=cfg.data.fast_decode)
 
     optimizer = make_optimizer(backend.module, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
@@ -222,33 +257,16 @@ def train_one_epoch(s: Session) -> None:
         if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
             evaluate(s)
         if cfg.run.save_every and state.step % cfg.run.save_every == 0:
-            save_checkpoint(s.accelerator, s.output, state)
+            save_checkpoint(s.accelerator, s.output, state, cfg.run.keep_checkpoints)
 
 
 def _accumulate_gradients(s: Session, batches) -> float:
-    """Forward and backward over --grad-accum batches of one optimizer step; their mean loss."""
-    accelerator, model = s.accelerator, s.model
-    world, accum = accelerator.num_processes, s.cfg.optim.grad_accum
-    loss_sum = 0.0
-    for micro in range(accum):
-        # An explicit move, not a prepared loader: preparing it would re-shard the batches that
-        # PairBatchSampler already cut per process (pairs kept together, 1 and N processes equal).
-        batch = to_device(next(batches), accelerator.device)
-        with accelerator.autocast():
-            img, txt, neg, scale = model(pixel_values=batch["pixel_values"], text=batch["text"],
-                                         negative_text=batch.get("negative_text"))
-            mask = batch.get("negative_mask")
-            loss = clip_loss(gather_global(img, accelerator), gather_global(txt, accelerator), scale,
-                             gather_global(neg, accelerator) if neg is not None else None,
-                             gather_global(mask, accelerator) if mask is not None else None)
-        # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
-        if micro < accum - 1:
-            with accelerator.no_sync(model):
-                accelerator.backward(loss * world / accum)
-        else:
-            accelerator.backward(loss * world / accum)
-        loss_sum += float(loss.detach()) / accum
-    return loss_sum
+    """Forward and backward over --grad-accum batches of one optimizer step, as one contrastive
+    batch (training/accumulation.py); its loss."""
+    # An explicit move, not a prepared loader: preparing it would re-shard the batches that
+    # PairBatchSampler already cut per process (pairs kept together, 1 and N processes equal).
+    micro = [to_device(next(batches), s.accelerator.device) for _ in range(s.cfg.optim.grad_accum)]
+    return accumulate_gradients(s.model, micro, s.accelerator)
 
 
 def evaluate(s: Session, final: bool = False) -> dict[str, float]:

@@ -29,6 +29,8 @@ class ProcessGroup:
     rank: int
     world_size: int
     barrier: Callable[[], None]
+    #: The main process's `value`, returned on every process (a decision all must follow).
+    from_main: Callable[[Any], Any] = lambda value: value
     # Keeps the accelerate state alive (and its process group) for the run's duration.
     state: Any = None
 
@@ -103,5 +105,12 @@ def init_process_group(expect_processes: int | None = None) -> ProcessGroup:
         rank=state.process_index,
         world_size=state.num_processes,
         barrier=state.wait_for_everyone,
+        from_main=_broadcast_from_main,
         state=state,
     )
+
+
+def _broadcast_from_main(value: Any) -> Any:
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([value], from_process=0)[0]

@@ -16,7 +16,7 @@ import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from builders.engine.sharding.layout import OutputLayout
-from builders.engine.sharding.merge import write_manifest
+from builders.engine.sharding.merge import record_files, write_manifest
 from builders.engine.sharding.part_writer import atomic_write_bytes
 from builders.viewer.card_figures import figures_markdown, write_card_figures
 
@@ -129,8 +129,10 @@ def write_card(layout: OutputLayout, manifest: dict[str, Any], written: set[str]
     """Finish a merged build (`sharding.merge.Finisher`): its card figures, manifest and card.
 
     The figures (the card's example grid and histograms, `figures/*.png`) are published with the
-    shards, so the manifest lists them; the card is rendered from that manifest, written last.
+    shards, so the manifest lists them; the card is rendered from that manifest, which is written
+    last (its presence marks a finished build, card included).
     """
     manifest["card_figures"] = write_card_figures(layout.root, manifest)
-    write_manifest(layout, manifest, written | {figure["path"] for figure in manifest["card_figures"]})
+    record_files(layout, manifest, written | {figure["path"] for figure in manifest["card_figures"]})
     atomic_write_bytes(layout.readme, render_card(manifest).encode())
+    write_manifest(layout, manifest)

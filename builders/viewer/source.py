@@ -1,9 +1,12 @@
 """Where a gallery's rows come from: a local build folder or a Hub dataset at a revision.
 
-Both are read the way users read them, with `load_dataset`, streaming: the rows go straight from
-the parquet shards to the thumbnailer, with no Arrow copy of a possibly large build, and no cache
-entry — `load_dataset` caches a local folder under its base name, so a rebuilt `out/cf` (or
-another folder named `cf`) would otherwise show the rows of an earlier one. Before that, the README's `configs:`
+Both are opened the way users open them, with `load_dataset`, streaming (features, configs and
+splits checked by `datasets`), with no Arrow copy of a possibly large build, and no cache entry —
+`load_dataset` caches a local folder under its base name, so a rebuilt `out/cf` (or another
+folder named `cf`) would otherwise show the rows of an earlier one. The rows of parquet shards
+(every build's) are then read straight from the files, one row group and a few rows at a time,
+so memory is bounded by a page plus a row group whatever the split size: iterating the streaming
+`IterableDataset` kept memory growing with the rows read (issue 25: 9 GB for 20,000 rows). Before that, the README's `configs:`
 (and `dataset_info` features) are read to pick the config and split and to refuse, in one line,
 a folder that is not a build, a repo or revision that does not exist, or a config without image
 columns. The build manifest (skip counts per reason) is read when there is one.
@@ -58,18 +61,46 @@ class GallerySource:
     dataset: Any = field(repr=False)
     #: build_manifest.json when the build has one (skip/error counts per reason).
     manifest: dict[str, Any] | None = field(default=None, repr=False)
+    #: The split's data files (local paths or hf:// URLs) when all are parquet, else None.
+    parquet_files: list[str] | None = field(default=None, repr=False)
 
-    def rows(self, batch_size: int = 256) -> Iterator[dict[str, Any]]:
+    def rows(self, batch_size: int = 8) -> Iterator[dict[str, Any]]:
         """Rows in order; image columns as {"bytes", "path"} (decoding is the thumbnailer's, from
-        the bytes only)."""
-        for batch in self.dataset.iter(batch_size=batch_size):
-            names = list(batch)
-            for values in zip(*(batch[n] for n in names)):
-                yield dict(zip(names, values))
+        the bytes only). Only `batch_size` rows are Python objects at a time."""
+        if self.parquet_files is None:  # another format (json, csv, an image folder)
+            for batch in self.dataset.iter(batch_size=batch_size):
+                names = list(batch)
+                for values in zip(*(batch[n] for n in names)):
+                    yield dict(zip(names, values))
+            return
+        for url in self.parquet_files:
+            yield from _parquet_rows(url, batch_size)
 
     @property
     def image_columns(self) -> list[str]:
         return image_columns(self.features)
+
+
+def _parquet_rows(url: str, batch_size: int) -> Iterator[dict[str, Any]]:
+    """The rows of one parquet file, read a row group at a time (one reader per group: a reader
+    over all groups kept earlier groups' buffers alive), `batch_size` rows as Python at a time."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    with fsspec.open(url, "rb") as fh:
+        parquet = pq.ParquetFile(fh)
+        for group in range(parquet.num_row_groups):
+            for batch in parquet.iter_batches(batch_size=batch_size, row_groups=[group]):
+                yield from batch.to_pylist()
+
+
+def _parquet_files(name: str, config: str, split: str, revision: str | None) -> list[str] | None:
+    """The split's data files as `datasets` resolves them, when all are parquet; else None."""
+    import datasets
+
+    builder = datasets.load_dataset_builder(name, config, revision=revision)
+    files = [str(f) for f in (builder.config.data_files or {}).get(split) or []]
+    return files if files and all(f.endswith(".parquet") for f in files) else None
 
 
 def image_columns(features: dict[str, Any]) -> list[str]:
@@ -187,4 +218,5 @@ def open_source(cfg: GallerySourceConfig) -> GallerySource:
     manifest = json.loads(manifest_path.read_text()) if manifest_path else None
     log.info("%s: %s/%s, image columns %s", title, config, split, images)
     return GallerySource(title=title, config=config, split=split, features=dict(ds.features),
-                         dataset=ds, manifest=manifest)
+                         dataset=ds, manifest=manifest,
+                         parquet_files=_parquet_files(name, config, split, cfg.revision))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow.parquet as pq
 
 from builders.app.cli import main as cli_main
@@ -38,15 +39,24 @@ def shard_digests(root: Path) -> dict[str, str]:
 
 def kill_after_parts(cmd: list[str], stats_dir: Path, min_parts: int, timeout: float,
                      poll: float) -> int:
-    """Start `cmd`, SIGKILL its whole process group once `min_parts` parts have finished, and
-    return how many had finished by then."""
+    """Start `cmd`, SIGKILL it and every process it started once `min_parts` parts have finished,
+    and return how many had finished by then."""
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     deadline = time.time() + timeout
     while time.time() < deadline and len(list(stats_dir.glob("*.json"))) < min_parts:
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
         time.sleep(poll)
+    # torch's elastic agent (behind `accelerate launch`) starts each worker in a session of its
+    # own: killing the launcher's group alone would leave the workers building and merging.
+    tree = psutil.Process(proc.pid).children(recursive=True)
     os.killpg(proc.pid, signal.SIGKILL)
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=60)
     proc.wait()
     return len(list(stats_dir.glob("*.json")))
 

@@ -1,6 +1,7 @@
 """Turn finished parts into the Hub layout: shards and the build manifest (the caller adds the card).
 
-The manifest lists every data file written (`files`, see `build_files`).
+The manifest lists every data file written (`files`, see `build_files`). It is removed when a
+merge starts and written last, so its presence marks a finished build (see `up_to_date`).
 
 Shards are streamed part by part (never the whole split in memory) into
 `data/[config/]split-NNNNN-of-NNNNN.parquet`; the shard count comes from the parts' total size so
@@ -32,6 +33,7 @@ from builders.engine.sharding.base import BuildInfo, OutputSpec
 from builders.engine.sharding.build_files import FILES, file_record
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_json
+from builders.engine.sharding.up_to_date import invalidate
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +158,11 @@ def merge_parts(
     """Write the shards and the manifest; return the manifest.
 
     `finish` (the caller's: e.g. `publishing.card.write_card`) writes what the build publishes
-    beside its shards, the card and its figures, and then the manifest (`write_manifest`), so
-    the card is rendered from the manifest as published. Without it the build has no card.
+    beside its shards, the card and its figures, and then the manifest (`record_files`, then
+    `write_manifest` last), so the card is rendered from the manifest as published. Without it
+    the build has no card.
     """
+    invalidate(layout)  # until the new manifest is written, last, this is no finished build
     outputs_manifest: dict[str, Any] = {}
     keep: set[str] = set()
     for spec in outputs:
@@ -198,17 +202,23 @@ def merge_parts(
     # every model as the rows name it (`provenance.model_name`), however its flag spelled it.
     manifest = portable(manifest, layout.root, inputs=info.models.values())
     if finish is None:
-        write_manifest(layout, manifest, keep)
+        record_files(layout, manifest, keep)
+        write_manifest(layout, manifest)
     else:
         finish(layout, manifest, keep)
     return manifest
 
 
-def write_manifest(layout: OutputLayout, manifest: dict[str, Any], written: set[str]) -> None:
-    """Record the build's data files (`written`, relative paths) and write the manifest.
+def record_files(layout: OutputLayout, manifest: dict[str, Any], written: set[str]) -> None:
+    """Record the build's data files (`written`, relative paths) in the manifest.
 
     Every data file the merge and its finisher wrote, with size and digest: exactly what `publish`
     sends (with the card and this manifest) and what `--overwrite` deletes.
     """
     manifest[FILES] = [file_record(layout.root, rel) for rel in sorted(written)]
+
+
+def write_manifest(layout: OutputLayout, manifest: dict[str, Any]) -> None:
+    """Write the manifest: the last file of a merge, whose presence marks a finished build (a
+    re-run with nothing to do relies on it: `up_to_date`)."""
     atomic_write_json(layout.manifest, manifest)

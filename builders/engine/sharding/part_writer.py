@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,6 +40,13 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     # Insertion order, not sorted keys: the manifest's feature dicts carry the column order that
     # the card's `dataset_info` (and so a Hub load) reproduces.
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far, in bytes (recorded in each part's stats, so
+    a build's per-process memory is known from its output)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
 
 
 def rows_to_table(rows: list[dict[str, Any]], features: datasets.Features) -> pa.Table:

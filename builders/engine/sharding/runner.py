@@ -4,7 +4,8 @@ Parts are consecutive chunks of `part_size` work items, numbered from 0; process
 parts k with k % w == r. Part boundaries never depend on the number of processes, and rows only
 depend on their own items, so 1 or N processes (or N machines sharing a folder) produce identical
 shards. A part is finished once its stats file exists (see `part_writer`), which is what a
-resumed run checks.
+resumed run checks. A re-run of a finished build has nothing to do and returns at once (see
+`up_to_date`).
 
 Job arrays (preemptible clusters, no rendezvous): worker i of n (`BuildRunConfig.worker_index`,
 `num_workers`) builds the same parts rank i of n would, then exits without merging; it holds only
@@ -18,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
@@ -36,7 +38,9 @@ from builders.engine.sharding.output_guard import (check_output_folder, output_e
                                                   remove_part_temp_files, remove_temp_files,
                                                   running_workers, worker_lock)
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
-from builders.engine.sharding.part_writer import atomic_write_json, rows_to_table, write_parquet
+from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_bytes, rows_to_table,
+                                                   write_parquet)
+from builders.engine.sharding.up_to_date import finished_manifest, invalidate
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,11 @@ class BuildRunConfig:
     #: Merge the finished parts of a job array (fails naming the missing parts and their workers).
     merge_only: bool = False
 
+
+#: How long the main process waits, after every process finished, for the parts other machines
+#: wrote to appear in the shared folder (a network filesystem may show another client's new files
+#: late, e.g. NFS's cached lookups), before concluding the folder is not shared.
+SHARED_FOLDER_WAIT_S = 60.0
 
 #: How long an array worker waits for the folder's lock, which other workers hold only while
 #: checking the fingerprint (a build or merge holding it longer makes the worker fail).
@@ -206,6 +215,8 @@ def _build_part(
         # What this part was built from: a resume compares it with the current inputs.
         "item_digests": part_digests(items),
         "timings": {"process_s": round(t1 - t0, 4), "write_s": round(t2 - t1, 4)},
+        # The process's peak so far: its parts run in sequence, so the last part's is its peak.
+        "peak_rss_bytes": peak_rss_bytes(),
         "rank": group.rank,
         "world_size": group.world_size,
     }
@@ -251,6 +262,10 @@ def _read_parts(builder: ShardedBuilder, part_size: int) -> tuple[list[Any], lis
 
 def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup,
                 layout: OutputLayout, finish: Finisher | None) -> BuildResult | None:
+    done = _finished(builder, cfg, layout, finish) if group.is_main else None
+    # Every process follows the main one's answer: the others must not wait at a barrier it skips.
+    if group.from_main(done is not None):
+        return _nothing_to_do(cfg, layout, done) if done is not None else None
     outputs = list(builder.outputs())
     items, parts = _read_parts(builder, cfg.part_size)
     if group.is_main:
@@ -261,6 +276,8 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
     group.barrier()
     if not group.is_main:
         return None
+    if group.world_size > 1:
+        _wait_for_other_processes_parts(layout, len(parts), group.world_size)
     return _merge(builder, cfg, layout, outputs, items, len(parts), group.world_size, finish)
 
 
@@ -275,6 +292,8 @@ def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: 
         "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
         group.rank, group.world_size, items_total, len(parts), len(mine), len(mine) - len(todo),
     )
+    if todo:
+        invalidate(layout)  # the merged output no longer matches the parts
     # One live tracker per process: a bar on a terminal, periodic log lines otherwise.
     with progress.track(sum(len(chunk) for _, chunk in todo), f"[rank {group.rank}/{group.world_size}]",
                         position=group.rank) as tracker:
@@ -301,6 +320,47 @@ def _merge(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
         max_shard_bytes=cfg.max_shard_bytes,
         finish=finish,
     )
+    return BuildResult(output_dir=layout.root, manifest=manifest)
+
+
+def _wait_for_other_processes_parts(layout: OutputLayout, n_parts: int, world_size: int) -> None:
+    """Every process passed the barrier after building its parts, so each part exists somewhere:
+    one still missing here after `SHARED_FOLDER_WAIT_S` was written to another machine's disk."""
+    deadline = time.monotonic() + SHARED_FOLDER_WAIT_S
+    stats_dir = layout.stats_file(0).parent
+    expected = {layout.stats_file(k).name: k for k in range(n_parts)}
+    while True:
+        # Listing the folder (not a lookup per file) revalidates a network filesystem's cache.
+        missing = sorted(set(expected) - set(os.listdir(stats_dir) if stats_dir.is_dir() else ()))
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    if missing:
+        first = expected[missing[0]]
+        raise UserFacingError(
+            f"{len(missing)} of {n_parts} parts that the other processes built are not in "
+            f"{layout.root} (first: part {first}, by rank {first % world_size}); on several "
+            "machines --output must be one folder that all of them share (a network filesystem), "
+            "not a local path on each machine")
+
+
+def _finished(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
+              finish: Finisher | None) -> dict[str, Any] | None:
+    """The manifest of the finished build this run would make again (`up_to_date`), else None.
+    `--overwrite` always re-reads the inputs, to rebuild from changed ones."""
+    if cfg.overwrite:
+        return None
+    return finished_manifest(layout, _fingerprint(builder, cfg), cfg.max_shard_bytes,
+                             cfg.retry_errors, with_card=finish is not None)
+
+
+def _nothing_to_do(cfg: BuildRunConfig, layout: OutputLayout, manifest: dict[str, Any]) -> BuildResult:
+    # A stricter --max-error-fraction still fails the finished build, as it would after a merge.
+    _check_error_rate([{"errors": manifest["errors"]}], manifest["items"], cfg.max_error_fraction,
+                      layout)
+    log.info("nothing to do: %s is a finished build of the same configuration (%d parts; its shards "
+             "and card match build_manifest.json); its inputs were not re-read — rebuild from "
+             "changed inputs with --overwrite", layout.root, manifest["run"]["parts"])
     return BuildResult(output_dir=layout.root, manifest=manifest)
 
 
@@ -341,10 +401,13 @@ def _run_array_worker(builder: ShardedBuilder, cfg: BuildRunConfig, layout: Outp
 
 def _merge_only(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
                 finish: Finisher | None) -> BuildResult:
-    outputs = list(builder.outputs())
-    items, parts = _read_parts(builder, cfg.part_size)
     with output_lock(layout):
         _check_no_workers(layout)
+        done = _finished(builder, cfg, layout, finish)
+        if done is not None:
+            return _nothing_to_do(cfg, layout, done)
+        outputs = list(builder.outputs())
+        items, parts = _read_parts(builder, cfg.part_size)
         remove_temp_files(layout)
         _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
         n_workers = cfg.num_workers or _recorded_workers(layout, len(parts))
