@@ -139,6 +139,13 @@ def test_readme_commands_run_as_written(readme_run):
         assert (scratch / "runs" / run / "metrics.md").is_file(), run
     final = json.loads((scratch / "runs/cf-deltas/run.json").read_text())["final_metrics"]
     assert {"itm/IR_c_mean", "itm/TR_c_mean"} <= set(final), sorted(final)
+    # The COCO-Counterfactuals comparison: the real-only baseline sweep (--mix cf:real trains on
+    # real rows only) and cf:medium tested against it.
+    for seed in (107, 108):
+        base = json.loads((scratch / f"runs/real-only/seed-{seed}/run.json").read_text())
+        assert set(base["train_examples"]) == {"real"}, base["train_examples"]
+    medium = json.loads((scratch / "runs/medium/summary.json").read_text())
+    assert len(medium["baseline_runs"]) == 2 and any("p_value" in r for r in medium["metrics"])
     # The progress of a build names its stage inside a part (periodic lines: not a terminal).
     assert re.search(r"counterfactory\.progress: .*candidates \d+/\d+; \d+/\d+ items", proc.stderr)
 

@@ -3,9 +3,10 @@
 
 Module map: config (typed run configuration, each field with its flag's help; recipes) -> options
 (the parsers, generated from config) -> sources (datasets by repo id + revision or build folder)
--> mixtures (D, D ∪ D'_sub, cf:base|medium|all) -> data (pair-aware batch sampler, workers
+-> mixtures (D, D ∪ D'_sub, cf:real|base|medium|all) -> data (pair-aware batch sampler, workers
 decoding parquet bytes) -> backends (transformers / open_clip CLIP) -> losses (InfoNCE, NegCLIP)
--> trainer (setup -> train_one_epoch -> evaluate -> finish) -> evaluation (our metrics) ->
+-> optimization (no-decay group, logit-scale clamp) -> trainer (setup -> train_one_epoch ->
+evaluate -> finish) -> evaluation (our metrics) -> leakage (training images in evaluation sets) ->
 checkpoint (resume, final model + card, push) ; finetune_clip (the entry point) ; sweep (seeds +
 Welch t-test, `counterfactory sweep`).
 """

@@ -12,7 +12,16 @@ Recipes (the papers' finetuning set-ups):
 - `kim2023` (object decorrelation, Kim et al. 2023 §4.1 / builders/decorrelation/METHOD.md §6):
   10 epochs, batch 256, Adam, lr 2e-6, lr x 0.5 every 2 epochs.
 - `le2023` (COCO-Counterfactuals, Le et al. 2023 §5 / builders/counterfactuals/METHOD.md §5):
-  AdamW, lr 5e-7, weight decay 0.001, batch 128, best checkpoint by validation loss.
+  AdamW, lr 5e-7, weight decay 0.001, batch 128, best checkpoint by validation loss. The paper
+  finetuned with Hugging Face's `examples/pytorch/contrastive-image-text/run_clip.py`, so what
+  it does not state is the `transformers.TrainingArguments` defaults: 3 epochs
+  (`num_train_epochs`), linear decay to 0 (`lr_scheduler_type="linear"`, no warm-up),
+  `max_grad_norm` 1.0, and no weight decay on biases and LayerNorm weights
+  (`Trainer.get_decay_parameter_names`).
+
+Every run, whatever the recipe, keeps biases, normalisation weights and `logit_scale` out of
+weight decay and clamps the logit scale to ln 100 after each step, as CLIP and open_clip do
+(training/optimization.py).
 
 Example:
     >>> from training.options import build_parser, config_from_args
@@ -31,7 +40,7 @@ from typing import Any, Literal
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import non_negative_int, positive_int
 
-MIXES = ("none", "decorrelation", "cf:base", "cf:medium", "cf:all")
+MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
 BACKENDS = ("transformers", "open_clip")
 REPORT_TO = ("auto", "tensorboard", "wandb", "none")
@@ -48,7 +57,8 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
                           "weight_decay": 0.0, "schedule": "step", "step_epochs": 2,
                           "step_gamma": 0.5}},
     "le2023": {"optim": {"optimizer": "adamw", "lr": 5e-7, "weight_decay": 0.001,
-                         "batch_size": 128},
+                         "batch_size": 128, "epochs": 3, "schedule": "linear",
+                         "warmup_steps": 0, "max_grad_norm": 1.0},
                "run": {"best_by_val_loss": True, "eval_batch_size": 128}},
 }
 
@@ -80,7 +90,8 @@ class DataConfig:
         None, "the coco-captions build (repo id or folder): D and the retrieval test split")
     #: The paper's "train" is train + restval.
     real_train_splits: tuple[str, ...] = option(
-        ("train", "restval"), "splits of --real to train on (cf: mixes: where the real images are found)")
+        ("train", "restval"), "splits of --real to train on with --mix none|decorrelation (cf: mixes "
+                              "take each pair's real image by id from any split)")
     #: Used with `--mix none|decorrelation`; the cf: mixes validate on their own 20 %.
     real_val_split: str | None = option(
         "val", "split of --real for the validation loss ('' for none; cf: mixes hold out 20%%)")
@@ -102,7 +113,8 @@ class DataConfig:
         "test", "split of the --counterfactuals build to read (all of it is scored when no cf: mix "
                 "trains on it)")
     mix: str = option(
-        "none", "none: D; decorrelation: D + D'_sub; cf:base|medium|all: COCO-Counterfactuals mixtures",
+        "none", "none: D; decorrelation: D + D'_sub; cf:base|medium|all: COCO-Counterfactuals "
+                "mixtures; cf:real: their real rows only (the paper's baseline)",
         choices=MIXES)
     ratio: float | None = option(None, "|D'_sub| / |D| for --mix decorrelation (default: all of D')")
     #: Not the batch order (that is --seed).
@@ -132,8 +144,9 @@ class OptimConfig:
     optimizer: Literal["adam", "adamw"] = option("adamw", "optimizer (default adamw)")
     lr: float = option(1e-5, "peak learning rate (default 1e-5)")
     weight_decay: float = option(0.0, "weight decay of the optimizer (default 0)")
-    schedule: Literal["constant", "cosine", "step"] = option(
-        "constant", "lr after warm-up (step: x --step-gamma every --step-epochs epochs)")
+    schedule: Literal["constant", "cosine", "linear", "step"] = option(
+        "constant", "lr after warm-up (linear: to 0 at the last step; step: x --step-gamma every "
+                    "--step-epochs epochs)")
     warmup_steps: int = option(0, "optimizer steps of linear lr warm-up (default 0)",
                                type=non_negative_int)
     step_epochs: int = option(2, "--schedule step: epochs between lr multiplications (default 2)",
@@ -180,6 +193,11 @@ class RunConfig:
     k_values: tuple[int, ...] = option((1, 5, 10), "K of R@K and ODmAP@K", type=positive_int)
     eccv: bool = option(False, "also the ECCV Caption suite (needs the COCO 5K test split)")
     log_every: int = option(1, "log the loss and lr every N optimizer steps (default 1)", type=positive_int)
+    #: Without it a run whose training images include any image of an evaluation set is refused
+    #: before the first step (training/leakage.py).
+    allow_eval_overlap: bool = option(
+        False, "report metrics on evaluation sets sharing images with the training data (marked "
+               "as overlapping in metrics.md and the model card) instead of refusing the run")
     #: auto: TensorBoard when it is installed, else none.
     report_to: str = option("auto", "experiment tracker of the loss and lr through accelerate "
                                     "(auto: tensorboard when installed)", choices=REPORT_TO)

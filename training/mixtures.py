@@ -13,15 +13,20 @@ group it must share a batch with (`--hard-negatives pairs`).
   one D' row per real example, later ones stay alone). Its NegCLIP negative is the original
   caption y, which names the object removed from x'.
 - `cf:base|medium|all` (Le et al. 2023 §5, builders/counterfactuals/METHOD.md §5). The real part
-  (a.) is, per counterfactual pair, the original caption caption_0 with its real COCO image (from
-  the coco-captions build, by `source_image_id`); with N pairs (2N counterfactual rows):
+  (a.) is, per counterfactual pair, the original caption caption_0 with its real COCO image, found
+  by `source_image_id` in any split of the coco-captions build (the paper takes the real image
+  of every pair, whichever Karpathy split holds it; `--real-train-splits` does not apply, and the
+  leakage guard, training/leakage.py, refuses a run whose real rows include evaluation images);
+  with N pairs (2N counterfactual rows):
+    real   = N real, no counterfactual row (the paper's real-only baseline)
     base   = ceil(0.5 N) real + ceil(0.25 N) whole pairs (both rows)
     medium = N real + ceil(0.75 x 2N) counterfactual rows, as whole pairs plus one row of another
              pair when the count is odd (the paper's 26,115 of 34,820 rows)
     all    = N real + all 2N rows
   Then the mixture is split 80/20 into train/validation by `--data-seed`, a pair never split:
   floor(0.2 x units) units (a real example, or the rows of one pair) go to validation. The
-  validation pairs are the held-out counterfactual split of the ITM deltas. NegCLIP negatives:
+  validation pairs are the held-out counterfactual split of the ITM deltas (for `cf:real`, which
+  trains on no pair, the pairs whose real row went to validation). NegCLIP negatives:
   caption_1 for the real example and for image_0, caption_0 for image_1.
 - `--counterfactuals` with `none` or `decorrelation` (or `--eval-only` without a `cf:` mix): the
   build is not trained on, so every pair of `--counterfactuals-split` is held out for the ITM
@@ -40,7 +45,7 @@ import datasets
 import numpy as np
 
 from training.config import DataConfig
-from training.sources import DataInputError, TableRecord, open_table, resolve_commit
+from training.sources import DataInputError, TableRecord, open_table, resolve_commit, split_names
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +54,8 @@ DPRIME_COLUMNS = {"image": datasets.Image, "image_id": object, "caption": object
                   "caption_id": object, "original_caption": object}
 CF_COLUMNS = {"image_0": datasets.Image, "image_1": datasets.Image, "caption_0": object,
               "caption_1": object}
-CF_FRACTIONS = {"cf:base": (0.5, 0.25), "cf:medium": (1.0, 0.75), "cf:all": (1.0, 1.0)}
+CF_FRACTIONS = {"cf:real": (1.0, 0.0), "cf:base": (0.5, 0.25), "cf:medium": (1.0, 0.75),
+                "cf:all": (1.0, 1.0)}
 VAL_FRACTION = 0.2
 
 
@@ -115,8 +121,9 @@ def build_mixture(cfg: DataConfig) -> Mixture:
     records: list[TableRecord] = []
     skipped: Counter[str] = Counter()
     real_commit = resolve_commit(cfg.real)
-    real_tables = [_open(cfg.real, "default", s, REAL_COLUMNS, real_commit, records)
-                   for s in cfg.real_train_splits]
+    # A cf: mixture's real rows are its pairs' source images, wherever they are (module doc).
+    splits = split_names(cfg.real, "default") if cfg.mix.startswith("cf:") else cfg.real_train_splits
+    real_tables = [_open(cfg.real, "default", s, REAL_COLUMNS, real_commit, records) for s in splits]
     examples = ExampleSet()
     if cfg.mix.startswith("cf:"):
         return _cf_mixture(cfg, rng, examples, real_tables, records, skipped)
@@ -217,7 +224,8 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
     examples.tables.extend(real_tables)
     cf_k = len(examples.tables)
     examples.tables.append(cf)
-    units: list[list[int]] = []
+    #: (example indices, the pair it stands for): a real row stands for its pair in cf:real.
+    units: list[tuple[list[int], int | None]] = []
     image_ids = meta.get("source_image_id") or [None] * n_pairs
     for p in np.sort(real_pairs).tolist():
         image_id = image_ids[p]
@@ -225,15 +233,15 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
         if where is None:
             skipped["cf_pair_without_real_image"] += 1
             continue
-        units.append([examples.add(where[0], where[1], "image", meta["caption_0"][p],
-                                   meta["caption_1"][p], -1, "real")])
+        units.append(([examples.add(where[0], where[1], "image", meta["caption_0"][p],
+                                    meta["caption_1"][p], -1, "real")], p))
     for p in np.sort(whole).tolist():
         a = examples.add(cf_k, p, "image_0", meta["caption_0"][p], meta["caption_1"][p], p, "counterfactual")
         b = examples.add(cf_k, p, "image_1", meta["caption_1"][p], meta["caption_0"][p], p, "counterfactual")
-        units.append([a, b])
+        units.append(([a, b], p))
     for p in extra.tolist():
-        units.append([examples.add(cf_k, p, "image_0", meta["caption_0"][p], meta["caption_1"][p],
-                                   -1, "counterfactual")])
+        units.append(([examples.add(cf_k, p, "image_0", meta["caption_0"][p], meta["caption_1"][p],
+                                    -1, "counterfactual")], None))
     if skipped:
         log.warning("counterfactual mixture skips: %s", dict(skipped))
     if not units:
@@ -242,9 +250,12 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
     n_val = int(VAL_FRACTION * len(units))
     val_units = sorted(shuffled[:n_val].tolist())
     train_units = sorted(shuffled[n_val:].tolist())
-    train = examples.subset([i for u in train_units for i in units[u]])
-    validation = examples.subset([i for u in val_units for i in units[u]])
-    heldout = [(cf_k, examples.row[units[u][0]]) for u in val_units if len(units[u]) == 2]
+    train = examples.subset([i for u in train_units for i in units[u][0]])
+    validation = examples.subset([i for u in val_units for i in units[u][0]])
+    # The ITM deltas' pairs: validation pairs whose rows were never trained on (whole pairs; in
+    # cf:real, which trains on no pair, those of the validation real rows).
+    size = 1 if cfg.mix == "cf:real" else 2
+    heldout = [(cf_k, units[u][1]) for u in val_units if len(units[u][0]) == size and units[u][1] is not None]
     return Mixture(train, validation, heldout, records, dict(skipped))
 
 

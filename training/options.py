@@ -132,7 +132,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                         help="data seed = seed + offset (the paper: 1); default: the command's "
                              "--data-seed")
     parser.add_argument("--output", required=True, help="sweep folder: OUTPUT/seed-N, OUTPUT/summary.*")
-    parser.add_argument("--baseline", default=None, help="a finished sweep folder to test against")
+    parser.add_argument("--baseline", default=None,
+                        help="a finished sweep folder to test against (e.g. the same sweep with "
+                             "--mix cf:real, the real-only baseline)")
     parser.add_argument("--summarize-only", action="store_true",
                         help="only rewrite the summary of every seed finished under --output (no --seeds)")
     parser.add_argument("train_args", nargs="*", metavar="TRAIN_FLAG",

@@ -116,3 +116,12 @@ def _require_image_bytes(ds: datasets.Dataset, column: str, where: str) -> None:
                              f"image bytes (row {rows[0]}: {named}); training reads image bytes "
                              "only, never a file a dataset names: rebuild or republish the dataset "
                              "with its images embedded")
+
+
+def split_names(ref: SourceRef, config: str) -> list[str]:
+    """The splits of `config` in dataset `ref` (at its revision), in the dataset's order."""
+    try:
+        return list(datasets.get_dataset_split_names(ref.path, config, revision=ref.revision))
+    except (OSError, ValueError) as err:
+        raise DataInputError(f"{ref.path} (config {config!r}): cannot list its splits "
+                             f"({str(err)[:200]})") from None

@@ -2,14 +2,19 @@
 against a baseline sweep (the COCO-Counterfactuals paper's protocol: 25 seeds, 107-131 with
 data seeds 108-132, Le et al. 2023 §5.1).
 
+    python training/sweep.py --seeds 107-131 --data-seed-offset 1 --output runs/real-only \
+        -- --real ORG/coco-captions --counterfactuals ORG/cf --mix cf:real --recipe le2023 ...
     python training/sweep.py --seeds 107-131 --data-seed-offset 1 --output runs/medium \
         --baseline runs/real-only -- --real ORG/coco-captions --counterfactuals ORG/cf --mix cf:medium ...
+
+(`cf:real` is the paper's real-only baseline: the same real rows without the synthetic pairs.)
 
 Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, so an interrupted
 sweep continues). OUTPUT/summary.json holds the final metrics of every seed finished under OUTPUT;
 summary.md the table (mean ± std, and with `--baseline` the baseline's mean ± std and the
 one-tailed p-value of "better than the baseline": higher, or lower for the metrics of
-`LOWER_IS_BETTER`); summary.png one panel per metric. `--summarize-only` (no `--seeds` needed)
+`LOWER_IS_BETTER`; a metric of an evaluation set that overlapped training in any seed,
+`--allow-eval-overlap`, is marked as in metrics.md); summary.png one panel per metric. `--summarize-only` (no `--seeds` needed)
 rewrites these from the seeds finished so far.
 """
 
@@ -106,17 +111,32 @@ def summarize(output: Path, baseline: Path | None = None) -> dict:
         rows.append(row)
     summary = {"runs": runs, "baseline_runs": base, "metrics": rows}
     (output / "summary.json").write_text(json.dumps(summary, indent=1))
-    (output / "summary.md").write_text(_markdown(rows, base is not None))
+    (output / "summary.md").write_text(_markdown(rows, base is not None,
+                                                 _overlap(output) | (_overlap(baseline) if baseline else {})))
     _plot(rows, output / "summary.png")
     return summary
 
 
-def _markdown(rows: list[dict], with_baseline: bool) -> str:
+def _overlap(output: Path) -> dict[str, dict]:
+    """The evaluation sets that overlapped training in any seed under `output` (run.json's
+    `eval_overlap`, runs with --allow-eval-overlap), the largest overlap per set."""
+    out: dict[str, dict] = {}
+    for run_json in sorted(output.glob("seed-*/run.json")):
+        for key, o in json.loads(run_json.read_text()).get("eval_overlap", {}).items():
+            if key not in out or o["shared"] > out[key]["shared"]:
+                out[key] = o
+    return out
+
+
+def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | None = None) -> str:
+    from training.leakage import mark_overlapping
+
+    shown = list(mark_overlapping({r["metric"]: 0.0 for r in rows}, overlap or {}))
     head = "| metric | n | mean ± std |" + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
     sep = "|---|---|---|" + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
-    for r in rows:
-        line = f"| {r['metric']} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
+    for r, name in zip(rows, shown):
+        line = f"| {name} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
         if with_baseline:
             h1 = "run > baseline" if r.get("alternative") == "greater" else "run < baseline"
             line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {h1} | {r['p_value']:.4g} |"

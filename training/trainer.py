@@ -33,7 +33,9 @@ from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint,
 from training.config import TrainConfig, as_dict
 from training.data import PairBatchSampler, make_loader, to_device
 from training.evaluation import EvalData, evaluate_model, load_eval_data
+from training.leakage import check_eval_overlap, mark_overlapping
 from training.mixtures import build_mixture, eval_only_sets
+from training.optimization import clamp_logit_scale, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,10 @@ def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
         if o.schedule == "cosine":
             progress = min(1.0, max(0, step - o.warmup_steps) / max(1, total_steps - o.warmup_steps))
             return warm * 0.5 * (1 + math.cos(math.pi * progress))
+        if o.schedule == "linear":  # transformers' get_linear_schedule_with_warmup
+            if step < o.warmup_steps:
+                return warm
+            return max(0.0, (total_steps - step) / max(1, total_steps - o.warmup_steps))
         if o.schedule == "step":
             return warm * o.step_gamma ** ((step // max(1, steps_per_epoch)) // o.step_epochs)
         return warm
@@ -199,6 +205,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     if cfg.optim.max_steps is not None:
         total = min(total, cfg.optim.max_steps)
     data = load_eval_data(cfg, mixture.heldout_cf, mixture.train.tables, mixture.validation)
+    record["eval_overlap"] = check_eval_overlap(mixture.train, data, cfg.run.allow_eval_overlap)
     record.update(tables=[asdict(r) for r in mixture.records + data.records],
                   train_examples=mixture.train.counts(),
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
@@ -209,9 +216,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
                          negatives=cfg.data.hard_negatives == "negclip",
                          fast_decode=cfg.data.fast_decode)
 
-    params = [p for p in backend.module.parameters() if p.requires_grad]
-    opt_cls = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.AdamW
-    optimizer = opt_cls(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    optimizer = make_optimizer(backend.module, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
     # The scheduler is not prepared: accelerate would step it once per process per step.
     model, optimizer = accelerator.prepare(backend.module, optimizer)
@@ -246,6 +251,7 @@ def train_one_epoch(s: Session) -> None:
         if cfg.optim.max_grad_norm is not None:
             s.accelerator.clip_grad_norm_(s.model.parameters(), cfg.optim.max_grad_norm)
         s.optimizer.step()
+        clamp_logit_scale(s.unwrapped)
         s.optimizer.zero_grad(set_to_none=True)
         lr = s.scheduler.get_last_lr()[0]
         s.scheduler.step()
@@ -306,7 +312,8 @@ def finish(s: Session) -> dict[str, float]:
             s.backend.save(s.unwrapped, final_dir)
     metrics = evaluate(s, final=True)
     if accelerator.is_main_process:
-        write_model_card(final_dir, published_record(s.record, cfg, output), metrics)
+        write_model_card(final_dir, published_record(s.record, cfg, output),
+                         mark_overlapping(metrics, s.record.get("eval_overlap", {})))
         _write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
         if cfg.run.push_to_hub:
             push_to_hub(final_dir, cfg.run.push_to_hub)
@@ -346,5 +353,5 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def _write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
     _write_jsonl(output / "metrics.jsonl", evals)
-    (output / "metrics.md").write_text(metric_table(final))
+    (output / "metrics.md").write_text(metric_table(mark_overlapping(final, record.get("eval_overlap", {}))))
     (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))
