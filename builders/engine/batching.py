@@ -40,14 +40,13 @@ class BatchTooLargeError(UserFacingError):
     """Even a batch of one item does not fit in memory."""
 
 
-def is_out_of_memory(err: BaseException) -> bool:
+def is_out_of_memory(err: Exception) -> bool:
     """True for the errors accelerate treats as "reduce the batch size"."""
     # Imported here: stages that import this module stay importable without torch (--help).
     import torch
     from accelerate.utils.memory import should_reduce_batch_size
 
-    return isinstance(err, torch.OutOfMemoryError) or (
-        isinstance(err, Exception) and should_reduce_batch_size(err))
+    return isinstance(err, torch.OutOfMemoryError) or should_reduce_batch_size(err)
 
 
 def slices(items: Sequence[T], size: int) -> list[Sequence[T]]:
