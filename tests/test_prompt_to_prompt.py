@@ -315,8 +315,8 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
 def test_an_image_batch_that_runs_out_of_memory_is_halved_with_the_same_selection(pipe, tiny_models_dir,
                                                                                    plan, caplog):
     """The UNet runs out of memory above 4 rows (one candidate's pair with its guidance halves):
-    batches are halved, groups of candidates sharing a seed cut, and the row's selection, counts and
-    images are those of an un-failing run, with each candidate tried once."""
+    batches are halved (a planned batch of whole groups re-planned at the new size), and the row's
+    selection, counts and images are those of an un-failing run, with each candidate tried once."""
     from builders.counterfactuals.config import ImageStageConfig
     from builders.counterfactuals.images import ImageStage
     from builders.models.clip import ClipScorer
@@ -343,15 +343,18 @@ def test_an_image_batch_that_runs_out_of_memory_is_halved_with_the_same_selectio
     assert rows and max(rows) <= 4 and stage.batches.size < cfg.candidate_batch
     assert got.tried == want.tried == cfg.candidates and got.passed == want.passed
     assert (got.rejected, got.early_rejected) == (want.rejected, want.early_rejected)
-    assert got.pair.seed == want.pair.seed and got.pair.p == want.pair.p
-    assert np.array_equal(np.asarray(got.pair.image_0), np.asarray(want.pair.image_0))
-    assert np.array_equal(np.asarray(got.pair.image_1), np.asarray(want.pair.image_1))
-    # CLIP scores of a batch of 1 vs 4 differ by float noise (~1e-6), as for any batch size.
-    assert got.pair.directional == pytest.approx(want.pair.directional, abs=1e-5)
-    if cfg.candidate_plan == "independent":  # no group to cut: the work of a plain run at that size
-        plain = ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "candidate_batch": stage.batches.size}),
-                           seed=0).run("42_1", *CAPTIONS)
-        assert got.work == plain.work
+    # The same selection, images and work as a plain run at the size that fit. (Against the
+    # configured size, CLIP scores of other batch sizes differ by float noise, ~1e-6, which can
+    # reorder the tiny model's near-tied candidates of one group; with independent candidates
+    # the selection is the same too.)
+    plain = ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "candidate_batch": stage.batches.size}),
+                       seed=0).run("42_1", *CAPTIONS)
+    assert (got.pair.seed, got.pair.p, got.work) == (plain.pair.seed, plain.pair.p, plain.work)
+    assert np.array_equal(np.asarray(got.pair.image_0), np.asarray(plain.pair.image_0))
+    assert np.array_equal(np.asarray(got.pair.image_1), np.asarray(plain.pair.image_1))
+    assert got.pair.directional == pytest.approx(plain.pair.directional, abs=1e-5)
+    if cfg.candidate_plan == "independent":
+        assert (got.pair.seed, got.pair.p) == (want.pair.seed, want.pair.p)
     final = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(final) == 1 and f"batch size {stage.batches.size} " in final[0]
 
