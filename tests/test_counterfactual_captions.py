@@ -6,6 +6,7 @@ the tiny MLM / GPT-2 and the real all-MiniLM-L6-v2."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 
 import nltk
@@ -122,14 +123,46 @@ def test_batched_stage_equals_one_at_a_time_reference(models):
 def test_batch_size_does_not_change_the_outcome_and_auto_order_follows_model_sizes(models):
     captions = fixture_captions(1)
     a = CaptionStage(models, CaptionStageConfig(caption_batch=1, lm_batch=1)).run(captions)
-    b = CaptionStage(models, CaptionStageConfig(caption_batch=64)).run(captions)
-    assert [getattr(r, "counterfactual", r) for r in a] == [getattr(r, "counterfactual", r) for r in b]
+    for size in (4, 7, 64):
+        b = CaptionStage(models, CaptionStageConfig(caption_batch=size)).run(captions)
+        assert [getattr(r, "counterfactual", r) for r in a] == [getattr(r, "counterfactual", r) for r in b]
     # The tiny LM is far smaller than MiniLM: perplexity first. Swap their roles (only the
     # parameter counts are read) and the reference's similarity-first order is chosen.
     assert CaptionStage(models, CaptionStageConfig()).order == "perplexity_first"
     swapped = CaptionModels(models.mlm, models.mlm_tokenizer, models.sentence, models.lm_tokenizer,
                             models.lm)
     assert CaptionStage(swapped, CaptionStageConfig()).order == "similarity_first"
+
+
+def test_a_caption_batch_that_runs_out_of_memory_is_halved_with_the_same_outcomes(models, caplog):
+    """The MLM runs out of memory above 6 masked captions (a caption has 1-4 nouns): batches of 7
+    captions are halved until they fit, and every caption gets the outcome of an un-failing run."""
+    captions = fixture_captions(1)
+    want = CaptionStage(models, CaptionStageConfig(caption_batch=7)).run(captions)
+    base = getattr(models.mlm, models.mlm.base_model_prefix)
+    rows: list[int] = []
+
+    def oom_above_6(module, args, kwargs):
+        if len(kwargs["input_ids"]) > 6:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        rows.append(len(kwargs["input_ids"]))
+
+    stage = CaptionStage(models, CaptionStageConfig(caption_batch=7))
+    hook = base.register_forward_pre_hook(oom_above_6, with_kwargs=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="builders.engine.batching"):
+            got = stage.run(captions)
+    finally:
+        hook.remove()
+    assert len(got) == len(captions)
+    assert [getattr(r, "counterfactual", r) for r in got] == [getattr(r, "counterfactual", r) for r in want]
+    for r, w in zip(got, want):
+        if not isinstance(w, str):
+            assert (r.position, r.candidates) == (w.position, w.candidates)
+            assert (r.similarity, r.perplexity) == pytest.approx((w.similarity, w.perplexity), rel=1e-5)
+    assert 1 <= stage.batches.size < 7 and rows and max(rows) <= 6
+    final = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(final) == 1 and final[0].startswith(f"caption stage: batch size {stage.batches.size} ")
 
 
 def test_edge_cases_are_counted_reasons_not_crashes(models):

@@ -38,6 +38,7 @@ import datasets
 import numpy as np
 import torch
 
+from builders.engine.batching import ShrinkingBatches
 from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
@@ -197,18 +198,27 @@ def _to_numpy(feats: list[torch.Tensor]) -> np.ndarray:
     return torch.cat(feats).float().cpu().numpy() if feats else np.zeros((0, 0), np.float32)
 
 
+@functools.cache
+def _shrinking(stage: str, size: int) -> ShrinkingBatches:
+    """One per stage and size in a process: a size that ran out of memory is not tried again at
+    the next evaluation, and the size is logged once. An embedding does not depend on its batch."""
+    return ShrinkingBatches(stage, size, hint="use a GPU with more memory")
+
+
 @torch.no_grad()
 def encode_images(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> np.ndarray:
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
     device = module_device(module)
-    return _to_numpy([module(pixel_values=b["pixel_values"].to(device))[0] for b in loader])
+    batches = _shrinking("evaluation image encode", batch_size)
+    return _to_numpy([f for b in loader for f in batches.map(
+        b["pixel_values"], lambda px: [module(pixel_values=px.to(device))[0]])])
 
 
 @torch.no_grad()
 def encode_texts(module, backend, texts: list[str], batch_size: int) -> np.ndarray:
     device = module_device(module)
-    return _to_numpy([module(text=to_device(backend.tokenize(texts[b:b + batch_size]), device))[1]
-                      for b in range(0, len(texts), batch_size)])
+    return _to_numpy(_shrinking("evaluation text encode", batch_size).map(
+        texts, lambda chunk: [module(text=to_device(backend.tokenize(list(chunk)), device))[1]]))
 
 
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:

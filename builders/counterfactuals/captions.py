@@ -54,6 +54,7 @@ import torch
 from nltk.tokenize import NLTKWordTokenizer
 
 from builders.counterfactuals.config import CaptionStageConfig
+from builders.engine.batching import ShrinkingBatches
 from builders.engine.errors import UserFacingError
 from counterfactory_metrics.odmap.noun_phrases import default_tagger, tokenize
 
@@ -250,6 +251,9 @@ class CaptionStage:
             self.relations = WordNetRelations()
         self._tag_cache: dict[str, tuple[list[str], list[str]]] = {}
         self.order = self._resolve_order()
+        # Halved and retried on out-of-memory; a caption's outcome does not depend on its batch.
+        self.batches = ShrinkingBatches("caption stage", config.caption_batch,
+                                        hint="try --dtype fp16 or a GPU with more memory")
         log.info("caption stage: scoring %s (order=%s)", self.order.replace("_", " "), config.order)
 
     def _resolve_order(self) -> str:
@@ -274,11 +278,7 @@ class CaptionStage:
         return hit
 
     def run(self, captions: Sequence[str]) -> list[CounterfactualCaption | str]:
-        out: list[CounterfactualCaption | str] = []
-        size = max(1, self.config.caption_batch)
-        for start in range(0, len(captions), size):
-            out += self._run_batch(captions[start:start + size])
-        return out
+        return self.batches.map(list(captions), self._run_batch)
 
     # -- steps -------------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from PIL import Image
 from builders.counterfactuals.config import ImageStageConfig
 from builders.counterfactuals.prompt_to_prompt import EarlyRejection, PairSpec, UNetWork, generate_pairs
 from builders.engine import progress
+from builders.engine.batching import ShrinkingBatches
 from builders.engine.seeding import derive_seed
 from builders.models.clip import ClipScorer
 
@@ -118,6 +119,13 @@ def candidate_batches(specs: Sequence[PairSpec], size: int) -> list[list[PairSpe
     return batches
 
 
+def split_candidates(specs: Sequence[PairSpec], size: int) -> list[list[PairSpec]]:
+    """`candidate_batches` of at most `size` candidates, cutting a group that is larger (used
+    once memory ran out: a candidate's images do not depend on its group mates)."""
+    return [batch[i:i + size] for batch in candidate_batches(specs, size)
+            for i in range(0, len(batch), size)]
+
+
 @dataclass
 class _Scores:
     clip_0: torch.Tensor
@@ -140,6 +148,9 @@ class ImageStage:
 
     def __init__(self, pipe: Any, scorer: ClipScorer, config: ImageStageConfig, seed: int) -> None:
         self.pipe, self.scorer, self.config, self.seed = pipe, scorer, config, seed
+        # P2P generation and the CLIP filters of a batch, halved and retried on out-of-memory.
+        self.batches = ShrinkingBatches("image stage (P2P + CLIP filters)", config.candidate_batch,
+                                        hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory")
 
     def failed_filters(self, s: _Scores, k: int, margin: float = 0.0) -> list[str]:
         """The filters of `config.filters` that candidate k fails by more than `margin`."""
@@ -171,17 +182,15 @@ class ImageStage:
         rejected = dict.fromkeys(cfg.filters, 0)
         work = UNetWork()
         start = 0
-        for batch in candidate_batches(specs, max(1, cfg.candidate_batch)):
-            progress.stage("candidates", start, len(specs))
+        planned = candidate_batches(specs, max(1, cfg.candidate_batch))
+        generate = lambda batch: self._generate(caption_0, caption_1, batch)  # noqa: E731
+        progress.stage("candidates", start, len(specs))
+        for batch, (images_0, images_1, dropped, scores, done) in self.batches.run(
+                planned, generate, split_candidates):
             start += len(batch)
-            early = self.early_rejection(caption_0, caption_1)
-            images_0, images_1 = generate_pairs(self.pipe, caption_0, caption_1, batch,
-                                                steps=cfg.steps, size=cfg.image_size,
-                                                inject=cfg.inject, scheduler=cfg.scheduler,
-                                                share=cfg.share, work=work, early=early)
-            dropped = set(early.dropped) if early else set()
-            scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1) \
-                if len(images_0) else None
+            progress.stage("candidates", start, len(specs))
+            work.unet_rows += done.unet_rows
+            work.decoded += done.decoded
             k = -1  # position among the finished candidates (the images' rows)
             for j, spec in enumerate(batch):
                 tried += 1
@@ -207,3 +216,18 @@ class ImageStage:
             if cfg.early_stop is not None and passed >= cfg.early_stop:
                 break
         return ImageSelection(best, tried, passed, rejected, early_rejected, work)
+
+    def _generate(self, caption_0: str, caption_1: str, batch: Sequence[PairSpec]):
+        """One batch's images, early-rejected positions, CLIP scores and UNet work; fresh state
+        per attempt, so a batch retried after running out of memory counts its work once."""
+        cfg = self.config
+        early = self.early_rejection(caption_0, caption_1)
+        work = UNetWork()
+        images_0, images_1 = generate_pairs(self.pipe, caption_0, caption_1, batch,
+                                            steps=cfg.steps, size=cfg.image_size,
+                                            inject=cfg.inject, scheduler=cfg.scheduler,
+                                            share=cfg.share, work=work, early=early)
+        dropped = set(early.dropped) if early else set()
+        scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1) \
+            if len(images_0) else None
+        return images_0, images_1, dropped, scores, work

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from builders.decorrelation.config import CLIP_TEMPLATES, CaptionConfig
+from builders.engine.batching import ShrinkingBatches
 from counterfactory_metrics.odmap.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
                                         NpRemoval, remove_noun_phrases_with_reason)
 from loading_scripts.records import SourceCaption
@@ -112,6 +113,8 @@ class CaptionSynthesizer:
         self.config = config
         self.phrases = phrases
         self._captioner: Any = None
+        self._batches = ShrinkingBatches("decorrelation image captioning", 1,
+                                         hint="try --dtype fp16 or a GPU with more memory")
 
     def synthesize(self, captions: Sequence[SourceCaption], removed: Sequence[str],
                    present: Sequence[str], image: Image.Image, rng: random.Random
@@ -123,7 +126,7 @@ class CaptionSynthesizer:
         if method == "prompts":
             templates = rng.sample(CLIP_TEMPLATES, self.config.captions_per_image)
             return [SynthCaption(t.format(" and ".join(present))) for t in templates], None
-        text = self._caption_image(image)
+        text = self._batches.call(self._caption_image, image)
         return ([SynthCaption(text)], None) if text else ([], REASON_EMPTY)
 
     def _np_removal(self, captions: Sequence[SourceCaption], removed: Sequence[str],

@@ -37,6 +37,7 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from builders.decorrelation.config import FillConfig
+from builders.engine.batching import ShrinkingBatches
 from builders.engine.precision import Precision, worker_precision
 
 
@@ -72,6 +73,9 @@ class ImageFiller:
     def __init__(self, config: FillConfig, precision: Precision | None = None) -> None:
         self.config, self.precision = config, precision
         self._pipe: Any = None
+        # One image per call (see above): out of memory is one clear error, not a traceback.
+        self._batches = ShrinkingBatches("decorrelation fill (inpainting)", 1,
+                                         hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory")
 
     def fill(self, image: Image.Image, mask: np.ndarray, seed: int) -> Image.Image:
         """The synthetic image x': `image` (RGB) with the bool `mask` [H x W] filled."""
@@ -89,7 +93,7 @@ class ImageFiller:
         elif method == "blur":
             filled = np.asarray(image.filter(ImageFilter.GaussianBlur(self.config.blur_radius)))
         else:
-            filled = self._inpaint(image, mask, seed)
+            filled = self._batches.call(self._inpaint, image, mask, seed)
         return composite(image, filled, mask)
 
     def _inpaint(self, image: Image.Image, mask: np.ndarray, seed: int) -> np.ndarray:

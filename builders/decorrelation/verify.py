@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from builders.decorrelation.config import VerifyConfig
+from builders.engine.batching import ShrinkingBatches
 
 if TYPE_CHECKING:
     from builders.engine.precision import Precision
@@ -118,6 +119,8 @@ class RemovalVerifier:
         self.config, self.precision = config, precision
         self.class_names = tuple(class_names)
         self._scorer: ZeroShotScorer | None = None
+        self._batches = ShrinkingBatches("decorrelation removal check (CLIP)", 1,
+                                         hint="try --dtype fp16 or a GPU with more memory")
 
     def views(self, original: Image.Image, synthetic: Image.Image, mask: np.ndarray) -> list[Image.Image]:
         box = view_box(mask, self.config.context) if self.config.view == "region" else None
@@ -128,7 +131,7 @@ class RemovalVerifier:
         if self._scorer is None:
             self._scorer = load_scorer(self.config, self.class_names, self.precision)
         # Always the same batch (before, after): scores do not depend on other rows.
-        probs = self._scorer.probabilities(self.views(original, synthetic, mask))
+        probs = self._batches.call(self._scorer.probabilities, self.views(original, synthetic, mask))
         columns = [self.class_names.index(c) for c in removed]
         before = tuple(float(probs[0, k]) for k in columns)
         after = tuple(float(probs[1, k]) for k in columns)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from builders.eccv_positives.mitl.image_gallery import Gallery
+from builders.engine.batching import ShrinkingBatches
 from builders.engine.precision import Precision, worker_precision
 from builders.models.clip_ids import weights_fingerprint
 
@@ -85,12 +86,13 @@ def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path, batch_s
     texts = list(dict.fromkeys(gallery.captions))
     log.info("embedding %d images and %d distinct captions (of %d) with %s", len(gallery.image_ids),
              len(texts), len(gallery.captions), model_id)
-    n_images = len(gallery.image_ids)
-    images = np.concatenate([
-        scorer.images([gallery.open_image(n) for n in range(i, min(i + batch_size, n_images))]).cpu().numpy()
-        for i in range(0, n_images, batch_size)]).astype(np.float32)
-    distinct = np.concatenate([scorer.texts(texts[i:i + batch_size]).cpu().numpy()
-                               for i in range(0, len(texts), batch_size)]).astype(np.float32)
+    # Halved and retried on out-of-memory; an embedding does not depend on its batch mates.
+    hint = "try half precision (--dtype fp16) or a GPU with more memory"
+    images = np.concatenate(ShrinkingBatches("MITL image embeddings", batch_size, hint).map(
+        range(len(gallery.image_ids)),
+        lambda idx: [scorer.images([gallery.open_image(n) for n in idx]).cpu().numpy()])).astype(np.float32)
+    distinct = np.concatenate(ShrinkingBatches("MITL caption embeddings", batch_size, hint).map(
+        texts, lambda chunk: [scorer.texts(list(chunk)).cpu().numpy()])).astype(np.float32)
     row = {t: n for n, t in enumerate(texts)}
     captions = distinct[[row[t] for t in gallery.captions]]
     # Loading a Hub model may have just downloaded it: key the entry by the snapshot now cached,
