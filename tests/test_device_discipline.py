@@ -8,7 +8,6 @@ stand-in model records the device of every tensor reaching its forward.
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +17,8 @@ from torch import nn
 
 from training import evaluation
 from training.trainer import _accumulate_gradients
+
+from helpers.training_helpers import OneProcessAccelerator
 
 RUN_DEVICE = torch.device("meta")
 
@@ -64,28 +65,10 @@ def assert_all_on(seen, device) -> None:
     assert [(name, d) for name, d in seen if d != device] == [], f"inputs not on {device}"
 
 
-class RunOn:
-    """The accelerator as the training step uses it, with `device` as the run device."""
-
-    num_processes, process_index = 1, 0
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def autocast(self):
-        return contextlib.nullcontext()
-
-    def no_sync(self, model):
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()
-
-
 @pytest.mark.parametrize("negatives", [False, True])
 def test_a_training_step_feeds_the_batch_on_the_accelerators_device(negatives):
     model = Recorder(stop=True)
-    session = SimpleNamespace(accelerator=RunOn(RUN_DEVICE), model=model,
+    session = SimpleNamespace(accelerator=OneProcessAccelerator(RUN_DEVICE), model=model,
                               cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1)))
     with pytest.raises(Reached):
         _accumulate_gradients(session, iter([cpu_batch(negatives=negatives)]))

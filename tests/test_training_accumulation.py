@@ -5,7 +5,6 @@ processes x --grad-accum 2 train the loss curve of one plain batch."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 
 import numpy as np
@@ -18,24 +17,10 @@ from training.finetune_clip import main as train_main
 from training.losses import clip_loss
 
 from helpers.build_helpers import accelerate_cmd
-from helpers.training_helpers import REPO_ROOT, SCRIPT, read_jsonl, write_color_set
+from helpers.training_helpers import (REPO_ROOT, SCRIPT, OneProcessAccelerator, read_jsonl,
+                                      write_color_set)
 
 WORDS = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
-
-
-class OneProcess:
-    """The accelerator as `accumulate_gradients` uses it, one CPU process in fp32."""
-
-    num_processes, process_index = 1, 0
-
-    def autocast(self):
-        return contextlib.nullcontext()
-
-    def no_sync(self, model):
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()
 
 
 def tiny_backend(kind: str, tiny_models_dir):
@@ -87,7 +72,7 @@ def test_accumulated_loss_and_gradients_equal_the_full_batch(kind, negatives, ti
     pixels = torch.randn(8, 3, backend.image_size, backend.image_size, generator=torch.Generator().manual_seed(1))
     want = full_batch_reference(module, make_batch(backend, range(8), negatives, pixels))
     micro = [make_batch(backend, range(b, b + 2), negatives, pixels) for b in range(0, 8, 2)]
-    got = accumulate_gradients(module, micro, OneProcess()), grads(module)
+    got = accumulate_gradients(module, micro, OneProcessAccelerator()), grads(module)
     assert_same(got, want)
     # The old per-micro-batch mean (each micro-batch its own negatives) is another number.
     per_micro = sum(full_batch_reference(module, b)[0] for b in micro) / len(micro)
@@ -109,7 +94,7 @@ def test_grad_checkpointing_gives_the_same_loss_and_gradients(kind, tiny_models_
     assert_same(full_batch_reference(backend.module, batch), want)
     # With accumulation too (the memory-saving pair a small GPU uses).
     micro = [make_batch(backend, range(b, b + 3), False, pixels) for b in (0, 3)]
-    assert_same((accumulate_gradients(backend.module, micro, OneProcess()), grads(backend.module)), want)
+    assert_same((accumulate_gradients(backend.module, micro, OneProcessAccelerator()), grads(backend.module)), want)
 
 
 @pytest.mark.accelerate

@@ -3,6 +3,7 @@ layout, and reading a run's outputs."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -94,3 +95,22 @@ def weights(folder: Path) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
     return load_file(str(folder / "model.safetensors"))
+
+
+class OneProcessAccelerator:
+    """The accelerator as the training step uses it: one process, no autocast, plain backward,
+    with `device` as the run's device (tests set it apart from where the loader puts tensors)."""
+
+    num_processes, process_index = 1, 0
+
+    def __init__(self, device=None) -> None:
+        self.device = device
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
