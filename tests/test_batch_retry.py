@@ -185,7 +185,8 @@ def test_mitl_embeddings_are_the_same_after_running_out_of_memory(monkeypatch, t
                 raise torch.cuda.OutOfMemoryError(OOM)
             return torch.tensor([[float(len(t)), 2.0] for t in texts])
 
-    monkeypatch.setattr(clip, "load_scorer", lambda model_id, device="cpu", backend=None: Scorer())
+    monkeypatch.setattr(clip, "load_scorer",
+                        lambda model_id, device="cpu", backend=None, dtype=None: Scorer())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     gallery = SimpleNamespace(image_ids=list(range(5)), captions=["a", "bb", "a", "ccc", "dddd"],
                               digest=lambda: "g", files_fingerprint=lambda: "f", open_image=lambda n: n)
