@@ -8,14 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
+from builders.devtools.fixtures.classification import CLASSES, write_classification_fixture
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_flickr30k_fixture
 from training.config import TrainConfig
 from training.evaluation import EvalData, zeroshot_and_flickr30k
 from training.sources import DataInputError
 from training.zeroshot import load_flickr30k, load_zeroshot_set, parse_spec, prompt_templates
-
-CLASSES = ["red_square", "green", "blue", "yellow", "white", "black", "purple"]
-
 
 @pytest.fixture(scope="module")
 def backend(tiny_models_dir):
@@ -32,16 +30,6 @@ def _cfg() -> TrainConfig:
     cfg.data.num_workers = 0
     cfg.run.eval_batch_size = 8
     return cfg
-
-
-def write_imagefolder(root, per_class: int = 3):
-    rng = np.random.default_rng(0)
-    for c, name in enumerate(CLASSES):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / name / f"{i}.jpg")
-    return root
 
 
 def _brute_force_zeroshot(backend, images, classnames, labels):
@@ -69,21 +57,21 @@ def _brute_force_zeroshot(backend, images, classnames, labels):
 
 
 def test_zeroshot_equals_an_independent_computation(tmp_path, backend):
-    root = write_imagefolder(tmp_path / "shapes")
-    zs = load_zeroshot_set(f"{root}:train")  # an imagefolder's one split is `train`
+    root = write_classification_fixture(tmp_path / "shapes")
+    zs = load_zeroshot_set(str(root))  # split `test` (its folder), the default
     assert zs.classnames == sorted(n.replace("_", " ") for n in CLASSES)
     assert len(zs.examples) == 3 * len(CLASSES)
     emb: dict = {}
     metrics = zeroshot_and_flickr30k(backend.module, backend, EvalData(zeroshot=[zs]), _cfg(), emb)
-    images = emb["zeroshot_shapes-train_image"]
+    images = emb["zeroshot_shapes-test_image"]
     # The image embeddings are the model's own: image 0 encoded directly from its file.
-    first = Image.open(root / sorted(CLASSES)[0] / "0.jpg")
+    first = Image.open(root / "test" / sorted(CLASSES)[0] / "0.jpg")
     with torch.no_grad():
         pixels = backend.pixels.per_batch(backend.pixels.per_image()(first.convert("RGB"))[None])
         direct = backend.module(pixel_values=pixels)[0]
     np.testing.assert_allclose(images[0], direct[0].numpy(), atol=1e-5)
     cls, expected = _brute_force_zeroshot(backend, images, zs.classnames, zs.labels)
-    np.testing.assert_allclose(emb["zeroshot_shapes-train_class"], cls, atol=1e-5)
+    np.testing.assert_allclose(emb["zeroshot_shapes-test_class"], cls, atol=1e-5)
     got = {k.rsplit("/", 1)[1]: v for k, v in metrics.items()}
     assert got == pytest.approx(expected)
     assert 0 < got["top5"] < 1  # 7 classes: top-5 is a real test, not always 1
