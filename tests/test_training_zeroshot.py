@@ -143,3 +143,23 @@ def test_flickr30k_recall_equals_brute_force(tmp_path, backend):
 def test_flickr30k_missing_folder_is_one_line(tmp_path):
     with pytest.raises(DataInputError, match="--flickr30k"):
         load_flickr30k(str(tmp_path / "nowhere"), "test")
+
+
+def test_flags_reach_the_evaluation_and_the_saved_embeddings(tmp_path, backend, tiny_models_dir):
+    from training.evaluation import evaluate_model, load_eval_data
+    from training.options import build_parser, config_from_args
+
+    classes = write_classification_fixture(tmp_path / "classes", per_class=1)
+    flickr = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=8))
+    args = build_parser().parse_args(
+        ["--zeroshot", f"{classes}:test", "--zeroshot", str(classes), "--flickr30k", str(flickr),
+         "--eval-only", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
+         "--num-workers", "0", "--output", str(tmp_path / "run")])
+    cfg = config_from_args(args)
+    data = load_eval_data(cfg, [], [], None)
+    assert len(data.zeroshot) == 2 and data.flickr30k is not None
+    metrics = evaluate_model(backend.module, backend, data, cfg, tmp_path / "emb.npz")
+    assert {"zeroshot/classes-test/top1", "zeroshot/classes-test/top5", "flickr30k/t2i_R@10"} <= set(metrics)
+    saved = np.load(tmp_path / "emb.npz")
+    assert saved["zeroshot_classes-test_image"].shape[0] == len(CLASSES)
+    assert saved["flickr30k_text"].shape[0] == len(data.flickr30k.captions)
