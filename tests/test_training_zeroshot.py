@@ -158,6 +158,7 @@ def test_flags_reach_the_evaluation_and_the_saved_embeddings(tmp_path, backend, 
     cfg = config_from_args(args)
     data = load_eval_data(cfg, [], [], None)
     assert len(data.zeroshot) == 2 and data.flickr30k is not None
+    assert [(r.split, r.rows) for r in data.records] == [("test", len(CLASSES))] * 2 + [("test", 2)]
     metrics = evaluate_model(backend.module, backend, data, cfg, tmp_path / "emb.npz")
     assert {"zeroshot/classes-test/top1", "zeroshot/classes-test/top5", "flickr30k/t2i_R@10"} <= set(metrics)
     saved = np.load(tmp_path / "emb.npz")

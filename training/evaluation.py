@@ -128,8 +128,10 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
             out.cf_pairs.add(table, row, "image_0", "", None, -1, "counterfactual")
             out.cf_pairs.add(table, row, "image_1", "", None, -1, "counterfactual")
     out.zeroshot = [load_zeroshot_set(spec) for spec in d.zeroshot]
+    out.records += [z.record for z in out.zeroshot]
     if d.flickr30k:
         out.flickr30k = load_flickr30k(d.flickr30k, d.flickr30k_split)
+        out.records += out.flickr30k.records
     return out
 
 

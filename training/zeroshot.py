@@ -24,8 +24,9 @@ import datasets
 import numpy as np
 
 from builders.engine.dataset_source import open_split
+from training.config import SourceRef
 from training.mixtures import ExampleSet
-from training.sources import DataInputError, _require_image_bytes
+from training.sources import DataInputError, TableRecord, _require_image_bytes, resolve_commit
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class ZeroShotSet:
     examples: ExampleSet
     labels: np.ndarray
     classnames: list[str]
+    #: What was read, for run.json's `tables`.
+    record: TableRecord | None = None
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -92,6 +95,7 @@ def load_zeroshot_set(spec: str) -> ZeroShotSet:
         return DataInputError(f"{ZEROSHOT_FLAG} {where}: cannot load it ({str(err)[:200]}); give a "
                               "datasets id or folder and an existing split as DATASET:SPLIT")
 
+    commit = resolve_commit(SourceRef(path))  # a Hub id's commit, recorded; None for a folder
     ds = open_split(path, None, split, flag=ZEROSHOT_FLAG, cannot_load=cannot_load)
     image = _column_of(ds, datasets.Image, where, "image")
     label = _column_of(ds, datasets.ClassLabel, where, "ClassLabel")
@@ -105,7 +109,8 @@ def load_zeroshot_set(spec: str) -> ZeroShotSet:
     classnames = [n.replace("_", " ") for n in ds.features[label].names]
     name = f"{Path(path).name or path}-{split}"
     log.info("zero-shot set %s: %d images, %d classes", name, len(ds), len(classnames))
-    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames)
+    record = TableRecord(path, None, commit, "default", split, len(ds))
+    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, record)
 
 
 def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
@@ -158,5 +163,6 @@ def load_flickr30k(root: str, split: str):
     out.caption_ids = np.asarray([c.caption_id for caps in captions for c in caps], dtype=np.int64)
     out.captions = [c.text for caps in captions for c in caps]
     out.caption_image = np.repeat(out.image_ids, [len(caps) for caps in captions])
+    out.records.append(TableRecord(root, None, None, "flickr30k", split, len(usable)))
     log.info("Flickr30k %s: %d images, %d captions", split, len(usable), len(out.captions))
     return out
