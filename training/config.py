@@ -125,6 +125,15 @@ class DataConfig:
     #: The workers decode the parquet image bytes.
     num_workers: int = option(2, "DataLoader workers decoding images (0: in the main process)",
                               type=non_negative_int)
+    #: Evaluated only, never trained on (training/zeroshot.py).
+    zeroshot: tuple[str, ...] = option(
+        (), "zero-shot classification (top-1/5, CLIP's 80 prompt templates) on a datasets id, "
+            "folder or imagefolder with an image and a ClassLabel column; repeatable",
+        action="extend", metavar="DATASET[:SPLIT]")
+    flickr30k: str | None = option(
+        None, "a Flickr30k folder (flickr30k-images/ + Karpathy dataset_flickr30k.json): R@K both ways",
+        metavar="DIR")
+    flickr30k_split: str = option("test", "Karpathy split of --flickr30k to evaluate (default test)")
     #: Off by default: the inputs then equal the backend's reference preprocessing.
     fast_decode: bool = option(
         False, "decode training JPEGs in PIL draft mode (faster; pixels differ from the reference "

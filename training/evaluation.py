@@ -22,6 +22,8 @@ Sets (each evaluated when its source is given):
   [0, 1], x the original image, x' the object-removal image and y an original caption of x that
   mentions the removed class (the model-agnostic reading of the NUIF paper's necessity).
 - validation loss: the contrastive loss on the validation examples, in order.
+- zeroshot, flickr30k: zero-shot classification with the CLIP prompt templates (`--zeroshot`)
+  and Flickr30k R@K with the retrieval code above (`--flickr30k`), training/zeroshot.py.
 
 The embeddings of the last evaluation are saved (`embeddings.npz`) so any metric can be recomputed
 post hoc with the evaluate modules.
@@ -48,6 +50,7 @@ from training.data import fixed_batches, make_loader, to_device
 from training.losses import clip_loss
 from training.mixtures import ExampleSet, REAL_COLUMNS
 from training.sources import DataInputError, open_table, resolve_commit
+from training.zeroshot import class_embeddings, load_flickr30k, load_zeroshot_set, prompt_templates, zeroshot_scores
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,8 @@ class EvalData:
     cf_pairs: ExampleSet | None = None  # held-out pairs as rows (image_0, image_1) alternating
     validation: ExampleSet | None = None
     records: list = field(default_factory=list)
+    zeroshot: list = field(default_factory=list)  # training.zeroshot.ZeroShotSet per --zeroshot
+    flickr30k: EvalData | None = None  # its retrieval images and captions (--flickr30k)
 
 
 def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalData:
@@ -122,6 +127,11 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
         for table, row in heldout_cf:
             out.cf_pairs.add(table, row, "image_0", "", None, -1, "counterfactual")
             out.cf_pairs.add(table, row, "image_1", "", None, -1, "counterfactual")
+    out.zeroshot = [load_zeroshot_set(spec) for spec in d.zeroshot]
+    out.records += [z.record for z in out.zeroshot]
+    if d.flickr30k:
+        out.flickr30k = load_flickr30k(d.flickr30k, d.flickr30k_split)
+        out.records += out.flickr30k.records
     return out
 
 
@@ -336,6 +346,27 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
     return args
 
 
+def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, emb: dict) -> dict[str, float]:
+    """Flickr30k R@K (the COCO retrieval code, whole split) and each zero-shot set's accuracy;
+    their embeddings are added to `emb`."""
+    bs, workers = cfg.run.eval_batch_size, cfg.data.num_workers
+    out: dict[str, float] = {}
+    if data.flickr30k is not None:
+        f = data.flickr30k
+        flickr = {"image": encode_images(module, backend, f.retrieval, bs, workers),
+                  "text": encode_texts(module, backend, f.captions, bs)}
+        emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
+        out.update({k.replace("retrieval/", "flickr30k/"): v
+                    for k, v in retrieval_metrics(flickr, f, cfg.run.k_values).items()})
+    templates = prompt_templates() if data.zeroshot else ()
+    for z in data.zeroshot:
+        images = encode_images(module, backend, z.examples, bs, workers)
+        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames, templates)
+        emb[f"zeroshot_{z.name}_image"], emb[f"zeroshot_{z.name}_class"] = images, classes
+        out.update({f"zeroshot/{z.name}/{k}": v for k, v in zeroshot_scores(images, classes, z.labels).items()})
+    return out
+
+
 @torch.no_grad()
 def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> float:
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
@@ -374,6 +405,7 @@ def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: P
         for delta, stats in itm_score_deltas(**itm_args).items():
             metrics.update({f"itm/{delta}_{k}": float(v) for k, v in stats.items()
                             if k in ("mean", "median", "frac_below_zero")})
+    metrics.update(zeroshot_and_flickr30k(module, backend, data, cfg, emb))
     if data.validation is not None and len(data.validation):
         metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers)
     if save_to is not None:

@@ -1,4 +1,4 @@
-"""`counterfactory fixture coco|flickr30k DIR [--images N] [--seed S]`."""
+"""`counterfactory fixture coco|flickr30k DIR [--images N] [--seed S]`, `fixture classification DIR`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,14 @@ import argparse
 from pathlib import Path
 
 from builders.engine.option_types import positive_int
+
+
+def _classification(args: argparse.Namespace) -> int:
+    from builders.devtools.fixtures.classification import CLASSES, write_classification_fixture
+
+    root = write_classification_fixture(args.dir, per_class=args.per_class, seed=args.seed)
+    print(f"wrote a classification fixture of {len(CLASSES)} classes x {args.per_class} images to {root}")
+    return 0
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -33,3 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         k.add_argument("--release", choices=("2014", "2017"), default="2014",
                        help="COCO folder layout: train2014/val2014 (default) or train2017/val2017")
         k.set_defaults(func=_handler)
+    k = kinds.add_parser("classification", help="tiny image-classification source (imagefolder)",
+                         description="Write a tiny imagefolder DIR/test/CLASS/N.jpg (7 COCO classes) "
+                                     "for zero-shot evaluation (`train --zeroshot DIR`).")
+    k.add_argument("dir", type=Path, help="output folder")
+    k.add_argument("--per-class", type=positive_int, default=3, help="images per class (default 3)")
+    k.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    k.set_defaults(func=_classification)

@@ -1,0 +1,168 @@
+"""The papers' other evaluations: zero-shot classification and Flickr30k retrieval.
+
+- Zero-shot classification (`--zeroshot DATASET[:SPLIT]`, repeatable; the COCO-Counterfactuals
+  paper's Tables 3-4): an image-classification dataset given as a `datasets` Hub id, a saved /
+  parquet folder or an imagefolder (class = sub-folder), with one image column and one
+  `ClassLabel` column. Each class's text embedding is the mean of the L2-normalised embeddings of
+  the 80 ImageNet prompt templates of the CLIP paper (Radford et al. 2021, as open_clip ships
+  them: `open_clip.zero_shot_metadata.OPENAI_IMAGENET_TEMPLATES`), renormalised; an image is
+  assigned the classes of highest cosine similarity. Metrics `zeroshot/NAME/top1`, `top5` and
+  `mean_per_class_recall` (the mean over classes with images of each class's top-1 recall).
+- Flickr30k retrieval (`--flickr30k ROOT`, `--flickr30k-split test`): a Flickr30k folder in
+  Karpathy's format (loading_scripts/flickr30k.py), its 1,000 test images x their 5 captions,
+  scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
+  implementation): `flickr30k/i2t_R@K`, `flickr30k/t2i_R@K`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from builders.engine.dataset_source import open_split
+from training.config import SourceRef
+from training.mixtures import ExampleSet
+from training.sources import DataInputError, TableRecord, _require_image_bytes, resolve_commit
+
+log = logging.getLogger(__name__)
+
+ZEROSHOT_FLAG = "--zeroshot"
+
+
+def prompt_templates() -> tuple:
+    """The CLIP paper's 80 ImageNet prompt templates (callables class name -> prompt)."""
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+    return tuple(OPENAI_IMAGENET_TEMPLATES)
+
+
+@dataclass
+class ZeroShotSet:
+    """One classification split: images (as examples), their labels and the class names."""
+
+    name: str
+    examples: ExampleSet
+    labels: np.ndarray
+    classnames: list[str]
+    #: What was read, for run.json's `tables`.
+    record: TableRecord | None = None
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """`DATASET[:SPLIT]` -> (dataset, split); the split defaults to `test`. A colon belongs to
+    the dataset when the whole spec is an existing path."""
+    if ":" in spec and not Path(spec).exists():
+        path, split = spec.rsplit(":", 1)
+        return path, split
+    return spec, "test"
+
+
+def _column_of(ds: datasets.Dataset, kind: type, where: str, what: str) -> str:
+    columns = [c for c, f in ds.features.items() if isinstance(f, kind)]
+    if not columns:
+        raise DataInputError(f"{ZEROSHOT_FLAG} {where}: no {what} column (it has {dict(ds.features)}); "
+                             "give an image-classification dataset (an image and a ClassLabel column)")
+    return columns[0]
+
+
+def _embed_local_images(ds: datasets.Dataset, column: str, root: Path) -> datasets.Dataset:
+    """An imagefolder names its files: read the bytes of those inside the folder the user gave
+    (a path leading elsewhere keeps no bytes and is refused by `_require_image_bytes`)."""
+    root = root.resolve()
+
+    def embed(batch):
+        cells = []
+        for cell in batch[column]:
+            path = Path(cell["path"]).resolve() if cell and cell.get("path") and not cell.get("bytes") else None
+            if path is not None and path.is_relative_to(root) and path.is_file():
+                cell = {"bytes": path.read_bytes(), "path": None}
+            cells.append(cell)
+        return {column: cells}
+
+    return ds.map(embed, batched=True, features=ds.features, desc="zero-shot images")
+
+
+def load_zeroshot_set(spec: str) -> ZeroShotSet:
+    """One `--zeroshot` dataset, checked: one line naming it and the fix if it cannot be used."""
+    path, split = parse_spec(spec)
+    where = f"{path} (split {split!r})"
+
+    def cannot_load(err: Exception) -> DataInputError:
+        return DataInputError(f"{ZEROSHOT_FLAG} {where}: cannot load it ({str(err)[:200]}); give a "
+                              "datasets id or folder and an existing split as DATASET:SPLIT")
+
+    commit = resolve_commit(SourceRef(path))  # a Hub id's commit, recorded; None for a folder
+    ds = open_split(path, None, split, flag=ZEROSHOT_FLAG, cannot_load=cannot_load)
+    image = _column_of(ds, datasets.Image, where, "image")
+    label = _column_of(ds, datasets.ClassLabel, where, "ClassLabel")
+    ds = ds.select_columns([image, label]).cast_column(image, datasets.Image(decode=False))
+    if Path(path).is_dir():
+        ds = _embed_local_images(ds, image, Path(path))
+    _require_image_bytes(ds, image, f"{ZEROSHOT_FLAG} {where}")
+    examples = ExampleSet(tables=[ds])
+    for row in range(len(ds)):
+        examples.add(0, row, image, "", None, -1, "zeroshot")
+    classnames = [n.replace("_", " ") for n in ds.features[label].names]
+    name = f"{Path(path).name or path}-{split}"
+    log.info("zero-shot set %s: %d images, %d classes", name, len(ds), len(classnames))
+    record = TableRecord(path, None, commit, "default", split, len(ds))
+    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, record)
+
+
+def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
+    """(classes, dim): per class the renormalised mean of its prompts' normalised embeddings
+    (`encode_texts(list[str])` returns L2-normalised rows)."""
+    prompts = [t(c) for c in classnames for t in templates]
+    emb = encode_texts(prompts).reshape(len(classnames), len(templates), -1).mean(1)
+    return emb / np.linalg.norm(emb, axis=1, keepdims=True)
+
+
+def zeroshot_scores(image_emb: np.ndarray, class_emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Top-1 / top-5 accuracy and mean per-class recall of the nearest class embeddings."""
+    logits = image_emb @ class_emb.T
+    k = min(5, logits.shape[1])
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    hit1 = top[:, 0] == labels
+    out = {"top1": float(hit1.mean()), f"top{k}": float((top == labels[:, None]).any(1).mean())}
+    present = np.unique(labels)
+    out["mean_per_class_recall"] = float(np.mean([hit1[labels == c].mean() for c in present]))
+    return out
+
+
+def load_flickr30k(root: str, split: str):
+    """The Flickr30k retrieval set as an `EvalData` with `retrieval` images and all their
+    captions; images or captions the reader marks unusable are counted and skipped."""
+    from builders.engine.errors import InputFileError
+    from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
+    from training.evaluation import EvalData
+
+    try:
+        images = read_flickr30k(Flickr30kSourceConfig(Path(root), splits=(split,)))
+    except InputFileError as err:
+        raise DataInputError(f"--flickr30k {root}: {err}") from None
+    usable = [im for im in images if im.input_problem is None
+              and any(c.input_problem is None for c in im.captions)]
+    if len(usable) < len(images):
+        log.warning("--flickr30k %s: skipped %d of %d %s images (unreadable or without captions)",
+                    root, len(images) - len(usable), len(images), split)
+    if not usable:
+        raise DataInputError(f"--flickr30k {root}: no usable images in split {split!r}; give a "
+                             "Flickr30k folder (flickr30k-images/ + dataset_flickr30k.json)")
+    table = datasets.Dataset.from_dict(
+        {"image": [{"bytes": im.path.read_bytes(), "path": None} for im in usable]},
+        features=datasets.Features({"image": datasets.Image(decode=False)}))
+    out = EvalData(retrieval=ExampleSet(tables=[table]))
+    captions = [[c for c in im.captions if c.input_problem is None] for im in usable]
+    for row, caps in enumerate(captions):
+        out.retrieval.add(0, row, "image", caps[0].text, None, -1, "flickr30k")
+    out.image_ids = np.asarray([im.image_id for im in usable], dtype=np.int64)
+    out.caption_ids = np.asarray([c.caption_id for caps in captions for c in caps], dtype=np.int64)
+    out.captions = [c.text for caps in captions for c in caps]
+    out.caption_image = np.repeat(out.image_ids, [len(caps) for caps in captions])
+    out.records.append(TableRecord(root, None, None, "flickr30k", split, len(usable)))
+    log.info("Flickr30k %s: %d images, %d captions", split, len(usable), len(out.captions))
+    return out
