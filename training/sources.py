@@ -93,13 +93,13 @@ def open_table(ref: SourceRef, config: str, split: str, needed: dict[str, type],
                 raise DataInputError(f"{where}: column {column!r} is {ds.features[column]}, not an "
                                      "image column")
             ds = ds.cast_column(column, datasets.Image(decode=False))
-            _require_image_bytes(ds, column, where)
+            require_image_bytes(ds, column, where)
     record = TableRecord(ref.path, ref.revision, commit, config, split, len(ds))
     log.info("read %s: %d rows", where, len(ds))
     return ds, record
 
 
-def _require_image_bytes(ds: datasets.Dataset, column: str, where: str) -> None:
+def require_image_bytes(ds: datasets.Dataset, column: str, where: str) -> None:
     """Every cell of image column `column` must hold its image's bytes: the DataLoader decodes
     bytes only, and a cell that names a file (`{"bytes": None, "path": ...}`) names one of the
     user's files, chosen by whoever made the dataset, so it is refused here, never opened."""

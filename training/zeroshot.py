@@ -26,7 +26,7 @@ import numpy as np
 from builders.engine.dataset_source import open_split
 from training.config import SourceRef
 from training.mixtures import ExampleSet
-from training.sources import DataInputError, TableRecord, _require_image_bytes, resolve_commit
+from training.sources import DataInputError, TableRecord, require_image_bytes, resolve_commit
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _column_of(ds: datasets.Dataset, kind: type, where: str, what: str) -> str:
 
 def _embed_local_images(ds: datasets.Dataset, column: str, root: Path) -> datasets.Dataset:
     """An imagefolder names its files: read the bytes of those inside the folder the user gave
-    (a path leading elsewhere keeps no bytes and is refused by `_require_image_bytes`)."""
+    (a path leading elsewhere keeps no bytes and is refused by `require_image_bytes`)."""
     root = root.resolve()
 
     def embed(batch):
@@ -102,7 +102,7 @@ def load_zeroshot_set(spec: str) -> ZeroShotSet:
     ds = ds.select_columns([image, label]).cast_column(image, datasets.Image(decode=False))
     if Path(path).is_dir():
         ds = _embed_local_images(ds, image, Path(path))
-    _require_image_bytes(ds, image, f"{ZEROSHOT_FLAG} {where}")
+    require_image_bytes(ds, image, f"{ZEROSHOT_FLAG} {where}")
     examples = ExampleSet(tables=[ds])
     for row in range(len(ds)):
         examples.add(0, row, image, "", None, -1, "zeroshot")
