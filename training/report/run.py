@@ -1,0 +1,72 @@
+"""Score every model on every dataset with `training.evaluation.evaluate_model` (the code the
+trainer's `--eval-only` runs), then write `results.jsonl` and `report.md`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from builders.engine.errors import UserFacingError
+from training.evaluation import evaluate_model
+from training.report.datasets import KINDS, open_dataset, parse_source
+from training.report.markdown import render_report
+from training.report.models import load_model, parse_model, weights_digest
+from training.report.results import make_records, write_results
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BenchmarkConfig:
+    """Example: `BenchmarkConfig(models=["openai/clip-vit-base-patch32"],
+    sources={"decorrelation": "org/decorrelation@v1.0.0"}, output="reports/clip")`."""
+
+    models: list[str]
+    #: dataset name (coco, decorrelation, counterfactuals) -> `REPO_OR_DIR[@REVISION]`.
+    sources: dict[str, str]
+    output: str
+    eval_batch_size: int = 64
+    num_workers: int = 0
+    k_values: tuple[int, ...] = field(default=(1, 5, 10))
+
+
+def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
+    """Every record, also written to OUTPUT/results.jsonl and OUTPUT/report.md. Every input is
+    checked (datasets opened, model names parsed) before the first model is loaded."""
+    if not cfg.models:
+        raise UserFacingError("give at least one --model")
+    if len(set(cfg.models)) != len(cfg.models):
+        raise UserFacingError(f"--model: {sorted({m for m in cfg.models if cfg.models.count(m) > 1})} "
+                              "given twice; give each model once")
+    sources = {name: text for name, text in cfg.sources.items() if text}
+    if not sources:
+        raise UserFacingError(f"give at least one dataset: {', '.join('--' + k for k in KINDS)}")
+    specs = [parse_model(m) for m in cfg.models]
+    sets = [open_dataset(name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers,
+                         cfg.k_values) for name, text in sources.items()]
+    output = Path(cfg.output)
+    output.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    records: list[dict] = []
+    bar = None
+    for spec in specs:
+        backend = load_model(spec)
+        # Started after the first model loads, so a bad --model leaves only its error line.
+        bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
+        backend.module.to(device)
+        digest = weights_digest(backend.module)
+        for ds in sets:
+            bar.set_postfix_str(f"{spec.name} on {ds.name}")
+            metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg)
+            records += make_records(spec, digest, ds, metrics)
+            bar.update()
+        del backend  # one model in memory at a time
+    bar.close()
+    write_results(output / "results.jsonl", records)
+    (output / "report.md").write_text(render_report(records))
+    log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records))
+    return records
