@@ -34,8 +34,13 @@ def rank_models(records: list[dict], dataset: str, task: str, metric: str) -> li
     return [m for _, m in known]
 
 
+#: Too many columns for a side-by-side table (80 COCO classes x k): per model tables and charts.
+PER_MODEL_ONLY = {"odmap_per_class"}
+
+
 def _columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
-    cols = {(r["task"], name) for r in records if r["dataset"] == dataset for name in r["metrics"]}
+    cols = {(r["task"], name) for r in records if r["dataset"] == dataset and r["task"] not in PER_MODEL_ONLY
+            for name in r["metrics"]}
     return sorted(cols)
 
 
@@ -84,5 +89,9 @@ def render_report(records: list[dict]) -> str:
     out += ["## Per model", ""]
     for model in models:
         digest = next(r["weights_digest"] for r in records if r["model"] == model)
-        out += [f"### {plain(model)}", "", f"weights {plain(digest)}", "", *model_table(records, model), ""]
+        out += [f"### {plain(model)}", "", f"weights {plain(digest)}", ""]
+        n = models.index(model)
+        if any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
+            out += [f"![ODmAP@k per removed class](odmap_per_class-model{n}.png)", ""]
+        out += [*model_table(records, model), ""]
     return "\n".join(out)

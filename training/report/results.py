@@ -13,7 +13,7 @@ from pathlib import Path
 
 #: task (the prefix of training.evaluation's metric names) -> the metric module computing it.
 METRIC_MODULES = {"retrieval": "map_at_r", "retrieval_1k": "map_at_r", "eccv": "map_at_r",
-                  "odmap": "odmap", "itm": "itm_score_deltas", "necessity": "necessity"}
+                  "odmap": "odmap", "odmap_per_class": "odmap", "itm": "itm_score_deltas", "necessity": "necessity"}
 
 
 @functools.cache

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -14,6 +15,7 @@ from builders.engine.errors import UserFacingError
 from training.evaluation import evaluate_model
 from training.report.datasets import KINDS, open_dataset, parse_source
 from training.report.markdown import render_report
+from training.report.per_class import odmap_per_class, per_class_metrics, plot
 from training.report.models import load_model, parse_model, weights_digest
 from training.report.results import make_records, write_results
 
@@ -53,7 +55,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     records: list[dict] = []
     bar = None
-    for spec in specs:
+    for n, spec in enumerate(specs):
         backend = load_model(spec)
         # Started after the first model loads, so a bad --model leaves only its error line.
         bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
@@ -61,8 +63,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
         digest = weights_digest(backend.module)
         for ds in sets:
             bar.set_postfix_str(f"{spec.name} on {ds.name}")
-            metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg)
-            records += make_records(spec, digest, ds, metrics)
+            records += make_records(spec, digest, ds, _score(backend, ds, output, n))
             bar.update()
         del backend  # one model in memory at a time
     bar.close()
@@ -70,3 +71,18 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     (output / "report.md").write_text(render_report(records))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records))
     return records
+
+
+def _score(backend, ds, output: Path, n: int) -> dict[str, float]:
+    """evaluate_model's metrics of model number `n` on `ds`, plus ODmAP per removed class (from
+    the embeddings it saved, OUTPUT/embeddings/) and its chart."""
+    folder = output / "embeddings"
+    folder.mkdir(exist_ok=True)
+    saved = folder / f"model{n}-{ds.name}.npz"
+    metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, saved)
+    if ds.data.queries is not None:
+        with np.load(saved) as emb:
+            per_class = odmap_per_class(dict(emb), ds.data, ds.cfg.run.k_values)
+        metrics.update(per_class_metrics(per_class))
+        plot(per_class, output / f"odmap_per_class-model{n}.png", backend.model_id)
+    return metrics
