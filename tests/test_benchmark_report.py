@@ -72,6 +72,10 @@ def test_results_round_trip_and_report(report):
                 "dataset_source", "dataset_commit", "metric_version", "code_version"} <= set(r)
         assert r["weights_digest"].startswith("sha256:")
     md = (report / "report.md").read_text()
+    for n in (0, 1):
+        for dataset in ("coco", "counterfactuals"):
+            chart = f"itm_deltas-model{n}-{dataset}.png"
+            assert (report / chart).stat().st_size > 0 and f"({chart})" in md
     assert "## Comparison" in md and md.count("| dataset | task | metric | value |") == 2
 
 

@@ -93,5 +93,7 @@ def render_report(records: list[dict]) -> str:
         n = models.index(model)
         if any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
             out += [f"![ODmAP@k per removed class](odmap_per_class-model{n}.png)", ""]
+        for dataset in dict.fromkeys(r["dataset"] for r in records if r["model"] == model and r["task"] == "itm"):
+            out += [f"![ITM score deltas on {plain(dataset)}](itm_deltas-model{n}-{dataset}.png)", ""]
         out += [*model_table(records, model), ""]
     return "\n".join(out)

@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from builders.engine.errors import UserFacingError
+from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
 from training.evaluation import evaluate_model
 from training.report.datasets import KINDS, open_dataset, parse_source
 from training.report.markdown import render_report
@@ -75,14 +76,19 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
 
 def _score(backend, ds, output: Path, n: int) -> dict[str, float]:
     """evaluate_model's metrics of model number `n` on `ds`, plus ODmAP per removed class (from
-    the embeddings it saved, OUTPUT/embeddings/) and its chart."""
+    the embeddings it saved, OUTPUT/embeddings/), with its chart and the ITM delta histograms."""
     folder = output / "embeddings"
     folder.mkdir(exist_ok=True)
     saved = folder / f"model{n}-{ds.name}.npz"
     metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, saved)
+    with np.load(saved) as npz:
+        emb = dict(npz)
     if ds.data.queries is not None:
-        with np.load(saved) as emb:
-            per_class = odmap_per_class(dict(emb), ds.data, ds.cfg.run.k_values)
+        per_class = odmap_per_class(emb, ds.data, ds.cfg.run.k_values)
         metrics.update(per_class_metrics(per_class))
         plot(per_class, output / f"odmap_per_class-model{n}.png", backend.model_id)
+    scores = {k.removeprefix("itm_"): v for k, v in emb.items() if k.startswith("itm_")}
+    if scores:
+        plot_histograms(itm_deltas(**scores), output / f"itm_deltas-model{n}-{ds.name}.png",
+                        title=f"ITM score deltas on {ds.name}: {backend.model_id}")
     return metrics
