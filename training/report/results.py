@@ -11,6 +11,8 @@ import math
 from importlib import metadata
 from pathlib import Path
 
+from builders.engine.provenance import model_name
+
 #: task (the prefix of training.evaluation's metric names) -> the metric module computing it.
 METRIC_MODULES = {"retrieval": "map_at_r", "retrieval_1k": "map_at_r", "eccv": "map_at_r",
                   "odmap": "odmap", "odmap_per_class": "odmap", "itm": "itm_score_deltas", "necessity": "necessity"}
@@ -38,7 +40,10 @@ def make_records(spec, digest: str, dataset, metrics: dict[str, float]) -> list[
         task, _, name = key.partition("/")
         if name:
             by_task.setdefault(task, {})[name] = _finite(value)
-    return [{"dataset": dataset.name, "model": spec.name, "pretrained": spec.pretrained,
+    # A local folder is named by its contents (local:NAME@sha256:...), never by a path of this
+    # machine, as builds and training runs name it.
+    model = model_name(spec.name)
+    return [{"dataset": dataset.name, "model": model, "pretrained": spec.pretrained,
              "backend": spec.backend, "weights_digest": digest, "task": task, "metrics": values,
              **dataset.provenance(),
              "metric": f"counterfactory_metrics.{METRIC_MODULES.get(task, task)}",
