@@ -30,6 +30,7 @@ SUBCOMMAND_MODULES = (
     "builders.app.show_cli",
     "builders.app.train_cli",
     "builders.app.doctor_cli",
+    "builders.app.benchmark_cli",
 )
 
 

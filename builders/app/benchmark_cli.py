@@ -1,0 +1,54 @@
+"""`counterfactory benchmark`: score CLIP models on our datasets (ODmAP@k, ITM score deltas,
+COCO R@K) and write results.jsonl + report.md (training/report/). Registering imports nothing
+heavy; the handler imports the evaluation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builders.engine.option_types import non_negative_int, positive_int
+
+SOURCE_HELP = "build folder or Hub dataset id[@revision]"
+
+
+def _benchmark(args: argparse.Namespace) -> int:
+    from training.report.run import BenchmarkConfig, run_benchmark
+
+    models = list(args.model or [])
+    if args.models == "tiny":
+        from builders.models.profiles import tiny_profile
+
+        profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
+        models += [profile.clip, profile.open_clip]
+    cfg = BenchmarkConfig(models=models, output=args.output, eval_batch_size=args.eval_batch_size,
+                          num_workers=args.num_workers,
+                          sources={"coco": args.coco, "decorrelation": args.decorrelation,
+                                   "counterfactuals": args.counterfactuals})
+    records = run_benchmark(cfg)
+    out = Path(args.output)
+    print(f"{len(records)} records: {out / 'results.jsonl'}, report: {out / 'report.md'}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "benchmark", help="score CLIP models on our datasets (ODmAP@k, ITM deltas, COCO R@K): "
+        "results.jsonl + report.md",
+        description="Score each --model on each dataset given with the trainer's --eval-only "
+        "evaluation and the project's metric modules; writes OUTPUT/results.jsonl (one record per "
+        "model x dataset x metric) and OUTPUT/report.md (a table per model, a comparison per dataset).")
+    p.add_argument("--model", action="append", metavar="MODEL",
+                   help="repeatable: a Hugging Face CLIP id or save_pretrained folder (a training "
+                        "run's final/), an open_clip folder, open_clip:ARCH:TAG, hf-hub:ID or local-dir:PATH")
+    p.add_argument("--models", choices=("tiny",), default=None,
+                   help="tiny: add the project's two tiny random-init CLIPs (transformers, open_clip)")
+    p.add_argument("--tiny-models-dir", default=None, help="where the tiny models are built/cached")
+    p.add_argument("--coco", default=None, help=f"coco-captions build ({SOURCE_HELP}): R@1/5/10 on its test split")
+    p.add_argument("--decorrelation", default=None, help=f"decorrelation build ({SOURCE_HELP}): ODmAP@1/5/10")
+    p.add_argument("--counterfactuals", default=None,
+                   help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split")
+    p.add_argument("--output", required=True, help="report folder (results.jsonl, report.md)")
+    p.add_argument("--eval-batch-size", type=positive_int, default=64, help="encoding batch size")
+    p.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers decoding images")
+    p.set_defaults(func=_benchmark)

@@ -1,0 +1,144 @@
+"""`counterfactory benchmark` (training/report/) on the fixture builds with the two tiny CLIPs:
+every number equals the trainer's `--eval-only` output for the same model and data, the
+comparison ranks correctly, results.jsonl round-trips, bad input is one line naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from builders.app.cli import main as cli_main
+from helpers.training_helpers import final_metrics, write_counterfactuals
+from training.finetune_clip import main as train_main
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
+    from datasets import load_dataset
+
+    root = tmp_path_factory.mktemp("builds")
+    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits",
+                     "test", "--output", str(root / "cc")]) == 0
+    assert cli_main(["build", "decorrelation", "--coco-root", str(coco_fixture_dir), "--fill",
+                     "zero", "--output", str(root / "dec")]) == 0
+    n_test = len(load_dataset(str(root / "cc"), "default", split="test"))
+    write_counterfactuals(root / "cf", list(range(1, n_test + 1)))
+    return root / "cc", root / "dec", root / "cf"
+
+
+@pytest.fixture(scope="module")
+def report(builds, tiny_models_dir, tmp_path_factory):
+    cc, dec, cf = builds
+    out = tmp_path_factory.mktemp("report") / "out"
+    assert cli_main(["benchmark", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
+                     "--coco", str(cc), "--decorrelation", str(dec), "--counterfactuals", str(cf),
+                     "--output", str(out)]) == 0
+    return out
+
+
+def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_dir, tmp_path):
+    from builders.models.profiles import tiny_profile
+    from training.report.results import read_results
+
+    cc, dec, cf = builds
+    records = read_results(report / "results.jsonl")
+    from builders.engine.provenance import model_name
+
+    profile = tiny_profile(tiny_models_dir)
+    # Local folders are named by content, as builds name them, never by a path of this machine.
+    assert {r["model"] for r in records} == {model_name(profile.clip), model_name(profile.open_clip)}
+    assert str(tiny_models_dir) not in (report / "results.jsonl").read_text()
+    assert {(r["dataset"], r["task"]) for r in records} == {
+        ("coco", "retrieval"), ("coco", "itm"), ("decorrelation", "odmap"),
+        ("decorrelation", "odmap_per_class"), ("counterfactuals", "itm")}
+    for backend, model in (("transformers", profile.clip), ("open_clip", profile.open_clip)):
+        out = tmp_path / backend
+        assert train_main(["--real", str(cc), "--decorrelation", str(dec), "--counterfactuals", str(cf),
+                           "--backend", backend, "--model", model, "--eval-only", "--num-workers",
+                           "0", "--output", str(out)]) == 0
+        trainer = final_metrics(out)
+        compared = 0
+        for r in (r for r in records if r["model"] == model_name(model) and r["task"] != "odmap_per_class"):
+            for name, value in r["metrics"].items():
+                assert value == pytest.approx(trainer[f"{r['task']}/{name}"], abs=1e-6), (r["task"], name)
+                compared += 1
+        assert compared >= 6 + 3 + 2 * 3 * 2, compared  # R@K both ways, ODmAP@k, 4 ITM deltas x 3
+
+
+def test_results_round_trip_and_report(report):
+    import json
+
+    from training.report.results import read_results
+
+    records = read_results(report / "results.jsonl")
+    assert [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()] == records
+    for r in records:
+        assert {"dataset", "model", "pretrained", "task", "metrics", "weights_digest",
+                "dataset_source", "dataset_commit", "metric_version", "code_version"} <= set(r)
+        assert r["weights_digest"].startswith("sha256:")
+    md = (report / "report.md").read_text()
+    for n in (0, 1):
+        for dataset in ("coco", "counterfactuals"):
+            chart = f"itm_deltas-model{n}-{dataset}.png"
+            assert (report / chart).stat().st_size > 0 and f"({chart})" in md
+    assert "## Comparison" in md and md.count("| dataset | task | metric | value |") == 2
+
+
+def _record(model, value, metric="ODmAP@1"):
+    return {"dataset": "d", "task": "t", "model": model, "metrics": {metric: value}}
+
+
+def test_comparison_marks_the_best_per_column():
+    from training.report.markdown import comparison_table, rank_models
+
+    records = [_record("a", 0.2), _record("b", 0.7), _record("c", None)]
+    assert rank_models(records, "d", "t", "ODmAP@1") == ["b", "a"]
+    lines = comparison_table(records, "d", ["a", "b", "c"])
+    assert lines[2:] == ["| a | 0.2000 |", "| b | **0.7000** |", "| c | n/a |"]
+    # Fewer pairs scored the wrong way round is better.
+    low = [_record("a", 0.2, "IR_c_frac_below_zero"), _record("b", 0.7, "IR_c_frac_below_zero")]
+    assert rank_models(low, "d", "t", "IR_c_frac_below_zero") == ["a", "b"]
+    # Names from the user or the data are plain text.
+    assert "|" not in comparison_table([_record("x|<b>*y*", 1.0)], "d", ["x|<b>*y*"])[2].replace(
+        "\\|", "")[2:-2].split(" | ")[0]
+
+
+def test_bad_inputs_are_one_line_naming_the_flag(builds, tmp_path, capsys):
+    cc, dec, cf = builds
+    assert cli_main(["benchmark", "--model", str(tmp_path / "nope"), "--coco", str(cc),
+                     "--output", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--model" in err and "nope" in err
+    assert cli_main(["benchmark", "--model", str(tmp_path / "nope"), "--decorrelation", str(cc),
+                     "--output", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count("--decorrelation") == 1, err
+
+
+def test_odmap_per_class_equals_an_independent_reference(report, builds):
+    import numpy as np
+    from datasets import load_dataset
+
+    from helpers.reference_odmap import reference_odmap_from_rankings, reference_topk
+    from training.report.results import read_results
+
+    dec = builds[1]
+    queries = load_dataset(str(dec), "odmap_queries", split="test")
+    gallery = load_dataset(str(dec), "odmap_gallery", split="test")
+    mentioned = [set(m) for m in gallery["mentioned_classes"]]
+    removed, present = [set(r) for r in queries["removed_classes"]], [set(p) for p in queries["present_classes"]]
+    records = [r for r in read_results(report / "results.jsonl") if r["task"] == "odmap_per_class"]
+    assert len(records) == 2
+    for n, record in enumerate(records):
+        emb = np.load(report / "embeddings" / f"model{n}-decorrelation.npz")
+        k_values = [k for k in (1, 5, 10) if k <= len(mentioned)]
+        top = reference_topk(emb["query_image"], emb["gallery_text"], max(k_values))
+        classes = sorted({c for r in removed for c in r})
+        assert classes
+        expected = {}
+        for c in classes:
+            rows = [q for q, r in enumerate(removed) if c in r]
+            ref = reference_odmap_from_rankings(top[rows], mentioned, [removed[q] for q in rows],
+                                                [present[q] for q in rows], k_values)
+            expected.update({f"{c}_ODmAP@{k}": v for k, v in ref.items()})
+        assert record["metrics"] == pytest.approx(expected, abs=1e-6)
+        assert (report / f"odmap_per_class-model{n}.png").stat().st_size > 0

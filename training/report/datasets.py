@@ -1,0 +1,54 @@
+"""The datasets a benchmark scores, each opened once (for every model) by the trainer's
+evaluation loaders, so the numbers are those `--eval-only` reports for the same build."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from training.config import SourceRef, TrainConfig
+from training.evaluation import EvalData, load_eval_data
+from training.mixtures import eval_only_sets
+from training.sources import DataInputError
+
+#: dataset name (and flag) -> the TrainConfig.data field that reads it.
+KINDS = {"coco": "real", "decorrelation": "decorrelation", "counterfactuals": "counterfactuals"}
+
+
+@dataclass
+class BenchmarkDataset:
+    name: str  # coco, decorrelation or counterfactuals
+    source: SourceRef
+    cfg: TrainConfig  # the --eval-only configuration that scores it
+    data: EvalData
+    tables: list = field(default_factory=list)  # TableRecord of every table read
+
+    def provenance(self) -> dict:
+        """Where the numbers come from: the repo/folder (local folders named by content), the
+        revision asked for and the commit it resolved to."""
+        first = self.tables[0]
+        return {"dataset_source": first.path, "dataset_revision": first.revision,
+                "dataset_commit": first.commit}
+
+
+def parse_source(flag: str, text: str) -> SourceRef:
+    """`REPO_OR_DIR[@REVISION]`."""
+    path, _, revision = text.partition("@")
+    if not path:
+        raise DataInputError(f"--{flag} {text!r}: give a build folder or a Hub dataset id[@revision]")
+    return SourceRef(path, revision or None)
+
+
+def open_dataset(name: str, source: SourceRef, eval_batch_size: int = 64, num_workers: int = 0,
+                 k_values: tuple[int, ...] = (1, 5, 10)) -> BenchmarkDataset:
+    """Open one build; a missing or wrong kind of build is one line naming `--NAME`."""
+    cfg = TrainConfig()
+    cfg.run.eval_only = True
+    cfg.run.eval_batch_size, cfg.run.k_values = eval_batch_size, tuple(k_values)
+    cfg.data.num_workers = num_workers
+    setattr(cfg.data, KINDS[name], source)
+    try:
+        held = eval_only_sets(cfg.data)
+        data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
+    except DataInputError as err:
+        raise DataInputError(f"--{name}: {err}") from None
+    return BenchmarkDataset(name, source, cfg, data, held.records + data.records)

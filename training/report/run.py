@@ -1,0 +1,94 @@
+"""Score every model on every dataset with `training.evaluation.evaluate_model` (the code the
+trainer's `--eval-only` runs), then write `results.jsonl` and `report.md`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from builders.engine.errors import UserFacingError
+from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
+from training.evaluation import evaluate_model
+from training.report.datasets import KINDS, open_dataset, parse_source
+from training.report.markdown import render_report
+from training.report.per_class import odmap_per_class, per_class_metrics, plot
+from training.report.models import load_model, parse_model, weights_digest
+from training.report.results import make_records, write_results
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BenchmarkConfig:
+    """Example: `BenchmarkConfig(models=["openai/clip-vit-base-patch32"],
+    sources={"decorrelation": "org/decorrelation@v1.0.0"}, output="reports/clip")`."""
+
+    models: list[str]
+    #: dataset name (coco, decorrelation, counterfactuals) -> `REPO_OR_DIR[@REVISION]`.
+    sources: dict[str, str]
+    output: str
+    eval_batch_size: int = 64
+    num_workers: int = 0
+    k_values: tuple[int, ...] = field(default=(1, 5, 10))
+
+
+def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
+    """Every record, also written to OUTPUT/results.jsonl and OUTPUT/report.md. Every input is
+    checked (datasets opened, model names parsed) before the first model is loaded."""
+    if not cfg.models:
+        raise UserFacingError("give at least one --model")
+    if len(set(cfg.models)) != len(cfg.models):
+        raise UserFacingError(f"--model: {sorted({m for m in cfg.models if cfg.models.count(m) > 1})} "
+                              "given twice; give each model once")
+    sources = {name: text for name, text in cfg.sources.items() if text}
+    if not sources:
+        raise UserFacingError(f"give at least one dataset: {', '.join('--' + k for k in KINDS)}")
+    specs = [parse_model(m) for m in cfg.models]
+    sets = [open_dataset(name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers,
+                         cfg.k_values) for name, text in sources.items()]
+    output = Path(cfg.output)
+    output.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    records: list[dict] = []
+    bar = None
+    for n, spec in enumerate(specs):
+        backend = load_model(spec)
+        # Started after the first model loads, so a bad --model leaves only its error line.
+        bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
+        backend.module.to(device)
+        digest = weights_digest(backend.module)
+        for ds in sets:
+            bar.set_postfix_str(f"{spec.name} on {ds.name}")
+            records += make_records(spec, digest, ds, _score(backend, ds, output, n))
+            bar.update()
+        del backend  # one model in memory at a time
+    bar.close()
+    write_results(output / "results.jsonl", records)
+    (output / "report.md").write_text(render_report(records))
+    log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records))
+    return records
+
+
+def _score(backend, ds, output: Path, n: int) -> dict[str, float]:
+    """evaluate_model's metrics of model number `n` on `ds`, plus ODmAP per removed class (from
+    the embeddings it saved, OUTPUT/embeddings/), with its chart and the ITM delta histograms."""
+    folder = output / "embeddings"
+    folder.mkdir(exist_ok=True)
+    saved = folder / f"model{n}-{ds.name}.npz"
+    metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, saved)
+    with np.load(saved) as npz:
+        emb = dict(npz)
+    if ds.data.queries is not None:
+        per_class = odmap_per_class(emb, ds.data, ds.cfg.run.k_values)
+        metrics.update(per_class_metrics(per_class))
+        plot(per_class, output / f"odmap_per_class-model{n}.png", backend.model_id)
+    scores = {k.removeprefix("itm_"): v for k, v in emb.items() if k.startswith("itm_")}
+    if scores:
+        plot_histograms(itm_deltas(**scores), output / f"itm_deltas-model{n}-{ds.name}.png",
+                        title=f"ITM score deltas on {ds.name}: {backend.model_id}")
+    return metrics
