@@ -3,7 +3,8 @@
 Parts are consecutive chunks of `part_size` work items, numbered from 0; process r of w takes the
 parts k with k % w == r. Part boundaries never depend on the number of processes, and rows only
 depend on their own items, so 1 or N processes (or N machines sharing a folder) produce identical
-shards. A part is finished once its stats file exists (see `part_writer`), which is what a
+shards. Each process reads the work items once and keeps only its own parts' items (`shares`).
+A part is finished once its stats file exists (see `part_writer`), which is what a
 resumed run checks. A re-run of a finished build has nothing to do and returns at once (see
 `up_to_date`).
 
@@ -39,7 +40,7 @@ from builders.engine.sharding.output_guard import (check_output_folder, output_e
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
 from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_bytes, rows_to_table,
                                                    write_parquet)
-from builders.engine.sharding.shares import ItemShare, share_items
+from builders.engine.sharding.shares import ItemShare, PartCheck, share_items
 from builders.engine.sharding.up_to_date import finished_manifest, invalidate
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite
     return True
 
 
-def _part_changes(layout: OutputLayout, retry_errors: bool):
+def _part_changes(layout: OutputLayout, retry_errors: bool) -> PartCheck:
     """A check for `share_items`: what differs between a finished part's recorded inputs and the
     current ones (nothing for a part not finished yet, or one that is redone anyway)."""
 
