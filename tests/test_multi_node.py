@@ -22,6 +22,7 @@ from builders.engine.errors import UserFacingError
 from builders.engine.sharding import runner
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
+from builders.engine.sharding.shares import share_items
 from builders.engine.sharding.runner import BuildRunConfig, run_build
 from builders.publishing.card import write_card
 
@@ -135,9 +136,9 @@ def test_parts_another_machine_wrote_are_waited_for(tmp_path, monkeypatch):
     def rank1_late() -> None:
         group = ProcessGroup(rank=1, world_size=2, barrier=lambda: None)
         builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40))
-        parts = list(runner.iter_chunks(builder.work_items(), 4))
+        share = share_items(builder.work_items(), 4, lambda k: k % 2 == 1)
         threading.Timer(1.5, runner._build_mine,
-                        (builder, list(builder.outputs()), OutputLayout(out), parts, group, False)).start()
+                        (builder, list(builder.outputs()), OutputLayout(out), share, group, False)).start()
 
     rank0_of_two(out, second_barrier=rank1_late)
     single = tmp_path / "single"

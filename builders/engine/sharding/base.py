@@ -9,7 +9,7 @@ whether the build runs on one process or many, and a crashed build resumes part 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 import datasets
 
@@ -79,8 +79,9 @@ class ShardedBuilder(Protocol):
     def outputs(self) -> Sequence[OutputSpec]:
         """All tables this build writes (each gets a shard set even when empty)."""
 
-    def work_items(self) -> Sequence[Any]:
-        """The full, deterministically ordered list of items (cheap records, not pixels)."""
+    def work_items(self) -> Iterable[Any]:
+        """All items, in a deterministic order (cheap records, not pixels). Read once per
+        process, which keeps only its own parts (`shares`): a generator never holds the rest."""
 
     def process(self, items: Sequence[Any]) -> Iterable[Emit | Skip]:
         """Turn one part's items into rows. Called on every process; load models lazily."""
@@ -88,8 +89,3 @@ class ShardedBuilder(Protocol):
     def info(self) -> BuildInfo:
         """Config, model ids and card fields recorded in the manifest."""
 
-
-def iter_chunks(items: Sequence[Any], size: int) -> Iterator[tuple[int, Sequence[Any]]]:
-    """Yield `(part_index, items)` for consecutive chunks of `size` items."""
-    for start in range(0, len(items), size):
-        yield start // size, items[start : start + size]

@@ -12,7 +12,7 @@ they will be built from the current inputs, so the output always equals a clean 
 A builder whose rows read more than one record (a query row with its positives' texts) makes
 each item carry all of it, so the digest covers it; the item's `label` then names it in messages.
 
-Items that carry ids must not repeat them (`check_unique_ids`). Items a reader marked malformed
+Items that carry ids must not repeat them (`UniqueIds`). Items a reader marked malformed
 (`item.input_problem`, see `builders.engine.errors.InputProblem`) never reach the builder:
 `split_problems` turns them into counted input-error skips.
 """
@@ -48,20 +48,27 @@ def item_label(item: Any, index: int) -> str:
     return f"{key[0]} {key[1]}" if key else f"item #{index}"
 
 
-def check_unique_ids(items: Sequence[Any]) -> None:
+class UniqueIds:
     """Items that carry an id (`image_id` or `id`) must not repeat it: two rows with one id would
-    silently mix two sources' records (one image's captions with another's pixels)."""
-    seen: dict[tuple[str, Any], int] = {}
-    for index, item in enumerate(items):
-        key = _item_id(item)
-        if key is None:
-            continue
-        if key in seen:
-            raise UserFacingError(
-                f"work items #{seen[key]} and #{index} of the source both have {key[0]} {key[1]!r}; "
-                "ids must be unique — fix the source (or, with --dataset, choose a unique --id-column)"
-            )
-        seen[key] = index
+    silently mix two sources' records (one image's captions with another's pixels). Fed the
+    items part by part (a stream), it keeps their ids only."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, Any], int] = {}
+
+    def add(self, start: int, items: Iterable[Any]) -> None:
+        """Check the next items (the first one at index `start` of the whole input)."""
+        for index, item in enumerate(items, start=start):
+            key = _item_id(item)
+            if key is None:
+                continue
+            first = self.seen.setdefault(key, index)
+            if first != index:
+                raise UserFacingError(
+                    f"work items #{first} and #{index} of the source both have {key[0]} "
+                    f"{key[1]!r}; ids must be unique — fix the source (or, with --dataset, choose "
+                    "a unique --id-column)"
+                )
 
 
 def item_digest(item: Any) -> str:

@@ -143,6 +143,20 @@ def _aggregate(stats: Sequence[dict[str, Any]], field: str) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
+def peak_rss_summary(stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Peak resident memory of the processes that built the parts: the largest, each rank's
+    (a rank's parts run in one process, so its largest part peak is the process's peak), and
+    each part's. Parts of builds from before it was recorded count as unknown (None)."""
+    per_part = [s.get("peak_rss_bytes") for s in stats]
+    per_rank: dict[int, int] = {}
+    for s, peak in zip(stats, per_part):
+        if peak is not None:
+            per_rank[s["rank"]] = max(per_rank.get(s["rank"], 0), peak)
+    return {"max": max(per_rank.values(), default=None),
+            "per_rank": {str(rank): per_rank[rank] for rank in sorted(per_rank)},
+            "per_part": per_part}
+
+
 def merge_parts(
     *,
     layout: OutputLayout,
@@ -197,6 +211,7 @@ def merge_parts(
             "process_s": round(sum(s["timings"]["process_s"] for s in stats), 3),
             "write_s": round(sum(s["timings"]["write_s"] for s in stats), 3),
         },
+        "peak_rss_bytes": peak_rss_summary(stats),
     }
     # Published as is: model folders, sources and the tagger are named without local paths, and
     # every model as the rows name it (`provenance.model_name`), however its flag spelled it.

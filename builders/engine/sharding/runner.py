@@ -3,7 +3,8 @@
 Parts are consecutive chunks of `part_size` work items, numbered from 0; process r of w takes the
 parts k with k % w == r. Part boundaries never depend on the number of processes, and rows only
 depend on their own items, so 1 or N processes (or N machines sharing a folder) produce identical
-shards. A part is finished once its stats file exists (see `part_writer`), which is what a
+shards. Each process reads the work items once and keeps only its own parts' items (`shares`).
+A part is finished once its stats file exists (see `part_writer`), which is what a
 resumed run checks. A re-run of a finished build has nothing to do and returns at once (see
 `up_to_date`).
 
@@ -24,15 +25,14 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from builders.engine import progress
 from builders.engine.distributed import ProcessGroup, init_process_group, launched_world_size
 from builders.engine.errors import UserFacingError
-from builders.engine.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip, iter_chunks
+from builders.engine.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip
 from builders.engine.sharding.build_files import discard_build
-from builders.engine.sharding.inputs import (changed_items, check_unique_ids, part_digests,
-                                            split_problems)
+from builders.engine.sharding.inputs import changed_items, part_digests, split_problems
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import (check_output_folder, output_errors, output_lock,
                                                   remove_part_temp_files, remove_temp_files,
@@ -40,6 +40,7 @@ from builders.engine.sharding.output_guard import (check_output_folder, output_e
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
 from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_bytes, rows_to_table,
                                                    write_parquet)
+from builders.engine.sharding.shares import ItemShare, PartCheck, share_items
 from builders.engine.sharding.up_to_date import finished_manifest, invalidate
 
 log = logging.getLogger(__name__)
@@ -98,12 +99,13 @@ def _fingerprint(builder: ShardedBuilder, cfg: BuildRunConfig) -> dict[str, Any]
     }
 
 
-def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite: bool) -> None:
+def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite: bool) -> bool:
+    """Check or write the run fingerprint; False when a build of another config was discarded."""
     if layout.run_file.exists():
         previous = json.loads(layout.run_file.read_text())
         if previous == json.loads(json.dumps(fingerprint)):
             log.info("resuming the build in %s", layout.root)
-            return
+            return True
         if not overwrite:
             raise UserFacingError(
                 f"{layout.root} holds a build made with a different configuration "
@@ -111,32 +113,44 @@ def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite
             )
         log.warning("--overwrite: discarding the previous build in %s", layout.root)
         discard_build(layout)
+        atomic_write_json(layout.run_file, fingerprint)
+        return False
     atomic_write_json(layout.run_file, fingerprint)
+    return True
 
 
-def _changed_inputs(layout: OutputLayout, parts: Sequence[tuple[int, Sequence[Any]]], part_size: int,
-                    retry_errors: bool) -> list[str]:
-    """What differs between the current inputs and those finished parts were built from."""
-    changed: list[str] = []
-    for k, chunk in parts:
-        path = layout.stats_file(k)
+def _part_changes(layout: OutputLayout, retry_errors: bool) -> PartCheck:
+    """A check for `share_items`: what differs between a finished part's recorded inputs and the
+    current ones (nothing for a part not finished yet, or one that is redone anyway)."""
+
+    def check(part: int, start: int, chunk: Sequence[Any]) -> list[str]:
+        path = layout.stats_file(part)
         if not path.exists():
-            continue
+            return []
         stats = json.loads(path.read_text())
         if "item_digests" not in stats or (retry_errors and stats.get("errors")):
-            continue  # a part from before digests were recorded, or one that is redone anyway
-        changed += [f"part {k}: {c}" for c in changed_items(k * part_size, chunk, stats["item_digests"])]
+            return []  # a part from before digests were recorded, or one that is redone anyway
+        return [f"part {part}: {c}" for c in changed_items(start, chunk, stats["item_digests"])]
+
+    return check
+
+
+def _changed_inputs(layout: OutputLayout, share: ItemShare) -> list[str]:
+    """What differs between the current inputs and those finished parts were built from."""
+    changed = list(share.problems)
     n_finished = len(list(layout.stats_file(0).parent.glob("part-*.json")))
-    if n_finished > len(parts):
-        changed.append(f"the inputs now give {len(parts)} parts, {n_finished} were finished")
+    if n_finished > share.n_parts:
+        changed.append(f"the inputs now give {share.n_parts} parts, {n_finished} were finished")
     return changed
 
 
 def _prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], cfg: BuildRunConfig,
-                    parts: Sequence[tuple[int, Sequence[Any]]]) -> None:
-    """Start or resume the build in `layout` (main process, after the inputs were read)."""
-    _prepare_output(layout, fingerprint, cfg.overwrite)
-    changed = _changed_inputs(layout, parts, cfg.part_size, cfg.retry_errors)
+                    share: ItemShare) -> None:
+    """Start or resume the build in `layout` (main process, after the inputs were read with
+    `_read_share(..., check=True)`)."""
+    if not _prepare_output(layout, fingerprint, cfg.overwrite):
+        return  # a previous build of another configuration was discarded: nothing to compare
+    changed = _changed_inputs(layout, share)
     if not changed:
         return
     if not cfg.overwrite:
@@ -252,12 +266,14 @@ def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
             return _run_locked(builder, cfg, group, layout, finish)
 
 
-def _read_parts(builder: ShardedBuilder, part_size: int) -> tuple[list[Any], list[tuple[int, Any]]]:
+def _read_share(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
+                owns: Callable[[int], bool], check: bool) -> ItemShare:
+    """Read the inputs once, keeping this process's parts; `check`: also compare the finished
+    parts with them (the process that prepares the resume)."""
     # The inputs are read before anything is written: a run that fails on a missing or broken
     # input leaves no fingerprint behind to refuse the corrected rerun.
-    items = builder.work_items()
-    check_unique_ids(items)
-    return items, list(iter_chunks(items, part_size))
+    return share_items(builder.work_items(), cfg.part_size, owns,
+                       _part_changes(layout, cfg.retry_errors) if check else None)
 
 
 def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup,
@@ -267,30 +283,29 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
     if group.from_main(done is not None):
         return _nothing_to_do(cfg, layout, done) if done is not None else None
     outputs = list(builder.outputs())
-    items, parts = _read_parts(builder, cfg.part_size)
+    share = _read_share(builder, cfg, layout, lambda k: k % group.world_size == group.rank,
+                        check=group.is_main)
     if group.is_main:
         remove_temp_files(layout)
-        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
+        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, share)
     group.barrier()
-    _build_mine(builder, outputs, layout, parts, group, cfg.retry_errors)
+    _build_mine(builder, outputs, layout, share, group, cfg.retry_errors)
     group.barrier()
     if not group.is_main:
         return None
     if group.world_size > 1:
-        _wait_for_other_processes_parts(layout, len(parts), group.world_size)
-    return _merge(builder, cfg, layout, outputs, items, len(parts), group.world_size, finish)
+        _wait_for_other_processes_parts(layout, share.n_parts, group.world_size)
+    return _merge(builder, cfg, layout, outputs, share, group.world_size, finish)
 
 
 def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: OutputLayout,
-                parts: Sequence[tuple[int, Sequence[Any]]], group: ProcessGroup,
-                retry_errors: bool) -> None:
-    """Build this process's unfinished parts (k % world_size == rank)."""
-    items_total = sum(len(chunk) for _, chunk in parts)
-    mine = [(k, chunk) for k, chunk in parts if k % group.world_size == group.rank]
-    todo = [(k, chunk) for k, chunk in mine if _part_needs_work(layout, k, retry_errors)]
+                share: ItemShare, group: ProcessGroup, retry_errors: bool) -> None:
+    """Build this process's unfinished parts (`share.mine`: k % world_size == rank)."""
+    todo = [(k, chunk) for k, chunk in share.mine if _part_needs_work(layout, k, retry_errors)]
     log.info(
         "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
-        group.rank, group.world_size, items_total, len(parts), len(mine), len(mine) - len(todo),
+        group.rank, group.world_size, share.n_items, share.n_parts, len(share.mine),
+        len(share.mine) - len(todo),
     )
     if todo:
         invalidate(layout)  # the merged output no longer matches the parts
@@ -305,15 +320,15 @@ def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: 
 
 
 def _merge(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
-           outputs: Sequence[OutputSpec], items: Sequence[Any], n_parts: int, world_size: int,
+           outputs: Sequence[OutputSpec], share: ItemShare, world_size: int,
            finish: Finisher | None) -> BuildResult:
-    stats = collect_stats(layout, n_parts)
-    _check_error_rate(stats, len(items), cfg.max_error_fraction, layout)
+    stats = collect_stats(layout, share.n_parts)
+    _check_error_rate(stats, share.n_items, cfg.max_error_fraction, layout)
     manifest = merge_parts(
         layout=layout,
         outputs=outputs,
         stats=stats,
-        n_items=len(items),
+        n_items=share.n_items,
         info=builder.info(),
         run_config={**asdict(cfg), "output_dir": str(cfg.output_dir)},
         world_size=world_size,
@@ -386,15 +401,14 @@ def _run_array_worker(builder: ShardedBuilder, cfg: BuildRunConfig, layout: Outp
     assert worker is not None and n_workers is not None
     group = ProcessGroup(rank=worker, world_size=n_workers, barrier=lambda: None)
     outputs = list(builder.outputs())
-    _, parts = _read_parts(builder, cfg.part_size)
+    share = _read_share(builder, cfg, layout, lambda k: k % n_workers == worker, check=True)
     with worker_lock(layout, worker):
         # The first worker writes run.json; the others, serialised by the lock, find it and
         # resume (an identical fingerprint) or refuse (a different one).
         with output_lock(layout, wait_s=ARRAY_LOCK_WAIT_S):
-            _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
-        remove_part_temp_files(layout, [spec.key for spec in outputs],
-                               [k for k, _ in parts if k % n_workers == worker])
-        _build_mine(builder, outputs, layout, parts, group, cfg.retry_errors)
+            _prepare_resume(layout, _fingerprint(builder, cfg), cfg, share)
+        remove_part_temp_files(layout, [spec.key for spec in outputs], [k for k, _ in share.mine])
+        _build_mine(builder, outputs, layout, share, group, cfg.retry_errors)
     log.info("array worker %d of %d finished its parts; once every worker has, run the same "
              "command with --merge-only to write the dataset", worker, n_workers)
 
@@ -407,14 +421,15 @@ def _merge_only(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayo
         if done is not None:
             return _nothing_to_do(cfg, layout, done)
         outputs = list(builder.outputs())
-        items, parts = _read_parts(builder, cfg.part_size)
+        # The merge needs the inputs' size only: no part is kept.
+        share = _read_share(builder, cfg, layout, lambda k: False, check=True)
         remove_temp_files(layout)
-        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, parts)
-        n_workers = cfg.num_workers or _recorded_workers(layout, len(parts))
-        missing = [k for k, _ in parts if not layout.stats_file(k).exists()]
+        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, share)
+        n_workers = cfg.num_workers or _recorded_workers(layout, share.n_parts)
+        missing = [k for k in range(share.n_parts) if not layout.stats_file(k).exists()]
         if missing:
-            raise UserFacingError(_missing_parts_message(layout, missing, len(parts), n_workers))
-        return _merge(builder, cfg, layout, outputs, items, len(parts), n_workers or 1, finish)
+            raise UserFacingError(_missing_parts_message(layout, missing, share.n_parts, n_workers))
+        return _merge(builder, cfg, layout, outputs, share, n_workers or 1, finish)
 
 
 def _recorded_workers(layout: OutputLayout, n_parts: int) -> int | None:
