@@ -297,14 +297,18 @@ def odmap_classes(data: EvalData) -> list[str]:
     return sorted({c for group in (data.removed, data.present, data.gallery_mentions) for cs in group for c in cs})
 
 
-def odmap_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
+def odmap_result(emb, data: EvalData, k_values):
+    """The odmap module's result (overall and per query) for the k values the gallery allows."""
     k = min(max(k_values), len(data.gallery_captions))
     top, _ = topk_from_embeddings(emb["query_image"], emb["gallery_text"], k)
     classes = odmap_classes(data)
-    res = odmap_from_topk(top, class_matrix(data.gallery_mentions, classes),
-                          class_matrix(data.removed, classes), class_matrix(data.present, classes),
-                          k_values=[v for v in k_values if v <= k])
-    return {f"odmap/{name}": v for name, v in res.as_dict().items()}
+    return odmap_from_topk(top, class_matrix(data.gallery_mentions, classes),
+                           class_matrix(data.removed, classes), class_matrix(data.present, classes),
+                           k_values=[v for v in k_values if v <= k])
+
+
+def odmap_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
+    return {f"odmap/{name}": v for name, v in odmap_result(emb, data, k_values).as_dict().items()}
 
 
 def necessity(emb_original: np.ndarray, emb, data: EvalData) -> dict[str, float]:
