@@ -129,7 +129,8 @@ def test_odmap_per_class_equals_an_independent_reference(report, builds):
     records = [r for r in read_results(report / "results.jsonl") if r["task"] == "odmap_per_class"]
     assert len(records) == 2
     for n, record in enumerate(records):
-        emb = np.load(report / "embeddings" / f"model{n}-decorrelation.npz")
+        [saved] = (report / "embeddings").glob(f"decorrelation-{record['weights_digest'][7:23]}-*.npz")
+        emb = np.load(saved)
         k_values = [k for k in (1, 5, 10) if k <= len(mentioned)]
         top = reference_topk(emb["query_image"], emb["gallery_text"], max(k_values))
         classes = sorted({c for r in removed for c in r})
@@ -142,3 +143,32 @@ def test_odmap_per_class_equals_an_independent_reference(report, builds):
             expected.update({f"{c}_ODmAP@{k}": v for k, v in ref.items()})
         assert record["metrics"] == pytest.approx(expected, abs=1e-6)
         assert (report / f"odmap_per_class-model{n}.png").stat().st_size > 0
+
+
+def test_one_more_model_encodes_only_that_model(report, builds, tiny_models_dir, tmp_path, monkeypatch):
+    """The embedding cache: a second report with one more model encodes only the new one, and
+    every number equals a report computed from scratch (the `report` fixture, no shared cache)."""
+    import training.evaluation
+    from builders.models.profiles import tiny_profile
+    from training.report.results import read_results
+
+    _, dec, cf = builds
+    profile = tiny_profile(tiny_models_dir)
+    encoded = []
+    encode = training.evaluation.compute_embeddings
+    monkeypatch.setattr(training.evaluation, "compute_embeddings",
+                        lambda module, *a, **kw: encoded.append(type(module).__name__) or encode(module, *a, **kw))
+    common = ["--decorrelation", str(dec), "--counterfactuals", str(cf), "--cache-dir", str(tmp_path / "cache")]
+    assert cli_main(["benchmark", "--model", profile.clip, *common, "--output", str(tmp_path / "one")]) == 0
+    assert len(encoded) == 2, encoded  # one model x two datasets
+    first = encoded[0]
+    assert cli_main(["benchmark", "--model", profile.clip, "--model", profile.open_clip, *common,
+                     "--output", str(tmp_path / "two")]) == 0
+    assert len(encoded) == 4 and first not in encoded[2:], encoded
+    two = read_results(tmp_path / "two" / "results.jsonl")
+    assert [r for r in two if r["model"] == read_results(tmp_path / "one" / "results.jsonl")[0]["model"]] \
+        == read_results(tmp_path / "one" / "results.jsonl")
+    fresh = [r for r in read_results(report / "results.jsonl") if r["dataset"] != "coco"]
+    assert sorted(two, key=lambda r: (r["model"], r["dataset"], r["task"])) == \
+        sorted(fresh, key=lambda r: (r["model"], r["dataset"], r["task"]))
+    assert not list((tmp_path / "two").glob("embeddings"))  # --cache-dir replaces OUTPUT/embeddings

@@ -4,6 +4,7 @@ trainer's `--eval-only` runs), then write `results.jsonl` and `report.md`."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tqdm.auto import tqdm
 from builders.engine.errors import UserFacingError
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
 from training.evaluation import evaluate_model
+from training.report.cache import cache_key, read_entry, write_entry
 from training.report.datasets import KINDS, open_dataset, parse_source
 from training.report.markdown import render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
@@ -35,6 +37,8 @@ class BenchmarkConfig:
     eval_batch_size: int = 64
     num_workers: int = 0
     k_values: tuple[int, ...] = field(default=(1, 5, 10))
+    #: embedding cache (training/report/cache.py); None: OUTPUT/embeddings/.
+    cache_dir: str | None = None
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -53,6 +57,8 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
                          cfg.k_values) for name, text in sources.items()]
     output = Path(cfg.output)
     output.mkdir(parents=True, exist_ok=True)
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else output / "embeddings"
+    cache.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     records: list[dict] = []
     bar = None
@@ -64,7 +70,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
         digest = weights_digest(backend.module)
         for ds in sets:
             bar.set_postfix_str(f"{spec.name} on {ds.name}")
-            records += make_records(spec, digest, ds, _score(backend, ds, output, n))
+            records += make_records(spec, digest, ds, _score(backend, digest, ds, output, cache, n))
             bar.update()
         del backend  # one model in memory at a time
     bar.close()
@@ -74,13 +80,19 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     return records
 
 
-def _score(backend, ds, output: Path, n: int) -> dict[str, float]:
-    """evaluate_model's metrics of model number `n` on `ds`, plus ODmAP per removed class (from
-    the embeddings it saved, OUTPUT/embeddings/), with its chart and the ITM delta histograms."""
-    folder = output / "embeddings"
-    folder.mkdir(exist_ok=True)
-    saved = folder / f"model{n}-{ds.name}.npz"
-    metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, saved)
+def _score(backend, digest: str, ds, output: Path, cache: Path, n: int) -> dict[str, float]:
+    """evaluate_model's metrics of model number `n` on `ds` (from the cache when these weights
+    were scored on this data before), plus ODmAP per removed class from the embeddings, with its
+    chart and the ITM delta histograms."""
+    key = cache_key(digest, ds)
+    hit = read_entry(cache, key)
+    if hit is not None:
+        saved, metrics = hit
+        log.info("%s on %s: embeddings and metrics from the cache %s", backend.model_id, ds.name, saved)
+    else:
+        written = cache / f"encoding-{os.getpid()}.npz"
+        metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, written)
+        saved = write_entry(cache, key, written, metrics)
     with np.load(saved) as npz:
         emb = dict(npz)
     if ds.data.queries is not None:
