@@ -172,3 +172,64 @@ def test_one_more_model_encodes_only_that_model(report, builds, tiny_models_dir,
     assert sorted(two, key=lambda r: (r["model"], r["dataset"], r["task"])) == \
         sorted(fresh, key=lambda r: (r["model"], r["dataset"], r["task"]))
     assert not list((tmp_path / "two").glob("embeddings"))  # --cache-dir replaces OUTPUT/embeddings
+
+
+def test_push_to_hub_appends_only_new_records(report, builds, repo_id):
+    """Pushing the same records again adds no commit and no row, one more model adds only its
+    rows, and `load_dataset` reads the repo (script-free) at its tag."""
+    import json
+    from pathlib import Path
+
+    from datasets import load_dataset
+    from huggingface_hub import HfApi
+
+    from training.report.markdown import plain
+    from training.report.hub_results import push_results, record_key
+    from training.report.results import read_results
+
+    records = read_results(report / "results.jsonl")
+    first_model = records[0]["model"]
+    ones = [r for r in records if r["model"] == first_model]
+    assert 0 < len(ones) < len(records)
+    api = HfApi()
+
+    def state():
+        commits = api.list_repo_commits(repo_id, repo_type="dataset")
+        rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
+        return len(commits), rows
+
+    assert push_results(ones, repo_id) == len(ones)
+    n_commits, rows = state()
+    assert sorted(rows["key"]) == sorted(record_key(r) for r in ones)
+    assert push_results(ones, repo_id) == 0
+    assert state()[0] == n_commits
+    assert push_results(records, repo_id, tag="v1") == len(records) - len(ones)
+    n_after, rows = state()
+    assert n_after == n_commits + 1 and len(rows) == len(records)
+    tagged = load_dataset(repo_id, split="train", revision="v1", download_mode="force_redownload")
+    by_key = {r["key"]: r for r in tagged}
+    for r in records:
+        row = by_key[record_key(r)]
+        assert json.loads(row["metrics"]) == r["metrics"] and row["weights_digest"] == r["weights_digest"]
+    card = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset")).read_text()
+    assert "configs:" in card and "| model |" in card
+    assert all(plain(m) in card for m in {r["model"] for r in records})
+
+
+def test_push_to_hub_from_the_command_line(report, builds, tiny_models_dir, repo_id, tmp_path, capsys):
+    from datasets import load_dataset
+
+    from training.report.hub_results import record_key
+    from training.report.results import read_results
+
+    dec = str(builds[1])
+    common = ["benchmark", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--decorrelation", dec]
+    assert cli_main([*common, "--push-to-hub", "not a repo", "--output", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a repo" in err and not (tmp_path / "bad").exists()
+    # The fixture report's embeddings as the cache: nothing is encoded again.
+    assert cli_main([*common, "--cache-dir", str(report / "embeddings"), "--push-to-hub", repo_id,
+                     "--output", str(tmp_path / "out")]) == 0
+    records = read_results(tmp_path / "out" / "results.jsonl")
+    rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
+    assert sorted(rows["key"]) == sorted(record_key(r) for r in records)

@@ -13,10 +13,12 @@ import torch
 from tqdm.auto import tqdm
 
 from builders.engine.errors import UserFacingError
+from builders.publishing.hub_client import check_repo_id
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
 from training.evaluation import evaluate_model
 from training.report.cache import cache_key, read_entry, write_entry
 from training.report.datasets import KINDS, open_dataset, parse_source
+from training.report.hub_results import push_results
 from training.report.markdown import render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
 from training.report.models import load_model, parse_model, weights_digest
@@ -39,6 +41,9 @@ class BenchmarkConfig:
     k_values: tuple[int, ...] = field(default=(1, 5, 10))
     #: embedding cache (training/report/cache.py); None: OUTPUT/embeddings/.
     cache_dir: str | None = None
+    #: results dataset on the Hub the records are appended to (training/report/hub_results.py).
+    push_to_hub: str | None = None
+    revision_tag: str | None = None
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -52,6 +57,10 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     sources = {name: text for name, text in cfg.sources.items() if text}
     if not sources:
         raise UserFacingError(f"give at least one dataset: {', '.join('--' + k for k in KINDS)}")
+    if cfg.push_to_hub:
+        check_repo_id(cfg.push_to_hub)
+    elif cfg.revision_tag:
+        raise UserFacingError("--revision-tag tags the --push-to-hub repo: give --push-to-hub ORG/NAME too")
     specs = [parse_model(m) for m in cfg.models]
     sets = [open_dataset(name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers,
                          cfg.k_values) for name, text in sources.items()]
@@ -77,6 +86,8 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     write_results(output / "results.jsonl", records)
     (output / "report.md").write_text(render_report(records))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records))
+    if cfg.push_to_hub:
+        push_results(records, cfg.push_to_hub, cfg.revision_tag)
     return records
 
 
