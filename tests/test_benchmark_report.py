@@ -219,6 +219,7 @@ def test_push_to_hub_appends_only_new_records(report, builds, repo_id):
 def test_push_to_hub_from_the_command_line(report, builds, tiny_models_dir, repo_id, tmp_path, capsys):
     from datasets import load_dataset
 
+    from builders.engine.provenance import content_digest
     from training.report.hub_results import record_key
     from training.report.results import read_results
 
@@ -233,3 +234,6 @@ def test_push_to_hub_from_the_command_line(report, builds, tiny_models_dir, repo
     records = read_results(tmp_path / "out" / "results.jsonl")
     rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
     assert sorted(rows["key"]) == sorted(record_key(r) for r in records)
+    # Shared rows name local builds and models by content, never by a path of this machine.
+    assert all(str(tmp_path.parent.parent) not in str(v) for row in rows for v in row.values())
+    assert {r["dataset_source"] for r in records} == {f"local:dec@sha256:{content_digest(builds[1])[:16]}"}
