@@ -129,7 +129,8 @@ def test_odmap_per_class_equals_an_independent_reference(report, builds):
     records = [r for r in read_results(report / "results.jsonl") if r["task"] == "odmap_per_class"]
     assert len(records) == 2
     for n, record in enumerate(records):
-        emb = np.load(report / "embeddings" / f"model{n}-decorrelation.npz")
+        [saved] = (report / "embeddings").glob(f"decorrelation-{record['weights_digest'][7:23]}-*.npz")
+        emb = np.load(saved)
         k_values = [k for k in (1, 5, 10) if k <= len(mentioned)]
         top = reference_topk(emb["query_image"], emb["gallery_text"], max(k_values))
         classes = sorted({c for r in removed for c in r})
@@ -142,3 +143,97 @@ def test_odmap_per_class_equals_an_independent_reference(report, builds):
             expected.update({f"{c}_ODmAP@{k}": v for k, v in ref.items()})
         assert record["metrics"] == pytest.approx(expected, abs=1e-6)
         assert (report / f"odmap_per_class-model{n}.png").stat().st_size > 0
+
+
+def test_one_more_model_encodes_only_that_model(report, builds, tiny_models_dir, tmp_path, monkeypatch):
+    """The embedding cache: a second report with one more model encodes only the new one, and
+    every number equals a report computed from scratch (the `report` fixture, no shared cache)."""
+    import training.evaluation
+    from builders.models.profiles import tiny_profile
+    from training.report.results import read_results
+
+    _, dec, cf = builds
+    profile = tiny_profile(tiny_models_dir)
+    encoded = []
+    encode = training.evaluation.compute_embeddings
+    monkeypatch.setattr(training.evaluation, "compute_embeddings",
+                        lambda module, *a, **kw: encoded.append(type(module).__name__) or encode(module, *a, **kw))
+    common = ["--decorrelation", str(dec), "--counterfactuals", str(cf), "--cache-dir", str(tmp_path / "cache")]
+    assert cli_main(["benchmark", "--model", profile.clip, *common, "--output", str(tmp_path / "one")]) == 0
+    assert len(encoded) == 2, encoded  # one model x two datasets
+    first = encoded[0]
+    assert cli_main(["benchmark", "--model", profile.clip, "--model", profile.open_clip, *common,
+                     "--output", str(tmp_path / "two")]) == 0
+    assert len(encoded) == 4 and first not in encoded[2:], encoded
+    two = read_results(tmp_path / "two" / "results.jsonl")
+    assert [r for r in two if r["model"] == read_results(tmp_path / "one" / "results.jsonl")[0]["model"]] \
+        == read_results(tmp_path / "one" / "results.jsonl")
+    fresh = [r for r in read_results(report / "results.jsonl") if r["dataset"] != "coco"]
+    assert sorted(two, key=lambda r: (r["model"], r["dataset"], r["task"])) == \
+        sorted(fresh, key=lambda r: (r["model"], r["dataset"], r["task"]))
+    assert not list((tmp_path / "two").glob("embeddings"))  # --cache-dir replaces OUTPUT/embeddings
+
+
+def test_push_to_hub_appends_only_new_records(report, builds, repo_id):
+    """Pushing the same records again adds no commit and no row, one more model adds only its
+    rows, and `load_dataset` reads the repo (script-free) at its tag."""
+    import json
+    from pathlib import Path
+
+    from datasets import load_dataset
+    from huggingface_hub import HfApi
+
+    from training.report.markdown import plain
+    from training.report.hub_results import push_results, record_key
+    from training.report.results import read_results
+
+    records = read_results(report / "results.jsonl")
+    first_model = records[0]["model"]
+    ones = [r for r in records if r["model"] == first_model]
+    assert 0 < len(ones) < len(records)
+    api = HfApi()
+
+    def state():
+        commits = api.list_repo_commits(repo_id, repo_type="dataset")
+        rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
+        return len(commits), rows
+
+    assert push_results(ones, repo_id) == len(ones)
+    n_commits, rows = state()
+    assert sorted(rows["key"]) == sorted(record_key(r) for r in ones)
+    assert push_results(ones, repo_id) == 0
+    assert state()[0] == n_commits
+    assert push_results(records, repo_id, tag="v1") == len(records) - len(ones)
+    n_after, rows = state()
+    assert n_after == n_commits + 1 and len(rows) == len(records)
+    tagged = load_dataset(repo_id, split="train", revision="v1", download_mode="force_redownload")
+    by_key = {r["key"]: r for r in tagged}
+    for r in records:
+        row = by_key[record_key(r)]
+        assert json.loads(row["metrics"]) == r["metrics"] and row["weights_digest"] == r["weights_digest"]
+    card = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset")).read_text()
+    assert "configs:" in card and "| model |" in card
+    assert all(plain(m) in card for m in {r["model"] for r in records})
+
+
+def test_push_to_hub_from_the_command_line(report, builds, tiny_models_dir, repo_id, tmp_path, capsys):
+    from datasets import load_dataset
+
+    from builders.engine.provenance import content_digest
+    from training.report.hub_results import record_key
+    from training.report.results import read_results
+
+    dec = str(builds[1])
+    common = ["benchmark", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--decorrelation", dec]
+    assert cli_main([*common, "--push-to-hub", "not a repo", "--output", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a repo" in err and not (tmp_path / "bad").exists()
+    # The fixture report's embeddings as the cache: nothing is encoded again.
+    assert cli_main([*common, "--cache-dir", str(report / "embeddings"), "--push-to-hub", repo_id,
+                     "--output", str(tmp_path / "out")]) == 0
+    records = read_results(tmp_path / "out" / "results.jsonl")
+    rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
+    assert sorted(rows["key"]) == sorted(record_key(r) for r in records)
+    # Shared rows name local builds and models by content, never by a path of this machine.
+    assert all(str(tmp_path.parent.parent) not in str(v) for row in rows for v in row.values())
+    assert {r["dataset_source"] for r in records} == {f"local:dec@sha256:{content_digest(builds[1])[:16]}"}

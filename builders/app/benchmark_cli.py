@@ -22,7 +22,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
         models += [profile.clip, profile.open_clip]
     cfg = BenchmarkConfig(models=models, output=args.output, eval_batch_size=args.eval_batch_size,
-                          num_workers=args.num_workers,
+                          num_workers=args.num_workers, cache_dir=args.cache_dir,
+                          push_to_hub=args.push_to_hub, revision_tag=args.revision_tag,
                           sources={"coco": args.coco, "decorrelation": args.decorrelation,
                                    "counterfactuals": args.counterfactuals})
     records = run_benchmark(cfg)
@@ -49,6 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--counterfactuals", default=None,
                    help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split")
     p.add_argument("--output", required=True, help="report folder (results.jsonl, report.md)")
+    p.add_argument("--cache-dir", default=None,
+                   help="embedding cache, shared by reports: a model already scored on the same data "
+                        "is not encoded again (default: OUTPUT/embeddings)")
+    p.add_argument("--push-to-hub", default=None, metavar="ORG/NAME",
+                   help="append the records to this results dataset on the Hub (HF_ENDPOINT, HF_TOKEN); "
+                        "records already there are skipped")
+    p.add_argument("--revision-tag", default=None, help="with --push-to-hub: tag the pushed state")
     p.add_argument("--eval-batch-size", type=positive_int, default=64, help="encoding batch size")
     p.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers decoding images")
     p.set_defaults(func=_benchmark)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from builders.engine.provenance import model_name
 from training.config import SourceRef, TrainConfig
 from training.evaluation import EvalData, load_eval_data
 from training.mixtures import eval_only_sets
@@ -26,7 +27,10 @@ class BenchmarkDataset:
         """Where the numbers come from: the repo/folder (local folders named by content), the
         revision asked for and the commit it resolved to."""
         first = self.tables[0]
-        return {"dataset_source": first.path, "dataset_revision": first.revision,
+        # A local build by its name and content digest (local:NAME@sha256:...), never by a path
+        # of this machine: the records are shared (results.jsonl, --push-to-hub).
+        source = model_name(first.path) if first.commit is None else first.path
+        return {"dataset_source": source, "dataset_revision": first.revision,
                 "dataset_commit": first.commit}
 
 

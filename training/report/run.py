@@ -4,6 +4,7 @@ trainer's `--eval-only` runs), then write `results.jsonl` and `report.md`."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,9 +13,12 @@ import torch
 from tqdm.auto import tqdm
 
 from builders.engine.errors import UserFacingError
+from builders.publishing.hub_client import check_repo_id
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
 from training.evaluation import evaluate_model
+from training.report.cache import cache_key, read_entry, write_entry
 from training.report.datasets import KINDS, open_dataset, parse_source
+from training.report.hub_results import push_results
 from training.report.markdown import render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
 from training.report.models import load_model, parse_model, weights_digest
@@ -35,6 +39,11 @@ class BenchmarkConfig:
     eval_batch_size: int = 64
     num_workers: int = 0
     k_values: tuple[int, ...] = field(default=(1, 5, 10))
+    #: embedding cache (training/report/cache.py); None: OUTPUT/embeddings/.
+    cache_dir: str | None = None
+    #: results dataset on the Hub the records are appended to (training/report/hub_results.py).
+    push_to_hub: str | None = None
+    revision_tag: str | None = None
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -48,11 +57,17 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     sources = {name: text for name, text in cfg.sources.items() if text}
     if not sources:
         raise UserFacingError(f"give at least one dataset: {', '.join('--' + k for k in KINDS)}")
+    if cfg.push_to_hub:
+        check_repo_id(cfg.push_to_hub)
+    elif cfg.revision_tag:
+        raise UserFacingError("--revision-tag tags the --push-to-hub repo: give --push-to-hub ORG/NAME too")
     specs = [parse_model(m) for m in cfg.models]
     sets = [open_dataset(name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers,
                          cfg.k_values) for name, text in sources.items()]
     output = Path(cfg.output)
     output.mkdir(parents=True, exist_ok=True)
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else output / "embeddings"
+    cache.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     records: list[dict] = []
     bar = None
@@ -64,23 +79,31 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
         digest = weights_digest(backend.module)
         for ds in sets:
             bar.set_postfix_str(f"{spec.name} on {ds.name}")
-            records += make_records(spec, digest, ds, _score(backend, ds, output, n))
+            records += make_records(spec, digest, ds, _score(backend, digest, ds, output, cache, n))
             bar.update()
         del backend  # one model in memory at a time
     bar.close()
     write_results(output / "results.jsonl", records)
     (output / "report.md").write_text(render_report(records))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records))
+    if cfg.push_to_hub:
+        push_results(records, cfg.push_to_hub, cfg.revision_tag)
     return records
 
 
-def _score(backend, ds, output: Path, n: int) -> dict[str, float]:
-    """evaluate_model's metrics of model number `n` on `ds`, plus ODmAP per removed class (from
-    the embeddings it saved, OUTPUT/embeddings/), with its chart and the ITM delta histograms."""
-    folder = output / "embeddings"
-    folder.mkdir(exist_ok=True)
-    saved = folder / f"model{n}-{ds.name}.npz"
-    metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, saved)
+def _score(backend, digest: str, ds, output: Path, cache: Path, n: int) -> dict[str, float]:
+    """evaluate_model's metrics of model number `n` on `ds` (from the cache when these weights
+    were scored on this data before), plus ODmAP per removed class from the embeddings, with its
+    chart and the ITM delta histograms."""
+    key = cache_key(digest, ds)
+    hit = read_entry(cache, key)
+    if hit is not None:
+        saved, metrics = hit
+        log.info("%s on %s: embeddings and metrics from the cache %s", backend.model_id, ds.name, saved)
+    else:
+        written = cache / f"encoding-{os.getpid()}.npz"
+        metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, written)
+        saved = write_entry(cache, key, written, metrics)
     with np.load(saved) as npz:
         emb = dict(npz)
     if ds.data.queries is not None:

@@ -1,0 +1,124 @@
+"""`counterfactory benchmark --push-to-hub ORG/NAME`: append the records to a results dataset on
+the Hub that `load_dataset("ORG/NAME")` reads without a script (parquet under data/, README.md
+YAML `configs:`), with a card rendering the comparison table of every row in the repo.
+
+One row per record; `metrics` is a JSON string (every task names other metrics, and one column
+type lets every push's file share one schema). A record is identified by `KEY_FIELDS`: pushing a
+record already there adds nothing (no commit when nothing is new), a new model adds only its rows,
+each push as its own parquet file, so earlier rows are never rewritten."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+
+from builders.engine.errors import PublishError
+from builders.publishing.hub_client import check_repo_id, hub_errors, retrying, use_endpoint
+from training.report.markdown import comparison_table, plain
+
+log = logging.getLogger(__name__)
+
+KEY_FIELDS = ("model", "weights_digest", "dataset", "dataset_source", "dataset_commit", "task",
+              "metric", "metric_version")
+COLUMNS = ("dataset", "model", "pretrained", "backend", "weights_digest", "task", "metrics",
+           "dataset_source", "dataset_revision", "dataset_commit", "metric", "metric_version",
+           "code_version", "key")
+RETRIES = 3
+
+
+def record_key(record: dict) -> str:
+    return json.dumps([record.get(f) for f in KEY_FIELDS])
+
+
+def to_row(record: dict) -> dict:
+    row = {c: record.get(c) for c in COLUMNS}
+    row["metrics"] = json.dumps(record["metrics"], sort_keys=True, allow_nan=False)
+    row["key"] = record_key(record)
+    return row
+
+
+def _parquet(rows: list[dict]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Every column a string, also when a push's values are all null (`pretrained` of HF models).
+    schema = pa.schema([(c, pa.string()) for c in COLUMNS])
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), buf)
+    return buf.getvalue()
+
+
+def card(rows: list[dict], repo_id: str) -> str:
+    records = [{**r, "metrics": json.loads(r["metrics"])} for r in rows]
+    models = list(dict.fromkeys(r["model"] for r in records))
+    out = ["---", "configs:", "- config_name: default", "  data_files:", "  - split: train",
+           "    path: data/*.parquet", "tags:", "- counterfactory", "- benchmark", "---", "",
+           f"# {plain(repo_id)}", "",
+           "Results of `counterfactory benchmark`: one row per model x dataset x metric module "
+           "(`metrics` is a JSON object), with the weights' sha256, the dataset commit and the "
+           "metric and code versions. Best value of each column in bold (fraction below zero: "
+           "lowest; every other metric: highest).", "",
+           "```python", "from datasets import load_dataset", "",
+           f"rows = load_dataset({repo_id!r}, split=\"train\")", "```", ""]
+    for dataset in dict.fromkeys(r["dataset"] for r in records):
+        out += [f"## {plain(dataset)}", "", *comparison_table(records, dataset, models), ""]
+    return "\n".join(out)
+
+
+def push_results(records: list[dict], repo_id: str, tag: str | None = None) -> int:
+    """Append `records` to the dataset `repo_id` (created when missing); the number of rows
+    added. With `tag`, the pushed state is tagged (a tag that exists is kept when nothing was
+    added, refused otherwise)."""
+    from huggingface_hub import HfApi
+
+    check_repo_id(repo_id)
+    endpoint = use_endpoint(None)
+    api = HfApi(endpoint=endpoint)
+    repo = dict(repo_id=repo_id, repo_type="dataset")
+    with hub_errors(endpoint, repo_id, "re-run the same command (records already there are skipped)"):
+        retrying(lambda: api.create_repo(**repo, exist_ok=True), RETRIES, "create_repo")
+        old = _existing_rows(api, repo)
+        known = {r["key"] for r in old}
+        new = list({to_row(r)["key"]: to_row(r) for r in records if record_key(r) not in known}.values())
+        tags = {t.name for t in retrying(lambda: api.list_repo_refs(**repo), RETRIES, "list_repo_refs").tags}
+        if tag in tags and new:
+            raise _tag_error(repo_id, tag)
+        if new:
+            _commit(api, repo, repo_id, old, new)
+        if tag and tag not in tags:
+            head = retrying(lambda: api.repo_info(**repo).sha, RETRIES, "repo_info")
+            retrying(lambda: api.create_tag(**repo, tag=tag, revision=head), 1, "create_tag")
+    log.info("%s: %d new rows, %d already there", repo_id, len(new), len(records) - len(new))
+    return len(new)
+
+
+def _tag_error(repo_id: str, tag: str) -> PublishError:
+    return PublishError(f"--revision-tag {tag!r}: {repo_id} already has that tag and this push "
+                        "adds rows; give a new tag")
+
+
+def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict]) -> None:
+    from huggingface_hub import CommitOperationAdd
+
+    name = hashlib.sha256("".join(sorted(r["key"] for r in new)).encode()).hexdigest()[:16]
+    ops = [CommitOperationAdd(path_in_repo=f"data/results-{name}.parquet", path_or_fileobj=_parquet(new)),
+           CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card(old + new, repo_id).encode())]
+    models = ", ".join(dict.fromkeys(r["model"] for r in new))
+    retrying(lambda: api.create_commit(**repo, operations=ops,
+                                       commit_message=f"benchmark results: {len(new)} rows ({models})"[:200]),
+             1, "create_commit")
+
+
+def _existing_rows(api, repo: dict) -> list[dict]:
+    import pyarrow.parquet as pq
+    from huggingface_hub import hf_hub_download
+
+    files = retrying(lambda: api.list_repo_files(**repo), RETRIES, "list_repo_files")
+    rows: list[dict] = []
+    for path in sorted(f for f in files if f.startswith("data/") and f.endswith(".parquet")):
+        local = retrying(lambda: hf_hub_download(**repo, filename=path, endpoint=api.endpoint),
+                         RETRIES, f"download {path}")
+        rows += pq.read_table(local).to_pylist()
+    return rows
