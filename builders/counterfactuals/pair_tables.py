@@ -24,7 +24,6 @@ a counted skip naming the table and row; the rest of the build goes on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from builders.counterfactuals.config import CocoCounterfactualsConfig
 from builders.counterfactuals.schema import CAPTION_FEATURES
 from builders.engine.dataset_source import open_split, stored_values
 from builders.engine.errors import InputFileError, InputProblem
+from builders.engine.sharding.build_files import file_sha256
 
 #: Default (id, caption_0, caption_1) column names per table format.
 DEFAULT_COLUMNS = {
@@ -79,7 +79,7 @@ def resolve_table(cfg: CocoCounterfactualsConfig) -> PairTable:
             raise InputFileError(path, "is neither a .tsv nor a .jsonl file", _FIX)
         local = path.resolve()
         return PairTable(fmt, local, {"format": fmt, "path": str(local),
-                                      "files": {local.name: _sha256(local)}})
+                                      "files": {local.name: file_sha256(local)}})
     if path.is_dir():
         local = path.resolve()
         fmt = "build" if (local / "build_manifest.json").is_file() else "datasets"
@@ -268,14 +268,6 @@ def _text(path: Path) -> str:
                              "save the table as UTF-8") from None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _folder_digests(folder: Path, fmt: str, split: str) -> dict[str, str]:
     """sha256 of each data file of a dataset folder; of a build, only its caption pairs' shards
     (its image shards are not read)."""
@@ -284,7 +276,7 @@ def _folder_digests(folder: Path, fmt: str, split: str) -> dict[str, str]:
     else:
         files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in _DATA_SUFFIXES
                        and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    return {p.relative_to(folder).as_posix(): _sha256(p) for p in files}
+    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in files}
 
 
 def _hub_snapshot(repo: str, revision: str | None) -> tuple[Path, str]:

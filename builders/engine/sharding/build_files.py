@@ -39,12 +39,17 @@ def read_chunks(path: Path, size: int = 8 << 20) -> Iterator[bytes]:
             yield chunk
 
 
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks (a shard may be GBs)."""
+    digest = hashlib.sha256()
+    for chunk in read_chunks(path):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def file_record(root: Path, rel: str) -> dict[str, Any]:
     """`{"path", "bytes", "sha256"}` of one file of the build (relative POSIX path)."""
-    digest = hashlib.sha256()
-    for chunk in read_chunks(root / rel):
-        digest.update(chunk)
-    return {"path": rel, "bytes": (root / rel).stat().st_size, "sha256": digest.hexdigest()}
+    return {"path": rel, "bytes": (root / rel).stat().st_size, "sha256": file_sha256(root / rel)}
 
 
 def is_bookkeeping(rel: str) -> bool:
