@@ -146,3 +146,32 @@ def test_parts_another_machine_wrote_are_waited_for(tmp_path, monkeypatch):
               BuildRunConfig(output_dir=single, part_size=4, max_error_fraction=0.2),
               finish=write_card)
     assert shard_digests(out) == shard_digests(single)
+
+
+class RecordingState:
+    """Stands in for accelerate's state: records that the process group was torn down."""
+
+    def __init__(self) -> None:
+        self.destroyed = 0
+
+    def destroy_process_group(self) -> None:
+        self.destroyed += 1
+
+
+@pytest.mark.parametrize("max_error_fraction", [0.2, 0.0], ids=["built", "failed"])
+def test_every_run_tears_its_process_group_down(tmp_path, monkeypatch, max_error_fraction):
+    """Left to interpreter shutdown, gloo's threads can abort a finished process (SIGABRT)."""
+    state = RecordingState()
+    monkeypatch.setattr(runner, "init_process_group", lambda expect: ProcessGroup(
+        rank=0, world_size=1, barrier=lambda: None, state=state))
+    cfg = BuildRunConfig(output_dir=tmp_path / "out", part_size=4,
+                         max_error_fraction=max_error_fraction)
+    build = lambda: run_build(toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)), cfg)
+    if max_error_fraction == 0.0:  # the toy's items 5, 16, 27 and 38 are input errors
+        with pytest.raises(UserFacingError, match="error"):
+            build()
+        assert state.destroyed == 1
+    else:
+        build()
+        build()  # nothing to do
+        assert state.destroyed == 2

@@ -38,6 +38,14 @@ class ProcessGroup:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def close(self) -> None:
+        """Tear the process group down before the interpreter exits. Left to interpreter shutdown,
+        gloo's threads are destroyed in arbitrary order and a process that has finished its work
+        can die with SIGABRT ("terminate called without an active exception"). Local: no peer
+        is waited for, so it is safe after an error too."""
+        if self.state is not None:
+            self.state.destroy_process_group()
+
 
 def launched_world_size() -> int:
     """World size announced by the launcher (torchrun / accelerate), 1 when run directly."""

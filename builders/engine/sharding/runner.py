@@ -257,13 +257,16 @@ def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
                 return _merge_only(builder, cfg, layout, finish)
             return _run_array_worker(builder, cfg, layout)
     group = init_process_group(cfg.expect_processes)
-    with output_errors(layout.root):
-        if not group.is_main:
-            return _run_locked(builder, cfg, group, layout, finish)
-        check_output_folder(layout)
-        with output_lock(layout):
-            _check_no_workers(layout)
-            return _run_locked(builder, cfg, group, layout, finish)
+    try:
+        with output_errors(layout.root):
+            if not group.is_main:
+                return _run_locked(builder, cfg, group, layout, finish)
+            check_output_folder(layout)
+            with output_lock(layout):
+                _check_no_workers(layout)
+                return _run_locked(builder, cfg, group, layout, finish)
+    finally:
+        group.close()
 
 
 def _read_share(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
@@ -281,6 +284,9 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
     done = _finished(builder, cfg, layout, finish) if group.is_main else None
     # Every process follows the main one's answer: the others must not wait at a barrier it skips.
     if group.from_main(done is not None):
+        # A broadcast returns on the main process before the others have read it; the barrier
+        # keeps it from tearing the group down (and exiting) under them.
+        group.barrier()
         return _nothing_to_do(cfg, layout, done) if done is not None else None
     outputs = list(builder.outputs())
     share = _read_share(builder, cfg, layout, lambda k: k % group.world_size == group.rank,
