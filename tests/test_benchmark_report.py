@@ -49,7 +49,7 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
     assert str(tiny_models_dir) not in (report / "results.jsonl").read_text()
     assert {(r["dataset"], r["task"]) for r in records} == {
         ("coco", "retrieval"), ("coco", "itm"), ("decorrelation", "odmap"),
-        ("decorrelation", "odmap_per_class"), ("counterfactuals", "itm")}
+        ("decorrelation", "odmap_per_class"), ("decorrelation", "necessity"), ("counterfactuals", "itm")}
     for backend, model in (("transformers", profile.clip), ("open_clip", profile.open_clip)):
         out = tmp_path / backend
         assert train_main(["--real", str(cc), "--decorrelation", str(dec), "--counterfactuals", str(cf),
@@ -61,7 +61,13 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
             for name, value in r["metrics"].items():
                 assert value == pytest.approx(trainer[f"{r['task']}/{name}"], abs=1e-6), (r["task"], name)
                 compared += 1
-        assert compared >= 6 + 3 + 2 * 3 * 2, compared  # R@K both ways, ODmAP@k, 4 ITM deltas x 3
+        # PN per removed class: the trainer scores it with --real and --decorrelation together,
+        # the report from the two builds' embeddings; every class the trainer has, and its mean.
+        assert {k for k in trainer if k.startswith("necessity/")} == \
+            {f"necessity/{n}" for r in records if r["model"] == model_name(model) and r["task"] == "necessity"
+             for n in r["metrics"]}
+        # R@K both ways, ODmAP@k, 4 ITM deltas x 3, PN of at least one class and the mean
+        assert compared >= 6 + 3 + 2 * 3 * 2 + 2, compared
 
 
 def test_results_round_trip_and_report(report):
@@ -97,6 +103,11 @@ def test_comparison_marks_the_best_per_column():
     # Fewer pairs scored the wrong way round is better.
     low = [_record("a", 0.2, "IR_c_frac_below_zero"), _record("b", 0.7, "IR_c_frac_below_zero")]
     assert rank_models(low, "d", "t", "IR_c_frac_below_zero") == ["a", "b"]
+    # PN per removed class is left to the per-model tables; the comparison shows its mean.
+    pn = [{**_record(m, v, "PN_mean"), "task": "necessity", "metrics": {"PN_mean": v, "PN_dog": v}}
+          for m, v in (("a", 0.1), ("b", 0.3))]
+    lines = comparison_table(pn, "d", ["a", "b"])
+    assert (lines[0], lines[-1]) == ("| model | necessity/PN\\_mean |", "| b | **0.3000** |")
     # Names from the user or the data are plain text.
     assert "|" not in comparison_table([_record("x|<b>*y*", 1.0)], "d", ["x|<b>*y*"])[2].replace(
         "\\|", "")[2:-2].split(" | ")[0]
@@ -172,6 +183,32 @@ def test_one_more_model_encodes_only_that_model(report, builds, tiny_models_dir,
     assert sorted(two, key=lambda r: (r["model"], r["dataset"], r["task"])) == \
         sorted(fresh, key=lambda r: (r["model"], r["dataset"], r["task"]))
     assert not list((tmp_path / "two").glob("embeddings"))  # --cache-dir replaces OUTPUT/embeddings
+
+
+def test_the_cache_tells_preprocessing_apart(builds, tiny_models_dir, tmp_path, monkeypatch):
+    """Same weights, other preprocessing (a copy whose processor normalises differently): the
+    cache must encode it again; an identical copy of the model is a hit."""
+    import json
+    import shutil
+
+    import training.evaluation
+    from builders.models.profiles import tiny_profile
+
+    clip = tiny_profile(tiny_models_dir).clip
+    same, other = tmp_path / "same", tmp_path / "other"
+    shutil.copytree(clip, same)
+    shutil.copytree(clip, other)
+    config = json.loads((other / "processor_config.json").read_text())
+    config["image_processor"]["image_mean"] = [0.5, 0.5, 0.5]
+    (other / "processor_config.json").write_text(json.dumps(config))
+    encoded = []
+    encode = training.evaluation.compute_embeddings
+    monkeypatch.setattr(training.evaluation, "compute_embeddings",
+                        lambda *a, **kw: encoded.append(1) or encode(*a, **kw))
+    common = ["benchmark", "--decorrelation", str(builds[1]), "--cache-dir", str(tmp_path / "cache")]
+    for n, model in enumerate((clip, same, other)):
+        assert cli_main([*common, "--model", str(model), "--output", str(tmp_path / f"r{n}")]) == 0
+    assert len(encoded) == 2  # the original, then the copy that normalises differently
 
 
 def test_push_to_hub_appends_only_new_records(report, builds, repo_id):

@@ -303,6 +303,8 @@ def test_bad_inputs_are_one_line_errors_before_training(builds, tiny_models_dir,
     assert "--eccv needs the COCO 5K test split" in err and f"{cc} split 'test'" in err
     err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--eccv", "--real-test-split", ""))
     assert "--eccv scores the COCO 5K test split" in err
+    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--coco-instances", str(cc)))
+    assert "--coco-instances adds PMRP to the ECCV Caption suite: give --eccv too" in err
     assert not (out / "loss.jsonl").exists() and not (out / "checkpoints").exists()
 
 

@@ -201,6 +201,9 @@ class RunConfig:
     #: ODmAP@k / R@K cut-offs.
     k_values: tuple[int, ...] = option((1, 5, 10), "K of R@K and ODmAP@K", type=positive_int)
     eccv: bool = option(False, "also the ECCV Caption suite (needs the COCO 5K test split)")
+    #: PMRP's plausible-match positives are computed from it (eccv_caption does not ship them).
+    coco_instances: str | None = option(
+        None, "with --eccv, also PMRP: COCO's annotations/instances_val2014.json", metavar="PATH")
     log_every: int = option(1, "log the loss and lr every N optimizer steps (default 1)", type=positive_int)
     #: Without it a run whose training images include any image of an evaluation set is refused
     #: before the first step (training/leakage.py).
@@ -265,6 +268,8 @@ class TrainConfig:
             raise UserFacingError("--batch-size, --grad-accum and --epochs must be >= 1")
         if o.lock_image and o.lock_text:
             raise UserFacingError("--lock-image and --lock-text together leave nothing to train")
+        if r.coco_instances and not r.eccv:
+            raise UserFacingError("--coco-instances adds PMRP to the ECCV Caption suite: give --eccv too")
         if r.eccv and (d.real is None or not d.real_test_split):
             raise UserFacingError("--eccv scores the COCO 5K test split: give --real (a coco-captions "
                                   "build) and --real-test-split test")

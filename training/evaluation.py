@@ -9,9 +9,10 @@ Sets (each evaluated when its source is given):
   `coco_test_ids.npy` (5 per image; COCO's few sixth and seventh captions are left out) and the
   1K folds of each 5,000 consecutive caption ids there (the order of the VSE++ / ECCV Caption
   evaluations), not the build's image-id order. Other splits of >= 5,000 images get folds of
-  1,000 consecutive rows, which match no published protocol. `--eccv` adds the ECCV Caption suite (ECCV mAP@R / R-P /
-  R@1, CxC) of `map_at_r`; it is defined on the COCO 5K test split only, which is checked before
-  training.
+  1,000 consecutive rows, which match no published protocol. `--eccv` adds the ECCV Caption
+  suite (ECCV mAP@R / R-P / R@1, CxC) of `map_at_r`, and PMRP with `--coco-instances` (its
+  plausible-match positives are computed from COCO's instances, zeta = 0); it is defined on the
+  COCO 5K test split only, which is checked before training.
 - odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
   (gallery class mentions from its `mentioned_classes`, streaming top-k).
 - itm: ITM score deltas (cosine similarity as the score G) on the held-out counterfactual pairs
@@ -20,7 +21,8 @@ Sets (each evaluated when its source is given):
   against a random other pair (IR_r, TR_r).
 - necessity: per removed class, PN = (s(x, y) - s(x', y)) / s(x, y) with s = (cos + 1) / 2 in
   [0, 1], x the original image, x' the object-removal image and y an original caption of x that
-  mentions the removed class (the model-agnostic reading of the NUIF paper's necessity).
+  mentions the removed class (the model-agnostic reading of the NUIF paper's necessity). x is
+  the retrieval split's embedding of the query's source image, so PN needs both sets.
 - validation loss: the contrastive loss on the validation examples, in order.
 - zeroshot, flickr30k: zero-shot classification with the CLIP prompt templates (`--zeroshot`)
   and Flickr30k R@K with the retrieval code above (`--flickr30k`), training/zeroshot.py.
@@ -71,7 +73,8 @@ class EvalData:
     caption_image: np.ndarray | None = None  # image id of each caption
     folds: list[np.ndarray] = field(default_factory=list)  # rows of image_ids per COCO 1K fold
     queries: ExampleSet | None = None  # odmap queries (x')
-    originals: ExampleSet | None = None  # x of each query (None where x is not in the test split)
+    query_image_ids: np.ndarray | None = None  # COCO id of each query's source image x
+    pm_positives: object = None  # PMRP's plausible matches (--coco-instances), map_at_r Positives
     removed: list[list[str]] = field(default_factory=list)
     present: list[list[str]] = field(default_factory=list)
     query_captions: list[list[int]] = field(default_factory=list)
@@ -88,7 +91,6 @@ class EvalData:
 def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalData:
     d = cfg.data
     out = EvalData(validation=validation)
-    by_image: dict[int, int] = {}
     if d.real is not None and d.real_test_split:
         test, record = open_table(d.real, "default", d.real_test_split, REAL_COLUMNS, resolve_commit(d.real))
         out.records.append(record)
@@ -97,7 +99,6 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
         for row, (caps) in enumerate(meta["captions"]):
             out.retrieval.add(0, row, "image", caps[0] if caps else "", None, -1, "real")
         out.image_ids = np.asarray(meta["image_id"], dtype=np.int64)
-        by_image = {int(i): row for row, i in enumerate(out.image_ids)}
         out.caption_ids = np.asarray([c for ids in meta["caption_ids"] for c in ids], dtype=np.int64)
         out.captions = [c for caps in meta["captions"] for c in caps]
         out.caption_image = np.repeat(out.image_ids, [len(c) for c in meta["caption_ids"]])
@@ -105,12 +106,15 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
         out.folds = retrieval_folds(out.image_ids)
         if cfg.run.eccv:
             check_eccv_split(out, f"{d.real.path} split {d.real_test_split!r}")
+            if cfg.run.coco_instances:
+                out.pm_positives = read_pm_positives(cfg.run.coco_instances)
     if d.decorrelation is not None:
         commit = resolve_commit(d.decorrelation)
         queries, rq = open_table(d.decorrelation, "odmap_queries", "test", QUERY_COLUMNS, commit)
         gallery, rg = open_table(d.decorrelation, "odmap_gallery", "test", GALLERY_COLUMNS, commit)
         out.records += [rq, rg]
         qm = queries.select_columns(["image_id", "removed_classes", "present_classes", "caption_ids"]).to_dict()
+        out.query_image_ids = np.asarray(qm["image_id"], dtype=np.int64)
         out.queries = ExampleSet(tables=[queries])
         for row in range(len(queries)):
             out.queries.add(0, row, "image", "", None, -1, "decorrelation")
@@ -118,10 +122,6 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
         gm = gallery.select_columns(["caption_id", "caption", "mentioned_classes"]).to_dict()
         out.gallery_captions, out.gallery_mentions = gm["caption"], gm["mentioned_classes"]
         out.gallery_ids = np.asarray(gm["caption_id"], dtype=np.int64)
-        if out.retrieval is not None:
-            out.originals = ExampleSet(tables=out.retrieval.tables)
-            for image_id in qm["image_id"]:
-                out.originals.add(0, by_image.get(int(image_id), -1), "image", "", None, -1, "real")
     if heldout_cf:
         out.cf_pairs = ExampleSet(tables=cf_tables)
         for table, row in heldout_cf:
@@ -273,15 +273,33 @@ def retrieval_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in out.items()}
 
 
+def read_pm_positives(instances: str):
+    """PMRP's plausible-match positives of the COCO 5K test images (zeta = 0, as in the paper)
+    from COCO's `instances_val2014.json`: read once, before training, so a wrong path fails
+    first."""
+    from counterfactory_metrics.map_at_r.eccv_annotations import (AnnotationFileError,
+                                                                  pm_positives_from_instances, read_positives)
+
+    try:
+        return pm_positives_from_instances(Path(instances), read_positives("coco").i2t)
+    except AnnotationFileError as err:
+        raise DataInputError(f"--coco-instances: {err}") from None
+
+
 def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
+    """The ECCV Caption suite (ECCV mAP@R / R-P / R@1, CxC, COCO 1K/5K), and PMRP when
+    `data.pm_positives` were read (`--coco-instances`)."""
     from counterfactory_metrics.map_at_r.eccv_suite import EccvAnnotations, EccvSuiteConfig, eccv_suite_from_similarity
 
-    suite = EccvSuiteConfig(target_metrics=("eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_recalls",
-                                            "coco_1k_recalls", "coco_5k_recalls"))
+    targets = ("eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_recalls", "coco_1k_recalls", "coco_5k_recalls")
+    pm = data.pm_positives
+    if pm is not None:
+        targets += ("pmrp",)
     # load_eval_data checked the split is COCO 5K and kept its standard 25,000 captions, the
     # ones the suite is defined on.
     res = eccv_suite_from_similarity(emb["image"] @ emb["text"].T, data.image_ids,
-                                     data.caption_ids, suite, EccvAnnotations.load())
+                                     data.caption_ids, EccvSuiteConfig(target_metrics=targets),
+                                     EccvAnnotations.load(pm))
     return {f"eccv/{m}_{d}": float(v) for m, by_dir in res.items() for d, v in by_dir.items()}
 
 
@@ -311,18 +329,25 @@ def odmap_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
     return {f"odmap/{name}": v for name, v in odmap_result(emb, data, k_values).as_dict().items()}
 
 
-def necessity(emb_original: np.ndarray, emb, data: EvalData) -> dict[str, float]:
-    """PN per removed class (see the module docstring)."""
+def original_rows(query_image_ids: np.ndarray, image_ids: np.ndarray) -> np.ndarray:
+    """Row of each query's source image x among the retrieval images (-1: not in that split)."""
+    row = {int(i): r for r, i in enumerate(image_ids)}
+    return np.asarray([row.get(int(i), -1) for i in query_image_ids], dtype=np.int64)
+
+
+def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData) -> dict[str, float]:
+    """PN per removed class (see the module docstring). `original_images`: the retrieval split's
+    image embeddings, in which query q's x is row `rows[q]` (`original_rows`; -1: skipped)."""
     text_row = {int(c): i for i, c in enumerate(data.gallery_ids)}
     per_class: dict[str, list[float]] = {}
     for q, removed in enumerate(data.removed):
-        if data.originals.row[q] < 0:
+        if rows[q] < 0:
             continue
         for cap in data.query_captions[q]:
             t = text_row.get(int(cap))
             if t is None:
                 continue
-            s_x = (emb_original[q] @ emb["gallery_text"][t] + 1) / 2
+            s_x = (original_images[rows[q]] @ emb["gallery_text"][t] + 1) / 2
             s_xp = (emb["query_image"][q] @ emb["gallery_text"][t] + 1) / 2
             for c in set(removed) & set(data.gallery_mentions[t]):
                 per_class.setdefault(c, []).append(float((s_x - s_xp) / s_x))
@@ -397,13 +422,9 @@ def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: P
             metrics.update(eccv_metrics(emb, data))
     if "query_image" in emb:
         metrics.update(odmap_metrics(emb, data, cfg.run.k_values))
-        if data.originals is not None:
-            known = ExampleSet(tables=data.originals.tables)
-            rows = [max(r, 0) for r in data.originals.row]
-            for r in rows:
-                known.add(0, r, "image", "", None, -1, "real")
-            emb["query_original_image"] = encode_images(module, backend, known, bs, workers)
-            metrics.update(necessity(emb["query_original_image"], emb, data))
+        if "image" in emb:  # x is a retrieval image, already encoded
+            rows = original_rows(data.query_image_ids, data.image_ids)
+            metrics.update(necessity(emb["image"], rows, emb, data))
     itm_args = itm_inputs(emb, data)
     if itm_args:
         for delta, stats in itm_score_deltas(**itm_args).items():

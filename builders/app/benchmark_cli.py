@@ -1,5 +1,5 @@
 """`counterfactory benchmark`: score CLIP models on our datasets (ODmAP@k, ITM score deltas,
-COCO R@K) and write results.jsonl + report.md (training/report/). Registering imports nothing
+COCO R@K, ECCV Caption / CxC / PMRP on COCO 5K, object necessity) and write results.jsonl + report.md (training/report/). Registering imports nothing
 heavy; the handler imports the evaluation."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     cfg = BenchmarkConfig(models=models, output=args.output, eval_batch_size=args.eval_batch_size,
                           num_workers=args.num_workers, cache_dir=args.cache_dir,
                           push_to_hub=args.push_to_hub, revision_tag=args.revision_tag,
+                          coco_instances=args.coco_instances,
                           sources={"coco": args.coco, "decorrelation": args.decorrelation,
                                    "counterfactuals": args.counterfactuals})
     records = run_benchmark(cfg)
@@ -45,7 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--models", choices=("tiny",), default=None,
                    help="tiny: add the project's two tiny random-init CLIPs (transformers, open_clip)")
     p.add_argument("--tiny-models-dir", default=None, help="where the tiny models are built/cached")
-    p.add_argument("--coco", default=None, help=f"coco-captions build ({SOURCE_HELP}): R@1/5/10 on its test split")
+    p.add_argument("--coco", default=None,
+                   help=f"coco-captions build ({SOURCE_HELP}): R@1/5/10 on its test split; on the COCO 5K "
+                        "test split also ECCV mAP@R / R-P / R@1 and CxC, and with --decorrelation "
+                        "object necessity PN per removed class")
+    p.add_argument("--coco-instances", default=None, metavar="PATH",
+                   help="COCO's annotations/instances_val2014.json: adds PMRP on the COCO 5K test split")
     p.add_argument("--decorrelation", default=None, help=f"decorrelation build ({SOURCE_HELP}): ODmAP@1/5/10")
     p.add_argument("--counterfactuals", default=None,
                    help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split")

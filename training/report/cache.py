@@ -7,6 +7,7 @@ read: a short file name can never hand one model's numbers to another."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -14,20 +15,30 @@ import os
 from pathlib import Path
 
 from builders.engine.provenance import model_name
+from builders.engine.sharding.build_files import file_sha256
 from training.report.results import code_version
 
 log = logging.getLogger(__name__)
 
 
-def cache_key(digest: str, ds) -> dict:
-    """What the cached numbers depend on: the weights, every table read (a local build named by
-    its contents, a Hub one by the commit its revision resolved to), the metric code and the
-    evaluation settings that change a number (batch size and workers do not)."""
+def cache_key(digest: str, preprocessing: str, ds) -> dict:
+    """What the cached numbers depend on: the weights and the preprocessing that feeds them (two
+    folders with the same weights may resize or tokenize differently), every table read (a local
+    build named by its contents, a Hub one by the commit its revision resolved to), the metric
+    code and the evaluation settings that change a number (batch size and workers do not)."""
     tables = [[model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows]
               for t in ds.tables]
-    return {"weights_digest": digest, "dataset": ds.name, "tables": tables,
-            "k_values": list(ds.cfg.run.k_values), "eccv": bool(ds.cfg.run.eccv),
+    instances = ds.cfg.run.coco_instances
+    return {"weights_digest": digest, "preprocessing_digest": preprocessing, "dataset": ds.name,
+            "tables": tables, "k_values": list(ds.cfg.run.k_values), "eccv": bool(ds.cfg.run.eccv),
+            "pm_instances": _instances_digest(instances) if instances else None,
             "code_version": code_version()}
+
+
+@functools.cache
+def _instances_digest(path: str) -> str:
+    # COCO's instances file is ~450 MB: hashed once per report, not per model x dataset.
+    return file_sha256(Path(path))
 
 
 def entry_paths(folder: Path, key: dict) -> tuple[Path, Path]:

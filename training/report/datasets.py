@@ -3,13 +3,16 @@ evaluation loaders, so the numbers are those `--eval-only` reports for the same 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from builders.engine.provenance import model_name
 from training.config import SourceRef, TrainConfig
-from training.evaluation import EvalData, load_eval_data
+from training.evaluation import EvalData, is_coco_5k, load_eval_data, read_pm_positives
 from training.mixtures import eval_only_sets
 from training.sources import DataInputError
+
+log = logging.getLogger(__name__)
 
 #: dataset name (and flag) -> the TrainConfig.data field that reads it.
 KINDS = {"coco": "real", "decorrelation": "decorrelation", "counterfactuals": "counterfactuals"}
@@ -43,7 +46,8 @@ def parse_source(flag: str, text: str) -> SourceRef:
 
 
 def open_dataset(name: str, source: SourceRef, eval_batch_size: int = 64, num_workers: int = 0,
-                 k_values: tuple[int, ...] = (1, 5, 10)) -> BenchmarkDataset:
+                 k_values: tuple[int, ...] = (1, 5, 10),
+                 coco_instances: str | None = None) -> BenchmarkDataset:
     """Open one build; a missing or wrong kind of build is one line naming `--NAME`."""
     cfg = TrainConfig()
     cfg.run.eval_only = True
@@ -53,6 +57,25 @@ def open_dataset(name: str, source: SourceRef, eval_batch_size: int = 64, num_wo
     try:
         held = eval_only_sets(cfg.data)
         data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
+        if name == "coco":
+            _with_eccv_suite(cfg, data, source, coco_instances)
     except DataInputError as err:
         raise DataInputError(f"--{name}: {err}") from None
     return BenchmarkDataset(name, source, cfg, data, held.records + data.records)
+
+
+def _with_eccv_suite(cfg: TrainConfig, data: EvalData, source: SourceRef, instances: str | None) -> None:
+    """On the COCO 5K test split a report always adds the ECCV Caption suite (ECCV mAP@R / R-P /
+    R@1, CxC; PMRP with `instances`), as `--eval-only --eccv [--coco-instances]` scores it; it
+    is defined on those images only, so another split reports R@K alone."""
+    if not is_coco_5k(data.image_ids):
+        if instances:
+            raise DataInputError(f"{source.path}: --coco-instances (PMRP) needs the COCO 5K test "
+                                 f"split (Karpathy test, 5000 images); this split has "
+                                 f"{len(data.image_ids)}")
+        log.info("--coco %s: %d images, not the COCO 5K test split: ECCV Caption, CxC and PMRP "
+                 "(defined on COCO 5K only) are left out", source.path, len(data.image_ids))
+        return
+    cfg.run.eccv, cfg.run.coco_instances = True, instances
+    if instances:
+        data.pm_positives = read_pm_positives(instances)

@@ -16,8 +16,9 @@ def plain(text) -> str:
 
 
 def higher_is_better(metric: str) -> bool:
-    # Recalls, ODmAP and mean/median score deltas grow with a better model; the fraction of
-    # pairs whose delta is below zero (the model prefers the wrong image/caption) shrinks.
+    # Recalls, ODmAP, ECCV / CxC / PMRP, mean/median score deltas and PN (the caption's score
+    # falls when its object is removed: the model looks at the object) grow with a better model;
+    # the fraction of pairs whose delta is below zero (it prefers the wrong image/caption) shrinks.
     return not metric.endswith("frac_below_zero")
 
 
@@ -38,9 +39,14 @@ def rank_models(records: list[dict], dataset: str, task: str, metric: str) -> li
 PER_MODEL_ONLY = {"odmap_per_class"}
 
 
+def _in_comparison(task: str, name: str) -> bool:
+    # PN per removed class is as wide as ODmAP per class: the comparison shows its mean.
+    return task not in PER_MODEL_ONLY and (task != "necessity" or name == "PN_mean")
+
+
 def _columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
-    cols = {(r["task"], name) for r in records if r["dataset"] == dataset and r["task"] not in PER_MODEL_ONLY
-            for name in r["metrics"]}
+    cols = {(r["task"], name) for r in records if r["dataset"] == dataset for name in r["metrics"]
+            if _in_comparison(r["task"], name)}
     return sorted(cols)
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -61,3 +63,28 @@ def weights_digest(module: torch.nn.Module) -> str:
         h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return f"sha256:{h.hexdigest()}"
+
+
+#: Captions whose token ids fingerprint a tokenizer (vocabulary, casing, context length: the
+#: second is longer than CLIP's 77 tokens).
+PROBE_CAPTIONS = ["A photo of a cat sitting on a red sofa.",
+                  "Two DOGS, 3 frisbees & an uber-long caption; " * 12]
+
+
+def _step(step) -> dict:
+    """A resize/crop step by its class and plain settings (a repr may hold a memory address)."""
+    plain = (int, float, str, bool, tuple, list, type(None), Enum)
+    return {"step": getattr(step, "__qualname__", type(step).__qualname__),
+            **{k: repr(v) for k, v in sorted(getattr(step, "__dict__", {}).items())
+               if not k.startswith("_") and isinstance(v, plain)}}
+
+
+def preprocessing_digest(backend) -> str:
+    """sha256 of what turns an image and a caption into the model's inputs, which the weights
+    digest does not cover: the pixel pipeline (size, mean, std, each resize/crop step's settings)
+    and the tokenizer's ids of `PROBE_CAPTIONS`."""
+    p = backend.pixels
+    tokens = backend.tokenize(PROBE_CAPTIONS)
+    desc = {"size": p.size, "mean": list(p.mean), "std": list(p.std), "steps": [_step(s) for s in p.steps],
+            "tokens": {k: v.tolist() for k, v in sorted(tokens.items())}}
+    return "sha256:" + hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()

@@ -13,9 +13,12 @@ from pathlib import Path
 
 from builders.engine.provenance import model_name
 
-#: task (the prefix of training.evaluation's metric names) -> the metric module computing it.
-METRIC_MODULES = {"retrieval": "map_at_r", "retrieval_1k": "map_at_r", "eccv": "map_at_r",
-                  "odmap": "odmap", "odmap_per_class": "odmap", "itm": "itm_score_deltas", "necessity": "necessity"}
+#: task (the prefix of training.evaluation's metric names) -> the code computing it: a metric
+#: module of counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
+METRIC_MODULES = {"retrieval": "counterfactory_metrics.map_at_r", "retrieval_1k": "counterfactory_metrics.map_at_r",
+                  "eccv": "counterfactory_metrics.map_at_r", "odmap": "counterfactory_metrics.odmap",
+                  "odmap_per_class": "counterfactory_metrics.odmap",
+                  "itm": "counterfactory_metrics.itm_score_deltas", "necessity": "training.evaluation.necessity"}
 
 
 @functools.cache
@@ -46,7 +49,7 @@ def make_records(spec, digest: str, dataset, metrics: dict[str, float]) -> list[
     return [{"dataset": dataset.name, "model": model, "pretrained": spec.pretrained,
              "backend": spec.backend, "weights_digest": digest, "task": task, "metrics": values,
              **dataset.provenance(),
-             "metric": f"counterfactory_metrics.{METRIC_MODULES.get(task, task)}",
+             "metric": METRIC_MODULES.get(task, f"counterfactory_metrics.{task}"),
              "metric_version": code_version(), "code_version": code_version()}
             for task, values in sorted(by_task.items())]
 

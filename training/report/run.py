@@ -15,13 +15,13 @@ from tqdm.auto import tqdm
 from builders.engine.errors import UserFacingError
 from builders.publishing.hub_client import check_repo_id
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
-from training.evaluation import evaluate_model
+from training.evaluation import evaluate_model, necessity, original_rows
 from training.report.cache import cache_key, read_entry, write_entry
 from training.report.datasets import KINDS, open_dataset, parse_source
 from training.report.hub_results import push_results
 from training.report.markdown import render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
-from training.report.models import load_model, parse_model, weights_digest
+from training.report.models import load_model, parse_model, preprocessing_digest, weights_digest
 from training.report.results import make_records, write_results
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class BenchmarkConfig:
     #: results dataset on the Hub the records are appended to (training/report/hub_results.py).
     push_to_hub: str | None = None
     revision_tag: str | None = None
+    #: COCO's instances_val2014.json: adds PMRP to the ECCV Caption suite on COCO 5K.
+    coco_instances: str | None = None
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -62,8 +64,10 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     elif cfg.revision_tag:
         raise UserFacingError("--revision-tag tags the --push-to-hub repo: give --push-to-hub ORG/NAME too")
     specs = [parse_model(m) for m in cfg.models]
+    if cfg.coco_instances and "coco" not in sources:
+        raise UserFacingError("--coco-instances adds PMRP to the COCO 5K scores: give --coco too")
     sets = [open_dataset(name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers,
-                         cfg.k_values) for name, text in sources.items()]
+                         cfg.k_values, cfg.coco_instances) for name, text in sources.items()]
     output = Path(cfg.output)
     output.mkdir(parents=True, exist_ok=True)
     cache = Path(cfg.cache_dir) if cfg.cache_dir else output / "embeddings"
@@ -77,10 +81,16 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
         bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
         backend.module.to(device)
         digest = weights_digest(backend.module)
+        scored = {}
         for ds in sets:
             bar.set_postfix_str(f"{spec.name} on {ds.name}")
-            records += make_records(spec, digest, ds, _score(backend, digest, ds, output, cache, n))
+            metrics, scored[ds.name] = _score(backend, (digest, preprocessing_digest(backend)), ds,
+                                              output, cache, n)
+            records += make_records(spec, digest, ds, metrics)
             bar.update()
+        if {"coco", "decorrelation"} <= scored.keys():
+            dec = next(ds for ds in sets if ds.name == "decorrelation")
+            records += make_records(spec, digest, dec, _necessity(sets, scored))
         del backend  # one model in memory at a time
     bar.close()
     write_results(output / "results.jsonl", records)
@@ -91,11 +101,12 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     return records
 
 
-def _score(backend, digest: str, ds, output: Path, cache: Path, n: int) -> dict[str, float]:
-    """evaluate_model's metrics of model number `n` on `ds` (from the cache when these weights
-    were scored on this data before), plus ODmAP per removed class from the embeddings, with its
-    chart and the ITM delta histograms."""
-    key = cache_key(digest, ds)
+def _score(backend, digests: tuple[str, str], ds, output: Path, cache: Path,
+           n: int) -> tuple[dict[str, float], Path]:
+    """evaluate_model's metrics of model number `n` on `ds` (from the cache when these weights and
+    preprocessing `digests` were scored on this data before), plus ODmAP per removed class from
+    the embeddings, with its chart and the ITM delta histograms; and the embeddings file."""
+    key = cache_key(*digests, ds)
     hit = read_entry(cache, key)
     if hit is not None:
         saved, metrics = hit
@@ -114,4 +125,17 @@ def _score(backend, digest: str, ds, output: Path, cache: Path, n: int) -> dict[
     if scores:
         plot_histograms(itm_deltas(**scores), output / f"itm_deltas-model{n}-{ds.name}.png",
                         title=f"ITM score deltas on {ds.name}: {backend.model_id}")
-    return metrics
+    return metrics, saved
+
+
+def _necessity(sets, scored: dict[str, Path]) -> dict[str, float]:
+    """Object necessity PN per removed class: x is the query's source image among the --coco
+    build's images, x' and y come from the decorrelation build, as the trainer's --eval-only
+    scores them with both (training.evaluation.necessity on the same embeddings)."""
+    coco, dec = (next(ds for ds in sets if ds.name == name) for name in ("coco", "decorrelation"))
+    with np.load(scored["coco"]) as c, np.load(scored["decorrelation"]) as d:
+        rows = original_rows(dec.data.query_image_ids, coco.data.image_ids)
+        if (rows < 0).all():
+            log.warning("object necessity: no decorrelation query's source image is in the --coco "
+                        "split; PN needs the split the decorrelation build's images came from")
+        return necessity(c["image"], rows, dict(d), dec.data)
