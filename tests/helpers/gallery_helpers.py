@@ -31,7 +31,8 @@ def fixture_build(name: str, root: Path, coco: Path, tiny: Path) -> Path:
     """`counterfactory build NAME` on the fixture into root/NAME, once per session."""
     out = root / "gallery_builds" / name
     if not (out / "build_manifest.json").exists():
-        argv = ["build", name, *BUILD_ARGS[name](coco, tiny), "--output", str(out), "--part-size", "4"]
+        # A build's own --part-size (eccv-positives: 5,000 rows in one part, not 1,250) comes last.
+        argv = ["build", name, "--part-size", "4", *BUILD_ARGS[name](coco, tiny), "--output", str(out)]
         assert cli_main(argv) == 0
     return out
 
