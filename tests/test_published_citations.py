@@ -34,7 +34,7 @@ TINY = ["--models", "tiny"]
 BUILD_ARGS = {
     "coco-captions": ["--splits", "test"],
     "decorrelation": [*TINY, "--image-size", "64", "--inpaint-steps", "2", "--max-images", "3"],
-    "eccv-positives": [],
+    "eccv-positives": ["--part-size", "8192"],  # its 5,000 test images in one part, not 625
     "coco-counterfactuals": [*TINY, "--karpathy-splits", "test", "--max-captions", "3",
                              "--image-size", "64", "--steps", "2", "--candidates", "2",
                              "--clip-threshold", "-1"],
