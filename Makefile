@@ -9,6 +9,9 @@ STAMP := $(VENV)/.counterfactory-installed
 # Project-local NLTK data (an offline tagger trained on the shipped corpus), see README.
 export NLTK_DATA ?= $(CURDIR)/.nltk_data
 export COUNTERFACTORY_CACHE ?= $(CURDIR)/.cache
+# Test files run on this many workers (pytest-xdist), each file whole on one worker so its
+# module fixtures are built once; tests that launch processes pick free ports.
+TEST_WORKERS ?= 2
 
 .PHONY: install system-deps test demo clean
 
@@ -25,7 +28,7 @@ system-deps:
 	@bash .ci/bootstrap.sh
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)
 	$(PY) -m builders.app.demo --workdir demo_output

@@ -59,6 +59,10 @@ def machine(tmp_path):
     return stubs, calls, env
 
 
+#: What `make test` runs once the machine is equipped: the suite on two workers, file by file.
+PYTEST = "python -m pytest -n 2 --dist loadfile"
+
+
 def _calls(calls: Path) -> list[str]:
     return calls.read_text().splitlines() if calls.exists() else []
 
@@ -86,14 +90,14 @@ def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     assert "installing chromium chromium-driver" in first.stderr
     assert _calls(calls) == ["apt-get update -q DEBIAN_FRONTEND=noninteractive",
-                             f"{INSTALL} DEBIAN_FRONTEND=noninteractive", "python -m pytest"]
+                             f"{INSTALL} DEBIAN_FRONTEND=noninteractive", PYTEST]
 
     calls.unlink()
     # CI's entry point is the same command, and on the now equipped machine it installs nothing.
     again = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert _calls(calls) == ["python -m pytest"]
+    assert _calls(calls) == [PYTEST]
     assert "install" not in again.stdout + again.stderr
 
 

@@ -60,10 +60,20 @@ def default_nltk_data() -> Path:
 def install_offline_tagger(nltk_data: str | Path) -> Path:
     """Train the offline tagger and save it under `nltk_data`; a no-op when already current, and
     when the real tagger is installed there (it is better: never replaced)."""
+    from filelock import FileLock  # a dependency of huggingface_hub, torch and datasets
+
+    nltk_data = Path(nltk_data).resolve()
+    nltk_data.mkdir(parents=True, exist_ok=True)
+    # Several processes may install at once (two test workers, the ranks of a job): one trains,
+    # the others wait and find it current, never a half-written tagger.
+    with FileLock(str(nltk_data / ".offline-tagger.lock")):
+        return _install_offline_tagger(nltk_data)
+
+
+def _install_offline_tagger(nltk_data: Path) -> Path:
     import nltk
     from nltk.tag.perceptron import PerceptronTagger
 
-    nltk_data = Path(nltk_data).resolve()
     target = nltk_data / TAGGER_DIR
     digest = _corpus_digest()
     stamp = target / STAMP

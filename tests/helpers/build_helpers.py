@@ -26,10 +26,11 @@ ACCELERATE = Path(sys.executable).parent / "accelerate"
 def accelerate_cmd(script: Path, *args: str, processes: int = 2) -> list[str]:
     """`accelerate launch` with N CPU processes: `--cpu` would start only one (accelerate 1.15.0's
     `launch_command` sends `--cpu` to its single-process `simple_launcher`), so this uses the
-    multi-GPU launcher, and the builders ask accelerate for the CPU themselves."""
+    multi-GPU launcher, and the builders ask accelerate for the CPU themselves. Port 0: a free
+    port, so launches of concurrent test workers never meet on accelerate's default 29500."""
     return [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", str(processes),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            str(script), *args]
+            "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no",
+            "--dynamo_backend", "no", str(script), *args]
 
 
 def shard_digests(root: Path) -> dict[str, str]:
