@@ -152,6 +152,15 @@ def coco_fixture_dir() -> Path:
     return path
 
 
+#: The longest test files (minutes each: every README command, the whole demo), started first so
+#: that on parallel workers (`make test`) none is left running alone at the end.
+LONGEST_FIRST = ("test_readme_commands.py", "test_demo.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keep their order
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 
