@@ -125,6 +125,18 @@ def test_bad_inputs_are_one_line_naming_the_flag(builds, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and err.count("--decorrelation") == 1, err
 
 
+def test_a_hub_revision_that_does_not_exist_is_one_line(builds, repo_id, tmp_path, capsys):
+    from builders.models.profiles import tiny_profile
+
+    assert cli_main(["publish", str(builds[1]), "--repo-id", repo_id, "--version", "v1.0.0"]) == 0
+    capsys.readouterr()
+    assert cli_main(["benchmark", "--model", tiny_profile(None).clip, "--decorrelation",
+                     f"{repo_id}@v9.9.9", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "--decorrelation" in err and "'v9.9.9' does not exist" in err
+
+
 def test_odmap_per_class_equals_an_independent_reference(report, builds):
     import numpy as np
     from datasets import load_dataset
