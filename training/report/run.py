@@ -80,17 +80,17 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
         # Started after the first model loads, so a bad --model leaves only its error line.
         bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
         backend.module.to(device)
-        digest = weights_digest(backend.module)
+        digests = (weights_digest(backend.module), preprocessing_digest(backend))
         scored = {}
         for ds in sets:
             bar.set_postfix_str(f"{spec.name} on {ds.name}")
-            metrics, scored[ds.name] = _score(backend, (digest, preprocessing_digest(backend)), ds,
-                                              output, cache, n)
-            records += make_records(spec, digest, ds, metrics)
+            metrics, scored[ds.name] = _score(backend, digests, ds, output, cache, n)
+            records += make_records(spec, digests[0], ds, metrics)
             bar.update()
         if {"coco", "decorrelation"} <= scored.keys():
-            dec = next(ds for ds in sets if ds.name == "decorrelation")
-            records += make_records(spec, digest, dec, _necessity(sets, scored))
+            by_name = {ds.name: ds for ds in sets}
+            records += make_records(spec, digests[0], by_name["decorrelation"],
+                                    _necessity(by_name["coco"], by_name["decorrelation"], scored))
         del backend  # one model in memory at a time
     bar.close()
     write_results(output / "results.jsonl", records)
@@ -128,11 +128,10 @@ def _score(backend, digests: tuple[str, str], ds, output: Path, cache: Path,
     return metrics, saved
 
 
-def _necessity(sets, scored: dict[str, Path]) -> dict[str, float]:
+def _necessity(coco, dec, scored: dict[str, Path]) -> dict[str, float]:
     """Object necessity PN per removed class: x is the query's source image among the --coco
     build's images, x' and y come from the decorrelation build, as the trainer's --eval-only
     scores them with both (training.evaluation.necessity on the same embeddings)."""
-    coco, dec = (next(ds for ds in sets if ds.name == name) for name in ("coco", "decorrelation"))
     with np.load(scored["coco"]) as c, np.load(scored["decorrelation"]) as d:
         rows = original_rows(dec.data.query_image_ids, coco.data.image_ids)
         if (rows < 0).all():
