@@ -77,27 +77,26 @@ class ModelSource:
         return build_random(ARCHS[name]).to(self.device)
 
     def _mlm(self):
-        from transformers import AutoTokenizer
-
         from builders.models.loaders import load_mlm
 
-        if self.production:
-            model, tok = self._random("mlm"), AutoTokenizer.from_pretrained(self.tiny.mlm)
-        else:
-            model, tok = load_mlm(self.tiny.mlm, self.device)
-        self._modules["mlm"] = [model]
-        return model, tok
+        return self._text_model("mlm", load_mlm)
 
     def _lm(self):
-        from transformers import AutoTokenizer
-
         from builders.models.loaders import load_lm
 
+        return self._text_model("lm", load_lm)
+
+    def _text_model(self, role: str, load_tiny):
+        """(model, tokenizer) of `role`: the production architecture with random weights and the
+        tiny profile's tokenizer, or the tiny model itself."""
+        from transformers import AutoTokenizer
+
+        path = getattr(self.tiny, role)
         if self.production:
-            model, tok = self._random("lm"), AutoTokenizer.from_pretrained(self.tiny.lm)
+            model, tok = self._random(role), AutoTokenizer.from_pretrained(path)
         else:
-            model, tok = load_lm(self.tiny.lm, self.device)
-        self._modules["lm"] = [model]
+            model, tok = load_tiny(path, self.device)
+        self._modules[role] = [model]
         return model, tok
 
     def _sentence(self):
