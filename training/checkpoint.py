@@ -1,4 +1,4 @@
-"""Checkpoints, resume, the final model with its card, and `--push-to-hub`.
+"""Checkpoints, resume, the final model's card, and `--push-to-hub` (of the files the run wrote).
 
 A checkpoint is `OUTPUT/checkpoints/step-NNNNNNNN/`: `accelerator.save_state` (model, optimizer,
 scheduler, RNG states) plus `trainer_state.json` (epoch, next batch in that epoch, step, best
@@ -16,7 +16,9 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.engine.errors import UserFacingError
+from builders.engine.errors import PublishError, UserFacingError
+from builders.publishing.hub_client import hub_errors, use_endpoint
+from training.final_files import published_files
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
@@ -128,23 +130,21 @@ Examples trained on: {run_record['train_examples']}; validation: {run_record['va
     (out / "README.md").write_text(card)
 
 
-def push_to_hub(folder: Path, repo_id: str) -> str:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+def push_to_hub(folder: Path, repo_id: str, manifest: Path) -> str:
+    """Upload exactly the files of `folder` (OUTPUT/final) that `manifest` lists, after every
+    local check (training/final_files.py); the commit id."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
-    api = HfApi()
+    files = published_files(folder, manifest)  # before any request: a refused folder sends nothing
+    endpoint = use_endpoint(None)
+    api = HfApi(endpoint=endpoint)
     try:
-        api.create_repo(repo_id, repo_type="model", exist_ok=True)
-        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                 commit_message="counterfactory finetuned CLIP")
-    except HfHubHTTPError as err:
-        raise UserFacingError(f"--push-to-hub {repo_id}: the Hub refused the upload ({err}); "
-                              "check the repo id and HF_TOKEN") from None
-    log.info("pushed %s to %s", folder, repo_id)
+        with hub_errors(endpoint, repo_id, "re-run the same command with --resume latest"):
+            api.create_repo(repo_id, repo_type="model", exist_ok=True)
+            info = api.create_commit(repo_id, repo_type="model", commit_message="counterfactory finetuned CLIP",
+                                     operations=[CommitOperationAdd(rel, str(folder / rel)) for rel in files])
+    except PublishError as err:
+        raise PublishError(f"--push-to-hub {repo_id}: {err}") from None
+    log.info("pushed the %d files of %s to %s", len(files), folder, repo_id)
     return info.oid
 
-
-def replace_dir(src: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
