@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 from builders.engine.errors import PublishError, UserFacingError
 from builders.publishing.hub_client import hub_errors, use_endpoint
 from training.final_files import published_files
+from training.report.markdown import plain
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
@@ -83,18 +85,29 @@ def load_checkpoint(accelerator, path: Path) -> TrainerState:
 
 
 def metric_table(metrics: dict[str, float]) -> str:
-    rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in sorted(metrics.items()))
+    """The Markdown table of metrics.md and the model card; a metric name comes from data (a
+    `--zeroshot` folder's name), so it is shown as plain text, as in the model report."""
+    rows = "\n".join(f"| {plain(k)} | {v:.4f} |" for k, v in sorted(metrics.items()))
     return f"| metric | value |\n|---|---|\n{rows}\n"
 
 
+def _code(text: str) -> str:
+    """`text` as a Markdown code span, shown literally whatever it holds: the fence is longer
+    than any run of backticks inside (CommonMark), and a newline would end the span."""
+    text = str(text).replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}" if "`" in text else f"{fence}{text}{fence}"
+
+
 def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
+    # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(
-        f"| `{r['path']}` | {r['revision'] or '(local folder)'} | {r['commit'] or '-'} | "
-        f"{r['config']}/{r['split']} | {r['rows']} |" for r in run_record["tables"])
+        f"| {plain(r['path'])} | {plain(r['revision'] or '(local folder)')} | {plain(r['commit'] or '-')} | "
+        f"{plain(r['config'])}/{plain(r['split'])} | {r['rows']} |" for r in run_record["tables"])
     cfg = run_record["config"]
     recipe = cfg.get("recipe") or "custom"
     tag = cfg["run"]["pretrained"]
-    base = f"`{cfg['run']['model']}`" + (f", weights `{tag}`" if tag else "")
+    base = _code(cfg["run"]["model"]) + (f", weights {_code(tag)}" if tag else "")
     card = f"""---
 library_name: {'transformers' if cfg['run']['backend'] == 'transformers' else 'open_clip'}
 tags:

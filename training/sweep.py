@@ -130,13 +130,14 @@ def _overlap(output: Path) -> dict[str, dict]:
 
 def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | None = None) -> str:
     from training.leakage import mark_overlapping
+    from training.report.markdown import plain  # metric names come from data: plain text
 
     shown = list(mark_overlapping({r["metric"]: 0.0 for r in rows}, overlap or {}))
     head = "| metric | n | mean ± std |" + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
     sep = "|---|---|---|" + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
     for r, name in zip(rows, shown):
-        line = f"| {name} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
+        line = f"| {plain(name)} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
         if with_baseline:
             h1 = "run > baseline" if r.get("alternative") == "greater" else "run < baseline"
             line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {h1} | {r['p_value']:.4g} |"
