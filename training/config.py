@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import non_negative_int, positive_int
+from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
@@ -134,6 +135,11 @@ class DataConfig:
         None, "a Flickr30k folder (flickr30k-images/ + Karpathy dataset_flickr30k.json): R@K both ways",
         metavar="DIR")
     flickr30k_split: str = option("test", "Karpathy split of --flickr30k to evaluate (default test)")
+    #: The builders' bound (loading_scripts/images.py), checked from the header before decoding.
+    max_image_pixels: int = option(
+        DEFAULT_MAX_IMAGE_PIXELS, "skip (and count as image_too_large) a --zeroshot image of more "
+                                  "pixels, checked from its header before decoding (default %(default)s)",
+        type=positive_int, metavar="N")
     #: Off by default: the inputs then equal the backend's reference preprocessing.
     fast_decode: bool = option(
         False, "decode training JPEGs in PIL draft mode (faster; pixels differ from the reference "

@@ -37,6 +37,7 @@ from training.final_files import MANIFEST, check_before_training, copy_saved_mod
 from training.leakage import check_eval_overlap, mark_overlapping
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
+from training.zeroshot import skip_counts
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,8 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     """`--eval-only`: the final evaluation of the loaded model, no training."""
     held = eval_only_sets(cfg.data)
     data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
-    record["tables"] = [asdict(r) for r in held.records + data.records]
+    record.update(tables=[asdict(r) for r in held.records + data.records],
+                  skipped=skip_counts(data.zeroshot))
     metrics = {}
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
@@ -212,7 +214,8 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     record.update(tables=[asdict(r) for r in mixture.records + data.records],
                   train_examples=mixture.train.counts(),
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
-                  skipped=mixture.skipped, steps=total, steps_per_epoch=steps_per_epoch)
+                  skipped={**mixture.skipped, **skip_counts(data.zeroshot)}, steps=total,
+                  steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
