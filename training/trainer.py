@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from builders.engine.errors import UserFacingError
+from builders.engine.errors import OutputError, UserFacingError
 from builders.engine.precision import resolve_dtype
 from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
@@ -144,12 +144,23 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     # The device accelerate will pick (make_accelerator), checked before anything is written.
     check_mixed_precision(cfg.optim.mixed_precision, "cuda" if torch.cuda.is_available() else "cpu")
     output = Path(cfg.run.output)
-    output.mkdir(parents=True, exist_ok=True)
+    _make_output(output)
     if cfg.run.push_to_hub:  # a final/ holding files no run wrote would be refused after training
         check_before_training(output)
     accelerator = make_accelerator(cfg, output)
     with _output_lock(accelerator, output):
         return _locked_run(cfg, accelerator, output)
+
+
+def _make_output(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise OutputError(f"--output {output} is a file, not a folder; give a new folder or an "
+                          "earlier run's folder")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"--output {output}: cannot create the folder ({err.strerror or err}); "
+                          "give a folder you can write") from None
 
 
 def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
