@@ -354,7 +354,7 @@ def test_datasets_by_revision_from_the_hub_and_push_to_hub(builds, tiny_models_d
     tables = json.loads((out / "run.json").read_text())["tables"]
     assert {(t["path"], t["revision"], t["commit"]) for t in tables} == {(repo, "v1.0.0", sha)}
     card = Path(hf_hub_download("trainer-test/tiny-clip", "README.md")).read_text()
-    assert repo in card and "v1.0.0" in card and sha in card and "retrieval/i2t_R@1" in card
+    assert repo in card and "v1.0.0" in card and sha in card and r"retrieval/i2t\_R@1" in card
     pushed = CLIPModel.from_pretrained("trainer-test/tiny-clip")
     local = weights(out / "final")
     for name, param in pushed.state_dict().items():
@@ -380,8 +380,8 @@ def test_sweep_writes_mean_std_and_a_one_tailed_welch_test(tmp_path, tiny_models
     assert json.loads((tmp_path / "run" / "seed-5" / "run.json").read_text())["config"]["run"]["seed"] == 5
     table = (tmp_path / "run" / "summary.md").read_text()
     for metric in ("retrieval/t2i_R@1", "val_loss"):
-        v = np.array([m[metric] for m in runs.values()])
-        row = next(line for line in table.splitlines() if line.startswith(f"| {metric} |"))
+        v, shown = np.array([m[metric] for m in runs.values()]), metric.replace("_", r"\_")
+        row = next(line for line in table.splitlines() if line.startswith(f"| {shown} |"))
         assert f"{v.mean():.4f} ± {v.std(ddof=1):.4f}" in row, row
     v = np.array([m["retrieval/t2i_R@1"] for m in runs.values()])
     b = np.array([m["retrieval/t2i_R@1"] for m in base.values()])

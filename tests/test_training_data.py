@@ -346,7 +346,8 @@ def test_sweep_tests_lower_is_better_metrics_for_lower_values(tmp_path):
     for metric, alt in alternative.items():
         p = stats.ttest_ind(run[metric], base[metric], equal_var=False, alternative=alt).pvalue
         assert rows[metric]["p_value"] == pytest.approx(p, rel=1e-9) and p < 0.01, metric
-        line = next(line for line in table.splitlines() if line.startswith(f"| {metric} |"))
+        shown = metric.replace("_", r"\_")  # metric names are plain text in Markdown
+        line = next(line for line in table.splitlines() if line.startswith(f"| {shown} |"))
         assert ("run < baseline" if alt == "less" else "run > baseline") in line, line
 
 
@@ -358,9 +359,9 @@ def test_sweep_summarize_only_needs_no_seeds(tmp_path, capsys):
     assert sweep_main(["--output", str(tmp_path / "run"), "--summarize-only"]) == 0
     table = (tmp_path / "run" / "summary.md").read_text()
     for metric, values in r1.items():
-        v = np.array(values)
-        line = next(line for line in table.splitlines() if line.startswith(f"| {metric} |"))
-        assert line == f"| {metric} | 3 | {v.mean():.4f} ± {v.std(ddof=1):.4f} |", line
+        v, shown = np.array(values), metric.replace("_", r"\_")
+        line = next(line for line in table.splitlines() if line.startswith(f"| {shown} |"))
+        assert line == f"| {shown} | 3 | {v.mean():.4f} ± {v.std(ddof=1):.4f} |", line
     assert sorted(json.loads((tmp_path / "run" / "summary.json").read_text())["runs"]) == \
         ["seed-7", "seed-8", "seed-9"]
     # Running a sweep still needs its seeds: a one-line error, nothing trained.
@@ -399,7 +400,7 @@ def test_train_help_lists_every_config_field_with_help(capsys):
             expected |= {flag, f"{flag}-revision"} if "SourceRef" in str(f.type) else {flag}
     subcommands = next(a for a in cli_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = {opt: a for a in subcommands.choices["train"]._actions for opt in a.option_strings}
-    assert len(expected) == 56 and expected <= set(actions)
+    assert len(expected) == 57 and expected <= set(actions)
     for flag in expected:
         assert f" {flag} " in shown or f" {flag}\n" in shown, flag
     for flag, action in actions.items():

@@ -94,8 +94,9 @@ def test_training_on_test_images_is_refused_and_allowed_marked(tmp_path, tiny_mo
     for name in record["final_metrics"]:
         on_test = name.startswith(("retrieval", "itm/IR_r", "itm/TR_r"))
         for text in (table, card):
-            assert (f"| {name} [overlaps training: 7/8 images] |" in text) == on_test, name
-            assert (f"| {name} |" in text) == (not on_test), name
+            shown = name.replace("_", r"\_")  # metric names are plain text in Markdown
+            assert (f"| {shown} \\[overlaps training: 7/8 images\\] |" in text) == on_test, name
+            assert (f"| {shown} |" in text) == (not on_test), name
     assert any(n.startswith("retrieval/") for n in record["final_metrics"])
 
 
@@ -140,5 +141,5 @@ def test_sweep_summary_marks_metrics_of_an_overlapping_set(tmp_path):
              "final_metrics": {"retrieval/i2t_R@1": r1, "val_loss": 1.0}}))
     summarize(tmp_path)
     table = (tmp_path / "summary.md").read_text()
-    assert "| retrieval/i2t_R@1 [overlaps training: 3/8 images] | 2 | 0.6000 ± 0.1414 |" in table
-    assert "| val_loss | 2 |" in table
+    assert r"| retrieval/i2t\_R@1 \[overlaps training: 3/8 images\] | 2 | 0.6000 ± 0.1414 |" in table
+    assert r"| val\_loss | 2 |" in table

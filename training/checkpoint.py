@@ -1,4 +1,4 @@
-"""Checkpoints, resume, the final model with its card, and `--push-to-hub`.
+"""Checkpoints, resume, the final model's card, and `--push-to-hub` (of the files the run wrote).
 
 A checkpoint is `OUTPUT/checkpoints/step-NNNNNNNN/`: `accelerator.save_state` (model, optimizer,
 scheduler, RNG states) plus `trainer_state.json` (epoch, next batch in that epoch, step, best
@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.engine.errors import UserFacingError
+from builders.engine.errors import PublishError, UserFacingError
+from builders.publishing.hub_client import hub_errors, use_endpoint
+from training.final_files import published_files
+from training.report.markdown import plain
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
@@ -81,18 +85,29 @@ def load_checkpoint(accelerator, path: Path) -> TrainerState:
 
 
 def metric_table(metrics: dict[str, float]) -> str:
-    rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in sorted(metrics.items()))
+    """The Markdown table of metrics.md and the model card; a metric name comes from data (a
+    `--zeroshot` folder's name), so it is shown as plain text, as in the model report."""
+    rows = "\n".join(f"| {plain(k)} | {v:.4f} |" for k, v in sorted(metrics.items()))
     return f"| metric | value |\n|---|---|\n{rows}\n"
 
 
+def _code(text: str) -> str:
+    """`text` as a Markdown code span, shown literally whatever it holds: the fence is longer
+    than any run of backticks inside (CommonMark), and a newline would end the span."""
+    text = str(text).replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}" if "`" in text else f"{fence}{text}{fence}"
+
+
 def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
+    # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(
-        f"| `{r['path']}` | {r['revision'] or '(local folder)'} | {r['commit'] or '-'} | "
-        f"{r['config']}/{r['split']} | {r['rows']} |" for r in run_record["tables"])
+        f"| {plain(r['path'])} | {plain(r['revision'] or '(local folder)')} | {plain(r['commit'] or '-')} | "
+        f"{plain(r['config'])}/{plain(r['split'])} | {r['rows']} |" for r in run_record["tables"])
     cfg = run_record["config"]
     recipe = cfg.get("recipe") or "custom"
     tag = cfg["run"]["pretrained"]
-    base = f"`{cfg['run']['model']}`" + (f", weights `{tag}`" if tag else "")
+    base = _code(cfg["run"]["model"]) + (f", weights {_code(tag)}" if tag else "")
     card = f"""---
 library_name: {'transformers' if cfg['run']['backend'] == 'transformers' else 'open_clip'}
 tags:
@@ -128,23 +143,21 @@ Examples trained on: {run_record['train_examples']}; validation: {run_record['va
     (out / "README.md").write_text(card)
 
 
-def push_to_hub(folder: Path, repo_id: str) -> str:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+def push_to_hub(folder: Path, repo_id: str, manifest: Path) -> str:
+    """Upload exactly the files of `folder` (OUTPUT/final) that `manifest` lists, after every
+    local check (training/final_files.py); the commit id."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
-    api = HfApi()
+    files = published_files(folder, manifest)  # before any request: a refused folder sends nothing
+    endpoint = use_endpoint(None)
+    api = HfApi(endpoint=endpoint)
     try:
-        api.create_repo(repo_id, repo_type="model", exist_ok=True)
-        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                 commit_message="counterfactory finetuned CLIP")
-    except HfHubHTTPError as err:
-        raise UserFacingError(f"--push-to-hub {repo_id}: the Hub refused the upload ({err}); "
-                              "check the repo id and HF_TOKEN") from None
-    log.info("pushed %s to %s", folder, repo_id)
+        with hub_errors(endpoint, repo_id, "re-run the same command with --resume latest"):
+            api.create_repo(repo_id, repo_type="model", exist_ok=True)
+            info = api.create_commit(repo_id, repo_type="model", commit_message="counterfactory finetuned CLIP",
+                                     operations=[CommitOperationAdd(rel, str(folder / rel)) for rel in files])
+    except PublishError as err:
+        raise PublishError(f"--push-to-hub {repo_id}: {err}") from None
+    log.info("pushed the %d files of %s to %s", len(files), folder, repo_id)
     return info.oid
 
-
-def replace_dir(src: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)

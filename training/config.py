@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import non_negative_int, positive_int
+from builders.publishing.hub_client import repo_id_problem
+from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
@@ -134,6 +136,11 @@ class DataConfig:
         None, "a Flickr30k folder (flickr30k-images/ + Karpathy dataset_flickr30k.json): R@K both ways",
         metavar="DIR")
     flickr30k_split: str = option("test", "Karpathy split of --flickr30k to evaluate (default test)")
+    #: The builders' bound (loading_scripts/images.py), checked from the header before decoding.
+    max_image_pixels: int = option(
+        DEFAULT_MAX_IMAGE_PIXELS, "skip (and count as image_too_large) a --zeroshot image of more "
+                                  "pixels, checked from its header before decoding (default %(default)s)",
+        type=positive_int, metavar="N")
     #: Off by default: the inputs then equal the backend's reference preprocessing.
     fast_decode: bool = option(
         False, "decode training JPEGs in PIL draft mode (faster; pixels differ from the reference "
@@ -273,6 +280,21 @@ class TrainConfig:
         if r.eccv and (d.real is None or not d.real_test_split):
             raise UserFacingError("--eccv scores the COCO 5K test split: give --real (a coco-captions "
                                   "build) and --real-test-split test")
+        self._check_push_to_hub()
+
+    def _check_push_to_hub(self) -> None:
+        """A repo id the Hub would refuse fails now, not after the training."""
+        repo_id = self.run.push_to_hub
+        if repo_id is None:
+            return
+        if self.run.eval_only:
+            raise UserFacingError("--push-to-hub uploads the trained model, and --eval-only trains "
+                                  "none; drop one of them")
+        problem = repo_id_problem(repo_id)
+        if problem:
+            raise UserFacingError(f"--push-to-hub {repo_id[:200]!r} is {problem}: give ORG/NAME, each "
+                                  "part letters, digits, '-', '_' and '.' (not starting or ending with "
+                                  "'-' or '.'), at most 96 characters, e.g. my-org/clip-finetuned")
 
 
 def as_dict(cfg: Any) -> Any:

@@ -127,7 +127,7 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
         for table, row in heldout_cf:
             out.cf_pairs.add(table, row, "image_0", "", None, -1, "counterfactual")
             out.cf_pairs.add(table, row, "image_1", "", None, -1, "counterfactual")
-    out.zeroshot = [load_zeroshot_set(spec) for spec in d.zeroshot]
+    out.zeroshot = [load_zeroshot_set(spec, d.max_image_pixels) for spec in d.zeroshot]
     out.records += [z.record for z in out.zeroshot]
     if d.flickr30k:
         out.flickr30k = load_flickr30k(d.flickr30k, d.flickr30k_split)

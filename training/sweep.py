@@ -45,15 +45,30 @@ def higher_is_better(metric: str) -> bool:
     return not any(part in metric for part in LOWER_IS_BETTER)
 
 
+#: More seeds than any sweep runs (the paper's has 25): a typo such as 1-99999999999 is refused
+#: instead of building a list that fills the memory.
+MAX_SEEDS = 10_000
+
+
 def parse_seeds(text: str) -> list[int]:
-    """`107-131` or `1,2,5`."""
+    """`107-131` or `1,2,5`: at most `MAX_SEEDS` seeds, a range from low to high."""
+    usage = "give a range like 107-131 or a list like 1,2,5"
     try:
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-"))
-            return list(range(lo, hi + 1))
-        return [int(x) for x in text.split(",")]
+            if hi < lo:
+                raise UserFacingError(f"--seeds {text[:100]}: the range is empty (it ends before it "
+                                      f"starts); {usage}")
+            count = hi - lo + 1
+        else:
+            seeds = [int(x) for x in text.split(",")]
+            count = len(seeds)
     except ValueError:
-        raise UserFacingError(f"--seeds {text!r}: give a range like 107-131 or a list like 1,2,5") from None
+        raise UserFacingError(f"--seeds {text[:100]!r}: {usage}") from None
+    if count > MAX_SEEDS:
+        raise UserFacingError(f"--seeds {text[:100]}: {count:,} seeds, more than a sweep may run "
+                              f"({MAX_SEEDS:,}); give fewer seeds")
+    return list(range(lo, hi + 1)) if "-" in text else seeds
 
 
 def run_seeds(seeds: list[int], output: Path, train_args: list[str], data_seed_offset: int | None) -> None:
@@ -130,13 +145,14 @@ def _overlap(output: Path) -> dict[str, dict]:
 
 def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | None = None) -> str:
     from training.leakage import mark_overlapping
+    from training.report.markdown import plain  # metric names come from data: plain text
 
     shown = list(mark_overlapping({r["metric"]: 0.0 for r in rows}, overlap or {}))
     head = "| metric | n | mean ± std |" + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
     sep = "|---|---|---|" + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
     for r, name in zip(rows, shown):
-        line = f"| {name} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
+        line = f"| {plain(name)} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
         if with_baseline:
             h1 = "run > baseline" if r.get("alternative") == "greater" else "run < baseline"
             line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {h1} | {r['p_value']:.4g} |"

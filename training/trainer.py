@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from builders.engine.errors import UserFacingError
+from builders.engine.errors import OutputError, UserFacingError
 from builders.engine.precision import resolve_dtype
 from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
@@ -29,13 +29,15 @@ from builders.engine.sharding.output_guard import output_lock
 from training.accumulation import accumulate_gradients
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
-                                 push_to_hub, replace_dir, save_checkpoint, write_model_card)
+                                 push_to_hub, save_checkpoint, write_model_card)
 from training.config import TrainConfig, as_dict
 from training.data import PairBatchSampler, make_loader, to_device
 from training.evaluation import EvalData, evaluate_model, load_eval_data
+from training.final_files import MANIFEST, check_before_training, copy_saved_model, fresh_staging, install
 from training.leakage import check_eval_overlap, mark_overlapping
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
+from training.zeroshot import skip_counts
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +144,23 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     # The device accelerate will pick (make_accelerator), checked before anything is written.
     check_mixed_precision(cfg.optim.mixed_precision, "cuda" if torch.cuda.is_available() else "cpu")
     output = Path(cfg.run.output)
-    output.mkdir(parents=True, exist_ok=True)
+    _make_output(output)
+    if cfg.run.push_to_hub:  # a final/ holding files no run wrote would be refused after training
+        check_before_training(output)
     accelerator = make_accelerator(cfg, output)
     with _output_lock(accelerator, output):
         return _locked_run(cfg, accelerator, output)
+
+
+def _make_output(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise OutputError(f"--output {output} is a file, not a folder; give a new folder or an "
+                          "earlier run's folder")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"--output {output}: cannot create the folder ({err.strerror or err}); "
+                          "give a folder you can write") from None
 
 
 def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
@@ -177,7 +192,8 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     """`--eval-only`: the final evaluation of the loaded model, no training."""
     held = eval_only_sets(cfg.data)
     data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
-    record["tables"] = [asdict(r) for r in held.records + data.records]
+    record.update(tables=[asdict(r) for r in held.records + data.records],
+                  skipped=skip_counts(data.zeroshot))
     metrics = {}
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
@@ -209,7 +225,8 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     record.update(tables=[asdict(r) for r in mixture.records + data.records],
                   train_examples=mixture.train.counts(),
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
-                  skipped=mixture.skipped, steps=total, steps_per_epoch=steps_per_epoch)
+                  skipped={**mixture.skipped, **skip_counts(data.zeroshot)}, steps=total,
+                  steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
@@ -300,23 +317,27 @@ def evaluate(s: Session, final: bool = False) -> dict[str, float]:
 
 def finish(s: Session) -> dict[str, float]:
     """The final model (the last, or the best by validation loss) with its card, the final
-    evaluation, the results files, and the push to the Hub; returns the final metrics."""
+    evaluation, the results files, and the push to the Hub; returns the final metrics. The model
+    and card are written to a fresh folder and then moved into final/, which records them
+    (training/final_files.py): the push sends only those files."""
     cfg, output, accelerator = s.cfg, s.output, s.accelerator
-    final_dir = output / "final"
+    staged = None
     if accelerator.is_main_process:
+        staged = fresh_staging(output)
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
-            replace_dir(output / "best", final_dir)
-            best = load_backend(cfg.run.backend, _saved_model_id(cfg, final_dir)).module
+            copy_saved_model(output / "best", staged)
+            best = load_backend(cfg.run.backend, _saved_model_id(cfg, staged)).module
             s.unwrapped = best.to(accelerator.device)
         else:
-            s.backend.save(s.unwrapped, final_dir)
+            s.backend.save(s.unwrapped, staged)
     metrics = evaluate(s, final=True)
     if accelerator.is_main_process:
-        write_model_card(final_dir, published_record(s.record, cfg, output),
+        write_model_card(staged, published_record(s.record, cfg, output),
                          mark_overlapping(metrics, s.record.get("eval_overlap", {})))
+        install(staged, output)
         _write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
         if cfg.run.push_to_hub:
-            push_to_hub(final_dir, cfg.run.push_to_hub)
+            push_to_hub(output / "final", cfg.run.push_to_hub, output / MANIFEST)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics

@@ -8,6 +8,9 @@
   them: `open_clip.zero_shot_metadata.OPENAI_IMAGENET_TEMPLATES`), renormalised; an image is
   assigned the classes of highest cosine similarity. Metrics `zeroshot/NAME/top1`, `top5` and
   `mean_per_class_recall` (the mean over classes with images of each class's top-1 recall).
+  Every image is decoded once when the set is loaded, before training, by the builders' rule
+  (loading_scripts/images.py): one that does not decode or has more than `--max-image-pixels`
+  is a counted skip (run.json's `skipped`), and the metrics are those of the others.
 - Flickr30k retrieval (`--flickr30k ROOT`, `--flickr30k-split test`): a Flickr30k folder in
   Karpathy's format (loading_scripts/flickr30k.py), its 1,000 test images x their 5 captions,
   scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
@@ -17,13 +20,15 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 import numpy as np
 
 from builders.engine.dataset_source import open_split
+from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS, ImageProblem, open_rgb_image
 from training.config import SourceRef
 from training.mixtures import ExampleSet
 from training.sources import DataInputError, TableRecord, require_image_bytes, resolve_commit
@@ -31,6 +36,8 @@ from training.sources import DataInputError, TableRecord, require_image_bytes, r
 log = logging.getLogger(__name__)
 
 ZEROSHOT_FLAG = "--zeroshot"
+#: Rows whose image bytes are held at once while the images are checked.
+_PAGE = 256
 
 
 def prompt_templates() -> tuple:
@@ -50,6 +57,13 @@ class ZeroShotSet:
     classnames: list[str]
     #: What was read, for run.json's `tables`.
     record: TableRecord | None = None
+    #: Images left out, by reason (`unreadable_image`, `image_too_large`, ...), for run.json's `skipped`.
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def skip_counts(sets: list[ZeroShotSet]) -> dict[str, int]:
+    """run.json's `skipped` entries of the zero-shot sets: `zeroshot/NAME/REASON` -> images."""
+    return {f"zeroshot/{z.name}/{reason}": n for z in sets for reason, n in z.skipped.items()}
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -86,8 +100,37 @@ def _embed_local_images(ds: datasets.Dataset, column: str, root: Path) -> datase
     return ds.map(embed, batched=True, features=ds.features, desc="zero-shot images")
 
 
-def load_zeroshot_set(spec: str) -> ZeroShotSet:
-    """One `--zeroshot` dataset, checked: one line naming it and the fix if it cannot be used."""
+def _decodable_rows(ds: datasets.Dataset, column: str, where: str, max_pixels: int) -> tuple[list[int], Counter]:
+    """The rows whose image decodes by the builders' rule (loading_scripts/images.py: garbage
+    bytes are `unreadable_image`, more than `max_pixels` from the header `image_too_large`), and
+    the others counted by reason; one line when no image is usable."""
+    keep: list[int] = []
+    skipped: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    for start in range(0, len(ds), _PAGE):
+        for row, cell in enumerate(ds[start:start + _PAGE][column], start):
+            try:
+                open_rgb_image(cell["bytes"], max_pixels=max_pixels, name=f"row {row}").close()
+            except ImageProblem as problem:
+                skipped[problem.reason] += 1
+                first.setdefault(problem.reason, row)
+            else:
+                keep.append(row)
+    if skipped:
+        counts = ", ".join(f"{reason}: {n} (first row {first[reason]})" for reason, n in sorted(skipped.items()))
+        if not keep:
+            raise DataInputError(f"{ZEROSHOT_FLAG} {where}: none of its {len(ds)} images can be used "
+                                 f"({counts}); give a dataset of readable images (raise "
+                                 "--max-image-pixels only for large images you trust)")
+        log.warning("%s %s: skipped %d of %d images (%s); the zero-shot metrics are computed on the "
+                    "other %d", ZEROSHOT_FLAG, where, sum(skipped.values()), len(ds), counts, len(keep))
+    return keep, skipped
+
+
+def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> ZeroShotSet:
+    """One `--zeroshot` dataset, checked: one line naming it and the fix if it cannot be used.
+    Each image is decoded once here, before training: one that cannot be (or has more than
+    `max_pixels`) is left out and counted, as the builders count them."""
     path, split = parse_spec(spec)
     where = f"{path} (split {split!r})"
 
@@ -103,14 +146,19 @@ def load_zeroshot_set(spec: str) -> ZeroShotSet:
     if Path(path).is_dir():
         ds = _embed_local_images(ds, image, Path(path))
     require_image_bytes(ds, image, f"{ZEROSHOT_FLAG} {where}")
+    rows_read = len(ds)
+    keep, skipped = _decodable_rows(ds, image, where, max_pixels)
+    if skipped:
+        ds = ds.select(keep)
     examples = ExampleSet(tables=[ds])
     for row in range(len(ds)):
         examples.add(0, row, image, "", None, -1, "zeroshot")
     classnames = [n.replace("_", " ") for n in ds.features[label].names]
     name = f"{Path(path).name or path}-{split}"
     log.info("zero-shot set %s: %d images, %d classes", name, len(ds), len(classnames))
-    record = TableRecord(path, None, commit, "default", split, len(ds))
-    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, record)
+    record = TableRecord(path, None, commit, "default", split, rows_read)
+    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, record,
+                       dict(skipped))
 
 
 def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
