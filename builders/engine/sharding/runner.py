@@ -42,7 +42,7 @@ from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_by
                                                    write_parquet)
 from builders.engine.sharding.resume import (finished_stats, fingerprint, part_changes,
                                              prepare_resume)
-from builders.engine.sharding.shares import ItemShare, share_items
+from builders.engine.sharding.shares import ItemShare, check_has_items, check_same_inputs, share_items
 from builders.engine.sharding.up_to_date import finished_manifest, invalidate
 
 log = logging.getLogger(__name__)
@@ -197,14 +197,25 @@ def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
 
 
 def _read_share(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
-                owns: Callable[[int], bool], check: bool) -> ItemShare:
+                owns: Callable[[int], bool], check: bool,
+                group: ProcessGroup | None = None) -> ItemShare:
     """Read the inputs once, keeping this process's parts; `check`: also compare the finished
-    parts with them (the process that prepares the resume)."""
+    parts with them (the process that prepares the resume). With a `group` of several processes,
+    every one must have read the same inputs (`check_same_inputs`). No input is an error."""
     # The inputs are read before anything is written: a run that fails on a missing or broken
     # input leaves no fingerprint behind to refuse the corrected rerun.
     keys = [spec.key for spec in builder.outputs()]
-    return share_items(builder.work_items(), cfg.part_size, owns,
-                       part_changes(layout, keys, cfg.retry_errors) if check else None)
+    several = group is not None and group.world_size > 1
+    share = share_items(builder.work_items(), cfg.part_size, owns,
+                        part_changes(layout, keys, cfg.retry_errors) if check else None,
+                        digest=several)
+    if several:
+        assert group is not None
+        # Before the empty check: a process whose inputs alone are empty must not leave the
+        # others waiting in this exchange.
+        check_same_inputs(group, share, builder.source_option())
+    check_has_items(share, builder.source_option())
+    return share
 
 
 def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup,
@@ -218,7 +229,7 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
         return _nothing_to_do(cfg, layout, done) if done is not None else None
     outputs = list(builder.outputs())
     share = _read_share(builder, cfg, layout, lambda k: k % group.world_size == group.rank,
-                        check=group.is_main)
+                        check=group.is_main, group=group)
     if group.is_main:
         remove_temp_files(layout)
         prepare_resume(layout, fingerprint(builder, cfg.part_size), share, cfg.overwrite)
