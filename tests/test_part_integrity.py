@@ -114,6 +114,7 @@ def test_parts_and_stats_linked_outside_the_output_are_never_merged(tmp_path, ca
     assert toy_cli(out, "--merge-only") == 2
     line = error_line(capsys)
     assert str(out / TRAIN / "part-00001.parquet") in line and "symlink" in line, line
+    assert "part 1, by worker 1 of 3" in line, line
     assert nothing_merged(out)
 
 

@@ -64,17 +64,17 @@ def read_inside(root: Path, path: Path) -> bytes:
         fd = os.open(names[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError as err:
         if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-            raise not_regular(path) from None
+            raise _not_regular(path) from None
         raise
     finally:
         os.close(folder)
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise not_regular(path)
+            raise _not_regular(path)
         return fh.read()
 
 
-def not_regular(path: Path) -> BookkeepingError:
+def _not_regular(path: Path) -> BookkeepingError:
     return BookkeepingError(path, "is a symlink, is under one, or is not a regular file (the "
                             "build's bookkeeping is never read through a link)",
                             "remove it and re-run the build, which rebuilds what it held")
@@ -177,6 +177,8 @@ def _read_part(layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[st
         data = read_inside(layout.root, path)
     except FileNotFoundError:
         raise _part_error(path, f"is missing ({by})", part, stats) from None
+    except BookkeepingError as err:
+        raise _part_error(path, f"{err.problem} ({by})", part, stats) from None
     record = stats[PART_FILES][spec.key]
     if len(data) != record["bytes"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
         raise _part_error(path, f"is not the file its worker wrote: its size or sha256 differs "
