@@ -16,16 +16,9 @@ from builders.engine.errors import run_handled
 from builders.launch import add_builder_parser
 
 from helpers import toy_builder
+from helpers.build_helpers import error_line
 
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "1", "--candidate-batch", "1"]
-
-
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("counterfactory: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def nothing_written(out: Path) -> bool:

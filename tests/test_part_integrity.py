@@ -26,7 +26,7 @@ from builders.engine.errors import run_handled
 from builders.launch import add_builder_parser
 
 from helpers import toy_builder
-from helpers.build_helpers import shard_digests
+from helpers.build_helpers import error_line, shard_digests
 
 N_ITEMS, PART_SIZE = 40, 4
 TRAIN = ".parts/default/train"
@@ -44,14 +44,6 @@ def array_build(out: Path, n_workers: int = 3, *extra: str) -> None:
     for worker in range(n_workers):
         assert toy_cli(out, "--worker-index", str(worker), "--num-workers", str(n_workers),
                        *extra) == 0
-
-
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("counterfactory: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def nothing_merged(out: Path) -> bool:
