@@ -38,6 +38,9 @@ class Heavy:
         items = ({"id": i, "polygon": [float(i + j) for j in range(300)]} for i in range(n_items))
         return list(items) if as_list else items
 
+    def source_option(self):
+        return f"--n-items {n_items}"
+
     def process(self, items):
         for item in items:
             yield Emit("default/train", {"id": item["id"]})

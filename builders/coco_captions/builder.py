@@ -35,6 +35,9 @@ class CocoCaptionsBuilder:
     def work_items(self):
         return read_images(self.config)
 
+    def source_option(self) -> str:
+        return f"--coco-root {self.config.coco_root} (--splits {' '.join(self.config.splits)})"
+
     def process(self, items):
         from loading_scripts.images import ImageProblem, open_rgb_image
 

@@ -81,6 +81,12 @@ class CocoCounterfactualsBuilder:
             items = dataset_captions(cfg)
         return items[: cfg.max_captions]
 
+    def source_option(self) -> str:
+        cfg = self.config
+        if cfg.stage == "images":
+            return f"--captions-from {cfg.captions_from}"
+        return f"--coco-root {cfg.coco_root}" if cfg.coco_root else f"--dataset {cfg.dataset}"
+
     def process(self, items: Sequence[Any]) -> Iterator[Emit | Skip | Count]:
         if self.torch_threads:
             import torch

@@ -95,6 +95,10 @@ class DecorrelationBuilder:
                                   f"{len(cfg.source.class_names)} classes of the matching table")
         return records
 
+    def source_option(self) -> str:
+        source = self.config.source
+        return f"--{'coco-root' if source.kind == 'coco' else 'flickr30k-root'} {source.root}"
+
     def process(self, items: Sequence[SourceImage]) -> Iterator[Emit | Skip]:
         cfg = self.config
         if "odmap" in cfg.products:

@@ -92,6 +92,9 @@ class EccvPositivesBuilder:
         # positives beyond the original pairs (METHOD.md §1).
         return pm_positives(classes, wanted, self.config.pm_zeta, omit_own_image=True)
 
+    def source_option(self) -> str:
+        return f"--annotations-dir {self.config.annotations_dir or '(the eccv_caption package)'}"
+
     def work_items(self) -> list[RowItem]:
         removed = [RowItem("removed/test", f"removed #{n}", row) for n, row in enumerate(removed_rows())]
         return ([self._image_item(i) for i in self.annotations.image_queries()]

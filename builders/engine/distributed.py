@@ -31,6 +31,8 @@ class ProcessGroup:
     barrier: Callable[[], None]
     #: The main process's `value`, returned on every process (a decision all must follow).
     from_main: Callable[[Any], Any] = lambda value: value
+    #: Every process's `value`, by rank, returned on every process (what all must agree on).
+    all_gather: Callable[[Any], list[Any]] = lambda value: [value]
     # Keeps the accelerate state alive (and its process group) for the run's duration.
     state: Any = None
 
@@ -114,6 +116,7 @@ def init_process_group(expect_processes: int | None = None) -> ProcessGroup:
         world_size=state.num_processes,
         barrier=state.wait_for_everyone,
         from_main=_broadcast_from_main,
+        all_gather=_gather_to_all,
         state=state,
     )
 
@@ -122,3 +125,11 @@ def _broadcast_from_main(value: Any) -> Any:
     from accelerate.utils import broadcast_object_list
 
     return broadcast_object_list([value], from_process=0)[0]
+
+
+def _gather_to_all(value: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered

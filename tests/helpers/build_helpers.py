@@ -62,6 +62,15 @@ def kill_after_parts(cmd: list[str], stats_dir: Path, min_parts: int, timeout: f
     return len(list(stats_dir.glob("*.json")))
 
 
+def error_line(capsys) -> str:
+    """The one `counterfactory: error:` line a failed command printed (and no traceback)."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("counterfactory: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
 # ------------------------------------------------------------------------------ bad-input cases
 
 def fixture_case(base: Path) -> dict[str, Any]:

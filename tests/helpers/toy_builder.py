@@ -1,7 +1,9 @@
 """A toy builder for testing the sharded runner (not shipped): images + captions from a seed.
 
 Run as a script (also under `accelerate launch`): python tests/helpers/toy_builder.py --output DIR ...
-`--sleep` slows each item so a test can kill the run mid-way.
+`--sleep` slows each item so a test can kill the run mid-way. `--items-from FILE` reads the item
+ids from a text file (one per line) instead of `range(--n-items)`: a local input, which a relative
+path makes each "machine" (working folder) of a multi-node test read from its own copy.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -34,6 +37,7 @@ class ToyConfig:
     n_items: int = 40
     seed: int = 0
     version_tag: str = "v1"
+    items_from: str | None = None
 
 
 class ToyBuilder:
@@ -46,7 +50,13 @@ class ToyBuilder:
                 OutputSpec("captions", "train", CAPTIONS)]
 
     def work_items(self):
+        if self.config.items_from:
+            return [int(line) for line in Path(self.config.items_from).read_text().split()]
         return list(range(self.config.n_items))
+
+    def source_option(self):
+        cfg = self.config
+        return f"--items-from {cfg.items_from}" if cfg.items_from else f"--n-items {cfg.n_items}"
 
     def process(self, items):
         for i in items:
@@ -77,11 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--version-tag", default="v1")
+    parser.add_argument("--items-from", default=None)
 
 
 def from_args(args: argparse.Namespace) -> ToyBuilder:
-    return ToyBuilder(ToyConfig(n_items=args.n_items, seed=args.seed,
-                                version_tag=args.version_tag), sleep_s=args.sleep)
+    return ToyBuilder(ToyConfig(n_items=args.n_items, seed=args.seed, version_tag=args.version_tag,
+                                items_from=args.items_from), sleep_s=args.sleep)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,11 @@ class ShardedBuilder(Protocol):
         """All items, in a deterministic order (cheap records, not pixels). Read once per
         process, which keeps only its own parts (`shares`): a generator never holds the rest."""
 
+    def source_option(self) -> str:
+        """The option naming this build's inputs, with its value as given (e.g. `--captions-from
+        pairs.tsv`): what a message about the inputs names (none at all, or different copies on
+        two machines)."""
+
     def process(self, items: Sequence[Any]) -> Iterable[Emit | Skip]:
         """Turn one part's items into rows. Called on every process; load models lazily."""
 

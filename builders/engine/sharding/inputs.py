@@ -9,6 +9,10 @@ items — unless that part is about to be redone anyway (`--retry-errors` on a p
 input errors, the usual "fix the bad rows and re-run" loop). Parts not built yet need no check:
 they will be built from the current inputs, so the output always equals a clean build of them.
 
+Processes of one `accelerate launch` (possibly on several machines, each reading its own copy of
+the inputs) must build from the same inputs: each hashes every item's `shared_record` as it reads
+(`shares`), and the digests must agree.
+
 A builder whose rows read more than one record (a query row with its positives' texts) makes
 each item carry all of it, so the digest covers it; the item's `label` then names it in messages.
 
@@ -71,8 +75,8 @@ class UniqueIds:
                 )
 
 
-def item_digest(item: Any) -> str:
-    """A digest of the item's record and of the file it points at (size, mtime)."""
+def _record(item: Any, with_mtime: bool) -> str:
+    """The item's record as text, and the size (and mtime) of the file it points at."""
     # Object addresses are not content (and differ per run): a builder whose items lack a
     # value repr still gets its paths checked.
     text = _ADDRESS.sub("", repr(item))
@@ -82,10 +86,21 @@ def item_digest(item: Any) -> str:
     if isinstance(path, Path) and getattr(item, "input_problem", None) is None:
         try:
             st = path.stat()
-            text += f"|{st.st_size}|{st.st_mtime_ns}"
+            text += f"|{st.st_size}" + (f"|{st.st_mtime_ns}" if with_mtime else "")
         except OSError:
             text += "|missing"
-    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return text
+
+
+def item_digest(item: Any) -> str:
+    """A digest of the item's record and of the file it points at (size, mtime)."""
+    return hashlib.sha1(_record(item, True).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def shared_record(item: Any) -> bytes:
+    """The item as another machine holding the same inputs reads it: its record and its file's
+    size, without the mtime (identical copies on two machines have different mtimes)."""
+    return _record(item, False).encode("utf-8", "surrogatepass") + b"\n"
 
 
 def part_digests(items: Sequence[Any]) -> list[str]:

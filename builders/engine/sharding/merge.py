@@ -5,25 +5,25 @@ merge starts and written last, so its presence marks a finished build (see `up_t
 
 Shards are streamed part by part (never the whole split in memory) into
 `data/[config/]split-NNNNN-of-NNNNN.parquet`; the shard count comes from the parts' total size so
-each shard stays near `max_shard_bytes`. New shards are written under temporary names and renamed,
-and shards of an earlier merge that the new set does not reuse are deleted afterwards.
+each shard stays near `max_shard_bytes`. Each part is checked against the sha256, size and rows
+its worker recorded before it is merged (`part_files`). New shards are written under temporary
+names and renamed once every output's are written (a refused part leaves the previous merge
+untouched), and shards of an earlier merge that the new set does not reuse are deleted afterwards.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import math
 import os
 import sys
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from builders import __version__
@@ -32,6 +32,7 @@ from builders.engine.provenance import git_state, portable
 from builders.engine.sharding.base import BuildInfo, OutputSpec
 from builders.engine.sharding.build_files import FILES, file_record
 from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.part_files import PART_FILES, load_stats, part_tables
 from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_json
 from builders.engine.sharding.up_to_date import invalidate
 
@@ -59,51 +60,63 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def collect_stats(layout: OutputLayout, n_parts: int) -> list[dict[str, Any]]:
-    missing = [k for k in range(n_parts) if not layout.stats_file(k).exists()]
+def collect_stats(layout: OutputLayout, n_parts: int, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Every part's stats (outputs `keys`), checked (`part_files.load_stats`); one line naming the
+    first unfinished part."""
+    stats = [load_stats(layout, k, keys) for k in range(n_parts)]
+    missing = [k for k, s in enumerate(stats) if s is None]
     if missing:
         raise UserFacingError(
             f"{len(missing)} of {n_parts} parts are unfinished (first: part {missing[0]}, no "
             f"{layout.stats_file(missing[0])}); re-run the same command to finish them"
         )
-    return [json.loads(layout.stats_file(k).read_text()) for k in range(n_parts)]
+    return [s for s in stats if s is not None]
 
 
-def _write_output_shards(
-    layout: OutputLayout, spec: OutputSpec, n_parts: int, max_shard_bytes: int
-) -> tuple[int, list[str]]:
-    files = [p for p in (layout.part_file(spec.key, k) for k in range(n_parts)) if p.exists()]
-    total_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+@dataclass
+class _Shards:
+    """One output's shards, written under temporary names (renamed once every output is written)."""
+
+    rows: int
+    names: list[str]
+    tmp: list[Path]
+
+
+def _write_output_shards(layout: OutputLayout, spec: OutputSpec, stats: Sequence[dict[str, Any]],
+                         max_shard_bytes: int, written_tmp: list[Path]) -> _Shards:
+    """Stream the parts of `spec` into shards under temporary names (appended to `written_tmp` as
+    they are created, for the caller to remove on failure). Each part is checked against its
+    stats before a row of it is written (`part_tables`), so the sizes planned from the stats hold."""
+    total_rows = sum(s["rows"][spec.key] for s in stats)
     if total_rows == 0:
         # datasets 5.2 cannot read a 0-row parquet file ("BatchSize must be greater than 0"), so
         # an empty output gets no shard and is left out of the card's `configs:`.
         log.warning("%s has no rows: it gets no shard and no entry in the card's configs", spec.key)
-        return 0, []
-    total_bytes = sum(p.stat().st_size for p in files)
+        return _Shards(0, [], [])
+    total_bytes = sum(s[PART_FILES][spec.key]["bytes"] for s in stats if s["rows"][spec.key])
     n_shards = max(1, math.ceil(total_bytes / max_shard_bytes))
     rows_per_shard = max(1, math.ceil(total_rows / n_shards))
     n_shards = max(1, math.ceil(total_rows / rows_per_shard)) if total_rows else 1
     schema = spec.features.arrow_schema
     names = [layout.shard_name(spec.config, spec.split, i, n_shards) for i in range(n_shards)]
+    start = len(written_tmp)
 
-    def open_writer(index: int) -> tuple[pq.ParquetWriter, Path]:
+    def open_writer(index: int) -> pq.ParquetWriter:
         tmp = layout.root / (names[index] + ".tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        return pq.ParquetWriter(tmp, schema), tmp
+        written_tmp.append(tmp)
+        return pq.ParquetWriter(tmp, schema)
 
-    shard, (writer, tmp) = 0, open_writer(0)
-    written_tmp = [tmp]
+    shard, writer = 0, open_writer(0)
     room = rows_per_shard
     try:
-        for path in files:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
-                table = pa.Table.from_batches([batch]).cast(schema)
+        for k, part_stats in enumerate(stats):
+            for table in part_tables(layout, spec, k, part_stats, ROW_GROUP_ROWS):
                 while table.num_rows:
                     if room == 0:
                         writer.close()
                         shard += 1
-                        writer, tmp = open_writer(shard)
-                        written_tmp.append(tmp)
+                        writer = open_writer(shard)
                         room = rows_per_shard
                     take = table.slice(0, room)
                     writer.write_table(take, row_group_size=ROW_GROUP_ROWS)
@@ -111,18 +124,12 @@ def _write_output_shards(
                     table = table.slice(take.num_rows)
         writer.close()
     except BaseException:
-        # A failed merge (disk full) leaves no half-written shard behind; the parts are intact,
-        # so re-running the command merges again.
         try:
             writer.close()
         except OSError:
             pass  # closing flushes, which fails the same way on a full disk
-        for path in written_tmp:
-            path.unlink(missing_ok=True)
         raise
-    for tmp_path, name in zip(written_tmp, names):
-        os.replace(tmp_path, layout.root / name)
-    return total_rows, names
+    return _Shards(total_rows, names, written_tmp[start:])
 
 
 def _remove_stale_shards(layout: OutputLayout, keep: set[str]) -> None:
@@ -176,11 +183,23 @@ def merge_parts(
     `write_manifest` last), so the card is rendered from the manifest as published. Without it
     the build has no card.
     """
+    written_tmp: list[Path] = []
+    try:
+        shards = {spec.key: _write_output_shards(layout, spec, stats, max_shard_bytes, written_tmp)
+                  for spec in outputs}
+    except BaseException:
+        # A failed merge (disk full, a part that is not what its worker wrote) leaves no
+        # half-written shard behind, and the previous merge as it was: nothing is renamed yet.
+        for path in written_tmp:
+            path.unlink(missing_ok=True)
+        raise
     invalidate(layout)  # until the new manifest is written, last, this is no finished build
     outputs_manifest: dict[str, Any] = {}
     keep: set[str] = set()
     for spec in outputs:
-        rows, names = _write_output_shards(layout, spec, len(stats), max_shard_bytes)
+        rows, names = shards[spec.key].rows, shards[spec.key].names
+        for tmp, name in zip(shards[spec.key].tmp, names):
+            os.replace(tmp, layout.root / name)
         keep.update(names)
         outputs_manifest[spec.key] = {
             "config": spec.config,

@@ -1,10 +1,13 @@
 """The output folder's guards: one build at a time, one clear line for OS errors, no stale temp files.
 
-- `output_lock(layout)`: an exclusive `filelock` on `.parts/lock`, held by the main process for
+- `output_lock(layout)`: an exclusive lock on `.parts/lock`, held by the main process for
   the whole build; a second build into the same folder fails at once instead of racing on the
   same `.tmp` names. (The lock is per process group: the other ranks of an `accelerate launch`
   write only their own parts.) Job-array workers (see `runner`) each hold their own
-  `.parts/worker-NNNNN.lock` and take the folder's lock only to check the run fingerprint.
+  `.parts/worker-NNNNN.lock` and take the folder's lock only to check the run fingerprint. A
+  lock is an `flock` on a regular file opened without following a symlink: a planted link is
+  refused in one line, never locked or created through. The lock goes with the process (a killed
+  build leaves the file, not the lock).
 - `output_errors(root)`: turns the OS errors a user can fix (the folder is a file, no permission,
   read-only, disk full) into one `OutputError` line naming the path and the fix.
 - `remove_temp_files(layout)`: a killed or failed write leaves `*.tmp` files (see part_writer,
@@ -14,7 +17,11 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
+import os
+import stat
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -36,7 +43,12 @@ _FIXES = {
                     "does not exist yet), not a file"),
     errno.EEXIST: ("a file is in the way of a folder", "--output must be a folder (or a path that "
                    "does not exist yet), not a file"),
+    errno.ELOOP: ("a symlink is in the way of a file the build writes", "remove it: the build never "
+                  "writes through a link"),
 }
+
+#: How often a lock held by another process is tried again while waiting for it.
+_POLL_S = 0.05
 
 
 @contextmanager
@@ -83,41 +95,76 @@ def worker_lock(layout: OutputLayout, worker: int) -> Iterator[None]:
 def running_workers(layout: OutputLayout) -> list[int]:
     """The job-array workers holding their lock on `layout` right now."""
     return [int(path.stem.split("-")[1]) for path in sorted(layout.parts.glob("worker-*.lock"))
-            if _is_held(path)]
+            if _is_held(layout, path)]
 
 
 @contextmanager
 def _held(layout: OutputLayout, path: Path, wait_s: float, holder: str) -> Iterator[None]:
-    from filelock import FileLock, Timeout
-
-    layout.parts.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path))
+    fd = _open_lock(layout, path, create=True)
+    assert fd is not None
     try:
-        lock.acquire(timeout=wait_s)
-    except Timeout:
-        raise OutputError(f"{holder} is writing to {layout.root} (it holds {path}); wait for it "
-                          "to finish, or use another --output") from None
-    try:
-        yield
+        deadline = time.monotonic() + wait_s
+        while not _try_lock(fd):
+            if time.monotonic() >= deadline:
+                raise OutputError(f"{holder} is writing to {layout.root} (it holds {path}); wait "
+                                  "for it to finish, or use another --output")
+            time.sleep(_POLL_S)
+        yield  # the lock goes with the descriptor, closed below
     finally:
-        lock.release()
+        os.close(fd)
 
 
-def _is_held(path: Path) -> bool:
-    from filelock import FileLock, Timeout
+def _open_lock(layout: OutputLayout, path: Path, create: bool) -> int | None:
+    """A descriptor of the lock file `path` (None: it does not exist and `create` is False).
 
-    lock = FileLock(str(path))
+    The lock is taken on a regular file inside `.parts/`, opened without following a symlink: a
+    lock file (or `.parts/` itself) planted as a link is refused, never locked or created through.
+    """
+    if layout.parts.is_symlink():
+        raise OutputError(f"{layout.parts} is a symlink; a build's work area must be a folder "
+                          "inside --output — remove the link (or use another --output)")
+    if create:
+        layout.parts.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create else 0)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return True
-    lock.release()
-    return False
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
+        fd = None
+    if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
+        raise OutputError(f"{path} is a symlink or not a regular file; a lock is never taken "
+                          "through a link — remove it and re-run")
+    return fd
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _is_held(layout: OutputLayout, path: Path) -> bool:
+    fd = _open_lock(layout, path, create=False)
+    if fd is None:
+        return False
+    try:
+        return not _try_lock(fd)
+    finally:
+        os.close(fd)
 
 
 def build_in_progress(layout: OutputLayout) -> bool:
     """Whether a build holds the folder's lock right now (e.g. before publishing it)."""
-    return layout.lock_file.exists() and _is_held(layout.lock_file)
+    return _is_held(layout, layout.lock_file)
 
 
 def remove_part_temp_files(layout: OutputLayout, keys: list[str], parts: list[int]) -> None:

@@ -4,10 +4,15 @@ Crash safety: each parquet file is written under a temporary name and renamed in
 stats file, written last, is what marks the part finished. A kill at any point leaves either no
 stats file (the part is redone on resume, overwriting any leftovers) or a complete part. A write
 that fails (disk full) removes its temp file; one left by a kill is removed by the next run.
+
+Each part file's sha256 and size (of the bytes written) go into its stats file, so the merge
+merges exactly what the worker wrote (`part_files`). A temp file is created without following a
+symlink: one planted under its name is refused, never written through.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -25,11 +30,12 @@ from datasets.table import embed_table_storage
 ROW_GROUP_ROWS = 100
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with _removed_on_error(tmp):
-        with open(tmp, "wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -60,13 +66,16 @@ def rows_to_table(rows: list[dict[str, Any]], features: datasets.Features) -> pa
     return embed_table_storage(table)
 
 
-def write_parquet(path: Path, table: pa.Table) -> None:
-    """Write a parquet file atomically (temp name + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with _removed_on_error(tmp):
-        pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS)
-        os.replace(tmp, path)
+def write_parquet(path: Path, table: pa.Table) -> dict[str, Any]:
+    """Write a parquet file atomically (temp name + rename); return its `{"sha256", "bytes"}`.
+
+    Encoded in memory first (a part's rows are in memory already), so the digest is that of the
+    very bytes written."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=ROW_GROUP_ROWS)
+    data = memoryview(sink.getvalue())
+    atomic_write_bytes(path, data)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": data.nbytes}
 
 
 @contextmanager

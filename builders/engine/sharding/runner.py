@@ -5,7 +5,8 @@ parts k with k % w == r. Part boundaries never depend on the number of processes
 depend on their own items, so 1 or N processes (or N machines sharing a folder) produce identical
 shards. Each process reads the work items once and keeps only its own parts' items (`shares`).
 A part is finished once its stats file exists (see `part_writer`), which is what a
-resumed run checks. A re-run of a finished build has nothing to do and returns at once (see
+resumed run checks (one the build did not write is rebuilt: `resume.finished_stats`), and every
+merge checks each part against the digest its stats record (`part_files`). A re-run of a finished build has nothing to do and returns at once (see
 `up_to_date`).
 
 Job arrays (preemptible clusters, no rendezvous): worker i of n (`BuildRunConfig.worker_index`,
@@ -18,7 +19,6 @@ writes the dataset once every part exists, or names the missing parts and their 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import time
@@ -31,16 +31,18 @@ from builders.engine import progress
 from builders.engine.distributed import ProcessGroup, init_process_group, launched_world_size
 from builders.engine.errors import UserFacingError
 from builders.engine.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip
-from builders.engine.sharding.build_files import discard_build
-from builders.engine.sharding.inputs import changed_items, part_digests, split_problems
+from builders.engine.sharding.inputs import part_digests, split_problems
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import (check_output_folder, output_errors, output_lock,
                                                   remove_part_temp_files, remove_temp_files,
                                                   running_workers, worker_lock)
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
+from builders.engine.sharding.part_files import PART_FILES, BookkeepingError, load_stats
 from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_bytes, rows_to_table,
                                                    write_parquet)
-from builders.engine.sharding.shares import ItemShare, PartCheck, share_items
+from builders.engine.sharding.resume import (finished_stats, fingerprint, part_changes,
+                                             prepare_resume)
+from builders.engine.sharding.shares import ItemShare, check_has_items, check_same_inputs, share_items
 from builders.engine.sharding.up_to_date import finished_manifest, invalidate
 
 log = logging.getLogger(__name__)
@@ -89,82 +91,6 @@ class BuildResult:
     manifest: dict[str, Any]
 
 
-def _fingerprint(builder: ShardedBuilder, cfg: BuildRunConfig) -> dict[str, Any]:
-    info = builder.info()
-    return {
-        "builder": info.builder,
-        "config": info.config,
-        "part_size": cfg.part_size,
-        "outputs": {spec.key: spec.features.to_dict() for spec in builder.outputs()},
-    }
-
-
-def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite: bool) -> bool:
-    """Check or write the run fingerprint; False when a build of another config was discarded."""
-    if layout.run_file.exists():
-        previous = json.loads(layout.run_file.read_text())
-        if previous == json.loads(json.dumps(fingerprint)):
-            log.info("resuming the build in %s", layout.root)
-            return True
-        if not overwrite:
-            raise UserFacingError(
-                f"{layout.root} holds a build made with a different configuration "
-                f"({layout.run_file}); use a new --output folder, or --overwrite to discard it"
-            )
-        log.warning("--overwrite: discarding the previous build in %s", layout.root)
-        discard_build(layout)
-        atomic_write_json(layout.run_file, fingerprint)
-        return False
-    atomic_write_json(layout.run_file, fingerprint)
-    return True
-
-
-def _part_changes(layout: OutputLayout, retry_errors: bool) -> PartCheck:
-    """A check for `share_items`: what differs between a finished part's recorded inputs and the
-    current ones (nothing for a part not finished yet, or one that is redone anyway)."""
-
-    def check(part: int, start: int, chunk: Sequence[Any]) -> list[str]:
-        path = layout.stats_file(part)
-        if not path.exists():
-            return []
-        stats = json.loads(path.read_text())
-        if "item_digests" not in stats or (retry_errors and stats.get("errors")):
-            return []  # a part from before digests were recorded, or one that is redone anyway
-        return [f"part {part}: {c}" for c in changed_items(start, chunk, stats["item_digests"])]
-
-    return check
-
-
-def _changed_inputs(layout: OutputLayout, share: ItemShare) -> list[str]:
-    """What differs between the current inputs and those finished parts were built from."""
-    changed = list(share.problems)
-    n_finished = len(list(layout.stats_file(0).parent.glob("part-*.json")))
-    if n_finished > share.n_parts:
-        changed.append(f"the inputs now give {share.n_parts} parts, {n_finished} were finished")
-    return changed
-
-
-def _prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], cfg: BuildRunConfig,
-                    share: ItemShare) -> None:
-    """Start or resume the build in `layout` (main process, after the inputs were read with
-    `_read_share(..., check=True)`)."""
-    if not _prepare_output(layout, fingerprint, cfg.overwrite):
-        return  # a previous build of another configuration was discarded: nothing to compare
-    changed = _changed_inputs(layout, share)
-    if not changed:
-        return
-    if not cfg.overwrite:
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        raise UserFacingError(
-            f"the inputs of {layout.root} changed since its parts were built "
-            f"({'; '.join(changed[:3])}{more}); restore the original inputs to resume, or rebuild "
-            "from the current ones with --overwrite (or a new --output)"
-        )
-    log.warning("--overwrite: the inputs changed (%s); discarding the previous build", changed[0])
-    discard_build(layout)
-    atomic_write_json(layout.run_file, fingerprint)
-
-
 def _log_part_done(tracker: progress.Tracker, group: ProcessGroup, part: int, parts_done: int,
                    parts_total: int, rows: int, skipped: int) -> None:
     log.info(
@@ -175,11 +101,9 @@ def _log_part_done(tracker: progress.Tracker, group: ProcessGroup, part: int, pa
     )
 
 
-def _part_needs_work(layout: OutputLayout, part: int, retry_errors: bool) -> bool:
-    stats_path = layout.stats_file(part)
-    if not stats_path.exists():
-        return True
-    return retry_errors and bool(json.loads(stats_path.read_text()).get("errors"))
+def _part_needs_work(layout: OutputLayout, part: int, keys: Sequence[str], retry_errors: bool) -> bool:
+    stats = finished_stats(layout, part, keys)
+    return stats is None or (retry_errors and bool(stats["errors"]))
 
 
 def _build_part(
@@ -212,17 +136,20 @@ def _build_part(
         else:
             raise TypeError(f"builder yielded {type(record).__name__}, expected Emit, Skip or Count")
     t1 = time.perf_counter()
+    files = {}
     for key, spec in by_key.items():
         path = layout.part_file(key, part)
         if rows.get(key):
-            write_parquet(path, rows_to_table(rows[key], spec.features))
-        elif path.exists():  # leftover of an earlier attempt at this part
+            files[key] = write_parquet(path, rows_to_table(rows[key], spec.features))
+        elif os.path.lexists(path):  # leftover of an earlier attempt at this part
             path.unlink()
     t2 = time.perf_counter()
     stats = {
         "part": part,
         "items": len(items),
         "rows": {key: len(rows.get(key, [])) for key in by_key},
+        # What the merge checks each part file against (sha256 and size of the bytes written).
+        PART_FILES: files,
         "skipped": dict(sorted(filtered.items())),
         "errors": dict(sorted(errors.items())),
         "counts": dict(sorted(counts.items())),
@@ -270,13 +197,25 @@ def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
 
 
 def _read_share(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
-                owns: Callable[[int], bool], check: bool) -> ItemShare:
+                owns: Callable[[int], bool], check: bool,
+                group: ProcessGroup | None = None) -> ItemShare:
     """Read the inputs once, keeping this process's parts; `check`: also compare the finished
-    parts with them (the process that prepares the resume)."""
+    parts with them (the process that prepares the resume). With a `group` of several processes,
+    every one must have read the same inputs (`check_same_inputs`). No input is an error."""
     # The inputs are read before anything is written: a run that fails on a missing or broken
     # input leaves no fingerprint behind to refuse the corrected rerun.
-    return share_items(builder.work_items(), cfg.part_size, owns,
-                       _part_changes(layout, cfg.retry_errors) if check else None)
+    keys = [spec.key for spec in builder.outputs()]
+    several = group is not None and group.world_size > 1
+    share = share_items(builder.work_items(), cfg.part_size, owns,
+                        part_changes(layout, keys, cfg.retry_errors) if check else None,
+                        digest=several)
+    if several:
+        assert group is not None
+        # Before the empty check: a process whose inputs alone are empty must not leave the
+        # others waiting in this exchange.
+        check_same_inputs(group, share, builder.source_option())
+    check_has_items(share, builder.source_option())
+    return share
 
 
 def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup,
@@ -290,10 +229,10 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
         return _nothing_to_do(cfg, layout, done) if done is not None else None
     outputs = list(builder.outputs())
     share = _read_share(builder, cfg, layout, lambda k: k % group.world_size == group.rank,
-                        check=group.is_main)
+                        check=group.is_main, group=group)
     if group.is_main:
         remove_temp_files(layout)
-        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, share)
+        prepare_resume(layout, fingerprint(builder, cfg.part_size), share, cfg.overwrite)
     group.barrier()
     _build_mine(builder, outputs, layout, share, group, cfg.retry_errors)
     group.barrier()
@@ -307,7 +246,8 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
 def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: OutputLayout,
                 share: ItemShare, group: ProcessGroup, retry_errors: bool) -> None:
     """Build this process's unfinished parts (`share.mine`: k % world_size == rank)."""
-    todo = [(k, chunk) for k, chunk in share.mine if _part_needs_work(layout, k, retry_errors)]
+    keys = [spec.key for spec in outputs]
+    todo = [(k, chunk) for k, chunk in share.mine if _part_needs_work(layout, k, keys, retry_errors)]
     log.info(
         "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
         group.rank, group.world_size, share.n_items, share.n_parts, len(share.mine),
@@ -327,8 +267,10 @@ def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: 
 
 def _merge(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
            outputs: Sequence[OutputSpec], share: ItemShare, world_size: int,
-           finish: Finisher | None) -> BuildResult:
-    stats = collect_stats(layout, share.n_parts)
+           finish: Finisher | None, stats: list[dict[str, Any]] | None = None) -> BuildResult:
+    """Merge the finished parts (their `stats`, when the caller has read them already)."""
+    if stats is None:
+        stats = collect_stats(layout, share.n_parts, [spec.key for spec in outputs])
     _check_error_rate(stats, share.n_items, cfg.max_error_fraction, layout)
     manifest = merge_parts(
         layout=layout,
@@ -371,7 +313,7 @@ def _finished(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout
     `--overwrite` always re-reads the inputs, to rebuild from changed ones."""
     if cfg.overwrite:
         return None
-    return finished_manifest(layout, _fingerprint(builder, cfg), cfg.max_shard_bytes,
+    return finished_manifest(layout, fingerprint(builder, cfg.part_size), cfg.max_shard_bytes,
                              cfg.retry_errors, with_card=finish is not None)
 
 
@@ -412,7 +354,7 @@ def _run_array_worker(builder: ShardedBuilder, cfg: BuildRunConfig, layout: Outp
         # The first worker writes run.json; the others, serialised by the lock, find it and
         # resume (an identical fingerprint) or refuse (a different one).
         with output_lock(layout, wait_s=ARRAY_LOCK_WAIT_S):
-            _prepare_resume(layout, _fingerprint(builder, cfg), cfg, share)
+            prepare_resume(layout, fingerprint(builder, cfg.part_size), share, cfg.overwrite)
         remove_part_temp_files(layout, [spec.key for spec in outputs], [k for k, _ in share.mine])
         _build_mine(builder, outputs, layout, share, group, cfg.retry_errors)
     log.info("array worker %d of %d finished its parts; once every worker has, run the same "
@@ -430,19 +372,35 @@ def _merge_only(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayo
         # The merge needs the inputs' size only: no part is kept.
         share = _read_share(builder, cfg, layout, lambda k: False, check=True)
         remove_temp_files(layout)
-        _prepare_resume(layout, _fingerprint(builder, cfg), cfg, share)
-        n_workers = cfg.num_workers or _recorded_workers(layout, share.n_parts)
-        missing = [k for k in range(share.n_parts) if not layout.stats_file(k).exists()]
-        if missing:
-            raise UserFacingError(_missing_parts_message(layout, missing, share.n_parts, n_workers))
-        return _merge(builder, cfg, layout, outputs, share, n_workers or 1, finish)
+        prepare_resume(layout, fingerprint(builder, cfg.part_size), share, cfg.overwrite)
+        stats, n_workers = _workers_stats(layout, outputs, share.n_parts, cfg.num_workers)
+        return _merge(builder, cfg, layout, outputs, share, n_workers, finish, stats)
 
 
-def _recorded_workers(layout: OutputLayout, n_parts: int) -> int | None:
-    """The worker count the finished parts were built with (their stats' `world_size`)."""
-    sizes = Counter(json.loads(layout.stats_file(k).read_text())["world_size"]
-                    for k in range(n_parts) if layout.stats_file(k).exists())
-    return sizes.most_common(1)[0][0] if sizes else None
+def _workers_stats(layout: OutputLayout, outputs: Sequence[OutputSpec], n_parts: int,
+                   num_workers: int | None) -> tuple[list[dict[str, Any]], int]:
+    """Every part's stats for `--merge-only`, and the worker count (`--num-workers`, else the
+    one the parts were built with); one line naming a missing part or a stats file that is not
+    one a worker wrote (a merge cannot rebuild it, as a build does), with the worker to re-run."""
+    keys = [spec.key for spec in outputs]
+    stats: dict[int, dict[str, Any] | None] = {}
+    bad: list[tuple[int, BookkeepingError]] = []
+    for k in range(n_parts):
+        try:
+            stats[k] = load_stats(layout, k, keys)
+        except BookkeepingError as err:
+            bad.append((k, err))
+    sizes = Counter(s["world_size"] for s in stats.values() if s is not None)
+    n_workers = num_workers or (sizes.most_common(1)[0][0] if sizes else None)
+    if bad:
+        k, err = bad[0]
+        worker = f"worker {k % n_workers} of --num-workers {n_workers}" if n_workers else "its worker"
+        raise UserFacingError(f"{err.path} {err.problem}; remove it, re-run {worker} to build "
+                              f"part {k} again, then --merge-only")
+    missing = [k for k in range(n_parts) if stats.get(k) is None]
+    if missing:
+        raise UserFacingError(_missing_parts_message(layout, missing, n_parts, n_workers))
+    return [s for s in stats.values() if s is not None], n_workers or 1
 
 
 def _missing_parts_message(layout: OutputLayout, missing: Sequence[int], n_parts: int,

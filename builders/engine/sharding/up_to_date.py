@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import stat
+from pathlib import Path
 from typing import Any
 
 from builders import __version__
 from builders.engine.errors import UserFacingError
 from builders.engine.sharding.build_files import FILES, listed_paths
 from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.part_files import read_inside
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +44,27 @@ def finished_manifest(layout: OutputLayout, fingerprint: dict[str, Any], max_sha
     exactly it again, else None (and the reason at DEBUG level)."""
     try:
         reason = _difference(layout, fingerprint, max_shard_bytes, retry_errors, with_card)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, UserFacingError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
+            UserFacingError) as err:
         reason = f"unreadable bookkeeping ({err})"  # a damaged manifest: the merge rewrites it
     if reason:
         log.debug("%s needs the merge: %s", layout.root, reason)
         return None
-    return json.loads(layout.manifest.read_text())
+    return _read_json(layout, layout.manifest)
+
+
+def _read_json(layout: OutputLayout, path: Path) -> Any:
+    # Never through a symlink: a planted link is "not a finished build", and the merge replaces it.
+    return json.loads(read_inside(layout.root, path))
 
 
 def _difference(layout: OutputLayout, fingerprint: dict[str, Any], max_shard_bytes: int,
                 retry_errors: bool, with_card: bool) -> str | None:
     if not layout.manifest.is_file() or not layout.run_file.is_file():
         return "no finished merge"
-    if json.loads(layout.run_file.read_text()) != json.loads(json.dumps(fingerprint)):
+    if _read_json(layout, layout.run_file) != json.loads(json.dumps(fingerprint)):
         return "another configuration"  # the ordinary path refuses it or --overwrite discards it
-    manifest = json.loads(layout.manifest.read_text())
+    manifest = _read_json(layout, layout.manifest)
     run = manifest["run"]
     if manifest.get("counterfactory_version") != __version__:
         return "made by another counterfactory version"
