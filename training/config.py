@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import non_negative_int, positive_int
+from builders.models.pickled_weights import FLAG_HELP as PICKLED_WEIGHTS_HELP
 
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
@@ -217,6 +218,8 @@ class RunConfig:
     keep_checkpoints: int | None = option(
         None, "keep only the newest N checkpoints under OUTPUT/checkpoints (default: all)",
         type=positive_int)
+    #: Off: --model's weights (and a --resume checkpoint's) load from safetensors only.
+    trust_pickled_weights: bool = option(False, PICKLED_WEIGHTS_HELP)
 
     def weights(self) -> tuple[str, str | None]:
         """(model, pretrained tag) with the backend's defaults filled in."""

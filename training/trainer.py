@@ -26,6 +26,7 @@ from builders.engine.precision import resolve_dtype
 from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
+from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
@@ -144,7 +145,7 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
     accelerator = make_accelerator(cfg, output)
-    with _output_lock(accelerator, output):
+    with _output_lock(accelerator, output), trusting_pickled_weights(cfg.run.trust_pickled_weights):
         return _locked_run(cfg, accelerator, output)
 
 
