@@ -46,8 +46,8 @@ def save_checkpoint(accelerator, output: Path, state: TrainerState, pieces: Resu
         # An interrupted save of this step (or a checkpoint of a run resumed before it) goes
         # first: a stale file would make the folder refused on --resume.
         shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
     accelerator.wait_for_everyone()
+    path.mkdir(parents=True, exist_ok=True)  # by every process: other machines' disks too
     if accelerator.is_main_process:
         write_shared(path, pieces)
     write_rng(path, accelerator.process_index)
