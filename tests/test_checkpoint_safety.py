@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from builders.engine.errors import InputFileError
 from training.finetune_clip import main as train_main
 
 from helpers.build_helpers import accelerate_cmd
@@ -175,3 +176,36 @@ def test_two_processes_resume_to_the_loss_curve_of_an_uninterrupted_run(colors, 
         # As in test_training: the key bias's gradient is float noise that Adam scales up.
         if not name.endswith("k_proj.bias"):
             np.testing.assert_allclose(two_w[name], w, atol=1e-4, err_msg=name)
+
+
+def test_the_fp16_grad_scaler_round_trips_through_json(tmp_path):
+    """`--mixed-precision fp16` (a GPU only, so not through the CLI here) adds the GradScaler's
+    state as scaler.json; a CPU GradScaler has the same state dict. A checkpoint without it is
+    incomplete for an fp16 run."""
+    from training.checkpoint_files import Resumable, check_files, read_all, write_rng, write_shared
+
+    def pieces(init_scale: float) -> Resumable:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9 ** step)
+        return Resumable(model, optimizer, scheduler, torch.amp.GradScaler("cpu", init_scale=init_scale))
+
+    saved = pieces(1024.0)
+    for _ in range(3):
+        saved.scaler.scale(saved.model(torch.randn(4, 3)).sum()).backward()
+        saved.scaler.step(saved.optimizer)
+        saved.scaler.update()
+        saved.optimizer.zero_grad()
+        saved.scheduler.step()
+    write_shared(tmp_path, saved)
+    write_rng(tmp_path, 0)
+    resumed = pieces(1.0)
+    check_files(tmp_path, fp16=True)
+    read_all(tmp_path, resumed, 0)
+    assert resumed.scaler.state_dict() == saved.scaler.state_dict()
+    assert resumed.scaler.get_scale() == 1024.0
+    assert resumed.scheduler.get_last_lr() == saved.scheduler.get_last_lr()
+    (tmp_path / "scaler.json").unlink()
+    with pytest.raises(InputFileError, match="no scaler.json"):
+        check_files(tmp_path, fp16=True)
