@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +32,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                        help="discard a previous build with a different config in --output")
     group.add_argument("--retry-errors", action="store_true",
                        help="on resume, redo finished parts that recorded input errors")
+    group.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     array = parser.add_argument_group(
         "job array", "build on a preemptible cluster without rendezvous: each worker builds its "
         "parts (k % N == I) and exits; a final --merge-only run writes the dataset. Inside a "
@@ -78,12 +80,14 @@ def run_config_from_args(args: argparse.Namespace):
 
 
 def run_builder_module(module: ModuleType, args: argparse.Namespace) -> int:
+    from builders.models.pickled_weights import trusting_pickled_weights
     from builders.models.profiles import apply_profile_defaults
     from builders.engine.sharding.runner import run_build
     from builders.publishing.card import write_card
 
-    result = run_build(module.from_args(apply_profile_defaults(args)), run_config_from_args(args),
-                       finish=write_card)
+    with trusting_pickled_weights(args.trust_pickled_weights):
+        result = run_build(module.from_args(apply_profile_defaults(args)), run_config_from_args(args),
+                           finish=write_card)
     if result is not None:
         counts = {k: v["rows"] for k, v in result.manifest["outputs"].items()}
         logging.getLogger(module.__name__).info("built %s: %s", result.output_dir, counts)

@@ -1,10 +1,11 @@
 """Checkpoints, resume, the final model's card, and `--push-to-hub` (of the files the run wrote).
 
-A checkpoint is `OUTPUT/checkpoints/step-NNNNNNNN/`: `accelerator.save_state` (model, optimizer,
-scheduler, RNG states) plus `trainer_state.json` (epoch, next batch in that epoch, step, best
-validation loss), written last, so a folder without it is an interrupted save and is ignored.
-`--resume latest` takes the newest complete one; the batch order is a function of (seed, epoch),
-so the resumed run continues with the same data order.
+A checkpoint is `OUTPUT/checkpoints/step-NNNNNNNN/`: the model, optimizer, scheduler and RNG
+states in files nothing unpickles (training/checkpoint_files.py: not accelerate's `save_state`,
+whose pickled scheduler ran code on `--resume`), plus `trainer_state.json` (epoch, next batch in
+that epoch, step, best validation loss), written last, so a folder without it is an interrupted
+save and is ignored. `--resume latest` takes the newest complete one; the batch order is a
+function of (seed, epoch), so the resumed run continues with the same data order.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.engine.errors import PublishError, UserFacingError
+from builders.engine.errors import InputFileError, PublishError, UserFacingError
 from builders.publishing.hub_client import hub_errors, use_endpoint
+from training.checkpoint_files import Resumable, check_files, read_all, write_rng, write_shared
 from training.final_files import published_files
 from training.report.markdown import plain
 
@@ -39,11 +41,20 @@ def checkpoint_dir(output: Path, step: int) -> Path:
     return output / "checkpoints" / f"step-{step:08d}"
 
 
-def save_checkpoint(accelerator, output: Path, state: TrainerState, keep: int | None = None) -> Path:
+def save_checkpoint(accelerator, output: Path, state: TrainerState, pieces: Resumable,
+                    keep: int | None = None) -> Path:
     """Save the state at `state.step`; with `keep` (--keep-checkpoints), then delete all but the
     newest `keep` complete checkpoints (and interrupted saves older than them)."""
     path = checkpoint_dir(output, state.step)
-    accelerator.save_state(str(path))
+    if accelerator.is_main_process:
+        # An interrupted save of this step (or a checkpoint of a run resumed before it) goes
+        # first: a stale file would make the folder refused on --resume.
+        shutil.rmtree(path, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    path.mkdir(parents=True, exist_ok=True)  # by every process: other machines' disks too
+    if accelerator.is_main_process:
+        write_shared(path, pieces)
+    write_rng(path, accelerator.process_index)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tmp = path / (STATE_FILE + ".tmp")
@@ -67,21 +78,45 @@ def _prune_checkpoints(output: Path, keep: int) -> None:
             log.info("--keep-checkpoints %d: removed %s", keep, folder)
 
 
-def find_checkpoint(output: Path, resume: str) -> Path | None:
-    """`latest` -> newest complete checkpoint (None if there is none yet); else a folder."""
+def find_checkpoint(output: Path, resume: str, fp16: bool = False) -> Path | None:
+    """`latest` -> newest complete checkpoint (None if there is none yet); else a folder. Its
+    files are checked (checkpoint_files.check_files) before the run writes anything: a file the
+    trainer does not write, or a missing one, is refused in one line."""
     if resume != "latest":
         path = Path(resume)
         if not (path / STATE_FILE).is_file():
             raise UserFacingError(f"--resume {resume}: no {STATE_FILE} there; give a checkpoint "
                                   f"folder under {output / 'checkpoints'} or `latest`")
-        return path
-    done = sorted(p for p in (output / "checkpoints").glob("step-*") if (p / STATE_FILE).is_file())
-    return done[-1] if done else None
+    else:
+        done = sorted(p for p in (output / "checkpoints").glob("step-*") if (p / STATE_FILE).is_file())
+        if not done:
+            return None
+        path = done[-1]
+    check_files(path, fp16)
+    return path
 
 
-def load_checkpoint(accelerator, path: Path) -> TrainerState:
-    accelerator.load_state(str(path))
-    return TrainerState(**json.loads((path / STATE_FILE).read_text()))
+def load_checkpoint(accelerator, path: Path, pieces: Resumable) -> TrainerState:
+    """Restore `pieces` from the folder `find_checkpoint` gave and return the trainer's counters.
+    Only the files the trainer writes are opened, each with a reader that runs no code."""
+    state = _read_state(path / STATE_FILE)
+    read_all(path, pieces, accelerator.process_index)
+    return state
+
+
+def _read_state(path: Path) -> TrainerState:
+    try:
+        saved = json.loads(path.read_text())
+        state = TrainerState(**saved)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
+        raise InputFileError(path, f"--resume: not a trainer state ({' '.join(str(err).split())[:200]})",
+                             "give a checkpoint folder that `counterfactory train` wrote") from None
+    counters = (state.epoch, state.batch, state.step)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counters) or not (
+            state.best_val_loss is None or isinstance(state.best_val_loss, (int, float))):
+        raise InputFileError(path, f"--resume: not a trainer state ({str(saved)[:200]})",
+                             "give a checkpoint folder that `counterfactory train` wrote")
+    return state
 
 
 def metric_table(metrics: dict[str, float]) -> str:

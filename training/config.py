@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import non_negative_int, positive_int
+from builders.models.pickled_weights import FLAG_HELP as PICKLED_WEIGHTS_HELP
 from builders.publishing.hub_client import repo_id_problem
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -224,6 +225,8 @@ class RunConfig:
     keep_checkpoints: int | None = option(
         None, "keep only the newest N checkpoints under OUTPUT/checkpoints (default: all)",
         type=positive_int)
+    #: Off: --model's weights (and a --resume checkpoint's) load from safetensors only.
+    trust_pickled_weights: bool = option(False, PICKLED_WEIGHTS_HELP)
 
     def weights(self) -> tuple[str, str | None]:
         """(model, pretrained tag) with the backend's defaults filled in."""

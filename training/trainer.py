@@ -26,10 +26,12 @@ from builders.engine.precision import resolve_dtype
 from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
+from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, save_checkpoint, write_model_card)
+from training.checkpoint_files import Resumable
 from training.config import TrainConfig, as_dict
 from training.data import PairBatchSampler, make_loader, to_device
 from training.evaluation import EvalData, evaluate_model, load_eval_data
@@ -148,7 +150,7 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     if cfg.run.push_to_hub:  # a final/ holding files no run wrote would be refused after training
         check_before_training(output)
     accelerator = make_accelerator(cfg, output)
-    with _output_lock(accelerator, output):
+    with _output_lock(accelerator, output), trusting_pickled_weights(cfg.run.trust_pickled_weights):
         return _locked_run(cfg, accelerator, output)
 
 
@@ -183,7 +185,7 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
             s.state.epoch, s.state.batch = s.state.epoch + 1, 0
             if not cfg.run.eval_every:  # per-epoch evaluation unless a step interval is given
                 evaluate(s)
-            save_checkpoint(accelerator, output, s.state, cfg.run.keep_checkpoints)
+            save_checkpoint(accelerator, output, s.state, _resumable(s), cfg.run.keep_checkpoints)
     s.bar.close()
     return finish(s)
 
@@ -207,6 +209,9 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
 def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) -> Session:
     """Data, batches, evaluation sets, optimizer and schedule, and the resumed state; every input
     error is raised here, before the first step. Writes the run record (run.json)."""
+    # The checkpoint folder is checked before anything is written (its contents are read below).
+    found = find_checkpoint(output, cfg.run.resume, fp16=accelerator.scaler is not None) \
+        if cfg.run.resume else None
     mixture = build_mixture(cfg.data)
     keep_pairs = cfg.data.hard_negatives == "pairs"
     groups = mixture.train.groups() if keep_pairs else [[i] for i in range(len(mixture.train))]
@@ -235,17 +240,17 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
 
     optimizer = make_optimizer(backend.module, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
-    # The scheduler is not prepared: accelerate would step it once per process per step.
+    # The scheduler is not prepared: accelerate would step it once per process per step. Nor
+    # registered for accelerate's checkpoints: those pickle it, and unpickle it on --resume with
+    # weights_only=False; training/checkpoint_files.py saves it as JSON.
     model, optimizer = accelerator.prepare(backend.module, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
 
     state = TrainerState()
-    if cfg.run.resume:
-        found = find_checkpoint(output, cfg.run.resume)
-        if found is not None:
-            state = load_checkpoint(accelerator, found)
-            log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch,
-                     state.batch, state.step)
+    if found is not None:
+        state = load_checkpoint(accelerator, found, Resumable(
+            accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler))
+        log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch,
+                 state.batch, state.step)
     bar = tqdm(total=total, initial=state.step, desc="train", unit="step",
                disable=not accelerator.is_local_main_process)
     return Session(cfg, output, accelerator, backend, record, data, sampler, loader, model, optimizer,
@@ -284,7 +289,12 @@ def train_one_epoch(s: Session) -> None:
         if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
             evaluate(s)
         if cfg.run.save_every and state.step % cfg.run.save_every == 0:
-            save_checkpoint(s.accelerator, s.output, state, cfg.run.keep_checkpoints)
+            save_checkpoint(s.accelerator, s.output, state, _resumable(s), cfg.run.keep_checkpoints)
+
+
+def _resumable(s: Session) -> Resumable:
+    """What a checkpoint saves besides `s.state` (the training model, not the best one)."""
+    return Resumable(s.accelerator.unwrap_model(s.model), s.optimizer, s.scheduler, s.accelerator.scaler)
 
 
 def _accumulate_gradients(s: Session, batches) -> float:

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from builders.engine.option_types import non_negative_int, positive_int
+from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
 
 SOURCE_HELP = "build folder or Hub dataset id[@revision]"
 
@@ -25,6 +26,7 @@ def _benchmark(args: argparse.Namespace) -> int:
                           num_workers=args.num_workers, cache_dir=args.cache_dir,
                           push_to_hub=args.push_to_hub, revision_tag=args.revision_tag,
                           coco_instances=args.coco_instances,
+                          trust_pickled_weights=args.trust_pickled_weights,
                           sources={"coco": args.coco, "decorrelation": args.decorrelation,
                                    "counterfactuals": args.counterfactuals})
     records = run_benchmark(cfg)
@@ -65,4 +67,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision-tag", default=None, help="with --push-to-hub: tag the pushed state")
     p.add_argument("--eval-batch-size", type=positive_int, default=64, help="encoding batch size")
     p.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers decoding images")
+    p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_benchmark)

@@ -40,12 +40,17 @@ def parse_model(name: str) -> ModelSpec:
     return ModelSpec(name, TRANSFORMERS, name)
 
 
-def load_model(spec: ModelSpec):
-    """The trainer's backend of `spec`; a model that cannot be loaded is one line naming it."""
+def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
+    """The trainer's backend of `spec`; a model that cannot be loaded is one line naming it.
+    Pickled weights load only with `trust_pickled_weights` (builders.models.pickled_weights)."""
+    from builders.models.pickled_weights import PickledWeightsError, trusting_pickled_weights
     from training.backends import load_backend
 
     try:
-        return load_backend(spec.backend, spec.model_id)
+        with trusting_pickled_weights(trust_pickled_weights):
+            return load_backend(spec.backend, spec.model_id)
+    except PickledWeightsError:
+        raise  # already names the weight file and --trust-pickled-weights
     except Exception as err:  # noqa: BLE001 - any loader failure means the same to the user
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise UserFacingError(

@@ -46,6 +46,8 @@ class BenchmarkConfig:
     revision_tag: str | None = None
     #: COCO's instances_val2014.json: adds PMRP to the ECCV Caption suite on COCO 5K.
     coco_instances: str | None = None
+    #: --trust-pickled-weights: a --model whose weights are only pickles may load.
+    trust_pickled_weights: bool = False
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -76,7 +78,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     records: list[dict] = []
     bar = None
     for n, spec in enumerate(specs):
-        backend = load_model(spec)
+        backend = load_model(spec, cfg.trust_pickled_weights)
         # Started after the first model loads, so a bad --model leaves only its error line.
         bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
         backend.module.to(device)
