@@ -15,10 +15,12 @@ def _stages(text: str) -> tuple[str, ...]:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from builders.devtools.doctor import (HEADER, DoctorConfig, footer, format_row, run_doctor,
-                                          write_json)
+    from builders.devtools.doctor import (HEADER, DoctorConfig, check_json_path, footer, format_row,
+                                          run_doctor, write_json)
     from builders.engine.distributed import worker_device
 
+    if args.json:
+        check_json_path(args.json)
     config = DoctorConfig(stages=args.stages, resolution=args.resolution, steps=args.steps,
                           size=args.models, tiny_dir=args.tiny_models_dir)
     device = worker_device()

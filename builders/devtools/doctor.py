@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 from builders.devtools.doctor_models import ModelSource
 from builders.devtools.doctor_stages import STAGE_NAMES, STAGES, Stage, StageSettings
-from builders.engine.errors import UserFacingError
+from builders.engine.errors import OutputError, UserFacingError
 
 log = logging.getLogger(__name__)
 
@@ -235,9 +235,25 @@ def footer(config: DoctorConfig, device: str) -> str:
             f"10% of the GPU left free)")
 
 
+def check_json_path(path: Path) -> None:
+    """`--json PATH` checked before the stages run (minutes): a folder there, or a file in place of
+    a folder above it, is one line naming the flag."""
+    if path.is_dir():
+        raise OutputError(f"--json {path}: is a folder; give a file path (e.g. {path / 'doctor.json'})")
+    for parent in path.parents:
+        if parent.is_dir():
+            return
+        if os.path.lexists(parent):
+            raise OutputError(f"--json {path}: {parent} is not a folder; give a file path in a folder")
+
+
 def write_json(path: Path, rows: Sequence[Row], config: DoctorConfig, device: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(config), "tiny_dir": str(config.tiny_dir) if config.tiny_dir else None}
-    path.write_text(json.dumps({"machine": machine(), "device": device,
-                                "extrapolated_from": measured_on(device), "settings": settings,
-                                "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"machine": machine(), "device": device,
+                                    "extrapolated_from": measured_on(device), "settings": settings,
+                                    "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    except OSError as err:  # changed while the stages ran, or not writable
+        raise OutputError(f"--json {path}: cannot write it ({err.strerror or err}); the table "
+                          "above has the same numbers") from None

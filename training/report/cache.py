@@ -3,7 +3,8 @@ metric code version and settings), so adding a model to a report encodes only th
 
 An entry is the embeddings `evaluate_model` saved (`.npz`) and its metrics (`.json`, written last,
 so an interrupted write is a miss, never a half entry). The JSON holds the full key, compared on
-read: a short file name can never hand one model's numbers to another."""
+read: a short file name can never hand one model's numbers to another. An entry is read as
+untrusted input (`read_entry`): one that is not what a run writes is logged and computed again."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
+import zipfile
+import zlib
 from pathlib import Path
+
+import numpy as np
 
 from builders.engine.provenance import model_name
 from builders.engine.sharding.build_files import file_sha256
+from training.evaluation import itm_inputs
 from training.report.results import code_version
 
 log = logging.getLogger(__name__)
@@ -49,28 +56,135 @@ def entry_paths(folder: Path, key: dict) -> tuple[Path, Path]:
     return folder / f"{stem}.npz", folder / f"{stem}.json"
 
 
-def read_entry(folder: Path, key: dict) -> tuple[Path, dict[str, float]] | None:
-    """(embeddings file, metrics) of `key`, or None when not cached."""
+class BadEntry(Exception):
+    """Why a cache entry cannot be used: logged, and the entry is computed again."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+
+
+def read_entry(folder: Path, key: dict, data,
+               width: int) -> tuple[Path, dict[str, float], dict[str, np.ndarray]] | None:
+    """(embeddings file, metrics, embeddings) of `key` on `data` (the dataset's EvalData) for a
+    model whose embeddings are `width` wide, or None when not cached. The cache folder is the
+    user's, but what is in it is not trusted: an entry that is not what `write_entry` writes (a
+    JSON list, no metrics, a string value, object arrays, other shapes than `data` gives, a
+    truncated file, a link) is a warning naming the file and a miss, never fatal, never
+    unpickled."""
     npz, meta = entry_paths(folder, key)
-    if not (npz.is_file() and meta.is_file()):
-        return None
+    if not os.path.lexists(meta):
+        return None  # not cached, or a write interrupted before its metrics (written last)
     try:
-        saved = json.loads(meta.read_text())
-    except (OSError, json.JSONDecodeError):
-        log.warning("embedding cache %s unreadable: recomputing it", meta)
+        metrics = _read_metrics(meta, key)
+        return npz, metrics, read_embeddings(npz, data, width)
+    except BadEntry as err:
+        log.warning("embedding cache entry %s; computing it again", err)
         return None
-    if saved.get("key") != key:
-        return None
-    return npz, saved["metrics"]
+
+
+def _regular_file(path: Path) -> None:
+    # A link may lead out of the cache folder: never followed.
+    if not os.path.lexists(path):
+        raise BadEntry(path, "missing")
+    if path.is_symlink() or not path.is_file():
+        raise BadEntry(path, "not a regular file")
+
+
+def _read_metrics(meta: Path, key: dict) -> dict[str, float]:
+    _regular_file(meta)
+    try:
+        saved = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadEntry(meta, f"unreadable ({type(err).__name__})") from None
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        raise BadEntry(meta, "not an entry of this model and data")
+    metrics = saved.get("metrics")
+    if not isinstance(metrics, dict) or not metrics:
+        raise BadEntry(meta, "no metrics")
+    for name, value in metrics.items():
+        # NaN (an empty ITM group) is a float, as evaluate_model returns it.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadEntry(meta, f"metric {name!r} is not a number")
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def expected_shapes(data, width: int) -> dict[str, tuple[int, ...]]:
+    """Array name -> shape of the embeddings `evaluate_model` saves for `data` (`width` wide), and
+    of the ITM scores `itm_inputs` derives from them."""
+    rows = {}
+    if data.retrieval is not None:
+        rows.update(image=len(data.retrieval), text=len(data.captions))
+    if data.queries is not None:
+        rows.update(query_image=len(data.queries), gallery_text=len(data.gallery_captions))
+    if data.cf_pairs is not None:
+        rows.update(cf_image=len(data.cf_pairs), cf_text=len(data.cf_pairs))
+    # The ITM score names and lengths as the evaluation computes them, from one-wide stand-ins.
+    scores = itm_inputs({name: np.zeros((n, 1), np.float32) for name, n in rows.items()}, data)
+    return {**{name: (n, width) for name, n in rows.items()},
+            **{f"itm_{name}": tuple(v.shape) for name, v in scores.items()}}
+
+
+def _headers(npz: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Name -> (shape, dtype) of each array, read from the `.npy` headers only (an object array or
+    a huge member is refused before a byte of its data is read)."""
+    out = {}
+    with zipfile.ZipFile(npz) as z:
+        for name in z.namelist():
+            with z.open(name) as fp:
+                version = np.lib.format.read_magic(fp)
+                read = {(1, 0): np.lib.format.read_array_header_1_0,
+                        (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if read is None or not name.endswith(".npy"):
+                    raise BadEntry(npz, f"{name} is not an array np.savez writes")
+                shape, _, dtype = read(fp)
+                out[name.removesuffix(".npy")] = (shape, dtype)
+    return out
+
+
+def read_embeddings(npz: Path, data, width: int) -> dict[str, np.ndarray]:
+    """The arrays of `npz`, checked against what `evaluate_model` saves for `data` with a model
+    `width` wide: the same names, float arrays of those shapes; BadEntry otherwise."""
+    _regular_file(npz)
+    want = expected_shapes(data, width)
+    try:
+        headers = _headers(npz)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise BadEntry(npz, f"not a readable .npz ({type(err).__name__})") from None
+    if headers.keys() != want.keys():
+        raise BadEntry(npz, f"holds arrays {sorted(headers)}, expected {sorted(want)}")
+    for name, (shape, dtype) in headers.items():
+        if dtype.kind != "f" or shape != want[name]:
+            raise BadEntry(npz, f"array {name!r} is {dtype} {shape}, expected float {want[name]}")
+    try:
+        return load_arrays(npz)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise BadEntry(npz, f"not a readable .npz ({type(err).__name__})") from None
+
+
+def load_arrays(npz: Path) -> dict[str, np.ndarray]:
+    """Every array of `npz`, never unpickling one."""
+    with np.load(npz, allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
+
+
+def new_file(folder: Path, suffix: str) -> Path:
+    """A new empty file in `folder`, created by this process (never a name someone placed there:
+    a link there would redirect the write)."""
+    fd, name = tempfile.mkstemp(prefix="writing-", suffix=suffix, dir=folder)
+    os.close(fd)
+    return Path(name)
 
 
 def write_entry(folder: Path, key: dict, npz_written: Path, metrics: dict[str, float]) -> Path:
-    """Move the embeddings `evaluate_model` wrote to `npz_written` into the cache beside their
-    metrics; the cached `.npz` path."""
+    """Move the embeddings `evaluate_model` wrote to `npz_written` (a `new_file`) into the cache
+    beside their metrics; the cached `.npz` path. A bad entry of the same key is replaced."""
     npz, meta = entry_paths(folder, key)
-    os.replace(npz_written, npz)
-    tmp = meta.with_suffix(".json.tmp")
-    # NaN (an empty ITM group) round-trips through Python's json, as evaluate_model returns it.
-    tmp.write_text(json.dumps({"key": key, "metrics": metrics}, sort_keys=True))
-    os.replace(tmp, meta)
+    tmp = new_file(folder, ".json.tmp")
+    try:
+        # NaN (an empty ITM group) round-trips through Python's json, as evaluate_model returns it.
+        tmp.write_text(json.dumps({"key": key, "metrics": metrics}, sort_keys=True))
+        os.replace(npz_written, npz)
+        os.replace(tmp, meta)
+    finally:
+        tmp.unlink(missing_ok=True)
     return npz

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from builders.engine.provenance import model_name
 from training.config import SourceRef, TrainConfig
@@ -38,7 +39,10 @@ class BenchmarkDataset:
 
 
 def parse_source(flag: str, text: str) -> SourceRef:
-    """`REPO_OR_DIR[@REVISION]`."""
+    """`REPO_OR_DIR[@REVISION]`. An existing folder is a folder, also when its name has an `@`
+    (`builds/dec@v2`): a Hub id cannot hold one, so only a text that is no local path is split."""
+    if text and Path(text).exists():
+        return SourceRef(text, None)
     path, _, revision = text.partition("@")
     if not path:
         raise DataInputError(f"--{flag} {text!r}: give a build folder or a Hub dataset id[@revision]")

@@ -112,6 +112,9 @@ def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict]) -> 
 
 
 def _existing_rows(api, repo: dict) -> list[dict]:
+    """Every row already in the repo, each checked (`_check_row`): a push builds its card and key
+    set from them, so a file or row this tool does not write refuses the push (nothing changed)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from huggingface_hub import hf_hub_download
 
@@ -120,5 +123,43 @@ def _existing_rows(api, repo: dict) -> list[dict]:
     for path in sorted(f for f in files if f.startswith("data/") and f.endswith(".parquet")):
         local = retrying(lambda: hf_hub_download(**repo, filename=path, endpoint=api.endpoint),
                          RETRIES, f"download {path}")
-        rows += pq.read_table(local).to_pylist()
+        where = f"{repo['repo_id']}: {path}"
+        try:
+            table = pq.read_table(local)
+        except (pa.ArrowException, OSError, ValueError) as err:
+            raise _hostile(where, f"not a parquet file ({type(err).__name__})") from None
+        missing = [c for c in COLUMNS if c not in table.column_names]
+        extra = [c for c in table.column_names if c not in COLUMNS]
+        if missing or extra:
+            # One schema for every file, or `load_dataset` cannot read the repo after this push.
+            raise _hostile(where, f"no column {', '.join(map(repr, missing))}" if missing
+                           else f"column {', '.join(map(repr, extra))} is not one of {', '.join(COLUMNS)}")
+        for n, row in enumerate(table.select(list(COLUMNS)).to_pylist()):
+            _check_row(row, f"{where} row {n}")
+            rows.append(row)
     return rows
+
+
+def _hostile(where: str, problem: str) -> PublishError:
+    return PublishError(f"{where}: {problem}, not a row `counterfactory benchmark` writes; nothing "
+                        "was pushed: fix or remove that file in the repo, or push to another repo")
+
+
+def _check_row(row: dict, where: str) -> None:
+    """One existing row as `to_row` writes it: string columns, and `metrics` a JSON object of
+    numbers (null: a NaN statistic)."""
+    for column, value in row.items():
+        if value is not None and not isinstance(value, str):
+            raise _hostile(where, f"{column!r} is a {type(value).__name__}, not text")
+    for column in ("key", "model", "dataset", "task", "metrics"):
+        if not row[column]:
+            raise _hostile(where, f"{column!r} is empty")
+    try:
+        metrics = json.loads(row["metrics"])
+    except json.JSONDecodeError:
+        raise _hostile(where, "'metrics' is not JSON") from None
+    if not isinstance(metrics, dict):
+        raise _hostile(where, f"'metrics' is a JSON {type(metrics).__name__}, not an object")
+    for name, value in metrics.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise _hostile(where, f"metric {name!r} is not a number")

@@ -93,3 +93,11 @@ def preprocessing_digest(backend) -> str:
     desc = {"size": p.size, "mean": list(p.mean), "std": list(p.std), "steps": [_step(s) for s in p.steps],
             "tokens": {k: v.tolist() for k, v in sorted(tokens.items())}}
     return "sha256:" + hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
+
+
+def embedding_width(backend) -> int:
+    """The width of the model's embeddings (one caption encoded): what a cached entry's arrays
+    must have."""
+    from training.evaluation import encode_texts
+
+    return int(encode_texts(backend.module, backend, PROBE_CAPTIONS[:1], 1).shape[1])
