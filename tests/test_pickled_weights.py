@@ -139,3 +139,23 @@ def test_the_benchmark_refuses_a_pickled_model(colors, tiny_models_dir, tmp_path
     err = one_error_line(capsys)
     assert str(model / "pytorch_model.bin") in err and "--trust-pickled-weights" in err
     assert not marker.exists() and not (tmp_path / "report" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_eccv_candidates_refuse_a_pickled_annotator(coco_fixture_dir, tiny_models_dir, tmp_path,
+                                                    capsys, trust):
+    """The machine-in-the-loop annotators load through the same loaders: refused by file name
+    without the flag, and with it torch's weights_only refuses the payload; never run."""
+    marker = tmp_path / "payload-ran"
+    model = pickled_copy(tiny_models_dir / "clip", tmp_path / "clip", marker)
+    out = tmp_path / "candidates.json"
+    capsys.readouterr()
+    assert cli_main(["eccv", "candidates", "--coco-root", str(coco_fixture_dir), "--image-queries",
+                     "2", "--caption-queries", "2", "--model", str(model), "--output", str(out),
+                     *(["--trust-pickled-weights"] if trust else [])]) == 2
+    err = one_error_line(capsys)
+    if trust:
+        assert str(model) in err and "weights_only" in err
+    else:
+        assert str(model / "pytorch_model.bin") in err and "--trust-pickled-weights" in err
+    assert not marker.exists() and not out.exists()

@@ -11,9 +11,10 @@ tensor bytes. So the loaders (`builders.models.loaders`) read safetensors weight
 - a Hub id is loaded with the libraries' safetensors-only switches (`use_safetensors=True`), and
   an open_clip checkpoint is resolved (downloaded, not loaded) and checked by its file name first.
 
-`--trust-pickled-weights` (every build, `train`, `benchmark`) lifts the refusal for one run; the
-libraries then still unpickle with `weights_only=True` (no call of ours turns it off), so a
-payload is refused by torch (one line as well) and never runs.
+`--trust-pickled-weights` (every build, `train`, `benchmark`, `eccv candidates`, `eccv
+model-bias`) lifts the refusal for one run; the libraries then still unpickle with
+`weights_only=True` (no call of ours turns it off), so a payload is refused by torch (one line as
+well) and never runs.
 
 Trust is a property of the run, not of a model role, and the loaders are called from every
 builder's stages: it is set once per run with `trusting_pickled_weights` (restored afterwards,

@@ -16,11 +16,13 @@ import argparse
 from pathlib import Path
 
 from builders.engine.precision import add_dtype_argument
+from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
 
 
 def _candidates(args: argparse.Namespace) -> int:
     from builders.eccv_positives.mitl.candidates import CandidatesConfig, find_candidates
     from builders.eccv_positives.mitl.image_gallery import DatasetSource
+    from builders.models.pickled_weights import trusting_pickled_weights
 
     dataset = None
     if args.dataset:
@@ -34,7 +36,9 @@ def _candidates(args: argparse.Namespace) -> int:
                            exclusion_depth=args.exclusion_depth,
                            cache_dir=str(args.cache_dir) if args.cache_dir else None,
                            batch_size=args.batch_size, dtype=args.dtype)
-    find_candidates(cfg).save(args.output)
+    with trusting_pickled_weights(args.trust_pickled_weights):
+        found = find_candidates(cfg)
+    found.save(args.output)
     return 0
 
 
@@ -82,12 +86,15 @@ def _ingest(args: argparse.Namespace) -> int:
 
 def _model_bias(args: argparse.Namespace) -> int:
     from builders.eccv_positives.mitl.model_bias import ModelBiasConfig, score_models, write_report
+    from builders.models.pickled_weights import trusting_pickled_weights
 
     cfg = ModelBiasConfig(tasks=str(args.tasks), state=str(args.state), output=str(args.output),
                           models=tuple(args.model or ()),
                           cache_dir=str(args.cache_dir) if args.cache_dir else None,
                           dtype=args.dtype)
-    out = write_report(cfg, score_models(cfg))
+    with trusting_pickled_weights(args.trust_pickled_weights):
+        scores = score_models(cfg)
+    out = write_report(cfg, scores)
     print((out / "model_bias.md").read_text(), end="")
     return 0
 
@@ -126,6 +133,7 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     add_dtype_argument(p, "the annotators' embeddings")
     p.add_argument("--output", type=Path, required=True, help="candidates JSON file to write")
+    p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_candidates)
 
 
@@ -184,4 +192,5 @@ def _add_model_bias(sub: argparse._SubParsersAction) -> None:
                    help="embedding cache (default: the one the round's candidates used)")
     add_dtype_argument(p, "the embeddings (the round's, to reuse its cache)")
     p.add_argument("--output", type=Path, required=True, help="folder for the table and the plot")
+    p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_model_bias)
