@@ -80,8 +80,8 @@ def open_split(name: str, config: str | None, split: str, *, flag: str = "--data
 
 def local_data_files(name: str, config: str | None) -> dict[str, list[Path]] | None:
     """The data files, by split, that `datasets` reads for `config` of the local folder `name`
-    (absolute, `..` folded, as named under the folder); None when `name` is no local folder (a
-    Hub id: its files are the repo's). A file that is not inside the folder once `..` and
+    when loading it (`_read_at_load`; absolute, `..` folded, as named under the folder); None
+    when `name` is no local folder (a Hub id: its files are the repo's). A file that is not inside the folder once `..` and
     symlinks are resolved, or a URL, is refused (`PathOutsideRoot`, naming the folder and path).
     Raises what `datasets` raises for a wrong config (`ValueError`) or a loading script."""
     import datasets
@@ -93,10 +93,11 @@ def local_data_files(name: str, config: str | None) -> dict[str, list[Path]] | N
     real = os.path.realpath(folder)
     # A cached Hub snapshot's files are links into the repo's blobs/, next to snapshots/.
     inside = ContainedPaths(Path(real).parents[1] if _HUB_SNAPSHOT.search(real) else folder)
-    files = datasets.load_dataset_builder(str(folder), config).config.data_files or {}
+    builder = datasets.load_dataset_builder(str(folder), config)
+    files = builder.config.data_files or {}
     out: dict[str, list[Path]] = {}
     for split, names in files.items():
-        for data_file in names:
+        for data_file in filter(_read_at_load(builder), names):
             path = Path(os.path.normpath(os.path.join(folder, data_file)))
             if "://" in data_file or not path.is_relative_to(folder):
                 shown = data_file if "://" in data_file else path
@@ -142,6 +143,18 @@ def _check_split(name: str, config: str | None, split: str, config_flag: str, sp
                               for c in configs)
         raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
                              f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
+
+
+def _read_at_load(builder) -> Callable[[str], bool]:
+    """Which data files loading reads: all of a table's; of an image (audio, ...) folder only its
+    metadata files, since its media files become cells holding their path, never opened at load
+    (`cell_image_source` checks each when it is read: a counted `path_outside_root`)."""
+    from datasets.packaged_modules.folder_based_builder.folder_based_builder import FolderBasedBuilder
+
+    if not isinstance(builder, FolderBasedBuilder):
+        return lambda name: True
+    metadata = set(builder.config.metadata_filenames or builder.METADATA_FILENAMES)
+    return lambda name: os.path.basename(name) in metadata
 
 
 def stored_values(ds, column: str) -> list:
