@@ -23,10 +23,11 @@ so shards are identical for any process count; every dropped caption is counted 
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from dataclasses import asdict
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
 from builders.counterfactuals.card import CARD_FIELDS
@@ -71,14 +72,12 @@ class CocoCounterfactualsBuilder:
             specs.append(OutputSpec("captions", split, CAPTION_FEATURES))
         return specs
 
-    def work_items(self) -> Sequence[Any]:
+    def work_items(self) -> Iterable[Any]:
         cfg = self.config
         if cfg.stage == "images":
-            items: list[Any] = read_pairs(cfg, self.pair_table())
-        elif cfg.coco_root:
-            items = coco_captions(cfg)
-        else:
-            items = dataset_captions(cfg)
+            # A stream: a table is read one line or batch at a time, and no further than needed.
+            return itertools.islice(read_pairs(cfg, self.pair_table()), cfg.max_captions)
+        items = coco_captions(cfg) if cfg.coco_root else dataset_captions(cfg)
         return items[: cfg.max_captions]
 
     def source_option(self) -> str:
@@ -117,11 +116,17 @@ class CocoCounterfactualsBuilder:
         config["tagger"] = tagger_info() if self.config.stage != "images" else None
         config["models"] = self._run_models()
         # What the caption pairs were read from, with digests: a changed table is another build.
-        config["captions_table"] = self.pair_table().provenance if self.config.stage == "images" else None
+        table = self.pair_table().provenance if self.config.stage == "images" else None
+        config["captions_table"] = table
         config["precision"] = self.precision().as_config()
+        # The manifest names a local table as `provenance` names local things, however its path
+        # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.
+        spelled = self.config.captions_from
+        local = table is not None and "repo" not in table and _names_folders(spelled)
         return BuildInfo(builder="coco-counterfactuals", card_template="coco_counterfactuals.md",
                          pretty_name="COCO-Counterfactuals", config=config,
-                         models=dict(config["models"]), card_fields=CARD_FIELDS)
+                         models=dict(config["models"]), card_fields=CARD_FIELDS,
+                         local_inputs=(spelled,) if local else ())
 
     def _run_models(self) -> dict[str, str]:
         """The models behind this build's rows: the stage's own (as given; the manifest names
@@ -195,6 +200,12 @@ class CocoCounterfactualsBuilder:
 
     def _image_rows(self, pairs: Sequence[dict[str, Any]]) -> Iterator[Emit | Skip | Count]:
         for row in progress.items(pairs, "image pairs"):
+            unseen = self.image_stage().unseen_edit(row["caption_0"], row["caption_1"])
+            if unseen is not None:
+                limit = self.image_stage().pipe.tokenizer.model_max_length
+                yield Skip(unseen, detail=f"id {row['id']}: the text encoder reads the same first "
+                           f"{limit} tokens of both captions, so both images would be the same")
+                continue
             selection = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
             # Candidate tallies of every caption pair, also those that got no image pair.
             yield Count("image_candidates_tried", selection.tried)
@@ -220,6 +231,13 @@ class CocoCounterfactualsBuilder:
             **{f"image_rejected_{name}": selection.rejected.get(name) for name in IMAGE_FILTERS},
             "sd_model": self.model_names()["sd"], "clip_model": self.model_names()["clip_filter"],
         }
+
+
+def _names_folders(spelled: str) -> bool:
+    """A path spelled with folders (`../home/me/pairs.tsv`, `~/pairs.tsv`): the command line
+    quoting it must not be published. A bare name (`pairs.tsv`) says nothing of the machine, and
+    renaming it wherever prose quotes the word would rewrite unrelated text."""
+    return "/" in spelled or spelled.startswith("~")
 
 
 if __name__ == "__main__":

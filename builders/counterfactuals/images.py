@@ -49,6 +49,10 @@ from builders.engine.seeding import derive_seed
 from builders.models.clip import ClipScorer
 
 NO_PASSING_CANDIDATE = "no_image_candidate_passed_clip"
+#: Caption pairs Stable Diffusion cannot draw apart (`ImageStage.unseen_edit`): its text encoder
+#: gets the same tokens for both captions, so both images of every candidate would be the same.
+EDIT_BEYOND_TEXT_ENCODER = "edit_beyond_text_encoder"
+EDIT_INVISIBLE_TO_TEXT_ENCODER = "edit_invisible_to_text_encoder"
 
 
 @dataclass
@@ -151,6 +155,23 @@ class ImageStage:
         # P2P generation and the CLIP filters of a batch, halved and retried on out-of-memory.
         self.batches = ShrinkingBatches("image stage (P2P + CLIP filters)", config.candidate_batch,
                                         hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory")
+
+    def unseen_edit(self, caption_0: str, caption_1: str) -> str | None:
+        """Why the generator cannot draw this edit, or None. Its text encoder reads the first
+        `model_max_length` tokens of a caption (77 with the start and end tokens for Stable
+        Diffusion v1), tokenized as `encode_prompt` does. When those are the same for both
+        captions, the two images of every candidate are identical (directional similarity 0):
+        `edit_beyond_text_encoder` when the captions' tokens differ only past that limit,
+        `edit_invisible_to_text_encoder` when the tokenizer makes them the same anyway (CLIP's
+        lowercases: `A Dog` / `A dog`). Checked before generating anything."""
+        tokenizer = self.pipe.tokenizer
+        limit = tokenizer.model_max_length
+        seen = [tokenizer(c, truncation=True, max_length=limit).input_ids for c in (caption_0, caption_1)]
+        if seen[0] != seen[1]:
+            return None
+        # verbose=False: no "longer than the maximum" warning per caption.
+        full = [tokenizer(c, verbose=False).input_ids for c in (caption_0, caption_1)]
+        return EDIT_BEYOND_TEXT_ENCODER if full[0] != full[1] else EDIT_INVISIBLE_TO_TEXT_ENCODER
 
     def failed_filters(self, s: _Scores, k: int, margin: float = 0.0) -> list[str]:
         """The filters of `config.filters` that candidate k fails by more than `margin`."""

@@ -14,26 +14,31 @@
 Column names are options (`--id-column --caption-0-column --caption-1-column`, defaults by format).
 
 The path is the user's declared input and is resolved once; a table's cells are text and no path
-in them is ever opened. `PairTable.provenance` (path or repo + revision + commit, and the sha256 of
-each file read) goes into the manifest and the card.
+in them is ever opened, and a folder's data files must lie inside it (`dataset_source`).
+`PairTable.provenance` (path or repo + revision + commit, and the sha256 of each file read) goes
+into the manifest and the card, where a local table is named as `provenance` names local things
+(`local:NAME@sha256:...`), however its path was spelled (the builder's `local_inputs`).
 
-Every row is checked (`pair_problem`): a missing id, a blank or non-text caption, identical
-captions, or an edit of more than one word (unless `allow_multiword_edits`) is an `InputProblem`,
-a counted skip naming the table and row; the rest of the build goes on.
+Rows are read as a stream (`.tsv` / `.jsonl` line by line: `table_rows`). Every row is checked
+(`pair_problem`): a missing or bad id (`table_rows.row_id`), a blank, non-text or too long caption,
+identical captions, or an edit of more than one word (unless `allow_multiword_edits`) is an
+`InputProblem`, a counted skip naming the table and row; the rest of the build goes on. Ids are
+compared stripped: two rows with one id stop the build, naming both.
 """
 
 from __future__ import annotations
 
-import json
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from builders.counterfactuals.captions import changed_words
 from builders.counterfactuals.config import CocoCounterfactualsConfig
 from builders.counterfactuals.schema import CAPTION_FEATURES
-from builders.engine.dataset_source import open_split, stored_values
-from builders.engine.errors import InputFileError, InputProblem
+from builders.counterfactuals.table_rows import Record, jsonl_records, row_id, tsv_records
+from builders.engine.dataset_source import local_data_files, no_dataset_scripts, open_split
+from builders.engine.errors import InputFileError, InputProblem, UserFacingError
 from builders.engine.sharding.build_files import file_sha256
 
 #: Default (id, caption_0, caption_1) column names per table format.
@@ -43,8 +48,12 @@ DEFAULT_COLUMNS = {
     "tsv": ("id", "caption_0", "caption_1"),
     "jsonl": ("coco-counterfactual-index", "original_caption", "counterfactual_caption"),
 }
-#: Files of a dataset folder that `datasets` reads as data (the ones whose digest is recorded).
-_DATA_SUFFIXES = (".parquet", ".arrow", ".csv", ".tsv", ".json", ".jsonl", ".txt")
+#: A longer caption is `caption_too_long`. Stable Diffusion's and CLIP's text encoders see 77
+#: tokens, about 300-400 characters of English (COCO captions average ~50), so nothing a model
+#: could use is lost below 1,000, while the word comparison and the tokenizers stay cheap.
+MAX_CAPTION_CHARS = 1_000
+#: Rows of a `datasets` table read at a time.
+_BATCH = 1_000
 _FIX = ("give --captions-from a .tsv or .jsonl file, a dataset folder (or a captions build) or a "
         "Hub dataset id ORG/NAME")
 
@@ -83,45 +92,56 @@ def resolve_table(cfg: CocoCounterfactualsConfig) -> PairTable:
     if path.is_dir():
         local = path.resolve()
         fmt = "build" if (local / "build_manifest.json").is_file() else "datasets"
-        return PairTable(fmt, local, {"format": fmt, "path": str(local),
-                                      "files": _folder_digests(local, fmt, cfg.split)})
+        files = _folder_digests(local, fmt, cfg.split, local)
+        return PairTable(fmt, local, {"format": fmt, "path": str(local), "files": files})
     local, commit = _hub_snapshot(given, cfg.captions_revision)
     return PairTable("datasets", local, {"format": "datasets", "repo": given,
                                          "revision": cfg.captions_revision, "commit": commit,
-                                         "files": _folder_digests(local, "datasets", cfg.split)})
+                                         "files": _folder_digests(local, "datasets", cfg.split, given)})
 
 
-def read_pairs(cfg: CocoCounterfactualsConfig, table: PairTable) -> list[PairItem]:
-    """Every row of the table as a `PairItem`, in table order, each checked by `pair_problem`."""
+def read_pairs(cfg: CocoCounterfactualsConfig, table: PairTable) -> Iterator[PairItem]:
+    """Every row of the table as a `PairItem`, in table order, each checked by `pair_problem`:
+    a stream, holding one line or batch of the table at a time (and the ids seen)."""
     defaults = DEFAULT_COLUMNS[table.format]
     columns = (cfg.id_column or defaults[0], cfg.caption_0_column or defaults[1],
                cfg.caption_1_column or defaults[2])
     if table.format == "tsv":
-        records = _tsv_records(table.local, columns, explicit=_explicit(cfg))
+        records = tsv_records(table.local, columns, explicit=_explicit(cfg))
     elif table.format == "jsonl":
-        records = _jsonl_records(table.local, columns)
+        records = jsonl_records(table.local, columns)
     else:
         records = _dataset_records(cfg, table, columns)
     source = table.provenance.get("repo") or table.local.name
-    items = []
+    first: dict[str, str] = {}  # where each id was first seen
     for where, rec in records:
         if isinstance(rec, InputProblem):
-            items.append(PairItem(None, {}, rec))
+            yield PairItem(None, {}, rec)
             continue
-        items.append(_item(rec, source, where, cfg.allow_multiword_edits))
-    return items
+        item = _item(rec, source, where, cfg.allow_multiword_edits)
+        if item.id is not None and first.setdefault(item.id, where) != where:
+            raise UserFacingError(f"--captions-from: {first[item.id]} and {where} both have the id "
+                                  f"{item.id!r} (ids are compared without surrounding spaces); "
+                                  "give every row its own id")
+        yield item
 
 
 def pair_problem(caption_0: object, caption_1: object, where: str,
                  allow_multiword: bool) -> InputProblem | None:
-    """Why a caption pair cannot be drawn, or None: a bad or blank caption, no word changed, or
-    (unless `allow_multiword`) more than one word changed (Prompt-to-Prompt's word swap assumes one)."""
+    """Why a caption pair cannot be drawn, or None: a bad, blank or too long caption, no word
+    changed, or (unless `allow_multiword`) more than one word changed (Prompt-to-Prompt's word
+    swap assumes one)."""
     from loading_scripts.coco import caption_problem
 
     for text, name in ((caption_0, "caption_0"), (caption_1, "caption_1")):
+        if not isinstance(text, str):  # (a short repr: the value may be a 1 MiB JSON array)
+            return InputProblem("bad_caption", f"{where} ({name}) is {reprlib.repr(text)}, not a string")
         problem = caption_problem(text, f"{where} ({name})")
         if problem is not None:
             return problem
+        if len(text) > MAX_CAPTION_CHARS:
+            return InputProblem("caption_too_long", f"{where} ({name}) has {len(text):,} "
+                                f"characters (captions have at most {MAX_CAPTION_CHARS:,})")
     changed = changed_words(caption_0, caption_1)
     if changed == []:
         return InputProblem("identical_captions", f"{where}: caption_0 and caption_1 have the same words")
@@ -133,18 +153,21 @@ def pair_problem(caption_0: object, caption_1: object, where: str,
 
 
 def _item(rec: dict[str, Any], source: str, where: str, allow_multiword: bool) -> PairItem:
-    """A `PairItem` of one table row: a build's row as it is, another table's row with its source."""
-    raw_id = rec.get("id")
-    row_id = None if raw_id is None or not str(raw_id).strip() else str(raw_id)
-    if "source" in rec:  # a captions build's row: every column is there
-        row = dict(rec, id=row_id)
-    else:
-        row = {**dict.fromkeys(CAPTION_FEATURES), **rec, "id": row_id, "source": source,
-               "source_id": row_id}
-        row.update(_swap_columns(rec["caption_0"], rec["caption_1"]))
-    problem = InputProblem("missing_id", f"{where} has no id") if row_id is None else \
+    """A `PairItem` of one table row: a build's row as it is, another table's row with its
+    source. A row that cannot be drawn keeps only its id and problem (the runner skips it)."""
+    row_id_ = row_id(rec.get("id"), where)
+    if isinstance(row_id_, InputProblem):
+        return PairItem(None, {}, row_id_)
+    problem = InputProblem("missing_id", f"{where} has no id") if row_id_ is None else \
         pair_problem(rec["caption_0"], rec["caption_1"], where, allow_multiword)
-    return PairItem(row_id, row, problem)
+    if problem is not None:
+        return PairItem(row_id_, {}, problem)
+    if "source" in rec:  # a captions build's row: every column is there
+        return PairItem(row_id_, dict(rec, id=row_id_))
+    row = {**dict.fromkeys(CAPTION_FEATURES), **rec, "id": row_id_, "source": source,
+           "source_id": row_id_}
+    row.update(_swap_columns(rec["caption_0"], rec["caption_1"]))
+    return PairItem(row_id_, row)
 
 
 def _swap_columns(caption_0: object, caption_1: object) -> dict[str, Any]:
@@ -172,87 +195,44 @@ def _explicit(cfg: CocoCounterfactualsConfig) -> bool:
     return any((cfg.id_column, cfg.caption_0_column, cfg.caption_1_column))
 
 
-def _record(values: tuple[Any, Any, Any]) -> dict[str, Any]:
-    return dict(zip(("id", "caption_0", "caption_1"), values))
-
-
-def _tsv_records(path: Path, columns: tuple[str, str, str], explicit: bool) -> list[tuple[str, Any]]:
-    """(where, record or problem) per data line. A first line holding the three column names is
-    the header; without one the columns are id, caption_0, caption_1 in that order."""
-    lines = _text(path).splitlines()
-    first = lines[0].split("\t") if lines else []
-    if all(c in first for c in columns):
-        index, width, start = tuple(first.index(c) for c in columns), len(first), 1
-    elif explicit:
-        raise InputFileError(path, f"has no header row naming the columns {list(columns)} "
-                             f"(first row: {first})", "add the header, or leave out the column "
-                             "options for a headerless id<TAB>caption_0<TAB>caption_1 file")
-    else:
-        index, width, start = (0, 1, 2), 3, 0
-    out: list[tuple[str, Any]] = []
-    for n, line in enumerate(lines[start:], start=start + 1):
-        where = f"{path.name} line {n}"
-        fields = line.split("\t")
-        if len(fields) != width:
-            out.append((where, InputProblem("bad_row", f"{where} has {len(fields)} tab-separated "
-                                            f"fields, not {width}")))
-            continue
-        out.append((where, _record(tuple(fields[k] for k in index))))
-    return out
-
-
-def _jsonl_records(path: Path, columns: tuple[str, str, str]) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    seen: set[str] = set()
-    for n, line in enumerate(_text(path).splitlines(), start=1):
-        where = f"{path.name} line {n}"
-        try:
-            obj = json.loads(line)
-        except ValueError as err:
-            out.append((where, InputProblem("bad_row", f"{where} is not JSON ({err})")))
-            continue
-        if not isinstance(obj, dict):
-            out.append((where, InputProblem("bad_row", f"{where} is not a JSON object")))
-            continue
-        seen.update(obj)
-        out.append((where, _record(tuple(obj.get(c) for c in columns))))
-    missing = [c for c in columns if c not in seen]
-    if out and missing:
-        raise InputFileError(path, f"has no key(s) {missing} on any line (keys: {sorted(seen)})",
-                             "name them with --id-column / --caption-0-column / --caption-1-column")
-    return out
-
-
 def _dataset_records(cfg: CocoCounterfactualsConfig, table: PairTable,
-                     columns: tuple[str, str, str]) -> list[tuple[str, Any]]:
+                     columns: tuple[str, str, str]) -> Iterator[Record]:
     name = str(table.provenance.get("repo") or table.local)
     label = table.provenance.get("repo") or table.local.name  # how per-row messages name it
     if table.format == "build":
         ds = open_split(str(table.local), "captions", cfg.split, flag="--captions-from",
-                        cannot_load=lambda err: InputFileError(
-                            table.local, f"holds no `captions` config with a {cfg.split!r} split "
-                            f"({err})", "build it with --stage captions first"))
+                        cannot_load=_cannot_load(table.local, "build", cfg.split))
         missing = set(CAPTION_FEATURES) - set(ds.column_names)
         if missing:
             raise InputFileError(table.local, f"caption pairs lack columns {sorted(missing)}",
                                  "use a coco-counterfactuals captions build")
-        return [(f"{label} row {n}", rec) for n, rec in enumerate(ds.to_list())]
+        rows = (row for batch in _batches(ds) for row in batch.to_pylist())
+        yield from ((f"{label} row {n}", rec) for n, rec in enumerate(rows))
+        return
     ds = _one_split(cfg, table, name)
     id_col = columns[0] if (cfg.id_column or columns[0] in ds.column_names) else None
     missing = [c for c in (id_col, *columns[1:]) if c and c not in ds.column_names]
     if missing:
         raise InputFileError(name, f"has no column(s) {missing} (columns: {ds.column_names})",
                              "name them with --id-column / --caption-0-column / --caption-1-column")
-    # As stored: never decoded, so no path in a cell is opened.
-    ids = stored_values(ds, id_col) if id_col else list(range(len(ds)))
-    texts = zip(ids, stored_values(ds, columns[1]), stored_values(ds, columns[2]))
-    return [(f"{label} row {n}", _record(v)) for n, v in enumerate(texts)]
+    # As stored (Arrow, never decoded), so no path in a cell is opened.
+    n = 0
+    for batch in _batches(ds):
+        ids = batch.column(id_col).to_pylist() if id_col else range(n, n + batch.num_rows)
+        texts = zip(ids, batch.column(columns[1]).to_pylist(), batch.column(columns[2]).to_pylist())
+        for values in texts:
+            yield f"{label} row {n}", dict(zip(("id", "caption_0", "caption_1"), values))
+            n += 1
+
+
+def _batches(ds):
+    """The split's rows as Arrow tables of `_BATCH` rows, as stored (nothing decoded)."""
+    return ds.with_format("arrow").iter(batch_size=_BATCH)
 
 
 def _one_split(cfg: CocoCounterfactualsConfig, table: PairTable, name: str):
     splits = open_split(str(table.local), None, None, flag="--captions-from",
-                        cannot_load=lambda err: InputFileError(name, f"cannot be read as a "
-                                                               f"`datasets` table ({err})", _FIX))
+                        cannot_load=_cannot_load(name, "datasets", cfg.split))
     choice = cfg.captions_split or (next(iter(splits)) if len(splits) == 1 else None)
     if choice not in splits:
         raise InputFileError(name, f"has the splits {', '.join(splits)}",
@@ -260,23 +240,27 @@ def _one_split(cfg: CocoCounterfactualsConfig, table: PairTable, name: str):
     return splits[choice]
 
 
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise InputFileError(path, f"is not UTF-8 text ({err.reason} at byte {err.start})",
-                             "save the table as UTF-8") from None
-
-
-def _folder_digests(folder: Path, fmt: str, split: str) -> dict[str, str]:
-    """sha256 of each data file of a dataset folder; of a build, only its caption pairs' shards
-    (its image shards are not read)."""
+def _cannot_load(name: object, fmt: str, split: str) -> Callable[[Exception], InputFileError]:
+    """The one line for a folder `datasets` cannot read (`open_split`'s `cannot_load`)."""
     if fmt == "build":
-        files = sorted((folder / "data" / "captions").glob(f"{split}-*.parquet"))
-    else:
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in _DATA_SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in files}
+        return lambda err: InputFileError(name, f"holds no `captions` config with a {split!r} "
+                                          f"split ({err})", "build it with --stage captions first")
+    return lambda err: InputFileError(name, f"cannot be read as a `datasets` table ({err})", _FIX)
+
+
+def _folder_digests(folder: Path, fmt: str, split: str, name: object) -> dict[str, str]:
+    """sha256 of each data file `datasets` reads from a dataset folder (of a build, of its
+    `captions` config: its image shards are not read), named relative to the folder. A data
+    file outside the folder is refused here, before anything is read (`local_data_files`)."""
+    with no_dataset_scripts(str(folder), "--captions-from"):
+        try:
+            files = local_data_files(str(folder), "captions" if fmt == "build" else None) or {}
+        except InputFileError:
+            raise
+        except (FileNotFoundError, ValueError) as err:
+            raise _cannot_load(name, fmt, split)(err) from None
+    return {p.relative_to(folder).as_posix(): file_sha256(p)
+            for paths in files.values() for p in sorted(paths)}
 
 
 def _hub_snapshot(repo: str, revision: str | None) -> tuple[Path, str]:

@@ -14,10 +14,18 @@ A folder (or Hub repo) `NAME` holding `NAME.py` is the old loading-script layout
 refuses with a `RuntimeError` traceback; `no_dataset_scripts` makes that one line naming the
 folder and the fix. `open_split` is the one way every reader of a user-given dataset (builders,
 `show`, the trainer, the MITL gallery) opens a split, so each gets that line.
+
+A local folder's README `configs:` (`data_files`) may name any path: `../other`, `/home/me/x`,
+a symlink out, a URL. `local_data_files` lists what `datasets` would read and refuses, in one line
+naming the folder and the path, any data file that is not a file inside the folder (`..` and
+symlinks resolved, `contained_paths`); `open_split` checks before loading, and a reader that
+records digests takes them from that same list, so it records every file read.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -28,6 +36,9 @@ from builders.engine.errors import InputFileError
 
 # How `datasets` (>= 4) starts the error for a dataset that is a loading script.
 _SCRIPT_ERROR = "Dataset scripts are no longer supported"
+#: A Hub dataset downloaded to the local cache: its files are links into the repo's `blobs/`.
+_HUB_SNAPSHOT = re.compile(r"/datasets--[^/]+--[^/]+/snapshots/[^/]+$")
+_INSIDE = "keep a dataset folder's data files inside it, named relative to it"
 
 
 @contextmanager
@@ -56,12 +67,49 @@ def open_split(name: str, config: str | None, split: str, *, flag: str = "--data
 
     with no_dataset_scripts(name, flag):
         try:
+            local_data_files(name, config)
             return datasets.load_dataset(name, config, split=split, revision=revision,
                                          streaming=streaming)
+        except PathOutsideRoot:
+            raise
         except (FileNotFoundError, ValueError) as err:
             if cannot_load is None:
                 raise
             raise cannot_load(err) from err
+
+
+def local_data_files(name: str, config: str | None) -> dict[str, list[Path]] | None:
+    """The data files, by split, that `datasets` reads for `config` of the local folder `name`
+    when loading it (`_read_at_load`; absolute, `..` folded, as named under the folder); None
+    when `name` is no local folder (a Hub id: its files are the repo's). A file that is not inside the folder once `..` and
+    symlinks are resolved, or a URL, is refused (`PathOutsideRoot`, naming the folder and path).
+    Raises what `datasets` raises for a wrong config (`ValueError`) or a loading script."""
+    import datasets
+
+    folder = Path(name)
+    if not folder.is_dir():
+        return None
+    folder = Path(os.path.abspath(folder))
+    real = os.path.realpath(folder)
+    # A cached Hub snapshot's files are links into the repo's blobs/, next to snapshots/.
+    inside = ContainedPaths(Path(real).parents[1] if _HUB_SNAPSHOT.search(real) else folder)
+    builder = datasets.load_dataset_builder(str(folder), config)
+    files = builder.config.data_files or {}
+    out: dict[str, list[Path]] = {}
+    for split, names in files.items():
+        for data_file in filter(_read_at_load(builder), names):
+            path = Path(os.path.normpath(os.path.join(folder, data_file)))
+            if "://" in data_file or not path.is_relative_to(folder):
+                shown = data_file if "://" in data_file else path
+                raise PathOutsideRoot(folder, f"its README `configs:` names the data file "
+                                      f"{shown}, outside the folder", _INSIDE)
+            try:
+                inside.resolve(str(path))
+            except PathOutsideRoot:
+                raise PathOutsideRoot(folder, f"its data file {path.relative_to(folder)} is a "
+                                      "link to a file outside the folder", _INSIDE) from None
+            out.setdefault(str(split), []).append(path)
+    return out
 
 
 def load_dataset_split(name: str, config: str | None, split: str, *,
@@ -88,12 +136,25 @@ def _check_split(name: str, config: str | None, split: str, config_flag: str, sp
         raise InputFileError(name, f"has no config {config!r} (configs: {', '.join(configs)})",
                              f"pick one with {config_flag} NAME")
     chosen = config or ("default" if "default" in configs else configs[0])
+    local_data_files(name, chosen)  # before the split names, whose lookup reads a file's schema
     splits = datasets.get_dataset_split_names(name, chosen)
     if split not in splits:
         available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c))}"
                               for c in configs)
         raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
                              f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
+
+
+def _read_at_load(builder) -> Callable[[str], bool]:
+    """Which data files loading reads: all of a table's; of an image (audio, ...) folder only its
+    metadata files, since its media files become cells holding their path, never opened at load
+    (`cell_image_source` checks each when it is read: a counted `path_outside_root`)."""
+    from datasets.packaged_modules.folder_based_builder.folder_based_builder import FolderBasedBuilder
+
+    if not isinstance(builder, FolderBasedBuilder):
+        return lambda name: True
+    metadata = set(builder.config.metadata_filenames or builder.METADATA_FILENAMES)
+    return lambda name: os.path.basename(name) in metadata
 
 
 def stored_values(ds, column: str) -> list:

@@ -71,6 +71,10 @@ class BuildInfo:
     config: dict[str, Any]
     models: dict[str, str] = field(default_factory=dict)
     card_fields: dict[str, Any] = field(default_factory=dict)
+    #: Local input files or folders as the command line spelled them (`../data/pairs.tsv`): the
+    #: manifest names them as it names local models wherever a value (the command line too) is
+    #: one. Not recorded themselves.
+    local_inputs: tuple[str, ...] = ()
 
 
 class ShardedBuilder(Protocol):

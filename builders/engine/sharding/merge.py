@@ -214,7 +214,7 @@ def merge_parts(
         log.info("%s: %d rows in %d shard(s)", spec.key, rows, len(names))
     _remove_stale_shards(layout, keep)
     manifest = {
-        **{k: v for k, v in asdict(info).items()},
+        **{k: v for k, v in asdict(info).items() if k != "local_inputs"},
         "counterfactory_version": __version__,
         "counterfactory_git": git_state(),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -233,8 +233,9 @@ def merge_parts(
         "peak_rss_bytes": peak_rss_summary(stats),
     }
     # Published as is: model folders, sources and the tagger are named without local paths, and
-    # every model as the rows name it (`provenance.model_name`), however its flag spelled it.
-    manifest = portable(manifest, layout.root, inputs=info.models.values())
+    # every model (and local input) as the rows name it (`provenance.model_name`), however its
+    # flag spelled it.
+    manifest = portable(manifest, layout.root, inputs=[*info.models.values(), *info.local_inputs])
     if finish is None:
         record_files(layout, manifest, keep)
         write_manifest(layout, manifest)
