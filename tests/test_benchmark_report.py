@@ -7,22 +7,13 @@ from __future__ import annotations
 import pytest
 
 from builders.app.cli import main as cli_main
-from helpers.training_helpers import final_metrics, write_counterfactuals
+from helpers.training_helpers import final_metrics, report_builds
 from training.finetune_clip import main as train_main
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
-    from datasets import load_dataset
-
-    root = tmp_path_factory.mktemp("builds")
-    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits",
-                     "test", "--output", str(root / "cc")]) == 0
-    assert cli_main(["build", "decorrelation", "--coco-root", str(coco_fixture_dir), "--fill",
-                     "zero", "--output", str(root / "dec")]) == 0
-    n_test = len(load_dataset(str(root / "cc"), "default", split="test"))
-    write_counterfactuals(root / "cf", list(range(1, n_test + 1)))
-    return root / "cc", root / "dec", root / "cf"
+    return report_builds(tmp_path_factory.mktemp("builds"), coco_fixture_dir)
 
 
 @pytest.fixture(scope="module")

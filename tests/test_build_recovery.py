@@ -19,7 +19,7 @@ import pytest
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
-from helpers.build_helpers import shard_digests
+from helpers.build_helpers import error_line, shard_digests
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
 TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
@@ -29,13 +29,6 @@ def build(root: Path, out: Path, *extra: str) -> int:
     return cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "val",
                      "--output", str(out), "--part-size", "1", *extra])
 
-
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("counterfactory: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def crash_after(out: Path, finished: int) -> None:

@@ -22,6 +22,8 @@ from markdown_it import MarkdownIt
 
 from builders.app.cli import main as cli_main
 
+from helpers.build_helpers import error_line
+
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "1", "--candidate-batch", "1"]
 GOOD = [("A17", "A man riding a horse on a beach.", "A man riding a cow on a beach."),
         ("9", "Two dogs sleep on the couch.", "Two cats sleep on the couch.")]
@@ -63,13 +65,6 @@ def manifest(out: Path) -> dict:
 def row_ids(out: Path) -> list[str]:
     return load_dataset(str(out), split="test").remove_columns(["image_0", "image_1"])["id"]
 
-
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("counterfactory: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def sha256(path: Path) -> str:

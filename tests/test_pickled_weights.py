@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
+from helpers.build_helpers import error_line
 from helpers.decorrelation_fixtures import build_args
 from helpers.training_helpers import write_color_set
 
@@ -54,13 +55,6 @@ def assert_payload_is_live(folder: Path, marker: Path) -> None:
     assert marker.exists()
 
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("counterfactory: error: ")]
-    assert len(errors) == 1, err
-    return errors[0]
-
 
 @pytest.fixture(scope="module")
 def colors(tmp_path_factory):
@@ -88,7 +82,7 @@ def test_a_build_refuses_a_pickled_inpainting_model(coco_fixture_dir, tiny_model
             *(["--trust-pickled-weights"] if trust else [])]
     capsys.readouterr()
     assert cli_main(argv) == 2
-    err = one_error_line(capsys)
+    err = error_line(capsys)
     if trust:
         assert str(model) in err and "weights_only" in err and "none of it ran" in err
     else:
@@ -107,7 +101,7 @@ def test_the_trainer_refuses_a_pickled_model(colors, tiny_models_dir, tmp_path, 
     capsys.readouterr()
     assert train_main(["--real", str(colors), "--eval-only", "--backend", backend, "--model", str(model),
                        "--report-to", "none", "--num-workers", "0", "--output", str(out)]) == 2
-    err = one_error_line(capsys)
+    err = error_line(capsys)
     assert str(model / pickle_name) in err and "--trust-pickled-weights" in err
     assert not marker.exists() and not (out / "run.json").exists()
     assert_payload_is_live(model, marker)
@@ -125,7 +119,7 @@ def test_trusted_pickled_weights_load_weights_only(colors, tiny_models_dir, tmp_
     hostile = pickled_copy(tiny_models_dir / "clip", tmp_path / "hostile", marker)
     capsys.readouterr()
     assert train_main([*common, "--model", str(hostile), "--output", str(tmp_path / "hostile-run")]) == 2
-    err = one_error_line(capsys)
+    err = error_line(capsys)
     assert str(hostile) in err and "weights_only" in err and "none of it ran" in err
     assert not marker.exists()
 
@@ -136,7 +130,7 @@ def test_the_benchmark_refuses_a_pickled_model(colors, tiny_models_dir, tmp_path
     capsys.readouterr()
     assert cli_main(["benchmark", "--model", str(model), "--coco", str(colors),
                      "--output", str(tmp_path / "report")]) == 2
-    err = one_error_line(capsys)
+    err = error_line(capsys)
     assert str(model / "pytorch_model.bin") in err and "--trust-pickled-weights" in err
     assert not marker.exists() and not (tmp_path / "report" / "results.jsonl").exists()
 
@@ -153,7 +147,7 @@ def test_eccv_candidates_refuse_a_pickled_annotator(coco_fixture_dir, tiny_model
     assert cli_main(["eccv", "candidates", "--coco-root", str(coco_fixture_dir), "--image-queries",
                      "2", "--caption-queries", "2", "--model", str(model), "--output", str(out),
                      *(["--trust-pickled-weights"] if trust else [])]) == 2
-    err = one_error_line(capsys)
+    err = error_line(capsys)
     if trust:
         assert str(model) in err and "weights_only" in err
     else:

@@ -6,8 +6,6 @@ trained on, bad inputs, datasets by revision from the local Hub and `--push-to-h
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +18,7 @@ import torch
 from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
-from helpers.build_helpers import ACCELERATE, accelerate_cmd
+from helpers.build_helpers import ACCELERATE, accelerate_cmd, kill_tree
 from helpers.training_helpers import (COLORS, PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl,
                               weights, write_color_set, write_counterfactuals)
 
@@ -139,8 +137,7 @@ def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         assert time.time() < deadline, "no checkpoint at step 4"
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_tree(proc)  # its DataLoader worker too, which shares the output lock's descriptor
     assert not (killed / "final").exists(), "the run finished before the kill"
     losses_at_kill = read_jsonl(killed / "loss.jsonl")
     assert train_main(base_args(builds, tiny_models_dir, killed, *extra, "--resume", "latest")) == 0

@@ -48,6 +48,14 @@ def kill_after_parts(cmd: list[str], stats_dir: Path, min_parts: int, timeout: f
     while time.time() < deadline and len(list(stats_dir.glob("*.json"))) < min_parts:
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
         time.sleep(poll)
+    kill_tree(proc)
+    return len(list(stats_dir.glob("*.json")))
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc` (started with `start_new_session=True`) and every process it started, and
+    wait until all of them are gone: a forked child (a DataLoader worker) shares the parent's
+    lock descriptors, so the output folder is free only once the last one has exited."""
     # torch's elastic agent (behind `accelerate launch`) starts each worker in a session of its
     # own: killing the launcher's group alone would leave the workers building and merging.
     tree = psutil.Process(proc.pid).children(recursive=True)
@@ -59,7 +67,6 @@ def kill_after_parts(cmd: list[str], stats_dir: Path, min_parts: int, timeout: f
             pass
     psutil.wait_procs(tree, timeout=60)
     proc.wait()
-    return len(list(stats_dir.glob("*.json")))
 
 
 def error_line(capsys) -> str:

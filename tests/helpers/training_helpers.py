@@ -114,3 +114,20 @@ class OneProcessAccelerator:
 
     def backward(self, loss):
         loss.backward()
+
+
+def report_builds(root: Path, coco_root: Path) -> tuple[Path, Path, Path]:
+    """The three datasets `counterfactory benchmark` tests score: a coco-captions test split and a
+    decorrelation build of the COCO fixture, and hand-made counterfactual pairs, one per test
+    image (the ITM groups must be equally long)."""
+    from datasets import load_dataset
+
+    from builders.app.cli import main as cli_main
+
+    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_root), "--splits",
+                     "test", "--output", str(root / "cc")]) == 0
+    assert cli_main(["build", "decorrelation", "--coco-root", str(coco_root), "--fill",
+                     "zero", "--output", str(root / "dec")]) == 0
+    n_test = len(load_dataset(str(root / "cc"), "default", split="test"))
+    write_counterfactuals(root / "cf", list(range(1, n_test + 1)))
+    return root / "cc", root / "dec", root / "cf"
