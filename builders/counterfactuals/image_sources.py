@@ -186,14 +186,20 @@ class FolderSource:
         self.paths = ContainedPaths(root)
 
     def entries(self, base: str) -> Iterator[tuple[str, bool]]:
-        """(name, is a folder) of the entries directly under `base` (names only)."""
+        """(name, is a folder) of the entries directly under `base` (names only). A symlink is
+        a folder when it leads to one inside the root: its target is looked at only then."""
         try:
-            folder = self.paths.resolve(base or ".")
-            with os.scandir(folder) as it:
-                for entry in it:
-                    yield entry.name, entry.is_dir()
+            with os.scandir(self.paths.resolve(base or ".")) as it:
+                listed = [(e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in it]
         except (PathOutsideRoot, OSError):
             return
+        for name, is_dir, is_link in listed:
+            if is_link:
+                try:
+                    is_dir = self.paths.resolve(base + name).is_dir()
+                except PathOutsideRoot:
+                    continue
+            yield name, is_dir
 
     def find(self, name: str) -> ImageRef | None:
         """The image file `name`, None when there is none; `PathOutsideRoot` when it leads out."""
@@ -215,23 +221,29 @@ class FolderSource:
                                "check the image folder") from None
 
     def digest(self) -> dict[str, Any]:
-        """sha256 over `<file sha256>  <relative name>` lines of every file, in name order
-        (symlinks as `-> <link text>`: never followed)."""
-        h, files = hashlib.sha256(), 0
-        for folder, dirs, names in os.walk(self.root):
-            # A symlink to a folder is listed among the folders, and not walked into.
-            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
-            dirs[:] = sorted(d for d in dirs if d not in links)
-            for name in sorted(names + links):
-                path = Path(folder, name)
-                rel = path.relative_to(self.root).as_posix()
-                mode = os.lstat(path).st_mode
-                if stat.S_ISLNK(mode):
-                    h.update(f"-> {os.readlink(path)}  {rel}\n".encode("utf-8", "surrogateescape"))
-                elif stat.S_ISREG(mode):
-                    h.update(f"{_file_sha256(path)}  {rel}\n".encode("utf-8", "surrogateescape"))
-                    files += 1
+        """sha256 over one line per entry: `<file sha256>  <relative name>` for a file,
+        `-> <link text>  <relative name>` for a symlink (never followed, its target never
+        looked at); a folder's files and links by name, then its sub-folders by name."""
+        h = hashlib.sha256()
+        files = self._digest_folder(self.root, h)
         return {"kind": self.kind, "name": self.label, "sha256": h.hexdigest(), "files": files}
+
+    def _digest_folder(self, folder: Path, h: Any) -> int:
+        with os.scandir(folder) as it:
+            entries = sorted((e.name, e.is_symlink(), e.is_dir(follow_symlinks=False),
+                              e.is_file(follow_symlinks=False)) for e in it)
+        files = 0
+        for name, is_link, _, is_file in entries:
+            rel = (folder / name).relative_to(self.root).as_posix()
+            if is_link:
+                h.update(f"-> {os.readlink(folder / name)}  {rel}\n".encode("utf-8", "surrogateescape"))
+            elif is_file:
+                h.update(f"{_file_sha256(folder / name)}  {rel}\n".encode("utf-8", "surrogateescape"))
+                files += 1
+        for name, _, is_dir, _ in entries:
+            if is_dir:
+                files += self._digest_folder(folder / name, h)
+        return files
 
 
 class ZipSource:
