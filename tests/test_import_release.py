@@ -197,9 +197,9 @@ class Opened:
 
 
 def check_rows(out: Path, manifest: dict, expected_images: dict[str, tuple[bytes, bytes]],
-               errors: dict[str, int]) -> list[dict]:
+               errors: dict[str, int], scored: bool = True) -> list[dict]:
     """The published ids in table order, the images' bytes as the source holds them, the
-    captions and the swap located in them, and the counted skips."""
+    captions and the swap located in them, the scores, and the counted skips."""
     rows = shard_rows(out)
     assert [r["id"] for r in rows] == GOOD
     by_id = {r[0]: r for r in ROWS}
@@ -208,11 +208,13 @@ def check_rows(out: Path, manifest: dict, expected_images: dict[str, tuple[bytes
         assert r["image_0"]["path"] is None and r["image_1"]["path"] is None
         assert (r["caption_0"], r["caption_1"]) == by_id[r["id"]][1:3] and r["source_id"] == r["id"]
         assert r["caption_0"][r["replaced_position"]:].startswith(r["replaced_word"])
-        assert all(isinstance(r[c], float) for c in ("clip_score_0", "clip_score_1",
-                                                     "clip_directional", "clip_image_similarity"))
-        assert r["seed"] is None and r["sd_model"] is None and r["clip_model"].startswith("local:clip")
+        scores = [r[c] for c in ("clip_score_0", "clip_score_1", "clip_directional",
+                                 "clip_image_similarity")]
+        assert all(isinstance(v, float) for v in scores) if scored else scores == [None] * 4
+        assert r["seed"] is None and r["sd_model"] is None
+        assert r["clip_model"].startswith("local:clip") if scored else r["clip_model"] is None
     assert manifest["skipped"] == SKIPS and manifest["errors"] == errors
-    assert manifest["counts"]["imported_pairs_scored"] == len(GOOD)
+    assert manifest["counts"].get("imported_pairs_scored") == (len(GOOD) if scored else None)
     return rows
 
 
@@ -299,11 +301,14 @@ def test_numbered_files_and_a_pattern(tmp_path, tiny_models_dir, nltk_data_dir, 
     assert opened.under(tmp_path / "outside") == []
     assert manifest["config"]["images_source"]["layout"] == "numbered"
     assert manifest["config"]["images_source"]["names"] == "coco-cf/{id}_0.jpg and coco-cf/{id}_1.jpg"
-    # The same files named by a pattern (relative to the root: no folder is detected).
+    # The same files named by a pattern (relative to the root: no folder is detected), imported
+    # without the CLIP model.
     manifest = build(tmp_path / "pattern", tiny_models_dir, captions, root,
-                     "--images-pattern", "coco-cf/{id}_{n}.jpg")
-    check_rows(tmp_path / "pattern", manifest, source_bytes(root, names), {**ERRORS, "path_outside_root": 2})
-    assert manifest["config"]["images_source"]["layout"] == "pattern"
+                     "--images-pattern", "coco-cf/{id}_{n}.jpg", "--no-clip-scores")
+    check_rows(tmp_path / "pattern", manifest, source_bytes(root, names),
+               {**ERRORS, "path_outside_root": 2}, scored=False)
+    assert manifest["config"]["images_source"]["layout"] == "pattern" and manifest["models"] == {}
+    assert "Not computed (`--no-clip-scores`)" in (tmp_path / "pattern" / "README.md").read_text()
 
 
 def test_layouts_that_cannot_be_told_or_found_are_one_line(tmp_path, capsys):
@@ -336,6 +341,7 @@ def test_layouts_that_cannot_be_told_or_found_are_one_line(tmp_path, capsys):
         "--images-pattern", "../{id}_{n}.jpg")
     assert "'{id}.jpg' is not a name pattern" in fails("--images-pattern", "{id}.jpg")
     assert "neither a folder nor a zip file" in fails(images=captions)
+    assert "--apply-filters needs the CLIP scores" in fails("--apply-filters", "--no-clip-scores")
     assert "it goes with --stage images (or no --stage), not --stage all" in fails("--stage", "all")
     assert "--images-pattern only apply to --images-from" in fails("--images-pattern", "{id}_{n}.jpg",
                                                                     images=None)

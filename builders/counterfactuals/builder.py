@@ -182,7 +182,7 @@ class CocoCounterfactualsBuilder:
 
     def _stage_roles(self) -> tuple[str, ...]:
         if self.config.image_import:  # nothing is generated: the CLIP filter scores the pairs
-            return ("clip_filter",)
+            return ("clip_filter",) if self.config.image_import.clip_scores else ()
         return {"captions": CAPTION_ROLES, "images": IMAGE_ROLES}.get(self.config.stage,
                                                                      CAPTION_ROLES + IMAGE_ROLES)
 
@@ -220,13 +220,15 @@ class CocoCounterfactualsBuilder:
             from builders.models.clip import load_scorer
             from builders.models.clip_ids import TRANSFORMERS
 
-            precision = self.precision()
-            scorer = load_scorer(self.config.models["clip_filter"], precision.device, TRANSFORMERS,
-                                 precision.dtype)
-            assert self.config.image_import is not None
-            self._import_stage = ImportStage(self.image_source()[0], scorer, self.config.images,
-                                             self.config.image_import, f"default/{self.config.split}",
-                                             self.model_names()["clip_filter"])
+            imp = self.config.image_import
+            assert imp is not None
+            precision, scorer = self.precision(), None
+            if imp.clip_scores:
+                scorer = load_scorer(self.config.models["clip_filter"], precision.device,
+                                     TRANSFORMERS, precision.dtype)
+            self._import_stage = ImportStage(self.image_source()[0], scorer, self.config.images, imp,
+                                             f"default/{self.config.split}",
+                                             self.model_names().get("clip_filter"))
         return self._import_stage
 
     def precision(self) -> Precision:

@@ -147,6 +147,8 @@ class ImageImportConfig:
     #: Names relative to the folder or zip root: one pattern with `{id}` and `{n}` (0: the
     #: original caption's image, 1: the counterfactual's), or one pattern per image with `{id}`.
     pattern: tuple[str, ...] = ()
+    #: Score each pair with the CLIP filter (off: the score columns are null; no model runs).
+    clip_scores: bool = True
     #: Drop pairs failing the image stage's `filters` at its thresholds (default: scores only).
     apply_filters: bool = False
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
@@ -158,6 +160,8 @@ class ImageImportConfig:
         if self.pattern and self.layout != "auto":
             raise UserFacingError("give --images-layout or --images-pattern, not both")
         self.pattern = tuple(self.pattern)
+        if self.apply_filters and not self.clip_scores:
+            raise UserFacingError("--apply-filters needs the CLIP scores: leave out --no-clip-scores")
         if len(self.pattern) > 2:
             raise UserFacingError(f"--images-pattern takes one pattern (with {{id}} and {{n}}) or "
                                   f"two (one per image, each with {{id}}); got {len(self.pattern)}")

@@ -13,8 +13,8 @@ caption-pair .tsv holds every caption pair, the release only the pairs whose ima
 checked by `loading_scripts.images.open_rgb_image` (decodable, pixel bound, mode policy; a broken
 image is a counted input error under its reason) and stored unchanged (`{"bytes", "path": None}`:
 never re-encoded); the decoded RGB copies only feed CLIP (`images.row_scores`: the generation
-path's text-image, image-image and directional scores) and are dropped after their batch. With
-`apply_filters` a pair failing the image stage's filters at its thresholds is dropped
+path's text-image, image-image and directional scores; null without `clip_scores`) and are
+dropped after their batch. With `apply_filters` a pair failing the image stage's filters at its thresholds is dropped
 (`imported_pair_failed_clip`, counted per filter as the generation path counts candidates).
 """
 
@@ -129,10 +129,12 @@ class ImportStage:
             loaded.append((item, data, pixels))
         if not loaded:
             return
-        scores = row_scores(self.scorer, [it.row["caption_0"] for it, _, _ in loaded],
-                            [it.row["caption_1"] for it, _, _ in loaded],
-                            [p[0] for _, _, p in loaded], [p[1] for _, _, p in loaded])
-        yield Count("imported_pairs_scored", len(loaded))
+        scores = None
+        if self.config.clip_scores:
+            scores = row_scores(self.scorer, [it.row["caption_0"] for it, _, _ in loaded],
+                                [it.row["caption_1"] for it, _, _ in loaded],
+                                [p[0] for _, _, p in loaded], [p[1] for _, _, p in loaded])
+            yield Count("imported_pairs_scored", len(loaded))
         applied = self.images.filters if self.config.apply_filters else ()
         rejected = dict.fromkeys(applied, 0)  # zeros too: the card tells 0 from not applied
         for k, (item, data, _) in enumerate(loaded):
@@ -154,15 +156,17 @@ class ImportStage:
 
     def _row(self, item: ImportItem, data: list[bytes], scores: Any, k: int) -> dict[str, Any]:
         """The `default` row: the table's caption columns, the bytes as stored in the source,
-        the CLIP scores; what only a generation knows (seed, p, guidance, candidates, the
-        generator) is null."""
+        the CLIP scores (null when not scored); what only a generation knows (seed, p, guidance,
+        candidates, the generator) is null."""
+        clip = dict.fromkeys(("clip_score_0", "clip_score_1", "clip_directional",
+                              "clip_image_similarity")) if scores is None else {
+            "clip_score_0": scores.clip_0[k].item(), "clip_score_1": scores.clip_1[k].item(),
+            "clip_directional": scores.directional[k].item(),
+            "clip_image_similarity": scores.image_similarity[k].item()}
         return {
             **item.row,
             "image_0": {"bytes": data[0], "path": None}, "image_1": {"bytes": data[1], "path": None},
-            "seed": None, "p": None, "guidance_scale": None,
-            "clip_score_0": scores.clip_0[k].item(), "clip_score_1": scores.clip_1[k].item(),
-            "clip_directional": scores.directional[k].item(),
-            "clip_image_similarity": scores.image_similarity[k].item(),
+            "seed": None, "p": None, "guidance_scale": None, **clip,
             "image_candidates_tried": None, "image_candidates_passed": None,
             **{f"image_rejected_{name}": None for name in IMAGE_FILTERS},
             "sd_model": None, "clip_model": self.clip_model,

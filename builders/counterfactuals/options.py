@@ -164,6 +164,9 @@ def _add_import_arguments(parser: argparse.ArgumentParser) -> None:
                      help="names relative to the folder or zip root instead of a layout: one "
                           "pattern with {id} and {n} (0 original, 1 counterfactual), e.g. "
                           "'pairs/{id}-{n}.png', or two patterns with {id}, one per image")
+    imp.add_argument("--no-clip-scores", action="store_true",
+                     help="import without scoring the pairs with the CLIP filter (no model runs; "
+                          "the score columns are null): minutes instead of hours on a CPU")
     imp.add_argument("--apply-filters", action="store_true",
                      help="drop imported pairs failing --filters at their thresholds (default: "
                           "the CLIP scores are recorded, every pair is kept)")
@@ -219,10 +222,12 @@ def _image_import(args: argparse.Namespace) -> ImageImportConfig | None:
     if args.images_from:
         return ImageImportConfig(images_from=str(args.images_from), layout=args.images_layout,
                                  pattern=tuple(args.images_pattern or ()),
+                                 clip_scores=not args.no_clip_scores,
                                  apply_filters=args.apply_filters,
                                  max_image_pixels=args.max_image_pixels)
     given = [flag for flag, on in (("--images-layout", args.images_layout != "auto"),
                                    ("--images-pattern", args.images_pattern),
+                                   ("--no-clip-scores", args.no_clip_scores),
                                    ("--apply-filters", args.apply_filters)) if on]
     if given:
         raise UserFacingError(f"{', '.join(given)} only apply to --images-from DIR_OR_ZIP")
