@@ -57,7 +57,7 @@ _STEMS = {
 #: also `{id}_0` with the id `x_img`, and is taken for the release's).
 _RELEASE_FILE = re.compile(r".+_img_[01]\.(jpg|png)")
 _NUMBERED_FILE = re.compile(r".+_[01]\.(jpg|png)")
-#: Far above a 512 x 512 JPEG (~50 kB) and any image under the pixel bound: a larger file is
+#: Far above a 512 x 512 JPEG (the release's: 183 kB on average) and any image under the pixel bound: a larger file is
 #: `image_too_large` without being read, so one hostile member cannot take the memory.
 MAX_IMAGE_FILE_BYTES = 256 << 20
 #: Folders a zip tool adds beside the content (macOS), never a layout's top-level folder.
@@ -121,29 +121,26 @@ def pattern_layout(patterns: tuple[str, ...]) -> Layout:
 
 def detect_layout(source: "FolderSource | ZipSource", wanted: str) -> Layout:
     """The layout (`wanted`, or with `auto` the one whose files are there), at the root of the
-    source or under its one top-level folder; one line when none or several are there."""
-    found = _layouts_at(source, "")
-    base = ""
-    if not found:
-        # Files beside it (a README, the pairs' .jsonl) do not make it ambiguous.
-        tops = [n for n, is_dir in source.entries("") if is_dir and n not in _NOT_CONTENT
-                and not n.startswith(".")]
-        if len(tops) == 1:
-            base = tops[0] + "/"
-            found = _layouts_at(source, base)
+    source or else under its one top-level folder; one line when none or several are there."""
+    # Files beside the top-level folder (a README, the pairs' .jsonl) do not make it ambiguous.
+    tops = [n for n, is_dir in source.entries("") if is_dir and n not in _NOT_CONTENT
+            and not n.startswith(".")]
+    found: set[str] = set()
+    for base in ["", *([tops[0] + "/"] if len(tops) == 1 else [])]:
+        found = _layouts_at(source, base)
+        if wanted in found or (wanted == "auto" and len(found) == 1):
+            return layout_of(found.pop() if wanted == "auto" else wanted, base)
+        if wanted == "auto" and found:
+            break
     if wanted != "auto":
-        if wanted not in found:
-            raise InputFileError(source.label, f"holds no image named as the {wanted} layout "
-                                 f"says ({layout_of(wanted, '').describe()}), at its top or under "
-                                 "its one top-level folder", _FIX_LAYOUT)
-        return layout_of(wanted, base)
-    if len(found) != 1:
-        what = (f"holds images of several layouts ({', '.join(sorted(found))})" if found else
-                "holds no image of a known layout (synthetic-images-for-original-captions/{id}.jpg"
-                " + synthetic-images-for-counterfactual-captions/{id}.jpg, {id}_0.jpg + {id}_1.jpg"
-                ", {id}_img_0.jpg + {id}_img_1.jpg) at its top or under its one top-level folder")
-        raise InputFileError(source.label, what, _FIX_LAYOUT)
-    return layout_of(found.pop(), base)
+        raise InputFileError(source.label, f"holds no image named as the {wanted} layout says "
+                             f"({layout_of(wanted, '').describe()}), at its top or under its one "
+                             "top-level folder", _FIX_LAYOUT)
+    what = (f"holds images of several layouts ({', '.join(sorted(found))})" if found else
+            "holds no image of a known layout (synthetic-images-for-original-captions/{id}.jpg + "
+            "synthetic-images-for-counterfactual-captions/{id}.jpg, {id}_0.jpg + {id}_1.jpg, "
+            "{id}_img_0.jpg + {id}_img_1.jpg) at its top or under its one top-level folder")
+    raise InputFileError(source.label, what, _FIX_LAYOUT)
 
 
 def _layouts_at(source: "FolderSource | ZipSource", base: str) -> set[str]:
