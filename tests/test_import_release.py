@@ -340,6 +340,16 @@ def test_layouts_that_cannot_be_told_or_found_are_one_line(tmp_path, capsys):
     assert "--images-pattern: '../{id}_{n}.jpg' is not a name pattern" in fails(
         "--images-pattern", "../{id}_{n}.jpg")
     assert "'{id}.jpg' is not a name pattern" in fails("--images-pattern", "{id}.jpg")
+    # An explicit layout is also looked for under the one top-level folder when the top holds
+    # another one (auto takes the top's).
+    from builders.counterfactuals.image_sources import FolderSource, detect_layout
+
+    wrapped = tmp_path / "wrapped"
+    (wrapped / "images").mkdir(parents=True)
+    (wrapped / "cover_0.jpg").write_bytes(jpeg(1))
+    (wrapped / "images" / "A17_img_0.jpg").write_bytes(jpeg(2))
+    assert detect_layout(FolderSource(wrapped), "release").names("A17", 0)[0] == "images/A17_img_0.jpg"
+    assert detect_layout(FolderSource(wrapped), "auto").name == "numbered"
     assert "neither a folder nor a zip file" in fails(images=captions)
     assert "--apply-filters needs the CLIP scores" in fails("--apply-filters", "--no-clip-scores")
     assert "it goes with --stage images (or no --stage), not --stage all" in fails("--stage", "all")
