@@ -57,8 +57,9 @@ _STEMS = {
 #: also `{id}_0` with the id `x_img`, and is taken for the release's).
 _RELEASE_FILE = re.compile(r".+_img_[01]\.(jpg|png)")
 _NUMBERED_FILE = re.compile(r".+_[01]\.(jpg|png)")
-#: Far above a 512 x 512 JPEG (the release's: 183 kB on average) and any image under the pixel bound: a larger file is
-#: `image_too_large` without being read, so one hostile member cannot take the memory.
+#: Far above a 512 x 512 JPEG (the release's: 183 kB on average) and any image under the
+#: pixel bound: a larger file is `image_too_large` without being read, so one hostile member
+#: cannot take the memory.
 MAX_IMAGE_FILE_BYTES = 256 << 20
 #: Folders a zip tool adds beside the content (macOS), never a layout's top-level folder.
 _NOT_CONTENT = ("__MACOSX",)

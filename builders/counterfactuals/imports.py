@@ -14,8 +14,9 @@ checked by `loading_scripts.images.open_rgb_image` (decodable, pixel bound, mode
 image is a counted input error under its reason) and stored unchanged (`{"bytes", "path": None}`:
 never re-encoded); the decoded RGB copies only feed CLIP (`images.row_scores`: the generation
 path's text-image, image-image and directional scores; null without `clip_scores`) and are
-dropped after their batch. With `apply_filters` a pair failing the image stage's filters at its thresholds is dropped
-(`imported_pair_failed_clip`, counted per filter as the generation path counts candidates).
+dropped after their batch. With `apply_filters` a pair failing the image stage's filters at its
+thresholds is dropped (`imported_pair_failed_clip`, counted per filter as the generation path
+counts candidates).
 """
 
 from __future__ import annotations
@@ -117,12 +118,13 @@ class ImportStage:
 
         loaded = []
         for item in items:
-            if item.images == (None, None):
+            ref_0, ref_1 = item.images
+            if ref_0 is None or ref_1 is None:  # neither (one alone is the reader's missing_image)
                 yield Skip(NO_IMPORTED_IMAGES, detail=f"id {item.id!r}: no image in {self.source.label}")
                 continue
             try:
-                data = [self.source.read(ref) for ref in item.images]  # type: ignore[arg-type]
-                pixels = [self._checked(ref, raw) for ref, raw in zip(item.images, data)]  # type: ignore[arg-type]
+                data = [self.source.read(ref_0), self.source.read(ref_1)]
+                pixels = [self._checked(ref_0, data[0]), self._checked(ref_1, data[1])]
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=f"id {item.id!r}: {err}")
                 continue
