@@ -12,6 +12,9 @@ Stages (`--stage`):
   image pairs in `default/<split>` (`builders.counterfactuals.images`); the expensive stage,
   shardable on GPUs.
 - `all` (default): both, writing both configs.
+- `images` with `--images-from DIR_OR_ZIP`: the image pairs exist already (the published release's
+  images.zip): imported for the caption pairs' ids, not generated, and scored with the CLIP filter
+  (`builders.counterfactuals.imports`, `builders.counterfactuals.image_sources`).
 
 The `default` config keeps the columns of the original release (`id`, `image_0`, `image_1`,
 `caption_0`, `caption_1`; `id` is `<coco image id>_<caption index>`) plus provenance columns.
@@ -33,7 +36,10 @@ from builders.counterfactuals.captions import CaptionModels, CaptionStage, Count
 from builders.counterfactuals.card import CARD_FIELDS
 from builders.counterfactuals.config import (CAPTION_ROLES, IMAGE_FILTERS, IMAGE_ROLES,
                                              CocoCounterfactualsConfig)
+from builders.counterfactuals.image_sources import (FolderSource, Layout, ZipSource, detect_layout,
+                                                    open_source, pattern_layout)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
+from builders.counterfactuals.imports import ImportStage, import_items
 from builders.counterfactuals.schema import CAPTION_FEATURES, PAIR_FEATURES
 from builders.counterfactuals.pair_tables import PairTable, read_pairs, resolve_table
 from builders.counterfactuals.source import CaptionItem, coco_captions, dataset_captions
@@ -60,6 +66,9 @@ class CocoCounterfactualsBuilder:
         self._image_stage: ImageStage | None = None
         self._model_names: dict[str, str] | None = None
         self._table: PairTable | None = None
+        self._import_stage: ImportStage | None = None
+        self._images: tuple[FolderSource | ZipSource, Layout] | None = None
+        self._images_digest: dict[str, Any] | None = None
 
     # -- ShardedBuilder ----------------------------------------------------------------------
 
@@ -76,7 +85,8 @@ class CocoCounterfactualsBuilder:
         cfg = self.config
         if cfg.stage == "images":
             # A stream: a table is read one line or batch at a time, and no further than needed.
-            return itertools.islice(read_pairs(cfg, self.pair_table()), cfg.max_captions)
+            pairs = itertools.islice(read_pairs(cfg, self.pair_table()), cfg.max_captions)
+            return import_items(pairs, *self.image_source()) if cfg.image_import else pairs
         items = coco_captions(cfg) if cfg.coco_root else dataset_captions(cfg)
         return items[: cfg.max_captions]
 
@@ -93,7 +103,10 @@ class CocoCounterfactualsBuilder:
             torch.set_num_threads(self.torch_threads)
         if self.config.stage == "images":
             # Rows a reader marked bad never get here (the runner counts their input_problem).
-            yield from self._image_rows([item.row for item in items])
+            if self.config.image_import:
+                yield from self.import_stage().run(items)
+            else:
+                yield from self._image_rows([item.row for item in items])
             return
         # Blank or non-text captions never reach here: the runner counts the readers'
         # `input_problem` (bad_caption / blank_caption) as input errors.
@@ -118,15 +131,19 @@ class CocoCounterfactualsBuilder:
         # What the caption pairs were read from, with digests: a changed table is another build.
         table = self.pair_table().provenance if self.config.stage == "images" else None
         config["captions_table"] = table
+        if self.config.image_import:
+            config["images_source"] = self.images_provenance()
         config["precision"] = self.precision().as_config()
         # The manifest names a local table as `provenance` names local things, however its path
         # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.
         spelled = self.config.captions_from
-        local = table is not None and "repo" not in table and _names_folders(spelled)
+        local = [spelled] if table is not None and "repo" not in table and _names_folders(spelled) else []
+        if self.config.image_import and _names_folders(self.config.image_import.images_from):
+            local.append(self.config.image_import.images_from)
         return BuildInfo(builder="coco-counterfactuals", card_template="coco_counterfactuals.md",
                          pretty_name="COCO-Counterfactuals", config=config,
                          models=dict(config["models"]), card_fields=CARD_FIELDS,
-                         local_inputs=(spelled,) if local else ())
+                         local_inputs=tuple(local))
 
     def _run_models(self) -> dict[str, str]:
         """The models behind this build's rows: the stage's own (as given; the manifest names
@@ -144,7 +161,28 @@ class CocoCounterfactualsBuilder:
             self._table = resolve_table(self.config)
         return self._table
 
+    def image_source(self) -> tuple[FolderSource | ZipSource, Layout]:
+        """`--images-from` opened (a zip's directory read) and its layout, once per process."""
+        if self._images is None:
+            imp = self.config.image_import
+            assert imp is not None
+            source = open_source(imp.images_from)
+            layout = pattern_layout(imp.pattern) if imp.pattern else detect_layout(source, imp.layout)
+            self._images = source, layout
+        return self._images
+
+    def images_provenance(self) -> dict[str, Any]:
+        """What the card says was imported: the zip's or folder's name (never its path), its
+        sha256 digest (read once per process), the layout and the names it gave."""
+        if self._images_digest is None:
+            source, layout = self.image_source()
+            self._images_digest = {**source.digest(), "layout": layout.name,
+                                   "names": layout.describe()}
+        return self._images_digest
+
     def _stage_roles(self) -> tuple[str, ...]:
+        if self.config.image_import:  # nothing is generated: the CLIP filter scores the pairs
+            return ("clip_filter",) if self.config.image_import.clip_scores else ()
         return {"captions": CAPTION_ROLES, "images": IMAGE_ROLES}.get(self.config.stage,
                                                                      CAPTION_ROLES + IMAGE_ROLES)
 
@@ -176,6 +214,22 @@ class CocoCounterfactualsBuilder:
                                  precision.dtype)
             self._image_stage = ImageStage(pipe, scorer, self.config.images, self.config.seed)
         return self._image_stage
+
+    def import_stage(self) -> ImportStage:
+        if self._import_stage is None:
+            from builders.models.clip import load_scorer
+            from builders.models.clip_ids import TRANSFORMERS
+
+            imp = self.config.image_import
+            assert imp is not None
+            precision, scorer = self.precision(), None
+            if imp.clip_scores:
+                scorer = load_scorer(self.config.models["clip_filter"], precision.device,
+                                     TRANSFORMERS, precision.dtype)
+            self._import_stage = ImportStage(self.image_source()[0], scorer, self.config.images, imp,
+                                             f"default/{self.config.split}",
+                                             self.model_names().get("clip_filter"))
+        return self._import_stage
 
     def precision(self) -> Precision:
         """The process's device and the image stage's dtype, resolved once. A captions-only

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from builders.engine.errors import UserFacingError
+from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 #: What `--stage` builds: caption pairs, image pairs of an earlier captions build, or both.
 STAGES = ("captions", "images", "all")
@@ -26,6 +27,9 @@ IMAGE_FILTERS = ("text_image", "image_image", "directional")
 CANDIDATE_PLANS = ("independent", "grouped")
 #: The paper's caption source (Le et al. 2023 §3.3, fn. 9): COCO val2017's 25,014 captions.
 DEFAULT_COCO_SPLITS = ("val2017",)
+#: How `--images-from` names a row's two images (`builders.counterfactuals.image_sources`):
+#: `auto` detects one of the others from the files.
+IMAGE_LAYOUTS = ("auto", "folders", "numbered", "release")
 
 
 @dataclass
@@ -131,6 +135,39 @@ class ImageStageConfig:
 
 
 @dataclass
+class ImageImportConfig:
+    """Image pairs that exist already (`--images-from`; builders/counterfactuals/METHOD.md §2,
+    "Imported image pairs"). Example: `ImageImportConfig("images.zip")` (layout detected), or
+    `ImageImportConfig("pairs/", pattern=("orig/{id}.png", "cf/{id}.png"))`."""
+
+    #: A folder or a zip file holding the images.
+    images_from: str
+    #: `IMAGE_LAYOUTS`; ignored when `pattern` is given.
+    layout: str = "auto"
+    #: Names relative to the folder or zip root: one pattern with `{id}` and `{n}` (0: the
+    #: original caption's image, 1: the counterfactual's), or one pattern per image with `{id}`.
+    pattern: tuple[str, ...] = ()
+    #: Score each pair with the CLIP filter (off: the score columns are null; no model runs).
+    clip_scores: bool = True
+    #: Drop pairs failing the image stage's `filters` at its thresholds (default: scores only).
+    apply_filters: bool = False
+    #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+
+    def __post_init__(self) -> None:
+        if self.layout not in IMAGE_LAYOUTS:
+            raise UserFacingError(f"--images-layout takes {', '.join(IMAGE_LAYOUTS)} (got {self.layout!r})")
+        if self.pattern and self.layout != "auto":
+            raise UserFacingError("give --images-layout or --images-pattern, not both")
+        self.pattern = tuple(self.pattern)
+        if self.apply_filters and not self.clip_scores:
+            raise UserFacingError("--apply-filters needs the CLIP scores: leave out --no-clip-scores")
+        if len(self.pattern) > 2:
+            raise UserFacingError(f"--images-pattern takes one pattern (with {{id}} and {{n}}) or "
+                                  f"two (one per image, each with {{id}}); got {len(self.pattern)}")
+
+
+@dataclass
 class CocoCounterfactualsConfig:
     """What to build. Example: `CocoCounterfactualsConfig(coco_root="coco", stage="captions",
     models={"mlm": ..., "lm": ..., "sentence": ...})`."""
@@ -166,10 +203,16 @@ class CocoCounterfactualsConfig:
     models: dict[str, str] = field(default_factory=dict)
     captions: CaptionStageConfig = field(default_factory=CaptionStageConfig)
     images: ImageStageConfig = field(default_factory=ImageStageConfig)
+    #: `--stage images` only: import these image pairs instead of generating them.
+    image_import: ImageImportConfig | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise UserFacingError(f"--stage takes {', '.join(STAGES)} (got {self.stage!r})")
+        if self.image_import is not None and self.stage != "images":
+            raise UserFacingError(f"--images-from imports image pairs for the caption pairs of "
+                                  f"--captions-from: it goes with --stage images (or no --stage), "
+                                  f"not --stage {self.stage}")
         if self.stage == "images" and not self.captions_from:
             raise UserFacingError("--stage images needs --captions-from (a captions build, a .tsv "
                                   "or .jsonl file, or a dataset folder or Hub id of caption pairs)")

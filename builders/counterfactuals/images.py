@@ -147,6 +147,29 @@ def score_pairs(scorer: ClipScorer, caption_0: str, caption_1: str,
                    image_similarity=(i0 * i1).sum(-1))
 
 
+def row_scores(scorer: ClipScorer, captions_0: Sequence[str], captions_1: Sequence[str],
+               images_0: Sequence[Any], images_1: Sequence[Any]) -> _Scores:
+    """`score_pairs`' four scores for rows that each have their own captions (imported pairs:
+    row k's images with row k's captions), one text and two image batches for all rows."""
+    n = len(captions_0)
+    texts = scorer.texts([*captions_0, *captions_1])
+    t0, t1 = texts[:n], texts[n:]
+    i0, i1 = scorer.images(images_0), scorer.images(images_1)
+    direction = torch.nn.functional.cosine_similarity(i1 - i0, t1 - t0, dim=-1)
+    return _Scores(clip_0=(i0 * t0).sum(-1), clip_1=(i1 * t1).sum(-1), directional=direction,
+                   image_similarity=(i0 * i1).sum(-1))
+
+
+def failed_filters(cfg: ImageStageConfig, s: _Scores, k: int, margin: float = 0.0) -> list[str]:
+    """The filters of `cfg.filters` that pair k of `s` fails by more than `margin`."""
+    ok = {
+        "text_image": min(s.clip_0[k].item(), s.clip_1[k].item()) >= cfg.clip_threshold - margin,
+        "image_image": s.image_similarity[k].item() >= cfg.image_similarity_threshold - margin,
+        "directional": s.directional[k].item() >= cfg.directional_threshold - margin,
+    }
+    return [name for name in cfg.filters if not ok[name]]
+
+
 class ImageStage:
     """`run(row_id, caption_0, caption_1)` -> an `ImageSelection`."""
 
@@ -173,16 +196,6 @@ class ImageStage:
         full = [tokenizer(c, verbose=False).input_ids for c in (caption_0, caption_1)]
         return EDIT_BEYOND_TEXT_ENCODER if full[0] != full[1] else EDIT_INVISIBLE_TO_TEXT_ENCODER
 
-    def failed_filters(self, s: _Scores, k: int, margin: float = 0.0) -> list[str]:
-        """The filters of `config.filters` that candidate k fails by more than `margin`."""
-        cfg = self.config
-        ok = {
-            "text_image": min(s.clip_0[k].item(), s.clip_1[k].item()) >= cfg.clip_threshold - margin,
-            "image_image": s.image_similarity[k].item() >= cfg.image_similarity_threshold - margin,
-            "directional": s.directional[k].item() >= cfg.directional_threshold - margin,
-        }
-        return [name for name in cfg.filters if not ok[name]]
-
     def early_rejection(self, caption_0: str, caption_1: str) -> EarlyRejection | None:
         step = self.config.early_reject_step()
         if step is None:
@@ -190,7 +203,7 @@ class ImageStage:
 
         def check(previews_0: np.ndarray, previews_1: np.ndarray) -> list[bool]:
             scores = score_pairs(self.scorer, caption_0, caption_1, previews_0, previews_1)
-            return [not self.failed_filters(scores, k, self.config.early_reject_margin)
+            return [not failed_filters(self.config, scores, k, self.config.early_reject_margin)
                     for k in range(len(previews_0))]
 
         return EarlyRejection(step, check)
@@ -219,7 +232,7 @@ class ImageStage:
                     early_rejected += 1
                     continue
                 k += 1
-                failed = self.failed_filters(scores, k)
+                failed = failed_filters(cfg, scores, k)
                 for name in failed:
                     rejected[name] += 1
                 if failed:

@@ -11,11 +11,13 @@ import argparse
 from dataclasses import asdict
 
 from builders.counterfactuals.config import (CANDIDATE_PLANS, DEFAULT_COCO_SPLITS, IMAGE_FILTERS,
-                                             MODEL_ROLES, STAGES, CaptionStageConfig,
-                                             CocoCounterfactualsConfig, ImageStageConfig)
+                                             IMAGE_LAYOUTS, MODEL_ROLES, STAGES, CaptionStageConfig,
+                                             CocoCounterfactualsConfig, ImageImportConfig,
+                                             ImageStageConfig)
 from builders.engine.errors import UserFacingError
 from builders.engine.precision import add_dtype_argument
 from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.launch import add_source_image_arguments
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
 
@@ -26,12 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_source_arguments(parser)
     _add_caption_arguments(parser)
     _add_image_arguments(parser)
+    _add_import_arguments(parser)
     add_model_arguments(parser, roles=MODEL_ROLES)
 
 
 def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source")
-    src.add_argument("--stage", choices=STAGES, default="all", help="what to build (default: all)")
+    src.add_argument("--stage", choices=STAGES, default=None,
+                     help="what to build (default: all; images with --images-from)")
     src.add_argument("--coco-root", default=None, help="root of a COCO download")
     src.add_argument("--coco-splits", nargs="+", default=None,
                      help=f"COCO folders to read, captions in annotation-file order (default: "
@@ -143,6 +147,32 @@ def _add_image_arguments(parser: argparse.ArgumentParser) -> None:
                           "§2); pipeline: the model's own scheduler")
 
 
+def _add_import_arguments(parser: argparse.ArgumentParser) -> None:
+    imp = parser.add_argument_group(
+        "imported image pairs (builders/counterfactuals/METHOD.md §2, \"Imported image pairs\")",
+        "build from image pairs that exist (the published release's images.zip) instead of "
+        "generating them: the rows keep the --captions-from ids and the images' bytes")
+    imp.add_argument("--images-from", default=None, metavar="DIR_OR_ZIP",
+                     help="a folder or a .zip (read in place) holding each row's two images")
+    imp.add_argument("--images-layout", choices=IMAGE_LAYOUTS, default="auto",
+                     help="how the images are named: folders (synthetic-images-for-original-"
+                          "captions/{id}.jpg and synthetic-images-for-counterfactual-captions/"
+                          "{id}.jpg, the paper's evaluation code), numbered ({id}_0.jpg, {id}_1.jpg), "
+                          "release ({id}_img_0.jpg, {id}_img_1.jpg, the Hub release's images.zip); "
+                          "default auto: detected, at the top or under one top-level folder")
+    imp.add_argument("--images-pattern", nargs="+", default=None, metavar="PATTERN",
+                     help="names relative to the folder or zip root instead of a layout: one "
+                          "pattern with {id} and {n} (0 original, 1 counterfactual), e.g. "
+                          "'pairs/{id}-{n}.png', or two patterns with {id}, one per image")
+    imp.add_argument("--no-clip-scores", action="store_true",
+                     help="import without scoring the pairs with the CLIP filter (no model runs; "
+                          "the score columns are null): minutes instead of hours on a CPU")
+    imp.add_argument("--apply-filters", action="store_true",
+                     help="drop imported pairs failing --filters at their thresholds (default: "
+                          "the CLIP scores are recorded, every pair is kept)")
+    add_source_image_arguments(parser)
+
+
 def from_args(args: argparse.Namespace):
     from builders.counterfactuals.builder import CocoCounterfactualsBuilder
     from builders.models.profiles import profile_from_args
@@ -168,8 +198,10 @@ def from_args(args: argparse.Namespace):
         image_similarity_threshold=args.image_similarity_threshold, early_stop=args.early_stop,
         early_reject_at=args.early_reject_at, early_reject_margin=args.early_reject_margin,
         inject=args.inject, scheduler=args.scheduler)
+    image_import = _image_import(args)
     config = CocoCounterfactualsConfig(
-        stage=args.stage, coco_root=str(args.coco_root) if args.coco_root else None,
+        stage=args.stage or ("images" if image_import else "all"),
+        coco_root=str(args.coco_root) if args.coco_root else None,
         karpathy_splits=tuple(args.karpathy_splits) if args.karpathy_splits else None,
         coco_splits=tuple(args.coco_splits) if args.coco_splits else None,
         dataset=args.dataset, dataset_config=args.dataset_config, dataset_split=args.dataset_split,
@@ -179,6 +211,24 @@ def from_args(args: argparse.Namespace):
         caption_0_column=args.caption_0_column, caption_1_column=args.caption_1_column,
         allow_multiword_edits=args.allow_multiword_edits,
         max_captions=args.max_captions, split=args.output_split, seed=args.seed,
-        models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images)
+        models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images,
+        image_import=image_import)
     return CocoCounterfactualsBuilder(config, device=args.device, torch_threads=args.torch_threads,
                                       dtype=args.dtype)
+
+
+def _image_import(args: argparse.Namespace) -> ImageImportConfig | None:
+    """`--images-from` and its options; those options without it are one line."""
+    if args.images_from:
+        return ImageImportConfig(images_from=str(args.images_from), layout=args.images_layout,
+                                 pattern=tuple(args.images_pattern or ()),
+                                 clip_scores=not args.no_clip_scores,
+                                 apply_filters=args.apply_filters,
+                                 max_image_pixels=args.max_image_pixels)
+    given = [flag for flag, on in (("--images-layout", args.images_layout != "auto"),
+                                   ("--images-pattern", args.images_pattern),
+                                   ("--no-clip-scores", args.no_clip_scores),
+                                   ("--apply-filters", args.apply_filters)) if on]
+    if given:
+        raise UserFacingError(f"{', '.join(given)} only apply to --images-from DIR_OR_ZIP")
+    return None
