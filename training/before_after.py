@@ -2,9 +2,9 @@
 evaluation (retrieval, zero-shot, Flickr30k, ODmAP@k, ITM deltas, PN), and the final model
 against it.
 
-`evaluate_base` runs once per run folder (a resumed run finds its row in metrics.jsonl, marked
-`"before": true`, step 0) and saves the base model's embeddings to `embeddings_before.npz`, so the
-finish can compare the two models on the same units without encoding the base model again:
+`evaluate_base` runs once per run folder (a resumed run finds its metrics in `before.json`) and
+saves the base model's embeddings to `embeddings_before.npz`, so the finish can compare the two
+models on the same units without encoding the base model again:
 `before_after` gives per metric the value before, after, the difference and its 95 % paired
 bootstrap interval (the same resamples of the same units for both models,
 training/statistics.py), which metrics.md, run.json (`before_after`) and the model card show.
@@ -12,6 +12,7 @@ training/statistics.py), which metrics.md, run.json (`before_after`) and the mod
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -24,15 +25,22 @@ from training.unit_scores import unit_scores
 log = logging.getLogger(__name__)
 
 BEFORE_EMBEDDINGS = "embeddings_before.npz"
+BEFORE_METRICS = "before.json"
 
 
-def evaluated_before(evals: list[dict]) -> bool:
-    return any(e.get("before") for e in evals)
+def read_before(output: Path) -> dict[str, float] | None:
+    """The base model's metrics of this run folder (None: not evaluated yet)."""
+    path = output / BEFORE_METRICS
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved if isinstance(saved, dict) else None
 
 
-def before_row(metrics: dict[str, float]) -> dict:
-    """The metrics.jsonl row of the base model's evaluation."""
-    return {"step": 0, "epoch": 0, "final": False, "before": True, **metrics}
+def write_before(output: Path, metrics: dict[str, float]) -> None:
+    tmp = output / (BEFORE_METRICS + ".tmp")
+    tmp.write_text(json.dumps(metrics))
+    tmp.replace(output / BEFORE_METRICS)
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -40,11 +48,11 @@ def _load(path: Path) -> dict[str, np.ndarray]:
         return {name: z[name] for name in z.files}
 
 
-def before_after(output: Path, evals: list[dict], data, k_values, final: dict[str, float],
+def before_after(output: Path, data, k_values, final: dict[str, float],
                  final_units: dict[str, UnitScores], resamples: int, seed: int) -> dict[str, dict]:
     """metric -> {before, after, difference, ci_low, ci_high} of every final metric the base
     model was evaluated on (the interval: None without units, embeddings or resamples)."""
-    before = next((e for e in evals if e.get("before")), None)
+    before = read_before(output)
     if before is None:
         return {}
     units: dict[str, UnitScores] = {}
@@ -57,7 +65,7 @@ def before_after(output: Path, evals: list[dict], data, k_values, final: dict[st
                           resamples, seed) if pairs else {}
     out = {}
     for key, after in final.items():
-        if key not in before or key in ("step", "epoch", "final", "before"):
+        if key not in before:
             continue
         row = {"before": before[key], "after": after, "difference": after - before[key],
                "ci_low": None, "ci_high": None}
@@ -82,10 +90,12 @@ def before_after_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def final_statistics(output: Path, evals: list[dict], data, cfg, metrics: dict[str, float],
-                     units: dict[str, UnitScores]) -> dict:
-    """run.json's `final_intervals` (metric -> [low, high]), `bootstrap`, `bootstrap_seed` and
-    `before_after`, with --bootstrap resamples seeded by --seed."""
+def final_statistics(output: Path, data, cfg, metrics: dict[str, float],
+                     units: dict[str, UnitScores], trained: bool = True) -> dict:
+    """run.json's `final_intervals` (metric -> [low, high]), `bootstrap`, `bootstrap_seed`,
+    `before_metrics` (None: --eval-only or a run started before it was evaluated) and
+    `before_after` (a run that `trained`; not --eval-only), with --bootstrap resamples seeded by
+    --seed."""
     resamples, seed = cfg.run.bootstrap, cfg.run.seed
     resampled = bootstrap(units, resamples, seed) if resamples else {}
 
@@ -95,4 +105,6 @@ def final_statistics(output: Path, evals: list[dict], data, cfg, metrics: dict[s
     intervals = {k: [finite(v) for v in interval(resampled[k])] for k in units if k in metrics and resamples}
     return {"final_intervals": {k: v for k, v in intervals.items() if None not in v},
             "bootstrap": resamples, "bootstrap_seed": seed,
-            "before_after": before_after(output, evals, data, cfg.run.k_values, metrics, units, resamples, seed)}
+            "before_metrics": read_before(output) if trained else None,
+            "before_after": before_after(output, data, cfg.run.k_values, metrics, units, resamples, seed)
+            if trained else {}}

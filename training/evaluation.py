@@ -47,7 +47,6 @@ from builders.engine.batching import ShrinkingBatches
 from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, itm_score_deltas, random_derangement
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
-from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.config import TrainConfig
 from training.data import fixed_batches, make_loader, to_device
 from training.losses import clip_loss

@@ -28,8 +28,7 @@ from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
 from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
-from training.before_after import (BEFORE_EMBEDDINGS, before_after_table, before_row, evaluated_before,
-                                   final_statistics)
+from training.before_after import BEFORE_EMBEDDINGS, before_after_table, final_statistics, write_before
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, save_checkpoint, write_model_card)
@@ -181,7 +180,7 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
         return evaluate_only(cfg, accelerator, backend, record, output)
 
     s = setup(cfg, accelerator, backend, record, output)
-    if s.state.step == 0 and not evaluated_before(s.evals):
+    if s.state.step == 0:  # a resumed run has its base model's numbers in before.json
         evaluate_base(s)
     while s.state.step < s.total and s.state.epoch < cfg.optim.epochs:
         train_one_epoch(s)
@@ -205,7 +204,7 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
         backend.module.to(accelerator.device)
         units: dict = {}
         metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz", units)
-        record.update(final_statistics(output, [], data, cfg, metrics, units))
+        record.update(final_statistics(output, data, cfg, metrics, units, trained=False))
         _write_results(output, published_record(record, cfg, output),
                        [{"step": 0, "final": True, **metrics}], metrics)
     accelerator.wait_for_everyone()
@@ -313,13 +312,13 @@ def _accumulate_gradients(s: Session, batches) -> float:
 
 
 def evaluate_base(s: Session) -> None:
-    """The base model on every configured evaluation before step 1, as metrics.jsonl's
-    `"before": true` row, its embeddings saved for the before -> after intervals
-    (training/before_after.py)."""
+    """The base model on every configured evaluation before step 1 (`before.json`), its
+    embeddings saved for the before -> after intervals (training/before_after.py). The RNG is
+    forked: the training that follows is the one it would be without this evaluation."""
     if s.accelerator.is_main_process:
-        metrics = evaluate_model(s.unwrapped, s.backend, s.data, s.cfg, s.output / BEFORE_EMBEDDINGS)
-        s.evals.append(before_row(metrics))
-        _write_jsonl(s.output / "metrics.jsonl", s.evals)
+        with torch.random.fork_rng(devices=[]):  # a DataLoader iterator draws its base seed
+            write_before(s.output, evaluate_model(s.unwrapped, s.backend, s.data, s.cfg,
+                                                  s.output / BEFORE_EMBEDDINGS))
     s.accelerator.wait_for_everyone()
 
 
@@ -361,7 +360,7 @@ def finish(s: Session) -> dict[str, float]:
     units: dict = {}
     metrics = evaluate(s, final=True, units=units)
     if accelerator.is_main_process:
-        s.record.update(final_statistics(output, s.evals, s.data, cfg, metrics, units))
+        s.record.update(final_statistics(output, s.data, cfg, metrics, units))
         write_model_card(staged, published_record(s.record, cfg, output),
                          mark_overlapping(metrics, s.record.get("eval_overlap", {})))
         install(staged, output)
