@@ -6,7 +6,6 @@ figure), clip-benchmark's vocabulary, and bad input in the report's datasets as 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -363,3 +362,40 @@ def test_columns_in_natural_order_and_all_zero_charts_say_so(tmp_path, monkeypat
     texts = FigureTexts(monkeypatch)
     plot_per_class({"dog": {1: 0.0, 5: 0.0}, "cat": {1: 0.0, 5: 0.0}}, tmp_path / "zero.png")
     assert any("0 for every class" in t for t in texts.texts)
+
+
+def test_rows_pushed_before_the_intervals_still_load(report, repo_id):
+    """A results repo holding a file of the columns an older version wrote (no intervals): a
+    push of new records succeeds, the old rows keep their values with null intervals, and
+    `load_dataset` reads every row under one schema."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import load_dataset
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from training.report.hub_results import OLD_COLUMNS, push_results
+
+    out, _ = report
+    records = [r for r in _records(out) if r["task"] != "blind_baseline"]
+    old = []
+    for r in records[:3]:  # as the previous version's to_row wrote them
+        row = {c: r.get(c) for c in OLD_COLUMNS}
+        row.update(metrics=json.dumps(r["metrics"], sort_keys=True), metric_version="0.1.0",
+                   code_version="0.1.0", key=json.dumps([r["model"], "old", r["task"]]))
+        old.append(row)
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(old, schema=pa.schema([(c, pa.string()) for c in OLD_COLUMNS])), buf)
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
+    api.create_commit(repo_id, repo_type="dataset", commit_message="rows of an older version",
+                      operations=[CommitOperationAdd("data/results-old.parquet", buf.getvalue())])
+    assert push_results(records, repo_id) == len(records)
+    rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
+    assert len(rows) == len(records) + len(old)
+    by_key = {r["key"]: r for r in rows}
+    for row in old:
+        loaded = by_key[row["key"]]
+        assert json.loads(loaded["metrics"]) == json.loads(row["metrics"]) and loaded["ci_low"] is None
+    assert sum(r["ci_low"] is not None for r in rows) == len(records)

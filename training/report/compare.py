@@ -69,7 +69,8 @@ def compare_dataset(dataset: str, units: dict[str, dict[str, UnitScores]], model
 
 def verdicts(records: list[dict], dataset: str, comparisons: list[Comparison]) -> dict[tuple[str, str], tuple[str, bool]]:
     """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm),
-    for the columns of `dataset` with two or more models and a test between the top two."""
+    for the columns of `dataset` with two or more models and a test between the top two (the
+    others are left unmarked)."""
     tests = {(c.task, c.metric, frozenset((c.model, c.other))): c for c in comparisons if c.dataset == dataset}
     out = {}
     for task, metric in {(r["task"], n) for r in records if r["dataset"] == dataset for n in r["metrics"]}:
@@ -80,8 +81,9 @@ def verdicts(records: list[dict], dataset: str, comparisons: list[Comparison]) -
         values.sort(key=lambda vm: vm[0], reverse=higher_is_better(metric))
         (best_value, best), (second_value, second) = values[0], values[1]
         test = tests.get((task, metric, frozenset((best, second))))
-        beats = test is not None and best_value != second_value and test.p_holm < ALPHA
-        out[(task, metric)] = (best, beats)
+        if test is None:  # not compared (--baseline: two other models on top): left unmarked
+            continue
+        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA)
     return out
 
 

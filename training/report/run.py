@@ -131,39 +131,52 @@ def _score_models(cfg: BenchmarkConfig, specs: list, sets: list, output: Path,
                   cache: Path) -> tuple[list[dict], dict[str, dict[str, dict[str, UnitScores]]]]:
     """The records of every model on every dataset, and each one's per-unit scores
     (dataset -> model name -> metric key -> UnitScores), one model in memory at a time."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     records: list[dict] = []
     all_units: dict[str, dict[str, dict[str, UnitScores]]] = {}
     chances: dict[str, dict[str, float]] = {}  # per dataset: the data's, not a model's
     bar = None
-    for n, spec in enumerate(specs):
-        backend = load_model(spec, cfg.trust_pickled_weights)
-        # Started after the first model loads, so a bad --model leaves only its error line.
-        bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
-        backend.module.to(device)
-        digests = (weights_digest(backend.module), preprocessing_digest(backend))
-        width, name = embedding_width(backend), model_name(spec.name)
-        scored = {}  # the embeddings PN reads, of this model only
-        for ds in sets:
-            bar.set_postfix_str(f"{spec.name} on {ds.name}")
-            metrics, emb, units = _score(backend, (name, *digests, width), ds, output, cache, n)
-            if ds.name in PN_ARRAYS:
-                scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
-            chance = chances.setdefault(ds.name, chance_levels(metrics, ds.data, ds.cfg.run.k_values))
-            records += make_records(spec, digests[0], ds, metrics, _intervals(units, cfg),
-                                    cfg.bootstrap, cfg.seed, chance)
-            all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
-            bar.update()
-        if {"coco", "decorrelation"} <= scored.keys():
-            by_name = {ds.name: ds for ds in sets}
-            metrics, units = _necessity(by_name["coco"], by_name["decorrelation"], scored)
-            records += make_records(spec, digests[0], by_name["decorrelation"], metrics,
-                                    _intervals(units, cfg), cfg.bootstrap, cfg.seed,
-                                    chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values))
-            all_units["decorrelation"][name].update(units)
-        del backend  # one model in memory at a time
-    bar.close()
+    try:
+        for n, spec in enumerate(specs):
+            backend = load_model(spec, cfg.trust_pickled_weights)
+            # Started after the first model loads, so a bad --model leaves only its error line.
+            bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
+            records += _score_model(cfg, (n, spec, backend), sets, (output, cache), bar, (all_units, chances))
+            del backend  # one model in memory at a time
+    finally:
+        if bar is not None:  # ends its line: an error after it is a line of its own
+            bar.close()
     return records, all_units
+
+
+def _score_model(cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[Path, Path], bar,
+                 found: tuple[dict, dict]) -> list[dict]:
+    """The records of model number n (`model`: n, its spec and loaded backend) on every dataset;
+    its per-unit scores and each dataset's chance levels are added to `found`."""
+    n, spec, backend = model
+    all_units, chances = found
+    backend.module.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    digests = (weights_digest(backend.module), preprocessing_digest(backend))
+    width, name = embedding_width(backend), model_name(spec.name)
+    records, scored = [], {}  # scored: the embeddings PN reads, of this model only
+    for ds in sets:
+        bar.set_postfix_str(f"{spec.name} on {ds.name}")
+        metrics, emb, units = _score(backend, (name, *digests, width), ds, *folders, n)
+        if ds.name in PN_ARRAYS:
+            scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
+        if ds.name not in chances:
+            chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.run.k_values)
+        records += make_records(spec, digests[0], ds, metrics, _intervals(units, cfg),
+                                cfg.bootstrap, cfg.seed, chances[ds.name])
+        all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
+        bar.update()
+    if {"coco", "decorrelation"} <= scored.keys():
+        by_name = {ds.name: ds for ds in sets}
+        metrics, units = _necessity(by_name["coco"], by_name["decorrelation"], scored)
+        records += make_records(spec, digests[0], by_name["decorrelation"], metrics,
+                                _intervals(units, cfg), cfg.bootstrap, cfg.seed,
+                                chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values))
+        all_units["decorrelation"][name].update(units)
+    return records
 
 
 def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
