@@ -179,6 +179,7 @@ def test_learning_sanity_r1_well_above_chance(tmp_path, tiny_models_dir):
 def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds, scored_cf, tiny_models_dir):
     from datasets import load_dataset
 
+    from counterfactory_metrics.itm_score_deltas.deltas import random_derangement
     from training.backends import load_backend
     from training.config import SourceRef, TrainConfig
     from training.evaluation import compute_embeddings, load_eval_data
@@ -236,11 +237,12 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
 
     # ITM deltas: the itm_score_deltas module on G = cosine similarity of the saved embeddings.
     # Random group: real pair (C_o, I_o) = image i of the test split with its first caption,
-    # (C_r, I_r) = the next image with its first caption. Counterfactual group: (C_o, I_o^s) =
-    # (caption_0, image_0), (C_c, I_c^s) = (caption_1, image_1) of every scored pair.
+    # (C_r, I_r) = its partner in the seeded random derangement (seed 0) with its first caption.
+    # Counterfactual group: (C_o, I_o^s) = (caption_0, image_0), (C_c, I_c^s) = (caption_1,
+    # image_1) of every scored pair.
     first = np.cumsum([0] + [len(ids) for ids in per_image])[:-1]
     img, cap = emb["image"], emb["text"][first]
-    nxt = np.roll(np.arange(len(img)), -1)
+    nxt = random_derangement(len(img), 0)  # "a random other pair": seeded, never itself
     i0, i1, c0, c1 = emb["cf_image"][0::2], emb["cf_image"][1::2], emb["cf_text"][0::2], emb["cf_text"][1::2]
     g = lambda c, i: (c * i).sum(1)  # noqa: E731
     itm = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "itm_score_deltas"))
