@@ -93,10 +93,11 @@ def source_digest(module: str) -> str:
     """`sha256:` of a module's source file, or of every `.py`, `.md` and `.txt` file of a package
     (names and contents), found without running the module (its parent packages are imported)."""
     spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
+    if spec is None or not (spec.origin or spec.submodule_search_locations):
         raise ValueError(f"no module {module!r}")
-    origin = Path(spec.origin)
-    root = origin.parent if spec.submodule_search_locations else origin
+    # A package's folder (also a namespace package's, which has no origin), else the file.
+    locations = list(spec.submodule_search_locations or [])
+    root = Path(locations[0]) if locations else Path(spec.origin)
     files = sorted(p for p in root.rglob("*") if p.suffix in {".py", ".md", ".txt"}
                    and "__pycache__" not in p.parts) if root.is_dir() else [root]
     h = hashlib.sha256()
