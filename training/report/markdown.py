@@ -140,6 +140,10 @@ BLIND_MEANING = ("How often a text-only model, which never sees the image, prefe
                  "are counted and scored apart.")
 
 
+def _count(value) -> str:
+    return "n/a" if value is None else f"{int(value):,}"
+
+
 def blind_lines(records: list[dict], dataset: str) -> list[str]:
     """The blind text-only baseline's section of `dataset` (none without its records)."""
     rows = [r for r in records if r["dataset"] == dataset and r["task"] == BLIND]
@@ -147,7 +151,7 @@ def blind_lines(records: list[dict], dataset: str) -> list[str]:
         return []
     first = rows[0]["metrics"]
     lines = ["#### Blind text-only baseline", "", BLIND_MEANING, "",
-             f"Same-word pairs: {_fmt(first.get('same_word_pairs'))[:-5]} of {_fmt(first.get('pairs'))[:-5]}.", "",
+             f"Same-word pairs: {_count(first.get('same_word_pairs'))} of {_count(first.get('pairs'))}.", "",
              "| text model | metric | value | chance |", "|---|---|---|---|"]
     for r in rows:
         lines += [f"| {plain(r['model'])} | {plain(name)} | {cell(r, name)} | {_fmt((r.get('chance') or {}).get(name))} |"
