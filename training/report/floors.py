@@ -114,12 +114,14 @@ def caption_pairs(data) -> tuple[list[str], list[str]]:
 
 
 def blind_scores(originals: list[str], counterfactuals: list[str], lm_id: str,
-                 sentence_id: str) -> dict[str, np.ndarray]:
-    """Per pair, whether the LM and the sentence model prefer the original (`_prefers`)."""
+                 sentence_id: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Per pair, whether the LM and the sentence model prefer the original (`_prefers`); and
+    the weights digest of each (`lm`, `sentence`): which text models were scored."""
     import torch
 
     from builders.counterfactuals.captions import CaptionModels, lm_perplexities
     from builders.models.loaders import load_lm, load_sentence
+    from training.report.models import weights_digest
 
     lm, tok = load_lm(lm_id)
     limit = CaptionModels(None, None, lm, tok, None).lm_limit()
@@ -129,17 +131,18 @@ def blind_scores(originals: list[str], counterfactuals: list[str], lm_id: str,
     emb = sentence.encode(originals + counterfactuals, convert_to_tensor=True, show_progress_bar=False)
     emb = torch.nn.functional.normalize(emb.float(), dim=-1)
     typical = (emb @ torch.nn.functional.normalize(emb.mean(0), dim=0)).cpu().numpy()
-    return {"lm_prefers_original": _prefers(ppl[:n], ppl[n:], higher=False),
-            "sentence_prefers_original": _prefers(typical[:n], typical[n:], higher=True)}
+    return ({"lm_prefers_original": _prefers(ppl[:n], ppl[n:], higher=False),
+             "sentence_prefers_original": _prefers(typical[:n], typical[n:], higher=True)},
+            {"lm": weights_digest(lm), "sentence": weights_digest(sentence)})
 
 
 def blind_baseline(data, lm_id: str, sentence_id: str, resamples: int, seed: int) -> dict:
     """The blind baseline of the counterfactual set (module docstring): per model, the fraction
     of pairs where it prefers the original, its interval, and the same on the same-word pairs and
-    on the others; the same-word pair count."""
+    on the others; the same-word pair count; each text model's weights digest."""
     originals, counterfactuals = caption_pairs(data)
     same = np.asarray([same_words(a, b) for a, b in zip(originals, counterfactuals)], dtype=float)
-    prefers = blind_scores(originals, counterfactuals, lm_id, sentence_id)
+    prefers, digests = blind_scores(originals, counterfactuals, lm_id, sentence_id)
     units: dict[str, UnitScores] = {}
     for name, values in prefers.items():
         units[name] = UnitScores("counterfactual pairs", values)
@@ -149,4 +152,4 @@ def blind_baseline(data, lm_id: str, sentence_id: str, resamples: int, seed: int
     metrics = {name: u.value() for name, u in units.items()}
     intervals = {name: (*interval(resampled[name]), u.n) for name, u in units.items()} if resamples else {}
     return {"metrics": {**metrics, "same_word_pairs": float(same.sum()), "pairs": float(len(same))},
-            "intervals": intervals}
+            "intervals": intervals, "digests": digests}

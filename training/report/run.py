@@ -202,7 +202,7 @@ def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
         keys = {k: v for k, v in found["metrics"].items() if k.startswith(role)}
         keys.update(same_word_pairs=found["metrics"]["same_word_pairs"], pairs=found["metrics"]["pairs"])
         spec = ModelSpec(model, "text-only", model)
-        records += make_records(spec, None, ds, {f"blind_baseline/{k}": v for k, v in keys.items()},
+        records += make_records(spec, found["digests"][role], ds, {f"blind_baseline/{k}": v for k, v in keys.items()},
                                 {f"blind_baseline/{k}": v for k, v in found["intervals"].items() if k in keys},
                                 cfg.bootstrap, cfg.seed,
                                 {f"blind_baseline/{k}": 0.5 for k in keys if "prefers" in k})
