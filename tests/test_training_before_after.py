@@ -91,3 +91,25 @@ def test_sweep_aggregates_the_per_seed_gains(tmp_path):
     assert f"+{g.mean():.4f} ± {g.std(ddof=1):.4f}" in table
     assert next(r for r in summary["metrics"] if r["metric"] == "val_loss").get("gain_mean") is None
 
+
+
+def test_zeroshot_and_flickr30k_are_evaluated_before_step_1(colors, tiny_models_dir, tmp_path):
+    """Every configured evaluation has its before -> after: zero-shot (units: test images) and
+    Flickr30k (units: images with all their captions) too, each with its paired interval."""
+    from builders.devtools.fixtures.classification import write_classification_fixture
+    from builders.devtools.fixtures.coco import CocoFixtureConfig, write_flickr30k_fixture
+
+    data, _ = colors
+    classes = write_classification_fixture(tmp_path / "classes", per_class=1)
+    flickr = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=8))
+    out = tmp_path / "run"
+    assert train_main(["--real", str(data), "--real-train-splits", "train", "--zeroshot", f"{classes}:test",
+                       "--flickr30k", str(flickr), "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
+                       "--num-workers", "0", "--bootstrap", "200", "--batch-size", "16", "--max-steps", "3",
+                       "--output", str(out)]) == 0
+    rows = json.loads((out / "run.json").read_text())["before_after"]
+    for key in ("zeroshot/classes-test/top1", "zeroshot/classes-test/mean_per_class_recall",
+                "flickr30k/t2i_R@1", "flickr30k/i2t_R@5"):
+        row = rows[key]
+        assert row["difference"] == pytest.approx(row["after"] - row["before"]), key
+        assert row["ci_low"] is not None and row["ci_low"] - 1e-9 <= row["difference"] <= row["ci_high"] + 1e-9, key
