@@ -82,6 +82,15 @@ def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_
 
 
 @pytest.mark.accelerate
+def _flat(value, prefix: str = "") -> dict:
+    """A nested record's numbers, keyed by their path (None kept: it must match too)."""
+    if isinstance(value, dict):
+        return {k: v for key, sub in value.items() for k, v in _flat(sub, f"{prefix}/{key}").items()}
+    if isinstance(value, list):
+        return {k: v for n, sub in enumerate(value) for k, v in _flat(sub, f"{prefix}/{n}").items()}
+    return {prefix: value}
+
+
 def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_models_dir, tmp_path):
     """`counterfactory train` and `accelerate launch training/finetune_clip.py` are one trainer:
     the same run record, loss curve and metrics."""
@@ -99,10 +108,15 @@ def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_mode
     # Equal up to float summation order (accelerate launch sets the process's CPU thread count).
     want, got = (json.loads((d / "run.json").read_text()) for d in (launched, cli))
     want_metrics, got_metrics = want.pop("final_metrics"), got.pop("final_metrics")
+    # The numbers (the final metrics, their intervals, the base model's and before -> after).
+    numbers = ("final_intervals", "before_metrics", "before_after")
+    want_numbers, got_numbers = ({k: d.pop(k) for k in numbers} for d in (want, got))
     assert got == want  # config, datasets, example counts, steps
     assert got_metrics.keys() == want_metrics.keys()
     for key, value in want_metrics.items():
         assert got_metrics[key] == pytest.approx(value, abs=1e-5), key
+    for name in numbers:
+        assert _flat(got_numbers[name]) == pytest.approx(_flat(want_numbers[name]), abs=1e-5), name
     want_loss, got_loss = read_jsonl(launched / "loss.jsonl"), read_jsonl(cli / "loss.jsonl")
     assert [r["step"] for r in got_loss] == [r["step"] for r in want_loss] == [1, 2, 3]
     np.testing.assert_allclose([r["loss"] for r in got_loss], [r["loss"] for r in want_loss], atol=1e-5)
