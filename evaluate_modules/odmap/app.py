@@ -1,6 +1,6 @@
-"""The odmap Space's app: evaluate's metric widget, as the generated app of the other Spaces
-(builders/publishing/metric.py), plus NLTK's tagger data, which the widget's caption texts need
-and a fresh Space lacks (downloaded once when the app starts)."""
+"""The odmap Space's app: evaluate's metric widget for odmap.py beside it, plus NLTK's tagger
+data, which the widget's caption texts need and a fresh Space lacks (downloaded once when the app
+starts)."""
 
 import os
 
