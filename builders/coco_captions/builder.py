@@ -21,6 +21,7 @@ from builders.coco_captions.source import read_images
 from builders.coco_captions.view import IMAGES_VIEW
 from builders.engine import progress
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from loading_scripts.images import IMAGE_ENCODING
 
 
 class CocoCaptionsBuilder:
@@ -39,7 +40,7 @@ class CocoCaptionsBuilder:
         return f"--coco-root {self.config.coco_root} (--splits {' '.join(self.config.splits)})"
 
     def process(self, items):
-        from loading_scripts.images import ImageProblem, open_rgb_image
+        from loading_scripts.images import ImageProblem, check_image
 
         for rec in progress.items(items, "images"):
             if not rec.captions:
@@ -47,8 +48,8 @@ class CocoCaptionsBuilder:
                 continue
             try:
                 # The annotated size must hold: the boxes are in its pixels.
-                image = open_rgb_image(rec.path, max_pixels=self.config.max_image_pixels,
-                                       expected_size=(rec.width, rec.height))
+                image = check_image(rec.path, max_pixels=self.config.max_image_pixels,
+                                    expected_size=(rec.width, rec.height)).cell()
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=str(err))
                 continue
@@ -68,7 +69,8 @@ class CocoCaptionsBuilder:
         return BuildInfo(
             builder="coco-captions", card_template="dataset_card.md",
             pretty_name="COCO Karpathy retrieval splits",
-            config={**asdict(self.config), "splits": list(self.config.splits)},
+            config={**asdict(self.config), "splits": list(self.config.splits),
+                    "image_encoding": IMAGE_ENCODING},
             card_fields=CARD_FIELDS,
         )
 

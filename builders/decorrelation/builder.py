@@ -44,6 +44,7 @@ from builders.engine.precision import Precision, worker_precision
 from builders.engine.provenance import model_names
 from builders.engine.seeding import derive_seed
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from loading_scripts.images import IMAGE_ENCODING
 
 TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
 
@@ -126,6 +127,8 @@ class DecorrelationBuilder:
         config["class_names"] = list(cfg.source.class_names)
         # Without models the rows do not depend on the device: nothing to record or check.
         config["precision"] = self.precision().as_config() if models else None
+        if cfg.keep_original:  # only `original_image` holds real images (x' and masks are PNG)
+            config["image_encoding"] = IMAGE_ENCODING
         return BuildInfo(builder="decorrelation", card_template="decorrelation.md",
                          pretty_name=f"Object-decorrelation sets ({cfg.source.kind})", config=config,
                          models=models, card_fields=card_fields(cfg, COLUMN_DOCS, config["precision"]))
@@ -179,9 +182,12 @@ class DecorrelationBuilder:
             yield Skip(rejection.reason, detail=f"image {rec.image_id} {rejection.anchor}: {rejection.detail}")
         if not selection.removals:
             return
-        image = yield from self._open(rec)
-        if image is None:
+        checked = yield from self._open(rec)
+        if checked is None:
             return
+        image = checked.pixels
+        # The source as stored (its bytes as read, or PNG): made once, whatever the removals.
+        original = checked.cell() if cfg.keep_original else None
         for removal in selection.removals:
             seed = derive_seed(cfg.seed, rec.image_id, removal.anchor)
             fill_mask = dilate(removal.mask, cfg.fill.mask_dilation)
@@ -195,7 +201,7 @@ class DecorrelationBuilder:
                                detail=f"image {rec.image_id} {removal.anchor}: after the fill CLIP scores "
                                       f"{scores} (threshold {cfg.verify.threshold})")
                     continue
-            edit = self._edit_columns(rec, removal, fill_mask, synthetic, seed, image, verdict)
+            edit = self._edit_columns(rec, removal, fill_mask, synthetic, seed, original, verdict)
             if train:
                 yield from self._train_rows(rec, removal, edit, synthetic, seed)
             else:
@@ -203,13 +209,13 @@ class DecorrelationBuilder:
                                        "caption_ids": [c.caption_id for c in rec.captions]})
 
     def _open(self, rec: SourceImage):
-        """The RGB source image, or None after yielding an input-error skip (a generator helper):
-        too large, not of its annotated size (the boxes would be wrong), or unreadable."""
-        from loading_scripts.images import ImageProblem, open_rgb_image
+        """The checked source image, or None after yielding an input-error skip (a generator
+        helper): too large, not of its annotated size (the boxes would be wrong), or unreadable."""
+        from loading_scripts.images import ImageProblem, check_image
 
         try:
-            return open_rgb_image(rec.path, max_pixels=self.config.source.max_image_pixels,
-                                  expected_size=(rec.width, rec.height))
+            return check_image(rec.path, max_pixels=self.config.source.max_image_pixels,
+                               expected_size=(rec.width, rec.height))
         except ImageProblem as err:
             yield Skip(err.reason, kind="error", detail=str(err))
             return None
@@ -226,7 +232,7 @@ class DecorrelationBuilder:
         return self._verifier
 
     def _edit_columns(self, rec: SourceImage, removal: Removal, fill_mask: np.ndarray,
-                      synthetic: Image.Image, seed: int, original: Image.Image,
+                      synthetic: Image.Image, seed: int, original: dict[str, Any] | None,
                       verdict: Verdict | None) -> dict[str, Any]:
         cfg = self.config
         cols = {
