@@ -198,7 +198,13 @@ class RunConfig:
     #: 0: only per epoch.
     save_every: int = option(0, "checkpoint every N steps (and always per epoch)", type=non_negative_int)
     best_by_val_loss: bool = option(False, "final model = the evaluation with the lowest validation loss")
-    resume: str | None = option(None, "`latest` (newest checkpoint under --output) or a checkpoint folder")
+    #: The checkpoint must be of the same training configuration (`training_fingerprint`).
+    resume: str | None = option(None, "`latest` (newest checkpoint under --output) or a checkpoint "
+                                      "folder, of a run with the same training flags")
+    #: Without it (or --resume) an --output holding anything is refused (training/run_folder.py).
+    overwrite_output_dir: bool = option(
+        False, "delete an earlier run's files in --output first (refused, deleting nothing, when "
+               "the folder holds other files); without it or --resume a non-empty --output is refused")
     eval_only: bool = option(False, "only evaluate --model (e.g. the pretrained baseline)")
     expect_processes: int | None = option(None, "fail unless this many processes were launched",
                                           type=positive_int)
@@ -278,6 +284,9 @@ class TrainConfig:
             raise UserFacingError("--batch-size, --grad-accum and --epochs must be >= 1")
         if o.lock_image and o.lock_text:
             raise UserFacingError("--lock-image and --lock-text together leave nothing to train")
+        if r.resume and r.overwrite_output_dir:
+            raise UserFacingError("--resume continues the run in --output and --overwrite-output-dir "
+                                  "deletes it; give one of them")
         if r.coco_instances and not r.eccv:
             raise UserFacingError("--coco-instances adds PMRP to the ECCV Caption suite: give --eccv too")
         if r.eccv and (d.real is None or not d.real_test_split):
@@ -298,6 +307,40 @@ class TrainConfig:
             raise UserFacingError(f"--push-to-hub {repo_id[:200]!r} is {problem}: give ORG/NAME, each "
                                   "part letters, digits, '-', '_' and '.' (not starting or ending with "
                                   "'-' or '.'), at most 96 characters, e.g. my-org/clip-finetuned")
+
+
+#: Fields that change no training step: evaluation-only sets and options, loading, logging,
+#: output, and how far to train (--epochs, --max-steps: a finished run may be continued with
+#: `--resume latest --max-steps N`; a linear or cosine schedule then follows the new length).
+#: Every other field of `data` and `optim`, and `FINGERPRINT_RUN` of `run`, make the training
+#: fingerprint. (--real-val-split is in it: the checkpoint's best validation loss was measured on it.)
+NOT_IN_FINGERPRINT = {
+    "data": {"num_workers", "real_test_split", "zeroshot", "flickr30k", "flickr30k_split",
+             "max_image_pixels"},
+    "optim": {"epochs", "max_steps", "grad_checkpointing"},
+}
+#: The model trained and the batch order.
+FINGERPRINT_RUN = ("backend", "model", "pretrained", "seed")
+
+
+def training_fingerprint(config: dict) -> dict[str, Any]:
+    """`--flag` -> value of the fields of `config` (an `as_dict` view, with local paths named by
+    content as run.json names them) that change the training; a checkpoint records it and
+    `--resume` refuses a checkpoint of another one. A dataset is its two flags `--NAME` and
+    `--NAME-revision`."""
+    out: dict[str, Any] = {}
+    for section, values in config.items():
+        if section not in ("data", "optim", "run"):
+            continue
+        for name, value in values.items():
+            if name in NOT_IN_FINGERPRINT.get(section, ()) or (section == "run" and name not in FINGERPRINT_RUN):
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, dict):  # a SourceRef
+                out[flag], out[f"{flag}-revision"] = value.get("path"), value.get("revision")
+            else:
+                out[flag] = value
+    return out
 
 
 def as_dict(cfg: Any) -> Any:

@@ -32,13 +32,14 @@ from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, save_checkpoint, write_model_card)
 from training.checkpoint_files import Resumable
-from training.config import TrainConfig, as_dict
+from training.config import TrainConfig, as_dict, training_fingerprint
 from training.data import PairBatchSampler, make_loader, to_device
 from training.evaluation import EvalData, evaluate_model, load_eval_data
 from training.final_files import MANIFEST, check_before_training, copy_saved_model, fresh_staging, install
 from training.leakage import check_eval_overlap, mark_overlapping
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
+from training.run_folder import check_run_folder, clear_run_folder
 from training.zeroshot import skip_counts
 
 log = logging.getLogger(__name__)
@@ -147,11 +148,21 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     check_mixed_precision(cfg.optim.mixed_precision, "cuda" if torch.cuda.is_available() else "cpu")
     output = Path(cfg.run.output)
     _make_output(output)
+    # A finished or another run in --output, a --resume of another configuration (every process
+    # checks, before any writes: training/run_folder.py).
+    check_run_folder(cfg, output, run_fingerprint(cfg, output))
     if cfg.run.push_to_hub:  # a final/ holding files no run wrote would be refused after training
         check_before_training(output)
     accelerator = make_accelerator(cfg, output)
+    accelerator.wait_for_everyone()  # every process checked the folder before the main one writes
     with _output_lock(accelerator, output), trusting_pickled_weights(cfg.run.trust_pickled_weights):
         return _locked_run(cfg, accelerator, output)
+
+
+def run_fingerprint(cfg: TrainConfig, output: Path) -> dict:
+    """What a checkpoint records of the configuration (training/config.py `training_fingerprint`),
+    with local folders named by content as run.json names them: a moved folder is the same one."""
+    return training_fingerprint(published_record({"config": as_dict(cfg)}, cfg, output)["config"])
 
 
 def _make_output(output: Path) -> None:
@@ -167,6 +178,9 @@ def _make_output(output: Path) -> None:
 
 def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
     """`run` while holding the output folder's lock."""
+    if cfg.run.overwrite_output_dir and accelerator.is_main_process:
+        clear_run_folder(output)
+    accelerator.wait_for_everyone()
     if accelerator.log_with:  # after the lock: a refused run writes nothing under --output
         accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
@@ -251,6 +265,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
             accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler))
         log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch,
                  state.batch, state.step)
+    state.config = run_fingerprint(cfg, output)  # recorded in every checkpoint
     bar = tqdm(total=total, initial=state.step, desc="train", unit="step",
                disable=not accelerator.is_local_main_process)
     return Session(cfg, output, accelerator, backend, record, data, sampler, loader, model, optimizer,
