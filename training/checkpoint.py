@@ -178,6 +178,8 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     recipe = cfg.get("recipe") or "custom"
     tag = cfg["run"]["pretrained"]
     base = _code(cfg["run"]["model"]) + (f", weights {_code(tag)}" if tag else "")
+    test = run_record.get("test_examples")
+    held_out = f"; held out for the ITM deltas: {test}" if test else ""
     card = f"""---
 library_name: {'transformers' if cfg['run']['backend'] == 'transformers' else 'open_clip'}
 tags:
@@ -198,7 +200,7 @@ Base model: {base} ({cfg['run']['backend']}). Mixture: `{cfg['data']['mix']}`
 |---|---|---|---|---|
 {data_rows}
 
-Examples trained on: {run_record['train_examples']}; validation: {run_record['validation_examples']}.
+Examples trained on: {run_record['train_examples']}; validation: {run_record['validation_examples']}{held_out}.
 
 ## Optimisation
 

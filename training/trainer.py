@@ -240,10 +240,15 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     if cfg.optim.max_steps is not None:
         total = min(total, cfg.optim.max_steps)
     data = load_eval_data(cfg, mixture.heldout_cf, mixture.train.tables, mixture.validation)
-    record["eval_overlap"] = check_eval_overlap(mixture.train, data, cfg.run.allow_eval_overlap)
+    # The validation loss picks the final model with --best-by-val-loss: then it is data the
+    # model is selected on, checked as the training data is.
+    record["eval_overlap"] = check_eval_overlap(
+        mixture.train, data, cfg.run.allow_eval_overlap, negatives=cfg.data.hard_negatives == "negclip",
+        selection=mixture.validation if cfg.run.best_by_val_loss else None)
     record.update(tables=[asdict(r) for r in mixture.records + data.records],
                   train_examples=mixture.train.counts(),
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
+                  test_examples=mixture.test.counts() if mixture.test else {},
                   skipped={**mixture.skipped, **skip_counts(data.zeroshot)}, steps=total,
                   steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
