@@ -14,7 +14,7 @@ from datasets import Dataset
 from training.config import DataConfig, SourceRef
 from training.evaluation import EvalData
 from training.finetune_clip import main as train_main
-from training.leakage import check_eval_overlap, normalise
+from training.leakage import check_eval_overlap
 from training.mixtures import ExampleSet, build_mixture
 from training.sources import DataInputError
 
@@ -32,6 +32,8 @@ def tiny(tiny_models_dir, out, *extra: str) -> list[str]:
 
 
 def test_captions_are_compared_casefolded_with_whitespace_and_trailing_punctuation_dropped():
+    from training.leakage import normalise
+
     assert normalise("  A Dog\ton  a Bench.. ") == normalise("a dog on a bench!") == "a dog on a bench"
     assert normalise("a dog, on a bench") != normalise("a dog on a bench")
 
