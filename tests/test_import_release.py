@@ -223,7 +223,7 @@ def source_bytes(root: Path, names: dict[str, tuple[str, str]]) -> dict[str, tup
 
 
 def folder_sha256(root: Path) -> str:
-    """The folder digest the card names (METHOD.md §2): sha256 over `<file sha256>  <name>`
+    """The folder digest the card names (builders/counterfactuals/METHOD.md §2): sha256 over `<file sha256>  <name>`
     lines, files of a folder by name before its sub-folders, symlinks by their link text."""
     h = hashlib.sha256()
     for folder, dirs, names in os.walk(root):
