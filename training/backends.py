@@ -7,6 +7,14 @@ tokenizer the DataLoader workers use, and saving in the backend's own format:
 (`open_clip_config.json` + `open_clip_model.safetensors`) for open_clip. Both load back with the
 same `--model` flag (`--model runs/x/final`). Reading the id, loading and reading transformers'
 outputs are `builders.models`' (`clip_ids`, `loaders`, `clip.features`), shared with every stage.
+
+Images reach the backend's own steps as decoded, in their own PIL mode: each reference turns them
+into RGB at its own point. transformers composites transparency over white before anything else
+(`image_transforms.convert_to_rgb`); open_clip resizes and crops or pads in the image's mode and
+converts to RGB last (`MaybeConvertMode`: alpha dropped after the resize, a CMYK image padded in
+CMYK, where 0 is white). Converting first, as both once did here, moved RGBA, LA and transparent
+palette PNGs by up to 255 grey levels from transformers and 109 from open_clip, and a CMYK JPEG
+under open_clip's `resize_mode=longest` by 85 on average.
 """
 
 from __future__ import annotations
@@ -147,6 +155,18 @@ class Backend:
                   str(out / "open_clip_model.safetensors"))
 
 
+class TransformersRGB:
+    """transformers' `image_transforms.convert_to_rgb`, the first step of its CLIP image processor
+    (`do_convert_rgb`): an image with an alpha band or a transparent colour is composited over
+    white with PIL's `alpha_composite`, any other mode is PIL's `convert("RGB")` (CMYK included)."""
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        if "A" in img.getbands() or img.info.get("transparency") is not None:
+            white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, img.convert("RGBA")).convert("RGB")
+        return img.convert("RGB")
+
+
 class FloorCenterCrop:
     """Centre crop with transformers' offsets, `int((H - h) / 2)`: torchvision's `CenterCrop`
     rounds half up, one pixel off transformers on an odd margin (a 427x640 photo)."""
@@ -170,7 +190,8 @@ class PixelPipeline:
     size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    #: PIL -> PIL steps of the backend's reference transform (resize, crop, RGB).
+    #: PIL -> PIL steps of the backend's reference transform (resize, crop, and its conversion to
+    #: RGB where the reference does it), from the image as decoded to an RGB image.
     steps: tuple = ()
 
     def per_image(self):
@@ -183,8 +204,8 @@ class PixelPipeline:
 
 
 def transformers_pixels(ip) -> PixelPipeline:
-    """The steps of a transformers CLIP image processor: resize (short side, or to height x width)
-    with its resample filter, then its centre crop."""
+    """The steps of a transformers CLIP image processor: RGB (transparency over white), resize
+    (short side, or to height x width) with its resample filter, then its centre crop."""
     interpolation = ip.resample if isinstance(ip.resample, transforms.InterpolationMode) else \
         transforms.InterpolationMode(Image.Resampling(ip.resample).name.lower())
     size = dict(ip.size)
@@ -193,17 +214,23 @@ def transformers_pixels(ip) -> PixelPipeline:
                                interpolation=interpolation)
     crop = ip.crop_size["height"] if ip.do_center_crop else (short or size["height"])
     return PixelPipeline(crop, tuple(ip.image_mean), tuple(ip.image_std),
-                         (resize, FloorCenterCrop(crop)))
+                         (TransformersRGB(), resize, FloorCenterCrop(crop)))
+
+
+def _until_to_tensor(transform) -> tuple:
+    """The PIL steps of an open_clip transform `[..., ToTensor, Normalize]` (its Normalize is the
+    per-batch half)."""
+    steps = list(transform.transforms)
+    cut = next((i for i, t in enumerate(steps) if type(t).__name__.endswith("ToTensor")), None)
+    if cut is None or not isinstance(steps[-1], transforms.Normalize):
+        raise ValueError(f"open_clip's transform is not [..., ToTensor, Normalize]: {transform}")
+    return tuple(steps[:cut])
 
 
 def open_clip_pixels(preprocess, size: int, cfg: dict) -> PixelPipeline:
-    """open_clip's own eval transform up to its ToTensor (its resize mode, interpolation and crop,
-    whatever the model's preprocess_cfg says); its Normalize is the per-batch half."""
-    steps = list(preprocess.transforms)
-    cut = next((i for i, t in enumerate(steps) if type(t).__name__.endswith("ToTensor")), None)
-    if cut is None or not isinstance(steps[-1], transforms.Normalize):
-        raise ValueError(f"open_clip's transform is not [..., ToTensor, Normalize]: {preprocess}")
-    return PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"]), tuple(steps[:cut]))
+    """open_clip's own eval transform up to its ToTensor (its resize mode, interpolation, crop or
+    pad and its RGB conversion, whatever the model's preprocess_cfg says)."""
+    return PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"]), _until_to_tensor(preprocess))
 
 
 def load_backend(kind: str, model_id: str) -> Backend:

@@ -7,8 +7,17 @@ two rows (a pair, or two single rows) and every process's slice is a whole numbe
 both members of a pair land in the same batch on the same process. The order is a function of
 (seed, epoch) only, and a resumed run starts an epoch at a given batch.
 
+The last, incomplete batch of an epoch is dropped by default (open_clip_train's `drop_last=True`:
+every step sees the whole --batch-size of negatives), so an epoch is floor(N / B) batches;
+`--last-batch keep` (the `le2023` recipe: Hugging Face's Trainer behind run_clip.py keeps it,
+`dataloader_drop_last=False`) trains it too, ceil(N / B) batches. Kept, it is split over the
+processes in whole units as evenly as possible; one with fewer units than processes is still
+dropped (a process would have no row).
+
 Images are decoded in the DataLoader workers from the bytes stored in the parquet at full size,
-resized and cropped there to uint8 by the backend's reference steps; the consuming process
+in their own mode (the backend's steps convert to RGB where its reference does: transparency,
+palette and CMYK images otherwise differ from it), resized and cropped there to uint8 by the
+backend's reference steps; the consuming process
 normalises each batch at once (training/backends.py `PixelPipeline`). `--fast-decode` (training
 only) decodes JPEGs in PIL's draft mode, at the smallest DCT scale still >= the model's input
 size: most of a full-size decode's time, but the pixels then differ from the reference processor
@@ -93,10 +102,12 @@ class PairBatchSampler:
 
 def decode_image(data: bytes, transform: Callable[[Image.Image], torch.Tensor],
                  min_side: int, fast_decode: bool = False) -> torch.Tensor:
+    """The image in its own mode through `transform`, the backend's steps, which convert it to
+    RGB where the backend's reference does (training/backends.py)."""
     img = Image.open(io.BytesIO(data))
     if fast_decode and img.format == "JPEG":
         img.draft("RGB", (min_side, min_side))
-    return transform(img.convert("RGB"))
+    return transform(img)
 
 
 class ExampleDataset(torch.utils.data.Dataset):
