@@ -20,8 +20,10 @@ under open_clip's `resize_mode=longest` by 85 on average.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,10 +48,18 @@ class DualEncoder(nn.Module):
     def logit_scale(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, pixel_values=None, text=None, negative_text=None):
+    def logit_bias(self) -> torch.Tensor | None:
+        """SigLIP's learnt logit bias; None for a CLIP model (no such parameter)."""
+        return getattr(self.model, "logit_bias", None)
+
+    def forward(self, pixel_values=None, text=None, negative_text=None, with_bias: bool = False):
+        """(image, text, negative text features, logit scale), and the logit bias last with
+        `with_bias` (the sigmoid loss needs it; a parameter used in the forward, as DDP wants)."""
         img = F.normalize(self.encode_image(pixel_values), dim=-1) if pixel_values is not None else None
         txt = F.normalize(self.encode_text(text), dim=-1) if text is not None else None
         neg = F.normalize(self.encode_text(negative_text), dim=-1) if negative_text is not None else None
+        if with_bias:
+            return img, txt, neg, self.logit_scale(), self.logit_bias()
         return img, txt, neg, self.logit_scale()
 
 
@@ -120,10 +130,34 @@ class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
 
     def __init__(self, kind: str, model_id: str, module: DualEncoder, pixels: PixelPipeline,
-                 tokenize, extra) -> None:
+                 tokenize, extra, input_size: int | tuple[int, int] | None = None) -> None:
         self.kind, self.model_id, self.module = kind, model_id, module
         self.pixels, self.tokenize, self._extra = pixels, tokenize, extra
         self.image_size = pixels.size
+        #: The model's input size as its library gives it (open_clip: maybe (height, width)).
+        self.input_size = input_size or pixels.size
+
+    @property
+    def has_logit_bias(self) -> bool:
+        return self.module.logit_bias() is not None
+
+    def train_pixels(self, aug_cfg: dict[str, Any]) -> PixelPipeline:
+        """`--augment`: open_clip's train transform (`open_clip.image_transform(is_train=True,
+        aug_cfg=...)`: RandomResizedCrop(scale=(0.9, 1.0)) bicubic to the input size, then its
+        RGB conversion and the `--aug-cfg` colour jitter / grey scale), with this backend's mean
+        and std in the per-batch half; for transformers after its own RGB conversion (transparency
+        over white), which comes first there."""
+        import open_clip
+
+        p = self.pixels
+        with warnings.catch_warnings():
+            # open_clip 3.3.0 takes only `scale` out of the dict it then calls unused, and so warns
+            # of the colour jitter it does apply; the keys were checked (config.parse_aug_cfg).
+            warnings.filterwarnings("ignore", message="Unused augmentation cfg items")
+            train = open_clip.image_transform(self.input_size, is_train=True, mean=p.mean, std=p.std,
+                                              aug_cfg=dict(aug_cfg))
+        first = (TransformersRGB(),) if self.kind == TRANSFORMERS else ()
+        return PixelPipeline(p.size, p.mean, p.std, first + _until_to_tensor(train))
 
     def freeze(self, lock_image: bool, lock_text: bool) -> None:
         """`--lock-image` / `--lock-text`: the tower's weights get no gradient (and no update)."""
@@ -244,8 +278,9 @@ def load_backend(kind: str, model_id: str) -> Backend:
                        HFTokenize(processor.tokenizer), processor)
     model, preprocess, tokenizer = load_open_clip(clip.model_id)
     cfg = model.visual.preprocess_cfg
-    size = model.visual.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else size
+    input_size = model.visual.image_size
+    input_size = tuple(input_size) if isinstance(input_size, (tuple, list)) else input_size
+    size = input_size[0] if isinstance(input_size, tuple) else input_size
     saved = {"model_cfg": open_clip_model_config(clip), "preprocess_cfg": dict(cfg)}
     return Backend(kind, model_id, OpenClip(model.train()), open_clip_pixels(preprocess, size, cfg),
-                   OpenClipTokenize(tokenizer), saved)
+                   OpenClipTokenize(tokenizer), saved, input_size)

@@ -47,8 +47,9 @@ class PairBatchSampler:
     """Local batches of example indices for one process; see the module docstring."""
 
     def __init__(self, groups: list[list[int]], batch_size: int, num_replicas: int = 1,
-                 rank: int = 0, seed: int = 0, keep_pairs: bool = False) -> None:
+                 rank: int = 0, seed: int = 0, keep_pairs: bool = False, keep_last: bool = False) -> None:
         self.unit = 2 if keep_pairs else 1
+        self.keep_last = keep_last
         if batch_size % num_replicas:
             raise BatchConfigError(f"--batch-size {batch_size} is the global batch and must divide "
                                    f"evenly over {num_replicas} processes")
@@ -88,16 +89,21 @@ class PairBatchSampler:
                     single = []
         per_batch = self.batch_size // self.unit
         return [[i for u in units[b:b + per_batch] for i in u]
-                for b in range(0, len(units) - per_batch + 1, per_batch)]
+                for b in range(0, len(units), per_batch)][:len(self)]
 
     def __len__(self) -> int:
         n_units = sum(len(g) == self.unit for g in self.groups)
         n_units += sum(len(g) for g in self.groups if len(g) != self.unit) // self.unit
-        return n_units // (self.batch_size // self.unit)
+        full, rest = divmod(n_units, self.batch_size // self.unit)
+        return full + int(self.keep_last and rest >= self.num_replicas)
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self.global_batches(self.epoch)[self.start:]:
-            yield batch[self.rank * self.local:(self.rank + 1) * self.local]
+            # Whole units, as evenly as the batch allows: a full batch gives each process `local`
+            # rows; the kept last one fewer.
+            units, n = len(batch) // self.unit, self.num_replicas
+            lo, hi = self.rank * units // n, (self.rank + 1) * units // n
+            yield batch[lo * self.unit:hi * self.unit]
 
 
 def decode_image(data: bytes, transform: Callable[[Image.Image], torch.Tensor],
@@ -170,13 +176,16 @@ class Batches:
 
 
 def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
-                negatives: bool = False, fast_decode: bool = False) -> Batches:
-    dataset = ExampleDataset(examples, backend.pixels.per_image(), backend.pixels.size, fast_decode)
+                negatives: bool = False, fast_decode: bool = False, pixels=None) -> Batches:
+    """Batches of `examples` through `pixels` (default the backend's evaluation pipeline; the
+    training loader's with --augment, `Backend.train_pixels`)."""
+    pixels = pixels or backend.pixels
+    dataset = ExampleDataset(examples, pixels.per_image(), pixels.size, fast_decode)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, num_workers=num_workers,
         collate_fn=Collate(backend.tokenize, negatives), persistent_workers=False,
         multiprocessing_context="fork" if num_workers else None)
-    return Batches(loader, backend.pixels.per_batch)
+    return Batches(loader, pixels.per_batch)
 
 
 def to_device(batch: dict, device) -> dict:
