@@ -52,7 +52,7 @@ from training.data import fixed_batches, make_loader, to_device
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet, REAL_COLUMNS
 from training.sources import DataInputError, open_table, resolve_commit
-from training.zeroshot import class_embeddings, load_flickr30k, load_zeroshot_set, prompt_templates, zeroshot_scores
+from training.zeroshot import class_embeddings, load_flickr30k, load_zeroshot_set, zeroshot_scores
 
 log = logging.getLogger(__name__)
 
@@ -387,10 +387,9 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, em
         emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
         out.update({k.replace("retrieval/", "flickr30k/"): v
                     for k, v in retrieval_metrics(flickr, f, cfg.run.k_values).items()})
-    templates = prompt_templates() if data.zeroshot else ()
-    for z in data.zeroshot:
+    for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
-        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames, templates)
+        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames, z.templates)
         emb[f"zeroshot_{z.name}_image"], emb[f"zeroshot_{z.name}_class"] = images, classes
         out.update({f"zeroshot/{z.name}/{k}": v for k, v in zeroshot_scores(images, classes, z.labels).items()})
     return out

@@ -42,7 +42,7 @@ from training.leakage import check_eval_overlap, mark_overlapping
 from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
-from training.zeroshot import skip_counts
+from training.zeroshot import prompt_sources, skip_counts
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     held = eval_only_sets(cfg.data)
     data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
     record.update(tables=[asdict(r) for r in held.records + data.records],
-                  skipped=skip_counts(data.zeroshot))
+                  skipped=skip_counts(data.zeroshot), zeroshot_prompts=prompt_sources(data.zeroshot))
     metrics = {}
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
@@ -241,7 +241,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
                   train_examples=mixture.train.counts(),
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
                   skipped={**mixture.skipped, **skip_counts(data.zeroshot)}, steps=total,
-                  steps_per_epoch=steps_per_epoch)
+                  steps_per_epoch=steps_per_epoch, zeroshot_prompts=prompt_sources(data.zeroshot))
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
