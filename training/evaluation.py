@@ -389,7 +389,8 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, em
                     for k, v in retrieval_metrics(flickr, f, cfg.run.k_values).items()})
     for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
-        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames, z.templates)
+        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames,
+                                   z.templates)
         emb[f"zeroshot_{z.name}_image"], emb[f"zeroshot_{z.name}_class"] = images, classes
         out.update({f"zeroshot/{z.name}/{k}": v for k, v in zeroshot_scores(images, classes, z.labels).items()})
     return out

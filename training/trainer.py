@@ -226,8 +226,8 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
                                accelerator.process_index, cfg.run.seed, keep_pairs,
                                keep_last=cfg.optim.last_batch == "keep")
     # --last-batch keep: as Hugging Face's Trainer, the last step takes the batches left over.
-    keep = cfg.optim.last_batch == "keep"
-    steps_per_epoch = -(-len(sampler) // cfg.optim.grad_accum) if keep else len(sampler) // cfg.optim.grad_accum
+    accum = cfg.optim.grad_accum
+    steps_per_epoch = -(-len(sampler) // accum) if cfg.optim.last_batch == "keep" else len(sampler) // accum
     if steps_per_epoch == 0:
         raise UserFacingError(f"{len(mixture.train)} training examples make no full step of "
                               f"--batch-size {cfg.optim.batch_size} x --grad-accum "
@@ -244,10 +244,10 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
                   steps_per_epoch=steps_per_epoch, zeroshot_prompts=prompt_sources(data.zeroshot))
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
+    train_pixels = backend.train_pixels(parse_aug_cfg(cfg.data.aug_cfg)) if cfg.data.augment else None
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
                          negatives=cfg.data.hard_negatives == "negclip",
-                         fast_decode=cfg.data.fast_decode,
-                         pixels=backend.train_pixels(parse_aug_cfg(cfg.data.aug_cfg)) if cfg.data.augment else None)
+                         fast_decode=cfg.data.fast_decode, pixels=train_pixels)
 
     o = cfg.optim
     optimizer = make_optimizer(backend.module, o.optimizer, o.lr, o.weight_decay, (o.beta1, o.beta2),
