@@ -353,7 +353,9 @@ class TrainConfig:
 NOT_IN_FINGERPRINT = {
     "data": {"num_workers", "real_test_split", "zeroshot", "flickr30k", "flickr30k_split",
              "max_image_pixels"},
-    "optim": {"epochs", "max_steps", "grad_checkpointing"},
+    # --loss follows --model (training/losses.py `resolve_loss`: the other choice is refused), and
+    # run.json records the loss the model resolved to where the command may have left it out.
+    "optim": {"epochs", "max_steps", "grad_checkpointing", "loss"},
 }
 #: The model trained and the batch order.
 FINGERPRINT_RUN = ("backend", "model", "pretrained", "seed")
