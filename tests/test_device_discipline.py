@@ -69,7 +69,7 @@ def assert_all_on(seen, device) -> None:
 def test_a_training_step_feeds_the_batch_on_the_accelerators_device(negatives):
     model = Recorder(stop=True)
     session = SimpleNamespace(accelerator=OneProcessAccelerator(RUN_DEVICE), model=model,
-                              cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1)))
+                              cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1, loss="clip")))
     with pytest.raises(Reached):
         _accumulate_gradients(session, iter([cpu_batch(negatives=negatives)]))
     assert_all_on(model.seen, RUN_DEVICE)
@@ -129,7 +129,7 @@ def test_eval_only_evaluates_the_model_on_the_accelerators_device(monkeypatch, t
     monkeypatch.setattr(trainer, "published_record", lambda record, cfg, output: record)
     monkeypatch.setattr(trainer, "_write_results", lambda *args: None)
     accelerator = SimpleNamespace(device=RUN_DEVICE, is_main_process=True,
-                                  wait_for_everyone=lambda: None)
+                                  wait_for_everyone=lambda: None, log=lambda metrics, step: None)
     backend = SimpleNamespace(module=nn.Linear(2, 2))  # loaded on the CPU, as load_backend does
     trainer.evaluate_only(SimpleNamespace(data=None), accelerator, backend, {}, tmp_path)
     assert evaluated_on == [RUN_DEVICE]

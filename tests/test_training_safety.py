@@ -64,8 +64,8 @@ def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir,
     (final / "secret-link.txt").symlink_to(secret)
     (final / "notes.txt").write_text("my notes\n")
 
-    # Refused before anything is trained (3 steps would add a loss row) or sent.
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3",
+    # Continuing the run: refused before anything is trained (3 steps would add a loss row) or sent.
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest",
                                 "--push-to-hub", repo_id)) == 2
     line = one_error_line(capsys)
     for name in (".env", "symlink secret-link.txt", "notes.txt", str(final)):
@@ -76,7 +76,7 @@ def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir,
 
     for name in (".env", "secret-link.txt", "notes.txt"):
         (final / name).unlink()
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3",
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest",
                                 "--push-to-hub", repo_id)) == 0
     listed = _manifest_paths(out)
     assert {"README.md", "config.json", "model.safetensors"} <= listed
@@ -88,9 +88,11 @@ def test_a_symlink_under_a_model_file_name_is_replaced_not_written_through(color
     out = tmp_path / "run"
     outside = tmp_path / "outside.json"
     outside.write_text(SECRET)
-    (out / "final").mkdir(parents=True)
-    (out / "final" / "config.json").symlink_to(outside)
     assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "1")) == 0
+    # Planted in the finished run's final/, which the continued run saves again.
+    (out / "final" / "config.json").unlink()
+    (out / "final" / "config.json").symlink_to(outside)
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "2", "--resume", "latest")) == 0
     assert outside.read_text() == SECRET
     config = out / "final" / "config.json"
     assert not config.is_symlink() and "model_type" in json.loads(config.read_text())

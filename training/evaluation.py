@@ -49,10 +49,10 @@ from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.config import TrainConfig
 from training.data import fixed_batches, make_loader, to_device
-from training.losses import clip_loss
+from training.losses import contrastive_loss
 from training.mixtures import ExampleSet, REAL_COLUMNS
 from training.sources import DataInputError, open_table, resolve_commit
-from training.zeroshot import class_embeddings, load_flickr30k, load_zeroshot_set, prompt_templates, zeroshot_scores
+from training.zeroshot import class_embeddings, load_flickr30k, load_zeroshot_set, zeroshot_scores
 
 log = logging.getLogger(__name__)
 
@@ -387,24 +387,27 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, em
         emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
         out.update({k.replace("retrieval/", "flickr30k/"): v
                     for k, v in retrieval_metrics(flickr, f, cfg.run.k_values).items()})
-    templates = prompt_templates() if data.zeroshot else ()
-    for z in data.zeroshot:
+    for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
-        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames, templates)
+        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames,
+                                   z.templates)
         emb[f"zeroshot_{z.name}_image"], emb[f"zeroshot_{z.name}_class"] = images, classes
         out.update({f"zeroshot/{z.name}/{k}": v for k, v in zeroshot_scores(images, classes, z.labels).items()})
     return out
 
 
 @torch.no_grad()
-def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> float:
+def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int,
+                    loss: str = "clip") -> float:
+    """The mean `--loss` (clip or siglip) over in-order batches of `examples`."""
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
     losses, sizes = [], []
     device = module_device(module)
     for b in loader:
         b = to_device(b, device)
-        img, txt, _, scale = module(pixel_values=b["pixel_values"], text=b["text"])
-        losses.append(float(clip_loss(img, txt, scale)))
+        img, txt, _, *logit = module(pixel_values=b["pixel_values"], text=b["text"],
+                                     **({"with_bias": True} if loss == "siglip" else {}))
+        losses.append(float(contrastive_loss(loss, img, txt, *logit)))
         sizes.append(len(img))
     return float(np.average(losses, weights=sizes)) if losses else float("nan")
 
@@ -432,7 +435,7 @@ def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: P
                             if k in ("mean", "median", "frac_below_zero")})
     metrics.update(zeroshot_and_flickr30k(module, backend, data, cfg, emb))
     if data.validation is not None and len(data.validation):
-        metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers)
+        metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers, cfg.optim.loss)
     if save_to is not None:
         np.savez(save_to, **emb, **{f"itm_{k}": v for k, v in itm_args.items()})
     module.train(was_training)

@@ -9,8 +9,8 @@ data seeds 108-132, Le et al. 2023 §5.1).
 
 (`cf:real` is the paper's real-only baseline: the same real rows without the synthetic pairs.)
 
-Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, so an interrupted
-sweep continues). OUTPUT/summary.json holds the final metrics of every seed finished under OUTPUT;
+Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, and an
+interrupted one continues with `--resume latest`, refused if its flags differ). OUTPUT/summary.json holds the final metrics of every seed finished under OUTPUT;
 summary.md the table (mean ± std, and with `--baseline` the baseline's mean ± std and the
 one-tailed p-value of "better than the baseline": higher, or lower for the metrics of
 `LOWER_IS_BETTER`; a metric of an evaluation set that overlapped training in any seed,
@@ -80,6 +80,8 @@ def run_seeds(seeds: list[int], output: Path, train_args: list[str], data_seed_o
             log.info("seed %d already finished in %s", seed, out)
             continue
         args = [*train_args, "--seed", str(seed), "--output", str(out)]
+        if out.is_dir() and any(out.iterdir()) and "--overwrite-output-dir" not in train_args:
+            args += ["--resume", "latest"]  # an interrupted seed: continued, if the same run
         if data_seed_offset is not None:
             args += ["--data-seed", str(seed + data_seed_offset)]
         run(config_from_args(build_parser().parse_args(args)))
