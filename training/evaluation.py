@@ -48,10 +48,9 @@ from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.config import TrainConfig
 from training.data import fixed_batches, make_loader, to_device
-from training.losses import contrastive_loss
 from training.eval_data import EvalData
+from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
-from training.zeroshot import class_embeddings, zeroshot_scores
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +217,26 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
         r = np.roll(np.arange(len(img)), -1)
         args.update(g_cr_ir=(cap[r] * img[r]).sum(1), g_cr_io=(cap[r] * img).sum(1), g_co_ir=(cap * img[r]).sum(1))
     return args
+
+
+def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
+    """(classes, dim): per class the renormalised mean of its prompts' normalised embeddings
+    (`encode_texts(list[str])` returns L2-normalised rows)."""
+    prompts = [t(c) for c in classnames for t in templates]
+    emb = encode_texts(prompts).reshape(len(classnames), len(templates), -1).mean(1)
+    return emb / np.linalg.norm(emb, axis=1, keepdims=True)
+
+
+def zeroshot_scores(image_emb: np.ndarray, class_emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Top-1 / top-5 accuracy and mean per-class recall of the nearest class embeddings."""
+    logits = image_emb @ class_emb.T
+    k = min(5, logits.shape[1])
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    hit1 = top[:, 0] == labels
+    out = {"top1": float(hit1.mean()), f"top{k}": float((top == labels[:, None]).any(1).mean())}
+    present = np.unique(labels)
+    out["mean_per_class_recall"] = float(np.mean([hit1[labels == c].mean() for c in present]))
+    return out
 
 
 def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, emb: dict) -> dict[str, float]:

@@ -6,7 +6,8 @@
   image column and one `ClassLabel` column. Each class's text embedding is the mean of the
   L2-normalised embeddings of its prompts, renormalised; an image is assigned the classes of
   highest cosine similarity. Metrics `zeroshot/NAME/top1`, `top5` and `mean_per_class_recall`
-  (the mean over classes with images of each class's top-1 recall).
+  (the mean over classes with images of each class's top-1 recall), scored in
+  training/evaluation.py; this module loads the sets and their prompts.
 - The prompts are those of CLIP Benchmark (clip-benchmark), so the numbers are comparable with
   its tables: a dataset named as one of its benchmarks (`cifar10=uoft-cs/cifar10`, or by its
   id or folder name alone: `uoft-cs/cifar10`, `cifar-100`, `ILSVRC/imagenet-1k`, `wds_food101`)
@@ -260,22 +261,3 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, templates,
                        prompts, record, dict(skipped))
 
-
-def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
-    """(classes, dim): per class the renormalised mean of its prompts' normalised embeddings
-    (`encode_texts(list[str])` returns L2-normalised rows)."""
-    prompts = [t(c) for c in classnames for t in templates]
-    emb = encode_texts(prompts).reshape(len(classnames), len(templates), -1).mean(1)
-    return emb / np.linalg.norm(emb, axis=1, keepdims=True)
-
-
-def zeroshot_scores(image_emb: np.ndarray, class_emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Top-1 / top-5 accuracy and mean per-class recall of the nearest class embeddings."""
-    logits = image_emb @ class_emb.T
-    k = min(5, logits.shape[1])
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    hit1 = top[:, 0] == labels
-    out = {"top1": float(hit1.mean()), f"top{k}": float((top == labels[:, None]).any(1).mean())}
-    present = np.unique(labels)
-    out["mean_per_class_recall"] = float(np.mean([hit1[labels == c].mean() for c in present]))
-    return out
