@@ -78,9 +78,8 @@ class CocoCaptionsBuilder:
 
 
 def from_args(args: argparse.Namespace) -> CocoCaptionsBuilder:
-    """The builder of `counterfactory build coco-captions` (`builders.app.registry`) and of `accelerate
-    launch` below: the options (options.py, which never imports this module) and the run's
-    settings the builder takes beside its config."""
+    """The builder of `counterfactory build coco-captions` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
     return CocoCaptionsBuilder(options.config_from_args(args))
 
 

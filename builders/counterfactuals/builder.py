@@ -297,9 +297,9 @@ def _names_folders(spelled: str) -> bool:
 
 
 def from_args(args: argparse.Namespace) -> CocoCounterfactualsBuilder:
-    """The builder of `counterfactory build coco-counterfactuals` (`builders.app.registry`) and of `accelerate
-    launch` below: the options (options.py, which never imports this module) and the run's
-    settings the builder takes beside its config."""
+    """The builder of `counterfactory build coco-counterfactuals` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module), with
+    --device, --torch-threads and --dtype."""
     return CocoCounterfactualsBuilder(options.config_from_args(args), device=args.device,
                                       torch_threads=args.torch_threads, dtype=args.dtype)
 

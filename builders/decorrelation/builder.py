@@ -273,9 +273,9 @@ class DecorrelationBuilder:
 
 
 def from_args(args: argparse.Namespace) -> DecorrelationBuilder:
-    """The builder of `counterfactory build decorrelation` (`builders.app.registry`) and of `accelerate
-    launch` below: the options (options.py, which never imports this module) and the run's
-    settings the builder takes beside its config."""
+    """The builder of `counterfactory build decorrelation` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module), with
+    --dtype."""
     return DecorrelationBuilder(options.config_from_args(args), dtype=args.dtype)
 
 

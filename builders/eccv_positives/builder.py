@@ -190,9 +190,8 @@ def _ids(mapping: dict, key: int) -> list[int] | None:
 
 
 def from_args(args: argparse.Namespace) -> EccvPositivesBuilder:
-    """The builder of `counterfactory build eccv-positives` (`builders.app.registry`) and of `accelerate
-    launch` below: the options (options.py, which never imports this module) and the run's
-    settings the builder takes beside its config."""
+    """The builder of `counterfactory build eccv-positives` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
     return EccvPositivesBuilder(options.config_from_args(args))
 
 
