@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from training import evaluation
+from training.eval_data import EvalData
 from training.trainer import _accumulate_gradients
 
 from helpers.training_helpers import OneProcessAccelerator
@@ -123,7 +124,7 @@ def test_eval_only_evaluates_the_model_on_the_accelerators_device(monkeypatch, t
     evaluated_on = []
     monkeypatch.setattr(trainer, "eval_only_sets", lambda data: SimpleNamespace(
         heldout_cf=[], train=SimpleNamespace(tables=[]), validation=None, records=[]))
-    monkeypatch.setattr(trainer, "load_eval_data", lambda *args: evaluation.EvalData())
+    monkeypatch.setattr(trainer, "load_eval_data", lambda *args: EvalData())
     monkeypatch.setattr(trainer, "evaluate_model", lambda module, *args: evaluated_on.append(
         next(module.parameters()).device) or {})
     monkeypatch.setattr(trainer, "published_record", lambda record, cfg, output: record)

@@ -181,7 +181,8 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
 
     from training.backends import load_backend
     from training.config import SourceRef, TrainConfig
-    from training.evaluation import compute_embeddings, load_eval_data
+    from training.eval_data import load_eval_data
+    from training.evaluation import compute_embeddings
     from training.mixtures import CF_COLUMNS
     from training.sources import open_table
 

@@ -243,8 +243,9 @@ def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
     equals the ECCV suite's coco_5k recalls on the same embeddings, and its 1K fold means equal
     the suite's coco_1k ones (folds from `coco_test_ids.npy`, not from the row order)."""
     from counterfactory_metrics.map_at_r.eccv_annotations import read_positives
-    from training.evaluation import (DataInputError, EvalData, check_eccv_split, eccv_metrics,
-                                     keep_standard_coco_captions, retrieval_folds, retrieval_metrics)
+    from training.eval_data import EvalData, check_eccv_split, keep_standard_coco_captions, retrieval_folds
+    from training.evaluation import eccv_metrics, retrieval_metrics
+    from training.sources import DataInputError
 
     i2t = read_positives("coco").i2t
     image_ids = np.array(sorted(i2t))

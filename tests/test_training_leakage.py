@@ -105,7 +105,7 @@ def test_training_on_test_images_is_refused_and_allowed_marked(tmp_path, tiny_mo
 def test_overlap_counts_odmap_queries_and_held_out_pairs():
     """The ODmAP queries count by COCO id (a D' row is an edit of its COCO image); counterfactual
     rows by their pair."""
-    from training.evaluation import EvalData
+    from training.eval_data import EvalData
     from training.leakage import check_eval_overlap
     from training.sources import DataInputError
 

@@ -12,7 +12,7 @@ import pytest
 from datasets import Dataset
 
 from training.config import DataConfig, SourceRef
-from training.evaluation import EvalData
+from training.eval_data import EvalData
 from training.finetune_clip import main as train_main
 from training.leakage import check_eval_overlap
 from training.mixtures import ExampleSet, build_mixture

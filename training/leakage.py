@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from training.sources import DataInputError
 
 if TYPE_CHECKING:  # the sweep's summary marks names without importing torch
-    from training.evaluation import EvalData
+    from training.eval_data import EvalData
     from training.mixtures import ExampleSet
 
 log = logging.getLogger(__name__)

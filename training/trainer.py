@@ -36,7 +36,8 @@ from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint,
 from training.checkpoint_files import Resumable
 from training.config import TrainConfig, as_dict, parse_aug_cfg, training_fingerprint
 from training.data import PairBatchSampler, make_loader, to_device
-from training.evaluation import EvalData, evaluate_model, load_eval_data
+from training.eval_data import EvalData, load_eval_data
+from training.evaluation import evaluate_model
 from training.final_files import MANIFEST, check_before_training, copy_saved_model, fresh_staging, install
 from training.leakage import check_eval_overlap, mark_overlapping
 from training.losses import resolve_loss

@@ -6,7 +6,8 @@
   image column and one `ClassLabel` column. Each class's text embedding is the mean of the
   L2-normalised embeddings of its prompts, renormalised; an image is assigned the classes of
   highest cosine similarity. Metrics `zeroshot/NAME/top1`, `top5` and `mean_per_class_recall`
-  (the mean over classes with images of each class's top-1 recall).
+  (the mean over classes with images of each class's top-1 recall), scored in
+  training/evaluation.py; this module loads the sets and their prompts.
 - The prompts are those of CLIP Benchmark (clip-benchmark), so the numbers are comparable with
   its tables: a dataset named as one of its benchmarks (`cifar10=uoft-cs/cifar10`, or by its
   id or folder name alone: `uoft-cs/cifar10`, `cifar-100`, `ILSVRC/imagenet-1k`, `wds_food101`)
@@ -24,8 +25,8 @@
   (loading_scripts/images.py): one that does not decode or has more than `--max-image-pixels`
   is a counted skip (run.json's `skipped`), and the metrics are those of the others.
 - Flickr30k retrieval (`--flickr30k ROOT`, `--flickr30k-split test`): a Flickr30k folder in
-  Karpathy's format (loading_scripts/flickr30k.py), its 1,000 test images x their 5 captions,
-  scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
+  Karpathy's format (loading_scripts/flickr30k.py, read by `training.eval_data.load_flickr30k`),
+  its 1,000 test images x their 5 captions, scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
   implementation): `flickr30k/i2t_R@K`, `flickr30k/t2i_R@K`.
 """
 
@@ -260,57 +261,3 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, templates,
                        prompts, record, dict(skipped))
 
-
-def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
-    """(classes, dim): per class the renormalised mean of its prompts' normalised embeddings
-    (`encode_texts(list[str])` returns L2-normalised rows)."""
-    prompts = [t(c) for c in classnames for t in templates]
-    emb = encode_texts(prompts).reshape(len(classnames), len(templates), -1).mean(1)
-    return emb / np.linalg.norm(emb, axis=1, keepdims=True)
-
-
-def zeroshot_scores(image_emb: np.ndarray, class_emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Top-1 / top-5 accuracy and mean per-class recall of the nearest class embeddings."""
-    logits = image_emb @ class_emb.T
-    k = min(5, logits.shape[1])
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    hit1 = top[:, 0] == labels
-    out = {"top1": float(hit1.mean()), f"top{k}": float((top == labels[:, None]).any(1).mean())}
-    present = np.unique(labels)
-    out["mean_per_class_recall"] = float(np.mean([hit1[labels == c].mean() for c in present]))
-    return out
-
-
-def load_flickr30k(root: str, split: str):
-    """The Flickr30k retrieval set as an `EvalData` with `retrieval` images and all their
-    captions; images or captions the reader marks unusable are counted and skipped."""
-    from builders.engine.errors import InputFileError
-    from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
-    from training.evaluation import EvalData
-
-    try:
-        images = read_flickr30k(Flickr30kSourceConfig(Path(root), splits=(split,)))
-    except InputFileError as err:
-        raise DataInputError(f"--flickr30k {root}: {err}") from None
-    usable = [im for im in images if im.input_problem is None
-              and any(c.input_problem is None for c in im.captions)]
-    if len(usable) < len(images):
-        log.warning("--flickr30k %s: skipped %d of %d %s images (unreadable or without captions)",
-                    root, len(images) - len(usable), len(images), split)
-    if not usable:
-        raise DataInputError(f"--flickr30k {root}: no usable images in split {split!r}; give a "
-                             "Flickr30k folder (flickr30k-images/ + dataset_flickr30k.json)")
-    table = datasets.Dataset.from_dict(
-        {"image": [{"bytes": im.path.read_bytes(), "path": None} for im in usable]},
-        features=datasets.Features({"image": datasets.Image(decode=False)}))
-    out = EvalData(retrieval=ExampleSet(tables=[table]))
-    captions = [[c for c in im.captions if c.input_problem is None] for im in usable]
-    for row, caps in enumerate(captions):
-        out.retrieval.add(0, row, "image", caps[0].text, None, -1, "flickr30k")
-    out.image_ids = np.asarray([im.image_id for im in usable], dtype=np.int64)
-    out.caption_ids = np.asarray([c.caption_id for caps in captions for c in caps], dtype=np.int64)
-    out.captions = [c.text for caps in captions for c in caps]
-    out.caption_image = np.repeat(out.image_ids, [len(caps) for caps in captions])
-    out.records.append(TableRecord(root, None, None, "flickr30k", split, len(usable)))
-    log.info("Flickr30k %s: %d images, %d captions", split, len(usable), len(out.captions))
-    return out

@@ -11,9 +11,11 @@ config one row per caption (the retrieval gallery / query list, keyed by COCO ca
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import asdict
 
+from builders.coco_captions import options
 from builders.coco_captions.card import CARD_FIELDS
 from builders.coco_captions.config import CocoCaptionsConfig
 from builders.coco_captions.schema import CAPTIONS, IMAGES
@@ -75,8 +77,13 @@ class CocoCaptionsBuilder:
         )
 
 
+def from_args(args: argparse.Namespace) -> CocoCaptionsBuilder:
+    """The builder of `counterfactory build coco-captions` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
+    return CocoCaptionsBuilder(options.config_from_args(args))
+
+
 if __name__ == "__main__":
-    from builders.coco_captions import options
     from builders.launch import launch_main
 
-    sys.exit(launch_main(options))
+    sys.exit(launch_main(options, from_args))

@@ -22,6 +22,7 @@ and the card.
 from __future__ import annotations
 
 import random
+import argparse
 import sys
 from dataclasses import asdict
 from typing import Any, Iterator, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from PIL import Image
 
+from builders.decorrelation import options
 from builders.decorrelation.captions import CaptionSynthesizer
 from builders.decorrelation.config import DecorrelationConfig
 from builders.decorrelation.fill import ImageFiller, dilate
@@ -270,8 +272,14 @@ class DecorrelationBuilder:
                 "caption_method": cfg.caption.method, "caption_model": self.model_names()["caption"]})
 
 
+def from_args(args: argparse.Namespace) -> DecorrelationBuilder:
+    """The builder of `counterfactory build decorrelation` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module), with
+    --dtype."""
+    return DecorrelationBuilder(options.config_from_args(args), dtype=args.dtype)
+
+
 if __name__ == "__main__":
-    from builders.decorrelation import options
     from builders.launch import launch_main
 
-    sys.exit(launch_main(options))
+    sys.exit(launch_main(options, from_args))

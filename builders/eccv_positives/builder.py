@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import argparse
 import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from builders.eccv_positives import options
 from builders.eccv_positives.config import EccvImportConfig
 from builders.eccv_positives.schema import I2T, PM, REMOVED, T2I
 from builders.eccv_positives.source import (AnnotationSet, CocoRoot, read_coco_root, read_mitl_report,
@@ -187,8 +189,13 @@ def _ids(mapping: dict, key: int) -> list[int] | None:
     return mapping[key].tolist() if key in mapping else None
 
 
+def from_args(args: argparse.Namespace) -> EccvPositivesBuilder:
+    """The builder of `counterfactory build eccv-positives` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
+    return EccvPositivesBuilder(options.config_from_args(args))
+
+
 if __name__ == "__main__":
-    from builders.eccv_positives import options
     from builders.launch import launch_main
 
-    sys.exit(launch_main(options))
+    sys.exit(launch_main(options, from_args))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from builders.engine.provenance import model_name
 from training.config import SourceRef, TrainConfig
-from training.evaluation import EvalData, is_coco_5k, load_eval_data, read_pm_positives
+from training.eval_data import EvalData, is_coco_5k, load_eval_data, read_pm_positives
 from training.mixtures import eval_only_sets
 from training.sources import DataInputError
 
