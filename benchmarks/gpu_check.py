@@ -96,7 +96,7 @@ def compare_cells(where: str, a, b, problems: list[str]) -> None:
         if not abs(a - b) <= FLOAT_TOL * max(1.0, abs(a)):  # perplexities are ~1e3
             problems.append(f"{where}: {a!r} (CPU) vs {b!r} (GPU)")
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for k, (x, y) in enumerate(zip(a, b)):
+        for k, (x, y) in enumerate(zip(a, b, strict=True)):
             compare_cells(f"{where}[{k}]", x, y, problems)
     elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
         for k in a:
@@ -122,7 +122,7 @@ def compare_builds(cpu: Path, gpu: Path) -> tuple[int, list[str]]:
         if len(a) != len(b):
             problems.append(f"{rel}: {len(a)} rows (CPU) vs {len(b)} (GPU)")
             continue
-        for n, (ra, rb) in enumerate(zip(a, b)):
+        for n, (ra, rb) in enumerate(zip(a, b, strict=True)):
             compare_cells(f"{rel} row {n}", ra, rb, problems)
         rows += len(a)
     return rows, problems

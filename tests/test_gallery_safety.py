@@ -166,7 +166,7 @@ def test_images_that_cannot_be_shown_are_counted_and_shown_as_missing(tmp_path, 
     assert len(records) == len(rows)
     (im,) = records[0]["imgs"]
     assert np.abs(mean_rgb(out / im["src"]) - SHOWN_RGB).max() < 12
-    for rec, (_, reason) in zip(records[1:], problems):
+    for rec, (_, reason) in zip(records[1:-1], problems, strict=True):
         assert rec["imgs"] == [{"label": "image", "missing": reason}], rec
     assert records[-1]["imgs"] == []  # nothing to show, nothing wrong
     expected = {"too_many_pixels": 2, "empty": 1, "truncated": 1, "undecodable": 1}

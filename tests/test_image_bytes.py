@@ -201,7 +201,7 @@ def mixed_build(tmp_path_factory) -> dict[str, Any]:
     root = write_coco_fixture(base / "coco", CocoFixtureConfig(n_images=24))
     files = source_files(root)
     expected = {}
-    for (name, make), image_id in zip(CASES.items(), sorted(files)):
+    for (name, make), image_id in zip(CASES.items(), sorted(files), strict=False):
         data, stored, pixels = make()
         files[image_id].write_bytes(data)
         expected[name] = (image_id, data, stored, pixels)

@@ -111,7 +111,7 @@ def _widget_table(case: dict, path: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_space_app_starts_and_computes_through_the_widget(clean_python, published, name, tmp_path,
+def test_space_app_starts_and_computes_through_the_widget(clean_python, published, name, tmp_path,  # noqa: F811
                                                          nltk_data_dir):
     assert card_metadata(name)["app_file"] == "app.py"
     space = Path(snapshot_download(published[name], repo_type="space", revision=VERSION,

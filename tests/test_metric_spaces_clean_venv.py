@@ -210,7 +210,7 @@ def test_spaces_reproduce_the_checkout_numbers_in_a_clean_venv(clean_python, pub
                                                                 nltk_data_dir):
     cases = [*_cases(), _eccv_case()]
     got = _run_clean(clean_python, [dict(c) for c in cases], published, tmp_path, tmp_path / "none")
-    for case, out in zip(cases, got):
+    for case, out in zip(cases, got, strict=True):
         assert "result" in out, (case["name"], out)
         assert out["result"] == _in_process(case), case["name"]
     # The docstring examples' printed values, as the module docs state them.

@@ -207,10 +207,10 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     test = load_dataset(str(cc), "default", split="test")
     image_ids, per_image = list(test["image_id"]), list(test["caption_ids"])
     caption_ids = [c for ids in per_image for c in ids]
-    owner = {c: i for i, ids in zip(image_ids, per_image) for c in ids}
+    owner = {c: i for i, ids in zip(image_ids, per_image, strict=True) for c in ids}
     map_at_r = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "map_at_r"))
     sim = emb["image"] @ emb["text"].T
-    i2t = map_at_r.compute(similarity=sim, positives=dict(zip(image_ids, per_image)),
+    i2t = map_at_r.compute(similarity=sim, positives=dict(zip(image_ids, per_image, strict=True)),
                            query_ids=image_ids, gallery_ids=caption_ids, k_values=[1, 5, 10],
                            map_at_r=False, r_precision=False)
     t2i = map_at_r.compute(similarity=sim.T, positives={c: [owner[c]] for c in caption_ids},
@@ -258,7 +258,7 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     gallery_row = {c: r for r, c in enumerate(gallery["caption_id"])}
     s = lambda i, t: (float(i @ t) + 1) / 2  # noqa: E731
     pn: dict[str, list[float]] = {}
-    for q, (image_id, caption_ids) in enumerate(zip(queries["image_id"], queries["caption_ids"])):
+    for q, (image_id, caption_ids) in enumerate(zip(queries["image_id"], queries["caption_ids"], strict=True)):
         if image_id not in test_row:
             continue
         x, x_removed = emb["image"][test_row[image_id]], emb["query_image"][q]

@@ -267,7 +267,7 @@ def test_kept_last_batch_is_split_over_processes_in_whole_units():
     assert [len(b) for b in one] == [4, 4, 3]
     parts = [list(PairBatchSampler(groups, 4, 2, rank, seed=3, keep_last=True)) for rank in (0, 1)]
     assert [len(b) for b in parts[0]] == [2, 2, 1] and [len(b) for b in parts[1]] == [2, 2, 2]
-    assert [a + b for a, b in zip(*parts)] == list(one)
+    assert [a + b for a, b in zip(*parts, strict=True)] == list(one)
     # A remainder smaller than the process count would leave a process without rows: dropped.
     assert len(PairBatchSampler([[i] for i in range(9)], 4, 2, 0, keep_last=True)) == 2
 

@@ -46,7 +46,7 @@ def _brute_force_zeroshot(backend, images, classnames, labels):
     cls = np.stack(cls)
     top1 = top5 = 0
     per_class = {c: [] for c in set(labels.tolist())}
-    for emb, label in zip(images, labels):
+    for emb, label in zip(images, labels, strict=True):
         scores = [float(np.dot(emb, c)) for c in cls]
         rank = sum(s > scores[label] for s in scores)
         top1 += rank == 0

@@ -171,7 +171,7 @@ def _same_kind(live: Any, saved: Any) -> bool:
         return isinstance(saved, (int, float)) or saved is None
     if isinstance(live, (list, tuple)):
         return isinstance(saved, list) and len(saved) == len(live) and all(
-            _same_kind(a, b) for a, b in zip(live, saved))
+            _same_kind(a, b) for a, b in zip(live, saved, strict=True))
     return type(live) is type(saved)
 
 

@@ -150,7 +150,7 @@ class Collate:
     negatives: bool = False
 
     def __call__(self, items):
-        pixels, captions, negs = zip(*items)
+        pixels, captions, negs = zip(*items, strict=True)
         batch = {"pixel_values": torch.stack(pixels), "text": self.tokenize(list(captions))}
         if self.negatives:
             batch["negative_text"] = self.tokenize([n or "" for n in negs])

@@ -117,9 +117,9 @@ def retrieval_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
         cap_ids, cap_image = data.caption_ids[cols], data.caption_image[cols]
         order = np.argsort(cap_image, kind="stable")
         owners, starts = np.unique(cap_image[order], return_index=True)
-        by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:]))))
+        by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:])), strict=True))
         i2t = {int(i): by_image.get(int(i), []) for i in image_ids}
-        t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image)}
+        t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
         # The whole split needs no copy (5,000 x 25,000 floats is 500 MB).
         s = sim if n == 0 else sim[np.ix_(rows, cols)]
         for direction, matrix, pos, q, g in (("i2t", s, i2t, image_ids, data.caption_ids[cols]),

@@ -106,7 +106,7 @@ def _identities(examples: ExampleSet) -> Iterator[tuple[int, tuple, object]]:
             columns[k, name] = table[name] if name in table.column_names else None
         return columns[k, name]
 
-    for i, (k, row, col) in enumerate(zip(examples.table_of, examples.row, examples.column)):
+    for i, (k, row, col) in enumerate(zip(examples.table_of, examples.row, examples.column, strict=True)):
         if row < 0:
             continue
         if col in PAIR_COLUMNS:
@@ -184,7 +184,7 @@ def eval_sets(data: EvalData) -> list[EvalSet]:
                            "train without them or skip the set with --real-test-split ''",
                            ("retrieval/", "retrieval_1k/", "eccv/", "itm/IR_r", "itm/TR_r"),
                            image_keys(data.retrieval),
-                           {(normalise(c), int(i)) for c, i in zip(data.captions, data.caption_image)}))
+                           {(normalise(c), int(i)) for c, i in zip(data.captions, data.caption_image, strict=True)}))
     if data.queries is not None:
         out.append(EvalSet("odmap_queries", "the ODmAP queries of --decorrelation",
                            "train on images outside its test set",

@@ -57,7 +57,7 @@ def gather_global(local: torch.Tensor, accelerator) -> torch.Tensor:
     if len(local) < longest:
         padded = torch.cat([padded, padded.new_zeros(longest - len(local), *local.shape[1:])])
     gathered = accelerator.gather(padded).view(accelerator.num_processes, longest, *local.shape[1:])
-    parts = [rows[:n] for rows, n in zip(gathered.unbind(0), sizes)]
+    parts = [rows[:n] for rows, n in zip(gathered.unbind(0), sizes, strict=True)]
     parts[accelerator.process_index] = local
     return torch.cat(parts, dim=0)
 

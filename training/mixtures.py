@@ -173,8 +173,8 @@ def _add_real(examples: ExampleSet, tables: list[datasets.Dataset]) -> dict[tupl
         examples.tables.append(ds)
         meta = ds.select_columns(["image_id", "caption_ids", "captions"]).to_dict()
         for row, (image_id, cap_ids, caps) in enumerate(zip(meta["image_id"], meta["caption_ids"],
-                                                            meta["captions"])):
-            for cap_id, cap in zip(cap_ids, caps):
+                                                            meta["captions"], strict=True)):
+            for cap_id, cap in zip(cap_ids, caps, strict=True):
                 index[(int(image_id), int(cap_id))] = examples.add(k, row, "image", cap, None, -1, "real")
     return index
 

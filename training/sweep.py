@@ -153,7 +153,7 @@ def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | 
     head = "| metric | n | mean ± std |" + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
     sep = "|---|---|---|" + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
-    for r, name in zip(rows, shown):
+    for r, name in zip(rows, shown, strict=True):
         line = f"| {plain(name)} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
         if with_baseline:
             h1 = "run > baseline" if r.get("alternative") == "greater" else "run < baseline"
@@ -174,7 +174,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     cols = min(4, n)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3 * cols, 2.5 * ((n + cols - 1) // cols)),
                              squeeze=False)
-    for ax, r in zip(axes.flat, rows):
+    for ax, r in zip(axes.flat, rows, strict=False):
         labels, means, stds = ["run"], [r["mean"]], [r["std"]]
         if "baseline_mean" in r:
             labels.insert(0, "baseline")

@@ -114,7 +114,7 @@ class CocoCounterfactualsBuilder:
         # `input_problem` (bad_caption / blank_caption) as input errors.
         pairs = []
         progress.stage("captions")
-        for item, outcome in zip(items, self.caption_stage().run([it.text for it in items])):
+        for item, outcome in zip(items, self.caption_stage().run([it.text for it in items]), strict=True):
             if isinstance(outcome, str):
                 yield Skip(outcome)
                 continue

@@ -167,11 +167,11 @@ class DecorrelationBuilder:
             return
         names = self.config.source.class_names
         mentions = self._phrase_matcher().mentions([c for _, c in captions], names)
-        for (rec, cap), row in zip(captions, mentions):
+        for (rec, cap), row in zip(captions, mentions, strict=True):
             yield Emit(GALLERY_OUT, {
                 "caption_id": cap.caption_id, "image_id": rec.image_id, "source_split": rec.split,
                 "caption": cap.text, "mentions": row.tolist(),
-                "mentioned_classes": [c for c, hit in zip(names, row) if hit]})
+                "mentioned_classes": [c for c, hit in zip(names, row, strict=True) if hit]})
 
     def _removal_rows(self, rec: SourceImage, train: bool) -> Iterator[Emit | Skip]:
         cfg = self.config
@@ -198,7 +198,7 @@ class DecorrelationBuilder:
             if cfg.verify.enabled:
                 verdict = self._verify().check(image, synthetic, fill_mask, removal.removed)
                 if verdict.still_visible:
-                    scores = {c: round(p, 3) for c, p in zip(removal.removed, verdict.after)}
+                    scores = {c: round(p, 3) for c, p in zip(removal.removed, verdict.after, strict=True)}
                     yield Skip(REASON_STILL_VISIBLE,
                                detail=f"image {rec.image_id} {removal.anchor}: after the fill CLIP scores "
                                       f"{scores} (threshold {cfg.verify.threshold})")
