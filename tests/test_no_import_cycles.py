@@ -107,7 +107,7 @@ def _round_trip(graph: dict[str, dict[str, int]], component: list[str]) -> str:
                 while path[-1] != start:
                     path.append(came_from[path[-1]])
                 path.reverse()
-                hops = [f"{a}:{graph[a][b]}" for a, b in zip(path, path[1:] + [start])]
+                hops = [f"{a}:{graph[a][b]}" for a, b in zip(path, path[1:] + [start], strict=True)]
                 return " -> ".join(hops + [start])
             if child in members and child not in came_from and child != start:
                 came_from[child] = node

@@ -233,3 +233,18 @@ def test_a_zeroshot_set_without_a_usable_image_is_one_line(tiny_models_dir, tmp_
     line = one_error_line(capsys)
     assert "--zeroshot" in line and str(garbage) in line and "unreadable_image: 2" in line, line
     assert not (out / "run.json").exists()
+
+
+def test_a_real_row_whose_caption_ids_and_captions_differ_is_one_line(tmp_path, tiny_models_dir, capsys):
+    from helpers.training_helpers import REAL_FEATURES, write_split
+
+    root = write_color_set(tmp_path / "colors", {"train": 1, "val": 1, "test": 1})
+    train = datasets.Dataset.from_parquet(str(root / "data" / "train-00000-of-00001.parquet"))
+    cols = train.cast_column("image", datasets.Image(decode=False)).to_dict()
+    cols["caption_ids"][2] = cols["caption_ids"][2][:-1]  # a hand-made table: one id short
+    write_split(root, "train", cols, REAL_FEATURES)
+    out = tmp_path / "run"
+    assert train_main(tiny_args(root, tiny_models_dir, out, "--max-steps", "1")) == 2
+    line = one_error_line(capsys)
+    assert "--real split train, row 2" in line and "caption_ids has 4 ids but captions has 5" in line, line
+    assert not (out / "final").exists()

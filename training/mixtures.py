@@ -174,6 +174,11 @@ def _add_real(examples: ExampleSet, tables: list[datasets.Dataset]) -> dict[tupl
         meta = ds.select_columns(["image_id", "caption_ids", "captions"]).to_dict()
         for row, (image_id, cap_ids, caps) in enumerate(zip(meta["image_id"], meta["caption_ids"],
                                                             meta["captions"], strict=True)):
+            if len(cap_ids) != len(caps):  # our builds write them parallel; a hand-made table may not
+                raise DataInputError(
+                    f"--real split {ds.split}, row {row} (image {image_id}): caption_ids has "
+                    f"{len(cap_ids)} ids but captions has {len(caps)} texts; give each caption its "
+                    "id (or rebuild the table with `counterfactory build coco-captions`)")
             for cap_id, cap in zip(cap_ids, caps, strict=True):
                 index[(int(image_id), int(cap_id))] = examples.add(k, row, "image", cap, None, -1, "real")
     return index

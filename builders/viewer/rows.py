@@ -98,6 +98,10 @@ def _grouped(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
     groups_of = (row.get(spec.group_by) if spec.group_by else None) or []
     ids = (row.get(spec.ids) if spec.ids else None) or [None] * len(groups_of)
     items = row.get(spec.column) or [None] * len(groups_of)
+    if not len(items) == len(ids) == len(groups_of):  # a hand-made or hostile dataset's row
+        return [{"label": spec.label, "segs": _plain(
+            f"({len(items)} texts, {len(ids)} ids and {len(groups_of)} groups: lists of different "
+            "lengths, not shown)")}]
     groups: dict[str, list[str]] = {}
     for text, item_id, group in zip(items, ids, groups_of, strict=True):
         # Without the texts at build time (ECCV positives without COCO) only the id is known.
