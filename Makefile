@@ -1,5 +1,6 @@
-# Two entry points: `make test` and `make demo`. Both create .venv when missing and install the
-# project into it; the install re-runs only when pyproject.toml changes (a stamp file records it).
+# Two entry points: `make test` (which runs `make lint` first) and `make demo`. Both create .venv
+# when missing and install the project into it; the install re-runs only when pyproject.toml
+# changes (a stamp file records it).
 # `make test` also installs what its tests need outside Python (.ci/bootstrap.sh: Chromium and
 # chromedriver, only when missing, saying so), so a second `make test` installs nothing.
 PYTHON ?= python3
@@ -13,7 +14,7 @@ export COUNTERFACTORY_CACHE ?= $(CURDIR)/.cache
 # module fixtures are built once; tests that launch processes pick free ports.
 TEST_WORKERS ?= 2
 
-.PHONY: install system-deps test demo clean
+.PHONY: install system-deps lint test demo clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +28,12 @@ install: $(STAMP)
 system-deps:
 	@bash .ci/bootstrap.sh
 
-test: $(STAMP) system-deps
+# ruff, pinned in the dev extra, configured in pyproject.toml: errors only, not style.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+# Lint first: it takes seconds, and the browser install and the suite take minutes.
+test: $(STAMP) lint system-deps
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)

@@ -112,7 +112,7 @@ def bench_captions(profile, n_captions: int) -> dict:
     start = time.perf_counter()
     base = [baseline_counterfactual(c, models, unmasker, cfg) for c in captions]
     t_base = time.perf_counter() - start
-    for caption, a, b, c in zip(captions, ours, base, sim_first):
+    for caption, a, b, c in zip(captions, ours, base, sim_first, strict=True):
         assert (None if isinstance(a, str) else a.counterfactual) == (b and b[0]), caption
         assert getattr(a, "counterfactual", a) == getattr(c, "counterfactual", c), caption
     kept = sum(not isinstance(a, str) for a in ours)
@@ -165,7 +165,7 @@ def _same_selection(a, b) -> bool:
 def _changed(selections, reference) -> float:
     """Fraction of caption pairs whose chosen candidate (or none) differs from the reference's."""
     key = lambda s: (s.pair.seed, s.pair.p) if s.pair else None  # noqa: E731
-    return sum(key(a) != key(b) for a, b in zip(selections, reference)) / len(reference)
+    return sum(key(a) != key(b) for a, b in zip(selections, reference, strict=True)) / len(reference)
 
 
 def production_rows(plan: dict, row_ids: list[str]) -> tuple[float, float]:
@@ -214,7 +214,7 @@ def bench_plans(profile, args) -> dict:
         t_shared = min(t_shared, seconds)
         independent, seconds = run(share=False)
         t_independent = min(t_independent, seconds)
-        assert all(_same_selection(a, b) for a, b in zip(exact, independent)), "shared != independent"
+        assert all(_same_selection(a, b) for a, b in zip(exact, independent, strict=True)), "shared != independent"
     rows = {name: sum(s.work.unet_rows for s in sel) / len(pairs)
             for name, sel in (("independent", independent), ("shared", exact))}
     approximate = {}

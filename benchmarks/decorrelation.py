@@ -79,7 +79,7 @@ def text_stages(n_images: int, tmp: Path) -> dict[str, float]:
     synth = CaptionSynthesizer(CaptionConfig(), CocoPhrases())
     canvas = None  # np_removal never looks at the image
     rows = 0
-    for rec, sel in zip(records, selections):
+    for rec, sel in zip(records, selections, strict=True):
         for k, removal in enumerate(sel.removals):
             made, _ = synth.synthesize(rec.captions, removal.removed, removal.present, canvas,
                                        random.Random(rec.image_id * 100 + k))

@@ -72,8 +72,8 @@ def _reference(sim: np.ndarray, images: np.ndarray, captions: np.ndarray, target
     else:
         i2t_idx = torch.topk(scores, depth, dim=1).indices.numpy()
         t2i_idx = torch.topk(scores.T, depth, dim=1).indices.numpy()
-    i2t = {int(i): captions[r].tolist() for i, r in zip(images, i2t_idx)}
-    t2i = {int(c): images[r].tolist() for c, r in zip(captions, t2i_idx)}
+    i2t = {int(i): captions[r].tolist() for i, r in zip(images, i2t_idx, strict=True)}
+    t2i = {int(c): images[r].tolist() for c, r in zip(captions, t2i_idx, strict=True)}
     t1 = time.perf_counter()
     metrics = Metrics()
     metrics.set_i2t_retrieved_items(i2t)

@@ -1,5 +1,9 @@
 """Is a finetuning run bound by data or by compute? (run by hand; not part of the test suite)
 
+0. Storage: the same N JPEGs stored as builds store a real image (`loading_scripts.images`: its
+   bytes as read) and as builds stored it before issue #34 (re-encoded as PNG), each written as a
+   parquet part by the builders' writer: shard bytes and their ratio to the input JPEGs' bytes,
+   full-size decode images/s, and draft-mode (`--fast-decode`, JPEG only) decode images/s.
 1. Input pipeline: N COCO-sized JPEGs (640x480) stored as parquet bytes, read through the
    trainer's DataLoader (`training.data`: bytes -> JPEG decoded at full size (the default, equal
    to CLIPImageProcessor) or in draft mode at a reduced scale (`--fast-decode`), resized to 224,
@@ -63,12 +67,43 @@ def jpeg_table(n: int, root: Path):
     return table.cast_column("image", ImageFeature(decode=False)), rows
 
 
-def full_decode(images: list[bytes]) -> float:
-    """Reference only: full-size decode, none of the pipeline's other work."""
+def full_decode(images: list[bytes], draft: int | None = None) -> float:
+    """Reference only: full-size decode (or draft mode at >= `draft` px a side, as
+    `--fast-decode`: JPEG only), none of the pipeline's other work."""
     start = time.perf_counter()
     for data in images:
-        Image.open(io.BytesIO(data)).convert("RGB")
+        img = Image.open(io.BytesIO(data))
+        if draft and img.format == "JPEG":
+            img.draft("RGB", (draft, draft))
+        img.convert("RGB")
     return len(images) / (time.perf_counter() - start)
+
+
+def storage(raw: list[bytes], root: Path, best) -> None:
+    """Shard bytes and decode rates of the images stored as read against re-encoded as PNG."""
+    from datasets import Features, Image as ImageFeature
+
+    from builders.engine.sharding.part_writer import rows_to_table, write_parquet
+    from loading_scripts.images import CheckedImage, check_image
+
+    stored: dict[str, list[dict]] = {"as read (now)": [], "re-encoded PNG (before)": []}
+    for data in raw:
+        checked = check_image(data)
+        assert checked.as_read == data, "a test JPEG would not be stored as read"
+        stored["as read (now)"].append(checked.cell())
+        # What builds stored before: datasets' PNG of the decoded pixels.
+        stored["re-encoded PNG (before)"].append(CheckedImage(checked.pixels, None).cell())
+    features = Features({"image": ImageFeature()})
+    given = sum(map(len, raw))
+    for n, (name, cells) in enumerate(stored.items()):
+        table = rows_to_table([{"image": c} for c in cells], features)
+        shard = write_parquet(root / f"storage-{n}.parquet", table)["bytes"]
+        images = [c["bytes"] for c in cells]
+        fast = (f"{best(lambda: full_decode(images, 224)):7.1f} images/s" if n == 0
+                else "does not apply (PNG)")
+        print(f"stored {name}: shard {shard / 2**20:6.1f} MiB = {shard / given:.2f}x the input "
+              f"JPEGs; decode full {best(lambda: full_decode(images)):7.1f} images/s, "
+              f"--fast-decode {fast}")
 
 
 def bare_batches(images: list[bytes], captions: list[str], tokenize, size: int, batch: int = 32,
@@ -175,6 +210,7 @@ def main() -> None:
         tokenize = load_backend("transformers", _tiny_clip(args.tiny_models_dir)).tokenize
         print(f"input: {args.images} JPEGs 640x480 ({sum(map(len, raw)) / 2**20:.1f} MiB of parquet bytes), "
               f"batch 32, best of {args.repeats}, {os.cpu_count()} CPU(s), torch 1 thread")
+        storage(raw, Path(tmp), best)
         print(f"reference: full-size PIL decode only, 1 process: {best(lambda: full_decode(raw)):8.1f} images/s")
         rates = {}
         for fast, name in ((False, "default (full decode)"), (True, "--fast-decode (draft)")):

@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
 
 from builders.engine.option_types import fraction, non_negative_int, positive_int
 from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
@@ -79,31 +80,40 @@ def run_config_from_args(args: argparse.Namespace):
     )
 
 
-def run_builder_module(module: ModuleType, args: argparse.Namespace) -> int:
+#: `args -> ShardedBuilder`: a dataset's `builder.from_args` (its options.py declares the flags and
+#: never imports the builder, so neither imports the other).
+BuildFromArgs = Callable[[argparse.Namespace], Any]
+
+
+def run_builder_module(module: ModuleType, args: argparse.Namespace,
+                       build: BuildFromArgs | None = None) -> int:
     from builders.models.pickled_weights import trusting_pickled_weights
     from builders.models.profiles import apply_profile_defaults
     from builders.engine.sharding.runner import run_build
     from builders.publishing.card import write_card
 
     with trusting_pickled_weights(args.trust_pickled_weights):
-        result = run_build(module.from_args(apply_profile_defaults(args)), run_config_from_args(args),
-                           finish=write_card)
+        builder = (build or module.from_args)(apply_profile_defaults(args))
+        result = run_build(builder, run_config_from_args(args), finish=write_card)
     if result is not None:
         counts = {k: v["rows"] for k, v in result.manifest["outputs"].items()}
         logging.getLogger(module.__name__).info("built %s: %s", result.output_dir, counts)
     return 0
 
 
-def add_builder_parser(parser: argparse.ArgumentParser, module: ModuleType) -> None:
+def add_builder_parser(parser: argparse.ArgumentParser, module: ModuleType,
+                       build: BuildFromArgs | None = None) -> None:
+    """`module`'s flags and the run's; `build` (default `module.from_args`) makes the builder."""
     module.add_arguments(parser)
     add_run_arguments(parser)
-    parser.set_defaults(func=lambda args: run_builder_module(module, args))
+    parser.set_defaults(func=lambda args: run_builder_module(module, args, build))
 
 
-def launch_main(module: ModuleType, argv: list[str] | None = None) -> int:
+def launch_main(module: ModuleType, build: BuildFromArgs | None = None,
+                argv: list[str] | None = None) -> int:
     """Entry point for `accelerate launch builders/<dataset>/builder.py ...` (same options as the CLI)."""
     from builders.engine.errors import run_handled
 
     parser = argparse.ArgumentParser(prog=f"accelerate launch {sys.argv[0]}", description=module.HELP)
-    add_builder_parser(parser, module)
+    add_builder_parser(parser, module, build)
     return run_handled(parser, argv)

@@ -179,7 +179,7 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[SourceImage]:
                                      f"has {len(annotated)} sentences, Karpathy's file {len(sentences)}",
                                      "use matching releases of both files")
             captions = tuple(SourceCaption(sid, text, phrases)
-                             for (sid, _), (text, phrases) in zip(sentences, annotated))
+                             for (sid, _), (text, phrases) in zip(sentences, annotated, strict=True))
             types = {p.entity_id: p.types for c in captions for p in c.phrases}
             size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
         if size is None:

@@ -20,16 +20,30 @@ Every PIL mode becomes 8-bit RGB by one documented policy (README "What happens 
   16-bit or float image is ignored;
 - `F` (32-bit float) is read as 0..1 and scaled by 255, rounded; values outside [0, 1] (or NaN)
   are `image_values_out_of_range`, never clipped.
+
+What a builder stores for a real image (`CheckedImage.cell`, `IMAGE_ENCODING`): the file's bytes as
+read, as img2dataset does (a COCO JPEG stays that JPEG: a fraction of the bytes of its PNG, and
+the trainer's `--fast-decode` applies), when a reader needs nothing the policy above decides to get
+those RGB pixels from them: a single-frame 8-bit RGB JPEG or PNG, no transparency, no EXIF rotation
+(`datasets` turns an image by its EXIF Orientation when it decodes it; the annotations are in the
+file's own pixels) and no more than `stored_bytes_bound` bytes (trailing data is not published).
+Any other image (one the policy converted, 16-bit colour, WebP, TIFF, ...) is stored as its
+converted RGB pixels in PNG, lossless. Images a builder generates stay PNG too (datasets' encoding
+of a PIL image).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any, Iterator
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, UnidentifiedImageError
 
 from builders.engine.errors import InputFileError
 
@@ -38,6 +52,16 @@ from builders.engine.errors import InputFileError
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 _ALPHA = ("LA", "PA", "RGBA", "La", "RGBa")
+#: How builders store real images, recorded in their config (so the run fingerprint of a build
+#: made before, which stored every image as PNG, differs: its parts are never mixed with these).
+IMAGE_ENCODING = "as read when 8-bit RGB JPEG/PNG, else PNG"
+#: How the cards' schema tables describe a column of real images.
+STORED_AS = ("its file's bytes as read when an 8-bit RGB JPEG or PNG, else converted to RGB and "
+             "stored as PNG")
+_STORED_AS_READ = ("JPEG", "PNG")
+#: A PNG's first chunk (bytes 12..15) and its bit depth and colour type (bytes 24..25) for 8-bit
+#: RGB: PIL opens 16-bit colour as "RGB" too (high bytes), which other readers decode to 16 bits.
+_PNG_IHDR_RGB8 = (b"IHDR", b"\x08\x02")
 
 
 class ImageProblem(InputFileError):
@@ -48,12 +72,44 @@ class ImageProblem(InputFileError):
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class CheckedImage:
+    """A source image that passed every check: its 8-bit RGB pixels, and the file's bytes when
+    they can be stored as read (see the module docstring), else None."""
+
+    pixels: Image.Image
+    as_read: bytes | None
+
+    def cell(self) -> dict[str, Any]:
+        """What a `datasets.Image()` column stores for it: the bytes as read, else the pixels as
+        PNG (encoded as datasets encodes a PIL image, so converted images are stored as before)."""
+        if self.as_read is not None:
+            return {"bytes": self.as_read, "path": None}
+        buf = io.BytesIO()
+        self.pixels.save(buf, format="PNG")
+        return {"bytes": buf.getvalue(), "path": None}
+
+
+def stored_bytes_bound(pixels: int) -> int:
+    """The most bytes a file of `pixels` pixels is stored as read with: twice its raw RGB size
+    (no JPEG or PNG of real pixels comes near it) plus 1 MiB of metadata (EXIF, ICC profile)."""
+    return 6 * pixels + (1 << 20)
+
+
 def open_rgb_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
                    expected_size: tuple[int, int] | None = None, name: str | None = None) -> Image.Image:
-    """Decode `source` (a path, or the bytes of a dataset cell named `name`) as 8-bit RGB.
+    """Decode `source` (a path, or the bytes of a dataset cell named `name`) as 8-bit RGB (the
+    pixels of `check_image`)."""
+    return check_image(source, max_pixels=max_pixels, expected_size=expected_size, name=name).pixels
+
+
+def check_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+                expected_size: tuple[int, int] | None = None, name: str | None = None) -> CheckedImage:
+    """Check and decode `source` (a path, or the bytes of a dataset cell named `name`).
 
     The header is checked against `max_pixels` and `expected_size` (width, height) before any
-    pixel is decoded; the whole image is then loaded, so truncation is detected now."""
+    pixel is decoded; the whole image is then loaded, so truncation is detected now. A file is
+    read once: the bytes stored as read are the bytes checked."""
     where = (name or "image bytes") if isinstance(source, bytes) else Path(source)
     if not isinstance(source, bytes) and not Path(source).is_file():
         raise ImageProblem(where, "unreadable_image", "image file is missing",
@@ -62,10 +118,10 @@ def open_rgb_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_
         with warnings.catch_warnings():
             # PIL only warns between its pixel limit and twice that; treat both as too large.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
+            with _opened(source, max_pixels) as (fp, data), Image.open(fp) as img:
                 _check_header(img, where, max_pixels, expected_size)
                 img.load()
-                return _to_rgb(img, where)
+                return CheckedImage(_to_rgb(img, where), data if _stored_as_read(img, data) else None)
     except ImageProblem:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -74,6 +130,35 @@ def open_rgb_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ImageProblem(where, "unreadable_image", f"cannot decode the image ({err})",
                            "re-download this file or remove it from the annotations") from err
+
+
+@contextmanager
+def _opened(source: str | Path | bytes, max_pixels: int) -> Iterator[tuple[IO[bytes], bytes | None]]:
+    """The image to decode and its bytes; a file too large to be stored as read whatever its
+    pixels is decoded from the file, not read into memory (None: no bytes to store)."""
+    if isinstance(source, bytes):
+        yield io.BytesIO(source), source
+        return
+    with open(source, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size > stored_bytes_bound(max_pixels):
+            yield fh, None
+        else:
+            data = fh.read()
+            yield io.BytesIO(data), data
+
+
+def _stored_as_read(img: Image.Image, data: bytes | None) -> bool:
+    """Whether `data` decode as they are to the pixels `_to_rgb` made of `img` (loaded): no
+    conversion, rotation or bit depth a reader could apply differently."""
+    if data is None or img.format not in _STORED_AS_READ or img.mode != "RGB":
+        return False
+    if "transparency" in img.info or getattr(img, "n_frames", 1) != 1:
+        return False
+    if img.format == "PNG" and (data[12:16], data[24:26]) != _PNG_IHDR_RGB8:
+        return False
+    if img.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+        return False
+    return len(data) <= stored_bytes_bound(img.width * img.height)
 
 
 def _check_header(img: Image.Image, where: object, max_pixels: int,

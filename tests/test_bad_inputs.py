@@ -422,7 +422,7 @@ def test_eccv_positives_counts_malformed_coco_records_and_never_stores_them(
     def expected(key: str, row: dict[str, Any]) -> dict[str, Any]:
         if key == "i2t/test":
             return {**row, "positive_captions": [None if c in own else t for c, t in
-                                                 zip(row["positive_caption_ids"], row["positive_captions"])]}
+                                                 zip(row["positive_caption_ids"], row["positive_captions"], strict=True)]}
         return {**row, "caption": None} if key == "t2i/test" and row["caption_id"] in own else row
 
     for key in ("i2t/test", "t2i/test", "removed/test"):

@@ -1,6 +1,7 @@
 """`make test` on a fresh machine installs what its tests need outside Python (Chromium and
 chromedriver, for the gallery browser test) and says so; an equipped machine, or a second
-`make test`, installs nothing and prints nothing about it; `.ci/run` is just `make test`.
+`make test`, installs nothing and prints nothing about it; `.ci/run` is just `make test`, and
+`make test` runs the lint gate (`make lint`) before anything is installed or tested.
 
 The machine is simulated: PATH holds only stubs (no chromium, an `apt-get` that records its
 arguments and "installs" stub browsers, `sudo`, `id`), so nothing is really installed."""
@@ -59,7 +60,9 @@ def machine(tmp_path):
     return stubs, calls, env
 
 
-#: What `make test` runs once the machine is equipped: the suite on two workers, file by file.
+#: What `make test` runs once the machine is equipped: the lint gate (seconds, so first), then
+#: the suite on two workers, file by file.
+LINT = "python -m ruff check ."
 PYTEST = "python -m pytest -n 2 --dist loadfile"
 
 
@@ -89,7 +92,7 @@ def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
                            text=True, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "installing chromium chromium-driver" in first.stderr
-    assert _calls(calls) == ["apt-get update -q DEBIAN_FRONTEND=noninteractive",
+    assert _calls(calls) == [LINT, "apt-get update -q DEBIAN_FRONTEND=noninteractive",
                              f"{INSTALL} DEBIAN_FRONTEND=noninteractive", PYTEST]
 
     calls.unlink()
@@ -97,7 +100,7 @@ def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
     again = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert _calls(calls) == [PYTEST]
+    assert _calls(calls) == [LINT, PYTEST]
     assert "install" not in again.stdout + again.stderr
 
 
@@ -130,3 +133,23 @@ def test_no_way_to_install_is_one_clear_line(machine, missing, says):
     assert proc.returncode == 1
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert not any(line.startswith("apt-get") for line in _calls(calls))
+
+
+def test_a_lint_finding_stops_make_test_before_anything_is_installed_or_run(machine, tmp_path):
+    _, calls, env = machine
+    clone = tmp_path / "clone"
+    (clone / ".ci").mkdir(parents=True)
+    for name in ("Makefile", "pyproject.toml", ".ci/bootstrap.sh", ".ci/run"):
+        shutil.copy2(REPO_ROOT / name, clone / name)
+    venv_bin = clone / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    # ruff exits 1 when it finds something; the stub does so for the lint call only.
+    _script(venv_bin / "python", PYTHON + 'if [ "$2" = ruff ]; then exit 1; fi\n')
+    stamp = clone / ".venv" / ".counterfactory-installed"
+    stamp.touch()
+    os.utime(stamp, (os.path.getmtime(clone / "pyproject.toml") + 10,) * 2)
+
+    proc = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert _calls(calls) == [LINT]

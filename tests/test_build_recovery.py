@@ -108,7 +108,7 @@ def test_eccv_resume_on_a_changed_coco_root_is_refused_naming_the_query(tmp_path
     queries = [i for i in sorted(eccv) if set(eccv[i]) & set(coco_i2t[i])]
     images = random.Random(7).sample(queries, 4)
     # Two pairs of PM matches (same classes): swapping two images' classes keeps every PM query.
-    root = write_test_image_root(tmp_path / "coco", dict(zip(images, ([1], [1], [2], [2]))))
+    root = write_test_image_root(tmp_path / "coco", dict(zip(images, ([1], [1], [2], [2]), strict=True)))
     target = images[0]
     caption = next(c for c in eccv[target] if c in coco_i2t[target])
     out = tmp_path / "out"

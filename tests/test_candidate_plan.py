@@ -75,7 +75,7 @@ def test_grouped_build_shares_work_without_changing_the_pairs(
     rows, reference = load_dataset(str(shared), split="test"), load_dataset(str(alone), split="test")
     assert len(rows) >= 2 and rows["id"] == reference["id"]
     cfg = ImageStageConfig(candidate_plan="grouped", seeds=2, p_values=3)
-    for row, ref in zip(rows, reference):
+    for row, ref in zip(rows, reference, strict=True):
         assert row["image_candidates_tried"] == row["image_candidates_passed"] == 6
         # The published candidate is one of the row's grouped specs, and the same one.
         assert PairSpec(row["seed"], row["p"], row["guidance_scale"]) in candidate_specs(0, row["id"], cfg)

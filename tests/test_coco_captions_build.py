@@ -49,7 +49,7 @@ def test_build_matches_source_and_publishes(coco_fixture_dir, tmp_path, local_hu
     local = load_dataset(str(out), split="test")
     assert remote["image_id"] == local["image_id"]
     assert all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(remote["image"], local["image"]))
+               for a, b in zip(remote["image"], local["image"], strict=True))
 
 
 def test_unreadable_image_is_skipped_with_reason_and_the_rest_is_kept(tmp_path):

@@ -92,7 +92,7 @@ def test_caption_stage_build_follows_the_source(captions_build, coco2017_dir, ti
     assert rows["id"] == produced, "rows follow the annotation-file order"
     manifest = json.loads((captions_build / "build_manifest.json").read_text())
     expected_skips: dict[str, int] = {}
-    for (row_id, caption_id, text), outcome in zip(raw, outcomes):
+    for (row_id, caption_id, text), outcome in zip(raw, outcomes, strict=True):
         if isinstance(outcome, str):
             expected_skips[outcome] = expected_skips.get(outcome, 0) + 1
             assert row_id not in by_id
@@ -202,7 +202,7 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
     staged_pairs = load_dataset(str(staged), split="test")
     assert staged_pairs["id"] == pairs["id"] and staged_pairs["seed"] == pairs["seed"]
     assert all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(staged_pairs["image_1"], pairs["image_1"]))
+               for a, b in zip(staged_pairs["image_1"], pairs["image_1"], strict=True))
 
     # A crash after part 0: its stats are gone and a part file is truncated; the resume redoes
     # only that part and ends with identical shards.
@@ -224,7 +224,7 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
     assert remote.remove_columns(["image_0", "image_1"]).to_list() == \
         pairs.remove_columns(["image_0", "image_1"]).to_list()
     assert all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(remote["image_0"], pairs["image_0"]))
+               for a, b in zip(remote["image_0"], pairs["image_0"], strict=True))
 
 
 @pytest.mark.accelerate

@@ -97,7 +97,7 @@ def test_batched_stage_equals_one_at_a_time_reference(models):
         stage = CaptionStage(models, CaptionStageConfig(sim_low=low, sim_high=high, caption_batch=5,
                                                         order=order, probe=2))
         results = stage.run(captions)
-        for caption, scored, result in zip(captions, references, results):
+        for caption, scored, result in zip(captions, references, results, strict=True):
             # Float noise from padding must not decide a threshold: no similarity sits on one.
             assert all(min(abs(s - low), abs(s - high)) > 1e-5 for _, _, s, _ in scored)
             want = reference_choice(scored, low, high)
@@ -156,7 +156,7 @@ def test_a_caption_batch_that_runs_out_of_memory_is_halved_with_the_same_outcome
         hook.remove()
     assert len(got) == len(captions)
     assert [getattr(r, "counterfactual", r) for r in got] == [getattr(r, "counterfactual", r) for r in want]
-    for r, w in zip(got, want):
+    for r, w in zip(got, want, strict=True):
         if not isinstance(w, str):
             assert (r.position, r.candidates) == (w.position, w.candidates)
             assert (r.similarity, r.perplexity) == pytest.approx((w.similarity, w.perplexity), rel=1e-5)
@@ -186,7 +186,7 @@ def test_perplexity_is_undefined_for_one_token_and_matches_the_lm_loss(models):
     sentences = ["A", "A man riding a brown horse .", "Two dogs ."]  # "A" is one LM token
     got = stage.perplexities(sentences)
     assert math.isnan(got[0])
-    for sentence, value in zip(sentences[1:], got[1:]):
+    for sentence, value in zip(sentences[1:], got[1:], strict=True):
         ids = models.lm_tokenizer(sentence, return_tensors="pt").input_ids
         with torch.no_grad():
             assert value == pytest.approx(math.exp(models.lm(ids, labels=ids).loss.item()), rel=1e-5)

@@ -119,7 +119,7 @@ def test_gallery_holds_every_caption_with_reference_mentions(built, coco_fixture
         phrases = noun_phrases(row["caption"])
         ref = [any(reference_match(c, n, COCO_TABLE) for n in phrases) for c in COCO_CLASSES]
         assert row["mentions"] == ref, row["caption"]
-        assert row["mentioned_classes"] == [c for c, hit in zip(COCO_CLASSES, ref) if hit]
+        assert row["mentioned_classes"] == [c for c, hit in zip(COCO_CLASSES, ref, strict=True) if hit]
 
 
 def test_odmap_product_feeds_the_evaluate_module(built, tiny_models_dir, one_thread):
@@ -155,7 +155,7 @@ def test_publish_and_load_each_config_at_its_tag(built, local_hub):
         pictures = [c for c in ("image", "mask") if c in local.column_names]
         assert remote.remove_columns(pictures).to_list() == local.remove_columns(pictures).to_list()
         for column in pictures:
-            assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(remote[column], local[column]))
+            assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(remote[column], local[column], strict=True))
     readme = (built / "README.md").read_text()
     assert "GAN" in readme and "odmap_gallery" in readme and "region_too_large" in readme
 
@@ -279,7 +279,7 @@ def _adversarial_fixture(root: Path) -> dict[str, int]:
     raw = raw_images(root)
     eligible = sorted(i for i, im in raw.items() if im["split"] in ("train", "restval")
                       and brute_force(im["boxes"], im["w"], im["h"])[0])
-    roles = dict(zip(("gray", "cmyk", "truncated", "no_nouns", "boxes"), eligible))
+    roles = dict(zip(("gray", "cmyk", "truncated", "no_nouns", "boxes"), eligible, strict=False))
     Image.open(raw[roles["gray"]]["file"]).convert("L").save(raw[roles["gray"]]["file"])
     Image.open(raw[roles["cmyk"]]["file"]).convert("CMYK").save(raw[roles["cmyk"]]["file"])
     data = raw[roles["truncated"]]["file"].read_bytes()

@@ -36,7 +36,7 @@ def card_table_row(card: str, first_cell: str) -> dict[str, str]:
     def cells(line: str) -> list[str]:
         return [c.strip() for c in line.strip().strip("|").split("|")]
 
-    return dict(zip(cells(lines[start]), cells(lines[k])))
+    return dict(zip(cells(lines[start]), cells(lines[k]), strict=True))
 
 
 def test_demo_runs_end_to_end(tmp_path, real_home):

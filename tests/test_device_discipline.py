@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from training import evaluation
+from training.eval_data import EvalData
 from training.trainer import _accumulate_gradients
 
 from helpers.training_helpers import OneProcessAccelerator
@@ -69,7 +70,7 @@ def assert_all_on(seen, device) -> None:
 def test_a_training_step_feeds_the_batch_on_the_accelerators_device(negatives):
     model = Recorder(stop=True)
     session = SimpleNamespace(accelerator=OneProcessAccelerator(RUN_DEVICE), model=model,
-                              cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1)))
+                              cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1, loss="clip")))
     with pytest.raises(Reached):
         _accumulate_gradients(session, iter([cpu_batch(negatives=negatives)]))
     assert_all_on(model.seen, RUN_DEVICE)
@@ -123,13 +124,13 @@ def test_eval_only_evaluates_the_model_on_the_accelerators_device(monkeypatch, t
     evaluated_on = []
     monkeypatch.setattr(trainer, "eval_only_sets", lambda data: SimpleNamespace(
         heldout_cf=[], train=SimpleNamespace(tables=[]), validation=None, records=[]))
-    monkeypatch.setattr(trainer, "load_eval_data", lambda *args: evaluation.EvalData())
+    monkeypatch.setattr(trainer, "load_eval_data", lambda *args: EvalData())
     monkeypatch.setattr(trainer, "evaluate_model", lambda module, *args: evaluated_on.append(
         next(module.parameters()).device) or {})
     monkeypatch.setattr(trainer, "published_record", lambda record, cfg, output: record)
     monkeypatch.setattr(trainer, "_write_results", lambda *args: None)
     accelerator = SimpleNamespace(device=RUN_DEVICE, is_main_process=True,
-                                  wait_for_everyone=lambda: None)
+                                  wait_for_everyone=lambda: None, log=lambda metrics, step: None)
     backend = SimpleNamespace(module=nn.Linear(2, 2))  # loaded on the CPU, as load_backend does
     trainer.evaluate_only(SimpleNamespace(data=None), accelerator, backend, {}, tmp_path)
     assert evaluated_on == [RUN_DEVICE]

@@ -77,7 +77,7 @@ def test_survivors_keep_their_images_and_the_dropped_stop_costing(pipe, schedule
     same_work = UNetWork()
     same = generate_pairs(pipe, *CAPTIONS, SPECS, work=same_work, early=everyone, **kwargs)
     assert everyone.dropped == [] and same_work.unet_rows == full_work.unet_rows
-    assert all(close(x, y) for x, y in zip(same[0], full[0])) and all(close(x, y) for x, y in zip(same[1], full[1]))
+    assert all(close(x, y) for x, y in zip(same[0], full[0], strict=True)) and all(close(x, y) for x, y in zip(same[1], full[1], strict=True))
 
     # Dropping everyone returns no images and stops the loop.
     nobody = EarlyRejection(step=1, check=lambda a, b: [False] * len(a))

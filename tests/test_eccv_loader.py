@@ -110,7 +110,7 @@ def reference_pm(classes_by_image, image_to_captions, zeta, omit_own):
         codes[image] = code
     i2t, t2i = {}, {}
     for a in codes:
-        matches = {b for b in codes if sum(x != y for x, y in zip(codes[a], codes[b])) <= zeta}
+        matches = {b for b in codes if sum(x != y for x, y in zip(codes[a], codes[b], strict=True)) <= zeta}
         if omit_own:
             matches.discard(a)
         for caption in image_to_captions[a]:

@@ -192,7 +192,7 @@ def test_pm_config_equals_brute_force(tmp_path):
     shown = {r["image_id"]: r for r in i2t if r["image"] is not None}
     assert sorted(shown) == images
     for i, row in shown.items():
-        assert all(t == f"caption {c}" for c, t in zip(row["positive_caption_ids"], row["positive_captions"])
+        assert all(t == f"caption {c}" for c, t in zip(row["positive_caption_ids"], row["positive_captions"], strict=True)
                    if t is not None)
 
 

@@ -36,7 +36,7 @@ def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, 
     for c in data["candidates"]:
         for model, rank in c["proposed_by"].items():
             got.setdefault((c["modality"], c["query_id"], model), {})[rank] = c["item_id"]
-    text = dict(zip(gallery["caption_ids"], gallery["texts"]))
+    text = dict(zip(gallery["caption_ids"], gallery["texts"], strict=True))
     position = {c: n for n, c in enumerate(gallery["caption_ids"])}
     exact = checked = 0
     # Models are recorded by their provenance names (local folders: local:NAME@sha256:...).
@@ -47,12 +47,12 @@ def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, 
         for modality, scores, rows, items in (("i2t", i2t, gallery["image_ids"], gallery["caption_ids"]),
                                               ("t2i", t2i, gallery["caption_ids"], gallery["image_ids"])):
             for q in queries[modality]:
-                score = dict(zip(items, scores[rows.index(q)]))
+                score = dict(zip(items, scores[rows.index(q)], strict=True))
                 expected = ranked(scores, rows.index(q), items, 5)
                 mine = [got[(modality, q, name)][r] for r in sorted(got[(modality, q, name)])]
                 assert sorted(got[(modality, q, name)]) == [1, 2, 3, 4, 5]
                 # The same items up to float near-ties: the same score at every rank.
-                assert all(abs(score[a] - score[b]) <= TOL for a, b in zip(mine, expected)), (q, mine, expected)
+                assert all(abs(score[a] - score[b]) <= TOL for a, b in zip(mine, expected, strict=True)), (q, mine, expected)
                 if modality == "i2t":  # copies of a caption text come in gallery order
                     for r, item in enumerate(mine):
                         twins = {c for c in items if text[c] == text[item] and position[c] < position[item]}
@@ -66,7 +66,7 @@ def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, 
         for q in queries[modality]:
             union, kth = set(), []
             for model in annotators:
-                score = dict(zip(items, brute[model][scores_of][rows.index(q)]))
+                score = dict(zip(items, brute[model][scores_of][rows.index(q)], strict=True))
                 top = ranked(brute[model][scores_of], rows.index(q), items, 25)
                 union |= set(top)
                 kth.append((score, score[top[-1]]))
@@ -193,7 +193,7 @@ def test_a_dataset_gallery_keeps_its_own_ids_apart_from_coco(gallery, annotators
     cxc_image = next(iter(cxc.i2t))
     cxc_caption = int(cxc.i2t[cxc_image][0])
     image_ids = [cxc_image, 578492, *range(2, 12)]
-    captions = [[t for c, t in zip(gallery["caption_ids"], gallery["texts"]) if gallery["caption_image"][c] == i]
+    captions = [[t for c, t in zip(gallery["caption_ids"], gallery["texts"], strict=True) if gallery["caption_image"][c] == i]
                 for i in gallery["image_ids"][:12]]
     caption_ids = [[1000 + 10 * row + j for j in range(len(c))] for row, c in enumerate(captions)]
     caption_ids[2][0], caption_ids[3][0] = cxc_caption, 19273
@@ -211,7 +211,7 @@ def test_a_dataset_gallery_keeps_its_own_ids_apart_from_coco(gallery, annotators
                      "--output", str(tmp_path / "c.json")]) == 0
     assert cli_main(["eccv", "tasks", str(tmp_path / "c.json"), "--output", str(tmp_path / "tasks")]) == 0
     no_verdicts = write_csv(tmp_path / "none.csv", [])
-    original = {i: set(c) for i, c in zip(image_ids, caption_ids)}
+    original = {i: set(c) for i, c in zip(image_ids, caption_ids, strict=True)}
     in_gallery = set().union(*original.values())
     as_coco = {i: (c | (in_gallery & set(cxc.i2t.get(i, np.empty(0)).tolist()))) - {19273}
                for i, c in original.items() if i != 578492}

@@ -91,11 +91,11 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
     assert [r["id"] for r in records] == ds["id"]
     assert len(list((out / "pages").glob("*.js"))) == -(-len(ds) // 3)
     provenance_shown: set[str] = set()
-    for k, (rec, row) in enumerate(zip(records, ds)):
+    for k, (rec, row) in enumerate(zip(records, ds, strict=True)):
         assert [im["label"] for im in rec["imgs"]] == ["image_0", "image_1"]
         # A pair shares its initial noise (Prompt-to-Prompt), so compare with another row's image.
         other = ds[(k + 1) % len(ds)]["image_0"]
-        for im, column in zip(rec["imgs"], ("image_0", "image_1")):
+        for im, column in zip(rec["imgs"], ("image_0", "image_1"), strict=True):
             assert_depicts(out / im["src"], row[column], other)
         c0, c1 = rec["texts"]
         assert text_of(c0["segs"]) == row["caption_0"] and text_of(c1["segs"]) == row["caption_1"]
@@ -111,7 +111,7 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
     index = [e for p in sorted((out / "index").glob("*.js"))
              for e in json.loads(p.read_text().split(", ", 1)[1].rsplit(");", 1)[0])]
     assert [e[0] for e in index] == list(range(len(ds)))
-    assert [e[1] for e in index] == [f"{a} {b}".lower() for a, b in zip(ds["caption_0"], ds["caption_1"])]
+    assert [e[1] for e in index] == [f"{a} {b}".lower() for a, b in zip(ds["caption_0"], ds["caption_1"], strict=True)]
     stats = (out / "stats.html").read_text()
     for word, n in Counter(ds["replaced_word"]).items():
         assert f"<tr><td>{word}</td><td>{n}</td></tr>" in stats
@@ -138,7 +138,7 @@ def test_decorrelation_gallery_strikes_removed_words_and_outlines_the_mask(build
     records = page_records(out)
     assert len(records) == len(ds) >= 3
     struck = 0
-    for rec, row in zip(records, ds):
+    for rec, row in zip(records, ds, strict=True):
         assert rec["facets"]["removed class"] == row["removed_classes"]
         original, synthetic = rec["imgs"]
         assert (original["label"], synthetic["label"]) == ("original", "synthetic")
@@ -176,10 +176,10 @@ def test_eccv_gallery_groups_each_query_s_positives_by_source(builds, tmp_path, 
     records = page_records(out)
     assert [r["id"] for r in records] == [str(i) for i in ds["image_id"]]
     grouped = 0
-    for rec, row in zip(records, ds):
+    for rec, row in zip(records, ds, strict=True):
         assert len(rec["imgs"]) == (row["image"] is not None)
         expected: dict[str, list[str]] = {}
-        for k, (cid, source) in enumerate(zip(row["positive_caption_ids"], row["positive_sources"])):
+        for k, (cid, source) in enumerate(zip(row["positive_caption_ids"], row["positive_sources"], strict=True)):
             text = row["positive_captions"][k] if row["positive_captions"] else None
             expected.setdefault(f"{source} positives", []).append(text or f"caption {cid}")
         shown = {t["label"].rsplit(" (", 1)[0]: text_of(t["segs"]).split(" | ") for t in rec["texts"]}

@@ -166,7 +166,7 @@ def test_images_that_cannot_be_shown_are_counted_and_shown_as_missing(tmp_path, 
     assert len(records) == len(rows)
     (im,) = records[0]["imgs"]
     assert np.abs(mean_rgb(out / im["src"]) - SHOWN_RGB).max() < 12
-    for rec, (_, reason) in zip(records[1:], problems):
+    for rec, (_, reason) in zip(records[1:-1], problems, strict=True):
         assert rec["imgs"] == [{"label": "image", "missing": reason}], rec
     assert records[-1]["imgs"] == []  # nothing to show, nothing wrong
     expected = {"too_many_pixels": 2, "empty": 1, "truncated": 1, "undecodable": 1}
@@ -243,3 +243,14 @@ def test_a_manifest_view_that_does_not_parse_falls_back_to_the_generic_view(tmp_
     assert "declares a view that does not parse" in caplog.text
     assert json.loads((out / "gallery.json").read_text())["kind"] == "generic"
     assert len(page_records(out)) == 1
+
+
+def test_a_grouped_row_whose_lists_differ_in_length_is_shown_as_such():
+    from builders.eccv_positives.view import I2T_VIEW as VIEW
+    from builders.viewer.rows import texts
+
+    # A published eccv-positives-shaped row whose lists were cut: one source short.
+    row = {"positive_captions": ["a dog", "a cat", "<b>x</b>"], "positive_caption_ids": [1, 2, 3],
+           "positive_sources": ["coco", "eccv"]}
+    blocks = [b for b in texts(VIEW, row) if b["label"] == "positives"]
+    assert blocks and "3 texts, 3 ids and 2 groups: lists of different lengths" in str(blocks[0]["segs"])

@@ -223,7 +223,7 @@ def source_bytes(root: Path, names: dict[str, tuple[str, str]]) -> dict[str, tup
 
 
 def folder_sha256(root: Path) -> str:
-    """The folder digest the card names (METHOD.md §2): sha256 over `<file sha256>  <name>`
+    """The folder digest the card names (builders/counterfactuals/METHOD.md §2): sha256 over `<file sha256>  <name>`
     lines, files of a folder by name before its sub-folders, symlinks by their link text."""
     h = hashlib.sha256()
     for folder, dirs, names in os.walk(root):
@@ -435,11 +435,13 @@ CLEAN_LOAD = textwrap.dedent('''
 
 
 def test_published_import_loads_where_counterfactory_is_not_installed(
-        tmp_path, tiny_models_dir, nltk_data_dir, local_hub, clean_python):  # noqa: F811
+        tmp_path, tiny_models_dir, nltk_data_dir, repo_id, clean_python):  # noqa: F811
     path = release_zip(tmp_path)
     out = tmp_path / "out"
     build(out, tiny_models_dir, write_jsonl(tmp_path / "pairs.jsonl"), path)
-    repo = "tester/coco-counterfactuals"
+    # Its own repo: the local Hub lives as long as the test worker, which may run
+    # test_coco_counterfactuals_build.py's v1.0.0 of tester/coco-counterfactuals too.
+    repo = repo_id
     assert cli_main(["publish", str(out), "--repo-id", repo, "--version", "v1.0.0"]) == 0
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "load.py").write_text(CLEAN_LOAD)

@@ -1,11 +1,11 @@
 """The three metric Spaces, published to the local Hub, load in a clean virtualenv and reproduce
 the checkout's numbers; the published files are the repository's files, byte for byte.
 
-The clean virtualenv holds only what the Spaces' requirements.txt declare plus `evaluate`,
-installed from the package registry (never counterfactory, never torch). It is built once and
-kept under the project's git-ignored `.cache/`, keyed by a hash of the requirements, so reruns
-reuse it. Scripts run there with a working directory outside the checkout, so the project's
-packages cannot leak in.
+The clean virtualenv holds only what the Spaces' requirements.txt declare plus `evaluate` and the
+gradio their cards declare (for the Space apps, tests/test_metric_space_apps.py), installed from
+the package registry (never counterfactory, never torch). It is built once and kept under the
+project's git-ignored `.cache/`, keyed by a hash of the requirements, so reruns reuse it. Scripts run
+there with a working directory outside the checkout, so the project's packages cannot leak in.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import evaluate
 import numpy as np
 import pytest
+import yaml
 from huggingface_hub import HfApi, hf_hub_download
 
 from builders.app.cli import main as cli_main
@@ -35,11 +36,21 @@ VERSION = "v1.0.0"
 DOWNLOAD_COMMAND = "python -m nltk.downloader averaged_perceptron_tagger_eng"
 
 
+def card_metadata(name: str) -> dict:
+    """The YAML front matter of the Space's README.md (what the Hub reads to build it)."""
+    text = (SPACES / name / "README.md").read_text()
+    return yaml.safe_load(text.split("\n---", 1)[0].removeprefix("---\n"))
+
+
 def _requirements() -> list[str]:
+    """The Spaces' requirements, evaluate, and the gradio their cards declare (what the Hub
+    installs to run app.py) with its client (gradio pins the client's version exactly)."""
     lines = {line.strip() for name in NAMES
              for line in (SPACES / name / "requirements.txt").read_text().splitlines()
              if line.strip() and not line.startswith("#")}
-    return sorted(lines | {f"evaluate=={evaluate.__version__}"})
+    (sdk_version,) = {str(card_metadata(name)["sdk_version"]) for name in NAMES}
+    return sorted(lines | {f"evaluate=={evaluate.__version__}", f"gradio=={sdk_version}",
+                           "gradio_client"})
 
 
 @pytest.fixture(scope="session")
@@ -199,7 +210,7 @@ def test_spaces_reproduce_the_checkout_numbers_in_a_clean_venv(clean_python, pub
                                                                 nltk_data_dir):
     cases = [*_cases(), _eccv_case()]
     got = _run_clean(clean_python, [dict(c) for c in cases], published, tmp_path, tmp_path / "none")
-    for case, out in zip(cases, got):
+    for case, out in zip(cases, got, strict=True):
         assert "result" in out, (case["name"], out)
         assert out["result"] == _in_process(case), case["name"]
     # The docstring examples' printed values, as the module docs state them.

@@ -43,7 +43,7 @@ def brute_force(ranking, positives, k_values=(1, 5, 10), cap=None):
 
 
 def brute_force_means(rankings, positives, k_values=(1, 5, 10), cap=None):
-    per = [brute_force(t, g, k_values, cap) for t, g in zip(rankings, positives)]
+    per = [brute_force(t, g, k_values, cap) for t, g in zip(rankings, positives, strict=True)]
     return (sum(p[0] for p in per) / len(per), sum(p[1] for p in per) / len(per),
             {k: sum(p[2][k] for p in per) / len(per) for k in k_values})
 
@@ -99,7 +99,7 @@ def test_rankings_equal_brute_force(seed):
     assert s.map_at_r == pytest.approx(ap, abs=1e-12)
     assert s.r_precision == pytest.approx(rp, abs=1e-12)
     assert s.recall_at_k == pytest.approx(rec, abs=1e-12)
-    per = [brute_force(t, g) for t, g in zip(rankings, positives)]
+    per = [brute_force(t, g) for t, g in zip(rankings, positives, strict=True)]
     np.testing.assert_allclose(s.per_query["map_at_r"], [p[0] for p in per], atol=1e-12)
 
 
@@ -145,8 +145,8 @@ def test_input_forms_agree_dict_list_array_tensor():
     pos = [positives[i] for i in depth_ok]
     as_list = retrieval_scores(table.tolist(), pos, cfg).as_dict()
     keys = [f"q{i}" for i in range(len(pos))]
-    as_dict = retrieval_scores({**dict(zip(keys, table.tolist())), "extra": [1]},
-                               dict(zip(keys, pos)), cfg).as_dict()
+    as_dict = retrieval_scores({**dict(zip(keys, table.tolist(), strict=True)), "extra": [1]},
+                               dict(zip(keys, pos, strict=True)), cfg).as_dict()
     assert as_list == as_dict
     assert retrieval_scores(table, pos, cfg).as_dict() == as_list
     assert retrieval_scores(torch.from_numpy(table), pos, cfg).as_dict() == as_list
@@ -401,8 +401,8 @@ def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
     cfg = EccvSuiteConfig(ALL_BUT_PMRP)
     ours = eccv_suite_from_similarity(sim, image_ids, caption_ids, cfg, annotations)
     scores = as_score_matrix(sim)
-    i2t = {int(q): caption_ids[r].tolist() for q, r in zip(image_ids, stable_topk(scores, 200))}
-    t2i = {int(q): image_ids[r].tolist() for q, r in zip(caption_ids, stable_topk(scores.T, 200))}
+    i2t = {int(q): caption_ids[r].tolist() for q, r in zip(image_ids, stable_topk(scores, 200), strict=True)}
+    t2i = {int(q): image_ids[r].tolist() for q, r in zip(caption_ids, stable_topk(scores.T, 200), strict=True)}
     whole = tuple(m for m in ALL_BUT_PMRP if not m.startswith("coco_1k"))
     ref = reference_metrics.compute_all_metrics(i2t, t2i, target_metrics=whole, verbose=False)
     assert_same(ours, ref, ref)

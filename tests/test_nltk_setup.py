@@ -77,7 +77,7 @@ def test_pos_tag_tags_unseen_caption_nouns(nltk_data_dir):
     gold_nouns = tagged_nouns = correct = total = 0
     for sentence in gold:
         predicted = nltk.pos_tag([w for w, _ in sentence])  # the plain NLTK API, no tagger object
-        for (_, g), (_, p) in zip(sentence, predicted):
+        for (_, g), (_, p) in zip(sentence, predicted, strict=True):
             total += 1
             correct += g == p
             if g.startswith("NN"):

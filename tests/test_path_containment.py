@@ -274,7 +274,7 @@ def test_eccv_positives_never_reads_outside_the_root(eccv, tmp_path, escape):
     # As for any malformed record: the image row is skipped, its captions' texts are null.
     expected = {**eccv["rows"],
                 "i2t/test": [{**r, "positive_captions": [None if c in own else t for c, t in
-                                                         zip(r["positive_caption_ids"], r["positive_captions"])]}
+                                                         zip(r["positive_caption_ids"], r["positive_captions"], strict=True)]}
                              for r in eccv["rows"]["i2t/test"] if r["image_id"] != case["target"]],
                 "t2i/test": [{**r, "caption": None} if r["caption_id"] in own else r
                              for r in eccv["rows"]["t2i/test"]]}

@@ -116,7 +116,7 @@ def test_shared_computation_gives_each_candidate_its_own_images(sharp_pipe, inje
     # The check can fail: counterfactuals injected for 0, 1 or 2 steps differ by more than the
     # tolerance, so a branch forked at the wrong step would show.
     cf = [alone[SHARED_SPECS.index(PairSpec(21, p, 7.5))][1][0].astype(int) for p in (0.0, 0.2, 0.5)]
-    assert all(np.abs(a - b).max() > 1 for a, b in zip(cf, cf[1:]))
+    assert all(np.abs(a - b).max() > 1 for a, b in zip(cf, cf[1:], strict=False))
     # Work: the rows the UNet saw (counted at the UNet) are the brute-force count of distinct
     # states: 152 of the 220 rows of 11 independent candidates here.
     assert work.unet_rows == counted == distinct_row_states(SHARED_SPECS, steps) < 4 * steps * 11

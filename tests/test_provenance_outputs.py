@@ -208,7 +208,7 @@ def recorded_names(work: Path, specs: dict[str, str]) -> dict[str, str]:
         command = manifest["command"]
         assert command[0] == "counterfactory" and all(
             command[command.index(flag) + 1] == manifest["models"][key]
-            for flag, key in zip(flags, manifest_roles) if flag in command), command
+            for flag, key in zip(flags, manifest_roles, strict=True) if flag in command), command
 
     caption_columns = {"mlm_model": "mlm", "lm_model": "lm", "sentence_model": "sentence"}
     build("cf-captions", "data/captions", caption_columns, {"mlm": "mlm", "lm": "lm", "sentence": "sentence"})

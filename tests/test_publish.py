@@ -38,7 +38,7 @@ def test_publish_two_versions_and_load_each_by_tag(tmp_path, local_hub, repo_id)
         for split in ("train", "test"):
             assert remote[split]["caption"] == expected[split]["caption"]
             assert all(np.array_equal(a, b) for a, b in
-                       zip(pixels(remote[split]), pixels(expected[split])))
+                       zip(pixels(remote[split]), pixels(expected[split]), strict=True))
         named = load_dataset(repo_id, "captions", split="train", revision=version)
         assert named["caption"] == load_dataset(str(local), "captions", split="train")["caption"]
     first = next(iter(load_dataset(repo_id, split="train", revision="v1.0.0", streaming=True)))

@@ -8,6 +8,7 @@ from pathlib import Path
 import evaluate
 import numpy as np
 import pytest
+import yaml
 from huggingface_hub import HfApi, hf_hub_download
 
 from builders.app.cli import main as cli_main
@@ -70,7 +71,7 @@ def test_space_must_be_self_contained(tmp_path, files, message):
 def test_space_files_are_main_helpers_and_docs_without_package_markers(tmp_path):
     folder = _space(tmp_path / "m", {"m.py": "from .a import x\nfrom .shared import z\n",
                                      "a.py": "from .shared import z\nx = z\n", "shared.py": "z = 3\n",
-                                     "__init__.py": "", "stray.py": "", "README.md": "card",
+                                     "__init__.py": "", "stray.py": "", "README.md": CARD,
                                      "requirements.txt": "numpy\n", ".env": "HF_TOKEN=x\n"})
     (folder / "__pycache__").mkdir()
     (folder / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
@@ -85,6 +86,46 @@ def test_a_published_space_holds_its_helpers_and_computes(local_hub, tmp_path):
     assert Path(remote).read_bytes() == (folder / "shared.py").read_bytes()
     assert evaluate.load("tester/answer", revision="v1.0.0").compute(
         predictions=[1], references=[1]) == {"answer": 42}
+
+
+CARD = "---\ntitle: m\nsdk: gradio\nsdk_version: 3.50.2\napp_file: app.py\n---\n# card\n"
+
+
+@pytest.mark.parametrize("card, lacks", [
+    ("# card without front matter\n", "sdk: gradio, sdk_version: <gradio version>, app_file: app.py"),
+    ("---\ntitle: m\ntags:\n- metric\n---\n", "sdk: gradio, sdk_version"),
+    ("---\nsdk: streamlit\nsdk_version: 1.0\napp_file: app.py\n---\n", "sdk: gradio"),
+    ("---\nsdk: gradio\nsdk_version: 3.50.2\napp_file: main.py\n---\n", "app_file: app.py"),
+])
+def test_a_card_that_does_not_declare_the_app_is_refused_before_anything_is_sent(
+        local_hub, tmp_path, card, lacks, capsys):
+    """The upload replaces the card `create_repo(space_sdk="gradio")` wrote: without sdk,
+    sdk_version and app_file, the Space on the Hub has no app to build."""
+    folder = _space(tmp_path / "answer", {"answer.py": ANSWER_MODULE, "shared.py": "VALUE = 42\n",
+                                          "README.md": card})
+    assert cli_main(["publish-metric", str(folder), "--repo-id", "cardless/answer",
+                     "--version", "v1.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{folder / 'README.md'}: the front matter lacks {lacks}" in err, err
+    assert not HfApi().repo_exists("cardless/answer", repo_type="space")
+
+
+def test_the_spaces_cards_declare_the_app_the_publish_uploads(local_hub, tmp_path):
+    """As evaluate's metric Spaces: sdk gradio, its version and app.py, which the Space holds."""
+    for name in ("odmap", "map_at_r", "itm_score_deltas"):
+        publish_metric(MetricPublishConfig(f"cards/{name}", "v1.0.0", module_dir=MODULES / name))
+        files = {f.path for f in HfApi().list_repo_tree(f"cards/{name}", repo_type="space",
+                                                          revision="v1.0.0")}
+        card = Path(hf_hub_download(f"cards/{name}", "README.md", repo_type="space",
+                                    revision="v1.0.0", cache_dir=tmp_path)).read_text()
+        meta = yaml.safe_load(card.split("\n---", 1)[0].removeprefix("---\n"))
+        assert meta["sdk"] == "gradio" and meta["sdk_version"] and meta["app_file"] in files
+        assert {"evaluate", "metric"} <= set(meta["tags"])
+        app = Path(hf_hub_download(f"cards/{name}", "app.py", repo_type="space",
+                                   revision="v1.0.0", cache_dir=tmp_path)).read_text()
+        assert "launch_gradio_widget(module)" in app and f'"{name}.py"' in app
+        assert "counterfactory" not in app
 
 
 @pytest.mark.parametrize("linked", ["shared.py", "README.md", "answer.py"])

@@ -178,7 +178,7 @@ def test_a_metric_space_holds_exactly_its_module_files(tmp_path, local_hub):
     folder.mkdir()
     (folder / "answer.py").write_text("from .shared import VALUE\n")
     (folder / "shared.py").write_text("VALUE = 42\n")
-    (folder / "README.md").write_text("card\n")
+    (folder / "README.md").write_text("---\nsdk: gradio\nsdk_version: 3.50.2\napp_file: app.py\n---\ncard\n")
     (folder / "requirements.txt").write_text("numpy\n")
     (folder / ".env").write_text(f"HF_TOKEN={SECRET}\n")
     (folder / "notes.txt").write_text("notes\n")

@@ -155,18 +155,18 @@ def _parse(*flags):
 
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)
-    return options.from_args(apply_profile_defaults(parser.parse_args(["--coco-root", "coco", *flags])))
+    return options.config_from_args(apply_profile_defaults(parser.parse_args(["--coco-root", "coco", *flags])))
 
 
 def test_check_is_on_for_production_inpainting_only(tiny_models_dir):
-    production = _parse("--fill", "inpaint").config.verify
+    production = _parse("--fill", "inpaint").verify
     assert production.enabled and production.model == PRODUCTION.clip_filter
-    assert not _parse("--fill", "zero").config.verify.enabled
-    assert not _parse("--fill", "inpaint", "--no-verify-removal").config.verify.enabled
+    assert not _parse("--fill", "zero").verify.enabled
+    assert not _parse("--fill", "inpaint", "--no-verify-removal").verify.enabled
     tiny = ["--models", "tiny", "--tiny-models-dir", str(tiny_models_dir)]
-    assert not _parse(*tiny).config.verify.enabled  # random-init CLIP: off unless asked for
-    assert _parse(*tiny, "--fill", "zero", "--verify-removal").config.verify.enabled
-    assert _parse("--clip-filter-model", "my/clip").config.verify.model == "my/clip"
+    assert not _parse(*tiny).verify.enabled  # random-init CLIP: off unless asked for
+    assert _parse(*tiny, "--fill", "zero", "--verify-removal").verify.enabled
+    assert _parse("--clip-filter-model", "my/clip").verify.model == "my/clip"
 
 
 def test_region_view_is_a_square_around_the_filled_region():

@@ -196,7 +196,8 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     from counterfactory_metrics.itm_score_deltas.deltas import random_derangement
     from training.backends import load_backend
     from training.config import SourceRef, TrainConfig
-    from training.evaluation import compute_embeddings, load_eval_data
+    from training.eval_data import load_eval_data
+    from training.evaluation import compute_embeddings
     from training.mixtures import CF_COLUMNS
     from training.sources import open_table
 
@@ -221,10 +222,10 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     test = load_dataset(str(cc), "default", split="test")
     image_ids, per_image = list(test["image_id"]), list(test["caption_ids"])
     caption_ids = [c for ids in per_image for c in ids]
-    owner = {c: i for i, ids in zip(image_ids, per_image) for c in ids}
+    owner = {c: i for i, ids in zip(image_ids, per_image, strict=True) for c in ids}
     map_at_r = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "map_at_r"))
     sim = emb["image"] @ emb["text"].T
-    i2t = map_at_r.compute(similarity=sim, positives=dict(zip(image_ids, per_image)),
+    i2t = map_at_r.compute(similarity=sim, positives=dict(zip(image_ids, per_image, strict=True)),
                            query_ids=image_ids, gallery_ids=caption_ids, k_values=[1, 5, 10],
                            map_at_r=False, r_precision=False)
     t2i = map_at_r.compute(similarity=sim.T, positives={c: [owner[c]] for c in caption_ids},
@@ -273,7 +274,7 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     gallery_row = {c: r for r, c in enumerate(gallery["caption_id"])}
     s = lambda i, t: (float(i @ t) + 1) / 2  # noqa: E731
     pn: dict[str, list[float]] = {}
-    for q, (image_id, caption_ids) in enumerate(zip(queries["image_id"], queries["caption_ids"])):
+    for q, (image_id, caption_ids) in enumerate(zip(queries["image_id"], queries["caption_ids"], strict=True)):
         if image_id not in test_row:
             continue
         x, x_removed = emb["image"][test_row[image_id]], emb["query_image"][q]
@@ -417,9 +418,10 @@ def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_pat
                        "3", "--num-workers", "0", "--output", str(out)]) == 0
     record = json.loads((out / "run.json").read_text())
     n_real, whole, extra = cf_counts(15, "cf:medium")
-    train, val = record["train_examples"], record["validation_examples"]
-    assert train["real"] + val["real"] == n_real
-    assert train["counterfactual"] + val["counterfactual"] == 2 * whole + extra
+    # Trained on, selected on (validation loss), and held out for the ITM deltas.
+    train, val, test = record["train_examples"], record["validation_examples"], record["test_examples"]
+    assert train["real"] + val.get("real", 0) + test.get("real", 0) == n_real
+    assert sum(s.get("counterfactual", 0) for s in (train, val, test)) == 2 * whole + extra
     final = record["final_metrics"]
     assert "val_loss" in final
     emb = np.load(out / "embeddings.npz")

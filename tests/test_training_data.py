@@ -112,18 +112,25 @@ def test_counterfactual_mixture_counts_and_split(tmp_path, color_real, mix):
     frac_real, frac_cf = {"cf:base": (0.5, 0.25), "cf:medium": (1, 0.75), "cf:all": (1, 1)}[mix]
     want_real = math.ceil(frac_real * n_pairs)
     want_cf = 2 * math.ceil(frac_cf * n_pairs) if mix != "cf:medium" else math.ceil(0.75 * 2 * n_pairs)
-    both = [m.train, m.validation]
+    both = [m.train, m.validation, m.test]  # trained, selected on, scored by the ITM deltas
     assert sum(s.counts().get("real", 0) for s in both) == want_real
     assert sum(s.counts().get("counterfactual", 0) for s in both) == want_cf
-    # 80/20 over units (a real example, or a pair's rows); no pair is split.
-    units = want_real + want_cf // 2 + want_cf % 2
-    val_units = len(m.validation.groups())
-    assert val_units == int(0.2 * units)
+    # 80/20 over units (a pair: its real row and its rows); no unit is split, and the held-out
+    # 20 % is halved into the validation examples and those of the ITM deltas' pairs.
+    def pair(s, i):  # pair p is made from image id p + 1 (write_counterfactuals above)
+        if s.column[i] != "image":
+            return s.row[i]
+        return s.tables[s.table_of[i]][s.row[i]]["image_id"] - 1
+
+    train_p, val_p, test_p = ({pair(s, i) for i in range(len(s))} for s in both)
+    units = len(train_p | val_p | test_p)
+    held = int(0.2 * units)
+    assert (len(val_p), len(test_p)) == (held // 2, held - held // 2)
+    assert not train_p & val_p and not train_p & test_p and not val_p & test_p
     train_pairs = {g for g in m.train.group if g >= 0}
-    val_pairs = {g for g in m.validation.group if g >= 0}
-    assert not train_pairs & val_pairs
     assert sorted(m.train.group.count(g) for g in train_pairs) == [2] * len(train_pairs)
-    assert len(m.heldout_cf) == len(val_pairs)
+    # The ITM pairs: the whole pairs of the scored half.
+    assert sorted(p for _, p in m.heldout_cf) == sorted({g for g in m.test.group if g >= 0})
     # Real examples pair the original caption with the real image of source_image_id.
     for s in both:
         for i, origin in enumerate(s.origin):
@@ -236,8 +243,9 @@ def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
     equals the ECCV suite's coco_5k recalls on the same embeddings, and its 1K fold means equal
     the suite's coco_1k ones (folds from `coco_test_ids.npy`, not from the row order)."""
     from counterfactory_metrics.map_at_r.eccv_annotations import read_positives
-    from training.evaluation import (DataInputError, EvalData, check_eccv_split, eccv_metrics,
-                                     keep_standard_coco_captions, retrieval_folds, retrieval_metrics)
+    from training.eval_data import EvalData, check_eccv_split, keep_standard_coco_captions, retrieval_folds
+    from training.evaluation import eccv_metrics, retrieval_metrics
+    from training.sources import DataInputError
 
     i2t = read_positives("coco").i2t
     image_ids = np.array(sorted(i2t))
@@ -400,7 +408,7 @@ def test_train_help_lists_every_config_field_with_help(capsys):
             expected |= {flag, f"{flag}-revision"} if "SourceRef" in str(f.type) else {flag}
     subcommands = next(a for a in cli_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = {opt: a for a in subcommands.choices["train"]._actions for opt in a.option_strings}
-    assert len(expected) == 58 and expected <= set(actions)
+    assert len(expected) == 66 and expected <= set(actions)
     for flag in expected:
         assert f" {flag} " in shown or f" {flag}\n" in shown, flag
     for flag, action in actions.items():

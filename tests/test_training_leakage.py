@@ -41,7 +41,7 @@ def test_cf_mixture_real_rows_come_from_any_split(spread, mix):
     m = build_mixture(DataConfig(real=SourceRef(str(real)), counterfactuals=SourceRef(str(cf)),
                                  mix=mix, data_seed=3, real_train_splits=("train",)))
     frac_real, frac_cf = PAPER[mix]
-    both = [m.train, m.validation]
+    both = [m.train, m.validation, m.test]  # trained, selected on, scored by the ITM deltas
     assert sum(s.counts().get("real", 0) for s in both) == math.ceil(frac_real * n)
     rows = 2 * math.ceil(frac_cf * n) if mix != "cf:medium" else math.ceil(frac_cf * 2 * n)
     assert sum(s.counts().get("counterfactual", 0) for s in both) == rows
@@ -57,10 +57,12 @@ def test_cf_mixture_real_rows_come_from_any_split(spread, mix):
     if frac_real == 1:
         assert splits == {"train", "val", "test"}
     if mix == "cf:real":
-        # No pair trained on; the pairs of the validation real rows are the held-out ITM set.
-        assert [t for t, _ in m.heldout_cf] and len(m.heldout_cf) == len(m.validation)
+        # No pair trained on; the pairs of the held-out real rows scored by the ITM deltas (not
+        # those of the validation rows, which select the checkpoint) are the held-out ITM set.
+        assert [t for t, _ in m.heldout_cf] and len(m.heldout_cf) == len(m.test)
         cf_table = m.train.tables[m.heldout_cf[0][0]]
-        assert sorted(cf_table[p]["caption_0"] for _, p in m.heldout_cf) == sorted(m.validation.caption)
+        assert sorted(cf_table[p]["caption_0"] for _, p in m.heldout_cf) == sorted(m.test.caption)
+        assert not set(m.test.caption) & set(m.validation.caption)
 
 
 def _run(real, cf, tiny_models_dir, out, *extra) -> int:
@@ -103,7 +105,7 @@ def test_training_on_test_images_is_refused_and_allowed_marked(tmp_path, tiny_mo
 def test_overlap_counts_odmap_queries_and_held_out_pairs():
     """The ODmAP queries count by COCO id (a D' row is an edit of its COCO image); counterfactual
     rows by their pair."""
-    from training.evaluation import EvalData
+    from training.eval_data import EvalData
     from training.leakage import check_eval_overlap
     from training.sources import DataInputError
 

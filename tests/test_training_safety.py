@@ -64,8 +64,8 @@ def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir,
     (final / "secret-link.txt").symlink_to(secret)
     (final / "notes.txt").write_text("my notes\n")
 
-    # Refused before anything is trained (3 steps would add a loss row) or sent.
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3",
+    # Continuing the run: refused before anything is trained (3 steps would add a loss row) or sent.
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest",
                                 "--push-to-hub", repo_id)) == 2
     line = one_error_line(capsys)
     for name in (".env", "symlink secret-link.txt", "notes.txt", str(final)):
@@ -76,7 +76,7 @@ def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir,
 
     for name in (".env", "secret-link.txt", "notes.txt"):
         (final / name).unlink()
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3",
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest",
                                 "--push-to-hub", repo_id)) == 0
     listed = _manifest_paths(out)
     assert {"README.md", "config.json", "model.safetensors"} <= listed
@@ -88,9 +88,11 @@ def test_a_symlink_under_a_model_file_name_is_replaced_not_written_through(color
     out = tmp_path / "run"
     outside = tmp_path / "outside.json"
     outside.write_text(SECRET)
-    (out / "final").mkdir(parents=True)
-    (out / "final" / "config.json").symlink_to(outside)
     assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "1")) == 0
+    # Planted in the finished run's final/, which the continued run saves again.
+    (out / "final" / "config.json").unlink()
+    (out / "final" / "config.json").symlink_to(outside)
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "2", "--resume", "latest")) == 0
     assert outside.read_text() == SECRET
     config = out / "final" / "config.json"
     assert not config.is_symlink() and "model_type" in json.loads(config.read_text())
@@ -231,3 +233,18 @@ def test_a_zeroshot_set_without_a_usable_image_is_one_line(tiny_models_dir, tmp_
     line = one_error_line(capsys)
     assert "--zeroshot" in line and str(garbage) in line and "unreadable_image: 2" in line, line
     assert not (out / "run.json").exists()
+
+
+def test_a_real_row_whose_caption_ids_and_captions_differ_is_one_line(tmp_path, tiny_models_dir, capsys):
+    from helpers.training_helpers import REAL_FEATURES, write_split
+
+    root = write_color_set(tmp_path / "colors", {"train": 1, "val": 1, "test": 1})
+    train = datasets.Dataset.from_parquet(str(root / "data" / "train-00000-of-00001.parquet"))
+    cols = train.cast_column("image", datasets.Image(decode=False)).to_dict()
+    cols["caption_ids"][2] = cols["caption_ids"][2][:-1]  # a hand-made table: one id short
+    write_split(root, "train", cols, REAL_FEATURES)
+    out = tmp_path / "run"
+    assert train_main(tiny_args(root, tiny_models_dir, out, "--max-steps", "1")) == 2
+    line = one_error_line(capsys)
+    assert "--real split train, row 2" in line and "caption_ids has 4 ids but captions has 5" in line, line
+    assert not (out / "final").exists()

@@ -11,9 +11,10 @@ from PIL import Image
 from builders.devtools.fixtures.classification import CLASSES, write_classification_fixture
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_flickr30k_fixture
 from training.config import TrainConfig
-from training.evaluation import EvalData, zeroshot_and_flickr30k
+from training.eval_data import EvalData, load_flickr30k
+from training.evaluation import zeroshot_and_flickr30k
 from training.sources import DataInputError
-from training.zeroshot import load_flickr30k, load_zeroshot_set, parse_spec, prompt_templates
+from training.zeroshot import load_zeroshot_set, parse_spec, prompt_templates
 
 @pytest.fixture(scope="module")
 def backend(tiny_models_dir):
@@ -45,7 +46,7 @@ def _brute_force_zeroshot(backend, images, classnames, labels):
     cls = np.stack(cls)
     top1 = top5 = 0
     per_class = {c: [] for c in set(labels.tolist())}
-    for emb, label in zip(images, labels):
+    for emb, label in zip(images, labels, strict=True):
         scores = [float(np.dot(emb, c)) for c in cls]
         rank = sum(s > scores[label] for s in scores)
         top1 += rank == 0
@@ -146,7 +147,8 @@ def test_flickr30k_missing_folder_is_one_line(tmp_path):
 
 
 def test_flags_reach_the_evaluation_and_the_saved_embeddings(tmp_path, backend, tiny_models_dir):
-    from training.evaluation import evaluate_model, load_eval_data
+    from training.eval_data import load_eval_data
+    from training.evaluation import evaluate_model
     from training.options import build_parser, config_from_args
 
     classes = write_classification_fixture(tmp_path / "classes", per_class=1)

@@ -9,7 +9,8 @@ full batch's gradient: pass j contributes d(loss)/d(features of j) x d(features 
 and the passes together cover every row once. The logit scale enters every pass, so it is live
 in the last pass only, else its gradient would count `accum` times. Memory: the encoder
 activations of one micro-batch plus the features of all (the point of it), at the cost of one
-extra forward without gradient per micro-batch.
+extra forward without gradient per micro-batch. The same holds for the sigmoid loss (`--loss
+siglip`), whose logit bias is live in the last pass only, as the scale.
 
 With one micro-batch it is the plain step (no cache pass). Across processes each micro-batch's
 features are gathered as in training/losses.py, so the batch is global and the loss of N
@@ -23,21 +24,27 @@ import contextlib
 
 import torch
 
-from training.losses import clip_loss, gather_global
+from training.losses import clip_loss, gather_global, siglip_loss
 
 #: Per micro-batch: global image, text and negative features and the negatives' mask.
 Features = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
-def _global_features(model, batch: dict, accelerator) -> tuple[Features, torch.Tensor]:
-    """The micro-batch's features over all processes (ours keep their graph) and the logit scale."""
-    img, txt, neg, scale = model(pixel_values=batch["pixel_values"], text=batch["text"],
-                                 negative_text=batch.get("negative_text"))
+def _global_features(model, batch: dict, accelerator, loss: str) -> tuple[Features, tuple]:
+    """The micro-batch's features over all processes (ours keep their graph) and the logit
+    scale (and, for the sigmoid loss, the logit bias), through the model's forward so that DDP
+    sees them used."""
+    inputs = dict(pixel_values=batch["pixel_values"], text=batch["text"],
+                  negative_text=batch.get("negative_text"))
+    if loss == "siglip":
+        img, txt, neg, *logit = model(**inputs, with_bias=True)
+    else:
+        img, txt, neg, *logit = model(**inputs)
     mask = batch.get("negative_mask")
     gathered = (gather_global(img, accelerator), gather_global(txt, accelerator),
                 gather_global(neg, accelerator) if neg is not None else None,
                 gather_global(mask, accelerator) if mask is not None else None)
-    return gathered, scale
+    return gathered, tuple(logit)
 
 
 def _whole_batch(cached: list[Features], live: Features, j: int) -> Features:
@@ -47,14 +54,14 @@ def _whole_batch(cached: list[Features], live: Features, j: int) -> Features:
                  for k in range(4))  # type: ignore[return-value]
 
 
-def accumulate_gradients(model, micro_batches: list[dict], accelerator) -> float:
-    """Backward of the contrastive loss of the batch made of `micro_batches` (on the model's
-    device), into the parameters' `.grad`; returns that loss."""
+def accumulate_gradients(model, micro_batches: list[dict], accelerator, loss: str = "clip") -> float:
+    """Backward of the contrastive loss (`loss`: `clip` or `siglip`) of the batch made of
+    `micro_batches` (on the model's device), into the parameters' `.grad`; returns that loss."""
     world, accum = accelerator.num_processes, len(micro_batches)
     cached: list[Features] = []
     if accum > 1:
         with torch.no_grad(), accelerator.autocast():
-            cached = [_global_features(model, batch, accelerator)[0] for batch in micro_batches]
+            cached = [_global_features(model, batch, accelerator, loss)[0] for batch in micro_batches]
     loss_value = 0.0
     for j, batch in enumerate(micro_batches):
         # DDP reduces the summed gradients once, after the last micro-batch; no_sync must hold
@@ -62,12 +69,13 @@ def accumulate_gradients(model, micro_batches: list[dict], accelerator) -> float
         last = j == accum - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             with accelerator.autocast():
-                live, scale = _global_features(model, batch, accelerator)
+                live, logit = _global_features(model, batch, accelerator, loss)
                 if accum > 1:
                     live = _whole_batch(cached, live, j)
-                    scale = scale if last else scale.detach()
-                loss = clip_loss(*live[:2], scale, *live[2:])
+                    logit = logit if last else tuple(t.detach() for t in logit)
+                value = siglip_loss(*live[:2], *logit, *live[2:]) if loss == "siglip" else \
+                    clip_loss(*live[:2], *logit, *live[2:])
             # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
-            accelerator.backward(loss * world)
-        loss_value = float(loss.detach())
+            accelerator.backward(value * world)
+        loss_value = float(value.detach())
     return loss_value

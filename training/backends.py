@@ -7,13 +7,23 @@ tokenizer the DataLoader workers use, and saving in the backend's own format:
 (`open_clip_config.json` + `open_clip_model.safetensors`) for open_clip. Both load back with the
 same `--model` flag (`--model runs/x/final`). Reading the id, loading and reading transformers'
 outputs are `builders.models`' (`clip_ids`, `loaders`, `clip.features`), shared with every stage.
+
+Images reach the backend's own steps as decoded, in their own PIL mode: each reference turns them
+into RGB at its own point. transformers composites transparency over white before anything else
+(`image_transforms.convert_to_rgb`); open_clip resizes and crops or pads in the image's mode and
+converts to RGB last (`MaybeConvertMode`: alpha dropped after the resize, a CMYK image padded in
+CMYK, where 0 is white). Converting first, as both once did here, moved RGBA, LA and transparent
+palette PNGs by up to 255 grey levels from transformers and 109 from open_clip, and a CMYK JPEG
+under open_clip's `resize_mode=longest` by 85 on average.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +48,18 @@ class DualEncoder(nn.Module):
     def logit_scale(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, pixel_values=None, text=None, negative_text=None):
+    def logit_bias(self) -> torch.Tensor | None:
+        """SigLIP's learnt logit bias; None for a CLIP model (no such parameter)."""
+        return getattr(self.model, "logit_bias", None)
+
+    def forward(self, pixel_values=None, text=None, negative_text=None, with_bias: bool = False):
+        """(image, text, negative text features, logit scale), and the logit bias last with
+        `with_bias` (the sigmoid loss needs it; a parameter used in the forward, as DDP wants)."""
         img = F.normalize(self.encode_image(pixel_values), dim=-1) if pixel_values is not None else None
         txt = F.normalize(self.encode_text(text), dim=-1) if text is not None else None
         neg = F.normalize(self.encode_text(negative_text), dim=-1) if negative_text is not None else None
+        if with_bias:
+            return img, txt, neg, self.logit_scale(), self.logit_bias()
         return img, txt, neg, self.logit_scale()
 
 
@@ -112,10 +130,34 @@ class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
 
     def __init__(self, kind: str, model_id: str, module: DualEncoder, pixels: PixelPipeline,
-                 tokenize, extra) -> None:
+                 tokenize, extra, input_size: int | tuple[int, int] | None = None) -> None:
         self.kind, self.model_id, self.module = kind, model_id, module
         self.pixels, self.tokenize, self._extra = pixels, tokenize, extra
         self.image_size = pixels.size
+        #: The model's input size as its library gives it (open_clip: maybe (height, width)).
+        self.input_size = input_size or pixels.size
+
+    @property
+    def has_logit_bias(self) -> bool:
+        return self.module.logit_bias() is not None
+
+    def train_pixels(self, aug_cfg: dict[str, Any]) -> PixelPipeline:
+        """`--augment`: open_clip's train transform (`open_clip.image_transform(is_train=True,
+        aug_cfg=...)`: RandomResizedCrop(scale=(0.9, 1.0)) bicubic to the input size, then its
+        RGB conversion and the `--aug-cfg` colour jitter / grey scale), with this backend's mean
+        and std in the per-batch half; for transformers after its own RGB conversion (transparency
+        over white), which comes first there."""
+        import open_clip
+
+        p = self.pixels
+        with warnings.catch_warnings():
+            # open_clip 3.3.0 takes only `scale` out of the dict it then calls unused, and so warns
+            # of the colour jitter it does apply; the keys were checked (config.parse_aug_cfg).
+            warnings.filterwarnings("ignore", message="Unused augmentation cfg items")
+            train = open_clip.image_transform(self.input_size, is_train=True, mean=p.mean, std=p.std,
+                                              aug_cfg=dict(aug_cfg))
+        first = (TransformersRGB(),) if self.kind == TRANSFORMERS else ()
+        return PixelPipeline(p.size, p.mean, p.std, first + _until_to_tensor(train))
 
     def freeze(self, lock_image: bool, lock_text: bool) -> None:
         """`--lock-image` / `--lock-text`: the tower's weights get no gradient (and no update)."""
@@ -147,6 +189,18 @@ class Backend:
                   str(out / "open_clip_model.safetensors"))
 
 
+class TransformersRGB:
+    """transformers' `image_transforms.convert_to_rgb`, the first step of its CLIP image processor
+    (`do_convert_rgb`): an image with an alpha band or a transparent colour is composited over
+    white with PIL's `alpha_composite`, any other mode is PIL's `convert("RGB")` (CMYK included)."""
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        if "A" in img.getbands() or img.info.get("transparency") is not None:
+            white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, img.convert("RGBA")).convert("RGB")
+        return img.convert("RGB")
+
+
 class FloorCenterCrop:
     """Centre crop with transformers' offsets, `int((H - h) / 2)`: torchvision's `CenterCrop`
     rounds half up, one pixel off transformers on an odd margin (a 427x640 photo)."""
@@ -170,7 +224,8 @@ class PixelPipeline:
     size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    #: PIL -> PIL steps of the backend's reference transform (resize, crop, RGB).
+    #: PIL -> PIL steps of the backend's reference transform (resize, crop, and its conversion to
+    #: RGB where the reference does it), from the image as decoded to an RGB image.
     steps: tuple = ()
 
     def per_image(self):
@@ -183,8 +238,8 @@ class PixelPipeline:
 
 
 def transformers_pixels(ip) -> PixelPipeline:
-    """The steps of a transformers CLIP image processor: resize (short side, or to height x width)
-    with its resample filter, then its centre crop."""
+    """The steps of a transformers CLIP image processor: RGB (transparency over white), resize
+    (short side, or to height x width) with its resample filter, then its centre crop."""
     interpolation = ip.resample if isinstance(ip.resample, transforms.InterpolationMode) else \
         transforms.InterpolationMode(Image.Resampling(ip.resample).name.lower())
     size = dict(ip.size)
@@ -193,17 +248,23 @@ def transformers_pixels(ip) -> PixelPipeline:
                                interpolation=interpolation)
     crop = ip.crop_size["height"] if ip.do_center_crop else (short or size["height"])
     return PixelPipeline(crop, tuple(ip.image_mean), tuple(ip.image_std),
-                         (resize, FloorCenterCrop(crop)))
+                         (TransformersRGB(), resize, FloorCenterCrop(crop)))
+
+
+def _until_to_tensor(transform) -> tuple:
+    """The PIL steps of an open_clip transform `[..., ToTensor, Normalize]` (its Normalize is the
+    per-batch half)."""
+    steps = list(transform.transforms)
+    cut = next((i for i, t in enumerate(steps) if type(t).__name__.endswith("ToTensor")), None)
+    if cut is None or not isinstance(steps[-1], transforms.Normalize):
+        raise ValueError(f"open_clip's transform is not [..., ToTensor, Normalize]: {transform}")
+    return tuple(steps[:cut])
 
 
 def open_clip_pixels(preprocess, size: int, cfg: dict) -> PixelPipeline:
-    """open_clip's own eval transform up to its ToTensor (its resize mode, interpolation and crop,
-    whatever the model's preprocess_cfg says); its Normalize is the per-batch half."""
-    steps = list(preprocess.transforms)
-    cut = next((i for i, t in enumerate(steps) if type(t).__name__.endswith("ToTensor")), None)
-    if cut is None or not isinstance(steps[-1], transforms.Normalize):
-        raise ValueError(f"open_clip's transform is not [..., ToTensor, Normalize]: {preprocess}")
-    return PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"]), tuple(steps[:cut]))
+    """open_clip's own eval transform up to its ToTensor (its resize mode, interpolation, crop or
+    pad and its RGB conversion, whatever the model's preprocess_cfg says)."""
+    return PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"]), _until_to_tensor(preprocess))
 
 
 def load_backend(kind: str, model_id: str) -> Backend:
@@ -217,8 +278,9 @@ def load_backend(kind: str, model_id: str) -> Backend:
                        HFTokenize(processor.tokenizer), processor)
     model, preprocess, tokenizer = load_open_clip(clip.model_id)
     cfg = model.visual.preprocess_cfg
-    size = model.visual.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else size
+    input_size = model.visual.image_size
+    input_size = tuple(input_size) if isinstance(input_size, (tuple, list)) else input_size
+    size = input_size[0] if isinstance(input_size, tuple) else input_size
     saved = {"model_cfg": open_clip_model_config(clip), "preprocess_cfg": dict(cfg)}
     return Backend(kind, model_id, OpenClip(model.train()), open_clip_pixels(preprocess, size, cfg),
-                   OpenClipTokenize(tokenizer), saved)
+                   OpenClipTokenize(tokenizer), saved, input_size)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from training.statistics import UnitScores, bootstrap, interval
-from training.unit_scores import unit_scores
+from training.evaluation import unit_scores
 
 log = logging.getLogger(__name__)
 

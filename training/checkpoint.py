@@ -3,9 +3,12 @@
 A checkpoint is `OUTPUT/checkpoints/step-NNNNNNNN/`: the model, optimizer, scheduler and RNG
 states in files nothing unpickles (training/checkpoint_files.py: not accelerate's `save_state`,
 whose pickled scheduler ran code on `--resume`), plus `trainer_state.json` (epoch, next batch in
-that epoch, step, best validation loss), written last, so a folder without it is an interrupted
-save and is ignored. `--resume latest` takes the newest complete one; the batch order is a
-function of (seed, epoch), so the resumed run continues with the same data order.
+that epoch, step, best validation loss, and the run's training fingerprint), written last, so a
+folder without it is an interrupted save and is ignored. `--resume latest` takes the newest
+complete one; the batch order is a function of (seed, epoch), so the resumed run continues with
+the same data order. A checkpoint of another training configuration (training/config.py
+`training_fingerprint`: another --lr, seed, dataset, model, ...) is refused in one line naming
+the flags that differ (`check_same_training`), before anything is written.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class TrainerState:
     batch: int = 0
     step: int = 0
     best_val_loss: float | None = None
+    #: The run's `training_fingerprint` (`--flag` -> value); None in a checkpoint written before
+    #: checkpoints recorded it (refused on --resume: it cannot be checked).
+    config: dict | None = None
 
 
 def checkpoint_dir(output: Path, step: int) -> Path:
@@ -113,10 +119,39 @@ def _read_state(path: Path) -> TrainerState:
                              "give a checkpoint folder that `counterfactory train` wrote") from None
     counters = (state.epoch, state.batch, state.step)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counters) or not (
-            state.best_val_loss is None or isinstance(state.best_val_loss, (int, float))):
+            state.best_val_loss is None or isinstance(state.best_val_loss, (int, float))) or not (
+            state.config is None or isinstance(state.config, dict)):
         raise InputFileError(path, f"--resume: not a trainer state ({str(saved)[:200]})",
                              "give a checkpoint folder that `counterfactory train` wrote")
     return state
+
+
+def read_fingerprint(path: Path) -> dict | None:
+    """The training fingerprint a checkpoint (its trainer_state.json) records."""
+    return _read_state(path / STATE_FILE).config
+
+
+def check_same_training(where: Path, saved: dict | None, current: dict) -> None:
+    """Refuse to resume from `where` (a checkpoint, or the run.json of a run that saved none)
+    when it records another training fingerprint than this run's: one line naming the flags."""
+    fix = ("resume with the flags of the run that wrote it, or train into another --output "
+           "(or --overwrite-output-dir to replace that run)")
+    if saved is None:
+        raise InputFileError(where, "--resume: it records no training configuration (written by an "
+                                    "earlier version), so it cannot be checked against this run's "
+                                    "flags", fix)
+    differ = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if differ:
+        shown = "; ".join(f"{k} {_value(saved.get(k))} there, {_value(current.get(k))} here"
+                          for k in differ[:5])
+        more = f"; and {len(differ) - 5} more" if len(differ) > 5 else ""
+        raise InputFileError(where, f"--resume: a run of another training configuration ({shown}{more})",
+                             fix)
+
+
+def _value(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def metric_table(metrics: dict[str, float], intervals: dict[str, tuple[float, float]] | None = None) -> str:
@@ -158,6 +193,8 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     recipe = cfg.get("recipe") or "custom"
     tag = cfg["run"]["pretrained"]
     base = _code(cfg["run"]["model"]) + (f", weights {_code(tag)}" if tag else "")
+    test = run_record.get("test_examples")
+    held_out = f"; held out for the ITM deltas: {test}" if test else ""
     card = f"""---
 library_name: {'transformers' if cfg['run']['backend'] == 'transformers' else 'open_clip'}
 tags:
@@ -178,7 +215,7 @@ Base model: {base} ({cfg['run']['backend']}). Mixture: `{cfg['data']['mix']}`
 |---|---|---|---|---|
 {data_rows}
 
-Examples trained on: {run_record['train_examples']}; validation: {run_record['validation_examples']}.
+Examples trained on: {run_record['train_examples']}; validation: {run_record['validation_examples']}{held_out}.
 
 ## Optimisation
 

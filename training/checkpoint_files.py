@@ -46,6 +46,8 @@ from builders.models.pickled_weights import refused_global
 log = logging.getLogger(__name__)
 MODEL, OPTIMIZER, SCHEDULER, SCALER = "model.safetensors", "optimizer.pt", "scheduler.json", "scaler.json"
 RNG = re.compile(r"rng_state_(\d+)\.json")
+#: The files of a checkpoint besides the RNG states (`trainer_state.json`: training/checkpoint.py).
+CHECKPOINT_FILES = {MODEL, OPTIMIZER, SCHEDULER, SCALER, "trainer_state.json"}
 RESUME_FIX = ("resume from a checkpoint this version of `counterfactory train` wrote, or start "
               "again without --resume")
 
@@ -85,12 +87,11 @@ def write_rng(folder: Path, process_index: int) -> None:
 def check_files(folder: Path, fp16: bool) -> None:
     """Refuse a folder that is not exactly a checkpoint of this format, before reading any of
     it: a file we would not read may be a pickle meant for a reader that unpickles."""
-    ours = {MODEL, OPTIMIZER, SCHEDULER, SCALER, "trainer_state.json"}
     for entry in sorted(folder.iterdir()):
         if entry.is_symlink() or not entry.is_file():
             raise InputFileError(entry, "--resume: a checkpoint holds only plain files, this is "
                                         "a symlink or a folder", RESUME_FIX)
-        if entry.name not in ours and not RNG.fullmatch(entry.name):
+        if entry.name not in CHECKPOINT_FILES and not RNG.fullmatch(entry.name):
             raise InputFileError(
                 entry, "--resume: not a file this trainer writes into a checkpoint (a pickle of "
                        "accelerate's older checkpoint format, or a file put there), so the "
@@ -170,7 +171,7 @@ def _same_kind(live: Any, saved: Any) -> bool:
         return isinstance(saved, (int, float)) or saved is None
     if isinstance(live, (list, tuple)):
         return isinstance(saved, list) and len(saved) == len(live) and all(
-            _same_kind(a, b) for a, b in zip(live, saved))
+            _same_kind(a, b) for a, b in zip(live, saved, strict=True))
     return type(live) is type(saved)
 
 

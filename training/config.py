@@ -10,14 +10,19 @@ field of a recipe can be overridden (`--recipe kim2023 --epochs 1`).
 Recipes (the papers' finetuning set-ups):
 
 - `kim2023` (object decorrelation, Kim et al. 2023 §4.1 / builders/decorrelation/METHOD.md §6):
-  10 epochs, batch 256, Adam, lr 2e-6, lr x 0.5 every 2 epochs.
+  10 epochs, batch 256, Adam, lr 2e-6, lr x 0.5 every 2 epochs. The paper names plain Adam and
+  published no code, so Adam's own defaults stand for what it does not state: betas (0.9, 0.999),
+  eps 1e-8 (Kingma & Ba 2015, `torch.optim.Adam`); and the incomplete last batch is dropped, so
+  every step has the paper's batch of 256 (the trainer's default, as open_clip_train's).
 - `le2023` (COCO-Counterfactuals, Le et al. 2023 §5 / builders/counterfactuals/METHOD.md §5):
   AdamW, lr 5e-7, weight decay 0.001, batch 128, best checkpoint by validation loss. The paper
   finetuned with Hugging Face's `examples/pytorch/contrastive-image-text/run_clip.py`, so what
   it does not state is the `transformers.TrainingArguments` defaults: 3 epochs
   (`num_train_epochs`), linear decay to 0 (`lr_scheduler_type="linear"`, no warm-up),
-  `max_grad_norm` 1.0, and no weight decay on biases and LayerNorm weights
-  (`Trainer.get_decay_parameter_names`).
+  `max_grad_norm` 1.0, no weight decay on biases and LayerNorm weights
+  (`Trainer.get_decay_parameter_names`), AdamW betas (0.9, 0.999) and eps 1e-8 (`adam_beta1`,
+  `adam_beta2`, `adam_epsilon`), and the incomplete last batch kept (`dataloader_drop_last=False`:
+  ceil(N / 128) steps an epoch).
 
 Every run, whatever the recipe, keeps biases, normalisation weights and `logit_scale` out of
 weight decay and clamps the logit scale to ln 100 after each step, as CLIP and open_clip do
@@ -44,6 +49,10 @@ from builders.publishing.hub_client import repo_id_problem
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
+#: `--aug-cfg` keys: those open_clip's own train transform reads without timm
+#: (`open_clip.transform.image_transform(is_train=True)`; `ratio` is ignored there, and timm's
+#: random erasing runs after Normalize, which this trainer applies per batch).
+AUG_CFG_KEYS = ("scale", "color_jitter", "color_jitter_prob", "gray_scale_prob")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
 BACKENDS = ("transformers", "open_clip")
 REPORT_TO = ("auto", "tensorboard", "wandb", "none")
@@ -58,10 +67,12 @@ DEFAULT_MODELS: dict[str, tuple[str, str | None]] = {
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "kim2023": {"optim": {"epochs": 10, "batch_size": 256, "optimizer": "adam", "lr": 2e-6,
                           "weight_decay": 0.0, "schedule": "step", "step_epochs": 2,
-                          "step_gamma": 0.5}},
+                          "step_gamma": 0.5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+                          "last_batch": "drop"}},
     "le2023": {"optim": {"optimizer": "adamw", "lr": 5e-7, "weight_decay": 0.001,
                          "batch_size": 128, "epochs": 3, "schedule": "linear",
-                         "warmup_steps": 0, "max_grad_norm": 1.0},
+                         "warmup_steps": 0, "max_grad_norm": 1.0, "beta1": 0.9, "beta2": 0.999,
+                         "eps": 1e-8, "last_batch": "keep"},
                "run": {"best_by_val_loss": True, "eval_batch_size": 128}},
 }
 
@@ -146,6 +157,15 @@ class DataConfig:
     fast_decode: bool = option(
         False, "decode training JPEGs in PIL draft mode (faster; pixels differ from the reference "
                "processor by a few grey levels; evaluation always decodes fully)")
+    #: Off by default: training then sees the evaluation transform (run_clip.py's choice).
+    augment: bool = option(
+        False, "train on open_clip's train transform (RandomResizedCrop scale (0.9, 1.0), bicubic) "
+               "instead of the evaluation one; evaluation is unchanged")
+    #: open_clip_train's `--aug-cfg` syntax: values read as Python literals.
+    aug_cfg: tuple[str, ...] = option(
+        (), "with --augment, open_clip's augmentation settings, e.g. scale='(0.5, 1.0)' "
+            "color_jitter='(0.4, 0.4, 0.4, 0.1)' color_jitter_prob=0.8 gray_scale_prob=0.2",
+        metavar="KEY=VALUE")
 
 
 @dataclass
@@ -160,6 +180,16 @@ class OptimConfig:
                                 "batch of --batch-size x N, features cached as open_clip's --accum-freq")
     optimizer: Literal["adam", "adamw"] = option("adamw", "optimizer (default adamw)")
     lr: float = option(1e-5, "peak learning rate (default 1e-5)")
+    beta1: float = option(0.9, "Adam's beta1 (default 0.9)")
+    beta2: float = option(0.999, "Adam's beta2 (default 0.999; open_clip_train takes 0.98 for ViTs)")
+    eps: float = option(1e-8, "Adam's epsilon (default 1e-8; open_clip_train takes 1e-6 for ViTs)")
+    #: None: the model's (training/losses.py `resolve_loss`).
+    loss: Literal["clip", "siglip"] | None = option(
+        None, "contrastive loss: clip (softmax) or siglip (sigmoid, for a model with a logit_bias); "
+              "default: the one the model was trained with, the other is refused")
+    last_batch: Literal["drop", "keep"] = option(
+        "drop", "the incomplete last batch of an epoch: drop (floor(N/B) steps, as open_clip) or "
+                "keep (ceil(N/B), as run_clip.py; le2023)")
     weight_decay: float = option(0.0, "weight decay of the optimizer (default 0)")
     schedule: Literal["constant", "cosine", "linear", "step"] = option(
         "constant", "lr after warm-up (linear: to 0 at the last step; step: x --step-gamma every "
@@ -198,7 +228,13 @@ class RunConfig:
     #: 0: only per epoch.
     save_every: int = option(0, "checkpoint every N steps (and always per epoch)", type=non_negative_int)
     best_by_val_loss: bool = option(False, "final model = the evaluation with the lowest validation loss")
-    resume: str | None = option(None, "`latest` (newest checkpoint under --output) or a checkpoint folder")
+    #: The checkpoint must be of the same training configuration (`training_fingerprint`).
+    resume: str | None = option(None, "`latest` (newest checkpoint under --output) or a checkpoint "
+                                      "folder, of a run with the same training flags")
+    #: Without it (or --resume) an --output holding anything is refused (training/run_folder.py).
+    overwrite_output_dir: bool = option(
+        False, "delete an earlier run's files in --output first (refused, deleting nothing, when "
+               "the folder holds other files); without it or --resume a non-empty --output is refused")
     eval_only: bool = option(False, "only evaluate --model (e.g. the pretrained baseline)")
     expect_processes: int | None = option(None, "fail unless this many processes were launched",
                                           type=positive_int)
@@ -283,6 +319,15 @@ class TrainConfig:
             raise UserFacingError("--batch-size, --grad-accum and --epochs must be >= 1")
         if o.lock_image and o.lock_text:
             raise UserFacingError("--lock-image and --lock-text together leave nothing to train")
+        if r.resume and r.overwrite_output_dir:
+            raise UserFacingError("--resume continues the run in --output and --overwrite-output-dir "
+                                  "deletes it; give one of them")
+        if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1 and o.eps > 0):
+            raise UserFacingError(f"--beta1 {o.beta1} --beta2 {o.beta2} --eps {o.eps}: Adam needs "
+                                  "betas in [0, 1) and eps > 0 (e.g. 0.9 0.999 1e-8)")
+        if d.aug_cfg and not d.augment:
+            raise UserFacingError("--aug-cfg configures the training augmentation: give --augment too")
+        parse_aug_cfg(d.aug_cfg)
         if r.coco_instances and not r.eccv:
             raise UserFacingError("--coco-instances adds PMRP to the ECCV Caption suite: give --eccv too")
         if r.eccv and (d.real is None or not d.real_test_split):
@@ -303,6 +348,82 @@ class TrainConfig:
             raise UserFacingError(f"--push-to-hub {repo_id[:200]!r} is {problem}: give ORG/NAME, each "
                                   "part letters, digits, '-', '_' and '.' (not starting or ending with "
                                   "'-' or '.'), at most 96 characters, e.g. my-org/clip-finetuned")
+
+
+#: Fields that change no training step: evaluation-only sets and options, loading, logging,
+#: output, and how far to train (--epochs, --max-steps: a finished run may be continued with
+#: `--resume latest --max-steps N`; a linear or cosine schedule then follows the new length).
+#: Every other field of `data` and `optim`, and `FINGERPRINT_RUN` of `run`, make the training
+#: fingerprint. (--real-val-split is in it: the checkpoint's best validation loss was measured on it.)
+NOT_IN_FINGERPRINT = {
+    "data": {"num_workers", "real_test_split", "zeroshot", "flickr30k", "flickr30k_split",
+             "max_image_pixels"},
+    # --loss follows --model (training/losses.py `resolve_loss`: the other choice is refused), and
+    # run.json records the loss the model resolved to where the command may have left it out.
+    "optim": {"epochs", "max_steps", "grad_checkpointing", "loss"},
+}
+#: The model trained and the batch order.
+FINGERPRINT_RUN = ("backend", "model", "pretrained", "seed")
+
+
+def training_fingerprint(config: dict) -> dict[str, Any]:
+    """`--flag` -> value of the fields of `config` (an `as_dict` view, with local paths named by
+    content as run.json names them) that change the training; a checkpoint records it and
+    `--resume` refuses a checkpoint of another one. A dataset is its two flags `--NAME` and
+    `--NAME-revision`."""
+    out: dict[str, Any] = {}
+    for section, values in config.items():
+        if section not in ("data", "optim", "run"):
+            continue
+        for name, value in values.items():
+            if name in NOT_IN_FINGERPRINT.get(section, ()) or (section == "run" and name not in FINGERPRINT_RUN):
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, dict):  # a SourceRef
+                out[flag], out[f"{flag}-revision"] = value.get("path"), value.get("revision")
+            else:
+                out[flag] = value
+    return out
+
+
+def parse_aug_cfg(items: tuple[str, ...]) -> dict[str, Any]:
+    """`--aug-cfg KEY=VALUE ...` as open_clip's `AugmentationCfg` fields (values read as Python
+    literals, as open_clip_train's `ParseKwargs`), checked: one line naming the item otherwise."""
+    import ast
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in AUG_CFG_KEYS:
+            raise UserFacingError(f"--aug-cfg {item!r}: give KEY=VALUE with KEY one of "
+                                  f"{', '.join(AUG_CFG_KEYS)} (open_clip's train transform)")
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    _check_aug_values(out)
+    return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_aug_values(cfg: dict[str, Any]) -> None:
+    scale = cfg.get("scale", (0.9, 1.0))
+    if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and all(map(_is_number, scale))
+            and 0 < scale[0] <= scale[1] <= 1):
+        raise UserFacingError(f"--aug-cfg scale={scale!r}: give the crop's area range as "
+                              "'(LOW, HIGH)' with 0 < LOW <= HIGH <= 1, e.g. scale='(0.9, 1.0)'")
+    for key in ("color_jitter_prob", "gray_scale_prob"):
+        if key in cfg and not (_is_number(cfg[key]) and 0 <= cfg[key] <= 1):
+            raise UserFacingError(f"--aug-cfg {key}={cfg[key]!r}: give a probability in [0, 1]")
+    jitter = cfg.get("color_jitter")
+    if ("color_jitter" in cfg) != ("color_jitter_prob" in cfg) or jitter is not None and not (
+            isinstance(jitter, (tuple, list)) and len(jitter) == 4 and all(map(_is_number, jitter))):
+        raise UserFacingError("--aug-cfg color_jitter and color_jitter_prob go together: "
+                              "color_jitter='(BRIGHTNESS, CONTRAST, SATURATION, HUE)' "
+                              "color_jitter_prob=P, as open_clip's train transform reads them")
 
 
 def as_dict(cfg: Any) -> Any:

@@ -7,8 +7,17 @@ two rows (a pair, or two single rows) and every process's slice is a whole numbe
 both members of a pair land in the same batch on the same process. The order is a function of
 (seed, epoch) only, and a resumed run starts an epoch at a given batch.
 
+The last, incomplete batch of an epoch is dropped by default (open_clip_train's `drop_last=True`:
+every step sees the whole --batch-size of negatives), so an epoch is floor(N / B) batches;
+`--last-batch keep` (the `le2023` recipe: Hugging Face's Trainer behind run_clip.py keeps it,
+`dataloader_drop_last=False`) trains it too, ceil(N / B) batches. Kept, it is split over the
+processes in whole units as evenly as possible; one with fewer units than processes is still
+dropped (a process would have no row).
+
 Images are decoded in the DataLoader workers from the bytes stored in the parquet at full size,
-resized and cropped there to uint8 by the backend's reference steps; the consuming process
+in their own mode (the backend's steps convert to RGB where its reference does: transparency,
+palette and CMYK images otherwise differ from it), resized and cropped there to uint8 by the
+backend's reference steps; the consuming process
 normalises each batch at once (training/backends.py `PixelPipeline`). `--fast-decode` (training
 only) decodes JPEGs in PIL's draft mode, at the smallest DCT scale still >= the model's input
 size: most of a full-size decode's time, but the pixels then differ from the reference processor
@@ -38,8 +47,9 @@ class PairBatchSampler:
     """Local batches of example indices for one process; see the module docstring."""
 
     def __init__(self, groups: list[list[int]], batch_size: int, num_replicas: int = 1,
-                 rank: int = 0, seed: int = 0, keep_pairs: bool = False) -> None:
+                 rank: int = 0, seed: int = 0, keep_pairs: bool = False, keep_last: bool = False) -> None:
         self.unit = 2 if keep_pairs else 1
+        self.keep_last = keep_last
         if batch_size % num_replicas:
             raise BatchConfigError(f"--batch-size {batch_size} is the global batch and must divide "
                                    f"evenly over {num_replicas} processes")
@@ -79,24 +89,31 @@ class PairBatchSampler:
                     single = []
         per_batch = self.batch_size // self.unit
         return [[i for u in units[b:b + per_batch] for i in u]
-                for b in range(0, len(units) - per_batch + 1, per_batch)]
+                for b in range(0, len(units), per_batch)][:len(self)]
 
     def __len__(self) -> int:
         n_units = sum(len(g) == self.unit for g in self.groups)
         n_units += sum(len(g) for g in self.groups if len(g) != self.unit) // self.unit
-        return n_units // (self.batch_size // self.unit)
+        full, rest = divmod(n_units, self.batch_size // self.unit)
+        return full + int(self.keep_last and rest >= self.num_replicas)
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self.global_batches(self.epoch)[self.start:]:
-            yield batch[self.rank * self.local:(self.rank + 1) * self.local]
+            # Whole units, as evenly as the batch allows: a full batch gives each process `local`
+            # rows; the kept last one fewer.
+            units, n = len(batch) // self.unit, self.num_replicas
+            lo, hi = self.rank * units // n, (self.rank + 1) * units // n
+            yield batch[lo * self.unit:hi * self.unit]
 
 
 def decode_image(data: bytes, transform: Callable[[Image.Image], torch.Tensor],
                  min_side: int, fast_decode: bool = False) -> torch.Tensor:
+    """The image in its own mode through `transform`, the backend's steps, which convert it to
+    RGB where the backend's reference does (training/backends.py)."""
     img = Image.open(io.BytesIO(data))
     if fast_decode and img.format == "JPEG":
         img.draft("RGB", (min_side, min_side))
-    return transform(img.convert("RGB"))
+    return transform(img)
 
 
 class ExampleDataset(torch.utils.data.Dataset):
@@ -133,7 +150,7 @@ class Collate:
     negatives: bool = False
 
     def __call__(self, items):
-        pixels, captions, negs = zip(*items)
+        pixels, captions, negs = zip(*items, strict=True)
         batch = {"pixel_values": torch.stack(pixels), "text": self.tokenize(list(captions))}
         if self.negatives:
             batch["negative_text"] = self.tokenize([n or "" for n in negs])
@@ -159,13 +176,16 @@ class Batches:
 
 
 def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
-                negatives: bool = False, fast_decode: bool = False) -> Batches:
-    dataset = ExampleDataset(examples, backend.pixels.per_image(), backend.pixels.size, fast_decode)
+                negatives: bool = False, fast_decode: bool = False, pixels=None) -> Batches:
+    """Batches of `examples` through `pixels` (default the backend's evaluation pipeline; the
+    training loader's with --augment, `Backend.train_pixels`)."""
+    pixels = pixels or backend.pixels
+    dataset = ExampleDataset(examples, pixels.per_image(), pixels.size, fast_decode)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, num_workers=num_workers,
         collate_fn=Collate(backend.tokenize, negatives), persistent_workers=False,
         multiprocessing_context="fork" if num_workers else None)
-    return Batches(loader, backend.pixels.per_batch)
+    return Batches(loader, pixels.per_batch)
 
 
 def to_device(batch: dict, device) -> dict:

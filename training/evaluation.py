@@ -28,15 +28,15 @@ Sets (each evaluated when its source is given):
 - zeroshot, flickr30k: zero-shot classification with the CLIP prompt templates (`--zeroshot`)
   and Flickr30k R@K with the retrieval code above (`--flickr30k`), training/zeroshot.py.
 
-The embeddings of the last evaluation are saved (`embeddings.npz`) so any metric can be recomputed
-post hoc with the evaluate modules.
+The sets are read once, before training, by training/eval_data.py. The embeddings of the last
+evaluation are saved (`embeddings.npz`) so any metric can be recomputed post hoc with the
+evaluate modules.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -49,154 +49,14 @@ from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 from training.config import TrainConfig
 from training.data import fixed_batches, make_loader, to_device
-from training.losses import clip_loss
-from training.mixtures import ExampleSet, REAL_COLUMNS
-from training.sources import DataInputError, open_table, resolve_commit
-from training.unit_scores import retrieval_units, unit_scores
-from training.zeroshot import class_embeddings, load_flickr30k, load_zeroshot_set, prompt_templates, zeroshot_scores
+from training.eval_data import EvalData
+from training.losses import contrastive_loss
+from training.mixtures import ExampleSet
+from training.sources import DataInputError
+from training.statistics import UnitScores
+from training.unit_scores import delta_units, necessity_units, odmap_units, retrieval_units, zeroshot_units
 
 log = logging.getLogger(__name__)
-
-QUERY_COLUMNS = {"image": datasets.Image, "image_id": object, "removed_classes": object,
-                 "present_classes": object, "caption_ids": object}
-GALLERY_COLUMNS = {"caption_id": object, "caption": object, "mentioned_classes": object}
-FOLD = 1000
-
-
-@dataclass
-class EvalData:
-    """Everything evaluation reads, opened once."""
-
-    retrieval: ExampleSet | None = None  # one example per test image (caption = its first)
-    image_ids: np.ndarray | None = None
-    caption_ids: np.ndarray | None = None
-    captions: list[str] = field(default_factory=list)
-    caption_image: np.ndarray | None = None  # image id of each caption
-    folds: list[np.ndarray] = field(default_factory=list)  # rows of image_ids per COCO 1K fold
-    queries: ExampleSet | None = None  # odmap queries (x')
-    query_image_ids: np.ndarray | None = None  # COCO id of each query's source image x
-    pm_positives: object = None  # PMRP's plausible matches (--coco-instances), map_at_r Positives
-    removed: list[list[str]] = field(default_factory=list)
-    present: list[list[str]] = field(default_factory=list)
-    query_captions: list[list[int]] = field(default_factory=list)
-    gallery_captions: list[str] = field(default_factory=list)
-    gallery_ids: np.ndarray | None = None
-    gallery_mentions: list[list[str]] = field(default_factory=list)
-    cf_pairs: ExampleSet | None = None  # held-out pairs as rows (image_0, image_1) alternating
-    validation: ExampleSet | None = None
-    records: list = field(default_factory=list)
-    zeroshot: list = field(default_factory=list)  # training.zeroshot.ZeroShotSet per --zeroshot
-    flickr30k: EvalData | None = None  # its retrieval images and captions (--flickr30k)
-
-
-def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalData:
-    d = cfg.data
-    out = EvalData(validation=validation)
-    if d.real is not None and d.real_test_split:
-        test, record = open_table(d.real, "default", d.real_test_split, REAL_COLUMNS, resolve_commit(d.real))
-        out.records.append(record)
-        meta = test.select_columns(["image_id", "caption_ids", "captions"]).to_dict()
-        out.retrieval = ExampleSet(tables=[test])
-        for row, (caps) in enumerate(meta["captions"]):
-            out.retrieval.add(0, row, "image", caps[0] if caps else "", None, -1, "real")
-        out.image_ids = np.asarray(meta["image_id"], dtype=np.int64)
-        out.caption_ids = np.asarray([c for ids in meta["caption_ids"] for c in ids], dtype=np.int64)
-        out.captions = [c for caps in meta["captions"] for c in caps]
-        out.caption_image = np.repeat(out.image_ids, [len(c) for c in meta["caption_ids"]])
-        keep_standard_coco_captions(out)
-        out.folds = retrieval_folds(out.image_ids)
-        if cfg.run.eccv:
-            check_eccv_split(out, f"{d.real.path} split {d.real_test_split!r}")
-            if cfg.run.coco_instances:
-                out.pm_positives = read_pm_positives(cfg.run.coco_instances)
-    if d.decorrelation is not None:
-        commit = resolve_commit(d.decorrelation)
-        queries, rq = open_table(d.decorrelation, "odmap_queries", "test", QUERY_COLUMNS, commit)
-        gallery, rg = open_table(d.decorrelation, "odmap_gallery", "test", GALLERY_COLUMNS, commit)
-        out.records += [rq, rg]
-        qm = queries.select_columns(["image_id", "removed_classes", "present_classes", "caption_ids"]).to_dict()
-        out.query_image_ids = np.asarray(qm["image_id"], dtype=np.int64)
-        out.queries = ExampleSet(tables=[queries])
-        for row in range(len(queries)):
-            out.queries.add(0, row, "image", "", None, -1, "decorrelation")
-        out.removed, out.present, out.query_captions = qm["removed_classes"], qm["present_classes"], qm["caption_ids"]
-        gm = gallery.select_columns(["caption_id", "caption", "mentioned_classes"]).to_dict()
-        out.gallery_captions, out.gallery_mentions = gm["caption"], gm["mentioned_classes"]
-        out.gallery_ids = np.asarray(gm["caption_id"], dtype=np.int64)
-    if heldout_cf:
-        out.cf_pairs = ExampleSet(tables=cf_tables)
-        for table, row in heldout_cf:
-            out.cf_pairs.add(table, row, "image_0", "", None, -1, "counterfactual")
-            out.cf_pairs.add(table, row, "image_1", "", None, -1, "counterfactual")
-    out.zeroshot = [load_zeroshot_set(spec, d.max_image_pixels) for spec in d.zeroshot]
-    out.records += [z.record for z in out.zeroshot]
-    if d.flickr30k:
-        out.flickr30k = load_flickr30k(d.flickr30k, d.flickr30k_split)
-        out.records += out.flickr30k.records
-    return out
-
-
-@functools.cache
-def coco_5k_reference() -> tuple[np.ndarray, np.ndarray]:
-    """The 25,000 COCO 5K test caption ids in eccv_caption's `coco_test_ids.npy` order (which
-    defines the COCO 1K folds) and the image id owning each: (owners, captions). Read once per
-    process: the protocol checks, the folds and the --eccv check all ask for it (callers must
-    not modify the arrays)."""
-    from counterfactory_metrics.map_at_r.eccv_annotations import coco_test_caption_ids, read_positives
-
-    coco = read_positives("coco")
-    captions = coco_test_caption_ids()
-    owners = np.fromiter((coco.t2i[int(c)][0] for c in captions), dtype=np.int64, count=len(captions))
-    return owners, captions
-
-
-def is_coco_5k(image_ids: np.ndarray) -> bool:
-    """Whether the split's images are exactly the COCO 5K test images."""
-    return len(image_ids) == 5 * FOLD and \
-        set(image_ids.tolist()) == set(coco_5k_reference()[0].tolist())
-
-
-def keep_standard_coco_captions(data: EvalData) -> None:
-    """On the COCO 5K test images, the 5-captions-per-image protocol: COCO has a sixth or
-    seventh caption for a few test images, which the published 5K/1K numbers (and the ECCV
-    suite) leave out. Other splits keep every caption."""
-    if not is_coco_5k(data.image_ids):
-        return
-    keep = np.flatnonzero(np.isin(data.caption_ids, coco_5k_reference()[1]))
-    data.caption_ids, data.caption_image = data.caption_ids[keep], data.caption_image[keep]
-    if data.captions:
-        data.captions = [data.captions[k] for k in keep]
-
-
-def retrieval_folds(image_ids: np.ndarray) -> list[np.ndarray]:
-    """Rows of `image_ids` in each COCO 1K fold (sorted, so ties rank as in the whole split);
-    none for splits of fewer than 5,000 images."""
-    if len(image_ids) < 5 * FOLD:
-        return []
-    if is_coco_5k(image_ids):
-        owners, _ = coco_5k_reference()
-        row = {int(i): r for r, i in enumerate(image_ids)}
-        per_fold = len(owners) // 5
-        fold_images = [dict.fromkeys(owners[f * per_fold:(f + 1) * per_fold].tolist()) for f in range(5)]
-        return [np.sort([row[i] for i in images]) for images in fold_images]
-    return [np.arange(f * FOLD, (f + 1) * FOLD) for f in range(5)]
-
-
-def check_eccv_split(data: EvalData, where: str) -> None:
-    """`--eccv` scores against eccv_caption's annotations of the COCO 5K test split: any other
-    image set cannot be scored, so it is refused before training rather than after."""
-    owners, captions = coco_5k_reference()
-    images = set(owners.tolist())
-    outside = sorted(set(data.image_ids.tolist()) - images)
-    missing_images = images - set(data.image_ids.tolist())
-    missing_captions = np.setdiff1d(captions, data.caption_ids)
-    if outside or missing_images or len(missing_captions):
-        raise DataInputError(
-            f"--eccv needs the COCO 5K test split (Karpathy test: {len(images)} images, "
-            f"{len(captions)} captions) as --real-test-split, but {where} has "
-            f"{len(data.image_ids)} images ({len(outside)} outside it, e.g. {outside[:3]}; "
-            f"{len(missing_images)} of its images and {len(missing_captions)} of its captions "
-            "missing); pass a coco-captions build with the Karpathy test split or drop --eccv")
 
 
 def module_device(module) -> torch.device:
@@ -291,19 +151,6 @@ def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers
 def retrieval_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
     """R@K both ways, whole split and COCO 1K folds (training/unit_scores.py, per image)."""
     return {name: u.value() for name, u in retrieval_units(emb, data, k_values).items()}
-
-
-def read_pm_positives(instances: str):
-    """PMRP's plausible-match positives of the COCO 5K test images (zeta = 0, as in the paper)
-    from COCO's `instances_val2014.json`: read once, before training, so a wrong path fails
-    first."""
-    from counterfactory_metrics.map_at_r.eccv_annotations import (AnnotationFileError,
-                                                                  pm_positives_from_instances, read_positives)
-
-    try:
-        return pm_positives_from_instances(Path(instances), read_positives("coco").i2t)
-    except AnnotationFileError as err:
-        raise DataInputError(f"--coco-instances: {err}") from None
 
 
 def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
@@ -406,6 +253,26 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
     return args
 
 
+def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
+    """(classes, dim): per class the renormalised mean of its prompts' normalised embeddings
+    (`encode_texts(list[str])` returns L2-normalised rows)."""
+    prompts = [t(c) for c in classnames for t in templates]
+    emb = encode_texts(prompts).reshape(len(classnames), len(templates), -1).mean(1)
+    return emb / np.linalg.norm(emb, axis=1, keepdims=True)
+
+
+def zeroshot_scores(image_emb: np.ndarray, class_emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Top-1 / top-5 accuracy and mean per-class recall of the nearest class embeddings."""
+    logits = image_emb @ class_emb.T
+    k = min(5, logits.shape[1])
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    hit1 = top[:, 0] == labels
+    out = {"top1": float(hit1.mean()), f"top{k}": float((top == labels[:, None]).any(1).mean())}
+    present = np.unique(labels)
+    out["mean_per_class_recall"] = float(np.mean([hit1[labels == c].mean() for c in present]))
+    return out
+
+
 def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, emb: dict) -> dict[str, float]:
     """Flickr30k R@K (the COCO retrieval code, whole split) and each zero-shot set's accuracy;
     their embeddings are added to `emb`."""
@@ -418,24 +285,53 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, em
         emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
         out.update({k.replace("retrieval/", "flickr30k/"): v
                     for k, v in retrieval_metrics(flickr, f, cfg.run.k_values).items()})
-    templates = prompt_templates() if data.zeroshot else ()
-    for z in data.zeroshot:
+    for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
-        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames, templates)
+        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames,
+                                   z.templates)
         emb[f"zeroshot_{z.name}_image"], emb[f"zeroshot_{z.name}_class"] = images, classes
         out.update({f"zeroshot/{z.name}/{k}": v for k, v in zeroshot_scores(images, classes, z.labels).items()})
     return out
 
 
+def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = True) -> dict[str, UnitScores]:
+    """Every metric of `data` that has units (training/unit_scores.py), from the embeddings
+    `evaluate_model` saved (without the COCO retrieval's when `retrieval` is False: the caller
+    ranked them already)."""
+    out: dict[str, UnitScores] = {}
+    if "image" in emb and retrieval:
+        out.update(retrieval_units(emb, data, k_values))
+    if "query_image" in emb:
+        out.update(odmap_units(odmap_result(emb, data, k_values), data.removed))
+        if "image" in emb:
+            rows = original_rows(data.query_image_ids, data.image_ids)
+            out.update(necessity_units(necessity_values(emb["image"], rows, emb, data), len(rows)))
+    scores = itm_inputs(emb, data)
+    if scores:
+        out.update(delta_units(scores))
+    if data.flickr30k is not None and "flickr30k_image" in emb:
+        flickr = {"image": emb["flickr30k_image"], "text": emb["flickr30k_text"]}
+        out.update({k.replace("retrieval", "flickr30k", 1): v for k, v in
+                    retrieval_units(flickr, data.flickr30k, k_values, units="flickr30k images").items()})
+    for z in data.zeroshot:
+        if f"zeroshot_{z.name}_image" in emb:
+            out.update(zeroshot_units(z.name, emb[f"zeroshot_{z.name}_image"],
+                                      emb[f"zeroshot_{z.name}_class"], z.labels))
+    return out
+
+
 @torch.no_grad()
-def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> float:
+def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int,
+                    loss: str = "clip") -> float:
+    """The mean `--loss` (clip or siglip) over in-order batches of `examples`."""
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
     losses, sizes = [], []
     device = module_device(module)
     for b in loader:
         b = to_device(b, device)
-        img, txt, _, scale = module(pixel_values=b["pixel_values"], text=b["text"])
-        losses.append(float(clip_loss(img, txt, scale)))
+        img, txt, _, *logit = module(pixel_values=b["pixel_values"], text=b["text"],
+                                     **({"with_bias": True} if loss == "siglip" else {}))
+        losses.append(float(contrastive_loss(loss, img, txt, *logit)))
         sizes.append(len(img))
     return float(np.average(losses, weights=sizes)) if losses else float("nan")
 
@@ -468,7 +364,7 @@ def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: P
                             if k in ("mean", "median", "frac_below_zero")})
     metrics.update(zeroshot_and_flickr30k(module, backend, data, cfg, emb))
     if data.validation is not None and len(data.validation):
-        metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers)
+        metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers, cfg.optim.loss)
     if units is not None:
         units.update({**per_image, **unit_scores(emb, data, cfg.run.k_values, retrieval=False)})
     if save_to is not None:

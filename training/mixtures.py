@@ -23,11 +23,16 @@ group it must share a batch with (`--hard-negatives pairs`).
     medium = N real + ceil(0.75 x 2N) counterfactual rows, as whole pairs plus one row of another
              pair when the count is odd (the paper's 26,115 of 34,820 rows)
     all    = N real + all 2N rows
-  Then the mixture is split 80/20 into train/validation by `--data-seed`, a pair never split:
-  floor(0.2 x units) units (a real example, or the rows of one pair) go to validation. The
-  validation pairs are the held-out counterfactual split of the ITM deltas (for `cf:real`, which
-  trains on no pair, the pairs whose real row went to validation). NegCLIP negatives:
-  caption_1 for the real example and for image_0, caption_0 for image_1.
+  Then the mixture is split 80/20 by `--data-seed` over units, a unit being one pair with
+  everything made from it (its real row, its counterfactual rows): floor(0.2 x units) units are
+  held out, so no held-out pair's caption is trained on, as its own row or with its real image
+  (the leakage guard, training/leakage.py, checks it). The held-out units are halved: the first
+  floor(half) is the validation set (the validation loss, which picks the checkpoint with
+  `--best-by-val-loss`, as `le2023` does), the rest holds the held-out counterfactual pairs of the
+  ITM deltas (its whole pairs; for `cf:real`, which trains on no pair, the pairs of its real
+  rows), so the checkpoint is never selected on the pairs that score it (`Mixture.test`: those
+  examples). NegCLIP negatives: caption_1 for the real example and for image_0, caption_0 for
+  image_1.
 - `--counterfactuals` with `none` or `decorrelation` (or `--eval-only` without a `cf:` mix): the
   build is not trained on, so every pair of `--counterfactuals-split` is held out for the ITM
   deltas (IR_c, TR_c): a baseline or a decorrelation run is scored on a counterfactual set it
@@ -113,6 +118,9 @@ class Mixture:
     heldout_cf: list[tuple[int, int]]
     records: list[TableRecord]
     skipped: dict[str, int]
+    #: A `cf:` mixture's held-out examples that are neither trained nor selected on: the half of
+    #: its 20 % that holds the pairs of the ITM deltas.
+    test: ExampleSet | None = None
 
 
 def build_mixture(cfg: DataConfig) -> Mixture:
@@ -165,8 +173,13 @@ def _add_real(examples: ExampleSet, tables: list[datasets.Dataset]) -> dict[tupl
         examples.tables.append(ds)
         meta = ds.select_columns(["image_id", "caption_ids", "captions"]).to_dict()
         for row, (image_id, cap_ids, caps) in enumerate(zip(meta["image_id"], meta["caption_ids"],
-                                                            meta["captions"])):
-            for cap_id, cap in zip(cap_ids, caps):
+                                                            meta["captions"], strict=True)):
+            if len(cap_ids) != len(caps):  # our builds write them parallel; a hand-made table may not
+                raise DataInputError(
+                    f"--real split {ds.split}, row {row} (image {image_id}): caption_ids has "
+                    f"{len(cap_ids)} ids but captions has {len(caps)} texts; give each caption its "
+                    "id (or rebuild the table with `counterfactory build coco-captions`)")
+            for cap_id, cap in zip(cap_ids, caps, strict=True):
                 index[(int(image_id), int(cap_id))] = examples.add(k, row, "image", cap, None, -1, "real")
     return index
 
@@ -224,8 +237,10 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
     examples.tables.extend(real_tables)
     cf_k = len(examples.tables)
     examples.tables.append(cf)
-    #: (example indices, the pair it stands for): a real row stands for its pair in cf:real.
-    units: list[tuple[list[int], int | None]] = []
+    #: Pair -> its examples (its real row and its counterfactual rows): one unit of the split,
+    #: so no caption of a held-out pair is trained on, as its own row or its real image's.
+    units: dict[int, list[int]] = {}
+    with_real, whole_pairs = set(), set()
     image_ids = meta.get("source_image_id") or [None] * n_pairs
     for p in np.sort(real_pairs).tolist():
         image_id = image_ids[p]
@@ -233,30 +248,35 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
         if where is None:
             skipped["cf_pair_without_real_image"] += 1
             continue
-        units.append(([examples.add(where[0], where[1], "image", meta["caption_0"][p],
-                                    meta["caption_1"][p], -1, "real")], p))
+        units.setdefault(p, []).append(examples.add(where[0], where[1], "image", meta["caption_0"][p],
+                                                    meta["caption_1"][p], -1, "real"))
+        with_real.add(p)
     for p in np.sort(whole).tolist():
         a = examples.add(cf_k, p, "image_0", meta["caption_0"][p], meta["caption_1"][p], p, "counterfactual")
         b = examples.add(cf_k, p, "image_1", meta["caption_1"][p], meta["caption_0"][p], p, "counterfactual")
-        units.append(([a, b], p))
+        units.setdefault(p, []).extend([a, b])
+        whole_pairs.add(p)
     for p in extra.tolist():
-        units.append(([examples.add(cf_k, p, "image_0", meta["caption_0"][p], meta["caption_1"][p],
-                                    -1, "counterfactual")], None))
+        units.setdefault(p, []).append(examples.add(cf_k, p, "image_0", meta["caption_0"][p],
+                                                    meta["caption_1"][p], -1, "counterfactual"))
     if skipped:
         log.warning("counterfactual mixture skips: %s", dict(skipped))
     if not units:
         raise DataInputError(f"{ref.path}: the {cfg.mix} mixture is empty")
-    shuffled = rng.permutation(len(units))
-    n_val = int(VAL_FRACTION * len(units))
-    val_units = sorted(shuffled[:n_val].tolist())
-    train_units = sorted(shuffled[n_val:].tolist())
-    train = examples.subset([i for u in train_units for i in units[u][0]])
-    validation = examples.subset([i for u in val_units for i in units[u][0]])
-    # The ITM deltas' pairs: validation pairs whose rows were never trained on (whole pairs; in
-    # cf:real, which trains on no pair, those of the validation real rows).
-    size = 1 if cfg.mix == "cf:real" else 2
-    heldout = [(cf_k, units[u][1]) for u in val_units if len(units[u][0]) == size and units[u][1] is not None]
-    return Mixture(train, validation, heldout, records, dict(skipped))
+    pairs = list(units)
+    shuffled = rng.permutation(len(pairs)).tolist()
+    n_held = int(VAL_FRACTION * len(pairs))
+    # The held-out 20 %: its first half the validation loss (it selects the checkpoint with
+    # --best-by-val-loss), the rest the ITM deltas' pairs, so none is selected on.
+    val_units, test_units = sorted(shuffled[:n_held // 2]), sorted(shuffled[n_held // 2:n_held])
+    train = examples.subset([i for u in sorted(shuffled[n_held:]) for i in units[pairs[u]]])
+    validation = examples.subset([i for u in val_units for i in units[pairs[u]]])
+    # The ITM deltas' pairs: whole pairs of that half (in cf:real, which trains on no pair, the
+    # pairs of its real rows); none of their rows or captions is trained or selected on.
+    scored = with_real if cfg.mix == "cf:real" else whole_pairs
+    heldout = [(cf_k, pairs[u]) for u in test_units if pairs[u] in scored]
+    test = examples.subset([i for u in test_units for i in units[pairs[u]]])
+    return Mixture(train, validation, heldout, records, dict(skipped), test)
 
 
 def cf_counts(n_pairs: int, mix: str) -> tuple[int, int, int]:

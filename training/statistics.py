@@ -193,7 +193,7 @@ def sign_flip_pvalues(pairs: dict, resamples: int, seed: int,
         if n == 0:
             continue
         for swap in ([swapped] if swapped is not None else swaps(n, resamples, seed)):
-            for key, null in zip(keys, _nulls([pairs[key] for key in keys], swap)):
+            for key, null in zip(keys, _nulls([pairs[key] for key in keys], swap), strict=True):
                 nulls[key].append(null)
     return {key: _pvalue(a.value() - b.value(), np.concatenate(nulls[key])) if nulls[key] else float("nan")
             for key, (a, b) in pairs.items()}

@@ -9,8 +9,9 @@ data seeds 108-132, Le et al. 2023 §5.1).
 
 (`cf:real` is the paper's real-only baseline: the same real rows without the synthetic pairs.)
 
-Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, so an interrupted
-sweep continues). OUTPUT/summary.json holds the final metrics of every seed finished under OUTPUT;
+Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, and an
+interrupted one continues with `--resume latest`, refused if its flags differ). OUTPUT/summary.json
+holds the final metrics of every seed finished under OUTPUT;
 summary.md the table (mean ± std; the gain of finetuning, each seed's final value minus its base
 model's before step 1 (run.json's `before_after`), as mean ± std over seeds with the two-sided
 p-value of a paired t-test across seeds (after vs before); with `--baseline` the baseline's mean ±
@@ -82,6 +83,8 @@ def run_seeds(seeds: list[int], output: Path, train_args: list[str], data_seed_o
             log.info("seed %d already finished in %s", seed, out)
             continue
         args = [*train_args, "--seed", str(seed), "--output", str(out)]
+        if out.is_dir() and any(out.iterdir()) and "--overwrite-output-dir" not in train_args:
+            args += ["--resume", "latest"]  # an interrupted seed: continued, if the same run
         if data_seed_offset is not None:
             args += ["--data-seed", str(seed + data_seed_offset)]
         run(config_from_args(build_parser().parse_args(args)))
@@ -181,7 +184,7 @@ def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | 
         + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
     sep = "|---|---|---|" + ("---|---|" if with_gain else "") + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
-    for r, name in zip(rows, shown):
+    for r, name in zip(rows, shown, strict=True):
         line = f"| {plain(name)} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
         if with_gain:
             line += (f" {r['gain_mean']:+.4f} ± {r['gain_std']:.4f} | {r['gain_p']:.4g} |" if "gain_mean" in r
@@ -205,7 +208,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     cols = min(4, n)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3 * cols, 2.5 * ((n + cols - 1) // cols)),
                              squeeze=False)
-    for ax, r in zip(axes.flat, rows):
+    for ax, r in zip(axes.flat, rows, strict=False):
         labels, means, stds = ["run"], [r["mean"]], [r["std"]]
         if "baseline_mean" in r:
             labels.insert(0, "baseline")

@@ -11,9 +11,11 @@ Evaluation runs on the main process while the others wait.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +35,17 @@ from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, save_checkpoint, write_model_card)
 from training.checkpoint_files import Resumable
-from training.config import TrainConfig, as_dict
+from training.config import TrainConfig, as_dict, parse_aug_cfg, training_fingerprint
 from training.data import PairBatchSampler, make_loader, to_device
-from training.evaluation import EvalData, evaluate_model, load_eval_data
+from training.eval_data import EvalData, load_eval_data
+from training.evaluation import evaluate_model
 from training.final_files import MANIFEST, check_before_training, copy_saved_model, fresh_staging, install
 from training.leakage import check_eval_overlap, mark_overlapping
+from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
-from training.zeroshot import skip_counts
+from training.run_folder import check_run_folder, clear_run_folder
+from training.zeroshot import prompt_sources, skip_counts
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +153,21 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     check_mixed_precision(cfg.optim.mixed_precision, "cuda" if torch.cuda.is_available() else "cpu")
     output = Path(cfg.run.output)
     _make_output(output)
+    # A finished or another run in --output, a --resume of another configuration (every process
+    # checks, before any writes: training/run_folder.py).
+    check_run_folder(cfg, output, run_fingerprint(cfg, output))
     if cfg.run.push_to_hub:  # a final/ holding files no run wrote would be refused after training
         check_before_training(output)
     accelerator = make_accelerator(cfg, output)
+    accelerator.wait_for_everyone()  # every process checked the folder before the main one writes
     with _output_lock(accelerator, output), trusting_pickled_weights(cfg.run.trust_pickled_weights):
         return _locked_run(cfg, accelerator, output)
+
+
+def run_fingerprint(cfg: TrainConfig, output: Path) -> dict:
+    """What a checkpoint records of the configuration (training/config.py `training_fingerprint`),
+    with local folders named by content as run.json names them: a moved folder is the same one."""
+    return training_fingerprint(published_record({"config": as_dict(cfg)}, cfg, output)["config"])
 
 
 def _make_output(output: Path) -> None:
@@ -168,10 +183,16 @@ def _make_output(output: Path) -> None:
 
 def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
     """`run` while holding the output folder's lock."""
+    if cfg.run.overwrite_output_dir and accelerator.is_main_process:
+        clear_run_folder(output)
+    accelerator.wait_for_everyone()
     if accelerator.log_with:  # after the lock: a refused run writes nothing under --output
         accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)  # open_clip's colour jitter (--augment) draws from `random`
     backend = load_backend(cfg.run.backend, cfg.run.model_id())
+    # The loss the model was trained with (a SigLIP model's sigmoid loss), named in run.json.
+    cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, cfg.run.model_id())
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
     if cfg.optim.grad_checkpointing:
         backend.enable_grad_checkpointing()
@@ -198,12 +219,13 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     held = eval_only_sets(cfg.data)
     data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
     record.update(tables=[asdict(r) for r in held.records + data.records],
-                  skipped=skip_counts(data.zeroshot))
+                  skipped=skip_counts(data.zeroshot), zeroshot_prompts=prompt_sources(data.zeroshot))
     metrics = {}
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
         units: dict = {}
         metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz", units)
+        _log_metrics(accelerator, "final", metrics, 0)
         record.update(final_statistics(output, data, cfg, metrics, units, trained=False))
         _write_results(output, published_record(record, cfg, output),
                        [{"step": 0, "final": True, **metrics}], metrics)
@@ -221,8 +243,11 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     keep_pairs = cfg.data.hard_negatives == "pairs"
     groups = mixture.train.groups() if keep_pairs else [[i] for i in range(len(mixture.train))]
     sampler = PairBatchSampler(groups, cfg.optim.batch_size, accelerator.num_processes,
-                               accelerator.process_index, cfg.run.seed, keep_pairs)
-    steps_per_epoch = len(sampler) // cfg.optim.grad_accum
+                               accelerator.process_index, cfg.run.seed, keep_pairs,
+                               keep_last=cfg.optim.last_batch == "keep")
+    # --last-batch keep: as Hugging Face's Trainer, the last step takes the batches left over.
+    accum = cfg.optim.grad_accum
+    steps_per_epoch = -(-len(sampler) // accum) if cfg.optim.last_batch == "keep" else len(sampler) // accum
     if steps_per_epoch == 0:
         raise UserFacingError(f"{len(mixture.train)} training examples make no full step of "
                               f"--batch-size {cfg.optim.batch_size} x --grad-accum "
@@ -231,19 +256,27 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     if cfg.optim.max_steps is not None:
         total = min(total, cfg.optim.max_steps)
     data = load_eval_data(cfg, mixture.heldout_cf, mixture.train.tables, mixture.validation)
-    record["eval_overlap"] = check_eval_overlap(mixture.train, data, cfg.run.allow_eval_overlap)
+    # The validation loss picks the final model with --best-by-val-loss: then it is data the
+    # model is selected on, checked as the training data is.
+    record["eval_overlap"] = check_eval_overlap(
+        mixture.train, data, cfg.run.allow_eval_overlap, negatives=cfg.data.hard_negatives == "negclip",
+        selection=mixture.validation if cfg.run.best_by_val_loss else None)
     record.update(tables=[asdict(r) for r in mixture.records + data.records],
                   train_examples=mixture.train.counts(),
                   validation_examples=mixture.validation.counts() if mixture.validation else {},
+                  test_examples=mixture.test.counts() if mixture.test else {},
                   skipped={**mixture.skipped, **skip_counts(data.zeroshot)}, steps=total,
-                  steps_per_epoch=steps_per_epoch)
+                  steps_per_epoch=steps_per_epoch, zeroshot_prompts=prompt_sources(data.zeroshot))
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
+    train_pixels = backend.train_pixels(parse_aug_cfg(cfg.data.aug_cfg)) if cfg.data.augment else None
     loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
                          negatives=cfg.data.hard_negatives == "negclip",
-                         fast_decode=cfg.data.fast_decode)
+                         fast_decode=cfg.data.fast_decode, pixels=train_pixels)
 
-    optimizer = make_optimizer(backend.module, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay)
+    o = cfg.optim
+    optimizer = make_optimizer(backend.module, o.optimizer, o.lr, o.weight_decay, (o.beta1, o.beta2),
+                               o.eps, one_dimensional=cfg.run.backend == "open_clip")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
     # The scheduler is not prepared: accelerate would step it once per process per step. Nor
     # registered for accelerate's checkpoints: those pickle it, and unpickle it on --resume with
@@ -256,6 +289,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
             accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler))
         log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch,
                  state.batch, state.step)
+    state.config = run_fingerprint(cfg, output)  # recorded in every checkpoint
     bar = tqdm(total=total, initial=state.step, desc="train", unit="step",
                disable=not accelerator.is_local_main_process)
     return Session(cfg, output, accelerator, backend, record, data, sampler, loader, model, optimizer,
@@ -307,8 +341,9 @@ def _accumulate_gradients(s: Session, batches) -> float:
     batch (training/accumulation.py); its loss."""
     # An explicit move, not a prepared loader: preparing it would re-shard the batches that
     # PairBatchSampler already cut per process (pairs kept together, 1 and N processes equal).
-    micro = [to_device(next(batches), s.accelerator.device) for _ in range(s.cfg.optim.grad_accum)]
-    return accumulate_gradients(s.model, micro, s.accelerator)
+    # Fewer only at the last step of an epoch with --last-batch keep (the batches left over).
+    micro = [to_device(b, s.accelerator.device) for b in itertools.islice(batches, s.cfg.optim.grad_accum)]
+    return accumulate_gradients(s.model, micro, s.accelerator, s.cfg.optim.loss)
 
 
 def evaluate_base(s: Session) -> None:
@@ -333,6 +368,7 @@ def evaluate(s: Session, final: bool = False, units: dict | None = None) -> dict
                                  output / "embeddings.npz" if final else None, units)
         s.evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
         _write_jsonl(output / "metrics.jsonl", s.evals)
+        _log_metrics(s.accelerator, "final" if final else "eval", metrics, state.step)
         val = metrics.get("val_loss")
         if cfg.run.best_by_val_loss and val is not None and not final and (
                 state.best_val_loss is None or val < state.best_val_loss):
@@ -370,6 +406,12 @@ def finish(s: Session) -> dict[str, float]:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics
+
+
+def _log_metrics(accelerator, prefix: str, metrics: dict[str, float], step: int) -> None:
+    """The evaluation's metrics to the trackers (`--report-to`) as `eval/NAME` (in the loop) or
+    `final/NAME` (the final model), beside the loss and lr."""
+    accelerator.log({f"{prefix}/{name}": value for name, value in metrics.items()}, step=step)
 
 
 def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:

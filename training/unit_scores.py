@@ -10,8 +10,9 @@ the embeddings the evaluation encoded: the units the intervals and the paired te
 - PN: removal pairs (queries), each with the sum and count of its (caption, class) values.
 - zero-shot: test images, top-1 / top-5 hits and per-class recall (classes as groups).
 
-`unit_scores(emb, data, k_values)` gives them under the evaluation's metric names; a metric with
-no per-unit form (the ECCV Caption suite, the validation loss) has none and no interval.
+training/evaluation.py's `unit_scores(emb, data, k_values)` gives them under the evaluation's
+metric names; a metric with no per-unit form (the ECCV Caption suite, the validation loss) has
+none and no interval. This module imports nothing of evaluation.py (no import circle).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def retrieval_units(emb: dict[str, np.ndarray], data, k_values, name: str = "ret
         cap_ids, cap_image = data.caption_ids[cols], data.caption_image[cols]
         order = np.argsort(cap_image, kind="stable")
         owners, starts = np.unique(cap_image[order], return_index=True)
-        by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:]))))
+        by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:])), strict=True))
         i2t = {int(i): by_image.get(int(i), []) for i in image_ids}
-        t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image)}
+        t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
         # The whole split needs no copy (5,000 x 25,000 floats is 500 MB).
         s = sim if fold == 0 else sim[np.ix_(rows, cols)]
         caption_rows = np.fromiter((row_of[int(i)] for i in cap_image), np.int64, len(cap_image))
@@ -112,29 +113,3 @@ def zeroshot_units(name: str, images: np.ndarray, classes: np.ndarray, labels: n
             f"zeroshot/{name}/top{k}": UnitScores(units, (top == labels[:, None]).any(1).astype(np.float64)),
             f"zeroshot/{name}/mean_per_class_recall": UnitScores(units, hit1, groups=labels)}
 
-
-def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = True) -> dict[str, UnitScores]:
-    """Every metric of `data` that has units, from the embeddings `evaluate_model` saved
-    (without the COCO retrieval's when `retrieval` is False: the caller ranked them already)."""
-    from training.evaluation import itm_inputs, necessity_values, odmap_result, original_rows
-
-    out: dict[str, UnitScores] = {}
-    if "image" in emb and retrieval:
-        out.update(retrieval_units(emb, data, k_values))
-    if "query_image" in emb:
-        out.update(odmap_units(odmap_result(emb, data, k_values), data.removed))
-        if "image" in emb:
-            rows = original_rows(data.query_image_ids, data.image_ids)
-            out.update(necessity_units(necessity_values(emb["image"], rows, emb, data), len(rows)))
-    scores = itm_inputs(emb, data)
-    if scores:
-        out.update(delta_units(scores))
-    if data.flickr30k is not None and "flickr30k_image" in emb:
-        flickr = {"image": emb["flickr30k_image"], "text": emb["flickr30k_text"]}
-        out.update({k.replace("retrieval", "flickr30k", 1): v for k, v in
-                    retrieval_units(flickr, data.flickr30k, k_values, units="flickr30k images").items()})
-    for z in data.zeroshot:
-        if f"zeroshot_{z.name}_image" in emb:
-            out.update(zeroshot_units(z.name, emb[f"zeroshot_{z.name}_image"],
-                                      emb[f"zeroshot_{z.name}_class"], z.labels))
-    return out

@@ -1,25 +1,41 @@
 """The papers' other evaluations: zero-shot classification and Flickr30k retrieval.
 
-- Zero-shot classification (`--zeroshot DATASET[:SPLIT]`, repeatable; the COCO-Counterfactuals
-  paper's Tables 3-4): an image-classification dataset given as a `datasets` Hub id, a saved /
-  parquet folder or an imagefolder (class = sub-folder), with one image column and one
-  `ClassLabel` column. Each class's text embedding is the mean of the L2-normalised embeddings of
-  the 80 ImageNet prompt templates of the CLIP paper (Radford et al. 2021, as open_clip ships
-  them: `open_clip.zero_shot_metadata.OPENAI_IMAGENET_TEMPLATES`), renormalised; an image is
-  assigned the classes of highest cosine similarity. Metrics `zeroshot/NAME/top1`, `top5` and
-  `mean_per_class_recall` (the mean over classes with images of each class's top-1 recall).
+- Zero-shot classification (`--zeroshot [BENCHMARK=]DATASET[:SPLIT]`, repeatable; the
+  COCO-Counterfactuals paper's Tables 3-4): an image-classification dataset given as a
+  `datasets` Hub id, a saved / parquet folder or an imagefolder (class = sub-folder), with one
+  image column and one `ClassLabel` column. Each class's text embedding is the mean of the
+  L2-normalised embeddings of its prompts, renormalised; an image is assigned the classes of
+  highest cosine similarity. Metrics `zeroshot/NAME/top1`, `top5` and `mean_per_class_recall`
+  (the mean over classes with images of each class's top-1 recall), scored in
+  training/evaluation.py; this module loads the sets and their prompts.
+- The prompts are those of CLIP Benchmark (clip-benchmark), so the numbers are comparable with
+  its tables: a dataset named as one of its benchmarks (`cifar10=uoft-cs/cifar10`, or by its
+  id or folder name alone: `uoft-cs/cifar10`, `cifar-100`, `ILSVRC/imagenet-1k`, `wds_food101`)
+  gets that benchmark's templates (`template.format(c=name)`) and class names, from its
+  `en_zeroshot_classification_templates.json` / `en_classnames.json` (training/
+  zeroshot_benchmarks.json, MIT): the shipped names by class index where it ships them (the
+  dataset must have that many classes, in the torchvision order clip-benchmark reads),
+  otherwise the dataset's own names as clip-benchmark reads them (as they are; `_` as a space
+  for food101, `_` and `/` for sun397); a benchmark without templates of its own takes
+  ImageNet's, as clip-benchmark does. Any other dataset (or `openai=DATASET`) gets the 80
+  ImageNet templates of the CLIP paper (Radford et al. 2021, as open_clip ships them:
+  `open_clip.zero_shot_metadata.OPENAI_IMAGENET_TEMPLATES`) and its own class names with `_`
+  read as a space. run.json's `zeroshot_prompts` says which each set got.
   Every image is decoded once when the set is loaded, before training, by the builders' rule
   (loading_scripts/images.py): one that does not decode or has more than `--max-image-pixels`
   is a counted skip (run.json's `skipped`), and the metrics are those of the others.
 - Flickr30k retrieval (`--flickr30k ROOT`, `--flickr30k-split test`): a Flickr30k folder in
-  Karpathy's format (loading_scripts/flickr30k.py), its 1,000 test images x their 5 captions,
-  scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
+  Karpathy's format (loading_scripts/flickr30k.py, read by `training.eval_data.load_flickr30k`),
+  its 1,000 test images x their 5 captions, scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
   implementation): `flickr30k/i2t_R@K`, `flickr30k/t2i_R@K`.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +54,13 @@ log = logging.getLogger(__name__)
 ZEROSHOT_FLAG = "--zeroshot"
 #: Rows whose image bytes are held at once while the images are checked.
 _PAGE = 256
+#: `BENCHMARK=` of the CLIP paper's 80 ImageNet templates with the dataset's own class names.
+OPENAI = "openai"
+#: clip-benchmark's templates and class names (see the module docstring).
+BENCHMARKS_FILE = Path(__file__).with_name("zeroshot_benchmarks.json")
+#: Characters clip-benchmark reads as spaces in a benchmark's own class names
+#: (clip_benchmark/datasets/builder.py); the others keep their names as they are.
+_OWN_NAME_SPACES = {"food101": "_", "sun397": "_/"}
 
 
 def prompt_templates() -> tuple:
@@ -45,6 +68,74 @@ def prompt_templates() -> tuple:
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
     return tuple(OPENAI_IMAGENET_TEMPLATES)
+
+
+@functools.cache
+def benchmarks() -> dict:
+    """clip-benchmark's {"templates": {name: [...]}, "classnames": {name: [...]}}."""
+    return json.loads(BENCHMARKS_FILE.read_text(encoding="utf-8"))
+
+
+def benchmark_names() -> list[str]:
+    b = benchmarks()
+    return sorted(set(b["templates"]) | set(b["classnames"]))
+
+
+class _Format:
+    """A clip-benchmark template as a callable (picklable, unlike a lambda)."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+
+    def __call__(self, classname: str) -> str:
+        return self.template.format(c=classname)
+
+
+def benchmark_templates(name: str) -> tuple:
+    """clip-benchmark's templates of benchmark `name` (ImageNet's where it has none)."""
+    templates = benchmarks()["templates"]
+    return tuple(_Format(t) for t in templates.get(name, templates["imagenet1k"]))
+
+
+def _benchmark_key(text: str) -> str:
+    """`uoft-cs/cifar10`, `CIFAR-10`, `wds_cifar10` -> `cifar10`: the last path component,
+    lower case, clip-benchmark's `wds_` mirror prefix dropped, only letters and digits kept."""
+    last = text.rstrip("/").rsplit("/", 1)[-1].lower()
+    last = last.removeprefix("wds_").removeprefix("wds-")
+    return re.sub(r"[^a-z0-9]", "", last)
+
+
+def split_benchmark(spec: str) -> tuple[str | None, str]:
+    """`[BENCHMARK=]DATASET[:SPLIT]` -> (the benchmark named, or None; the rest). An `=` belongs
+    to the dataset when the whole spec is an existing path; an unknown name is one line."""
+    name, sep, rest = spec.partition("=")
+    if not sep or Path(spec).exists():
+        return None, spec
+    known = benchmark_names()
+    if name != OPENAI and name not in known:
+        raise DataInputError(f"{ZEROSHOT_FLAG} {spec}: {name!r} is not a clip-benchmark dataset; give "
+                             f"one of {', '.join(known)}, or {OPENAI}=DATASET for CLIP's 80 ImageNet "
+                             "templates and the dataset's own class names")
+    return name, rest
+
+
+def _prompts_of(named: str | None, path: str, where: str, own: list[str]) -> tuple[str, list[str], tuple]:
+    """(which prompts, class names, templates) of a set: the benchmark `named`, else the one its
+    id or folder name is, else CLIP's ImageNet templates with its own names."""
+    key = _benchmark_key(path)
+    name = named or (key if key in benchmark_names() else OPENAI)
+    if name == OPENAI:
+        return "openai_imagenet_templates", [n.replace("_", " ") for n in own], prompt_templates()
+    shipped = benchmarks()["classnames"].get(name)
+    if shipped is not None and len(shipped) != len(own):
+        raise DataInputError(f"{ZEROSHOT_FLAG} {where}: read as clip-benchmark's {name}, whose "
+                             f"{len(shipped)} class names go by class index, but it has {len(own)} "
+                             f"classes; give {OPENAI}={path} for CLIP's ImageNet templates and its own "
+                             "class names, or the benchmark's dataset")
+    names = list(shipped) if shipped is not None else [
+        re.sub(f"[{re.escape(_OWN_NAME_SPACES[name])}]", " ", n) if name in _OWN_NAME_SPACES else n
+        for n in own]
+    return f"clip_benchmark:{name}", names, benchmark_templates(name)
 
 
 @dataclass
@@ -55,6 +146,9 @@ class ZeroShotSet:
     examples: ExampleSet
     labels: np.ndarray
     classnames: list[str]
+    #: Callables class name -> prompt; `prompts` says whose (run.json's `zeroshot_prompts`).
+    templates: tuple = ()
+    prompts: str = "openai_imagenet_templates"
     #: What was read, for run.json's `tables`.
     record: TableRecord | None = None
     #: Images left out, by reason (`unreadable_image`, `image_too_large`, ...), for run.json's `skipped`.
@@ -64,6 +158,11 @@ class ZeroShotSet:
 def skip_counts(sets: list[ZeroShotSet]) -> dict[str, int]:
     """run.json's `skipped` entries of the zero-shot sets: `zeroshot/NAME/REASON` -> images."""
     return {f"zeroshot/{z.name}/{reason}": n for z in sets for reason, n in z.skipped.items()}
+
+
+def prompt_sources(sets: list[ZeroShotSet]) -> dict[str, str]:
+    """run.json's `zeroshot_prompts`: set name -> `clip_benchmark:NAME` or `openai_imagenet_templates`."""
+    return {z.name: z.prompts for z in sets}
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -131,6 +230,7 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     """One `--zeroshot` dataset, checked: one line naming it and the fix if it cannot be used.
     Each image is decoded once here, before training: one that cannot be (or has more than
     `max_pixels`) is left out and counted, as the builders count them."""
+    named, spec = split_benchmark(spec)
     path, split = parse_spec(spec)
     where = f"{path} (split {split!r})"
 
@@ -153,64 +253,11 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     examples = ExampleSet(tables=[ds])
     for row in range(len(ds)):
         examples.add(0, row, image, "", None, -1, "zeroshot")
-    classnames = [n.replace("_", " ") for n in ds.features[label].names]
+    prompts, classnames, templates = _prompts_of(named, path, where, list(ds.features[label].names))
     name = f"{Path(path).name or path}-{split}"
-    log.info("zero-shot set %s: %d images, %d classes", name, len(ds), len(classnames))
+    log.info("zero-shot set %s: %d images, %d classes, prompts %s (%d templates)", name, len(ds),
+             len(classnames), prompts, len(templates))
     record = TableRecord(path, None, commit, "default", split, rows_read)
-    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, record,
-                       dict(skipped))
+    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, templates,
+                       prompts, record, dict(skipped))
 
-
-def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
-    """(classes, dim): per class the renormalised mean of its prompts' normalised embeddings
-    (`encode_texts(list[str])` returns L2-normalised rows)."""
-    prompts = [t(c) for c in classnames for t in templates]
-    emb = encode_texts(prompts).reshape(len(classnames), len(templates), -1).mean(1)
-    return emb / np.linalg.norm(emb, axis=1, keepdims=True)
-
-
-def zeroshot_scores(image_emb: np.ndarray, class_emb: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Top-1 / top-5 accuracy and mean per-class recall of the nearest class embeddings."""
-    logits = image_emb @ class_emb.T
-    k = min(5, logits.shape[1])
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    hit1 = top[:, 0] == labels
-    out = {"top1": float(hit1.mean()), f"top{k}": float((top == labels[:, None]).any(1).mean())}
-    present = np.unique(labels)
-    out["mean_per_class_recall"] = float(np.mean([hit1[labels == c].mean() for c in present]))
-    return out
-
-
-def load_flickr30k(root: str, split: str):
-    """The Flickr30k retrieval set as an `EvalData` with `retrieval` images and all their
-    captions; images or captions the reader marks unusable are counted and skipped."""
-    from builders.engine.errors import InputFileError
-    from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
-    from training.evaluation import EvalData
-
-    try:
-        images = read_flickr30k(Flickr30kSourceConfig(Path(root), splits=(split,)))
-    except InputFileError as err:
-        raise DataInputError(f"--flickr30k {root}: {err}") from None
-    usable = [im for im in images if im.input_problem is None
-              and any(c.input_problem is None for c in im.captions)]
-    if len(usable) < len(images):
-        log.warning("--flickr30k %s: skipped %d of %d %s images (unreadable or without captions)",
-                    root, len(images) - len(usable), len(images), split)
-    if not usable:
-        raise DataInputError(f"--flickr30k {root}: no usable images in split {split!r}; give a "
-                             "Flickr30k folder (flickr30k-images/ + dataset_flickr30k.json)")
-    table = datasets.Dataset.from_dict(
-        {"image": [{"bytes": im.path.read_bytes(), "path": None} for im in usable]},
-        features=datasets.Features({"image": datasets.Image(decode=False)}))
-    out = EvalData(retrieval=ExampleSet(tables=[table]))
-    captions = [[c for c in im.captions if c.input_problem is None] for im in usable]
-    for row, caps in enumerate(captions):
-        out.retrieval.add(0, row, "image", caps[0].text, None, -1, "flickr30k")
-    out.image_ids = np.asarray([im.image_id for im in usable], dtype=np.int64)
-    out.caption_ids = np.asarray([c.caption_id for caps in captions for c in caps], dtype=np.int64)
-    out.captions = [c.text for caps in captions for c in caps]
-    out.caption_image = np.repeat(out.image_ids, [len(caps) for caps in captions])
-    out.records.append(TableRecord(root, None, None, "flickr30k", split, len(usable)))
-    log.info("Flickr30k %s: %d images, %d captions", split, len(usable), len(out.captions))
-    return out

@@ -1,12 +1,13 @@
 """`counterfactory build <dataset>`: the table of builders.
 
 Each registered module (`builders/<dataset>/options.py`) exposes `add_arguments(parser)`,
-`from_args(args) -> ShardedBuilder` and a one-line `HELP`. It must import no heavy library (torch,
-datasets, NLTK, ...) at module level, because `counterfactory --help` builds every parser
-(tests/test_help_imports.py checks); `from_args` imports the builder itself.
-`builders/<dataset>/builder.py` is the `accelerate launch` entry point and hands the same options
-module to `builders.launch.launch_main`, so `counterfactory build X ...` and `accelerate launch
-builders/<dataset>/builder.py ...` run identical code.
+`config_from_args(args)` and a one-line `HELP`. It must import no heavy library (torch, datasets,
+NLTK, ...) at module level, because `counterfactory --help` builds every parser
+(tests/test_help_imports.py checks), and never imports its builder. The builder, made by
+`builders/<dataset>/builder.py`'s `from_args`, is imported here only when a build runs.
+`builder.py` is the `accelerate launch` entry point and hands the same options module and
+`from_args` to `builders.launch.launch_main`, so `counterfactory build X ...` and `accelerate
+launch builders/<dataset>/builder.py ...` run identical code.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ BUILDER_MODULES = {
 }
 
 
+def _builder_from_args(options_module: str):
+    """The `from_args` of the options module's sibling `builder.py`, imported when it runs."""
+    def build(args: argparse.Namespace):
+        return importlib.import_module(options_module.rpartition(".")[0] + ".builder").from_args(args)
+    return build
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     build = subparsers.add_parser("build", help="build a dataset (resumable, shardable)")
     kinds = build.add_subparsers(dest="dataset", metavar="DATASET", required=True)
     for name, module_name in BUILDER_MODULES.items():
         module = importlib.import_module(module_name)
-        add_builder_parser(kinds.add_parser(name, help=module.HELP, description=module.HELP), module)
+        add_builder_parser(kinds.add_parser(name, help=module.HELP, description=module.HELP), module,
+                           _builder_from_args(module_name))

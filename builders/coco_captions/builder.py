@@ -11,9 +11,11 @@ config one row per caption (the retrieval gallery / query list, keyed by COCO ca
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import asdict
 
+from builders.coco_captions import options
 from builders.coco_captions.card import CARD_FIELDS
 from builders.coco_captions.config import CocoCaptionsConfig
 from builders.coco_captions.schema import CAPTIONS, IMAGES
@@ -21,6 +23,7 @@ from builders.coco_captions.source import read_images
 from builders.coco_captions.view import IMAGES_VIEW
 from builders.engine import progress
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from loading_scripts.images import IMAGE_ENCODING
 
 
 class CocoCaptionsBuilder:
@@ -39,7 +42,7 @@ class CocoCaptionsBuilder:
         return f"--coco-root {self.config.coco_root} (--splits {' '.join(self.config.splits)})"
 
     def process(self, items):
-        from loading_scripts.images import ImageProblem, open_rgb_image
+        from loading_scripts.images import ImageProblem, check_image
 
         for rec in progress.items(items, "images"):
             if not rec.captions:
@@ -47,8 +50,8 @@ class CocoCaptionsBuilder:
                 continue
             try:
                 # The annotated size must hold: the boxes are in its pixels.
-                image = open_rgb_image(rec.path, max_pixels=self.config.max_image_pixels,
-                                       expected_size=(rec.width, rec.height))
+                image = check_image(rec.path, max_pixels=self.config.max_image_pixels,
+                                    expected_size=(rec.width, rec.height)).cell()
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=str(err))
                 continue
@@ -68,13 +71,19 @@ class CocoCaptionsBuilder:
         return BuildInfo(
             builder="coco-captions", card_template="dataset_card.md",
             pretty_name="COCO Karpathy retrieval splits",
-            config={**asdict(self.config), "splits": list(self.config.splits)},
+            config={**asdict(self.config), "splits": list(self.config.splits),
+                    "image_encoding": IMAGE_ENCODING},
             card_fields=CARD_FIELDS,
         )
 
 
+def from_args(args: argparse.Namespace) -> CocoCaptionsBuilder:
+    """The builder of `counterfactory build coco-captions` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
+    return CocoCaptionsBuilder(options.config_from_args(args))
+
+
 if __name__ == "__main__":
-    from builders.coco_captions import options
     from builders.launch import launch_main
 
-    sys.exit(launch_main(options))
+    sys.exit(launch_main(options, from_args))

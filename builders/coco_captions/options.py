@@ -1,7 +1,7 @@
 """`counterfactory build coco-captions` options (light: `--help` imports no datasets or torch).
 
-`from_args` turns them into a `CocoCaptionsConfig` (`builders.coco_captions.config`) and its
-`CocoCaptionsBuilder` (`builders.coco_captions.builder`, also the `accelerate launch` entry point).
+`config_from_args` turns them into a `CocoCaptionsConfig` (`builders.coco_captions.config`), which
+`builders.coco_captions.builder.from_args` (also the `accelerate launch` entry point) builds with.
 """
 
 from __future__ import annotations
@@ -23,10 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_image_arguments(parser)
 
 
-def from_args(args: argparse.Namespace):
-    from builders.coco_captions.builder import CocoCaptionsBuilder
-
-    return CocoCaptionsBuilder(CocoCaptionsConfig(coco_root=str(args.coco_root),
-                                                  splits=tuple(args.splits),
-                                                  max_images=args.max_images,
-                                                  max_image_pixels=args.max_image_pixels))
+def config_from_args(args: argparse.Namespace) -> CocoCaptionsConfig:
+    return CocoCaptionsConfig(coco_root=str(args.coco_root), splits=tuple(args.splits),
+                              max_images=args.max_images, max_image_pixels=args.max_image_pixels)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datasets
 
+from loading_scripts.images import STORED_AS
+
 IMAGES = datasets.Features({
     "image": datasets.Image(),
     "image_id": datasets.Value("int64"),
@@ -21,5 +23,5 @@ CAPTIONS = datasets.Features({
     "image_id": datasets.Value("int64"),
     "caption": datasets.Value("string"),
 })
-COLUMN_DOCS = {"image_id": "COCO image id", "caption_id": "COCO caption id",
+COLUMN_DOCS = {"image": f"the COCO image: {STORED_AS}", "image_id": "COCO image id", "caption_id": "COCO caption id",
                "objects": "COCO instance boxes (x, y, w, h in pixels)"}

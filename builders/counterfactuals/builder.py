@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import argparse
 import sys
 from dataclasses import asdict
 from typing import Any, Iterable, Iterator, Sequence
 
+from builders.counterfactuals import options
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
 from builders.counterfactuals.card import CARD_FIELDS
 from builders.counterfactuals.config import (CAPTION_ROLES, IMAGE_FILTERS, IMAGE_ROLES,
@@ -112,7 +114,7 @@ class CocoCounterfactualsBuilder:
         # `input_problem` (bad_caption / blank_caption) as input errors.
         pairs = []
         progress.stage("captions")
-        for item, outcome in zip(items, self.caption_stage().run([it.text for it in items])):
+        for item, outcome in zip(items, self.caption_stage().run([it.text for it in items]), strict=True):
             if isinstance(outcome, str):
                 yield Skip(outcome)
                 continue
@@ -294,8 +296,15 @@ def _names_folders(spelled: str) -> bool:
     return "/" in spelled or spelled.startswith("~")
 
 
+def from_args(args: argparse.Namespace) -> CocoCounterfactualsBuilder:
+    """The builder of `counterfactory build coco-counterfactuals` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module), with
+    --device, --torch-threads and --dtype."""
+    return CocoCounterfactualsBuilder(options.config_from_args(args), device=args.device,
+                                      torch_threads=args.torch_threads, dtype=args.dtype)
+
+
 if __name__ == "__main__":
-    from builders.counterfactuals import options
     from builders.launch import launch_main
 
-    sys.exit(launch_main(options))
+    sys.exit(launch_main(options, from_args))

@@ -249,7 +249,7 @@ def changed_words(original: str, edited: str) -> list[int] | None:
     a, b = caption_tokens(original), caption_tokens(edited)
     if len(a) != len(b):
         return None
-    return [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    return [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
 
 
 @dataclass
@@ -349,7 +349,7 @@ class CaptionStage:
             probs = self._mask_logits(enc, mask_rows, mask_cols).float().softmax(dim=-1)
         top = probs.topk(self.config.top_k).indices.tolist()
         input_ids, keep = enc.input_ids.cpu(), enc.attention_mask.cpu().bool()
-        for row, ((cap, i), proposals) in enumerate(zip(jobs, top)):
+        for row, ((cap, i), proposals) in enumerate(zip(jobs, top, strict=True)):
             ids = input_ids[row].clone()
             seen = {s for s, _ in cap.pool}
             for token_id in proposals:
@@ -426,7 +426,7 @@ class CaptionStage:
         for k, cap in enumerate(caps):
             sims = (emb[offset:offset + len(cap.pool)] @ emb[k]).tolist()
             offset += len(cap.pool)
-            window[id(cap)] = [(s, i, sim) for (s, i), sim in zip(cap.pool, sims) if self._in_window(sim)]
+            window[id(cap)] = [(s, i, sim) for (s, i), sim in zip(cap.pool, sims, strict=True) if self._in_window(sim)]
         ppl = iter(self.perplexities([s for cap in caps for s, _, _ in window[id(cap)]]))
         out: dict[int, CounterfactualCaption | str] = {}
         for cap in caps:
@@ -457,7 +457,7 @@ class CaptionStage:
             # (perplexity, pool index): ties go to the earlier candidate, as in the reference.
             ranked[id(cap)] = sorted((p, k) for k, p in enumerate(ppl) if not math.isnan(p))
             cap.unscorable = [k for k, p in enumerate(ppl) if math.isnan(p)]
-        originals = dict(zip(map(id, caps), self._encode([c.text for c in caps])))
+        originals = dict(zip(map(id, caps), self._encode([c.text for c in caps]), strict=True))
         out: dict[int, CounterfactualCaption | str] = {}
         pending, start, probe = list(caps), 0, max(1, self.config.probe)
         while pending:

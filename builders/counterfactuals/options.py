@@ -1,8 +1,8 @@
 """`counterfactory build coco-counterfactuals` options (light: `--help` imports no torch or NLTK).
 
-`from_args` turns them into a `CocoCounterfactualsConfig` (`builders.counterfactuals.config`) and
-its `CocoCounterfactualsBuilder` (`builders.counterfactuals.builder`, also the `accelerate launch`
-entry point).
+`config_from_args` turns them into a `CocoCounterfactualsConfig` (`builders.counterfactuals.config`),
+which `builders.counterfactuals.builder.from_args` (also the `accelerate launch` entry point) builds
+with.
 """
 
 from __future__ import annotations
@@ -173,8 +173,7 @@ def _add_import_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_image_arguments(parser)
 
 
-def from_args(args: argparse.Namespace):
-    from builders.counterfactuals.builder import CocoCounterfactualsBuilder
+def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     from builders.models.profiles import profile_from_args
 
     profile = asdict(profile_from_args(args))
@@ -199,7 +198,7 @@ def from_args(args: argparse.Namespace):
         early_reject_at=args.early_reject_at, early_reject_margin=args.early_reject_margin,
         inject=args.inject, scheduler=args.scheduler)
     image_import = _image_import(args)
-    config = CocoCounterfactualsConfig(
+    return CocoCounterfactualsConfig(
         stage=args.stage or ("images" if image_import else "all"),
         coco_root=str(args.coco_root) if args.coco_root else None,
         karpathy_splits=tuple(args.karpathy_splits) if args.karpathy_splits else None,
@@ -213,8 +212,6 @@ def from_args(args: argparse.Namespace):
         max_captions=args.max_captions, split=args.output_split, seed=args.seed,
         models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images,
         image_import=image_import)
-    return CocoCounterfactualsBuilder(config, device=args.device, torch_threads=args.torch_threads,
-                                      dtype=args.dtype)
 
 
 def _image_import(args: argparse.Namespace) -> ImageImportConfig | None:

@@ -219,9 +219,9 @@ def _dataset_records(cfg: CocoCounterfactualsConfig, table: PairTable,
     n = 0
     for batch in _batches(ds):
         ids = batch.column(id_col).to_pylist() if id_col else range(n, n + batch.num_rows)
-        texts = zip(ids, batch.column(columns[1]).to_pylist(), batch.column(columns[2]).to_pylist())
+        texts = zip(ids, batch.column(columns[1]).to_pylist(), batch.column(columns[2]).to_pylist(), strict=True)
         for values in texts:
-            yield f"{label} row {n}", dict(zip(("id", "caption_0", "caption_1"), values))
+            yield f"{label} row {n}", dict(zip(("id", "caption_0", "caption_1"), values, strict=True))
             n += 1
 
 

@@ -151,7 +151,7 @@ def replacement_mapper(source_ids: Sequence[int], target_ids: Sequence[int], len
         mapper[k, k] = 1.0
     old, new = range(a, min(ns - b, length)), range(a, min(nt - b, length))
     if len(old) == len(new):
-        for w, n in zip(old, new):
+        for w, n in zip(old, new, strict=True):
             mapper[w, n] = 1.0
     elif len(old) and len(new):
         mapper[old.start:old.stop, new.start:new.stop] = 1.0 / len(new)

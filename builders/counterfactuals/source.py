@@ -73,4 +73,4 @@ def dataset_captions(cfg: CocoCounterfactualsConfig) -> list[CaptionItem]:
     return [CaptionItem(id=i, text=t if isinstance(t, str) else "", source=cfg.dataset,
                         source_id=i, source_image_id="",
                         input_problem=caption_problem(t, f"{cfg.dataset} row {n} ({cfg.text_column})"))
-            for n, (i, t) in enumerate(zip(ids, texts))]
+            for n, (i, t) in enumerate(zip(ids, texts, strict=True))]

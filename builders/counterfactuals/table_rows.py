@@ -96,7 +96,7 @@ def tsv_records(path: Path, columns: tuple[str, str, str], explicit: bool) -> It
         if rows.bad(line):
             yield where, line
             continue
-        yield where, dict(zip(("id", "caption_0", "caption_1"), (fields[k] for k in index)))
+        yield where, dict(zip(("id", "caption_0", "caption_1"), (fields[k] for k in index), strict=True))
     rows.check()
 
 
@@ -114,7 +114,7 @@ def jsonl_records(path: Path, columns: tuple[str, str, str]) -> Iterator[Record]
             continue
         keys = keys or sorted(obj)[:20]
         found.update(c for c in columns if c in obj)
-        yield where, dict(zip(("id", "caption_0", "caption_1"), (obj.get(c) for c in columns)))
+        yield where, dict(zip(("id", "caption_0", "caption_1"), (obj.get(c) for c in columns), strict=True))
     rows.check()
     missing = [c for c in columns if c not in found]
     if keys and missing:

@@ -22,6 +22,7 @@ and the card.
 from __future__ import annotations
 
 import random
+import argparse
 import sys
 from dataclasses import asdict
 from typing import Any, Iterator, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from PIL import Image
 
+from builders.decorrelation import options
 from builders.decorrelation.captions import CaptionSynthesizer
 from builders.decorrelation.config import DecorrelationConfig
 from builders.decorrelation.fill import ImageFiller, dilate
@@ -44,6 +46,7 @@ from builders.engine.precision import Precision, worker_precision
 from builders.engine.provenance import model_names
 from builders.engine.seeding import derive_seed
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from loading_scripts.images import IMAGE_ENCODING
 
 TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odmap_gallery/test"
 
@@ -126,6 +129,8 @@ class DecorrelationBuilder:
         config["class_names"] = list(cfg.source.class_names)
         # Without models the rows do not depend on the device: nothing to record or check.
         config["precision"] = self.precision().as_config() if models else None
+        if cfg.keep_original:  # only `original_image` holds real images (x' and masks are PNG)
+            config["image_encoding"] = IMAGE_ENCODING
         return BuildInfo(builder="decorrelation", card_template="decorrelation.md",
                          pretty_name=f"Object-decorrelation sets ({cfg.source.kind})", config=config,
                          models=models, card_fields=card_fields(cfg, COLUMN_DOCS, config["precision"]))
@@ -162,11 +167,11 @@ class DecorrelationBuilder:
             return
         names = self.config.source.class_names
         mentions = self._phrase_matcher().mentions([c for _, c in captions], names)
-        for (rec, cap), row in zip(captions, mentions):
+        for (rec, cap), row in zip(captions, mentions, strict=True):
             yield Emit(GALLERY_OUT, {
                 "caption_id": cap.caption_id, "image_id": rec.image_id, "source_split": rec.split,
                 "caption": cap.text, "mentions": row.tolist(),
-                "mentioned_classes": [c for c, hit in zip(names, row) if hit]})
+                "mentioned_classes": [c for c, hit in zip(names, row, strict=True) if hit]})
 
     def _removal_rows(self, rec: SourceImage, train: bool) -> Iterator[Emit | Skip]:
         cfg = self.config
@@ -179,9 +184,12 @@ class DecorrelationBuilder:
             yield Skip(rejection.reason, detail=f"image {rec.image_id} {rejection.anchor}: {rejection.detail}")
         if not selection.removals:
             return
-        image = yield from self._open(rec)
-        if image is None:
+        checked = yield from self._open(rec)
+        if checked is None:
             return
+        image = checked.pixels
+        # The source as stored (its bytes as read, or PNG): made once, whatever the removals.
+        original = checked.cell() if cfg.keep_original else None
         for removal in selection.removals:
             seed = derive_seed(cfg.seed, rec.image_id, removal.anchor)
             fill_mask = dilate(removal.mask, cfg.fill.mask_dilation)
@@ -190,12 +198,12 @@ class DecorrelationBuilder:
             if cfg.verify.enabled:
                 verdict = self._verify().check(image, synthetic, fill_mask, removal.removed)
                 if verdict.still_visible:
-                    scores = {c: round(p, 3) for c, p in zip(removal.removed, verdict.after)}
+                    scores = {c: round(p, 3) for c, p in zip(removal.removed, verdict.after, strict=True)}
                     yield Skip(REASON_STILL_VISIBLE,
                                detail=f"image {rec.image_id} {removal.anchor}: after the fill CLIP scores "
                                       f"{scores} (threshold {cfg.verify.threshold})")
                     continue
-            edit = self._edit_columns(rec, removal, fill_mask, synthetic, seed, image, verdict)
+            edit = self._edit_columns(rec, removal, fill_mask, synthetic, seed, original, verdict)
             if train:
                 yield from self._train_rows(rec, removal, edit, synthetic, seed)
             else:
@@ -203,13 +211,13 @@ class DecorrelationBuilder:
                                        "caption_ids": [c.caption_id for c in rec.captions]})
 
     def _open(self, rec: SourceImage):
-        """The RGB source image, or None after yielding an input-error skip (a generator helper):
-        too large, not of its annotated size (the boxes would be wrong), or unreadable."""
-        from loading_scripts.images import ImageProblem, open_rgb_image
+        """The checked source image, or None after yielding an input-error skip (a generator
+        helper): too large, not of its annotated size (the boxes would be wrong), or unreadable."""
+        from loading_scripts.images import ImageProblem, check_image
 
         try:
-            return open_rgb_image(rec.path, max_pixels=self.config.source.max_image_pixels,
-                                  expected_size=(rec.width, rec.height))
+            return check_image(rec.path, max_pixels=self.config.source.max_image_pixels,
+                               expected_size=(rec.width, rec.height))
         except ImageProblem as err:
             yield Skip(err.reason, kind="error", detail=str(err))
             return None
@@ -226,7 +234,7 @@ class DecorrelationBuilder:
         return self._verifier
 
     def _edit_columns(self, rec: SourceImage, removal: Removal, fill_mask: np.ndarray,
-                      synthetic: Image.Image, seed: int, original: Image.Image,
+                      synthetic: Image.Image, seed: int, original: dict[str, Any] | None,
                       verdict: Verdict | None) -> dict[str, Any]:
         cfg = self.config
         cols = {
@@ -264,8 +272,14 @@ class DecorrelationBuilder:
                 "caption_method": cfg.caption.method, "caption_model": self.model_names()["caption"]})
 
 
+def from_args(args: argparse.Namespace) -> DecorrelationBuilder:
+    """The builder of `counterfactory build decorrelation` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module), with
+    --dtype."""
+    return DecorrelationBuilder(options.config_from_args(args), dtype=args.dtype)
+
+
 if __name__ == "__main__":
-    from builders.decorrelation import options
     from builders.launch import launch_main
 
-    sys.exit(launch_main(options))
+    sys.exit(launch_main(options, from_args))

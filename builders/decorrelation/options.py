@@ -1,8 +1,8 @@
 """`counterfactory build decorrelation` options (light: `--help` imports no torch, NLTK or datasets).
 
-`from_args` turns them into a `DecorrelationBuilder` (`builders.decorrelation.builder`, also the
-`accelerate launch` entry point). The choice lists and configs live in `config.py`, light enough
-for `--help` to show them.
+`config_from_args` turns them into a `DecorrelationConfig`, which
+`builders.decorrelation.builder.from_args` (also the `accelerate launch` entry point) builds with.
+The choice lists and configs live in `config.py`, light enough for `--help` to show them.
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "captioner runs in fp32)")
 
 
-def from_args(args: argparse.Namespace):
-    from builders.decorrelation.builder import DecorrelationBuilder
+def config_from_args(args: argparse.Namespace) -> DecorrelationConfig:
     from builders.models.profiles import profile_from_args
 
     verify = args.verify_removal
@@ -89,7 +88,7 @@ def from_args(args: argparse.Namespace):
                     or ("train" in args.products and args.caption == "captioner"))
     profile = profile_from_args(args) if needs_models else None
     kind, root = ("coco", args.coco_root) if args.coco_root else ("flickr30k", args.flickr30k_root)
-    return DecorrelationBuilder(DecorrelationConfig(
+    return DecorrelationConfig(
         source=SourceConfig(kind, Path(root), flickr_classes=tuple(args.flickr_classes),
                             max_images=args.max_images, max_image_pixels=args.max_image_pixels),
         products=tuple(args.products), train_splits=tuple(args.train_splits),
@@ -105,7 +104,7 @@ def from_args(args: argparse.Namespace):
                               max_new_tokens=args.caption_max_tokens),
         verify=VerifyConfig(enabled=verify, model=profile.clip_filter if verify else None,
                             threshold=args.verify_threshold, view=args.verify_view),
-        keep_original=args.keep_original, seed=args.seed), dtype=args.dtype)
+        keep_original=args.keep_original, seed=args.seed)
 
 
 def _checked(cls, **kwargs):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import datasets
 
+from loading_scripts.images import STORED_AS
+
 _BOXES = datasets.List({"category": datasets.Value("string"),
                         "bbox": datasets.List(datasets.Value("float32"), length=4)})
 
@@ -73,7 +75,7 @@ COLUMN_DOCS = {
     "image_id": "source image id (COCO image id / Flickr30k image number)",
     "source_split": "Karpathy split of the source image",
     "image": "the synthetic image x' (PNG; same size as the source image)",
-    "original_image": "the source image x (only with `--keep-original`)",
+    "original_image": f"the source image x (only with `--keep-original`): {STORED_AS}",
     "removed_classes": "classes removed from the image (sorted)",
     "present_classes": "classes still in the image (sorted, never empty)",
     "anchor_class": "the class c^r whose removal was tried (Kim et al. 2023 §3.1)",

@@ -135,5 +135,5 @@ class RemovalVerifier:
         columns = [self.class_names.index(c) for c in removed]
         before = tuple(float(probs[0, k]) for k in columns)
         after = tuple(float(probs[1, k]) for k in columns)
-        visible = tuple(c for c, p in zip(removed, after) if p >= self.config.threshold)
+        visible = tuple(c for c, p in zip(removed, after, strict=True) if p >= self.config.threshold)
         return Verdict(before, after, visible)

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import argparse
 import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from builders.eccv_positives import options
 from builders.eccv_positives.config import EccvImportConfig
 from builders.eccv_positives.schema import I2T, PM, REMOVED, T2I
 from builders.eccv_positives.source import (AnnotationSet, CocoRoot, read_coco_root, read_mitl_report,
@@ -39,6 +41,7 @@ from builders.eccv_positives.source import (AnnotationSet, CocoRoot, read_coco_r
 from builders.eccv_positives.view import I2T_VIEW
 from builders.engine.errors import InputProblem
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
+from loading_scripts.images import IMAGE_ENCODING
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +109,14 @@ class EccvPositivesBuilder:
                 + removed)
 
     def process(self, items):
-        from loading_scripts.images import ImageProblem, open_rgb_image
+        from loading_scripts.images import ImageProblem, check_image
 
         for item in items:
             row = item.row
             if item.output == "i2t/test" and item.path:
                 try:
-                    row = {**row, "image": open_rgb_image(item.path, expected_size=item.size,
-                                                          max_pixels=self.config.max_image_pixels)}
+                    row = {**row, "image": check_image(item.path, expected_size=item.size,
+                                                       max_pixels=self.config.max_image_pixels).cell()}
                 except ImageProblem as err:
                     yield Skip(err.reason, kind="error", detail=str(err))
                     continue
@@ -169,9 +172,10 @@ class EccvPositivesBuilder:
 
 
     def _config_record(self) -> dict[str, Any]:
-        """The config, plus a digest of a custom annotation folder: re-ingesting verdicts changes
-        the files, not the folder name, and must not resume a build made from the old ones."""
-        record: dict[str, Any] = asdict(self.config)
+        """The config, how images are stored, plus a digest of a custom annotation folder:
+        re-ingesting verdicts changes the files, not the folder name, and must not resume a build
+        made from the old ones."""
+        record: dict[str, Any] = {**asdict(self.config), "image_encoding": IMAGE_ENCODING}
         if self.config.annotations_dir:
             digest = hashlib.sha256()
             for path in sorted(Path(self.config.annotations_dir).glob("*.json")):
@@ -185,8 +189,13 @@ def _ids(mapping: dict, key: int) -> list[int] | None:
     return mapping[key].tolist() if key in mapping else None
 
 
+def from_args(args: argparse.Namespace) -> EccvPositivesBuilder:
+    """The builder of `counterfactory build eccv-positives` (`builders.app.registry`) and of
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
+    return EccvPositivesBuilder(options.config_from_args(args))
+
+
 if __name__ == "__main__":
-    from builders.eccv_positives import options
     from builders.launch import launch_main
 
-    sys.exit(launch_main(options))
+    sys.exit(launch_main(options, from_args))

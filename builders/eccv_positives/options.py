@@ -1,14 +1,14 @@
 """`counterfactory build eccv-positives` options (light: `--help` imports no datasets or torch).
 
-`from_args` turns them into an `EccvImportConfig` (`config.py`) and the `EccvPositivesBuilder` of it
-(`builder.py`, also the `accelerate launch` entry point); both are imported there, so nothing of the
-package imports this module but that entry point.
+`config_from_args` turns them into an `EccvImportConfig` (`config.py`), which `builder.from_args`
+(also the `accelerate launch` entry point) builds with.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from builders.eccv_positives.config import EccvImportConfig
 from builders.engine.option_types import non_negative_int
 from builders.launch import add_source_image_arguments
 
@@ -28,11 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_image_arguments(parser)
 
 
-def from_args(args: argparse.Namespace):
-    from builders.eccv_positives.builder import EccvPositivesBuilder
-    from builders.eccv_positives.config import EccvImportConfig
-
-    return EccvPositivesBuilder(EccvImportConfig(
+def config_from_args(args: argparse.Namespace) -> EccvImportConfig:
+    return EccvImportConfig(
         coco_root=str(args.coco_root) if args.coco_root else None,
         annotations_dir=str(args.annotations_dir) if args.annotations_dir else None,
-        pm_zeta=args.pm_zeta, with_pm=args.with_pm, max_image_pixels=args.max_image_pixels))
+        pm_zeta=args.pm_zeta, with_pm=args.with_pm, max_image_pixels=args.max_image_pixels)

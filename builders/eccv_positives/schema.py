@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datasets
 
+from loading_scripts.images import STORED_AS
+
 _IDS = datasets.List(datasets.Value("int64"))
 _TEXTS = datasets.List(datasets.Value("string"))
 I2T = datasets.Features({
@@ -39,6 +41,6 @@ COLUMN_DOCS = {
     "coco_image_ids": "original COCO positives (null: not a COCO query)",
     "query_id": "pm: image id (split i2t) or caption id (split t2i)",
     "pm_positive_ids": "pm: plausible-match captions (i2t) / images (t2i), own image excluded",
-    "image": "COCO image (null when the COCO root lacks it)",
+    "image": f"COCO image (null when the COCO root lacks it): {STORED_AS}",
     "caption": "caption text (null when the COCO root lacks it)",
 }

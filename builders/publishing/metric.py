@@ -7,7 +7,9 @@ installed. So a Space is self-contained when `NAME.py` imports every helper the 
 everything else comes from PyPI (`requirements.txt`). `space_files` checks exactly that before
 anything is uploaded and lists what to upload: `NAME.py`, its helpers, `README.md`,
 `requirements.txt` (and `app.py`; the standard evaluate widget app is added when there is none).
-The package markers (`__init__.py`) that make the folder importable in the project are not
+As in evaluate's own metric Spaces, the card's front matter must declare `sdk: gradio`, an
+`sdk_version` and `app_file: app.py`: the upload replaces the card that `create_repo` wrote, and a
+card without them leaves the Space with no app to build. The package markers (`__init__.py`) that make the folder importable in the project are not
 uploaded: the uploaded files are byte for byte the ones the project imports. Nothing else in the
 folder is sent (no dotfile, no `__pycache__`, no stray file), and each file sent must be a regular
 file of the folder: a symlink is refused, naming it, since it could send a file from anywhere on
@@ -22,6 +24,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from builders.engine.errors import UserFacingError
 from builders.publishing.hub_client import retrying
 from builders.publishing.publish import refuse_existing_tag
@@ -29,12 +33,18 @@ from builders.publishing.target import HubTarget
 
 log = logging.getLogger(__name__)
 
-APP = '''import evaluate
+# evaluate's widget app, loading NAME.py from the Space's own folder (not by repo id): the app runs
+# exactly the files its Space holds, also in a duplicated Space and without reaching the Hub.
+APP = '''import os
+
+import evaluate
 from evaluate.utils import launch_gradio_widget
 
-module = evaluate.load("{repo_id}")
+module = evaluate.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "{name}.py"))
 launch_gradio_widget(module)
 '''
+# What the card's front matter must declare for the Hub to build and start the app.
+CARD_KEYS = {"sdk": "gradio", "sdk_version": None, "app_file": "app.py"}
 
 
 @dataclass
@@ -89,6 +99,8 @@ def space_files(module_dir: Path, name: str) -> list[Path]:
     extras = [module_dir / extra for extra in ("README.md", "requirements.txt", "app.py")
               if (module_dir / extra).is_file() or (module_dir / extra).is_symlink()]
     files = _own_files(module_dir, [script, *paths.values(), *extras])
+    if (module_dir / "README.md").is_file():
+        _check_card(module_dir / "README.md")
     for path in files[1:len(paths) + 1]:
         for needed, needed_line in _relative_imports(path, top_level_only=False).items():
             if needed not in helpers:
@@ -97,6 +109,27 @@ def space_files(module_dir: Path, name: str) -> list[Path]:
                     f"evaluate.load downloads only the helpers {name}.py imports — add "
                     f"`from .{needed} import ...` to {name}.py")
     return files
+
+
+def _check_card(card: Path) -> None:
+    """The card's YAML front matter declares the Space's app (`CARD_KEYS`), or one line says what
+    to add. (Without a card, the one `create_repo(space_sdk="gradio")` wrote stays.)"""
+    text = card.read_text(encoding="utf-8", errors="replace")
+    meta = {}
+    if text.startswith("---\n") and "\n---" in text[4:]:
+        try:
+            meta = yaml.safe_load(text[4:text.index("\n---", 3)]) or {}
+        except yaml.YAMLError as err:
+            raise UserFacingError(f"{card}: the front matter is not valid YAML ({err.__class__.__name__}); "
+                                  "fix it before publishing") from None
+    meta = meta if isinstance(meta, dict) else {}
+    wrong = [f"{key}: {want or '<gradio version>'}" for key, want in CARD_KEYS.items()
+             if meta.get(key) is None or (want is not None and meta.get(key) != want)]
+    if wrong:
+        raise UserFacingError(
+            f"{card}: the front matter lacks {', '.join(wrong)}: a Space's card must declare its "
+            "app (the upload replaces the Hub's card) — add them between the leading --- lines, "
+            "as in evaluate_modules/odmap/README.md")
 
 
 def _own_files(module_dir: Path, files: list[Path]) -> list[Path]:
@@ -134,7 +167,7 @@ def _upload_and_tag(api, cfg: MetricPublishConfig, module_dir: Path, name: str,
     ops = [CommitOperationAdd(path_in_repo=p.name, path_or_fileobj=p.read_bytes()) for p in files]
     if not (module_dir / "app.py").exists():
         ops.append(CommitOperationAdd(path_in_repo="app.py",
-                                      path_or_fileobj=APP.format(repo_id=cfg.repo_id).encode()))
+                                      path_or_fileobj=APP.format(name=name).encode()))
     commit = retrying(lambda: api.create_commit(**repo, operations=ops,
                                                 commit_message=f"{name} {cfg.version}").oid,
                       1, "create_commit")

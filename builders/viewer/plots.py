@@ -109,7 +109,7 @@ def example_grid(rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, 
     for k, (images, caption) in enumerate(rows):
         line, first = divmod(k, per_line)
         cells = axes[line][first * n_img:(first + 1) * n_img]
-        for ax, image in zip(cells, images):
+        for ax, image in zip(cells, images, strict=False):
             ax.imshow(np.asarray(image.convert("RGB")))
         cells[0].set_title(textwrap.fill(caption, 24 * n_img), fontsize=7, loc="left")
     return _save(fig, path, dpi=90)

@@ -98,8 +98,12 @@ def _grouped(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
     groups_of = (row.get(spec.group_by) if spec.group_by else None) or []
     ids = (row.get(spec.ids) if spec.ids else None) or [None] * len(groups_of)
     items = row.get(spec.column) or [None] * len(groups_of)
+    if not len(items) == len(ids) == len(groups_of):  # a hand-made or hostile dataset's row
+        return [{"label": spec.label, "segs": _plain(
+            f"({len(items)} texts, {len(ids)} ids and {len(groups_of)} groups: lists of different "
+            "lengths, not shown)")}]
     groups: dict[str, list[str]] = {}
-    for text, item_id, group in zip(items, ids, groups_of):
+    for text, item_id, group in zip(items, ids, groups_of, strict=True):
         # Without the texts at build time (ECCV positives without COCO) only the id is known.
         groups.setdefault(str(group), []).append(text if text is not None else f"caption {item_id}")
     return [{"label": f"{group} {spec.label} ({len(members)})", "segs": _plain(" | ".join(members))}
@@ -113,7 +117,7 @@ def texts(view: RowView, row: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _facet(spec: Facet, row: dict[str, Any]) -> list[str]:
     if spec.style == "nonzero":
-        return sorted(label for column, label in zip(spec.columns, spec.labels)
+        return sorted(label for column, label in zip(spec.columns, spec.labels, strict=True)
                       if isinstance(row.get(column), (int, float)) and row[column] > 0)
     if spec.style == "distinct" and spec.field:
         return sorted({str(o.get(spec.field)) for o in row.get(spec.columns[0]) or [] if isinstance(o, dict)})

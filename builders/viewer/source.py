@@ -70,8 +70,8 @@ class GallerySource:
         if self.parquet_files is None:  # another format (json, csv, an image folder)
             for batch in self.dataset.iter(batch_size=batch_size):
                 names = list(batch)
-                for values in zip(*(batch[n] for n in names)):
-                    yield dict(zip(names, values))
+                for values in zip(*(batch[n] for n in names), strict=True):
+                    yield dict(zip(names, values, strict=True))
             return
         for url in self.parquet_files:
             yield from _parquet_rows(url, batch_size)

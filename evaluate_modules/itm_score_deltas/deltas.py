@@ -235,7 +235,7 @@ def _draw_histograms(arrays: dict[str, np.ndarray], path: Path, title: str | Non
     axes = fig.subplots(1, len(panels), squeeze=False)
     colors = {"r": "tab:blue", "c": "tab:orange"}
     labels = {"r": "random", "c": "counterfactual"}
-    for ax, panel in zip(axes[0], panels):
+    for ax, panel in zip(axes[0], panels, strict=True):
         names = [f"{panel}_{kind}" for kind in ("r", "c") if f"{panel}_{kind}" in arrays]
         edges = np.histogram_bin_edges(np.concatenate([arrays[n] for n in names]), bins=bins)
         for name in names:

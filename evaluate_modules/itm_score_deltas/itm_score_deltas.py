@@ -149,7 +149,7 @@ def _missing_message(missing):
 
 
 def _checked_scores(columns, method, single=False):
-    """The six score columns, torch tensors as numpy; raises naming the column and pair on input
+    """The six score columns, torch tensors and pandas columns as numpy; raises naming the column and pair on input
     Arrow would misread (its float64 features read True as 1.0 and "0.5" as 0.5) or reject with
     an unrelated TypeError (a missing column, a bare number)."""
     extra = sorted(set(columns) - set(SCORE_NAMES))
@@ -164,6 +164,8 @@ def _checked_scores(columns, method, single=False):
         values = columns[name]
         if hasattr(values, "detach"):  # torch tensor
             values = values.detach().cpu().numpy()
+        elif hasattr(values, "to_numpy"):  # a pandas column: what evaluate's Space widget sends
+            values = values.to_numpy()
         checked[name] = values
         rows = [values] if single else values
         if isinstance(rows, np.ndarray):

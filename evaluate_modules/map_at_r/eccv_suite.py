@@ -258,7 +258,7 @@ def _coco_1k_from_rankings(rankings: Mapping[int, Sequence[int]], ann: EccvAnnot
                                    minlength=len(rows))
         filtered = np.split(flat[keep], np.cumsum(kept_lengths)[:-1])
         try:
-            scores = retrieval_scores(dict(zip(positives, filtered)), positives, config)
+            scores = retrieval_scores(dict(zip(positives, filtered, strict=True)), positives, config)
         except RetrievalInputError as err:
             raise RetrievalInputError(f"fold {f + 1}, after keeping only the fold's items: {err}; "
                                       "COCO 1K needs longer rankings or the similarity matrix") from None

@@ -219,7 +219,7 @@ class NounPhraseCache:
     def get_many(self, captions: Sequence[str]) -> list[ChunkedCaption]:
         missing = list(dict.fromkeys(c for c in captions if c not in self._entries))
         if missing:
-            for caption, chunked in zip(missing, chunk_captions(missing, self._tagger)):
+            for caption, chunked in zip(missing, chunk_captions(missing, self._tagger), strict=True):
                 self._entries[caption] = chunked
         return [self._entries[c] for c in captions]
 
@@ -294,7 +294,7 @@ def remove_noun_phrases_with_reason(
     chunked = cache.get(caption) if cache is not None else chunk_captions([caption])[0]
     drop: set[int] = set()
     removed: list[str] = []
-    for (a, b), phrase in zip(chunked.spans, chunked.noun_phrases):
+    for (a, b), phrase in zip(chunked.spans, chunked.noun_phrases, strict=True):
         if matcher.phrase_vector(phrase)[cols].any():
             drop.update(range(a, b))
             removed.append(phrase)

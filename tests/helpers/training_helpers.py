@@ -67,6 +67,10 @@ CF_FEATURES = Features({"id": Value("string"), "image_0": Image(), "image_1": Im
                         "source_image_id": Value("string")})
 
 
+#: Noise seeds of the counterfactual images, apart from the colour sets' (their image ids).
+CF_SEEDS = 1_000_000
+
+
 def write_counterfactuals(root: Path, image_ids: list[int], split: str = "test") -> Path:
     """A coco-counterfactuals-shaped folder: one pair per source image id."""
     cols = {k: [] for k in CF_FEATURES}
@@ -74,8 +78,9 @@ def write_counterfactuals(root: Path, image_ids: list[int], split: str = "test")
     for p, image_id in enumerate(image_ids):
         a, b = names[p % len(names)], names[(p + 3) % len(names)]
         cols["id"].append(f"{image_id}_{p}")
-        cols["image_0"].append({"bytes": png(COLORS[a], seed=2 * p), "path": None})
-        cols["image_1"].append({"bytes": png(COLORS[b], seed=2 * p + 1), "path": None})
+        # Noise: every image its own bytes (the leakage guard matches images by content too).
+        cols["image_0"].append({"bytes": png(COLORS[a], noise=20, seed=CF_SEEDS + 2 * p), "path": None})
+        cols["image_1"].append({"bytes": png(COLORS[b], noise=20, seed=CF_SEEDS + 2 * p + 1), "path": None})
         cols["caption_0"].append(f"a {a} cube")
         cols["caption_1"].append(f"a {b} cube")
         cols["source_image_id"].append(str(image_id))

@@ -62,7 +62,7 @@ def compare_dataset(dataset: str, units: dict[str, dict[str, UnitScores]], model
             low, high = interval(resampled[(a, key)] - resampled[(b, key)])
             out.append(Comparison(dataset, task, metric, a, b, units[a][key].value() - units[b][key].value(),
                                   low, high, pvalues[(key, a, b)]))
-    for c, p in zip(out, holm([c.p_value for c in out])):
+    for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
     return out
 
@@ -117,7 +117,7 @@ def plot_forest(records: list[dict], dataset: str, path: Path) -> Path | None:
     models = list(dict.fromkeys(r["model"] for r in records if r["dataset"] == dataset and r["task"] != BLIND))
     fig = _figure(7.5, 0.5 + (0.3 * len(models) + 0.45) * len(cols))
     axes = fig.subplots(len(cols), 1, squeeze=False)[:, 0]
-    for ax, (task, name) in zip(axes, cols):
+    for ax, (task, name) in zip(axes, cols, strict=True):
         rows = {r["model"]: r for r in records if r["dataset"] == dataset and r["task"] == task}
         for y, model in enumerate(models):
             r = rows.get(model)

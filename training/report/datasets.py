@@ -13,7 +13,8 @@ from builders.engine.dataset_source import local_data_files
 from builders.engine.errors import InputFileError
 from builders.engine.provenance import model_name
 from training.config import SourceRef, TrainConfig
-from training.evaluation import EvalData, UndecodableImage, is_coco_5k, load_eval_data, read_pm_positives
+from training.eval_data import EvalData, is_coco_5k, load_eval_data, read_pm_positives
+from training.evaluation import UndecodableImage
 from training.mixtures import eval_only_sets
 from training.sources import DataInputError
 

@@ -141,7 +141,7 @@ def blind_baseline(data, lm_id: str, sentence_id: str, resamples: int, seed: int
     of pairs where it prefers the original, its interval, and the same on the same-word pairs and
     on the others; the same-word pair count; each text model's weights digest."""
     originals, counterfactuals = caption_pairs(data)
-    same = np.asarray([same_words(a, b) for a, b in zip(originals, counterfactuals)], dtype=float)
+    same = np.asarray([same_words(a, b) for a, b in zip(originals, counterfactuals, strict=True)], dtype=float)
     prefers, digests = blind_scores(originals, counterfactuals, lm_id, sentence_id)
     units: dict[str, UnitScores] = {}
     for name, values in prefers.items():

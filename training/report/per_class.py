@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from counterfactory_metrics.odmap.odmap_scores import per_class_odmap, plot_per_class
-from training.evaluation import EvalData, odmap_result
+from training.eval_data import EvalData
+from training.evaluation import odmap_result
 
 TASK = "odmap_per_class"
 

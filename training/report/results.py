@@ -32,8 +32,10 @@ METRIC_MODULES = {"zeroshot_retrieval": "counterfactory_metrics.map_at_r",
                   "itm": "counterfactory_metrics.itm_score_deltas", "necessity": "training.evaluation",
                   "zeroshot_classification": "training.zeroshot",
                   "blind_baseline": "training.report.floors"}
-#: Every module a cached number depends on (training/report/cache.py's key).
-EVALUATION_MODULES = tuple(sorted({*METRIC_MODULES.values(), "training.evaluation", "training.unit_scores"}
+#: Every module a cached number depends on (training/report/cache.py's key), the evaluation
+#: sets' loaders (training/eval_data.py) among them.
+EVALUATION_MODULES = tuple(sorted({*METRIC_MODULES.values(), "training.evaluation", "training.eval_data",
+                                   "training.unit_scores"}
                                   - {"training.report.floors"}))
 #: Our datasets' captions are English (COCO's).
 LANGUAGE = "en"

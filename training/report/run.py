@@ -16,7 +16,8 @@ from builders.engine.errors import OutputError, UserFacingError
 from builders.engine.provenance import model_name
 from builders.publishing.hub_client import check_repo_id
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
-from training.evaluation import UndecodableImage, evaluate_model, necessity, necessity_values, original_rows
+from training.evaluation import (UndecodableImage, evaluate_model, necessity, necessity_values, original_rows,
+                                 unit_scores)
 from training.report.cache import cache_key, load_arrays, new_file, read_entry, write_entry
 from training.report.datasets import KINDS, locate, open_dataset, parse_source
 from training.report.hub_results import push_results
@@ -29,7 +30,7 @@ from training.report.models import (ModelSpec, embedding_width, load_model, pars
                                     preprocessing_digest, weights_digest)
 from training.report.results import make_records, write_results
 from training.statistics import DEFAULT_RESAMPLES, UnitScores, bootstrap, interval
-from training.unit_scores import necessity_units, unit_scores
+from training.unit_scores import necessity_units
 
 log = logging.getLogger(__name__)
 

@@ -164,7 +164,7 @@ def _topk_over_distinct(q: np.ndarray, caption_emb: np.ndarray, reps: np.ndarray
     members = np.split(order, np.cumsum(np.bincount(slot, minlength=len(reps)))[:-1])
     index, scores = topk_from_embeddings(q, _Rows(caption_emb, reps), min(k, len(reps)))
     out = np.empty((len(q), k), dtype=np.int64)
-    for r, (slots, vals) in enumerate(zip(index, scores)):
+    for r, (slots, vals) in enumerate(zip(index, scores, strict=True)):
         rows = np.concatenate([members[s] for s in slots])
         row_scores = np.repeat(vals, [len(members[s]) for s in slots])
         out[r] = rows[np.lexsort((rows, -row_scores))[:k]]
@@ -218,7 +218,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         image_emb, caption_emb = gallery_embeddings(model, gallery, cache, cfg.batch_size, precision)
         top = model_topk(image_emb, caption_emb, gallery, queries, cfg.exclusion_depth)
         for modality in MODALITIES:
-            for query, row in zip(queries[modality], top[modality].tolist()):
+            for query, row in zip(queries[modality], top[modality].tolist(), strict=True):
                 exclude[modality].setdefault(str(query), set()).update(row)
                 for rank, item in enumerate(row[:cfg.k], start=1):
                     proposed.setdefault((modality, query, item), {})[names[model]] = rank

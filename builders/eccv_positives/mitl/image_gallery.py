@@ -82,7 +82,7 @@ def _usable_rows(source: DatasetSource, ds) -> tuple[list[int], dict[str, int]]:
     has_bytes = pc.fill_null(pc.greater(pc.binary_length(pc.struct_field(cells, "bytes")), 0), False)
     paths = pc.struct_field(cells, "path").to_pylist()
     rows, reasons, details = [], Counter(), []
-    for row, (stored, path) in enumerate(zip(has_bytes.to_pylist(), paths)):
+    for row, (stored, path) in enumerate(zip(has_bytes.to_pylist(), paths, strict=True)):
         if not stored:
             try:
                 cell_image_source(source.path, {"bytes": None, "path": path}, f"{source.path} row {row}")
@@ -192,7 +192,7 @@ class Gallery:
     @cached_property
     def caption_image(self) -> dict[int, int]:
         """Caption id -> the image it was written for (the original pairs)."""
-        return dict(zip(self.caption_ids, self.caption_image_ids))
+        return dict(zip(self.caption_ids, self.caption_image_ids, strict=True))
 
     def digest(self) -> str:
         blob = json.dumps([self.image_ids, self.image_files, self.caption_ids, self.captions,
@@ -225,9 +225,9 @@ class Gallery:
         return {"root": str(self.root), "dataset": asdict(self.dataset) if self.dataset else None,
                 "images": [{"image_id": i, "file": f, **({"row": r} if self.image_rows else {})}
                            for i, f, r in zip(self.image_ids, self.image_files,
-                                              self.image_rows or self.image_ids)],
+                                              self.image_rows or self.image_ids, strict=True)],
                 "captions": [{"caption_id": c, "image_id": i, "text": t} for c, i, t in
-                             zip(self.caption_ids, self.caption_image_ids, self.captions)]}
+                             zip(self.caption_ids, self.caption_image_ids, self.captions, strict=True)]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Gallery:

@@ -292,7 +292,7 @@ def _gallery_sources(cands: Candidates, cfg: IngestConfig):
 
     g = cands.gallery
     coco_i2t: dict[int, list[int]] = defaultdict(list)
-    for caption, image in zip(g.caption_ids, g.caption_image_ids):
+    for caption, image in zip(g.caption_ids, g.caption_image_ids, strict=True):
         coco_i2t[image].append(caption)
     coco = Positives(i2t={i: np.asarray(c, dtype=np.int64) for i, c in coco_i2t.items()},
                      t2i={c: np.asarray([i], dtype=np.int64) for c, i in g.caption_image.items()})

@@ -209,7 +209,7 @@ def _plot(rows: list[dict[str, Any]], sets: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, modality in zip(axes, ("i2t", "t2i")):
+    for ax, modality in zip(axes, ("i2t", "t2i"), strict=True):
         for model in dict.fromkeys(r["model"] for r in rows):
             cells = {r["annotation_set"]: r["map_at_r"] for r in rows
                      if r["model"] == model and r["modality"] == modality}

@@ -122,7 +122,7 @@ def _image_refs(cands: Candidates, cfg: TasksConfig, used: set[int]) -> dict[int
     """URL or embedded thumbnail of every image the tasks show (only those: a gallery may be huge)."""
     g = cands.gallery
     refs = {}
-    for n, (image_id, file) in enumerate(zip(g.image_ids, g.image_files)):
+    for n, (image_id, file) in enumerate(zip(g.image_ids, g.image_files, strict=True)):
         if image_id not in used:
             continue
         if cfg.embed_thumbnails:
@@ -143,7 +143,7 @@ def write_tasks(cfg: TasksConfig) -> Path:
     tasks = build_tasks(cands, cfg.seed)
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
-    texts = dict(zip(cands.gallery.caption_ids, cands.gallery.captions))
+    texts = dict(zip(cands.gallery.caption_ids, cands.gallery.captions, strict=True))
     refs = _image_refs(cands, cfg, {i["image_id"] for t in tasks for i in t["items"]})
     # The candidates path is stored absolute: ingest reads it again from any working folder.
     manifest = {"format": TASKS_FORMAT,

@@ -113,7 +113,7 @@ def changed_items(start: int, items: Sequence[Any], recorded: Sequence[str]) -> 
     if len(recorded) != len(items):
         return [f"the part now has {len(items)} items, it was built from {len(recorded)}"]
     out = []
-    for offset, (item, old) in enumerate(zip(items, recorded)):
+    for offset, (item, old) in enumerate(zip(items, recorded, strict=True)):
         if item_digest(item) != old:
             path = getattr(item, "path", None)
             out.append(item_label(item, start + offset) + (f" ({path})" if path else ""))

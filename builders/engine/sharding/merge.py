@@ -156,7 +156,7 @@ def peak_rss_summary(stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     each part's. Parts of builds from before it was recorded count as unknown (None)."""
     per_part = [s.get("peak_rss_bytes") for s in stats]
     per_rank: dict[int, int] = {}
-    for s, peak in zip(stats, per_part):
+    for s, peak in zip(stats, per_part, strict=True):
         if peak is not None:
             per_rank[s["rank"]] = max(per_rank.get(s["rank"], 0), peak)
     return {"max": max(per_rank.values(), default=None),
@@ -198,7 +198,7 @@ def merge_parts(
     keep: set[str] = set()
     for spec in outputs:
         rows, names = shards[spec.key].rows, shards[spec.key].names
-        for tmp, name in zip(shards[spec.key].tmp, names):
+        for tmp, name in zip(shards[spec.key].tmp, names, strict=True):
             os.replace(tmp, layout.root / name)
         keep.update(names)
         outputs_manifest[spec.key] = {
