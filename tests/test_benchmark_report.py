@@ -28,10 +28,12 @@ def report(builds, tiny_models_dir, tmp_path_factory):
 
 def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_dir, tmp_path):
     from builders.models.profiles import tiny_profile
-    from training.report.results import read_results
+    from training.report.results import evaluation_key, read_results
 
     cc, dec, cf = builds
-    records = read_results(report / "results.jsonl")
+    # The blind text-only baseline's records (task blind_baseline, its text models) are checked
+    # in tests/test_report_uncertainty.py; here the image-text models' numbers.
+    records = [r for r in read_results(report / "results.jsonl") if r["task"] != "blind_baseline"]
     from builders.engine.provenance import model_name
 
     profile = tiny_profile(tiny_models_dir)
@@ -39,7 +41,7 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
     assert {r["model"] for r in records} == {model_name(profile.clip), model_name(profile.open_clip)}
     assert str(tiny_models_dir) not in (report / "results.jsonl").read_text()
     assert {(r["dataset"], r["task"]) for r in records} == {
-        ("coco", "retrieval"), ("coco", "itm"), ("decorrelation", "odmap"),
+        ("coco", "zeroshot_retrieval"), ("coco", "itm"), ("decorrelation", "odmap"),
         ("decorrelation", "odmap_per_class"), ("decorrelation", "necessity"), ("counterfactuals", "itm")}
     for backend, model in (("transformers", profile.clip), ("open_clip", profile.open_clip)):
         out = tmp_path / backend
@@ -50,7 +52,7 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
         compared = 0
         for r in (r for r in records if r["model"] == model_name(model) and r["task"] != "odmap_per_class"):
             for name, value in r["metrics"].items():
-                assert value == pytest.approx(trainer[f"{r['task']}/{name}"], abs=1e-6), (r["task"], name)
+                assert value == pytest.approx(trainer[evaluation_key(r["task"], name)], abs=1e-6), (r["task"], name)
                 compared += 1
         # PN per removed class: the trainer scores it with --real and --decorrelation together,
         # the report from the two builds' embeddings; every class the trainer has, and its mean.
@@ -185,8 +187,10 @@ def test_one_more_model_encodes_only_that_model(report, builds, tiny_models_dir,
     two = read_results(tmp_path / "two" / "results.jsonl")
     assert [r for r in two if r["model"] == read_results(tmp_path / "one" / "results.jsonl")[0]["model"]] \
         == read_results(tmp_path / "one" / "results.jsonl")
-    # Without --coco: no COCO records, and no PN (its x are the --coco split's images).
-    fresh = [r for r in read_results(report / "results.jsonl") if r["dataset"] != "coco" and r["task"] != "necessity"]
+    # Without --coco: no COCO records, and no PN (its x are the --coco split's images); the
+    # blind text-only baseline is the report's own (the tiny LM of --models tiny), no CLIP's.
+    fresh = [r for r in read_results(report / "results.jsonl")
+             if r["dataset"] != "coco" and r["task"] not in ("necessity", "blind_baseline")]
     assert sorted(two, key=lambda r: (r["model"], r["dataset"], r["task"])) == \
         sorted(fresh, key=lambda r: (r["model"], r["dataset"], r["task"]))
     assert not list((tmp_path / "two").glob("embeddings"))  # --cache-dir replaces OUTPUT/embeddings

@@ -3,9 +3,10 @@ model is named by its contents, whatever its spelling (issue: absolute paths in 
 relative paths passed off as Hub ids).
 
 Every builder (coco-captions, decorrelation, coco-counterfactuals both stages, eccv-positives
-through a machine-in-the-loop round and its model-bias report) and the trainer (transformers and
-open_clip backends) run on local model folders given once as absolute paths and once as paths
-relative to the working folder (`models/sd`, `local-dir:models/open_clip`). Then no output file
+through a machine-in-the-loop round and its model-bias report), the trainer (transformers and
+open_clip backends) and the model report (`counterfactory benchmark`; the texts drawn in its
+figures are checked in tests/test_report_uncertainty.py) run on local model folders given once
+as absolute paths and once as paths relative to the working folder (`models/sd`, `local-dir:models/open_clip`). Then no output file
 (every string cell of every parquet, JSON, cards, figures, any file) contains a local path, the
 temporary folders or the user's home, and each model's recorded name is `local:NAME@sha256:...`,
 the same in rows, manifest, card and run record, and the same for both spellings.
@@ -133,6 +134,10 @@ def run_everything(work: Path, spelling: str, tiny: Path, coco: Path) -> dict[st
                        "--state", at("mitl/state"), "--output", at("out/eccv-positives"))
         counterfactory("eccv", "model-bias", "--tasks", at("mitl/tasks"), "--state", at("mitl/state"),
                        "--output", at("mitl/bias"))
+        # The model report on the same local models (#35): its files and figures name them by
+        # content too.
+        counterfactory("benchmark", "--model", specs["clip"], "--model", f"local-dir:{specs['open_clip']}",
+                       "--coco", at("out/coco-captions"), "--bootstrap", "50", "--output", at("reports/clip"))
         train = ["--real", at("out/coco-captions"), "--batch-size", "8", "--max-steps", "2",
                  "--num-workers", "0", "--real-val-split", "val"]
         assert train_main([*train, "--model", specs["clip"], "--output", at("runs/clip")]) == 0
@@ -170,6 +175,8 @@ def test_no_output_holds_a_local_path(runs, spelling, tiny_models_dir, real_home
     for name in ("label_studio_tasks.json", "tasks.csv", "label_config.xml"):
         found.update({f"tasks/{k}": v for k, v in leaks(work / "mitl" / "tasks", forbidden).items() if k == name})
     found.update({f"bias/{k}": v for k, v in leaks(work / "mitl" / "bias", forbidden).items()})
+    found.update({f"report/{k}": v for k, v in leaks(work / "reports" / "clip", forbidden,
+                                                     skip=("embeddings",)).items()})
     assert not found, found
 
 

@@ -82,6 +82,15 @@ def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_
 
 
 @pytest.mark.accelerate
+def _flat(value, prefix: str = "") -> dict:
+    """A nested record's numbers, keyed by their path (None kept: it must match too)."""
+    if isinstance(value, dict):
+        return {k: v for key, sub in value.items() for k, v in _flat(sub, f"{prefix}/{key}").items()}
+    if isinstance(value, list):
+        return {k: v for n, sub in enumerate(value) for k, v in _flat(sub, f"{prefix}/{n}").items()}
+    return {prefix: value}
+
+
 def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_models_dir, tmp_path):
     """`counterfactory train` and `accelerate launch training/finetune_clip.py` are one trainer:
     the same run record, loss curve and metrics."""
@@ -99,10 +108,15 @@ def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_mode
     # Equal up to float summation order (accelerate launch sets the process's CPU thread count).
     want, got = (json.loads((d / "run.json").read_text()) for d in (launched, cli))
     want_metrics, got_metrics = want.pop("final_metrics"), got.pop("final_metrics")
+    # The numbers (the final metrics, their intervals, the base model's and before -> after).
+    numbers = ("final_intervals", "before_metrics", "before_after")
+    want_numbers, got_numbers = ({k: d.pop(k) for k in numbers} for d in (want, got))
     assert got == want  # config, datasets, example counts, steps
     assert got_metrics.keys() == want_metrics.keys()
     for key, value in want_metrics.items():
         assert got_metrics[key] == pytest.approx(value, abs=1e-5), key
+    for name in numbers:
+        assert _flat(got_numbers[name]) == pytest.approx(_flat(want_numbers[name]), abs=1e-5), name
     want_loss, got_loss = read_jsonl(launched / "loss.jsonl"), read_jsonl(cli / "loss.jsonl")
     assert [r["step"] for r in got_loss] == [r["step"] for r in want_loss] == [1, 2, 3]
     np.testing.assert_allclose([r["loss"] for r in got_loss], [r["loss"] for r in want_loss], atol=1e-5)
@@ -179,6 +193,7 @@ def test_learning_sanity_r1_well_above_chance(tmp_path, tiny_models_dir):
 def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds, scored_cf, tiny_models_dir):
     from datasets import load_dataset
 
+    from counterfactory_metrics.itm_score_deltas.deltas import random_derangement
     from training.backends import load_backend
     from training.config import SourceRef, TrainConfig
     from training.eval_data import load_eval_data
@@ -237,11 +252,12 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
 
     # ITM deltas: the itm_score_deltas module on G = cosine similarity of the saved embeddings.
     # Random group: real pair (C_o, I_o) = image i of the test split with its first caption,
-    # (C_r, I_r) = the next image with its first caption. Counterfactual group: (C_o, I_o^s) =
-    # (caption_0, image_0), (C_c, I_c^s) = (caption_1, image_1) of every scored pair.
+    # (C_r, I_r) = its partner in the seeded random derangement (seed 0) with its first caption.
+    # Counterfactual group: (C_o, I_o^s) = (caption_0, image_0), (C_c, I_c^s) = (caption_1,
+    # image_1) of every scored pair.
     first = np.cumsum([0] + [len(ids) for ids in per_image])[:-1]
     img, cap = emb["image"], emb["text"][first]
-    nxt = np.roll(np.arange(len(img)), -1)
+    nxt = random_derangement(len(img), 0)  # "a random other pair": seeded, never itself
     i0, i1, c0, c1 = emb["cf_image"][0::2], emb["cf_image"][1::2], emb["cf_text"][0::2], emb["cf_text"][1::2]
     g = lambda c, i: (c * i).sum(1)  # noqa: E731
     itm = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "itm_score_deltas"))

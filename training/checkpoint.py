@@ -25,7 +25,7 @@ from builders.engine.errors import InputFileError, PublishError, UserFacingError
 from builders.publishing.hub_client import hub_errors, use_endpoint
 from training.checkpoint_files import Resumable, check_files, read_all, write_rng, write_shared
 from training.final_files import published_files
-from training.report.markdown import plain
+from training.report.markdown import _fmt, natural, plain
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
@@ -154,10 +154,17 @@ def _value(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def metric_table(metrics: dict[str, float]) -> str:
-    """The Markdown table of metrics.md and the model card; a metric name comes from data (a
-    `--zeroshot` folder's name), so it is shown as plain text, as in the model report."""
-    rows = "\n".join(f"| {plain(k)} | {v:.4f} |" for k, v in sorted(metrics.items()))
+def metric_table(metrics: dict[str, float], intervals: dict[str, tuple[float, float]] | None = None) -> str:
+    """The Markdown table of metrics.md and the model card, each value with its 95 % bootstrap
+    interval when `intervals` has one; a metric name comes from data (a `--zeroshot` folder's
+    name), so it is shown as plain text, as in the model report."""
+    intervals = intervals or {}
+
+    def value(k: str, v: float) -> str:
+        low, high = intervals.get(k, (None, None))
+        return f"{_fmt(v)} [{_fmt(low)}, {_fmt(high)}]" if low is not None and high is not None else _fmt(v)
+
+    rows = "\n".join(f"| {plain(k)} | {value(k, v)} |" for k, v in sorted(metrics.items(), key=lambda kv: natural(kv[0])))
     return f"| metric | value |\n|---|---|\n{rows}\n"
 
 
@@ -170,6 +177,14 @@ def _code(text: str) -> str:
 
 
 def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
+    """The final model's README.md: base model, data, optimisation, the final metrics (with the
+    intervals of `run_record["final_intervals"]`) and, when the base model was evaluated before
+    step 1, before -> after (`run_record["before_after"]`)."""
+    from training.before_after import before_after_table
+
+    intervals = {k: tuple(v) for k, v in (run_record.get("final_intervals") or {}).items()}
+    change = before_after_table(run_record.get("before_after") or {})
+    change = f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""
     # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(
         f"| {plain(r['path'])} | {plain(r['revision'] or '(local folder)')} | {plain(r['commit'] or '-')} | "
@@ -210,7 +225,7 @@ Examples trained on: {run_record['train_examples']}; validation: {run_record['va
 
 ## Evaluation (final model)
 
-{metric_table(metrics)}
+{metric_table(metrics, intervals)}{change}
 """
     (out / "README.md").write_text(card)
 

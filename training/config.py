@@ -263,6 +263,11 @@ class RunConfig:
         type=positive_int)
     #: Off: --model's weights (and a --resume checkpoint's) load from safetensors only.
     trust_pickled_weights: bool = option(False, PICKLED_WEIGHTS_HELP)
+    #: training/statistics.py: the final metrics' intervals and the before -> after differences'
+    #: (resamples seeded by --seed).
+    bootstrap: int = option(1000, "resamples of each metric's units for the 95%% intervals of the "
+                                  "final evaluation and of its difference from the base model "
+                                  "(default 1000; 0: none)", type=non_negative_int, metavar="N")
 
     def weights(self) -> tuple[str, str | None]:
         """(model, pretrained tag) with the backend's defaults filled in."""

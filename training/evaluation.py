@@ -18,7 +18,8 @@ Sets (each evaluated when its source is given):
 - itm: ITM score deltas (cosine similarity as the score G) on the held-out counterfactual pairs
   (IR_c, TR_c: a `cf:` mixture's validation pairs, or every pair of `--counterfactuals-split`
   when the build is not mixed into training, training/mixtures.py) and on real test pairs
-  against a random other pair (IR_r, TR_r).
+  against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
+  `random_derangement(n, PAIR_SEED)` of the metric module, seed 0, recorded with the numbers).
 - necessity: per removed class, PN = (s(x, y) - s(x', y)) / s(x, y) with s = (cos + 1) / 2 in
   [0, 1], x the original image, x' the object-removal image and y an original caption of x that
   mentions the removed class (the model-agnostic reading of the NUIF paper's necessity). x is
@@ -38,19 +39,22 @@ import functools
 import logging
 from pathlib import Path
 
+import datasets
 import numpy as np
 import torch
 
 from builders.engine.batching import ShrinkingBatches
-from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
+from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, itm_score_deltas, random_derangement
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
-from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.config import TrainConfig
 from training.data import fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
+from training.sources import DataInputError
+from training.statistics import UnitScores
+from training.unit_scores import delta_units, necessity_units, odmap_units, retrieval_units, zeroshot_units
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +76,51 @@ def _shrinking(stage: str, size: int) -> ShrinkingBatches:
     return ShrinkingBatches(stage, size, hint="use a GPU with more memory")
 
 
+class UndecodableImage(DataInputError):
+    """An evaluation image whose bytes do not decode: which example (`origin` build, table row,
+    column), so the caller can name the file it came from."""
+
+    def __init__(self, origin: str, row: int, column: str, problem: str) -> None:
+        super().__init__(f"{origin} row {row}, column {column!r}: the image cannot be decoded "
+                         f"({problem}); rebuild the dataset or re-download that shard")
+        self.origin, self.row, self.column, self.problem = origin, row, column, problem
+
+
+def first_undecodable(examples: ExampleSet, start: int = 0) -> UndecodableImage | None:
+    """The first example from `start` on whose image does not decode (the builders' rule,
+    loading_scripts/images.py), or None."""
+    from loading_scripts.images import ImageProblem, open_rgb_image
+
+    columns: dict[tuple[int, str], datasets.Dataset] = {}
+    for i in range(start, len(examples)):
+        key = (examples.table_of[i], examples.column[i])
+        if key not in columns:
+            columns[key] = examples.tables[key[0]].select_columns([key[1]])
+        cell = columns[key][examples.row[i]][key[1]]
+        try:
+            open_rgb_image(cell["bytes"], name=f"row {examples.row[i]}").close()
+        except ImageProblem as problem:
+            return UndecodableImage(examples.origin[i], examples.row[i], key[1], problem.reason)
+    return None
+
+
 @torch.no_grad()
 def encode_images(module, backend, examples: ExampleSet, batch_size: int, workers: int) -> np.ndarray:
+    """The images' embeddings; an image that does not decode is one line naming its row
+    (`UndecodableImage`), found once the DataLoader failed (no image is decoded twice)."""
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
     device = module_device(module)
     batches = _shrinking("evaluation image encode", batch_size)
-    return _to_numpy([f for b in loader for f in batches.map(
-        b["pixel_values"], lambda px: [module(pixel_values=px.to(device))[0]])])
+    feats: list[torch.Tensor] = []
+    try:
+        for b in loader:
+            feats += batches.map(b["pixel_values"], lambda px: [module(pixel_values=px.to(device))[0]])
+    except Exception:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...: re-raised unless a row is bad
+        bad = first_undecodable(examples, sum(len(f) for f in feats))
+        if bad is None:
+            raise
+        raise bad from None
+    return _to_numpy(feats)
 
 
 @torch.no_grad()
@@ -107,27 +149,8 @@ def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers
 
 
 def retrieval_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
-    sim = emb["image"] @ emb["text"].T
-    cfg = RetrievalMetricConfig(k_values=tuple(k_values), map_at_r=False, r_precision=False)
-    out: dict[str, float] = {}
-    for n, rows in enumerate([np.arange(len(data.image_ids)), *data.folds]):
-        name = "retrieval" if n == 0 else "retrieval_1k"
-        image_ids = data.image_ids[rows]
-        cols = np.flatnonzero(np.isin(data.caption_image, image_ids))
-        cap_ids, cap_image = data.caption_ids[cols], data.caption_image[cols]
-        order = np.argsort(cap_image, kind="stable")
-        owners, starts = np.unique(cap_image[order], return_index=True)
-        by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:])), strict=True))
-        i2t = {int(i): by_image.get(int(i), []) for i in image_ids}
-        t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
-        # The whole split needs no copy (5,000 x 25,000 floats is 500 MB).
-        s = sim if n == 0 else sim[np.ix_(rows, cols)]
-        for direction, matrix, pos, q, g in (("i2t", s, i2t, image_ids, data.caption_ids[cols]),
-                                             ("t2i", s.T, t2i, data.caption_ids[cols], image_ids)):
-            scores = retrieval_scores_from_similarity(matrix, pos, q, g, cfg)
-            for k, v in scores.recall_at_k.items():
-                out.setdefault(f"{name}/{direction}_R@{k}", []).append(v)
-    return {k: float(np.mean(v)) for k, v in out.items()}
+    """R@K both ways, whole split and COCO 1K folds (training/unit_scores.py, per image)."""
+    return {name: u.value() for name, u in retrieval_units(emb, data, k_values).items()}
 
 
 def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
@@ -179,11 +202,13 @@ def original_rows(query_image_ids: np.ndarray, image_ids: np.ndarray) -> np.ndar
     return np.asarray([row.get(int(i), -1) for i in query_image_ids], dtype=np.int64)
 
 
-def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData) -> dict[str, float]:
-    """PN per removed class (see the module docstring). `original_images`: the retrieval split's
-    image embeddings, in which query q's x is row `rows[q]` (`original_rows`; -1: skipped)."""
+def necessity_values(original_images: np.ndarray, rows: np.ndarray, emb,
+                     data: EvalData) -> list[tuple[int, str, float]]:
+    """(query, removed class, PN) of every caption of a query that mentions a class it removed
+    (see the module docstring). `original_images`: the retrieval split's image embeddings, in
+    which query q's x is row `rows[q]` (`original_rows`; -1: skipped)."""
     text_row = {int(c): i for i, c in enumerate(data.gallery_ids)}
-    per_class: dict[str, list[float]] = {}
+    out = []
     for q, removed in enumerate(data.removed):
         if rows[q] < 0:
             continue
@@ -193,11 +218,19 @@ def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData
                 continue
             s_x = (original_images[rows[q]] @ emb["gallery_text"][t] + 1) / 2
             s_xp = (emb["query_image"][q] @ emb["gallery_text"][t] + 1) / 2
-            for c in set(removed) & set(data.gallery_mentions[t]):
-                per_class.setdefault(c, []).append(float((s_x - s_xp) / s_x))
+            out += [(q, c, float((s_x - s_xp) / s_x)) for c in sorted(set(removed) & set(data.gallery_mentions[t]))]
+    return out
+
+
+def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData) -> dict[str, float]:
+    """PN per removed class and its mean over every value (`necessity_values`)."""
+    values = necessity_values(original_images, rows, emb, data)
+    per_class: dict[str, list[float]] = {}
+    for _, c, v in values:
+        per_class.setdefault(c, []).append(v)
     out = {f"necessity/PN_{c}": float(np.mean(v)) for c, v in sorted(per_class.items())}
-    if per_class:
-        out["necessity/PN_mean"] = float(np.mean([v for vs in per_class.values() for v in vs]))
+    if values:
+        out["necessity/PN_mean"] = float(np.mean([v for _, _, v in values]))
     return out
 
 
@@ -209,12 +242,13 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
         c0, c1 = emb["cf_text"][0::2], emb["cf_text"][1::2]
         args.update(g_cc_ics=(c1 * i1).sum(1), g_cc_ios=(c1 * i0).sum(1), g_co_ics=(c0 * i1).sum(1))
     if "image" in emb and len(data.image_ids) > 1:
-        # Real pair (C_o, I_o) = image i with its first caption; (C_r, I_r) = image i + 1's.
+        # Real pair (C_o, I_o) = image i with its first caption; (C_r, I_r) = a random other
+        # image's (a seeded derangement: never itself, the same pairs for every model).
         first = np.unique(data.caption_image, return_index=True)[1]
         order = np.argsort(np.argsort(data.image_ids))  # image row -> rank of its id
         img = emb["image"]
         cap = emb["text"][first][order]
-        r = np.roll(np.arange(len(img)), -1)
+        r = random_derangement(len(img), PAIR_SEED)
         args.update(g_cr_ir=(cap[r] * img[r]).sum(1), g_cr_io=(cap[r] * img).sum(1), g_co_ir=(cap * img[r]).sum(1))
     return args
 
@@ -260,6 +294,32 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, em
     return out
 
 
+def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = True) -> dict[str, UnitScores]:
+    """Every metric of `data` that has units (training/unit_scores.py), from the embeddings
+    `evaluate_model` saved (without the COCO retrieval's when `retrieval` is False: the caller
+    ranked them already)."""
+    out: dict[str, UnitScores] = {}
+    if "image" in emb and retrieval:
+        out.update(retrieval_units(emb, data, k_values))
+    if "query_image" in emb:
+        out.update(odmap_units(odmap_result(emb, data, k_values), data.removed))
+        if "image" in emb:
+            rows = original_rows(data.query_image_ids, data.image_ids)
+            out.update(necessity_units(necessity_values(emb["image"], rows, emb, data), len(rows)))
+    scores = itm_inputs(emb, data)
+    if scores:
+        out.update(delta_units(scores))
+    if data.flickr30k is not None and "flickr30k_image" in emb:
+        flickr = {"image": emb["flickr30k_image"], "text": emb["flickr30k_text"]}
+        out.update({k.replace("retrieval", "flickr30k", 1): v for k, v in
+                    retrieval_units(flickr, data.flickr30k, k_values, units="flickr30k images").items()})
+    for z in data.zeroshot:
+        if f"zeroshot_{z.name}_image" in emb:
+            out.update(zeroshot_units(z.name, emb[f"zeroshot_{z.name}_image"],
+                                      emb[f"zeroshot_{z.name}_class"], z.labels))
+    return out
+
+
 @torch.no_grad()
 def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int,
                     loss: str = "clip") -> float:
@@ -276,15 +336,20 @@ def validation_loss(module, backend, examples: ExampleSet, batch_size: int, work
     return float(np.average(losses, weights=sizes)) if losses else float("nan")
 
 
-def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: Path | None = None) -> dict[str, float]:
-    """All metrics of `data`; with `save_to`, also write the embeddings there."""
+def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: Path | None = None,
+                   units: dict | None = None) -> dict[str, float]:
+    """All metrics of `data`; with `save_to`, also write the embeddings there; with `units`, also
+    fill it with each metric's per-unit scores (training/unit_scores.py: what the intervals
+    resample)."""
     was_training = module.training
     module.eval()
     bs, workers = cfg.run.eval_batch_size, cfg.data.num_workers
     emb = compute_embeddings(module, backend, data, bs, workers)
     metrics: dict[str, float] = {}
+    per_image = {}
     if "image" in emb:
-        metrics.update(retrieval_metrics(emb, data, cfg.run.k_values))
+        per_image = retrieval_units(emb, data, cfg.run.k_values)  # ranked once, for both
+        metrics.update({name: u.value() for name, u in per_image.items()})
         if cfg.run.eccv:
             metrics.update(eccv_metrics(emb, data))
     if "query_image" in emb:
@@ -300,6 +365,8 @@ def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: P
     metrics.update(zeroshot_and_flickr30k(module, backend, data, cfg, emb))
     if data.validation is not None and len(data.validation):
         metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers, cfg.optim.loss)
+    if units is not None:
+        units.update({**per_image, **unit_scores(emb, data, cfg.run.k_values, retrieval=False)})
     if save_to is not None:
         np.savez(save_to, **emb, **{f"itm_{k}": v for k, v in itm_args.items()})
     module.train(was_training)

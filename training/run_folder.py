@@ -1,7 +1,8 @@
 """The run folder (`--output`): a run never silently replaces or continues another one.
 
 What a run writes there: `run.json`, `loss.jsonl`, `metrics.jsonl`, `metrics.md`,
-`embeddings.npz`, `final/` (the files `final_manifest.json` lists) and `final_manifest.json`,
+`embeddings.npz`, the base model's `before.json` and `embeddings_before.npz`
+(training/before_after.py), `final/` (the files `final_manifest.json` lists) and `final_manifest.json`,
 `best/` (--best-by-val-loss), `checkpoints/step-N/` (training/checkpoint_files.py), `logs/` (the
 trackers), `final.tmp/` and `*.tmp` (interrupted writes), and `.parts/` (the lock,
 builders/engine/sharding/output_guard.py).
@@ -30,6 +31,7 @@ from pathlib import Path
 from builders.engine.errors import OutputError, UserFacingError
 from builders.engine.sharding.build_files import folder_contents
 from builders.engine.sharding.layout import PARTS_DIR
+from training.before_after import BEFORE_EMBEDDINGS, BEFORE_METRICS
 from training.checkpoint import STATE_FILE, check_same_training, find_checkpoint, read_fingerprint
 from training.checkpoint_files import CHECKPOINT_FILES, RNG
 from training.config import TrainConfig, training_fingerprint
@@ -38,7 +40,8 @@ from training.final_files import MANIFEST, listed_files
 log = logging.getLogger(__name__)
 
 #: Files the trainer writes at the top of --output.
-RUN_FILES = {"run.json", "loss.jsonl", "metrics.jsonl", "metrics.md", "embeddings.npz", MANIFEST}
+RUN_FILES = {"run.json", "loss.jsonl", "metrics.jsonl", "metrics.md", "embeddings.npz", BEFORE_METRICS,
+             BEFORE_EMBEDDINGS, MANIFEST}
 #: Folders whose whole contents are the run's (a backend's saved model, the trackers' logs, the
 #: staging of final/).
 RUN_FOLDERS = {"best", "logs", "final.tmp"}

@@ -10,9 +10,12 @@ data seeds 108-132, Le et al. 2023 §5.1).
 (`cf:real` is the paper's real-only baseline: the same real rows without the synthetic pairs.)
 
 Each seed trains into OUTPUT/seed-N (a seed whose run finished is not re-run, and an
-interrupted one continues with `--resume latest`, refused if its flags differ). OUTPUT/summary.json holds the final metrics of every seed finished under OUTPUT;
-summary.md the table (mean ± std, and with `--baseline` the baseline's mean ± std and the
-one-tailed p-value of "better than the baseline": higher, or lower for the metrics of
+interrupted one continues with `--resume latest`, refused if its flags differ). OUTPUT/summary.json
+holds the final metrics of every seed finished under OUTPUT;
+summary.md the table (mean ± std; the gain of finetuning, each seed's final value minus its base
+model's before step 1 (run.json's `before_after`), as mean ± std over seeds with the two-sided
+p-value of a paired t-test across seeds (after vs before); with `--baseline` the baseline's mean ±
+std and the one-tailed p-value of "better than the baseline": higher, or lower for the metrics of
 `LOWER_IS_BETTER`; a metric of an evaluation set that overlapped training in any seed,
 `--allow-eval-overlap`, is marked as in metrics.md); summary.png one panel per metric. `--summarize-only` (no `--seeds` needed)
 rewrites these from the seeds finished so far.
@@ -87,6 +90,27 @@ def run_seeds(seeds: list[int], output: Path, train_args: list[str], data_seed_o
         run(config_from_args(build_parser().parse_args(args)))
 
 
+def collect_gains(output: Path) -> dict[str, dict[str, float]]:
+    """seed folder name -> metric -> final minus before step 1, of every finished seed whose
+    run evaluated its base model (run.json's `before_after`)."""
+    out = {}
+    for run_json in sorted(output.glob("seed-*/run.json")):
+        record = json.loads(run_json.read_text())
+        if "final_metrics" in record and record.get("before_after"):
+            out[run_json.parent.name] = {k: v["difference"] for k, v in record["before_after"].items()}
+    return out
+
+
+def paired_gain_pvalue(gains: np.ndarray) -> float:
+    """Two-sided p-value of the paired t-test of after vs before across seeds (the gains' mean is
+    0 under the null); NaN with fewer than 2 seeds."""
+    from scipy import stats
+
+    if len(gains) < 2:
+        return float("nan")
+    return float(stats.ttest_1samp(gains, 0.0).pvalue)
+
+
 def collect(output: Path) -> dict[str, dict[str, float]]:
     """seed folder name -> final metrics of every finished seed under `output`."""
     out = {}
@@ -111,6 +135,7 @@ def welch_one_tailed(a: np.ndarray, b: np.ndarray, greater: bool) -> float:
 
 def summarize(output: Path, baseline: Path | None = None) -> dict:
     runs = collect(output)
+    gains = collect_gains(output)
     base = collect(baseline) if baseline else None
     names = sorted(set.intersection(*(set(m) for m in runs.values())))
     rows = []
@@ -118,6 +143,10 @@ def summarize(output: Path, baseline: Path | None = None) -> dict:
         values = np.array([m[name] for m in runs.values()], dtype=float)
         row = {"metric": name, "n": len(values), "mean": float(values.mean()),
                "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+        if gains and all(name in g for g in gains.values()):
+            g = np.array([gs[name] for gs in gains.values()], dtype=float)
+            row.update(gain_n=len(g), gain_mean=float(g.mean()),
+                       gain_std=float(g.std(ddof=1)) if len(g) > 1 else 0.0, gain_p=paired_gain_pvalue(g))
         if base is not None and all(name in m for m in base.values()):
             b = np.array([m[name] for m in base.values()], dtype=float)
             greater = higher_is_better(name)
@@ -126,7 +155,7 @@ def summarize(output: Path, baseline: Path | None = None) -> dict:
                        alternative="greater" if greater else "less",
                        p_value=welch_one_tailed(values, b, greater=greater))
         rows.append(row)
-    summary = {"runs": runs, "baseline_runs": base, "metrics": rows}
+    summary = {"runs": runs, "gains": gains, "baseline_runs": base, "metrics": rows}
     (output / "summary.json").write_text(json.dumps(summary, indent=1))
     (output / "summary.md").write_text(_markdown(rows, base is not None,
                                                  _overlap(output) | (_overlap(baseline) if baseline else {})))
@@ -150,11 +179,16 @@ def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | 
     from training.report.markdown import plain  # metric names come from data: plain text
 
     shown = list(mark_overlapping({r["metric"]: 0.0 for r in rows}, overlap or {}))
-    head = "| metric | n | mean ± std |" + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
-    sep = "|---|---|---|" + ("---|---|---|" if with_baseline else "")
+    with_gain = any("gain_mean" in r for r in rows)
+    head = "| metric | n | mean ± std |" + (" gain (after - before) mean ± std | paired p |" if with_gain else "") \
+        + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
+    sep = "|---|---|---|" + ("---|---|" if with_gain else "") + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
     for r, name in zip(rows, shown, strict=True):
         line = f"| {plain(name)} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
+        if with_gain:
+            line += (f" {r['gain_mean']:+.4f} ± {r['gain_std']:.4f} | {r['gain_p']:.4g} |" if "gain_mean" in r
+                     else " - | - |")
         if with_baseline:
             h1 = "run > baseline" if r.get("alternative") == "greater" else "run < baseline"
             line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {h1} | {r['p_value']:.4g} |"

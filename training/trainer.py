@@ -30,6 +30,7 @@ from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
 from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
+from training.before_after import BEFORE_EMBEDDINGS, before_after_table, final_statistics, write_before
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
                                  push_to_hub, save_checkpoint, write_model_card)
@@ -200,6 +201,8 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
         return evaluate_only(cfg, accelerator, backend, record, output)
 
     s = setup(cfg, accelerator, backend, record, output)
+    if s.state.step == 0:  # a resumed run has its base model's numbers in before.json
+        evaluate_base(s)
     while s.state.step < s.total and s.state.epoch < cfg.optim.epochs:
         train_one_epoch(s)
         if s.state.batch >= s.steps_per_epoch * cfg.optim.grad_accum:
@@ -220,8 +223,10 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     metrics = {}
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
-        metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz")
+        units: dict = {}
+        metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz", units)
         _log_metrics(accelerator, "final", metrics, 0)
+        record.update(final_statistics(output, data, cfg, metrics, units, trained=False))
         _write_results(output, published_record(record, cfg, output),
                        [{"step": 0, "final": True, **metrics}], metrics)
     accelerator.wait_for_everyone()
@@ -341,14 +346,26 @@ def _accumulate_gradients(s: Session, batches) -> float:
     return accumulate_gradients(s.model, micro, s.accelerator, s.cfg.optim.loss)
 
 
-def evaluate(s: Session, final: bool = False) -> dict[str, float]:
+def evaluate_base(s: Session) -> None:
+    """The base model on every configured evaluation before step 1 (`before.json`), its
+    embeddings saved for the before -> after intervals (training/before_after.py). The RNG is
+    forked: the training that follows is the one it would be without this evaluation."""
+    if s.accelerator.is_main_process:
+        with torch.random.fork_rng(devices=[]):  # a DataLoader iterator draws its base seed
+            write_before(s.output, evaluate_model(s.unwrapped, s.backend, s.data, s.cfg,
+                                                  s.output / BEFORE_EMBEDDINGS))
+    s.accelerator.wait_for_everyone()
+
+
+def evaluate(s: Session, final: bool = False, units: dict | None = None) -> dict[str, float]:
     """Our metrics on the main process (the others wait), appended to metrics.jsonl; keeps the
-    best model by validation loss with --best-by-val-loss. The final one saves the embeddings."""
+    best model by validation loss with --best-by-val-loss. The final one saves the embeddings
+    (and fills `units` with the per-unit scores of its intervals)."""
     cfg, state, output = s.cfg, s.state, s.output
     metrics: dict[str, float] = {}
     if s.accelerator.is_main_process:
         metrics = evaluate_model(s.unwrapped, s.backend, s.data, cfg,
-                                 output / "embeddings.npz" if final else None)
+                                 output / "embeddings.npz" if final else None, units)
         s.evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
         _write_jsonl(output / "metrics.jsonl", s.evals)
         _log_metrics(s.accelerator, "final" if final else "eval", metrics, state.step)
@@ -376,8 +393,10 @@ def finish(s: Session) -> dict[str, float]:
             s.unwrapped = best.to(accelerator.device)
         else:
             s.backend.save(s.unwrapped, staged)
-    metrics = evaluate(s, final=True)
+    units: dict = {}
+    metrics = evaluate(s, final=True, units=units)
     if accelerator.is_main_process:
+        s.record.update(final_statistics(output, s.data, cfg, metrics, units))
         write_model_card(staged, published_record(s.record, cfg, output),
                          mark_overlapping(metrics, s.record.get("eval_overlap", {})))
         install(staged, output)
@@ -426,5 +445,9 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def _write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
     _write_jsonl(output / "metrics.jsonl", evals)
-    (output / "metrics.md").write_text(metric_table(mark_overlapping(final, record.get("eval_overlap", {}))))
+    intervals = {k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}
+    change = before_after_table(record.get("before_after") or {})
+    (output / "metrics.md").write_text(
+        metric_table(mark_overlapping(final, record.get("eval_overlap", {})), intervals)
+        + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""))
     (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))

@@ -17,16 +17,20 @@ def _benchmark(args: argparse.Namespace) -> int:
     from training.report.run import BenchmarkConfig, run_benchmark
 
     models = list(args.model or [])
+    blind_lm = args.blind_lm
     if args.models == "tiny":
         from builders.models.profiles import tiny_profile
 
         profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
         models += [profile.clip, profile.open_clip]
+        blind_lm = blind_lm or profile.lm
     cfg = BenchmarkConfig(models=models, output=args.output, eval_batch_size=args.eval_batch_size,
                           num_workers=args.num_workers, cache_dir=args.cache_dir,
                           push_to_hub=args.push_to_hub, revision_tag=args.revision_tag,
                           coco_instances=args.coco_instances,
                           trust_pickled_weights=args.trust_pickled_weights,
+                          bootstrap=args.bootstrap, seed=args.seed, baseline=args.baseline,
+                          blind_lm=blind_lm, blind_sentence_model=args.blind_sentence_model,
                           sources={"coco": args.coco, "decorrelation": args.decorrelation,
                                    "counterfactuals": args.counterfactuals})
     records = run_benchmark(cfg)
@@ -67,5 +71,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision-tag", default=None, help="with --push-to-hub: tag the pushed state")
     p.add_argument("--eval-batch-size", type=positive_int, default=64, help="encoding batch size")
     p.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers decoding images")
+    p.add_argument("--bootstrap", type=non_negative_int, default=1000, metavar="N",
+                   help="resamples of each metric's units (images, queries, pairs) for its 95%% "
+                        "interval and the paired tests between models (default 1000; 0: none)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the resamples and of the paired tests (default 0): the same seed "
+                        "gives the same intervals")
+    p.add_argument("--baseline", default=None, metavar="MODEL",
+                   help="compare every model with this one (a --model, or one more model scored "
+                        "first): differences, paired intervals and Holm-corrected p-values")
+    p.add_argument("--blind-lm", default=None, metavar="MODEL",
+                   help="with --counterfactuals: the causal LM of the blind text-only baseline, which "
+                        "scores each caption alone (default: the builder's openai-community/gpt2-large; "
+                        "the tiny LM with --models tiny; none: no blind baseline)")
+    p.add_argument("--blind-sentence-model", default=None, metavar="MODEL",
+                   help="the sentence model of the blind baseline (default: the shipped all-MiniLM-L6-v2)")
     p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_benchmark)

@@ -121,6 +121,34 @@ class CaptionModels:
                    getattr(cfg, "n_positions", None) or cfg.max_position_embeddings)
 
 
+def lm_perplexities(lm, tok, sentences: Sequence[str], batch: int, limit: int) -> list[float]:
+    """`exp(mean token NLL)` per sentence (no BOS) under the causal LM `lm`, from padded batches
+    of `batch`; NaN when a sentence has fewer than 2 LM tokens or more than `limit` (it cannot
+    be scored). The caption stage's perplexity filter, and the model report's blind baseline."""
+    encoded = [tok(s).input_ids for s in sentences]
+    out = [math.nan] * len(sentences)
+    todo = [k for k, ids in enumerate(encoded) if 2 <= len(ids) <= limit]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    for start in range(0, len(todo), max(1, batch)):
+        chunk = todo[start:start + max(1, batch)]
+        width = max(len(encoded[k]) for k in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, k in enumerate(chunk):  # right padding: real tokens keep positions 0..n-1
+            ids[row, :len(encoded[k])] = torch.tensor(encoded[k])
+            mask[row, :len(encoded[k])] = 1
+        with torch.inference_mode():
+            ids, mask = ids.to(lm.device), mask.to(lm.device)
+            logits = lm(input_ids=ids, attention_mask=mask).logits.float()
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        target = mask[:, 1:].float()
+        mean = (nll * target).sum(1) / target.sum(1)
+        for row, k in enumerate(chunk):
+            out[k] = math.exp(mean[row].item())
+    return out
+
+
 class NounRelations(Protocol):
     def related(self, word: str, other: str) -> bool:
         """True when one noun is a hyponym, hypernym or synonym of the other."""
@@ -372,31 +400,9 @@ class CaptionStage:
         return self.config.sim_low < sim <= self.config.sim_high
 
     def perplexities(self, sentences: Sequence[str]) -> list[float]:
-        """`exp(mean token NLL)` per sentence (no BOS), from padded LM batches; NaN when a
-        sentence has fewer than 2 LM tokens or more than the LM accepts (it cannot be scored)."""
-        tok, lm = self.models.lm_tokenizer, self.models.lm
-        encoded = [tok(s).input_ids for s in sentences]
-        out = [math.nan] * len(sentences)
-        todo = [k for k, ids in enumerate(encoded) if 2 <= len(ids) <= self.models.lm_limit()]
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        for start in range(0, len(todo), max(1, self.config.lm_batch)):
-            chunk = todo[start:start + self.config.lm_batch]
-            width = max(len(encoded[k]) for k in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, k in enumerate(chunk):  # right padding: real tokens keep positions 0..n-1
-                ids[row, :len(encoded[k])] = torch.tensor(encoded[k])
-                mask[row, :len(encoded[k])] = 1
-            with torch.inference_mode():
-                ids, mask = ids.to(lm.device), mask.to(lm.device)
-                logits = lm(input_ids=ids, attention_mask=mask).logits.float()
-            nll = torch.nn.functional.cross_entropy(
-                logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
-            target = mask[:, 1:].float()
-            mean = (nll * target).sum(1) / target.sum(1)
-            for row, k in enumerate(chunk):
-                out[k] = math.exp(mean[row].item())
-        return out
+        """`lm_perplexities` of the stage's LM."""
+        return lm_perplexities(self.models.lm, self.models.lm_tokenizer, sentences,
+                               self.config.lm_batch, self.models.lm_limit())
 
     def _run_batch(self, texts: Sequence[str]) -> list[CounterfactualCaption | str]:
         prepared = [self._prepare(t) for t in texts]

@@ -32,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from builders.engine.contained_paths import ContainedPaths, PathOutsideRoot
-from builders.engine.errors import InputFileError
+from builders.engine.errors import InputFileError, UserFacingError
 
 # How `datasets` (>= 4) starts the error for a dataset that is a loading script.
 _SCRIPT_ERROR = "Dataset scripts are no longer supported"
@@ -76,6 +76,29 @@ def open_split(name: str, config: str | None, split: str, *, flag: str = "--data
             if cannot_load is None:
                 raise
             raise cannot_load(err) from err
+        except datasets.exceptions.DatasetGenerationError as err:
+            # A truncated or corrupted shard: the error names no file, so each one is checked.
+            raise unreadable_shard(name, config, split, flag, err) from None
+
+
+def unreadable_shard(name: str, config: str | None, split: str, flag: str, err: Exception) -> Exception:
+    """One line naming the data file of `split` that pyarrow cannot read (a truncated or
+    corrupted shard of a local folder), or the dataset and split when no single file is at fault."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cause = err.__cause__ or err
+    problem = " ".join(str(cause).split())[:200]
+    for path in (local_data_files(name, config) or {}).get(split, []):
+        try:
+            pq.ParquetFile(path).read()
+        except (pa.ArrowException, OSError, ValueError) as bad:
+            detail = " ".join(str(bad).split())[:200]
+            return InputFileError(path, f"not a readable parquet shard of {name} ({detail})",
+                                  "the file is truncated or corrupted: rebuild the dataset or "
+                                  "re-download that shard")
+    return UserFacingError(f"{flag} {name} (config {config!r}, split {split!r}): cannot read its data "
+                           f"({type(cause).__name__}: {problem}); rebuild or re-download it")
 
 
 def local_data_files(name: str, config: str | None) -> dict[str, list[Path]] | None:

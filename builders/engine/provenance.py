@@ -2,6 +2,10 @@
 
 - `git_state()`: the commit of the counterfactory checkout that ran the build, and whether its
   tracked files had uncommitted changes (None outside a git checkout, e.g. a wheel install).
+- `code_version()`: that commit as one string, `git:COMMIT` or `git:COMMIT+dirty`; in an
+  installed wheel (no checkout) the version and a digest of the installed package files,
+  `VERSION+sha256:DIGEST`. `source_digest(module)`: a module's (or package's) own files.
+  Caches and de-duplication keys use both, so a bug fix in a metric changes them.
 - `model_name(spec)`: the one name every record (data rows, manifest, card, the trainer's
   run.json and model card, the MITL files) gives a model passed as `spec` (a flag value). What
   decides is what the spec resolves to, not how it is spelled:
@@ -21,7 +25,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -55,11 +61,50 @@ def git_state(root: Path = _PACKAGE_ROOT) -> dict[str, Any]:
             return None
         return proc.stdout.strip() if proc.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
+    # Only the checkout that is the package itself: a wheel installed into a virtualenv that
+    # lies inside some other git work tree must not report that tree's commit.
+    top = git("rev-parse", "--show-toplevel")
+    commit = git("rev-parse", "HEAD") if top and Path(top).resolve() == root.resolve() else None
     if commit is None:
         return {"commit": None, "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+#: The packages of the counterfactory distribution (pyproject's packages, top level).
+_PACKAGES = ("builders", "counterfactory_metrics", "dataset_cards", "loading_scripts", "training")
+
+
+@functools.cache
+def code_version() -> str:
+    """`git:COMMIT` (`+dirty` when tracked files had uncommitted changes) in a checkout; in an
+    installed wheel `VERSION+sha256:DIGEST` of its installed package files (module docstring)."""
+    state = git_state()
+    if state["commit"] is not None:
+        return f"git:{state['commit']}" + ("+dirty" if state["dirty"] else "")
+    from builders import __version__
+
+    digests = [source_digest(name) for name in _PACKAGES if importlib.util.find_spec(name)]
+    return f"{__version__}+sha256:{hashlib.sha256(''.join(digests).encode()).hexdigest()[:16]}"
+
+
+@functools.cache
+def source_digest(module: str) -> str:
+    """`sha256:` of a module's source file, or of every `.py`, `.md` and `.txt` file of a package
+    (names and contents), found without running the module (its parent packages are imported)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not (spec.origin or spec.submodule_search_locations):
+        raise ValueError(f"no module {module!r}")
+    # A package's folder (also a namespace package's, which has no origin), else the file.
+    locations = list(spec.submodule_search_locations or [])
+    root = Path(locations[0]) if locations else Path(spec.origin)
+    files = sorted(p for p in root.rglob("*") if p.suffix in {".py", ".md", ".txt"}
+                   and "__pycache__" not in p.parts) if root.is_dir() else [root]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(root).as_posix() if f != root else f.name}\0".encode())
+        h.update(f.read_bytes())
+    return f"sha256:{h.hexdigest()[:16]}"
 
 
 def content_digest(path: Path) -> str:

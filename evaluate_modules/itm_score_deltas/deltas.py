@@ -16,6 +16,10 @@ groups can be evaluated separately (and may have different lengths).
 Statistics per delta: mean, median, std (population, ddof=0), frac_below_zero (strictly < 0) and
 count. `plot_histograms` draws the four distributions like the paper's Figure 3.
 
+`random_derangement(n, seed)` pairs each of n real pairs with "a random other pair" as the paper
+says: a permutation drawn uniformly among those with no fixed point (row i is never paired with
+itself), the same for the same seed (counterfactory's evaluation uses `PAIR_SEED`).
+
 Example:
     >>> deltas = itm_deltas(g_cr_ir=[0.9, 0.8], g_cr_io=[0.1, 0.2], g_co_ir=[0.3, 0.9])
     >>> sorted(deltas)
@@ -45,6 +49,7 @@ __all__ = [
     "itm_deltas",
     "itm_score_deltas",
     "plot_histograms",
+    "random_derangement",
 ]
 
 #: delta name -> (correct-pair score argument, alternative-pair score argument)
@@ -66,6 +71,23 @@ _FORMULAS = {
     "IR_c": "G(C_c, I_c^s) - G(C_c, I_o^s)",
     "TR_c": "G(C_c, I_c^s) - G(C_o, I_c^s)",
 }
+
+
+#: The seed of the random other pairs of IR_r / TR_r in counterfactory's evaluation (recorded
+#: with the numbers): the same pairs for every model, so their deltas compare.
+PAIR_SEED = 0
+
+
+def random_derangement(n: int, seed: int = PAIR_SEED) -> np.ndarray:
+    """A uniformly random permutation of 0..n-1 without fixed points (n >= 2): permutations are
+    drawn from `numpy.random.default_rng(seed)` until one has none (about e draws on average)."""
+    if n < 2:
+        raise ValueError(f"a derangement needs at least 2 items, got {n}")
+    rng = np.random.default_rng(seed)
+    while True:
+        perm = rng.permutation(n)
+        if not (perm == np.arange(n)).any():
+            return perm
 
 
 @dataclass(frozen=True)

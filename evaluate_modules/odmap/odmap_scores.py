@@ -413,6 +413,13 @@ def _draw_per_class(per_class: dict[str, dict[int, float]], out: Path, title: st
     for j, k in enumerate(ks):
         ax.bar(x + (j - (len(ks) - 1) / 2) * width, [per_class[c].get(k, np.nan) for c in classes],
                width, label=f"ODmAP@{k}")
+    values = np.array([[per_class[c].get(k, np.nan) for k in ks] for c in classes], dtype=float)
+    if not np.nan_to_num(values).any():
+        # Zero-height bars draw nothing: mark each value and say so, rather than empty axes.
+        for j in range(len(ks)):
+            ax.plot(x + (j - (len(ks) - 1) / 2) * width, np.zeros(len(classes)), "_", markersize=10,
+                    color=f"C{j}")
+        ax.text(0.5, 0.5, "ODmAP@k is 0 for every class", transform=ax.transAxes, ha="center")
     ax.set_xticks(x, classes, rotation=60, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("ODmAP@k")

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.engine.provenance import model_name
+from builders.engine.provenance import code_version, model_name, source_digest
 from builders.engine.sharding.build_files import file_sha256
 from training.evaluation import itm_inputs
-from training.report.results import code_version
+from training.report.results import EVALUATION_MODULES
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +32,17 @@ def cache_key(digest: str, preprocessing: str, ds) -> dict:
     """What the cached numbers depend on: the weights and the preprocessing that feeds them (two
     folders with the same weights may resize or tokenize differently), every table read (a local
     build named by its contents, a Hub one by the commit its revision resolved to), the metric
-    code and the evaluation settings that change a number (batch size and workers do not)."""
+    code (the code version: git commit and dirty flag, or version and installed-files digest; and
+    each evaluation module's own file digest, which a fix in a dirty tree changes too) and the
+    evaluation settings that change a number (batch size and workers do not)."""
     tables = [[model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows]
               for t in ds.tables]
     instances = ds.cfg.run.coco_instances
     return {"weights_digest": digest, "preprocessing_digest": preprocessing, "dataset": ds.name,
             "tables": tables, "k_values": list(ds.cfg.run.k_values), "eccv": bool(ds.cfg.run.eccv),
             "pm_instances": _instances_digest(instances) if instances else None,
-            "code_version": code_version()}
+            "code_version": code_version(),
+            "metric_versions": {m: source_digest(m) for m in EVALUATION_MODULES}}
 
 
 @functools.cache

@@ -7,9 +7,14 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
+from builders.engine.dataset_source import local_data_files
+from builders.engine.errors import InputFileError
 from builders.engine.provenance import model_name
 from training.config import SourceRef, TrainConfig
 from training.eval_data import EvalData, is_coco_5k, load_eval_data, read_pm_positives
+from training.evaluation import UndecodableImage
 from training.mixtures import eval_only_sets
 from training.sources import DataInputError
 
@@ -38,6 +43,27 @@ class BenchmarkDataset:
                 "dataset_commit": first.commit}
 
 
+def locate(ds: BenchmarkDataset, err: UndecodableImage) -> DataInputError:
+    """`err` as one line naming the flag, the shard file (of a local build) and its row there."""
+    config, split = {"decorrelation": ("odmap_queries", "test"),
+                     "counterfactual": ("default", ds.cfg.data.counterfactuals_split)}.get(
+        err.origin, ("default", ds.cfg.data.real_test_split))
+    where = f"{ds.source.path} (config {config!r}, split {split!r}) row {err.row}"
+    try:
+        files = (local_data_files(ds.source.path, config) or {}).get(split, [])
+    except (OSError, ValueError):
+        files = []
+    start = 0
+    for path in files:
+        rows = pq.ParquetFile(path).metadata.num_rows
+        if err.row < start + rows:
+            where = f"{path} row {err.row - start}"
+            break
+        start += rows
+    return DataInputError(f"--{ds.name} {where}, column {err.column!r}: the image cannot be decoded "
+                          f"({err.problem}); rebuild the dataset or re-download that shard")
+
+
 def parse_source(flag: str, text: str) -> SourceRef:
     """`REPO_OR_DIR[@REVISION]`. An existing folder is a folder, also when its name has an `@`
     (`builds/dec@v2`): a Hub id cannot hold one, so only a text that is no local path is split."""
@@ -63,7 +89,7 @@ def open_dataset(name: str, source: SourceRef, eval_batch_size: int = 64, num_wo
         data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
         if name == "coco":
             _with_eccv_suite(cfg, data, source, coco_instances)
-    except DataInputError as err:
+    except (DataInputError, InputFileError) as err:  # a shard pyarrow cannot read: InputFileError
         raise DataInputError(f"--{name}: {err}") from None
     return BenchmarkDataset(name, source, cfg, data, held.records + data.records)
 

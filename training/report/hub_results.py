@@ -2,10 +2,14 @@
 the Hub that `load_dataset("ORG/NAME")` reads without a script (parquet under data/, README.md
 YAML `configs:`), with a card rendering the comparison table of every row in the repo.
 
-One row per record; `metrics` is a JSON string (every task names other metrics, and one column
-type lets every push's file share one schema). A record is identified by `KEY_FIELDS`: pushing a
-record already there adds nothing (no commit when nothing is new), a new model adds only its rows,
-each push as its own parquet file, so earlier rows are never rewritten."""
+One row per record; `metrics` and the intervals' `ci_low`, `ci_high`, `n_units` are JSON strings
+(every task names other metrics, and one column type lets every push's file share one schema).
+A record is identified by `KEY_FIELDS` (its metric module's file digest and the code version
+among them): pushing a record already there adds nothing (no commit when nothing is new), a new
+model adds only its rows, each push as its own parquet file, so earlier rows are never rewritten.
+Files pushed by a version before the intervals (`OLD_COLUMNS`) still load: their rows are read
+with null intervals, and the push that adds the first new file rewrites them with the new
+columns (values unchanged, intervals null), so `load_dataset` reads one schema."""
 
 from __future__ import annotations
 
@@ -16,15 +20,20 @@ import logging
 
 from builders.engine.errors import PublishError
 from builders.publishing.hub_client import check_repo_id, hub_errors, retrying, use_endpoint
-from training.report.markdown import comparison_table, plain
+from training.report.markdown import BLIND, blind_lines, comparison_table, plain
 
 log = logging.getLogger(__name__)
 
 KEY_FIELDS = ("model", "weights_digest", "dataset", "dataset_source", "dataset_commit", "task",
-              "metric", "metric_version")
-COLUMNS = ("dataset", "model", "pretrained", "backend", "weights_digest", "task", "metrics",
-           "dataset_source", "dataset_revision", "dataset_commit", "metric", "metric_version",
-           "code_version", "key")
+              "metric", "metric_version", "code_version", "bootstrap", "seed")
+#: The columns of the files pushed before the intervals: still read.
+OLD_COLUMNS = ("dataset", "model", "pretrained", "backend", "weights_digest", "task", "metrics",
+               "dataset_source", "dataset_revision", "dataset_commit", "metric", "metric_version",
+               "code_version", "key")
+COLUMNS = (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed",
+           *OLD_COLUMNS[7:])
+#: Record fields stored as JSON strings (objects keyed by metric name; numbers).
+JSON_FIELDS = ("metrics", "ci_low", "ci_high", "n_units", "bootstrap", "seed")
 RETRIES = 3
 
 
@@ -34,9 +43,16 @@ def record_key(record: dict) -> str:
 
 def to_row(record: dict) -> dict:
     row = {c: record.get(c) for c in COLUMNS}
-    row["metrics"] = json.dumps(record["metrics"], sort_keys=True, allow_nan=False)
+    for name in JSON_FIELDS:
+        if name in record:
+            row[name] = json.dumps(record[name], sort_keys=True, allow_nan=False)
     row["key"] = record_key(record)
     return row
+
+
+def to_record(row: dict) -> dict:
+    """A row as a record (`to_row` inverted; a row of an older version has no intervals)."""
+    return {**row, **{name: json.loads(row[name]) for name in JSON_FIELDS if row.get(name) is not None}}
 
 
 def _parquet(rows: list[dict]) -> bytes:
@@ -51,19 +67,24 @@ def _parquet(rows: list[dict]) -> bytes:
 
 
 def card(rows: list[dict], repo_id: str) -> str:
-    records = [{**r, "metrics": json.loads(r["metrics"])} for r in rows]
-    models = list(dict.fromkeys(r["model"] for r in records))
+    records = [to_record(r) for r in rows]
+    models = list(dict.fromkeys(r["model"] for r in records if r["task"] != BLIND))
     out = ["---", "configs:", "- config_name: default", "  data_files:", "  - split: train",
            "    path: data/*.parquet", "tags:", "- counterfactory", "- benchmark", "---", "",
            f"# {plain(repo_id)}", "",
            "Results of `counterfactory benchmark`: one row per model x dataset x metric module "
            "(`metrics` is a JSON object), with the weights' sha256, the dataset commit and the "
-           "metric and code versions. Best value of each column in bold (fraction below zero: "
-           "lowest; every other metric: highest).", "",
+           "metric and code versions, and each metric's 95 % bootstrap interval (`ci_low`, "
+           "`ci_high`, over `n_units` units). A best value (fraction below zero: lowest; every "
+           "other metric: highest) is bold where its interval and the runner-up's do not overlap, "
+           "and the two are marked `(tie)` where they do (the model report tests them paired); "
+           "rows without intervals (older versions) are ranked untested.", "",
            "```python", "from datasets import load_dataset", "",
            f"rows = load_dataset({repo_id!r}, split=\"train\")", "```", ""]
     for dataset in dict.fromkeys(r["dataset"] for r in records):
         out += [f"## {plain(dataset)}", "", *comparison_table(records, dataset, models), ""]
+        blind = blind_lines(records, dataset)
+        out += [*blind, ""] if blind else []
     return "\n".join(out)
 
 
@@ -79,14 +100,14 @@ def push_results(records: list[dict], repo_id: str, tag: str | None = None) -> i
     repo = dict(repo_id=repo_id, repo_type="dataset")
     with hub_errors(endpoint, repo_id, "re-run the same command (records already there are skipped)"):
         retrying(lambda: api.create_repo(**repo, exist_ok=True), RETRIES, "create_repo")
-        old = _existing_rows(api, repo)
+        old, old_files = _existing_rows(api, repo)
         known = {r["key"] for r in old}
         new = list({to_row(r)["key"]: to_row(r) for r in records if record_key(r) not in known}.values())
         tags = {t.name for t in retrying(lambda: api.list_repo_refs(**repo), RETRIES, "list_repo_refs").tags}
         if tag in tags and new:
             raise _tag_error(repo_id, tag)
         if new:
-            _commit(api, repo, repo_id, old, new)
+            _commit(api, repo, repo_id, old, new, old_files)
         if tag and tag not in tags:
             head = retrying(lambda: api.repo_info(**repo).sha, RETRIES, "repo_info")
             retrying(lambda: api.create_tag(**repo, tag=tag, revision=head), 1, "create_tag")
@@ -99,11 +120,16 @@ def _tag_error(repo_id: str, tag: str) -> PublishError:
                         "adds rows; give a new tag")
 
 
-def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict]) -> None:
+def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict],
+            old_files: dict[str, list[dict]]) -> None:
+    """One commit: the new rows' file, the old-schema files rewritten with the new columns
+    (`old_files`: path -> its rows), and the card."""
     from huggingface_hub import CommitOperationAdd
 
     name = hashlib.sha256("".join(sorted(r["key"] for r in new)).encode()).hexdigest()[:16]
     ops = [CommitOperationAdd(path_in_repo=f"data/results-{name}.parquet", path_or_fileobj=_parquet(new)),
+           *(CommitOperationAdd(path_in_repo=path, path_or_fileobj=_parquet(rows))
+             for path, rows in old_files.items()),
            CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card(old + new, repo_id).encode())]
     models = ", ".join(dict.fromkeys(r["model"] for r in new))
     retrying(lambda: api.create_commit(**repo, operations=ops,
@@ -111,15 +137,17 @@ def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict]) -> 
              1, "create_commit")
 
 
-def _existing_rows(api, repo: dict) -> list[dict]:
+def _existing_rows(api, repo: dict) -> tuple[list[dict], dict[str, list[dict]]]:
     """Every row already in the repo, each checked (`_check_row`): a push builds its card and key
-    set from them, so a file or row this tool does not write refuses the push (nothing changed)."""
+    set from them, so a file or row this tool does not write refuses the push (nothing changed);
+    and the files of the older schema (`OLD_COLUMNS`), path -> rows, to rewrite."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from huggingface_hub import hf_hub_download
 
     files = retrying(lambda: api.list_repo_files(**repo), RETRIES, "list_repo_files")
     rows: list[dict] = []
+    old_files: dict[str, list[dict]] = {}
     for path in sorted(f for f in files if f.startswith("data/") and f.endswith(".parquet")):
         local = retrying(lambda: hf_hub_download(**repo, filename=path, endpoint=api.endpoint),
                          RETRIES, f"download {path}")
@@ -128,16 +156,20 @@ def _existing_rows(api, repo: dict) -> list[dict]:
             table = pq.read_table(local)
         except (pa.ArrowException, OSError, ValueError) as err:
             raise _hostile(where, f"not a parquet file ({type(err).__name__})") from None
+        older = sorted(table.column_names) == sorted(OLD_COLUMNS)
         missing = [c for c in COLUMNS if c not in table.column_names]
         extra = [c for c in table.column_names if c not in COLUMNS]
-        if missing or extra:
+        if (missing or extra) and not older:
             # One schema for every file, or `load_dataset` cannot read the repo after this push.
             raise _hostile(where, f"no column {', '.join(map(repr, missing))}" if missing
                            else f"column {', '.join(map(repr, extra))} is not one of {', '.join(COLUMNS)}")
-        for n, row in enumerate(table.select(list(COLUMNS)).to_pylist()):
+        file_rows = [{c: row.get(c) for c in COLUMNS} for row in table.to_pylist()]
+        for n, row in enumerate(file_rows):
             _check_row(row, f"{where} row {n}")
-            rows.append(row)
-    return rows
+        rows += file_rows
+        if older:
+            old_files[path] = file_rows
+    return rows, old_files
 
 
 def _hostile(where: str, problem: str) -> PublishError:
@@ -154,12 +186,23 @@ def _check_row(row: dict, where: str) -> None:
     for column in ("key", "model", "dataset", "task", "metrics"):
         if not row[column]:
             raise _hostile(where, f"{column!r} is empty")
-    try:
-        metrics = json.loads(row["metrics"])
-    except json.JSONDecodeError:
-        raise _hostile(where, "'metrics' is not JSON") from None
-    if not isinstance(metrics, dict):
-        raise _hostile(where, f"'metrics' is a JSON {type(metrics).__name__}, not an object")
-    for name, value in metrics.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise _hostile(where, f"metric {name!r} is not a number")
+    for column in ("metrics", "ci_low", "ci_high", "n_units"):
+        if row[column] is None and column != "metrics":
+            continue  # a row of an older version: no intervals
+        try:
+            values = json.loads(row[column])
+        except json.JSONDecodeError:
+            raise _hostile(where, f"{column!r} is not JSON") from None
+        if not isinstance(values, dict):
+            raise _hostile(where, f"{column!r} is a JSON {type(values).__name__}, not an object")
+        for name, value in values.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise _hostile(where, f"{'metric' if column == 'metrics' else column} {name!r} is not a number")
+    for column in ("bootstrap", "seed"):
+        if row[column] is not None:
+            try:
+                value = json.loads(row[column])
+            except json.JSONDecodeError:
+                value = None
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _hostile(where, f"{column!r} is not an integer")

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass, field
 
 _MARKDOWN = re.compile(r"([\\`*_\[\]|~])")
+#: The task of the blind text-only baseline's records (training/report/floors.py).
+BLIND = "blind_baseline"
 
 
 def plain(text) -> str:
@@ -23,7 +26,23 @@ def higher_is_better(metric: str) -> bool:
 
 
 def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
+    if value is None:
+        return "n/a"
+    text = f"{value:.4f}"
+    return "0.0000" if text == "-0.0000" else text  # a tiny negative is no sign worth showing
+
+
+def cell(record: dict, name: str) -> str:
+    """A metric's value with its 95 % interval, `value [low, high]` (the value alone when the
+    metric has no interval: no per-unit form, --bootstrap 0, or a record of an older version)."""
+    value = _fmt(record["metrics"].get(name))
+    low, high = ((record.get(f"ci_{end}") or {}).get(name) for end in ("low", "high"))
+    return value if low is None or high is None else f"{value} [{_fmt(low)}, {_fmt(high)}]"
+
+
+def natural(text: str) -> tuple:
+    """Sort key reading digit runs as numbers: R@1, R@5, R@10 (not R@1, R@10, R@5)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text))
 
 
 def rank_models(records: list[dict], dataset: str, task: str, metric: str) -> list[str]:
@@ -36,7 +55,8 @@ def rank_models(records: list[dict], dataset: str, task: str, metric: str) -> li
 
 
 #: Too many columns for a side-by-side table (80 COCO classes x k): per model tables and charts.
-PER_MODEL_ONLY = {"odmap_per_class"}
+#: The blind baseline's text-only models have a section of their own.
+PER_MODEL_ONLY = {"odmap_per_class", BLIND}
 
 
 def _in_comparison(task: str, name: str) -> bool:
@@ -44,54 +64,150 @@ def _in_comparison(task: str, name: str) -> bool:
     return task not in PER_MODEL_ONLY and (task != "necessity" or name == "PN_mean")
 
 
-def _columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
+def comparison_columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
+    """(task, metric) of every column of `dataset`'s comparison, in natural order (R@1, R@5, R@10)."""
     cols = {(r["task"], name) for r in records if r["dataset"] == dataset for name in r["metrics"]
             if _in_comparison(r["task"], name)}
-    return sorted(cols)
+    return sorted(cols, key=lambda tn: (natural(tn[0]), natural(tn[1])))
 
 
 def model_table(records: list[dict], model: str) -> list[str]:
     lines = ["| dataset | task | metric | value |", "|---|---|---|---|"]
     for r in records:
         if r["model"] == model:
-            lines += [f"| {plain(r['dataset'])} | {plain(r['task'])} | {plain(name)} | {_fmt(v)} |"
-                      for name, v in sorted(r["metrics"].items())]
+            lines += [f"| {plain(r['dataset'])} | {plain(r['task'])} | {plain(name)} | {cell(r, name)} |"
+                      for name in sorted(r["metrics"], key=natural)]
     return lines
 
 
-def comparison_table(records: list[dict], dataset: str, models: list[str]) -> list[str]:
-    cols = _columns(records, dataset)
-    value = {(r["model"], r["task"], n): v for r in records if r["dataset"] == dataset
-             for n, v in r["metrics"].items()}
-    best = {}
-    for task, name in cols:
+def _interval_verdicts(records: list[dict], dataset: str) -> dict[tuple[str, str], tuple[str, bool]]:
+    """Without per-unit scores (the Hub card's rows): the best beats the runner-up where their
+    95 % intervals do not overlap (a stricter rule than a paired test at alpha = 0.05); values
+    without intervals (rows of older versions) are ranked untested, as before."""
+    out = {}
+    for task, name in comparison_columns(records, dataset):
         ranked = rank_models(records, dataset, task, name)
-        if ranked:
-            best[(task, name)] = value[(ranked[0], task, name)]
+        if len(ranked) < 2:
+            continue
+        rows = {r["model"]: r for r in records if r["dataset"] == dataset and r["task"] == task}
+        ends = [((rows[m].get("ci_low") or {}).get(name), (rows[m].get("ci_high") or {}).get(name)) for m in ranked[:2]]
+        if any(e is None for pair in ends for e in pair):
+            out[(task, name)] = (ranked[0], None)
+            continue
+        (low0, high0), (low1, high1) = ends
+        out[(task, name)] = (ranked[0], high1 < low0 if higher_is_better(name) else low1 > high0)
+    return out
+
+
+def comparison_table(records: list[dict], dataset: str, models: list[str],
+                     verdicts: dict[tuple[str, str], tuple[str, bool | None]] | None = None) -> list[str]:
+    """One row per model, one column per metric (`value [low, high]`). `verdicts` ((task, metric)
+    -> (best model, beats the runner-up), from the paired tests): the best value is bold where it
+    beats the runner-up, and the two are marked `(tie)` where it does not; without them, the
+    intervals decide (`_interval_verdicts`); an untested best (None) is bold, as values without
+    intervals cannot be tested."""
+    cols = comparison_columns(records, dataset)
+    verdicts = _interval_verdicts(records, dataset) if verdicts is None else verdicts
+    by_model = {(r["model"], r["task"]): r for r in records if r["dataset"] == dataset}
     lines = ["| model | " + " | ".join(plain(f"{t}/{n}") for t, n in cols) + " |",
              "|---|" + "---|" * len(cols)]
     for model in models:
         cells = []
         for task, name in cols:
-            v = value.get((model, task, name))
-            cells.append(f"**{_fmt(v)}**" if v is not None and v == best.get((task, name)) and len(models) > 1
-                         else _fmt(v))
+            r = by_model.get((model, task))
+            text = cell(r, name) if r else "n/a"
+            best, beats = verdicts.get((task, name), (None, False))
+            ranked = rank_models(records, dataset, task, name)
+            if model == best and beats is not False:
+                text = f"**{text}**"
+            elif beats is False and best is not None and model in ranked[:2]:
+                text += " (tie)"
+            cells.append(text)
         lines.append(f"| {plain(model)} | " + " | ".join(cells) + " |")
+    chance = {(r["task"], n): v for r in records if r["dataset"] == dataset for n, v in (r.get("chance") or {}).items()}
+    if any((t, n) in chance for t, n in cols):
+        lines.append("| *chance level* | " + " | ".join(_fmt(chance.get(tn)) if tn in chance else "-" for tn in cols) + " |")
     return lines
 
 
-def render_report(records: list[dict]) -> str:
-    models = list(dict.fromkeys(r["model"] for r in records))
+BLIND_MEANING = ("How often a text-only model, which never sees the image, prefers the original "
+                 "caption over the counterfactual one (a tie counts one half): near 50 % the "
+                 "captions alone do not give a pair away; far from 50 % (either way) they do, and an "
+                 "image-text model can score above chance on IR_c/TR_c without looking at the image. "
+                 "The LM scores a caption by its perplexity (the builder's filter chose the captions "
+                 "by it), the sentence model by its cosine to the mean embedding of all the set's "
+                 "captions. Same-word pairs (the two captions are the same words in another order) "
+                 "are counted and scored apart.")
+
+
+def _count(value) -> str:
+    return "n/a" if value is None else f"{int(value):,}"
+
+
+def blind_lines(records: list[dict], dataset: str) -> list[str]:
+    """The blind text-only baseline's section of `dataset` (none without its records)."""
+    rows = [r for r in records if r["dataset"] == dataset and r["task"] == BLIND]
+    if not rows:
+        return []
+    first = rows[0]["metrics"]
+    lines = ["#### Blind text-only baseline", "", BLIND_MEANING, "",
+             f"Same-word pairs: {_count(first.get('same_word_pairs'))} of {_count(first.get('pairs'))}.", "",
+             "| text model | metric | value | chance |", "|---|---|---|---|"]
+    for r in rows:
+        lines += [f"| {plain(r['model'])} | {plain(name)} | {cell(r, name)} | {_fmt((r.get('chance') or {}).get(name))} |"
+                  for name in sorted(r["metrics"], key=natural) if "prefers" in name]
+    return lines
+@dataclass
+class Extras:
+    """What report.md shows beside the records, per dataset: the paired tests' verdicts and
+    table, and the forest plot's file."""
+
+    verdicts: dict[str, dict] = field(default_factory=dict)
+    comparisons: dict[str, list[str]] = field(default_factory=dict)
+    forest: dict[str, str] = field(default_factory=dict)
+    baseline: str | None = None
+    #: dataset -> a sentence about a floor that could not be computed.
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def _settings(records: list[dict]) -> str:
+    first = records[0] if records else {}
+    if not first.get("bootstrap"):
+        return "No intervals (`--bootstrap 0`)."
+    return (f"Each value is shown as `value [low, high]`: its 95 % percentile bootstrap interval over "
+            f"the metric's independent units (images with all their captions for retrieval, "
+            f"queries for ODmAP@k, pairs for the ITM deltas, removal pairs for PN), "
+            f"{first['bootstrap']} resamples, seed {first.get('seed')}; metrics without per-unit "
+            "scores (ECCV Caption suite) have none. Code version "
+            f"`{plain(first.get('code_version'))}`.")
+
+
+def render_report(records: list[dict], extras: Extras | None = None) -> str:
+    extras = extras or Extras()
+    models = list(dict.fromkeys(r["model"] for r in records if r["task"] != BLIND))
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
     out = ["# Model report", "",
            "Every number is computed by the project's metric modules (counterfactory_metrics) "
            "through the trainer's evaluation (`--eval-only`); `results.jsonl` has each record "
-           "with its model digest and dataset commit.", ""]
-    out += ["## Comparison", "", "Best value of each column in bold (fraction below zero: lowest; "
-            "every other metric: highest).", ""]
+           "with its model digest and dataset commit.", "", _settings(records), ""]
+    against = f" against the baseline {plain(extras.baseline)}" if extras.baseline else ""
+    out += ["## Comparison", "",
+            "Bold: the best value of its column (fraction below zero: lowest; every other metric: "
+            "highest) where it beats the runner-up at alpha = 0.05 (paired sign-flip permutation "
+            "test on the same units, Holm-corrected across the dataset's table); `(tie)`: the best "
+            "and the runner-up cannot be told apart.", ""]
     for dataset in datasets:
         source = next(r["dataset_source"] for r in records if r["dataset"] == dataset)
-        out += [f"### {plain(dataset)} ({plain(source)})", "", *comparison_table(records, dataset, models), ""]
+        out += [f"### {plain(dataset)} ({plain(source)})", "",
+                *comparison_table(records, dataset, models, extras.verdicts.get(dataset)), ""]
+        if dataset in extras.forest:
+            out += [f"![value and 95 % interval per model on {plain(dataset)}]({extras.forest[dataset]})", ""]
+        if extras.comparisons.get(dataset):
+            out += [f"Paired differences{against} (same units, same resamples):", "",
+                    *extras.comparisons[dataset], ""]
+        blind = blind_lines(records, dataset)
+        out += [*blind, ""] if blind else []
+        out += [plain(extras.notes[dataset]), ""] if dataset in extras.notes else []
     out += ["## Per model", ""]
     for model in models:
         digest = next(r["weights_digest"] for r in records if r["model"] == model)

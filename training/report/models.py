@@ -52,11 +52,17 @@ def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
     except PickledWeightsError:
         raise  # already names the weight file and --trust-pickled-weights
     except Exception as err:  # noqa: BLE001 - any loader failure means the same to the user
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise UserFacingError(
-            f"--model {spec.name}: cannot load it as a CLIP model ({first}); give a Hugging Face "
+            f"--model {spec.name}: cannot load it as a CLIP model ({_sentence(err)}); give a Hugging Face "
             "CLIP id, a save_pretrained or open_clip folder (a training run's final/), or "
             "open_clip:ARCH:TAG") from None
+
+
+def _sentence(err: Exception, limit: int = 600) -> str:
+    """A loader's message on one line, whole (the loaders' own messages end with their advice);
+    a longer one is cut at a word and marked, never mid-sentence without a sign."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " [...]"
 
 
 def weights_digest(module: torch.nn.Module) -> str:

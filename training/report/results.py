@@ -1,57 +1,120 @@
-"""`results.jsonl`: one record per model x dataset x metric module, with field names of
-clip-benchmark's result JSON (`dataset`, `model`, `pretrained`, `task`, `metrics`) so the two can
-be merged, and what someone else needs to reproduce a number (weights digest, dataset commit,
-metric and code versions)."""
+"""`results.jsonl`: one record per model x dataset x task, in clip-benchmark's vocabulary
+(`dataset`, `model`, `pretrained`, `task`, `metrics`, `language`; its task names and metric keys
+where it has the metric: `zeroshot_retrieval` with `image_retrieval_recall@K` (text -> image,
+our t2i) and `text_retrieval_recall@K` (image -> text, our i2t), `zeroshot_classification` with
+`acc1`, `acc5`, `mean_per_class_recall`), so the two tools' outputs concatenate into one table.
+Our own metrics keep our own tasks (`zeroshot_retrieval_1k`: the COCO 1K folds, `eccv`, `odmap`,
+`odmap_per_class`, `itm`, `necessity`).
+
+Each record also holds what someone else needs to trust and reproduce a number: per metric the
+95 % bootstrap interval (`ci_low`, `ci_high`) over `n_units` units with `bootstrap` resamples
+and `seed` (null where a metric has no per-unit form, training/unit_scores.py), the weights
+digest, the dataset commit, the metric module's own file digest (`metric_version`) and the code
+version (git commit + dirty flag, or version + installed-files digest:
+`builders.engine.provenance.code_version`)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-from importlib import metadata
+import re
 from pathlib import Path
 
-from builders.engine.provenance import model_name
+from builders.engine.provenance import code_version, model_name, source_digest
+from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED
 
-#: task (the prefix of training.evaluation's metric names) -> the code computing it: a metric
-#: module of counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
-METRIC_MODULES = {"retrieval": "counterfactory_metrics.map_at_r", "retrieval_1k": "counterfactory_metrics.map_at_r",
+#: record task -> the code computing it (digested as `metric_version`): a metric module of
+#: counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
+METRIC_MODULES = {"zeroshot_retrieval": "counterfactory_metrics.map_at_r",
+                  "zeroshot_retrieval_1k": "counterfactory_metrics.map_at_r",
                   "eccv": "counterfactory_metrics.map_at_r", "odmap": "counterfactory_metrics.odmap",
                   "odmap_per_class": "counterfactory_metrics.odmap",
-                  "itm": "counterfactory_metrics.itm_score_deltas", "necessity": "training.evaluation.necessity"}
+                  "itm": "counterfactory_metrics.itm_score_deltas", "necessity": "training.evaluation",
+                  "zeroshot_classification": "training.zeroshot",
+                  "blind_baseline": "training.report.floors"}
+#: Every module a cached number depends on (training/report/cache.py's key), the evaluation
+#: sets' loaders (training/eval_data.py) among them.
+EVALUATION_MODULES = tuple(sorted({*METRIC_MODULES.values(), "training.evaluation", "training.eval_data",
+                                   "training.unit_scores"}
+                                  - {"training.report.floors"}))
+#: Our datasets' captions are English (COCO's).
+LANGUAGE = "en"
+_RECALL = re.compile(r"(?P<dir>i2t|t2i)_R@(?P<k>\d+)")
+#: evaluation task prefix -> record task (retrieval both ways in clip-benchmark's keys).
+_RETRIEVAL_TASKS = {"retrieval": "zeroshot_retrieval", "retrieval_1k": "zeroshot_retrieval_1k",
+                    "flickr30k": "zeroshot_retrieval"}
+_ZEROSHOT = {"top1": "acc1", "top5": "acc5", "mean_per_class_recall": "mean_per_class_recall"}
 
 
-@functools.cache
-def code_version() -> str:
-    """The installed counterfactory distribution, which also ships counterfactory_metrics."""
-    try:
-        return metadata.version("counterfactory")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+def record_name(key: str) -> tuple[str, str] | None:
+    """(record task, metric name) of one of training.evaluation's `task/name` keys, or None for a
+    key that is no record's (the validation loss)."""
+    task, _, name = key.partition("/")
+    if not name:
+        return None
+    if task in _RETRIEVAL_TASKS:
+        m = _RECALL.fullmatch(name)
+        if m:
+            kind = "text" if m["dir"] == "i2t" else "image"
+            return _RETRIEVAL_TASKS[task], f"{kind}_retrieval_recall@{m['k']}"
+    if task == "zeroshot":
+        _, _, stat = name.rpartition("/")
+        return "zeroshot_classification", _ZEROSHOT.get(stat, stat)
+    return task, name
 
 
-def _finite(value: float) -> float | None:
+def evaluation_key(task: str, name: str, dataset_task: str = "retrieval") -> str:
+    """The training.evaluation key of a record's metric (`record_name` inverted; retrieval on
+    the COCO build by default)."""
+    m = re.fullmatch(r"(?P<kind>text|image)_retrieval_recall@(?P<k>\d+)", name)
+    if m and task.startswith("zeroshot_retrieval"):
+        prefix = dataset_task + task.removeprefix("zeroshot_retrieval")
+        return f"{prefix}/{'i2t' if m['kind'] == 'text' else 't2i'}_R@{m['k']}"
+    return f"{task}/{name}"
+
+
+def metric_version(task: str) -> str:
+    """The file digest of the module computing `task` (a bug fix there changes it)."""
+    return source_digest(METRIC_MODULES.get(task, "training.evaluation"))
+
+
+def _finite(value: float | None) -> float | None:
     # JSON has no NaN (e.g. ITM statistics of an empty group): written as null.
     return None if value is None or math.isnan(value) else float(value)
 
 
-def make_records(spec, digest: str, dataset, metrics: dict[str, float]) -> list[dict]:
+def make_records(spec, digest: str | None, dataset, metrics: dict[str, float],
+                 intervals: dict[str, tuple[float, float, int]], bootstrap: int, seed: int,
+                 chance: dict[str, float] | None = None) -> list[dict]:
     """The records of one model on one dataset: `metrics` (training.evaluation's `task/name`
-    keys) grouped by task."""
-    by_task: dict[str, dict[str, float | None]] = {}
+    keys) grouped by record task, with each one's interval (`intervals`: key -> (low, high,
+    units); none with `bootstrap` 0) and chance level (`chance`, training/report/floors.py)."""
+    by_task: dict[str, dict[str, dict]] = {}
+    chance = chance or {}
     for key, value in metrics.items():
-        task, _, name = key.partition("/")
-        if name:
-            by_task.setdefault(task, {})[name] = _finite(value)
+        named = record_name(key)
+        if named is None:
+            continue
+        task, name = named
+        fields = by_task.setdefault(task, {"metrics": {}, "ci_low": {}, "ci_high": {}, "n_units": {},
+                                           "chance": {}})
+        if key in chance:
+            fields["chance"][name] = _finite(chance[key])
+        low, high, units = intervals.get(key, (None, None, None))
+        fields["metrics"][name] = _finite(value)
+        fields["ci_low"][name], fields["ci_high"][name] = _finite(low), _finite(high)
+        fields["n_units"][name] = units
     # A local folder is named by its contents (local:NAME@sha256:...), never by a path of this
     # machine, as builds and training runs name it.
     model = model_name(spec.name)
-    return [{"dataset": dataset.name, "model": model, "pretrained": spec.pretrained,
-             "backend": spec.backend, "weights_digest": digest, "task": task, "metrics": values,
-             **dataset.provenance(),
-             "metric": METRIC_MODULES.get(task, f"counterfactory_metrics.{task}"),
-             "metric_version": code_version(), "code_version": code_version()}
-            for task, values in sorted(by_task.items())]
+    return [{"dataset": dataset.name, "model": model, "pretrained": spec.pretrained or model,
+             "backend": spec.backend, "weights_digest": digest, "task": task, "language": LANGUAGE,
+             **fields, "bootstrap": bootstrap, "seed": seed, **dataset.provenance(),
+             **({"pair_seed": PAIR_SEED} if task == "itm" and any(n.endswith("_r") or "_r_" in n
+                                                                  for n in fields["metrics"]) else {}),
+             "metric": METRIC_MODULES.get(task, "training.evaluation"),
+             "metric_version": metric_version(task), "code_version": code_version()}
+            for task, fields in sorted(by_task.items())]
 
 
 def write_results(path: Path, records: list[dict]) -> None:

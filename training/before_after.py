@@ -1,0 +1,110 @@
+"""The cost of finetuning: the base model evaluated before step 1, on every configured
+evaluation (retrieval, zero-shot, Flickr30k, ODmAP@k, ITM deltas, PN), and the final model
+against it.
+
+`evaluate_base` runs once per run folder (a resumed run finds its metrics in `before.json`) and
+saves the base model's embeddings to `embeddings_before.npz`, so the finish can compare the two
+models on the same units without encoding the base model again:
+`before_after` gives per metric the value before, after, the difference and its 95 % paired
+bootstrap interval (the same resamples of the same units for both models,
+training/statistics.py), which metrics.md, run.json (`before_after`) and the model card show.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from training.statistics import UnitScores, bootstrap, interval
+from training.evaluation import unit_scores
+
+log = logging.getLogger(__name__)
+
+BEFORE_EMBEDDINGS = "embeddings_before.npz"
+BEFORE_METRICS = "before.json"
+
+
+def read_before(output: Path) -> dict[str, float] | None:
+    """The base model's metrics of this run folder (None: not evaluated yet)."""
+    path = output / BEFORE_METRICS
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved if isinstance(saved, dict) else None
+
+
+def write_before(output: Path, metrics: dict[str, float]) -> None:
+    tmp = output / (BEFORE_METRICS + ".tmp")
+    tmp.write_text(json.dumps(metrics))
+    tmp.replace(output / BEFORE_METRICS)
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
+
+
+def before_after(output: Path, data, k_values, final: dict[str, float],
+                 final_units: dict[str, UnitScores], resamples: int, seed: int) -> dict[str, dict]:
+    """metric -> {before, after, difference, ci_low, ci_high} of every final metric the base
+    model was evaluated on (the interval: None without units, embeddings or resamples)."""
+    before = read_before(output)
+    if before is None:
+        return {}
+    units: dict[str, UnitScores] = {}
+    saved = output / BEFORE_EMBEDDINGS
+    if resamples and saved.is_file():
+        units = unit_scores(_load(saved), data, k_values)
+    pairs = {k: (units[k], final_units[k]) for k in units.keys() & final_units.keys()
+             if units[k].n == final_units[k].n}
+    resampled = bootstrap({(k, side): pair[i] for k, pair in pairs.items() for i, side in enumerate("ba")},
+                          resamples, seed) if pairs else {}
+    out = {}
+    for key, after in final.items():
+        if key not in before:
+            continue
+        row = {"before": before[key], "after": after, "difference": after - before[key],
+               "ci_low": None, "ci_high": None}
+        if key in pairs:
+            low, high = interval(resampled[(key, "a")] - resampled[(key, "b")])
+            row.update(ci_low=None if math.isnan(low) else low, ci_high=None if math.isnan(high) else high)
+        out[key] = row
+    return out
+
+
+def before_after_table(rows: dict[str, dict]) -> str:
+    """The Markdown table of metrics.md and the model card (metric names are data: plain text)."""
+    from training.report.markdown import _fmt, natural, plain
+
+    if not rows:
+        return ""
+    lines = ["| metric | before (base model) | after | difference [95 % CI] |", "|---|---|---|---|"]
+    for key in sorted(rows, key=natural):
+        r = rows[key]
+        ci = f" [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]" if r["ci_low"] is not None else ""
+        lines.append(f"| {plain(key)} | {_fmt(r['before'])} | {_fmt(r['after'])} | {_fmt(r['difference'])}{ci} |")
+    return "\n".join(lines) + "\n"
+
+
+def final_statistics(output: Path, data, cfg, metrics: dict[str, float],
+                     units: dict[str, UnitScores], trained: bool = True) -> dict:
+    """run.json's `final_intervals` (metric -> [low, high]), `bootstrap`, `bootstrap_seed`,
+    `before_metrics` (None: --eval-only or a run started before it was evaluated) and
+    `before_after` (a run that `trained`; not --eval-only), with --bootstrap resamples seeded by
+    --seed."""
+    resamples, seed = cfg.run.bootstrap, cfg.run.seed
+    resampled = bootstrap(units, resamples, seed) if resamples else {}
+
+    def finite(x: float) -> float | None:
+        return None if math.isnan(x) else x
+
+    intervals = {k: [finite(v) for v in interval(resampled[k])] for k in units if k in metrics and resamples}
+    return {"final_intervals": {k: v for k, v in intervals.items() if None not in v},
+            "bootstrap": resamples, "bootstrap_seed": seed,
+            "before_metrics": read_before(output) if trained else None,
+            "before_after": before_after(output, data, cfg.run.k_values, metrics, units, resamples, seed)
+            if trained else {}}

@@ -1,0 +1,137 @@
+"""Paired comparisons of the models of one report, on the same units (training/statistics.py).
+
+For every two models (or every model against `--baseline`) and every metric of a dataset's
+comparison table that both scored with units: the difference, its 95 % paired bootstrap interval
+(the same resamples for both models) and the paired permutation (sign-flip) p-value, Holm-adjusted
+across all the table's tests. `verdicts` tells the table which best value beats its runner-up at
+alpha = 0.05 (bold) and which is a tie. `plot_forest` draws each model's value with its interval.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from builders.viewer.plots import plain_text
+from training.report.markdown import BLIND, higher_is_better, natural
+from training.report.results import record_name
+from training.statistics import ALPHA, UnitScores, bootstrap, holm, interval, sign_flip_pvalues
+
+
+@dataclass
+class Comparison:
+    dataset: str
+    task: str
+    metric: str
+    model: str
+    other: str
+    difference: float  # value(model) - value(other)
+    low: float
+    high: float
+    p_value: float
+    p_holm: float = float("nan")
+
+    def as_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in vars(self).items()}
+
+
+def _pairs(models: list[str], baseline: str | None) -> list[tuple[str, str]]:
+    if baseline is None:
+        return list(itertools.combinations(models, 2))
+    return [(m, baseline) for m in models if m != baseline]
+
+
+def compare_dataset(dataset: str, units: dict[str, dict[str, UnitScores]], models: list[str],
+                    resamples: int, seed: int, baseline: str | None = None) -> list[Comparison]:
+    """The paired comparisons of `dataset`; `units`: model -> evaluation key -> UnitScores."""
+    pairs = _pairs([m for m in models if m in units], baseline)
+    keys = sorted(set.intersection(*(set(units[m]) for m in {x for p in pairs for x in p})) if pairs else [])
+    keys = sorted((k for k in keys if record_name(k) and not k.startswith("odmap_per_class/")),
+                  key=lambda k: tuple(map(natural, record_name(k))))
+    resampled = bootstrap({(m, k): units[m][k] for m in {x for p in pairs for x in p} for k in keys},
+                          resamples, seed)
+    pvalues = sign_flip_pvalues({(key, a, b): (units[a][key], units[b][key]) for key in keys for a, b in pairs},
+                                resamples, seed)
+    out = []
+    for key in keys:
+        task, metric = record_name(key)
+        for a, b in pairs:
+            low, high = interval(resampled[(a, key)] - resampled[(b, key)])
+            out.append(Comparison(dataset, task, metric, a, b, units[a][key].value() - units[b][key].value(),
+                                  low, high, pvalues[(key, a, b)]))
+    for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
+        c.p_holm = float(p)
+    return out
+
+
+def verdicts(records: list[dict], dataset: str, comparisons: list[Comparison]) -> dict[tuple[str, str], tuple[str, bool]]:
+    """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm),
+    for the columns of `dataset` with two or more models and a test between the top two (the
+    others are left unmarked)."""
+    tests = {(c.task, c.metric, frozenset((c.model, c.other))): c for c in comparisons if c.dataset == dataset}
+    out = {}
+    for task, metric in {(r["task"], n) for r in records if r["dataset"] == dataset for n in r["metrics"]}:
+        values = [(r["metrics"][metric], r["model"]) for r in records if r["dataset"] == dataset
+                  and r["task"] == task and r["metrics"].get(metric) is not None]
+        if len(values) < 2:
+            continue
+        values.sort(key=lambda vm: vm[0], reverse=higher_is_better(metric))
+        (best_value, best), (second_value, second) = values[0], values[1]
+        test = tests.get((task, metric, frozenset((best, second))))
+        if test is None:  # not compared (--baseline: two other models on top): left unmarked
+            continue
+        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA)
+    return out
+
+
+def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
+    """The Markdown table of `dataset`'s paired comparisons."""
+    from training.report.markdown import _fmt, plain
+
+    rows = [c for c in comparisons if c.dataset == dataset]
+    if not rows:
+        return []
+    lines = ["| metric | model | vs | difference [95 % CI] | p (sign-flip) | p (Holm) |",
+             "|---|---|---|---|---|---|"]
+    for c in rows:
+        lines.append(f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | "
+                     f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}] | {c.p_value:.4g} | {c.p_holm:.4g} |")
+    return lines
+
+
+@plain_text  # model and metric names are drawn as written
+def plot_forest(records: list[dict], dataset: str, path: Path) -> Path | None:
+    """Each model's value with its 95 % interval, one panel per metric of `dataset`'s comparison
+    (metrics without an interval are left out); None when there is nothing to draw."""
+    from builders.viewer.plots import _figure
+    from training.report.markdown import comparison_columns
+
+    cols = [(t, n) for t, n in comparison_columns(records, dataset)
+            if any((r.get("ci_low") or {}).get(n) is not None for r in records
+                   if r["dataset"] == dataset and r["task"] == t)]
+    if not cols:
+        return None
+    models = list(dict.fromkeys(r["model"] for r in records if r["dataset"] == dataset and r["task"] != BLIND))
+    fig = _figure(7.5, 0.5 + (0.3 * len(models) + 0.45) * len(cols))
+    axes = fig.subplots(len(cols), 1, squeeze=False)[:, 0]
+    for ax, (task, name) in zip(axes, cols, strict=True):
+        rows = {r["model"]: r for r in records if r["dataset"] == dataset and r["task"] == task}
+        for y, model in enumerate(models):
+            r = rows.get(model)
+            value = r["metrics"].get(name) if r else None
+            low, high = ((r.get("ci_low") or {}).get(name), (r.get("ci_high") or {}).get(name)) if r else (None, None)
+            if value is None or low is None or high is None:
+                continue
+            ax.errorbar([value], [y], xerr=[[value - low], [high - value]], fmt="o", capsize=3)
+        ax.set_yticks(range(len(models)), models, fontsize=7)
+        ax.set_ylim(-0.6, len(models) - 0.4)
+        ax.set_title(f"{task}/{name}", fontsize=8, loc="left")
+        ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle(f"{dataset}: value and 95 % bootstrap interval per model", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path

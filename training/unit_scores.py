@@ -1,0 +1,115 @@
+"""Per-unit scores of the evaluation's metrics (`training.statistics.UnitScores`), computed from
+the embeddings the evaluation encoded: the units the intervals and the paired tests resample.
+
+- retrieval (COCO, Flickr30k): images, each with all its captions. i2t R@K is the fraction of
+  images whose top K holds one of their captions; t2i R@K counts each image's captions found at
+  rank <= K over its caption count; the COCO 1K numbers are the mean over the folds (groups).
+- ODmAP@k (and per removed class): queries, each with its AP@k.
+- ITM deltas: pairs (the held-out counterfactual pairs; for IR_r/TR_r the real images, each
+  with its random partner), the mean, the median and the fraction below zero of the deltas.
+- PN: removal pairs (queries), each with the sum and count of its (caption, class) values.
+- zero-shot: test images, top-1 / top-5 hits and per-class recall (classes as groups).
+
+training/evaluation.py's `unit_scores(emb, data, k_values)` gives them under the evaluation's
+metric names; a metric with no per-unit form (the ECCV Caption suite, the validation loss) has
+none and no interval. This module imports nothing of evaluation.py (no import circle).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas
+from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
+from training.statistics import UnitScores
+
+
+def retrieval_units(emb: dict[str, np.ndarray], data, k_values, name: str = "retrieval",
+                    units: str = "coco images") -> dict[str, UnitScores]:
+    """R@K both ways on the whole split (`name/...`) and, when `data.folds` has them, on the
+    COCO 1K folds (`name_1k/...`), per image."""
+    sim = emb["image"] @ emb["text"].T
+    cfg = RetrievalMetricConfig(k_values=tuple(k_values), map_at_r=False, r_precision=False)
+    row_of = {int(i): r for r, i in enumerate(data.image_ids)}
+    n = len(data.image_ids)
+    # metric -> per-unit numerator, denominator and fold (-1: in no fold; the whole split: None)
+    parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+    for fold, rows in enumerate([np.arange(n), *data.folds]):
+        key = name if fold == 0 else f"{name}_1k"
+        image_ids = data.image_ids[rows]
+        cols = np.flatnonzero(np.isin(data.caption_image, image_ids))
+        cap_ids, cap_image = data.caption_ids[cols], data.caption_image[cols]
+        order = np.argsort(cap_image, kind="stable")
+        owners, starts = np.unique(cap_image[order], return_index=True)
+        by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:])), strict=True))
+        i2t = {int(i): by_image.get(int(i), []) for i in image_ids}
+        t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
+        # The whole split needs no copy (5,000 x 25,000 floats is 500 MB).
+        s = sim if fold == 0 else sim[np.ix_(rows, cols)]
+        caption_rows = np.fromiter((row_of[int(i)] for i in cap_image), np.int64, len(cap_image))
+        for direction, matrix, pos, q, g in (("i2t", s, i2t, image_ids, cap_ids),
+                                             ("t2i", s.T, t2i, cap_ids, image_ids)):
+            scores = retrieval_scores_from_similarity(matrix, pos, q, g, cfg)
+            for k in k_values:
+                hits = scores.per_query[f"recall_at_{k}"]
+                num, den, groups = parts.setdefault(
+                    f"{key}/{direction}_R@{k}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None))
+                if direction == "i2t":
+                    num[rows], den[rows] = hits, 1.0
+                else:  # per caption: summed over each caption's image
+                    num += np.bincount(caption_rows, weights=hits, minlength=n)
+                    den += np.bincount(caption_rows, minlength=n)
+                if groups is not None:
+                    groups[rows] = fold
+    return {metric: UnitScores(units, *arrays) for metric, arrays in parts.items()}
+
+
+def odmap_units(result, removed: list[list[str]]) -> dict[str, UnitScores]:
+    """ODmAP@k and ODmAP@k per removed class, per query, from the odmap module's result."""
+    out = {f"odmap/ODmAP@{k}": UnitScores("decorrelation queries", np.asarray(ap, np.float64))
+           for k, ap in result.per_query.items()}
+    for c in sorted({c for r in removed for c in r}):
+        has = np.asarray([c in r for r in removed], dtype=np.float64)
+        out.update({f"odmap_per_class/{c}_ODmAP@{k}": UnitScores("decorrelation queries", ap * has, has)
+                    for k, ap in result.per_query.items()})
+    return out
+
+
+def delta_units(scores: dict[str, np.ndarray]) -> dict[str, UnitScores]:
+    """mean, median and fraction below zero of each ITM delta, per pair (`itm_inputs` scores)."""
+    out = {}
+    for delta, values in itm_deltas(**scores).items():
+        units = "real pairs" if delta.endswith("_r") else "counterfactual pairs"
+        out.update({f"itm/{delta}_mean": UnitScores(units, values),
+                    f"itm/{delta}_median": UnitScores(units, values, median=True),
+                    f"itm/{delta}_frac_below_zero": UnitScores(units, (values < 0).astype(np.float64))})
+    return out
+
+
+def necessity_units(values: list[tuple[int, str, float]], queries: int) -> dict[str, UnitScores]:
+    """PN per removed class and its mean from `(query, class, PN)` values, per removal pair."""
+    out = {}
+    if not values:
+        return out
+    q = np.asarray([v[0] for v in values])
+    pn = np.asarray([v[2] for v in values])
+    for c in sorted({v[1] for v in values}):
+        mine = np.asarray([v[1] == c for v in values])
+        out[f"necessity/PN_{c}"] = UnitScores("removal pairs", np.bincount(q[mine], pn[mine], queries),
+                                              np.bincount(q[mine], minlength=queries).astype(np.float64))
+    out["necessity/PN_mean"] = UnitScores("removal pairs", np.bincount(q, pn, queries),
+                                          np.bincount(q, minlength=queries).astype(np.float64))
+    return out
+
+
+def zeroshot_units(name: str, images: np.ndarray, classes: np.ndarray, labels: np.ndarray) -> dict[str, UnitScores]:
+    """Top-1 / top-5 hits and per-class recall of one zero-shot set, per test image."""
+    logits = images @ classes.T
+    k = min(5, logits.shape[1])
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    hit1 = (top[:, 0] == labels).astype(np.float64)
+    units = f"{name} test images"
+    return {f"zeroshot/{name}/top1": UnitScores(units, hit1),
+            f"zeroshot/{name}/top{k}": UnitScores(units, (top == labels[:, None]).any(1).astype(np.float64)),
+            f"zeroshot/{name}/mean_per_class_recall": UnitScores(units, hit1, groups=labels)}
+
