@@ -75,18 +75,24 @@ def _bootstrap(env: dict[str, str]) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
-    stubs, calls, env = machine
+def _stub_clone(tmp_path: Path, python: str) -> Path:
+    """A clone holding the make/CI entry points, whose installed .venv python is the `python` stub."""
     clone = tmp_path / "clone"
     (clone / ".ci").mkdir(parents=True)
     for name in ("Makefile", "pyproject.toml", ".ci/bootstrap.sh", ".ci/run"):
         shutil.copy2(REPO_ROOT / name, clone / name)
     venv_bin = clone / ".venv" / "bin"
     venv_bin.mkdir(parents=True)
-    _script(venv_bin / "python", PYTHON)
+    _script(venv_bin / "python", python)
     stamp = clone / ".venv" / ".counterfactory-installed"
     stamp.touch()
     os.utime(stamp, (os.path.getmtime(clone / "pyproject.toml") + 10,) * 2)  # installed already
+    return clone
+
+
+def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
+    stubs, calls, env = machine
+    clone = _stub_clone(tmp_path, PYTHON)
 
     first = subprocess.run([shutil.which("make"), "test"], cwd=clone, env=env, capture_output=True,
                            text=True, timeout=120)
@@ -137,17 +143,8 @@ def test_no_way_to_install_is_one_clear_line(machine, missing, says):
 
 def test_a_lint_finding_stops_make_test_before_anything_is_installed_or_run(machine, tmp_path):
     _, calls, env = machine
-    clone = tmp_path / "clone"
-    (clone / ".ci").mkdir(parents=True)
-    for name in ("Makefile", "pyproject.toml", ".ci/bootstrap.sh", ".ci/run"):
-        shutil.copy2(REPO_ROOT / name, clone / name)
-    venv_bin = clone / ".venv" / "bin"
-    venv_bin.mkdir(parents=True)
     # ruff exits 1 when it finds something; the stub does so for the lint call only.
-    _script(venv_bin / "python", PYTHON + 'if [ "$2" = ruff ]; then exit 1; fi\n')
-    stamp = clone / ".venv" / ".counterfactory-installed"
-    stamp.touch()
-    os.utime(stamp, (os.path.getmtime(clone / "pyproject.toml") + 10,) * 2)
+    clone = _stub_clone(tmp_path, PYTHON + 'if [ "$2" = ruff ]; then exit 1; fi\n')
 
     proc = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], env=env,
                           capture_output=True, text=True, timeout=120)
