@@ -4,7 +4,9 @@ as written and exits 0.
 The commands are read from the README itself (its ```bash blocks between "## Using it" and the
 next "## " heading, then those of "## Seeing the data" and "## Training"), so the two cannot drift; a template that
 needs the user's own files (real models, an annotation export) is fenced as ```text and says so.
-They run as one bash script (`set -e`: the first failing command fails the test, `-x` names it) in
+They run as one bash script would (`set -e`: the first failing command fails the test, `-x` names
+it), each command in its own bash process under its own time limit (exported variables carried
+to the next), so a slow machine stretches no single limit over all of them, in
 a scratch folder laid out like the repository root (symlinks to its folders; `data/` and `out/`
 are real), with `.venv/bin` on the PATH, HOME in the scratch folder and no NLTK_DATA (so
 `counterfactory nltk offline-tagger` must install where NLTK looks by default), and the Hub
@@ -24,11 +26,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,6 +46,8 @@ _SCRATCH_OWN = {"data", "out"}
 README_HUB_PORT = "18765"
 #: What a fresh shell does not have; the local-Hub session must work without it.
 HUB_CLIENT_ENV = ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN")
+# The fixture's commands are limited one by one (UNIT_TIMEOUT_S), not all under one test limit.
+pytestmark = pytest.mark.timeout(0)
 
 
 def section_blocks(readme: str, heading: str) -> list[str]:
@@ -67,13 +73,61 @@ def as_fresh_shell(block: str, port: int) -> str:
     return f"(\nunset {' '.join(HUB_CLIENT_ENV)}\n{block.replace(README_HUB_PORT, str(port))})\n"
 
 
-def readme_commands(readme: str, hub_port: int) -> str:
-    """The bash blocks of "Using it", "Seeing the data" and "Training" as one script (see the
-    module doc)."""
+def readme_blocks(readme: str, hub_port: int) -> list[str]:
+    """The bash blocks of "Using it", "Seeing the data" and "Training" (see the module doc)."""
     session = local_hub_block(readme)
     blocks = [as_fresh_shell(b, hub_port) if b == session else b
               for b in section_blocks(readme, "Using it")]
-    return "\n".join(blocks + section_blocks(readme, "Seeing the data") + section_blocks(readme, "Training"))
+    return blocks + section_blocks(readme, "Seeing the data") + section_blocks(readme, "Training")
+
+
+def readme_commands(readme: str, hub_port: int) -> str:
+    """The blocks as one script."""
+    return "\n".join(readme_blocks(readme, hub_port))
+
+
+@dataclass
+class ScriptRun:
+    """The units' exit status (the first failing one's, or 0), and their output together."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_units(units: list[str], cwd: Path, env: dict[str, str]) -> ScriptRun:
+    """Run `units` in turn, each `bash -e -x` with the variables the earlier ones exported; stop
+    at the first that fails or passes UNIT_TIMEOUT_S (its process group killed)."""
+    state = cwd / ".readme-exports"
+    out, err = [], []
+    for unit in units:
+        body = f"[ ! -f {state} ] || source {state}\n{unit}\nexport -p > {state}\n"
+        proc = subprocess.Popen(["bash", "-e", "-x", "-c", body], cwd=cwd, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=UNIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            stderr += f"\n+ {unit.strip()}\nREADME command ran past {UNIT_TIMEOUT_S} s\n"
+            proc.returncode = 124
+        out.append(stdout)
+        err.append(stderr)
+        if proc.returncode != 0:
+            return ScriptRun(proc.returncode, "".join(out), "".join(err))
+    return ScriptRun(0, "".join(out), "".join(err))
+
+
+#: A shell construct that spans lines: its block runs as one unit.
+_MULTILINE = re.compile(r"^\s*(\(|for\b|if\b|while\b|until\b|case\b)|<<|\{\s*$", re.M)
+#: Seconds one unit (a command, or a block of one construct) may take.
+UNIT_TIMEOUT_S = 900
+
+
+def script_units(script_blocks: list[str]) -> list[str]:
+    """The blocks as units that run in turn: each command of a block, or a whole block that holds
+    a construct spanning lines (the local-Hub session's subshell, a heredoc)."""
+    return [u for b in script_blocks for u in ([b] if _MULTILINE.search(b) else commands_of(b))]
 
 
 def commands_of(script: str) -> list[str]:
@@ -113,13 +167,12 @@ def readme_run(local_hub, tmp_path_factory):
         if not entry.name.startswith(".") and entry.name not in _SCRATCH_OWN:
             (scratch / entry.name).symlink_to(entry)
     hub_port = free_port()
-    script = readme_commands((REPO / "README.md").read_text(), hub_port)
+    blocks = readme_blocks((REPO / "README.md").read_text(), hub_port)
     # Interval 0: every stage change logs a line, so the progress check below does not depend
     # on how fast the machine runs the builds.
     env = command_env(scratch, HF_ENDPOINT=local_hub.url, COUNTERFACTORY_PROGRESS_INTERVAL="0")
-    proc = subprocess.run(["bash", "-e", "-x", "-c", script], cwd=scratch, env=env,
-                          capture_output=True, text=True)
-    return scratch, script, proc, hub_port
+    proc = run_units(script_units(blocks), scratch, env)
+    return scratch, "\n".join(blocks), proc, hub_port
 
 
 def test_readme_commands_run_as_written(readme_run):
