@@ -76,12 +76,15 @@ def before_after(output: Path, data, k_values, final: dict[str, float],
     return out
 
 
-def before_after_table(rows: dict[str, dict]) -> str:
-    """The Markdown table of metrics.md and the model card (metric names are data: plain text)."""
+def before_after_table(rows: dict[str, dict], overlap: dict[str, dict] | None = None) -> str:
+    """The Markdown table of metrics.md and the model card (metric names are data: plain text),
+    the metrics of a set that overlaps training marked as in the final table."""
+    from training.leakage import mark_overlapping
     from training.report.markdown import _fmt, natural, plain
 
     if not rows:
         return ""
+    rows = mark_overlapping(rows, overlap or {})
     lines = ["| metric | before (base model) | after | difference [95 % CI] |", "|---|---|---|---|"]
     for key in sorted(rows, key=natural):
         r = rows[key]

@@ -183,7 +183,7 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     from training.before_after import before_after_table
 
     intervals = {k: tuple(v) for k, v in (run_record.get("final_intervals") or {}).items()}
-    change = before_after_table(run_record.get("before_after") or {})
+    change = before_after_table(run_record.get("before_after") or {}, run_record.get("eval_overlap", {}))
     change = f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""
     # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(

@@ -45,7 +45,7 @@ import logging
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from training.sources import DataInputError
 
@@ -264,7 +264,7 @@ def overlap_mark(o: dict) -> str:
     return f"[overlaps {' and '.join(o.get('data', [TRAINING]))}: {', '.join(parts)}]"
 
 
-def mark_overlapping(metrics: dict[str, float], overlap: dict[str, dict]) -> dict[str, float]:
+def mark_overlapping(metrics: dict[str, Any], overlap: dict[str, dict]) -> dict[str, Any]:
     """`metrics` with the name of every metric of an overlapping set marked (for the tables of
     metrics.md, the model card and a sweep's summary.md; run.json keeps the plain names)."""
     out = {}

@@ -446,7 +446,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def _write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
     _write_jsonl(output / "metrics.jsonl", evals)
     intervals = {k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}
-    change = before_after_table(record.get("before_after") or {})
+    change = before_after_table(record.get("before_after") or {}, record.get("eval_overlap", {}))
     (output / "metrics.md").write_text(
         metric_table(mark_overlapping(final, record.get("eval_overlap", {})), intervals)
         + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""))
