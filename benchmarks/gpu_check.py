@@ -151,9 +151,7 @@ def check_demo(workdir: Path) -> list[str]:
     print(f"demo: CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; {rows} build rows compared, "
           f"{len(problems)} differences (floats within {FLOAT_TOL}, images within "
           f"{PIXEL_MEAN_TOL} level on average, everything else equal)")
-    for line in problems[:40]:
-        print(f"MISMATCH {line}")
-    return problems
+    return _printed(problems)
 
 
 def check_training(workdir: Path, steps: int) -> list[str]:
@@ -180,6 +178,13 @@ def check_training(workdir: Path, steps: int) -> list[str]:
                 if not abs(metrics["cpu"][k] - metrics["gpu"].get(k, float("nan"))) <= METRIC_TOL]
     print(f"training ({steps} steps + evaluation): CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; "
           f"{len(metrics['cpu'])} metrics compared, {len(problems)} beyond {METRIC_TOL}")
+    return _printed(problems)
+
+
+def _printed(problems: list[str]) -> list[str]:
+    """`problems`, the first 40 printed as found (all of them go to gpu_check.json)."""
+    for line in problems[:40]:
+        print(f"MISMATCH {line}")
     return problems
 
 
@@ -200,10 +205,8 @@ def _timed(fn, repeats: int = 3) -> float:
 
 def throughput(workdir: Path, steps: int, captions: int, train_batch: int) -> dict[str, float]:
     from builders.devtools.doctor_models import ModelSource
-    from builders.engine.nltk_setup import install_offline_tagger
     from builders.models.profiles import tiny_profile
 
-    install_offline_tagger(workdir / "nltk_data")
     src = ModelSource("production", tiny_profile(workdir / "tiny_models"), "cuda:0")
     out: dict[str, float] = {}
     out["caption pairs/s"] = _peak("captions", out, lambda: caption_rate(src, captions))
@@ -318,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     (workdir / "gpu_check.json").write_text(json.dumps(
         {"gpu": torch.cuda.get_device_name(0), "rates": rates, "gpu_days": gpu_days(rows_per_s),
          "problems": problems}, indent=1))
-    for line in problems[:50]:
-        print(f"MISMATCH {line}")
+    if problems:
+        print(f"{len(problems)} mismatches (the first printed above, all in {workdir / 'gpu_check.json'})")
     return 1 if problems else 0
 
 
