@@ -53,7 +53,7 @@ def baseline_counterfactual(caption: str, models, unmasker, cfg) -> tuple[str, f
     import nltk
     from sentence_transformers import util
 
-    from builders.counterfactuals.captions import edit_at, token_spans
+    from builders.counterfactuals.caption_text import edit_at, token_spans
 
     tokens = nltk.word_tokenize(caption, preserve_line=True)
     spans = token_spans(caption, tokens)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from builders.counterfactuals.captions import changed_words
+from builders.counterfactuals.caption_text import caption_tokens, changed_words, token_spans
 from builders.counterfactuals.config import CocoCounterfactualsConfig
 from builders.counterfactuals.schema import CAPTION_FEATURES
 from builders.counterfactuals.table_rows import Record, jsonl_records, row_id, tsv_records
@@ -173,8 +173,6 @@ def _item(rec: dict[str, Any], source: str, where: str, allow_multiword: bool) -
 def _swap_columns(caption_0: object, caption_1: object) -> dict[str, Any]:
     """`replaced_word`, `replacement_word`, `replaced_position` of a one-word edit made in place
     (the two captions equal outside the word, as the schema says); empty for any other pair."""
-    from builders.counterfactuals.captions import caption_tokens, token_spans
-
     if not (isinstance(caption_0, str) and isinstance(caption_1, str)):
         return {}
     changed = changed_words(caption_0, caption_1)

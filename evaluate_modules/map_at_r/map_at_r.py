@@ -1,6 +1,6 @@
 """mAP@R, R-Precision, Recall@K and the ECCV Caption suite for retrieval (evaluate module).
 
-The metric code is in the helper modules of this Space (`retrieval`, `topk`, `eccv_suite`,
+The metric code is in the helper modules of this Space (`retrieval`, `id_lists`, `topk`, `eccv_suite`,
 `eccv_annotations`), imported relatively so that `evaluate.load` downloads them too; every helper
 must be imported here, because evaluate does not follow the helpers' own imports.
 """
@@ -16,8 +16,8 @@ from .eccv_suite import EccvAnnotations
 from .eccv_suite import EccvSuiteConfig
 from .eccv_suite import eccv_suite
 from .eccv_suite import eccv_suite_from_similarity
+from .id_lists import check_id_lists
 from .retrieval import RetrievalMetricConfig
-from .retrieval import check_id_lists
 from .retrieval import retrieval_scores
 from .retrieval import retrieval_scores_from_similarity
 from .topk import RetrievalInputError

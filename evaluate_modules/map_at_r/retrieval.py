@@ -41,8 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from .topk import (INT64, INT64_IDS, RetrievalInputError, as_array, as_score_matrix,
-                   outside_int64, positive_int64, require_int64, stable_topk)
+from .id_lists import (Ragged, check_id_lists, checked_positives, id_array, index_of, ragged_ids,
+                       raise_repeated, require_known, require_unique, show_id)
+from .topk import (INT64_IDS, RetrievalInputError, as_array, as_score_matrix,
+                   outside_int64, positive_int64, stable_topk)
 
 __all__ = [
     "RetrievalInputError",
@@ -106,22 +108,6 @@ class RetrievalScores:
         return out
 
 
-@dataclass(frozen=True)
-class _Ragged:
-    """Rows of int64 ids stored flat: row i is values[starts[i] : starts[i] + lengths[i]]."""
-
-    values: np.ndarray
-    lengths: np.ndarray
-
-    @property
-    def rows(self) -> np.ndarray:
-        return np.repeat(np.arange(len(self.lengths)), self.lengths)
-
-    @property
-    def starts(self) -> np.ndarray:
-        return np.concatenate(([0], np.cumsum(self.lengths)[:-1])).astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- public API
 
 def retrieval_scores(rankings: Any, positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
@@ -136,7 +122,7 @@ def retrieval_scores(rankings: Any, positives: Mapping[Any, Sequence[int]] | Seq
     cfg = config or RetrievalMetricConfig()
     query_ids, pos_lists = _positive_lists(positives)
     ranked_rows = _ranking_rows(rankings, positives, query_ids)
-    return _score(ranked_rows, _checked_positives(pos_lists, query_ids), query_ids, cfg)
+    return _score(ranked_rows, checked_positives(pos_lists, query_ids), query_ids, cfg)
 
 
 def retrieval_scores_from_similarity(
@@ -154,16 +140,16 @@ def retrieval_scores_from_similarity(
     cfg = config or RetrievalMetricConfig()
     scores = as_score_matrix(similarity)
     n_rows, n_cols = scores.shape
-    q_ids = _id_array(np.arange(n_rows) if query_ids is None else query_ids, "query_ids")
-    g_ids = _id_array(np.arange(n_cols) if gallery_ids is None else gallery_ids, "gallery_ids")
+    q_ids = id_array(np.arange(n_rows) if query_ids is None else query_ids, "query_ids")
+    g_ids = id_array(np.arange(n_cols) if gallery_ids is None else gallery_ids, "gallery_ids")
     if len(q_ids) != n_rows or len(g_ids) != n_cols:
         raise RetrievalInputError(
             f"similarity has shape {tuple(scores.shape)} but there are {len(q_ids)} query_ids "
             f"and {len(g_ids)} gallery_ids (rows are queries, columns gallery items)")
-    _require_unique(g_ids, "gallery_ids")
+    require_unique(g_ids, "gallery_ids")
     rows = None
     if isinstance(positives, Mapping):
-        _require_unique(q_ids, "query_ids")
+        require_unique(q_ids, "query_ids")
         wanted, pos_lists = _positive_lists(positives)
         rows = index_of(q_ids, wanted, "query id", "query_ids (the similarity rows)")
         if len(rows) == n_rows and (rows == np.arange(n_rows)).all():
@@ -173,8 +159,8 @@ def retrieval_scores_from_similarity(
         if len(pos_lists) != n_rows:
             raise RetrievalInputError(f"similarity has {n_rows} rows but positives has "
                                       f"{len(pos_lists)} lists (one per row)")
-    pos = _checked_positives(pos_lists, wanted)
-    _require_known(pos, wanted, g_ids)
+    pos = checked_positives(pos_lists, wanted)
+    require_known(pos, wanted, g_ids)
     depth = int(needed_depth(_unique_counts(pos), cfg).max(initial=0))
     top = stable_topk(scores, depth, rows=rows)
     # A complete ranking of a gallery smaller than K is not "too short" for R@K.
@@ -193,14 +179,14 @@ def retrieval_scores_from_topk(topk_ids: Any, topk_query_ids: Sequence[int] | np
     """
     cfg = config or RetrievalMetricConfig()
     top = as_array(topk_ids)
-    row_ids = _id_array(topk_query_ids, "topk_query_ids")
+    row_ids = id_array(topk_query_ids, "topk_query_ids")
     if top.ndim != 2 or len(top) != len(row_ids):
         raise RetrievalInputError(f"topk_ids must be 2-D with one row per topk_query_id, got shape "
                                   f"{top.shape} for {len(row_ids)} query ids")
-    _require_unique(row_ids, "topk_query_ids")
+    require_unique(row_ids, "topk_query_ids")
     wanted, pos_lists = _positive_lists(positives)
     rows = index_of(row_ids, wanted, "query id", "topk_query_ids")
-    return _score(top[rows], _checked_positives(pos_lists, wanted), wanted, cfg,
+    return _score(top[rows], checked_positives(pos_lists, wanted), wanted, cfg,
                   depth_cap=gallery_size)
 
 
@@ -209,27 +195,11 @@ def ranking_depth(positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int
     """How many ranked items per query `config` needs at most (max over queries of max(R, K))."""
     cfg = config or RetrievalMetricConfig()
     query_ids, pos_lists = _positive_lists(positives)
-    pos = _checked_positives(pos_lists, query_ids)
+    pos = checked_positives(pos_lists, query_ids)
     return int(needed_depth(_unique_counts(pos), cfg).max(initial=0))
 
 
 # ----------------------------------------------------------------------------- input shaping
-
-def index_of(haystack: np.ndarray, needles: np.ndarray, what: str, where: str) -> np.ndarray:
-    """Positions of `needles` in the unique id array `haystack`; unknown ids raise."""
-    found = np.zeros(len(needles), dtype=np.int64)
-    ok = np.zeros(len(needles), dtype=bool)
-    if len(haystack):
-        order = np.argsort(haystack, kind="stable")
-        found = order[np.minimum(np.searchsorted(haystack, needles, sorter=order),
-                                 len(haystack) - 1)]
-        ok = haystack[found] == needles
-    if not ok.all():
-        missing = needles[~ok]
-        raise RetrievalInputError(
-            f"{what} {_show(missing[0])} is not among the {where} ({len(missing)} missing, e.g. "
-            f"{', '.join(_show(m) for m in missing[:5])})")
-    return found
 
 
 def _positive_lists(positives: Any) -> tuple[np.ndarray, list]:
@@ -259,8 +229,8 @@ def _ranking_rows(rankings: Any, positives: Any, query_ids: np.ndarray) -> Any:
         missing = [q for q in positives if q not in rankings]
         if missing:
             raise RetrievalInputError(
-                f"no ranking for query {_show(missing[0])} ({len(missing)} of {len(positives)} "
-                f"queries missing, e.g. {', '.join(_show(m) for m in missing[:5])}); rank every query "
+                f"no ranking for query {show_id(missing[0])} ({len(missing)} of {len(positives)} "
+                f"queries missing, e.g. {', '.join(show_id(m) for m in missing[:5])}); rank every query "
                 "of the ground truth")
         return [rankings[q] for q in positives]
     if hasattr(rankings, "detach"):  # a torch tensor
@@ -277,76 +247,7 @@ def _ranking_rows(rankings: Any, positives: Any, query_ids: np.ndarray) -> Any:
     return rankings
 
 
-def _id_array(ids: Any, name: str) -> np.ndarray:
-    arr = as_array(ids)
-    require_int64(arr, ids, name)
-    if arr.size == 0:
-        return arr.astype(np.int64).reshape(-1)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise RetrievalInputError(f"{name} must be a flat list of integer ids, got "
-                                  f"{arr.dtype} with shape {arr.shape}")
-    return arr.astype(np.int64, copy=False)
-
-
-def _require_unique(ids: np.ndarray, name: str) -> None:
-    uniq, counts = np.unique(ids, return_counts=True)
-    if (counts > 1).any():
-        raise RetrievalInputError(f"{name} has duplicates, e.g. {int(uniq[counts > 1][0])}; "
-                                  "each row / column must have its own id")
-
-
-def _ragged_ids(rows: Any, cap: np.ndarray | None, query_ids: np.ndarray, what: str) -> _Ragged:
-    """Ragged int64 rows, each cut at cap[i] items (no cut when cap is None)."""
-    if isinstance(rows, np.ndarray):
-        require_int64(rows, rows, what)
-        if rows.size and rows.dtype.kind not in "iu":
-            raise RetrievalInputError(f"{what} must hold integer ids, got dtype {rows.dtype}")
-        width = rows.shape[1]
-        lengths = np.full(len(rows), width, dtype=np.int64)
-        if cap is not None:
-            lengths = np.minimum(lengths, cap)
-        keep = np.arange(width)[None, :] < lengths[:, None]
-        return _Ragged(rows[keep].astype(np.int64, copy=False), lengths)
-    parts = []
-    for i, row in enumerate(rows):
-        if cap is not None:
-            row = row[:int(cap[i])]
-        arr = np.asarray(row)
-        require_int64(arr, row, f"{what} of query {_show(query_ids[i])}")
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise RetrievalInputError(
-                f"{what} of query {_show(query_ids[i])} must be a flat list of integer ids, got "
-                f"{_preview(row)}")
-        parts.append(arr.astype(np.int64, copy=False))
-    lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    values = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    return _Ragged(values, lengths)
-
-
-def _checked_positives(pos_lists: list, query_ids: np.ndarray) -> _Ragged:
-    pos = _ragged_ids(pos_lists, None, query_ids, "positives")
-    if len(pos.lengths) == 0:
-        raise RetrievalInputError("no queries: positives is empty")
-    empty = np.flatnonzero(pos.lengths == 0)
-    if len(empty):
-        raise RetrievalInputError(
-            f"query {_show(query_ids[empty[0]])} has no positives ({len(empty)} such queries); "
-            "mAP@R, R-Precision and R@K are undefined without positives — drop those queries")
-    return pos
-
-
-def _require_known(pos: _Ragged, query_ids: np.ndarray, gallery_ids: np.ndarray) -> None:
-    unknown = ~np.isin(pos.values, gallery_ids)
-    if unknown.any():
-        first = int(np.flatnonzero(unknown)[0])
-        query = query_ids[np.searchsorted(np.cumsum(pos.lengths), first, side="right")]
-        raise RetrievalInputError(
-            f"positive id {int(pos.values[first])} of query {_show(query)} is not among the "
-            f"gallery_ids ({unknown.sum()} unknown positive ids in total); the positives and the "
-            "similarity columns must use the same ids")
-
-
-def _unique_counts(pos: _Ragged) -> np.ndarray:
+def _unique_counts(pos: Ragged) -> np.ndarray:
     """R per query: the number of distinct positives (the reference takes set(G))."""
     uniq, codes = np.unique(pos.values, return_inverse=True)
     keys = np.unique(pos.rows * len(uniq) + codes)
@@ -369,7 +270,7 @@ def _rp_depth(r: np.ndarray, cfg: RetrievalMetricConfig) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- the metrics
 
-def _score(ranked_rows: Any, pos: _Ragged, query_ids: np.ndarray, cfg: RetrievalMetricConfig,
+def _score(ranked_rows: Any, pos: Ragged, query_ids: np.ndarray, cfg: RetrievalMetricConfig,
            depth_cap: int | None = None) -> RetrievalScores:
     """The metrics from (already validated, non-empty) positives and rankings in query order."""
     n_q = len(pos.lengths)
@@ -377,12 +278,12 @@ def _score(ranked_rows: Any, pos: _Ragged, query_ids: np.ndarray, cfg: Retrieval
     need = needed_depth(r, cfg)
     if depth_cap is not None:
         need = np.minimum(need, depth_cap)
-    ranked = _ragged_ids(ranked_rows, need, query_ids, "ranking")
+    ranked = ragged_ids(ranked_rows, need, query_ids, "ranking")
     short = np.flatnonzero(ranked.lengths < np.maximum(need, 1))
     if len(short):
         i = short[0]
         raise RetrievalInputError(
-            f"the ranking of query {_show(query_ids[i])} has {ranked.lengths[i]} items but "
+            f"the ranking of query {show_id(query_ids[i])} has {ranked.lengths[i]} items but "
             f"{need[i]} are needed ({_needs(r[i], cfg)}); {len(short)} of {n_q} rankings are "
             "too short — retrieve more items per query or drop the metric that needs them")
 
@@ -398,7 +299,7 @@ def _score(ranked_rows: Any, pos: _Ragged, query_ids: np.ndarray, cfg: Retrieval
     first[np.unique(r_keys, return_index=True)[1]] = True
     starts = ranked.starts
     if not cfg.allow_duplicates and not first.all():
-        _raise_repeated(ranked, first, query_ids)
+        raise_repeated(ranked, first, query_ids)
     position = np.arange(len(r_keys)) - np.repeat(starts, ranked.lengths)
     # rprecision(p + 1) at every ranked position p: unique hits / unique items so far.
     rprec = _row_cumsum(first & hit, starts, ranked.lengths) / _row_cumsum(first, starts,
@@ -424,54 +325,6 @@ def _score(ranked_rows: Any, pos: _Ragged, query_ids: np.ndarray, cfg: Retrieval
         num_queries=n_q, query_ids=query_ids, per_query=per_query)
 
 
-def _raise_repeated(ranked: _Ragged, first: np.ndarray, query_ids: np.ndarray) -> None:
-    at = int(np.flatnonzero(~first)[0])
-    row = int(ranked.rows[at])
-    start = int(ranked.starts[row])
-    repeated = ranked.values[at]
-    positions = np.flatnonzero(ranked.values[start:at + 1] == repeated)
-    n_rows = len(np.unique(ranked.rows[~first]))
-    raise RetrievalInputError(
-        f"the ranking of query {_show(query_ids[row])} repeats id {int(repeated)} (positions "
-        f"{int(positions[0])} and {int(positions[-1])}; {n_rows} rankings repeat ids): a ranking "
-        "lists each gallery item once — deduplicate it (allow_duplicates=True scores repeats "
-        "like eccv_caption 0.1.0, for parity runs only)")
-
-
-def check_id_lists(rows: Any, name: str, *, single: bool = False) -> None:
-    """Raise unless every row of `rows` is a list of integer ids (not floats, not bools); with
-    `single`, `rows` is the one query of evaluate's `add`.
-
-    For the evaluate module, which must check before its Arrow features would silently turn
-    10.7 into 10 and True into 1.
-    """
-    if rows is None:
-        raise RetrievalInputError(f"{name} is missing: pass one list of integer ids per query")
-    if single:
-        rows = [as_array(rows) if hasattr(rows, "detach") else rows]
-    elif hasattr(rows, "detach") or isinstance(rows, np.ndarray):
-        arr = as_array(rows)
-        require_int64(arr, arr, name)
-        if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 2):
-            raise RetrievalInputError(f"{name} must be [queries x n] integer ids, got {arr.dtype} "
-                                      f"with shape {arr.shape}")
-        return
-    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
-        raise RetrievalInputError(f"{name} must be a list of integer-id lists, got "
-                                  f"{type(rows).__name__}")
-    for q, row in enumerate(rows):
-        where = f"{name} (the added query)" if single else f"{name}[{q}] (query {q})"
-        if isinstance(row, (str, bytes)) or not isinstance(row, (Sequence, np.ndarray)):
-            raise RetrievalInputError(f"{where} must be a list of integer ids, got {_preview(row)}")
-        for item in row:
-            if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
-                raise RetrievalInputError(
-                    f"{where} holds {item!r} ({type(item).__name__}); ids must be integers — "
-                    "floats are not truncated and bools are not 0/1 here")
-            if not INT64.min <= int(item) <= INT64.max:  # Arrow's int64 would overflow
-                raise RetrievalInputError(f"{where} holds {int(item)}; {INT64_IDS}")
-
-
 def _row_cumsum(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     total = np.cumsum(x, dtype=np.int64)
     before_row = total[starts] - x[starts]
@@ -489,11 +342,3 @@ def _needs(r: int, cfg: RetrievalMetricConfig) -> str:
     return ", ".join(parts)
 
 
-def _show(x: Any) -> str:
-    """A query id as the user wrote it: 7, 'b'."""
-    return repr(x.item() if isinstance(x, np.generic) else x)
-
-
-def _preview(row: Any) -> str:
-    text = repr(row)
-    return text if len(text) <= 60 else text[:57] + "..."
