@@ -319,27 +319,8 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
     result = review(store.verdicts, items, cfg)
     human = result.positives()
     coco, cxc, cxc_source = sources
-    merged: dict[str, dict[int, set[int]]] = {"i2t": {}, "t2i": {}}
-    for modality in ("i2t", "t2i"):
-        for query in manifest["queries"][modality]:
-            found = set(human[modality].get(query, ()))
-            for source in (coco,) if cxc is None else (cxc, coco):
-                found |= set(getattr(source, modality).get(query, np.empty(0)).tolist())
-            merged[modality][query] = found
-    removed = 0
     remove_c1 = uses_coco_ids(cands, cfg)
-    # Appendix C.1: invalid captions and the duplicate image go, as items and as queries (COCO
-    # ids only: in a dataset gallery the same numbers name other captions).
-    c1 = (("i2t", INVALID_CAPTION_IDS, set(DUPLICATE_IMAGES)),
-          ("t2i", set(DUPLICATE_IMAGES), INVALID_CAPTION_IDS))
-    for modality, invalid_items, invalid_queries in c1 if remove_c1 else ():
-        for query in list(merged[modality]):
-            if query in invalid_queries:
-                removed += len(merged[modality].pop(query))
-                continue
-            before = len(merged[modality][query])
-            merged[modality][query] -= invalid_items
-            removed += before - len(merged[modality][query])
+    merged, removed = _merged(human, manifest, coco, cxc, remove_c1)
     eccv = Positives(**{m: {q: np.asarray(sorted(v), dtype=np.int64) for q, v in merged[m].items() if v}
                         for m in ("i2t", "t2i")})
     out = Path(cfg.state) / "annotations"
@@ -380,6 +361,32 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
              "pairs positive -> %s", result.submissions, len(result.failed), len(incomplete), n_human,
              len(result.votes), out)
     return report
+
+
+def _merged(human: dict, manifest: dict[str, Any], coco, cxc, remove_c1: bool) -> tuple[dict, int]:
+    """The human positives of every query with the shipped ones (CxC when merged, and COCO's), less
+    the Appendix C.1 ids when `remove_c1`; and how many positives that removal took."""
+    merged: dict[str, dict[int, set[int]]] = {"i2t": {}, "t2i": {}}
+    for modality in ("i2t", "t2i"):
+        for query in manifest["queries"][modality]:
+            found = set(human[modality].get(query, ()))
+            for source in (coco,) if cxc is None else (cxc, coco):
+                found |= set(getattr(source, modality).get(query, np.empty(0)).tolist())
+            merged[modality][query] = found
+    removed = 0
+    # Appendix C.1: invalid captions and the duplicate image go, as items and as queries (COCO
+    # ids only: in a dataset gallery the same numbers name other captions).
+    c1 = (("i2t", INVALID_CAPTION_IDS, set(DUPLICATE_IMAGES)),
+          ("t2i", set(DUPLICATE_IMAGES), INVALID_CAPTION_IDS))
+    for modality, invalid_items, invalid_queries in c1 if remove_c1 else ():
+        for query in list(merged[modality]):
+            if query in invalid_queries:
+                removed += len(merged[modality].pop(query))
+                continue
+            before = len(merged[modality][query])
+            merged[modality][query] -= invalid_items
+            removed += before - len(merged[modality][query])
+    return merged, removed
 
 
 def _restricted(mapping: dict[int, np.ndarray], queries: set[int], items: set[int]) -> dict[int, np.ndarray]:
