@@ -52,15 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--models", choices=("tiny",), default=None,
                    help="tiny: add the project's two tiny random-init CLIPs (transformers, open_clip)")
     p.add_argument("--tiny-models-dir", default=None, help="where the tiny models are built/cached")
-    p.add_argument("--coco", default=None,
-                   help=f"coco-captions build ({SOURCE_HELP}): R@1/5/10 on its test split; on the COCO 5K "
-                        "test split also ECCV mAP@R / R-P / R@1 and CxC, and with --decorrelation "
-                        "object necessity PN per removed class")
-    p.add_argument("--coco-instances", default=None, metavar="PATH",
-                   help="COCO's annotations/instances_val2014.json: adds PMRP on the COCO 5K test split")
-    p.add_argument("--decorrelation", default=None, help=f"decorrelation build ({SOURCE_HELP}): ODmAP@1/5/10")
-    p.add_argument("--counterfactuals", default=None,
-                   help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split")
+    _add_dataset_arguments(p)
     p.add_argument("--output", required=True, help="report folder (results.jsonl, report.md)")
     p.add_argument("--cache-dir", default=None,
                    help="embedding cache, shared by reports: a model already scored on the same data "
@@ -71,6 +63,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision-tag", default=None, help="with --push-to-hub: tag the pushed state")
     p.add_argument("--eval-batch-size", type=positive_int, default=64, help="encoding batch size")
     p.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers decoding images")
+    _add_statistics_arguments(p)
+    p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
+    p.set_defaults(func=_benchmark)
+
+
+def _add_dataset_arguments(p: argparse.ArgumentParser) -> None:
+    """The builds scored, one flag per dataset."""
+    p.add_argument("--coco", default=None,
+                   help=f"coco-captions build ({SOURCE_HELP}): R@1/5/10 on its test split; on the COCO 5K "
+                        "test split also ECCV mAP@R / R-P / R@1 and CxC, and with --decorrelation "
+                        "object necessity PN per removed class")
+    p.add_argument("--coco-instances", default=None, metavar="PATH",
+                   help="COCO's annotations/instances_val2014.json: adds PMRP on the COCO 5K test split")
+    p.add_argument("--decorrelation", default=None, help=f"decorrelation build ({SOURCE_HELP}): ODmAP@1/5/10")
+    p.add_argument("--counterfactuals", default=None,
+                   help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split")
+
+
+def _add_statistics_arguments(p: argparse.ArgumentParser) -> None:
+    """The intervals, the paired comparisons and the blind baseline."""
     p.add_argument("--bootstrap", type=non_negative_int, default=1000, metavar="N",
                    help="resamples of each metric's units (images, queries, pairs) for its 95%% "
                         "interval and the paired tests between models (default 1000; 0: none)")
@@ -86,5 +98,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the tiny LM with --models tiny; none: no blind baseline)")
     p.add_argument("--blind-sentence-model", default=None, metavar="MODEL",
                    help="the sentence model of the blind baseline (default: the shipped all-MiniLM-L6-v2)")
-    p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
-    p.set_defaults(func=_benchmark)
