@@ -194,6 +194,7 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     from datasets import load_dataset
 
     from counterfactory_metrics.itm_score_deltas.deltas import random_derangement
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
     from training.config import SourceRef, TrainConfig
     from training.eval_data import load_eval_data
@@ -212,7 +213,7 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     cfg.data.real, cfg.data.decorrelation = SourceRef(str(cc)), SourceRef(str(dec))
     cf_table, _ = open_table(SourceRef(str(scored_cf)), "default", "test", CF_COLUMNS)
     every_pair = [(0, row) for row in range(len(cf_table))]
-    backend = load_backend("transformers", str(single_run / "final"))
+    backend = load_backend(parse_clip_id(str(single_run / "final"), "transformers"))
     backend.module.eval()
     again = compute_embeddings(backend.module, backend, load_eval_data(cfg, every_pair, [cf_table], None), 16, 0)
     for key in ("image", "text", "query_image", "gallery_text", "cf_image", "cf_text"):

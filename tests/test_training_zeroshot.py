@@ -19,9 +19,10 @@ from training.zeroshot import load_zeroshot_set, parse_spec, prompt_templates
 @pytest.fixture(scope="module")
 def backend(tiny_models_dir):
     from builders.models.profiles import tiny_profile
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
 
-    b = load_backend("transformers", tiny_profile(tiny_models_dir).clip)
+    b = load_backend(parse_clip_id(tiny_profile(tiny_models_dir).clip, "transformers"))
     b.module.eval()
     return b
 

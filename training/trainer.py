@@ -28,6 +28,7 @@ from builders.engine.precision import resolve_dtype
 from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
+from builders.models.clip_ids import OPEN_CLIP, ClipId
 from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
 from training.before_after import BEFORE_EMBEDDINGS, before_after_table, final_statistics, write_before
@@ -190,9 +191,9 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
         accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)  # open_clip's colour jitter (--augment) draws from `random`
-    backend = load_backend(cfg.run.backend, cfg.run.model_id())
+    backend = load_backend(cfg.run.clip_id())
     # The loss the model was trained with (a SigLIP model's sigmoid loss), named in run.json.
-    cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, cfg.run.model_id())
+    cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
     if cfg.optim.grad_checkpointing:
         backend.enable_grad_checkpointing()
@@ -389,7 +390,7 @@ def finish(s: Session) -> dict[str, float]:
         staged = fresh_staging(output)
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
             copy_saved_model(output / "best", staged)
-            best = load_backend(cfg.run.backend, _saved_model_id(cfg, staged)).module
+            best = load_backend(_saved_model(s.backend, staged)).module
             s.unwrapped = best.to(accelerator.device)
         else:
             s.backend.save(s.unwrapped, staged)
@@ -425,8 +426,11 @@ def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
     return portable(record, output, inputs=[cfg.run.model, cfg.run.pretrained, *local])
 
 
-def _saved_model_id(cfg: TrainConfig, folder: Path) -> str:
-    return f"local-dir:{folder}" if cfg.run.backend == "open_clip" else str(folder)
+def _saved_model(backend, folder: Path) -> ClipId:
+    """The model `backend.save` wrote to `folder`, in its backend's format."""
+    if backend.kind == OPEN_CLIP:
+        return ClipId(OPEN_CLIP, str(folder), f"local-dir:{folder}")
+    return ClipId(backend.kind, str(folder), str(folder))
 
 
 def _read_jsonl(path: Path, upto_step: int) -> list[dict]:

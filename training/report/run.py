@@ -124,8 +124,10 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
     if cfg.baseline and cfg.bootstrap == 0:
         raise UserFacingError("--baseline compares every model with it on resampled units: drop "
                               "--bootstrap 0 (or give a number of resamples)")
-    models = cfg.models if not cfg.baseline or cfg.baseline in cfg.models else [cfg.baseline, *cfg.models]
-    return sources, [parse_model(m) for m in models]
+    specs = [parse_model(m) for m in cfg.models]
+    if cfg.baseline and cfg.baseline not in cfg.models:
+        specs.insert(0, parse_model(cfg.baseline, "--baseline"))
+    return sources, specs
 
 
 def _score_models(cfg: BenchmarkConfig, specs: list, sets: list, output: Path,
@@ -202,7 +204,7 @@ def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
     for role, model in (("lm", lm), ("sentence", sentence)):
         keys = {k: v for k, v in found["metrics"].items() if k.startswith(role)}
         keys.update(same_word_pairs=found["metrics"]["same_word_pairs"], pairs=found["metrics"]["pairs"])
-        spec = ModelSpec(model, "text-only", model)
+        spec = ModelSpec(model, "text-only")
         records += make_records(spec, found["digests"][role], ds, {f"blind_baseline/{k}": v for k, v in keys.items()},
                                 {f"blind_baseline/{k}": v for k, v in found["intervals"].items() if k in keys},
                                 cfg.bootstrap, cfg.seed,
