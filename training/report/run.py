@@ -167,7 +167,7 @@ def _score_model(cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[
         if ds.name in PN_ARRAYS:
             scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
         if ds.name not in chances:
-            chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.run.k_values)
+            chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.k_values)
         records += make_records(spec, digests[0], ds, metrics, _intervals(units, cfg),
                                 cfg.bootstrap, cfg.seed, chances[ds.name])
         all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
@@ -261,7 +261,7 @@ def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: P
     if hit is not None:
         saved, metrics, emb = hit
         log.info("%s on %s: embeddings and metrics from the cache %s", backend.model_id, ds.name, saved)
-        units = unit_scores(emb, ds.data, ds.cfg.run.k_values)
+        units = unit_scores(emb, ds.data, ds.cfg.k_values)
     else:
         written = new_file(cache, ".npz")
         try:
@@ -278,7 +278,7 @@ def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: P
         finally:
             written.unlink(missing_ok=True)
     if ds.data.queries is not None:
-        per_class = odmap_per_class(emb, ds.data, ds.cfg.run.k_values)
+        per_class = odmap_per_class(emb, ds.data, ds.cfg.k_values)
         metrics.update(per_class_metrics(per_class))
         plot(per_class, output / f"odmap_per_class-model{n}.png", name)
     scores = {k.removeprefix("itm_"): v for k, v in emb.items() if k.startswith("itm_")}
