@@ -38,6 +38,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from builders.models.clip_ids import parse_clip_id  # noqa: E402
 from training.backends import load_backend, transformers_pixels  # noqa: E402
 from training.data import PairBatchSampler, fixed_batches, make_loader  # noqa: E402
 from training.losses import clip_loss  # noqa: E402
@@ -180,7 +181,7 @@ def pipeline(table, tokenize, workers: int, fast: bool, batch: int = 32) -> floa
 def model_steps(tiny_dir: Path | None, steps: int = 20, batch: int = 32) -> float:
     from builders.models.profiles import tiny_profile
 
-    backend = load_backend("transformers", tiny_profile(tiny_dir).clip)
+    backend = load_backend(parse_clip_id(tiny_profile(tiny_dir).clip, "transformers"))
     opt = torch.optim.AdamW(backend.module.parameters(), lr=1e-4)
     pixels = torch.randn(batch, 3, backend.image_size, backend.image_size)
     text = backend.tokenize([f"a photo number {i}" for i in range(batch)])
@@ -207,7 +208,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         table, raw = jpeg_table(args.images, Path(tmp))
         captions = table["caption"]
-        tokenize = load_backend("transformers", _tiny_clip(args.tiny_models_dir)).tokenize
+        tokenize = load_backend(parse_clip_id(_tiny_clip(args.tiny_models_dir), "transformers")).tokenize
         print(f"input: {args.images} JPEGs 640x480 ({sum(map(len, raw)) / 2**20:.1f} MiB of parquet bytes), "
               f"batch 32, best of {args.repeats}, {os.cpu_count()} CPU(s), torch 1 thread")
         storage(raw, Path(tmp), best)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from builders.engine.distributed import worker_device
 from builders.models.clip import ClipScorer, OpenClipScorer, features, load_scorer
-from builders.models.clip_ids import OPEN_CLIP, TRANSFORMERS, ClipId, parse_clip_id
+from builders.models.clip_ids import OPEN_CLIP, TRANSFORMERS, ClipId, ClipIdError, parse_clip_id
 from builders.models.profiles import resolve_profile
 
 #: (id, backend given, expected): the annotators infer the backend from the id, the trainer names it.
@@ -50,6 +50,27 @@ def test_a_folder_is_open_clips_local_dir_only_where_open_clip_is_named(tmp_path
     assert parse_clip_id(folder) == ClipId(TRANSFORMERS, folder, folder)
     with pytest.raises(ValueError, match="unknown CLIP backend"):
         parse_clip_id(folder, "timm")
+
+
+@pytest.mark.parametrize("model_id, backend", [
+    ("", None), ("", TRANSFORMERS), ("open_clip:", None), ("hf-hub:", None), ("open_clip:local-dir:", None),
+    ("", OPEN_CLIP), (":openai", OPEN_CLIP), ("hf-hub: ", OPEN_CLIP), ("local-dir:", OPEN_CLIP),
+])
+def test_an_id_naming_no_model_is_refused_by_the_parser(model_id, backend):
+    """Never a load of '' (the working folder) or of an empty architecture, repo or folder."""
+    with pytest.raises(ClipIdError, match="names no model; give .*ARCH\\[:TAG\\]"):
+        parse_clip_id(model_id, backend)
+
+
+def test_the_trainers_pretrained_tag_goes_with_an_architecture_name_only(tmp_path):
+    """`--model ViT-B-32 --pretrained openai` is one typed value, shown as the architecture with
+    its tag; beside an id that names its weights the tag is refused, never dropped."""
+    clip = parse_clip_id("ViT-B-32", OPEN_CLIP, "openai")
+    assert clip == ClipId(OPEN_CLIP, "ViT-B-32", "ViT-B-32", "openai") and clip.label == "ViT-B-32:openai"
+    assert parse_clip_id("hf-hub:timm/vit", OPEN_CLIP).label == "hf-hub:timm/vit"
+    for named in ("ViT-B-32:openai", "hf-hub:timm/vit", "local-dir:m", str(tmp_path)):
+        with pytest.raises(ClipIdError, match="already says which weights to load, so --pretrained laion"):
+            parse_clip_id(named, OPEN_CLIP, "laion")
 
 
 def test_features_reads_a_tensor_or_a_model_output():

@@ -16,6 +16,7 @@ from transformers import pipeline
 from builders.app.cli import main as cli_main
 from builders.engine.errors import UserFacingError
 from builders.models import loaders
+from builders.models.clip_ids import parse_clip_id
 from builders.models.profiles import (PRODUCTION, ROLES, add_model_arguments, profile_from_args,
                                       resolve_profile, with_overrides)
 from builders.models.tiny import DONE, build_tiny_models
@@ -34,7 +35,7 @@ def test_clip_roles_score_image_text_pairs(tiny):
                       return_tensors="pt", padding=True)
     with torch.no_grad():
         assert model(**batch).logits_per_image.shape == (3, 2)
-    oc, preprocess, tokenizer = loaders.load_open_clip(tiny.open_clip)
+    oc, preprocess, tokenizer = loaders.load_open_clip(parse_clip_id(tiny.open_clip, "open_clip"))
     with torch.no_grad():
         img = oc.encode_image(preprocess(Image.new("RGB", (128, 96))).unsqueeze(0))
         txt = oc.encode_text(tokenizer(["a cat", "a dog"]))

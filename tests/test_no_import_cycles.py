@@ -149,3 +149,16 @@ def test_a_module_importing_a_name_from_its_own_package_is_no_circle(tmp_path):
     other = tmp_path / "b.py"
     other.write_text("import json\nfrom pkg import c\n")
     assert import_cycles(import_graph({"pkg.a": planted, "pkg.b": other})) == []
+
+
+def test_the_report_scores_without_a_training_configuration():
+    """The model report evaluates with an `EvalConfig` of its own flags: none of its modules
+    builds (or imports) the trainer's `TrainConfig` or its sections to stand in for one."""
+    training_only = {"TrainConfig", "DataConfig", "OptimConfig", "RunConfig"}
+    found = []
+    for path in sorted((REPO / "training" / "report").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "training.config":
+                found += [f"{path.relative_to(REPO)}:{node.lineno} {a.name}"
+                          for a in node.names if a.name in training_only]
+    assert found == [], found

@@ -136,6 +136,22 @@ def test_an_output_folder_that_is_a_file_is_one_line(flag, builds, tiny_models_d
         assert a_file.read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("flag, model", [("--model", "open_clip:"), ("--model", "hf-hub:"),
+                                         ("--model", "open_clip::openai"), ("--baseline", "local-dir:")])
+def test_a_model_id_naming_nothing_is_one_line_before_any_input_is_read(flag, model, tmp_path, capsys):
+    """Every --model (and --baseline) is parsed before a dataset is opened: the line names the
+    flag and the spellings it takes, not the missing build given beside it."""
+    from helpers.build_helpers import error_line
+
+    out = tmp_path / "out"
+    assert cli_main(["benchmark", flag, model, "--decorrelation", str(tmp_path / "no-such-build"),
+                     "--output", str(out)]) == 2
+    line = error_line(capsys)
+    assert f"{flag} {model!r} names no model" in line, line
+    assert "ARCH[:TAG]" in line and "hf-hub:ORG/REPO" in line and "local-dir:PATH" in line, line
+    assert not out.exists()
+
+
 def test_a_local_folder_with_an_at_sign_is_a_local_folder(builds, tiny_models_dir, tmp_path, monkeypatch):
     """`models/clip@v2` and `builds/dec@v2` are folders, not the Hub ids `models/clip` and
     `builds/dec` at revision `v2`: read from disk and named by content, in the report and in

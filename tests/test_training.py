@@ -194,8 +194,10 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     from datasets import load_dataset
 
     from counterfactory_metrics.itm_score_deltas.deltas import random_derangement
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
-    from training.config import SourceRef, TrainConfig
+    from training.config import SourceRef
+    from training.eval_config import EvalConfig
     from training.eval_data import load_eval_data
     from training.evaluation import compute_embeddings
     from training.mixtures import CF_COLUMNS
@@ -208,11 +210,10 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
 
     # The saved model reproduces the saved embeddings; the counterfactual ones are every pair of
     # the scored build in row order, image_0 / image_1 (caption_0 / caption_1) alternating.
-    cfg = TrainConfig()
-    cfg.data.real, cfg.data.decorrelation = SourceRef(str(cc)), SourceRef(str(dec))
+    cfg = EvalConfig(real=SourceRef(str(cc)), decorrelation=SourceRef(str(dec)))
     cf_table, _ = open_table(SourceRef(str(scored_cf)), "default", "test", CF_COLUMNS)
     every_pair = [(0, row) for row in range(len(cf_table))]
-    backend = load_backend("transformers", str(single_run / "final"))
+    backend = load_backend(parse_clip_id(str(single_run / "final"), "transformers"))
     backend.module.eval()
     again = compute_embeddings(backend.module, backend, load_eval_data(cfg, every_pair, [cf_table], None), 16, 0)
     for key in ("image", "text", "query_image", "gallery_text", "cf_image", "cf_text"):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from training.accumulation import accumulate_gradients
+from builders.models.clip_ids import parse_clip_id
 from training.backends import load_backend
 from training.finetune_clip import main as train_main
 from training.losses import clip_loss
@@ -28,7 +29,7 @@ def tiny_backend(kind: str, tiny_models_dir):
 
     profile = tiny_profile(tiny_models_dir)
     torch.manual_seed(0)
-    return load_backend(kind, profile.clip if kind == "transformers" else profile.open_clip)
+    return load_backend(parse_clip_id(profile.clip if kind == "transformers" else profile.open_clip, kind))
 
 
 def make_batch(backend, rows: range, negatives: bool, pixels: torch.Tensor) -> dict:

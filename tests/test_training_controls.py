@@ -107,9 +107,10 @@ def open_clip_train_excludes(name: str, p: torch.Tensor) -> bool:
 
 def test_open_clip_backend_keeps_1d_parameters_out_of_weight_decay(tmp_path, tiny_models_dir):
     from builders.models.profiles import tiny_profile
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
 
-    model = load_backend("open_clip", tiny_profile(tiny_models_dir).open_clip).module.model
+    model = load_backend(parse_clip_id(tiny_profile(tiny_models_dir).open_clip, "open_clip")).module.model
     excluded = {n for n, p in model.named_parameters() if open_clip_train_excludes(n, p)}
     assert "visual.class_embedding" in excluded  # 1-D, decayed by the rule without ndim
     real = real_set(tmp_path / "real", 8)
@@ -165,10 +166,11 @@ def test_accumulated_siglip_gradients_equal_the_full_batch(negatives, tiny_model
     from open_clip.loss import SigLipLoss
 
     from training.accumulation import accumulate_gradients
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
     from training.losses import siglip_loss
 
-    backend = load_backend("open_clip", tiny_siglip(tiny_models_dir, tmp_path / "siglip"))
+    backend = load_backend(parse_clip_id(tiny_siglip(tiny_models_dir, tmp_path / "siglip"), "open_clip"))
     module = backend.module
     pixels = torch.randn(8, 3, backend.image_size, backend.image_size, generator=torch.Generator().manual_seed(1))
     words = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
@@ -304,12 +306,13 @@ def test_augment_is_open_clips_train_transform(kind, tiny_models_dir):
     from PIL import Image as PILImage
 
     from builders.models.profiles import tiny_profile
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
     from training.config import parse_aug_cfg
     from training.data import decode_image
 
     profile = tiny_profile(tiny_models_dir)
-    backend = load_backend(kind, profile.clip if kind == "transformers" else profile.open_clip)
+    backend = load_backend(parse_clip_id(profile.clip if kind == "transformers" else profile.open_clip, kind))
     aug = parse_aug_cfg(("scale=(0.5, 1.0)", "color_jitter=(0.4, 0.4, 0.4, 0.1)", "color_jitter_prob=0.8"))
     pixels = backend.train_pixels(aug)
     p = backend.pixels

@@ -420,18 +420,18 @@ def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, mo
 
     import training.trainer
     from builders.engine.errors import UserFacingError
-    from builders.models.clip_ids import OPEN_CLIP, parse_clip_id
+    from builders.models.clip_ids import OPEN_CLIP, ClipId
 
     cfg = _parse("--backend", "open_clip")
     assert (cfg.run.model, cfg.run.pretrained) == ("ViT-B-32", "openai")
-    clip = parse_clip_id(cfg.run.model_id(), OPEN_CLIP)
+    clip = cfg.run.clip_id()
     assert (clip.name, clip.pretrained) == ("ViT-B-32", "openai")
     # Weights open_clip's registry knows (a listing: nothing is downloaded).
     assert "openai" in open_clip.list_pretrained_tags_by_model("ViT-B-32")
     explicit = _parse("--backend", "open_clip", "--model", "ViT-B-32", "--pretrained", "laion2b_s34b_b79k")
-    clip = parse_clip_id(explicit.run.model_id(), OPEN_CLIP)
+    clip = explicit.run.clip_id()
     assert (clip.name, clip.pretrained) == ("ViT-B-32", "laion2b_s34b_b79k")
-    assert _parse().run.model_id() == "openai/clip-vit-base-patch32"
+    assert _parse().run.clip_id().name == "openai/clip-vit-base-patch32"
     with pytest.raises(UserFacingError, match="--pretrained names open_clip weights"):
         _parse("--pretrained", "openai")
     with pytest.raises(UserFacingError, match="already says which weights"):
@@ -441,13 +441,32 @@ def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, mo
     class Loaded(Exception):
         pass
 
-    def fake_load(kind, model_id):
-        raise Loaded(kind, model_id)
+    def fake_load(clip):
+        raise Loaded(clip)
 
     monkeypatch.setattr(training.trainer, "load_backend", fake_load)
     with pytest.raises(Loaded) as got:
         training.trainer.run(_parse("--backend", "open_clip", "--output", str(tmp_path / "run")))
-    assert got.value.args == ("open_clip", "ViT-B-32:openai")
+    assert got.value.args == (ClipId(OPEN_CLIP, "ViT-B-32", "ViT-B-32", "openai"),)
+
+
+@pytest.mark.parametrize("argv, model", [
+    (("--backend", "open_clip", "--model", "hf-hub:"), "hf-hub:"),
+    (("--backend", "open_clip", "--model", "local-dir:"), "local-dir:"),
+    (("--backend", "open_clip", "--model", ":openai"), ":openai"),
+    (("--model", ""), ""),
+])
+def test_a_model_id_naming_nothing_is_one_line_before_anything_is_loaded(argv, model, tmp_path, capsys):
+    """Parsed once, from the flags: no load is tried and no run folder made for an id that names
+    no model; the line names --model and the spellings it takes."""
+    from helpers.build_helpers import error_line
+
+    out = tmp_path / "run"
+    assert cli_main(["train", "--real", str(tmp_path), "--output", str(out), *argv]) == 2
+    line = error_line(capsys)
+    assert f"--model {model!r} names no model" in line, line
+    assert "ARCH[:TAG]" in line and "hf-hub:ORG/REPO" in line and "local-dir:PATH" in line, line
+    assert not out.exists()
 
 
 def test_kim2023_recipe_is_the_decorrelation_papers():

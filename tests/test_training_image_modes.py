@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from builders.models.clip_ids import parse_clip_id
 from training.backends import load_backend, open_clip_pixels, transformers_pixels
 from training.data import decode_image
 
@@ -120,12 +121,12 @@ def test_backends_preprocess_every_mode_as_their_reference(kind, tiny_models_dir
     from builders.models.profiles import tiny_profile
 
     profile = tiny_profile(tiny_models_dir)
-    backend = load_backend(kind, profile.clip if kind == "transformers" else profile.open_clip)
+    backend = load_backend(parse_clip_id(profile.clip if kind == "transformers" else profile.open_clip, kind))
     if kind == "transformers":
         processor = backend._extra.image_processor
         std, reference, tolerance = processor.image_std, lambda d: hf_reference(processor, d), 1.0 + 1e-4
     else:
-        _, preprocess, _ = load_open_clip(profile.open_clip)
+        _, preprocess, _ = load_open_clip(parse_clip_id(profile.open_clip, "open_clip"))
         std, reference, tolerance = backend.pixels.std, lambda d: preprocess(Image.open(io.BytesIO(d))), 1e-3
     for mode in MODES:
         data = encoded(mode, 640, 480, seed=3)

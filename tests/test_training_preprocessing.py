@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from builders.models.clip_ids import parse_clip_id
 from training.backends import load_backend, open_clip_pixels, transformers_pixels
 from training.data import decode_image
 
@@ -86,12 +87,12 @@ def test_backends_use_their_own_reference_preprocessing(kind, tiny_models_dir):
     from builders.models.profiles import tiny_profile
 
     profile = tiny_profile(tiny_models_dir)
-    backend = load_backend(kind, profile.clip if kind == "transformers" else profile.open_clip)
+    backend = load_backend(parse_clip_id(profile.clip if kind == "transformers" else profile.open_clip, kind))
     if kind == "transformers":
         processor, std = backend._extra.image_processor, backend._extra.image_processor.image_std
         reference = lambda data: hf_reference(processor, data)  # noqa: E731
     else:
-        _, preprocess, _ = load_open_clip(profile.open_clip)
+        _, preprocess, _ = load_open_clip(parse_clip_id(profile.open_clip, "open_clip"))
         std = backend.pixels.std
         reference = lambda data: oc_reference(preprocess, data)  # noqa: E731
     for shape in SHAPES:

@@ -70,11 +70,12 @@ NO_DECAY = re.compile(r"((^|\.)\w*bias$|(^|\.)logit_scale$|(^|\.)(ln_\w+|\w*lay\
 @pytest.mark.parametrize("kind", ["transformers", "open_clip"])
 def test_no_decay_group_is_bias_norm_and_logit_scale(kind, tiny_models_dir):
     from builders.models.profiles import tiny_profile
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
     from training.optimization import make_optimizer
 
     profile = tiny_profile(tiny_models_dir)
-    module = load_backend(kind, profile.clip if kind == "transformers" else profile.open_clip).module
+    module = load_backend(parse_clip_id(profile.clip if kind == "transformers" else profile.open_clip, kind)).module
     names = {id(p): n for n, p in module.named_parameters()}
     opt = make_optimizer(module, "adamw", 1e-3, 0.1)
     decay, no_decay = ({names[id(p)] for p in g["params"]} for g in opt.param_groups)
@@ -105,8 +106,9 @@ def test_logit_scale_is_clamped_to_ln_100_after_a_step_pushing_it_above(tmp_path
                        "adam", "--lr", "3", "--batch-size", "4", "--max-steps", "1",
                        "--num-workers", "0", "--output", str(out)]) == 0
     from builders.models.profiles import tiny_profile
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
 
-    start = float(load_backend("transformers", tiny_profile(tiny_models_dir).clip).module.model.logit_scale.detach())
+    start = float(load_backend(parse_clip_id(tiny_profile(tiny_models_dir).clip, "transformers")).module.model.logit_scale.detach())
     assert start < math.log(100) < start + 3
     assert float(weights(out / "final")["logit_scale"]) == pytest.approx(math.log(100), abs=1e-6)

@@ -10,7 +10,7 @@ from PIL import Image
 
 from builders.devtools.fixtures.classification import CLASSES, write_classification_fixture
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_flickr30k_fixture
-from training.config import TrainConfig
+from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_flickr30k
 from training.evaluation import zeroshot_and_flickr30k
 from training.sources import DataInputError
@@ -19,18 +19,16 @@ from training.zeroshot import load_zeroshot_set, parse_spec, prompt_templates
 @pytest.fixture(scope="module")
 def backend(tiny_models_dir):
     from builders.models.profiles import tiny_profile
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
 
-    b = load_backend("transformers", tiny_profile(tiny_models_dir).clip)
+    b = load_backend(parse_clip_id(tiny_profile(tiny_models_dir).clip, "transformers"))
     b.module.eval()
     return b
 
 
-def _cfg() -> TrainConfig:
-    cfg = TrainConfig()
-    cfg.data.num_workers = 0
-    cfg.run.eval_batch_size = 8
-    return cfg
+def _cfg() -> EvalConfig:
+    return EvalConfig(num_workers=0, eval_batch_size=8)
 
 
 def _brute_force_zeroshot(backend, images, classnames, labels):
@@ -157,7 +155,7 @@ def test_flags_reach_the_evaluation_and_the_saved_embeddings(tmp_path, backend, 
         ["--zeroshot", f"{classes}:test", "--zeroshot", str(classes), "--flickr30k", str(flickr),
          "--eval-only", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
          "--num-workers", "0", "--output", str(tmp_path / "run")])
-    cfg = config_from_args(args)
+    cfg = EvalConfig.of(config_from_args(args))  # as the trainer derives it
     data = load_eval_data(cfg, [], [], None)
     assert len(data.zeroshot) == 2 and data.flickr30k is not None
     assert [(r.split, r.rows) for r in data.records] == [("test", len(CLASSES))] * 2 + [("test", 2)]

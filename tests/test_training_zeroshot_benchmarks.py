@@ -46,9 +46,10 @@ def test_shipped_lists_equal_independent_copies():
 @pytest.fixture(scope="module")
 def clip(tiny_models_dir):
     from builders.models.profiles import tiny_profile
+    from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
 
-    backend = load_backend("transformers", tiny_profile(tiny_models_dir).clip)
+    backend = load_backend(parse_clip_id(tiny_profile(tiny_models_dir).clip, "transformers"))
     backend.module.eval()
     return backend
 

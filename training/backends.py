@@ -32,7 +32,7 @@ from torch import nn
 from torchvision import transforms
 
 from builders.models.clip import features
-from builders.models.clip_ids import TRANSFORMERS, open_clip_model_config, parse_clip_id
+from builders.models.clip_ids import TRANSFORMERS, ClipId, open_clip_model_config
 from builders.models.loaders import load_clip, load_open_clip
 
 
@@ -129,9 +129,11 @@ class OpenClipTokenize:
 class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
 
-    def __init__(self, kind: str, model_id: str, module: DualEncoder, pixels: PixelPipeline,
+    def __init__(self, clip: ClipId, module: DualEncoder, pixels: PixelPipeline,
                  tokenize, extra, input_size: int | tuple[int, int] | None = None) -> None:
-        self.kind, self.model_id, self.module = kind, model_id, module
+        self.clip, self.module = clip, module
+        #: transformers or open_clip, and the model as messages name it.
+        self.kind, self.model_id = clip.backend, clip.label
         self.pixels, self.tokenize, self._extra = pixels, tokenize, extra
         self.image_size = pixels.size
         #: The model's input size as its library gives it (open_clip: maybe (height, width)).
@@ -267,20 +269,20 @@ def open_clip_pixels(preprocess, size: int, cfg: dict) -> PixelPipeline:
     return PixelPipeline(size, tuple(cfg["mean"]), tuple(cfg["std"]), _until_to_tensor(preprocess))
 
 
-def load_backend(kind: str, model_id: str) -> Backend:
-    """`kind` is `transformers` (a Hub id or save_pretrained folder) or `open_clip` (`ARCH:TAG`,
-    `hf-hub:...`, `local-dir:PATH` or a folder), read by `builders.models.clip_ids`."""
-    clip = parse_clip_id(model_id, kind)
+def load_backend(clip: ClipId) -> Backend:
+    """The backend of `clip` (parsed by `builders.models.clip_ids` where the id came in): a
+    transformers Hub id or save_pretrained folder, or an open_clip architecture with its tag,
+    `hf-hub:...` or `local-dir:PATH`."""
     if clip.backend == TRANSFORMERS:
-        model, processor = load_clip(clip.model_id)
+        model, processor = load_clip(clip.name)
         ip = processor.image_processor
-        return Backend(kind, model_id, HFClip(model.train()), transformers_pixels(ip),
+        return Backend(clip, HFClip(model.train()), transformers_pixels(ip),
                        HFTokenize(processor.tokenizer), processor)
-    model, preprocess, tokenizer = load_open_clip(clip.model_id)
+    model, preprocess, tokenizer = load_open_clip(clip)
     cfg = model.visual.preprocess_cfg
     input_size = model.visual.image_size
     input_size = tuple(input_size) if isinstance(input_size, (tuple, list)) else input_size
     size = input_size[0] if isinstance(input_size, tuple) else input_size
     saved = {"model_cfg": open_clip_model_config(clip), "preprocess_cfg": dict(cfg)}
-    return Backend(kind, model_id, OpenClip(model.train()), open_clip_pixels(preprocess, size, cfg),
+    return Backend(clip, OpenClip(model.train()), open_clip_pixels(preprocess, size, cfg),
                    OpenClipTokenize(tokenizer), saved, input_size)

@@ -39,11 +39,11 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal
 
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import non_negative_int, positive_int
+from builders.models.clip_ids import ClipId, ClipIdError, parse_clip_id
 from builders.models.pickled_weights import FLAG_HELP as PICKLED_WEIGHTS_HELP
 from builders.publishing.hub_client import repo_id_problem
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
@@ -276,10 +276,15 @@ class RunConfig:
         model, tag = DEFAULT_MODELS[self.backend]
         return model, self.pretrained or tag
 
-    def model_id(self) -> str:
-        """What the backend loads: `ARCH:TAG` for an open_clip architecture with a tag."""
+    def clip_id(self) -> ClipId:
+        """The model the backend loads, parsed once here (every layer below takes the `ClipId`);
+        an id naming nothing, or a --pretrained tag beside an id that names its weights, is one
+        line naming --model."""
         model, tag = self.weights()
-        return f"{model}:{tag}" if tag else model
+        try:
+            return parse_clip_id(model, self.backend, tag)
+        except ClipIdError as err:
+            raise UserFacingError(f"--model {model[:200]!r} {err}") from None
 
 
 @dataclass
@@ -302,10 +307,7 @@ class TrainConfig:
         if r.pretrained is not None and r.backend != "open_clip":
             raise UserFacingError("--pretrained names open_clip weights; with --backend transformers "
                                   "give the checkpoint as --model (Hub id or folder)")
-        if r.pretrained is not None and r.model is not None and (":" in r.model or Path(r.model).is_dir()):
-            raise UserFacingError(f"--model {r.model} already says which weights to load, so --pretrained "
-                                  f"{r.pretrained} cannot apply; give an architecture name (ViT-B-32) "
-                                  "or drop --pretrained")
+        r.clip_id()  # an id naming nothing (or a --pretrained it cannot take) fails before any load
         if d.real is None and (not r.eval_only or d.mix.startswith("cf:")):
             raise UserFacingError("--real is required: the coco-captions build (folder or repo id) "
                                   "holding the real pairs D and their images")

@@ -22,7 +22,7 @@ import numpy as np
 
 from builders.engine.errors import InputFileError
 from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
-from training.config import TrainConfig
+from training.eval_config import EvalConfig
 from training.mixtures import ExampleSet, REAL_COLUMNS
 from training.sources import DataInputError, TableRecord, open_table, resolve_commit
 from training.zeroshot import load_zeroshot_set
@@ -61,8 +61,7 @@ class EvalData:
     flickr30k: EvalData | None = None  # its retrieval images and captions (--flickr30k)
 
 
-def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalData:
-    d = cfg.data
+def load_eval_data(d: EvalConfig, heldout_cf, cf_tables, validation) -> EvalData:
     out = EvalData(validation=validation)
     if d.real is not None and d.real_test_split:
         test, record = open_table(d.real, "default", d.real_test_split, REAL_COLUMNS, resolve_commit(d.real))
@@ -77,10 +76,10 @@ def load_eval_data(cfg: TrainConfig, heldout_cf, cf_tables, validation) -> EvalD
         out.caption_image = np.repeat(out.image_ids, [len(c) for c in meta["caption_ids"]])
         keep_standard_coco_captions(out)
         out.folds = retrieval_folds(out.image_ids)
-        if cfg.run.eccv:
+        if d.eccv:
             check_eccv_split(out, f"{d.real.path} split {d.real_test_split!r}")
-            if cfg.run.coco_instances:
-                out.pm_positives = read_pm_positives(cfg.run.coco_instances)
+            if d.coco_instances:
+                out.pm_positives = read_pm_positives(d.coco_instances)
     if d.decorrelation is not None:
         commit = resolve_commit(d.decorrelation)
         queries, rq = open_table(d.decorrelation, "odmap_queries", "test", QUERY_COLUMNS, commit)

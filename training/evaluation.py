@@ -47,7 +47,7 @@ from builders.engine.batching import ShrinkingBatches
 from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, itm_score_deltas, random_derangement
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
-from training.config import TrainConfig
+from training.eval_config import EvalConfig
 from training.data import fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
@@ -273,10 +273,10 @@ def zeroshot_scores(image_emb: np.ndarray, class_emb: np.ndarray, labels: np.nda
     return out
 
 
-def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, emb: dict) -> dict[str, float]:
+def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: EvalConfig, emb: dict) -> dict[str, float]:
     """Flickr30k R@K (the COCO retrieval code, whole split) and each zero-shot set's accuracy;
     their embeddings are added to `emb`."""
-    bs, workers = cfg.run.eval_batch_size, cfg.data.num_workers
+    bs, workers = cfg.eval_batch_size, cfg.num_workers
     out: dict[str, float] = {}
     if data.flickr30k is not None:
         f = data.flickr30k
@@ -284,7 +284,7 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: TrainConfig, em
                   "text": encode_texts(module, backend, f.captions, bs)}
         emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
         out.update({k.replace("retrieval/", "flickr30k/"): v
-                    for k, v in retrieval_metrics(flickr, f, cfg.run.k_values).items()})
+                    for k, v in retrieval_metrics(flickr, f, cfg.k_values).items()})
     for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
         classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames,
@@ -336,24 +336,24 @@ def validation_loss(module, backend, examples: ExampleSet, batch_size: int, work
     return float(np.average(losses, weights=sizes)) if losses else float("nan")
 
 
-def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: Path | None = None,
+def evaluate_model(module, backend, data: EvalData, cfg: EvalConfig, save_to: Path | None = None,
                    units: dict | None = None) -> dict[str, float]:
     """All metrics of `data`; with `save_to`, also write the embeddings there; with `units`, also
     fill it with each metric's per-unit scores (training/unit_scores.py: what the intervals
     resample)."""
     was_training = module.training
     module.eval()
-    bs, workers = cfg.run.eval_batch_size, cfg.data.num_workers
+    bs, workers = cfg.eval_batch_size, cfg.num_workers
     emb = compute_embeddings(module, backend, data, bs, workers)
     metrics: dict[str, float] = {}
     per_image = {}
     if "image" in emb:
-        per_image = retrieval_units(emb, data, cfg.run.k_values)  # ranked once, for both
+        per_image = retrieval_units(emb, data, cfg.k_values)  # ranked once, for both
         metrics.update({name: u.value() for name, u in per_image.items()})
-        if cfg.run.eccv:
+        if cfg.eccv:
             metrics.update(eccv_metrics(emb, data))
     if "query_image" in emb:
-        metrics.update(odmap_metrics(emb, data, cfg.run.k_values))
+        metrics.update(odmap_metrics(emb, data, cfg.k_values))
         if "image" in emb:  # x is a retrieval image, already encoded
             rows = original_rows(data.query_image_ids, data.image_ids)
             metrics.update(necessity(emb["image"], rows, emb, data))
@@ -364,9 +364,9 @@ def evaluate_model(module, backend, data: EvalData, cfg: TrainConfig, save_to: P
                             if k in ("mean", "median", "frac_below_zero")})
     metrics.update(zeroshot_and_flickr30k(module, backend, data, cfg, emb))
     if data.validation is not None and len(data.validation):
-        metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers, cfg.optim.loss)
+        metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers, cfg.loss)
     if units is not None:
-        units.update({**per_image, **unit_scores(emb, data, cfg.run.k_values, retrieval=False)})
+        units.update({**per_image, **unit_scores(emb, data, cfg.k_values, retrieval=False)})
     if save_to is not None:
         np.savez(save_to, **emb, **{f"itm_{k}": v for k, v in itm_args.items()})
     module.train(was_training)

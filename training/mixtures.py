@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import datasets
 import numpy as np
 
-from training.config import DataConfig
+from training.config import DataConfig, SourceRef
 from training.sources import DataInputError, TableRecord, open_table, resolve_commit, split_names
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,8 @@ def build_mixture(cfg: DataConfig) -> Mixture:
         _add_real(validation, [val_table])
     if cfg.mix == "decorrelation":
         _add_decorrelation(cfg, rng, examples, real_index, records, skipped)
-    heldout = _add_unmixed_counterfactuals(cfg, examples, records) if cfg.counterfactuals else []
+    heldout = _add_unmixed_counterfactuals(cfg.counterfactuals, cfg.counterfactuals_split, examples,
+                                           records) if cfg.counterfactuals else []
     return Mixture(examples, validation, heldout, records, dict(skipped))
 
 
@@ -154,8 +155,14 @@ def eval_only_sets(cfg: DataConfig) -> Mixture:
     training examples."""
     if cfg.mix.startswith("cf:"):
         return build_mixture(cfg)
+    return unmixed_sets(cfg.counterfactuals, cfg.counterfactuals_split)
+
+
+def unmixed_sets(counterfactuals: SourceRef | None, split: str) -> Mixture:
+    """Every pair of the `split` of an unmixed `counterfactuals` build, held out (none without
+    one), and no training examples: `--eval-only` without a `cf:` mix, and the model report."""
     examples, records = ExampleSet(), []
-    heldout = _add_unmixed_counterfactuals(cfg, examples, records) if cfg.counterfactuals else []
+    heldout = _add_unmixed_counterfactuals(counterfactuals, split, examples, records) if counterfactuals else []
     return Mixture(examples, None, heldout, records, {})
 
 
@@ -212,11 +219,11 @@ def _add_decorrelation(cfg, rng, examples: ExampleSet, real_index, records, skip
                      "decorrelation")
 
 
-def _add_unmixed_counterfactuals(cfg, examples: ExampleSet, records) -> list[tuple[int, int]]:
+def _add_unmixed_counterfactuals(ref: SourceRef, split: str, examples: ExampleSet,
+                                 records) -> list[tuple[int, int]]:
     """Every pair of the counterfactuals split as held-out (table, row), its table appended to
     `examples.tables` (no example reads it: nothing of it is trained on)."""
-    ref = cfg.counterfactuals
-    cf = _open(ref, "default", cfg.counterfactuals_split, CF_COLUMNS, resolve_commit(ref), records)
+    cf = _open(ref, "default", split, CF_COLUMNS, resolve_commit(ref), records)
     k = len(examples.tables)
     examples.tables.append(cf)
     return [(k, row) for row in range(len(cf))]

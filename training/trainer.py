@@ -28,6 +28,7 @@ from builders.engine.precision import resolve_dtype
 from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
+from builders.models.clip_ids import OPEN_CLIP, ClipId
 from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
 from training.before_after import BEFORE_EMBEDDINGS, before_after_table, final_statistics, write_before
@@ -37,6 +38,7 @@ from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint,
 from training.checkpoint_files import Resumable
 from training.config import TrainConfig, as_dict, parse_aug_cfg, training_fingerprint
 from training.data import PairBatchSampler, make_loader, to_device
+from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_eval_data
 from training.evaluation import evaluate_model
 from training.final_files import MANIFEST, check_before_training, copy_saved_model, fresh_staging, install
@@ -131,6 +133,8 @@ class Session:
     backend: Any
     record: dict
     data: EvalData
+    #: What `data` is scored with (from `cfg`, its loss resolved).
+    evaluation: EvalConfig
     sampler: PairBatchSampler
     loader: Any
     model: Any
@@ -190,9 +194,9 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
         accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)  # open_clip's colour jitter (--augment) draws from `random`
-    backend = load_backend(cfg.run.backend, cfg.run.model_id())
+    backend = load_backend(cfg.run.clip_id())
     # The loss the model was trained with (a SigLIP model's sigmoid loss), named in run.json.
-    cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, cfg.run.model_id())
+    cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
     if cfg.optim.grad_checkpointing:
         backend.enable_grad_checkpointing()
@@ -216,15 +220,16 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
 
 def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) -> dict[str, float]:
     """`--eval-only`: the final evaluation of the loaded model, no training."""
+    evaluation = EvalConfig.of(cfg)
     held = eval_only_sets(cfg.data)
-    data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
+    data = load_eval_data(evaluation, held.heldout_cf, held.train.tables, held.validation)
     record.update(tables=[asdict(r) for r in held.records + data.records],
                   skipped=skip_counts(data.zeroshot), zeroshot_prompts=prompt_sources(data.zeroshot))
     metrics = {}
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
         units: dict = {}
-        metrics = evaluate_model(backend.module, backend, data, cfg, output / "embeddings.npz", units)
+        metrics = evaluate_model(backend.module, backend, data, evaluation, output / "embeddings.npz", units)
         _log_metrics(accelerator, "final", metrics, 0)
         record.update(final_statistics(output, data, cfg, metrics, units, trained=False))
         _write_results(output, published_record(record, cfg, output),
@@ -255,7 +260,8 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     total = steps_per_epoch * cfg.optim.epochs
     if cfg.optim.max_steps is not None:
         total = min(total, cfg.optim.max_steps)
-    data = load_eval_data(cfg, mixture.heldout_cf, mixture.train.tables, mixture.validation)
+    evaluation = EvalConfig.of(cfg)
+    data = load_eval_data(evaluation, mixture.heldout_cf, mixture.train.tables, mixture.validation)
     # The validation loss picks the final model with --best-by-val-loss: then it is data the
     # model is selected on, checked as the training data is.
     record["eval_overlap"] = check_eval_overlap(
@@ -292,8 +298,8 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     state.config = run_fingerprint(cfg, output)  # recorded in every checkpoint
     bar = tqdm(total=total, initial=state.step, desc="train", unit="step",
                disable=not accelerator.is_local_main_process)
-    return Session(cfg, output, accelerator, backend, record, data, sampler, loader, model, optimizer,
-                   scheduler, steps_per_epoch, total, state,
+    return Session(cfg, output, accelerator, backend, record, data, evaluation, sampler, loader, model,
+                   optimizer, scheduler, steps_per_epoch, total, state,
                    history=_read_jsonl(output / "loss.jsonl", state.step),
                    evals=_read_jsonl(output / "metrics.jsonl", state.step), bar=bar,
                    unwrapped=accelerator.unwrap_model(model))
@@ -352,7 +358,7 @@ def evaluate_base(s: Session) -> None:
     forked: the training that follows is the one it would be without this evaluation."""
     if s.accelerator.is_main_process:
         with torch.random.fork_rng(devices=[]):  # a DataLoader iterator draws its base seed
-            write_before(s.output, evaluate_model(s.unwrapped, s.backend, s.data, s.cfg,
+            write_before(s.output, evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation,
                                                   s.output / BEFORE_EMBEDDINGS))
     s.accelerator.wait_for_everyone()
 
@@ -364,7 +370,7 @@ def evaluate(s: Session, final: bool = False, units: dict | None = None) -> dict
     cfg, state, output = s.cfg, s.state, s.output
     metrics: dict[str, float] = {}
     if s.accelerator.is_main_process:
-        metrics = evaluate_model(s.unwrapped, s.backend, s.data, cfg,
+        metrics = evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation,
                                  output / "embeddings.npz" if final else None, units)
         s.evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
         _write_jsonl(output / "metrics.jsonl", s.evals)
@@ -389,7 +395,7 @@ def finish(s: Session) -> dict[str, float]:
         staged = fresh_staging(output)
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
             copy_saved_model(output / "best", staged)
-            best = load_backend(cfg.run.backend, _saved_model_id(cfg, staged)).module
+            best = load_backend(_saved_model(s.backend, staged)).module
             s.unwrapped = best.to(accelerator.device)
         else:
             s.backend.save(s.unwrapped, staged)
@@ -425,8 +431,11 @@ def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
     return portable(record, output, inputs=[cfg.run.model, cfg.run.pretrained, *local])
 
 
-def _saved_model_id(cfg: TrainConfig, folder: Path) -> str:
-    return f"local-dir:{folder}" if cfg.run.backend == "open_clip" else str(folder)
+def _saved_model(backend, folder: Path) -> ClipId:
+    """The model `backend.save` wrote to `folder`, in its backend's format."""
+    if backend.kind == OPEN_CLIP:
+        return ClipId(OPEN_CLIP, str(folder), f"local-dir:{folder}")
+    return ClipId(backend.kind, str(folder), str(folder))
 
 
 def _read_jsonl(path: Path, upto_step: int) -> list[dict]:

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import torch
 
-from builders.models.clip_ids import TRANSFORMERS, parse_clip_id
+from builders.engine.errors import UserFacingError
+from builders.models.clip_ids import TRANSFORMERS, ClipIdError, parse_clip_id
 from builders.models.loaders import load_clip, load_open_clip
 
 
@@ -70,8 +71,12 @@ class OpenClipScorer:
 def load_scorer(model_id: str, device: str = "cpu", backend: str | None = None,
                 dtype: str = "fp32") -> ClipScorer | OpenClipScorer:
     """The scorer of `model_id` on `device` in `dtype`; `backend` None infers it from the id
-    (`clip_ids`)."""
-    clip = parse_clip_id(model_id, backend)
+    (`clip_ids`). The builders' configs hold their CLIP ids as text: this is where they are
+    parsed, once."""
+    try:
+        clip = parse_clip_id(model_id, backend)
+    except ClipIdError as err:
+        raise UserFacingError(f"the CLIP model {model_id!r} {err}") from None
     if clip.backend == TRANSFORMERS:
-        return ClipScorer(*load_clip(clip.model_id, device, dtype))
-    return OpenClipScorer(*load_open_clip(clip.model_id, device, dtype))
+        return ClipScorer(*load_clip(clip.name, device, dtype))
+    return OpenClipScorer(*load_open_clip(clip, device, dtype))

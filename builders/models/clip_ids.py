@@ -21,12 +21,25 @@ TRANSFORMERS, OPEN_CLIP = "transformers", "open_clip"
 OPEN_CLIP_PREFIXES = ("open_clip:", "hf-hub:", "local-dir:")
 
 
+#: The spellings a CLIP model id may take, for the one line that refuses another.
+EXPECTED = ("a Hugging Face CLIP id or save_pretrained folder, or open_clip's ARCH[:TAG], "
+            "hf-hub:ORG/REPO or local-dir:PATH (open_clip:... where the backend is not given)")
+
+
+class ClipIdError(ValueError):
+    """A model id that names no model (an empty architecture, repo or folder). Its message is the
+    problem and the fix, read after the id: the caller turns it into one line naming its flag,
+    `--model 'hf-hub:' names no model; give ...`."""
+
+
 @dataclass(frozen=True)
 class ClipId:
-    """A CLIP model id resolved to its implementation."""
+    """A CLIP model id resolved to its implementation: parsed once where the id comes in (a
+    flag, a config field), and passed as it is to every layer below, which reads its fields and
+    never the id's text again."""
 
     backend: str
-    #: The id as the backend's loader takes it (`open_clip:` dropped).
+    #: The id as given (`open_clip:` dropped): what messages name.
     model_id: str
     #: transformers: `model_id`; open_clip: what `create_model_and_transforms` is given
     #: (`hf-hub:ORG/REPO`, `local-dir:PATH` or an architecture name).
@@ -34,24 +47,54 @@ class ClipId:
     #: open_clip's pretrained tag (or checkpoint file) of an architecture name.
     pretrained: str | None = None
 
+    @property
+    def label(self) -> str:
+        """The model in messages and logs: an architecture with its weights tag (`ViT-B-32:openai`,
+        also when the tag came from `--pretrained`), else the id."""
+        return f"{self.name}:{self.pretrained}" if self.pretrained else self.model_id
 
-def parse_clip_id(model_id: str, backend: str | None = None) -> ClipId:
+    @property
+    def names_weights(self) -> bool:
+        """Whether the id itself says which weights to load (a `--pretrained` tag cannot apply)."""
+        return self.backend == TRANSFORMERS or self.pretrained is not None or \
+            self.name.startswith(("hf-hub:", "local-dir:"))
+
+
+def parse_clip_id(model_id: str, backend: str | None = None, pretrained: str | None = None) -> ClipId:
     """`backend` None infers it from the spelling (the annotators' ids); `transformers` or
-    `open_clip` is the trainer's `--backend`."""
+    `open_clip` is the trainer's `--backend`, whose `--pretrained` tag of an architecture name is
+    `pretrained` (refused beside an id that names its weights). An id naming nothing raises
+    `ClipIdError`."""
     if backend is None:
         if not model_id.startswith(OPEN_CLIP_PREFIXES):
-            return ClipId(TRANSFORMERS, model_id, model_id)
+            return _checked(ClipId(TRANSFORMERS, model_id, model_id))
         backend, model_id = OPEN_CLIP, model_id.removeprefix("open_clip:")
     if backend == TRANSFORMERS:
-        return ClipId(TRANSFORMERS, model_id, model_id)
+        return _checked(ClipId(TRANSFORMERS, model_id, model_id))
     if backend != OPEN_CLIP:
         raise ValueError(f"unknown CLIP backend {backend!r} (expected {TRANSFORMERS} or {OPEN_CLIP})")
     if model_id.startswith(("hf-hub:", "local-dir:")):
-        return ClipId(OPEN_CLIP, model_id, model_id)
-    if Path(model_id).is_dir():
-        return ClipId(OPEN_CLIP, model_id, f"local-dir:{model_id}")
-    arch, _, tag = model_id.partition(":")
-    return ClipId(OPEN_CLIP, model_id, arch, tag or None)
+        clip = ClipId(OPEN_CLIP, model_id, model_id)
+    elif model_id and Path(model_id).is_dir():
+        clip = ClipId(OPEN_CLIP, model_id, f"local-dir:{model_id}")
+    else:
+        arch, _, tag = model_id.partition(":")
+        clip = ClipId(OPEN_CLIP, model_id, arch, tag or None)
+    if pretrained is None:
+        return _checked(clip)
+    if clip.names_weights:
+        raise ClipIdError(f"already says which weights to load, so --pretrained {pretrained} cannot "
+                          "apply; give an architecture name (ViT-B-32) or drop --pretrained")
+    return _checked(ClipId(OPEN_CLIP, model_id, clip.name, pretrained))
+
+
+def _checked(clip: ClipId) -> ClipId:
+    """`clip`, unless it names nothing: an empty id, architecture, `hf-hub:` repo or `local-dir:`
+    folder."""
+    prefixed = clip.backend == OPEN_CLIP and clip.name.startswith(("hf-hub:", "local-dir:"))
+    if (clip.name.partition(":")[2] if prefixed else clip.name).strip():
+        return clip
+    raise ClipIdError(f"names no model; give {EXPECTED}")
 
 
 def open_clip_model_config(clip: ClipId) -> dict:

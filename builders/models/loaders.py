@@ -18,7 +18,7 @@ from typing import Any
 
 from builders.engine.errors import UserFacingError
 from builders.engine.precision import torch_dtype
-from builders.models.clip_ids import OPEN_CLIP, parse_clip_id
+from builders.models.clip_ids import ClipId
 from builders.models.pickled_weights import (FLAG, PickledWeightsError, check_local, check_open_clip,
                                              pickled_weights_trusted, refused_global, use_safetensors)
 
@@ -76,21 +76,19 @@ def load_clip(model_id: str, device: str = "cpu", dtype: str = "fp32"):
     return _wrap("CLIP", model_id, load)
 
 
-def load_open_clip(model_id: str, device: str = "cpu", dtype: str = "fp32"):
-    """open_clip CLIP: `(model, preprocess, tokenizer)`; `model_id` as `clip_ids` reads it for
-    the open_clip backend. The whole model is cast to `dtype` (open_clip's `pure_` precisions),
-    as the transformers models are."""
+def load_open_clip(clip: ClipId, device: str = "cpu", dtype: str = "fp32"):
+    """open_clip CLIP: `(model, preprocess, tokenizer)` of an open_clip `clip` (parsed by
+    `clip_ids`). The whole model is cast to `dtype` (open_clip's `pure_` precisions), as the
+    transformers models are."""
     import open_clip
 
-    clip = parse_clip_id(model_id, OPEN_CLIP)
-
     def load():
-        check_open_clip(model_id, clip.name, clip.pretrained)
+        check_open_clip(clip.label, clip.name, clip.pretrained)
         model, _, preprocess = open_clip.create_model_and_transforms(
             clip.name, pretrained=clip.pretrained, device=device, weights_only=True)
         return model.to(torch_dtype(dtype)).eval(), preprocess, open_clip.get_tokenizer(clip.name)
 
-    return _wrap("open_clip", model_id, load)
+    return _wrap("open_clip", clip.label, load)
 
 
 def load_sd(model_id: str, inpaint: bool = False, device: str = "cpu", dtype: str = "fp32"):

@@ -37,9 +37,9 @@ def cache_key(digest: str, preprocessing: str, ds) -> dict:
     evaluation settings that change a number (batch size and workers do not)."""
     tables = [[model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows]
               for t in ds.tables]
-    instances = ds.cfg.run.coco_instances
+    instances = ds.cfg.coco_instances
     return {"weights_digest": digest, "preprocessing_digest": preprocessing, "dataset": ds.name,
-            "tables": tables, "k_values": list(ds.cfg.run.k_values), "eccv": bool(ds.cfg.run.eccv),
+            "tables": tables, "k_values": list(ds.cfg.k_values), "eccv": bool(ds.cfg.eccv),
             "pm_instances": _instances_digest(instances) if instances else None,
             "code_version": code_version(),
             "metric_versions": {m: source_digest(m) for m in EVALUATION_MODULES}}

@@ -4,7 +4,7 @@ evaluation loaders, so the numbers are those `--eval-only` reports for the same 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -12,15 +12,16 @@ import pyarrow.parquet as pq
 from builders.engine.dataset_source import local_data_files
 from builders.engine.errors import InputFileError
 from builders.engine.provenance import model_name
-from training.config import SourceRef, TrainConfig
+from training.config import SourceRef
+from training.eval_config import EvalConfig
 from training.eval_data import EvalData, is_coco_5k, load_eval_data, read_pm_positives
 from training.evaluation import UndecodableImage
-from training.mixtures import eval_only_sets
+from training.mixtures import unmixed_sets
 from training.sources import DataInputError
 
 log = logging.getLogger(__name__)
 
-#: dataset name (and flag) -> the TrainConfig.data field that reads it.
+#: dataset name (and flag) -> the EvalConfig field that reads it.
 KINDS = {"coco": "real", "decorrelation": "decorrelation", "counterfactuals": "counterfactuals"}
 
 
@@ -28,7 +29,7 @@ KINDS = {"coco": "real", "decorrelation": "decorrelation", "counterfactuals": "c
 class BenchmarkDataset:
     name: str  # coco, decorrelation or counterfactuals
     source: SourceRef
-    cfg: TrainConfig  # the --eval-only configuration that scores it
+    cfg: EvalConfig  # how it is scored: as `--eval-only` scores it
     data: EvalData
     tables: list = field(default_factory=list)  # TableRecord of every table read
 
@@ -46,8 +47,8 @@ class BenchmarkDataset:
 def locate(ds: BenchmarkDataset, err: UndecodableImage) -> DataInputError:
     """`err` as one line naming the flag, the shard file (of a local build) and its row there."""
     config, split = {"decorrelation": ("odmap_queries", "test"),
-                     "counterfactual": ("default", ds.cfg.data.counterfactuals_split)}.get(
-        err.origin, ("default", ds.cfg.data.real_test_split))
+                     "counterfactual": ("default", ds.cfg.counterfactuals_split)}.get(
+        err.origin, ("default", ds.cfg.real_test_split))
     where = f"{ds.source.path} (config {config!r}, split {split!r}) row {err.row}"
     try:
         files = (local_data_files(ds.source.path, config) or {}).get(split, [])
@@ -79,25 +80,23 @@ def open_dataset(name: str, source: SourceRef, eval_batch_size: int = 64, num_wo
                  k_values: tuple[int, ...] = (1, 5, 10),
                  coco_instances: str | None = None) -> BenchmarkDataset:
     """Open one build; a missing or wrong kind of build is one line naming `--NAME`."""
-    cfg = TrainConfig()
-    cfg.run.eval_only = True
-    cfg.run.eval_batch_size, cfg.run.k_values = eval_batch_size, tuple(k_values)
-    cfg.data.num_workers = num_workers
-    setattr(cfg.data, KINDS[name], source)
+    cfg = EvalConfig(eval_batch_size=eval_batch_size, num_workers=num_workers, k_values=tuple(k_values),
+                     **{KINDS[name]: source})
     try:
-        held = eval_only_sets(cfg.data)
+        held = unmixed_sets(cfg.counterfactuals, cfg.counterfactuals_split)
         data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
         if name == "coco":
-            _with_eccv_suite(cfg, data, source, coco_instances)
+            cfg = _with_eccv_suite(cfg, data, source, coco_instances)
     except (DataInputError, InputFileError) as err:  # a shard pyarrow cannot read: InputFileError
         raise DataInputError(f"--{name}: {err}") from None
     return BenchmarkDataset(name, source, cfg, data, held.records + data.records)
 
 
-def _with_eccv_suite(cfg: TrainConfig, data: EvalData, source: SourceRef, instances: str | None) -> None:
-    """On the COCO 5K test split a report always adds the ECCV Caption suite (ECCV mAP@R / R-P /
-    R@1, CxC; PMRP with `instances`), as `--eval-only --eccv [--coco-instances]` scores it; it
-    is defined on those images only, so another split reports R@K alone."""
+def _with_eccv_suite(cfg: EvalConfig, data: EvalData, source: SourceRef, instances: str | None) -> EvalConfig:
+    """`cfg` with the ECCV Caption suite (ECCV mAP@R / R-P / R@1, CxC; PMRP with `instances`) on
+    the COCO 5K test split, which a report always adds, as `--eval-only --eccv
+    [--coco-instances]` scores it; it is defined on those images only, so another split reports
+    R@K alone."""
     if not is_coco_5k(data.image_ids):
         if instances:
             raise DataInputError(f"{source.path}: --coco-instances (PMRP) needs the COCO 5K test "
@@ -105,7 +104,7 @@ def _with_eccv_suite(cfg: TrainConfig, data: EvalData, source: SourceRef, instan
                                  f"{len(data.image_ids)}")
         log.info("--coco %s: %d images, not the COCO 5K test split: ECCV Caption, CxC and PMRP "
                  "(defined on COCO 5K only) are left out", source.path, len(data.image_ids))
-        return
-    cfg.run.eccv, cfg.run.coco_instances = True, instances
+        return cfg
     if instances:
         data.pm_positives = read_pm_positives(instances)
+    return replace(cfg, eccv=True, coco_instances=instances)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from builders.engine.errors import UserFacingError
-from builders.models.clip_ids import OPEN_CLIP, OPEN_CLIP_PREFIXES, TRANSFORMERS
+from builders.models.clip_ids import OPEN_CLIP, ClipId, ClipIdError, parse_clip_id
 
 log = logging.getLogger(__name__)
 
@@ -24,20 +24,26 @@ class ModelSpec:
     (a training run's final/ of `--backend open_clip`)."""
 
     name: str  # as given on the command line
-    backend: str
-    model_id: str  # what training.backends.load_backend reads
-    pretrained: str | None = None
+    backend: str  # transformers, open_clip, or text-only (the blind baseline's models)
+    #: What training.backends.load_backend loads; None for a text-only model.
+    clip: ClipId | None = None
+
+    @property
+    def pretrained(self) -> str | None:
+        """open_clip's weights tag of an architecture name."""
+        return self.clip.pretrained if self.clip else None
 
 
-def parse_model(name: str) -> ModelSpec:
-    if name.startswith(OPEN_CLIP_PREFIXES):
-        model_id = name.removeprefix("open_clip:")
-        named_weights = model_id.startswith(("hf-hub:", "local-dir:"))
-        tag = None if named_weights else model_id.partition(":")[2] or None
-        return ModelSpec(name, OPEN_CLIP, model_id, tag)
-    if (Path(name) / "open_clip_config.json").is_file():
-        return ModelSpec(name, OPEN_CLIP, f"local-dir:{name}")
-    return ModelSpec(name, TRANSFORMERS, name)
+def parse_model(name: str, flag: str = "--model") -> ModelSpec:
+    """`name` (given as `flag`) parsed once, before any dataset is opened; one naming nothing is
+    one line naming the flag and the spellings it may take."""
+    # An open_clip folder has no prefix to tell it: its config file does.
+    backend = OPEN_CLIP if (Path(name) / "open_clip_config.json").is_file() else None
+    try:
+        clip = parse_clip_id(name, backend)
+    except ClipIdError as err:
+        raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
+    return ModelSpec(name, clip.backend, clip)
 
 
 def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
@@ -48,7 +54,7 @@ def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
 
     try:
         with trusting_pickled_weights(trust_pickled_weights):
-            return load_backend(spec.backend, spec.model_id)
+            return load_backend(spec.clip)
     except PickledWeightsError:
         raise  # already names the weight file and --trust-pickled-weights
     except Exception as err:  # noqa: BLE001 - any loader failure means the same to the user

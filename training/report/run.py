@@ -124,8 +124,10 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
     if cfg.baseline and cfg.bootstrap == 0:
         raise UserFacingError("--baseline compares every model with it on resampled units: drop "
                               "--bootstrap 0 (or give a number of resamples)")
-    models = cfg.models if not cfg.baseline or cfg.baseline in cfg.models else [cfg.baseline, *cfg.models]
-    return sources, [parse_model(m) for m in models]
+    specs = [parse_model(m) for m in cfg.models]
+    if cfg.baseline and cfg.baseline not in cfg.models:
+        specs.insert(0, parse_model(cfg.baseline, "--baseline"))
+    return sources, specs
 
 
 def _score_models(cfg: BenchmarkConfig, specs: list, sets: list, output: Path,
@@ -165,7 +167,7 @@ def _score_model(cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[
         if ds.name in PN_ARRAYS:
             scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
         if ds.name not in chances:
-            chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.run.k_values)
+            chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.k_values)
         records += make_records(spec, digests[0], ds, metrics, _intervals(units, cfg),
                                 cfg.bootstrap, cfg.seed, chances[ds.name])
         all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
@@ -202,7 +204,7 @@ def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
     for role, model in (("lm", lm), ("sentence", sentence)):
         keys = {k: v for k, v in found["metrics"].items() if k.startswith(role)}
         keys.update(same_word_pairs=found["metrics"]["same_word_pairs"], pairs=found["metrics"]["pairs"])
-        spec = ModelSpec(model, "text-only", model)
+        spec = ModelSpec(model, "text-only")
         records += make_records(spec, found["digests"][role], ds, {f"blind_baseline/{k}": v for k, v in keys.items()},
                                 {f"blind_baseline/{k}": v for k, v in found["intervals"].items() if k in keys},
                                 cfg.bootstrap, cfg.seed,
@@ -259,7 +261,7 @@ def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: P
     if hit is not None:
         saved, metrics, emb = hit
         log.info("%s on %s: embeddings and metrics from the cache %s", backend.model_id, ds.name, saved)
-        units = unit_scores(emb, ds.data, ds.cfg.run.k_values)
+        units = unit_scores(emb, ds.data, ds.cfg.k_values)
     else:
         written = new_file(cache, ".npz")
         try:
@@ -276,7 +278,7 @@ def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: P
         finally:
             written.unlink(missing_ok=True)
     if ds.data.queries is not None:
-        per_class = odmap_per_class(emb, ds.data, ds.cfg.run.k_values)
+        per_class = odmap_per_class(emb, ds.data, ds.cfg.k_values)
         metrics.update(per_class_metrics(per_class))
         plot(per_class, output / f"odmap_per_class-model{n}.png", name)
     scores = {k.removeprefix("itm_"): v for k, v in emb.items() if k.startswith("itm_")}
