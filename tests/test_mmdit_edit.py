@@ -212,7 +212,8 @@ def _pipeline_image(pipe, name, caption, seed, steps, guidance):
 @pytest.mark.parametrize("name", ["sd3", "flux", "flux_dev"])
 def test_the_pair_is_the_pipelines_images(pipes, name):
     """The original image is the pipeline's image of caption_0 from the same latents, whatever p;
-    with p = 0 the twin is the pipeline's image of caption_1 (no injection)."""
+    with p = 0 the twin is the pipeline's image of caption_1 (no injection). (What injection does
+    to the twin is tested on sharpened attention below: random-init attention barely moves it.)"""
     pipe, steps = pipes[name], 3
     specs = [PairSpec(5, 0.0, 4.0), PairSpec(6, 1.0, 6.0)]
     images_0, images_1 = generate_pairs_mmdit(pipe, *CAPTIONS, specs, steps=steps, size=64)
@@ -220,7 +221,8 @@ def test_the_pair_is_the_pipelines_images(pipes, name):
         assert _close(images_0[k], _pipeline_image(pipe, name, CAPTIONS[0], spec.seed, steps,
                                                    spec.guidance)), k
     assert _close(images_1[0], _pipeline_image(pipe, name, CAPTIONS[1], 5, steps, 4.0))
-    assert not _close(images_1[1], _pipeline_image(pipe, name, CAPTIONS[1], 6, steps, 6.0))
+    # The check can fail: the two captions' images differ by more than the tolerance.
+    assert not _close(images_0[0], images_1[0])
 
 
 @pytest.mark.parametrize("name", ["sd3", "flux"])
