@@ -293,3 +293,22 @@ def test_a_unet_pipeline_is_refused_in_one_line(tiny_models_dir):
     pipe = load_sd(resolve_profile("tiny", tiny_models_dir).sd)
     with pytest.raises(UserFacingError, match="StableDiffusion3Pipeline or a FluxPipeline"):
         generate_pairs_mmdit(pipe, *CAPTIONS, [PairSpec(1, 0.5, 7.5)], steps=2, size=64)
+
+
+@pytest.mark.parametrize("name", ["sd3", "flux"])
+def test_an_image_size_the_latents_cannot_take_is_one_line(pipes, name):
+    # The tiny VAE halves the side twice and both families split the latents 2 x 2: 8 px.
+    with pytest.raises(UserFacingError, match=r"--image-size 60: .* multiple of 8 pixels \(e.g. 56\)"):
+        generate_pairs_mmdit(pipes[name], *CAPTIONS, [PairSpec(1, 0.5, 7.5)], steps=2, size=60)
+
+
+def test_tiny_pipelines_are_built_alike_every_time(tiny_dir, tmp_path):
+    from builders.models.tiny_mmdit import build_tiny_flux, build_tiny_sd3
+
+    for name, build in (("sd3", build_tiny_sd3), ("flux", build_tiny_flux)):
+        again = build(tmp_path / name)
+        files = sorted(p.relative_to(tiny_dir[name]) for p in tiny_dir[name].rglob("*") if p.is_file())
+        assert any(str(f).endswith(".safetensors") for f in files)
+        assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+        for f in files:
+            assert (tiny_dir[name] / f).read_bytes() == (again / f).read_bytes(), f

@@ -185,7 +185,8 @@ class _Renderer:
 
     def __init__(self, pipe, kind: str, size: int) -> None:
         self.pipe, self.kind, self.size = pipe, kind, size
-        self.device = pipe.transformer.device
+        # Where the pipeline runs its models (with CPU offload, not where they are stored).
+        self.device = pipe._execution_device
         self.side = size // pipe.vae_scale_factor
         if kind == "flux":
             # FluxPipeline.prepare_latents: packing needs an even latent side.
@@ -295,9 +296,11 @@ def generate_pairs_mmdit(pipe, caption_0: str, caption_1: str, specs: Sequence[P
     `work` counts transformer rows (`unet_rows`, both guidance halves) and decoded images; with
     `early`, the candidates it drops are left out (their batch positions: `early.dropped`)."""
     kind = family(pipe)
-    if size % (pipe.vae_scale_factor * (2 if kind == "flux" else 1)) or size <= 0:
-        raise UserFacingError(f"--resolution {size}: {kind} needs a multiple of "
-                              f"{pipe.vae_scale_factor * (2 if kind == 'flux' else 1)}")
+    # SD3 cuts the latents into patches, FLUX packs them 2 x 2: the side must split evenly.
+    multiple = pipe.vae_scale_factor * (2 if kind == "flux" else pipe.transformer.config.patch_size)
+    if size <= 0 or size % multiple:
+        raise UserFacingError(f"--image-size {size}: the {kind} generator needs a multiple of "
+                              f"{multiple} pixels (e.g. {max(multiple, size - size % multiple)})")
     r = _Renderer(pipe, kind, size)
     cond = r.encode([caption_0, caption_1])
     specs = list(specs)
