@@ -16,7 +16,8 @@ import argparse
 from dataclasses import Field, replace
 from pathlib import Path
 
-from builders.engine.options import add_config_arguments, add_field, config_fields, flag_of, sections
+from builders.engine.options import (add_config_arguments, add_field, config_fields, dest_of, flag_of,
+                                     sections)
 from training.config import RECIPES, SourceRef, TrainConfig
 
 TRAIN_DESCRIPTION = ("Finetune CLIP on our datasets (by repo id + revision or build folder) and "
@@ -64,7 +65,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             setattr(cfg, section, replace(getattr(cfg, section), **values))
     for section, cls in sections(TrainConfig):
         for f, hint in config_fields(cls):
-            value = getattr(args, f.name)
+            value = getattr(args, dest_of(f))
             if value is None:
                 continue
             if hint is SourceRef:

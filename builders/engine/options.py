@@ -56,6 +56,12 @@ def flag_of(f: Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+def dest_of(f: Field) -> str:
+    """Where argparse stores the flag: named after the flag, as argparse names it, so fields of
+    the same name in two sections (`fill.method`, `caption.method`) never share one."""
+    return flag_of(f).lstrip("-").replace("-", "_")
+
+
 def field_default(f: Field) -> Any:
     if f.default is not MISSING:
         return f.default
@@ -159,18 +165,16 @@ def _type_keywords(f: Field, hint: Any) -> dict[str, Any]:
 
 
 def add_field(container: argparse._ActionsContainer, f: Field, hint: Any,
-              preset: Preset | None = None, path: tuple[str, ...] = ()) -> None:
-    """The flag of one `option()` field (module docstring), defaulting to None."""
+              preset: Preset | None = None, path: tuple[str, ...] = (), required: bool = True) -> None:
+    """The flag of one `option()` field (module docstring), defaulting to None; a field without a
+    default is a required flag unless `required` is False (a field of an optional section)."""
     extra = dict(f.metadata["argparse"])
     kwargs = _type_keywords(f, hint)
     if "action" in extra:  # e.g. BooleanOptionalAction: it takes no const
         kwargs = {k: v for k, v in kwargs.items() if k not in ("action", "const")}
-    flag = flag_of(f)
-    if kwargs.get("action") != "store_const" and "action" not in extra and f.metadata.get("flag"):
-        kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()  # as argparse names the flag's own dest
-    if f.default is MISSING and f.default_factory is MISSING and "required" not in extra:
+    if required and f.default is MISSING and f.default_factory is MISSING:
         kwargs["required"] = True
-    container.add_argument(flag, dest=f.name, default=None, help=_help(f, preset, path or (f.name,)),
+    container.add_argument(flag_of(f), dest=dest_of(f), default=None, help=_help(f, preset, path or (f.name,)),
                            **{**kwargs, **extra})
 
 
@@ -190,12 +194,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *,
                          groups: Mapping[str, str | None] | None = None,
                          descriptions: Mapping[str, str] | None = None,
                          preset: Preset | None = None, group: str | None = None,
-                         path: tuple[str, ...] = (),
+                         path: tuple[str, ...] = (), required: bool = True,
                          adders: Mapping[type, Callable[[argparse._ActionsContainer, Field], None]]
                          | None = None) -> None:
     """The flags of every `option()` field of `cls` in field order, each section's fields under
-    the group `groups[section]` (a field's own `group=` wins; `descriptions` describe groups).
-    `adders` add the flags of a field type of their own (the trainer's `SourceRef`)."""
+    the group `groups[section]` (a field's own `group=` wins; `descriptions` describe groups). A
+    section that defaults to None is optional: its fields are never required flags. `adders` add
+    the flags of a field type of their own (the trainer's `SourceRef`)."""
     groups = groups or {}
     for f, hint in config_fields(cls):
         if is_option(f):
@@ -203,11 +208,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *,
             if adders and hint in adders:
                 adders[hint](container, f)
             else:
-                add_field(container, f, hint, preset, (*path, f.name))
+                add_field(container, f, hint, preset, (*path, f.name), required)
         elif dataclasses.is_dataclass(hint) and f.name in groups:
             add_config_arguments(parser, hint, groups=groups, descriptions=descriptions,
                                  preset=preset, group=groups[f.name], path=(*path, f.name),
-                                 adders=adders)
+                                 required=required and f.default is not None, adders=adders)
 
 
 def given_values(cls: type, args: argparse.Namespace) -> Values:
@@ -215,8 +220,8 @@ def given_values(cls: type, args: argparse.Namespace) -> Values:
     lists as tuples), leaving out the flags not given."""
     values: Values = {}
     for f, hint in config_fields(cls):
-        if is_option(f) and getattr(args, f.name, None) is not None:
-            value = getattr(args, f.name)
+        if is_option(f) and getattr(args, dest_of(f), None) is not None:
+            value = getattr(args, dest_of(f))
             values[f.name] = tuple(value) if isinstance(value, list) else value
         elif not is_option(f) and dataclasses.is_dataclass(hint):
             section = given_values(hint, args)
