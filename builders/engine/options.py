@@ -10,8 +10,9 @@ listed under and any further argparse keywords (`type=positive_int`, `choices=..
 flag; one holding another config dataclass is a section, listed under its own group.
 
 Every flag defaults to None, so `given_values` sees what the command line gave, and the
-precedence is: dataclass defaults < a `Preset` (`--models tiny`'s sizes, a training recipe) <
-flags given. The trainer (training/options.py), every builder (builders/<dataset>/options.py)
+precedence is: dataclass defaults < a `Preset` (`--models tiny`'s sizes) < flags given (the
+trainer's `--recipe` works the same way). Argparse stores each flag under its own name
+(`dest_of`), so two sections may have fields of the same name. The trainer (training/options.py), every builder (builders/<dataset>/options.py)
 and the run options of every build (builders/launch.py) generate their parsers here. Light (no
 torch), so `--help` stays instant.
 
