@@ -46,6 +46,8 @@ import numpy as np
 from PIL import ExifTags, Image, UnidentifiedImageError
 
 from builders.engine.errors import InputFileError
+from builders.engine.option_types import positive_int
+from builders.engine.options import option
 
 #: Default of `--max-image-pixels`: 40 Mpx (about 120 MB of decoded RGB), 60 times a COCO image
 #: and below PIL's own bomb limit (89.5 Mpx), so a small file that decodes to gigabytes is refused.
@@ -62,6 +64,14 @@ _STORED_AS_READ = ("JPEG", "PNG")
 #: A PNG's first chunk (bytes 12..15) and its bit depth and colour type (bytes 24..25) for 8-bit
 #: RGB: PIL opens 16-bit colour as "RGB" too (high bytes), which other readers decode to 16 bits.
 _PNG_IHDR_RGB8 = (b"IHDR", b"\x08\x02")
+
+
+def max_image_pixels_option() -> Any:
+    """The `--max-image-pixels N` field of a builder's config (`builders.engine.options`), listed
+    under "source images"."""
+    return option(DEFAULT_MAX_IMAGE_PIXELS, "skip (and count as image_too_large) a source image of "
+                  "more pixels, checked from its header before decoding (default %(default)s)",
+                  group="source images", type=positive_int, metavar="N")
 
 
 class ImageProblem(InputFileError):

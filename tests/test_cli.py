@@ -79,23 +79,27 @@ def test_option_ranges_are_checked_at_parse_time(builder, argv, option, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_tiny_profile_picks_small_sizes_and_flags_win():
-    from builders.models.profiles import apply_profile_defaults
+def test_tiny_profile_picks_small_sizes_and_flags_win(tiny_models_dir):
+    from builders.counterfactuals import options as counterfactuals
+    from builders.decorrelation import options as decorrelation
 
-    def parsed(*argv):
-        args = build_parser().parse_args(["build", "coco-counterfactuals", "--output", "o", *argv])
-        return apply_profile_defaults(args)
+    def config(dataset, options, *argv):
+        args = build_parser().parse_args(["build", dataset, "--coco-root", "c", "--output", "o",
+                                          "--tiny-models-dir", str(tiny_models_dir), *argv])
+        return options.config_from_args(args)
 
-    production, tiny = parsed(), parsed("--models", "tiny")
+    production = config("coco-counterfactuals", counterfactuals).images
+    tiny = config("coco-counterfactuals", counterfactuals, "--models", "tiny").images
     assert (production.steps, production.image_size, production.candidates) == (100, 512, 100)
     assert (tiny.steps, tiny.image_size, tiny.candidates) == (2, 64, 4)
     assert tiny.clip_threshold == -1.0 < production.clip_threshold
     # An explicit flag wins, even when it equals the production default.
-    chosen = parsed("--models", "tiny", "--steps", "100", "--image-size", "128")
+    chosen = config("coco-counterfactuals", counterfactuals, "--models", "tiny", "--steps", "100",
+                    "--image-size", "128").images
     assert (chosen.steps, chosen.image_size, chosen.candidates) == (100, 128, 4)
-    decor = apply_profile_defaults(build_parser().parse_args(
-        ["build", "decorrelation", "--coco-root", "c", "--output", "o", "--models", "tiny"]))
-    assert (decor.image_size, decor.inpaint_steps) == (64, 2)
+    decor = config("decorrelation", decorrelation, "--models", "tiny").fill
+    assert (decor.image_size, decor.steps) == (64, 2)
+    assert config("decorrelation", decorrelation, "--models", "tiny", "--inpaint-steps", "50").fill.steps == 50
 
 
 def test_dataset_without_the_split_lists_configs_splits_and_flags(tmp_path):

@@ -7,6 +7,7 @@ gives."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,14 +66,14 @@ def _image_config(tiny: Path, stage: str = "images") -> CocoCounterfactualsConfi
 
 def test_the_builder_resolves_auto_on_its_device(tiny_models_dir, monkeypatch):
     config = _image_config(tiny_models_dir)
-    assert CocoCounterfactualsBuilder(config, device="cuda:0").precision() == Precision("cuda:0", "fp16")
-    assert CocoCounterfactualsBuilder(config, device="cpu").precision() == Precision("cpu", "fp32")
+    for device, dtype in (("cuda:0", "fp16"), ("cpu", "fp32")):
+        assert CocoCounterfactualsBuilder(replace(config, device=device)).precision() == Precision(device, dtype)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the process has a GPU
     monkeypatch.setenv("LOCAL_RANK", "2")
     assert CocoCounterfactualsBuilder(config).precision() == Precision("cuda:2", "fp16")
     # A captions-only build runs no image model: --dtype cannot matter (nor be refused).
     captions = _image_config(tiny_models_dir, stage="captions")
-    assert CocoCounterfactualsBuilder(captions, device="cpu", dtype="fp16").precision().dtype == "fp32"
+    assert CocoCounterfactualsBuilder(replace(captions, device="cpu", dtype="fp16")).precision().dtype == "fp32"
 
 
 def _record_forwards(modules: dict[str, torch.nn.Module]) -> dict[str, set[torch.dtype]]:
@@ -93,8 +94,8 @@ def _record_forwards(modules: dict[str, torch.nn.Module]) -> dict[str, set[torch
 
 
 def test_bf16_on_the_cpu_runs_every_image_stage_model_in_bf16(tiny_models_dir):
-    stage = CocoCounterfactualsBuilder(_image_config(tiny_models_dir), device="cpu",
-                                       dtype="bf16").image_stage()
+    stage = CocoCounterfactualsBuilder(replace(_image_config(tiny_models_dir), device="cpu",
+                                               dtype="bf16")).image_stage()
     pipe, clip = stage.pipe, stage.scorer.model
     seen = _record_forwards({"unet": pipe.unet, "vae decoder": pipe.vae.decoder,
                              "text encoder": pipe.text_encoder, "clip vision": clip.vision_model,
@@ -188,8 +189,8 @@ def test_decorrelation_records_the_precision_of_its_models(fill, verify, dtype, 
 
     config = DecorrelationConfig(source=SourceConfig("coco", Path("coco")),
                                  fill=FillConfig(method=fill, model="some/inpainter"),
-                                 verify=VerifyConfig(enabled=verify, model="some/clip"))
-    info = DecorrelationBuilder(config, dtype=dtype).info()
+                                 verify=VerifyConfig(enabled=verify, model="some/clip"), dtype=dtype)
+    info = DecorrelationBuilder(config).info()
     assert info.config["precision"] == expected
     steps = [s for s in info.card_fields["how_built"] if s.startswith("Precision:")]
     assert len(steps) == (card is not None), steps

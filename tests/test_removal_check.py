@@ -151,11 +151,9 @@ def test_clip_scores_equal_an_independent_zero_shot_and_the_threshold_applies(ti
 def _parse(*flags):
     import argparse
 
-    from builders.models.profiles import apply_profile_defaults
-
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)
-    return options.config_from_args(apply_profile_defaults(parser.parse_args(["--coco-root", "coco", *flags])))
+    return options.config_from_args(parser.parse_args(["--coco-root", "coco", *flags]))
 
 
 def test_check_is_on_for_production_inpainting_only(tiny_models_dir):

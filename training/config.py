@@ -2,7 +2,8 @@
 
 Every field of `DataConfig`, `OptimConfig` and `RunConfig` (and `TrainConfig.recipe`) is a flag
 `--FIELD-NAME` whose help text and argparse keywords sit in the field's metadata (`option`), so a
-new setting is one field: training/options.py generates the parser from these classes.
+new setting is one field: training/options.py generates the parser from these classes with the
+builders' generator (`builders.engine.options`).
 
 Precedence: dataclass defaults < `--recipe` preset < flags given on the command line, so every
 field of a recipe can be overridden (`--recipe kim2023 --epochs 1`).
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from builders.engine.errors import UserFacingError
+from builders.engine.options import option
 from builders.engine.option_types import non_negative_int, positive_int
 from builders.models.clip_ids import ClipId, ClipIdError, parse_clip_id
 from builders.models.pickled_weights import FLAG_HELP as PICKLED_WEIGHTS_HELP
@@ -75,13 +77,6 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
                          "eps": 1e-8, "last_batch": "keep"},
                "run": {"best_by_val_loss": True, "eval_batch_size": 128}},
 }
-
-
-def option(default: Any, help: str, **argparse_kwargs: Any) -> Any:
-    """A config field that is the flag `--FIELD-NAME`: its default, its help text (argparse
-    formats it: write `%%` for a percent sign) and argparse keywords beyond what the field's type
-    gives (`type=positive_int`, `choices=...`, `metavar=...`)."""
-    return field(default=default, metadata={"help": help, "argparse": argparse_kwargs})
 
 
 @dataclass

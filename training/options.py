@@ -1,10 +1,10 @@
 """The flags of the trainer and of the seed sweep, generated from the config's fields.
 
-Each field of `TrainConfig`'s sections (training/config.py) is the flag `--FIELD-NAME`: its type
-gives the argparse keywords (a bool is a switch, a `Literal` the choices, a tuple `nargs="+"`, a
-`SourceRef` the pair `--NAME` / `--NAME-revision`) and its metadata the help text and any option
-type (`builders.engine.option_types`, as the builders use). Every flag defaults to None so that
-`config_from_args` sees what was given: dataclass defaults < `--recipe` < flags.
+Each field of `TrainConfig`'s sections (training/config.py) is the flag `--FIELD-NAME`, made by the
+engine's generator as every builder's (`builders.engine.options`: a bool is a switch, a `Literal`
+the choices, a tuple `nargs="+"`), plus a `SourceRef` field as the pair `--NAME` /
+`--NAME-revision`. Every flag defaults to None so that `config_from_args` sees what was given:
+dataclass defaults < `--recipe` < flags.
 
 `accelerate launch training/finetune_clip.py`, `python training/sweep.py`, `counterfactory
 train` and `counterfactory sweep` build their parsers here. Light: no torch, so `--help` is instant.
@@ -13,12 +13,11 @@ train` and `counterfactory sweep` build their parsers here. Light: no torch, so 
 from __future__ import annotations
 
 import argparse
-import types
-import typing
-from dataclasses import Field, fields, replace
+from dataclasses import Field, replace
 from pathlib import Path
-from typing import Any, Iterator
 
+from builders.engine.options import (add_config_arguments, add_field, config_fields, dest_of, flag_of,
+                                     sections)
 from training.config import RECIPES, SourceRef, TrainConfig
 
 TRAIN_DESCRIPTION = ("Finetune CLIP on our datasets (by repo id + revision or build folder) and "
@@ -31,65 +30,25 @@ SWEEP_DESCRIPTION = ("Several seeds of one finetuning command, mean ± std per m
 _GROUPS = {"data": "data", "optim": "optimisation", "run": "run"}
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _without_none(hint: Any) -> Any:
-    """`X | None` -> X."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return hint
-
-
-def _fields(cls: type) -> Iterator[tuple[Field, Any]]:
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        yield f, _without_none(hints[f.name])
-
-
-def _add_field(parser, f: Field, hint: Any) -> None:
-    help_text, extra = f.metadata["help"], f.metadata["argparse"]
-    if hint is SourceRef:
-        parser.add_argument(_flag(f.name), metavar="REPO_OR_DIR", default=None, help=help_text)
-        parser.add_argument(_flag(f"{f.name}_revision"), metavar="REV", default=None,
-                            help=f"tag, branch or commit of {_flag(f.name)}")
-        return
-    kwargs: dict[str, Any] = {}
-    if hint is bool:
-        kwargs = {"action": "store_const", "const": True}
-    elif typing.get_origin(hint) is typing.Literal:
-        kwargs = {"choices": typing.get_args(hint)}
-    elif typing.get_origin(hint) is tuple:  # tuple[X, ...]
-        kwargs = {"nargs": "+", "type": typing.get_args(hint)[0]}
-    elif hint in (int, float):
-        kwargs = {"type": hint}
-    parser.add_argument(_flag(f.name), default=None, help=help_text, **{**kwargs, **extra})
-
-
-def _sections() -> Iterator[tuple[str, type]]:
-    """(section name, its dataclass) of every section of `TrainConfig` (data, optim, run)."""
-    for f, hint in _fields(TrainConfig):
-        if f.name in _GROUPS:
-            yield f.name, hint
+def _add_source_ref(group: argparse._ActionsContainer, f: Field) -> None:
+    """A `SourceRef` field is the pair `--NAME REPO_OR_DIR` / `--NAME-revision REV`."""
+    group.add_argument(flag_of(f), metavar="REPO_OR_DIR", default=None, help=f.metadata["help"])
+    group.add_argument(f"{flag_of(f)}-revision", metavar="REV", default=None,
+                       help=f"tag, branch or commit of {flag_of(f)}")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Every field's flag, plus `--models tiny` (the tests' tiny CLIP)."""
-    for f, hint in _fields(TrainConfig):
+    for f, hint in config_fields(TrainConfig):
         if f.name not in _GROUPS:
-            _add_field(parser, f, hint)
+            add_field(parser, f, hint)
     parser.add_argument("--models", choices=("production", "tiny"), default=None,
                         help="`tiny`: the project's tiny random-init CLIP (tests); sets --model")
     parser.add_argument("--tiny-models-dir", default=None,
                         help="where the tiny models are built/cached (default "
                              "$COUNTERFACTORY_CACHE/tiny_models)")
-    for section, cls in _sections():
-        group = parser.add_argument_group(_GROUPS[section])
-        for f, hint in _fields(cls):
-            _add_field(group, f, hint)
+    for f, cls in sections(TrainConfig):
+        add_config_arguments(parser, cls, group=_GROUPS[f.name], adders={SourceRef: _add_source_ref})
 
 
 def build_parser(prog: str = "finetune_clip.py") -> argparse.ArgumentParser:
@@ -104,16 +63,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.recipe:
         for section, values in RECIPES[args.recipe].items():
             setattr(cfg, section, replace(getattr(cfg, section), **values))
-    for section, cls in _sections():
-        for f, hint in _fields(cls):
-            value = getattr(args, f.name)
+    for section, cls in sections(TrainConfig):
+        for f, hint in config_fields(cls):
+            value = getattr(args, dest_of(f))
             if value is None:
                 continue
             if hint is SourceRef:
                 value = SourceRef(value, getattr(args, f"{f.name}_revision"))
             elif isinstance(value, list):
                 value = tuple(value)
-            setattr(getattr(cfg, section), f.name, value)
+            setattr(getattr(cfg, section.name), f.name, value)
     if args.models == "tiny":
         from builders.models.profiles import tiny_profile
 

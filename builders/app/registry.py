@@ -1,7 +1,8 @@
 """`counterfactory build <dataset>`: the table of builders.
 
 Each registered module (`builders/<dataset>/options.py`) exposes `add_arguments(parser)`,
-`config_from_args(args)` and a one-line `HELP`. It must import no heavy library (torch, datasets,
+`config_from_args(args)` and a one-line `HELP`; its flags are the fields of the dataset's config
+(`builders.engine.options`). It must import no heavy library (torch, datasets,
 NLTK, ...) at module level, because `counterfactory --help` builds every parser
 (tests/test_help_imports.py checks), and never imports its builder. The builder, made by
 `builders/<dataset>/builder.py`'s `from_args`, is imported here only when a build runs.

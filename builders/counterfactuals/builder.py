@@ -53,16 +53,14 @@ from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Sk
 
 
 class CocoCounterfactualsBuilder:
-    """`device` and `torch_threads` say how to run, not what to build: of them only the device
-    type enters the fingerprint, with the image stage's `dtype` (`--dtype`, resolved on the
-    device by `precision`): both change the images. CPU float reductions depend on the intra-op
+    """The config's `device` and `torch_threads` say how to run, not what to build: of them only
+    the device type enters the fingerprint, with the image stage's `dtype` (`--dtype`, resolved on
+    the device by `precision`): both change the images. CPU float reductions depend on the intra-op
     thread count, so bit-identical shards across process counts need the same `torch_threads` in
     every run (`accelerate launch` starts its workers with one thread each)."""
 
-    def __init__(self, config: CocoCounterfactualsConfig, device: str | None = None,
-                 torch_threads: int | None = None, dtype: str = "auto") -> None:
-        self.config, self.device, self.torch_threads = config, device, torch_threads
-        self.requested_dtype = dtype
+    def __init__(self, config: CocoCounterfactualsConfig) -> None:
+        self.config = config
         self._precision: Precision | None = None
         self._caption_stage: CaptionStage | None = None
         self._image_stage: ImageStage | None = None
@@ -99,10 +97,10 @@ class CocoCounterfactualsBuilder:
         return f"--coco-root {cfg.coco_root}" if cfg.coco_root else f"--dataset {cfg.dataset}"
 
     def process(self, items: Sequence[Any]) -> Iterator[Emit | Skip | Count]:
-        if self.torch_threads:
+        if self.config.torch_threads:
             import torch
 
-            torch.set_num_threads(self.torch_threads)
+            torch.set_num_threads(self.config.torch_threads)
         if self.config.stage == "images":
             # Rows a reader marked bad never get here (the runner counts their input_problem).
             if self.config.image_import:
@@ -128,6 +126,9 @@ class CocoCounterfactualsBuilder:
         from builders.engine.nltk_setup import tagger_info
 
         config = asdict(self.config)
+        # How it runs, not what it builds: `precision` below records the device type and dtype.
+        for how in ("device", "dtype", "torch_threads"):
+            del config[how]
         config["tagger"] = tagger_info() if self.config.stage != "images" else None
         config["models"] = self._run_models()
         # What the caption pairs were read from, with digests: a changed table is another build.
@@ -237,8 +238,8 @@ class CocoCounterfactualsBuilder:
         """The process's device and the image stage's dtype, resolved once. A captions-only
         build runs no image model: its dtype is the caption models' fp32, whatever `--dtype`."""
         if self._precision is None:
-            dtype = self.requested_dtype if self.config.stage != "captions" else "fp32"
-            self._precision = worker_precision(dtype, self.device)
+            dtype = self.config.dtype if self.config.stage != "captions" else "fp32"
+            self._precision = worker_precision(dtype, self.config.device)
         return self._precision
 
     def _caption_row(self, item: CaptionItem, cf: CounterfactualCaption) -> dict[str, Any]:
@@ -298,10 +299,8 @@ def _names_folders(spelled: str) -> bool:
 
 def from_args(args: argparse.Namespace) -> CocoCounterfactualsBuilder:
     """The builder of `counterfactory build coco-counterfactuals` (`builders.app.registry`) and of
-    `accelerate launch` below, from the options (options.py, which never imports this module), with
-    --device, --torch-threads and --dtype."""
-    return CocoCounterfactualsBuilder(options.config_from_args(args), device=args.device,
-                                      torch_threads=args.torch_threads, dtype=args.dtype)
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
+    return CocoCounterfactualsBuilder(options.config_from_args(args))
 
 
 if __name__ == "__main__":

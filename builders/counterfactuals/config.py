@@ -1,8 +1,9 @@
 """What a COCO-Counterfactuals build makes: the stages, model roles, and the settings of the two
 stages (builders/counterfactuals/METHOD.md §1, §2) under `CocoCounterfactualsConfig`.
 
-Plain dataclasses with no heavy import: the command line (`builders.counterfactuals.options`)
-reads their defaults to build `--help` without loading torch or NLTK.
+Plain dataclasses with no heavy import, whose `option()` fields are the flags of `counterfactory
+build coco-counterfactuals` (`builders.engine.options`; `--help` loads no torch or NLTK), and
+`TINY`, the sizes that go with `--models tiny`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from builders.engine.errors import UserFacingError
-from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
+from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.engine.options import option
+from builders.engine.precision import dtype_option
+from builders.models.profiles import tiny_preset
+from loading_scripts.images import max_image_pixels_option
 
 #: What `--stage` builds: caption pairs, image pairs of an earlier captions build, or both.
 STAGES = ("captions", "images", "all")
@@ -27,6 +32,8 @@ IMAGE_FILTERS = ("text_image", "image_image", "directional")
 CANDIDATE_PLANS = ("independent", "grouped")
 #: The paper's caption source (Le et al. 2023 §3.3, fn. 9): COCO val2017's 25,014 captions.
 DEFAULT_COCO_SPLITS = ("val2017",)
+#: How the caption stage scores candidates (`CaptionStageConfig.order`).
+CAPTION_ORDERS = ("auto", "similarity_first", "perplexity_first")
 #: How `--images-from` names a row's two images (`builders.counterfactuals.image_sources`):
 #: `auto` detects one of the others from the files.
 IMAGE_LAYOUTS = ("auto", "folders", "numbered", "release")
@@ -37,27 +44,29 @@ class CaptionStageConfig:
     """Example: `CaptionStageConfig(sim_low=0.5, sim_high=0.99)` for a permissive window."""
 
     #: MLM proposals per noun position (paper: 10).
-    top_k: int = 10
+    top_k: int = option(10, "MLM proposals per noun", type=positive_int)
     #: Keep candidates with `sim_low < similarity <= sim_high` (paper: 0.8, 0.91).
-    sim_low: float = 0.8
-    sim_high: float = 0.91
+    sim_low: float = option(0.8, "similarity > this")
+    sim_high: float = option(0.91, "similarity <= this")
     #: Tags of the positions to replace, and tags the replacement must have (reference values).
     noun_tags: tuple[str, ...] = ("NN", "NNS")
     replacement_tags: tuple[str, ...] = ("NN", "NNS", "NNP")
     #: Captions with fewer words (tokens holding a letter) are dropped as `too_short`.
-    min_words: int = 2
+    min_words: int = option(2, type=non_negative_int)
     #: Drop captions that do not look English (`looks_english`) as `not_english`.
-    english_check: bool = True
+    english_check: bool = option(True, "keep non-English captions", flag="--no-english-check")
     #: Drop hyponym/hypernym/synonym swaps (WordNet; needs the NLTK `wordnet` data).
-    avoid_related_nouns: bool = False
+    avoid_related_nouns: bool = option(
+        False, "drop hyponym/hypernym/synonym swaps (needs NLTK wordnet data)")
     #: `similarity_first` (the reference's order), `perplexity_first` (same choice; fewer
     #: sentence encodes, more LM passes) or `auto`: perplexity first when the LM has fewer
     #: parameters than the sentence model (tiny LM), else similarity first (gpt2-large).
-    order: str = "auto"
+    order: str = option("auto", "scoring order (same choice; auto: by model sizes)",
+                        flag="--caption-order", choices=CAPTION_ORDERS)
     #: Perplexity-first: candidates per caption per similarity round.
     probe: int = 4
     #: Captions per MLM forward; candidate sentences per sentence-model / LM forward.
-    caption_batch: int = 32
+    caption_batch: int = option(32, "captions per MLM batch", type=positive_int)
     encode_batch: int = 256
     lm_batch: int = 64
 
@@ -69,43 +78,68 @@ class ImageStageConfig:
     seeds=10, p_values=10)` for 100 candidates in 10 groups."""
 
     #: Candidate pairs per caption pair (paper: 100); the grouped plan sets it to seeds x p_values.
-    candidates: int = 100
+    candidates: int = option(
+        100, "independent plan: candidate pairs per caption pair (paper: 100)", type=positive_int)
     #: `CANDIDATE_PLANS`; `grouped`: `seeds` groups of `p_values` candidates each.
-    candidate_plan: str = "independent"
-    seeds: int = 10
-    p_values: int = 10
+    candidate_plan: str = option(
+        "independent", "independent (default, the paper's sampling): a seed, p and guidance per "
+                       "candidate; grouped: --seeds groups sharing seed and guidance, --p-values p "
+                       "each, whose UNet work is shared (METHOD.md §2)", choices=CANDIDATE_PLANS)
+    seeds: int = option(10, "grouped plan: groups (seed, guidance) per caption pair", type=positive_int)
+    p_values: int = option(10, "grouped plan: injection fractions per group", type=positive_int)
     #: Candidate pairs per UNet batch (the UNet sees at most 4x this: 2 images x guidance
     #: halves); a batch holds whole groups of candidates sharing (seed, guidance).
-    candidate_batch: int = 4
+    candidate_batch: int = option(
+        4, "candidate pairs per UNet batch (rounded to whole groups)", type=positive_int)
     #: Evaluate each distinct UNet row once per step (same images; METHOD.md §2). Off only to
     #: measure or check the saving.
-    share: bool = True
+    share: bool = option(True, "evaluate every candidate's UNet rows even where candidates share "
+                               "them (same images, more work: to measure or check the saving)",
+                         flag="--no-shared-computation")
     #: Denoising steps and image side (reference: 100 steps, 512x512).
-    steps: int = 100
-    image_size: int = 512
+    steps: int = option(100, "denoising steps", type=positive_int)
+    image_size: int = option(512, "image side in pixels", type=positive_int)
     #: Ranges of the per-candidate injection fraction p and guidance scale.
-    p_range: tuple[float, float] = (0.1, 0.9)
-    guidance_range: tuple[float, float] = (7.5, 15.0)
+    p_range: tuple[float, float] = option((0.1, 0.9), type=fraction, metavar=("LO", "HI"))
+    guidance_range: tuple[float, float] = option((7.5, 15.0), metavar=("LO", "HI"))
     #: Filters a candidate must pass (`IMAGE_FILTERS`; builders/counterfactuals/METHOD.md §2).
-    filters: tuple[str, ...] = IMAGE_FILTERS
+    filters: tuple[str, ...] = option(
+        IMAGE_FILTERS, "candidate filters to apply (default: all three, as the paper; `--filters "
+                       "text_image` is the looser caption-image check alone)", choices=IMAGE_FILTERS)
     #: `text_image`: minimum caption-image CLIP cosine, for both images (paper: 0.2).
-    clip_threshold: float = 0.2
+    clip_threshold: float = option(
+        0.2, "text_image filter: minimum caption-image CLIP cosine of both images")
     #: `image_image`: minimum CLIP cosine of the two images (paper, App. B.1.2: 0.7).
-    image_similarity_threshold: float = 0.7
+    image_similarity_threshold: float = option(
+        0.7, "image_image filter: minimum CLIP cosine of the two images")
     #: `directional`: minimum CLIP directional similarity (the instruct-pix2pix generator's
     #: default, which the paper kept: 0.2).
-    directional_threshold: float = 0.2
+    directional_threshold: float = option(
+        0.2, "directional filter: minimum CLIP directional similarity")
     #: Stop once this many candidates passed (None: always try all N).
-    early_stop: int | None = None
+    early_stop: int | None = option(None, "stop once K candidates pass", type=positive_int)
     #: Approximate, off by default (METHOD.md §2): at this fraction of the steps, decode each
     #: candidate's predicted clean image and stop denoising the candidates whose preview fails a
     #: filter by more than `early_reject_margin` (they count as tried, not as passed).
-    early_reject_at: float | None = None
-    early_reject_margin: float = 0.1
+    early_reject_at: float | None = option(
+        None, "approximate, off by default: after this fraction of the steps, score each "
+              "candidate's predicted clean image with CLIP and stop denoising those that fail a "
+              "filter by more than --early-reject-margin (METHOD.md §2)", metavar="FRACTION")
+    early_reject_margin: float = option(
+        0.1, "early rejection: how far below a filter's threshold a preview must score to be "
+             "dropped (default %(default)s)")
     #: Attention maps injected (`self`, `cross`, `both`; see `builders.counterfactuals.prompt_to_prompt`).
-    inject: str = "self"
+    inject: str = option(
+        "self", "maps injected for the first fraction p of steps: self (default, as the paper's "
+                "generator): every self-attention map; cross: Prompt-to-Prompt's word swap (the "
+                "new word takes the old word's cross-attention map, self maps in low-resolution "
+                "layers); both (METHOD.md §2)", choices=("self", "cross", "both"))
     #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
-    scheduler: str = "euler_ancestral"
+    scheduler: str = option(
+        "euler_ancestral", "euler_ancestral (default, as the paper's generator); dpm_solver_pp: "
+                           "DPM-Solver++ for fewer steps (e.g. --steps 25; other images, METHOD.md "
+                           "§2); pipeline: the model's own scheduler",
+        choices=("euler_ancestral", "dpm_solver_pp", "pipeline"))
 
     def early_reject_step(self) -> int | None:
         """The 0-based step after which candidates are previewed (None: never). A preview after
@@ -141,18 +175,31 @@ class ImageImportConfig:
     `ImageImportConfig("pairs/", pattern=("orig/{id}.png", "cf/{id}.png"))`."""
 
     #: A folder or a zip file holding the images.
-    images_from: str
+    images_from: str = option(help="a folder or a .zip (read in place) holding each row's two images",
+                              metavar="DIR_OR_ZIP")
     #: `IMAGE_LAYOUTS`; ignored when `pattern` is given.
-    layout: str = "auto"
+    layout: str = option(
+        "auto", "how the images are named: folders (synthetic-images-for-original-captions/{id}.jpg "
+                "and synthetic-images-for-counterfactual-captions/{id}.jpg, the paper's evaluation "
+                "code), numbered ({id}_0.jpg, {id}_1.jpg), release ({id}_img_0.jpg, "
+                "{id}_img_1.jpg, the Hub release's images.zip); default auto: detected, at the top "
+                "or under one top-level folder", flag="--images-layout", choices=IMAGE_LAYOUTS)
     #: Names relative to the folder or zip root: one pattern with `{id}` and `{n}` (0: the
     #: original caption's image, 1: the counterfactual's), or one pattern per image with `{id}`.
-    pattern: tuple[str, ...] = ()
+    pattern: tuple[str, ...] = option(
+        (), "names relative to the folder or zip root instead of a layout: one pattern with {id} "
+            "and {n} (0 original, 1 counterfactual), e.g. 'pairs/{id}-{n}.png', or two patterns "
+            "with {id}, one per image", flag="--images-pattern", metavar="PATTERN")
     #: Score each pair with the CLIP filter (off: the score columns are null; no model runs).
-    clip_scores: bool = True
+    clip_scores: bool = option(
+        True, "import without scoring the pairs with the CLIP filter (no model runs; the score "
+              "columns are null): minutes instead of hours on a CPU", flag="--no-clip-scores")
     #: Drop pairs failing the image stage's `filters` at its thresholds (default: scores only).
-    apply_filters: bool = False
+    apply_filters: bool = option(
+        False, "drop imported pairs failing --filters at their thresholds (default: the CLIP "
+               "scores are recorded, every pair is kept)")
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_image_pixels: int = max_image_pixels_option()
 
     def __post_init__(self) -> None:
         if self.layout not in IMAGE_LAYOUTS:
@@ -172,33 +219,56 @@ class CocoCounterfactualsConfig:
     """What to build. Example: `CocoCounterfactualsConfig(coco_root="coco", stage="captions",
     models={"mlm": ..., "lm": ..., "sentence": ...})`."""
 
-    stage: str = "all"
+    stage: str = option("all", "what to build (default: all; images with --images-from)",
+                        choices=STAGES)
     #: COCO source: COCO folders (default `val2017`, as the paper), or Karpathy splits instead.
-    coco_root: str | None = None
-    coco_splits: tuple[str, ...] | None = None
-    karpathy_splits: tuple[str, ...] | None = None
+    coco_root: str | None = option(None, "root of a COCO download")
+    coco_splits: tuple[str, ...] | None = option(
+        None, f"COCO folders to read, captions in annotation-file order (default: "
+              f"{' '.join(DEFAULT_COCO_SPLITS)}, as the paper)")
+    karpathy_splits: tuple[str, ...] | None = option(
+        None, "read these Karpathy splits instead of --coco-splits",
+        choices=("train", "restval", "val", "test"))
     #: Any `datasets` source with a text column (instead of COCO).
-    dataset: str | None = None
-    dataset_config: str | None = None
-    dataset_split: str = "train"
-    text_column: str = "caption"
-    id_column: str | None = None
+    dataset: str | None = option(None, "a `datasets` dataset (Hub id or folder)")
+    dataset_config: str | None = option(None)
+    dataset_split: str = option("train")
+    text_column: str = option("caption")
+    id_column: str | None = option(None, "row id column (default: row index; --captions-from: by format)")
     #: `--stage images`: the caption pairs, a captions build or any caption-pair table (a .tsv or
     #: .jsonl file, a `datasets` folder or Hub id; `builders.counterfactuals.pair_tables`).
-    captions_from: str | None = None
+    captions_from: str | None = option(
+        None, "--stage images: the caption pairs: a captions build folder, a .tsv (id, caption_0, "
+              "caption_1) or .jsonl file (coco-counterfactual-index, original_caption, "
+              "counterfactual_caption), or a `datasets` folder or Hub id with caption_0/caption_1 "
+              "columns (METHOD.md §2)")
     #: Hub revision (branch, tag, commit) and split of a `datasets` table of caption pairs.
-    captions_revision: str | None = None
-    captions_split: str | None = None
+    captions_revision: str | None = option(None, "--captions-from HUB_ID: branch, tag or commit")
+    captions_split: str | None = option(
+        None, "--captions-from a dataset: its split (default: its only one)")
     #: Caption columns of the table (None: the format's default; `id_column` names its ids).
-    caption_0_column: str | None = None
-    caption_1_column: str | None = None
+    caption_0_column: str | None = option(
+        None, "--captions-from a table: original caption column (default by format)")
+    caption_1_column: str | None = option(
+        None, "--captions-from a table: counterfactual caption column (default by format)")
     #: Draw pairs whose captions differ in more than one word (P2P's word swap assumes one).
-    allow_multiword_edits: bool = False
+    allow_multiword_edits: bool = option(
+        False, "--captions-from a table: also draw pairs whose captions differ in more than one "
+               "word (counted and skipped otherwise)")
     #: Keep the first N source captions (None: all).
-    max_captions: int | None = None
+    max_captions: int | None = option(None, "first N source captions", type=positive_int)
     #: Split name of the published tables (the original release has one `test` split).
-    split: str = "test"
-    seed: int = 0
+    split: str = option("test", "split name of the output (default %(default)s)", flag="--output-split")
+    seed: int = option(0)
+    #: How the build runs, not what it builds (`info` leaves them out of the recorded config):
+    #: the torch device (None: `distributed.worker_device`); the image stage's precision,
+    #: recorded resolved on the device (`precision`); intra-op CPU threads (None: torch's).
+    device: str | None = option(None, "torch device (default: own GPU, else CPU)")
+    dtype: str = dtype_option("the image stage's Stable Diffusion and CLIP filter (the caption "
+                              "stage's text models run in fp32)")
+    torch_threads: int | None = option(
+        None, "intra-op CPU threads per process; give the same value to runs whose shards must be "
+              "bit-identical (accelerate workers default to 1)", type=positive_int)
     #: Model id or path per role (`MODEL_ROLES`).
     models: dict[str, str] = field(default_factory=dict)
     captions: CaptionStageConfig = field(default_factory=CaptionStageConfig)
@@ -231,3 +301,11 @@ class CocoCounterfactualsConfig:
             raise UserFacingError("give --coco-splits or --karpathy-splits, not both")
         if self.coco_root and not self.karpathy_splits and not self.coco_splits:
             self.coco_splits = DEFAULT_COCO_SPLITS
+
+
+#: The sizes that go with `--models tiny` (builders.models.profiles): random-init models make
+#: nothing better at 512 px and 100 steps, only slower.
+TINY = tiny_preset(CocoCounterfactualsConfig, {"images": {
+    "candidates": 4, "seeds": 2, "p_values": 3, "steps": 2, "image_size": 64,
+    # Random tiny CLIP scores sit near 0: with the paper's thresholds no candidate would pass.
+    "clip_threshold": -1.0, "image_similarity_threshold": -1.0, "directional_threshold": -1.0}})

@@ -52,11 +52,12 @@ TRAIN_OUT, QUERY_OUT, GALLERY_OUT = "default/train", "odmap_queries/test", "odma
 
 
 class DecorrelationBuilder:
-    """`dtype` (`--dtype`) is the precision of the inpainting pipeline and the removal check,
-    resolved with the process's device once (`precision`); it enters the config (it changes x')."""
+    """The config's `dtype` (`--dtype`) is the precision of the inpainting pipeline and the
+    removal check, resolved with the process's device once (`precision`); resolved, it enters the
+    recorded config (it changes x')."""
 
-    def __init__(self, config: DecorrelationConfig, dtype: str = "auto") -> None:
-        self.config, self.requested_dtype = config, dtype
+    def __init__(self, config: DecorrelationConfig) -> None:
+        self.config = config
         self._precision: Precision | None = None
         self._filler: ImageFiller | None = None
         self._verifier: RemovalVerifier | None = None
@@ -125,6 +126,7 @@ class DecorrelationBuilder:
         if "train" in cfg.products and cfg.caption.model_id:
             models["captioner"] = cfg.caption.model_id
         config = asdict(cfg)
+        del config["dtype"]  # as requested; `precision` below records it resolved
         config["source"]["root"] = str(cfg.source.root)
         config["class_names"] = list(cfg.source.class_names)
         # Without models the rows do not depend on the device: nothing to record or check.
@@ -143,7 +145,7 @@ class DecorrelationBuilder:
         if self._precision is None:
             cfg = self.config
             uses_dtype = cfg.fill.method == "inpaint" or cfg.verify.enabled
-            self._precision = worker_precision(self.requested_dtype if uses_dtype else "fp32")
+            self._precision = worker_precision(cfg.dtype if uses_dtype else "fp32")
         return self._precision
 
     def model_names(self) -> dict[str, str | None]:
@@ -274,9 +276,8 @@ class DecorrelationBuilder:
 
 def from_args(args: argparse.Namespace) -> DecorrelationBuilder:
     """The builder of `counterfactory build decorrelation` (`builders.app.registry`) and of
-    `accelerate launch` below, from the options (options.py, which never imports this module), with
-    --dtype."""
-    return DecorrelationBuilder(options.config_from_args(args), dtype=args.dtype)
+    `accelerate launch` below, from the options (options.py, which never imports this module)."""
+    return DecorrelationBuilder(options.config_from_args(args))
 
 
 if __name__ == "__main__":

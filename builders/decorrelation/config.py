@@ -2,17 +2,24 @@
 and caption settings, as typed dataclasses under `DecorrelationConfig`, and the constants they
 validate against (builders/decorrelation/METHOD.md).
 
-No heavy import: the command line (`builders.decorrelation.options`) reads these to build `--help`.
+No heavy import: their `option()` fields are the flags of `counterfactory build decorrelation`
+(`builders.engine.options`; `--help` loads no torch), and `TINY` holds the sizes that go with
+`--models tiny`.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.engine.errors import UserFacingError
+from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.engine.options import option
+from builders.engine.precision import dtype_option
+from builders.models.profiles import tiny_preset
 from loading_scripts.flickr30k import ENTITY_TYPES
-from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
+from loading_scripts.images import max_image_pixels_option
 
 #: `train`: the object-removal pairs D'; `odmap`: the ODmAP@k queries and gallery.
 PRODUCTS = ("train", "odmap")
@@ -25,6 +32,8 @@ SOURCES = ("coco", "flickr30k")
 FILL_METHODS = ("inpaint", "zero", "mean", "blur")
 #: What the removal check scores: a square crop around the filled region, or the whole image.
 VIEWS = ("region", "image")
+#: Help group of the options that say what to build.
+WHAT = "what to build"
 #: The 80 prompt templates of CLIP's ImageNet zero-shot evaluation (as in open_clip's
 #: `OPENAI_IMAGENET_TEMPLATES`), kept here so a library update cannot change built captions.
 CLIP_TEMPLATES: tuple[str, ...] = (
@@ -62,11 +71,12 @@ class SourceConfig:
     kind: str
     root: Path
     #: Flickr30k only: the entity types that count as object classes.
-    flickr_classes: tuple[str, ...] = DEFAULT_FLICKR_CLASSES
+    flickr_classes: tuple[str, ...] = option(
+        DEFAULT_FLICKR_CLASSES, "Flickr30k Entities types treated as object classes", group=WHAT)
     #: Keep only the first N images (by image id) of each split; None keeps all.
-    max_images: int | None = None
+    max_images: int | None = option(None, "first N images per split", group=WHAT, type=positive_int)
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_image_pixels: int = max_image_pixels_option()
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCES:
@@ -91,13 +101,13 @@ class SelectionConfig:
     """Thresholds of builders/decorrelation/METHOD.md §1 (defaults are the paper's)."""
 
     #: Single-class removal when every other class overlaps the removed region by less than this.
-    alpha1: float = 0.4
+    alpha1: float = option(0.4, "single-class removal below this overlap", type=fraction)
     #: Classes overlapping the removed region by more than this are removed with it.
-    alpha2: float = 0.8
+    alpha2: float = option(0.8, "remove classes overlapping more than this", type=fraction)
     #: Skip a removal whose region covers more than this fraction of the image.
-    alpha3: float = 0.7
+    alpha3: float = option(0.7, "skip regions larger than this image fraction", type=fraction)
     #: Images need at least this many distinct classes (with pixels) to be considered.
-    min_classes: int = 2
+    min_classes: int = option(2, "distinct classes an image needs", type=positive_int)
 
     def __post_init__(self) -> None:
         for name in ("alpha1", "alpha2", "alpha3"):
@@ -114,19 +124,22 @@ class SelectionConfig:
 class FillConfig:
     """How removed regions are filled. Example: `FillConfig(method="blur", blur_radius=8)`."""
 
-    method: str = "inpaint"
+    method: str = option("inpaint", flag="--fill", choices=FILL_METHODS)
     #: Inpainting model id or local folder (the profile's `sd_inpaint`); only for `inpaint`.
     model: str | None = None
     #: Text prompt of the inpainting model: a neutral scene word, not an object.
-    prompt: str = "background"
-    steps: int = 50
-    guidance_scale: float = 7.5
+    prompt: str = option("background", "inpainting prompt", flag="--fill-prompt")
+    steps: int = option(50, "inpainting denoising steps", flag="--inpaint-steps", type=positive_int)
+    guidance_scale: float = option(7.5)
     #: Square working resolution of the inpainting model (multiple of 8).
-    image_size: int = 512
+    image_size: int = option(512, "inpainting working resolution (multiple of 8)", type=positive_int)
     #: Gaussian blur radius in pixels for `blur`.
-    blur_radius: float = 20.0
+    blur_radius: float = option(20.0, "Gaussian blur radius (px) for --fill blur")
     #: Pixels the removed region is grown by on every side before filling (0 = the boxes only).
-    mask_dilation: int = 4
+    mask_dilation: int = option(
+        4, "grow the removed boxes by this many pixels on every side before filling (default "
+           "%(default)s; the selection rules use the boxes themselves)",
+        type=non_negative_int, metavar="PIXELS")
 
     def __post_init__(self) -> None:
         if self.method not in FILL_METHODS:
@@ -153,14 +166,21 @@ class FillConfig:
 class VerifyConfig:
     """The removal check. Example: `VerifyConfig(enabled=True, model="openai/clip-vit-large-patch14")`."""
 
-    enabled: bool = False
+    enabled: bool = option(
+        False, "score each removed class with CLIP zero-shot before and after the fill and skip "
+               "rows where it is still visible (default: on for --fill inpaint with the "
+               "production models, off otherwise: the tiny CLIP is random)",
+        flag="--verify-removal", action=argparse.BooleanOptionalAction)
     #: transformers CLIP id or folder (the profile's `clip_filter`: not the ViT-B/32 that ODmAP
     #: is usually reported with, so the check does not pick queries in that model's favour).
     model: str | None = None
     #: A removed class scoring at least this (after the fill) is still visible.
-    threshold: float = 0.3
+    threshold: float = option(
+        0.3, "a removed class still scoring this probability after the fill is visible (default "
+             "%(default)s)", flag="--verify-threshold", type=fraction)
     #: `region`: a square crop around the filled region; `image`: the whole image.
-    view: str = "region"
+    view: str = option("region", "score a square crop around the filled region (default) or the "
+                                 "whole image", flag="--verify-view", choices=VIEWS)
     #: Context around the region, as a fraction of its longer side added on each side.
     context: float = 0.25
     prompt: str = "a photo of a {}."
@@ -184,12 +204,13 @@ class VerifyConfig:
 class CaptionConfig:
     """How y' is made. Example: `CaptionConfig(method="prompts", captions_per_image=2)`."""
 
-    method: str = "np_removal"
+    method: str = option("np_removal", flag="--caption", choices=CAPTION_METHODS)
     #: Synthetic captions (hence rows) per synthetic image.
-    captions_per_image: int = 1
+    captions_per_image: int = option(1, "synthetic captions per synthetic image", type=positive_int)
     #: Captioner model id or local folder (the profile's `captioner`); only for `captioner`.
     model: str | None = None
-    max_new_tokens: int = 30
+    max_new_tokens: int = option(30, "captioner: max new tokens", flag="--caption-max-tokens",
+                                 type=positive_int)
 
     def __post_init__(self) -> None:
         if self.method not in CAPTION_METHODS:
@@ -219,21 +240,28 @@ class DecorrelationConfig:
     source: SourceConfig
     fill: FillConfig
     #: Which products: `train` (D') and/or `odmap` (queries + gallery).
-    products: tuple[str, ...] = PRODUCTS
+    products: tuple[str, ...] = option(
+        PRODUCTS, "train: D' pairs; odmap: ODmAP@k queries + gallery (default: both)",
+        choices=PRODUCTS)
     #: Karpathy splits D' is built from (the paper's COCO "train" is train + restval).
-    train_splits: tuple[str, ...] = ("train", "restval")
+    train_splits: tuple[str, ...] = option(("train", "restval"), "Karpathy splits of D'")
     #: The split the ODmAP queries come from.
-    query_split: str = "test"
+    query_split: str = option("test", "Karpathy split of the ODmAP queries")
     #: Splits whose captions form the ODmAP gallery (builders/decorrelation/METHOD.md §5: train + val + test).
-    gallery_splits: tuple[str, ...] = ("train", "restval", "val", "test")
+    gallery_splits: tuple[str, ...] = option(
+        ("train", "restval", "val", "test"), "Karpathy splits whose captions form the ODmAP gallery")
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     caption: CaptionConfig = field(default_factory=CaptionConfig)
     #: CLIP check that removed classes are gone from x' (off unless asked for; the command line
     #: turns it on for inpainting with the production profile).
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     #: Also store the source image in each row (off: it doubles the size).
-    keep_original: bool = False
-    seed: int = 0
+    keep_original: bool = option(False, "also store the source image per row")
+    seed: int = option(0)
+    #: The precision of the inpainting pipeline and the removal check: how the build runs, so
+    #: `info` records it resolved on the device (`precision`) instead.
+    dtype: str = dtype_option("the inpainting pipeline and the CLIP removal check (the captioner "
+                              "runs in fp32)", group="options")
 
     def __post_init__(self) -> None:
         unknown = set(self.products) - set(PRODUCTS)
@@ -242,3 +270,8 @@ class DecorrelationConfig:
         if "train" in self.products and self.query_split in self.train_splits and "odmap" in self.products:
             raise UserFacingError(f"the query split {self.query_split!r} must not be a training split "
                                   f"({list(self.train_splits)}): ODmAP queries must be unseen images")
+
+
+#: The sizes that go with `--models tiny` (builders.models.profiles): a random-init inpainter
+#: makes nothing better at 512 px and 50 steps, only slower.
+TINY = tiny_preset(DecorrelationConfig, {"fill": {"steps": 2, "image_size": 64}})

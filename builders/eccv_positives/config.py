@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
+from builders.engine.option_types import non_negative_int
+from builders.engine.options import option
+from loading_scripts.images import max_image_pixels_option
 
 #: Provenance labels, most established first.
 SOURCE_LABELS = ("coco", "cxc", "eccv")
@@ -64,13 +66,18 @@ class EccvImportConfig:
     """Example: `EccvImportConfig(coco_root="coco", pm_zeta=0)`."""
 
     #: COCO download for images, caption texts and instances (PM); None: ids only, no PM.
-    coco_root: str | None = None
+    coco_root: str | None = option(
+        None, "COCO download for images, caption texts and instances (optional: without it rows "
+              "hold ids only and there is no pm config)")
     #: Folder with `{eccv,cxc,original}_{image_to_caption,caption_to_image}.json`; None: the
     #: files shipped in the installed `eccv_caption` package (the published ECCV Caption).
-    annotations_dir: str | None = None
+    annotations_dir: str | None = option(
+        None, "folder of positives in the eccv_caption file format (default: the installed "
+              "eccv_caption package; `counterfactory eccv ingest` writes one)")
     #: PM pseudo-positives: images whose 80-class instance vectors differ in <= zeta classes.
-    pm_zeta: int = 0
+    pm_zeta: int = option(0, "PM: max number of differing instance classes (paper PMRP: 0)",
+                          type=non_negative_int)
     #: Compute the `pm` config (needs `coco_root` with instances of the test images).
-    with_pm: bool = True
+    with_pm: bool = option(True, "skip the pm config", flag="--no-pm")
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_image_pixels: int = max_image_pixels_option()

@@ -10,6 +10,7 @@
     dataset_source.py  one split of a local build or a Hub dataset, with friendly errors
     nltk_setup.py      NLTK data (offline tagger trained on `resources/`) and noun phrases
     option_types.py    argparse types shared by every command
+    options.py         flags generated from typed config fields (`option()`), and presets
     repo_paths.py      the file paths a Hub repo refuses
 
 It imports nothing above it (tests/test_layers.py declares the layers).

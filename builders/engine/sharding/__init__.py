@@ -13,6 +13,7 @@ Module map:
 - `resume`: the run fingerprint, and whether finished parts match the inputs read now.
 - `shares`: one pass over the inputs keeping this process's parts; no input, or processes that
   read different inputs, is an error.
+- `run_config`: `BuildRunConfig`, how a build runs; its fields are every builder's run flags.
 - `runner`: assigns parts to processes, skips finished parts, reports progress and failures.
 - `merge`: turns finished parts into the Hub layout (`data/*.parquet`, README configs, manifest).
 - `build_files`: the files of a build (the manifest's `files`) and what else its folder may hold;

@@ -40,39 +40,13 @@ from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
 from builders.engine.sharding.part_files import PART_FILES, BookkeepingError, load_stats
 from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_bytes, rows_to_table,
                                                    write_parquet)
+from builders.engine.sharding.run_config import BuildRunConfig
 from builders.engine.sharding.resume import (finished_stats, fingerprint, part_changes,
                                              prepare_resume)
 from builders.engine.sharding.shares import ItemShare, check_has_items, check_same_inputs, share_items
 from builders.engine.sharding.up_to_date import finished_manifest, invalidate
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BuildRunConfig:
-    """How a build runs (not what it builds: that is the builder's own config)."""
-
-    output_dir: Path
-    #: Work items per part. Fixed per run (recorded in the fingerprint) so that resumes and any
-    #: process count cut the same parts. Smaller parts resume more finely; larger ones write fewer files.
-    part_size: int = 64
-    #: Target size of a published parquet shard (the Hub's viewer and loaders like ≤ 500 MB).
-    max_shard_bytes: int = 500_000_000
-    #: Fail the run (after keeping every finished part) when more than this fraction of items
-    #: were skipped for input errors, so a mostly broken build cannot pass as a success.
-    max_error_fraction: float = 0.05
-    #: Assert this many processes take part (catches `accelerate launch --cpu`, which runs one).
-    expect_processes: int | None = None
-    #: Delete a previous build in `output_dir` made with a different config instead of failing.
-    overwrite: bool = False
-    #: On resume, redo finished parts that recorded input errors (after fixing the inputs).
-    retry_errors: bool = False
-    #: Job-array worker `worker_index` of `num_workers`: build parts k with k % num_workers ==
-    #: worker_index, then exit without merging (a `merge_only` run merges).
-    worker_index: int | None = None
-    num_workers: int | None = None
-    #: Merge the finished parts of a job array (fails naming the missing parts and their workers).
-    merge_only: bool = False
 
 
 #: How long the main process waits, after every process finished, for the parts other machines
