@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.counterfactory-installed
-# Project-local NLTK data (an offline tagger trained on the shipped corpus), see README.
+# Project-local NLTK data (an offline tagger trained on the shipped corpus), see docs/setup.md ("NLTK data").
 export NLTK_DATA ?= $(CURDIR)/.nltk_data
 export COUNTERFACTORY_CACHE ?= $(CURDIR)/.cache
 # Test files run on this many workers (pytest-xdist), each file whole on one worker so its

@@ -9,7 +9,7 @@ Checks, in order, before anything is decoded (`Image.open` reads the header only
 - `unreadable_image`: missing, truncated, or not an image;
 - `image_values_out_of_range`: a float or 32-bit image whose values the policy below cannot map.
 
-Every PIL mode becomes 8-bit RGB by one documented policy (README "What happens when…"):
+Every PIL mode becomes 8-bit RGB by one documented policy (docs/what-happens-when.md):
 - RGB as is; `1`, `L`, `P` without transparency, `CMYK` (R = (255-C)(255-K)/255, rounded) and
   `YCbCr` (JPEG's full-range BT.601) by PIL's conversions;
 - transparency (`LA`, `PA`, `RGBA`, `La`, `RGBa`, `P`/`L`/`RGB` with a transparent colour) is

@@ -2,7 +2,7 @@
 
 The doctor runs every stage on the tiny profile (the same families at reduced depth: CI time) and
 one stage on a production architecture at its real size (CLIP ViT-B/32, the trainer's model);
-the full production run is quoted in the README. The batch-size extrapolation is checked against
+the full production run is quoted in docs/production.md. The batch-size extrapolation is checked against
 arithmetic written out here, not against the module's own formula.
 """
 

@@ -6,8 +6,9 @@ Space files as pushed by `counterfactory publish-metric`, plus the raw card temp
 branch of their conditionals) and the card text of every fill x caption x source variant of the
 decorrelation card. None may mention the project-internal notes ("METHOD.md"), an outside
 specification ("SPEC") or the outside background folder ("shared/"): a Hub reader cannot open
-them. The code, in turn, cites `builders/<dataset>/METHOD.md §N`; each such N must be a heading
-of that file, and cites no outside background notes ("ECOSYSTEM", "shared/") at all.
+them. The code and the user documentation (README.md, docs/), in turn, cite
+`builders/<dataset>/METHOD.md §N`; each such N must be a heading of that file, and they cite no
+outside background notes ("ECOSYSTEM", "shared/") at all.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from helpers.reference_odmap import reference_odmap_from_rankings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = re.compile(r"\bSPEC\b|METHOD\.md|shared/")
-#: Folders whose code may cite the notes (the citations must resolve).
-CITING_DIRS = ("builders", "tests", "benchmarks", "training")
+#: Folders (and files) whose code or documentation may cite the notes (the citations must resolve).
+CITING_DIRS = ("builders", "tests", "benchmarks", "training", "docs", "README.md")
 #: A small build of each registered builder on the COCO fixture with the tiny models.
 TINY = ["--models", "tiny"]
 BUILD_ARGS = {
@@ -236,23 +237,33 @@ def test_the_citation_scanner_reads_lists_and_flags_missing_sections():
     assert len(bad) == 2 and "'## 9.'" in bad[0] and "does not exist" in bad[1]
 
 
+def files_under(name: str) -> list[Path]:
+    """The files of the folder REPO_ROOT/name, or that one file."""
+    top = REPO_ROOT / name
+    return [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+
+
 def test_every_method_citation_resolves_to_a_heading():
     bad, count = [], 0
+    docs = 0
     for folder in CITING_DIRS:
-        for path in sorted((REPO_ROOT / folder).rglob("*")):
+        for path in files_under(folder):
             if path.suffix not in (".py", ".md", ".txt") or path.name == "METHOD.md" \
                     or "__pycache__" in path.parts or path == Path(__file__).resolve():
                 continue
             cites = method_citations(path.read_text(encoding="utf-8"), path)
             count += len(cites)
+            docs += len(cites) if path.parent.name == "docs" else 0
             bad += unresolved(cites, str(path.relative_to(REPO_ROOT)))
     assert count > 20, "the scanner found suspiciously few citations"
+    assert docs > 5, "the scanner found suspiciously few citations in docs/"
     assert not bad, "\n".join(bad)
 
 
 #: Code that may not cite the outside background notes: a reader of the repository cannot open
 #: them, so the code states the fact itself (with its paper, documentation or observation).
-CODE_DIRS = ("builders", "tests", "benchmarks", "training", "evaluate_modules", "loading_scripts")
+CODE_DIRS = ("builders", "tests", "benchmarks", "training", "evaluate_modules", "loading_scripts",
+             "docs", "README.md")
 OUTSIDE_NOTES = re.compile(r"ECOSYSTEM|shared/")
 
 
@@ -272,8 +283,7 @@ def test_the_outside_note_check_catches_what_it_should():
 def test_code_cites_no_outside_background_notes():
     paths = [REPO_ROOT / "pyproject.toml"]
     for folder in CODE_DIRS:
-        paths += [p for p in sorted((REPO_ROOT / folder).rglob("*"))
-                  if p.is_file() and "__pycache__" not in p.parts]
+        paths += [p for p in files_under(folder) if "__pycache__" not in p.parts]
     assert len(paths) > 100, "the scan found suspiciously few files"
     hits = [h for p in paths if p != Path(__file__).resolve()
             for h in outside_note_lines(p.read_text(encoding="utf-8", errors="replace"),

@@ -1,21 +1,25 @@
-"""Every shell command of the README's "Using it", "Seeing the data" and "Training" sections runs
-as written and exits 0.
+"""Every shell command of the README and of docs/ runs as written and exits 0.
 
-The commands are read from the README itself (its ```bash blocks between "## Using it" and the
-next "## " heading, then those of "## Seeing the data" and "## Training"), so the two cannot drift; a template that
-needs the user's own files (real models, an annotation export) is fenced as ```text and says so.
-They run as one bash script would (`set -e`: the first failing command fails the test, `-x` names
-it), each command in its own bash process under its own time limit (exported variables carried
-to the next), so a slow machine stretches no single limit over all of them, in
+The commands are read from the pages themselves, so the two cannot drift: every ```bash block of
+README.md but its set-up block (`make demo`, `make test`: `make test` runs this suite, and
+test_demo runs the demo), then every ```bash block of the docs/ pages in DOCS_IN_ORDER (each page
+starts from what the pages before it wrote; a docs page with commands that is not in that list
+fails the test). A command (or a block of one construct) that the README and a page both hold runs
+once, where it first appears, so the README adds only its own commands to the run. A template that
+needs the user's own files (real models, a cluster, an annotation export) is fenced as ```text and
+says so. They run as one bash script would (`set -e`: the first failing command fails the test,
+`-x` names it), each command in its own bash process under its own time limit (exported variables
+carried to the next), so a slow machine stretches no single limit over all of them, in
 a scratch folder laid out like the repository root (symlinks to its folders; `data/` and `out/`
 are real), with `.venv/bin` on the PATH, HOME in the scratch folder and no NLTK_DATA (so
 `counterfactory nltk offline-tagger` must install where NLTK looks by default), and the Hub
 endpoint pointed at the test's local Hub where the real-Hub examples publish.
 
-The README's local-Hub session (the block that starts `counterfactory local-hub`) runs as a fresh
-shell would: without HF_ENDPOINT, HF_HUB_DISABLE_XET and HF_TOKEN, so `--endpoint` alone must be
-enough to publish and the block itself must set what `load_dataset` and `evaluate.load` need. It
-runs on a free port instead of the README's, so concurrent test runs never collide.
+The local-Hub session of docs/publishing.md (the block that starts `counterfactory local-hub`)
+runs as a fresh shell would: without HF_ENDPOINT, HF_HUB_DISABLE_XET and HF_TOKEN, so
+`--endpoint` alone must be enough to publish and the block itself must set what `load_dataset` and
+`evaluate.load` need. It runs on a free port instead of the page's, so concurrent test runs never
+collide.
 
 The builds they write are then checked as data: cards and manifests name no local directory of
 the machine that built them, and the manifest records the git commit of the code.
@@ -40,9 +44,15 @@ import pytest
 from builders.devtools.local_hub import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+#: The docs pages whose ```bash blocks run, in this order, after the README's.
+DOCS_IN_ORDER = ("setup.md", "building.md", "datasets.md", "publishing.md", "gallery.md",
+                 "training.md", "report.md")
+#: The README's set-up block, the one README block that does not run here.
+SETUP_COMMANDS = ["make demo", "make test"]
 #: Written by the commands themselves; everything else of the repository root is linked.
 _SCRATCH_OWN = {"data", "out"}
-#: The port of the README's local-Hub session, replaced by a free one when the test runs it.
+#: The port of the local-Hub session, replaced by a free one when the test runs it.
 README_HUB_PORT = "18765"
 #: What a fresh shell does not have; the local-Hub session must work without it.
 HUB_CLIENT_ENV = ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN")
@@ -50,20 +60,42 @@ HUB_CLIENT_ENV = ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN")
 pytestmark = pytest.mark.timeout(0)
 
 
-def section_blocks(readme: str, heading: str) -> list[str]:
-    """The ```bash blocks of the README's "## HEADING" section, in order."""
-    start = readme.index(f"\n## {heading}\n")
-    end = readme.find("\n## ", start + 1)
-    section = readme[start:end if end != -1 else None]
-    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
-    assert blocks, f"no ```bash block in the README's {heading} section"
+def bash_blocks(text: str) -> list[str]:
+    """The ```bash blocks of a markdown page, in order."""
+    return re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S)
+
+
+def page_blocks(name: str) -> list[str]:
+    """The ```bash blocks of docs/NAME."""
+    blocks = bash_blocks((DOCS / name).read_text(encoding="utf-8"))
+    assert blocks, f"no ```bash block in docs/{name}"
     return blocks
 
 
-def local_hub_block(readme: str) -> str:
-    """The README's local-Hub session (the one "Using it" block that starts `local-hub`)."""
-    found = [b for b in section_blocks(readme, "Using it") if "counterfactory local-hub" in b]
-    assert len(found) == 1, f"{len(found)} blocks of \"Using it\" start `counterfactory local-hub`"
+def readme_blocks(readme: str) -> list[str]:
+    """The README's ```bash blocks but its set-up block (there must be exactly one)."""
+    blocks = bash_blocks(readme)
+    setup = [b for b in blocks if [normalized(c) for c in commands_of(b)] == SETUP_COMMANDS]
+    assert len(setup) == 1, f"{len(setup)} README blocks are the set-up block {SETUP_COMMANDS}"
+    rest = [b for b in blocks if b is not setup[0]]
+    assert rest, "the README has no command besides the set-up block"
+    return rest
+
+
+def docs_with_commands() -> set[str]:
+    """The docs/ pages that hold a ```bash block."""
+    return {p.name for p in DOCS.glob("*.md") if bash_blocks(p.read_text(encoding="utf-8"))}
+
+
+def page_blocks_in_order() -> list[str]:
+    return [b for name in DOCS_IN_ORDER for b in page_blocks(name)]
+
+
+def local_hub_block() -> str:
+    """The local-Hub session (the one block of the README and docs/ that starts `local-hub`)."""
+    every = readme_blocks((REPO / "README.md").read_text(encoding="utf-8")) + page_blocks_in_order()
+    found = [b for b in every if "counterfactory local-hub" in b]
+    assert len(found) == 1, f"{len(found)} blocks start `counterfactory local-hub`"
     assert f"--port {README_HUB_PORT}" in found[0], f"the session no longer uses port {README_HUB_PORT}"
     return found[0]
 
@@ -73,17 +105,27 @@ def as_fresh_shell(block: str, port: int) -> str:
     return f"(\nunset {' '.join(HUB_CLIENT_ENV)}\n{block.replace(README_HUB_PORT, str(port))})\n"
 
 
-def readme_blocks(readme: str, hub_port: int) -> list[str]:
-    """The bash blocks of "Using it", "Seeing the data" and "Training" (see the module doc)."""
-    session = local_hub_block(readme)
-    blocks = [as_fresh_shell(b, hub_port) if b == session else b
-              for b in section_blocks(readme, "Using it")]
-    return blocks + section_blocks(readme, "Seeing the data") + section_blocks(readme, "Training")
+def runnable_blocks(readme: str, hub_port: int) -> list[str]:
+    """The README's blocks, then those of the DOCS_IN_ORDER pages (see the module doc)."""
+    session = local_hub_block()
+    return [as_fresh_shell(b, hub_port) if b == session else b
+            for b in readme_blocks(readme) + page_blocks_in_order()]
 
 
-def readme_commands(readme: str, hub_port: int) -> str:
-    """The blocks as one script."""
-    return "\n".join(readme_blocks(readme, hub_port))
+def normalized(command: str) -> str:
+    """A command as it runs: without its trailing comment, whitespace collapsed."""
+    return " ".join(re.sub(r"(^|\s)#\s.*$", "", command, flags=re.M).split())
+
+
+def run_once(units: list[str]) -> list[str]:
+    """`units` with each command (or block) that repeats an earlier one left out."""
+    seen: set[str] = set()
+    kept = []
+    for unit in units:
+        if (key := normalized(unit)) not in seen:
+            seen.add(key)
+            kept.append(unit)
+    return kept
 
 
 @dataclass
@@ -167,18 +209,18 @@ def readme_run(local_hub, tmp_path_factory):
         if not entry.name.startswith(".") and entry.name not in _SCRATCH_OWN:
             (scratch / entry.name).symlink_to(entry)
     hub_port = free_port()
-    blocks = readme_blocks((REPO / "README.md").read_text(), hub_port)
+    blocks = runnable_blocks((REPO / "README.md").read_text(encoding="utf-8"), hub_port)
     # Interval 0: every stage change logs a line, so the progress check below does not depend
     # on how fast the machine runs the builds.
     env = command_env(scratch, HF_ENDPOINT=local_hub.url, COUNTERFACTORY_PROGRESS_INTERVAL="0")
-    proc = run_units(script_units(blocks), scratch, env)
+    proc = run_units(run_once(script_units(blocks)), scratch, env)
     return scratch, "\n".join(blocks), proc, hub_port
 
 
 def test_readme_commands_run_as_written(readme_run):
     scratch, script, proc, _ = readme_run
     traced = [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
-    assert proc.returncode == 0, (f"README command failed: {traced[-1] if traced else '?'}\n"
+    assert proc.returncode == 0, (f"README/docs command failed: {traced[-1] if traced else '?'}\n"
                                   + proc.stderr[-4000:])
     commands = commands_of(script)
     assert len(commands) >= 8
@@ -186,9 +228,17 @@ def test_readme_commands_run_as_written(readme_run):
     for out in _build_dirs(script, scratch):
         manifest = json.loads((out / "build_manifest.json").read_text())
         assert sum(o["rows"] for o in manifest["outputs"].values()) > 0, out
+    # The README's five: a build, published, a metric computed, a model finetuned on the build and
+    # reported beside the two tiny CLIPs.
+    assert "published my-org/coco-captions@v1.0.0" in proc.stdout
+    assert "'map_at_r': 1.0" in proc.stdout, proc.stdout[-2000:]
+    records = [json.loads(line) for line in
+               (scratch / "runs/first-report/results.jsonl").read_text().splitlines()]
+    models = {r["model"] for r in records}
+    assert len(models) == 3 and any(m.startswith("local:final@sha256:") for m in models), models
     # The Training commands wrote their results; the counterfactual-only evaluation has the
     # ITM deltas of its pairs (IR_c, TR_c) and trained nothing.
-    for run in ("decorrelation", "decorrelation-2p", "baseline", "cf-deltas"):
+    for run in ("first", "decorrelation", "decorrelation-2p", "baseline", "cf-deltas"):
         assert (scratch / "runs" / run / "metrics.md").is_file(), run
     final = json.loads((scratch / "runs/cf-deltas/run.json").read_text())["final_metrics"]
     assert {"itm/IR_c_mean", "itm/TR_c_mean"} <= set(final), sorted(final)
@@ -243,7 +293,7 @@ def test_cards_describe_only_the_configs_a_build_has(readme_run):
 def test_the_local_hub_session_needs_only_endpoint_and_its_own_exports(readme_run, local_hub):
     scratch, script, proc, hub_port = readme_run
     assert proc.returncode == 0
-    block = local_hub_block((REPO / "README.md").read_text())
+    block = local_hub_block()
     # Both publishes run before the block sets any client variable: `--endpoint` alone suffices.
     assert block.index("export HF_ENDPOINT") > block.rindex("--endpoint http://127.0.0.1:")
     assert "published my-org/decorrelation@v1.0.0" in proc.stdout
@@ -269,7 +319,7 @@ def test_the_local_hub_session_stops_its_server_when_a_command_fails(tmp_path):
     (tmp_path / "evaluate_modules").symlink_to(REPO / "evaluate_modules")
     port = free_port()
     env = {k: v for k, v in command_env(tmp_path).items() if k not in HUB_CLIENT_ENV}
-    block = local_hub_block((REPO / "README.md").read_text())
+    block = local_hub_block()
     proc = subprocess.run(["bash", "-c", block.replace(README_HUB_PORT, str(port))], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
@@ -281,8 +331,7 @@ def test_the_local_hub_session_stops_its_server_when_a_command_fails(tmp_path):
 def test_seeing_the_data_writes_the_galleries_it_names(readme_run):
     scratch, script, proc, _ = readme_run
     assert proc.returncode == 0
-    shows = [c for c in commands_of("\n".join(section_blocks((REPO / "README.md").read_text(),
-                                                             "Seeing the data")))
+    shows = [c for c in commands_of("\n".join(page_blocks("gallery.md")))
              if c.lstrip().startswith("counterfactory show")]
     assert len(shows) >= 2
     galleries = [scratch / re.search(r"--output\s+(\S+)", c).group(1) for c in shows]
@@ -295,3 +344,37 @@ def test_seeing_the_data_writes_the_galleries_it_names(readme_run):
     pages = sorted(p.name for p in (build / "pages").iterdir())
     assert pages and pages == sorted(p.name for p in (published / "pages").iterdir())
     assert all((build / "pages" / n).read_bytes() == (published / "pages" / n).read_bytes() for n in pages)
+
+
+def test_every_docs_page_with_commands_runs():
+    """A page of docs/ with a ```bash block is in DOCS_IN_ORDER (so its commands run), and every
+    page there holds one."""
+    assert docs_with_commands() == set(DOCS_IN_ORDER)
+    assert all(page_blocks(name) for name in DOCS_IN_ORDER)
+
+
+def test_every_readme_block_but_the_set_up_runs():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme_blocks(readme)) == len(bash_blocks(readme)) - 1
+    fake = ("# x\n\n```bash\nmake demo   # the demo\nmake test\n```\n\n```text\nnot run\n```\n\n"
+            "```bash\ncounterfactory fixture coco data/coco\n```\n")
+    assert readme_blocks(fake) == ["counterfactory fixture coco data/coco\n"]
+    with pytest.raises(AssertionError, match="set-up block"):
+        readme_blocks(fake.replace("make test", "make install"))
+
+
+def test_a_command_of_the_readme_and_a_page_runs_once():
+    units = script_units(["counterfactory fixture coco data/coco   # the fixture\n"
+                          "counterfactory train --real out/a \\\n    --output runs/a\n",
+                          "# again, as a page says it\ncounterfactory fixture coco data/coco\n"
+                          "counterfactory  train --real out/a --output runs/a  # same\n"
+                          "counterfactory train --real out/a --output runs/b\n"])
+    assert run_once(units) == ["counterfactory fixture coco data/coco   # the fixture",
+                               "counterfactory train --real out/a      --output runs/a",
+                               "counterfactory train --real out/a --output runs/b"]
+    # The real pages: the README's fixture command, which docs/setup.md repeats, runs once.
+    blocks = runnable_blocks((REPO / "README.md").read_text(encoding="utf-8"), free_port())
+    every = script_units(blocks)
+    fixture = [u for u in every if normalized(u) == "counterfactory fixture coco data/coco --release 2017"]
+    assert len(fixture) == 2
+    assert [normalized(u) for u in run_once(every)].count(normalized(fixture[0])) == 1

@@ -9,7 +9,7 @@
     python training/finetune_clip.py --real ORG/coco-captions --counterfactuals ORG/cf \
         --counterfactuals-split test --eval-only --output runs/baseline
 
-`--help` lists every flag (training/options.py); README "Training" has worked examples. Input
+`--help` lists every flag (training/options.py); docs/training.md has worked examples. Input
 errors are printed as one line (exit status 2) before training starts.
 """
 

@@ -7,7 +7,7 @@ readers as `path_outside_root`) as soon as it would leave the root. The walk nev
 anything outside: a component outside the root is refused before it is stat'ed, so an outside
 file that exists and one that does not give the same answer (nothing is revealed, nothing read).
 
-Policy (README "What happens when…"):
+Policy (docs/what-happens-when.md):
 - the root is resolved first, so it may itself be a symlink; so may a layout folder under it
   (`ROOT/val2014`, `ROOT/flickr30k-images`, e.g. on another disk): `ContainedPaths(root, folder)`
   accepts targets inside the resolved root or inside the resolved folder;
