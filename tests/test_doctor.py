@@ -14,6 +14,7 @@ this machine's.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,32 @@ def test_doctor_unknown_generator_is_one_line(capsys):
     assert cli_main(["doctor", "--generators", "sd15,dalle"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--generators" in err[0] and "dalle" in err[0] and "flux" in err[0]
+
+
+def test_gpu_check_cpu_tiny_runs_every_generator():
+    """The per-generator throughput of benchmarks/gpu_check.py through the same code at tiny shapes
+    on the CPU (the production shapes need a GPU)."""
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu-tiny"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA device" in proc.stdout
+    found = dict(re.findall(r"^(sd15|sdxl|sd3|flux) +fp32 64 px: +[0-9.]+ denoiser rows/s "
+                            r"\((\d+) rows a step\)", proc.stdout, flags=re.M))
+    # One candidate pair a step: 2 images x 2 guidance halves, FLUX.1-schnell without guidance.
+    assert found == {"sd15": "4", "sdxl": "4", "sd3": "4", "flux": "2"}, proc.stdout
+    rates = re.findall(r"([0-9.]+) denoiser rows/s", proc.stdout)
+    assert all(float(r) > 0 for r in rates)
+
+
+def test_gpu_check_skips_a_generator_that_does_not_fit():
+    from builders.devtools.generator_rates import generator_rate
+
+    rate = generator_rate("flux", "cpu", memory=GIB)
+    assert rate.rows_per_s == 0 and "over 90% of the 1.0 GiB of cpu" in rate.skipped
+    # The FLUX.1-schnell transformer alone in fp32 (the CPU's dtype): 11,891,178,560 x 4 bytes.
+    needs = float(re.search(r"needs ([0-9.]+) GiB", rate.skipped).group(1))
+    assert needs >= 11_891_178_560 * 4 / GIB
 
 
 def test_live_tensor_bytes_counts_what_is_alive():
