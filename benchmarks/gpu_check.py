@@ -17,6 +17,12 @@ then the production-size throughput and the release's GPU-days.
    24,508 caption pairs -> 2.45 M candidate pairs -> 17,410 pairs with images; 40,000 UNet rows
    per caption pair with the paper's 100 candidates x 100 steps, 13,708 with the shared
    computation of the grouped 10 x 10 plan).
+4. Denoiser throughput per image-stage generator (`--generator sd15|sdxl|sd3|flux`,
+   builders/devtools/generator_rates.py): one denoising step of 2 candidate pairs, guidance halves
+   included, at each model's production shape with random weights, fp16 (FLUX bf16): rows/s,
+   pair-steps/s and pairs/s at the model's default steps. A generator whose denoiser and batch do
+   not fit the GPU is skipped with the reason printed (`counterfactory doctor` gives the memory of
+   the whole pipeline and what `--cpu-offload` changes).
 
 Measured on an H200 (2026-11-27, torch 2.11, random-weight MiniLM stand-in, `--sim-window 0.5 1`):
 every build but coco-counterfactuals equal; there the tiny random CLIP's directional score, the
@@ -24,9 +30,12 @@ argmax that picks a pair among its candidates, is ill-conditioned (a 64 px pair 
 images), so 5 of ~30 rows chose another candidate; pairs with the same candidate agreed within
 1 level. This is a limit of the random tiny models, not a device difference of the pipeline.
 
-Without CUDA it says so and exits 0: it is not a test. A mismatch in 1 or 2 exits 1.
+Without CUDA it says so and exits 0: it is not a test. With `--cpu-tiny` it runs 4 on the CPU at
+tiny shapes instead (the check tests/test_doctor.py runs of this code; its numbers mean nothing).
+A mismatch in 1 or 2 exits 1.
 
-Run: `python benchmarks/gpu_check.py [--workdir gpu_check_output] [--steps 10] [--skip-demo]`.
+Run: `python benchmarks/gpu_check.py [--workdir gpu_check_output] [--steps 10] [--skip-demo]
+[--generators sd15,sdxl,sd3,flux]`.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ PRODUCTION_STEPS = 100
 #: The caption window with the random MiniLM stand-in (its one-word edits sit near 0.98).
 SIM_WINDOW = (0.5, 1.0)
 NO_CUDA = "gpu_check: no CUDA device (torch.cuda.is_available() is False); nothing run"
+GENERATORS = ("sd15", "sdxl", "sd3", "flux")
 
 
 def _env(gpu: bool) -> dict[str, str]:
@@ -282,6 +292,29 @@ def trainer_rate(src, batch: int) -> float:
     return batch / _timed(step)
 
 
+def generator_throughput(device: str, names, tiny: bool = False) -> list[dict]:
+    """Section 4: a line per generator as it is measured (or skipped), the rates as dicts."""
+    from dataclasses import asdict
+
+    from builders.devtools.generator_rates import format_rate, generator_rate
+
+    rates = []
+    for name in names:
+        rate = generator_rate(name, device, tiny=tiny, repeats=1 if tiny else 3, pairs=1 if tiny else 2)
+        print(format_rate(rate), flush=True)
+        rates.append(asdict(rate))
+    return rates
+
+
+def _generators(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in GENERATORS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown generator(s) {', '.join(unknown)}; choose from "
+                                         f"{', '.join(GENERATORS)}")
+    return names
+
+
 def gpu_days(rows_per_s: float) -> dict[str, float]:
     return {plan: RELEASE_CAPTION_PAIRS * rows / rows_per_s / 86_400
             for plan, rows in ROWS_PER_CAPTION_PAIR.items()}
@@ -295,11 +328,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--captions", type=int, default=256, help="captions of the caption throughput")
     parser.add_argument("--train-batch", type=int, default=128, help="batch of the trainer throughput")
     parser.add_argument("--skip-demo", action="store_true", help="throughput only")
+    parser.add_argument("--generators", type=_generators, default=GENERATORS, metavar="A,B",
+                        help="image-stage generators of the per-generator denoiser throughput "
+                             f"(default all: {','.join(GENERATORS)})")
+    parser.add_argument("--cpu-tiny", action="store_true",
+                        help="without CUDA: run the per-generator throughput on the CPU at tiny "
+                             "shapes (a check that the code runs; the numbers mean nothing)")
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print(NO_CUDA)
+        if args.cpu_tiny:
+            print("per-generator denoiser throughput, tiny shapes on the CPU (fp32):")
+            generator_throughput("cpu", args.generators, tiny=True)
         return 0
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -318,9 +360,11 @@ def main(argv: list[str] | None = None) -> int:
           f"(builders/counterfactuals/METHOD.md §2); at {rows_per_s:.1f} UNet rows/s (fp32, this GPU):")
     for plan, days in gpu_days(rows_per_s).items():
         print(f"  {plan}: {days:.1f} GPU-days")
+    print("per-generator denoiser throughput at production shapes (random weights):")
+    generators = generator_throughput("cuda:0", args.generators)
     (workdir / "gpu_check.json").write_text(json.dumps(
         {"gpu": torch.cuda.get_device_name(0), "rates": rates, "gpu_days": gpu_days(rows_per_s),
-         "problems": problems}, indent=1))
+         "generator_rates": generators, "problems": problems}, indent=1))
     if problems:
         print(f"{len(problems)} mismatches (the first printed above, all in {workdir / 'gpu_check.json'})")
     return 1 if problems else 0

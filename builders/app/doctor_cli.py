@@ -1,12 +1,14 @@
 """`counterfactory doctor`: one item through every stage at the production sizes, with random
 weights (no download), and per stage its time, memory and the fp16 batch size that fits a
-24 / 40 / 80 GB GPU (builders/devtools/doctor.py)."""
+24 / 40 / 80 GB GPU (builders/devtools/doctor.py); then a row per image-stage generator
+(builders/devtools/doctor_generators.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from builders.devtools.doctor_generators import GENERATORS
 from builders.devtools.doctor_stages import STAGE_NAMES
 
 
@@ -14,22 +16,41 @@ def _stages(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+def _generators(text: str) -> tuple[str, ...]:
+    return () if text.strip() == "none" else _stages(text)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from builders.devtools.doctor import (HEADER, DoctorConfig, check_json_path, footer, format_row,
                                           run_doctor, write_json)
+    from builders.devtools.doctor_generators import (GENERATOR_HEADER, check_generators,
+                                                     format_generator_row, run_generators)
     from builders.engine.distributed import worker_device
 
     if args.json:
         check_json_path(args.json)
+    check_generators(args.generators)
     config = DoctorConfig(stages=args.stages, resolution=args.resolution, steps=args.steps,
-                          size=args.models, tiny_dir=args.tiny_models_dir)
+                          size=args.models, tiny_dir=args.tiny_models_dir,
+                          generators=args.generators)
     device = worker_device()
-    # Each row as soon as its stage is measured: a CPU run of the real sizes takes minutes.
-    print(HEADER, "-" * len(HEADER), sep="\n", flush=True)
-    rows = run_doctor(config, on_row=lambda row: print(format_row(row), flush=True))
-    print(footer(config, device))
+    rows = []
+    if config.stages:
+        # Each row as soon as its stage is measured: a CPU run of the real sizes takes minutes.
+        print(HEADER, "-" * len(HEADER), sep="\n", flush=True)
+        rows = run_doctor(config, on_row=lambda row: print(format_row(row), flush=True))
+        print(footer(config, device))
+    generators = []
+    if config.generators:
+        print("", GENERATOR_HEADER, "-" * len(GENERATOR_HEADER), sep="\n", flush=True)
+        generators = run_generators(config.generators, production=config.size == "production",
+                                    resolution=config.resolution, device=device,
+                                    on_row=lambda row: print(format_generator_row(row), flush=True))
+        print("image-stage generators: candidate pairs per batch at each model's resolution "
+              "(fp16; FLUX bf16); --cpu-offload keeps one component on the GPU at a time; "
+              "10% of the GPU left free")
     if args.json:
-        write_json(args.json, rows, config, device)
+        write_json(args.json, rows, config, device, generators)
         print(f"table written to {args.json}")
     return 0
 
@@ -44,7 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "else the CPU) and print per stage the time, the peak memory and the batch size that "
         "fits a 24/40/80 GB GPU in fp16, extrapolated from the measured fp32 memory. Needs "
         "about 5 GB of free memory at a time (the SD UNet and gpt2-large are 3 GB each) and no "
-        "network: tokenizers come from the tiny profile (`counterfactory models tiny`).")
+        "network: tokenizers come from the tiny profile (`counterfactory models tiny`). Then a "
+        "row per image-stage generator (sd15, sdxl, sd3, flux): its weights per dtype, the "
+        "activations of one candidate pair and the pairs that fit a 24/40/80 GB GPU, with and "
+        "without --cpu-offload; a model too large for this machine (SDXL, SD3 and FLUX on a "
+        "24 GB one) is computed on the meta device instead, which its row says.")
     p.add_argument("--stages", type=_stages, default=STAGE_NAMES, metavar="A,B",
                    help=f"comma-separated stages to run (default all: {','.join(STAGE_NAMES)})")
     p.add_argument("--resolution", type=int, default=512,
@@ -55,5 +80,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="production architectures (default) or the tiny profile's (a quick check)")
     p.add_argument("--tiny-models-dir", type=Path, default=None,
                    help="where the tiny profile (tokenizers, schedulers) is built/cached")
+    p.add_argument("--generators", type=_generators, default=GENERATORS, metavar="A,B",
+                   help="image-stage generators to give a row (weights per dtype, activations per "
+                        "candidate pair at 512 px for sd15 and 1024 px for the others, pairs that fit "
+                        "24/40/80 GB with and without --cpu-offload): measured where the model fits "
+                        "this machine, meta-device arithmetic otherwise (default all: "
+                        f"{','.join(GENERATORS)}; `none` for no rows)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table as JSON")
     p.set_defaults(func=_doctor)

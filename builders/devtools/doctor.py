@@ -14,6 +14,11 @@ and AdamW moments (16 bytes per parameter) with fp16 activations; for the image 
 512 px, the activations are scaled by the area ratio to 512 px (the attention runs through
 `scaled_dot_product_attention`, whose memory grows with the tokens, not with their square).
 10% of each GPU is left for the CUDA context and the allocator's fragmentation.
+
+After the stages, a row per image-stage generator (sd15, sdxl, sd3, flux): weights per dtype,
+activations per candidate pair at the model's resolution and the pairs that fit each GPU, with
+and without `--cpu-offload` (builders/devtools/doctor_generators.py: measured where the model
+fits this machine, meta-device arithmetic otherwise).
 """
 
 from __future__ import annotations
@@ -54,14 +59,18 @@ class DoctorConfig:
     #: `production` (real architectures, random weights) or `tiny` (the tiny profile).
     size: str = "production"
     tiny_dir: Path | None = None
+    #: Image-stage generators given a row after the stages (`--generators`, checked by
+    #: `doctor_generators.check_generators`; the doctor's stages do not use them).
+    generators: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.stages if s not in STAGE_NAMES]
         if unknown:
             raise UserFacingError(f"--stages: unknown stage(s) {', '.join(unknown)}; "
                                   f"choose from {', '.join(STAGE_NAMES)}")
-        if not self.stages:
-            raise UserFacingError("--stages: name at least one stage")
+        if not self.stages and not self.generators:
+            raise UserFacingError("--stages: name at least one stage (or a generator with "
+                                  "--generators)")
         if self.resolution < 64 or self.resolution % 64:
             raise UserFacingError(f"--resolution must be a multiple of 64 (at least 64), got "
                                   f"{self.resolution}")
@@ -247,13 +256,15 @@ def check_json_path(path: Path) -> None:
             raise OutputError(f"--json {path}: {parent} is not a folder; give a file path in a folder")
 
 
-def write_json(path: Path, rows: Sequence[Row], config: DoctorConfig, device: str) -> None:
+def write_json(path: Path, rows: Sequence[Row], config: DoctorConfig, device: str,
+               generators: Sequence = ()) -> None:
     settings = {**asdict(config), "tiny_dir": str(config.tiny_dir) if config.tiny_dir else None}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"machine": machine(), "device": device,
                                     "extrapolated_from": measured_on(device), "settings": settings,
-                                    "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+                                    "rows": [asdict(r) for r in rows],
+                                    "generators": [asdict(r) for r in generators]}, indent=1) + "\n")
     except OSError as err:  # changed while the stages ran, or not writable
         raise OutputError(f"--json {path}: cannot write it ({err.strerror or err}); the table "
                           "above has the same numbers") from None

@@ -6,7 +6,8 @@ attention layouts differ from the real ones. `build_empty(arch)` builds a produc
 the meta device (shapes, no weight memory, no compute), so the shape-dependent code paths — the
 Prompt-to-Prompt processors and their `--inject` layer selection, the 9-channel inpainting UNet,
 the CLIP projection widths the scorer compares — are checked at the production shapes
-(tests/test_production_shapes.py).
+(tests/test_production_shapes.py). The image stage's other generators (SDXL, SD3, FLUX) are in
+`builders.models.production_generators`, built by the same `build_empty`.
 
 Each config is copied from the model's `config.json` on the Hub (cited per entry), architecture
 fields only: dropout and init settings do not change shapes. `published_params` is the count
@@ -21,6 +22,9 @@ from typing import Any
 
 UNET, VAE, CLIP_TEXT, CLIP, OPEN_CLIP, MLM, CAUSAL_LM, BERT, BLIP = (
     "unet", "vae", "clip_text", "clip", "open_clip", "mlm", "causal_lm", "bert", "blip")
+# The generators' families (their configs: builders/models/production_generators.py).
+CLIP_TEXT_PROJ, T5_ENCODER, SD3_TRANSFORMER, FLUX_TRANSFORMER = (
+    "clip_text_projection", "t5_encoder", "sd3_transformer", "flux_transformer")
 
 
 @dataclass(frozen=True)
@@ -172,10 +176,13 @@ def build_random(arch: ProductionArch, seed: int = 0):
 
 
 def _construct(family: str, config: dict[str, Any]):
-    if family in (UNET, VAE):
-        from diffusers import AutoencoderKL, UNet2DConditionModel
+    if family in (UNET, VAE, SD3_TRANSFORMER, FLUX_TRANSFORMER):
+        import diffusers
 
-        return (UNet2DConditionModel if family == UNET else AutoencoderKL).from_config(config)
+        classes = {UNET: diffusers.UNet2DConditionModel, VAE: diffusers.AutoencoderKL,
+                   SD3_TRANSFORMER: diffusers.SD3Transformer2DModel,
+                   FLUX_TRANSFORMER: diffusers.FluxTransformer2DModel}
+        return classes[family].from_config(config)
     if family == OPEN_CLIP:
         import open_clip
 
@@ -183,6 +190,8 @@ def _construct(family: str, config: dict[str, Any]):
     import transformers as tf
 
     classes = {CLIP_TEXT: (tf.CLIPTextModel, tf.CLIPTextConfig),
+               CLIP_TEXT_PROJ: (tf.CLIPTextModelWithProjection, tf.CLIPTextConfig),
+               T5_ENCODER: (tf.T5EncoderModel, tf.T5Config),
                CLIP: (tf.CLIPModel, tf.CLIPConfig),
                MLM: (tf.RobertaForMaskedLM, tf.RobertaConfig),
                CAUSAL_LM: (tf.GPT2LMHeadModel, tf.GPT2Config),
