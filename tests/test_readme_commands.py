@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 #: The docs pages whose ```bash blocks run, in this order, after the README's.
 DOCS_IN_ORDER = ("setup.md", "building.md", "datasets.md", "publishing.md", "gallery.md",
-                 "training.md", "report.md")
+                 "training.md", "report.md", "production.md")
 #: The README's set-up block, the one README block that does not run here.
 SETUP_COMMANDS = ["make demo", "make test"]
 #: Written by the commands themselves; everything else of the repository root is linked.
