@@ -38,6 +38,7 @@ from builders.counterfactuals.captions import CaptionModels, CaptionStage, Count
 from builders.counterfactuals.card import CARD_FIELDS
 from builders.counterfactuals.config import (CAPTION_ROLES, IMAGE_FILTERS, IMAGE_ROLES,
                                              CocoCounterfactualsConfig)
+from builders.counterfactuals.generators import generator
 from builders.counterfactuals.image_sources import (FolderSource, Layout, ZipSource, detect_layout,
                                                     open_source, pattern_layout)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
@@ -47,6 +48,7 @@ from builders.counterfactuals.pair_tables import PairTable, read_pairs, resolve_
 from builders.counterfactuals.source import CaptionItem, coco_captions, dataset_captions
 from builders.counterfactuals.view import PAIR_VIEW
 from builders.engine import progress
+from builders.engine.errors import UserFacingError
 from builders.engine.precision import Precision, worker_precision
 from builders.engine.provenance import model_names
 from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
@@ -60,8 +62,11 @@ class CocoCounterfactualsBuilder:
     every run (`accelerate launch` starts its workers with one thread each)."""
 
     def __init__(self, config: CocoCounterfactualsConfig, device: str | None = None,
-                 torch_threads: int | None = None, dtype: str = "auto") -> None:
+                 torch_threads: int | None = None, dtype: str = "auto",
+                 cpu_offload: bool = False) -> None:
         self.config, self.device, self.torch_threads = config, device, torch_threads
+        #: How to run, not what to build (the same images): not in the fingerprint.
+        self.cpu_offload = cpu_offload
         self.requested_dtype = dtype
         self._precision: Precision | None = None
         self._caption_stage: CaptionStage | None = None
@@ -136,6 +141,11 @@ class CocoCounterfactualsBuilder:
         if self.config.image_import:
             config["images_source"] = self.images_provenance()
         config["precision"] = self.precision().as_config()
+        if self.config.stage != "captions" and not self.config.image_import:
+            spec = generator(self.config.images.generator)
+            config["generator"] = {"name": spec.name, "method": spec.method_name(self.config.images.inject),
+                                   "license": spec.license,
+                                   "default_model": spec.default_model}
         # The manifest names a local table as `provenance` names local things, however its path
         # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.
         spelled = self.config.captions_from
@@ -208,10 +218,15 @@ class CocoCounterfactualsBuilder:
         if self._image_stage is None:
             from builders.models.clip import load_scorer
             from builders.models.clip_ids import TRANSFORMERS
-            from builders.models.loaders import load_sd
+            from builders.models.loaders import load_generator
 
             precision = self.precision()
-            pipe = load_sd(self.config.models["sd"], device=precision.device, dtype=precision.dtype)
+            if self.cpu_offload and precision.device == "cpu":
+                raise UserFacingError("--cpu-offload moves each model to the GPU while it runs: "
+                                      "it needs a CUDA device (this run is on the CPU)")
+            pipe = load_generator(generator(self.config.images.generator).pipeline,
+                                  self.config.models["sd"], device=precision.device,
+                                  dtype=precision.dtype, cpu_offload=self.cpu_offload)
             scorer = load_scorer(self.config.models["clip_filter"], precision.device, TRANSFORMERS,
                                  precision.dtype)
             self._image_stage = ImageStage(pipe, scorer, self.config.images, self.config.seed)
@@ -258,9 +273,9 @@ class CocoCounterfactualsBuilder:
         for row in progress.items(pairs, "image pairs"):
             unseen = self.image_stage().unseen_edit(row["caption_0"], row["caption_1"])
             if unseen is not None:
-                limit = self.image_stage().pipe.tokenizer.model_max_length
-                yield Skip(unseen, detail=f"id {row['id']}: the text encoder reads the same first "
-                           f"{limit} tokens of both captions, so both images would be the same")
+                limits = generator(self.config.images.generator).describe_limits()
+                yield Skip(unseen, detail=f"id {row['id']}: the text encoders read the same first "
+                           f"tokens ({limits}) of both captions, so both images would be the same")
                 continue
             selection = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
             # Candidate tallies of every caption pair, also those that got no image pair.
@@ -276,7 +291,7 @@ class CocoCounterfactualsBuilder:
                 yield Emit(f"default/{self.config.split}", self._pair_row(row, selection))
 
     def _pair_row(self, row: dict[str, Any], selection: ImageSelection) -> dict[str, Any]:
-        pair = selection.pair
+        pair, img = selection.pair, self.config.images
         return {
             "id": row["id"], "image_0": pair.image_0, "image_1": pair.image_1,
             **{k: row[k] for k in CAPTION_FEATURES if k != "id"},
@@ -286,6 +301,8 @@ class CocoCounterfactualsBuilder:
             "image_candidates_tried": selection.tried, "image_candidates_passed": selection.passed,
             **{f"image_rejected_{name}": selection.rejected.get(name) for name in IMAGE_FILTERS},
             "sd_model": self.model_names()["sd"], "clip_model": self.model_names()["clip_filter"],
+            "generator": img.generator, "generation_method": generator(img.generator).method_name(img.inject),
+            "steps": img.steps, "resolution": img.image_size,
         }
 
 
@@ -301,7 +318,8 @@ def from_args(args: argparse.Namespace) -> CocoCounterfactualsBuilder:
     `accelerate launch` below, from the options (options.py, which never imports this module), with
     --device, --torch-threads and --dtype."""
     return CocoCounterfactualsBuilder(options.config_from_args(args), device=args.device,
-                                      torch_threads=args.torch_threads, dtype=args.dtype)
+                                      torch_threads=args.torch_threads, dtype=args.dtype,
+                                      cpu_offload=args.cpu_offload)
 
 
 if __name__ == "__main__":

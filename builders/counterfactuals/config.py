@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from builders.counterfactuals.generators import GENERATOR_NAMES
 from builders.engine.errors import UserFacingError
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -68,6 +69,9 @@ class ImageStageConfig:
     filters=("text_image",), clip_threshold=-1)`; `ImageStageConfig(candidate_plan="grouped",
     seeds=10, p_values=10)` for 100 candidates in 10 groups."""
 
+    #: Which model draws the pairs, and how (`builders.counterfactuals.generators`): `sd15`
+    #: (the paper's Prompt-to-Prompt on SD v1.5), `sdxl`, `sd3`, `flux`.
+    generator: str = "sd15"
     #: Candidate pairs per caption pair (paper: 100); the grouped plan sets it to seeds x p_values.
     candidates: int = 100
     #: `CANDIDATE_PLANS`; `grouped`: `seeds` groups of `p_values` candidates each.
@@ -115,6 +119,8 @@ class ImageStageConfig:
         return min(self.steps - 2, int(self.early_reject_at * (self.steps - 1)))
 
     def __post_init__(self) -> None:
+        if self.generator not in GENERATOR_NAMES:
+            raise UserFacingError(f"--generator takes {', '.join(GENERATOR_NAMES)} (got {self.generator!r})")
         if self.candidate_plan not in CANDIDATE_PLANS:
             raise UserFacingError(f"--candidate-plan takes {', '.join(CANDIDATE_PLANS)} "
                                   f"(got {self.candidate_plan!r})")

@@ -14,6 +14,7 @@ from builders.counterfactuals.config import (CANDIDATE_PLANS, DEFAULT_COCO_SPLIT
                                              IMAGE_LAYOUTS, MODEL_ROLES, STAGES, CaptionStageConfig,
                                              CocoCounterfactualsConfig, ImageImportConfig,
                                              ImageStageConfig)
+from builders.counterfactuals.generators import GENERATOR_NAMES, GENERATORS, generator, generator_model
 from builders.engine.errors import UserFacingError
 from builders.engine.precision import add_dtype_argument
 from builders.engine.option_types import fraction, non_negative_int, positive_int
@@ -94,6 +95,19 @@ def _add_image_arguments(parser: argparse.ArgumentParser) -> None:
     from builders.models.profiles import add_profile_argument
 
     img, e = parser.add_argument_group("image stage (builders/counterfactuals/METHOD.md §2)"), ImageStageConfig()
+    img.add_argument("--generator", choices=GENERATOR_NAMES, default=e.generator,
+                     help="which model draws the image pairs: sd15 (default, the paper's "
+                          "Prompt-to-Prompt on SD v1.5), sdxl (Prompt-to-Prompt on SDXL base), "
+                          "sd3, flux (MM-DiT attention injection; METHOD.md §2, Generators)")
+    img.add_argument("--generator-model", default=None, metavar="HUB_ID_OR_PATH",
+                     help="the generator's model (default: " + ", ".join(
+                         f"{s.name} {s.default_model}" for s in GENERATORS.values())
+                     + "; sd15 also takes --sd-model; --models tiny: a tiny random pipeline of the "
+                       "generator's family)")
+    img.add_argument("--cpu-offload", action="store_true",
+                     help="keep the generator's weights in CPU memory and move each model to the "
+                          "GPU only while it runs (diffusers' enable_model_cpu_offload): for GPUs "
+                          "that cannot hold the pipeline (FLUX.1 in bf16); same images, slower")
     add_profile_argument(img, "--candidates", type=positive_int, default=e.candidates, tiny=4,
                          help="independent plan: candidate pairs per caption pair (paper: 100)")
     img.add_argument("--candidate-plan", choices=CANDIDATE_PLANS, default=e.candidate_plan,
@@ -187,11 +201,16 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
         top_k=args.top_k, sim_low=args.sim_low, sim_high=args.sim_high, min_words=args.min_words,
         english_check=not args.no_english_check, avoid_related_nouns=args.avoid_related_nouns,
         caption_batch=args.caption_batch, order=args.caption_order)
+    spec = generator(args.generator)
+    # Under production the generator's own defaults (its native resolution); tiny: one for all.
+    own = args.models == "production"
+    steps = spec.steps if own and "steps" not in given else args.steps
+    image_size = spec.resolution if own and "image_size" not in given else args.image_size
     images = ImageStageConfig(
-        candidates=args.candidates, candidate_plan=args.candidate_plan, seeds=args.seeds,
+        generator=args.generator, candidates=args.candidates, candidate_plan=args.candidate_plan, seeds=args.seeds,
         p_values=args.p_values, candidate_batch=args.candidate_batch,
-        share=not args.no_shared_computation, steps=args.steps,
-        image_size=args.image_size, p_range=tuple(args.p_range),
+        share=not args.no_shared_computation, steps=steps,
+        image_size=image_size, p_range=tuple(args.p_range),
         guidance_range=tuple(args.guidance_range), filters=tuple(args.filters),
         clip_threshold=args.clip_threshold, directional_threshold=args.directional_threshold,
         image_similarity_threshold=args.image_similarity_threshold, early_stop=args.early_stop,
@@ -210,8 +229,33 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
         caption_0_column=args.caption_0_column, caption_1_column=args.caption_1_column,
         allow_multiword_edits=args.allow_multiword_edits,
         max_captions=args.max_captions, split=args.output_split, seed=args.seed,
-        models={role: profile[role] for role in MODEL_ROLES}, captions=captions, images=images,
-        image_import=image_import)
+        models={role: profile[role] for role in MODEL_ROLES} | {"sd": _generator_model(args, profile)},
+        captions=captions, images=images, image_import=image_import)
+
+
+def _generator_model(args: argparse.Namespace, profile: dict[str, str]) -> str:
+    """The generator's model: `--generator-model`, else its default under the profile (sd15:
+    the `sd` role, which `--sd-model` sets). Prompt-to-Prompt's own options are refused with the
+    MM-DiT generators, which do not read them."""
+    from builders.models.profiles import default_tiny_dir
+
+    spec = generator(args.generator)
+    if spec.name != "sd15" and args.sd_model:
+        raise UserFacingError(f"--sd-model is the sd15 generator's model: give --generator-model "
+                              f"for --generator {spec.name}")
+    if args.generator_model and args.sd_model:
+        raise UserFacingError("give --generator-model or --sd-model, not both")
+    p2p = ImageStageConfig()
+    given = [f"--{o}" for o in ("inject", "scheduler") if getattr(args, o) != getattr(p2p, o)]
+    if "inject" not in spec.options and given:
+        raise UserFacingError(f"{', '.join(given)} only apply to the Prompt-to-Prompt generators "
+                              f"(sd15, sdxl), not --generator {spec.name}")
+    if args.generator_model:
+        return args.generator_model
+    if (args.stage or ("images" if args.images_from else "all")) == "captions" or args.images_from:
+        return profile["sd"]  # nothing is generated: no generator model is loaded
+    return generator_model(spec, args.models, profile["sd"],
+                           args.tiny_models_dir or default_tiny_dir())
 
 
 def _image_import(args: argparse.Namespace) -> ImageImportConfig | None:
