@@ -15,6 +15,7 @@ imports no torch, and a generator's module loads only when that generator runs.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -102,6 +103,9 @@ def generator(name: str) -> GeneratorSpec:
 
 def _resolve(target: str) -> Callable[..., Any]:
     module, _, name = target.partition(":")
+    if importlib.util.find_spec(module) is None:
+        raise UserFacingError(f"this installation lacks {module} ({name}): update counterfactory "
+                              "or choose another --generator")
     return getattr(importlib.import_module(module), name)
 
 

@@ -207,8 +207,8 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     steps = spec.steps if own and "steps" not in given else args.steps
     image_size = spec.resolution if own and "image_size" not in given else args.image_size
     images = ImageStageConfig(
-        generator=args.generator, candidates=args.candidates, candidate_plan=args.candidate_plan, seeds=args.seeds,
-        p_values=args.p_values, candidate_batch=args.candidate_batch,
+        generator=args.generator, candidates=args.candidates,
+        candidate_plan=args.candidate_plan, seeds=args.seeds, p_values=args.p_values, candidate_batch=args.candidate_batch,
         share=not args.no_shared_computation, steps=steps,
         image_size=image_size, p_range=tuple(args.p_range),
         guidance_range=tuple(args.guidance_range), filters=tuple(args.filters),
