@@ -159,8 +159,8 @@ def test_an_sdxl_edit_its_text_encoders_cannot_see_draws_nothing(tmp_path, tiny_
 
 
 def test_each_text_encoder_token_limit_decides_what_an_edit_shows(tiny_models_dir):
-    """sd3 and flux read T5 to 256 tokens beside CLIP's 77: a swap past CLIP's limit but inside
-    T5's is drawn by them and skipped by the CLIP-only generators. (The tiny CLIP tokenizer, one
+    """sd3 and flux read T5 (to 256 and 512 tokens) beside CLIP's 77: a swap past CLIP's limit
+    but inside T5's is drawn by them and skipped by the CLIP-only generators. (The tiny CLIP tokenizer, one
     token per character, stands in for T5: the limits are what is tested.)"""
     tok = load_sd(resolve_profile("tiny", tiny_models_dir).sd).tokenizer
     pipe = type("Pipe", (), {"tokenizer": tok, "tokenizer_2": tok, "tokenizer_3": tok})()

@@ -24,9 +24,9 @@ from builders.engine.errors import UserFacingError
 
 #: Text encoders' token limits: CLIP reads 77 tokens (start and end included).
 CLIP_TOKENS = 77
-#: T5 tokens SD3 and FLUX.1-schnell read (`max_sequence_length`: SD3's pipeline default; the
-#: most FLUX.1-schnell takes).
-T5_TOKENS = 256
+#: T5 tokens the MM-DiT renderer reads: `encode_prompt`'s default `max_sequence_length` of each
+#: pipeline (StableDiffusion3Pipeline 256, FluxPipeline 512).
+SD3_T5_TOKENS, FLUX_T5_TOKENS = 256, 512
 
 
 @dataclass(frozen=True)
@@ -80,17 +80,17 @@ GENERATORS = {spec.name: spec for spec in (
                   "builders.counterfactuals.prompt_to_prompt_xl:generate_pairs_xl",
                   "builders.models.tiny_sdxl:build_tiny_sdxl",
                   (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS)), 100, 1024, _P2P),
-    GeneratorSpec("sd3", "mmdit-attention-injection", "sd3",
+    GeneratorSpec("sd3", "stable-flow-vital-layers", "sd3",
                   "stabilityai/stable-diffusion-3-medium-diffusers",
                   "Stability AI Community License",
                   "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
                   "builders.models.tiny_mmdit:build_tiny_sd3",
                   (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS),
-                   ("tokenizer_3", T5_TOKENS)), 28, 1024),
-    GeneratorSpec("flux", "mmdit-attention-injection", "flux", "black-forest-labs/FLUX.1-schnell",
+                   ("tokenizer_3", SD3_T5_TOKENS)), 28, 1024),
+    GeneratorSpec("flux", "stable-flow-vital-layers", "flux", "black-forest-labs/FLUX.1-schnell",
                   "Apache-2.0", "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
                   "builders.models.tiny_mmdit:build_tiny_flux",
-                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", T5_TOKENS)), 4, 1024),
+                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", FLUX_T5_TOKENS)), 4, 1024),
 )}
 GENERATOR_NAMES = tuple(GENERATORS)
 

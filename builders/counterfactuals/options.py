@@ -98,7 +98,7 @@ def _add_image_arguments(parser: argparse.ArgumentParser) -> None:
     img.add_argument("--generator", choices=GENERATOR_NAMES, default=e.generator,
                      help="which model draws the image pairs: sd15 (default, the paper's "
                           "Prompt-to-Prompt on SD v1.5), sdxl (Prompt-to-Prompt on SDXL base), "
-                          "sd3, flux (MM-DiT attention injection; METHOD.md §2, Generators)")
+                          "sd3, flux (Stable Flow vital-layer injection on MM-DiT; METHOD.md §2, Generators)")
     img.add_argument("--generator-model", default=None, metavar="HUB_ID_OR_PATH",
                      help="the generator's model (default: " + ", ".join(
                          f"{s.name} {s.default_model}" for s in GENERATORS.values())
