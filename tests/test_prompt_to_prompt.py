@@ -385,7 +385,7 @@ def test_image_image_filter_rejects_a_pair_that_differs_everywhere(monkeypatch):
     in every pixel). The captions' direction is chosen so that FLIP has the best directional
     score: the looser `--filters text_image` picks it, the paper's filters reject it as
     image-image, and the choice equals filter-then-argmax over per-candidate scores."""
-    import builders.counterfactuals.images as images_module
+    import builders.counterfactuals.prompt_to_prompt as p2p_module
     from builders.counterfactuals.config import ImageStageConfig
     from builders.counterfactuals.images import ImageStage, candidate_specs
 
@@ -406,7 +406,8 @@ def test_image_image_filter_rejects_a_pair_that_differs_everywhere(monkeypatch):
         pairs = [draw(spec) for spec in batch]
         return np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs])
 
-    monkeypatch.setattr(images_module, "generate_pairs", fake_generate)
+    # The sd15 generator's renderer, which the image stage looks up in the registry per batch.
+    monkeypatch.setattr(p2p_module, "generate_pairs", fake_generate)
     emb = {k: pixel_embedding(np.stack(draw(spec))) for k, spec in enumerate(specs)}
     change = lambda k: (emb[k][1] - emb[k][0]) / (emb[k][1] - emb[k][0]).norm()  # noqa: E731
     direction = change(flip) + sum(change(k) for k in emb if k != flip) / 3

@@ -38,6 +38,7 @@ from builders.counterfactuals.captions import CaptionModels, CaptionStage, Count
 from builders.counterfactuals.card import CARD_FIELDS
 from builders.counterfactuals.config import (CAPTION_ROLES, IMAGE_FILTERS, IMAGE_ROLES,
                                              CocoCounterfactualsConfig)
+from builders.counterfactuals.generators import generator
 from builders.counterfactuals.image_sources import (FolderSource, Layout, ZipSource, detect_layout,
                                                     open_source, pattern_layout)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
@@ -47,6 +48,7 @@ from builders.counterfactuals.pair_tables import PairTable, read_pairs, resolve_
 from builders.counterfactuals.source import CaptionItem, coco_captions, dataset_captions
 from builders.counterfactuals.view import PAIR_VIEW
 from builders.engine import progress
+from builders.engine.errors import UserFacingError
 from builders.engine.precision import Precision, worker_precision
 from builders.engine.provenance import model_names
 from builders.engine.sharding.base import BuildInfo, Count, Emit, OutputSpec, Skip
@@ -127,7 +129,7 @@ class CocoCounterfactualsBuilder:
 
         config = asdict(self.config)
         # How it runs, not what it builds: `precision` below records the device type and dtype.
-        for how in ("device", "dtype", "torch_threads"):
+        for how in ("device", "dtype", "torch_threads", "cpu_offload"):
             del config[how]
         config["tagger"] = tagger_info() if self.config.stage != "images" else None
         config["models"] = self._run_models()
@@ -137,6 +139,11 @@ class CocoCounterfactualsBuilder:
         if self.config.image_import:
             config["images_source"] = self.images_provenance()
         config["precision"] = self.precision().as_config()
+        if self.config.stage != "captions" and not self.config.image_import:
+            spec = generator(self.config.images.generator)
+            config["generator"] = {"name": spec.name, "method": spec.method_name(self.config.images.inject),
+                                   "license": spec.license,
+                                   "default_model": spec.default_model}
         # The manifest names a local table as `provenance` names local things, however its path
         # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.
         spelled = self.config.captions_from
@@ -209,10 +216,15 @@ class CocoCounterfactualsBuilder:
         if self._image_stage is None:
             from builders.models.clip import load_scorer
             from builders.models.clip_ids import TRANSFORMERS
-            from builders.models.loaders import load_sd
+            from builders.models.loaders import load_generator
 
             precision = self.precision()
-            pipe = load_sd(self.config.models["sd"], device=precision.device, dtype=precision.dtype)
+            if self.config.cpu_offload and precision.device == "cpu":
+                raise UserFacingError("--cpu-offload moves each model to the GPU while it runs: "
+                                      "it needs a CUDA device (this run is on the CPU)")
+            pipe = load_generator(generator(self.config.images.generator).pipeline,
+                                  self.config.models["sd"], device=precision.device,
+                                  dtype=precision.dtype, cpu_offload=self.config.cpu_offload)
             scorer = load_scorer(self.config.models["clip_filter"], precision.device, TRANSFORMERS,
                                  precision.dtype)
             self._image_stage = ImageStage(pipe, scorer, self.config.images, self.config.seed)
@@ -259,9 +271,9 @@ class CocoCounterfactualsBuilder:
         for row in progress.items(pairs, "image pairs"):
             unseen = self.image_stage().unseen_edit(row["caption_0"], row["caption_1"])
             if unseen is not None:
-                limit = self.image_stage().pipe.tokenizer.model_max_length
-                yield Skip(unseen, detail=f"id {row['id']}: the text encoder reads the same first "
-                           f"{limit} tokens of both captions, so both images would be the same")
+                limits = generator(self.config.images.generator).describe_limits()
+                yield Skip(unseen, detail=f"id {row['id']}: the text encoders read the same first "
+                           f"tokens ({limits}) of both captions, so both images would be the same")
                 continue
             selection = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
             # Candidate tallies of every caption pair, also those that got no image pair.
@@ -277,7 +289,7 @@ class CocoCounterfactualsBuilder:
                 yield Emit(f"default/{self.config.split}", self._pair_row(row, selection))
 
     def _pair_row(self, row: dict[str, Any], selection: ImageSelection) -> dict[str, Any]:
-        pair = selection.pair
+        pair, img = selection.pair, self.config.images
         return {
             "id": row["id"], "image_0": pair.image_0, "image_1": pair.image_1,
             **{k: row[k] for k in CAPTION_FEATURES if k != "id"},
@@ -287,6 +299,8 @@ class CocoCounterfactualsBuilder:
             "image_candidates_tried": selection.tried, "image_candidates_passed": selection.passed,
             **{f"image_rejected_{name}": selection.rejected.get(name) for name in IMAGE_FILTERS},
             "sd_model": self.model_names()["sd"], "clip_model": self.model_names()["clip_filter"],
+            "generator": img.generator, "generation_method": generator(img.generator).method_name(img.inject),
+            "steps": img.steps, "resolution": img.image_size,
         }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from builders.counterfactuals.generators import GENERATOR_NAMES
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import fraction, non_negative_int, positive_int
 from builders.engine.options import option
@@ -77,6 +78,12 @@ class ImageStageConfig:
     filters=("text_image",), clip_threshold=-1)`; `ImageStageConfig(candidate_plan="grouped",
     seeds=10, p_values=10)` for 100 candidates in 10 groups."""
 
+    #: Which model draws the pairs, and how (`builders.counterfactuals.generators`): `sd15`
+    #: (the paper's Prompt-to-Prompt on SD v1.5), `sdxl`, `sd3`, `flux`.
+    generator: str = option(
+        "sd15", "which model draws the image pairs: sd15 (default, the paper's Prompt-to-Prompt on "
+                "SD v1.5), sdxl (Prompt-to-Prompt on SDXL base), sd3, flux (Stable Flow vital-layer "
+                "injection on MM-DiT; METHOD.md §2, Generators)", choices=GENERATOR_NAMES)
     #: Candidate pairs per caption pair (paper: 100); the grouped plan sets it to seeds x p_values.
     candidates: int = option(
         100, "independent plan: candidate pairs per caption pair (paper: 100)", type=positive_int)
@@ -149,6 +156,8 @@ class ImageStageConfig:
         return min(self.steps - 2, int(self.early_reject_at * (self.steps - 1)))
 
     def __post_init__(self) -> None:
+        if self.generator not in GENERATOR_NAMES:
+            raise UserFacingError(f"--generator takes {', '.join(GENERATOR_NAMES)} (got {self.generator!r})")
         if self.candidate_plan not in CANDIDATE_PLANS:
             raise UserFacingError(f"--candidate-plan takes {', '.join(CANDIDATE_PLANS)} "
                                   f"(got {self.candidate_plan!r})")
@@ -262,13 +271,19 @@ class CocoCounterfactualsConfig:
     seed: int = option(0)
     #: How the build runs, not what it builds (`info` leaves them out of the recorded config):
     #: the torch device (None: `distributed.worker_device`); the image stage's precision,
-    #: recorded resolved on the device (`precision`); intra-op CPU threads (None: torch's).
+    #: recorded resolved on the device (`precision`); intra-op CPU threads (None: torch's); CPU
+    #: offload (the same images).
     device: str | None = option(None, "torch device (default: own GPU, else CPU)")
     dtype: str = dtype_option("the image stage's Stable Diffusion and CLIP filter (the caption "
                               "stage's text models run in fp32)")
     torch_threads: int | None = option(
         None, "intra-op CPU threads per process; give the same value to runs whose shards must be "
               "bit-identical (accelerate workers default to 1)", type=positive_int)
+    #: Keep the generator's weights in CPU memory, each model on the GPU only while it runs.
+    cpu_offload: bool = option(
+        False, "keep the generator's weights in CPU memory and move each model to the GPU only "
+               "while it runs (diffusers' enable_model_cpu_offload): for GPUs that cannot hold the "
+               "pipeline (FLUX.1 in bf16); same images, slower")
     #: Model id or path per role (`MODEL_ROLES`).
     models: dict[str, str] = field(default_factory=dict)
     captions: CaptionStageConfig = field(default_factory=CaptionStageConfig)

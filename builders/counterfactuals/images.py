@@ -9,7 +9,8 @@ specs:
   and, from a generator seeded with it, one guidance `g_k ~ U(7.5, 15)` and M = `p_values`
   injection fractions, one uniform draw in each of M equal slices of the p range (stratified:
   every p is still U(0.1, 0.9) over the candidates), in increasing order.
-Candidates go through Stable Diffusion with Prompt-to-Prompt (`builders.counterfactuals.prompt_to_prompt`) about
+Candidates go through the generator (`builders.counterfactuals.generators`; by default Stable
+Diffusion v1.5 with Prompt-to-Prompt, `builders.counterfactuals.prompt_to_prompt`) about
 `candidate_batch` at a time, a batch holding whole groups of candidates that share (seed,
 guidance) so that they share their UNet work (`share`); a candidate's images depend only on its
 own (seed, p, g), so the output does not depend on the plan's batching, the batch size, the batch
@@ -42,15 +43,16 @@ import torch
 from PIL import Image
 
 from builders.counterfactuals.config import ImageStageConfig
-from builders.counterfactuals.prompt_to_prompt import EarlyRejection, PairSpec, UNetWork, generate_pairs
+from builders.counterfactuals.generators import generator
+from builders.counterfactuals.prompt_to_prompt import EarlyRejection, PairSpec, UNetWork
 from builders.engine import progress
 from builders.engine.batching import ShrinkingBatches
 from builders.engine.seeding import derive_seed
 from builders.models.clip import ClipScorer
 
 NO_PASSING_CANDIDATE = "no_image_candidate_passed_clip"
-#: Caption pairs Stable Diffusion cannot draw apart (`ImageStage.unseen_edit`): its text encoder
-#: gets the same tokens for both captions, so both images of every candidate would be the same.
+#: Caption pairs the generator cannot draw apart (`ImageStage.unseen_edit`): its text encoders
+#: get the same tokens for both captions, so both images of every candidate would be the same.
 EDIT_BEYOND_TEXT_ENCODER = "edit_beyond_text_encoder"
 EDIT_INVISIBLE_TO_TEXT_ENCODER = "edit_invisible_to_text_encoder"
 
@@ -175,25 +177,28 @@ class ImageStage:
 
     def __init__(self, pipe: Any, scorer: ClipScorer, config: ImageStageConfig, seed: int) -> None:
         self.pipe, self.scorer, self.config, self.seed = pipe, scorer, config, seed
-        # P2P generation and the CLIP filters of a batch, halved and retried on out-of-memory.
-        self.batches = ShrinkingBatches("image stage (P2P + CLIP filters)", config.candidate_batch,
+        # Generation and the CLIP filters of a batch, halved and retried on out-of-memory.
+        self.batches = ShrinkingBatches("image stage (generator + CLIP filters)", config.candidate_batch,
                                         hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory")
 
     def unseen_edit(self, caption_0: str, caption_1: str) -> str | None:
-        """Why the generator cannot draw this edit, or None. Its text encoder reads the first
-        `model_max_length` tokens of a caption (77 with the start and end tokens for Stable
-        Diffusion v1), tokenized as `encode_prompt` does. When those are the same for both
-        captions, the two images of every candidate are identical (directional similarity 0):
-        `edit_beyond_text_encoder` when the captions' tokens differ only past that limit,
-        `edit_invisible_to_text_encoder` when the tokenizer makes them the same anyway (CLIP's
+        """Why the generator cannot draw this edit, or None. Each of its text encoders reads the
+        first tokens of a caption up to its limit (`GeneratorSpec.tokenizers`: 77 with the start
+        and end tokens for CLIP, the pipeline's `max_sequence_length` for T5), tokenized as the
+        pipeline does. When every encoder reads the same tokens for both captions, the two
+        images of every candidate are identical (directional similarity 0):
+        `edit_beyond_text_encoder` when the captions' tokens differ only past the limits,
+        `edit_invisible_to_text_encoder` when the tokenizers make them the same anyway (CLIP's
         lowercases: `A Dog` / `A dog`). Checked before generating anything."""
-        tokenizer = self.pipe.tokenizer
-        limit = tokenizer.model_max_length
-        seen = [tokenizer(c, truncation=True, max_length=limit).input_ids for c in (caption_0, caption_1)]
-        if seen[0] != seen[1]:
-            return None
+        limits = generator(self.config.generator).token_limits(self.pipe)
+        for tokenizer, limit in limits:
+            seen = [tokenizer(c, truncation=True, max_length=limit).input_ids
+                    for c in (caption_0, caption_1)]
+            if seen[0] != seen[1]:
+                return None
         # verbose=False: no "longer than the maximum" warning per caption.
-        full = [tokenizer(c, verbose=False).input_ids for c in (caption_0, caption_1)]
+        full = [[tokenizer(c, verbose=False).input_ids for tokenizer, _ in limits]
+                for c in (caption_0, caption_1)]
         return EDIT_BEYOND_TEXT_ENCODER if full[0] != full[1] else EDIT_INVISIBLE_TO_TEXT_ENCODER
 
     def early_rejection(self, caption_0: str, caption_1: str) -> EarlyRejection | None:
@@ -257,10 +262,11 @@ class ImageStage:
         cfg = self.config
         early = self.early_rejection(caption_0, caption_1)
         work = UNetWork()
-        images_0, images_1 = generate_pairs(self.pipe, caption_0, caption_1, batch,
-                                            steps=cfg.steps, size=cfg.image_size,
-                                            inject=cfg.inject, scheduler=cfg.scheduler,
-                                            share=cfg.share, work=work, early=early)
+        spec = generator(cfg.generator)
+        images_0, images_1 = spec.renderer()(self.pipe, caption_0, caption_1, batch,
+                                             steps=cfg.steps, size=cfg.image_size, share=cfg.share,
+                                             work=work, early=early,
+                                             **{name: getattr(cfg, name) for name in spec.options})
         dropped = set(early.dropped) if early else set()
         scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1) \
             if len(images_0) else None

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from builders.counterfactuals.config import IMAGE_FILTERS, ImageImportConfig, ImageStageConfig
 from builders.counterfactuals.image_sources import FolderSource, ImageRef, Layout, ZipSource, climbs
 from builders.counterfactuals.pair_tables import PairItem
+from builders.counterfactuals.schema import GENERATION_COLUMNS
 from builders.engine import progress
 from builders.engine.contained_paths import PATH_OUTSIDE_ROOT, PathOutsideRoot
 from builders.engine.errors import InputProblem, UserFacingError
@@ -172,4 +173,5 @@ class ImportStage:
             "image_candidates_tried": None, "image_candidates_passed": None,
             **{f"image_rejected_{name}": None for name in IMAGE_FILTERS},
             "sd_model": None, "clip_model": self.clip_model,
+            **dict.fromkeys(GENERATION_COLUMNS),
         }

@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 
 from builders.counterfactuals.config import (MODEL_ROLES, TINY, CocoCounterfactualsConfig,
                                              ImageImportConfig, ImageStageConfig)
+from builders.counterfactuals.generators import GENERATORS, GeneratorSpec, generator, generator_model
 from builders.engine.errors import UserFacingError
 from builders.engine.options import (Values, add_config_arguments, build_config, field_default,
                                      flag_of, given_values)
@@ -32,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, CocoCounterfactualsConfig, group="source", groups=GROUPS,
                          descriptions=DESCRIPTIONS, preset=TINY)
     add_model_arguments(parser, roles=MODEL_ROLES)
+    # Resolved into the `sd` model role (the recorded model), so not a config field of its own.
+    parser.add_argument("--generator-model", default=None, metavar="HUB_ID_OR_PATH",
+                        help="the generator's model (default: " + ", ".join(
+                            f"{s.name} {s.default_model}" for s in GENERATORS.values())
+                        + "; sd15 also takes --sd-model; --models tiny: a tiny random pipeline of "
+                          "the generator's family)")
 
 
 def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
@@ -45,9 +52,41 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     values = with_profile_preset(args, given, TINY)
     image_import = _image_import(values.pop("image_import", {}))
     profile = asdict(profile_from_args(args))
+    images = values.setdefault("images", {})
+    spec = generator(images.get("generator", ImageStageConfig.generator))
+    if args.models == "production":  # the generator's own steps and native resolution
+        images.setdefault("steps", spec.steps)
+        images.setdefault("image_size", spec.resolution)
+    generates = values.get("stage", "all") != "captions" and image_import is None
+    models = {role: profile[role] for role in MODEL_ROLES}
+    models["sd"] = _generator_model(args, spec, images, models["sd"], generates)
     return build_config(CocoCounterfactualsConfig, {
         "stage": "images" if image_import else "all", **values,
-        "models": {role: profile[role] for role in MODEL_ROLES}, "image_import": image_import})
+        "models": models, "image_import": image_import})
+
+
+def _generator_model(args: argparse.Namespace, spec: GeneratorSpec, images: Values, profile_sd: str,
+                     generates: bool) -> str:
+    """The generator's model: `--generator-model`, else its default under the profile (sd15: the
+    `sd` role, which `--sd-model` sets). Prompt-to-Prompt's own options are refused with the
+    MM-DiT generators, which do not read them."""
+    from builders.models.profiles import default_tiny_dir
+
+    if spec.name != "sd15" and args.sd_model:
+        raise UserFacingError(f"--sd-model is the sd15 generator's model: give --generator-model "
+                              f"for --generator {spec.name}")
+    if args.generator_model and args.sd_model:
+        raise UserFacingError("give --generator-model or --sd-model, not both")
+    p2p = ImageStageConfig()
+    given = [f"--{o}" for o in ("inject", "scheduler") if images.get(o, getattr(p2p, o)) != getattr(p2p, o)]
+    if "inject" not in spec.options and given:
+        raise UserFacingError(f"{', '.join(given)} only apply to the Prompt-to-Prompt generators "
+                              f"(sd15, sdxl), not --generator {spec.name}")
+    if args.generator_model:
+        return args.generator_model
+    if not generates:
+        return profile_sd  # nothing is generated: no generator model is loaded
+    return generator_model(spec, args.models, profile_sd, args.tiny_models_dir or default_tiny_dir())
 
 
 def _image_import(values: Values) -> ImageImportConfig | None:

@@ -318,9 +318,42 @@ def _keep_sampler_rows(sched, rows: list[int]) -> None:
 
 
 def _decode(pipe, latents: torch.Tensor) -> np.ndarray:
-    images = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+    return to_uint8(pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample)
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """The VAE's output in [-1, 1] as uint8 arrays `(n, side, side, 3)`."""
     images = ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy() * 255)
     return images.round().astype(np.uint8)
+
+
+@dataclass
+class Prompts:
+    """The two captions as the UNet reads them: the conditional (`cond`) and unconditional
+    (`uncond`) embeddings, row 0 the original caption and row 1 the counterfactual, and
+    `added(caption)`: further UNet keywords for batch rows of these captions, both guidance
+    halves (SDXL's pooled embeddings and micro-conditioning, `prompt_to_prompt_xl`)."""
+
+    cond: torch.Tensor
+    uncond: torch.Tensor
+    added: Callable[[list[int]], dict] | None = None
+
+    def unet_inputs(self, caption: list[int]) -> dict:
+        inputs = {"encoder_hidden_states": torch.cat([self.uncond[caption], self.cond[caption]])}
+        if self.added is not None:
+            inputs["added_cond_kwargs"] = self.added(caption)
+        return inputs
+
+
+def word_swap_mapper(tokenizer, caption_0: str, caption_1: str, length: int,
+                     inject: str) -> torch.Tensor | None:
+    """`replacement_mapper` of the captions as `tokenizer` reads them (None unless `inject` swaps
+    cross-attention maps)."""
+    if inject not in ("cross", "both"):
+        return None
+    ids = [tokenizer(t, truncation=True, max_length=tokenizer.model_max_length).input_ids
+           for t in (caption_0, caption_1)]
+    return replacement_mapper(ids[0], ids[1], length)
 
 
 def _generators(seeds: Sequence[int], salt: int) -> list[torch.Generator]:
@@ -339,15 +372,24 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
     and the counterfactual caption. `share` evaluates each distinct row state once (same images;
     see the module docstring); `work`, when given, accumulates the work done. With `early`, the
     candidates it drops are left out of the arrays (their batch positions: `early.dropped`)."""
+    device = pipe._execution_device
+    cond, uncond = pipe.encode_prompt([caption_0, caption_1], device, 1, True)
+    mapper = word_swap_mapper(pipe.tokenizer, caption_0, caption_1, cond.shape[1], inject)
+    return denoise_pairs(pipe, Prompts(cond, uncond), specs, steps=steps, size=size,
+                         inject=inject, mapper=mapper, scheduler=scheduler, share=share,
+                         work=work, early=early, decode=_decode)
+
+
+def denoise_pairs(pipe, prompts: Prompts, specs: Sequence[PairSpec], *, steps: int, size: int,
+                  inject: str, mapper: torch.Tensor | None, scheduler: str, share: bool,
+                  work: UNetWork | None, early: EarlyRejection | None,
+                  decode: Callable[[object, torch.Tensor], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """`generate_pairs` from the encoded captions on: the Prompt-to-Prompt denoising loop of
+    any UNet pipeline (SD v1.5 here, SDXL in `prompt_to_prompt_xl`), `decode` turning latents
+    into uint8 images."""
     from diffusers.utils.torch_utils import randn_tensor
 
-    device = pipe.unet.device
-    cond, uncond = pipe.encode_prompt([caption_0, caption_1], device, 1, True)
-    mapper = None
-    if inject in ("cross", "both"):
-        ids = [pipe.tokenizer(t, truncation=True, max_length=pipe.tokenizer.model_max_length).input_ids
-               for t in (caption_0, caption_1)]
-        mapper = replacement_mapper(ids[0], ids[1], cond.shape[1])
+    device = pipe._execution_device
     side = size // pipe.vae_scale_factor
     # The reference's "16x16 and below" for 64x64 latents, relative to any latent size.
     ctrl = P2PController(specs, steps, inject, mapper, low_res_tokens=(side // 4) ** 2)
@@ -360,7 +402,7 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
     # initial noise is drawn in float32 and then cast, so a seed starts from the same latents
     # (up to rounding) in every precision (METHOD.md §2, Precision).
     latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=torch.float32)
-                         for g in _generators(seeds, 0)]).to(cond.dtype) * sched.init_noise_sigma
+                         for g in _generators(seeds, 0)]).to(prompts.cond.dtype) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
     work = work if work is not None else UNetWork()
     with p2p_processors(pipe.unet, ctrl):
@@ -375,18 +417,17 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
             ctrl.links = [(index[r - 1], at[r]) for r in unique
                           if r % 2 and injected(specs[r // 2].p, i, steps)]
             caption = [r % 2 for r in unique]
-            emb = torch.cat([uncond[caption], cond[caption]])
-            guidance = torch.tensor([specs[r // 2].guidance for r in unique], dtype=emb.dtype,
+            guidance = torch.tensor([specs[r // 2].guidance for r in unique], dtype=prompts.cond.dtype,
                                     device=device).view(-1, 1, 1, 1)
             x = sched.scale_model_input(torch.cat([latents[unique], latents[unique]]), t)
-            eps_uncond, eps_cond = pipe.unet(x, t, encoder_hidden_states=emb).sample.chunk(2)
+            eps_uncond, eps_cond = pipe.unet(x, t, **prompts.unet_inputs(caption)).sample.chunk(2)
             eps = (eps_uncond + guidance * (eps_cond - eps_uncond))[index]
             out = sched.step(eps, t, latents, generator=noise_gens)
             latents = out.prev_sample
             work.unet_rows += 2 * len(unique)
             if early is not None and i == early.step and i < steps - 1:
                 # Rows that shared this step's input share their x0 prediction too.
-                previews = _decode(pipe, predicted_x0(sched, out)[unique])[index]
+                previews = decode(pipe, predicted_x0(sched, out)[unique])[index]
                 work.decoded += len(unique)
                 keep = [bool(k) for k in early.check(previews[0::2], previews[1::2])]
                 # One preview step, so positions among the live candidates are batch positions.
@@ -400,6 +441,6 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
         empty = np.zeros((0, size, size, 3), dtype=np.uint8)
         return empty, empty
     unique, index = _dedupe(row_keys(specs, steps, steps, share))
-    images = _decode(pipe, latents[unique])[index]
+    images = decode(pipe, latents[unique])[index]
     work.decoded += len(unique)
     return images[0::2], images[1::2]

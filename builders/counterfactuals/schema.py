@@ -26,7 +26,10 @@ PAIR_FEATURES = datasets.Features({
     "image_candidates_tried": _INT, "image_candidates_passed": _INT,
     **{f"image_rejected_{name}": _INT for name in IMAGE_FILTERS},
     "sd_model": _STRING, "clip_model": _STRING,
+    "generator": _STRING, "generation_method": _STRING, "steps": _INT, "resolution": _INT,
 })
+#: The generation columns of `PAIR_FEATURES` that only a generated row has (null when imported).
+GENERATION_COLUMNS = ("generator", "generation_method", "steps", "resolution")
 COLUMN_DOCS = {
     "id": "`<coco image id>_<caption index>` (COCO) or the source row id",
     "image_0": "synthetic image of caption_0", "image_1": "synthetic image of caption_1",
@@ -47,6 +50,12 @@ COLUMN_DOCS = {
     "clip_score_1": "CLIP cos(caption_1, image_1)", "clip_directional": "CLIP directional similarity",
     "clip_image_similarity": "CLIP cos(image_0, image_1)",
     "image_candidates_tried": "candidate pairs generated",
+    "sd_model": "the generator's model, Hub id@commit (or local:NAME@sha256)",
+    "clip_model": "the CLIP model of the image filters",
+    "generator": "the image generator (`--generator`: sd15, sdxl, sd3, flux)",
+    "generation_method": "how the twin image was drawn (prompt-to-prompt/<inject mode>, or the "
+                         "MM-DiT method; METHOD.md §2)",
+    "steps": "denoising steps", "resolution": "image side in pixels",
     "image_candidates_passed": "of which passed every image filter",
     **{f"image_rejected_{name}": f"candidates that failed the {name} filter (a candidate can fail "
                                  "several; null when the filter was off)" for name in IMAGE_FILTERS},

@@ -94,18 +94,45 @@ def load_open_clip(clip: ClipId, device: str = "cpu", dtype: str = "fp32"):
 def load_sd(model_id: str, inpaint: bool = False, device: str = "cpu", dtype: str = "fp32"):
     """A Stable Diffusion (or inpainting) pipeline in `dtype`, without the safety checker (images
     are filtered with CLIP downstream, and the checker is not part of the method)."""
-    from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline
+    return load_generator("sd_inpaint" if inpaint else "sd", model_id, device=device, dtype=dtype)
 
-    cls = StableDiffusionInpaintPipeline if inpaint else StableDiffusionPipeline
+
+#: Pipeline kinds of `load_generator`: diffusers class, role name in messages, and the keywords
+#: that leave out what the method does not use (safety checker, invisible watermark: images are
+#: filtered with CLIP downstream, neither is part of the method).
+_PIPELINES = {
+    "sd": ("StableDiffusionPipeline", "Stable Diffusion",
+           {"safety_checker": None, "requires_safety_checker": False}),
+    "sd_inpaint": ("StableDiffusionInpaintPipeline", "inpainting",
+                   {"safety_checker": None, "requires_safety_checker": False}),
+    "sdxl": ("StableDiffusionXLPipeline", "SDXL", {"add_watermarker": False}),
+    "sd3": ("StableDiffusion3Pipeline", "SD3", {}),
+    "flux": ("FluxPipeline", "FLUX", {}),
+}
+
+
+def load_generator(kind: str, model_id: str, device: str = "cpu", dtype: str = "fp32",
+                   cpu_offload: bool = False):
+    """A diffusers pipeline of `kind` (`_PIPELINES`) in `dtype` on `device`. With `cpu_offload`
+    (diffusers' `enable_model_cpu_offload`) the weights stay in CPU memory and each model moves
+    to the GPU `device` only while it runs: for GPUs that cannot hold the whole pipeline
+    (FLUX.1 in bf16), at the cost of the transfers."""
+    import diffusers
+
+    class_name, role, extra = _PIPELINES[kind]
+    cls = getattr(diffusers, class_name)
 
     def load():
         # diffusers unpickles a trusted .bin with weights_only=True itself (no switch to pass).
-        pipe = cls.from_pretrained(model_id, safety_checker=None, requires_safety_checker=False,
-                                   dtype=torch_dtype(dtype), use_safetensors=use_safetensors())
+        pipe = cls.from_pretrained(model_id, dtype=torch_dtype(dtype),
+                                   use_safetensors=use_safetensors(), **extra)
         pipe.set_progress_bar_config(disable=True)
+        if cpu_offload:
+            pipe.enable_model_cpu_offload(device=device)
+            return pipe
         return pipe.to(device)
 
-    return _wrap("inpainting" if inpaint else "Stable Diffusion", model_id, load)
+    return _wrap(role, model_id, load)
 
 
 def load_mlm(model_id: str, device: str = "cpu"):

@@ -18,6 +18,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -192,40 +193,52 @@ def build_captioner(out: Path, vocab: dict) -> None:
     processor.save_pretrained(out)
 
 
-def _is_complete(root: Path) -> bool:
+def _is_complete(root: Path, version: int = TINY_VERSION) -> bool:
     done = root / DONE
-    return done.exists() and json.loads(done.read_text()).get("version") == TINY_VERSION
+    return done.exists() and json.loads(done.read_text()).get("version") == version
 
 
-def build_tiny_models(root: str | Path) -> dict[str, Path]:
-    """Build (once) and return `role -> folder` for every tiny model under `root`."""
+def build_once(root: str | Path, build: Callable[[Path], None], version: int = TINY_VERSION) -> Path:
+    """`build(folder)` into `root` unless a complete build of `version` is there; returns `root`.
+
+    Several processes (`accelerate launch` ranks, parallel test runs) may ask for the same
+    folder at once: one builds, the others wait and then find it complete."""
     from filelock import FileLock  # a dependency of huggingface_hub, torch and datasets
 
     root = Path(root)
-    paths = {role: root / role for role in ROLES}
-    if _is_complete(root):
-        return paths
+    if _is_complete(root, version):
+        return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    # Several processes (`accelerate launch` ranks, parallel test runs) may ask for the same
-    # profile at once: one builds, the others wait and then find it complete.
     with FileLock(str(root.parent / f"{root.name}.lock")):
-        if _is_complete(root):
-            return paths
+        if _is_complete(root, version):
+            return root
         tmp = Path(tempfile.mkdtemp(prefix=root.name + ".building-", dir=root.parent))
         try:
-            vocab, merges = _bpe()
-            build_clip(tmp / "clip")
-            build_open_clip(tmp / "open_clip")
-            build_sd(tmp / "sd")
-            build_sd_inpaint(tmp / "sd_inpaint")
-            build_mlm(tmp / "mlm", vocab, merges)
-            build_lm(tmp / "lm", vocab, merges)
-            build_captioner(tmp / "captioner", vocab)
-            (tmp / DONE).write_text(json.dumps({"version": TINY_VERSION, "roles": list(ROLES)}))
+            build(tmp)
+            (tmp / DONE).write_text(json.dumps({"version": version}))
             # Built aside and swapped in: a crash leaves the old folder or none, never half a one.
             shutil.rmtree(root, ignore_errors=True)
             tmp.rename(root)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("built the tiny models in %s", root)
-    return paths
+    return root
+
+
+def _build_roles(out: Path) -> None:
+    vocab, merges = _bpe()
+    build_clip(out / "clip")
+    build_open_clip(out / "open_clip")
+    build_sd(out / "sd")
+    build_sd_inpaint(out / "sd_inpaint")
+    build_mlm(out / "mlm", vocab, merges)
+    build_lm(out / "lm", vocab, merges)
+    build_captioner(out / "captioner", vocab)
+
+
+def build_tiny_models(root: str | Path) -> dict[str, Path]:
+    """Build (once) and return `role -> folder` for every tiny model under `root`. The image
+    generators' tiny pipelines (SDXL, SD3, FLUX) are built on first use under
+    `root/generators/` (`builders.counterfactuals.generators.generator_model`)."""
+    root = build_once(root, _build_roles)
+    return {role: root / role for role in ROLES}

@@ -1,0 +1,123 @@
+"""The image stage's generators (`--generator`; builders/counterfactuals/METHOD.md §2, "Generators").
+
+`GENERATORS` maps a name to a `GeneratorSpec`: the pipeline it loads, how it draws an edited
+twin (`method`), its default Hub model and that model's license (the card states it), its
+renderer, its tiny pipeline, and the text encoders whose token limits decide which edits it can
+see (`unseen_edit`). Every renderer keeps the contract of `prompt_to_prompt.generate_pairs`:
+`render(pipe, caption_0, caption_1, specs, *, steps, size, share, work, early)` -> uint8 arrays
+`(N, size, size, 3)` per caption, a candidate's images depending only on its own `PairSpec`,
+plus the `ImageStageConfig` fields named by `options`.
+
+Renderers and tiny builders are named by `module:function` and imported when used: `--help`
+imports no torch, and a generator's module loads only when that generator runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from builders.engine.errors import UserFacingError
+
+#: Text encoders' token limits: CLIP reads 77 tokens (start and end included).
+CLIP_TOKENS = 77
+#: T5 tokens the MM-DiT renderer reads: `encode_prompt`'s default `max_sequence_length` of each
+#: pipeline (StableDiffusion3Pipeline 256, FluxPipeline 512).
+SD3_T5_TOKENS, FLUX_T5_TOKENS = 256, 512
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    name: str
+    #: How the twin image is drawn (the rows' `generation_method`; P2P adds the `--inject` mode).
+    method: str
+    #: `builders.models.loaders.load_generator`'s pipeline kind.
+    pipeline: str
+    #: Hub id of the production model, and its license.
+    default_model: str
+    license: str
+    #: `module:function` rendering candidate pairs (module docstring).
+    render: str
+    #: `module:function(out_dir)` saving the tiny random-init pipeline (None: the tiny
+    #: profile's `sd` model).
+    tiny: str | None
+    #: `(pipeline attribute, token limit)` of each tokenizer the pipeline's text encoders read.
+    tokenizers: tuple[tuple[str, int], ...]
+    #: Production defaults of `--steps` and `--image-size` (the model's native resolution).
+    steps: int
+    resolution: int
+    #: `ImageStageConfig` fields passed to `render` as keywords beside the contract's.
+    options: tuple[str, ...] = ()
+
+    def renderer(self) -> Callable[..., Any]:
+        return _resolve(self.render)
+
+    def method_name(self, inject: str) -> str:
+        return f"{self.method}/{inject}" if "inject" in self.options else self.method
+
+    def token_limits(self, pipe: Any) -> list[tuple[Any, int]]:
+        """(tokenizer, limit) of every text encoder this pipeline has (a missing one, as
+        SD3 without T5, reads nothing)."""
+        return [(getattr(pipe, attr), limit) for attr, limit in self.tokenizers
+                if getattr(pipe, attr, None) is not None]
+
+    def describe_limits(self) -> str:
+        """`77 (tokenizer), 77 (tokenizer_2)`: the token limits, for a skip's detail."""
+        return ", ".join(f"{limit} ({attr})" for attr, limit in self.tokenizers)
+
+
+_P2P = ("inject", "scheduler")
+GENERATORS = {spec.name: spec for spec in (
+    GeneratorSpec("sd15", "prompt-to-prompt", "sd", "stable-diffusion-v1-5/stable-diffusion-v1-5",
+                  "CreativeML Open RAIL-M",
+                  "builders.counterfactuals.prompt_to_prompt:generate_pairs", None,
+                  (("tokenizer", CLIP_TOKENS),), 100, 512, _P2P),
+    GeneratorSpec("sdxl", "prompt-to-prompt", "sdxl", "stabilityai/stable-diffusion-xl-base-1.0",
+                  "CreativeML Open RAIL++-M",
+                  "builders.counterfactuals.prompt_to_prompt_xl:generate_pairs_xl",
+                  "builders.models.tiny_sdxl:build_tiny_sdxl",
+                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS)), 100, 1024, _P2P),
+    GeneratorSpec("sd3", "stable-flow-vital-layers", "sd3",
+                  "stabilityai/stable-diffusion-3-medium-diffusers",
+                  "Stability AI Community License",
+                  "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
+                  "builders.models.tiny_mmdit:build_tiny_sd3",
+                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS),
+                   ("tokenizer_3", SD3_T5_TOKENS)), 28, 1024),
+    GeneratorSpec("flux", "stable-flow-vital-layers", "flux", "black-forest-labs/FLUX.1-schnell",
+                  "Apache-2.0", "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
+                  "builders.models.tiny_mmdit:build_tiny_flux",
+                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", FLUX_T5_TOKENS)), 4, 1024),
+)}
+GENERATOR_NAMES = tuple(GENERATORS)
+
+
+def generator(name: str) -> GeneratorSpec:
+    if name not in GENERATORS:
+        raise UserFacingError(f"--generator takes {', '.join(GENERATOR_NAMES)} (got {name!r})")
+    return GENERATORS[name]
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module, _, name = target.partition(":")
+    if importlib.util.find_spec(module) is None:
+        raise UserFacingError(f"this installation lacks {module} ({name}): update counterfactory "
+                              "or choose another --generator")
+    return getattr(importlib.import_module(module), name)
+
+
+def generator_model(spec: GeneratorSpec, profile: str, profile_sd: str, tiny_dir: Path) -> str:
+    """The model a build of `spec` loads when `--generator-model` is not given: the production
+    Hub id, or under `--models tiny` its tiny pipeline (built once under `tiny_dir`); sd15 keeps
+    the profile's `sd` model (`--sd-model`)."""
+    if spec.tiny is None:
+        return profile_sd
+    if profile != "tiny":
+        return spec.default_model
+    from builders.models.tiny import build_once
+
+    build = _resolve(spec.tiny)
+    return str(build_once(tiny_dir / "generators" / spec.name, build))
