@@ -55,7 +55,7 @@ def test_demo_runs_end_to_end(tmp_path, real_home):
 
     assert {f"build {name}" for name in BUILDER_MODULES} <= set(steps)
     # What it publishes names no directory of this machine (models, sources, the tagger).
-    local = {str(tmp_path), str(Path.home()), str(real_home), str(Path(__file__).resolve().parents[1]),
+    local = {str(tmp_path), str(Path.home()), str(real_home), str(Path(__file__).resolve().parents[2]),
              tempfile.gettempdir()}
     for build in (demo / "builds").iterdir():
         for name in ("README.md", "build_manifest.json"):

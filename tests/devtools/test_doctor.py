@@ -18,7 +18,7 @@ import pytest
 from builders.app.cli import main as cli_main
 from builders.devtools.doctor_stages import STAGE_NAMES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _doctor(tmp_path: Path, tiny_models_dir: Path, *extra: str) -> dict:

@@ -22,7 +22,7 @@ from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixtur
 from helpers.build_helpers import error_line, shard_digests
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
-TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
+TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 
 
 def build(root: Path, out: Path, *extra: str) -> int:

@@ -5,7 +5,7 @@ relative paths passed off as Hub ids).
 Every builder (coco-captions, decorrelation, coco-counterfactuals both stages, eccv-positives
 through a machine-in-the-loop round and its model-bias report), the trainer (transformers and
 open_clip backends) and the model report (`counterfactory benchmark`; the texts drawn in its
-figures are checked in tests/test_report_uncertainty.py) run on local model folders given once
+figures are checked in tests/training/test_report_uncertainty.py) run on local model folders given once
 as absolute paths and once as paths relative to the working folder (`models/sd`, `local-dir:models/open_clip`). Then no output file
 (every string cell of every parquet, JSON, cards, figures, any file) contains a local path, the
 temporary folders or the user's home, and each model's recorded name is `local:NAME@sha256:...`,
@@ -30,7 +30,7 @@ import pytest
 from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SPELLINGS = ("absolute", "relative")
 LOCAL_NAME = re.compile(r"local:(?P<name>[\w.\-]+)@sha256:[0-9a-f]{16}")
 #: Build folders under out/, and the folders of a run whose files leave the machine.

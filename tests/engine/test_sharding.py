@@ -18,7 +18,7 @@ from builders.publishing.card import write_card
 from helpers import toy_builder
 from helpers.build_helpers import accelerate_cmd, kill_after_parts, shard_digests
 
-TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
+TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 
 
 def expected_rows(n_items: int, tag: str = "v1") -> dict[str, list[int]]:

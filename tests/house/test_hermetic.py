@@ -13,7 +13,7 @@ from pathlib import Path
 
 from builders.engine.nltk_setup import TAGGER_DIR
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 #: Run in a fresh interpreter whose HOME is a planted "real" home: set up as the test session is
 #: (conftest imported first), then report what the session and a subprocess of it would read.

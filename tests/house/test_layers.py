@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: Bottom to top. A layer is a list of module prefixes; an import resolves to the first match.
 LAYERS: list[tuple[str, list[str]]] = [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILDERS = REPO_ROOT / "builders"
 #: Folders whose .py files must stay under MAX_LINES lines.
 SOURCE_DIRS = ("builders", "evaluate_modules", "training", "loading_scripts")

@@ -1,6 +1,6 @@
 """No two of the project's modules import each other, directly or round a longer circle.
 
-`tests/test_layers.py` keeps imports pointing down between layers; inside one layer (a dataset
+`tests/house/test_layers.py` keeps imports pointing down between layers; inside one layer (a dataset
 package, `training/`) modules could still import each other in a circle, usually by a lazy import
 inside a function that hides the circle until that function runs. Every import counts here as it
 does there: the ones inside functions too. The graph's strongly connected components are the

@@ -39,7 +39,7 @@ import pytest
 
 from builders.devtools.local_hub import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Written by the commands themselves; everything else of the repository root is linked.
 _SCRATCH_OWN = {"data", "out"}
 #: The port of the README's local-Hub session, replaced by a free one when the test runs it.

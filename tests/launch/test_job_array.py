@@ -27,7 +27,7 @@ from builders.publishing.card import write_card
 from helpers import toy_builder
 from helpers.build_helpers import captions_build, kill_after_parts, shard_digests
 
-TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
+TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 SLURM = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT")
 
 

@@ -32,7 +32,7 @@ from helpers import toy_builder
 from helpers.build_helpers import ACCELERATE, accelerate_cmd, shard_digests
 from helpers.training_helpers import REPO_ROOT, SCRIPT, read_jsonl, weights, write_color_set
 
-TOY = Path(__file__).parent / "helpers" / "toy_builder.py"
+TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 
 
 def two_machines(script: Path, *args: str, cwds: tuple[Path, Path] = (REPO_ROOT, REPO_ROOT),

@@ -13,7 +13,7 @@ import pytest
 from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MODULES = REPO_ROOT / "evaluate_modules"
 NAMES = ("odmap", "itm_score_deltas")
 

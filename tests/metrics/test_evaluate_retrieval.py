@@ -27,7 +27,7 @@ from counterfactory_metrics.map_at_r.eccv_suite import (
 from loading_scripts.eccv import read_pm_positives
 
 NAME = "map_at_r"
-MODULE_DIR = Path(__file__).resolve().parents[1] / "evaluate_modules" / NAME
+MODULE_DIR = Path(__file__).resolve().parents[2] / "evaluate_modules" / NAME
 
 
 @pytest.fixture(scope="module")

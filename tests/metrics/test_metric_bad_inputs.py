@@ -10,7 +10,7 @@ import evaluate
 import numpy as np
 import pytest
 
-SPACES = Path(__file__).resolve().parents[1] / "evaluate_modules"
+SPACES = Path(__file__).resolve().parents[2] / "evaluate_modules"
 
 
 @pytest.fixture(scope="module")

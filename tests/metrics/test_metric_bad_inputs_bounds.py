@@ -12,7 +12,7 @@ import evaluate
 import numpy as np
 import pytest
 
-SPACES = Path(__file__).resolve().parents[1] / "evaluate_modules"
+SPACES = Path(__file__).resolve().parents[2] / "evaluate_modules"
 BIG = 2**63  # one past int64's largest value
 INT64 = r"ids must fit int64 \(-2\*\*63 to 2\*\*63 - 1\)"
 

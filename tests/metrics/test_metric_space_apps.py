@@ -1,7 +1,7 @@
 """Each metric Space's app starts as the Hub starts it and computes through evaluate's widget.
 
 A stranger downloads the published Space (`snapshot_download`, no token) and runs `python app.py`
-in the clean virtualenv of tests/test_metric_spaces_clean_venv.py, which holds the Spaces'
+in the clean virtualenv of tests/metrics/test_metric_spaces_clean_venv.py, which holds the Spaces'
 requirements and the gradio their cards declare (`sdk_version`), never counterfactory. Once the
 app serves, `gradio_client` sends one table of inputs to the widget's `/predict`; the answer must
 equal what the checkout's module computes in this process from the same inputs.

@@ -2,7 +2,7 @@
 the checkout's numbers; the published files are the repository's files, byte for byte.
 
 The clean virtualenv holds only what the Spaces' requirements.txt declare plus `evaluate` and the
-gradio their cards declare (for the Space apps, tests/test_metric_space_apps.py), installed from
+gradio their cards declare (for the Space apps, tests/metrics/test_metric_space_apps.py), installed from
 the package registry (never counterfactory, never torch). It is built once and kept under the
 project's git-ignored `.cache/`, keyed by a hash of the requirements, so reruns reuse it. Scripts run
 there with a working directory outside the checkout, so the project's packages cannot leak in.
@@ -28,7 +28,7 @@ from huggingface_hub import HfApi, hf_hub_download
 from builders.app.cli import main as cli_main
 from builders.publishing.metric import space_files
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SPACES = REPO_ROOT / "evaluate_modules"
 NAMES = ("map_at_r", "odmap", "itm_score_deltas")
 ORG = "clean"

@@ -16,7 +16,7 @@ from builders.engine.errors import UserFacingError
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from builders.publishing.metric import MetricPublishConfig, publish_metric, space_files
 
-MODULES = Path(__file__).resolve().parents[1] / "evaluate_modules"
+MODULES = Path(__file__).resolve().parents[2] / "evaluate_modules"
 
 
 def test_published_metric_loads_by_tag_from_the_hub(local_hub, capsys):

@@ -165,7 +165,7 @@ def small_build(tmp_path_factory) -> Path:
 def test_a_version_is_validated_as_a_whole_ascii_string(small_build, local_hub, version, capsys):
     assert cli_main(["publish", str(small_build), "--repo-id", "tester/versions", "--version", version]) == 2
     assert "must look like v1.2.3" in one_error_line(capsys)
-    module = Path(__file__).resolve().parents[1] / "evaluate_modules" / "map_at_r"
+    module = Path(__file__).resolve().parents[2] / "evaluate_modules" / "map_at_r"
     assert cli_main(["publish-metric", str(module), "--repo-id", "tester/versions-metric",
                      "--version", version]) == 2
     assert "must look like v1.2.3" in one_error_line(capsys)

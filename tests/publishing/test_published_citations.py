@@ -25,7 +25,7 @@ from builders.app.registry import BUILDER_MODULES
 
 from helpers.reference_odmap import reference_odmap_from_rankings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = re.compile(r"\bSPEC\b|METHOD\.md|shared/")
 #: Folders whose code may cite the notes (the citations must resolve).
 CITING_DIRS = ("builders", "tests", "benchmarks", "training")

@@ -32,7 +32,7 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
 
     cc, dec, cf = builds
     # The blind text-only baseline's records (task blind_baseline, its text models) are checked
-    # in tests/test_report_uncertainty.py; here the image-text models' numbers.
+    # in tests/training/test_report_uncertainty.py; here the image-text models' numbers.
     records = [r for r in read_results(report / "results.jsonl") if r["task"] != "blind_baseline"]
     from builders.engine.provenance import model_name
 

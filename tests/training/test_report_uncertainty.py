@@ -204,7 +204,7 @@ def test_code_and_metric_versions_are_exact(report):
 
     out, _ = report
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+                          cwd=Path(__file__).resolve().parents[2]).stdout.strip()
     assert re.fullmatch(rf"git:{head}(\+dirty)?", code_version())
     for r in _records(out):
         assert r["code_version"] == code_version()

@@ -19,7 +19,7 @@ from builders.viewer.card_figures import write_card_figures
 
 from helpers.gallery_helpers import fixture_build
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def linked_images(card: str) -> list[str]:

@@ -18,7 +18,7 @@ from builders.app.cli import main as cli_main
 
 from helpers.gallery_helpers import page_records, show, text_of
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SPACES = REPO_ROOT / "evaluate_modules"
 #: Mathtext fails on an unknown command; two `$` of prices make a math span of the text between.
 MARKUP = r"$\notacommand{x}$ costs $5 and $10"

@@ -28,7 +28,7 @@ ORIGINAL_COLUMNS = ["id", "image_0", "image_1", "caption_0", "caption_1"]
 PROVENANCE = ["source_id", "replaced_word", "replacement_word", "replaced_position", "similarity",
               "perplexity", "seed", "p", "guidance_scale", "clip_score_0", "clip_score_1",
               "clip_directional", "image_candidates_tried", "sd_model", "clip_model", "mlm_model"]
-BUILDER = Path(__file__).resolve().parents[1] / "builders" / "counterfactuals" / "builder.py"
+BUILDER = Path(__file__).resolve().parents[3] / "builders" / "counterfactuals" / "builder.py"
 #: Tiny image stage: few candidates, 2 steps at 64 px; the tiny profile's filter thresholds
 #: (-1) let every candidate of the (random) CLIP pass.
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "3", "--candidate-batch", "2"]

@@ -36,7 +36,7 @@ from builders.models.profiles import resolve_profile
 from helpers.build_helpers import error_line
 from helpers.gallery_helpers import show
 # The cached clean virtualenv (no counterfactory, no torch; `evaluate` brings `datasets`).
-from test_metric_spaces_clean_venv import clean_python  # noqa: F401  (a fixture)
+from metrics.test_metric_spaces_clean_venv import clean_python  # noqa: F401  (a fixture)
 
 #: (id, caption_0, caption_1, what the sources hold for it). Ids are not in order and are not row
 #: indices, so a build that renumbered or sorted rows would show.

@@ -39,7 +39,7 @@ from helpers.build_helpers import accelerate_cmd, kill_after_parts, shard_digest
 from helpers.decorrelation_fixtures import build_args, flickr_entities, raw_images
 from helpers.selection_reference import brute_force, touched_pixels
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def one_thread():
     # Results do not depend on the thread count; on a busy 2-core machine one thread is faster.

@@ -18,7 +18,7 @@ from datasets import load_dataset
 from builders.app.cli import main as cli_main
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 MAP_AT_R = REPO_ROOT / "evaluate_modules" / "map_at_r"
 @pytest.fixture(scope="module")
 def build(tmp_path_factory, coco_fixture_dir) -> Path:
