@@ -12,5 +12,5 @@
     option_types.py    argparse types shared by every command
     repo_paths.py      the file paths a Hub repo refuses
 
-It imports nothing above it (tests/test_layers.py declares the layers).
+It imports nothing above it (tests/house/test_layers.py declares the layers).
 """

@@ -6,7 +6,7 @@ attention layouts differ from the real ones. `build_empty(arch)` builds a produc
 the meta device (shapes, no weight memory, no compute), so the shape-dependent code paths — the
 Prompt-to-Prompt processors and their `--inject` layer selection, the 9-channel inpainting UNet,
 the CLIP projection widths the scorer compares — are checked at the production shapes
-(tests/test_production_shapes.py).
+(tests/models/test_production_shapes.py).
 
 Each config is copied from the model's `config.json` on the Hub (cited per entry), architecture
 fields only: dropout and init settings do not change shapes. `published_params` is the count
