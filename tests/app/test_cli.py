@@ -22,6 +22,7 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
                 yield from _subcommands(sub, prefix + (name,))
 
 
+@pytest.mark.e2e
 def test_help_lists_every_command():
     out = subprocess.run([str(CLI), "--help"], capture_output=True, text=True, check=True).stdout
     top = {path[0] for path in _subcommands(build_parser())}
@@ -98,6 +99,7 @@ def test_tiny_profile_picks_small_sizes_and_flags_win():
     assert (decor.image_size, decor.inpaint_steps) == (64, 2)
 
 
+@pytest.mark.e2e
 def test_dataset_without_the_split_lists_configs_splits_and_flags(tmp_path):
     import datasets
 

@@ -10,6 +10,9 @@ import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 #: What a swapped word may be: a plain word, possibly hyphenated or with an apostrophe.
 WORD = re.compile(r"\w+(?:[-'’]\w+)*")

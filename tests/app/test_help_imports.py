@@ -44,6 +44,7 @@ def _help_trace(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=env, capture_output=True, text=True)
 
 
+@pytest.mark.e2e
 def test_top_level_help_imports_no_heavy_library():
     proc = _help_trace([str(CLI), "--help"])
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -52,6 +53,7 @@ def test_top_level_help_imports_no_heavy_library():
     assert _imported_heavy(proc.stderr) == set()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", sorted(_command_paths(build_parser())), ids=" ".join)
 def test_every_subcommand_help_imports_no_heavy_library(path):
     code = "import sys; from builders.app.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import nltk
+import pytest
 
 from builders.app.cli import main as cli_main
 from builders.engine.nltk_setup import (DOWNLOAD_COMMAND, STAMP, TAGGER_DIR, install_offline_tagger,
@@ -98,6 +99,7 @@ def test_reinstall_is_a_noop_and_cli_reports_the_tagger(nltk_data_dir, capsys):
     assert "offline caption tagger" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_missing_tagger_data_names_the_download_command(tmp_path):
     # A fresh interpreter (nltk fixes its search path at import) whose NLTK_DATA is an empty
     # folder; the system-wide folders are dropped too, so a machine that has the real tagger
@@ -118,6 +120,7 @@ def test_offline_tagger_cli_installs_into_a_new_folder(tmp_path):
     assert target.joinpath(TAGGER_DIR, STAMP).exists()
 
 
+@pytest.mark.e2e
 def test_offline_tagger_installs_where_nltk_looks_by_default(tmp_path):
     # No NLTK_DATA anywhere: the tagger goes to NLTK's own download folder (~/nltk_data, with HOME
     # pointed at tmp_path) and a fresh process with no settings finds it. NLTK's system-wide

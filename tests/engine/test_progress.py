@@ -12,6 +12,9 @@ import subprocess
 import sys
 import termios
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 CLI = Path(sys.executable).parent / "counterfactory"
 

@@ -111,6 +111,7 @@ def _accelerate_cmd(out: Path, *extra: str) -> list[str]:
                           "--max-error-fraction", "0.2", "--expect-processes", "2", *extra)
 
 
+@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_killed_and_resumed_equal_a_single_process_run(tmp_path):
     single = tmp_path / "single"

@@ -47,7 +47,8 @@ README_HUB_PORT = "18765"
 #: What a fresh shell does not have; the local-Hub session must work without it.
 HUB_CLIENT_ENV = ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_TOKEN")
 # The fixture's commands are limited one by one (UNIT_TIMEOUT_S), not all under one test limit.
-pytestmark = pytest.mark.timeout(0)
+# End to end (tests/README.md).
+pytestmark = [pytest.mark.timeout(0), pytest.mark.e2e]
 
 
 def section_blocks(readme: str, heading: str) -> list[str]:

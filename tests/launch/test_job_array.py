@@ -63,6 +63,7 @@ def single(tmp_path) -> dict[str, str]:
     return shard_digests(tmp_path / "single")
 
 
+@pytest.mark.e2e
 def test_three_concurrent_workers_then_merge_equal_one_process(tmp_path, single):
     out = tmp_path / "array"
     # Started at once on one folder: they must agree on one run.json and write disjoint parts.
@@ -97,6 +98,7 @@ def test_a_missing_part_is_named_with_its_worker(tmp_path, single, capsys):
     assert shard_digests(out) == single
 
 
+@pytest.mark.e2e
 def test_a_killed_worker_rerun_completes_the_same_shards(tmp_path, single):
     out = tmp_path / "array"
     finished = kill_after_parts(toy_cmd(out, "--worker-index", "0", "--num-workers", "2",

@@ -32,6 +32,8 @@ from helpers import toy_builder
 from helpers.build_helpers import ACCELERATE, accelerate_cmd, shard_digests
 from helpers.training_helpers import REPO_ROOT, SCRIPT, read_jsonl, weights, write_color_set
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 
 

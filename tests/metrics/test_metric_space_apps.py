@@ -26,6 +26,8 @@ from huggingface_hub import snapshot_download
 from builders.app.cli import main as cli_main
 from test_metric_spaces_clean_venv import NAMES, SPACES, card_metadata, clean_python  # noqa: F401
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 ORG = "apps"
 VERSION = "v1.0.0"
 START_SECONDS = 150  # gradio 3 and evaluate import slowly on a busy 2-core machine

@@ -28,6 +28,8 @@ from huggingface_hub import HfApi, hf_hub_download
 from builders.app.cli import main as cli_main
 from builders.publishing.metric import space_files
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPACES = REPO_ROOT / "evaluate_modules"
 NAMES = ("map_at_r", "odmap", "itm_score_deltas")

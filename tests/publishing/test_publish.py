@@ -300,6 +300,7 @@ def test_hub_dying_mid_upload_then_rerun_completes_the_version(tmp_path, own_hub
     assert files - {".gitattributes"} == local
 
 
+@pytest.mark.e2e
 def test_endpoint_flag_alone_publishes_and_http_lines_are_quiet(tmp_path, own_hub):
     """`publish --endpoint URL` with nothing else set (no HF_ENDPOINT, no HF_HUB_DISABLE_XET)."""
     import subprocess

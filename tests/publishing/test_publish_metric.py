@@ -182,6 +182,7 @@ def test_publish_metric_errors_are_one_line(monkeypatch, capsys):
     assert len(lines) == 1 and f"cannot reach the Hub at {nowhere}" in lines[0], lines
 
 
+@pytest.mark.e2e
 def test_publish_metric_with_endpoint_flag_alone(tmp_path):
     """`publish-metric --endpoint URL` with no HF_ENDPOINT / HF_HUB_DISABLE_XET in the environment."""
     import os

@@ -154,6 +154,7 @@ def test_a_resume_folder_holding_only_trainer_state_is_one_line(colors, tiny_mod
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_resume_to_the_loss_curve_of_an_uninterrupted_run(colors, tiny_models_dir, tmp_path):
     """2 processes: 2 steps, then `--resume latest` to 4 (every process reads the checkpoint

@@ -62,6 +62,7 @@ def single_run(builds, scored_cf, tiny_models_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_dir, tmp_path):
     out = tmp_path / "two"
@@ -91,6 +92,7 @@ def _flat(value, prefix: str = "") -> dict:
     return {prefix: value}
 
 
+@pytest.mark.e2e
 def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_models_dir, tmp_path):
     """`counterfactory train` and `accelerate launch training/finetune_clip.py` are one trainer:
     the same run record, loss curve and metrics."""
@@ -138,6 +140,7 @@ def test_loss_and_lr_reach_tensorboard(single_run):
     np.testing.assert_allclose([e.value for e in logged], [r["loss"] for r in curve], rtol=1e-6)
 
 
+@pytest.mark.e2e
 def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_dir, tmp_path):
     # 91 examples / batch 8 = 11 steps per epoch; 8 steps, killed after the step-4 checkpoint.
     extra = ("--max-steps", "8", "--save-every", "2", "--real-test-split", "", "--real-val-split", "")

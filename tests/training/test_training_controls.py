@@ -272,6 +272,7 @@ def test_kept_last_batch_is_split_over_processes_in_whole_units():
     assert len(PairBatchSampler([[i] for i in range(9)], 4, 2, 0, keep_last=True)) == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_kept_uneven_last_batch_over_two_processes_is_the_batch_of_one(tmp_path, tiny_models_dir):
     """The last batch of 3 rows splits 1 + 2 over 2 processes; its gathered loss is one process's."""

@@ -258,6 +258,7 @@ def test_bad_input_is_one_clear_line(builds, local_hub, tmp_path, capsys):
     assert (tmp_path / "busy" / "thesis.tex").read_text() == "keep me"
 
 
+@pytest.mark.e2e
 def test_serve_serves_the_written_gallery(builds, tmp_path):
     build = builds("coco-captions")
     out = tmp_path / "gallery"

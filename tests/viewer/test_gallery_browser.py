@@ -16,6 +16,8 @@ from PIL import Image
 from helpers.browser_helpers import assert_images_load, console_errors, wait_ready
 from helpers.gallery_helpers import fixture_build, only_split, show
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 PAGE = 4
 
 

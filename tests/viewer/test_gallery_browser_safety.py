@@ -6,10 +6,13 @@ never run, in the rows, the filter menu and the stats page."""
 from __future__ import annotations
 
 import datasets
+import pytest
 
 from helpers.gallery_helpers import show
 from helpers.browser_helpers import assert_images_load, console_errors, wait_ready
 from helpers.hostile_datasets import SHOWN_RGB, encoded, write_dataset
+
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 SCRIPT = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">"
 MATH = r"$\notacommand{x}$ costs $5 and $10"

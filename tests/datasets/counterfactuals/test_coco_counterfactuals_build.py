@@ -227,6 +227,7 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
                for a, b in zip(remote["image_0"], pairs["image_0"], strict=True))
 
 
+@pytest.mark.e2e
 @pytest.mark.accelerate
 @pytest.mark.parametrize("variant", ["karpathy", "val2017-grouped"])
 def test_two_processes_equal_one(variant, coco_fixture_dir, coco2017_dir, tiny_models_dir,

@@ -434,6 +434,7 @@ CLEAN_LOAD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 def test_published_import_loads_where_counterfactory_is_not_installed(
         tmp_path, tiny_models_dir, nltk_data_dir, repo_id, clean_python):  # noqa: F811
     path = release_zip(tmp_path)

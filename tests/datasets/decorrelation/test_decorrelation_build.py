@@ -320,6 +320,7 @@ def test_adversarial_inputs_are_counted_not_fatal(tmp_path, tiny_models_dir, nlt
     assert unicode_rows and all(set(r["mentioned_classes"]) == {"dog", "frisbee"} for r in unicode_rows)
 
 
+@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_killed_and_resumed_equal_the_single_process_build(
         built, coco_fixture_dir, tiny_models_dir, tmp_path):

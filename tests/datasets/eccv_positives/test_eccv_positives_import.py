@@ -196,6 +196,7 @@ def test_pm_config_equals_brute_force(tmp_path):
                    if t is not None)
 
 
+@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_write_the_same_shards(build, coco_fixture_dir, tmp_path):
     import subprocess
