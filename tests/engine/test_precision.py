@@ -92,6 +92,7 @@ def _record_forwards(modules: dict[str, torch.nn.Module]) -> dict[str, set[torch
     return seen
 
 
+@pytest.mark.e2e
 def test_bf16_on_the_cpu_runs_every_image_stage_model_in_bf16(tiny_models_dir):
     stage = CocoCounterfactualsBuilder(_image_config(tiny_models_dir), device="cpu",
                                        dtype="bf16").image_stage()
@@ -106,6 +107,7 @@ def test_bf16_on_the_cpu_runs_every_image_stage_model_in_bf16(tiny_models_dir):
     assert stage.scorer.texts(["a cat"]).dtype == torch.float32
 
 
+@pytest.mark.e2e
 def test_inpainting_follows_the_builders_precision(tiny_models_dir):
     from PIL import Image
 
@@ -129,6 +131,7 @@ def _build(out: Path, coco: Path, tiny: Path, *extra: str) -> int:
                      *IMAGE_ARGS, *extra])
 
 
+@pytest.mark.e2e
 def test_fp32_is_the_cpu_output_recorded_and_never_resumed_in_another_precision(
         tmp_path, tiny_models_dir, nltk_data_dir, capsys):
     coco = write_coco_fixture(tmp_path / "coco", CocoFixtureConfig(n_images=2, release="2017"))

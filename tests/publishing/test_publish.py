@@ -21,6 +21,8 @@ from builders.publishing.card import write_card
 from helpers import toy_builder
 from helpers.publish_helpers import one_error_line, toy_build
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 def pixels(ds) -> list[np.ndarray]:
     return [np.asarray(img) for img in ds["image"]]
@@ -300,7 +302,6 @@ def test_hub_dying_mid_upload_then_rerun_completes_the_version(tmp_path, own_hub
     assert files - {".gitattributes"} == local
 
 
-@pytest.mark.e2e
 def test_endpoint_flag_alone_publishes_and_http_lines_are_quiet(tmp_path, own_hub):
     """`publish --endpoint URL` with nothing else set (no HF_ENDPOINT, no HF_HUB_DISABLE_XET)."""
     import subprocess

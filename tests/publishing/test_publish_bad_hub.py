@@ -19,6 +19,8 @@ from builders.devtools.local_hub_requests import Fault
 
 from helpers.publish_helpers import expected_tree, one_error_line, tagged_tree, toy_build
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REPO = "faults/x"
 # What each kind of request looks like (the path the line must name), and its fault.
 KINDS = {

@@ -21,6 +21,8 @@ from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixtur
 
 from helpers.publish_helpers import expected_tree, manifest_of, one_error_line, tagged_tree, toy_build
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 SECRET = "TOP-SECRET-VALUE"
 
 

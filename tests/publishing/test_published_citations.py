@@ -112,6 +112,7 @@ def test_every_registered_builder_has_a_citation_check():
         "add a small build of each new builder to BUILD_ARGS so its published card is checked")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(BUILD_ARGS))
 def test_published_dataset_files_cite_papers_only(published, name):
     out, repo = published(name)

@@ -25,6 +25,8 @@ from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixtur
 from helpers.build_helpers import rows_by_output
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 SPLITS = ("test", "val")
 
 

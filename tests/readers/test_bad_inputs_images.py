@@ -32,6 +32,8 @@ from helpers.build_helpers import (captions_build, decorrelation_build, eccv_bui
 from helpers.build_helpers import rows_by_output
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 W, H = 128, 96  # the fixture's image size
 RNG = np.random.default_rng(21)
 

@@ -34,6 +34,8 @@ from helpers.build_helpers import rows_by_output
 from helpers.decorrelation_fixtures import flickr_entities
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REASON = "path_outside_root"
 
 

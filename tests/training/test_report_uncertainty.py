@@ -18,6 +18,8 @@ from builders.app.cli import main as cli_main
 from helpers.build_helpers import error_line
 from helpers.training_helpers import report_builds
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):

@@ -24,6 +24,8 @@ from builders.app.cli import main as cli_main
 
 from helpers.build_helpers import error_line
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "1", "--candidate-batch", "1"]
 GOOD = [("A17", "A man riding a horse on a beach.", "A man riding a cow on a beach."),
         ("9", "Two dogs sleep on the couch.", "Two cats sleep on the couch.")]
