@@ -18,6 +18,8 @@ import pytest
 from builders.app.cli import main as cli_main
 from builders.devtools.doctor_stages import STAGE_NAMES
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -77,7 +79,6 @@ def test_doctor_unknown_stage_is_one_line(capsys):
     assert len(err) == 1 and "unknown stage(s) nope" in err[0] and "p2p-self" in err[0]
 
 
-@pytest.mark.e2e
 def test_gpu_check_without_cuda_says_so_and_exits_0():
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py")], cwd=REPO,

@@ -22,6 +22,8 @@ from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixtur
 from helpers.build_helpers import error_line, shard_digests
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 
 

@@ -30,6 +30,8 @@ import pytest
 from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPELLINGS = ("absolute", "relative")
 LOCAL_NAME = re.compile(r"local:(?P<name>[\w.\-]+)@sha256:[0-9a-f]{16}")

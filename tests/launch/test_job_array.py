@@ -27,6 +27,8 @@ from builders.publishing.card import write_card
 from helpers import toy_builder
 from helpers.build_helpers import captions_build, kill_after_parts, shard_digests
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 SLURM = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT")
 
@@ -63,7 +65,6 @@ def single(tmp_path) -> dict[str, str]:
     return shard_digests(tmp_path / "single")
 
 
-@pytest.mark.e2e
 def test_three_concurrent_workers_then_merge_equal_one_process(tmp_path, single):
     out = tmp_path / "array"
     # Started at once on one folder: they must agree on one run.json and write disjoint parts.
@@ -98,7 +99,6 @@ def test_a_missing_part_is_named_with_its_worker(tmp_path, single, capsys):
     assert shard_digests(out) == single
 
 
-@pytest.mark.e2e
 def test_a_killed_worker_rerun_completes_the_same_shards(tmp_path, single):
     out = tmp_path / "array"
     finished = kill_after_parts(toy_cmd(out, "--worker-index", "0", "--num-workers", "2",

@@ -31,6 +31,8 @@ from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixtur
 from helpers.build_helpers import error_line
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 W, H = 128, 96  # the COCO fixture's image size
 RNG = np.random.default_rng(34)
 

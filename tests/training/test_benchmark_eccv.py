@@ -14,6 +14,8 @@ from helpers.eccv_fixtures import package_json, write_test_image_root
 from helpers.training_helpers import final_metrics
 from training.finetune_clip import main as train_main
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 #: Images given instance classes. The rest have none, so they are no PMRP query and no PM item:
 #: with 4 classes over all 5,000 images each query would have ~1,250 plausible images, which
 #: makes the suite minutes slower and tests nothing more.

@@ -10,6 +10,8 @@ from builders.app.cli import main as cli_main
 from helpers.training_helpers import final_metrics, report_builds
 from training.finetune_clip import main as train_main
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):

@@ -21,6 +21,8 @@ from training.finetune_clip import main as train_main
 from helpers.build_helpers import accelerate_cmd
 from helpers.training_helpers import REPO_ROOT, SCRIPT, read_jsonl, weights, write_color_set
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 class Payload:
     """Unpickling this creates `marker`: proof that a loader ran code from the file."""
@@ -154,7 +156,6 @@ def test_a_resume_folder_holding_only_trainer_state_is_one_line(colors, tiny_mod
     assert not (out / "checkpoints").exists()
 
 
-@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_resume_to_the_loss_curve_of_an_uninterrupted_run(colors, tiny_models_dir, tmp_path):
     """2 processes: 2 steps, then `--resume latest` to 4 (every process reads the checkpoint

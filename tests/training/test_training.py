@@ -22,6 +22,8 @@ from helpers.build_helpers import ACCELERATE, accelerate_cmd, kill_tree
 from helpers.training_helpers import (COLORS, PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl,
                               weights, write_color_set, write_counterfactuals)
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
@@ -62,7 +64,6 @@ def single_run(builds, scored_cf, tiny_models_dir, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_dir, tmp_path):
     out = tmp_path / "two"
@@ -92,7 +93,6 @@ def _flat(value, prefix: str = "") -> dict:
     return {prefix: value}
 
 
-@pytest.mark.e2e
 def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_models_dir, tmp_path):
     """`counterfactory train` and `accelerate launch training/finetune_clip.py` are one trainer:
     the same run record, loss curve and metrics."""
@@ -140,7 +140,6 @@ def test_loss_and_lr_reach_tensorboard(single_run):
     np.testing.assert_allclose([e.value for e in logged], [r["loss"] for r in curve], rtol=1e-6)
 
 
-@pytest.mark.e2e
 def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_dir, tmp_path):
     # 91 examples / batch 8 = 11 steps per epoch; 8 steps, killed after the step-4 checkpoint.
     extra = ("--max-steps", "8", "--save-every", "2", "--real-test-split", "", "--real-val-split", "")

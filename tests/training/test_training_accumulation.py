@@ -20,6 +20,8 @@ from helpers.build_helpers import accelerate_cmd
 from helpers.training_helpers import (REPO_ROOT, SCRIPT, OneProcessAccelerator, read_jsonl,
                                       write_color_set)
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 WORDS = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
 
 
@@ -97,7 +99,6 @@ def test_grad_checkpointing_gives_the_same_loss_and_gradients(kind, tiny_models_
     assert_same((accumulate_gradients(backend.module, micro, OneProcessAccelerator()), grads(backend.module)), want)
 
 
-@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_grad_accum_over_two_processes_is_the_batch_of_one(tmp_path, tiny_models_dir):
     """Batch 8 x --grad-accum 2 on 2 processes, the same on 1, and one plain batch of 16 are one

@@ -14,6 +14,8 @@ import pytest
 from helpers.training_helpers import final_metrics, read_jsonl, write_color_set, write_counterfactuals
 from training.finetune_clip import main as train_main
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 @pytest.fixture(scope="module")
 def colors(tmp_path_factory):

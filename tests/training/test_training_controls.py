@@ -25,6 +25,8 @@ from helpers.build_helpers import accelerate_cmd, error_line
 from helpers.training_helpers import (COLORS, REPO_ROOT, SCRIPT, OneProcessAccelerator, png,
                                       read_jsonl, write_color_set, write_split)
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REAL = Features({"image": Image(), "image_id": Value("int64"), "caption_ids": List(Value("int64")),
                  "captions": List(Value("string"))})
 
@@ -272,7 +274,6 @@ def test_kept_last_batch_is_split_over_processes_in_whole_units():
     assert len(PairBatchSampler([[i] for i in range(9)], 4, 2, 0, keep_last=True)) == 2
 
 
-@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_kept_uneven_last_batch_over_two_processes_is_the_batch_of_one(tmp_path, tiny_models_dir):
     """The last batch of 3 rows splits 1 + 2 over 2 processes; its gathered loss is one process's."""

@@ -16,6 +16,8 @@ from training.sweep import main as sweep_main
 
 from helpers.training_helpers import read_jsonl, write_color_set
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 def args(data: Path, tiny_models_dir: Path, out: Path, *extra: str) -> list[str]:
     return ["--real", str(data), "--real-train-splits", "train", "--real-val-split", "",

@@ -17,6 +17,8 @@ from training.mixtures import ExampleSet, build_mixture
 
 from helpers.training_helpers import COLORS, write_color_set, write_counterfactuals
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 #: The paper's (real fraction, counterfactual-row fraction) of N pairs (Le et al. 2023 §5; the
 #: real-only baseline trains on the same real rows and no synthetic one).
 PAPER = {"cf:real": (1, 0), "cf:base": (0.5, 0.25), "cf:medium": (1, 0.75), "cf:all": (1, 1)}

@@ -21,6 +21,8 @@ from training.sources import DataInputError
 from helpers.training_helpers import (CF_FEATURES, COLORS, REAL_FEATURES, TEMPLATES, png, write_color_set,
                                       write_counterfactuals, write_split)
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("counterfactory: error: ")]

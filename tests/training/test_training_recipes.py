@@ -15,6 +15,8 @@ from training.finetune_clip import main as train_main
 
 from helpers.training_helpers import weights, write_color_set
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 def _parse(*argv: str):
     from training.options import build_parser, config_from_args

@@ -15,6 +15,8 @@ from training.finetune_clip import main as train_main
 
 from helpers.training_helpers import read_jsonl, write_color_set
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 def tiny_args(data, tiny_models_dir, out, *extra: str) -> list[str]:
     return ["--real", str(data), "--real-train-splits", "train", "--models", "tiny",

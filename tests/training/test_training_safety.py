@@ -33,6 +33,8 @@ from training.sweep import main as sweep_main
 from helpers.publish_helpers import one_error_line
 from helpers.training_helpers import read_jsonl, write_color_set
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 SECRET = "hf_TOP_SECRET_TOKEN_VALUE"
 #: A folder name that is Markdown and HTML when written raw into a table.
 HOSTILE = "zs|<img src=x onerror=alert(1)>"

@@ -25,6 +25,8 @@ from builders.app.cli import main as cli_main
 from builders.viewer.rows import KEY_PROVENANCE, PROVENANCE_ORDER
 from helpers.gallery_helpers import fixture_build, one_error_line, only_split, page_records, show, text_of
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 def span(segs: list, style: str) -> tuple[int, str]:
     """(start offset, text) of the only segment with `style`."""
     marked = [(k, s) for k, s in enumerate(segs) if s[1] == style]
@@ -258,7 +260,6 @@ def test_bad_input_is_one_clear_line(builds, local_hub, tmp_path, capsys):
     assert (tmp_path / "busy" / "thesis.tex").read_text() == "keep me"
 
 
-@pytest.mark.e2e
 def test_serve_serves_the_written_gallery(builds, tmp_path):
     build = builds("coco-captions")
     out = tmp_path / "gallery"

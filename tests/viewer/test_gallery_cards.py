@@ -19,6 +19,8 @@ from builders.viewer.card_figures import write_card_figures
 
 from helpers.gallery_helpers import fixture_build
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -8,11 +8,14 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 from datasets import load_dataset
 from PIL import Image
 
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 
 def raw_source(root: Path, split: str) -> dict[int, dict]:

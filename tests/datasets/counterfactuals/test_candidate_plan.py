@@ -20,6 +20,8 @@ from builders.engine.seeding import derive_seed
 
 from helpers.build_helpers import shard_digests
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 GROUPED = ["--candidate-plan", "grouped", "--seeds", "2", "--p-values", "3", "--image-size", "64",
            "--steps", "4"]
 

@@ -20,6 +20,8 @@ from builders.counterfactuals.config import CocoCounterfactualsConfig
 from builders.counterfactuals.pair_tables import read_pairs, resolve_table
 from builders.engine.errors import UserFacingError
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "1", "--candidate-batch", "1"]
 
 #: (id, caption_0, caption_1, expected reason or None: a good row). Ids are not in order and are

@@ -24,6 +24,8 @@ from builders.models.profiles import resolve_profile
 
 from helpers.build_helpers import accelerate_cmd, shard_digests
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 ORIGINAL_COLUMNS = ["id", "image_0", "image_1", "caption_0", "caption_1"]
 PROVENANCE = ["source_id", "replaced_word", "replacement_word", "replaced_position", "similarity",
               "perplexity", "seed", "p", "guidance_scale", "clip_score_0", "clip_score_1",
@@ -227,7 +229,6 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
                for a, b in zip(remote["image_0"], pairs["image_0"], strict=True))
 
 
-@pytest.mark.e2e
 @pytest.mark.accelerate
 @pytest.mark.parametrize("variant", ["karpathy", "val2017-grouped"])
 def test_two_processes_equal_one(variant, coco_fixture_dir, coco2017_dir, tiny_models_dir,

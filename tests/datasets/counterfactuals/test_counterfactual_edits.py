@@ -22,6 +22,8 @@ from builders.counterfactuals.captions import CaptionModels
 from builders.app.cli import main as cli_main
 from builders.models.profiles import resolve_profile
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 #: (feature, caption): every feature the issue lists, several captions each.
 CORPUS = [
     ("comma", "A man, a woman and a dog walking on the beach."),

@@ -21,6 +21,8 @@ from builders.app.cli import main as cli_main
 from builders.models.loaders import load_sd
 from builders.models.profiles import resolve_profile
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
 #: Two groups sharing (seed, guidance) and two loners, so dropping one candidate of a group
 #: leaves its group-mates sharing rows.

@@ -38,6 +38,8 @@ from helpers.gallery_helpers import show
 # The cached clean virtualenv (no counterfactory, no torch; `evaluate` brings `datasets`).
 from metrics.test_metric_spaces_clean_venv import clean_python  # noqa: F401  (a fixture)
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 #: (id, caption_0, caption_1, what the sources hold for it). Ids are not in order and are not row
 #: indices, so a build that renumbered or sorted rows would show.
 ROWS = [
@@ -434,7 +436,6 @@ CLEAN_LOAD = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.e2e
 def test_published_import_loads_where_counterfactory_is_not_installed(
         tmp_path, tiny_models_dir, nltk_data_dir, repo_id, clean_python):  # noqa: F811
     path = release_zip(tmp_path)

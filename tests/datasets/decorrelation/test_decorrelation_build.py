@@ -39,6 +39,8 @@ from helpers.build_helpers import accelerate_cmd, kill_after_parts, shard_digest
 from helpers.decorrelation_fixtures import build_args, flickr_entities, raw_images
 from helpers.selection_reference import brute_force, touched_pixels
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def one_thread():
@@ -320,7 +322,6 @@ def test_adversarial_inputs_are_counted_not_fatal(tmp_path, tiny_models_dir, nlt
     assert unicode_rows and all(set(r["mentioned_classes"]) == {"dog", "frisbee"} for r in unicode_rows)
 
 
-@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_killed_and_resumed_equal_the_single_process_build(
         built, coco_fixture_dir, tiny_models_dir, tmp_path):

@@ -27,6 +27,8 @@ from builders.models.profiles import PRODUCTION, resolve_profile
 from helpers.decorrelation_fixtures import build_args, raw_images
 from helpers.selection_reference import brute_force
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 #: The oracle calls a class visible in a view when this fraction of its pixels has the class's colour.
 TOL = 16
 ORACLE_THRESHOLD = 0.03

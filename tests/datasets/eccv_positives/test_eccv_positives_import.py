@@ -18,6 +18,8 @@ from datasets import load_dataset
 from builders.app.cli import main as cli_main
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MAP_AT_R = REPO_ROOT / "evaluate_modules" / "map_at_r"
 @pytest.fixture(scope="module")
@@ -196,7 +198,6 @@ def test_pm_config_equals_brute_force(tmp_path):
                    if t is not None)
 
 
-@pytest.mark.e2e
 @pytest.mark.accelerate
 def test_two_processes_write_the_same_shards(build, coco_fixture_dir, tmp_path):
     import subprocess

@@ -19,6 +19,8 @@ from helpers.eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, write
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 # ----------------------------------------------------------------------------- simulated annotation
 

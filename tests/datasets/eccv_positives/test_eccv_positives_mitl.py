@@ -22,6 +22,8 @@ from PIL import Image
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
 
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
 
 #: float32 scores summed in another order differ by ~1e-7, so two items this close may swap; a
 #: wrong item is further off (and most rankings must match exactly, see below).
