@@ -14,7 +14,7 @@ export COUNTERFACTORY_CACHE ?= $(CURDIR)/.cache
 # module fixtures are built once; tests that launch processes pick free ports.
 TEST_WORKERS ?= 2
 
-.PHONY: install system-deps lint test demo clean
+.PHONY: install system-deps lint test test-fast demo clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ lint: $(STAMP)
 # Lint first: it takes seconds, and the browser install and the suite take minutes.
 test: $(STAMP) lint system-deps
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# The unit tier, for the inner loop: every test but the end-to-end ones (marked `e2e`: the CLI in a
+# subprocess, `accelerate launch`, the browser, clean virtualenvs, the README's commands, full
+# builds and publishing; tests/README.md). Minutes instead of the suite's twenty, and no Chromium.
+test-fast: $(STAMP)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e"
 
 demo: $(STAMP)
 	$(PY) -m builders.app.demo --workdir demo_output

@@ -2,7 +2,7 @@
 # What `make test` needs outside Python, installed only when missing: `make test` runs this before
 # pytest, and on an equipped machine it installs nothing and prints nothing.
 #
-# The gallery's browser test (tests/test_gallery_browser.py) drives Debian's Chromium through its
+# The gallery's browser test (tests/viewer/test_gallery_browser.py) drives Debian's Chromium through its
 # chromedriver; both come from apt-get, run as root or through sudo.
 set -euo pipefail
 

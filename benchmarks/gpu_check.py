@@ -8,7 +8,7 @@ then the production-size throughput and the release's GPU-days.
    non-float column) must be equal; float columns (CLIP scores) within `FLOAT_TOL` (relative above 1); images within
    `PIXEL_MEAN_TOL` uint8 levels on average (a different kernel order moves a few pixels by one
    level).
-2. `counterfactory train` for a few steps (the inputs of tests/test_training.py, built from the
+2. `counterfactory train` for a few steps (the inputs of tests/training/test_training.py, built from the
    demo's COCO fixture), on the CPU and on the GPU: every final metric within `METRIC_TOL`.
 3. Throughput on the GPU at the production sizes (random weights: `counterfactory doctor`'s
    models, fp32): caption pairs/s (`CaptionStage.run`), UNet rows/s and P2P pairs/s at 512 px
@@ -31,7 +31,7 @@ images), so 5 of ~30 rows chose another candidate; pairs with the same candidate
 1 level. This is a limit of the random tiny models, not a device difference of the pipeline.
 
 Without CUDA it says so and exits 0: it is not a test. With `--cpu-tiny` it runs 4 on the CPU at
-tiny shapes instead (the check tests/test_doctor.py runs of this code; its numbers mean nothing).
+tiny shapes instead (the check tests/devtools/test_doctor.py runs of this code; its numbers mean nothing).
 A mismatch in 1 or 2 exits 1.
 
 Run: `python benchmarks/gpu_check.py [--workdir gpu_check_output] [--steps 10] [--skip-demo]
@@ -167,7 +167,7 @@ def check_demo(workdir: Path) -> list[str]:
 def check_training(workdir: Path, steps: int) -> list[str]:
     demo, data = workdir / "demo_gpu", workdir / "train_data"
     cli = [sys.executable, "-m", "builders.app.cli"]
-    # The training inputs of tests/test_training.py: every Karpathy split, and a decorrelation
+    # The training inputs of tests/training/test_training.py: every Karpathy split, and a decorrelation
     # build that needs no model (zero fill), built once on the CPU.
     run([*cli, "build", "coco-captions", "--coco-root", str(demo / "coco"), "--splits", "train",
          "restval", "val", "test", "--output", str(data / "cc")], False, workdir / "train_data.log")

@@ -3,7 +3,7 @@ image-text retrieval (COCO-Counterfactuals, object-decorrelation sets, ECCV Capt
 
 `builders` is the application package. The design fixes the top-level names (`accelerate launch
 builders/<dataset>/builder.py`), so this one package holds the whole application as layers, each
-importing only the layers below it (tests/test_layers.py): the engine at the bottom
+importing only the layers below it (tests/house/test_layers.py): the engine at the bottom
 (`builders.engine`: runner, errors, provenance), then models, viewer, publishing, `launch` and the
 dataset packages (`coco_captions`, `decorrelation`, `counterfactuals`, `eccv_positives`), then the
 top-level `training` package, `devtools`, and the app at the top (`builders.app`: the

@@ -7,7 +7,7 @@
 - the `--zeroshot` sets (loaded by training/zeroshot.py) and the `--flickr30k` retrieval set.
 
 Its own module so that evaluation (which scores it) and zero-shot (whose sets it holds) never
-import each other (tests/test_no_import_cycles.py).
+import each other (tests/house/test_no_import_cycles.py).
 """
 
 from __future__ import annotations

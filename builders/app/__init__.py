@@ -5,5 +5,5 @@
     demo.py         `make demo`: fixture -> every build -> local Hub -> metrics -> gallery
     *_cli.py        one subcommand each (fixtures, models, nltk, publish, metric, local-hub, show)
 
-Everything below is importable without it (tests/test_layers.py).
+Everything below is importable without it (tests/house/test_layers.py).
 """

@@ -4,7 +4,7 @@ Each subcommand lives in the module that implements it; that module exposes
 `register(subparsers)` which adds its parser and sets `func` (a callable taking the parsed
 namespace and returning an exit code). Heavy libraries are imported inside the handlers so that
 `counterfactory --help` and every subcommand's `--help` stay instant: building the parser imports
-no torch, datasets, NLTK, transformers, ... (tests/test_help_imports.py checks; CPU times:
+no torch, datasets, NLTK, transformers, ... (tests/app/test_help_imports.py checks; CPU times:
 `python benchmarks/cli_startup.py`).
 """
 

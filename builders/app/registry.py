@@ -4,7 +4,7 @@ Each registered module (`builders/<dataset>/options.py`) exposes `add_arguments(
 `config_from_args(args)` and a one-line `HELP`; its flags are the fields of the dataset's config
 (`builders.engine.options`). It must import no heavy library (torch, datasets,
 NLTK, ...) at module level, because `counterfactory --help` builds every parser
-(tests/test_help_imports.py checks), and never imports its builder. The builder, made by
+(tests/app/test_help_imports.py checks), and never imports its builder. The builder, made by
 `builders/<dataset>/builder.py`'s `from_args`, is imported here only when a build runs.
 `builder.py` is the `accelerate launch` entry point and hands the same options module and
 `from_args` to `builders.launch.launch_main`, so `counterfactory build X ...` and `accelerate

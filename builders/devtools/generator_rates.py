@@ -13,7 +13,7 @@ A generator whose denoiser weights plus the activations of the batch (the doctor
 arithmetic) exceed 90% of the device's memory is skipped, with the reason printed.
 
 `tiny=True` runs the same code on small configs of the same families at 64 px (the CPU check
-of tests/test_doctor.py: its numbers mean nothing).
+of tests/devtools/test_doctor.py: its numbers mean nothing).
 """
 
 from __future__ import annotations

@@ -13,5 +13,5 @@
     options.py         flags generated from typed config fields (`option()`), and presets
     repo_paths.py      the file paths a Hub repo refuses
 
-It imports nothing above it (tests/test_layers.py declares the layers).
+It imports nothing above it (tests/house/test_layers.py declares the layers).
 """

@@ -6,7 +6,7 @@ attention layouts differ from the real ones. `build_empty(arch)` builds a produc
 the meta device (shapes, no weight memory, no compute), so the shape-dependent code paths — the
 Prompt-to-Prompt processors and their `--inject` layer selection, the 9-channel inpainting UNet,
 the CLIP projection widths the scorer compares — are checked at the production shapes
-(tests/test_production_shapes.py). The image stage's other generators (SDXL, SD3, FLUX) are in
+(tests/models/test_production_shapes.py). The image stage's other generators (SDXL, SD3, FLUX) are in
 `builders.models.production_generators`, built by the same `build_empty`.
 
 Each config is copied from the model's `config.json` on the Hub (cited per entry), architecture

@@ -4,7 +4,7 @@ SDXL base 1.0 UNet and its two text encoders, the SD3-medium MMDiT with CLIP-L, 
 T5-XXL, the FLUX.1-schnell transformer with CLIP-L and T5-XXL, and their VAEs.
 
 `production_configs.build_empty(arch)` builds any of them on the meta device (shapes, no weight
-memory): tests/test_production_shapes.py checks each against its published parameter count, and
+memory): tests/models/test_production_shapes.py checks each against its published parameter count, and
 `counterfactory doctor` computes each generator's weights and activation memory from them
 (builders/devtools/doctor_generators.py) where the model is too large to build here.
 
