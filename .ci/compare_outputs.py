@@ -15,10 +15,10 @@ import re
 import sys
 from pathlib import Path
 
-# Run-specific: times, git state, the local Hub's port, and what depends on the checkout's folder
+# Run-specific: times, memory peaks, git state, the local Hub's port, and what depends on the checkout's folder
 # (a gallery page's size, `.parts/` digests of items that name local paths).
 VOLATILE = {"created_at", "counterfactory_git", "timings", "seconds", "total_seconds", "hub",
-            "first_page_bytes", "item_digests"}
+            "first_page_bytes", "item_digests", "process_s", "write_s", "peak_rss_bytes"}
 SKIP = ("hf_home", "tiny_models.lock")
 
 
