@@ -154,7 +154,7 @@ class Backend:
         p = self.pixels
         with warnings.catch_warnings():
             # open_clip 3.3.0 takes only `scale` out of the dict it then calls unused, and so warns
-            # of the colour jitter it does apply; the keys were checked (config.parse_aug_cfg).
+            # of the colour jitter it does apply; the keys were checked (augmentation.parse_aug_cfg).
             warnings.filterwarnings("ignore", message="Unused augmentation cfg items")
             train = open_clip.image_transform(self.input_size, is_train=True, mean=p.mean, std=p.std,
                                               aug_cfg=dict(aug_cfg))

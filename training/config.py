@@ -48,13 +48,10 @@ from builders.engine.option_types import non_negative_int, positive_int
 from builders.models.clip_ids import ClipId, ClipIdError, parse_clip_id
 from builders.models.pickled_weights import FLAG_HELP as PICKLED_WEIGHTS_HELP
 from builders.publishing.hub_client import repo_id_problem
+from training.augmentation import parse_aug_cfg
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
-#: `--aug-cfg` keys: those open_clip's own train transform reads without timm
-#: (`open_clip.transform.image_transform(is_train=True)`; `ratio` is ignored there, and timm's
-#: random erasing runs after Normalize, which this trainer applies per batch).
-AUG_CFG_KEYS = ("scale", "color_jitter", "color_jitter_prob", "gray_scale_prob")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
 BACKENDS = ("transformers", "open_clip")
 REPORT_TO = ("auto", "tensorboard", "wandb", "none")
@@ -381,46 +378,6 @@ def training_fingerprint(config: dict) -> dict[str, Any]:
             else:
                 out[flag] = value
     return out
-
-
-def parse_aug_cfg(items: tuple[str, ...]) -> dict[str, Any]:
-    """`--aug-cfg KEY=VALUE ...` as open_clip's `AugmentationCfg` fields (values read as Python
-    literals, as open_clip_train's `ParseKwargs`), checked: one line naming the item otherwise."""
-    import ast
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or key not in AUG_CFG_KEYS:
-            raise UserFacingError(f"--aug-cfg {item!r}: give KEY=VALUE with KEY one of "
-                                  f"{', '.join(AUG_CFG_KEYS)} (open_clip's train transform)")
-        try:
-            out[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            out[key] = text
-    _check_aug_values(out)
-    return out
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_aug_values(cfg: dict[str, Any]) -> None:
-    scale = cfg.get("scale", (0.9, 1.0))
-    if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and all(map(_is_number, scale))
-            and 0 < scale[0] <= scale[1] <= 1):
-        raise UserFacingError(f"--aug-cfg scale={scale!r}: give the crop's area range as "
-                              "'(LOW, HIGH)' with 0 < LOW <= HIGH <= 1, e.g. scale='(0.9, 1.0)'")
-    for key in ("color_jitter_prob", "gray_scale_prob"):
-        if key in cfg and not (_is_number(cfg[key]) and 0 <= cfg[key] <= 1):
-            raise UserFacingError(f"--aug-cfg {key}={cfg[key]!r}: give a probability in [0, 1]")
-    jitter = cfg.get("color_jitter")
-    if ("color_jitter" in cfg) != ("color_jitter_prob" in cfg) or jitter is not None and not (
-            isinstance(jitter, (tuple, list)) and len(jitter) == 4 and all(map(_is_number, jitter))):
-        raise UserFacingError("--aug-cfg color_jitter and color_jitter_prob go together: "
-                              "color_jitter='(BRIGHTNESS, CONTRAST, SATURATION, HUE)' "
-                              "color_jitter_prob=P, as open_clip's train transform reads them")
 
 
 def as_dict(cfg: Any) -> Any:

@@ -25,18 +25,17 @@ from tqdm.auto import tqdm
 
 from builders.engine.errors import OutputError, UserFacingError
 from builders.engine.precision import resolve_dtype
-from builders.engine.provenance import portable
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
 from builders.models.clip_ids import OPEN_CLIP, ClipId
 from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
-from training.before_after import BEFORE_EMBEDDINGS, before_after_table, final_statistics, write_before
+from training.before_after import BEFORE_EMBEDDINGS, final_statistics, write_before
 from training.backends import load_backend
-from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, metric_table,
-                                 push_to_hub, save_checkpoint, write_model_card)
+from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, push_to_hub, save_checkpoint, write_model_card)
 from training.checkpoint_files import Resumable
-from training.config import TrainConfig, as_dict, parse_aug_cfg, training_fingerprint
+from training.augmentation import parse_aug_cfg
+from training.config import TrainConfig, as_dict, training_fingerprint
 from training.data import PairBatchSampler, make_loader, to_device
 from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_eval_data
@@ -47,6 +46,7 @@ from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
 from training.run_folder import check_run_folder, clear_run_folder
+from training.run_records import published_record, read_jsonl, write_jsonl, write_results
 from training.zeroshot import prompt_sources, skip_counts
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
         metrics = evaluate_model(backend.module, backend, data, evaluation, output / "embeddings.npz", units)
         _log_metrics(accelerator, "final", metrics, 0)
         record.update(final_statistics(output, data, cfg, metrics, units, trained=False))
-        _write_results(output, published_record(record, cfg, output),
+        write_results(output, published_record(record, cfg, output),
                        [{"step": 0, "final": True, **metrics}], metrics)
     accelerator.wait_for_everyone()
     return metrics
@@ -245,21 +245,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     found = find_checkpoint(output, cfg.run.resume, fp16=accelerator.scaler is not None) \
         if cfg.run.resume else None
     mixture = build_mixture(cfg.data)
-    keep_pairs = cfg.data.hard_negatives == "pairs"
-    groups = mixture.train.groups() if keep_pairs else [[i] for i in range(len(mixture.train))]
-    sampler = PairBatchSampler(groups, cfg.optim.batch_size, accelerator.num_processes,
-                               accelerator.process_index, cfg.run.seed, keep_pairs,
-                               keep_last=cfg.optim.last_batch == "keep")
-    # --last-batch keep: as Hugging Face's Trainer, the last step takes the batches left over.
-    accum = cfg.optim.grad_accum
-    steps_per_epoch = -(-len(sampler) // accum) if cfg.optim.last_batch == "keep" else len(sampler) // accum
-    if steps_per_epoch == 0:
-        raise UserFacingError(f"{len(mixture.train)} training examples make no full step of "
-                              f"--batch-size {cfg.optim.batch_size} x --grad-accum "
-                              f"{cfg.optim.grad_accum}; lower them or add data")
-    total = steps_per_epoch * cfg.optim.epochs
-    if cfg.optim.max_steps is not None:
-        total = min(total, cfg.optim.max_steps)
+    sampler, steps_per_epoch, total = _schedule(cfg, mixture.train, accelerator)
     evaluation = EvalConfig.of(cfg)
     data = load_eval_data(evaluation, mixture.heldout_cf, mixture.train.tables, mixture.validation)
     # The validation loss picks the final model with --best-by-val-loss: then it is data the
@@ -300,9 +286,29 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
                disable=not accelerator.is_local_main_process)
     return Session(cfg, output, accelerator, backend, record, data, evaluation, sampler, loader, model,
                    optimizer, scheduler, steps_per_epoch, total, state,
-                   history=_read_jsonl(output / "loss.jsonl", state.step),
-                   evals=_read_jsonl(output / "metrics.jsonl", state.step), bar=bar,
+                   history=read_jsonl(output / "loss.jsonl", state.step),
+                   evals=read_jsonl(output / "metrics.jsonl", state.step), bar=bar,
                    unwrapped=accelerator.unwrap_model(model))
+
+
+def _schedule(cfg: TrainConfig, train, accelerator) -> tuple[PairBatchSampler, int, int]:
+    """The batch sampler of this process, the optimizer steps per epoch and the steps in all."""
+    keep_pairs = cfg.data.hard_negatives == "pairs"
+    groups = train.groups() if keep_pairs else [[i] for i in range(len(train))]
+    sampler = PairBatchSampler(groups, cfg.optim.batch_size, accelerator.num_processes,
+                               accelerator.process_index, cfg.run.seed, keep_pairs,
+                               keep_last=cfg.optim.last_batch == "keep")
+    # --last-batch keep: as Hugging Face's Trainer, the last step takes the batches left over.
+    accum = cfg.optim.grad_accum
+    steps_per_epoch = -(-len(sampler) // accum) if cfg.optim.last_batch == "keep" else len(sampler) // accum
+    if steps_per_epoch == 0:
+        raise UserFacingError(f"{len(train)} training examples make no full step of "
+                              f"--batch-size {cfg.optim.batch_size} x --grad-accum "
+                              f"{cfg.optim.grad_accum}; lower them or add data")
+    total = steps_per_epoch * cfg.optim.epochs
+    if cfg.optim.max_steps is not None:
+        total = min(total, cfg.optim.max_steps)
+    return sampler, steps_per_epoch, total
 
 
 def train_one_epoch(s: Session) -> None:
@@ -329,7 +335,7 @@ def train_one_epoch(s: Session) -> None:
             s.history.append({"step": state.step, "epoch": state.epoch, "loss": loss_sum, "lr": lr})
             s.accelerator.log({"loss": loss_sum, "lr": lr}, step=state.step)
             if s.accelerator.is_main_process:
-                _write_jsonl(s.output / "loss.jsonl", s.history)
+                write_jsonl(s.output / "loss.jsonl", s.history)
             s.bar.set_postfix(loss=f"{loss_sum:.4f}")
         if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
             evaluate(s)
@@ -373,7 +379,7 @@ def evaluate(s: Session, final: bool = False, units: dict | None = None) -> dict
         metrics = evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation,
                                  output / "embeddings.npz" if final else None, units)
         s.evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
-        _write_jsonl(output / "metrics.jsonl", s.evals)
+        write_jsonl(output / "metrics.jsonl", s.evals)
         _log_metrics(s.accelerator, "final" if final else "eval", metrics, state.step)
         val = metrics.get("val_loss")
         if cfg.run.best_by_val_loss and val is not None and not final and (
@@ -406,7 +412,7 @@ def finish(s: Session) -> dict[str, float]:
         write_model_card(staged, published_record(s.record, cfg, output),
                          mark_overlapping(metrics, s.record.get("eval_overlap", {})))
         install(staged, output)
-        _write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
+        write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
         if cfg.run.push_to_hub:
             push_to_hub(output / "final", cfg.run.push_to_hub, output / MANIFEST)
     accelerator.wait_for_everyone()
@@ -420,43 +426,8 @@ def _log_metrics(accelerator, prefix: str, metrics: dict[str, float], step: int)
     accelerator.log({f"{prefix}/{name}": value for name, value in metrics.items()}, step=step)
 
 
-def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
-    """The run record as run.json and the model card (pushed with the model) state it: no local
-    path. The model (and a checkpoint file given as the open_clip tag) is named as every record
-    names models (`provenance.model_name`: `local:NAME@sha256:...` for a local folder, however
-    spelled); a local dataset folder likewise (Hub datasets keep their id, revision and commit);
-    any other absolute path as the build manifests name it, the output folder as `.`."""
-    sources = [ref.path for ref in (cfg.data.real, cfg.data.decorrelation, cfg.data.counterfactuals) if ref]
-    local = [path for path in sources if Path(path).exists()]
-    return portable(record, output, inputs=[cfg.run.model, cfg.run.pretrained, *local])
-
-
 def _saved_model(backend, folder: Path) -> ClipId:
     """The model `backend.save` wrote to `folder`, in its backend's format."""
     if backend.kind == OPEN_CLIP:
         return ClipId(OPEN_CLIP, str(folder), f"local-dir:{folder}")
     return ClipId(backend.kind, str(folder), str(folder))
-
-
-def _read_jsonl(path: Path, upto_step: int) -> list[dict]:
-    """Records up to the resumed step (a killed run may have logged past its last checkpoint)."""
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["step"] <= upto_step]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-
-
-def _write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
-    _write_jsonl(output / "metrics.jsonl", evals)
-    intervals = {k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}
-    change = before_after_table(record.get("before_after") or {}, record.get("eval_overlap", {}))
-    (output / "metrics.md").write_text(
-        metric_table(mark_overlapping(final, record.get("eval_overlap", {})), intervals)
-        + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""))
-    (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))

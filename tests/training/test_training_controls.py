@@ -310,7 +310,7 @@ def test_augment_is_open_clips_train_transform(kind, tiny_models_dir):
     from builders.models.profiles import tiny_profile
     from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
-    from training.config import parse_aug_cfg
+    from training.augmentation import parse_aug_cfg
     from training.data import decode_image
 
     profile = tiny_profile(tiny_models_dir)

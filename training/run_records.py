@@ -1,0 +1,49 @@
+"""What a run records in its folder (training/run_folder.py lists them): `run.json` as published
+(no local path), `loss.jsonl` and `metrics.jsonl` (one record per step, cut back to the resumed
+step), `metrics.md` (the final table and the before -> after table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builders.engine.provenance import portable
+from training.before_after import before_after_table
+from training.checkpoint import metric_table
+from training.config import TrainConfig
+from training.leakage import mark_overlapping
+
+
+def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
+    """The run record as run.json and the model card (pushed with the model) state it: no local
+    path. The model (and a checkpoint file given as the open_clip tag) is named as every record
+    names models (`provenance.model_name`: `local:NAME@sha256:...` for a local folder, however
+    spelled); a local dataset folder likewise (Hub datasets keep their id, revision and commit);
+    any other absolute path as the build manifests name it, the output folder as `.`."""
+    sources = [ref.path for ref in (cfg.data.real, cfg.data.decorrelation, cfg.data.counterfactuals) if ref]
+    local = [path for path in sources if Path(path).exists()]
+    return portable(record, output, inputs=[cfg.run.model, cfg.run.pretrained, *local])
+
+
+def read_jsonl(path: Path, upto_step: int) -> list[dict]:
+    """Records up to the resumed step (a killed run may have logged past its last checkpoint)."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["step"] <= upto_step]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
+    write_jsonl(output / "metrics.jsonl", evals)
+    intervals = {k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}
+    change = before_after_table(record.get("before_after") or {}, record.get("eval_overlap", {}))
+    (output / "metrics.md").write_text(
+        metric_table(mark_overlapping(final, record.get("eval_overlap", {})), intervals)
+        + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""))
+    (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))
