@@ -24,13 +24,13 @@ import torch
 from tqdm.auto import tqdm
 
 from builders.engine.errors import OutputError, UserFacingError
-from builders.engine.precision import resolve_dtype
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
 from builders.models.clip_ids import OPEN_CLIP, ClipId
 from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
 from training.before_after import BEFORE_EMBEDDINGS, final_statistics, write_before
+from training.accelerator_setup import check_mixed_precision, make_accelerator
 from training.backends import load_backend
 from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, push_to_hub, save_checkpoint, write_model_card)
 from training.checkpoint_files import Resumable
@@ -50,47 +50,6 @@ from training.run_records import published_record, read_jsonl, write_jsonl, writ
 from training.zeroshot import prompt_sources, skip_counts
 
 log = logging.getLogger(__name__)
-
-
-def check_mixed_precision(mode: str, device: str, bf16_supported=None) -> None:
-    """Refuse a `--mixed-precision` the device cannot run (fp16 on the CPU, bf16 on a GPU
-    without it) instead of letting accelerate run something else than what was asked."""
-    if mode != "no":
-        resolve_dtype(mode, device, bf16_supported, flag="--mixed-precision", full="no")
-
-
-def make_accelerator(cfg: TrainConfig, output: Path):
-    from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration
-
-    trackers = _trackers(cfg.run.report_to)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                              mixed_precision=cfg.optim.mixed_precision, log_with=trackers,
-                              project_config=ProjectConfiguration(project_dir=str(output),
-                                                                  logging_dir=str(output / "logs")))
-    expected = cfg.run.expect_processes
-    if expected is not None and accelerator.num_processes != expected:
-        raise UserFacingError(
-            f"--expect-processes {expected} but {accelerator.num_processes} process(es) started; on "
-            "CPU use `accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
-            "(`--cpu --num_processes N` starts one)")
-    return accelerator
-
-
-def _trackers(report_to: str) -> list[str] | None:
-    """accelerate's trackers of `--report-to`: each an optional package, checked before the run
-    (`auto`: TensorBoard when installed, else none)."""
-    import importlib.util
-
-    if report_to == "none":
-        return None
-    installed = importlib.util.find_spec(report_to if report_to != "auto" else "tensorboard")
-    if report_to == "auto":
-        return ["tensorboard"] if installed else None
-    if not installed:
-        raise UserFacingError(f"--report-to {report_to} needs the {report_to} package: "
-                              f"`pip install {report_to}`, or --report-to none")
-    return [report_to]
 
 
 @contextlib.contextmanager
@@ -253,12 +212,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     record["eval_overlap"] = check_eval_overlap(
         mixture.train, data, cfg.run.allow_eval_overlap, negatives=cfg.data.hard_negatives == "negclip",
         selection=mixture.validation if cfg.run.best_by_val_loss else None)
-    record.update(tables=[asdict(r) for r in mixture.records + data.records],
-                  train_examples=mixture.train.counts(),
-                  validation_examples=mixture.validation.counts() if mixture.validation else {},
-                  test_examples=mixture.test.counts() if mixture.test else {},
-                  skipped={**mixture.skipped, **skip_counts(data.zeroshot)}, steps=total,
-                  steps_per_epoch=steps_per_epoch, zeroshot_prompts=prompt_sources(data.zeroshot))
+    record.update(_data_record(mixture, data), steps=total, steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     train_pixels = backend.train_pixels(parse_aug_cfg(cfg.data.aug_cfg)) if cfg.data.augment else None
@@ -289,6 +243,17 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
                    history=read_jsonl(output / "loss.jsonl", state.step),
                    evals=read_jsonl(output / "metrics.jsonl", state.step), bar=bar,
                    unwrapped=accelerator.unwrap_model(model))
+
+
+def _data_record(mixture, data: EvalData) -> dict[str, Any]:
+    """What the run read and counted, for run.json: every table, the examples per role, the skips
+    and the zero-shot prompts."""
+    return dict(tables=[asdict(r) for r in mixture.records + data.records],
+                train_examples=mixture.train.counts(),
+                validation_examples=mixture.validation.counts() if mixture.validation else {},
+                test_examples=mixture.test.counts() if mixture.test else {},
+                skipped={**mixture.skipped, **skip_counts(data.zeroshot)},
+                zeroshot_prompts=prompt_sources(data.zeroshot))
 
 
 def _schedule(cfg: TrainConfig, train, accelerator) -> tuple[PairBatchSampler, int, int]:
