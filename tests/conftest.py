@@ -216,3 +216,15 @@ def own_hub(monkeypatch):
     from builders.publishing.target import HubTarget
 
     bound_request_time(HubTarget.timeout_s)
+
+
+@pytest.fixture
+def meta_nonzero():
+    """Meta-device forwards that assign rows by index (`query[dst] = query[src]`, the attention
+    injections) ask the meta device for the index's nonzero entries, which it cannot know; every
+    such index is row positions, all nonzero, which this torch setting assumes. Set through the
+    config module's own `patch` (monkeypatching the attribute breaks it for later tests)."""
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        yield

@@ -121,7 +121,7 @@ def _attention_layers(unet, suffix: str) -> set[str]:
     return {name for name, _ in unet.named_modules() if name.endswith(suffix)}
 
 
-def test_inject_modes_select_the_method_md_layers_at_512px(sd_unet, monkeypatch):
+def test_inject_modes_select_the_method_md_layers_at_512px(sd_unet, meta_nonzero):
     """builders/counterfactuals/METHOD.md §2: `self` injects every self-attention layer in both
     halves; `cross` every cross-attention layer plus the self-attention layers of 16 x 16 and 8 x 8
     query positions (down_blocks.2, the mid block, up_blocks.1), conditional half; `both` is the
@@ -135,11 +135,6 @@ def test_inject_modes_select_the_method_md_layers_at_512px(sd_unet, monkeypatch)
         "both": {**{n: (0, 1) for n in self_layers}, **{n: (1,) for n in cross_layers}},
     }
     assert set(expected) == set(INJECT_MODES)
-    # Replacing the injected rows (`query[dst] = query[src]`) asks the meta device for the
-    # index's nonzero entries; every one is (they are row positions), which this flag assumes.
-    import torch.fx.experimental._config as fx_config
-
-    monkeypatch.setattr(fx_config, "meta_nonzero_assume_all_nonzero", True)
     for mode in INJECT_MODES:
         assert _injecting_layers(sd_unet, mode) == expected[mode], mode
 

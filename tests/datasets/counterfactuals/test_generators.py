@@ -184,8 +184,8 @@ SDXL_UNET = dict(
     projection_class_embeddings_input_dim=2816, norm_num_groups=32)
 
 
-def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(monkeypatch):
-    """METHOD.md §2 on the production-shaped SDXL UNet at 1024 px (128 x 128 latents): `self`
+def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(meta_nonzero):
+    """builders/counterfactuals/METHOD.md §2 on the production-shaped SDXL UNet at 1024 px (128 x 128 latents): `self`
     injects every self-attention layer in both halves; `cross` every cross-attention layer and
     the self-attention layers of at most 32 x 32 query positions (down_blocks.2, the mid block
     and up_blocks.0: the 10-deep transformer blocks), conditional half; `both` the union."""
@@ -206,10 +206,6 @@ def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(monkeypatch):
         "cross": {**{n: (1,) for n in cross_layers}, **{n: (1,) for n in low_res}},
         "both": {**{n: (0, 1) for n in self_layers}, **{n: (1,) for n in cross_layers}},
     }
-    import torch.fx.experimental._config as fx_config
-
-    # Replacing the injected rows asks the meta device for the index's nonzero entries.
-    monkeypatch.setattr(fx_config, "meta_nonzero_assume_all_nonzero", True)
     side = 128
     mapper = replacement_mapper([49406, 320, 2368, 49407], [49406, 320, 1929, 49407], 77)
     for mode in INJECT_MODES:

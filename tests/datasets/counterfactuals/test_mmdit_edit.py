@@ -127,15 +127,11 @@ def test_processors_wrap_the_vital_layers_only(name):
     assert model.attn_processors == previous
 
 
-def test_injection_fires_in_the_vital_layers_at_1024px(monkeypatch):
+def test_injection_fires_in_the_vital_layers_at_1024px(monkeypatch, meta_nonzero):
     """A meta-device forward of FLUX.1 at 1024 px (4096 image tokens after 512 T5 tokens): the
     key/value replacement runs in the 9 vital layers, on the image tokens only."""
     from diffusers import FluxTransformer2DModel
 
-    import torch.fx.experimental._config as fx_config
-
-    # Index assignment asks the meta device for the index's nonzero entries (row positions).
-    monkeypatch.setattr(fx_config, "meta_nonzero_assume_all_nonzero", True)
     model = _meta(FluxTransformer2DModel, FLUX_1)
     ctrl = KVController(1, 512)
     ctrl.half, ctrl.links = 2, [(0, 1)]
