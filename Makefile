@@ -38,9 +38,11 @@ test: $(STAMP) lint system-deps
 
 # The unit tier, for the inner loop: every test but the end-to-end ones (marked `e2e`: the CLI in a
 # subprocess, `accelerate launch`, the browser, clean virtualenvs, the README's commands, full
-# builds and publishing; tests/README.md). Minutes instead of the suite's twenty, and no Chromium.
+# builds and publishing; tests/README.md) and the unit tests of seconds or more (marked `slow`:
+# diffusion and caption-model runs on the CPU). About 2 minutes instead of the suite's thirty, and
+# no Chromium.
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
 
 demo: $(STAMP)
 	$(PY) -m builders.app.demo --workdir demo_output

@@ -50,6 +50,7 @@ def _help(argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
+@pytest.mark.slow
 def test_help_matches_snapshot(name):
     text, path = _help(COMMANDS[name]), SNAPSHOTS / f"{name}.txt"
     if os.environ.get("UPDATE_HELP_SNAPSHOTS"):

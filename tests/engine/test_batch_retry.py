@@ -37,6 +37,7 @@ def infos(caplog) -> list[str]:
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, 100])
+@pytest.mark.slow
 def test_a_batch_that_does_not_fit_is_halved_and_the_same_items_retried(k, caplog):
     items = list(range(23))
     done: list[int] = []
@@ -146,6 +147,7 @@ class Features(torch.nn.Module):
         return (feats, None, None, None) if pixel_values is not None else (None, feats, None, None)
 
 
+@pytest.mark.slow
 def test_evaluation_encodes_give_the_same_embeddings_after_running_out_of_memory(monkeypatch, caplog):
     from training import evaluation
 

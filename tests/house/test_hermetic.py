@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from builders.engine.nltk_setup import TAGGER_DIR
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -61,6 +63,7 @@ def test_the_session_runs_in_a_temporary_home(session_tmp, real_home, tmp_path_f
     assert all(any(_inside(p, a) for a in allowed) for p in nltk.data.path), nltk.data.path
 
 
+@pytest.mark.slow
 def test_a_tagger_and_caches_in_the_users_home_are_never_read(tmp_path):
     home = tmp_path / "home"
     tagger = home / "nltk_data" / TAGGER_DIR

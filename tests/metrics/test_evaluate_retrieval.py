@@ -101,6 +101,7 @@ def test_similarity_mode_equals_the_package_function(metric):
     assert got == {**expected.as_dict(), "num_queries": 100}
 
 
+@pytest.mark.slow
 def test_eccv_mode_from_rankings_and_pm_files(metric, annotations, tmp_path):
     rng = np.random.default_rng(3)
     captions, images = annotations.coco_test_ids, np.array(list(annotations.coco.i2t))
@@ -124,6 +125,7 @@ def test_eccv_mode_from_rankings_and_pm_files(metric, annotations, tmp_path):
     assert got["coco_5k_r1"] == {"i2t": 1.0, "t2i": 1.0} and set(got["pmrp"]) == {"i2t", "t2i"}
 
 
+@pytest.mark.slow
 def test_eccv_mode_from_a_similarity_matrix(metric, annotations):
     rng = np.random.default_rng(4)
     images = np.array(list(annotations.coco.i2t))

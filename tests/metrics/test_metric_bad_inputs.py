@@ -209,6 +209,7 @@ def test_odmap_add_batch_checks_like_compute_and_buffers_nothing_bad():
     assert got == {"ODmAP@1": 1.0, "num_queries": 1}
 
 
+@pytest.mark.slow
 def test_odmap_index_mode_rejects_a_repeated_index_unless_allowed():
     module = _load("odmap")
     args = dict(retrieved=[[1, 2], [1, 1]], removed_classes=[["cat"]] * 2,

@@ -149,6 +149,7 @@ def test_duplicates_in_a_ranking_count_at_every_position():
 
 
 @pytest.mark.parametrize("seed", range(6))
+@pytest.mark.slow
 def test_streaming_topk_matches_full_matrix_with_ties(seed):
     rng = np.random.default_rng(100 + seed)
     num_queries, gallery, dim = int(rng.integers(1, 60)), int(rng.integers(12, 500)), 4
@@ -200,6 +201,7 @@ def test_embeddings_to_odmap_pipeline_matches_brute_force():
 
 # --------------------------------------------------------------------------- text path
 
+@pytest.mark.slow
 def test_text_path_matches_brute_force_with_a_fixed_tagger():
     rng = np.random.default_rng(11)
     tagger = DictTagger(VOCAB_TAGS)

@@ -332,6 +332,7 @@ def assert_same(ours, ref, keys):
             assert ours[key][m] == pytest.approx(float(ref[key][m]), abs=1e-9), (key, m)
 
 
+@pytest.mark.slow
 def test_suite_equals_eccv_caption_on_random_rankings(annotations, reference_metrics):
     from counterfactory_metrics.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
 
@@ -353,6 +354,7 @@ def test_suite_equals_eccv_caption_on_random_rankings(annotations, reference_met
     assert alone == {"eccv_rprecision": ours["eccv_rprecision"]}
 
 
+@pytest.mark.slow
 def test_pmrp_equals_eccv_caption_on_top50_rankings(annotations, tmp_path):
     import json
 
@@ -385,6 +387,7 @@ def test_pmrp_equals_eccv_caption_on_top50_rankings(annotations, tmp_path):
     assert 0.01 < ours["pmrp"]["i2t"] < 0.9
 
 
+@pytest.mark.slow
 def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
     from counterfactory_metrics.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite, eccv_suite_from_similarity
 

@@ -85,6 +85,7 @@ def tiny(tiny_models_dir):
 
 
 @pytest.mark.parametrize("role, kind", [("clip", ClipScorer), ("open_clip", OpenClipScorer)])
+@pytest.mark.slow
 def test_both_backends_give_normalised_float32_embeddings(tiny, role, kind):
     scorer = load_scorer(getattr(tiny, role))
     assert isinstance(scorer, kind)

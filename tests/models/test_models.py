@@ -42,6 +42,7 @@ def test_clip_roles_score_image_text_pairs(tiny):
     assert img.shape[1] == txt.shape[1] and txt.shape[0] == 2
 
 
+@pytest.mark.slow
 def test_diffusion_pipelines_run_two_steps(tiny):
     pipe = loaders.load_sd(tiny.sd)
     out = pipe("a cat", num_inference_steps=2, height=64, width=64, output_type="np",

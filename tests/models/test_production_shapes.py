@@ -198,6 +198,7 @@ def test_vae16_count_is_the_sd_vae_with_16_latent_channels():
         assert parameter_count(build_empty(generator_arch(name))) == expected, name
 
 
+@pytest.mark.slow
 def test_sdxl_components_fit_together():
     unet, vae = build_empty(generator_arch("sdxl.unet")), build_empty(generator_arch("sdxl.vae"))
     clip_l, big_g = (build_empty(generator_arch(n)) for n in ("sdxl.text_encoder", "sdxl.text_encoder_2"))
@@ -216,6 +217,7 @@ def test_sdxl_components_fit_together():
     assert vae.decode(out.sample[:1]).sample.shape == (1, 3, 1024, 1024)
 
 
+@pytest.mark.slow
 def test_sd3_components_fit_together():
     transformer = build_empty(generator_arch("sd3.transformer"))
     clip_l, clip_g, t5 = (build_empty(generator_arch(f"sd3.text_encoder{s}")) for s in ("", "_2", "_3"))
@@ -234,6 +236,7 @@ def test_sd3_components_fit_together():
     assert vae.decode(out[:1]).sample.shape == (1, 3, 1024, 1024)
 
 
+@pytest.mark.slow
 def test_flux_components_fit_together():
     transformer = build_empty(generator_arch("flux.transformer"))
     clip_l, t5 = (build_empty(generator_arch(n)) for n in ("flux.text_encoder", "flux.text_encoder_2"))

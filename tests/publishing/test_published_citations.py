@@ -131,6 +131,7 @@ def test_published_dataset_files_cite_papers_only(published, name):
     assert bibtex and CARD_BIBTEX_KEY[name] in bibtex[0], "the card must cite its paper in BibTeX"
 
 
+@pytest.mark.slow
 def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(published, tiny_models_dir,
                                                                        capsys):
     """The card's ODmAP code block, run as published (tiny CLIP, local metric folder), prints the
@@ -164,6 +165,7 @@ def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(publishe
         assert result[f"ODmAP@{k}"] == pytest.approx(ref[k])
 
 
+@pytest.mark.slow
 def test_published_metric_spaces_cite_papers_only(local_hub):
     modules = sorted(p for p in (REPO_ROOT / "evaluate_modules").iterdir() if (p / f"{p.name}.py").is_file())
     assert modules

@@ -237,6 +237,7 @@ def test_cosine_schedule_with_warmup():
     assert all(f(s) > f(s + 1) for s in range(4, 23))
 
 
+@pytest.mark.slow
 def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
     """The trainer's 5-captions-per-image R@K on the real COCO 5K ids (from the annotations
     shipped in eccv_caption), in the coco-captions build's row order (image ids ascending),

@@ -144,6 +144,7 @@ def test_flickr30k_missing_folder_is_one_line(tmp_path):
         load_flickr30k(str(tmp_path / "nowhere"), "test")
 
 
+@pytest.mark.slow
 def test_flags_reach_the_evaluation_and_the_saved_embeddings(tmp_path, backend, tiny_models_dir):
     from training.eval_data import load_eval_data
     from training.evaluation import evaluate_model

@@ -97,6 +97,7 @@ def test_a_named_benchmark_gets_its_own_prompts(tmp_path, tiny_models_dir, clip)
                                class_embeddings(clip, spaced, openai), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_folder_named_as_a_benchmark_is_read_as_it(tmp_path, tiny_models_dir, clip):
     classes = write_classification_fixture(tmp_path / "food-101", per_class=1)
     assert cli_main(eval_only(tmp_path, tiny_models_dir, "run", str(classes))) == 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from PIL import Image
 
 from builders.viewer.render import GalleryConfig, write_gallery
@@ -80,6 +81,7 @@ def _peak_bytes(build: Path, out: Path) -> tuple[int, int]:
     return peak + max(0, pool.max_memory() - pool_before), result.rows
 
 
+@pytest.mark.slow
 def test_gallery_memory_does_not_grow_with_the_split(tmp_path):
     images = _pngs(8)
     small = _build(tmp_path / "small", 50, images)

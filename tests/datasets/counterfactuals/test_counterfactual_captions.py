@@ -87,6 +87,7 @@ def reference_choice(scored, low: float, high: float):
     return best
 
 
+@pytest.mark.slow
 def test_batched_stage_equals_one_at_a_time_reference(models):
     captions = fixture_captions(2)
     references = [reference_candidates(c, models) for c in captions]
@@ -120,6 +121,7 @@ def test_batched_stage_equals_one_at_a_time_reference(models):
     assert outcomes["ok"] >= 30 and outcomes["empty"] >= 2, outcomes
 
 
+@pytest.mark.slow
 def test_batch_size_does_not_change_the_outcome_and_auto_order_follows_model_sizes(models):
     captions = fixture_captions(1)
     a = CaptionStage(models, CaptionStageConfig(caption_batch=1, lm_batch=1)).run(captions)
@@ -134,6 +136,7 @@ def test_batch_size_does_not_change_the_outcome_and_auto_order_follows_model_siz
     assert CaptionStage(swapped, CaptionStageConfig()).order == "similarity_first"
 
 
+@pytest.mark.slow
 def test_a_caption_batch_that_runs_out_of_memory_is_halved_with_the_same_outcomes(models, caplog):
     """The MLM runs out of memory above 6 masked captions (a caption has 1-4 nouns): batches of 7
     captions are halved until they fit, and every caption gets the outcome of an un-failing run."""

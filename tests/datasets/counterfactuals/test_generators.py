@@ -76,6 +76,7 @@ def sdxl_pipe(tiny_models_dir):
 # -- the fixture builds ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["sdxl", "sd3", "flux"])
+@pytest.mark.slow
 def test_fixture_build_draws_one_word_pairs_and_records_the_generator(name, tmp_path, tiny_models_dir,
                                                                       nltk_data_dir):
     if name != "sdxl" and not MMDIT:
@@ -107,6 +108,7 @@ def test_fixture_build_draws_one_word_pairs_and_records_the_generator(name, tmp_
     assert f"`--generator {name}`" in card and spec.license in card
 
 
+@pytest.mark.slow
 def test_sd15_draws_todays_prompt_to_prompt_images(tmp_path, tiny_models_dir):
     """`--generator sd15` (the default) renders through the registry what
     `prompt_to_prompt.generate_pairs` draws for the chosen candidate, byte for byte, and records
@@ -132,6 +134,7 @@ def test_sd15_draws_todays_prompt_to_prompt_images(tmp_path, tiny_models_dir):
 # -- SDXL Prompt-to-Prompt ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("inject", INJECT_MODES)
+@pytest.mark.slow
 def test_sdxl_candidate_images_depend_on_their_own_spec_only(sdxl_pipe, inject):
     """Batched with others (sharing (seed, guidance) with a group mate, or not) or alone, a
     candidate gets the same images; its original image does not depend on p."""
@@ -147,6 +150,7 @@ def test_sdxl_candidate_images_depend_on_their_own_spec_only(sdxl_pipe, inject):
     assert all(np.array_equal(a, b) for a, b in zip(batched, unshared, strict=True))
 
 
+@pytest.mark.slow
 def test_an_sdxl_edit_its_text_encoders_cannot_see_draws_nothing(tmp_path, tiny_models_dir):
     words = " ".join(["a small brown"] * 40)  # far more than 77 tokens
     pairs = [("past", f"{words} dog.", f"{words} cat."), ("case", "A Dog on a mat.", "A dog on a mat."),

@@ -206,6 +206,7 @@ def _pipeline_image(pipe, name, caption, seed, steps, guidance):
 
 
 @pytest.mark.parametrize("name", ["sd3", "flux", "flux_dev"])
+@pytest.mark.slow
 def test_the_pair_is_the_pipelines_images(pipes, name):
     """The original image is the pipeline's image of caption_0 from the same latents, whatever p;
     with p = 0 the twin is the pipeline's image of caption_1 (no injection). (What injection does
@@ -255,6 +256,7 @@ def _distinct_rows(specs, steps, halves, reads_guidance):
 
 
 @pytest.mark.parametrize("name", ["sd3", "flux"])
+@pytest.mark.slow
 def test_candidates_do_not_depend_on_their_batch(pipes, name):
     pipe, steps = pipes[name], 3
     work = UNetWork()

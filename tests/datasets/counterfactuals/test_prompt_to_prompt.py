@@ -48,6 +48,7 @@ def pair_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("inject", ["self", "cross", "both"])
+@pytest.mark.slow
 def test_injection_pulls_the_pair_together_and_leaves_the_original_untouched(sharp_pipe, inject):
     for seed in (1, 2, 3):
         run = {p: generate_pairs(sharp_pipe, *CAPTIONS, [PairSpec(seed, p, 7.5)], steps=4, size=64,
@@ -60,6 +61,7 @@ def test_injection_pulls_the_pair_together_and_leaves_the_original_untouched(sha
         assert not np.array_equal(run[0.0][1], run[1.0][1])
 
 
+@pytest.mark.slow
 def test_candidate_images_do_not_depend_on_the_batch(pipe):
     specs = [PairSpec(11, 0.3, 8.0), PairSpec(12, 0.9, 14.0), PairSpec(13, 0.6, 10.0)]
     batched = generate_pairs(pipe, *CAPTIONS, specs, steps=3, size=64)
@@ -94,6 +96,7 @@ def distinct_row_states(specs, steps: int) -> int:
 
 @pytest.mark.parametrize("inject,scheduler", [("self", "euler_ancestral"), ("cross", "euler_ancestral"),
                                               ("both", "euler_ancestral"), ("self", "dpm_solver_pp")])
+@pytest.mark.slow
 def test_shared_computation_gives_each_candidate_its_own_images(sharp_pipe, inject, scheduler):
     steps, batch_sizes = 5, []
     hook = sharp_pipe.unet.register_forward_pre_hook(lambda _, args: batch_sizes.append(len(args[0])))
@@ -237,6 +240,7 @@ def brute_force(scores: list[dict], cuts: dict[str, float]) -> tuple[int | None,
     return best, rejected
 
 
+@pytest.mark.slow
 def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe, tiny_models_dir):
     from builders.counterfactuals.config import ImageStageConfig
     from builders.counterfactuals.images import ImageStage, candidate_specs
@@ -312,6 +316,7 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
 
 @pytest.mark.parametrize("plan", [dict(candidates=5, candidate_batch=4),
                                   dict(candidate_plan="grouped", seeds=2, p_values=3, candidate_batch=6)])
+@pytest.mark.slow
 def test_an_image_batch_that_runs_out_of_memory_is_halved_with_the_same_selection(pipe, tiny_models_dir,
                                                                                    plan, caplog):
     """The UNet runs out of memory above 4 rows (one candidate's pair with its guidance halves):
