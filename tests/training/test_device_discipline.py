@@ -129,7 +129,7 @@ def test_eval_only_evaluates_the_model_on_the_accelerators_device(monkeypatch, t
     monkeypatch.setattr(trainer, "evaluate_model", lambda module, *args: evaluated_on.append(
         next(module.parameters()).device) or {})
     monkeypatch.setattr(trainer, "published_record", lambda record, cfg, output: record)
-    monkeypatch.setattr(trainer, "_write_results", lambda *args: None)
+    monkeypatch.setattr(trainer, "write_results", lambda *args: None)
     accelerator = SimpleNamespace(device=RUN_DEVICE, is_main_process=True,
                                   wait_for_everyone=lambda: None, log=lambda metrics, step: None)
     backend = SimpleNamespace(module=nn.Linear(2, 2))  # loaded on the CPU, as load_backend does
