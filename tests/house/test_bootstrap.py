@@ -60,9 +60,10 @@ def machine(tmp_path):
     return stubs, calls, env
 
 
-#: What `make test` runs once the machine is equipped: the lint gate (seconds, so first), then
-#: the suite on two workers, file by file.
+#: What `make test` runs once the machine is equipped: the lint gate (seconds, so first: ruff's
+#: rules, then the formatting), then the suite on two workers, file by file.
 LINT = "python -m ruff check ."
+FORMAT = "python -m ruff format --check ."
 PYTEST = "python -m pytest -n 2 --dist loadfile"
 
 
@@ -98,7 +99,7 @@ def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
                            text=True, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "installing chromium chromium-driver" in first.stderr
-    assert _calls(calls) == [LINT, "apt-get update -q DEBIAN_FRONTEND=noninteractive",
+    assert _calls(calls) == [LINT, FORMAT, "apt-get update -q DEBIAN_FRONTEND=noninteractive",
                              f"{INSTALL} DEBIAN_FRONTEND=noninteractive", PYTEST]
 
     calls.unlink()
@@ -106,7 +107,7 @@ def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
     again = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert _calls(calls) == [LINT, PYTEST]
+    assert _calls(calls) == [LINT, FORMAT, PYTEST]
     assert "install" not in again.stdout + again.stderr
 
 
