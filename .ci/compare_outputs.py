@@ -17,8 +17,19 @@ from pathlib import Path
 
 # Run-specific: times, memory peaks, git state, the local Hub's port, and what depends on the checkout's folder
 # (a gallery page's size, `.parts/` digests of items that name local paths).
-VOLATILE = {"created_at", "counterfactory_git", "timings", "seconds", "total_seconds", "hub",
-            "first_page_bytes", "item_digests", "process_s", "write_s", "peak_rss_bytes"}
+VOLATILE = {
+    "created_at",
+    "counterfactory_git",
+    "timings",
+    "seconds",
+    "total_seconds",
+    "hub",
+    "first_page_bytes",
+    "item_digests",
+    "process_s",
+    "write_s",
+    "peak_rss_bytes",
+}
 SKIP = ("hf_home", "tiny_models.lock")
 
 
@@ -49,16 +60,18 @@ def same(x: bytes, y: bytes, suffix: str) -> bool:
 
 
 def files(root: Path) -> set[Path]:
-    return {p.relative_to(root) for p in root.rglob("*")
-            if p.is_file() and not str(p.relative_to(root)).startswith(SKIP)}
+    return {
+        p.relative_to(root) for p in root.rglob("*") if p.is_file() and not str(p.relative_to(root)).startswith(SKIP)
+    }
 
 
 def main(a: Path, b: Path) -> int:
     in_a, in_b = files(a), files(b)
     problems = [f"only in {a}: {p}" for p in sorted(in_a - in_b)]
     problems += [f"only in {b}: {p}" for p in sorted(in_b - in_a)]
-    problems += [f"differs: {p}" for p in sorted(in_a & in_b)
-                 if not same((a / p).read_bytes(), (b / p).read_bytes(), p.suffix)]
+    problems += [
+        f"differs: {p}" for p in sorted(in_a & in_b) if not same((a / p).read_bytes(), (b / p).read_bytes(), p.suffix)
+    ]
     print("\n".join(problems) or f"{len(in_a)} files, all the same")
     return 1 if problems else 0
 

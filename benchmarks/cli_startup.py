@@ -47,9 +47,11 @@ def main() -> None:
     heavy = min(cpu_seconds([sys.executable, "-c", "import torch, datasets, nltk"]) for _ in range(args.repeat))
     print(f"{'import torch, datasets, nltk':65s} {heavy:.2f} s CPU")
     slowest = max(times, key=times.get)
-    print(f"{len(paths)} help commands; slowest: counterfactory {' '.join(slowest)} --help "
-          f"{times[slowest]:.2f} s CPU = {times[slowest] / heavy:.2f}x the heavy imports "
-          f"({heavy / times[slowest]:.1f}x faster)")
+    print(
+        f"{len(paths)} help commands; slowest: counterfactory {' '.join(slowest)} --help "
+        f"{times[slowest]:.2f} s CPU = {times[slowest] / heavy:.2f}x the heavy imports "
+        f"({heavy / times[slowest]:.1f}x faster)"
+    )
 
 
 if __name__ == "__main__":

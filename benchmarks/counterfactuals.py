@@ -34,9 +34,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTION_PAIR = ("A man riding a brown horse.", "A man riding a brown elephant.")
-PLAN_PAIRS = [CAPTION_PAIR, ("A cat sleeping on a red couch.", "A dog sleeping on a red couch."),
-              ("Two people walking on a sandy beach.", "Two people walking on a snowy beach."),
-              ("A plate of food next to a cup.", "A plate of food next to a bottle.")]
+PLAN_PAIRS = [
+    CAPTION_PAIR,
+    ("A cat sleeping on a red couch.", "A dog sleeping on a red couch."),
+    ("Two people walking on a sandy beach.", "Two people walking on a snowy beach."),
+    ("A plate of food next to a cup.", "A plate of food next to a bottle."),
+]
 #: Caption pairs of the released COCO-Counterfactuals with images generated for them (Le et al.
 #: 2023, §3.3: 24,508 caption pairs -> 2.45 M candidate pairs).
 RELEASE_CAPTION_PAIRS = 24_508
@@ -68,8 +71,12 @@ def baseline_counterfactual(caption: str, models, unmasker, cfg) -> tuple[str, f
                 continue
             sentence = edit_at(caption, spans[i], word[i])
             cand = nltk.word_tokenize(sentence, preserve_line=True)
-            if (len(cand) == len(tokens) and cand[i] == word[i]
-                    and nltk.pos_tag(cand)[i][1] in cfg.replacement_tags and sentence not in pool):
+            if (
+                len(cand) == len(tokens)
+                and cand[i] == word[i]
+                and nltk.pos_tag(cand)[i][1] in cfg.replacement_tags
+                and sentence not in pool
+            ):
                 pool.append(sentence)
     original = models.sentence.encode(caption, convert_to_tensor=True)
     best = None
@@ -116,10 +123,17 @@ def bench_captions(profile, n_captions: int) -> dict:
         assert (None if isinstance(a, str) else a.counterfactual) == (b and b[0]), caption
         assert getattr(a, "counterfactual", a) == getattr(c, "counterfactual", c), caption
     kept = sum(not isinstance(a, str) for a in ours)
-    return {"captions": len(captions), "pairs": kept, "ours_s": t_ours, "baseline_s": t_base,
-            "order": stage.order, "sim_first_s": t_sim_first,
-            "ours_per_s": len(captions) / t_ours, "baseline_per_s": len(captions) / t_base,
-            "speedup": t_base / t_ours}
+    return {
+        "captions": len(captions),
+        "pairs": kept,
+        "ours_s": t_ours,
+        "baseline_s": t_base,
+        "order": stage.order,
+        "sim_first_s": t_sim_first,
+        "ours_per_s": len(captions) / t_ours,
+        "baseline_per_s": len(captions) / t_base,
+        "speedup": t_base / t_ours,
+    }
 
 
 def bench_images(profile, candidates: int, steps: int, batch: int) -> dict:
@@ -134,9 +148,15 @@ def bench_images(profile, candidates: int, steps: int, batch: int) -> dict:
     scorer = ClipScorer(*load_clip(profile.clip_filter))
     results, times = {}, {}
     for b in (batch, 1):
-        cfg = ImageStageConfig(candidates=candidates, candidate_batch=b, steps=steps, image_size=64,
-                               clip_threshold=-1.0, image_similarity_threshold=-1.0,
-                               directional_threshold=-1.0)
+        cfg = ImageStageConfig(
+            candidates=candidates,
+            candidate_batch=b,
+            steps=steps,
+            image_size=64,
+            clip_threshold=-1.0,
+            image_similarity_threshold=-1.0,
+            directional_threshold=-1.0,
+        )
         stage = ImageStage(pipe, scorer, cfg, seed=0)
         stage.run("warmup", *CAPTION_PAIR)
         start = time.perf_counter()
@@ -144,9 +164,14 @@ def bench_images(profile, candidates: int, steps: int, batch: int) -> dict:
         times[b] = time.perf_counter() - start
     a, b = results[batch].pair, results[1].pair
     assert a.seed == b.seed and np.array_equal(np.asarray(a.image_1), np.asarray(b.image_1))
-    return {"candidates": candidates, "steps": steps, "batch": batch,
-            "batched_pairs_per_s": candidates / times[batch], "single_pairs_per_s": candidates / times[1],
-            "speedup": times[1] / times[batch]}
+    return {
+        "candidates": candidates,
+        "steps": steps,
+        "batch": batch,
+        "batched_pairs_per_s": candidates / times[batch],
+        "single_pairs_per_s": candidates / times[1],
+        "speedup": times[1] / times[batch],
+    }
 
 
 def _same_selection(a, b) -> bool:
@@ -155,11 +180,17 @@ def _same_selection(a, b) -> bool:
 
     if a.pair is None or b.pair is None:
         return a.pair is None and b.pair is None and a.rejected == b.rejected
-    same = (a.pair.seed, a.pair.p, a.pair.guidance, a.passed, a.rejected) == \
-        (b.pair.seed, b.pair.p, b.pair.guidance, b.passed, b.rejected)
+    same = (a.pair.seed, a.pair.p, a.pair.guidance, a.passed, a.rejected) == (
+        b.pair.seed,
+        b.pair.p,
+        b.pair.guidance,
+        b.passed,
+        b.rejected,
+    )
     return same and all(
         np.abs(np.asarray(x).astype(int) - np.asarray(y).astype(int)).max() <= 1
-        for x, y in ((a.pair.image_0, b.pair.image_0), (a.pair.image_1, b.pair.image_1)))
+        for x, y in ((a.pair.image_0, b.pair.image_0), (a.pair.image_1, b.pair.image_1))
+    )
 
 
 def _changed(selections, reference) -> float:
@@ -192,12 +223,20 @@ def bench_plans(profile, args) -> dict:
 
     pipe = load_sd(profile.sd)
     scorer = ClipScorer(*load_clip(profile.clip_filter))
-    pairs = (PLAN_PAIRS * math.ceil(args.plan_pairs / len(PLAN_PAIRS)))[:args.plan_pairs]
+    pairs = (PLAN_PAIRS * math.ceil(args.plan_pairs / len(PLAN_PAIRS)))[: args.plan_pairs]
     # Random tiny CLIP scores sit near 0: thresholds -1 let every candidate pass, so the
     # selection is the directional argmax over all candidates.
-    base = dict(candidate_plan="grouped", seeds=args.seeds, p_values=args.p_values,
-                candidate_batch=args.p_values, steps=args.plan_steps, image_size=64,
-                clip_threshold=-1.0, image_similarity_threshold=-1.0, directional_threshold=-1.0)
+    base = dict(
+        candidate_plan="grouped",
+        seeds=args.seeds,
+        p_values=args.p_values,
+        candidate_batch=args.p_values,
+        steps=args.plan_steps,
+        image_size=64,
+        clip_threshold=-1.0,
+        image_similarity_threshold=-1.0,
+        directional_threshold=-1.0,
+    )
 
     def run(**changes):
         stage = ImageStage(pipe, scorer, ImageStageConfig(**{**base, **changes}), seed=0)
@@ -215,63 +254,90 @@ def bench_plans(profile, args) -> dict:
         independent, seconds = run(share=False)
         t_independent = min(t_independent, seconds)
         assert all(_same_selection(a, b) for a, b in zip(exact, independent, strict=True)), "shared != independent"
-    rows = {name: sum(s.work.unet_rows for s in sel) / len(pairs)
-            for name, sel in (("independent", independent), ("shared", exact))}
+    rows = {
+        name: sum(s.work.unet_rows for s in sel) / len(pairs)
+        for name, sel in (("independent", independent), ("shared", exact))
+    }
     approximate = {}
     fewer = max(2, args.plan_steps // 4)
-    for name, changes in ((f"dpm_solver_pp, {fewer} steps", dict(scheduler="dpm_solver_pp", steps=fewer)),
-                          (f"early stop after {args.early_stop} passes", dict(early_stop=args.early_stop))):
+    for name, changes in (
+        (f"dpm_solver_pp, {fewer} steps", dict(scheduler="dpm_solver_pp", steps=fewer)),
+        (f"early stop after {args.early_stop} passes", dict(early_stop=args.early_stop)),
+    ):
         sel, seconds = run(**changes)
-        approximate[name] = {"rows": sum(s.work.unet_rows for s in sel) / len(pairs),
-                             "seconds": seconds, "changed": _changed(sel, exact)}
+        approximate[name] = {
+            "rows": sum(s.work.unet_rows for s in sel) / len(pairs),
+            "seconds": seconds,
+            "changed": _changed(sel, exact),
+        }
     # Early rejection only acts when candidates can fail: a directional threshold of 0 rejects
     # about half of the random tiny CLIP's candidates; the reference is the exact run with it.
     strict = dict(filters=("directional",), directional_threshold=0.0)
     reference, _ = run(**strict)
     name = f"early rejection at {args.early_reject_at}, margin {args.early_reject_margin}"
-    sel, seconds = run(**strict, early_reject_at=args.early_reject_at,
-                       early_reject_margin=args.early_reject_margin)
+    sel, seconds = run(**strict, early_reject_at=args.early_reject_at, early_reject_margin=args.early_reject_margin)
     approximate[name + " (directional >= 0)"] = {
-        "rows": sum(s.work.unet_rows for s in sel) / len(pairs), "seconds": seconds,
+        "rows": sum(s.work.unet_rows for s in sel) / len(pairs),
+        "seconds": seconds,
         "changed": _changed(sel, reference),
-        "reference_rows": sum(s.work.unet_rows for s in reference) / len(pairs)}
+        "reference_rows": sum(s.work.unet_rows for s in reference) / len(pairs),
+    }
     ids = [f"release-{k}" for k in range(args.release_sample)]
     release = {
         "independent (paper: 100 candidates)": production_rows(dict(candidates=100), ids),
-        f"grouped 10 x {args.p_values}": production_rows(dict(candidate_plan="grouped", seeds=10,
-                                                              p_values=args.p_values,
-                                                              candidate_batch=args.p_values), ids),
+        f"grouped 10 x {args.p_values}": production_rows(
+            dict(candidate_plan="grouped", seeds=10, p_values=args.p_values, candidate_batch=args.p_values), ids
+        ),
     }
-    return {"pairs": len(pairs), "candidates": args.seeds * args.p_values, "rows": rows,
-            "t_shared": t_shared, "t_independent": t_independent, "approximate": approximate,
-            "release": release}
+    return {
+        "pairs": len(pairs),
+        "candidates": args.seeds * args.p_values,
+        "rows": rows,
+        "t_shared": t_shared,
+        "t_independent": t_independent,
+        "approximate": approximate,
+        "release": release,
+    }
 
 
 def print_plans(res: dict, args) -> None:
     rows, t_ind, t_sh = res["rows"], res["t_independent"], res["t_shared"]
-    print(f"candidate plans: {res['pairs']} caption pairs, grouped {args.seeds} seeds x "
-          f"{args.p_values} p = {res['candidates']} candidates, {args.plan_steps} steps, 64x64, "
-          "tiny pipeline (same selections, images within 1 level)")
-    print(f"  batched independent {rows['independent']:8.0f} UNet rows/pair  {t_ind:6.1f} s "
-          f"(fastest of {args.repeats})")
+    print(
+        f"candidate plans: {res['pairs']} caption pairs, grouped {args.seeds} seeds x "
+        f"{args.p_values} p = {res['candidates']} candidates, {args.plan_steps} steps, 64x64, "
+        "tiny pipeline (same selections, images within 1 level)"
+    )
+    print(
+        f"  batched independent {rows['independent']:8.0f} UNet rows/pair  {t_ind:6.1f} s (fastest of {args.repeats})"
+    )
     print(f"  shared              {rows['shared']:8.0f} UNet rows/pair  {t_sh:6.1f} s")
     share, speedup = rows["shared"] / rows["independent"], t_ind / t_sh
     print(f"  shared / independent: {share:.1%} of the rows, wall-time speed-up {speedup:.2f}x")
-    print(f"  targets (M = 10): rows <= 40% {'met' if share <= 0.4 else 'MISSED'}, "
-          f"speed-up >= 2x {'met' if speedup >= 2 else 'MISSED'}")
-    print("  approximate options (selection-change rate vs the exact selection; random tiny CLIP, "
-          "so only a GPU run with the real models measures the real rate):")
+    print(
+        f"  targets (M = 10): rows <= 40% {'met' if share <= 0.4 else 'MISSED'}, "
+        f"speed-up >= 2x {'met' if speedup >= 2 else 'MISSED'}"
+    )
+    print(
+        "  approximate options (selection-change rate vs the exact selection; random tiny CLIP, "
+        "so only a GPU run with the real models measures the real rate):"
+    )
     for name, a in res["approximate"].items():
         against = f" (exact: {a['reference_rows']:.0f})" if "reference_rows" in a else ""
-        print(f"    {name:28s} {a['rows']:8.0f} UNet rows/pair{against}  {a['seconds']:6.1f} s  "
-              f"selection changed for {a['changed']:.0%} of the pairs")
-    print(f"full release estimate: {RELEASE_CAPTION_PAIRS} caption pairs, 100 steps, at "
-          f"{args.unet_rows_per_s:.1f} UNet rows/s on one GPU (default: A100, fal.ai's public "
-          "SD1.5 benchmark, batch 1; pass --unet-rows-per-s for yours):")
+        print(
+            f"    {name:28s} {a['rows']:8.0f} UNet rows/pair{against}  {a['seconds']:6.1f} s  "
+            f"selection changed for {a['changed']:.0%} of the pairs"
+        )
+    print(
+        f"full release estimate: {RELEASE_CAPTION_PAIRS} caption pairs, 100 steps, at "
+        f"{args.unet_rows_per_s:.1f} UNet rows/s on one GPU (default: A100, fal.ai's public "
+        "SD1.5 benchmark, batch 1; pass --unet-rows-per-s for yours):"
+    )
     for name, (plain, shared) in res["release"].items():
         days = lambda r: RELEASE_CAPTION_PAIRS * r / args.unet_rows_per_s / 86400  # noqa: E731
-        print(f"  {name:36s} {plain:8.0f} rows/pair unshared ({days(plain):6.1f} GPU-days), "
-              f"{shared:8.0f} shared ({shared / plain:.1%}, {days(shared):6.1f} GPU-days)")
+        print(
+            f"  {name:36s} {plain:8.0f} rows/pair unshared ({days(plain):6.1f} GPU-days), "
+            f"{shared:8.0f} shared ({shared / plain:.1%}, {days(shared):6.1f} GPU-days)"
+        )
 
 
 def main() -> None:
@@ -287,14 +353,23 @@ def main() -> None:
     parser.add_argument("--p-values", type=int, default=10, help="grouped plan: p values per seed")
     parser.add_argument("--plan-steps", type=int, default=20, help="denoising steps of the plan bench")
     parser.add_argument("--early-stop", type=int, default=5, help="early-stop option: K passes")
-    parser.add_argument("--early-reject-at", type=float, default=0.5,
-                        help="early-rejection option: fraction of the steps before the preview")
+    parser.add_argument(
+        "--early-reject-at",
+        type=float,
+        default=0.5,
+        help="early-rejection option: fraction of the steps before the preview",
+    )
     parser.add_argument("--early-reject-margin", type=float, default=0.05)
     parser.add_argument("--repeats", type=int, default=3, help="plan bench: timed repeats (fastest kept)")
-    parser.add_argument("--release-sample", type=int, default=20,
-                        help="row ids averaged for the production row counts")
-    parser.add_argument("--unet-rows-per-s", type=float, default=A100_UNET_ROWS_PER_S,
-                        help="production UNet rows/s at 512x512 on your GPU")
+    parser.add_argument(
+        "--release-sample", type=int, default=20, help="row ids averaged for the production row counts"
+    )
+    parser.add_argument(
+        "--unet-rows-per-s",
+        type=float,
+        default=A100_UNET_ROWS_PER_S,
+        help="production UNet rows/s at 512x512 on your GPU",
+    )
     args = parser.parse_args()
     os.environ.setdefault("NLTK_DATA", str(REPO / ".nltk_data"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -319,11 +394,12 @@ def main() -> None:
 def print_captions(cap: dict) -> None:
     print(f"caption stage: {cap['captions']} captions -> {cap['pairs']} pairs (same choices)")
     print(f"  batched  {cap['ours_per_s']:8.2f} captions/s ({cap['ours_s']:.1f} s, order {cap['order']})")
-    print(f"  batched  {cap['captions'] / cap['sim_first_s']:8.2f} captions/s "
-          f"({cap['sim_first_s']:.1f} s, order similarity_first)")
+    print(
+        f"  batched  {cap['captions'] / cap['sim_first_s']:8.2f} captions/s "
+        f"({cap['sim_first_s']:.1f} s, order similarity_first)"
+    )
     print(f"  baseline {cap['baseline_per_s']:8.2f} captions/s ({cap['baseline_s']:.1f} s)")
-    print(f"  speed-up {cap['speedup']:.1f}x "
-          f"({cap['baseline_s'] / cap['sim_first_s']:.1f}x similarity first)")
+    print(f"  speed-up {cap['speedup']:.1f}x ({cap['baseline_s'] / cap['sim_first_s']:.1f}x similarity first)")
 
 
 def print_images(img: dict) -> None:

@@ -53,15 +53,24 @@ def write_annotations(root: Path, n_images: int, seed: int = 0, size: tuple[int,
         for obj in scene.objects:
             x, y, bw, bh = obj.box
             box = [max(0.0, (x + dx) * w), max(0.0, (y + dy) * h), bw * w, bh * h]
-            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": CATEGORY_ID[obj.category],
-                         "bbox": box, "area": box[2] * box[3], "iscrowd": obj.iscrowd})
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": image_id,
+                    "category_id": CATEGORY_ID[obj.category],
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": obj.iscrowd,
+                }
+            )
         for text in scene.captions[:5]:
             caps.append({"id": len(caps) + 1, "image_id": image_id, "caption": text})
         karpathy.append({"cocoid": image_id, "filepath": "train2014", "filename": name, "split": "train"})
     (root / "annotations").mkdir(parents=True, exist_ok=True)
     cats = [{"id": cid, "name": name} for name, cid in CATEGORY_ID.items()]
     (root / "annotations/instances_train2014.json").write_text(
-        json.dumps({"images": images, "annotations": anns, "categories": cats}))
+        json.dumps({"images": images, "annotations": anns, "categories": cats})
+    )
     (root / "annotations/captions_train2014.json").write_text(json.dumps({"images": images, "annotations": caps}))
     (root / "dataset_coco.json").write_text(json.dumps({"images": karpathy}))
 
@@ -81,14 +90,20 @@ def text_stages(n_images: int, tmp: Path) -> dict[str, float]:
     rows = 0
     for rec, sel in zip(records, selections, strict=True):
         for k, removal in enumerate(sel.removals):
-            made, _ = synth.synthesize(rec.captions, removal.removed, removal.present, canvas,
-                                       random.Random(rec.image_id * 100 + k))
+            made, _ = synth.synthesize(
+                rec.captions, removal.removed, removal.present, canvas, random.Random(rec.image_id * 100 + k)
+            )
             rows += len(made)
     t3 = time.perf_counter()
     candidates = sum(len(s.removals) for s in selections)
-    return {"images": len(records), "candidates": candidates, "rows": rows,
-            "read_s": t1 - t0, "selection_images_per_s": len(records) / (t2 - t1),
-            "selection_plus_caption_rows_per_s": rows / (t3 - t1)}
+    return {
+        "images": len(records),
+        "candidates": candidates,
+        "rows": rows,
+        "read_s": t1 - t0,
+        "selection_images_per_s": len(records) / (t2 - t1),
+        "selection_plus_caption_rows_per_s": rows / (t3 - t1),
+    }
 
 
 def fill_rates(tiny_dir: Path | None, n: int = 20) -> dict[str, float]:
@@ -113,8 +128,10 @@ def fill_rates(tiny_dir: Path | None, n: int = 20) -> dict[str, float]:
     for _ in range(n):
         dilate(mask, 4)
     out["dilation_4px_masks_per_s"] = n / (time.perf_counter() - t)
-    verifier = RemovalVerifier(VerifyConfig(enabled=True, model=resolve_profile("tiny", tiny_dir).clip_filter),
-                               SourceConfig("coco", Path(".")).class_names)
+    verifier = RemovalVerifier(
+        VerifyConfig(enabled=True, model=resolve_profile("tiny", tiny_dir).clip_filter),
+        SourceConfig("coco", Path(".")).class_names,
+    )
     verifier.check(image, image, mask, ("dog",))  # warm-up (model load)
     t = time.perf_counter()
     for _ in range(n):
@@ -126,17 +143,42 @@ def fill_rates(tiny_dir: Path | None, n: int = 20) -> dict[str, float]:
 
 def builder_runs(n_images: int, tiny_dir: Path | None, tmp: Path, launch: bool) -> dict[str, float]:
     root = write_coco_fixture(tmp / "fixture", CocoFixtureConfig(n_images=n_images))
-    common = ["--coco-root", str(root), "--products", "train", "--models", "tiny", "--image-size", "64",
-              "--inpaint-steps", "2", "--part-size", "4"]
+    common = [
+        "--coco-root",
+        str(root),
+        "--products",
+        "train",
+        "--models",
+        "tiny",
+        "--image-size",
+        "64",
+        "--inpaint-steps",
+        "2",
+        "--part-size",
+        "4",
+    ]
     if tiny_dir:
         common += ["--tiny-models-dir", str(tiny_dir)]
     script = str(REPO / "builders/decorrelation/builder.py")
     runs = {"1 process": [sys.executable, script]}
     if launch:
         accelerate = str(Path(sys.executable).parent / "accelerate")
-        runs["2 processes"] = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-                               "1", "--mixed_precision", "no", "--dynamo_backend", "no", script,
-                               "--expect-processes", "2"]
+        runs["2 processes"] = [
+            accelerate,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            script,
+            "--expect-processes",
+            "2",
+        ]
     out = {}
     for name, cmd in runs.items():
         dest = tmp / name.replace(" ", "_")
@@ -158,10 +200,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        results = {"text stages": text_stages(args.images, Path(tmp)),
-                   "fill (640x480, in-process)": fill_rates(args.tiny_models_dir),
-                   "builder (tiny inpainting)": builder_runs(args.build_images, args.tiny_models_dir,
-                                                             Path(tmp), not args.skip_launch)}
+        results = {
+            "text stages": text_stages(args.images, Path(tmp)),
+            "fill (640x480, in-process)": fill_rates(args.tiny_models_dir),
+            "builder (tiny inpainting)": builder_runs(
+                args.build_images, args.tiny_models_dir, Path(tmp), not args.skip_launch
+            ),
+        }
     for section, values in results.items():
         print(f"== {section}")
         for key, value in values.items():

@@ -41,9 +41,11 @@ from builders.eccv_positives.mitl.image_gallery import Gallery  # noqa: E402
 K = 25
 
 
-def _cached(entry: Path, n_images: int, n_captions: int, dim: int,
-            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _cached(
+    entry: Path, n_images: int, n_captions: int, dim: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Unit vectors stored as an embedding-cache entry and read back as `candidates` reads them."""
+
     def unit(n: int) -> np.ndarray:
         x = rng.standard_normal((n, dim), dtype=np.float32)
         return x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -54,9 +56,14 @@ def _cached(entry: Path, n_images: int, n_captions: int, dim: int,
 
 def _gallery(n_images: int, n_captions: int) -> Gallery:
     # Distinct texts, as random embeddings are: no caption is a copy of another.
-    return Gallery(root=Path("."), image_ids=list(range(n_images)), image_files=[""] * n_images,
-                   caption_ids=list(range(n_captions)), caption_image_ids=[i % n_images for i in range(n_captions)],
-                   captions=[f"caption {i}" for i in range(n_captions)])
+    return Gallery(
+        root=Path("."),
+        image_ids=list(range(n_images)),
+        image_files=[""] * n_images,
+        caption_ids=list(range(n_captions)),
+        caption_image_ids=[i % n_images for i in range(n_captions)],
+        captions=[f"caption {i}" for i in range(n_captions)],
+    )
 
 
 def _baseline(images: np.ndarray, captions: np.ndarray, queries: dict[str, list[int]]) -> dict[str, np.ndarray]:
@@ -68,8 +75,13 @@ def _baseline(images: np.ndarray, captions: np.ndarray, queries: dict[str, list[
     return out
 
 
-def _agreement(images: np.ndarray, captions: np.ndarray, queries: dict[str, list[int]],
-               ours: dict[str, np.ndarray], base: dict[str, np.ndarray]) -> tuple[int, float]:
+def _agreement(
+    images: np.ndarray,
+    captions: np.ndarray,
+    queries: dict[str, list[int]],
+    ours: dict[str, np.ndarray],
+    base: dict[str, np.ndarray],
+) -> tuple[int, float]:
     """Rows whose top-k ids differ, and the largest float64 score gap between the two lists at
     the same rank (float32 products rounded in another order swap near-ties, nothing more)."""
     rows, gap = 0, 0.0
@@ -111,17 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         images, captions = _cached(Path(tmp) / "gallery", args.images, args.captions, args.dim, rng)
-        queries = {"i2t": sorted(rng.choice(args.images, args.image_queries, replace=False).tolist()),
-                   "t2i": sorted(rng.choice(args.captions, args.caption_queries, replace=False).tolist())}
-        print(f"{len(queries['i2t']) + len(queries['t2i'])} queries over {args.images} images / "
-              f"{args.captions} captions, d={args.dim}, top-{K}, torch threads {torch.get_num_threads()}")
+        queries = {
+            "i2t": sorted(rng.choice(args.images, args.image_queries, replace=False).tolist()),
+            "t2i": sorted(rng.choice(args.captions, args.caption_queries, replace=False).tolist()),
+        }
+        print(
+            f"{len(queries['i2t']) + len(queries['t2i'])} queries over {args.images} images / "
+            f"{args.captions} captions, d={args.dim}, top-{K}, torch threads {torch.get_num_threads()}"
+        )
         gallery = _gallery(args.images, args.captions)
         t_ours, ours, _ = _measure("ours (streaming top-k)", lambda: model_topk(images, captions, gallery, queries, K))
         t_base, base, _ = _measure("baseline (full matrix + topk)", lambda: _baseline(images, captions, queries))
         differing, gap = _agreement(images, captions, queries, ours, base)
         same = gap < 1e-6
-        print(f"  top-{K} ids differ in {differing} of {len(queries['i2t']) + len(queries['t2i'])} "
-              f"rows, largest score gap at a rank {gap:.1e} (near-ties only: {same})")
+        print(
+            f"  top-{K} ids differ in {differing} of {len(queries['i2t']) + len(queries['t2i'])} "
+            f"rows, largest score gap at a rank {gap:.1e} (near-ties only: {same})"
+        )
         if args.scale_captions:
             _, big = _cached(Path(tmp) / "gallery_big", 1, args.scale_captions, args.dim, rng)
             scale_q = {"i2t": queries["i2t"], "t2i": []}
@@ -130,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             _measure("ours (streaming top-k)", lambda: model_topk(images, big, big_gallery, scale_q, K))
             if args.baseline_at_scale:
                 _measure("baseline (full matrix + topk)", lambda: _baseline(images, big, scale_q))
-    print(f"speed ratio baseline/ours at {args.captions} captions: {t_base / t_ours:.2f}x "
-          f"(same rankings up to near-ties: {same})")
+    print(
+        f"speed ratio baseline/ours at {args.captions} captions: {t_base / t_ours:.2f}x "
+        f"(same rankings up to near-ties: {same})"
+    )
     return 0 if same else 1
 
 

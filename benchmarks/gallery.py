@@ -27,8 +27,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WORDS = ["dog", "cat", "horse", "pizza", "frisbee", "car", "bus", "train", "man", "woman", "kite",
-         "surfboard", "table", "bench", "umbrella", "giraffe", "zebra", "clock", "boat", "bird"]
+WORDS = [
+    "dog",
+    "cat",
+    "horse",
+    "pizza",
+    "frisbee",
+    "car",
+    "bus",
+    "train",
+    "man",
+    "woman",
+    "kite",
+    "surfboard",
+    "table",
+    "bench",
+    "umbrella",
+    "giraffe",
+    "zebra",
+    "clock",
+    "boat",
+    "bird",
+]
 README = """---
 configs:
 - config_name: default
@@ -67,22 +87,46 @@ def synthetic_build(root: Path, rows: int, seed: int = 0) -> Path:
     def row(i: int) -> dict:
         old, new = rng.sample(WORDS, 2)
         prefix = f"A photo number {i} of a "
-        return {"id": f"{i}_0", "image_0": {"bytes": images[(2 * i) % 64], "path": None},
-                "image_1": {"bytes": images[(2 * i + 1) % 64], "path": None},
-                "caption_0": f"{prefix}{old} on the grass.", "caption_1": f"{prefix}{new} on the grass.",
-                "replaced_word": old, "replacement_word": new, "replaced_position": len(prefix),
-                "similarity": rng.uniform(0.8, 0.91), "perplexity": rng.uniform(20, 200),
-                "p": 0.5, "guidance_scale": 7.5, "clip_score_0": rng.uniform(0.2, 0.35),
-                "clip_score_1": rng.uniform(0.2, 0.35), "image_candidates_tried": 4,
-                "image_candidates_passed": rng.randint(1, 4)}
+        return {
+            "id": f"{i}_0",
+            "image_0": {"bytes": images[(2 * i) % 64], "path": None},
+            "image_1": {"bytes": images[(2 * i + 1) % 64], "path": None},
+            "caption_0": f"{prefix}{old} on the grass.",
+            "caption_1": f"{prefix}{new} on the grass.",
+            "replaced_word": old,
+            "replacement_word": new,
+            "replaced_position": len(prefix),
+            "similarity": rng.uniform(0.8, 0.91),
+            "perplexity": rng.uniform(20, 200),
+            "p": 0.5,
+            "guidance_scale": 7.5,
+            "clip_score_0": rng.uniform(0.2, 0.35),
+            "clip_score_1": rng.uniform(0.2, 0.35),
+            "image_candidates_tried": 4,
+            "image_candidates_passed": rng.randint(1, 4),
+        }
 
     s, f = datasets.Value("string"), datasets.Value("float64")
-    features = datasets.Features({
-        "id": s, "image_0": datasets.Image(), "image_1": datasets.Image(), "caption_0": s,
-        "caption_1": s, "replaced_word": s, "replacement_word": s,
-        "replaced_position": datasets.Value("int32"), "similarity": f, "perplexity": f, "p": f,
-        "guidance_scale": f, "clip_score_0": f, "clip_score_1": f,
-        "image_candidates_tried": datasets.Value("int32"), "image_candidates_passed": datasets.Value("int32")})
+    features = datasets.Features(
+        {
+            "id": s,
+            "image_0": datasets.Image(),
+            "image_1": datasets.Image(),
+            "caption_0": s,
+            "caption_1": s,
+            "replaced_word": s,
+            "replacement_word": s,
+            "replaced_position": datasets.Value("int32"),
+            "similarity": f,
+            "perplexity": f,
+            "p": f,
+            "guidance_scale": f,
+            "clip_score_0": f,
+            "clip_score_1": f,
+            "image_candidates_tried": datasets.Value("int32"),
+            "image_candidates_passed": datasets.Value("int32"),
+        }
+    )
     (root / "data").mkdir(parents=True, exist_ok=True)
     path = root / "data" / "test-00000-of-00001.parquet"
     with pq.ParquetWriter(path, features.arrow_schema) as writer:
@@ -111,19 +155,35 @@ def show_once(build: Path, output: Path, page_size: int) -> dict:
     cpu1 = cpu()
     result = write_gallery(source, GalleryConfig(output=output, page_size=page_size))
     cpu2, wall2 = cpu(), time.perf_counter()
-    return {"rows": result.rows, "pages": result.pages, "open_cpu_s": cpu1 - cpu0,
-            "gallery_cpu_s": cpu2 - cpu1, "wall_s": wall2 - wall0,
-            "first_page_bytes": result.first_page_bytes,
-            # Linux reports KiB, macOS bytes.
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            / (1e6 if sys.platform == "darwin" else 1024)}
+    return {
+        "rows": result.rows,
+        "pages": result.pages,
+        "open_cpu_s": cpu1 - cpu0,
+        "gallery_cpu_s": cpu2 - cpu1,
+        "wall_s": wall2 - wall0,
+        "first_page_bytes": result.first_page_bytes,
+        # Linux reports KiB, macOS bytes.
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        / (1e6 if sys.platform == "darwin" else 1024),
+    }
 
 
 def measure(work: Path, rows: int, page_size: int) -> dict:
     build = synthetic_build(work / f"build-{rows}", rows)
     child = subprocess.run(
-        [sys.executable, __file__, "--show-once", str(build), str(work / f"gallery-{rows}"),
-         "--page-size", str(page_size)], check=True, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            __file__,
+            "--show-once",
+            str(build),
+            str(work / f"gallery-{rows}"),
+            "--page-size",
+            str(page_size),
+        ],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
@@ -132,8 +192,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs=2, default=[2000, 20000], metavar=("SMALL", "LARGE"))
     parser.add_argument("--page-size", type=int, default=24)
     parser.add_argument("--keep", type=Path, default=None, help="write the builds + galleries here")
-    parser.add_argument("--show-once", nargs=2, type=Path, metavar=("BUILD", "OUTPUT"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--show-once", nargs=2, type=Path, metavar=("BUILD", "OUTPUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.show_once:
         print(json.dumps(show_once(*args.show_once, args.page_size)))
@@ -147,14 +206,18 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     for r in results:
         per100 = (r["open_cpu_s"] + r["gallery_cpu_s"]) / r["rows"] * 100
-        print(f"rows: {r['rows']} ({2 * r['rows']} images of 256x256), pages: {r['pages']} of "
-              f"{args.page_size}; open {r['open_cpu_s']:.2f} CPU s, gallery {r['gallery_cpu_s']:.2f} "
-              f"CPU s, wall {r['wall_s']:.1f} s; {per100:.3f} CPU s per 100 rows (target < 1); first "
-              f"page {r['first_page_bytes'] / 1e6:.3f} MB (target < 1 MB); peak RSS "
-              f"{r['peak_rss_mb']:.0f} MB")
+        print(
+            f"rows: {r['rows']} ({2 * r['rows']} images of 256x256), pages: {r['pages']} of "
+            f"{args.page_size}; open {r['open_cpu_s']:.2f} CPU s, gallery {r['gallery_cpu_s']:.2f} "
+            f"CPU s, wall {r['wall_s']:.1f} s; {per100:.3f} CPU s per 100 rows (target < 1); first "
+            f"page {r['first_page_bytes'] / 1e6:.3f} MB (target < 1 MB); peak RSS "
+            f"{r['peak_rss_mb']:.0f} MB"
+        )
     small, large = results
-    print(f"ratio: peak RSS {large['peak_rss_mb'] / small['peak_rss_mb']:.2f}x from {small['rows']} to "
-          f"{large['rows']} rows (target <= 1.3)")
+    print(
+        f"ratio: peak RSS {large['peak_rss_mb'] / small['peak_rss_mb']:.2f}x from {small['rows']} to "
+        f"{large['rows']} rows (target <= 1.3)"
+    )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,10 @@ PIXEL_MEAN_TOL = 1.0
 METRIC_TOL = 0.02
 RELEASE_CAPTION_PAIRS = 24_508
 RELEASE_PAIRS = 17_410
-ROWS_PER_CAPTION_PAIR = {"paper plan (100 candidates x 100 steps)": 40_000,
-                         "grouped 10 x 10, shared computation": 13_708}
+ROWS_PER_CAPTION_PAIR = {
+    "paper plan (100 candidates x 100 steps)": 40_000,
+    "grouped 10 x 10, shared computation": 13_708,
+}
 PRODUCTION_STEPS = 100
 #: The caption window with the random MiniLM stand-in (its one-word edits sit near 0.98).
 SIM_WINDOW = (0.5, 1.0)
@@ -82,8 +84,10 @@ def run(cmd: list[str], gpu: bool, log: Path) -> float:
     with log.open("w") as out:
         proc = subprocess.run(cmd, cwd=REPO, env=_env(gpu), stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        raise SystemExit(f"gpu_check: {' '.join(cmd[:4])} ... failed on the {'GPU' if gpu else 'CPU'} "
-                         f"(exit {proc.returncode}); see {log}")
+        raise SystemExit(
+            f"gpu_check: {' '.join(cmd[:4])} ... failed on the {'GPU' if gpu else 'CPU'} "
+            f"(exit {proc.returncode}); see {log}"
+        )
     return time.perf_counter() - start
 
 
@@ -91,8 +95,7 @@ def _image_diff(a: dict, b: dict) -> float:
     import numpy as np
     from PIL import Image
 
-    pa, pb = (np.asarray(Image.open(io.BytesIO(x["bytes"])).convert("RGB"), dtype=np.int16)
-              for x in (a, b))
+    pa, pb = (np.asarray(Image.open(io.BytesIO(x["bytes"])).convert("RGB"), dtype=np.int16) for x in (a, b))
     return float(np.abs(pa - pb).mean()) if pa.shape == pb.shape else float("inf")
 
 
@@ -154,13 +157,24 @@ def check_demo(workdir: Path) -> list[str]:
     seconds = {}
     for device, gpu in (("cpu", False), ("gpu", True)):
         out = workdir / f"demo_{device}"
-        seconds[device] = run([sys.executable, "-m", "builders.app.demo", "--workdir", str(out),
-                               *(["--sim-window", *map(str, SIM_WINDOW)] if standin_minilm() else [])],
-                              gpu, workdir / f"demo_{device}.log")
+        seconds[device] = run(
+            [
+                sys.executable,
+                "-m",
+                "builders.app.demo",
+                "--workdir",
+                str(out),
+                *(["--sim-window", *map(str, SIM_WINDOW)] if standin_minilm() else []),
+            ],
+            gpu,
+            workdir / f"demo_{device}.log",
+        )
     rows, problems = compare_builds(workdir / "demo_cpu", workdir / "demo_gpu")
-    print(f"demo: CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; {rows} build rows compared, "
-          f"{len(problems)} differences (floats within {FLOAT_TOL}, images within "
-          f"{PIXEL_MEAN_TOL} level on average, everything else equal)")
+    print(
+        f"demo: CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; {rows} build rows compared, "
+        f"{len(problems)} differences (floats within {FLOAT_TOL}, images within "
+        f"{PIXEL_MEAN_TOL} level on average, everything else equal)"
+    )
     return _printed(problems)
 
 
@@ -169,25 +183,82 @@ def check_training(workdir: Path, steps: int) -> list[str]:
     cli = [sys.executable, "-m", "builders.app.cli"]
     # The training inputs of tests/training/test_training.py: every Karpathy split, and a decorrelation
     # build that needs no model (zero fill), built once on the CPU.
-    run([*cli, "build", "coco-captions", "--coco-root", str(demo / "coco"), "--splits", "train",
-         "restval", "val", "test", "--output", str(data / "cc")], False, workdir / "train_data.log")
-    run([*cli, "build", "decorrelation", "--coco-root", str(demo / "coco"), "--fill", "zero",
-         "--output", str(data / "dec")], False, workdir / "train_data_dec.log")
+    run(
+        [
+            *cli,
+            "build",
+            "coco-captions",
+            "--coco-root",
+            str(demo / "coco"),
+            "--splits",
+            "train",
+            "restval",
+            "val",
+            "test",
+            "--output",
+            str(data / "cc"),
+        ],
+        False,
+        workdir / "train_data.log",
+    )
+    run(
+        [
+            *cli,
+            "build",
+            "decorrelation",
+            "--coco-root",
+            str(demo / "coco"),
+            "--fill",
+            "zero",
+            "--output",
+            str(data / "dec"),
+        ],
+        False,
+        workdir / "train_data_dec.log",
+    )
     metrics, seconds = {}, {}
     for device, gpu in (("cpu", False), ("gpu", True)):
         out = workdir / f"train_{device}"
-        seconds[device] = run([*cli, "train", "--real", str(data / "cc"), "--decorrelation",
-                               str(data / "dec"), "--mix", "decorrelation", "--ratio", "0.3",
-                               "--models", "tiny", "--tiny-models-dir", str(demo / "tiny_models"),
-                               "--batch-size", "8", "--lr", "1e-3", "--max-steps", str(steps),
-                               "--num-workers", "1", "--output", str(out)],
-                              gpu, workdir / f"train_{device}.log")
+        seconds[device] = run(
+            [
+                *cli,
+                "train",
+                "--real",
+                str(data / "cc"),
+                "--decorrelation",
+                str(data / "dec"),
+                "--mix",
+                "decorrelation",
+                "--ratio",
+                "0.3",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(demo / "tiny_models"),
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--max-steps",
+                str(steps),
+                "--num-workers",
+                "1",
+                "--output",
+                str(out),
+            ],
+            gpu,
+            workdir / f"train_{device}.log",
+        )
         metrics[device] = json.loads((out / "run.json").read_text())["final_metrics"]
-    problems = [f"training metric {k}: {metrics['cpu'][k]} (CPU) vs {metrics['gpu'].get(k)} (GPU)"
-                for k in metrics["cpu"]
-                if not abs(metrics["cpu"][k] - metrics["gpu"].get(k, float("nan"))) <= METRIC_TOL]
-    print(f"training ({steps} steps + evaluation): CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; "
-          f"{len(metrics['cpu'])} metrics compared, {len(problems)} beyond {METRIC_TOL}")
+    problems = [
+        f"training metric {k}: {metrics['cpu'][k]} (CPU) vs {metrics['gpu'].get(k)} (GPU)"
+        for k in metrics["cpu"]
+        if not abs(metrics["cpu"][k] - metrics["gpu"].get(k, float("nan"))) <= METRIC_TOL
+    ]
+    print(
+        f"training ({steps} steps + evaluation): CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; "
+        f"{len(metrics['cpu'])} metrics compared, {len(problems)} beyond {METRIC_TOL}"
+    )
     return _printed(problems)
 
 
@@ -260,14 +331,25 @@ def p2p_rates(src, steps: int, pairs: int = 4) -> dict[str, float]:
     work = UNetWork()
 
     def once() -> None:
-        generate_pairs(src.get("sd"), "A man riding a brown horse.", "A man riding a brown elephant.",
-                       specs, steps=steps, size=512, inject="self", share=False, work=work)
+        generate_pairs(
+            src.get("sd"),
+            "A man riding a brown horse.",
+            "A man riding a brown elephant.",
+            specs,
+            steps=steps,
+            size=512,
+            inject="self",
+            share=False,
+            work=work,
+        )
 
     seconds = _timed(once)
     rows = work.unet_rows // 4  # one warm-up and three timed calls did the same work
-    return {"UNet rows/s (512 px)": rows / seconds,
-            f"P2P pairs/s (512 px, {steps} steps)": pairs / seconds,
-            f"P2P pairs/s (512 px, {PRODUCTION_STEPS} steps, extrapolated)": pairs / seconds * steps / PRODUCTION_STEPS}
+    return {
+        "UNet rows/s (512 px)": rows / seconds,
+        f"P2P pairs/s (512 px, {steps} steps)": pairs / seconds,
+        f"P2P pairs/s (512 px, {PRODUCTION_STEPS} steps, extrapolated)": pairs / seconds * steps / PRODUCTION_STEPS,
+    }
 
 
 def trainer_rate(src, batch: int) -> float:
@@ -280,8 +362,10 @@ def trainer_rate(src, batch: int) -> float:
     module = HFClip(scorer.model).train()
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-6)
     pixels = torch.randn(batch, 3, 224, 224, device="cuda:0")
-    text = {k: v.to("cuda:0") for k, v in
-            HFTokenize(scorer.processor.tokenizer)([f"a photo number {k}" for k in range(batch)]).items()}
+    text = {
+        k: v.to("cuda:0")
+        for k, v in HFTokenize(scorer.processor.tokenizer)([f"a photo number {k}" for k in range(batch)]).items()
+    }
 
     def step() -> None:
         image, txt, _, scale = module(pixel_values=pixels, text=text)
@@ -310,14 +394,14 @@ def _generators(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in GENERATORS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown generator(s) {', '.join(unknown)}; choose from "
-                                         f"{', '.join(GENERATORS)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown generator(s) {', '.join(unknown)}; choose from {', '.join(GENERATORS)}"
+        )
     return names
 
 
 def gpu_days(rows_per_s: float) -> dict[str, float]:
-    return {plan: RELEASE_CAPTION_PAIRS * rows / rows_per_s / 86_400
-            for plan, rows in ROWS_PER_CAPTION_PAIR.items()}
+    return {plan: RELEASE_CAPTION_PAIRS * rows / rows_per_s / 86_400 for plan, rows in ROWS_PER_CAPTION_PAIR.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,12 +412,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--captions", type=int, default=256, help="captions of the caption throughput")
     parser.add_argument("--train-batch", type=int, default=128, help="batch of the trainer throughput")
     parser.add_argument("--skip-demo", action="store_true", help="throughput only")
-    parser.add_argument("--generators", type=_generators, default=GENERATORS, metavar="A,B",
-                        help="image-stage generators of the per-generator denoiser throughput "
-                             f"(default all: {','.join(GENERATORS)})")
-    parser.add_argument("--cpu-tiny", action="store_true",
-                        help="without CUDA: run the per-generator throughput on the CPU at tiny "
-                             "shapes (a check that the code runs; the numbers mean nothing)")
+    parser.add_argument(
+        "--generators",
+        type=_generators,
+        default=GENERATORS,
+        metavar="A,B",
+        help=f"image-stage generators of the per-generator denoiser throughput (default all: {','.join(GENERATORS)})",
+    )
+    parser.add_argument(
+        "--cpu-tiny",
+        action="store_true",
+        help="without CUDA: run the per-generator throughput on the CPU at tiny "
+        "shapes (a check that the code runs; the numbers mean nothing)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -356,15 +447,26 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in rates.items():
         print(f"{name:<48}{value:>10.2f}")
     rows_per_s = rates["UNet rows/s (512 px)"]
-    print(f"release: {RELEASE_CAPTION_PAIRS:,} caption pairs -> {RELEASE_PAIRS:,} pairs with images "
-          f"(builders/counterfactuals/METHOD.md §2); at {rows_per_s:.1f} UNet rows/s (fp32, this GPU):")
+    print(
+        f"release: {RELEASE_CAPTION_PAIRS:,} caption pairs -> {RELEASE_PAIRS:,} pairs with images "
+        f"(builders/counterfactuals/METHOD.md §2); at {rows_per_s:.1f} UNet rows/s (fp32, this GPU):"
+    )
     for plan, days in gpu_days(rows_per_s).items():
         print(f"  {plan}: {days:.1f} GPU-days")
     print("per-generator denoiser throughput at production shapes (random weights):")
     generators = generator_throughput("cuda:0", args.generators)
-    (workdir / "gpu_check.json").write_text(json.dumps(
-        {"gpu": torch.cuda.get_device_name(0), "rates": rates, "gpu_days": gpu_days(rows_per_s),
-         "generator_rates": generators, "problems": problems}, indent=1))
+    (workdir / "gpu_check.json").write_text(
+        json.dumps(
+            {
+                "gpu": torch.cuda.get_device_name(0),
+                "rates": rates,
+                "gpu_days": gpu_days(rows_per_s),
+                "generator_rates": generators,
+                "problems": problems,
+            },
+            indent=1,
+        )
+    )
     if problems:
         print(f"{len(problems)} mismatches (the first printed above, all in {workdir / 'gpu_check.json'})")
     return 1 if problems else 0

@@ -37,8 +37,28 @@ sys.path.insert(0, str(REPO))
 
 #: The release: 17,410 image pairs (Le et al. 2023 §3.3), an images.zip of 6.36 GB.
 RELEASE_PAIRS = 17_410
-WORDS = ["dog", "cat", "horse", "pizza", "frisbee", "car", "bus", "train", "man", "woman", "kite",
-         "surfboard", "table", "bench", "umbrella", "giraffe", "zebra", "clock", "boat", "bird"]
+WORDS = [
+    "dog",
+    "cat",
+    "horse",
+    "pizza",
+    "frisbee",
+    "car",
+    "bus",
+    "train",
+    "man",
+    "woman",
+    "kite",
+    "surfboard",
+    "table",
+    "bench",
+    "umbrella",
+    "giraffe",
+    "zebra",
+    "clock",
+    "boat",
+    "bird",
+]
 #: Distinct JPEGs in the pool the zip's members are drawn from (decoding and CLIP cost the same
 #: whatever the content; distinct bytes keep the zip from being trivially small).
 POOL = 48
@@ -50,8 +70,9 @@ def _jpeg(seed: int, size: int = 512) -> bytes:
 
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:size, 0:size] / size
-    base = np.stack([(np.sin(6 * x * rng.random() + 3 * y * rng.random() + c) + 1) * 110
-                     for c in rng.random(3) * 6], -1)
+    base = np.stack(
+        [(np.sin(6 * x * rng.random() + 3 * y * rng.random() + c) + 1) * 110 for c in rng.random(3) * 6], -1
+    )
     pixels = base + rng.normal(0, 20, (size, size, 3))
     buf = io.BytesIO()
     Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=95)
@@ -68,9 +89,16 @@ def synthetic_release(root: Path, pairs: int) -> tuple[Path, Path, float]:
             old, new = WORDS[i % len(WORDS)], WORDS[(i * 7 + 3) % len(WORDS)]
             new = new if new != old else WORDS[(i + 1) % len(WORDS)]
             row_id = f"{100000 + i}_{i % 5}"
-            f.write(json.dumps({"coco-counterfactual-index": row_id,
-                                "original_caption": f"A photo of a {old} on the grass.",
-                                "counterfactual_caption": f"A photo of a {new} on the grass."}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "coco-counterfactual-index": row_id,
+                        "original_caption": f"A photo of a {old} on the grass.",
+                        "counterfactual_caption": f"A photo of a {new} on the grass.",
+                    }
+                )
+                + "\n"
+            )
             for n in (0, 1):
                 zf.writestr(f"images/{row_id}_img_{n}.jpg", pool[(2 * i + n) % POOL])
     return jsonl, zpath, sum(map(len, pool)) / POOL
@@ -99,8 +127,11 @@ def build_once(argv: list[str]) -> dict:
     t0 = time.perf_counter()
     assert cli_main(argv) == 0
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            / (1e6 if sys.platform == "darwin" else 1024)}
+    return {
+        "wall_s": wall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        / (1e6 if sys.platform == "darwin" else 1024),
+    }
 
 
 def measure(work: Path, pairs: int, clip: Path | None, device: str) -> dict:
@@ -108,19 +139,35 @@ def measure(work: Path, pairs: int, clip: Path | None, device: str) -> dict:
     jsonl, zpath, image_bytes = synthetic_release(work / f"release-{pairs}", pairs)
     out = work / f"out-{pairs}-{'vitl14' if clip else 'unscored'}"
     shutil.rmtree(out, ignore_errors=True)
-    argv = ["build", "coco-counterfactuals", "--captions-from", str(jsonl), "--images-from",
-            str(zpath), "--output", str(out), "--models", "tiny", "--device", device,
-            *(["--clip-filter-model", str(clip)] if clip else ["--no-clip-scores"])]
+    argv = [
+        "build",
+        "coco-counterfactuals",
+        "--captions-from",
+        str(jsonl),
+        "--images-from",
+        str(zpath),
+        "--output",
+        str(out),
+        "--models",
+        "tiny",
+        "--device",
+        device,
+        *(["--clip-filter-model", str(clip)] if clip else ["--no-clip-scores"]),
+    ]
     env = dict(os.environ)
     if (REPO / ".nltk_data").is_dir():  # the captions' word comparison tokenizes with NLTK
         env.setdefault("NLTK_DATA", str(REPO / ".nltk_data"))
-    child = subprocess.run([sys.executable, __file__, "--build-once", json.dumps(argv)], env=env,
-                           check=True, stdout=subprocess.PIPE, text=True)
+    child = subprocess.run(
+        [sys.executable, __file__, "--build-once", json.dumps(argv)],
+        env=env,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     result = json.loads(child.stdout.strip().splitlines()[-1])
     rows = json.loads((out / "build_manifest.json").read_text())["outputs"]["default/test"]["rows"]
     assert rows == pairs, (rows, pairs)
-    return {**result, "pairs": pairs, "zip_mb": zpath.stat().st_size / 1e6,
-            "image_kb": image_bytes / 1e3}
+    return {**result, "pairs": pairs, "zip_mb": zpath.stat().st_size / 1e6, "image_kb": image_bytes / 1e3}
 
 
 def fit(small: dict, large: dict) -> tuple[float, float]:
@@ -131,22 +178,38 @@ def fit(small: dict, large: dict) -> tuple[float, float]:
 
 def report(name: str, small: dict, large: dict) -> None:
     for r in (small, large):
-        print(f"{name}: {r['pairs']} pairs ({2 * r['pairs']} 512x512 JPEGs of {r['image_kb']:.0f} kB, "
-              f"zip {r['zip_mb']:.0f} MB): {r['wall_s']:.1f} s wall, peak RSS {r['peak_rss_mb']:.0f} MB")
+        print(
+            f"{name}: {r['pairs']} pairs ({2 * r['pairs']} 512x512 JPEGs of {r['image_kb']:.0f} kB, "
+            f"zip {r['zip_mb']:.0f} MB): {r['wall_s']:.1f} s wall, peak RSS {r['peak_rss_mb']:.0f} MB"
+        )
     fixed, per_pair = fit(small, large)
     release = fixed + per_pair * RELEASE_PAIRS
-    print(f"{name}: {1 / per_pair:.1f} pairs/s past a fixed {fixed:.0f} s; peak RSS ratio "
-          f"{large['peak_rss_mb'] / small['peak_rss_mb']:.2f}x from {small['pairs']} to {large['pairs']} "
-          f"pairs (target <= 1.3); extrapolated: the release's {RELEASE_PAIRS:,} pairs in "
-          f"{release / 60:.1f} min")
+    print(
+        f"{name}: {1 / per_pair:.1f} pairs/s past a fixed {fixed:.0f} s; peak RSS ratio "
+        f"{large['peak_rss_mb'] / small['peak_rss_mb']:.2f}x from {small['pairs']} to {large['pairs']} "
+        f"pairs (target <= 1.3); extrapolated: the release's {RELEASE_PAIRS:,} pairs in "
+        f"{release / 60:.1f} min"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, nargs=2, default=[256, 2048], metavar=("SMALL", "LARGE"),
-                        help="pairs of the two unscored imports")
-    parser.add_argument("--scored-pairs", type=int, nargs=2, default=[16, 48], metavar=("SMALL", "LARGE"),
-                        help="pairs of the two imports scored with CLIP ViT-L/14 (0 0: skip)")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        nargs=2,
+        default=[256, 2048],
+        metavar=("SMALL", "LARGE"),
+        help="pairs of the two unscored imports",
+    )
+    parser.add_argument(
+        "--scored-pairs",
+        type=int,
+        nargs=2,
+        default=[16, 48],
+        metavar=("SMALL", "LARGE"),
+        help="pairs of the two imports scored with CLIP ViT-L/14 (0 0: skip)",
+    )
     parser.add_argument("--device", default="cpu", help="where CLIP runs (cpu, cuda)")
     parser.add_argument("--keep", type=Path, default=None, help="write the releases and builds here")
     parser.add_argument("--build-once", default=None, help=argparse.SUPPRESS)
@@ -165,8 +228,10 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     import torch
 
-    print(f"CPU: {os.cpu_count()} cores visible, torch {torch.get_num_threads()} threads; CLIP on "
-          f"{args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""))
+    print(
+        f"CPU: {os.cpu_count()} cores visible, torch {torch.get_num_threads()} threads; CLIP on "
+        f"{args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else "")
+    )
     report("unscored (--no-clip-scores)", *unscored)
     if scored:
         report("scored (CLIP ViT-L/14, real size)", *scored)

@@ -58,8 +58,9 @@ def _scores(ann: EccvAnnotations, seed: int, dtype: str) -> tuple[np.ndarray, np
     return sim, images, captions
 
 
-def _reference(sim: np.ndarray, images: np.ndarray, captions: np.ndarray, targets: tuple[str, ...],
-               depth: int | None) -> tuple[dict, float, float]:
+def _reference(
+    sim: np.ndarray, images: np.ndarray, captions: np.ndarray, targets: tuple[str, ...], depth: int | None
+) -> tuple[dict, float, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "failed to import ujson"
         from eccv_caption import Metrics
@@ -109,8 +110,7 @@ def _compare(ours: dict, ref: dict) -> tuple[int, float]:
     return len(diffs), max(diffs)
 
 
-def run_retrieval_benchmark(seed: int = 0, dtype: str = "float64",
-                            full_rankings: bool = False) -> list[str]:
+def run_retrieval_benchmark(seed: int = 0, dtype: str = "float64", full_rankings: bool = False) -> list[str]:
     """Run the benchmark and return the lines to print (sizes, times, agreement, ratio)."""
     ann = EccvAnnotations.load()
     sim, images, captions = _scores(ann, seed, dtype)
@@ -120,18 +120,22 @@ def run_retrieval_benchmark(seed: int = 0, dtype: str = "float64",
         f"{sim.nbytes / 2**20:.0f} MB; torch threads {torch.get_num_threads()}",
         f"  suite: {', '.join(SUITE)} (Ks 1, 5, 10), both directions",
     ]
-    ours, ours_s = _best_of(2, lambda: eccv_suite_from_similarity(
-        sim, images, captions, EccvSuiteConfig(SUITE), ann))
-    ours_1k, ours_1k_s = _best_of(2, lambda: eccv_suite_from_similarity(
-        sim, images, captions, EccvSuiteConfig(COCO_1K), ann))
-    lines.append(f"  ours from the matrix: {ours_s:.2f} s (COCO 1K R@1/5/10 on top: "
-                 f"{ours_1k_s:.2f} s more); best of 2 runs")
+    ours, ours_s = _best_of(2, lambda: eccv_suite_from_similarity(sim, images, captions, EccvSuiteConfig(SUITE), ann))
+    ours_1k, ours_1k_s = _best_of(
+        2, lambda: eccv_suite_from_similarity(sim, images, captions, EccvSuiteConfig(COCO_1K), ann)
+    )
+    lines.append(
+        f"  ours from the matrix: {ours_s:.2f} s (COCO 1K R@1/5/10 on top: {ours_1k_s:.2f} s more); best of 2 runs"
+    )
     # The metric Space in an environment without torch selects top-k with numpy instead.
     with _without_torch():
-        no_torch, no_torch_s = _best_of(1, lambda: eccv_suite_from_similarity(
-            sim, images, captions, EccvSuiteConfig(SUITE), ann))
-    lines.append(f"  ours without torch (numpy top-k, as the Space in a torch-free env): "
-                 f"{no_torch_s:.2f} s, {'same numbers' if no_torch == ours else 'MISMATCH'}")
+        no_torch, no_torch_s = _best_of(
+            1, lambda: eccv_suite_from_similarity(sim, images, captions, EccvSuiteConfig(SUITE), ann)
+        )
+    lines.append(
+        f"  ours without torch (numpy top-k, as the Space in a torch-free env): "
+        f"{no_torch_s:.2f} s, {'same numbers' if no_torch == ours else 'MISMATCH'}"
+    )
 
     if full_rankings:  # R@1 only: each K is another pass of Python filtering over full lists
         ref, convert_s, metric_s = _reference(sim, images, captions, SUITE + ("coco_1k_r1",), None)
@@ -139,20 +143,27 @@ def run_retrieval_benchmark(seed: int = 0, dtype: str = "float64",
         runs = [_reference(sim, images, captions, SUITE, DEPTH) for _ in range(2)]
         ref, convert_s, metric_s = min(runs, key=lambda run: run[1] + run[2])
     ranking_kind = "full stable argsort" if full_rankings else f"top-{DEPTH} torch.topk"
-    lines.append(f"  eccv_caption 0.1.0: matrix -> {ranking_kind} rankings as dicts "
-                 f"{convert_s:.2f} s + compute_all_metrics {metric_s:.2f} s = "
-                 f"{convert_s + metric_s:.2f} s")
+    lines.append(
+        f"  eccv_caption 0.1.0: matrix -> {ranking_kind} rankings as dicts "
+        f"{convert_s:.2f} s + compute_all_metrics {metric_s:.2f} s = "
+        f"{convert_s + metric_s:.2f} s"
+    )
     if not full_rankings:
-        lines.append("  (COCO 1K not run for eccv_caption: it crashes on truncated rankings; "
-                     "--full-rankings runs it on full ones, R@1 only)")
+        lines.append(
+            "  (COCO 1K not run for eccv_caption: it crashes on truncated rankings; "
+            "--full-rankings runs it on full ones, R@1 only)"
+        )
     n, worst = _compare({**ours, **ours_1k}, ref)
-    lines.append(f"  agreement: {n} shared numbers, max |ours - eccv_caption| = {worst:.1e}"
-                 + (" (equal to 1e-9)" if worst <= 1e-9 else " (MISMATCH)"))
+    lines.append(
+        f"  agreement: {n} shared numbers, max |ours - eccv_caption| = {worst:.1e}"
+        + (" (equal to 1e-9)" if worst <= 1e-9 else " (MISMATCH)")
+    )
     summary = ", ".join(f"{k} {v['i2t']:.4f}/{v['t2i']:.4f}" for k, v in ours.items())
     lines.append(f"  ours (i2t/t2i): {summary}")
     ours_total = ours_s + (ours_1k_s if full_rankings else 0.0)
-    lines.append(f"speed ratio (eccv_caption / ours, end to end on the same suite): "
-                 f"{(convert_s + metric_s) / ours_total:.1f}x")
+    lines.append(
+        f"speed ratio (eccv_caption / ours, end to end on the same suite): {(convert_s + metric_s) / ours_total:.1f}x"
+    )
     return lines
 
 
@@ -160,12 +171,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    parser.add_argument("--full-rankings", action="store_true",
-                        help="give eccv_caption full rankings and include COCO 1K (slow)")
-    parser.add_argument("--odmap-queries", type=int, default=10_000,
-                        help="ODmAP@10 part: queries (0 skips it; default 10,000)")
-    parser.add_argument("--odmap-gallery", type=int, default=600_000,
-                        help="ODmAP@10 part: gallery captions (default 600,000)")
+    parser.add_argument(
+        "--full-rankings", action="store_true", help="give eccv_caption full rankings and include COCO 1K (slow)"
+    )
+    parser.add_argument(
+        "--odmap-queries", type=int, default=10_000, help="ODmAP@10 part: queries (0 skips it; default 10,000)"
+    )
+    parser.add_argument(
+        "--odmap-gallery", type=int, default=600_000, help="ODmAP@10 part: gallery captions (default 600,000)"
+    )
     args = parser.parse_args()
     if args.odmap_queries:
         # First, so its peak-memory reading is not inflated by the ECCV part.

@@ -53,9 +53,9 @@ def _current_rss_mb() -> float:
     return float("nan")
 
 
-def _random_inputs(rng: np.random.Generator, num_queries: int, gallery_size: int, dim: int,
-                   num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                              np.ndarray]:
+def _random_inputs(
+    rng: np.random.Generator, num_queries: int, gallery_size: int, dim: int, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     query = rng.standard_normal((num_queries, dim), dtype=np.float32)
     gallery = rng.standard_normal((gallery_size, dim), dtype=np.float32)
     # Zipf-like class frequencies (a few classes such as "person" are mentioned very often)
@@ -63,7 +63,7 @@ def _random_inputs(rng: np.random.Generator, num_queries: int, gallery_size: int
     mentions = np.empty((gallery_size, num_classes), dtype=bool)
     for g0 in range(0, gallery_size, 65_536):  # chunked so no G x C float matrix is built
         block = rng.random((min(65_536, gallery_size - g0), num_classes), dtype=np.float32)
-        mentions[g0:g0 + len(block)] = block < freq
+        mentions[g0 : g0 + len(block)] = block < freq
     removed = np.zeros((num_queries, num_classes), dtype=bool)
     present = np.zeros((num_queries, num_classes), dtype=bool)
     for q in range(num_queries):
@@ -87,17 +87,14 @@ def run_odmap_benchmark(
     """Run the benchmark and return the lines to print (sizes, times, peak memory)."""
     rng = np.random.default_rng(seed)
     baseline_mb = _current_rss_mb()
-    query, gallery, mentions, removed, present = _random_inputs(
-        rng, num_queries, gallery_size, dim, num_classes)
-    inputs_mb = (query.nbytes + gallery.nbytes + mentions.nbytes + removed.nbytes
-                 + present.nbytes) / 2**20
+    query, gallery, mentions, removed, present = _random_inputs(rng, num_queries, gallery_size, dim, num_classes)
+    inputs_mb = (query.nbytes + gallery.nbytes + mentions.nbytes + removed.nbytes + present.nbytes) / 2**20
     full_matrix_gb = num_queries * gallery_size * 4 / 1e9
     reset = _reset_peak_rss()
     start_rss = _current_rss_mb()
 
     t0 = time.perf_counter()
-    topk, _ = topk_from_embeddings(query, gallery, k, chunk_size=chunk_size,
-                                   query_chunk_size=query_chunk_size)
+    topk, _ = topk_from_embeddings(query, gallery, k, chunk_size=chunk_size, query_chunk_size=query_chunk_size)
     t1 = time.perf_counter()
     result = odmap_from_topk(topk, mentions, removed, present, k_values=(1, 5, k))
     t2 = time.perf_counter()
@@ -115,8 +112,11 @@ def run_odmap_benchmark(
         f"{chunk_mb:.0f} MB)",
         f"  ODmAP@{{1,5,{k}}} from top-{k} + mentions: {t2 - t1:.2f} s -> {scores}",
         f"  peak RSS {peak:.0f} MB during the run ("
-        + (f"reset at {start_rss:.0f} MB after building inputs" if reset
-           else "process high-water mark, includes earlier work")
+        + (
+            f"reset at {start_rss:.0f} MB after building inputs"
+            if reset
+            else "process high-water mark, includes earlier work"
+        )
         + f"; {baseline_mb:.0f} MB before inputs)",
     ]
 

@@ -56,8 +56,12 @@ run_build(Heavy(), BuildRunConfig(output_dir=out, part_size=256, worker_index=0,
 def worker_peak(n_items: int, kind: str, n_workers: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "build"
-        subprocess.run([sys.executable, "-c", WORKER, str(n_items), kind, str(out), str(n_workers)],
-                       cwd=ROOT, check=True, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-c", WORKER, str(n_items), kind, str(out), str(n_workers)],
+            cwd=ROOT,
+            check=True,
+            stderr=subprocess.DEVNULL,
+        )
         stats = [json.loads(p.read_text()) for p in out.glob("**/part-*.json")]
         return max(s["peak_rss_bytes"] for s in stats)
 

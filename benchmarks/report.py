@@ -38,20 +38,37 @@ from builders.models.profiles import tiny_profile  # noqa: E402
 
 
 def cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "builders.app.cli", *args], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "builders.app.cli", *args],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def timed_report(models: list[str], coco: Path, cache: Path, out: Path, bootstrap: int = 0) -> float:
     start = time.perf_counter()
-    cli("benchmark", *(a for m in models for a in ("--model", m)), "--coco", str(coco),
-        "--cache-dir", str(cache), "--output", str(out), "--bootstrap", str(bootstrap),
-        "--blind-lm", "none")
+    cli(
+        "benchmark",
+        *(a for m in models for a in ("--model", m)),
+        "--coco",
+        str(coco),
+        "--cache-dir",
+        str(cache),
+        "--output",
+        str(out),
+        "--bootstrap",
+        str(bootstrap),
+        "--blind-lm",
+        "none",
+    )
     return time.perf_counter() - start
 
 
-def best_of(repeats: int, models: list[str], coco: Path, tmp: Path, seed_cache: Path | None = None,
-            bootstrap: int = 0) -> float:
+def best_of(
+    repeats: int, models: list[str], coco: Path, tmp: Path, seed_cache: Path | None = None, bootstrap: int = 0
+) -> float:
     """Best wall time of a report of `models` starting from a copy of `seed_cache` (or empty)."""
     times = []
     for n in range(repeats):
@@ -64,8 +81,9 @@ def best_of(repeats: int, models: list[str], coco: Path, tmp: Path, seed_cache: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=4000,
-                        help="fixture images (default 4000: a test split of 1,000)")
+    parser.add_argument(
+        "--images", type=int, default=4000, help="fixture images (default 4000: a test split of 1,000)"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     profile = tiny_profile(None)
@@ -73,8 +91,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         cli("fixture", "coco", str(tmp / "coco"), "--images", str(args.images))
-        cli("build", "coco-captions", "--coco-root", str(tmp / "coco"), "--splits", "test",
-            "--output", str(tmp / "cc"))
+        cli(
+            "build", "coco-captions", "--coco-root", str(tmp / "coco"), "--splits", "test", "--output", str(tmp / "cc")
+        )
         from datasets import load_dataset
 
         n_test = len(load_dataset(str(tmp / "cc"), "default", split="test"))
@@ -86,8 +105,10 @@ def main() -> None:
         timed_report([a], tmp / "cc", a_cache, tmp / "a-out")
         t_ab_cached = best_of(args.repeats, [a, b], tmp / "cc", tmp, seed_cache=a_cache)
         t_boot = best_of(args.repeats, [a, b], tmp / "cc", tmp, bootstrap=1000)
-    print(f"T(A) {t_a:.1f} s, T(B) {t_b:.1f} s, T(A+B) {t_ab:.1f} s, T(A+B | A cached) {t_ab_cached:.1f} s, "
-          f"T(A+B, B = 1000) {t_boot:.1f} s")
+    print(
+        f"T(A) {t_a:.1f} s, T(B) {t_b:.1f} s, T(A+B) {t_ab:.1f} s, T(A+B | A cached) {t_ab_cached:.1f} s, "
+        f"T(A+B, B = 1000) {t_boot:.1f} s"
+    )
     print(f"N models vs N x one: T(A+B) / (T(A) + T(B)) = {t_ab / (t_a + t_b):.2f} (target <= 1.05)")
     print(f"one more model: T(A+B | A cached) / T(B) = {t_ab_cached / t_b:.2f} (target <= 1.2)")
     print(f"intervals and paired tests: T(B = 1000) / T(B = 0) = {t_boot / t_ab:.2f} (target <= 1.25)")

@@ -61,9 +61,10 @@ def jpeg_table(n: int, root: Path):
         Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
         rows.append(buf.getvalue())
     feats = Features({"image": ImageFeature(), "caption": Value("string")})
-    Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in rows],
-                       "caption": [f"a photo number {i}" for i in range(n)]}, features=feats
-                      ).to_parquet(root / "train.parquet")
+    Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in rows], "caption": [f"a photo number {i}" for i in range(n)]},
+        features=feats,
+    ).to_parquet(root / "train.parquet")
     table = load_dataset("parquet", data_files=str(root / "train.parquet"), split="train")
     return table.cast_column("image", ImageFeature(decode=False)), rows
 
@@ -100,33 +101,34 @@ def storage(raw: list[bytes], root: Path, best) -> None:
         table = rows_to_table([{"image": c} for c in cells], features)
         shard = write_parquet(root / f"storage-{n}.parquet", table)["bytes"]
         images = [c["bytes"] for c in cells]
-        fast = (f"{best(lambda: full_decode(images, 224)):7.1f} images/s" if n == 0
-                else "does not apply (PNG)")
-        print(f"stored {name}: shard {shard / 2**20:6.1f} MiB = {shard / given:.2f}x the input "
-              f"JPEGs; decode full {best(lambda: full_decode(images)):7.1f} images/s, "
-              f"--fast-decode {fast}")
+        fast = f"{best(lambda: full_decode(images, 224)):7.1f} images/s" if n == 0 else "does not apply (PNG)"
+        print(
+            f"stored {name}: shard {shard / 2**20:6.1f} MiB = {shard / given:.2f}x the input "
+            f"JPEGs; decode full {best(lambda: full_decode(images)):7.1f} images/s, "
+            f"--fast-decode {fast}"
+        )
 
 
-def bare_batches(images: list[bytes], captions: list[str], tokenize, size: int, batch: int = 32,
-                 draft: bool = False):
+def bare_batches(images: list[bytes], captions: list[str], tokenize, size: int, batch: int = 32, draft: bool = False):
     """The pipeline's work in a plain loop: per batch, normalised float pixels and tokens."""
     mean = np.array(CLIP_MEAN, np.float32).reshape(1, 3, 1, 1)
     std = np.array(CLIP_STD, np.float32).reshape(1, 3, 1, 1)
     for b in range(0, len(images) - batch + 1, batch):  # full batches, as the sampler
         crops = []
-        for data in images[b:b + batch]:
+        for data in images[b : b + batch]:
             img = Image.open(io.BytesIO(data))
             if draft:
                 img.draft("RGB", (size, size))
             img = img.convert("RGB")
             w, h = img.size
             # Short side to `size` (long side truncated, as torchvision's Resize), bicubic.
-            img = img.resize((size, int(size * h / w)) if w <= h else (int(size * w / h), size),
-                             Image.Resampling.BICUBIC)
+            img = img.resize(
+                (size, int(size * h / w)) if w <= h else (int(size * w / h), size), Image.Resampling.BICUBIC
+            )
             left, top = (img.width - size) // 2, (img.height - size) // 2  # transformers' offsets
             crops.append(np.asarray(img.crop((left, top, left + size, top + size))))
         pixels = (np.stack(crops).transpose(0, 3, 1, 2).astype(np.float32) / 255 - mean) / std
-        yield pixels, tokenize(captions[b:b + batch])
+        yield pixels, tokenize(captions[b : b + batch])
 
 
 def bare_loop(images: list[bytes], captions: list[str], tokenize, size: int, draft: bool) -> float:
@@ -150,8 +152,7 @@ def pixel_backend(tokenize) -> SimpleNamespace:
 
 def check_same_work(table, raw: list[bytes], tokenize, fast: bool) -> np.ndarray:
     """The bare loop's first batch equals the pipeline's (same bytes, in order); returns it."""
-    loader = make_loader(examples_of(table), fixed_batches(32, 32), pixel_backend(tokenize), 0,
-                         fast_decode=fast)
+    loader = make_loader(examples_of(table), fixed_batches(32, 32), pixel_backend(tokenize), 0, fast_decode=fast)
     ours = next(iter(loader))["pixel_values"].numpy()
     bare, _ = next(bare_batches(raw, table["caption"], tokenize, 224, draft=fast))
     np.testing.assert_allclose(bare, ours, atol=1e-5)
@@ -163,8 +164,9 @@ def grey_levels_to_reference(raw: list[bytes], pixels: np.ndarray) -> tuple[floa
     from transformers import CLIPImageProcessor
 
     processor = CLIPImageProcessor()
-    ref = np.stack([processor(Image.open(io.BytesIO(b)), return_tensors="np")["pixel_values"][0]
-                    for b in raw[:len(pixels)]])
+    ref = np.stack(
+        [processor(Image.open(io.BytesIO(b)), return_tensors="np")["pixel_values"][0] for b in raw[: len(pixels)]]
+    )
     diff = np.abs(pixels - ref) * np.array(CLIP_STD).reshape(1, 3, 1, 1) * 255
     return float(diff.mean()), float(diff.max())
 
@@ -209,25 +211,33 @@ def main() -> None:
         table, raw = jpeg_table(args.images, Path(tmp))
         captions = table["caption"]
         tokenize = load_backend(parse_clip_id(_tiny_clip(args.tiny_models_dir), "transformers")).tokenize
-        print(f"input: {args.images} JPEGs 640x480 ({sum(map(len, raw)) / 2**20:.1f} MiB of parquet bytes), "
-              f"batch 32, best of {args.repeats}, {os.cpu_count()} CPU(s), torch 1 thread")
+        print(
+            f"input: {args.images} JPEGs 640x480 ({sum(map(len, raw)) / 2**20:.1f} MiB of parquet bytes), "
+            f"batch 32, best of {args.repeats}, {os.cpu_count()} CPU(s), torch 1 thread"
+        )
         storage(raw, Path(tmp), best)
         print(f"reference: full-size PIL decode only, 1 process: {best(lambda: full_decode(raw)):8.1f} images/s")
         rates = {}
         for fast, name in ((False, "default (full decode)"), (True, "--fast-decode (draft)")):
             mean, worst = grey_levels_to_reference(raw, check_same_work(table, raw, tokenize, fast))
             bare = best(lambda: bare_loop(raw, captions, tokenize, 224, fast))
-            print(f"{name}: vs CLIPImageProcessor mean {mean:.3f} / max {worst:.0f} grey levels; "
-                  f"bare loop, 1 process: {bare:8.1f} images/s")
+            print(
+                f"{name}: vs CLIPImageProcessor mean {mean:.3f} / max {worst:.0f} grey levels; "
+                f"bare loop, 1 process: {bare:8.1f} images/s"
+            )
             for w in args.workers:
                 rates[fast, w] = best(lambda: pipeline(table, tokenize, w, fast))
-                print(f"  trainer pipeline, {w} worker(s): {rates[fast, w]:8.1f} images/s  ratio to "
-                      f"the bare loop {rates[fast, w] / bare:.2f} (target >= 0.9)")
+                print(
+                    f"  trainer pipeline, {w} worker(s): {rates[fast, w]:8.1f} images/s  ratio to "
+                    f"the bare loop {rates[fast, w] / bare:.2f} (target >= 0.9)"
+                )
         for w in args.workers:
             print(f"--fast-decode speed-up, {w} worker(s): {rates[True, w] / rates[False, w]:.2f}x")
     rate = model_steps(args.tiny_models_dir)
-    print(f"tiny CLIP, batch 32, 1 thread: {rate:.1f} steps/s = {32 * rate:.0f} images/s "
-          "(compare with the pipeline rate above to see which bounds a run)")
+    print(
+        f"tiny CLIP, batch 32, 1 thread: {rate:.1f} steps/s = {32 * rate:.0f} images/s "
+        "(compare with the pipeline rate above to see which bounds a run)"
+    )
 
 
 def _tiny_clip(tiny_dir: Path | None) -> str:

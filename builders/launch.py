@@ -19,10 +19,17 @@ from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PI
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `BuildRunConfig` (how the build runs, as opposed to what it builds)."""
-    add_config_arguments(parser, BuildRunConfig, descriptions={JOB_ARRAY: (
-        "build on a preemptible cluster without rendezvous: each worker builds its parts (k % N == "
-        "I) and exits; a final --merge-only run writes the dataset. Inside a SLURM job array the "
-        "worker comes from SLURM_ARRAY_TASK_ID/_MIN/_COUNT")})
+    add_config_arguments(
+        parser,
+        BuildRunConfig,
+        descriptions={
+            JOB_ARRAY: (
+                "build on a preemptible cluster without rendezvous: each worker builds its parts (k % N == "
+                "I) and exits; a final --merge-only run writes the dataset. Inside a SLURM job array the "
+                "worker comes from SLURM_ARRAY_TASK_ID/_MIN/_COUNT"
+            )
+        },
+    )
     argument_group(parser, RUN).add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
 
 
@@ -45,8 +52,7 @@ def run_config_from_args(args: argparse.Namespace) -> BuildRunConfig:
 BuildFromArgs = Callable[[argparse.Namespace], Any]
 
 
-def run_builder_module(module: ModuleType, args: argparse.Namespace,
-                       build: BuildFromArgs | None = None) -> int:
+def run_builder_module(module: ModuleType, args: argparse.Namespace, build: BuildFromArgs | None = None) -> int:
     from builders.models.pickled_weights import trusting_pickled_weights
     from builders.engine.sharding.runner import run_build
     from builders.publishing.card import write_card
@@ -60,16 +66,16 @@ def run_builder_module(module: ModuleType, args: argparse.Namespace,
     return 0
 
 
-def add_builder_parser(parser: argparse.ArgumentParser, module: ModuleType,
-                       build: BuildFromArgs | None = None) -> None:
+def add_builder_parser(
+    parser: argparse.ArgumentParser, module: ModuleType, build: BuildFromArgs | None = None
+) -> None:
     """`module`'s flags and the run's; `build` (default `module.from_args`) makes the builder."""
     module.add_arguments(parser)
     add_run_arguments(parser)
     parser.set_defaults(func=lambda args: run_builder_module(module, args, build))
 
 
-def launch_main(module: ModuleType, build: BuildFromArgs | None = None,
-                argv: list[str] | None = None) -> int:
+def launch_main(module: ModuleType, build: BuildFromArgs | None = None, argv: list[str] | None = None) -> int:
     """Entry point for `accelerate launch builders/<dataset>/builder.py ...` (same options as the CLI)."""
     from builders.engine.errors import run_handled
 

@@ -32,8 +32,10 @@ from loading_scripts.records import SourceCaption, SourceImage, SourceObject
 
 log = logging.getLogger(__name__)
 
-DOWNLOAD_FIX = ("download COCO from https://cocodataset.org/#download (and Karpathy's "
-                "dataset_coco.json), or make a tiny one with `counterfactory fixture coco DIR`")
+DOWNLOAD_FIX = (
+    "download COCO from https://cocodataset.org/#download (and Karpathy's "
+    "dataset_coco.json), or make a tiny one with `counterfactory fixture coco DIR`"
+)
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 
 
@@ -59,14 +61,17 @@ def load_json(path: Path, what: str) -> dict:
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise InputFileError(path, f"is not UTF-8 text (byte {err.start})",
-                             "re-download the file; it is truncated or corrupt") from err
+        raise InputFileError(
+            path, f"is not UTF-8 text (byte {err.start})", "re-download the file; it is truncated or corrupt"
+        ) from err
     except json.JSONDecodeError as err:
-        raise InputFileError(path, f"malformed JSON at line {err.lineno} column {err.colno}: "
-                             f"{err.msg}", "re-download the file; it is truncated or corrupt") from err
+        raise InputFileError(
+            path,
+            f"malformed JSON at line {err.lineno} column {err.colno}: {err.msg}",
+            "re-download the file; it is truncated or corrupt",
+        ) from err
     if not isinstance(data, dict):
-        raise InputFileError(path, f"holds a JSON {type(data).__name__}, not an object",
-                             f"this is not a {what} file")
+        raise InputFileError(path, f"holds a JSON {type(data).__name__}, not an object", f"this is not a {what} file")
     return data
 
 
@@ -99,16 +104,18 @@ def _unique_ids(path: Path, rows: list, what: str) -> dict[int, int]:
     for row, entry in enumerate(rows):
         if not isinstance(entry, dict) or not _is_int(entry.get("id")):
             got = entry.get("id") if isinstance(entry, dict) else entry
-            raise InputFileError(path, f"{what} #{row} has no integer 'id' (got {got!r})",
-                                 "fix or drop that entry")
+            raise InputFileError(path, f"{what} #{row} has no integer 'id' (got {got!r})", "fix or drop that entry")
         key = int(entry["id"])
         if key in seen:
             first = rows[seen[key]]
             names = ""
             if what == "images":
                 names = f" ({first.get('file_name')!r} and {entry.get('file_name')!r})"
-            raise InputFileError(path, f"{what} #{seen[key]} and #{row} both have id {key}{names}",
-                                 "ids must be unique; remove or renumber one of them")
+            raise InputFileError(
+                path,
+                f"{what} #{seen[key]} and #{row} both have id {key}{names}",
+                "ids must be unique; remove or renumber one of them",
+            )
         seen[key] = row
     return seen
 
@@ -123,17 +130,22 @@ def _index(path: Path, data: dict) -> _AnnotationFile:
     for row, ann in enumerate(data["annotations"]):
         image_id = ann.get("image_id")
         if not _is_int(image_id) or int(image_id) not in positions:
-            raise InputFileError(path, f"annotation #{row} (id {ann['id']}) names image_id "
-                                 f"{image_id!r}, which is not in 'images'",
-                                 "add the image entry or drop the annotation")
+            raise InputFileError(
+                path,
+                f"annotation #{row} (id {ann['id']}) names image_id {image_id!r}, which is not in 'images'",
+                "add the image entry or drop the annotation",
+            )
         by_image.setdefault(int(image_id), []).append(ann)
     for anns in by_image.values():
         anns.sort(key=lambda a: a["id"])
     categories = {}
     for row, cat in enumerate(data.get("categories") or []):
         if not isinstance(cat, dict) or not _is_int(cat.get("id")) or not isinstance(cat.get("name"), str):
-            raise InputFileError(path, f"category #{row} lacks an integer id or a name",
-                                 "use the categories list of the original instances file")
+            raise InputFileError(
+                path,
+                f"category #{row} lacks an integer id or a name",
+                "use the categories list of the original instances file",
+            )
         categories[int(cat["id"])] = cat["name"]
     images = {int(e["id"]): e for e in data["images"]}
     return _AnnotationFile(path, images, by_image, positions, categories)
@@ -146,8 +158,7 @@ def _image_problem(index: _AnnotationFile, image_id: int) -> InputProblem | None
         return InputProblem("bad_image_entry", f"{where} has no file_name")
     for key in ("width", "height"):
         if not _is_int(meta.get(key)) or meta[key] <= 0:
-            return InputProblem("bad_image_entry", f"{where} has {key} {meta.get(key)!r}, "
-                                "not a positive integer")
+            return InputProblem("bad_image_entry", f"{where} has {key} {meta.get(key)!r}, not a positive integer")
     return None
 
 
@@ -160,8 +171,7 @@ def caption_problem(text: object, where: str) -> InputProblem | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:  # a lone surrogate from a JSON \ud8xx escape
-        return InputProblem("bad_caption", f"{where} is not valid Unicode ({err.reason} "
-                            f"at character {err.start})")
+        return InputProblem("bad_caption", f"{where} is not valid Unicode ({err.reason} at character {err.start})")
     return None
 
 
@@ -169,8 +179,7 @@ def _caption(index: _AnnotationFile, ann: dict) -> SourceCaption:
     where = f"{index.path.name}: caption id {ann['id']} of image {ann['image_id']}"
     text = ann.get("caption")
     problem = caption_problem(text, where)
-    return SourceCaption(int(ann["id"]), text.strip() if isinstance(text, str) else "",
-                         input_problem=problem)
+    return SourceCaption(int(ann["id"]), text.strip() if isinstance(text, str) else "", input_problem=problem)
 
 
 def _object(index: _AnnotationFile, ann: dict) -> SourceObject | InputProblem:
@@ -180,20 +189,25 @@ def _object(index: _AnnotationFile, ann: dict) -> SourceObject | InputProblem:
         return InputProblem("bad_annotation", f"{where} lacks {missing}")
     bbox, category_id = ann["bbox"], ann["category_id"]
     if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
-        return InputProblem("bad_bbox", f"{where} has bbox {bbox!r}, not 4 finite numbers "
-                            "[x, y, width, height]")
+        return InputProblem("bad_bbox", f"{where} has bbox {bbox!r}, not 4 finite numbers [x, y, width, height]")
     if any(v < 0 for v in bbox):
         return InputProblem("bad_bbox", f"{where} has negative numbers in bbox {bbox!r}")
     if not _is_int(category_id) or int(category_id) not in index.categories:
-        return InputProblem("unknown_category", f"{where} has category_id {category_id!r}, "
-                            "which is not in 'categories'")
+        return InputProblem(
+            "unknown_category", f"{where} has category_id {category_id!r}, which is not in 'categories'"
+        )
     if not _is_number(ann["area"]) or ann["area"] < 0:
         return InputProblem("bad_area", f"{where} has area {ann['area']!r}, not a number >= 0")
     if ann["iscrowd"] not in (0, 1) or isinstance(ann["iscrowd"], bool):
         return InputProblem("bad_annotation", f"{where} has iscrowd {ann['iscrowd']!r}, not 0 or 1")
-    return SourceObject(index.categories[int(category_id)], tuple(float(v) for v in bbox),
-                        object_id=int(ann["id"]), category_id=int(category_id),
-                        area=float(ann["area"]), iscrowd=int(ann["iscrowd"]))
+    return SourceObject(
+        index.categories[int(category_id)],
+        tuple(float(v) for v in bbox),
+        object_id=int(ann["id"]),
+        category_id=int(category_id),
+        area=float(ann["area"]),
+        iscrowd=int(ann["iscrowd"]),
+    )
 
 
 def _karpathy(cfg: CocoSourceConfig) -> dict[int, tuple[str, str]]:
@@ -209,15 +223,24 @@ def _karpathy(cfg: CocoSourceConfig) -> dict[int, tuple[str, str]]:
                 raise ValueError(f"cocoid {cocoid!r} is not an integer")
             value = (str(entry["filepath"]), str(entry["split"]))
         except (KeyError, TypeError, ValueError) as err:
-            raise InputFileError(path, f"image entry #{row} lacks cocoid/filepath/split ({err})",
-                                 "use Karpathy's original dataset_coco.json") from err
+            raise InputFileError(
+                path,
+                f"image entry #{row} lacks cocoid/filepath/split ({err})",
+                "use Karpathy's original dataset_coco.json",
+            ) from err
         if not is_folder_name(value[0]):
             # The folder names an annotation file and an image folder under the root.
-            raise InputFileError(path, f"image entry #{row} has filepath {value[0]!r}, not a COCO "
-                                 "folder name", "use a folder under the root, like val2014")
+            raise InputFileError(
+                path,
+                f"image entry #{row} has filepath {value[0]!r}, not a COCO folder name",
+                "use a folder under the root, like val2014",
+            )
         if int(cocoid) in out:
-            raise InputFileError(path, f"image entries #{rows[int(cocoid)]} and #{row} both have "
-                                 f"cocoid {cocoid}", "cocoids must be unique; remove one of them")
+            raise InputFileError(
+                path,
+                f"image entries #{rows[int(cocoid)]} and #{row} both have cocoid {cocoid}",
+                "cocoids must be unique; remove one of them",
+            )
         out[int(cocoid)], rows[int(cocoid)] = value, row
     return out
 
@@ -233,18 +256,28 @@ def _coco_splits(cfg: CocoSourceConfig, karpathy: dict[int, tuple[str, str]] | N
     return found
 
 
-def _record(paths: ContainedPaths, split: str, image_id: int, k_split: str | None,
-            caps: _AnnotationFile, inst: _AnnotationFile | None) -> SourceImage:
+def _record(
+    paths: ContainedPaths,
+    split: str,
+    image_id: int,
+    k_split: str | None,
+    caps: _AnnotationFile,
+    inst: _AnnotationFile | None,
+) -> SourceImage:
     """One image with its annotations; its first malformed field (if any) becomes its
     `input_problem`: the whole image is skipped rather than used with a caption or box missing."""
     meta = caps.images[image_id]
     problems = [_image_problem(caps, image_id)]
     if problems[0] is None:
-        problems.append(paths.problem(meta["file_name"], f"{caps.path.name}: images "
-                                      f"#{caps.positions[image_id]} (id {image_id})"))
+        problems.append(
+            paths.problem(meta["file_name"], f"{caps.path.name}: images #{caps.positions[image_id]} (id {image_id})")
+        )
     if inst is not None and image_id not in inst.images:
-        problems.append(InputProblem("bad_image_entry", f"{inst.path.name} has no images entry "
-                                     f"for image {image_id} of {caps.path.name}"))
+        problems.append(
+            InputProblem(
+                "bad_image_entry", f"{inst.path.name} has no images entry for image {image_id} of {caps.path.name}"
+            )
+        )
     captions = tuple(_caption(caps, a) for a in caps.annotations.get(image_id, []))
     problems += [c.input_problem for c in captions]
     objects = []
@@ -256,15 +289,22 @@ def _record(paths: ContainedPaths, split: str, image_id: int, k_split: str | Non
             objects.append(obj)
     problem = next((p for p in problems if p is not None), None)
     valid_size = problem is None or problem.reason != "bad_image_entry"
-    return SourceImage(image_id=image_id, path=paths.base / str(meta.get("file_name", "")),
-                       width=int(meta["width"]) if valid_size else 0,
-                       height=int(meta["height"]) if valid_size else 0,
-                       split=k_split or split, folder=split, captions=captions,
-                       objects=tuple(objects), input_problem=problem)
+    return SourceImage(
+        image_id=image_id,
+        path=paths.base / str(meta.get("file_name", "")),
+        width=int(meta["width"]) if valid_size else 0,
+        height=int(meta["height"]) if valid_size else 0,
+        split=k_split or split,
+        folder=split,
+        captions=captions,
+        objects=tuple(objects),
+        input_problem=problem,
+    )
 
 
-def _read_folder(cfg: CocoSourceConfig, split: str, karpathy: dict[int, tuple[str, str]] | None,
-                 seen: dict[int, str]) -> list[SourceImage]:
+def _read_folder(
+    cfg: CocoSourceConfig, split: str, karpathy: dict[int, tuple[str, str]] | None, seen: dict[int, str]
+) -> list[SourceImage]:
     """The records of one COCO folder. Its parsed files are freed on return, before the next
     folder is parsed, and the instances' polygons (most of the file, never used: records hold
     boxes) are dropped at once."""
@@ -289,9 +329,11 @@ def _read_folder(cfg: CocoSourceConfig, split: str, karpathy: dict[int, tuple[st
             if k_split not in cfg.karpathy_splits or folder != split:
                 continue
         if image_id in seen:
-            raise InputFileError(cap_path, f"image id {image_id} is also in captions_"
-                                 f"{seen[image_id]}.json", "an image id must name one image; "
-                                 "read one of the two folders (--coco-splits)")
+            raise InputFileError(
+                cap_path,
+                f"image id {image_id} is also in captions_{seen[image_id]}.json",
+                "an image id must name one image; read one of the two folders (--coco-splits)",
+            )
         seen[image_id] = split
         records.append(_record(paths, split, image_id, k_split, caps, inst))
     return records
@@ -309,8 +351,9 @@ def read_coco(cfg: CocoSourceConfig) -> list[SourceImage]:
     if cfg.karpathy_splits:
         unknown = set(cfg.karpathy_splits) - set(KARPATHY_SPLITS)
         if unknown:
-            raise InputFileError(root, f"unknown Karpathy split(s) {sorted(unknown)}",
-                                 f"choose from {', '.join(KARPATHY_SPLITS)}")
+            raise InputFileError(
+                root, f"unknown Karpathy split(s) {sorted(unknown)}", f"choose from {', '.join(KARPATHY_SPLITS)}"
+            )
     karpathy = _karpathy(cfg) if cfg.karpathy_splits else None
     records: list[SourceImage] = []
     seen: dict[int, str] = {}
@@ -318,6 +361,7 @@ def read_coco(cfg: CocoSourceConfig) -> list[SourceImage]:
         records += _read_folder(cfg, split, karpathy, seen)
     records.sort(key=lambda r: r.image_id)
     bad = sum(r.input_problem is not None for r in records)
-    log.info("read %d COCO images from %s (%d with malformed annotations, skipped by builders)",
-             len(records), root, bad)
+    log.info(
+        "read %d COCO images from %s (%d with malformed annotations, skipped by builders)", len(records), root, bad
+    )
     return records

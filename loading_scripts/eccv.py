@@ -28,9 +28,18 @@ from builders.engine.errors import InputFileError
 from counterfactory_metrics.map_at_r import eccv_annotations as annotations
 from counterfactory_metrics.map_at_r.eccv_annotations import PM_FIX, SOURCES, AnnotationFileError, Positives
 
-__all__ = ["PM_FIX", "SOURCES", "Positives", "coco_test_caption_ids", "eccv_data_dir", "pm_positives",
-           "pm_positives_from_instances", "read_pm_positives", "read_positive_files",
-           "read_positives"]
+__all__ = [
+    "PM_FIX",
+    "SOURCES",
+    "Positives",
+    "coco_test_caption_ids",
+    "eccv_data_dir",
+    "pm_positives",
+    "pm_positives_from_instances",
+    "read_pm_positives",
+    "read_positive_files",
+    "read_positives",
+]
 
 T = TypeVar("T")
 

@@ -42,8 +42,10 @@ from loading_scripts.records import EntityPhrase, SourceCaption, SourceImage, So
 
 log = logging.getLogger(__name__)
 
-DOWNLOAD_FIX = ("get Flickr30k from https://shannon.cs.illinois.edu/DenotationGraph/, Karpathy's "
-                "dataset_flickr30k.json, and optionally https://github.com/BryanPlummer/flickr30k_entities")
+DOWNLOAD_FIX = (
+    "get Flickr30k from https://shannon.cs.illinois.edu/DenotationGraph/, Karpathy's "
+    "dataset_flickr30k.json, and optionally https://github.com/BryanPlummer/flickr30k_entities"
+)
 SPLITS = ("train", "val", "test")
 IMAGES_FOLDER = "flickr30k-images"
 ENTITY_TYPES = ("people", "clothing", "bodyparts", "animals", "vehicles", "instruments", "scene", "other")
@@ -69,7 +71,7 @@ def parse_entity_sentence(line: str) -> tuple[str, tuple[EntityPhrase, ...]]:
     text, phrases, pos = [], [], 0
     length = 0
     for m in _PHRASE.finditer(line):
-        before = line[pos:m.start()]
+        before = line[pos : m.start()]
         text.append(before)
         length += len(before)
         phrase = m.group(3)
@@ -92,8 +94,9 @@ def _read_sentences(path: Path) -> list[tuple[str, tuple[EntityPhrase, ...]]]:
     return [parse_entity_sentence(ln) for ln in lines if ln.strip()]
 
 
-def _read_boxes(path: Path, entity_types: dict[int, tuple[str, ...]]
-                ) -> tuple[tuple[int, int] | None, tuple[SourceObject, ...]]:
+def _read_boxes(
+    path: Path, entity_types: dict[int, tuple[str, ...]]
+) -> tuple[tuple[int, int] | None, tuple[SourceObject, ...]]:
     if not path.is_file():
         raise InputFileError(path, "Entities annotation file is missing", DOWNLOAD_FIX)
     try:
@@ -112,15 +115,18 @@ def _read_boxes(path: Path, entity_types: dict[int, tuple[str, ...]]
         try:
             x0, y0, x1, y1 = (float(box.findtext(k)) for k in ("xmin", "ymin", "xmax", "ymax"))
         except (TypeError, ValueError) as err:
-            raise InputFileError(path, f"a bndbox lacks numeric xmin/ymin/xmax/ymax ({err})",
-                                 "fix or drop that object") from err
+            raise InputFileError(
+                path, f"a bndbox lacks numeric xmin/ymin/xmax/ymax ({err})", "fix or drop that object"
+            ) from err
         if not all(math.isfinite(v) for v in (x0, y0, x1, y1)) or min(x0, y0) < 0 or x1 < x0 or y1 < y0:
-            raise InputFileError(path, f"a bndbox is not a box (xmin {x0}, ymin {y0}, xmax {x1}, "
-                                 f"ymax {y1})", "fix or drop that object")
+            raise InputFileError(
+                path, f"a bndbox is not a box (xmin {x0}, ymin {y0}, xmax {x1}, ymax {y1})", "fix or drop that object"
+            )
         for name in obj.iter("name"):
             if not (name.text or "").strip().isdigit():
-                raise InputFileError(path, f"an object names entity {name.text!r}, not a number",
-                                     "fix or drop that object")
+                raise InputFileError(
+                    path, f"an object names entity {name.text!r}, not a number", "fix or drop that object"
+                )
             entity = int(name.text)
             types = entity_types.get(entity)
             if types:
@@ -155,18 +161,28 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[SourceImage]:
             raw = [(int(s["sentid"]), s["raw"]) for s in entry["sentences"]]
             image_id = int(Path(name).stem)
         except (KeyError, TypeError, ValueError) as err:
-            raise InputFileError(path, f"image entry #{row} lacks filename/split/sentences ({err})",
-                                 "use Karpathy's original dataset_flickr30k.json") from err
+            raise InputFileError(
+                path,
+                f"image entry #{row} lacks filename/split/sentences ({err})",
+                "use Karpathy's original dataset_flickr30k.json",
+            ) from err
         if image_id in rows:
-            raise InputFileError(path, f"image entries #{rows[image_id]} and #{row} are both image "
-                                 f"{image_id}", "image file names must be unique; remove one of them")
+            raise InputFileError(
+                path,
+                f"image entries #{rows[image_id]} and #{row} are both image {image_id}",
+                "image file names must be unique; remove one of them",
+            )
         rows[image_id] = row
         if split not in cfg.splits:
             continue
         problem = paths.problem(name, f"{path.name}: image entry #{row}") or next(
-            (InputProblem("bad_caption", f"{path.name}: sentence {sid} of image {image_id} is "
-                          f"{text!r}, not text")
-             for sid, text in raw if not isinstance(text, str) or not text.strip()), None)
+            (
+                InputProblem("bad_caption", f"{path.name}: sentence {sid} of image {image_id} is {text!r}, not text")
+                for sid, text in raw
+                if not isinstance(text, str) or not text.strip()
+            ),
+            None,
+        )
         sentences = [(sid, text.strip() if isinstance(text, str) else "") for sid, text in raw]
         image_path = paths.base / name
         captions = tuple(SourceCaption(sid, text) for sid, text in sentences)
@@ -175,17 +191,22 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[SourceImage]:
         if entities is not None:
             annotated = _read_sentences(entities / "Sentences" / f"{image_id}.txt")
             if len(annotated) != len(sentences):
-                raise InputFileError(entities / "Sentences" / f"{image_id}.txt",
-                                     f"has {len(annotated)} sentences, Karpathy's file {len(sentences)}",
-                                     "use matching releases of both files")
-            captions = tuple(SourceCaption(sid, text, phrases)
-                             for (sid, _), (text, phrases) in zip(sentences, annotated, strict=True))
+                raise InputFileError(
+                    entities / "Sentences" / f"{image_id}.txt",
+                    f"has {len(annotated)} sentences, Karpathy's file {len(sentences)}",
+                    "use matching releases of both files",
+                )
+            captions = tuple(
+                SourceCaption(sid, text, phrases)
+                for (sid, _), (text, phrases) in zip(sentences, annotated, strict=True)
+            )
             types = {p.entity_id: p.types for c in captions for p in c.phrases}
             size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
         if size is None:
             size = (0, 0) if problem is not None else _image_size(image_path)
-        records.append(SourceImage(image_id, image_path, size[0], size[1], split, IMAGES_FOLDER,
-                                   captions, objects, problem))
+        records.append(
+            SourceImage(image_id, image_path, size[0], size[1], split, IMAGES_FOLDER, captions, objects, problem)
+        )
     records.sort(key=lambda r: r.image_id)
     log.info("read %d Flickr30k images from %s (entities: %s)", len(records), root, entities or "none")
     return records

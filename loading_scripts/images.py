@@ -58,8 +58,7 @@ _ALPHA = ("LA", "PA", "RGBA", "La", "RGBa")
 #: made before, which stored every image as PNG, differs: its parts are never mixed with these).
 IMAGE_ENCODING = "as read when 8-bit RGB JPEG/PNG, else PNG"
 #: How the cards' schema tables describe a column of real images.
-STORED_AS = ("its file's bytes as read when an 8-bit RGB JPEG or PNG, else converted to RGB and "
-             "stored as PNG")
+STORED_AS = "its file's bytes as read when an 8-bit RGB JPEG or PNG, else converted to RGB and stored as PNG"
 _STORED_AS_READ = ("JPEG", "PNG")
 #: A PNG's first chunk (bytes 12..15) and its bit depth and colour type (bytes 24..25) for 8-bit
 #: RGB: PIL opens 16-bit colour as "RGB" too (high bytes), which other readers decode to 16 bits.
@@ -69,9 +68,14 @@ _PNG_IHDR_RGB8 = (b"IHDR", b"\x08\x02")
 def max_image_pixels_option() -> Any:
     """The `--max-image-pixels N` field of a builder's config (`builders.engine.options`), listed
     under "source images"."""
-    return option(DEFAULT_MAX_IMAGE_PIXELS, "skip (and count as image_too_large) a source image of "
-                  "more pixels, checked from its header before decoding (default %(default)s)",
-                  group="source images", type=positive_int, metavar="N")
+    return option(
+        DEFAULT_MAX_IMAGE_PIXELS,
+        "skip (and count as image_too_large) a source image of "
+        "more pixels, checked from its header before decoding (default %(default)s)",
+        group="source images",
+        type=positive_int,
+        metavar="N",
+    )
 
 
 class ImageProblem(InputFileError):
@@ -106,15 +110,25 @@ def stored_bytes_bound(pixels: int) -> int:
     return 6 * pixels + (1 << 20)
 
 
-def open_rgb_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-                   expected_size: tuple[int, int] | None = None, name: str | None = None) -> Image.Image:
+def open_rgb_image(
+    source: str | Path | bytes,
+    *,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    expected_size: tuple[int, int] | None = None,
+    name: str | None = None,
+) -> Image.Image:
     """Decode `source` (a path, or the bytes of a dataset cell named `name`) as 8-bit RGB (the
     pixels of `check_image`)."""
     return check_image(source, max_pixels=max_pixels, expected_size=expected_size, name=name).pixels
 
 
-def check_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-                expected_size: tuple[int, int] | None = None, name: str | None = None) -> CheckedImage:
+def check_image(
+    source: str | Path | bytes,
+    *,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    expected_size: tuple[int, int] | None = None,
+    name: str | None = None,
+) -> CheckedImage:
     """Check and decode `source` (a path, or the bytes of a dataset cell named `name`).
 
     The header is checked against `max_pixels` and `expected_size` (width, height) before any
@@ -122,8 +136,12 @@ def check_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_IMA
     read once: the bytes stored as read are the bytes checked."""
     where = (name or "image bytes") if isinstance(source, bytes) else Path(source)
     if not isinstance(source, bytes) and not Path(source).is_file():
-        raise ImageProblem(where, "unreadable_image", "image file is missing",
-                           "check the image folder of the source, or re-download it")
+        raise ImageProblem(
+            where,
+            "unreadable_image",
+            "image file is missing",
+            "check the image folder of the source, or re-download it",
+        )
     try:
         with warnings.catch_warnings():
             # PIL only warns between its pixel limit and twice that; treat both as too large.
@@ -135,11 +153,19 @@ def check_image(source: str | Path | bytes, *, max_pixels: int = DEFAULT_MAX_IMA
     except ImageProblem:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise ImageProblem(where, "image_too_large", f"image is too large to decode safely ({err})",
-                           "check the file; raise PIL.Image.MAX_IMAGE_PIXELS only if you trust it") from err
+        raise ImageProblem(
+            where,
+            "image_too_large",
+            f"image is too large to decode safely ({err})",
+            "check the file; raise PIL.Image.MAX_IMAGE_PIXELS only if you trust it",
+        ) from err
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise ImageProblem(where, "unreadable_image", f"cannot decode the image ({err})",
-                           "re-download this file or remove it from the annotations") from err
+        raise ImageProblem(
+            where,
+            "unreadable_image",
+            f"cannot decode the image ({err})",
+            "re-download this file or remove it from the annotations",
+        ) from err
 
 
 @contextmanager
@@ -171,16 +197,22 @@ def _stored_as_read(img: Image.Image, data: bytes | None) -> bool:
     return len(data) <= stored_bytes_bound(img.width * img.height)
 
 
-def _check_header(img: Image.Image, where: object, max_pixels: int,
-                  expected_size: tuple[int, int] | None) -> None:
+def _check_header(img: Image.Image, where: object, max_pixels: int, expected_size: tuple[int, int] | None) -> None:
     width, height = img.size
     if width * height > max_pixels:
-        raise ImageProblem(where, "image_too_large", f"{width}x{height} pixels, more than the "
-                           f"{max_pixels} allowed", "raise --max-image-pixels if you trust the file")
+        raise ImageProblem(
+            where,
+            "image_too_large",
+            f"{width}x{height} pixels, more than the {max_pixels} allowed",
+            "raise --max-image-pixels if you trust the file",
+        )
     if expected_size is not None and img.size != tuple(expected_size):
-        raise ImageProblem(where, "image_size_mismatch", f"{width}x{height} pixels but annotated "
-                           f"{expected_size[0]}x{expected_size[1]}",
-                           "fix the annotation's width/height or replace the image")
+        raise ImageProblem(
+            where,
+            "image_size_mismatch",
+            f"{width}x{height} pixels but annotated {expected_size[0]}x{expected_size[1]}",
+            "fix the annotation's width/height or replace the image",
+        )
 
 
 def _to_rgb(img: Image.Image, where: object) -> Image.Image:
@@ -201,14 +233,20 @@ def _eight_bit(img: Image.Image, where: object) -> np.ndarray:
     values = np.asarray(img)
     if img.mode == "F":
         if not (np.isfinite(values).all() and values.min(initial=0) >= 0 and values.max(initial=0) <= 1):
-            raise ImageProblem(where, "image_values_out_of_range", "float image with values in "
-                               f"[{np.nanmin(values)}, {np.nanmax(values)}], not in [0, 1]",
-                               "save it as an 8- or 16-bit image, or scale it to [0, 1]")
+            raise ImageProblem(
+                where,
+                "image_values_out_of_range",
+                f"float image with values in [{np.nanmin(values)}, {np.nanmax(values)}], not in [0, 1]",
+                "save it as an 8- or 16-bit image, or scale it to [0, 1]",
+            )
         return np.rint(values.astype(np.float64) * 255).astype(np.uint8)
     if values.min(initial=0) < 0 or values.max(initial=0) > 65535:
-        raise ImageProblem(where, "image_values_out_of_range", f"{img.mode} image with values in "
-                           f"[{values.min()}, {values.max()}], not 16-bit (0..65535)",
-                           "save it as an 8- or 16-bit image")
+        raise ImageProblem(
+            where,
+            "image_values_out_of_range",
+            f"{img.mode} image with values in [{values.min()}, {values.max()}], not 16-bit (0..65535)",
+            "save it as an 8- or 16-bit image",
+        )
     return (values.astype(np.uint16) >> 8).astype(np.uint8)
 
 

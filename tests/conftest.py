@@ -36,9 +36,19 @@ _HOME = _SESSION_TMP / "home"
 HUB_PORT = free_port()
 #: User settings that would point a library at the user's own files, caches or Hub.
 _USER_SETTINGS = (
-    "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE",
-    "HF_ASSETS_CACHE", "HF_XET_CACHE", "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH", "HF_HUB_OFFLINE",
-    "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "SENTENCE_TRANSFORMERS_HOME", "MATPLOTLIBRC",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_DATASETS_CACHE",
+    "TRANSFORMERS_CACHE",
+    "HF_ASSETS_CACHE",
+    "HF_XET_CACHE",
+    "HF_TOKEN_PATH",
+    "HF_STORED_TOKENS_PATH",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "SENTENCE_TRANSFORMERS_HOME",
+    "MATPLOTLIBRC",
     "TORCH_EXTENSIONS_DIR",
 )
 
@@ -48,8 +58,10 @@ def _user_tool_settings() -> dict[str, str]:
     them (pip's package index, git's safe.directory)."""
     config = Path(os.environ.get("XDG_CONFIG_HOME") or REAL_HOME / ".config")
     found = {}
-    for var, candidates in (("PIP_CONFIG_FILE", (config / "pip" / "pip.conf", REAL_HOME / ".pip" / "pip.conf")),
-                            ("GIT_CONFIG_GLOBAL", (REAL_HOME / ".gitconfig", config / "git" / "config"))):
+    for var, candidates in (
+        ("PIP_CONFIG_FILE", (config / "pip" / "pip.conf", REAL_HOME / ".pip" / "pip.conf")),
+        ("GIT_CONFIG_GLOBAL", (REAL_HOME / ".gitconfig", config / "git" / "config")),
+    ):
         existing = [c for c in candidates if c.is_file()]
         if var not in os.environ and existing:
             found[var] = str(existing[0])
@@ -166,9 +178,17 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 #: Flags that keep headless chromium off the network and away from the user's profile.
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,1000")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1000",
+)
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +196,10 @@ def browser(tmp_path_factory):
     """Headless chromium driven by Selenium, for the gallery's browser tests."""
     chromium, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_bin):
-        pytest.fail("the gallery browser test needs Debian's chromium and chromedriver: run "
-                    "`apt-get install -y chromium chromium-driver` (`make test` does it when missing)")
+        pytest.fail(
+            "the gallery browser test needs Debian's chromium and chromedriver: run "
+            "`apt-get install -y chromium chromium-driver` (`make test` does it when missing)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -25,16 +25,19 @@ def make_accelerator(cfg: TrainConfig, output: Path):
     from accelerate.utils import ProjectConfiguration
 
     trackers = _trackers(cfg.run.report_to)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                              mixed_precision=cfg.optim.mixed_precision, log_with=trackers,
-                              project_config=ProjectConfiguration(project_dir=str(output),
-                                                                  logging_dir=str(output / "logs")))
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=cfg.optim.mixed_precision,
+        log_with=trackers,
+        project_config=ProjectConfiguration(project_dir=str(output), logging_dir=str(output / "logs")),
+    )
     expected = cfg.run.expect_processes
     if expected is not None and accelerator.num_processes != expected:
         raise UserFacingError(
             f"--expect-processes {expected} but {accelerator.num_processes} process(es) started; on "
             "CPU use `accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
-            "(`--cpu --num_processes N` starts one)")
+            "(`--cpu --num_processes N` starts one)"
+        )
     return accelerator
 
 
@@ -49,6 +52,7 @@ def _trackers(report_to: str) -> list[str] | None:
     if report_to == "auto":
         return ["tensorboard"] if installed else None
     if not installed:
-        raise UserFacingError(f"--report-to {report_to} needs the {report_to} package: "
-                              f"`pip install {report_to}`, or --report-to none")
+        raise UserFacingError(
+            f"--report-to {report_to} needs the {report_to} package: `pip install {report_to}`, or --report-to none"
+        )
     return [report_to]

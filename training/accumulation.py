@@ -34,24 +34,25 @@ def _global_features(model, batch: dict, accelerator, loss: str) -> tuple[Featur
     """The micro-batch's features over all processes (ours keep their graph) and the logit
     scale (and, for the sigmoid loss, the logit bias), through the model's forward so that DDP
     sees them used."""
-    inputs = dict(pixel_values=batch["pixel_values"], text=batch["text"],
-                  negative_text=batch.get("negative_text"))
+    inputs = dict(pixel_values=batch["pixel_values"], text=batch["text"], negative_text=batch.get("negative_text"))
     if loss == "siglip":
         img, txt, neg, *logit = model(**inputs, with_bias=True)
     else:
         img, txt, neg, *logit = model(**inputs)
     mask = batch.get("negative_mask")
-    gathered = (gather_global(img, accelerator), gather_global(txt, accelerator),
-                gather_global(neg, accelerator) if neg is not None else None,
-                gather_global(mask, accelerator) if mask is not None else None)
+    gathered = (
+        gather_global(img, accelerator),
+        gather_global(txt, accelerator),
+        gather_global(neg, accelerator) if neg is not None else None,
+        gather_global(mask, accelerator) if mask is not None else None,
+    )
     return gathered, tuple(logit)
 
 
 def _whole_batch(cached: list[Features], live: Features, j: int) -> Features:
     """The cached features of every micro-batch with micro-batch j's replaced by `live`."""
-    parts = cached[:j] + [live] + cached[j + 1:]
-    return tuple(None if parts[0][k] is None else torch.cat([p[k] for p in parts])
-                 for k in range(4))  # type: ignore[return-value]
+    parts = cached[:j] + [live] + cached[j + 1 :]
+    return tuple(None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in range(4))  # type: ignore[return-value]
 
 
 def accumulate_gradients(model, micro_batches: list[dict], accelerator, loss: str = "clip") -> float:
@@ -73,8 +74,11 @@ def accumulate_gradients(model, micro_batches: list[dict], accelerator, loss: st
                 if accum > 1:
                     live = _whole_batch(cached, live, j)
                     logit = logit if last else tuple(t.detach() for t in logit)
-                value = siglip_loss(*live[:2], *logit, *live[2:]) if loss == "siglip" else \
-                    clip_loss(*live[:2], *logit, *live[2:])
+                value = (
+                    siglip_loss(*live[:2], *logit, *live[2:])
+                    if loss == "siglip"
+                    else clip_loss(*live[:2], *logit, *live[2:])
+                )
             # x world: DDP averages gradients, each process holds d(global loss)/d(own rows).
             accelerator.backward(value * world)
         loss_value = float(value.detach())

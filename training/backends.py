@@ -113,8 +113,9 @@ class HFTokenize:
     def __call__(self, texts):
         # Padding to the longest caption of the batch: the causal text tower pools at the end
         # token, which never attends to the padding after it.
-        out = self.tokenizer(texts, padding=True, truncation=True,
-                             max_length=self.tokenizer.model_max_length, return_tensors="pt")
+        out = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.tokenizer.model_max_length, return_tensors="pt"
+        )
         return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
 
 
@@ -129,8 +130,15 @@ class OpenClipTokenize:
 class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
 
-    def __init__(self, clip: ClipId, module: DualEncoder, pixels: PixelPipeline,
-                 tokenize, extra, input_size: int | tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        clip: ClipId,
+        module: DualEncoder,
+        pixels: PixelPipeline,
+        tokenize,
+        extra,
+        input_size: int | tuple[int, int] | None = None,
+    ) -> None:
         self.clip, self.module = clip, module
         #: transformers or open_clip, and the model as messages name it.
         self.kind, self.model_id = clip.backend, clip.label
@@ -156,8 +164,9 @@ class Backend:
             # open_clip 3.3.0 takes only `scale` out of the dict it then calls unused, and so warns
             # of the colour jitter it does apply; the keys were checked (augmentation.parse_aug_cfg).
             warnings.filterwarnings("ignore", message="Unused augmentation cfg items")
-            train = open_clip.image_transform(self.input_size, is_train=True, mean=p.mean, std=p.std,
-                                              aug_cfg=dict(aug_cfg))
+            train = open_clip.image_transform(
+                self.input_size, is_train=True, mean=p.mean, std=p.std, aug_cfg=dict(aug_cfg)
+            )
         first = (TransformersRGB(),) if self.kind == TRANSFORMERS else ()
         return PixelPipeline(p.size, p.mean, p.std, first + _until_to_tensor(train))
 
@@ -173,8 +182,7 @@ class Backend:
         if self.kind == TRANSFORMERS:
             # Non-reentrant, as open_clip's: correct with a frozen tower (inputs without grad)
             # and under DDP.
-            self.module.model.activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False})
+            self.module.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             self.module.model.set_grad_checkpointing(True)
 
@@ -187,8 +195,9 @@ class Backend:
         from safetensors.torch import save_file
 
         (out / "open_clip_config.json").write_text(json.dumps(self._extra, indent=1))
-        save_file({k: v.contiguous() for k, v in module.model.state_dict().items()},
-                  str(out / "open_clip_model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in module.model.state_dict().items()}, str(out / "open_clip_model.safetensors")
+        )
 
 
 class TransformersRGB:
@@ -242,15 +251,18 @@ class PixelPipeline:
 def transformers_pixels(ip) -> PixelPipeline:
     """The steps of a transformers CLIP image processor: RGB (transparency over white), resize
     (short side, or to height x width) with its resample filter, then its centre crop."""
-    interpolation = ip.resample if isinstance(ip.resample, transforms.InterpolationMode) else \
-        transforms.InterpolationMode(Image.Resampling(ip.resample).name.lower())
+    interpolation = (
+        ip.resample
+        if isinstance(ip.resample, transforms.InterpolationMode)
+        else transforms.InterpolationMode(Image.Resampling(ip.resample).name.lower())
+    )
     size = dict(ip.size)
     short = size.get("shortest_edge")
-    resize = transforms.Resize(short if short else (size["height"], size["width"]),
-                               interpolation=interpolation)
+    resize = transforms.Resize(short if short else (size["height"], size["width"]), interpolation=interpolation)
     crop = ip.crop_size["height"] if ip.do_center_crop else (short or size["height"])
-    return PixelPipeline(crop, tuple(ip.image_mean), tuple(ip.image_std),
-                         (TransformersRGB(), resize, FloorCenterCrop(crop)))
+    return PixelPipeline(
+        crop, tuple(ip.image_mean), tuple(ip.image_std), (TransformersRGB(), resize, FloorCenterCrop(crop))
+    )
 
 
 def _until_to_tensor(transform) -> tuple:
@@ -276,13 +288,20 @@ def load_backend(clip: ClipId) -> Backend:
     if clip.backend == TRANSFORMERS:
         model, processor = load_clip(clip.name)
         ip = processor.image_processor
-        return Backend(clip, HFClip(model.train()), transformers_pixels(ip),
-                       HFTokenize(processor.tokenizer), processor)
+        return Backend(
+            clip, HFClip(model.train()), transformers_pixels(ip), HFTokenize(processor.tokenizer), processor
+        )
     model, preprocess, tokenizer = load_open_clip(clip)
     cfg = model.visual.preprocess_cfg
     input_size = model.visual.image_size
     input_size = tuple(input_size) if isinstance(input_size, (tuple, list)) else input_size
     size = input_size[0] if isinstance(input_size, tuple) else input_size
     saved = {"model_cfg": open_clip_model_config(clip), "preprocess_cfg": dict(cfg)}
-    return Backend(clip, OpenClip(model.train()), open_clip_pixels(preprocess, size, cfg),
-                   OpenClipTokenize(tokenizer), saved, input_size)
+    return Backend(
+        clip,
+        OpenClip(model.train()),
+        open_clip_pixels(preprocess, size, cfg),
+        OpenClipTokenize(tokenizer),
+        saved,
+        input_size,
+    )

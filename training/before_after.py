@@ -48,8 +48,15 @@ def _load(path: Path) -> dict[str, np.ndarray]:
         return {name: z[name] for name in z.files}
 
 
-def before_after(output: Path, data, k_values, final: dict[str, float],
-                 final_units: dict[str, UnitScores], resamples: int, seed: int) -> dict[str, dict]:
+def before_after(
+    output: Path,
+    data,
+    k_values,
+    final: dict[str, float],
+    final_units: dict[str, UnitScores],
+    resamples: int,
+    seed: int,
+) -> dict[str, dict]:
     """metric -> {before, after, difference, ci_low, ci_high} of every final metric the base
     model was evaluated on (the interval: None without units, embeddings or resamples)."""
     before = read_before(output)
@@ -59,16 +66,25 @@ def before_after(output: Path, data, k_values, final: dict[str, float],
     saved = output / BEFORE_EMBEDDINGS
     if resamples and saved.is_file():
         units = unit_scores(_load(saved), data, k_values)
-    pairs = {k: (units[k], final_units[k]) for k in units.keys() & final_units.keys()
-             if units[k].n == final_units[k].n}
-    resampled = bootstrap({(k, side): pair[i] for k, pair in pairs.items() for i, side in enumerate("ba")},
-                          resamples, seed) if pairs else {}
+    pairs = {
+        k: (units[k], final_units[k]) for k in units.keys() & final_units.keys() if units[k].n == final_units[k].n
+    }
+    resampled = (
+        bootstrap({(k, side): pair[i] for k, pair in pairs.items() for i, side in enumerate("ba")}, resamples, seed)
+        if pairs
+        else {}
+    )
     out = {}
     for key, after in final.items():
         if key not in before:
             continue
-        row = {"before": before[key], "after": after, "difference": after - before[key],
-               "ci_low": None, "ci_high": None}
+        row = {
+            "before": before[key],
+            "after": after,
+            "difference": after - before[key],
+            "ci_low": None,
+            "ci_high": None,
+        }
         if key in pairs:
             low, high = interval(resampled[(key, "a")] - resampled[(key, "b")])
             row.update(ci_low=None if math.isnan(low) else low, ci_high=None if math.isnan(high) else high)
@@ -93,8 +109,9 @@ def before_after_table(rows: dict[str, dict], overlap: dict[str, dict] | None = 
     return "\n".join(lines) + "\n"
 
 
-def final_statistics(output: Path, data, cfg, metrics: dict[str, float],
-                     units: dict[str, UnitScores], trained: bool = True) -> dict:
+def final_statistics(
+    output: Path, data, cfg, metrics: dict[str, float], units: dict[str, UnitScores], trained: bool = True
+) -> dict:
     """run.json's `final_intervals` (metric -> [low, high]), `bootstrap`, `bootstrap_seed`,
     `before_metrics` (None: --eval-only or a run started before it was evaluated) and
     `before_after` (a run that `trained`; not --eval-only), with --bootstrap resamples seeded by
@@ -106,8 +123,12 @@ def final_statistics(output: Path, data, cfg, metrics: dict[str, float],
         return None if math.isnan(x) else x
 
     intervals = {k: [finite(v) for v in interval(resampled[k])] for k in units if k in metrics and resamples}
-    return {"final_intervals": {k: v for k, v in intervals.items() if None not in v},
-            "bootstrap": resamples, "bootstrap_seed": seed,
-            "before_metrics": read_before(output) if trained else None,
-            "before_after": before_after(output, data, cfg.run.k_values, metrics, units, resamples, seed)
-            if trained else {}}
+    return {
+        "final_intervals": {k: v for k, v in intervals.items() if None not in v},
+        "bootstrap": resamples,
+        "bootstrap_seed": seed,
+        "before_metrics": read_before(output) if trained else None,
+        "before_after": before_after(output, data, cfg.run.k_values, metrics, units, resamples, seed)
+        if trained
+        else {},
+    }

@@ -47,8 +47,9 @@ def checkpoint_dir(output: Path, step: int) -> Path:
     return output / "checkpoints" / f"step-{step:08d}"
 
 
-def save_checkpoint(accelerator, output: Path, state: TrainerState, pieces: Resumable,
-                    keep: int | None = None) -> Path:
+def save_checkpoint(
+    accelerator, output: Path, state: TrainerState, pieces: Resumable, keep: int | None = None
+) -> Path:
     """Save the state at `state.step`; with `keep` (--keep-checkpoints), then delete all but the
     newest `keep` complete checkpoints (and interrupted saves older than them)."""
     path = checkpoint_dir(output, state.step)
@@ -91,8 +92,10 @@ def find_checkpoint(output: Path, resume: str, fp16: bool = False) -> Path | Non
     if resume != "latest":
         path = Path(resume)
         if not (path / STATE_FILE).is_file():
-            raise UserFacingError(f"--resume {resume}: no {STATE_FILE} there; give a checkpoint "
-                                  f"folder under {output / 'checkpoints'} or `latest`")
+            raise UserFacingError(
+                f"--resume {resume}: no {STATE_FILE} there; give a checkpoint "
+                f"folder under {output / 'checkpoints'} or `latest`"
+            )
     else:
         done = sorted(p for p in (output / "checkpoints").glob("step-*") if (p / STATE_FILE).is_file())
         if not done:
@@ -115,14 +118,22 @@ def _read_state(path: Path) -> TrainerState:
         saved = json.loads(path.read_text())
         state = TrainerState(**saved)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
-        raise InputFileError(path, f"--resume: not a trainer state ({' '.join(str(err).split())[:200]})",
-                             "give a checkpoint folder that `counterfactory train` wrote") from None
+        raise InputFileError(
+            path,
+            f"--resume: not a trainer state ({' '.join(str(err).split())[:200]})",
+            "give a checkpoint folder that `counterfactory train` wrote",
+        ) from None
     counters = (state.epoch, state.batch, state.step)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counters) or not (
-            state.best_val_loss is None or isinstance(state.best_val_loss, (int, float))) or not (
-            state.config is None or isinstance(state.config, dict)):
-        raise InputFileError(path, f"--resume: not a trainer state ({str(saved)[:200]})",
-                             "give a checkpoint folder that `counterfactory train` wrote")
+    if (
+        not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counters)
+        or not (state.best_val_loss is None or isinstance(state.best_val_loss, (int, float)))
+        or not (state.config is None or isinstance(state.config, dict))
+    ):
+        raise InputFileError(
+            path,
+            f"--resume: not a trainer state ({str(saved)[:200]})",
+            "give a checkpoint folder that `counterfactory train` wrote",
+        )
     return state
 
 
@@ -134,19 +145,23 @@ def read_fingerprint(path: Path) -> dict | None:
 def check_same_training(where: Path, saved: dict | None, current: dict) -> None:
     """Refuse to resume from `where` (a checkpoint, or the run.json of a run that saved none)
     when it records another training fingerprint than this run's: one line naming the flags."""
-    fix = ("resume with the flags of the run that wrote it, or train into another --output "
-           "(or --overwrite-output-dir to replace that run)")
+    fix = (
+        "resume with the flags of the run that wrote it, or train into another --output "
+        "(or --overwrite-output-dir to replace that run)"
+    )
     if saved is None:
-        raise InputFileError(where, "--resume: it records no training configuration (written by an "
-                                    "earlier version), so it cannot be checked against this run's "
-                                    "flags", fix)
+        raise InputFileError(
+            where,
+            "--resume: it records no training configuration (written by an "
+            "earlier version), so it cannot be checked against this run's "
+            "flags",
+            fix,
+        )
     differ = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     if differ:
-        shown = "; ".join(f"{k} {_value(saved.get(k))} there, {_value(current.get(k))} here"
-                          for k in differ[:5])
+        shown = "; ".join(f"{k} {_value(saved.get(k))} there, {_value(current.get(k))} here" for k in differ[:5])
         more = f"; and {len(differ) - 5} more" if len(differ) > 5 else ""
-        raise InputFileError(where, f"--resume: a run of another training configuration ({shown}{more})",
-                             fix)
+        raise InputFileError(where, f"--resume: a run of another training configuration ({shown}{more})", fix)
 
 
 def _value(value) -> str:
@@ -164,7 +179,9 @@ def metric_table(metrics: dict[str, float], intervals: dict[str, tuple[float, fl
         low, high = intervals.get(k, (None, None))
         return f"{_fmt(v)} [{_fmt(low)}, {_fmt(high)}]" if low is not None and high is not None else _fmt(v)
 
-    rows = "\n".join(f"| {plain(k)} | {value(k, v)} |" for k, v in sorted(metrics.items(), key=lambda kv: natural(kv[0])))
+    rows = "\n".join(
+        f"| {plain(k)} | {value(k, v)} |" for k, v in sorted(metrics.items(), key=lambda kv: natural(kv[0]))
+    )
     return f"| metric | value |\n|---|---|\n{rows}\n"
 
 
@@ -188,7 +205,9 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(
         f"| {plain(r['path'])} | {plain(r['revision'] or '(local folder)')} | {plain(r['commit'] or '-')} | "
-        f"{plain(r['config'])}/{plain(r['split'])} | {r['rows']} |" for r in run_record["tables"])
+        f"{plain(r['config'])}/{plain(r['split'])} | {r['rows']} |"
+        for r in run_record["tables"]
+    )
     cfg = run_record["config"]
     recipe = cfg.get("recipe") or "custom"
     tag = cfg["run"]["pretrained"]
@@ -196,7 +215,7 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     test = run_record.get("test_examples")
     held_out = f"; held out for the ITM deltas: {test}" if test else ""
     card = f"""---
-library_name: {'transformers' if cfg['run']['backend'] == 'transformers' else 'open_clip'}
+library_name: {"transformers" if cfg["run"]["backend"] == "transformers" else "open_clip"}
 tags:
 - clip
 - counterfactory
@@ -205,9 +224,9 @@ tags:
 
 # CLIP finetuned with counterfactory
 
-Base model: {base} ({cfg['run']['backend']}). Mixture: `{cfg['data']['mix']}`
-(ratio {cfg['data']['ratio']}, data seed {cfg['data']['data_seed']}), hard negatives:
-`{cfg['data']['hard_negatives']}`, recipe: `{recipe}`, seed {cfg['run']['seed']}.
+Base model: {base} ({cfg["run"]["backend"]}). Mixture: `{cfg["data"]["mix"]}`
+(ratio {cfg["data"]["ratio"]}, data seed {cfg["data"]["data_seed"]}), hard negatives:
+`{cfg["data"]["hard_negatives"]}`, recipe: `{recipe}`, seed {cfg["run"]["seed"]}.
 
 ## Training data
 
@@ -215,12 +234,12 @@ Base model: {base} ({cfg['run']['backend']}). Mixture: `{cfg['data']['mix']}`
 |---|---|---|---|---|
 {data_rows}
 
-Examples trained on: {run_record['train_examples']}; validation: {run_record['validation_examples']}{held_out}.
+Examples trained on: {run_record["train_examples"]}; validation: {run_record["validation_examples"]}{held_out}.
 
 ## Optimisation
 
 ```json
-{json.dumps(cfg['optim'], indent=1)}
+{json.dumps(cfg["optim"], indent=1)}
 ```
 
 ## Evaluation (final model)
@@ -241,10 +260,13 @@ def push_to_hub(folder: Path, repo_id: str, manifest: Path) -> str:
     try:
         with hub_errors(endpoint, repo_id, "re-run the same command with --resume latest"):
             api.create_repo(repo_id, repo_type="model", exist_ok=True)
-            info = api.create_commit(repo_id, repo_type="model", commit_message="counterfactory finetuned CLIP",
-                                     operations=[CommitOperationAdd(rel, str(folder / rel)) for rel in files])
+            info = api.create_commit(
+                repo_id,
+                repo_type="model",
+                commit_message="counterfactory finetuned CLIP",
+                operations=[CommitOperationAdd(rel, str(folder / rel)) for rel in files],
+            )
     except PublishError as err:
         raise PublishError(f"--push-to-hub {repo_id}: {err}") from None
     log.info("pushed the %d files of %s to %s", len(files), folder, repo_id)
     return info.oid
-

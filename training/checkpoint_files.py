@@ -48,8 +48,7 @@ MODEL, OPTIMIZER, SCHEDULER, SCALER = "model.safetensors", "optimizer.pt", "sche
 RNG = re.compile(r"rng_state_(\d+)\.json")
 #: The files of a checkpoint besides the RNG states (`trainer_state.json`: training/checkpoint.py).
 CHECKPOINT_FILES = {MODEL, OPTIMIZER, SCHEDULER, SCALER, "trainer_state.json"}
-RESUME_FIX = ("resume from a checkpoint this version of `counterfactory train` wrote, or start "
-              "again without --resume")
+RESUME_FIX = "resume from a checkpoint this version of `counterfactory train` wrote, or start again without --resume"
 
 
 @dataclass
@@ -77,8 +76,11 @@ def write_shared(folder: Path, pieces: Resumable) -> None:
 
 def write_rng(folder: Path, process_index: int) -> None:
     """This process's RNG states (each process its own file)."""
-    state = {"python": random.getstate(), "numpy": _numpy_rng(np.random.get_state()),
-             "torch": torch.get_rng_state().tolist()}
+    state = {
+        "python": random.getstate(),
+        "numpy": _numpy_rng(np.random.get_state()),
+        "torch": torch.get_rng_state().tolist(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     (folder / f"rng_state_{process_index}.json").write_text(json.dumps(state))
@@ -89,27 +91,37 @@ def check_files(folder: Path, fp16: bool) -> None:
     it: a file we would not read may be a pickle meant for a reader that unpickles."""
     for entry in sorted(folder.iterdir()):
         if entry.is_symlink() or not entry.is_file():
-            raise InputFileError(entry, "--resume: a checkpoint holds only plain files, this is "
-                                        "a symlink or a folder", RESUME_FIX)
+            raise InputFileError(
+                entry, "--resume: a checkpoint holds only plain files, this is a symlink or a folder", RESUME_FIX
+            )
         if entry.name not in CHECKPOINT_FILES and not RNG.fullmatch(entry.name):
             raise InputFileError(
-                entry, "--resume: not a file this trainer writes into a checkpoint (a pickle of "
-                       "accelerate's older checkpoint format, or a file put there), so the "
-                       "checkpoint is refused without opening it", RESUME_FIX)
+                entry,
+                "--resume: not a file this trainer writes into a checkpoint (a pickle of "
+                "accelerate's older checkpoint format, or a file put there), so the "
+                "checkpoint is refused without opening it",
+                RESUME_FIX,
+            )
     needed = [MODEL, OPTIMIZER, SCHEDULER, *([SCALER] if fp16 else [])]
     missing = [name for name in needed if not (folder / name).is_file()]
     if missing:
-        raise InputFileError(folder, f"--resume: not a complete checkpoint, no {', '.join(missing)}",
-                             "give a checkpoint folder OUTPUT/checkpoints/step-N that "
-                             "`counterfactory train` wrote, or `latest`")
+        raise InputFileError(
+            folder,
+            f"--resume: not a complete checkpoint, no {', '.join(missing)}",
+            "give a checkpoint folder OUTPUT/checkpoints/step-N that `counterfactory train` wrote, or `latest`",
+        )
 
 
 def read_all(folder: Path, pieces: Resumable, process_index: int) -> None:
     """Restore every piece from `folder` (already through `check_files`)."""
     _load_model(folder / MODEL, pieces.model)
     _load_optimizer(folder / OPTIMIZER, pieces.optimizer)
-    pieces.scheduler.load_state_dict({**_json_state(folder / SCHEDULER, _scheduler_state(pieces.scheduler)),
-                                      "lr_lambdas": [None] * len(pieces.scheduler.lr_lambdas)})
+    pieces.scheduler.load_state_dict(
+        {
+            **_json_state(folder / SCHEDULER, _scheduler_state(pieces.scheduler)),
+            "lr_lambdas": [None] * len(pieces.scheduler.lr_lambdas),
+        }
+    )
     if pieces.scaler is not None:
         pieces.scaler.load_state_dict(_json_state(folder / SCALER, pieces.scaler.state_dict()))
     _load_rng(folder, process_index)
@@ -127,25 +139,35 @@ def _load_model(path: Path, model: torch.nn.Module) -> None:
     try:
         load_model(model, str(path), strict=True, device=str(next(model.parameters()).device))
     except (SafetensorError, RuntimeError, OSError, ValueError) as err:
-        raise InputFileError(path, f"--resume: not this run's model weights ({_first_line(err)})",
-                             "resume with the --model and --backend of the run that wrote it") from None
+        raise InputFileError(
+            path,
+            f"--resume: not this run's model weights ({_first_line(err)})",
+            "resume with the --model and --backend of the run that wrote it",
+        ) from None
 
 
 def _load_optimizer(path: Path, optimizer) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        raise InputFileError(path, f"--resume: not an optimizer state: it holds {refused_global(err)}, "
-                                   "which torch's weights_only loading refused, so none of it ran",
-                             RESUME_FIX) from None
+        raise InputFileError(
+            path,
+            f"--resume: not an optimizer state: it holds {refused_global(err)}, "
+            "which torch's weights_only loading refused, so none of it ran",
+            RESUME_FIX,
+        ) from None
     except (RuntimeError, OSError, EOFError) as err:
-        raise InputFileError(path, f"--resume: not an optimizer state torch can read ({_first_line(err)})",
-                             RESUME_FIX) from None
+        raise InputFileError(
+            path, f"--resume: not an optimizer state torch can read ({_first_line(err)})", RESUME_FIX
+        ) from None
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError, TypeError) as err:
-        raise InputFileError(path, f"--resume: not this run's optimizer state ({_first_line(err)})",
-                             "resume with the flags of the run that wrote it") from None
+        raise InputFileError(
+            path,
+            f"--resume: not this run's optimizer state ({_first_line(err)})",
+            "resume with the flags of the run that wrote it",
+        ) from None
 
 
 def _json_state(path: Path, live: dict) -> dict:
@@ -155,10 +177,13 @@ def _json_state(path: Path, live: dict) -> dict:
         saved = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputFileError(path, f"--resume: unreadable ({_first_line(err)})", RESUME_FIX) from None
-    bad = "not a JSON object" if not isinstance(saved, dict) else next(
-        (f"unexpected key {k!r}" for k in saved if k not in live), None) or next(
-        (f"no {k!r}" for k in live if not k.startswith("_") and k not in saved), None) or next(
-        (f"{k!r} is {saved[k]!r}" for k in saved if not _same_kind(live[k], saved[k])), None)
+    bad = (
+        "not a JSON object"
+        if not isinstance(saved, dict)
+        else next((f"unexpected key {k!r}" for k in saved if k not in live), None)
+        or next((f"no {k!r}" for k in live if not k.startswith("_") and k not in saved), None)
+        or next((f"{k!r} is {saved[k]!r}" for k in saved if not _same_kind(live[k], saved[k])), None)
+    )
     if bad:
         raise InputFileError(path, f"--resume: not this run's state ({bad})", RESUME_FIX)
     return saved
@@ -170,8 +195,11 @@ def _same_kind(live: Any, saved: Any) -> bool:
     if isinstance(live, (int, float)) or live is None:
         return isinstance(saved, (int, float)) or saved is None
     if isinstance(live, (list, tuple)):
-        return isinstance(saved, list) and len(saved) == len(live) and all(
-            _same_kind(a, b) for a, b in zip(live, saved, strict=True))
+        return (
+            isinstance(saved, list)
+            and len(saved) == len(live)
+            and all(_same_kind(a, b) for a, b in zip(live, saved, strict=True))
+        )
     return type(live) is type(saved)
 
 
@@ -189,13 +217,24 @@ def _load_rng(folder: Path, process_index: int) -> None:
     for path in sorted(folder.glob("rng_state_*.json")):
         try:
             states[int(RNG.fullmatch(path.name).group(1))] = _rng_setters(json.loads(path.read_text()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError,
-                KeyError, IndexError, RuntimeError, OverflowError) as err:
-            raise InputFileError(path, f"--resume: not an RNG state ({_first_line(err)})",
-                                 RESUME_FIX) from None
+        except (
+            OSError,
+            UnicodeDecodeError,
+            json.JSONDecodeError,
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            RuntimeError,
+            OverflowError,
+        ) as err:
+            raise InputFileError(path, f"--resume: not an RNG state ({_first_line(err)})", RESUME_FIX) from None
     if process_index not in states:
-        log.warning("--resume: %s has no RNG state of process %d (saved on fewer processes); it "
-                    "keeps its seeded RNG", folder, process_index)
+        log.warning(
+            "--resume: %s has no RNG state of process %d (saved on fewer processes); it keeps its seeded RNG",
+            folder,
+            process_index,
+        )
         return
     for apply in states[process_index]:
         apply()
@@ -212,10 +251,9 @@ def _rng_setters(state: dict) -> list:
     np.random.RandomState().set_state(npy)
     cpu = _byte_tensor(state["torch"])
     torch.Generator().set_state(cpu)
-    setters = [lambda: random.setstate(py), lambda: np.random.set_state(npy),
-               lambda: torch.set_rng_state(cpu)]
+    setters = [lambda: random.setstate(py), lambda: np.random.set_state(npy), lambda: torch.set_rng_state(cpu)]
     if torch.cuda.is_available() and "cuda" in state:
-        cuda = [_byte_tensor(s) for s in state["cuda"]][:torch.cuda.device_count()]
+        cuda = [_byte_tensor(s) for s in state["cuda"]][: torch.cuda.device_count()]
         setters.append(lambda: torch.cuda.set_rng_state_all(cuda))
     return setters
 

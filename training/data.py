@@ -46,24 +46,38 @@ class BatchConfigError(UserFacingError, ValueError):
 class PairBatchSampler:
     """Local batches of example indices for one process; see the module docstring."""
 
-    def __init__(self, groups: list[list[int]], batch_size: int, num_replicas: int = 1,
-                 rank: int = 0, seed: int = 0, keep_pairs: bool = False, keep_last: bool = False) -> None:
+    def __init__(
+        self,
+        groups: list[list[int]],
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        keep_pairs: bool = False,
+        keep_last: bool = False,
+    ) -> None:
         self.unit = 2 if keep_pairs else 1
         self.keep_last = keep_last
         if batch_size % num_replicas:
-            raise BatchConfigError(f"--batch-size {batch_size} is the global batch and must divide "
-                                   f"evenly over {num_replicas} processes")
+            raise BatchConfigError(
+                f"--batch-size {batch_size} is the global batch and must divide evenly over {num_replicas} processes"
+            )
         local = batch_size // num_replicas
         if keep_pairs and local < 2:
-            raise BatchConfigError(f"--hard-negatives pairs needs at least 2 rows per process batch "
-                                   f"(a pair), but --batch-size {batch_size} over {num_replicas} "
-                                   f"process(es) gives {local}; raise --batch-size")
+            raise BatchConfigError(
+                f"--hard-negatives pairs needs at least 2 rows per process batch "
+                f"(a pair), but --batch-size {batch_size} over {num_replicas} "
+                f"process(es) gives {local}; raise --batch-size"
+            )
         if local % self.unit:
-            raise BatchConfigError(f"--hard-negatives pairs needs an even per-process batch, got "
-                                   f"{local} (--batch-size {batch_size} / {num_replicas} processes)")
+            raise BatchConfigError(
+                f"--hard-negatives pairs needs an even per-process batch, got "
+                f"{local} (--batch-size {batch_size} / {num_replicas} processes)"
+            )
         if max((len(g) for g in groups), default=1) > self.unit:
-            raise BatchConfigError(f"a group of {max(len(g) for g in groups)} rows cannot share a "
-                                   f"batch unit of {self.unit}")
+            raise BatchConfigError(
+                f"a group of {max(len(g) for g in groups)} rows cannot share a batch unit of {self.unit}"
+            )
         self.groups = groups
         self.batch_size, self.local = batch_size, local
         self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
@@ -88,8 +102,7 @@ class PairBatchSampler:
                     units.append(single)
                     single = []
         per_batch = self.batch_size // self.unit
-        return [[i for u in units[b:b + per_batch] for i in u]
-                for b in range(0, len(units), per_batch)][:len(self)]
+        return [[i for u in units[b : b + per_batch] for i in u] for b in range(0, len(units), per_batch)][: len(self)]
 
     def __len__(self) -> int:
         n_units = sum(len(g) == self.unit for g in self.groups)
@@ -98,16 +111,17 @@ class PairBatchSampler:
         return full + int(self.keep_last and rest >= self.num_replicas)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for batch in self.global_batches(self.epoch)[self.start:]:
+        for batch in self.global_batches(self.epoch)[self.start :]:
             # Whole units, as evenly as the batch allows: a full batch gives each process `local`
             # rows; the kept last one fewer.
             units, n = len(batch) // self.unit, self.num_replicas
             lo, hi = self.rank * units // n, (self.rank + 1) * units // n
-            yield batch[lo * self.unit:hi * self.unit]
+            yield batch[lo * self.unit : hi * self.unit]
 
 
-def decode_image(data: bytes, transform: Callable[[Image.Image], torch.Tensor],
-                 min_side: int, fast_decode: bool = False) -> torch.Tensor:
+def decode_image(
+    data: bytes, transform: Callable[[Image.Image], torch.Tensor], min_side: int, fast_decode: bool = False
+) -> torch.Tensor:
     """The image in its own mode through `transform`, the backend's steps, which convert it to
     RGB where the backend's reference does (training/backends.py)."""
     img = Image.open(io.BytesIO(data))
@@ -175,24 +189,37 @@ class Batches:
             yield batch
 
 
-def make_loader(examples: ExampleSet, sampler, backend, num_workers: int,
-                negatives: bool = False, fast_decode: bool = False, pixels=None) -> Batches:
+def make_loader(
+    examples: ExampleSet,
+    sampler,
+    backend,
+    num_workers: int,
+    negatives: bool = False,
+    fast_decode: bool = False,
+    pixels=None,
+) -> Batches:
     """Batches of `examples` through `pixels` (default the backend's evaluation pipeline; the
     training loader's with --augment, `Backend.train_pixels`)."""
     pixels = pixels or backend.pixels
     dataset = ExampleDataset(examples, pixels.per_image(), pixels.size, fast_decode)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=num_workers,
-        collate_fn=Collate(backend.tokenize, negatives), persistent_workers=False,
-        multiprocessing_context="fork" if num_workers else None)
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=Collate(backend.tokenize, negatives),
+        persistent_workers=False,
+        multiprocessing_context="fork" if num_workers else None,
+    )
     return Batches(loader, pixels.per_batch)
 
 
 def to_device(batch: dict, device) -> dict:
     """The batch's tensors (the tokenizer's dicts too) on `device`, the model's: the loader
     yields CPU tensors and the forward must get them where the weights are. A no-op on CPU."""
-    return {k: to_device(v, device) if isinstance(v, dict) else
-            v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {
+        k: to_device(v, device) if isinstance(v, dict) else v.to(device) if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
 
 
 def fixed_batches(n: int, batch_size: int) -> list[list[int]]:

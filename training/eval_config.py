@@ -49,9 +49,20 @@ class EvalConfig:
         """The evaluation of a training run (`cfg.optim.loss` resolved by then: the trainer
         resolves it when it loads the model)."""
         d, r = cfg.data, cfg.run
-        return cls(real=d.real, real_test_split=d.real_test_split, decorrelation=d.decorrelation,
-                   counterfactuals=d.counterfactuals, counterfactuals_split=d.counterfactuals_split,
-                   zeroshot=d.zeroshot, max_image_pixels=d.max_image_pixels, flickr30k=d.flickr30k,
-                   flickr30k_split=d.flickr30k_split, eval_batch_size=r.eval_batch_size,
-                   num_workers=d.num_workers, k_values=tuple(r.k_values), eccv=r.eccv,
-                   coco_instances=r.coco_instances, loss=cfg.optim.loss or "clip")
+        return cls(
+            real=d.real,
+            real_test_split=d.real_test_split,
+            decorrelation=d.decorrelation,
+            counterfactuals=d.counterfactuals,
+            counterfactuals_split=d.counterfactuals_split,
+            zeroshot=d.zeroshot,
+            max_image_pixels=d.max_image_pixels,
+            flickr30k=d.flickr30k,
+            flickr30k_split=d.flickr30k_split,
+            eval_batch_size=r.eval_batch_size,
+            num_workers=d.num_workers,
+            k_values=tuple(r.k_values),
+            eccv=r.eccv,
+            coco_instances=r.coco_instances,
+            loss=cfg.optim.loss or "clip",
+        )

@@ -29,8 +29,13 @@ from training.zeroshot import load_zeroshot_set
 
 log = logging.getLogger(__name__)
 
-QUERY_COLUMNS = {"image": datasets.Image, "image_id": object, "removed_classes": object,
-                 "present_classes": object, "caption_ids": object}
+QUERY_COLUMNS = {
+    "image": datasets.Image,
+    "image_id": object,
+    "removed_classes": object,
+    "present_classes": object,
+    "caption_ids": object,
+}
 GALLERY_COLUMNS = {"caption_id": object, "caption": object, "mentioned_classes": object}
 FOLD = 1000
 
@@ -123,8 +128,7 @@ def coco_5k_reference() -> tuple[np.ndarray, np.ndarray]:
 
 def is_coco_5k(image_ids: np.ndarray) -> bool:
     """Whether the split's images are exactly the COCO 5K test images."""
-    return len(image_ids) == 5 * FOLD and \
-        set(image_ids.tolist()) == set(coco_5k_reference()[0].tolist())
+    return len(image_ids) == 5 * FOLD and set(image_ids.tolist()) == set(coco_5k_reference()[0].tolist())
 
 
 def keep_standard_coco_captions(data: EvalData) -> None:
@@ -148,7 +152,7 @@ def retrieval_folds(image_ids: np.ndarray) -> list[np.ndarray]:
         owners, _ = coco_5k_reference()
         row = {int(i): r for r, i in enumerate(image_ids)}
         per_fold = len(owners) // 5
-        fold_images = [dict.fromkeys(owners[f * per_fold:(f + 1) * per_fold].tolist()) for f in range(5)]
+        fold_images = [dict.fromkeys(owners[f * per_fold : (f + 1) * per_fold].tolist()) for f in range(5)]
         return [np.sort([row[i] for i in images]) for images in fold_images]
     return [np.arange(f * FOLD, (f + 1) * FOLD) for f in range(5)]
 
@@ -167,15 +171,19 @@ def check_eccv_split(data: EvalData, where: str) -> None:
             f"{len(captions)} captions) as --real-test-split, but {where} has "
             f"{len(data.image_ids)} images ({len(outside)} outside it, e.g. {outside[:3]}; "
             f"{len(missing_images)} of its images and {len(missing_captions)} of its captions "
-            "missing); pass a coco-captions build with the Karpathy test split or drop --eccv")
+            "missing); pass a coco-captions build with the Karpathy test split or drop --eccv"
+        )
 
 
 def read_pm_positives(instances: str):
     """PMRP's plausible-match positives of the COCO 5K test images (zeta = 0, as in the paper)
     from COCO's `instances_val2014.json`: read once, before training, so a wrong path fails
     first."""
-    from counterfactory_metrics.map_at_r.eccv_annotations import (AnnotationFileError,
-                                                                  pm_positives_from_instances, read_positives)
+    from counterfactory_metrics.map_at_r.eccv_annotations import (
+        AnnotationFileError,
+        pm_positives_from_instances,
+        read_positives,
+    )
 
     try:
         return pm_positives_from_instances(Path(instances), read_positives("coco").i2t)
@@ -190,17 +198,24 @@ def load_flickr30k(root: str, split: str) -> EvalData:
         images = read_flickr30k(Flickr30kSourceConfig(Path(root), splits=(split,)))
     except InputFileError as err:
         raise DataInputError(f"--flickr30k {root}: {err}") from None
-    usable = [im for im in images if im.input_problem is None
-              and any(c.input_problem is None for c in im.captions)]
+    usable = [im for im in images if im.input_problem is None and any(c.input_problem is None for c in im.captions)]
     if len(usable) < len(images):
-        log.warning("--flickr30k %s: skipped %d of %d %s images (unreadable or without captions)",
-                    root, len(images) - len(usable), len(images), split)
+        log.warning(
+            "--flickr30k %s: skipped %d of %d %s images (unreadable or without captions)",
+            root,
+            len(images) - len(usable),
+            len(images),
+            split,
+        )
     if not usable:
-        raise DataInputError(f"--flickr30k {root}: no usable images in split {split!r}; give a "
-                             "Flickr30k folder (flickr30k-images/ + dataset_flickr30k.json)")
+        raise DataInputError(
+            f"--flickr30k {root}: no usable images in split {split!r}; give a "
+            "Flickr30k folder (flickr30k-images/ + dataset_flickr30k.json)"
+        )
     table = datasets.Dataset.from_dict(
         {"image": [{"bytes": im.path.read_bytes(), "path": None} for im in usable]},
-        features=datasets.Features({"image": datasets.Image(decode=False)}))
+        features=datasets.Features({"image": datasets.Image(decode=False)}),
+    )
     out = EvalData(retrieval=ExampleSet(tables=[table]))
     captions = [[c for c in im.captions if c.input_problem is None] for im in usable]
     for row, caps in enumerate(captions):

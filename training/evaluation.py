@@ -81,8 +81,10 @@ class UndecodableImage(DataInputError):
     column), so the caller can name the file it came from."""
 
     def __init__(self, origin: str, row: int, column: str, problem: str) -> None:
-        super().__init__(f"{origin} row {row}, column {column!r}: the image cannot be decoded "
-                         f"({problem}); rebuild the dataset or re-download that shard")
+        super().__init__(
+            f"{origin} row {row}, column {column!r}: the image cannot be decoded "
+            f"({problem}); rebuild the dataset or re-download that shard"
+        )
         self.origin, self.row, self.column, self.problem = origin, row, column, problem
 
 
@@ -126,8 +128,11 @@ def encode_images(module, backend, examples: ExampleSet, batch_size: int, worker
 @torch.no_grad()
 def encode_texts(module, backend, texts: list[str], batch_size: int) -> np.ndarray:
     device = module_device(module)
-    return _to_numpy(_shrinking("evaluation text encode", batch_size).map(
-        texts, lambda chunk: [module(text=to_device(backend.tokenize(list(chunk)), device))[1]]))
+    return _to_numpy(
+        _shrinking("evaluation text encode", batch_size).map(
+            texts, lambda chunk: [module(text=to_device(backend.tokenize(list(chunk)), device))[1]]
+        )
+    )
 
 
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:
@@ -164,9 +169,13 @@ def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
         targets += ("pmrp",)
     # load_eval_data checked the split is COCO 5K and kept its standard 25,000 captions, the
     # ones the suite is defined on.
-    res = eccv_suite_from_similarity(emb["image"] @ emb["text"].T, data.image_ids,
-                                     data.caption_ids, EccvSuiteConfig(target_metrics=targets),
-                                     EccvAnnotations.load(pm))
+    res = eccv_suite_from_similarity(
+        emb["image"] @ emb["text"].T,
+        data.image_ids,
+        data.caption_ids,
+        EccvSuiteConfig(target_metrics=targets),
+        EccvAnnotations.load(pm),
+    )
     return {f"eccv/{m}_{d}": float(v) for m, by_dir in res.items() for d, v in by_dir.items()}
 
 
@@ -187,9 +196,13 @@ def odmap_result(emb, data: EvalData, k_values):
     k = min(max(k_values), len(data.gallery_captions))
     top, _ = topk_from_embeddings(emb["query_image"], emb["gallery_text"], k)
     classes = odmap_classes(data)
-    return odmap_from_topk(top, class_matrix(data.gallery_mentions, classes),
-                           class_matrix(data.removed, classes), class_matrix(data.present, classes),
-                           k_values=[v for v in k_values if v <= k])
+    return odmap_from_topk(
+        top,
+        class_matrix(data.gallery_mentions, classes),
+        class_matrix(data.removed, classes),
+        class_matrix(data.present, classes),
+        k_values=[v for v in k_values if v <= k],
+    )
 
 
 def odmap_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
@@ -202,8 +215,9 @@ def original_rows(query_image_ids: np.ndarray, image_ids: np.ndarray) -> np.ndar
     return np.asarray([row.get(int(i), -1) for i in query_image_ids], dtype=np.int64)
 
 
-def necessity_values(original_images: np.ndarray, rows: np.ndarray, emb,
-                     data: EvalData) -> list[tuple[int, str, float]]:
+def necessity_values(
+    original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData
+) -> list[tuple[int, str, float]]:
     """(query, removed class, PN) of every caption of a query that mentions a class it removed
     (see the module docstring). `original_images`: the retrieval split's image embeddings, in
     which query q's x is row `rows[q]` (`original_rows`; -1: skipped)."""
@@ -280,15 +294,17 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: EvalConfig, emb
     out: dict[str, float] = {}
     if data.flickr30k is not None:
         f = data.flickr30k
-        flickr = {"image": encode_images(module, backend, f.retrieval, bs, workers),
-                  "text": encode_texts(module, backend, f.captions, bs)}
+        flickr = {
+            "image": encode_images(module, backend, f.retrieval, bs, workers),
+            "text": encode_texts(module, backend, f.captions, bs),
+        }
         emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
-        out.update({k.replace("retrieval/", "flickr30k/"): v
-                    for k, v in retrieval_metrics(flickr, f, cfg.k_values).items()})
+        out.update(
+            {k.replace("retrieval/", "flickr30k/"): v for k, v in retrieval_metrics(flickr, f, cfg.k_values).items()}
+        )
     for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
-        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames,
-                                   z.templates)
+        classes = class_embeddings(lambda texts: encode_texts(module, backend, texts, bs), z.classnames, z.templates)
         emb[f"zeroshot_{z.name}_image"], emb[f"zeroshot_{z.name}_class"] = images, classes
         out.update({f"zeroshot/{z.name}/{k}": v for k, v in zeroshot_scores(images, classes, z.labels).items()})
     return out
@@ -311,33 +327,39 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
         out.update(delta_units(scores))
     if data.flickr30k is not None and "flickr30k_image" in emb:
         flickr = {"image": emb["flickr30k_image"], "text": emb["flickr30k_text"]}
-        out.update({k.replace("retrieval", "flickr30k", 1): v for k, v in
-                    retrieval_units(flickr, data.flickr30k, k_values, units="flickr30k images").items()})
+        out.update(
+            {
+                k.replace("retrieval", "flickr30k", 1): v
+                for k, v in retrieval_units(flickr, data.flickr30k, k_values, units="flickr30k images").items()
+            }
+        )
     for z in data.zeroshot:
         if f"zeroshot_{z.name}_image" in emb:
-            out.update(zeroshot_units(z.name, emb[f"zeroshot_{z.name}_image"],
-                                      emb[f"zeroshot_{z.name}_class"], z.labels))
+            out.update(
+                zeroshot_units(z.name, emb[f"zeroshot_{z.name}_image"], emb[f"zeroshot_{z.name}_class"], z.labels)
+            )
     return out
 
 
 @torch.no_grad()
-def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int,
-                    loss: str = "clip") -> float:
+def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int, loss: str = "clip") -> float:
     """The mean `--loss` (clip or siglip) over in-order batches of `examples`."""
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
     losses, sizes = [], []
     device = module_device(module)
     for b in loader:
         b = to_device(b, device)
-        img, txt, _, *logit = module(pixel_values=b["pixel_values"], text=b["text"],
-                                     **({"with_bias": True} if loss == "siglip" else {}))
+        img, txt, _, *logit = module(
+            pixel_values=b["pixel_values"], text=b["text"], **({"with_bias": True} if loss == "siglip" else {})
+        )
         losses.append(float(contrastive_loss(loss, img, txt, *logit)))
         sizes.append(len(img))
     return float(np.average(losses, weights=sizes)) if losses else float("nan")
 
 
-def evaluate_model(module, backend, data: EvalData, cfg: EvalConfig, save_to: Path | None = None,
-                   units: dict | None = None) -> dict[str, float]:
+def evaluate_model(
+    module, backend, data: EvalData, cfg: EvalConfig, save_to: Path | None = None, units: dict | None = None
+) -> dict[str, float]:
     """All metrics of `data`; with `save_to`, also write the embeddings there; with `units`, also
     fill it with each metric's per-unit scores (training/unit_scores.py: what the intervals
     resample)."""
@@ -360,8 +382,9 @@ def evaluate_model(module, backend, data: EvalData, cfg: EvalConfig, save_to: Pa
     itm_args = itm_inputs(emb, data)
     if itm_args:
         for delta, stats in itm_score_deltas(**itm_args).items():
-            metrics.update({f"itm/{delta}_{k}": float(v) for k, v in stats.items()
-                            if k in ("mean", "median", "frac_below_zero")})
+            metrics.update(
+                {f"itm/{delta}_{k}": float(v) for k, v in stats.items() if k in ("mean", "median", "frac_below_zero")}
+            )
     metrics.update(zeroshot_and_flickr30k(module, backend, data, cfg, emb))
     if data.validation is not None and len(data.validation):
         metrics["val_loss"] = validation_loss(module, backend, data.validation, bs, workers, cfg.loss)

@@ -63,8 +63,10 @@ def copy_saved_model(src: Path, dst: Path) -> None:
     """Copy a model folder the run saved (`best/`) as regular files; a symlink there is refused."""
     files, links = _walk(src)
     if links:
-        raise UserFacingError(f"{src} holds symlink(s) {_names(links)}, which the run did not save; "
-                              "remove them and re-run the same command with --resume latest")
+        raise UserFacingError(
+            f"{src} holds symlink(s) {_names(links)}, which the run did not save; "
+            "remove them and re-run the same command with --resume latest"
+        )
     for rel in files:
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, dst / rel, follow_symlinks=False)
@@ -74,22 +76,28 @@ def listed_files(manifest_path: Path) -> dict[str, dict]:
     """Path -> `{"path", "bytes", "sha256"}` of the files of `final/` the run recorded (checked:
     plain relative paths, no dotfiles)."""
     if not manifest_path.is_file() or manifest_path.is_symlink():
-        raise UserFacingError(f"{manifest_path} is missing: the files in {manifest_path.parent / 'final'} "
-                              "were not recorded by a run; re-run the training (--resume latest) "
-                              "to write the final model again")
+        raise UserFacingError(
+            f"{manifest_path} is missing: the files in {manifest_path.parent / 'final'} "
+            "were not recorded by a run; re-run the training (--resume latest) "
+            "to write the final model again"
+        )
     try:
         entries = json.loads(manifest_path.read_text())["files"]
         records = {e["path"]: e for e in entries}
     except (ValueError, KeyError, TypeError) as err:
-        raise UserFacingError(f"{manifest_path} is damaged ({type(err).__name__}); re-run the "
-                              "training (--resume latest) to write it again") from None
+        raise UserFacingError(
+            f"{manifest_path} is damaged ({type(err).__name__}); re-run the "
+            "training (--resume latest) to write it again"
+        ) from None
     for path in records:
         problem = repo_path_problem(path) if isinstance(path, str) else "not a path"
         if not problem and any(part.startswith(".") for part in path.split("/")):
             problem = "a dotfile"
         if problem:
-            raise UserFacingError(f"{manifest_path} lists {str(path)[:100]!r} ({problem}); it was "
-                                  "edited or damaged — re-run the training (--resume latest)")
+            raise UserFacingError(
+                f"{manifest_path} lists {str(path)[:100]!r} ({problem}); it was "
+                "edited or damaged — re-run the training (--resume latest)"
+            )
     return records
 
 
@@ -103,7 +111,8 @@ def _refuse_foreign(final: Path, found: list[str]) -> None:
         raise UserFacingError(
             f"{final} holds {len(found)} file(s) the run did not write: {_names(found)}; "
             f"--push-to-hub sends only the files {MANIFEST} lists and refuses a folder holding "
-            "anything else — move them out of it")
+            "anything else — move them out of it"
+        )
 
 
 def check_before_training(output: Path) -> None:
@@ -111,8 +120,9 @@ def check_before_training(output: Path) -> None:
     earlier run did not write (its own listed files are rewritten by this run)."""
     final = output / "final"
     if final.is_symlink():
-        raise OutputError(f"{final} is a symlink; the final model is written into a real folder "
-                          "there — remove the link")
+        raise OutputError(
+            f"{final} is a symlink; the final model is written into a real folder there — remove the link"
+        )
     if not final.is_dir():
         return
     listed = set(listed_files(output / MANIFEST)) if (output / MANIFEST).exists() else set()
@@ -129,8 +139,10 @@ def install(staged: Path, output: Path) -> None:
     this one did not write, and record the new list."""
     final, manifest_path = output / "final", output / MANIFEST
     if final.is_symlink():
-        raise OutputError(f"{final} is a symlink; the final model is written into a real folder "
-                          f"there — remove the link (this run's model is in {staged})")
+        raise OutputError(
+            f"{final} is a symlink; the final model is written into a real folder "
+            f"there — remove the link (this run's model is in {staged})"
+        )
     files, links = _walk(staged)
     if links:  # nothing the run writes is a link: refuse rather than publish one
         raise UserFacingError(f"{staged} holds symlink(s) {_names(links)}; re-run the training")
@@ -139,8 +151,10 @@ def install(staged: Path, output: Path) -> None:
     final.mkdir(exist_ok=True)
     for rel in files:
         if not _inside(final, rel):
-            raise OutputError(f"{final / rel} leads outside {final} (a symlinked folder); remove "
-                              f"the link (this run's model is in {staged})")
+            raise OutputError(
+                f"{final / rel} leads outside {final} (a symlinked folder); remove "
+                f"the link (this run's model is in {staged})"
+            )
         (final / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged / rel, final / rel)  # replaces a link of that name itself, never its target
     for rel in set(previous) - set(files):
@@ -167,9 +181,10 @@ def published_files(final: Path, manifest_path: Path) -> list[str]:
             regular = stat.S_ISREG(info.st_mode) and path.resolve() == final.resolve() / rel
         except OSError:
             regular = False
-        if not regular or info.st_size != records[rel].get("bytes") \
-                or file_sha256(path) != records[rel].get("sha256"):
-            raise UserFacingError(f"{path} is missing or changed since the run wrote it (its size "
-                                  f"or sha256 differs from {MANIFEST}); re-run the training "
-                                  "(--resume latest) to write the final model again")
+        if not regular or info.st_size != records[rel].get("bytes") or file_sha256(path) != records[rel].get("sha256"):
+            raise UserFacingError(
+                f"{path} is missing or changed since the run wrote it (its size "
+                f"or sha256 differs from {MANIFEST}); re-run the training "
+                "(--resume latest) to write the final model again"
+            )
     return list(records)

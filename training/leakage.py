@@ -61,8 +61,10 @@ CAPTIONS = ("caption_0", "caption_1")
 #: Rows of image bytes hashed per page (memory-mapped Arrow, read without copying).
 PAGE = 256
 TRAINING, SELECTION = "training", "checkpoint selection"
-_WHERE = {TRAINING: "the training data",
-          SELECTION: "the checkpoint-selection data (the validation examples of --best-by-val-loss)"}
+_WHERE = {
+    TRAINING: "the training data",
+    SELECTION: "the checkpoint-selection data (the validation examples of --best-by-val-loss)",
+}
 
 
 @dataclass
@@ -129,7 +131,7 @@ def _digests(table, column: str, rows: set[int]) -> Iterator[tuple[int, str]]:
     j = 0
     while j < len(ordered):
         start = ordered[j] - ordered[j] % PAGE
-        cells = pc.struct_field(view[start:start + PAGE][column], "bytes")
+        cells = pc.struct_field(view[start : start + PAGE][column], "bytes")
         while j < len(ordered) and ordered[j] < start + PAGE:
             cell = cells[ordered[j] - start]
             if cell.is_valid:
@@ -180,19 +182,37 @@ def eval_sets(data: EvalData) -> list[EvalSet]:
     """The evaluation sets of `data` with their images and captions."""
     out = []
     if data.retrieval is not None:
-        out.append(EvalSet("real_test", "the real test split (--real-test-split)",
-                           "train without them or skip the set with --real-test-split ''",
-                           ("retrieval/", "retrieval_1k/", "eccv/", "itm/IR_r", "itm/TR_r"),
-                           image_keys(data.retrieval),
-                           {(normalise(c), int(i)) for c, i in zip(data.captions, data.caption_image, strict=True)}))
+        out.append(
+            EvalSet(
+                "real_test",
+                "the real test split (--real-test-split)",
+                "train without them or skip the set with --real-test-split ''",
+                ("retrieval/", "retrieval_1k/", "eccv/", "itm/IR_r", "itm/TR_r"),
+                image_keys(data.retrieval),
+                {(normalise(c), int(i)) for c, i in zip(data.captions, data.caption_image, strict=True)},
+            )
+        )
     if data.queries is not None:
-        out.append(EvalSet("odmap_queries", "the ODmAP queries of --decorrelation",
-                           "train on images outside its test set",
-                           ("odmap/", "necessity/"), image_keys(data.queries)))
+        out.append(
+            EvalSet(
+                "odmap_queries",
+                "the ODmAP queries of --decorrelation",
+                "train on images outside its test set",
+                ("odmap/", "necessity/"),
+                image_keys(data.queries),
+            )
+        )
     if data.cf_pairs is not None:
-        out.append(EvalSet("heldout_counterfactuals", "the held-out counterfactual pairs",
-                           "train on other pairs", ("itm/IR_c", "itm/TR_c"), image_keys(data.cf_pairs),
-                           pair_texts(data.cf_pairs)))
+        out.append(
+            EvalSet(
+                "heldout_counterfactuals",
+                "the held-out counterfactual pairs",
+                "train on other pairs",
+                ("itm/IR_c", "itm/TR_c"),
+                image_keys(data.cf_pairs),
+                pair_texts(data.cf_pairs),
+            )
+        )
     return out
 
 
@@ -200,8 +220,11 @@ def _shared(s: EvalSet, images: set, texts: dict[str, set]) -> tuple[int, int]:
     """(images, captions) of `s` that `images` / `texts` hold (module doc: equal captions of
     two different COCO images do not count)."""
     n_images = sum(1 for keys in s.images.values() if keys & images)
-    n_texts = sum(1 for text, image in s.texts if text in texts and (
-        image is None or None in texts[text] or image in texts[text]))
+    n_texts = sum(
+        1
+        for text, image in s.texts
+        if text in texts and (image is None or None in texts[text] or image in texts[text])
+    )
     return n_images, n_texts
 
 
@@ -222,8 +245,9 @@ def _counts(s: EvalSet, images: int, captions: int) -> str:
     return f"{images} of the {len(s.images)} images of {s.label}{also}"
 
 
-def check_eval_overlap(train: ExampleSet, data: EvalData, allow: bool, negatives: bool = False,
-                       selection: ExampleSet | None = None) -> dict[str, dict]:
+def check_eval_overlap(
+    train: ExampleSet, data: EvalData, allow: bool, negatives: bool = False, selection: ExampleSet | None = None
+) -> dict[str, dict]:
     """Per evaluation set sharing images or captions with `train` (its negative captions too with
     `negatives`) or with `selection` (the validation examples that pick the checkpoint):
     {key: {set, shared, images, captions_shared, captions, data, metrics}} (empty when none
@@ -238,20 +262,32 @@ def check_eval_overlap(train: ExampleSet, data: EvalData, allow: bool, negatives
         images, captions = _shared(s, *_merged(keyed))
         if not allow:
             on = " and ".join("trained" if w == TRAINING else "selected" for w in where)
-            fix = s.fix + ("; pick the checkpoint on other data (--real-val-split) or drop "
-                           "--best-by-val-loss" if SELECTION in where else "")
+            fix = s.fix + (
+                "; pick the checkpoint on other data (--real-val-split) or drop --best-by-val-loss"
+                if SELECTION in where
+                else ""
+            )
             raise DataInputError(
                 f"{_counts(s, images, captions)} are in "
                 f"{' and '.join(_WHERE[w] for w in where)}, so its metrics "
                 f"({', '.join(p.rstrip('/') for p in s.metrics)}) would be measured on data the "
                 f"model was {on} on; {fix}, or pass --allow-eval-overlap to report them marked as "
-                "overlapping")
-        log.warning("%s are in %s: its metrics are marked as overlapping "
-                    "(--allow-eval-overlap)", _counts(s, images, captions),
-                    " and ".join(_WHERE[w] for w in where))
-        overlap[s.key] = {"set": s.label, "shared": images, "images": len(s.images),
-                          "captions_shared": captions, "captions": len(s.texts), "data": where,
-                          "metrics": list(s.metrics)}
+                "overlapping"
+            )
+        log.warning(
+            "%s are in %s: its metrics are marked as overlapping (--allow-eval-overlap)",
+            _counts(s, images, captions),
+            " and ".join(_WHERE[w] for w in where),
+        )
+        overlap[s.key] = {
+            "set": s.label,
+            "shared": images,
+            "images": len(s.images),
+            "captions_shared": captions,
+            "captions": len(s.texts),
+            "data": where,
+            "metrics": list(s.metrics),
+        }
     return overlap
 
 

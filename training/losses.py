@@ -40,10 +40,14 @@ def resolve_loss(asked: str | None, has_logit_bias: bool, model_id: str) -> str:
     `None` picks it, the other choice is one line."""
     fits = "siglip" if has_logit_bias else "clip"
     if asked is not None and asked != fits:
-        kind = "has a logit_bias (a SigLIP model, trained with the sigmoid loss)" if has_logit_bias \
+        kind = (
+            "has a logit_bias (a SigLIP model, trained with the sigmoid loss)"
+            if has_logit_bias
             else "has no logit_bias (a CLIP model, trained with the softmax loss)"
-        raise UserFacingError(f"--loss {asked} does not fit --model {model_id}: it {kind}; give "
-                              f"--loss {fits} or leave --loss out")
+        )
+        raise UserFacingError(
+            f"--loss {asked} does not fit --model {model_id}: it {kind}; give --loss {fits} or leave --loss out"
+        )
     return fits
 
 
@@ -62,9 +66,13 @@ def gather_global(local: torch.Tensor, accelerator) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def clip_loss(image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
-              negative: torch.Tensor | None = None,
-              negative_mask: torch.Tensor | None = None) -> torch.Tensor:
+def clip_loss(
+    image: torch.Tensor,
+    text: torch.Tensor,
+    scale: torch.Tensor,
+    negative: torch.Tensor | None = None,
+    negative_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Symmetric InfoNCE over aligned rows; with `negative`, NegCLIP's extra i2t columns."""
     labels = torch.arange(len(image), device=image.device)
     logits_i2t = scale * image @ text.T
@@ -76,9 +84,14 @@ def clip_loss(image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
     return (F.cross_entropy(logits_i2t, labels) + F.cross_entropy(logits_t2i, labels)) / 2
 
 
-def siglip_loss(image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                negative: torch.Tensor | None = None,
-                negative_mask: torch.Tensor | None = None) -> torch.Tensor:
+def siglip_loss(
+    image: torch.Tensor,
+    text: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    negative: torch.Tensor | None = None,
+    negative_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """SigLIP's sigmoid loss over aligned rows; with `negative`, every unmasked negative caption
     is one more negative (label -1) of every image."""
     logits = scale * image @ text.T + bias
@@ -90,9 +103,15 @@ def siglip_loss(image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, bi
     return total / len(image)
 
 
-def contrastive_loss(kind: str, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
-                     bias: torch.Tensor | None = None, negative: torch.Tensor | None = None,
-                     negative_mask: torch.Tensor | None = None) -> torch.Tensor:
+def contrastive_loss(
+    kind: str,
+    image: torch.Tensor,
+    text: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    negative: torch.Tensor | None = None,
+    negative_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The `--loss` of the batch (`bias` is the SigLIP model's logit bias)."""
     if kind == "siglip":
         return siglip_loss(image, text, scale, bias, negative, negative_mask)

@@ -55,12 +55,15 @@ from training.sources import DataInputError, TableRecord, open_table, resolve_co
 log = logging.getLogger(__name__)
 
 REAL_COLUMNS = {"image": datasets.Image, "image_id": object, "caption_ids": object, "captions": object}
-DPRIME_COLUMNS = {"image": datasets.Image, "image_id": object, "caption": object,
-                  "caption_id": object, "original_caption": object}
-CF_COLUMNS = {"image_0": datasets.Image, "image_1": datasets.Image, "caption_0": object,
-              "caption_1": object}
-CF_FRACTIONS = {"cf:real": (1.0, 0.0), "cf:base": (0.5, 0.25), "cf:medium": (1.0, 0.75),
-                "cf:all": (1.0, 1.0)}
+DPRIME_COLUMNS = {
+    "image": datasets.Image,
+    "image_id": object,
+    "caption": object,
+    "caption_id": object,
+    "original_caption": object,
+}
+CF_COLUMNS = {"image_0": datasets.Image, "image_1": datasets.Image, "caption_0": object, "caption_1": object}
+CF_FRACTIONS = {"cf:real": (1.0, 0.0), "cf:base": (0.5, 0.25), "cf:medium": (1.0, 0.75), "cf:all": (1.0, 1.0)}
 VAL_FRACTION = 0.2
 
 
@@ -81,8 +84,9 @@ class ExampleSet:
     def __len__(self) -> int:
         return len(self.row)
 
-    def add(self, table: int, row: int, column: str, caption: str, negative: str | None,
-            group: int, origin: str) -> int:
+    def add(
+        self, table: int, row: int, column: str, caption: str, negative: str | None, group: int, origin: str
+    ) -> int:
         self.table_of.append(table)
         self.row.append(row)
         self.column.append(column)
@@ -95,8 +99,15 @@ class ExampleSet:
     def subset(self, indices: list[int]) -> ExampleSet:
         out = ExampleSet(tables=self.tables)
         for i in indices:
-            out.add(self.table_of[i], self.row[i], self.column[i], self.caption[i],
-                    self.negative[i], self.group[i], self.origin[i])
+            out.add(
+                self.table_of[i],
+                self.row[i],
+                self.column[i],
+                self.caption[i],
+                self.negative[i],
+                self.group[i],
+                self.origin[i],
+            )
         return out
 
     def groups(self) -> list[list[int]]:
@@ -143,8 +154,11 @@ def build_mixture(cfg: DataConfig) -> Mixture:
         _add_real(validation, [val_table])
     if cfg.mix == "decorrelation":
         _add_decorrelation(cfg, rng, examples, real_index, records, skipped)
-    heldout = _add_unmixed_counterfactuals(cfg.counterfactuals, cfg.counterfactuals_split, examples,
-                                           records) if cfg.counterfactuals else []
+    heldout = (
+        _add_unmixed_counterfactuals(cfg.counterfactuals, cfg.counterfactuals_split, examples, records)
+        if cfg.counterfactuals
+        else []
+    )
     return Mixture(examples, validation, heldout, records, dict(skipped))
 
 
@@ -179,13 +193,15 @@ def _add_real(examples: ExampleSet, tables: list[datasets.Dataset]) -> dict[tupl
         k = len(examples.tables)
         examples.tables.append(ds)
         meta = ds.select_columns(["image_id", "caption_ids", "captions"]).to_dict()
-        for row, (image_id, cap_ids, caps) in enumerate(zip(meta["image_id"], meta["caption_ids"],
-                                                            meta["captions"], strict=True)):
+        for row, (image_id, cap_ids, caps) in enumerate(
+            zip(meta["image_id"], meta["caption_ids"], meta["captions"], strict=True)
+        ):
             if len(cap_ids) != len(caps):  # our builds write them parallel; a hand-made table may not
                 raise DataInputError(
                     f"--real split {ds.split}, row {row} (image {image_id}): caption_ids has "
                     f"{len(cap_ids)} ids but captions has {len(caps)} texts; give each caption its "
-                    "id (or rebuild the table with `counterfactory build coco-captions`)")
+                    "id (or rebuild the table with `counterfactory build coco-captions`)"
+                )
             for cap_id, cap in zip(cap_ids, caps, strict=True):
                 index[(int(image_id), int(cap_id))] = examples.add(k, row, "image", cap, None, -1, "real")
     return index
@@ -200,7 +216,8 @@ def _add_decorrelation(cfg, rng, examples: ExampleSet, real_index, records, skip
         raise DataInputError(
             f"--ratio {cfg.ratio} needs ceil({cfg.ratio} x {n_real} real rows) = {n_sub} rows of D' "
             f"but {ref.path} default/train has {len(dprime)}; lower --ratio to at most "
-            f"{len(dprime) / n_real:.4f} or build more D'")
+            f"{len(dprime) / n_real:.4f} or build more D'"
+        )
     chosen = np.sort(rng.permutation(len(dprime))[:n_sub])
     k = len(examples.tables)
     examples.tables.append(dprime)
@@ -215,12 +232,10 @@ def _add_decorrelation(cfg, rng, examples: ExampleSet, real_index, records, skip
         if partner is not None and examples.group[partner] < 0:
             group = partner
             examples.group[partner] = group
-        examples.add(k, row, "image", meta["caption"][row], meta["original_caption"][row], group,
-                     "decorrelation")
+        examples.add(k, row, "image", meta["caption"][row], meta["original_caption"][row], group, "decorrelation")
 
 
-def _add_unmixed_counterfactuals(ref: SourceRef, split: str, examples: ExampleSet,
-                                 records) -> list[tuple[int, int]]:
+def _add_unmixed_counterfactuals(ref: SourceRef, split: str, examples: ExampleSet, records) -> list[tuple[int, int]]:
     """Every pair of the counterfactuals split as held-out (table, row), its table appended to
     `examples.tables` (no example reads it: nothing of it is trained on)."""
     cf = _open(ref, "default", split, CF_COLUMNS, resolve_commit(ref), records)
@@ -240,7 +255,7 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
     # The real part (a.): each pair's original caption with its real image.
     real_pairs = rng.permutation(n_pairs)[:n_real]
     order = rng.permutation(n_pairs)
-    whole, extra = order[:n_whole], order[n_whole:n_whole + n_extra]
+    whole, extra = order[:n_whole], order[n_whole : n_whole + n_extra]
     examples.tables.extend(real_tables)
     cf_k = len(examples.tables)
     examples.tables.append(cf)
@@ -255,8 +270,9 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
         if where is None:
             skipped["cf_pair_without_real_image"] += 1
             continue
-        units.setdefault(p, []).append(examples.add(where[0], where[1], "image", meta["caption_0"][p],
-                                                    meta["caption_1"][p], -1, "real"))
+        units.setdefault(p, []).append(
+            examples.add(where[0], where[1], "image", meta["caption_0"][p], meta["caption_1"][p], -1, "real")
+        )
         with_real.add(p)
     for p in np.sort(whole).tolist():
         a = examples.add(cf_k, p, "image_0", meta["caption_0"][p], meta["caption_1"][p], p, "counterfactual")
@@ -264,8 +280,9 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
         units.setdefault(p, []).extend([a, b])
         whole_pairs.add(p)
     for p in extra.tolist():
-        units.setdefault(p, []).append(examples.add(cf_k, p, "image_0", meta["caption_0"][p],
-                                                    meta["caption_1"][p], -1, "counterfactual"))
+        units.setdefault(p, []).append(
+            examples.add(cf_k, p, "image_0", meta["caption_0"][p], meta["caption_1"][p], -1, "counterfactual")
+        )
     if skipped:
         log.warning("counterfactual mixture skips: %s", dict(skipped))
     if not units:
@@ -275,7 +292,7 @@ def _cf_mixture(cfg, rng, examples: ExampleSet, real_tables, records, skipped) -
     n_held = int(VAL_FRACTION * len(pairs))
     # The held-out 20 %: its first half the validation loss (it selects the checkpoint with
     # --best-by-val-loss), the rest the ITM deltas' pairs, so none is selected on.
-    val_units, test_units = sorted(shuffled[:n_held // 2]), sorted(shuffled[n_held // 2:n_held])
+    val_units, test_units = sorted(shuffled[: n_held // 2]), sorted(shuffled[n_held // 2 : n_held])
     train = examples.subset([i for u in sorted(shuffled[n_held:]) for i in units[pairs[u]]])
     validation = examples.subset([i for u in val_units for i in units[pairs[u]]])
     # The ITM deltas' pairs: whole pairs of that half (in cf:real, which trains on no pair, the

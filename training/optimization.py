@@ -29,8 +29,12 @@ from torch import nn
 #: Parameter names (last component) that never decay: the contrastive temperature and bias.
 NO_DECAY_NAMES = ("logit_scale", "logit_bias")
 #: Normalisation layers whose weights never decay.
-NORM_LAYERS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase,
-               *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()))
+NORM_LAYERS = (
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.batchnorm._NormBase,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+)
 #: CLIP's bound of the logit scale (exp(ln 100) = 100).
 MAX_LOGIT_SCALE = math.log(100)
 
@@ -44,8 +48,12 @@ def no_decay_names(module: nn.Module, one_dimensional: bool = False) -> set[str]
         for name, p in sub.named_parameters(recurse=False):
             full = f"{prefix}.{name}" if prefix else name
             # `"bias" in name`: also nn.MultiheadAttention's in_proj_bias (open_clip's towers).
-            if "bias" in name or name in NO_DECAY_NAMES or isinstance(sub, NORM_LAYERS) or (
-                    one_dimensional and p.ndim < 2):
+            if (
+                "bias" in name
+                or name in NO_DECAY_NAMES
+                or isinstance(sub, NORM_LAYERS)
+                or (one_dimensional and p.ndim < 2)
+            ):
                 out.add(full)
     return out
 
@@ -57,13 +65,18 @@ def param_groups(module: nn.Module, weight_decay: float, one_dimensional: bool =
     for name, p in module.named_parameters():
         if p.requires_grad:
             (no_decay if name in skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(module: nn.Module, optimizer: str, lr: float, weight_decay: float,
-                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                   one_dimensional: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    module: nn.Module,
+    optimizer: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    one_dimensional: bool = False,
+) -> torch.optim.Optimizer:
     """Adam or AdamW over `param_groups` (`one_dimensional`: open_clip's no-decay rule)."""
     cls = torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW
     return cls(param_groups(module, weight_decay, one_dimensional), lr=lr, betas=betas, eps=eps)

@@ -16,16 +16,18 @@ import argparse
 from dataclasses import Field, replace
 from pathlib import Path
 
-from builders.engine.options import (add_config_arguments, add_field, config_fields, dest_of, flag_of,
-                                     sections)
+from builders.engine.options import add_config_arguments, add_field, config_fields, dest_of, flag_of, sections
 from training.config import RECIPES, SourceRef, TrainConfig
 
-TRAIN_DESCRIPTION = ("Finetune CLIP on our datasets (by repo id + revision or build folder) and "
-                     "evaluate it with the project's metrics.")
-SWEEP_DESCRIPTION = ("Several seeds of one finetuning command, mean ± std per metric, and a "
-                     "one-tailed Welch t-test against a baseline sweep (the COCO-Counterfactuals "
-                     "paper's protocol: 25 seeds, 107-131 with data seeds 108-132, Le et al. 2023 "
-                     "§5.1).")
+TRAIN_DESCRIPTION = (
+    "Finetune CLIP on our datasets (by repo id + revision or build folder) and evaluate it with the project's metrics."
+)
+SWEEP_DESCRIPTION = (
+    "Several seeds of one finetuning command, mean ± std per metric, and a "
+    "one-tailed Welch t-test against a baseline sweep (the COCO-Counterfactuals "
+    "paper's protocol: 25 seeds, 107-131 with data seeds 108-132, Le et al. 2023 "
+    "§5.1)."
+)
 #: Help group title of each section of `TrainConfig`.
 _GROUPS = {"data": "data", "optim": "optimisation", "run": "run"}
 
@@ -33,8 +35,9 @@ _GROUPS = {"data": "data", "optim": "optimisation", "run": "run"}
 def _add_source_ref(group: argparse._ActionsContainer, f: Field) -> None:
     """A `SourceRef` field is the pair `--NAME REPO_OR_DIR` / `--NAME-revision REV`."""
     group.add_argument(flag_of(f), metavar="REPO_OR_DIR", default=None, help=f.metadata["help"])
-    group.add_argument(f"{flag_of(f)}-revision", metavar="REV", default=None,
-                       help=f"tag, branch or commit of {flag_of(f)}")
+    group.add_argument(
+        f"{flag_of(f)}-revision", metavar="REV", default=None, help=f"tag, branch or commit of {flag_of(f)}"
+    )
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,11 +45,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     for f, hint in config_fields(TrainConfig):
         if f.name not in _GROUPS:
             add_field(parser, f, hint)
-    parser.add_argument("--models", choices=("production", "tiny"), default=None,
-                        help="`tiny`: the project's tiny random-init CLIP (tests); sets --model")
-    parser.add_argument("--tiny-models-dir", default=None,
-                        help="where the tiny models are built/cached (default "
-                             "$COUNTERFACTORY_CACHE/tiny_models)")
+    parser.add_argument(
+        "--models",
+        choices=("production", "tiny"),
+        default=None,
+        help="`tiny`: the project's tiny random-init CLIP (tests); sets --model",
+    )
+    parser.add_argument(
+        "--tiny-models-dir",
+        default=None,
+        help="where the tiny models are built/cached (default $COUNTERFACTORY_CACHE/tiny_models)",
+    )
     for f, cls in sections(TrainConfig):
         add_config_arguments(parser, cls, group=_GROUPS[f.name], adders={SourceRef: _add_source_ref})
 
@@ -87,18 +96,31 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", help="107-131 or 1,2,5 (needed unless --summarize-only)")
-    parser.add_argument("--data-seed-offset", type=int, default=None,
-                        help="data seed = seed + offset (the paper: 1); default: the command's "
-                             "--data-seed")
+    parser.add_argument(
+        "--data-seed-offset",
+        type=int,
+        default=None,
+        help="data seed = seed + offset (the paper: 1); default: the command's --data-seed",
+    )
     parser.add_argument("--output", required=True, help="sweep folder: OUTPUT/seed-N, OUTPUT/summary.*")
-    parser.add_argument("--baseline", default=None,
-                        help="a finished sweep folder to test against (e.g. the same sweep with "
-                             "--mix cf:real, the real-only baseline)")
-    parser.add_argument("--summarize-only", action="store_true",
-                        help="only rewrite the summary of every seed finished under --output (no --seeds)")
-    parser.add_argument("train_args", nargs="*", metavar="TRAIN_FLAG",
-                        help="after `--`: the training flags of every seed (see `finetune_clip.py "
-                             "--help`; each seed sets --seed and --output, and with --data-seed-offset --data-seed)")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="a finished sweep folder to test against (e.g. the same sweep with "
+        "--mix cf:real, the real-only baseline)",
+    )
+    parser.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="only rewrite the summary of every seed finished under --output (no --seeds)",
+    )
+    parser.add_argument(
+        "train_args",
+        nargs="*",
+        metavar="TRAIN_FLAG",
+        help="after `--`: the training flags of every seed (see `finetune_clip.py "
+        "--help`; each seed sets --seed and --output, and with --data-seed-offset --data-seed)",
+    )
 
 
 def build_sweep_parser(prog: str = "sweep.py") -> argparse.ArgumentParser:

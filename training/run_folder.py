@@ -40,8 +40,16 @@ from training.final_files import MANIFEST, listed_files
 log = logging.getLogger(__name__)
 
 #: Files the trainer writes at the top of --output.
-RUN_FILES = {"run.json", "loss.jsonl", "metrics.jsonl", "metrics.md", "embeddings.npz", BEFORE_METRICS,
-             BEFORE_EMBEDDINGS, MANIFEST}
+RUN_FILES = {
+    "run.json",
+    "loss.jsonl",
+    "metrics.jsonl",
+    "metrics.md",
+    "embeddings.npz",
+    BEFORE_METRICS,
+    BEFORE_EMBEDDINGS,
+    MANIFEST,
+}
 #: Folders whose whole contents are the run's (a backend's saved model, the trackers' logs, the
 #: staging of final/).
 RUN_FOLDERS = {"best", "logs", "final.tmp"}
@@ -63,13 +71,17 @@ def check_run_folder(cfg: TrainConfig, output: Path, fingerprint: dict) -> None:
         run_files(output)  # raises on foreign files
         return
     # A run's record and results first: what the user would lose.
-    held = sorted((p.name for p in output.iterdir() if p.name not in LEFTOVERS),
-                  key=lambda name: (name not in ("run.json", "final", "checkpoints"), name))
+    held = sorted(
+        (p.name for p in output.iterdir() if p.name not in LEFTOVERS),
+        key=lambda name: (name not in ("run.json", "final", "checkpoints"), name),
+    )
     if held:
         more = f" and {len(held) - _NAMED} more" if len(held) > _NAMED else ""
-        raise OutputError(f"--output {output} is not empty (it holds {', '.join(held[:_NAMED])}{more}): "
-                          "pass --resume latest to continue the run there, --overwrite-output-dir "
-                          "to replace it, or give a new folder")
+        raise OutputError(
+            f"--output {output} is not empty (it holds {', '.join(held[:_NAMED])}{more}): "
+            "pass --resume latest to continue the run there, --overwrite-output-dir "
+            "to replace it, or give a new folder"
+        )
 
 
 def check_resumable(cfg: TrainConfig, output: Path, fingerprint: dict) -> None:
@@ -85,9 +97,11 @@ def check_resumable(cfg: TrainConfig, output: Path, fingerprint: dict) -> None:
     try:
         saved = training_fingerprint(json.loads(record.read_text())["config"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        raise OutputError(f"{record}: --resume latest found no checkpoint and this is not a run "
-                          "record, so the run there cannot be checked against this one; "
-                          "--overwrite-output-dir replaces it, or give a new --output") from None
+        raise OutputError(
+            f"{record}: --resume latest found no checkpoint and this is not a run "
+            "record, so the run there cannot be checked against this one; "
+            "--overwrite-output-dir replaces it, or give a new --output"
+        ) from None
     check_same_training(record, saved, fingerprint)
 
 
@@ -100,9 +114,12 @@ def _owned(rel: str, listed: set[str]) -> bool:
     if top == "final":
         return rel.split("/", 1)[1] in listed
     parts = rel.split("/")
-    return (rel.startswith(CHECKPOINT) and len(parts) == 3 and parts[1][len("step-"):].isdigit()
-            and (parts[2] in CHECKPOINT_FILES or parts[2] == STATE_FILE + ".tmp"
-                 or RNG.fullmatch(parts[2]) is not None))
+    return (
+        rel.startswith(CHECKPOINT)
+        and len(parts) == 3
+        and parts[1][len("step-") :].isdigit()
+        and (parts[2] in CHECKPOINT_FILES or parts[2] == STATE_FILE + ".tmp" or RNG.fullmatch(parts[2]) is not None)
+    )
 
 
 def run_files(output: Path) -> list[str]:
@@ -121,7 +138,8 @@ def run_files(output: Path) -> list[str]:
         raise OutputError(
             f"--overwrite-output-dir: {output} holds {len(foreign)} file(s) that no run wrote: "
             f"{', '.join(foreign[:_NAMED])}{more}; nothing was deleted — move them out of the folder "
-            "(or delete them), or give a new --output")
+            "(or delete them), or give a new --output"
+        )
     return files
 
 

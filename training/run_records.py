@@ -45,5 +45,6 @@ def write_results(output: Path, record: dict, evals: list[dict], final: dict[str
     change = before_after_table(record.get("before_after") or {}, record.get("eval_overlap", {}))
     (output / "metrics.md").write_text(
         metric_table(mark_overlapping(final, record.get("eval_overlap", {})), intervals)
-        + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""))
+        + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
+    )
     (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))

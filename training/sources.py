@@ -46,8 +46,10 @@ def resolve_commit(ref: SourceRef) -> str | None:
     does not exist fails here, before any data is read."""
     if Path(ref.path).exists():
         if ref.revision is not None:
-            raise DataInputError(f"{ref.path} is a local folder, so --*-revision {ref.revision!r} "
-                                 "cannot apply; drop the revision or give the Hub repo id")
+            raise DataInputError(
+                f"{ref.path} is a local folder, so --*-revision {ref.revision!r} "
+                "cannot apply; drop the revision or give the Hub repo id"
+            )
         return None
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -55,18 +57,22 @@ def resolve_commit(ref: SourceRef) -> str | None:
     try:
         return HfApi().dataset_info(ref.path, revision=ref.revision).sha
     except RevisionNotFoundError:
-        raise DataInputError(f"dataset {ref.path}: revision {ref.revision!r} does not exist; list "
-                             "its tags with `HfApi().list_repo_refs(repo_id, repo_type='dataset')`"
-                             ) from None
+        raise DataInputError(
+            f"dataset {ref.path}: revision {ref.revision!r} does not exist; list "
+            "its tags with `HfApi().list_repo_refs(repo_id, repo_type='dataset')`"
+        ) from None
     except RepositoryNotFoundError:
-        raise DataInputError(f"dataset {ref.path} is neither a local folder nor a Hub dataset repo "
-                             "(check the path / repo id and HF_TOKEN)") from None
+        raise DataInputError(
+            f"dataset {ref.path} is neither a local folder nor a Hub dataset repo "
+            "(check the path / repo id and HF_TOKEN)"
+        ) from None
     except HfHubHTTPError as err:
         raise DataInputError(f"dataset {ref.path}: the Hub answered {err}") from None
 
 
-def open_table(ref: SourceRef, config: str, split: str, needed: dict[str, type],
-               commit: str | None = None) -> tuple[datasets.Dataset, TableRecord]:
+def open_table(
+    ref: SourceRef, config: str, split: str, needed: dict[str, type], commit: str | None = None
+) -> tuple[datasets.Dataset, TableRecord]:
     """One split of one config, with image columns undecoded.
 
     `needed` maps column -> `datasets.Image` or `object` (any type); a missing column or a
@@ -77,21 +83,23 @@ def open_table(ref: SourceRef, config: str, split: str, needed: dict[str, type],
     def cannot_load(err: Exception) -> DataInputError:
         if isinstance(err, FileNotFoundError):
             return DataInputError(f"{where}: not found ({str(err)[:200]})")
-        return DataInputError(f"{where}: cannot load it ({str(err)[:200]}); check the config and "
-                              "split names in the dataset card's `configs:`")
+        return DataInputError(
+            f"{where}: cannot load it ({str(err)[:200]}); check the config and "
+            "split names in the dataset card's `configs:`"
+        )
 
-    ds = open_split(ref.path, config, split, flag=DATASET_FLAGS, revision=ref.revision,
-                    cannot_load=cannot_load)
+    ds = open_split(ref.path, config, split, flag=DATASET_FLAGS, revision=ref.revision, cannot_load=cannot_load)
     missing = [c for c in needed if c not in ds.column_names]
     if missing:
-        raise DataInputError(f"{where} has no column(s) {missing} (it has {ds.column_names}); "
-                             "pass the matching build of the project (coco-captions, decorrelation "
-                             "or coco-counterfactuals)")
+        raise DataInputError(
+            f"{where} has no column(s) {missing} (it has {ds.column_names}); "
+            "pass the matching build of the project (coco-captions, decorrelation "
+            "or coco-counterfactuals)"
+        )
     for column, kind in needed.items():
         if kind is datasets.Image:
             if not isinstance(ds.features[column], datasets.Image):
-                raise DataInputError(f"{where}: column {column!r} is {ds.features[column]}, not an "
-                                     "image column")
+                raise DataInputError(f"{where}: column {column!r} is {ds.features[column]}, not an image column")
             ds = ds.cast_column(column, datasets.Image(decode=False))
             require_image_bytes(ds, column, where)
     record = TableRecord(ref.path, ref.revision, commit, config, split, len(ds))
@@ -112,10 +120,12 @@ def require_image_bytes(ds: datasets.Dataset, column: str, where: str) -> None:
     if len(rows):
         first = cells[int(rows[0])].as_py()
         named = f"path {first['path']!r}" if first else "no cell"
-        raise DataInputError(f"{where}: {len(rows)} cell(s) of image column {column!r} hold no "
-                             f"image bytes (row {rows[0]}: {named}); training reads image bytes "
-                             "only, never a file a dataset names: rebuild or republish the dataset "
-                             "with its images embedded")
+        raise DataInputError(
+            f"{where}: {len(rows)} cell(s) of image column {column!r} hold no "
+            f"image bytes (row {rows[0]}: {named}); training reads image bytes "
+            "only, never a file a dataset names: rebuild or republish the dataset "
+            "with its images embedded"
+        )
 
 
 def split_names(ref: SourceRef, config: str) -> list[str]:
@@ -123,5 +133,4 @@ def split_names(ref: SourceRef, config: str) -> list[str]:
     try:
         return list(datasets.get_dataset_split_names(ref.path, config, revision=ref.revision))
     except (OSError, ValueError) as err:
-        raise DataInputError(f"{ref.path} (config {config!r}): cannot list its splits "
-                             f"({str(err)[:200]})") from None
+        raise DataInputError(f"{ref.path} (config {config!r}): cannot list its splits ({str(err)[:200]})") from None

@@ -127,8 +127,7 @@ def bootstrap(metrics: dict[str, UnitScores], resamples: int, seed: int) -> dict
         for counts in resample_pages(n, resamples, seed):
             for name in names:
                 out[name].append(metrics[name].on(counts))
-    return {name: np.concatenate(parts) if parts else np.full(resamples, np.nan)
-            for name, parts in out.items()}
+    return {name: np.concatenate(parts) if parts else np.full(resamples, np.nan) for name, parts in out.items()}
 
 
 def interval(distribution: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
@@ -178,8 +177,7 @@ def _pvalue(observed: float, null: np.ndarray) -> float:
     return float(min(1.0, 2 * min(less, greater)))
 
 
-def sign_flip_pvalues(pairs: dict, resamples: int, seed: int,
-                      swapped: np.ndarray | None = None) -> dict:
+def sign_flip_pvalues(pairs: dict, resamples: int, seed: int, swapped: np.ndarray | None = None) -> dict:
     """key -> two-sided p-value of the paired permutation test of value(a) = value(b) for each
     `(a, b)` of `pairs` (module docstring). The pairs on one unit set share their swaps (drawn
     a page at a time from `default_rng(seed)`); `swapped` gives the swaps instead."""
@@ -192,15 +190,18 @@ def sign_flip_pvalues(pairs: dict, resamples: int, seed: int,
     for (_, n), keys in by_units.items():
         if n == 0:
             continue
-        for swap in ([swapped] if swapped is not None else swaps(n, resamples, seed)):
+        for swap in [swapped] if swapped is not None else swaps(n, resamples, seed):
             for key, null in zip(keys, _nulls([pairs[key] for key in keys], swap), strict=True):
                 nulls[key].append(null)
-    return {key: _pvalue(a.value() - b.value(), np.concatenate(nulls[key])) if nulls[key] else float("nan")
-            for key, (a, b) in pairs.items()}
+    return {
+        key: _pvalue(a.value() - b.value(), np.concatenate(nulls[key])) if nulls[key] else float("nan")
+        for key, (a, b) in pairs.items()
+    }
 
 
-def sign_flip_pvalue(a: UnitScores, b: UnitScores, resamples: int, seed: int,
-                     swapped: np.ndarray | None = None) -> float:
+def sign_flip_pvalue(
+    a: UnitScores, b: UnitScores, resamples: int, seed: int, swapped: np.ndarray | None = None
+) -> float:
     """`sign_flip_pvalues` of one pair."""
     return sign_flip_pvalues({0: (a, b)}, resamples, seed, swapped)[0]
 

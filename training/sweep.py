@@ -60,8 +60,7 @@ def parse_seeds(text: str) -> list[int]:
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-"))
             if hi < lo:
-                raise UserFacingError(f"--seeds {text[:100]}: the range is empty (it ends before it "
-                                      f"starts); {usage}")
+                raise UserFacingError(f"--seeds {text[:100]}: the range is empty (it ends before it starts); {usage}")
             count = hi - lo + 1
         else:
             seeds = [int(x) for x in text.split(",")]
@@ -69,8 +68,9 @@ def parse_seeds(text: str) -> list[int]:
     except ValueError:
         raise UserFacingError(f"--seeds {text[:100]!r}: {usage}") from None
     if count > MAX_SEEDS:
-        raise UserFacingError(f"--seeds {text[:100]}: {count:,} seeds, more than a sweep may run "
-                              f"({MAX_SEEDS:,}); give fewer seeds")
+        raise UserFacingError(
+            f"--seeds {text[:100]}: {count:,} seeds, more than a sweep may run ({MAX_SEEDS:,}); give fewer seeds"
+        )
     return list(range(lo, hi + 1)) if "-" in text else seeds
 
 
@@ -129,8 +129,7 @@ def welch_one_tailed(a: np.ndarray, b: np.ndarray, greater: bool) -> float:
 
     if len(a) < 2 or len(b) < 2:
         return float("nan")
-    return float(stats.ttest_ind(a, b, equal_var=False,
-                                 alternative="greater" if greater else "less").pvalue)
+    return float(stats.ttest_ind(a, b, equal_var=False, alternative="greater" if greater else "less").pvalue)
 
 
 def summarize(output: Path, baseline: Path | None = None) -> dict:
@@ -141,24 +140,35 @@ def summarize(output: Path, baseline: Path | None = None) -> dict:
     rows = []
     for name in names:
         values = np.array([m[name] for m in runs.values()], dtype=float)
-        row = {"metric": name, "n": len(values), "mean": float(values.mean()),
-               "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+        row = {
+            "metric": name,
+            "n": len(values),
+            "mean": float(values.mean()),
+            "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+        }
         if gains and all(name in g for g in gains.values()):
             g = np.array([gs[name] for gs in gains.values()], dtype=float)
-            row.update(gain_n=len(g), gain_mean=float(g.mean()),
-                       gain_std=float(g.std(ddof=1)) if len(g) > 1 else 0.0, gain_p=paired_gain_pvalue(g))
+            row.update(
+                gain_n=len(g),
+                gain_mean=float(g.mean()),
+                gain_std=float(g.std(ddof=1)) if len(g) > 1 else 0.0,
+                gain_p=paired_gain_pvalue(g),
+            )
         if base is not None and all(name in m for m in base.values()):
             b = np.array([m[name] for m in base.values()], dtype=float)
             greater = higher_is_better(name)
-            row.update(baseline_mean=float(b.mean()),
-                       baseline_std=float(b.std(ddof=1)) if len(b) > 1 else 0.0,
-                       alternative="greater" if greater else "less",
-                       p_value=welch_one_tailed(values, b, greater=greater))
+            row.update(
+                baseline_mean=float(b.mean()),
+                baseline_std=float(b.std(ddof=1)) if len(b) > 1 else 0.0,
+                alternative="greater" if greater else "less",
+                p_value=welch_one_tailed(values, b, greater=greater),
+            )
         rows.append(row)
     summary = {"runs": runs, "gains": gains, "baseline_runs": base, "metrics": rows}
     (output / "summary.json").write_text(json.dumps(summary, indent=1))
-    (output / "summary.md").write_text(_markdown(rows, base is not None,
-                                                 _overlap(output) | (_overlap(baseline) if baseline else {})))
+    (output / "summary.md").write_text(
+        _markdown(rows, base is not None, _overlap(output) | (_overlap(baseline) if baseline else {}))
+    )
     _plot(rows, output / "summary.png")
     return summary
 
@@ -180,19 +190,28 @@ def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | 
 
     shown = list(mark_overlapping({r["metric"]: 0.0 for r in rows}, overlap or {}))
     with_gain = any("gain_mean" in r for r in rows)
-    head = "| metric | n | mean ± std |" + (" gain (after - before) mean ± std | paired p |" if with_gain else "") \
+    head = (
+        "| metric | n | mean ± std |"
+        + (" gain (after - before) mean ± std | paired p |" if with_gain else "")
         + (" baseline mean ± std | H1 | one-tailed p |" if with_baseline else "")
+    )
     sep = "|---|---|---|" + ("---|---|" if with_gain else "") + ("---|---|---|" if with_baseline else "")
     lines = [head, sep]
     for r, name in zip(rows, shown, strict=True):
         line = f"| {plain(name)} | {r['n']} | {r['mean']:.4f} ± {r['std']:.4f} |"
         if with_gain:
-            line += (f" {r['gain_mean']:+.4f} ± {r['gain_std']:.4f} | {r['gain_p']:.4g} |" if "gain_mean" in r
-                     else " - | - |")
+            line += (
+                f" {r['gain_mean']:+.4f} ± {r['gain_std']:.4f} | {r['gain_p']:.4g} |"
+                if "gain_mean" in r
+                else " - | - |"
+            )
         if with_baseline:
             h1 = "run > baseline" if r.get("alternative") == "greater" else "run < baseline"
-            line += (f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {h1} | {r['p_value']:.4g} |"
-                     if "p_value" in r else " - | - | - |")
+            line += (
+                f" {r['baseline_mean']:.4f} ± {r['baseline_std']:.4f} | {h1} | {r['p_value']:.4g} |"
+                if "p_value" in r
+                else " - | - | - |"
+            )
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -206,19 +225,20 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     n = max(1, len(rows))
     cols = min(4, n)
-    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3 * cols, 2.5 * ((n + cols - 1) // cols)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        (n + cols - 1) // cols, cols, figsize=(3 * cols, 2.5 * ((n + cols - 1) // cols)), squeeze=False
+    )
     for ax, r in zip(axes.flat, rows, strict=False):
         labels, means, stds = ["run"], [r["mean"]], [r["std"]]
         if "baseline_mean" in r:
             labels.insert(0, "baseline")
             means.insert(0, r["baseline_mean"])
             stds.insert(0, r["baseline_std"])
-        ax.bar(labels, means, yerr=stds, capsize=4, color=["#999999", "#3366cc"][-len(labels):])
+        ax.bar(labels, means, yerr=stds, capsize=4, color=["#999999", "#3366cc"][-len(labels) :])
         title = r["metric"] + (f"\np={r['p_value']:.3g}" if "p_value" in r else "")
         ax.set_title(title, fontsize=7)
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(rows):]:
+    for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -230,12 +250,15 @@ def sweep(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if args.summarize_only and args.seeds is not None:
         # The summary always covers every finished seed under --output (as after a sweep).
-        log.warning("--summarize-only summarises every finished seed under %s; --seeds %s is unused",
-                    output, args.seeds)
+        log.warning(
+            "--summarize-only summarises every finished seed under %s; --seeds %s is unused", output, args.seeds
+        )
     if not args.summarize_only:
         if args.seeds is None:
-            raise UserFacingError("--seeds is needed to run a sweep (e.g. --seeds 107-131); "
-                                  "to summarise the finished seeds only, pass --summarize-only")
+            raise UserFacingError(
+                "--seeds is needed to run a sweep (e.g. --seeds 107-131); "
+                "to summarise the finished seeds only, pass --summarize-only"
+            )
         run_seeds(parse_seeds(args.seeds), output, args.train_args, args.data_seed_offset)
     summarize(output, Path(args.baseline) if args.baseline else None)
     return 0

@@ -32,7 +32,14 @@ from training.accumulation import accumulate_gradients
 from training.before_after import BEFORE_EMBEDDINGS, final_statistics, write_before
 from training.accelerator_setup import check_mixed_precision, make_accelerator
 from training.backends import load_backend
-from training.checkpoint import (TrainerState, find_checkpoint, load_checkpoint, push_to_hub, save_checkpoint, write_model_card)
+from training.checkpoint import (
+    TrainerState,
+    find_checkpoint,
+    load_checkpoint,
+    push_to_hub,
+    save_checkpoint,
+    write_model_card,
+)
 from training.checkpoint_files import Resumable
 from training.augmentation import parse_aug_cfg
 from training.config import TrainConfig, as_dict, training_fingerprint
@@ -135,13 +142,13 @@ def run_fingerprint(cfg: TrainConfig, output: Path) -> dict:
 
 def _make_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
-        raise OutputError(f"--output {output} is a file, not a folder; give a new folder or an "
-                          "earlier run's folder")
+        raise OutputError(f"--output {output} is a file, not a folder; give a new folder or an earlier run's folder")
     try:
         output.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OutputError(f"--output {output}: cannot create the folder ({err.strerror or err}); "
-                          "give a folder you can write") from None
+        raise OutputError(
+            f"--output {output}: cannot create the folder ({err.strerror or err}); give a folder you can write"
+        ) from None
 
 
 def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
@@ -182,8 +189,11 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     evaluation = EvalConfig.of(cfg)
     held = eval_only_sets(cfg.data)
     data = load_eval_data(evaluation, held.heldout_cf, held.train.tables, held.validation)
-    record.update(tables=[asdict(r) for r in held.records + data.records],
-                  skipped=skip_counts(data.zeroshot), zeroshot_prompts=prompt_sources(data.zeroshot))
+    record.update(
+        tables=[asdict(r) for r in held.records + data.records],
+        skipped=skip_counts(data.zeroshot),
+        zeroshot_prompts=prompt_sources(data.zeroshot),
+    )
     metrics = {}
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
@@ -191,8 +201,7 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
         metrics = evaluate_model(backend.module, backend, data, evaluation, output / "embeddings.npz", units)
         _log_metrics(accelerator, "final", metrics, 0)
         record.update(final_statistics(output, data, cfg, metrics, units, trained=False))
-        write_results(output, published_record(record, cfg, output),
-                       [{"step": 0, "final": True, **metrics}], metrics)
+        write_results(output, published_record(record, cfg, output), [{"step": 0, "final": True, **metrics}], metrics)
     accelerator.wait_for_everyone()
     return metrics
 
@@ -201,8 +210,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     """Data, batches, evaluation sets, optimizer and schedule, and the resumed state; every input
     error is raised here, before the first step. Writes the run record (run.json)."""
     # The checkpoint folder is checked before anything is written (its contents are read below).
-    found = find_checkpoint(output, cfg.run.resume, fp16=accelerator.scaler is not None) \
-        if cfg.run.resume else None
+    found = find_checkpoint(output, cfg.run.resume, fp16=accelerator.scaler is not None) if cfg.run.resume else None
     mixture = build_mixture(cfg.data)
     sampler, steps_per_epoch, total = _schedule(cfg, mixture.train, accelerator)
     evaluation = EvalConfig.of(cfg)
@@ -210,19 +218,36 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     # The validation loss picks the final model with --best-by-val-loss: then it is data the
     # model is selected on, checked as the training data is.
     record["eval_overlap"] = check_eval_overlap(
-        mixture.train, data, cfg.run.allow_eval_overlap, negatives=cfg.data.hard_negatives == "negclip",
-        selection=mixture.validation if cfg.run.best_by_val_loss else None)
+        mixture.train,
+        data,
+        cfg.run.allow_eval_overlap,
+        negatives=cfg.data.hard_negatives == "negclip",
+        selection=mixture.validation if cfg.run.best_by_val_loss else None,
+    )
     record.update(_data_record(mixture, data), steps=total, steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
     train_pixels = backend.train_pixels(parse_aug_cfg(cfg.data.aug_cfg)) if cfg.data.augment else None
-    loader = make_loader(mixture.train, sampler, backend, cfg.data.num_workers,
-                         negatives=cfg.data.hard_negatives == "negclip",
-                         fast_decode=cfg.data.fast_decode, pixels=train_pixels)
+    loader = make_loader(
+        mixture.train,
+        sampler,
+        backend,
+        cfg.data.num_workers,
+        negatives=cfg.data.hard_negatives == "negclip",
+        fast_decode=cfg.data.fast_decode,
+        pixels=train_pixels,
+    )
 
     o = cfg.optim
-    optimizer = make_optimizer(backend.module, o.optimizer, o.lr, o.weight_decay, (o.beta1, o.beta2),
-                               o.eps, one_dimensional=cfg.run.backend == "open_clip")
+    optimizer = make_optimizer(
+        backend.module,
+        o.optimizer,
+        o.lr,
+        o.weight_decay,
+        (o.beta1, o.beta2),
+        o.eps,
+        one_dimensional=cfg.run.backend == "open_clip",
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
     # The scheduler is not prepared: accelerate would step it once per process per step. Nor
     # registered for accelerate's checkpoints: those pickle it, and unpickle it on --resume with
@@ -231,45 +256,72 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
 
     state = TrainerState()
     if found is not None:
-        state = load_checkpoint(accelerator, found, Resumable(
-            accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler))
-        log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch,
-                 state.batch, state.step)
+        state = load_checkpoint(
+            accelerator, found, Resumable(accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler)
+        )
+        log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch, state.batch, state.step)
     state.config = run_fingerprint(cfg, output)  # recorded in every checkpoint
-    bar = tqdm(total=total, initial=state.step, desc="train", unit="step",
-               disable=not accelerator.is_local_main_process)
-    return Session(cfg, output, accelerator, backend, record, data, evaluation, sampler, loader, model,
-                   optimizer, scheduler, steps_per_epoch, total, state,
-                   history=read_jsonl(output / "loss.jsonl", state.step),
-                   evals=read_jsonl(output / "metrics.jsonl", state.step), bar=bar,
-                   unwrapped=accelerator.unwrap_model(model))
+    bar = tqdm(
+        total=total, initial=state.step, desc="train", unit="step", disable=not accelerator.is_local_main_process
+    )
+    return Session(
+        cfg,
+        output,
+        accelerator,
+        backend,
+        record,
+        data,
+        evaluation,
+        sampler,
+        loader,
+        model,
+        optimizer,
+        scheduler,
+        steps_per_epoch,
+        total,
+        state,
+        history=read_jsonl(output / "loss.jsonl", state.step),
+        evals=read_jsonl(output / "metrics.jsonl", state.step),
+        bar=bar,
+        unwrapped=accelerator.unwrap_model(model),
+    )
 
 
 def _data_record(mixture, data: EvalData) -> dict[str, Any]:
     """What the run read and counted, for run.json: every table, the examples per role, the skips
     and the zero-shot prompts."""
-    return dict(tables=[asdict(r) for r in mixture.records + data.records],
-                train_examples=mixture.train.counts(),
-                validation_examples=mixture.validation.counts() if mixture.validation else {},
-                test_examples=mixture.test.counts() if mixture.test else {},
-                skipped={**mixture.skipped, **skip_counts(data.zeroshot)},
-                zeroshot_prompts=prompt_sources(data.zeroshot))
+    return dict(
+        tables=[asdict(r) for r in mixture.records + data.records],
+        train_examples=mixture.train.counts(),
+        validation_examples=mixture.validation.counts() if mixture.validation else {},
+        test_examples=mixture.test.counts() if mixture.test else {},
+        skipped={**mixture.skipped, **skip_counts(data.zeroshot)},
+        zeroshot_prompts=prompt_sources(data.zeroshot),
+    )
 
 
 def _schedule(cfg: TrainConfig, train, accelerator) -> tuple[PairBatchSampler, int, int]:
     """The batch sampler of this process, the optimizer steps per epoch and the steps in all."""
     keep_pairs = cfg.data.hard_negatives == "pairs"
     groups = train.groups() if keep_pairs else [[i] for i in range(len(train))]
-    sampler = PairBatchSampler(groups, cfg.optim.batch_size, accelerator.num_processes,
-                               accelerator.process_index, cfg.run.seed, keep_pairs,
-                               keep_last=cfg.optim.last_batch == "keep")
+    sampler = PairBatchSampler(
+        groups,
+        cfg.optim.batch_size,
+        accelerator.num_processes,
+        accelerator.process_index,
+        cfg.run.seed,
+        keep_pairs,
+        keep_last=cfg.optim.last_batch == "keep",
+    )
     # --last-batch keep: as Hugging Face's Trainer, the last step takes the batches left over.
     accum = cfg.optim.grad_accum
     steps_per_epoch = -(-len(sampler) // accum) if cfg.optim.last_batch == "keep" else len(sampler) // accum
     if steps_per_epoch == 0:
-        raise UserFacingError(f"{len(train)} training examples make no full step of "
-                              f"--batch-size {cfg.optim.batch_size} x --grad-accum "
-                              f"{cfg.optim.grad_accum}; lower them or add data")
+        raise UserFacingError(
+            f"{len(train)} training examples make no full step of "
+            f"--batch-size {cfg.optim.batch_size} x --grad-accum "
+            f"{cfg.optim.grad_accum}; lower them or add data"
+        )
     total = steps_per_epoch * cfg.optim.epochs
     if cfg.optim.max_steps is not None:
         total = min(total, cfg.optim.max_steps)
@@ -329,8 +381,9 @@ def evaluate_base(s: Session) -> None:
     forked: the training that follows is the one it would be without this evaluation."""
     if s.accelerator.is_main_process:
         with torch.random.fork_rng(devices=[]):  # a DataLoader iterator draws its base seed
-            write_before(s.output, evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation,
-                                                  s.output / BEFORE_EMBEDDINGS))
+            write_before(
+                s.output, evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation, s.output / BEFORE_EMBEDDINGS)
+            )
     s.accelerator.wait_for_everyone()
 
 
@@ -341,14 +394,19 @@ def evaluate(s: Session, final: bool = False, units: dict | None = None) -> dict
     cfg, state, output = s.cfg, s.state, s.output
     metrics: dict[str, float] = {}
     if s.accelerator.is_main_process:
-        metrics = evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation,
-                                 output / "embeddings.npz" if final else None, units)
+        metrics = evaluate_model(
+            s.unwrapped, s.backend, s.data, s.evaluation, output / "embeddings.npz" if final else None, units
+        )
         s.evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
         write_jsonl(output / "metrics.jsonl", s.evals)
         _log_metrics(s.accelerator, "final" if final else "eval", metrics, state.step)
         val = metrics.get("val_loss")
-        if cfg.run.best_by_val_loss and val is not None and not final and (
-                state.best_val_loss is None or val < state.best_val_loss):
+        if (
+            cfg.run.best_by_val_loss
+            and val is not None
+            and not final
+            and (state.best_val_loss is None or val < state.best_val_loss)
+        ):
             state.best_val_loss = val
             s.backend.save(s.unwrapped, output / "best")
     s.accelerator.wait_for_everyone()
@@ -374,8 +432,11 @@ def finish(s: Session) -> dict[str, float]:
     metrics = evaluate(s, final=True, units=units)
     if accelerator.is_main_process:
         s.record.update(final_statistics(output, s.data, cfg, metrics, units))
-        write_model_card(staged, published_record(s.record, cfg, output),
-                         mark_overlapping(metrics, s.record.get("eval_overlap", {})))
+        write_model_card(
+            staged,
+            published_record(s.record, cfg, output),
+            mark_overlapping(metrics, s.record.get("eval_overlap", {})),
+        )
         install(staged, output)
         write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
         if cfg.run.push_to_hub:

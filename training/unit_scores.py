@@ -24,8 +24,9 @@ from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, ret
 from training.statistics import UnitScores
 
 
-def retrieval_units(emb: dict[str, np.ndarray], data, k_values, name: str = "retrieval",
-                    units: str = "coco images") -> dict[str, UnitScores]:
+def retrieval_units(
+    emb: dict[str, np.ndarray], data, k_values, name: str = "retrieval", units: str = "coco images"
+) -> dict[str, UnitScores]:
     """R@K both ways on the whole split (`name/...`) and, when `data.folds` has them, on the
     COCO 1K folds (`name_1k/...`), per image."""
     sim = emb["image"] @ emb["text"].T
@@ -47,13 +48,16 @@ def retrieval_units(emb: dict[str, np.ndarray], data, k_values, name: str = "ret
         # The whole split needs no copy (5,000 x 25,000 floats is 500 MB).
         s = sim if fold == 0 else sim[np.ix_(rows, cols)]
         caption_rows = np.fromiter((row_of[int(i)] for i in cap_image), np.int64, len(cap_image))
-        for direction, matrix, pos, q, g in (("i2t", s, i2t, image_ids, cap_ids),
-                                             ("t2i", s.T, t2i, cap_ids, image_ids)):
+        for direction, matrix, pos, q, g in (
+            ("i2t", s, i2t, image_ids, cap_ids),
+            ("t2i", s.T, t2i, cap_ids, image_ids),
+        ):
             scores = retrieval_scores_from_similarity(matrix, pos, q, g, cfg)
             for k in k_values:
                 hits = scores.per_query[f"recall_at_{k}"]
                 num, den, groups = parts.setdefault(
-                    f"{key}/{direction}_R@{k}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None))
+                    f"{key}/{direction}_R@{k}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None)
+                )
                 if direction == "i2t":
                     num[rows], den[rows] = hits, 1.0
                 else:  # per caption: summed over each caption's image
@@ -66,12 +70,18 @@ def retrieval_units(emb: dict[str, np.ndarray], data, k_values, name: str = "ret
 
 def odmap_units(result, removed: list[list[str]]) -> dict[str, UnitScores]:
     """ODmAP@k and ODmAP@k per removed class, per query, from the odmap module's result."""
-    out = {f"odmap/ODmAP@{k}": UnitScores("decorrelation queries", np.asarray(ap, np.float64))
-           for k, ap in result.per_query.items()}
+    out = {
+        f"odmap/ODmAP@{k}": UnitScores("decorrelation queries", np.asarray(ap, np.float64))
+        for k, ap in result.per_query.items()
+    }
     for c in sorted({c for r in removed for c in r}):
         has = np.asarray([c in r for r in removed], dtype=np.float64)
-        out.update({f"odmap_per_class/{c}_ODmAP@{k}": UnitScores("decorrelation queries", ap * has, has)
-                    for k, ap in result.per_query.items()})
+        out.update(
+            {
+                f"odmap_per_class/{c}_ODmAP@{k}": UnitScores("decorrelation queries", ap * has, has)
+                for k, ap in result.per_query.items()
+            }
+        )
     return out
 
 
@@ -80,9 +90,13 @@ def delta_units(scores: dict[str, np.ndarray]) -> dict[str, UnitScores]:
     out = {}
     for delta, values in itm_deltas(**scores).items():
         units = "real pairs" if delta.endswith("_r") else "counterfactual pairs"
-        out.update({f"itm/{delta}_mean": UnitScores(units, values),
-                    f"itm/{delta}_median": UnitScores(units, values, median=True),
-                    f"itm/{delta}_frac_below_zero": UnitScores(units, (values < 0).astype(np.float64))})
+        out.update(
+            {
+                f"itm/{delta}_mean": UnitScores(units, values),
+                f"itm/{delta}_median": UnitScores(units, values, median=True),
+                f"itm/{delta}_frac_below_zero": UnitScores(units, (values < 0).astype(np.float64)),
+            }
+        )
     return out
 
 
@@ -95,10 +109,14 @@ def necessity_units(values: list[tuple[int, str, float]], queries: int) -> dict[
     pn = np.asarray([v[2] for v in values])
     for c in sorted({v[1] for v in values}):
         mine = np.asarray([v[1] == c for v in values])
-        out[f"necessity/PN_{c}"] = UnitScores("removal pairs", np.bincount(q[mine], pn[mine], queries),
-                                              np.bincount(q[mine], minlength=queries).astype(np.float64))
-    out["necessity/PN_mean"] = UnitScores("removal pairs", np.bincount(q, pn, queries),
-                                          np.bincount(q, minlength=queries).astype(np.float64))
+        out[f"necessity/PN_{c}"] = UnitScores(
+            "removal pairs",
+            np.bincount(q[mine], pn[mine], queries),
+            np.bincount(q[mine], minlength=queries).astype(np.float64),
+        )
+    out["necessity/PN_mean"] = UnitScores(
+        "removal pairs", np.bincount(q, pn, queries), np.bincount(q, minlength=queries).astype(np.float64)
+    )
     return out
 
 
@@ -109,7 +127,8 @@ def zeroshot_units(name: str, images: np.ndarray, classes: np.ndarray, labels: n
     top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
     hit1 = (top[:, 0] == labels).astype(np.float64)
     units = f"{name} test images"
-    return {f"zeroshot/{name}/top1": UnitScores(units, hit1),
-            f"zeroshot/{name}/top{k}": UnitScores(units, (top == labels[:, None]).any(1).astype(np.float64)),
-            f"zeroshot/{name}/mean_per_class_recall": UnitScores(units, hit1, groups=labels)}
-
+    return {
+        f"zeroshot/{name}/top1": UnitScores(units, hit1),
+        f"zeroshot/{name}/top{k}": UnitScores(units, (top == labels[:, None]).any(1).astype(np.float64)),
+        f"zeroshot/{name}/mean_per_class_recall": UnitScores(units, hit1, groups=labels),
+    }

@@ -113,9 +113,11 @@ def split_benchmark(spec: str) -> tuple[str | None, str]:
         return None, spec
     known = benchmark_names()
     if name != OPENAI and name not in known:
-        raise DataInputError(f"{ZEROSHOT_FLAG} {spec}: {name!r} is not a clip-benchmark dataset; give "
-                             f"one of {', '.join(known)}, or {OPENAI}=DATASET for CLIP's 80 ImageNet "
-                             "templates and the dataset's own class names")
+        raise DataInputError(
+            f"{ZEROSHOT_FLAG} {spec}: {name!r} is not a clip-benchmark dataset; give "
+            f"one of {', '.join(known)}, or {OPENAI}=DATASET for CLIP's 80 ImageNet "
+            "templates and the dataset's own class names"
+        )
     return name, rest
 
 
@@ -128,13 +130,17 @@ def _prompts_of(named: str | None, path: str, where: str, own: list[str]) -> tup
         return "openai_imagenet_templates", [n.replace("_", " ") for n in own], prompt_templates()
     shipped = benchmarks()["classnames"].get(name)
     if shipped is not None and len(shipped) != len(own):
-        raise DataInputError(f"{ZEROSHOT_FLAG} {where}: read as clip-benchmark's {name}, whose "
-                             f"{len(shipped)} class names go by class index, but it has {len(own)} "
-                             f"classes; give {OPENAI}={path} for CLIP's ImageNet templates and its own "
-                             "class names, or the benchmark's dataset")
-    names = list(shipped) if shipped is not None else [
-        re.sub(f"[{re.escape(_OWN_NAME_SPACES[name])}]", " ", n) if name in _OWN_NAME_SPACES else n
-        for n in own]
+        raise DataInputError(
+            f"{ZEROSHOT_FLAG} {where}: read as clip-benchmark's {name}, whose "
+            f"{len(shipped)} class names go by class index, but it has {len(own)} "
+            f"classes; give {OPENAI}={path} for CLIP's ImageNet templates and its own "
+            "class names, or the benchmark's dataset"
+        )
+    names = (
+        list(shipped)
+        if shipped is not None
+        else [re.sub(f"[{re.escape(_OWN_NAME_SPACES[name])}]", " ", n) if name in _OWN_NAME_SPACES else n for n in own]
+    )
     return f"clip_benchmark:{name}", names, benchmark_templates(name)
 
 
@@ -177,8 +183,10 @@ def parse_spec(spec: str) -> tuple[str, str]:
 def _column_of(ds: datasets.Dataset, kind: type, where: str, what: str) -> str:
     columns = [c for c, f in ds.features.items() if isinstance(f, kind)]
     if not columns:
-        raise DataInputError(f"{ZEROSHOT_FLAG} {where}: no {what} column (it has {dict(ds.features)}); "
-                             "give an image-classification dataset (an image and a ClassLabel column)")
+        raise DataInputError(
+            f"{ZEROSHOT_FLAG} {where}: no {what} column (it has {dict(ds.features)}); "
+            "give an image-classification dataset (an image and a ClassLabel column)"
+        )
     return columns[0]
 
 
@@ -207,7 +215,7 @@ def _decodable_rows(ds: datasets.Dataset, column: str, where: str, max_pixels: i
     skipped: Counter[str] = Counter()
     first: dict[str, int] = {}
     for start in range(0, len(ds), _PAGE):
-        for row, cell in enumerate(ds[start:start + _PAGE][column], start):
+        for row, cell in enumerate(ds[start : start + _PAGE][column], start):
             try:
                 open_rgb_image(cell["bytes"], max_pixels=max_pixels, name=f"row {row}").close()
             except ImageProblem as problem:
@@ -218,11 +226,20 @@ def _decodable_rows(ds: datasets.Dataset, column: str, where: str, max_pixels: i
     if skipped:
         counts = ", ".join(f"{reason}: {n} (first row {first[reason]})" for reason, n in sorted(skipped.items()))
         if not keep:
-            raise DataInputError(f"{ZEROSHOT_FLAG} {where}: none of its {len(ds)} images can be used "
-                                 f"({counts}); give a dataset of readable images (raise "
-                                 "--max-image-pixels only for large images you trust)")
-        log.warning("%s %s: skipped %d of %d images (%s); the zero-shot metrics are computed on the "
-                    "other %d", ZEROSHOT_FLAG, where, sum(skipped.values()), len(ds), counts, len(keep))
+            raise DataInputError(
+                f"{ZEROSHOT_FLAG} {where}: none of its {len(ds)} images can be used "
+                f"({counts}); give a dataset of readable images (raise "
+                "--max-image-pixels only for large images you trust)"
+            )
+        log.warning(
+            "%s %s: skipped %d of %d images (%s); the zero-shot metrics are computed on the other %d",
+            ZEROSHOT_FLAG,
+            where,
+            sum(skipped.values()),
+            len(ds),
+            counts,
+            len(keep),
+        )
     return keep, skipped
 
 
@@ -235,8 +252,10 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     where = f"{path} (split {split!r})"
 
     def cannot_load(err: Exception) -> DataInputError:
-        return DataInputError(f"{ZEROSHOT_FLAG} {where}: cannot load it ({str(err)[:200]}); give a "
-                              "datasets id or folder and an existing split as DATASET:SPLIT")
+        return DataInputError(
+            f"{ZEROSHOT_FLAG} {where}: cannot load it ({str(err)[:200]}); give a "
+            "datasets id or folder and an existing split as DATASET:SPLIT"
+        )
 
     commit = resolve_commit(SourceRef(path))  # a Hub id's commit, recorded; None for a folder
     ds = open_split(path, None, split, flag=ZEROSHOT_FLAG, cannot_load=cannot_load)
@@ -255,9 +274,15 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
         examples.add(0, row, image, "", None, -1, "zeroshot")
     prompts, classnames, templates = _prompts_of(named, path, where, list(ds.features[label].names))
     name = f"{Path(path).name or path}-{split}"
-    log.info("zero-shot set %s: %d images, %d classes, prompts %s (%d templates)", name, len(ds),
-             len(classnames), prompts, len(templates))
+    log.info(
+        "zero-shot set %s: %d images, %d classes, prompts %s (%d templates)",
+        name,
+        len(ds),
+        len(classnames),
+        prompts,
+        len(templates),
+    )
     record = TableRecord(path, None, commit, "default", split, rows_read)
-    return ZeroShotSet(name, examples, np.asarray(ds[label], dtype=np.int64), classnames, templates,
-                       prompts, record, dict(skipped))
-
+    return ZeroShotSet(
+        name, examples, np.asarray(ds[label], dtype=np.int64), classnames, templates, prompts, record, dict(skipped)
+    )

@@ -24,15 +24,23 @@ def _benchmark(args: argparse.Namespace) -> int:
         profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
         models += [profile.clip, profile.open_clip]
         blind_lm = blind_lm or profile.lm
-    cfg = BenchmarkConfig(models=models, output=args.output, eval_batch_size=args.eval_batch_size,
-                          num_workers=args.num_workers, cache_dir=args.cache_dir,
-                          push_to_hub=args.push_to_hub, revision_tag=args.revision_tag,
-                          coco_instances=args.coco_instances,
-                          trust_pickled_weights=args.trust_pickled_weights,
-                          bootstrap=args.bootstrap, seed=args.seed, baseline=args.baseline,
-                          blind_lm=blind_lm, blind_sentence_model=args.blind_sentence_model,
-                          sources={"coco": args.coco, "decorrelation": args.decorrelation,
-                                   "counterfactuals": args.counterfactuals})
+    cfg = BenchmarkConfig(
+        models=models,
+        output=args.output,
+        eval_batch_size=args.eval_batch_size,
+        num_workers=args.num_workers,
+        cache_dir=args.cache_dir,
+        push_to_hub=args.push_to_hub,
+        revision_tag=args.revision_tag,
+        coco_instances=args.coco_instances,
+        trust_pickled_weights=args.trust_pickled_weights,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        baseline=args.baseline,
+        blind_lm=blind_lm,
+        blind_sentence_model=args.blind_sentence_model,
+        sources={"coco": args.coco, "decorrelation": args.decorrelation, "counterfactuals": args.counterfactuals},
+    )
     records = run_benchmark(cfg)
     out = Path(args.output)
     print(f"{len(records)} records: {out / 'results.jsonl'}, report: {out / 'report.md'}")
@@ -41,25 +49,41 @@ def _benchmark(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "benchmark", help="score CLIP models on our datasets (ODmAP@k, ITM deltas, COCO R@K): "
-        "results.jsonl + report.md",
+        "benchmark",
+        help="score CLIP models on our datasets (ODmAP@k, ITM deltas, COCO R@K): results.jsonl + report.md",
         description="Score each --model on each dataset given with the trainer's --eval-only "
         "evaluation and the project's metric modules; writes OUTPUT/results.jsonl (one record per "
-        "model x dataset x metric) and OUTPUT/report.md (a table per model, a comparison per dataset).")
-    p.add_argument("--model", action="append", metavar="MODEL",
-                   help="repeatable: a Hugging Face CLIP id or save_pretrained folder (a training "
-                        "run's final/), an open_clip folder, open_clip:ARCH:TAG, hf-hub:ID or local-dir:PATH")
-    p.add_argument("--models", choices=("tiny",), default=None,
-                   help="tiny: add the project's two tiny random-init CLIPs (transformers, open_clip)")
+        "model x dataset x metric) and OUTPUT/report.md (a table per model, a comparison per dataset).",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="MODEL",
+        help="repeatable: a Hugging Face CLIP id or save_pretrained folder (a training "
+        "run's final/), an open_clip folder, open_clip:ARCH:TAG, hf-hub:ID or local-dir:PATH",
+    )
+    p.add_argument(
+        "--models",
+        choices=("tiny",),
+        default=None,
+        help="tiny: add the project's two tiny random-init CLIPs (transformers, open_clip)",
+    )
     p.add_argument("--tiny-models-dir", default=None, help="where the tiny models are built/cached")
     _add_dataset_arguments(p)
     p.add_argument("--output", required=True, help="report folder (results.jsonl, report.md)")
-    p.add_argument("--cache-dir", default=None,
-                   help="embedding cache, shared by reports: a model already scored on the same data "
-                        "is not encoded again (default: OUTPUT/embeddings)")
-    p.add_argument("--push-to-hub", default=None, metavar="ORG/NAME",
-                   help="append the records to this results dataset on the Hub (HF_ENDPOINT, HF_TOKEN); "
-                        "records already there are skipped")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="embedding cache, shared by reports: a model already scored on the same data "
+        "is not encoded again (default: OUTPUT/embeddings)",
+    )
+    p.add_argument(
+        "--push-to-hub",
+        default=None,
+        metavar="ORG/NAME",
+        help="append the records to this results dataset on the Hub (HF_ENDPOINT, HF_TOKEN); "
+        "records already there are skipped",
+    )
     p.add_argument("--revision-tag", default=None, help="with --push-to-hub: tag the pushed state")
     p.add_argument("--eval-batch-size", type=positive_int, default=64, help="encoding batch size")
     p.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers decoding images")
@@ -70,31 +94,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_dataset_arguments(p: argparse.ArgumentParser) -> None:
     """The builds scored, one flag per dataset."""
-    p.add_argument("--coco", default=None,
-                   help=f"coco-captions build ({SOURCE_HELP}): R@1/5/10 on its test split; on the COCO 5K "
-                        "test split also ECCV mAP@R / R-P / R@1 and CxC, and with --decorrelation "
-                        "object necessity PN per removed class")
-    p.add_argument("--coco-instances", default=None, metavar="PATH",
-                   help="COCO's annotations/instances_val2014.json: adds PMRP on the COCO 5K test split")
+    p.add_argument(
+        "--coco",
+        default=None,
+        help=f"coco-captions build ({SOURCE_HELP}): R@1/5/10 on its test split; on the COCO 5K "
+        "test split also ECCV mAP@R / R-P / R@1 and CxC, and with --decorrelation "
+        "object necessity PN per removed class",
+    )
+    p.add_argument(
+        "--coco-instances",
+        default=None,
+        metavar="PATH",
+        help="COCO's annotations/instances_val2014.json: adds PMRP on the COCO 5K test split",
+    )
     p.add_argument("--decorrelation", default=None, help=f"decorrelation build ({SOURCE_HELP}): ODmAP@1/5/10")
-    p.add_argument("--counterfactuals", default=None,
-                   help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split")
+    p.add_argument(
+        "--counterfactuals",
+        default=None,
+        help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split",
+    )
 
 
 def _add_statistics_arguments(p: argparse.ArgumentParser) -> None:
     """The intervals, the paired comparisons and the blind baseline."""
-    p.add_argument("--bootstrap", type=non_negative_int, default=1000, metavar="N",
-                   help="resamples of each metric's units (images, queries, pairs) for its 95%% "
-                        "interval and the paired tests between models (default 1000; 0: none)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the resamples and of the paired tests (default 0): the same seed "
-                        "gives the same intervals")
-    p.add_argument("--baseline", default=None, metavar="MODEL",
-                   help="compare every model with this one (a --model, or one more model scored "
-                        "first): differences, paired intervals and Holm-corrected p-values")
-    p.add_argument("--blind-lm", default=None, metavar="MODEL",
-                   help="with --counterfactuals: the causal LM of the blind text-only baseline, which "
-                        "scores each caption alone (default: the builder's openai-community/gpt2-large; "
-                        "the tiny LM with --models tiny; none: no blind baseline)")
-    p.add_argument("--blind-sentence-model", default=None, metavar="MODEL",
-                   help="the sentence model of the blind baseline (default: the shipped all-MiniLM-L6-v2)")
+    p.add_argument(
+        "--bootstrap",
+        type=non_negative_int,
+        default=1000,
+        metavar="N",
+        help="resamples of each metric's units (images, queries, pairs) for its 95%% "
+        "interval and the paired tests between models (default 1000; 0: none)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the resamples and of the paired tests (default 0): the same seed gives the same intervals",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="MODEL",
+        help="compare every model with this one (a --model, or one more model scored "
+        "first): differences, paired intervals and Holm-corrected p-values",
+    )
+    p.add_argument(
+        "--blind-lm",
+        default=None,
+        metavar="MODEL",
+        help="with --counterfactuals: the causal LM of the blind text-only baseline, which "
+        "scores each caption alone (default: the builder's openai-community/gpt2-large; "
+        "the tiny LM with --models tiny; none: no blind baseline)",
+    )
+    p.add_argument(
+        "--blind-sentence-model",
+        default=None,
+        metavar="MODEL",
+        help="the sentence model of the blind baseline (default: the shipped all-MiniLM-L6-v2)",
+    )

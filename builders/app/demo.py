@@ -42,21 +42,31 @@ def demo_builds(coco: Path, tiny_dir: Path, sim_window: tuple[float, float] | No
     tiny = ["--models", "tiny", "--tiny-models-dir", str(tiny_dir)]
     window = ["--sim-low", str(sim_window[0]), "--sim-high", str(sim_window[1])] if sim_window else []
     known = {
-        "coco-captions": DemoBuild("coco-captions", ["--coco-root", str(coco), "--splits", "test", "val"],
-                                   [("default", "test"), ("captions", "test")]),
+        "coco-captions": DemoBuild(
+            "coco-captions",
+            ["--coco-root", str(coco), "--splits", "test", "val"],
+            [("default", "test"), ("captions", "test")],
+        ),
         # `--models tiny` also picks the tiny sizes (64 px, 2 steps, 4 candidates, no CLIP
         # threshold: builders.models.profiles); the real defaults are the METHOD.md notes'.
-        "decorrelation": DemoBuild("decorrelation", ["--coco-root", str(coco), *tiny],
-                                   [("default", "train"), ("odmap_queries", "test"),
-                                    ("odmap_gallery", "test")]),
-        "coco-counterfactuals": DemoBuild("coco-counterfactuals",
-                                          ["--coco-root", str(coco), "--karpathy-splits", "test", *tiny, *window],
-                                          [("default", "test"), ("captions", "test")]),
+        "decorrelation": DemoBuild(
+            "decorrelation",
+            ["--coco-root", str(coco), *tiny],
+            [("default", "train"), ("odmap_queries", "test"), ("odmap_gallery", "test")],
+        ),
+        "coco-counterfactuals": DemoBuild(
+            "coco-counterfactuals",
+            ["--coco-root", str(coco), "--karpathy-splits", "test", *tiny, *window],
+            [("default", "test"), ("captions", "test")],
+        ),
         # Every annotated ECCV query gets a row (30,000 with ids only where the fixture has no
         # such image or caption), so parts are larger.
-        "eccv-positives": DemoBuild("eccv-positives", ["--coco-root", str(coco)],
-                                    [("i2t", "test"), ("t2i", "test"), ("removed", "test")],
-                                    part_size=2000),
+        "eccv-positives": DemoBuild(
+            "eccv-positives",
+            ["--coco-root", str(coco)],
+            [("i2t", "test"), ("t2i", "test"), ("removed", "test")],
+            part_size=2000,
+        ),
     }
     return [known[name] for name in BUILDER_MODULES if name in known]
 
@@ -93,8 +103,12 @@ class Demo:
         builds = demo_builds(coco, tiny_dir, self.sim_window)
         for b in builds:
             out = self.workdir / "builds" / b.name
-            self.step(f"build {b.name}", lambda b=b, out=out: must(
-                ["build", b.name, *b.args, "--output", str(out), "--part-size", str(b.part_size)]))
+            self.step(
+                f"build {b.name}",
+                lambda b=b, out=out: must(
+                    ["build", b.name, *b.args, "--output", str(out), "--part-size", str(b.part_size)]
+                ),
+            )
 
         from builders.devtools.local_hub import LocalHub
 
@@ -150,16 +164,19 @@ class Demo:
         odmap = evaluate.load("demo/odmap", revision="v1.0.0")
         # Two image queries whose "dog" was removed; captions ranked best first.
         result = odmap.compute(
-            retrieved=[["A frisbee in the air.", "Two dogs and a frisbee."],
-                       ["Two dogs and a frisbee.", "A frisbee on the grass."]],
-            removed_classes=[["dog"], ["dog"]], present_classes=[["frisbee"], ["frisbee"]],
-            k_values=[1, 2])
+            retrieved=[
+                ["A frisbee in the air.", "Two dogs and a frisbee."],
+                ["Two dogs and a frisbee.", "A frisbee on the grass."],
+            ],
+            removed_classes=[["dog"], ["dog"]],
+            present_classes=[["frisbee"], ["frisbee"]],
+            k_values=[1, 2],
+        )
         log.info("   evaluate.load('demo/odmap', revision='v1.0.0').compute(...) = %s", result)
         # By hand: query 1's top caption is right (no dog, mentions the frisbee), query 2's is not.
         if result["ODmAP@1"] != 0.5:
             raise SystemExit(f"unexpected ODmAP@1 {result['ODmAP@1']} (expected 0.5)")
         return {"odmap_example": result}
-
 
     def odmap_of_tiny_clip(self, tiny_dir: Path) -> dict:
         """The dataset card's recipe: a CLIP model -> ODmAP@1/5/10 on the published ODmAP set."""
@@ -179,16 +196,22 @@ class Demo:
         manifest = json.loads((self.workdir / "builds" / "decorrelation" / "build_manifest.json").read_text())
         model, processor = load_clip(resolve_profile("tiny", tiny_dir).clip)
         with torch.no_grad():
-            images = features(model.get_image_features(**processor(images=list(queries["image"]),
-                                                                   return_tensors="pt")))
-            texts = features(model.get_text_features(**processor(text=list(gallery["caption"]), return_tensors="pt",
-                                                                 padding=True, truncation=True)))
+            images = features(
+                model.get_image_features(**processor(images=list(queries["image"]), return_tensors="pt"))
+            )
+            texts = features(
+                model.get_text_features(
+                    **processor(text=list(gallery["caption"]), return_tensors="pt", padding=True, truncation=True)
+                )
+            )
         topk, _ = topk_from_embeddings(images, texts, k=10, normalize=True)
         result = evaluate.load("demo/odmap", revision="v1.0.0").compute(
-            retrieved=topk.tolist(), removed_classes=list(queries["removed_classes"]),
+            retrieved=topk.tolist(),
+            removed_classes=list(queries["removed_classes"]),
             present_classes=list(queries["present_classes"]),
             mention_matrix=np.array(gallery["mentions"]),
-            class_names=manifest["card_fields"]["class_names"])
+            class_names=manifest["card_fields"]["class_names"],
+        )
         log.info("   tiny (random) CLIP on %d queries x %d captions: %s", len(queries), len(gallery), result)
         return {"odmap_tiny_clip": result}
 
@@ -198,15 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("demo_output"))
     # A machine without the real all-MiniLM-L6-v2 (the GPU check's random stand-in puts one-word
     # edits near 0.98) keeps no caption pair in the paper's (0.8, 0.91] window.
-    parser.add_argument("--sim-window", type=float, nargs=2, metavar=("LOW", "HIGH"),
-                        help="coco-counterfactuals' caption similarity window (default: the paper's)")
+    parser.add_argument(
+        "--sim-window",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="coco-counterfactuals' caption similarity window (default: the paper's)",
+    )
     args = parser.parse_args(argv)
     # The demo talks to its own local Hub; the user's real token is never sent anywhere.
     from builders.devtools.local_hub import free_port  # imports no HF library: they read the env below
 
-    os.environ.update(HF_ENDPOINT=f"http://127.0.0.1:{free_port()}", HF_HUB_DISABLE_XET="1",
-                      HF_TOKEN="demo-local-hub", HF_HOME=str(args.workdir.resolve() / "hf_home"),
-                      HF_HUB_DISABLE_TELEMETRY="1")
+    os.environ.update(
+        HF_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+        HF_HUB_DISABLE_XET="1",
+        HF_TOKEN="demo-local-hub",
+        HF_HOME=str(args.workdir.resolve() / "hf_home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "huggingface_hub", "datasets"):  # one line per HTTP request
         logging.getLogger(noisy).setLevel(logging.WARNING)

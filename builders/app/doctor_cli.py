@@ -21,18 +21,34 @@ def _generators(text: str) -> tuple[str, ...]:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from builders.devtools.doctor import (HEADER, DoctorConfig, check_json_path, footer, format_row,
-                                          run_doctor, write_json)
-    from builders.devtools.doctor_generators import (GENERATOR_HEADER, check_generators,
-                                                     format_generator_row, run_generators)
+    from builders.devtools.doctor import (
+        HEADER,
+        DoctorConfig,
+        check_json_path,
+        footer,
+        format_row,
+        run_doctor,
+        write_json,
+    )
+    from builders.devtools.doctor_generators import (
+        GENERATOR_HEADER,
+        check_generators,
+        format_generator_row,
+        run_generators,
+    )
     from builders.engine.distributed import worker_device
 
     if args.json:
         check_json_path(args.json)
     check_generators(args.generators)
-    config = DoctorConfig(stages=args.stages, resolution=args.resolution, steps=args.steps,
-                          size=args.models, tiny_dir=args.tiny_models_dir,
-                          generators=args.generators)
+    config = DoctorConfig(
+        stages=args.stages,
+        resolution=args.resolution,
+        steps=args.steps,
+        size=args.models,
+        tiny_dir=args.tiny_models_dir,
+        generators=args.generators,
+    )
     device = worker_device()
     rows = []
     if config.stages:
@@ -43,12 +59,18 @@ def _doctor(args: argparse.Namespace) -> int:
     generators = []
     if config.generators:
         print("", GENERATOR_HEADER, "-" * len(GENERATOR_HEADER), sep="\n", flush=True)
-        generators = run_generators(config.generators, production=config.size == "production",
-                                    resolution=config.resolution, device=device,
-                                    on_row=lambda row: print(format_generator_row(row), flush=True))
-        print("image-stage generators: candidate pairs per batch at each model's resolution "
-              "(fp16; FLUX bf16); --cpu-offload keeps one component on the GPU at a time; "
-              "10% of the GPU left free")
+        generators = run_generators(
+            config.generators,
+            production=config.size == "production",
+            resolution=config.resolution,
+            device=device,
+            on_row=lambda row: print(format_generator_row(row), flush=True),
+        )
+        print(
+            "image-stage generators: candidate pairs per batch at each model's resolution "
+            "(fp16; FLUX bf16); --cpu-offload keeps one component on the GPU at a time; "
+            "10% of the GPU left free"
+        )
     if args.json:
         write_json(args.json, rows, config, device, generators)
         print(f"table written to {args.json}")
@@ -57,7 +79,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "doctor", help="run one item through every stage at the production model sizes: time, "
+        "doctor",
+        help="run one item through every stage at the production model sizes: time, "
         "memory and the batch that fits a 24/40/80 GB GPU",
         description="Instantiate every production architecture (SD v1.5 and its inpainting UNet, "
         "CLIP ViT-L/14 and ViT-B/32, roberta-base, gpt2-large) with random weights at its real "
@@ -69,22 +92,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "row per image-stage generator (sd15, sdxl, sd3, flux): its weights per dtype, the "
         "activations of one candidate pair and the pairs that fit a 24/40/80 GB GPU, with and "
         "without --cpu-offload; a model too large for this machine (SDXL, SD3 and FLUX on a "
-        "24 GB one) is computed on the meta device instead, which its row says.")
-    p.add_argument("--stages", type=_stages, default=STAGE_NAMES, metavar="A,B",
-                   help=f"comma-separated stages to run (default all: {','.join(STAGE_NAMES)})")
-    p.add_argument("--resolution", type=int, default=512,
-                   help="image side for the diffusion stages (default 512, the production one; "
-                        "smaller is faster on a CPU, and the memory is extrapolated to 512)")
+        "24 GB one) is computed on the meta device instead, which its row says.",
+    )
+    p.add_argument(
+        "--stages",
+        type=_stages,
+        default=STAGE_NAMES,
+        metavar="A,B",
+        help=f"comma-separated stages to run (default all: {','.join(STAGE_NAMES)})",
+    )
+    p.add_argument(
+        "--resolution",
+        type=int,
+        default=512,
+        help="image side for the diffusion stages (default 512, the production one; "
+        "smaller is faster on a CPU, and the memory is extrapolated to 512)",
+    )
     p.add_argument("--steps", type=int, default=2, help="denoising steps (default 2)")
-    p.add_argument("--models", choices=("production", "tiny"), default="production",
-                   help="production architectures (default) or the tiny profile's (a quick check)")
-    p.add_argument("--tiny-models-dir", type=Path, default=None,
-                   help="where the tiny profile (tokenizers, schedulers) is built/cached")
-    p.add_argument("--generators", type=_generators, default=GENERATORS, metavar="A,B",
-                   help="image-stage generators to give a row (weights per dtype, activations per "
-                        "candidate pair at 512 px for sd15 and 1024 px for the others, pairs that fit "
-                        "24/40/80 GB with and without --cpu-offload): measured where the model fits "
-                        "this machine, meta-device arithmetic otherwise (default all: "
-                        f"{','.join(GENERATORS)}; `none` for no rows)")
+    p.add_argument(
+        "--models",
+        choices=("production", "tiny"),
+        default="production",
+        help="production architectures (default) or the tiny profile's (a quick check)",
+    )
+    p.add_argument(
+        "--tiny-models-dir",
+        type=Path,
+        default=None,
+        help="where the tiny profile (tokenizers, schedulers) is built/cached",
+    )
+    p.add_argument(
+        "--generators",
+        type=_generators,
+        default=GENERATORS,
+        metavar="A,B",
+        help="image-stage generators to give a row (weights per dtype, activations per "
+        "candidate pair at 512 px for sd15 and 1024 px for the others, pairs that fit "
+        "24/40/80 GB with and without --cpu-offload): measured where the model fits "
+        "this machine, meta-device arithmetic otherwise (default all: "
+        f"{','.join(GENERATORS)}; `none` for no rows)",
+    )
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table as JSON")
     p.set_defaults(func=_doctor)

@@ -10,10 +10,13 @@ def _handler(args: argparse.Namespace) -> int:
     from builders.devtools.local_hub import LocalHub
 
     hub = LocalHub(port=args.port).start()
-    print(f"local Hub on {hub.url} (in memory; Ctrl-C stops it and forgets everything)\n"
-          f"publish: counterfactory publish OUT --repo-id ORG/NAME --version v1.0.0 --endpoint {hub.url}\n"
-          f"other clients (load_dataset, evaluate.load): export HF_ENDPOINT={hub.url} "
-          "HF_HUB_DISABLE_XET=1 HF_TOKEN=any", flush=True)
+    print(
+        f"local Hub on {hub.url} (in memory; Ctrl-C stops it and forgets everything)\n"
+        f"publish: counterfactory publish OUT --repo-id ORG/NAME --version v1.0.0 --endpoint {hub.url}\n"
+        f"other clients (load_dataset, evaluate.load): export HF_ENDPOINT={hub.url} "
+        "HF_HUB_DISABLE_XET=1 HF_TOKEN=any",
+        flush=True,
+    )
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -26,10 +26,13 @@ def _list(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("models", help="model profiles (tiny offline models, production ids)")
     sub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
-    tiny = sub.add_parser("tiny", help="build the tiny random-init models into DIR",
-                          description="Build tiny random-init models of every role (CLIP, open_clip, "
-                          "SD, SD inpainting, RoBERTa MLM, GPT-2, BLIP captioner) loadable with the "
-                          "same from_pretrained/open_clip calls as the real ones. Idempotent.")
+    tiny = sub.add_parser(
+        "tiny",
+        help="build the tiny random-init models into DIR",
+        description="Build tiny random-init models of every role (CLIP, open_clip, "
+        "SD, SD inpainting, RoBERTa MLM, GPT-2, BLIP captioner) loadable with the "
+        "same from_pretrained/open_clip calls as the real ones. Idempotent.",
+    )
     tiny.add_argument("dir", type=Path, help="output folder")
     tiny.set_defaults(func=_tiny)
     lst = sub.add_parser("list", help="print the production model id of every role")

@@ -25,15 +25,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("nltk", help="NLTK tagger data (real download or offline tagger)")
     sub = p.add_subparsers(dest="nltk_command", metavar="ACTION", required=True)
     off = sub.add_parser(
-        "offline-tagger", help="train the small caption tagger for machines without internet",
+        "offline-tagger",
+        help="train the small caption tagger for machines without internet",
         description="Train NLTK's perceptron tagger on the shipped hand-tagged caption corpus and "
         "save it as averaged_perceptron_tagger_eng where NLTK looks for it (the folder NLTK's own "
         "downloader would use), so every later command finds it without settings. A real tagger "
         "already there is left alone. With internet, prefer the real data: "
-        "python -m nltk.downloader averaged_perceptron_tagger_eng")
-    off.add_argument("--nltk-data", type=Path, default=None,
-                     help="NLTK data folder (default: the first folder of $NLTK_DATA, else NLTK's "
-                          "download folder, usually ~/nltk_data)")
+        "python -m nltk.downloader averaged_perceptron_tagger_eng",
+    )
+    off.add_argument(
+        "--nltk-data",
+        type=Path,
+        default=None,
+        help="NLTK data folder (default: the first folder of $NLTK_DATA, else NLTK's "
+        "download folder, usually ~/nltk_data)",
+    )
     off.set_defaults(func=_offline)
     chk = sub.add_parser("check", help="say which tagger nltk.pos_tag will use (error if none)")
     chk.set_defaults(func=_check)

@@ -9,16 +9,27 @@ from pathlib import Path
 def _handler(args: argparse.Namespace) -> int:
     from builders.publishing.publish import PublishConfig, publish
 
-    result = publish(PublishConfig(output_dir=args.output_dir, repo_id=args.repo_id,
-                                   version=args.version, endpoint=args.endpoint,
-                                   private=args.private, timeout_s=args.timeout,
-                                   retries=args.retries))
+    result = publish(
+        PublishConfig(
+            output_dir=args.output_dir,
+            repo_id=args.repo_id,
+            version=args.version,
+            endpoint=args.endpoint,
+            private=args.private,
+            timeout_s=args.timeout,
+            retries=args.retries,
+        )
+    )
     if result.already_published:
-        print(f"{result.repo_id}@{result.version} already holds exactly this build "
-              f"(commit {result.commit}); nothing uploaded")
+        print(
+            f"{result.repo_id}@{result.version} already holds exactly this build "
+            f"(commit {result.commit}); nothing uploaded"
+        )
     else:
-        print(f"published {result.repo_id}@{result.version} (commit {result.commit}; "
-              f"{result.uploaded_files} files uploaded, {result.unchanged_files} unchanged)")
+        print(
+            f"published {result.repo_id}@{result.version} (commit {result.commit}; "
+            f"{result.uploaded_files} files uploaded, {result.unchanged_files} unchanged)"
+        )
     return 0
 
 
@@ -34,12 +45,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("output_dir", type=Path, help="a finished build folder")
     p.add_argument("--repo-id", required=True, help="ORG/NAME of the dataset repo")
     p.add_argument("--version", required=True, help="version tag, e.g. v1.0.0")
-    p.add_argument("--endpoint", default=None,
-                   help="Hub URL, e.g. http://127.0.0.1:8765 for `counterfactory local-hub` "
-                   "(default: HF_ENDPOINT or huggingface.co); nothing else needs setting")
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds one request may wait for the Hub before it is retried (default 120)")
-    p.add_argument("--retries", type=int, default=5,
-                   help="attempts per Hub call on 429/5xx or a lost connection (default 5)")
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        help="Hub URL, e.g. http://127.0.0.1:8765 for `counterfactory local-hub` "
+        "(default: HF_ENDPOINT or huggingface.co); nothing else needs setting",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds one request may wait for the Hub before it is retried (default 120)",
+    )
+    p.add_argument(
+        "--retries", type=int, default=5, help="attempts per Hub call on 429/5xx or a lost connection (default 5)"
+    )
     p.add_argument("--private", action="store_true", help="create the repo as private")
     p.set_defaults(func=_handler)

@@ -28,8 +28,10 @@ BUILDER_MODULES = {
 
 def _builder_from_args(options_module: str):
     """The `from_args` of the options module's sibling `builder.py`, imported when it runs."""
+
     def build(args: argparse.Namespace):
         return importlib.import_module(options_module.rpartition(".")[0] + ".builder").from_args(args)
+
     return build
 
 
@@ -38,5 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kinds = build.add_subparsers(dest="dataset", metavar="DATASET", required=True)
     for name, module_name in BUILDER_MODULES.items():
         module = importlib.import_module(module_name)
-        add_builder_parser(kinds.add_parser(name, help=module.HELP, description=module.HELP), module,
-                           _builder_from_args(module_name))
+        add_builder_parser(
+            kinds.add_parser(name, help=module.HELP, description=module.HELP), module, _builder_from_args(module_name)
+        )

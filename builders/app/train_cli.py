@@ -21,15 +21,20 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from training.options import (SWEEP_DESCRIPTION, TRAIN_DESCRIPTION, add_sweep_arguments,
-                                  add_train_arguments)
+    from training.options import SWEEP_DESCRIPTION, TRAIN_DESCRIPTION, add_sweep_arguments, add_train_arguments
 
     train = subparsers.add_parser(
-        "train", help="finetune CLIP on our datasets and evaluate it (one process; several: "
-        "`accelerate launch training/finetune_clip.py`)", description=TRAIN_DESCRIPTION)
+        "train",
+        help="finetune CLIP on our datasets and evaluate it (one process; several: "
+        "`accelerate launch training/finetune_clip.py`)",
+        description=TRAIN_DESCRIPTION,
+    )
     add_train_arguments(train)
     train.set_defaults(func=_train)
-    sweep = subparsers.add_parser("sweep", help="one training run per seed, mean ± std and a Welch "
-                                  "t-test against a baseline sweep", description=SWEEP_DESCRIPTION)
+    sweep = subparsers.add_parser(
+        "sweep",
+        help="one training run per seed, mean ± std and a Welch t-test against a baseline sweep",
+        description=SWEEP_DESCRIPTION,
+    )
     add_sweep_arguments(sweep)
     sweep.set_defaults(func=_sweep)

@@ -31,9 +31,14 @@ class CocoCaptionsBuilder:
         self.config = config
 
     def outputs(self):
-        return [spec for split in self.config.splits
-                for spec in (OutputSpec("default", split, IMAGES, IMAGES_VIEW.to_dict()),
-                             OutputSpec("captions", split, CAPTIONS))]
+        return [
+            spec
+            for split in self.config.splits
+            for spec in (
+                OutputSpec("default", split, IMAGES, IMAGES_VIEW.to_dict()),
+                OutputSpec("captions", split, CAPTIONS),
+            )
+        ]
 
     def work_items(self):
         return read_images(self.config)
@@ -50,29 +55,37 @@ class CocoCaptionsBuilder:
                 continue
             try:
                 # The annotated size must hold: the boxes are in its pixels.
-                image = check_image(rec.path, max_pixels=self.config.max_image_pixels,
-                                    expected_size=(rec.width, rec.height)).cell()
+                image = check_image(
+                    rec.path, max_pixels=self.config.max_image_pixels, expected_size=(rec.width, rec.height)
+                ).cell()
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=str(err))
                 continue
             split = rec.split
-            yield Emit(f"default/{split}", {
-                "image": image, "image_id": rec.image_id, "file_name": rec.path.name,
-                "caption_ids": [c.caption_id for c in rec.captions],
-                "captions": [c.text for c in rec.captions],
-                "objects": [{"category": o.category, "bbox": list(o.bbox), "iscrowd": o.iscrowd}
-                            for o in rec.objects],
-            })
+            yield Emit(
+                f"default/{split}",
+                {
+                    "image": image,
+                    "image_id": rec.image_id,
+                    "file_name": rec.path.name,
+                    "caption_ids": [c.caption_id for c in rec.captions],
+                    "captions": [c.text for c in rec.captions],
+                    "objects": [
+                        {"category": o.category, "bbox": list(o.bbox), "iscrowd": o.iscrowd} for o in rec.objects
+                    ],
+                },
+            )
             for cap in rec.captions:
-                yield Emit(f"captions/{split}", {"caption_id": cap.caption_id,
-                                                 "image_id": rec.image_id, "caption": cap.text})
+                yield Emit(
+                    f"captions/{split}", {"caption_id": cap.caption_id, "image_id": rec.image_id, "caption": cap.text}
+                )
 
     def info(self):
         return BuildInfo(
-            builder="coco-captions", card_template="dataset_card.md",
+            builder="coco-captions",
+            card_template="dataset_card.md",
             pretty_name="COCO Karpathy retrieval splits",
-            config={**asdict(self.config), "splits": list(self.config.splits),
-                    "image_encoding": IMAGE_ENCODING},
+            config={**asdict(self.config), "splits": list(self.config.splits), "image_encoding": IMAGE_ENCODING},
             card_fields=CARD_FIELDS,
         )
 

@@ -10,10 +10,10 @@ CARD_FIELDS = {
     "tags": ["coco", "retrieval"],
     "source_datasets": ["MS-COCO"],
     "summary": "MS-COCO images with their captions and boxes, in Karpathy's splits, "
-               "as parquet with embedded images (no loading script).",
+    "as parquet with embedded images (no loading script).",
     "column_docs": COLUMN_DOCS,
     "limitations": ["Images keep the COCO license terms of their Flickr sources."],
     "citation": "@inproceedings{lin2014microsoft, title={Microsoft COCO: Common "
-                "Objects in Context}, author={Lin, Tsung-Yi and others}, "
-                "booktitle={ECCV}, year={2014}}",
+    "Objects in Context}, author={Lin, Tsung-Yi and others}, "
+    "booktitle={ECCV}, year={2014}}",
 }

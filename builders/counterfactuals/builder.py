@@ -36,11 +36,16 @@ from typing import Any, Iterable, Iterator, Sequence
 from builders.counterfactuals import options
 from builders.counterfactuals.captions import CaptionModels, CaptionStage, CounterfactualCaption
 from builders.counterfactuals.card import CARD_FIELDS
-from builders.counterfactuals.config import (CAPTION_ROLES, IMAGE_FILTERS, IMAGE_ROLES,
-                                             CocoCounterfactualsConfig)
+from builders.counterfactuals.config import CAPTION_ROLES, IMAGE_FILTERS, IMAGE_ROLES, CocoCounterfactualsConfig
 from builders.counterfactuals.generators import generator
-from builders.counterfactuals.image_sources import (FolderSource, Layout, ZipSource, detect_layout,
-                                                    open_source, pattern_layout)
+from builders.counterfactuals.image_sources import (
+    FolderSource,
+    Layout,
+    ZipSource,
+    detect_layout,
+    open_source,
+    pattern_layout,
+)
 from builders.counterfactuals.images import NO_PASSING_CANDIDATE, ImageSelection, ImageStage
 from builders.counterfactuals.imports import ImportStage, import_items
 from builders.counterfactuals.schema import CAPTION_FEATURES, PAIR_FEATURES
@@ -141,19 +146,27 @@ class CocoCounterfactualsBuilder:
         config["precision"] = self.precision().as_config()
         if self.config.stage != "captions" and not self.config.image_import:
             spec = generator(self.config.images.generator)
-            config["generator"] = {"name": spec.name, "method": spec.method_name(self.config.images.inject),
-                                   "license": spec.license,
-                                   "default_model": spec.default_model}
+            config["generator"] = {
+                "name": spec.name,
+                "method": spec.method_name(self.config.images.inject),
+                "license": spec.license,
+                "default_model": spec.default_model,
+            }
         # The manifest names a local table as `provenance` names local things, however its path
         # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.
         spelled = self.config.captions_from
         local = [spelled] if table is not None and "repo" not in table and _names_folders(spelled) else []
         if self.config.image_import and _names_folders(self.config.image_import.images_from):
             local.append(self.config.image_import.images_from)
-        return BuildInfo(builder="coco-counterfactuals", card_template="coco_counterfactuals.md",
-                         pretty_name="COCO-Counterfactuals", config=config,
-                         models=dict(config["models"]), card_fields=CARD_FIELDS,
-                         local_inputs=tuple(local))
+        return BuildInfo(
+            builder="coco-counterfactuals",
+            card_template="coco_counterfactuals.md",
+            pretty_name="COCO-Counterfactuals",
+            config=config,
+            models=dict(config["models"]),
+            card_fields=CARD_FIELDS,
+            local_inputs=tuple(local),
+        )
 
     def _run_models(self) -> dict[str, str]:
         """The models behind this build's rows: the stage's own (as given; the manifest names
@@ -186,15 +199,13 @@ class CocoCounterfactualsBuilder:
         sha256 digest (read once per process), the layout and the names it gave."""
         if self._images_digest is None:
             source, layout = self.image_source()
-            self._images_digest = {**source.digest(), "layout": layout.name,
-                                   "names": layout.describe()}
+            self._images_digest = {**source.digest(), "layout": layout.name, "names": layout.describe()}
         return self._images_digest
 
     def _stage_roles(self) -> tuple[str, ...]:
         if self.config.image_import:  # nothing is generated: the CLIP filter scores the pairs
             return ("clip_filter",) if self.config.image_import.clip_scores else ()
-        return {"captions": CAPTION_ROLES, "images": IMAGE_ROLES}.get(self.config.stage,
-                                                                     CAPTION_ROLES + IMAGE_ROLES)
+        return {"captions": CAPTION_ROLES, "images": IMAGE_ROLES}.get(self.config.stage, CAPTION_ROLES + IMAGE_ROLES)
 
     def model_names(self) -> dict[str, str]:
         """How rows name this stage's models: as the manifest does (`provenance.model_name`),
@@ -220,13 +231,18 @@ class CocoCounterfactualsBuilder:
 
             precision = self.precision()
             if self.config.cpu_offload and precision.device == "cpu":
-                raise UserFacingError("--cpu-offload moves each model to the GPU while it runs: "
-                                      "it needs a CUDA device (this run is on the CPU)")
-            pipe = load_generator(generator(self.config.images.generator).pipeline,
-                                  self.config.models["sd"], device=precision.device,
-                                  dtype=precision.dtype, cpu_offload=self.config.cpu_offload)
-            scorer = load_scorer(self.config.models["clip_filter"], precision.device, TRANSFORMERS,
-                                 precision.dtype)
+                raise UserFacingError(
+                    "--cpu-offload moves each model to the GPU while it runs: "
+                    "it needs a CUDA device (this run is on the CPU)"
+                )
+            pipe = load_generator(
+                generator(self.config.images.generator).pipeline,
+                self.config.models["sd"],
+                device=precision.device,
+                dtype=precision.dtype,
+                cpu_offload=self.config.cpu_offload,
+            )
+            scorer = load_scorer(self.config.models["clip_filter"], precision.device, TRANSFORMERS, precision.dtype)
             self._image_stage = ImageStage(pipe, scorer, self.config.images, self.config.seed)
         return self._image_stage
 
@@ -239,11 +255,17 @@ class CocoCounterfactualsBuilder:
             assert imp is not None
             precision, scorer = self.precision(), None
             if imp.clip_scores:
-                scorer = load_scorer(self.config.models["clip_filter"], precision.device,
-                                     TRANSFORMERS, precision.dtype)
-            self._import_stage = ImportStage(self.image_source()[0], scorer, self.config.images, imp,
-                                             f"default/{self.config.split}",
-                                             self.model_names().get("clip_filter"))
+                scorer = load_scorer(
+                    self.config.models["clip_filter"], precision.device, TRANSFORMERS, precision.dtype
+                )
+            self._import_stage = ImportStage(
+                self.image_source()[0],
+                scorer,
+                self.config.images,
+                imp,
+                f"default/{self.config.split}",
+                self.model_names().get("clip_filter"),
+            )
         return self._import_stage
 
     def precision(self) -> Precision:
@@ -257,14 +279,23 @@ class CocoCounterfactualsBuilder:
     def _caption_row(self, item: CaptionItem, cf: CounterfactualCaption) -> dict[str, Any]:
         m = self.model_names()
         return {
-            "id": item.id, "caption_0": cf.original, "caption_1": cf.counterfactual,
-            "source": item.source, "source_id": item.source_id,
-            "source_image_id": item.source_image_id, "replaced_word": cf.replaced,
-            "replacement_word": cf.replacement, "replaced_position": cf.start,
-            "similarity": cf.similarity, "perplexity": cf.perplexity,
-            "caption_candidates": cf.candidates, "caption_candidates_in_window": cf.in_window,
+            "id": item.id,
+            "caption_0": cf.original,
+            "caption_1": cf.counterfactual,
+            "source": item.source,
+            "source_id": item.source_id,
+            "source_image_id": item.source_image_id,
+            "replaced_word": cf.replaced,
+            "replacement_word": cf.replacement,
+            "replaced_position": cf.start,
+            "similarity": cf.similarity,
+            "perplexity": cf.perplexity,
+            "caption_candidates": cf.candidates,
+            "caption_candidates_in_window": cf.in_window,
             "human_substitution": cf.human_substitution,
-            "mlm_model": m["mlm"], "lm_model": m["lm"], "sentence_model": m["sentence"],
+            "mlm_model": m["mlm"],
+            "lm_model": m["lm"],
+            "sentence_model": m["sentence"],
         }
 
     def _image_rows(self, pairs: Sequence[dict[str, Any]]) -> Iterator[Emit | Skip | Count]:
@@ -272,8 +303,11 @@ class CocoCounterfactualsBuilder:
             unseen = self.image_stage().unseen_edit(row["caption_0"], row["caption_1"])
             if unseen is not None:
                 limits = generator(self.config.images.generator).describe_limits()
-                yield Skip(unseen, detail=f"id {row['id']}: the text encoders read the same first "
-                           f"tokens ({limits}) of both captions, so both images would be the same")
+                yield Skip(
+                    unseen,
+                    detail=f"id {row['id']}: the text encoders read the same first "
+                    f"tokens ({limits}) of both captions, so both images would be the same",
+                )
                 continue
             selection = self.image_stage().run(row["id"], row["caption_0"], row["caption_1"])
             # Candidate tallies of every caption pair, also those that got no image pair.
@@ -291,16 +325,26 @@ class CocoCounterfactualsBuilder:
     def _pair_row(self, row: dict[str, Any], selection: ImageSelection) -> dict[str, Any]:
         pair, img = selection.pair, self.config.images
         return {
-            "id": row["id"], "image_0": pair.image_0, "image_1": pair.image_1,
+            "id": row["id"],
+            "image_0": pair.image_0,
+            "image_1": pair.image_1,
             **{k: row[k] for k in CAPTION_FEATURES if k != "id"},
-            "seed": pair.seed, "p": pair.p, "guidance_scale": pair.guidance,
-            "clip_score_0": pair.clip_0, "clip_score_1": pair.clip_1,
-            "clip_directional": pair.directional, "clip_image_similarity": pair.image_similarity,
-            "image_candidates_tried": selection.tried, "image_candidates_passed": selection.passed,
+            "seed": pair.seed,
+            "p": pair.p,
+            "guidance_scale": pair.guidance,
+            "clip_score_0": pair.clip_0,
+            "clip_score_1": pair.clip_1,
+            "clip_directional": pair.directional,
+            "clip_image_similarity": pair.image_similarity,
+            "image_candidates_tried": selection.tried,
+            "image_candidates_passed": selection.passed,
             **{f"image_rejected_{name}": selection.rejected.get(name) for name in IMAGE_FILTERS},
-            "sd_model": self.model_names()["sd"], "clip_model": self.model_names()["clip_filter"],
-            "generator": img.generator, "generation_method": generator(img.generator).method_name(img.inject),
-            "steps": img.steps, "resolution": img.image_size,
+            "sd_model": self.model_names()["sd"],
+            "clip_model": self.model_names()["clip_filter"],
+            "generator": img.generator,
+            "generation_method": generator(img.generator).method_name(img.inject),
+            "steps": img.steps,
+            "resolution": img.image_size,
         }
 
 

@@ -19,7 +19,8 @@ from counterfactory_metrics.odmap.noun_phrases import tokenize
 #: Words nearly every English caption has at least one of (a cheap language check, no model).
 _FUNCTION_WORDS = frozenset(
     "a an the of on in at with and or to is are be by for from near next into onto over under "
-    "its his her their this that there some two three while as up down out".split())
+    "its his her their this that there some two three while as up down out".split()
+)
 
 
 def count_words(tokens: Sequence[str]) -> int:
@@ -45,9 +46,11 @@ _SPANS = NLTKWordTokenizer()
 def _inner_periods(tokens: Sequence[str]) -> set[int]:
     """Positions of words that carry a sentence-ending period inside the caption (`bike.`
     followed by more tokens); abbreviations with inner dots (`U.S.`) are left alone."""
-    return {k for k, tok in enumerate(tokens[:-1])
-            if len(tok) > 1 and tok.endswith(".") and "." not in tok[:-1]
-            and any(ch.isalpha() for ch in tok)}
+    return {
+        k
+        for k, tok in enumerate(tokens[:-1])
+        if len(tok) > 1 and tok.endswith(".") and "." not in tok[:-1] and any(ch.isalpha() for ch in tok)
+    }
 
 
 def caption_tokens(text: str) -> list[str]:
@@ -81,7 +84,7 @@ def token_spans(text: str, tokens: Sequence[str]) -> list[tuple[int, int]] | Non
 
 def edit_at(text: str, span: tuple[int, int], word: str) -> str:
     """`text` with exactly the characters of `span` replaced by `word`."""
-    return text[:span[0]] + word + text[span[1]:]
+    return text[: span[0]] + word + text[span[1] :]
 
 
 def changed_words(original: str, edited: str) -> list[int] | None:

@@ -60,11 +60,44 @@ from counterfactory_metrics.odmap.noun_phrases import default_tagger
 
 log = logging.getLogger(__name__)
 
-HUMAN_WORDS = frozenset({"girl", "girls", "boy", "boys", "man", "men", "woman", "women", "guy",
-                         "guys", "kid", "kids", "person", "persons", "people", "child", "children",
-                         "couple", "couples", "group", "groups", "lady", "ladies"})
-REASONS = ("contains_mask_token", "too_short", "not_english", "too_long", "no_token_spans", "no_nouns",
-           "no_valid_substitution", "no_candidate_in_similarity_window", "no_scorable_candidate")
+HUMAN_WORDS = frozenset(
+    {
+        "girl",
+        "girls",
+        "boy",
+        "boys",
+        "man",
+        "men",
+        "woman",
+        "women",
+        "guy",
+        "guys",
+        "kid",
+        "kids",
+        "person",
+        "persons",
+        "people",
+        "child",
+        "children",
+        "couple",
+        "couples",
+        "group",
+        "groups",
+        "lady",
+        "ladies",
+    }
+)
+REASONS = (
+    "contains_mask_token",
+    "too_short",
+    "not_english",
+    "too_long",
+    "no_token_spans",
+    "no_nouns",
+    "no_valid_substitution",
+    "no_candidate_in_similarity_window",
+    "no_scorable_candidate",
+)
 
 
 @dataclass(frozen=True)
@@ -112,8 +145,9 @@ class CaptionModels:
 
     def lm_limit(self) -> int:
         cfg = self.lm.config
-        return min(self.lm_tokenizer.model_max_length,
-                   getattr(cfg, "n_positions", None) or cfg.max_position_embeddings)
+        return min(
+            self.lm_tokenizer.model_max_length, getattr(cfg, "n_positions", None) or cfg.max_position_embeddings
+        )
 
 
 def lm_perplexities(lm, tok, sentences: Sequence[str], batch: int, limit: int) -> list[float]:
@@ -125,18 +159,17 @@ def lm_perplexities(lm, tok, sentences: Sequence[str], batch: int, limit: int) -
     todo = [k for k, ids in enumerate(encoded) if 2 <= len(ids) <= limit]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     for start in range(0, len(todo), max(1, batch)):
-        chunk = todo[start:start + max(1, batch)]
+        chunk = todo[start : start + max(1, batch)]
         width = max(len(encoded[k]) for k in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, k in enumerate(chunk):  # right padding: real tokens keep positions 0..n-1
-            ids[row, :len(encoded[k])] = torch.tensor(encoded[k])
-            mask[row, :len(encoded[k])] = 1
+            ids[row, : len(encoded[k])] = torch.tensor(encoded[k])
+            mask[row, : len(encoded[k])] = 1
         with torch.inference_mode():
             ids, mask = ids.to(lm.device), mask.to(lm.device)
             logits = lm(input_ids=ids, attention_mask=mask).logits.float()
-        nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
         target = mask[:, 1:].float()
         mean = (nll * target).sum(1) / target.sum(1)
         for row, k in enumerate(chunk):
@@ -160,7 +193,8 @@ class WordNetRelations:
         except LookupError:
             raise UserFacingError(
                 "the related-noun filter needs NLTK's WordNet data; download it once with "
-                "`python -m nltk.downloader wordnet` (or drop --avoid-related-nouns)") from None
+                "`python -m nltk.downloader wordnet` (or drop --avoid-related-nouns)"
+            ) from None
         self.wn = wordnet
 
     def _synsets(self, word: str):
@@ -193,8 +227,9 @@ class CaptionStage:
     """Batched counterfactual-caption generation. `run(captions)` -> one outcome per caption:
     a `CounterfactualCaption` or the reason (a string from `REASONS`) it produced none."""
 
-    def __init__(self, models: CaptionModels, config: CaptionStageConfig,
-                 relations: NounRelations | None = None) -> None:
+    def __init__(
+        self, models: CaptionModels, config: CaptionStageConfig, relations: NounRelations | None = None
+    ) -> None:
         self.models, self.config = models, config
         self.tagger = default_tagger()
         self.relations = relations
@@ -203,8 +238,9 @@ class CaptionStage:
         self._tag_cache: dict[str, tuple[list[str], list[str]]] = {}
         self.order = self._resolve_order()
         # Halved and retried on out-of-memory; a caption's outcome does not depend on its batch.
-        self.batches = ShrinkingBatches("caption stage", config.caption_batch,
-                                        hint="try --dtype fp16 or a GPU with more memory")
+        self.batches = ShrinkingBatches(
+            "caption stage", config.caption_batch, hint="try --dtype fp16 or a GPU with more memory"
+        )
         log.info("caption stage: scoring %s (order=%s)", self.order.replace("_", " "), config.order)
 
     def _resolve_order(self) -> str:
@@ -250,8 +286,9 @@ class CaptionStage:
             return "no_token_spans"
         # A noun whose span is not its token verbatim cannot be edited in place (never seen for
         # a word: NLTK rewrites quotes only).
-        positions = [i for i, tag in enumerate(tags) if tag in self.config.noun_tags
-                     and text[slice(*spans[i])] == tokens[i]]
+        positions = [
+            i for i, tag in enumerate(tags) if tag in self.config.noun_tags and text[slice(*spans[i])] == tokens[i]
+        ]
         if not positions:
             return "no_nouns"
         return _Caption(text, tokens, spans, positions, [])
@@ -262,8 +299,7 @@ class CaptionStage:
         jobs = [(c, i) for c in captions for i in c.positions]
         if not jobs:
             return
-        texts = [" ".join(tok.mask_token if k == i else t for k, t in enumerate(c.tokens))
-                 for c, i in jobs]
+        texts = [" ".join(tok.mask_token if k == i else t for k, t in enumerate(c.tokens)) for c, i in jobs]
         enc = tok(texts, return_tensors="pt", padding=True).to(self.models.mlm.device)
         mask_rows, mask_cols = torch.nonzero(enc.input_ids == tok.mask_token_id, as_tuple=True)
         if len(mask_rows) != len(jobs) or not torch.equal(mask_rows.cpu(), torch.arange(len(jobs))):
@@ -306,8 +342,7 @@ class CaptionStage:
             return None
         sentence = edit_at(cap.text, cap.spans[i], word)
         tokens, tags = self._tag(sentence)
-        if (len(tokens) != len(cap.tokens) or tokens[i] != word
-                or tags[i] not in self.config.replacement_tags):
+        if len(tokens) != len(cap.tokens) or tokens[i] != word or tags[i] not in self.config.replacement_tags:
             return None
         if self.relations is not None and self.relations.related(cap.tokens[i], word):
             return None
@@ -315,8 +350,9 @@ class CaptionStage:
 
     def _encode(self, texts: Sequence[str]) -> torch.Tensor:
         """Normalised sentence embeddings of `texts`, in one encode call."""
-        emb = self.models.sentence.encode(list(texts), batch_size=self.config.encode_batch,
-                                          convert_to_tensor=True, show_progress_bar=False)
+        emb = self.models.sentence.encode(
+            list(texts), batch_size=self.config.encode_batch, convert_to_tensor=True, show_progress_bar=False
+        )
         return torch.nn.functional.normalize(emb.float(), dim=-1)
 
     def _in_window(self, sim: float) -> bool:
@@ -324,8 +360,9 @@ class CaptionStage:
 
     def perplexities(self, sentences: Sequence[str]) -> list[float]:
         """`lm_perplexities` of the stage's LM."""
-        return lm_perplexities(self.models.lm, self.models.lm_tokenizer, sentences,
-                               self.config.lm_batch, self.models.lm_limit())
+        return lm_perplexities(
+            self.models.lm, self.models.lm_tokenizer, sentences, self.config.lm_batch, self.models.lm_limit()
+        )
 
     def _run_batch(self, texts: Sequence[str]) -> list[CounterfactualCaption | str]:
         prepared = [self._prepare(t) for t in texts]
@@ -336,8 +373,7 @@ class CaptionStage:
             chosen = self._similarity_first(with_pool)
         else:
             chosen = self._perplexity_first(with_pool)
-        return [cap if isinstance(cap, str) else chosen.get(id(cap), "no_valid_substitution")
-                for cap in prepared]
+        return [cap if isinstance(cap, str) else chosen.get(id(cap), "no_valid_substitution") for cap in prepared]
 
     def _similarity_first(self, caps: list[_Caption]) -> dict[int, CounterfactualCaption | str]:
         """The reference's order: similarity of every candidate, perplexity of those in the
@@ -347,7 +383,7 @@ class CaptionStage:
         emb = self._encode([c.text for c in caps] + [s for c in caps for s, _ in c.pool])
         window, offset = {}, len(caps)
         for k, cap in enumerate(caps):
-            sims = (emb[offset:offset + len(cap.pool)] @ emb[k]).tolist()
+            sims = (emb[offset : offset + len(cap.pool)] @ emb[k]).tolist()
             offset += len(cap.pool)
             window[id(cap)] = [(s, i, sim) for (s, i), sim in zip(cap.pool, sims, strict=True) if self._in_window(sim)]
         ppl = iter(self.perplexities([s for cap in caps for s, _, _ in window[id(cap)]]))
@@ -375,7 +411,7 @@ class CaptionStage:
         ranked: dict[int, list[tuple[float, int]]] = {}
         offset = 0
         for cap in caps:
-            ppl = flat[offset:offset + len(cap.pool)]
+            ppl = flat[offset : offset + len(cap.pool)]
             offset += len(cap.pool)
             # (perplexity, pool index): ties go to the earlier candidate, as in the reference.
             ranked[id(cap)] = sorted((p, k) for k, p in enumerate(ppl) if not math.isnan(p))
@@ -384,7 +420,7 @@ class CaptionStage:
         out: dict[int, CounterfactualCaption | str] = {}
         pending, start, probe = list(caps), 0, max(1, self.config.probe)
         while pending:
-            chunks = {id(c): ranked[id(c)][start:start + probe] for c in pending}
+            chunks = {id(c): ranked[id(c)][start : start + probe] for c in pending}
             emb = iter(self._encode([c.pool[k][0] for c in pending for _, k in chunks[id(c)]]))
             for cap in pending:
                 for p, k in chunks[id(cap)]:
@@ -395,18 +431,31 @@ class CaptionStage:
             pending = [c for c in pending if id(c) not in out and start < len(ranked[id(c)])]
         for cap in caps:
             if id(cap) not in out:
-                sims = (self._encode([cap.pool[k][0] for k in cap.unscorable]) @ originals[id(cap)]
-                        if cap.unscorable else torch.empty(0)).tolist()
-                out[id(cap)] = ("no_scorable_candidate" if any(map(self._in_window, sims))
-                                else "no_candidate_in_similarity_window")
+                sims = (
+                    self._encode([cap.pool[k][0] for k in cap.unscorable]) @ originals[id(cap)]
+                    if cap.unscorable
+                    else torch.empty(0)
+                ).tolist()
+                out[id(cap)] = (
+                    "no_scorable_candidate" if any(map(self._in_window, sims)) else "no_candidate_in_similarity_window"
+                )
         return out
 
-    def _choose(self, cap: _Caption, ppl: float, sentence: str, i: int, sim: float,
-                in_window: int | None) -> CounterfactualCaption:
+    def _choose(
+        self, cap: _Caption, ppl: float, sentence: str, i: int, sim: float, in_window: int | None
+    ) -> CounterfactualCaption:
         replacement = self._tag(sentence)[0][i]
         human = cap.tokens[i].lower() in HUMAN_WORDS or replacement.lower() in HUMAN_WORDS
         return CounterfactualCaption(
-            original=cap.text, counterfactual=sentence, position=i, start=cap.spans[i][0],
+            original=cap.text,
+            counterfactual=sentence,
+            position=i,
+            start=cap.spans[i][0],
             replaced=cap.tokens[i],
-            replacement=replacement, similarity=sim, perplexity=ppl, candidates=len(cap.pool),
-            in_window=in_window, human_substitution=human)
+            replacement=replacement,
+            similarity=sim,
+            perplexity=ppl,
+            candidates=len(cap.pool),
+            in_window=in_window,
+            human_substitution=human,
+        )

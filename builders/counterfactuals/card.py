@@ -11,8 +11,8 @@ CARD_FIELDS = {
     "tags": ["counterfactuals", "coco", "synthetic", "stable-diffusion", "prompt-to-prompt"],
     "source_datasets": ["MS-COCO"],
     "summary": "Counterfactual image-text pairs: each original COCO caption gets a counterfactual "
-               "caption with one noun swapped, and Stable Diffusion with Prompt-to-Prompt draws a "
-               "pair of images that differ only where the captions differ.",
+    "caption with one noun swapped, and Stable Diffusion with Prompt-to-Prompt draws a "
+    "pair of images that differ only where the captions differ.",
     "column_docs": COLUMN_DOCS,
     "limitations": [
         "Images are synthetic (Stable Diffusion) and inherit its failure modes and social biases.",
@@ -22,7 +22,7 @@ CARD_FIELDS = {
         "Only nouns are swapped; verbs, attributes and counts are never changed.",
     ],
     "citation": "@inproceedings{le2023cococounterfactuals, title={COCO-Counterfactuals: "
-                "Automatically Constructed Counterfactual Examples for Image-Text Pairs}, "
-                "author={Le, Tiep and Lal, Vasudev and Howard, Phillip}, booktitle={NeurIPS "
-                "Datasets and Benchmarks Track}, year={2023}}",
+    "Automatically Constructed Counterfactual Examples for Image-Text Pairs}, "
+    "author={Le, Tiep and Lal, Vasudev and Howard, Phillip}, booktitle={NeurIPS "
+    "Datasets and Benchmarks Track}, year={2023}}",
 }

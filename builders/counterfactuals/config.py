@@ -57,13 +57,13 @@ class CaptionStageConfig:
     #: Drop captions that do not look English (`looks_english`) as `not_english`.
     english_check: bool = option(True, "keep non-English captions", flag="--no-english-check")
     #: Drop hyponym/hypernym/synonym swaps (WordNet; needs the NLTK `wordnet` data).
-    avoid_related_nouns: bool = option(
-        False, "drop hyponym/hypernym/synonym swaps (needs NLTK wordnet data)")
+    avoid_related_nouns: bool = option(False, "drop hyponym/hypernym/synonym swaps (needs NLTK wordnet data)")
     #: `similarity_first` (the reference's order), `perplexity_first` (same choice; fewer
     #: sentence encodes, more LM passes) or `auto`: perplexity first when the LM has fewer
     #: parameters than the sentence model (tiny LM), else similarity first (gpt2-large).
-    order: str = option("auto", "scoring order (same choice; auto: by model sizes)",
-                        flag="--caption-order", choices=CAPTION_ORDERS)
+    order: str = option(
+        "auto", "scoring order (same choice; auto: by model sizes)", flag="--caption-order", choices=CAPTION_ORDERS
+    )
     #: Perplexity-first: candidates per caption per similarity round.
     probe: int = 4
     #: Captions per MLM forward; candidate sentences per sentence-model / LM forward.
@@ -81,28 +81,35 @@ class ImageStageConfig:
     #: Which model draws the pairs, and how (`builders.counterfactuals.generators`): `sd15`
     #: (the paper's Prompt-to-Prompt on SD v1.5), `sdxl`, `sd3`, `flux`.
     generator: str = option(
-        "sd15", "which model draws the image pairs: sd15 (default, the paper's Prompt-to-Prompt on "
-                "SD v1.5), sdxl (Prompt-to-Prompt on SDXL base), sd3, flux (Stable Flow vital-layer "
-                "injection on MM-DiT; METHOD.md §2, Generators)", choices=GENERATOR_NAMES)
+        "sd15",
+        "which model draws the image pairs: sd15 (default, the paper's Prompt-to-Prompt on "
+        "SD v1.5), sdxl (Prompt-to-Prompt on SDXL base), sd3, flux (Stable Flow vital-layer "
+        "injection on MM-DiT; METHOD.md §2, Generators)",
+        choices=GENERATOR_NAMES,
+    )
     #: Candidate pairs per caption pair (paper: 100); the grouped plan sets it to seeds x p_values.
-    candidates: int = option(
-        100, "independent plan: candidate pairs per caption pair (paper: 100)", type=positive_int)
+    candidates: int = option(100, "independent plan: candidate pairs per caption pair (paper: 100)", type=positive_int)
     #: `CANDIDATE_PLANS`; `grouped`: `seeds` groups of `p_values` candidates each.
     candidate_plan: str = option(
-        "independent", "independent (default, the paper's sampling): a seed, p and guidance per "
-                       "candidate; grouped: --seeds groups sharing seed and guidance, --p-values p "
-                       "each, whose UNet work is shared (METHOD.md §2)", choices=CANDIDATE_PLANS)
+        "independent",
+        "independent (default, the paper's sampling): a seed, p and guidance per "
+        "candidate; grouped: --seeds groups sharing seed and guidance, --p-values p "
+        "each, whose UNet work is shared (METHOD.md §2)",
+        choices=CANDIDATE_PLANS,
+    )
     seeds: int = option(10, "grouped plan: groups (seed, guidance) per caption pair", type=positive_int)
     p_values: int = option(10, "grouped plan: injection fractions per group", type=positive_int)
     #: Candidate pairs per UNet batch (the UNet sees at most 4x this: 2 images x guidance
     #: halves); a batch holds whole groups of candidates sharing (seed, guidance).
-    candidate_batch: int = option(
-        4, "candidate pairs per UNet batch (rounded to whole groups)", type=positive_int)
+    candidate_batch: int = option(4, "candidate pairs per UNet batch (rounded to whole groups)", type=positive_int)
     #: Evaluate each distinct UNet row once per step (same images; METHOD.md §2). Off only to
     #: measure or check the saving.
-    share: bool = option(True, "evaluate every candidate's UNet rows even where candidates share "
-                               "them (same images, more work: to measure or check the saving)",
-                         flag="--no-shared-computation")
+    share: bool = option(
+        True,
+        "evaluate every candidate's UNet rows even where candidates share "
+        "them (same images, more work: to measure or check the saving)",
+        flag="--no-shared-computation",
+    )
     #: Denoising steps and image side (reference: 100 steps, 512x512).
     steps: int = option(100, "denoising steps", type=positive_int)
     image_size: int = option(512, "image side in pixels", type=positive_int)
@@ -111,42 +118,51 @@ class ImageStageConfig:
     guidance_range: tuple[float, float] = option((7.5, 15.0), metavar=("LO", "HI"))
     #: Filters a candidate must pass (`IMAGE_FILTERS`; builders/counterfactuals/METHOD.md §2).
     filters: tuple[str, ...] = option(
-        IMAGE_FILTERS, "candidate filters to apply (default: all three, as the paper; `--filters "
-                       "text_image` is the looser caption-image check alone)", choices=IMAGE_FILTERS)
+        IMAGE_FILTERS,
+        "candidate filters to apply (default: all three, as the paper; `--filters "
+        "text_image` is the looser caption-image check alone)",
+        choices=IMAGE_FILTERS,
+    )
     #: `text_image`: minimum caption-image CLIP cosine, for both images (paper: 0.2).
-    clip_threshold: float = option(
-        0.2, "text_image filter: minimum caption-image CLIP cosine of both images")
+    clip_threshold: float = option(0.2, "text_image filter: minimum caption-image CLIP cosine of both images")
     #: `image_image`: minimum CLIP cosine of the two images (paper, App. B.1.2: 0.7).
-    image_similarity_threshold: float = option(
-        0.7, "image_image filter: minimum CLIP cosine of the two images")
+    image_similarity_threshold: float = option(0.7, "image_image filter: minimum CLIP cosine of the two images")
     #: `directional`: minimum CLIP directional similarity (the instruct-pix2pix generator's
     #: default, which the paper kept: 0.2).
-    directional_threshold: float = option(
-        0.2, "directional filter: minimum CLIP directional similarity")
+    directional_threshold: float = option(0.2, "directional filter: minimum CLIP directional similarity")
     #: Stop once this many candidates passed (None: always try all N).
     early_stop: int | None = option(None, "stop once K candidates pass", type=positive_int)
     #: Approximate, off by default (METHOD.md §2): at this fraction of the steps, decode each
     #: candidate's predicted clean image and stop denoising the candidates whose preview fails a
     #: filter by more than `early_reject_margin` (they count as tried, not as passed).
     early_reject_at: float | None = option(
-        None, "approximate, off by default: after this fraction of the steps, score each "
-              "candidate's predicted clean image with CLIP and stop denoising those that fail a "
-              "filter by more than --early-reject-margin (METHOD.md §2)", metavar="FRACTION")
+        None,
+        "approximate, off by default: after this fraction of the steps, score each "
+        "candidate's predicted clean image with CLIP and stop denoising those that fail a "
+        "filter by more than --early-reject-margin (METHOD.md §2)",
+        metavar="FRACTION",
+    )
     early_reject_margin: float = option(
-        0.1, "early rejection: how far below a filter's threshold a preview must score to be "
-             "dropped (default %(default)s)")
+        0.1,
+        "early rejection: how far below a filter's threshold a preview must score to be dropped (default %(default)s)",
+    )
     #: Attention maps injected (`self`, `cross`, `both`; see `builders.counterfactuals.prompt_to_prompt`).
     inject: str = option(
-        "self", "maps injected for the first fraction p of steps: self (default, as the paper's "
-                "generator): every self-attention map; cross: Prompt-to-Prompt's word swap (the "
-                "new word takes the old word's cross-attention map, self maps in low-resolution "
-                "layers); both (METHOD.md §2)", choices=("self", "cross", "both"))
+        "self",
+        "maps injected for the first fraction p of steps: self (default, as the paper's "
+        "generator): every self-attention map; cross: Prompt-to-Prompt's word swap (the "
+        "new word takes the old word's cross-attention map, self maps in low-resolution "
+        "layers); both (METHOD.md §2)",
+        choices=("self", "cross", "both"),
+    )
     #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
     scheduler: str = option(
-        "euler_ancestral", "euler_ancestral (default, as the paper's generator); dpm_solver_pp: "
-                           "DPM-Solver++ for fewer steps (e.g. --steps 25; other images, METHOD.md "
-                           "§2); pipeline: the model's own scheduler",
-        choices=("euler_ancestral", "dpm_solver_pp", "pipeline"))
+        "euler_ancestral",
+        "euler_ancestral (default, as the paper's generator); dpm_solver_pp: "
+        "DPM-Solver++ for fewer steps (e.g. --steps 25; other images, METHOD.md "
+        "§2); pipeline: the model's own scheduler",
+        choices=("euler_ancestral", "dpm_solver_pp", "pipeline"),
+    )
 
     def early_reject_step(self) -> int | None:
         """The 0-based step after which candidates are previewed (None: never). A preview after
@@ -159,20 +175,20 @@ class ImageStageConfig:
         if self.generator not in GENERATOR_NAMES:
             raise UserFacingError(f"--generator takes {', '.join(GENERATOR_NAMES)} (got {self.generator!r})")
         if self.candidate_plan not in CANDIDATE_PLANS:
-            raise UserFacingError(f"--candidate-plan takes {', '.join(CANDIDATE_PLANS)} "
-                                  f"(got {self.candidate_plan!r})")
+            raise UserFacingError(f"--candidate-plan takes {', '.join(CANDIDATE_PLANS)} (got {self.candidate_plan!r})")
         if self.candidate_plan == "grouped":
             self.candidates = self.seeds * self.p_values
         unknown = [f for f in self.filters if f not in IMAGE_FILTERS]
         if unknown or not self.filters:
-            raise UserFacingError(f"--filters takes one or more of {', '.join(IMAGE_FILTERS)} "
-                                  f"(got {', '.join(self.filters) or 'none'})")
+            raise UserFacingError(
+                f"--filters takes one or more of {', '.join(IMAGE_FILTERS)} (got {', '.join(self.filters) or 'none'})"
+            )
         if self.early_reject_at is not None and not 0 < self.early_reject_at < 1:
-            raise UserFacingError(f"--early-reject-at takes a fraction of the steps in (0, 1) "
-                                  f"(got {self.early_reject_at})")
+            raise UserFacingError(
+                f"--early-reject-at takes a fraction of the steps in (0, 1) (got {self.early_reject_at})"
+            )
         if self.early_reject_margin < 0:
-            raise UserFacingError(f"--early-reject-margin takes a number >= 0 "
-                                  f"(got {self.early_reject_margin})")
+            raise UserFacingError(f"--early-reject-margin takes a number >= 0 (got {self.early_reject_margin})")
         # One canonical order: the same set of filters is the same build.
         self.filters = tuple(f for f in IMAGE_FILTERS if f in self.filters)
 
@@ -184,29 +200,43 @@ class ImageImportConfig:
     `ImageImportConfig("pairs/", pattern=("orig/{id}.png", "cf/{id}.png"))`."""
 
     #: A folder or a zip file holding the images.
-    images_from: str = option(help="a folder or a .zip (read in place) holding each row's two images",
-                              metavar="DIR_OR_ZIP")
+    images_from: str = option(
+        help="a folder or a .zip (read in place) holding each row's two images", metavar="DIR_OR_ZIP"
+    )
     #: `IMAGE_LAYOUTS`; ignored when `pattern` is given.
     layout: str = option(
-        "auto", "how the images are named: folders (synthetic-images-for-original-captions/{id}.jpg "
-                "and synthetic-images-for-counterfactual-captions/{id}.jpg, the paper's evaluation "
-                "code), numbered ({id}_0.jpg, {id}_1.jpg), release ({id}_img_0.jpg, "
-                "{id}_img_1.jpg, the Hub release's images.zip); default auto: detected, at the top "
-                "or under one top-level folder", flag="--images-layout", choices=IMAGE_LAYOUTS)
+        "auto",
+        "how the images are named: folders (synthetic-images-for-original-captions/{id}.jpg "
+        "and synthetic-images-for-counterfactual-captions/{id}.jpg, the paper's evaluation "
+        "code), numbered ({id}_0.jpg, {id}_1.jpg), release ({id}_img_0.jpg, "
+        "{id}_img_1.jpg, the Hub release's images.zip); default auto: detected, at the top "
+        "or under one top-level folder",
+        flag="--images-layout",
+        choices=IMAGE_LAYOUTS,
+    )
     #: Names relative to the folder or zip root: one pattern with `{id}` and `{n}` (0: the
     #: original caption's image, 1: the counterfactual's), or one pattern per image with `{id}`.
     pattern: tuple[str, ...] = option(
-        (), "names relative to the folder or zip root instead of a layout: one pattern with {id} "
-            "and {n} (0 original, 1 counterfactual), e.g. 'pairs/{id}-{n}.png', or two patterns "
-            "with {id}, one per image", flag="--images-pattern", metavar="PATTERN")
+        (),
+        "names relative to the folder or zip root instead of a layout: one pattern with {id} "
+        "and {n} (0 original, 1 counterfactual), e.g. 'pairs/{id}-{n}.png', or two patterns "
+        "with {id}, one per image",
+        flag="--images-pattern",
+        metavar="PATTERN",
+    )
     #: Score each pair with the CLIP filter (off: the score columns are null; no model runs).
     clip_scores: bool = option(
-        True, "import without scoring the pairs with the CLIP filter (no model runs; the score "
-              "columns are null): minutes instead of hours on a CPU", flag="--no-clip-scores")
+        True,
+        "import without scoring the pairs with the CLIP filter (no model runs; the score "
+        "columns are null): minutes instead of hours on a CPU",
+        flag="--no-clip-scores",
+    )
     #: Drop pairs failing the image stage's `filters` at its thresholds (default: scores only).
     apply_filters: bool = option(
-        False, "drop imported pairs failing --filters at their thresholds (default: the CLIP "
-               "scores are recorded, every pair is kept)")
+        False,
+        "drop imported pairs failing --filters at their thresholds (default: the CLIP "
+        "scores are recorded, every pair is kept)",
+    )
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
     max_image_pixels: int = max_image_pixels_option()
 
@@ -219,8 +249,10 @@ class ImageImportConfig:
         if self.apply_filters and not self.clip_scores:
             raise UserFacingError("--apply-filters needs the CLIP scores: leave out --no-clip-scores")
         if len(self.pattern) > 2:
-            raise UserFacingError(f"--images-pattern takes one pattern (with {{id}} and {{n}}) or "
-                                  f"two (one per image, each with {{id}}); got {len(self.pattern)}")
+            raise UserFacingError(
+                f"--images-pattern takes one pattern (with {{id}} and {{n}}) or "
+                f"two (one per image, each with {{id}}); got {len(self.pattern)}"
+            )
 
 
 @dataclass
@@ -228,16 +260,17 @@ class CocoCounterfactualsConfig:
     """What to build. Example: `CocoCounterfactualsConfig(coco_root="coco", stage="captions",
     models={"mlm": ..., "lm": ..., "sentence": ...})`."""
 
-    stage: str = option("all", "what to build (default: all; images with --images-from)",
-                        choices=STAGES)
+    stage: str = option("all", "what to build (default: all; images with --images-from)", choices=STAGES)
     #: COCO source: COCO folders (default `val2017`, as the paper), or Karpathy splits instead.
     coco_root: str | None = option(None, "root of a COCO download")
     coco_splits: tuple[str, ...] | None = option(
-        None, f"COCO folders to read, captions in annotation-file order (default: "
-              f"{' '.join(DEFAULT_COCO_SPLITS)}, as the paper)")
+        None,
+        f"COCO folders to read, captions in annotation-file order (default: "
+        f"{' '.join(DEFAULT_COCO_SPLITS)}, as the paper)",
+    )
     karpathy_splits: tuple[str, ...] | None = option(
-        None, "read these Karpathy splits instead of --coco-splits",
-        choices=("train", "restval", "val", "test"))
+        None, "read these Karpathy splits instead of --coco-splits", choices=("train", "restval", "val", "test")
+    )
     #: Any `datasets` source with a text column (instead of COCO).
     dataset: str | None = option(None, "a `datasets` dataset (Hub id or folder)")
     dataset_config: str | None = option(None)
@@ -247,23 +280,26 @@ class CocoCounterfactualsConfig:
     #: `--stage images`: the caption pairs, a captions build or any caption-pair table (a .tsv or
     #: .jsonl file, a `datasets` folder or Hub id; `builders.counterfactuals.pair_tables`).
     captions_from: str | None = option(
-        None, "--stage images: the caption pairs: a captions build folder, a .tsv (id, caption_0, "
-              "caption_1) or .jsonl file (coco-counterfactual-index, original_caption, "
-              "counterfactual_caption), or a `datasets` folder or Hub id with caption_0/caption_1 "
-              "columns (METHOD.md §2)")
+        None,
+        "--stage images: the caption pairs: a captions build folder, a .tsv (id, caption_0, "
+        "caption_1) or .jsonl file (coco-counterfactual-index, original_caption, "
+        "counterfactual_caption), or a `datasets` folder or Hub id with caption_0/caption_1 "
+        "columns (METHOD.md §2)",
+    )
     #: Hub revision (branch, tag, commit) and split of a `datasets` table of caption pairs.
     captions_revision: str | None = option(None, "--captions-from HUB_ID: branch, tag or commit")
-    captions_split: str | None = option(
-        None, "--captions-from a dataset: its split (default: its only one)")
+    captions_split: str | None = option(None, "--captions-from a dataset: its split (default: its only one)")
     #: Caption columns of the table (None: the format's default; `id_column` names its ids).
-    caption_0_column: str | None = option(
-        None, "--captions-from a table: original caption column (default by format)")
+    caption_0_column: str | None = option(None, "--captions-from a table: original caption column (default by format)")
     caption_1_column: str | None = option(
-        None, "--captions-from a table: counterfactual caption column (default by format)")
+        None, "--captions-from a table: counterfactual caption column (default by format)"
+    )
     #: Draw pairs whose captions differ in more than one word (P2P's word swap assumes one).
     allow_multiword_edits: bool = option(
-        False, "--captions-from a table: also draw pairs whose captions differ in more than one "
-               "word (counted and skipped otherwise)")
+        False,
+        "--captions-from a table: also draw pairs whose captions differ in more than one "
+        "word (counted and skipped otherwise)",
+    )
     #: Keep the first N source captions (None: all).
     max_captions: int | None = option(None, "first N source captions", type=positive_int)
     #: Split name of the published tables (the original release has one `test` split).
@@ -274,16 +310,22 @@ class CocoCounterfactualsConfig:
     #: recorded resolved on the device (`precision`); intra-op CPU threads (None: torch's); CPU
     #: offload (the same images).
     device: str | None = option(None, "torch device (default: own GPU, else CPU)")
-    dtype: str = dtype_option("the image stage's Stable Diffusion and CLIP filter (the caption "
-                              "stage's text models run in fp32)")
+    dtype: str = dtype_option(
+        "the image stage's Stable Diffusion and CLIP filter (the caption stage's text models run in fp32)"
+    )
     torch_threads: int | None = option(
-        None, "intra-op CPU threads per process; give the same value to runs whose shards must be "
-              "bit-identical (accelerate workers default to 1)", type=positive_int)
+        None,
+        "intra-op CPU threads per process; give the same value to runs whose shards must be "
+        "bit-identical (accelerate workers default to 1)",
+        type=positive_int,
+    )
     #: Keep the generator's weights in CPU memory, each model on the GPU only while it runs.
     cpu_offload: bool = option(
-        False, "keep the generator's weights in CPU memory and move each model to the GPU only "
-               "while it runs (diffusers' enable_model_cpu_offload): for GPUs that cannot hold the "
-               "pipeline (FLUX.1 in bf16); same images, slower")
+        False,
+        "keep the generator's weights in CPU memory and move each model to the GPU only "
+        "while it runs (diffusers' enable_model_cpu_offload): for GPUs that cannot hold the "
+        "pipeline (FLUX.1 in bf16); same images, slower",
+    )
     #: Model id or path per role (`MODEL_ROLES`).
     models: dict[str, str] = field(default_factory=dict)
     captions: CaptionStageConfig = field(default_factory=CaptionStageConfig)
@@ -295,20 +337,26 @@ class CocoCounterfactualsConfig:
         if self.stage not in STAGES:
             raise UserFacingError(f"--stage takes {', '.join(STAGES)} (got {self.stage!r})")
         if self.image_import is not None and self.stage != "images":
-            raise UserFacingError(f"--images-from imports image pairs for the caption pairs of "
-                                  f"--captions-from: it goes with --stage images (or no --stage), "
-                                  f"not --stage {self.stage}")
+            raise UserFacingError(
+                f"--images-from imports image pairs for the caption pairs of "
+                f"--captions-from: it goes with --stage images (or no --stage), "
+                f"not --stage {self.stage}"
+            )
         if self.stage == "images" and not self.captions_from:
-            raise UserFacingError("--stage images needs --captions-from (a captions build, a .tsv "
-                                  "or .jsonl file, or a dataset folder or Hub id of caption pairs)")
+            raise UserFacingError(
+                "--stage images needs --captions-from (a captions build, a .tsv "
+                "or .jsonl file, or a dataset folder or Hub id of caption pairs)"
+            )
         if self.stage != "images" and len([x for x in (self.coco_root, self.dataset) if x]) != 1:
             raise UserFacingError("give exactly one caption source: --coco-root DIR or --dataset NAME")
         if self.stage != "images" and self.captions_from:
             raise UserFacingError("--captions-from is only for --stage images")
-        table_options = {"--captions-revision": self.captions_revision,
-                         "--captions-split": self.captions_split,
-                         "--caption-0-column": self.caption_0_column,
-                         "--caption-1-column": self.caption_1_column}
+        table_options = {
+            "--captions-revision": self.captions_revision,
+            "--captions-split": self.captions_split,
+            "--caption-0-column": self.caption_0_column,
+            "--caption-1-column": self.caption_1_column,
+        }
         given = [flag for flag, value in table_options.items() if value]
         if given and not self.captions_from:
             raise UserFacingError(f"{', '.join(given)} only apply to --captions-from TABLE")
@@ -320,7 +368,19 @@ class CocoCounterfactualsConfig:
 
 #: The sizes that go with `--models tiny` (builders.models.profiles): random-init models make
 #: nothing better at 512 px and 100 steps, only slower.
-TINY = tiny_preset(CocoCounterfactualsConfig, {"images": {
-    "candidates": 4, "seeds": 2, "p_values": 3, "steps": 2, "image_size": 64,
-    # Random tiny CLIP scores sit near 0: with the paper's thresholds no candidate would pass.
-    "clip_threshold": -1.0, "image_similarity_threshold": -1.0, "directional_threshold": -1.0}})
+TINY = tiny_preset(
+    CocoCounterfactualsConfig,
+    {
+        "images": {
+            "candidates": 4,
+            "seeds": 2,
+            "p_values": 3,
+            "steps": 2,
+            "image_size": 64,
+            # Random tiny CLIP scores sit near 0: with the paper's thresholds no candidate would pass.
+            "clip_threshold": -1.0,
+            "image_similarity_threshold": -1.0,
+            "directional_threshold": -1.0,
+        }
+    },
+)

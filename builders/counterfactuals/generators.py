@@ -61,8 +61,9 @@ class GeneratorSpec:
     def token_limits(self, pipe: Any) -> list[tuple[Any, int]]:
         """(tokenizer, limit) of every text encoder this pipeline has (a missing one, as
         SD3 without T5, reads nothing)."""
-        return [(getattr(pipe, attr), limit) for attr, limit in self.tokenizers
-                if getattr(pipe, attr, None) is not None]
+        return [
+            (getattr(pipe, attr), limit) for attr, limit in self.tokenizers if getattr(pipe, attr, None) is not None
+        ]
 
     def describe_limits(self) -> str:
         """`77 (tokenizer), 77 (tokenizer_2)`: the token limits, for a skip's detail."""
@@ -70,28 +71,61 @@ class GeneratorSpec:
 
 
 _P2P = ("inject", "scheduler")
-GENERATORS = {spec.name: spec for spec in (
-    GeneratorSpec("sd15", "prompt-to-prompt", "sd", "stable-diffusion-v1-5/stable-diffusion-v1-5",
-                  "CreativeML Open RAIL-M",
-                  "builders.counterfactuals.prompt_to_prompt:generate_pairs", None,
-                  (("tokenizer", CLIP_TOKENS),), 100, 512, _P2P),
-    GeneratorSpec("sdxl", "prompt-to-prompt", "sdxl", "stabilityai/stable-diffusion-xl-base-1.0",
-                  "CreativeML Open RAIL++-M",
-                  "builders.counterfactuals.prompt_to_prompt_xl:generate_pairs_xl",
-                  "builders.models.tiny_sdxl:build_tiny_sdxl",
-                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS)), 100, 1024, _P2P),
-    GeneratorSpec("sd3", "stable-flow-vital-layers", "sd3",
-                  "stabilityai/stable-diffusion-3-medium-diffusers",
-                  "Stability AI Community License",
-                  "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
-                  "builders.models.tiny_mmdit:build_tiny_sd3",
-                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS),
-                   ("tokenizer_3", SD3_T5_TOKENS)), 28, 1024),
-    GeneratorSpec("flux", "stable-flow-vital-layers", "flux", "black-forest-labs/FLUX.1-schnell",
-                  "Apache-2.0", "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
-                  "builders.models.tiny_mmdit:build_tiny_flux",
-                  (("tokenizer", CLIP_TOKENS), ("tokenizer_2", FLUX_T5_TOKENS)), 4, 1024),
-)}
+GENERATORS = {
+    spec.name: spec
+    for spec in (
+        GeneratorSpec(
+            "sd15",
+            "prompt-to-prompt",
+            "sd",
+            "stable-diffusion-v1-5/stable-diffusion-v1-5",
+            "CreativeML Open RAIL-M",
+            "builders.counterfactuals.prompt_to_prompt:generate_pairs",
+            None,
+            (("tokenizer", CLIP_TOKENS),),
+            100,
+            512,
+            _P2P,
+        ),
+        GeneratorSpec(
+            "sdxl",
+            "prompt-to-prompt",
+            "sdxl",
+            "stabilityai/stable-diffusion-xl-base-1.0",
+            "CreativeML Open RAIL++-M",
+            "builders.counterfactuals.prompt_to_prompt_xl:generate_pairs_xl",
+            "builders.models.tiny_sdxl:build_tiny_sdxl",
+            (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS)),
+            100,
+            1024,
+            _P2P,
+        ),
+        GeneratorSpec(
+            "sd3",
+            "stable-flow-vital-layers",
+            "sd3",
+            "stabilityai/stable-diffusion-3-medium-diffusers",
+            "Stability AI Community License",
+            "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
+            "builders.models.tiny_mmdit:build_tiny_sd3",
+            (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS), ("tokenizer_3", SD3_T5_TOKENS)),
+            28,
+            1024,
+        ),
+        GeneratorSpec(
+            "flux",
+            "stable-flow-vital-layers",
+            "flux",
+            "black-forest-labs/FLUX.1-schnell",
+            "Apache-2.0",
+            "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
+            "builders.models.tiny_mmdit:build_tiny_flux",
+            (("tokenizer", CLIP_TOKENS), ("tokenizer_2", FLUX_T5_TOKENS)),
+            4,
+            1024,
+        ),
+    )
+}
 GENERATOR_NAMES = tuple(GENERATORS)
 
 
@@ -104,8 +138,9 @@ def generator(name: str) -> GeneratorSpec:
 def _resolve(target: str) -> Callable[..., Any]:
     module, _, name = target.partition(":")
     if importlib.util.find_spec(module) is None:
-        raise UserFacingError(f"this installation lacks {module} ({name}): update counterfactory "
-                              "or choose another --generator")
+        raise UserFacingError(
+            f"this installation lacks {module} ({name}): update counterfactory or choose another --generator"
+        )
     return getattr(importlib.import_module(module), name)
 
 

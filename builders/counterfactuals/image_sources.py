@@ -63,8 +63,9 @@ _NUMBERED_FILE = re.compile(r".+_[01]\.(jpg|png)")
 MAX_IMAGE_FILE_BYTES = 256 << 20
 #: Folders a zip tool adds beside the content (macOS), never a layout's top-level folder.
 _NOT_CONTENT = ("__MACOSX",)
-_FIX_LAYOUT = ("name the layout with --images-layout, or the files with --images-pattern "
-               "(e.g. 'images/{id}_img_{n}.jpg')")
+_FIX_LAYOUT = (
+    "name the layout with --images-layout, or the files with --images-pattern (e.g. 'images/{id}_img_{n}.jpg')"
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,14 @@ def climbs(name: str) -> bool:
 
 
 def layout_of(name: str, base: str) -> Layout:
-    return Layout(name, base, tuple(tuple(stem + ext for ext in EXTENSIONS)  # type: ignore[arg-type]
-                                    for stem in _STEMS[name]))
+    return Layout(
+        name,
+        base,
+        tuple(
+            tuple(stem + ext for ext in EXTENSIONS)  # type: ignore[arg-type]
+            for stem in _STEMS[name]
+        ),
+    )
 
 
 def pattern_layout(patterns: tuple[str, ...]) -> Layout:
@@ -109,14 +116,24 @@ def pattern_layout(patterns: tuple[str, ...]) -> Layout:
     for pattern in patterns:
         needs = ("{id}", "{n}") if one else ("{id}",)
         rest = pattern.replace("{id}", "").replace("{n}", "" if one else "{n}")
-        if any(p not in pattern for p in needs) or "{" in rest or "}" in rest or climbs(pattern) \
-                or not pattern:
-            raise InputFileError("--images-pattern", f"{pattern!r} is not a name pattern", (
-                "write a path relative to the folder or zip root with {id}"
-                + (" and {n}, e.g. 'images/{id}_img_{n}.jpg'" if one else
-                   " in each, e.g. 'orig/{id}.png' 'cf/{id}.png'")))
-    templates = ((patterns[0].replace("{n}", "0"),), (patterns[0].replace("{n}", "1"),)) if one \
+        if any(p not in pattern for p in needs) or "{" in rest or "}" in rest or climbs(pattern) or not pattern:
+            raise InputFileError(
+                "--images-pattern",
+                f"{pattern!r} is not a name pattern",
+                (
+                    "write a path relative to the folder or zip root with {id}"
+                    + (
+                        " and {n}, e.g. 'images/{id}_img_{n}.jpg'"
+                        if one
+                        else " in each, e.g. 'orig/{id}.png' 'cf/{id}.png'"
+                    )
+                ),
+            )
+    templates = (
+        ((patterns[0].replace("{n}", "0"),), (patterns[0].replace("{n}", "1"),))
+        if one
         else ((patterns[0],), (patterns[1],))
+    )
     return Layout("pattern", "", templates)
 
 
@@ -124,8 +141,7 @@ def detect_layout(source: "FolderSource | ZipSource", wanted: str) -> Layout:
     """The layout (`wanted`, or with `auto` the one whose files are there), at the root of the
     source or else under its one top-level folder; one line when none or several are there."""
     # Files beside the top-level folder (a README, the pairs' .jsonl) do not make it ambiguous.
-    tops = [n for n, is_dir in source.entries("") if is_dir and n not in _NOT_CONTENT
-            and not n.startswith(".")]
+    tops = [n for n, is_dir in source.entries("") if is_dir and n not in _NOT_CONTENT and not n.startswith(".")]
     found: set[str] = set()
     for base in ["", *([tops[0] + "/"] if len(tops) == 1 else [])]:
         found = _layouts_at(source, base)
@@ -134,13 +150,20 @@ def detect_layout(source: "FolderSource | ZipSource", wanted: str) -> Layout:
         if wanted == "auto" and found:
             break
     if wanted != "auto":
-        raise InputFileError(source.label, f"holds no image named as the {wanted} layout says "
-                             f"({layout_of(wanted, '').describe()}), at its top or under its one "
-                             "top-level folder", _FIX_LAYOUT)
-    what = (f"holds images of several layouts ({', '.join(sorted(found))})" if found else
-            "holds no image of a known layout (synthetic-images-for-original-captions/{id}.jpg + "
-            "synthetic-images-for-counterfactual-captions/{id}.jpg, {id}_0.jpg + {id}_1.jpg, "
-            "{id}_img_0.jpg + {id}_img_1.jpg) at its top or under its one top-level folder")
+        raise InputFileError(
+            source.label,
+            f"holds no image named as the {wanted} layout says "
+            f"({layout_of(wanted, '').describe()}), at its top or under its one "
+            "top-level folder",
+            _FIX_LAYOUT,
+        )
+    what = (
+        f"holds images of several layouts ({', '.join(sorted(found))})"
+        if found
+        else "holds no image of a known layout (synthetic-images-for-original-captions/{id}.jpg + "
+        "synthetic-images-for-counterfactual-captions/{id}.jpg, {id}_0.jpg + {id}_1.jpg, "
+        "{id}_img_0.jpg + {id}_img_1.jpg) at its top or under its one top-level folder"
+    )
     raise InputFileError(source.label, what, _FIX_LAYOUT)
 
 
@@ -168,9 +191,12 @@ def _read_bounded(f: Any, name: str) -> bytes:
 
 
 def _too_large(name: str, size: int) -> ImageProblem:
-    return ImageProblem(name, "image_too_large", f"the file has {size:,} bytes, more than any "
-                        f"image under the pixel bound ({MAX_IMAGE_FILE_BYTES:,})",
-                        "check the file; it was not read")
+    return ImageProblem(
+        name,
+        "image_too_large",
+        f"the file has {size:,} bytes, more than any image under the pixel bound ({MAX_IMAGE_FILE_BYTES:,})",
+        "check the file; it was not read",
+    )
 
 
 class FolderSource:
@@ -215,8 +241,9 @@ class FolderSource:
             with os.fdopen(fd, "rb") as f:
                 return _read_bounded(f, ref.name)
         except OSError as err:
-            raise ImageProblem(ref.name, "unreadable_image", f"cannot read the file ({err.strerror})",
-                               "check the image folder") from None
+            raise ImageProblem(
+                ref.name, "unreadable_image", f"cannot read the file ({err.strerror})", "check the image folder"
+            ) from None
 
     def digest(self) -> dict[str, Any]:
         """sha256 over one line per entry: `<file sha256>  <relative name>` for a file,
@@ -228,8 +255,9 @@ class FolderSource:
 
     def _digest_folder(self, folder: Path, h: Any) -> int:
         with os.scandir(folder) as it:
-            entries = sorted((e.name, e.is_symlink(), e.is_dir(follow_symlinks=False),
-                              e.is_file(follow_symlinks=False)) for e in it)
+            entries = sorted(
+                (e.name, e.is_symlink(), e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in it
+            )
         files = 0
         for name, is_link, _, is_file in entries:
             rel = (folder / name).relative_to(self.root).as_posix()
@@ -256,8 +284,9 @@ class ZipSource:
         try:
             self.zip = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError, ValueError) as err:
-            raise InputFileError(path, f"cannot be read as a zip file ({err})",
-                                 "give a .zip file or a folder of images") from None
+            raise InputFileError(
+                path, f"cannot be read as a zip file ({err})", "give a .zip file or a folder of images"
+            ) from None
         self.index: dict[str, zipfile.ZipInfo] = {}
         self.ignored: Counter[str] = Counter()
         seen: Counter[str] = Counter(i.filename for i in self.zip.infolist())
@@ -269,14 +298,18 @@ class ZipSource:
             elif not info.is_dir():
                 self.index[info.filename] = info
         if self.ignored:
-            log.warning("%s: %s member(s) are never read (%s)", self.label, sum(self.ignored.values()),
-                        ", ".join(f"{k}: {v}" for k, v in sorted(self.ignored.items())))
+            log.warning(
+                "%s: %s member(s) are never read (%s)",
+                self.label,
+                sum(self.ignored.values()),
+                ", ".join(f"{k}: {v}" for k, v in sorted(self.ignored.items())),
+            )
 
     def entries(self, base: str) -> Iterator[tuple[str, bool]]:
         dirs: set[str] = set()
         for name in self.index:
             if name.startswith(base):
-                first, sep, _ = name[len(base):].partition("/")
+                first, sep, _ = name[len(base) :].partition("/")
                 if not sep:
                     yield first, False
                 elif first not in dirs:
@@ -295,14 +328,19 @@ class ZipSource:
             with self.zip.open(info) as f:
                 return _read_bounded(f, ref.name)
         # A damaged member (bad CRC, truncated), an encrypted one, an unknown compression.
-        except (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError, EOFError,
-                ValueError) as err:
-            raise ImageProblem(ref.name, "unreadable_image", f"cannot read the zip member ({err})",
-                               "re-download the zip") from None
+        except (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError, EOFError, ValueError) as err:
+            raise ImageProblem(
+                ref.name, "unreadable_image", f"cannot read the zip member ({err})", "re-download the zip"
+            ) from None
 
     def digest(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.label, "sha256": _file_sha256(self.path),
-                "members": len(self.index), "ignored_members": dict(sorted(self.ignored.items()))}
+        return {
+            "kind": self.kind,
+            "name": self.label,
+            "sha256": _file_sha256(self.path),
+            "members": len(self.index),
+            "ignored_members": dict(sorted(self.ignored.items())),
+        }
 
 
 def _unsafe_member(info: zipfile.ZipInfo, seen: Counter[str]) -> str | None:
@@ -332,7 +370,8 @@ def open_source(images_from: str) -> FolderSource | ZipSource:
         return FolderSource(path.resolve())
     if path.is_file():
         if not zipfile.is_zipfile(path):
-            raise InputFileError(path, "is neither a folder nor a zip file",
-                                 "give --images-from a folder of images or a .zip")
+            raise InputFileError(
+                path, "is neither a folder nor a zip file", "give --images-from a folder of images or a .zip"
+            )
         return ZipSource(path.resolve())
     raise InputFileError(path, "no such file or folder", "give --images-from a folder of images or a .zip")

@@ -95,14 +95,14 @@ def candidate_specs(seed: int, row_id: str, cfg: ImageStageConfig) -> list[PairS
             s = derive_seed(seed, row_id, "group", k)
             rng = random.Random(s)
             guidance = rng.uniform(*cfg.guidance_range)
-            specs += [PairSpec(seed=s, p=lo + width * (m + rng.random()), guidance=guidance)
-                      for m in range(cfg.p_values)]
+            specs += [
+                PairSpec(seed=s, p=lo + width * (m + rng.random()), guidance=guidance) for m in range(cfg.p_values)
+            ]
         return specs
     for j in range(cfg.candidates):
         s = derive_seed(seed, row_id, "candidate", j)
         rng = random.Random(s)
-        specs.append(PairSpec(seed=s, p=rng.uniform(*cfg.p_range),
-                              guidance=rng.uniform(*cfg.guidance_range)))
+        specs.append(PairSpec(seed=s, p=rng.uniform(*cfg.p_range), guidance=rng.uniform(*cfg.guidance_range)))
     return specs
 
 
@@ -128,8 +128,7 @@ def candidate_batches(specs: Sequence[PairSpec], size: int) -> list[list[PairSpe
 def split_candidates(specs: Sequence[PairSpec], size: int) -> list[list[PairSpec]]:
     """`candidate_batches` of at most `size` candidates, cutting a group that is larger (used
     once memory ran out: a candidate's images do not depend on its group mates)."""
-    return [batch[i:i + size] for batch in candidate_batches(specs, size)
-            for i in range(0, len(batch), size)]
+    return [batch[i : i + size] for batch in candidate_batches(specs, size) for i in range(0, len(batch), size)]
 
 
 @dataclass
@@ -140,17 +139,22 @@ class _Scores:
     image_similarity: torch.Tensor
 
 
-def score_pairs(scorer: ClipScorer, caption_0: str, caption_1: str,
-                images_0: np.ndarray, images_1: np.ndarray) -> _Scores:
+def score_pairs(
+    scorer: ClipScorer, caption_0: str, caption_1: str, images_0: np.ndarray, images_1: np.ndarray
+) -> _Scores:
     t0, t1 = scorer.texts([caption_0, caption_1])
     i0, i1 = scorer.images(images_0), scorer.images(images_1)
     direction = torch.nn.functional.cosine_similarity((i1 - i0), (t1 - t0).unsqueeze(0), dim=-1)
-    return _Scores(clip_0=i0 @ t0, clip_1=i1 @ t1, directional=direction,
-                   image_similarity=(i0 * i1).sum(-1))
+    return _Scores(clip_0=i0 @ t0, clip_1=i1 @ t1, directional=direction, image_similarity=(i0 * i1).sum(-1))
 
 
-def row_scores(scorer: ClipScorer, captions_0: Sequence[str], captions_1: Sequence[str],
-               images_0: Sequence[Any], images_1: Sequence[Any]) -> _Scores:
+def row_scores(
+    scorer: ClipScorer,
+    captions_0: Sequence[str],
+    captions_1: Sequence[str],
+    images_0: Sequence[Any],
+    images_1: Sequence[Any],
+) -> _Scores:
     """`score_pairs`' four scores for rows that each have their own captions (imported pairs:
     row k's images with row k's captions), one text and two image batches for all rows."""
     n = len(captions_0)
@@ -158,8 +162,9 @@ def row_scores(scorer: ClipScorer, captions_0: Sequence[str], captions_1: Sequen
     t0, t1 = texts[:n], texts[n:]
     i0, i1 = scorer.images(images_0), scorer.images(images_1)
     direction = torch.nn.functional.cosine_similarity(i1 - i0, t1 - t0, dim=-1)
-    return _Scores(clip_0=(i0 * t0).sum(-1), clip_1=(i1 * t1).sum(-1), directional=direction,
-                   image_similarity=(i0 * i1).sum(-1))
+    return _Scores(
+        clip_0=(i0 * t0).sum(-1), clip_1=(i1 * t1).sum(-1), directional=direction, image_similarity=(i0 * i1).sum(-1)
+    )
 
 
 def failed_filters(cfg: ImageStageConfig, s: _Scores, k: int, margin: float = 0.0) -> list[str]:
@@ -178,8 +183,11 @@ class ImageStage:
     def __init__(self, pipe: Any, scorer: ClipScorer, config: ImageStageConfig, seed: int) -> None:
         self.pipe, self.scorer, self.config, self.seed = pipe, scorer, config, seed
         # Generation and the CLIP filters of a batch, halved and retried on out-of-memory.
-        self.batches = ShrinkingBatches("image stage (generator + CLIP filters)", config.candidate_batch,
-                                        hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory")
+        self.batches = ShrinkingBatches(
+            "image stage (generator + CLIP filters)",
+            config.candidate_batch,
+            hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory",
+        )
 
     def unseen_edit(self, caption_0: str, caption_1: str) -> str | None:
         """Why the generator cannot draw this edit, or None. Each of its text encoders reads the
@@ -192,13 +200,11 @@ class ImageStage:
         lowercases: `A Dog` / `A dog`). Checked before generating anything."""
         limits = generator(self.config.generator).token_limits(self.pipe)
         for tokenizer, limit in limits:
-            seen = [tokenizer(c, truncation=True, max_length=limit).input_ids
-                    for c in (caption_0, caption_1)]
+            seen = [tokenizer(c, truncation=True, max_length=limit).input_ids for c in (caption_0, caption_1)]
             if seen[0] != seen[1]:
                 return None
         # verbose=False: no "longer than the maximum" warning per caption.
-        full = [[tokenizer(c, verbose=False).input_ids for tokenizer, _ in limits]
-                for c in (caption_0, caption_1)]
+        full = [[tokenizer(c, verbose=False).input_ids for tokenizer, _ in limits] for c in (caption_0, caption_1)]
         return EDIT_BEYOND_TEXT_ENCODER if full[0] != full[1] else EDIT_INVISIBLE_TO_TEXT_ENCODER
 
     def early_rejection(self, caption_0: str, caption_1: str) -> EarlyRejection | None:
@@ -208,8 +214,10 @@ class ImageStage:
 
         def check(previews_0: np.ndarray, previews_1: np.ndarray) -> list[bool]:
             scores = score_pairs(self.scorer, caption_0, caption_1, previews_0, previews_1)
-            return [not failed_filters(self.config, scores, k, self.config.early_reject_margin)
-                    for k in range(len(previews_0))]
+            return [
+                not failed_filters(self.config, scores, k, self.config.early_reject_margin)
+                for k in range(len(previews_0))
+            ]
 
         return EarlyRejection(step, check)
 
@@ -225,7 +233,8 @@ class ImageStage:
         generate = lambda batch: self._generate(caption_0, caption_1, batch)  # noqa: E731
         progress.stage("candidates", start, len(specs))
         for batch, (images_0, images_1, dropped, scores, done) in self.batches.run(
-                planned, generate, split_candidates):
+            planned, generate, split_candidates
+        ):
             start += len(batch)
             progress.stage("candidates", start, len(specs))
             work.unet_rows += done.unet_rows
@@ -245,11 +254,16 @@ class ImageStage:
                 passed += 1
                 if best is None or scores.directional[k].item() > best.directional:
                     best = ImagePair(
-                        image_0=Image.fromarray(images_0[k]), image_1=Image.fromarray(images_1[k]),
-                        seed=spec.seed, p=spec.p, guidance=spec.guidance,
-                        clip_0=scores.clip_0[k].item(), clip_1=scores.clip_1[k].item(),
+                        image_0=Image.fromarray(images_0[k]),
+                        image_1=Image.fromarray(images_1[k]),
+                        seed=spec.seed,
+                        p=spec.p,
+                        guidance=spec.guidance,
+                        clip_0=scores.clip_0[k].item(),
+                        clip_1=scores.clip_1[k].item(),
                         directional=scores.directional[k].item(),
-                        image_similarity=scores.image_similarity[k].item())
+                        image_similarity=scores.image_similarity[k].item(),
+                    )
                 if cfg.early_stop is not None and passed >= cfg.early_stop:
                     break
             if cfg.early_stop is not None and passed >= cfg.early_stop:
@@ -263,11 +277,18 @@ class ImageStage:
         early = self.early_rejection(caption_0, caption_1)
         work = UNetWork()
         spec = generator(cfg.generator)
-        images_0, images_1 = spec.renderer()(self.pipe, caption_0, caption_1, batch,
-                                             steps=cfg.steps, size=cfg.image_size, share=cfg.share,
-                                             work=work, early=early,
-                                             **{name: getattr(cfg, name) for name in spec.options})
+        images_0, images_1 = spec.renderer()(
+            self.pipe,
+            caption_0,
+            caption_1,
+            batch,
+            steps=cfg.steps,
+            size=cfg.image_size,
+            share=cfg.share,
+            work=work,
+            early=early,
+            **{name: getattr(cfg, name) for name in spec.options},
+        )
         dropped = set(early.dropped) if early else set()
-        scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1) \
-            if len(images_0) else None
+        scores = score_pairs(self.scorer, caption_0, caption_1, images_0, images_1) if len(images_0) else None
         return images_0, images_1, dropped, scores, work

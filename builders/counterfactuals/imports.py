@@ -50,8 +50,7 @@ class ImportItem:
     input_problem: InputProblem | None = None
 
 
-def import_items(pairs: Iterable[PairItem], source: FolderSource | ZipSource,
-                 layout: Layout) -> Iterator[ImportItem]:
+def import_items(pairs: Iterable[PairItem], source: FolderSource | ZipSource, layout: Layout) -> Iterator[ImportItem]:
     """Each caption pair with its located images, in table order (a stream). A table none of
     whose ids has an image under the layout is one line: the wrong layout or the wrong files."""
     looked = found = 0
@@ -66,22 +65,29 @@ def import_items(pairs: Iterable[PairItem], source: FolderSource | ZipSource,
         first = first or " or ".join(layout.names(pair.id, 0))
         yield ImportItem(pair.id, pair.row, refs, problem)
     if looked and not found:
-        raise UserFacingError(f"--images-from {source.label}: none of the {looked:,} caption pairs "
-                              f"has an image named as the {layout.name} layout says (the first "
-                              f"id's image 0 would be {first}); check --images-layout / "
-                              "--images-pattern and that the ids are those of the images")
+        raise UserFacingError(
+            f"--images-from {source.label}: none of the {looked:,} caption pairs "
+            f"has an image named as the {layout.name} layout says (the first "
+            f"id's image 0 would be {first}); check --images-layout / "
+            "--images-pattern and that the ids are those of the images"
+        )
 
 
-def locate(source: FolderSource | ZipSource, layout: Layout,
-           row_id: str) -> tuple[tuple[ImageRef | None, ImageRef | None], InputProblem | None]:
+def locate(
+    source: FolderSource | ZipSource, layout: Layout, row_id: str
+) -> tuple[tuple[ImageRef | None, ImageRef | None], InputProblem | None]:
     """Row `row_id`'s two images (the first candidate name that is there), or why it has none."""
     refs: list[ImageRef | None] = []
     for n in (0, 1):
         names = layout.names(row_id, n)
         if any(climbs(name) for name in names):
-            return (None, None), InputProblem(PATH_OUTSIDE_ROOT, (
-                f"id {row_id!r}: its image name {names[0]!r} climbs out of {source.label} (a `..` "
-                "component, a NUL or an absolute name): never looked up"))
+            return (None, None), InputProblem(
+                PATH_OUTSIDE_ROOT,
+                (
+                    f"id {row_id!r}: its image name {names[0]!r} climbs out of {source.label} (a `..` "
+                    "component, a NUL or an absolute name): never looked up"
+                ),
+            )
         ref = None
         for name in names:
             try:
@@ -94,23 +100,33 @@ def locate(source: FolderSource | ZipSource, layout: Layout,
     pair = (refs[0], refs[1])
     if (pair[0] is None) != (pair[1] is None):
         have, n = (pair[1], 0) if pair[0] is None else (pair[0], 1)
-        return pair, InputProblem(MISSING_IMAGE, f"id {row_id!r}: {source.label} has {have.name} "
-                                  f"but not image {n} ({' or '.join(layout.names(row_id, n))})")
+        return pair, InputProblem(
+            MISSING_IMAGE,
+            f"id {row_id!r}: {source.label} has {have.name} "
+            f"but not image {n} ({' or '.join(layout.names(row_id, n))})",
+        )
     return pair, None
 
 
 class ImportStage:
     """`run(items)`: the rows of a part's imported pairs (see the module docstring)."""
 
-    def __init__(self, source: FolderSource | ZipSource, scorer: Any, images: ImageStageConfig,
-                 config: ImageImportConfig, output: str, clip_model: str | None) -> None:
+    def __init__(
+        self,
+        source: FolderSource | ZipSource,
+        scorer: Any,
+        images: ImageStageConfig,
+        config: ImageImportConfig,
+        output: str,
+        clip_model: str | None,
+    ) -> None:
         self.source, self.scorer, self.images, self.config = source, scorer, images, config
         self.output, self.clip_model = output, clip_model
 
     def run(self, items: Sequence[ImportItem]) -> Iterator[Emit | Skip | Count]:
         progress.stage("imported pairs", 0, len(items))
         for start in range(0, len(items), SCORE_BATCH):
-            yield from self._batch(items[start:start + SCORE_BATCH])
+            yield from self._batch(items[start : start + SCORE_BATCH])
             progress.stage("imported pairs", min(start + SCORE_BATCH, len(items)), len(items))
 
     def _batch(self, items: Sequence[ImportItem]) -> Iterator[Emit | Skip | Count]:
@@ -134,9 +150,13 @@ class ImportStage:
             return
         scores = None
         if self.config.clip_scores:
-            scores = row_scores(self.scorer, [it.row["caption_0"] for it, _, _ in loaded],
-                                [it.row["caption_1"] for it, _, _ in loaded],
-                                [p[0] for _, _, p in loaded], [p[1] for _, _, p in loaded])
+            scores = row_scores(
+                self.scorer,
+                [it.row["caption_0"] for it, _, _ in loaded],
+                [it.row["caption_1"] for it, _, _ in loaded],
+                [p[0] for _, _, p in loaded],
+                [p[1] for _, _, p in loaded],
+            )
             yield Count("imported_pairs_scored", len(loaded))
         applied = self.images.filters if self.config.apply_filters else ()
         rejected = dict.fromkeys(applied, 0)  # zeros too: the card tells 0 from not applied
@@ -154,24 +174,34 @@ class ImportStage:
     def _checked(self, ref: ImageRef, data: bytes):
         from loading_scripts.images import open_rgb_image
 
-        return open_rgb_image(data, max_pixels=self.config.max_image_pixels,
-                              name=f"{self.source.label}:{ref.name}")
+        return open_rgb_image(data, max_pixels=self.config.max_image_pixels, name=f"{self.source.label}:{ref.name}")
 
     def _row(self, item: ImportItem, data: list[bytes], scores: Any, k: int) -> dict[str, Any]:
         """The `default` row: the table's caption columns, the bytes as stored in the source,
         the CLIP scores (null when not scored); what only a generation knows (seed, p, guidance,
         candidates, the generator) is null."""
-        clip = dict.fromkeys(("clip_score_0", "clip_score_1", "clip_directional",
-                              "clip_image_similarity")) if scores is None else {
-            "clip_score_0": scores.clip_0[k].item(), "clip_score_1": scores.clip_1[k].item(),
-            "clip_directional": scores.directional[k].item(),
-            "clip_image_similarity": scores.image_similarity[k].item()}
+        clip = (
+            dict.fromkeys(("clip_score_0", "clip_score_1", "clip_directional", "clip_image_similarity"))
+            if scores is None
+            else {
+                "clip_score_0": scores.clip_0[k].item(),
+                "clip_score_1": scores.clip_1[k].item(),
+                "clip_directional": scores.directional[k].item(),
+                "clip_image_similarity": scores.image_similarity[k].item(),
+            }
+        )
         return {
             **item.row,
-            "image_0": {"bytes": data[0], "path": None}, "image_1": {"bytes": data[1], "path": None},
-            "seed": None, "p": None, "guidance_scale": None, **clip,
-            "image_candidates_tried": None, "image_candidates_passed": None,
+            "image_0": {"bytes": data[0], "path": None},
+            "image_1": {"bytes": data[1], "path": None},
+            "seed": None,
+            "p": None,
+            "guidance_scale": None,
+            **clip,
+            "image_candidates_tried": None,
+            "image_candidates_passed": None,
             **{f"image_rejected_{name}": None for name in IMAGE_FILTERS},
-            "sd_model": None, "clip_model": self.clip_model,
+            "sd_model": None,
+            "clip_model": self.clip_model,
             **dict.fromkeys(GENERATION_COLUMNS),
         }

@@ -41,8 +41,15 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from builders.counterfactuals.prompt_to_prompt import (EarlyRejection, PairSpec, UNetWork, _dedupe,
-                                                       _generators, injected, row_keys)
+from builders.counterfactuals.prompt_to_prompt import (
+    EarlyRejection,
+    PairSpec,
+    UNetWork,
+    _dedupe,
+    _generators,
+    injected,
+    row_keys,
+)
 from builders.engine.errors import UserFacingError
 
 #: Stable Flow's vital layers, at the depth they were measured (Avrahami et al. 2025, §3.1 and
@@ -81,11 +88,15 @@ def vital_layer_map(config) -> dict[str, str]:
     if "num_single_layers" in config:
         double = scaled_layers(FLUX_DOUBLE_VITAL, FLUX_DOUBLE_DEPTH, config["num_layers"])
         single = scaled_layers(FLUX_SINGLE_VITAL, FLUX_SINGLE_DEPTH, config["num_single_layers"])
-        return {**{f"transformer_blocks.{i}.attn.processor": IMAGE for i in double},
-                **{f"single_transformer_blocks.{i}.attn.processor": IMAGE_AFTER_TEXT for i in single}}
+        return {
+            **{f"transformer_blocks.{i}.attn.processor": IMAGE for i in double},
+            **{f"single_transformer_blocks.{i}.attn.processor": IMAGE_AFTER_TEXT for i in single},
+        }
     if "caption_projection_dim" in config and "num_layers" in config:
-        return {f"transformer_blocks.{i}.attn.processor": IMAGE
-                for i in scaled_layers(SD3_VITAL, SD3_DEPTH, config["num_layers"])}
+        return {
+            f"transformer_blocks.{i}.attn.processor": IMAGE
+            for i in scaled_layers(SD3_VITAL, SD3_DEPTH, config["num_layers"])
+        }
     raise ValueError("not an SD3 or FLUX transformer config: no num_layers/num_single_layers")
 
 
@@ -121,8 +132,9 @@ class VitalKVProcessor:
             return self.inner(attn, hidden_states, *args, **kwargs)
         if getattr(attn, "fused_projections", False):
             # A fused to_qkv never calls to_k/to_v, so nothing would be injected.
-            raise ValueError("vital-layer injection needs unfused attention projections "
-                             "(call transformer.unfuse_qkv_projections())")
+            raise ValueError(
+                "vital-layer injection needs unfused attention projections (call transformer.unfuse_qkv_projections())"
+            )
         src, dst = rows
         start = self.ctrl.text_tokens if self.tokens == IMAGE_AFTER_TEXT else 0
 
@@ -148,8 +160,12 @@ def vital_processors(transformer, controller: KVController) -> Iterator[dict[str
     missing = sorted(set(layers) - set(previous))
     if missing:
         raise ValueError(f"the transformer has no attention layer {missing[0]}")
-    transformer.set_attn_processor({name: VitalKVProcessor(proc, controller, layers[name])
-                                    if name in layers else proc for name, proc in previous.items()})
+    transformer.set_attn_processor(
+        {
+            name: VitalKVProcessor(proc, controller, layers[name]) if name in layers else proc
+            for name, proc in previous.items()
+        }
+    )
     try:
         yield layers
     finally:
@@ -163,9 +179,11 @@ def family(pipe) -> str:
         return "sd3"
     if name == "FluxTransformer2DModel":
         return "flux"
-    raise UserFacingError(f"the MM-DiT generators need a StableDiffusion3Pipeline or a FluxPipeline "
-                          f"(got a {type(pipe).__name__} with a {name} denoiser); use --generator "
-                          f"sd15 or sdxl for UNet models")
+    raise UserFacingError(
+        f"the MM-DiT generators need a StableDiffusion3Pipeline or a FluxPipeline "
+        f"(got a {type(pipe).__name__} with a {name} denoiser); use --generator "
+        f"sd15 or sdxl for UNet models"
+    )
 
 
 @dataclass
@@ -199,12 +217,11 @@ class _Renderer:
         pipe = self.pipe
         if self.kind == "sd3":
             emb, neg, pooled, neg_pooled = pipe.encode_prompt(
-                prompt=captions, prompt_2=None, prompt_3=None, device=self.device,
-                do_classifier_free_guidance=True)
+                prompt=captions, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=True
+            )
             return _Conditioning(emb, pooled, neg, neg_pooled)
         emb, pooled, text_ids = pipe.encode_prompt(prompt=captions, prompt_2=None, device=self.device)
-        image_ids = pipe._prepare_latent_image_ids(1, self.side // 2, self.side // 2, self.device,
-                                                   emb.dtype)
+        image_ids = pipe._prepare_latent_image_ids(1, self.side // 2, self.side // 2, self.device, emb.dtype)
         return _Conditioning(emb, pooled, text_ids=text_ids, image_ids=image_ids)
 
     def initial(self, generators: list[torch.Generator], dtype: torch.dtype) -> torch.Tensor:
@@ -215,8 +232,7 @@ class _Renderer:
         cfg = self.pipe.transformer.config
         channels = cfg.in_channels // 4 if self.kind == "flux" else cfg.in_channels
         shape = (1, channels, self.side, self.side)
-        rows = [randn_tensor(shape, generator=g, device=self.device, dtype=torch.float32)
-                for g in generators]
+        rows = [randn_tensor(shape, generator=g, device=self.device, dtype=torch.float32) for g in generators]
         if self.kind == "flux":
             rows = [self.pipe._pack_latents(r, 1, channels, self.side, self.side) for r in rows]
         return torch.cat(rows).to(dtype)
@@ -227,16 +243,20 @@ class _Renderer:
         sched = type(pipe.scheduler).from_config(pipe.scheduler.config)
         if self.kind == "sd3":
             from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import (
-                calculate_shift, retrieve_timesteps)
+                calculate_shift,
+                retrieve_timesteps,
+            )
 
             kwargs = {}
             if sched.config.get("use_dynamic_shifting", None):
                 patch = pipe.transformer.config.patch_size
-                kwargs["mu"] = calculate_shift((self.side // patch) ** 2,
-                                               sched.config.get("base_image_seq_len", 256),
-                                               sched.config.get("max_image_seq_len", 4096),
-                                               sched.config.get("base_shift", 0.5),
-                                               sched.config.get("max_shift", 1.16))
+                kwargs["mu"] = calculate_shift(
+                    (self.side // patch) ** 2,
+                    sched.config.get("base_image_seq_len", 256),
+                    sched.config.get("max_image_seq_len", 4096),
+                    sched.config.get("base_shift", 0.5),
+                    sched.config.get("max_shift", 1.16),
+                )
             retrieve_timesteps(sched, steps, self.device, **kwargs)
             return sched
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
@@ -244,33 +264,48 @@ class _Renderer:
         sigmas = np.linspace(1.0, 1 / steps, steps)
         if getattr(sched.config, "use_flow_sigmas", False):
             sigmas = None
-        mu = calculate_shift(latents.shape[1], sched.config.get("base_image_seq_len", 256),
-                             sched.config.get("max_image_seq_len", 4096),
-                             sched.config.get("base_shift", 0.5), sched.config.get("max_shift", 1.15))
+        mu = calculate_shift(
+            latents.shape[1],
+            sched.config.get("base_image_seq_len", 256),
+            sched.config.get("max_image_seq_len", 4096),
+            sched.config.get("base_shift", 0.5),
+            sched.config.get("max_shift", 1.15),
+        )
         retrieve_timesteps(sched, steps, self.device, sigmas=sigmas, mu=mu)
         return sched
 
-    def velocity(self, cond: _Conditioning, x: torch.Tensor, t: torch.Tensor, caption: list[int],
-                 guidance: list[float]) -> torch.Tensor:
+    def velocity(
+        self, cond: _Conditioning, x: torch.Tensor, t: torch.Tensor, caption: list[int], guidance: list[float]
+    ) -> torch.Tensor:
         """The guided velocity of rows `x` (captions by index, per-row guidance)."""
         transformer = self.pipe.transformer
         if self.kind == "sd3":
             emb = torch.cat([cond.neg_embeds[caption], cond.embeds[caption]])
             pooled = torch.cat([cond.neg_pooled[caption], cond.pooled[caption]])
             xx = torch.cat([x, x])
-            v_uncond, v_cond = transformer(hidden_states=xx, timestep=t.expand(xx.shape[0]),
-                                           encoder_hidden_states=emb, pooled_projections=pooled,
-                                           return_dict=False)[0].chunk(2)
+            v_uncond, v_cond = transformer(
+                hidden_states=xx,
+                timestep=t.expand(xx.shape[0]),
+                encoder_hidden_states=emb,
+                pooled_projections=pooled,
+                return_dict=False,
+            )[0].chunk(2)
             g = torch.tensor(guidance, dtype=v_cond.dtype, device=self.device).view(-1, 1, 1, 1)
             return v_uncond + g * (v_cond - v_uncond)
         g = None
         if transformer.config.guidance_embeds:
             g = torch.tensor(guidance, dtype=torch.float32, device=self.device)
         timestep = t.expand(x.shape[0]).to(x.dtype)
-        return transformer(hidden_states=x, timestep=timestep / 1000, guidance=g,
-                           pooled_projections=cond.pooled[caption],
-                           encoder_hidden_states=cond.embeds[caption], txt_ids=cond.text_ids,
-                           img_ids=cond.image_ids, return_dict=False)[0]
+        return transformer(
+            hidden_states=x,
+            timestep=timestep / 1000,
+            guidance=g,
+            pooled_projections=cond.pooled[caption],
+            encoder_hidden_states=cond.embeds[caption],
+            txt_ids=cond.text_ids,
+            img_ids=cond.image_ids,
+            return_dict=False,
+        )[0]
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         pipe = self.pipe
@@ -288,9 +323,18 @@ def _key_specs(specs: Sequence[PairSpec], reads_guidance: bool) -> list[PairSpec
 
 
 @torch.inference_mode()
-def generate_pairs_mmdit(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpec], *,
-                         steps: int, size: int, share: bool = True, work: UNetWork | None = None,
-                         early: EarlyRejection | None = None) -> tuple[np.ndarray, np.ndarray]:
+def generate_pairs_mmdit(
+    pipe,
+    caption_0: str,
+    caption_1: str,
+    specs: Sequence[PairSpec],
+    *,
+    steps: int,
+    size: int,
+    share: bool = True,
+    work: UNetWork | None = None,
+    early: EarlyRejection | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Images of every candidate pair, uint8 `(N, size, size, 3)` for the original and the
     edited caption, on a StableDiffusion3Pipeline or a FluxPipeline (see the module docstring).
     `work` counts transformer rows (`unet_rows`, both guidance halves) and decoded images; with
@@ -299,8 +343,10 @@ def generate_pairs_mmdit(pipe, caption_0: str, caption_1: str, specs: Sequence[P
     # SD3 cuts the latents into patches, FLUX packs them 2 x 2: the side must split evenly.
     multiple = pipe.vae_scale_factor * (2 if kind == "flux" else pipe.transformer.config.patch_size)
     if size <= 0 or size % multiple:
-        raise UserFacingError(f"--image-size {size}: the {kind} generator needs a multiple of "
-                              f"{multiple} pixels (e.g. {max(multiple, size - size % multiple)})")
+        raise UserFacingError(
+            f"--image-size {size}: the {kind} generator needs a multiple of "
+            f"{multiple} pixels (e.g. {max(multiple, size - size % multiple)})"
+        )
     r = _Renderer(pipe, kind, size)
     cond = r.encode([caption_0, caption_1])
     specs = list(specs)
@@ -316,10 +362,12 @@ def generate_pairs_mmdit(pipe, caption_0: str, caption_1: str, specs: Sequence[P
             unique, index = _dedupe(row_keys(keyed, steps, i, share))
             at = {row: u for u, row in enumerate(unique)}
             ctrl.half = len(unique)
-            ctrl.links = [(index[row - 1], at[row]) for row in unique
-                          if row % 2 and injected(specs[row // 2].p, i, steps)]
-            v = r.velocity(cond, latents[unique], t, [row % 2 for row in unique],
-                           [specs[row // 2].guidance for row in unique])[index]
+            ctrl.links = [
+                (index[row - 1], at[row]) for row in unique if row % 2 and injected(specs[row // 2].p, i, steps)
+            ]
+            v = r.velocity(
+                cond, latents[unique], t, [row % 2 for row in unique], [specs[row // 2].guidance for row in unique]
+            )[index]
             work.unet_rows += r.halves * len(unique)
             x_t, latents = latents, sched.step(v, t, latents, return_dict=False)[0]
             if early is not None and i == early.step and i < steps - 1:

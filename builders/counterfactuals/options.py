@@ -12,33 +12,47 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, fields
 
-from builders.counterfactuals.config import (MODEL_ROLES, TINY, CocoCounterfactualsConfig,
-                                             ImageImportConfig, ImageStageConfig)
+from builders.counterfactuals.config import (
+    MODEL_ROLES,
+    TINY,
+    CocoCounterfactualsConfig,
+    ImageImportConfig,
+    ImageStageConfig,
+)
 from builders.counterfactuals.generators import GENERATORS, GeneratorSpec, generator, generator_model
 from builders.engine.errors import UserFacingError
-from builders.engine.options import (Values, add_config_arguments, build_config, field_default,
-                                     flag_of, given_values)
+from builders.engine.options import Values, add_config_arguments, build_config, field_default, flag_of, given_values
 from builders.models.profiles import add_model_arguments, profile_from_args, with_profile_preset
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
-_IMPORT = "imported image pairs (builders/counterfactuals/METHOD.md §2, \"Imported image pairs\")"
-GROUPS = {"captions": "caption stage (builders/counterfactuals/METHOD.md §1)",
-          "images": "image stage (builders/counterfactuals/METHOD.md §2)", "image_import": _IMPORT}
-DESCRIPTIONS = {_IMPORT: "build from image pairs that exist (the published release's images.zip) "
-                         "instead of generating them: the rows keep the --captions-from ids and "
-                         "the images' bytes"}
+_IMPORT = 'imported image pairs (builders/counterfactuals/METHOD.md §2, "Imported image pairs")'
+GROUPS = {
+    "captions": "caption stage (builders/counterfactuals/METHOD.md §1)",
+    "images": "image stage (builders/counterfactuals/METHOD.md §2)",
+    "image_import": _IMPORT,
+}
+DESCRIPTIONS = {
+    _IMPORT: "build from image pairs that exist (the published release's images.zip) "
+    "instead of generating them: the rows keep the --captions-from ids and "
+    "the images' bytes"
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, CocoCounterfactualsConfig, group="source", groups=GROUPS,
-                         descriptions=DESCRIPTIONS, preset=TINY)
+    add_config_arguments(
+        parser, CocoCounterfactualsConfig, group="source", groups=GROUPS, descriptions=DESCRIPTIONS, preset=TINY
+    )
     add_model_arguments(parser, roles=MODEL_ROLES)
     # Resolved into the `sd` model role (the recorded model), so not a config field of its own.
-    parser.add_argument("--generator-model", default=None, metavar="HUB_ID_OR_PATH",
-                        help="the generator's model (default: " + ", ".join(
-                            f"{s.name} {s.default_model}" for s in GENERATORS.values())
-                        + "; sd15 also takes --sd-model; --models tiny: a tiny random pipeline of "
-                          "the generator's family)")
+    parser.add_argument(
+        "--generator-model",
+        default=None,
+        metavar="HUB_ID_OR_PATH",
+        help="the generator's model (default: "
+        + ", ".join(f"{s.name} {s.default_model}" for s in GENERATORS.values())
+        + "; sd15 also takes --sd-model; --models tiny: a tiny random pipeline of "
+        "the generator's family)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
@@ -46,9 +60,11 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     plan = given.get("images", {}).get("candidate_plan", ImageStageConfig.candidate_plan)
     wrong = {"grouped": ["candidates"], "independent": ["seeds", "p_values"]}[plan]
     if set(given.get("images", {})) & set(wrong):
-        raise UserFacingError(f"--{wrong[0].replace('_', '-')} does not apply to "
-                              f"--candidate-plan {plan} (independent: --candidates N; "
-                              "grouped: --seeds K --p-values M, K x M candidates)")
+        raise UserFacingError(
+            f"--{wrong[0].replace('_', '-')} does not apply to "
+            f"--candidate-plan {plan} (independent: --candidates N; "
+            "grouped: --seeds K --p-values M, K x M candidates)"
+        )
     values = with_profile_preset(args, given, TINY)
     image_import = _image_import(values.pop("image_import", {}))
     profile = asdict(profile_from_args(args))
@@ -60,28 +76,33 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     generates = values.get("stage", "all") != "captions" and image_import is None
     models = {role: profile[role] for role in MODEL_ROLES}
     models["sd"] = _generator_model(args, spec, images, models["sd"], generates)
-    return build_config(CocoCounterfactualsConfig, {
-        "stage": "images" if image_import else "all", **values,
-        "models": models, "image_import": image_import})
+    return build_config(
+        CocoCounterfactualsConfig,
+        {"stage": "images" if image_import else "all", **values, "models": models, "image_import": image_import},
+    )
 
 
-def _generator_model(args: argparse.Namespace, spec: GeneratorSpec, images: Values, profile_sd: str,
-                     generates: bool) -> str:
+def _generator_model(
+    args: argparse.Namespace, spec: GeneratorSpec, images: Values, profile_sd: str, generates: bool
+) -> str:
     """The generator's model: `--generator-model`, else its default under the profile (sd15: the
     `sd` role, which `--sd-model` sets). Prompt-to-Prompt's own options are refused with the
     MM-DiT generators, which do not read them."""
     from builders.models.profiles import default_tiny_dir
 
     if spec.name != "sd15" and args.sd_model:
-        raise UserFacingError(f"--sd-model is the sd15 generator's model: give --generator-model "
-                              f"for --generator {spec.name}")
+        raise UserFacingError(
+            f"--sd-model is the sd15 generator's model: give --generator-model for --generator {spec.name}"
+        )
     if args.generator_model and args.sd_model:
         raise UserFacingError("give --generator-model or --sd-model, not both")
     p2p = ImageStageConfig()
     given = [f"--{o}" for o in ("inject", "scheduler") if images.get(o, getattr(p2p, o)) != getattr(p2p, o)]
     if "inject" not in spec.options and given:
-        raise UserFacingError(f"{', '.join(given)} only apply to the Prompt-to-Prompt generators "
-                              f"(sd15, sdxl), not --generator {spec.name}")
+        raise UserFacingError(
+            f"{', '.join(given)} only apply to the Prompt-to-Prompt generators "
+            f"(sd15, sdxl), not --generator {spec.name}"
+        )
     if args.generator_model:
         return args.generator_model
     if not generates:
@@ -94,8 +115,11 @@ def _image_import(values: Values) -> ImageImportConfig | None:
     if "images_from" in values:
         return build_config(ImageImportConfig, values)
     # --max-image-pixels is every image reader's bound, not an import option.
-    given = [flag_of(f) for f in fields(ImageImportConfig) if f.name != "max_image_pixels"
-             and values.get(f.name, field_default(f)) != field_default(f)]
+    given = [
+        flag_of(f)
+        for f in fields(ImageImportConfig)
+        if f.name != "max_image_pixels" and values.get(f.name, field_default(f)) != field_default(f)
+    ]
     if given:
         raise UserFacingError(f"{', '.join(given)} only apply to --images-from DIR_OR_ZIP")
     return None

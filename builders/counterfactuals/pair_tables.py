@@ -54,8 +54,9 @@ DEFAULT_COLUMNS = {
 MAX_CAPTION_CHARS = 1_000
 #: Rows of a `datasets` table read at a time.
 _BATCH = 1_000
-_FIX = ("give --captions-from a .tsv or .jsonl file, a dataset folder (or a captions build) or a "
-        "Hub dataset id ORG/NAME")
+_FIX = (
+    "give --captions-from a .tsv or .jsonl file, a dataset folder (or a captions build) or a Hub dataset id ORG/NAME"
+)
 
 
 @dataclass
@@ -87,25 +88,31 @@ def resolve_table(cfg: CocoCounterfactualsConfig) -> PairTable:
         if fmt is None:
             raise InputFileError(path, "is neither a .tsv nor a .jsonl file", _FIX)
         local = path.resolve()
-        return PairTable(fmt, local, {"format": fmt, "path": str(local),
-                                      "files": {local.name: file_sha256(local)}})
+        return PairTable(fmt, local, {"format": fmt, "path": str(local), "files": {local.name: file_sha256(local)}})
     if path.is_dir():
         local = path.resolve()
         fmt = "build" if (local / "build_manifest.json").is_file() else "datasets"
         files = _folder_digests(local, fmt, cfg.split, local)
         return PairTable(fmt, local, {"format": fmt, "path": str(local), "files": files})
     local, commit = _hub_snapshot(given, cfg.captions_revision)
-    return PairTable("datasets", local, {"format": "datasets", "repo": given,
-                                         "revision": cfg.captions_revision, "commit": commit,
-                                         "files": _folder_digests(local, "datasets", cfg.split, given)})
+    return PairTable(
+        "datasets",
+        local,
+        {
+            "format": "datasets",
+            "repo": given,
+            "revision": cfg.captions_revision,
+            "commit": commit,
+            "files": _folder_digests(local, "datasets", cfg.split, given),
+        },
+    )
 
 
 def read_pairs(cfg: CocoCounterfactualsConfig, table: PairTable) -> Iterator[PairItem]:
     """Every row of the table as a `PairItem`, in table order, each checked by `pair_problem`:
     a stream, holding one line or batch of the table at a time (and the ids seen)."""
     defaults = DEFAULT_COLUMNS[table.format]
-    columns = (cfg.id_column or defaults[0], cfg.caption_0_column or defaults[1],
-               cfg.caption_1_column or defaults[2])
+    columns = (cfg.id_column or defaults[0], cfg.caption_0_column or defaults[1], cfg.caption_1_column or defaults[2])
     if table.format == "tsv":
         records = tsv_records(table.local, columns, explicit=_explicit(cfg))
     elif table.format == "jsonl":
@@ -120,14 +127,15 @@ def read_pairs(cfg: CocoCounterfactualsConfig, table: PairTable) -> Iterator[Pai
             continue
         item = _item(rec, source, where, cfg.allow_multiword_edits)
         if item.id is not None and first.setdefault(item.id, where) != where:
-            raise UserFacingError(f"--captions-from: {first[item.id]} and {where} both have the id "
-                                  f"{item.id!r} (ids are compared without surrounding spaces); "
-                                  "give every row its own id")
+            raise UserFacingError(
+                f"--captions-from: {first[item.id]} and {where} both have the id "
+                f"{item.id!r} (ids are compared without surrounding spaces); "
+                "give every row its own id"
+            )
         yield item
 
 
-def pair_problem(caption_0: object, caption_1: object, where: str,
-                 allow_multiword: bool) -> InputProblem | None:
+def pair_problem(caption_0: object, caption_1: object, where: str, allow_multiword: bool) -> InputProblem | None:
     """Why a caption pair cannot be drawn, or None: a bad, blank or too long caption, no word
     changed, or (unless `allow_multiword`) more than one word changed (Prompt-to-Prompt's word
     swap assumes one)."""
@@ -140,15 +148,19 @@ def pair_problem(caption_0: object, caption_1: object, where: str,
         if problem is not None:
             return problem
         if len(text) > MAX_CAPTION_CHARS:
-            return InputProblem("caption_too_long", f"{where} ({name}) has {len(text):,} "
-                                f"characters (captions have at most {MAX_CAPTION_CHARS:,})")
+            return InputProblem(
+                "caption_too_long",
+                f"{where} ({name}) has {len(text):,} characters (captions have at most {MAX_CAPTION_CHARS:,})",
+            )
     changed = changed_words(caption_0, caption_1)
     if changed == []:
         return InputProblem("identical_captions", f"{where}: caption_0 and caption_1 have the same words")
     if not allow_multiword and (changed is None or len(changed) > 1):
         what = "a different number of words" if changed is None else f"{len(changed)} changed words"
-        return InputProblem("not_one_word_edit", f"{where}: the captions differ by {what}; "
-                            "pass --allow-multiword-edits to draw such pairs anyway")
+        return InputProblem(
+            "not_one_word_edit",
+            f"{where}: the captions differ by {what}; pass --allow-multiword-edits to draw such pairs anyway",
+        )
     return None
 
 
@@ -158,14 +170,16 @@ def _item(rec: dict[str, Any], source: str, where: str, allow_multiword: bool) -
     row_id_ = row_id(rec.get("id"), where)
     if isinstance(row_id_, InputProblem):
         return PairItem(None, {}, row_id_)
-    problem = InputProblem("missing_id", f"{where} has no id") if row_id_ is None else \
-        pair_problem(rec["caption_0"], rec["caption_1"], where, allow_multiword)
+    problem = (
+        InputProblem("missing_id", f"{where} has no id")
+        if row_id_ is None
+        else pair_problem(rec["caption_0"], rec["caption_1"], where, allow_multiword)
+    )
     if problem is not None:
         return PairItem(row_id_, {}, problem)
     if "source" in rec:  # a captions build's row: every column is there
         return PairItem(row_id_, dict(rec, id=row_id_))
-    row = {**dict.fromkeys(CAPTION_FEATURES), **rec, "id": row_id_, "source": source,
-           "source_id": row_id_}
+    row = {**dict.fromkeys(CAPTION_FEATURES), **rec, "id": row_id_, "source": source, "source_id": row_id_}
     row.update(_swap_columns(rec["caption_0"], rec["caption_1"]))
     return PairItem(row_id_, row)
 
@@ -193,17 +207,26 @@ def _explicit(cfg: CocoCounterfactualsConfig) -> bool:
     return any((cfg.id_column, cfg.caption_0_column, cfg.caption_1_column))
 
 
-def _dataset_records(cfg: CocoCounterfactualsConfig, table: PairTable,
-                     columns: tuple[str, str, str]) -> Iterator[Record]:
+def _dataset_records(
+    cfg: CocoCounterfactualsConfig, table: PairTable, columns: tuple[str, str, str]
+) -> Iterator[Record]:
     name = str(table.provenance.get("repo") or table.local)
     label = table.provenance.get("repo") or table.local.name  # how per-row messages name it
     if table.format == "build":
-        ds = open_split(str(table.local), "captions", cfg.split, flag="--captions-from",
-                        cannot_load=_cannot_load(table.local, "build", cfg.split))
+        ds = open_split(
+            str(table.local),
+            "captions",
+            cfg.split,
+            flag="--captions-from",
+            cannot_load=_cannot_load(table.local, "build", cfg.split),
+        )
         missing = set(CAPTION_FEATURES) - set(ds.column_names)
         if missing:
-            raise InputFileError(table.local, f"caption pairs lack columns {sorted(missing)}",
-                                 "use a coco-counterfactuals captions build")
+            raise InputFileError(
+                table.local,
+                f"caption pairs lack columns {sorted(missing)}",
+                "use a coco-counterfactuals captions build",
+            )
         rows = (row for batch in _batches(ds) for row in batch.to_pylist())
         yield from ((f"{label} row {n}", rec) for n, rec in enumerate(rows))
         return
@@ -211,8 +234,11 @@ def _dataset_records(cfg: CocoCounterfactualsConfig, table: PairTable,
     id_col = columns[0] if (cfg.id_column or columns[0] in ds.column_names) else None
     missing = [c for c in (id_col, *columns[1:]) if c and c not in ds.column_names]
     if missing:
-        raise InputFileError(name, f"has no column(s) {missing} (columns: {ds.column_names})",
-                             "name them with --id-column / --caption-0-column / --caption-1-column")
+        raise InputFileError(
+            name,
+            f"has no column(s) {missing} (columns: {ds.column_names})",
+            "name them with --id-column / --caption-0-column / --caption-1-column",
+        )
     # As stored (Arrow, never decoded), so no path in a cell is opened.
     n = 0
     for batch in _batches(ds):
@@ -229,20 +255,21 @@ def _batches(ds):
 
 
 def _one_split(cfg: CocoCounterfactualsConfig, table: PairTable, name: str):
-    splits = open_split(str(table.local), None, None, flag="--captions-from",
-                        cannot_load=_cannot_load(name, "datasets", cfg.split))
+    splits = open_split(
+        str(table.local), None, None, flag="--captions-from", cannot_load=_cannot_load(name, "datasets", cfg.split)
+    )
     choice = cfg.captions_split or (next(iter(splits)) if len(splits) == 1 else None)
     if choice not in splits:
-        raise InputFileError(name, f"has the splits {', '.join(splits)}",
-                             "pick one with --captions-split NAME")
+        raise InputFileError(name, f"has the splits {', '.join(splits)}", "pick one with --captions-split NAME")
     return splits[choice]
 
 
 def _cannot_load(name: object, fmt: str, split: str) -> Callable[[Exception], InputFileError]:
     """The one line for a folder `datasets` cannot read (`open_split`'s `cannot_load`)."""
     if fmt == "build":
-        return lambda err: InputFileError(name, f"holds no `captions` config with a {split!r} "
-                                          f"split ({err})", "build it with --stage captions first")
+        return lambda err: InputFileError(
+            name, f"holds no `captions` config with a {split!r} split ({err})", "build it with --stage captions first"
+        )
     return lambda err: InputFileError(name, f"cannot be read as a `datasets` table ({err})", _FIX)
 
 
@@ -257,8 +284,7 @@ def _folder_digests(folder: Path, fmt: str, split: str, name: object) -> dict[st
             raise
         except (FileNotFoundError, ValueError) as err:
             raise _cannot_load(name, fmt, split)(err) from None
-    return {p.relative_to(folder).as_posix(): file_sha256(p)
-            for paths in files.values() for p in sorted(paths)}
+    return {p.relative_to(folder).as_posix(): file_sha256(p) for paths in files.values() for p in sorted(paths)}
 
 
 def _hub_snapshot(repo: str, revision: str | None) -> tuple[Path, str]:
@@ -272,5 +298,9 @@ def _hub_snapshot(repo: str, revision: str | None) -> tuple[Path, str]:
         return Path(snapshot_download(repo, repo_type="dataset", revision=commit)), commit
     # The client's transport errors are `httpx2`'s, not the built-in ConnectionError.
     except (HfHubHTTPError, httpx2.TransportError, OSError, ValueError) as err:
-        raise InputFileError(repo, f"is no file or folder here and no readable Hub dataset "
-                             f"({type(err).__name__}: {str(err).splitlines()[0]})", _FIX) from None
+        raise InputFileError(
+            repo,
+            f"is no file or folder here and no readable Hub dataset "
+            f"({type(err).__name__}: {str(err).splitlines()[0]})",
+            _FIX,
+        ) from None

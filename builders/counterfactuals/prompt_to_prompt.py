@@ -154,7 +154,7 @@ def replacement_mapper(source_ids: Sequence[int], target_ids: Sequence[int], len
         for w, n in zip(old, new, strict=True):
             mapper[w, n] = 1.0
     elif len(old) and len(new):
-        mapper[old.start:old.stop, new.start:new.stop] = 1.0 / len(new)
+        mapper[old.start : old.stop, new.start : new.stop] = 1.0 / len(new)
     for n in range(nt - b, length):
         if 0 <= n + ns - nt < length:
             mapper[n + ns - nt, n] = 1.0
@@ -168,8 +168,9 @@ class P2PController:
     `links` is set, any rows: `links` lists the (original row, counterfactual row) positions
     inside a half of `half` rows that inject at this step)."""
 
-    def __init__(self, specs: Sequence[PairSpec], steps: int, inject: str,
-                 mapper: torch.Tensor | None, low_res_tokens: int = 0) -> None:
+    def __init__(
+        self, specs: Sequence[PairSpec], steps: int, inject: str, mapper: torch.Tensor | None, low_res_tokens: int = 0
+    ) -> None:
         if inject not in INJECT_MODES:
             raise ValueError(f"inject must be one of {INJECT_MODES}, got {inject!r}")
         self.specs, self.steps = list(specs), steps
@@ -187,8 +188,7 @@ class P2PController:
         """(original rows, counterfactual rows) of the pairs injecting at this step."""
         links = self.links
         if links is None:
-            links = [(2 * j, 2 * j + 1) for j, s in enumerate(self.specs)
-                     if injected(s.p, self.step, self.steps)]
+            links = [(2 * j, 2 * j + 1) for j, s in enumerate(self.specs) if injected(s.p, self.step, self.steps)]
         if not links:
             return None
         src = torch.tensor([h * self.half + o for h in halves for o, _ in links])
@@ -202,8 +202,7 @@ class P2PAttnProcessor:
     def __init__(self, controller: P2PController, is_cross: bool) -> None:
         self.ctrl, self.is_cross = controller, is_cross
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 temb=None, **kwargs):
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **kwargs):
         residual = hidden_states
         if attn.spatial_norm is not None:
             hidden_states = attn.spatial_norm(hidden_states, temb)
@@ -211,8 +210,7 @@ class P2PAttnProcessor:
         if input_ndim == 4:
             b, c, h, w = hidden_states.shape
             hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
-        batch, seq_len, _ = (hidden_states if encoder_hidden_states is None
-                             else encoder_hidden_states).shape
+        batch, seq_len, _ = (hidden_states if encoder_hidden_states is None else encoder_hidden_states).shape
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, seq_len, batch)
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
@@ -224,8 +222,7 @@ class P2PAttnProcessor:
             context = attn.norm_encoder_hidden_states(context)
         key, value = attn.to_k(context), attn.to_v(context)
         head_dim = key.shape[-1] // attn.heads
-        query, key, value = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
-                             for t in (query, key, value))
+        query, key, value = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2) for t in (query, key, value))
 
         if self.is_cross and self.ctrl.inject_cross:
             out = self._cross(attn, query, key, value, attention_mask)
@@ -233,15 +230,13 @@ class P2PAttnProcessor:
             rows = None
             if not self.is_cross and self.ctrl.inject_self:
                 rows = self.ctrl.rows((0, 1))
-            elif (not self.is_cross and self.ctrl.inject_cross
-                  and query.shape[2] <= self.ctrl.low_res_tokens):
+            elif not self.is_cross and self.ctrl.inject_cross and query.shape[2] <= self.ctrl.low_res_tokens:
                 rows = self.ctrl.rows((1,))
             if rows is not None:
                 src, dst = rows
                 query, key = query.clone(), key.clone()
                 query[dst], key[dst] = query[src], key[src]
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                 scale=attn.scale)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=attn.scale)
         out = out.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim).to(query.dtype)
         out = attn.to_out[1](attn.to_out[0](out))
         if input_ndim == 4:
@@ -272,8 +267,9 @@ class P2PAttnProcessor:
 def p2p_processors(unet, controller: P2PController) -> Iterator[None]:
     """Install P2P processors on every attention layer; restore the previous ones afterwards."""
     previous = unet.attn_processors
-    unet.set_attn_processor({name: P2PAttnProcessor(controller, name.endswith("attn2.processor"))
-                             for name in previous})
+    unet.set_attn_processor(
+        {name: P2PAttnProcessor(controller, name.endswith("attn2.processor")) for name in previous}
+    )
     try:
         yield
     finally:
@@ -292,8 +288,9 @@ def make_scheduler(pipe, kind: str):
     if kind == "dpm_solver_pp":
         from diffusers import DPMSolverMultistepScheduler
 
-        return DPMSolverMultistepScheduler.from_config(pipe.scheduler.config,
-                                                       algorithm_type="dpmsolver++", solver_order=2)
+        return DPMSolverMultistepScheduler.from_config(
+            pipe.scheduler.config, algorithm_type="dpmsolver++", solver_order=2
+        )
     if kind == "pipeline":
         return type(pipe.scheduler).from_config(pipe.scheduler.config)
     raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {kind!r}")
@@ -306,8 +303,10 @@ def predicted_x0(sched, out) -> torch.Tensor:
     if x0 is None and getattr(sched, "model_outputs", None) and sched.model_outputs[-1] is not None:
         x0 = sched.model_outputs[-1]
     if x0 is None:
-        raise ValueError(f"early rejection needs a sampler that predicts x0 "
-                         f"(euler_ancestral, dpm_solver_pp), not {type(sched).__name__}")
+        raise ValueError(
+            f"early rejection needs a sampler that predicts x0 "
+            f"(euler_ancestral, dpm_solver_pp), not {type(sched).__name__}"
+        )
     return x0
 
 
@@ -323,7 +322,7 @@ def _decode(pipe, latents: torch.Tensor) -> np.ndarray:
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
     """The VAE's output in [-1, 1] as uint8 arrays `(n, side, side, 3)`."""
-    images = ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy() * 255)
+    images = (images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy() * 255
     return images.round().astype(np.uint8)
 
 
@@ -345,14 +344,14 @@ class Prompts:
         return inputs
 
 
-def word_swap_mapper(tokenizer, caption_0: str, caption_1: str, length: int,
-                     inject: str) -> torch.Tensor | None:
+def word_swap_mapper(tokenizer, caption_0: str, caption_1: str, length: int, inject: str) -> torch.Tensor | None:
     """`replacement_mapper` of the captions as `tokenizer` reads them (None unless `inject` swaps
     cross-attention maps)."""
     if inject not in ("cross", "both"):
         return None
-    ids = [tokenizer(t, truncation=True, max_length=tokenizer.model_max_length).input_ids
-           for t in (caption_0, caption_1)]
+    ids = [
+        tokenizer(t, truncation=True, max_length=tokenizer.model_max_length).input_ids for t in (caption_0, caption_1)
+    ]
     return replacement_mapper(ids[0], ids[1], length)
 
 
@@ -363,11 +362,20 @@ def _generators(seeds: Sequence[int], salt: int) -> list[torch.Generator]:
 
 
 @torch.inference_mode()
-def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpec], *,
-                   steps: int, size: int, inject: str = "self",
-                   scheduler: str = "euler_ancestral", share: bool = True,
-                   work: UNetWork | None = None,
-                   early: EarlyRejection | None = None) -> tuple[np.ndarray, np.ndarray]:
+def generate_pairs(
+    pipe,
+    caption_0: str,
+    caption_1: str,
+    specs: Sequence[PairSpec],
+    *,
+    steps: int,
+    size: int,
+    inject: str = "self",
+    scheduler: str = "euler_ancestral",
+    share: bool = True,
+    work: UNetWork | None = None,
+    early: EarlyRejection | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Images of every candidate pair, as uint8 arrays `(N, size, size, 3)` for the original
     and the counterfactual caption. `share` evaluates each distinct row state once (same images;
     see the module docstring); `work`, when given, accumulates the work done. With `early`, the
@@ -375,15 +383,37 @@ def generate_pairs(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpe
     device = pipe._execution_device
     cond, uncond = pipe.encode_prompt([caption_0, caption_1], device, 1, True)
     mapper = word_swap_mapper(pipe.tokenizer, caption_0, caption_1, cond.shape[1], inject)
-    return denoise_pairs(pipe, Prompts(cond, uncond), specs, steps=steps, size=size,
-                         inject=inject, mapper=mapper, scheduler=scheduler, share=share,
-                         work=work, early=early, decode=_decode)
+    return denoise_pairs(
+        pipe,
+        Prompts(cond, uncond),
+        specs,
+        steps=steps,
+        size=size,
+        inject=inject,
+        mapper=mapper,
+        scheduler=scheduler,
+        share=share,
+        work=work,
+        early=early,
+        decode=_decode,
+    )
 
 
-def denoise_pairs(pipe, prompts: Prompts, specs: Sequence[PairSpec], *, steps: int, size: int,
-                  inject: str, mapper: torch.Tensor | None, scheduler: str, share: bool,
-                  work: UNetWork | None, early: EarlyRejection | None,
-                  decode: Callable[[object, torch.Tensor], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def denoise_pairs(
+    pipe,
+    prompts: Prompts,
+    specs: Sequence[PairSpec],
+    *,
+    steps: int,
+    size: int,
+    inject: str,
+    mapper: torch.Tensor | None,
+    scheduler: str,
+    share: bool,
+    work: UNetWork | None,
+    early: EarlyRejection | None,
+    decode: Callable[[object, torch.Tensor], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
     """`generate_pairs` from the encoded captions on: the Prompt-to-Prompt denoising loop of
     any UNet pipeline (SD v1.5 here, SDXL in `prompt_to_prompt_xl`), `decode` turning latents
     into uint8 images."""
@@ -401,8 +431,12 @@ def denoise_pairs(pipe, prompts: Prompts, specs: Sequence[PairSpec], *, steps: i
     # Every candidate keeps its own rows and generators: the sampler runs on all 2N rows. The
     # initial noise is drawn in float32 and then cast, so a seed starts from the same latents
     # (up to rounding) in every precision (METHOD.md §2, Precision).
-    latents = torch.cat([randn_tensor(shape, generator=g, device=device, dtype=torch.float32)
-                         for g in _generators(seeds, 0)]).to(prompts.cond.dtype) * sched.init_noise_sigma
+    latents = (
+        torch.cat(
+            [randn_tensor(shape, generator=g, device=device, dtype=torch.float32) for g in _generators(seeds, 0)]
+        ).to(prompts.cond.dtype)
+        * sched.init_noise_sigma
+    )
     noise_gens = _generators(seeds, 1)
     work = work if work is not None else UNetWork()
     with p2p_processors(pipe.unet, ctrl):
@@ -414,11 +448,11 @@ def denoise_pairs(pipe, prompts: Prompts, specs: Sequence[PairSpec], *, steps: i
             # Row 2j+1 and its original 2j: positions among the unique rows (a shared original
             # sits wherever its first candidate put it).
             ctrl.step, ctrl.half = i, len(unique)
-            ctrl.links = [(index[r - 1], at[r]) for r in unique
-                          if r % 2 and injected(specs[r // 2].p, i, steps)]
+            ctrl.links = [(index[r - 1], at[r]) for r in unique if r % 2 and injected(specs[r // 2].p, i, steps)]
             caption = [r % 2 for r in unique]
-            guidance = torch.tensor([specs[r // 2].guidance for r in unique], dtype=prompts.cond.dtype,
-                                    device=device).view(-1, 1, 1, 1)
+            guidance = torch.tensor(
+                [specs[r // 2].guidance for r in unique], dtype=prompts.cond.dtype, device=device
+            ).view(-1, 1, 1, 1)
             x = sched.scale_model_input(torch.cat([latents[unique], latents[unique]]), t)
             eps_uncond, eps_cond = pipe.unet(x, t, **prompts.unet_inputs(caption)).sample.chunk(2)
             eps = (eps_uncond + guidance * (eps_cond - eps_uncond))[index]

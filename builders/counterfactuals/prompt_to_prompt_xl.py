@@ -32,8 +32,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from builders.counterfactuals.prompt_to_prompt import (EarlyRejection, PairSpec, Prompts, UNetWork,
-                                                       denoise_pairs, to_uint8, word_swap_mapper)
+from builders.counterfactuals.prompt_to_prompt import (
+    EarlyRejection,
+    PairSpec,
+    Prompts,
+    UNetWork,
+    denoise_pairs,
+    to_uint8,
+    word_swap_mapper,
+)
 
 
 def decode_xl(pipe, latents: torch.Tensor) -> np.ndarray:
@@ -62,30 +69,54 @@ def xl_prompts(pipe, caption_0: str, caption_1: str, size: int) -> Prompts:
     micro-conditioning every UNet row of their caption reads."""
     device = pipe._execution_device
     cond, uncond, pooled, uncond_pooled = pipe.encode_prompt(
-        [caption_0, caption_1], device=device, num_images_per_prompt=1,
-        do_classifier_free_guidance=True)
-    projection = (pipe.text_encoder_2.config.projection_dim if pipe.text_encoder_2 is not None
-                  else int(pooled.shape[-1]))
-    time_ids = pipe._get_add_time_ids((size, size), (0, 0), (size, size), dtype=cond.dtype,
-                                      text_encoder_projection_dim=projection).to(device)
+        [caption_0, caption_1], device=device, num_images_per_prompt=1, do_classifier_free_guidance=True
+    )
+    projection = (
+        pipe.text_encoder_2.config.projection_dim if pipe.text_encoder_2 is not None else int(pooled.shape[-1])
+    )
+    time_ids = pipe._get_add_time_ids(
+        (size, size), (0, 0), (size, size), dtype=cond.dtype, text_encoder_projection_dim=projection
+    ).to(device)
 
     def added(caption: list[int]) -> dict:
-        return {"text_embeds": torch.cat([uncond_pooled[caption], pooled[caption]]),
-                "time_ids": time_ids.repeat(2 * len(caption), 1)}
+        return {
+            "text_embeds": torch.cat([uncond_pooled[caption], pooled[caption]]),
+            "time_ids": time_ids.repeat(2 * len(caption), 1),
+        }
 
     return Prompts(cond, uncond, added)
 
 
 @torch.inference_mode()
-def generate_pairs_xl(pipe, caption_0: str, caption_1: str, specs: Sequence[PairSpec], *,
-                      steps: int, size: int, inject: str = "self",
-                      scheduler: str = "euler_ancestral", share: bool = True,
-                      work: UNetWork | None = None,
-                      early: EarlyRejection | None = None) -> tuple[np.ndarray, np.ndarray]:
+def generate_pairs_xl(
+    pipe,
+    caption_0: str,
+    caption_1: str,
+    specs: Sequence[PairSpec],
+    *,
+    steps: int,
+    size: int,
+    inject: str = "self",
+    scheduler: str = "euler_ancestral",
+    share: bool = True,
+    work: UNetWork | None = None,
+    early: EarlyRejection | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """`prompt_to_prompt.generate_pairs` on an SDXL pipeline (module docstring)."""
     prompts = xl_prompts(pipe, caption_0, caption_1, size)
     tokenizer = pipe.tokenizer if pipe.tokenizer is not None else pipe.tokenizer_2
     mapper = word_swap_mapper(tokenizer, caption_0, caption_1, prompts.cond.shape[1], inject)
-    return denoise_pairs(pipe, prompts, specs, steps=steps, size=size, inject=inject,
-                         mapper=mapper, scheduler=scheduler, share=share, work=work, early=early,
-                         decode=decode_xl)
+    return denoise_pairs(
+        pipe,
+        prompts,
+        specs,
+        steps=steps,
+        size=size,
+        inject=inject,
+        mapper=mapper,
+        scheduler=scheduler,
+        share=share,
+        work=work,
+        early=early,
+        decode=decode_xl,
+    )

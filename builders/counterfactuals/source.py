@@ -36,24 +36,33 @@ def coco_captions(cfg: CocoCounterfactualsConfig) -> list[CaptionItem]:
     from loading_scripts.coco import CocoSourceConfig, load_json, read_coco
 
     root = Path(cfg.coco_root)
-    records = read_coco(CocoSourceConfig(root, coco_splits=cfg.coco_splits,
-                                         karpathy_splits=cfg.karpathy_splits,
-                                         with_instances=False))
+    records = read_coco(
+        CocoSourceConfig(root, coco_splits=cfg.coco_splits, karpathy_splits=cfg.karpathy_splits, with_instances=False)
+    )
     # read_coco validated the files and sorts by ids; the file order is read here.
     folders = list(cfg.coco_splits) if cfg.coco_splits else sorted({r.folder for r in records})
     position = {}
     for rank, folder in enumerate(folders):
         anns = load_json(root / "annotations" / f"captions_{folder}.json", "captions")["annotations"]
         position.update({(folder, int(a["id"])): (rank, row) for row, a in enumerate(anns)})
-    captions = sorted(((rec, cap) for rec in records for cap in rec.captions),
-                      key=lambda rc: position[rc[0].folder, rc[1].caption_id])
+    captions = sorted(
+        ((rec, cap) for rec in records for cap in rec.captions),
+        key=lambda rc: position[rc[0].folder, rc[1].caption_id],
+    )
     seen: dict[int, int] = {}
     items = []
     for rec, cap in captions:
         k = seen[rec.image_id] = seen.get(rec.image_id, -1) + 1
-        items.append(CaptionItem(id=f"{rec.image_id}_{k}", text=cap.text,
-                                 source=f"coco/{rec.folder}", source_id=str(cap.caption_id),
-                                 source_image_id=str(rec.image_id), input_problem=cap.input_problem))
+        items.append(
+            CaptionItem(
+                id=f"{rec.image_id}_{k}",
+                text=cap.text,
+                source=f"coco/{rec.folder}",
+                source_id=str(cap.caption_id),
+                source_image_id=str(rec.image_id),
+                input_problem=cap.input_problem,
+            )
+        )
     return items
 
 
@@ -64,13 +73,23 @@ def dataset_captions(cfg: CocoCounterfactualsConfig) -> list[CaptionItem]:
     ds = load_dataset_split(cfg.dataset, cfg.dataset_config, cfg.dataset_split)
     missing = [c for c in (cfg.text_column, cfg.id_column) if c and c not in ds.column_names]
     if missing:
-        raise InputFileError(cfg.dataset, f"has no column(s) {missing} (columns: {ds.column_names})",
-                             "pick them with --text-column / --id-column")
+        raise InputFileError(
+            cfg.dataset,
+            f"has no column(s) {missing} (columns: {ds.column_names})",
+            "pick them with --text-column / --id-column",
+        )
     # As stored: a text column typed Image is a counted bad caption, its paths never opened.
     texts = stored_values(ds, cfg.text_column)
     ids = [str(x) for x in stored_values(ds, cfg.id_column)] if cfg.id_column else [str(i) for i in range(len(ds))]
     # A non-string or blank text is a counted input error, never coerced (`None` is no caption).
-    return [CaptionItem(id=i, text=t if isinstance(t, str) else "", source=cfg.dataset,
-                        source_id=i, source_image_id="",
-                        input_problem=caption_problem(t, f"{cfg.dataset} row {n} ({cfg.text_column})"))
-            for n, (i, t) in enumerate(zip(ids, texts, strict=True))]
+    return [
+        CaptionItem(
+            id=i,
+            text=t if isinstance(t, str) else "",
+            source=cfg.dataset,
+            source_id=i,
+            source_image_id="",
+            input_problem=caption_problem(t, f"{cfg.dataset} row {n} ({cfg.text_column})"),
+        )
+        for n, (i, t) in enumerate(zip(ids, texts, strict=True))
+    ]

@@ -57,8 +57,9 @@ def row_id(value: Any, where: str) -> str | InputProblem | None:
     if isinstance(value, str):
         value = value.strip()
         if len(value) > MAX_ID_CHARS:
-            return InputProblem("bad_id", f"{where}: the id has {len(value):,} characters "
-                                f"(ids have at most {MAX_ID_CHARS})")
+            return InputProblem(
+                "bad_id", f"{where}: the id has {len(value):,} characters (ids have at most {MAX_ID_CHARS})"
+            )
         return value or None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
@@ -67,8 +68,7 @@ def row_id(value: Any, where: str) -> str | InputProblem | None:
     elif isinstance(value, LongInteger):
         what = f"{value!r} (ids have at most {MAX_ID_CHARS})"
     else:
-        what = {bool: "a boolean", dict: "an object", list: "an array"}.get(type(value),
-                                                                            type(value).__name__)
+        what = {bool: "a boolean", dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
     return InputProblem("bad_id", f"{where}: the id is {what}; write ids as strings or integers")
 
 
@@ -81,18 +81,18 @@ def tsv_records(path: Path, columns: tuple[str, str, str], explicit: bool) -> It
     if all(c in header for c in columns):
         index, width, data = tuple(header.index(c) for c in columns), len(header), lines
     elif explicit:
-        raise InputFileError(path, f"has no header row naming the columns {list(columns)} "
-                             f"(first row: {reprlib.repr(header)})", "add the header, or leave out the "
-                             "column options for a headerless id<TAB>caption_0<TAB>caption_1 file")
+        raise InputFileError(
+            path,
+            f"has no header row naming the columns {list(columns)} (first row: {reprlib.repr(header)})",
+            "add the header, or leave out the column options for a headerless id<TAB>caption_0<TAB>caption_1 file",
+        )
     else:
         index, width, data = (0, 1, 2), 3, itertools.chain([first] if first else [], lines)
-    rows = _Rows(path, f"{width} tab-separated fields", "write one row per line, its fields "
-                 "separated by tabs")
+    rows = _Rows(path, f"{width} tab-separated fields", "write one row per line, its fields separated by tabs")
     for n, line in data:
         where = f"{path.name} line {n}"
         if isinstance(line, str) and len(fields := line.split("\t")) != width:
-            line = InputProblem("bad_row", f"{where} has {len(fields)} tab-separated fields, "
-                                f"not {width}")
+            line = InputProblem("bad_row", f"{where} has {len(fields)} tab-separated fields, not {width}")
         if rows.bad(line):
             yield where, line
             continue
@@ -118,9 +118,11 @@ def jsonl_records(path: Path, columns: tuple[str, str, str]) -> Iterator[Record]
     rows.check()
     missing = [c for c in columns if c not in found]
     if keys and missing:
-        raise InputFileError(path, f"has no key(s) {missing} on any line (keys of its first "
-                             f"object: {keys})", "name them with --id-column / --caption-0-column "
-                             "/ --caption-1-column")
+        raise InputFileError(
+            path,
+            f"has no key(s) {missing} on any line (keys of its first object: {keys})",
+            "name them with --id-column / --caption-0-column / --caption-1-column",
+        )
 
 
 class _Rows:
@@ -143,8 +145,11 @@ class _Rows:
 
     def check(self) -> None:
         if self.lines and not self.rows:
-            raise InputFileError(self.path, f"has no line holding {self.row} (of {self.lines:,} "
-                                 f"line(s); the first: {self.first.detail})", self.fix)
+            raise InputFileError(
+                self.path,
+                f"has no line holding {self.row} (of {self.lines:,} line(s); the first: {self.first.detail})",
+                self.fix,
+            )
 
 
 def _json_object(line: str, where: str) -> dict[str, Any] | InputProblem:
@@ -174,13 +179,20 @@ def _text_lines(path: Path) -> Iterator[tuple[int, str | InputProblem]]:
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 while raw and not raw.endswith(b"\n"):
                     raw = f.readline(1 << 16)
-                yield n, InputProblem("row_too_long", f"{path.name} line {n} is longer than "
-                                      f"{MAX_LINE_BYTES:,} bytes, more than any caption pair: "
-                                      "skipped without being kept")
+                yield (
+                    n,
+                    InputProblem(
+                        "row_too_long",
+                        f"{path.name} line {n} is longer than "
+                        f"{MAX_LINE_BYTES:,} bytes, more than any caption pair: "
+                        "skipped without being kept",
+                    ),
+                )
                 continue
             try:
                 text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as err:
-                raise InputFileError(path, f"is not UTF-8 text (line {n}: {err.reason} at byte "
-                                     f"{err.start})", "save the table as UTF-8") from None
+                raise InputFileError(
+                    path, f"is not UTF-8 text (line {n}: {err.reason} at byte {err.start})", "save the table as UTF-8"
+                ) from None
             yield n, text.removesuffix("\n").removesuffix("\r")

@@ -34,8 +34,7 @@ from builders.decorrelation import options
 from builders.decorrelation.captions import CaptionSynthesizer
 from builders.decorrelation.config import DecorrelationConfig
 from builders.decorrelation.fill import ImageFiller, dilate
-from builders.decorrelation.schema import (COLUMN_DOCS, gallery_features, query_features,
-                                           train_features)
+from builders.decorrelation.schema import COLUMN_DOCS, gallery_features, query_features, train_features
 from builders.decorrelation.selection import Removal, select_removals
 from builders.decorrelation.source import SourceImage, read_source
 from builders.decorrelation.verify import REASON_STILL_VISIBLE, RemovalVerifier, Verdict
@@ -72,8 +71,7 @@ class DecorrelationBuilder:
         if "train" in cfg.products:
             out.append(OutputSpec("default", "train", train_features(cfg.keep_original), EDIT_VIEW.to_dict()))
         if "odmap" in cfg.products:
-            out.append(OutputSpec("odmap_queries", "test", query_features(cfg.keep_original),
-                                  EDIT_VIEW.to_dict()))
+            out.append(OutputSpec("odmap_queries", "test", query_features(cfg.keep_original), EDIT_VIEW.to_dict()))
             out.append(OutputSpec("odmap_gallery", "test", gallery_features(len(cfg.source.class_names))))
         return out
 
@@ -95,8 +93,10 @@ class DecorrelationBuilder:
         records = read_source(cfg.source, tuple(sorted(splits)))
         unknown = sorted({b.category for r in records for b in r.objects} - set(cfg.source.class_names))
         if unknown:  # checked up front: matching would otherwise fail mid-run on these classes
-            raise UserFacingError(f"{cfg.source.root}: box categories {unknown} are not among the "
-                                  f"{len(cfg.source.class_names)} classes of the matching table")
+            raise UserFacingError(
+                f"{cfg.source.root}: box categories {unknown} are not among the "
+                f"{len(cfg.source.class_names)} classes of the matching table"
+            )
         return records
 
     def source_option(self) -> str:
@@ -133,9 +133,14 @@ class DecorrelationBuilder:
         config["precision"] = self.precision().as_config() if models else None
         if cfg.keep_original:  # only `original_image` holds real images (x' and masks are PNG)
             config["image_encoding"] = IMAGE_ENCODING
-        return BuildInfo(builder="decorrelation", card_template="decorrelation.md",
-                         pretty_name=f"Object-decorrelation sets ({cfg.source.kind})", config=config,
-                         models=models, card_fields=card_fields(cfg, COLUMN_DOCS, config["precision"]))
+        return BuildInfo(
+            builder="decorrelation",
+            card_template="decorrelation.md",
+            pretty_name=f"Object-decorrelation sets ({cfg.source.kind})",
+            config=config,
+            models=models,
+            card_fields=card_fields(cfg, COLUMN_DOCS, config["precision"]),
+        )
 
     # ------------------------------------------------------------------ rows
 
@@ -170,16 +175,26 @@ class DecorrelationBuilder:
         names = self.config.source.class_names
         mentions = self._phrase_matcher().mentions([c for _, c in captions], names)
         for (rec, cap), row in zip(captions, mentions, strict=True):
-            yield Emit(GALLERY_OUT, {
-                "caption_id": cap.caption_id, "image_id": rec.image_id, "source_split": rec.split,
-                "caption": cap.text, "mentions": row.tolist(),
-                "mentioned_classes": [c for c, hit in zip(names, row, strict=True) if hit]})
+            yield Emit(
+                GALLERY_OUT,
+                {
+                    "caption_id": cap.caption_id,
+                    "image_id": rec.image_id,
+                    "source_split": rec.split,
+                    "caption": cap.text,
+                    "mentions": row.tolist(),
+                    "mentioned_classes": [c for c, hit in zip(names, row, strict=True) if hit],
+                },
+            )
 
     def _removal_rows(self, rec: SourceImage, train: bool) -> Iterator[Emit | Skip]:
         cfg = self.config
         if rec.width < 1 or rec.height < 1:
-            yield Skip("invalid_image_size", kind="error",
-                       detail=f"image {rec.image_id}: annotated size {rec.width}x{rec.height}")
+            yield Skip(
+                "invalid_image_size",
+                kind="error",
+                detail=f"image {rec.image_id}: annotated size {rec.width}x{rec.height}",
+            )
             return
         selection = select_removals(rec.objects, rec.width, rec.height, cfg.selection)
         for rejection in selection.rejections:
@@ -201,16 +216,24 @@ class DecorrelationBuilder:
                 verdict = self._verify().check(image, synthetic, fill_mask, removal.removed)
                 if verdict.still_visible:
                     scores = {c: round(p, 3) for c, p in zip(removal.removed, verdict.after, strict=True)}
-                    yield Skip(REASON_STILL_VISIBLE,
-                               detail=f"image {rec.image_id} {removal.anchor}: after the fill CLIP scores "
-                                      f"{scores} (threshold {cfg.verify.threshold})")
+                    yield Skip(
+                        REASON_STILL_VISIBLE,
+                        detail=f"image {rec.image_id} {removal.anchor}: after the fill CLIP scores "
+                        f"{scores} (threshold {cfg.verify.threshold})",
+                    )
                     continue
             edit = self._edit_columns(rec, removal, fill_mask, synthetic, seed, original, verdict)
             if train:
                 yield from self._train_rows(rec, removal, edit, synthetic, seed)
             else:
-                yield Emit(QUERY_OUT, {"query_id": f"{rec.image_id}/{removal.anchor}", **edit,
-                                       "caption_ids": [c.caption_id for c in rec.captions]})
+                yield Emit(
+                    QUERY_OUT,
+                    {
+                        "query_id": f"{rec.image_id}/{removal.anchor}",
+                        **edit,
+                        "caption_ids": [c.caption_id for c in rec.captions],
+                    },
+                )
 
     def _open(self, rec: SourceImage):
         """The checked source image, or None after yielding an input-error skip (a generator
@@ -218,8 +241,9 @@ class DecorrelationBuilder:
         from loading_scripts.images import ImageProblem, check_image
 
         try:
-            return check_image(rec.path, max_pixels=self.config.source.max_image_pixels,
-                               expected_size=(rec.width, rec.height))
+            return check_image(
+                rec.path, max_pixels=self.config.source.max_image_pixels, expected_size=(rec.width, rec.height)
+            )
         except ImageProblem as err:
             yield Skip(err.reason, kind="error", detail=str(err))
             return None
@@ -231,23 +255,36 @@ class DecorrelationBuilder:
 
     def _verify(self) -> RemovalVerifier:
         if self._verifier is None:
-            self._verifier = RemovalVerifier(self.config.verify, self.config.source.class_names,
-                                             self.precision())
+            self._verifier = RemovalVerifier(self.config.verify, self.config.source.class_names, self.precision())
         return self._verifier
 
-    def _edit_columns(self, rec: SourceImage, removal: Removal, fill_mask: np.ndarray,
-                      synthetic: Image.Image, seed: int, original: dict[str, Any] | None,
-                      verdict: Verdict | None) -> dict[str, Any]:
+    def _edit_columns(
+        self,
+        rec: SourceImage,
+        removal: Removal,
+        fill_mask: np.ndarray,
+        synthetic: Image.Image,
+        seed: int,
+        original: dict[str, Any] | None,
+        verdict: Verdict | None,
+    ) -> dict[str, Any]:
         cfg = self.config
         cols = {
-            "image_id": rec.image_id, "source_split": rec.split, "image": synthetic,
-            "removed_classes": list(removal.removed), "present_classes": list(removal.present),
-            "anchor_class": removal.anchor, "removal": removal.kind,
-            "removed_boxes": [{"category": rec.objects[i].category, "bbox": list(rec.objects[i].bbox)}
-                              for i in removal.box_indices],
+            "image_id": rec.image_id,
+            "source_split": rec.split,
+            "image": synthetic,
+            "removed_classes": list(removal.removed),
+            "present_classes": list(removal.present),
+            "anchor_class": removal.anchor,
+            "removal": removal.kind,
+            "removed_boxes": [
+                {"category": rec.objects[i].category, "bbox": list(rec.objects[i].bbox)} for i in removal.box_indices
+            ],
             "mask": Image.fromarray(fill_mask.astype(np.uint8) * 255, mode="L"),
-            "region_fraction": removal.region_fraction, "fill": cfg.fill.method,
-            "fill_model": self.model_names()["fill"], "seed": seed,
+            "region_fraction": removal.region_fraction,
+            "fill": cfg.fill.method,
+            "fill_model": self.model_names()["fill"],
+            "seed": seed,
             "visibility_before": list(verdict.before) if verdict else None,
             "visibility_after": list(verdict.after) if verdict else None,
         }
@@ -255,23 +292,30 @@ class DecorrelationBuilder:
             cols["original_image"] = original
         return cols
 
-    def _train_rows(self, rec: SourceImage, removal: Removal, edit: dict[str, Any],
-                    synthetic: Image.Image, seed: int) -> Iterator[Emit | Skip]:
+    def _train_rows(
+        self, rec: SourceImage, removal: Removal, edit: dict[str, Any], synthetic: Image.Image, seed: int
+    ) -> Iterator[Emit | Skip]:
         cfg = self.config
         if self._captioner is None:
             self._captioner = CaptionSynthesizer(cfg.caption, self._phrase_matcher())
         rng = random.Random(derive_seed(seed, "caption"))
-        captions, reason = self._captioner.synthesize(rec.captions, removal.removed, removal.present,
-                                                      synthetic, rng)
+        captions, reason = self._captioner.synthesize(rec.captions, removal.removed, removal.present, synthetic, rng)
         if reason:
             yield Skip(reason, detail=f"image {rec.image_id}, removing {list(removal.removed)}")
             return
         for k, cap in enumerate(captions):
-            yield Emit(TRAIN_OUT, {
-                "row_id": f"{rec.image_id}/{removal.anchor}/{k}", **edit, "caption": cap.text,
-                "caption_id": cap.source.caption_id if cap.source else None,
-                "original_caption": cap.source.text if cap.source else None,
-                "caption_method": cfg.caption.method, "caption_model": self.model_names()["caption"]})
+            yield Emit(
+                TRAIN_OUT,
+                {
+                    "row_id": f"{rec.image_id}/{removal.anchor}/{k}",
+                    **edit,
+                    "caption": cap.text,
+                    "caption_id": cap.source.caption_id if cap.source else None,
+                    "original_caption": cap.source.text if cap.source else None,
+                    "caption_method": cfg.caption.method,
+                    "caption_model": self.model_names()["caption"],
+                },
+            )
 
 
 def from_args(args: argparse.Namespace) -> DecorrelationBuilder:

@@ -31,8 +31,13 @@ from PIL import Image
 
 from builders.decorrelation.config import CLIP_TEMPLATES, CaptionConfig
 from builders.engine.batching import ShrinkingBatches
-from counterfactory_metrics.odmap.noun_phrases import (REASON_NO_MATCH, REASON_NOTHING_LEFT, NounPhraseCache,
-                                        NpRemoval, remove_noun_phrases_with_reason)
+from counterfactory_metrics.odmap.noun_phrases import (
+    REASON_NO_MATCH,
+    REASON_NOTHING_LEFT,
+    NounPhraseCache,
+    NpRemoval,
+    remove_noun_phrases_with_reason,
+)
 from loading_scripts.records import SourceCaption
 
 REASON_EMPTY = "caption_empty"
@@ -79,11 +84,11 @@ class EntityPhrases:
             return NpRemoval(None, REASON_NO_MATCH, ())
         text, pos, pieces = caption.text, 0, []
         for p in sorted(drop, key=lambda p: p.start):
-            pieces.append(text[pos:p.start])
+            pieces.append(text[pos : p.start])
             pos = max(pos, p.end)
         pieces.append(text[pos:])
         out = _LEADING_PUNCT.sub("", _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACE.sub(" ", "".join(pieces)))).strip()
-        removed_text = tuple(text[p.start:p.end] for p in drop)
+        removed_text = tuple(text[p.start : p.end] for p in drop)
         if not _WORD.search(out):
             return NpRemoval(None, REASON_NOTHING_LEFT, removed_text)
         return NpRemoval(out, None, removed_text)
@@ -113,12 +118,18 @@ class CaptionSynthesizer:
         self.config = config
         self.phrases = phrases
         self._captioner: Any = None
-        self._batches = ShrinkingBatches("decorrelation image captioning", 1,
-                                         hint="try --dtype fp16 or a GPU with more memory")
+        self._batches = ShrinkingBatches(
+            "decorrelation image captioning", 1, hint="try --dtype fp16 or a GPU with more memory"
+        )
 
-    def synthesize(self, captions: Sequence[SourceCaption], removed: Sequence[str],
-                   present: Sequence[str], image: Image.Image, rng: random.Random
-                   ) -> tuple[list[SynthCaption], str | None]:
+    def synthesize(
+        self,
+        captions: Sequence[SourceCaption],
+        removed: Sequence[str],
+        present: Sequence[str],
+        image: Image.Image,
+        rng: random.Random,
+    ) -> tuple[list[SynthCaption], str | None]:
         """Up to `captions_per_image` captions, or ([], reason) when none can be made."""
         method = self.config.method
         if method == "np_removal":
@@ -129,8 +140,9 @@ class CaptionSynthesizer:
         text = self._batches.call(self._caption_image, image)
         return ([SynthCaption(text)], None) if text else ([], REASON_EMPTY)
 
-    def _np_removal(self, captions: Sequence[SourceCaption], removed: Sequence[str],
-                    rng: random.Random) -> tuple[list[SynthCaption], str | None]:
+    def _np_removal(
+        self, captions: Sequence[SourceCaption], removed: Sequence[str], rng: random.Random
+    ) -> tuple[list[SynthCaption], str | None]:
         order = list(captions)
         rng.shuffle(order)
         out, reasons = [], set()

@@ -37,30 +37,86 @@ WHAT = "what to build"
 #: The 80 prompt templates of CLIP's ImageNet zero-shot evaluation (as in open_clip's
 #: `OPENAI_IMAGENET_TEMPLATES`), kept here so a library update cannot change built captions.
 CLIP_TEMPLATES: tuple[str, ...] = (
-    'a bad photo of a {}.', 'a photo of many {}.', 'a sculpture of a {}.',
-    'a photo of the hard to see {}.', 'a low resolution photo of the {}.', 'a rendering of a {}.',
-    'graffiti of a {}.', 'a bad photo of the {}.', 'a cropped photo of the {}.', 'a tattoo of a {}.',
-    'the embroidered {}.', 'a photo of a hard to see {}.', 'a bright photo of a {}.',
-    'a photo of a clean {}.', 'a photo of a dirty {}.', 'a dark photo of the {}.',
-    'a drawing of a {}.', 'a photo of my {}.', 'the plastic {}.', 'a photo of the cool {}.',
-    'a close-up photo of a {}.', 'a black and white photo of the {}.', 'a painting of the {}.',
-    'a painting of a {}.', 'a pixelated photo of the {}.', 'a sculpture of the {}.',
-    'a bright photo of the {}.', 'a cropped photo of a {}.', 'a plastic {}.',
-    'a photo of the dirty {}.', 'a jpeg corrupted photo of a {}.', 'a blurry photo of the {}.',
-    'a photo of the {}.', 'a good photo of the {}.', 'a rendering of the {}.',
-    'a {} in a video game.', 'a photo of one {}.', 'a doodle of a {}.',
-    'a close-up photo of the {}.', 'a photo of a {}.', 'the origami {}.',
-    'the {} in a video game.', 'a sketch of a {}.', 'a doodle of the {}.', 'a origami {}.',
-    'a low resolution photo of a {}.', 'the toy {}.', 'a rendition of the {}.',
-    'a photo of the clean {}.', 'a photo of a large {}.', 'a rendition of a {}.',
-    'a photo of a nice {}.', 'a photo of a weird {}.', 'a blurry photo of a {}.', 'a cartoon {}.',
-    'art of a {}.', 'a sketch of the {}.', 'a embroidered {}.', 'a pixelated photo of a {}.',
-    'itap of the {}.', 'a jpeg corrupted photo of the {}.', 'a good photo of a {}.',
-    'a plushie {}.', 'a photo of the nice {}.', 'a photo of the small {}.',
-    'a photo of the weird {}.', 'the cartoon {}.', 'art of the {}.', 'a drawing of the {}.',
-    'a photo of the large {}.', 'a black and white photo of a {}.', 'the plushie {}.',
-    'a dark photo of a {}.', 'itap of a {}.', 'graffiti of the {}.', 'a toy {}.', 'itap of my {}.',
-    'a photo of a cool {}.', 'a photo of a small {}.', 'a tattoo of the {}.',
+    "a bad photo of a {}.",
+    "a photo of many {}.",
+    "a sculpture of a {}.",
+    "a photo of the hard to see {}.",
+    "a low resolution photo of the {}.",
+    "a rendering of a {}.",
+    "graffiti of a {}.",
+    "a bad photo of the {}.",
+    "a cropped photo of the {}.",
+    "a tattoo of a {}.",
+    "the embroidered {}.",
+    "a photo of a hard to see {}.",
+    "a bright photo of a {}.",
+    "a photo of a clean {}.",
+    "a photo of a dirty {}.",
+    "a dark photo of the {}.",
+    "a drawing of a {}.",
+    "a photo of my {}.",
+    "the plastic {}.",
+    "a photo of the cool {}.",
+    "a close-up photo of a {}.",
+    "a black and white photo of the {}.",
+    "a painting of the {}.",
+    "a painting of a {}.",
+    "a pixelated photo of the {}.",
+    "a sculpture of the {}.",
+    "a bright photo of the {}.",
+    "a cropped photo of a {}.",
+    "a plastic {}.",
+    "a photo of the dirty {}.",
+    "a jpeg corrupted photo of a {}.",
+    "a blurry photo of the {}.",
+    "a photo of the {}.",
+    "a good photo of the {}.",
+    "a rendering of the {}.",
+    "a {} in a video game.",
+    "a photo of one {}.",
+    "a doodle of a {}.",
+    "a close-up photo of the {}.",
+    "a photo of a {}.",
+    "the origami {}.",
+    "the {} in a video game.",
+    "a sketch of a {}.",
+    "a doodle of the {}.",
+    "a origami {}.",
+    "a low resolution photo of a {}.",
+    "the toy {}.",
+    "a rendition of the {}.",
+    "a photo of the clean {}.",
+    "a photo of a large {}.",
+    "a rendition of a {}.",
+    "a photo of a nice {}.",
+    "a photo of a weird {}.",
+    "a blurry photo of a {}.",
+    "a cartoon {}.",
+    "art of a {}.",
+    "a sketch of the {}.",
+    "a embroidered {}.",
+    "a pixelated photo of a {}.",
+    "itap of the {}.",
+    "a jpeg corrupted photo of the {}.",
+    "a good photo of a {}.",
+    "a plushie {}.",
+    "a photo of the nice {}.",
+    "a photo of the small {}.",
+    "a photo of the weird {}.",
+    "the cartoon {}.",
+    "art of the {}.",
+    "a drawing of the {}.",
+    "a photo of the large {}.",
+    "a black and white photo of a {}.",
+    "the plushie {}.",
+    "a dark photo of a {}.",
+    "itap of a {}.",
+    "graffiti of the {}.",
+    "a toy {}.",
+    "itap of my {}.",
+    "a photo of a cool {}.",
+    "a photo of a small {}.",
+    "a tattoo of the {}.",
 )
 
 
@@ -72,7 +128,8 @@ class SourceConfig:
     root: Path
     #: Flickr30k only: the entity types that count as object classes.
     flickr_classes: tuple[str, ...] = option(
-        DEFAULT_FLICKR_CLASSES, "Flickr30k Entities types treated as object classes", group=WHAT)
+        DEFAULT_FLICKR_CLASSES, "Flickr30k Entities types treated as object classes", group=WHAT
+    )
     #: Keep only the first N images (by image id) of each split; None keeps all.
     max_images: int | None = option(None, "first N images per split", group=WHAT, type=positive_int)
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
@@ -83,8 +140,9 @@ class SourceConfig:
             raise UserFacingError(f"unknown source {self.kind!r}; choose one of {', '.join(SOURCES)}")
         unknown = set(self.flickr_classes) - set(ENTITY_TYPES)
         if self.kind == "flickr30k" and unknown:
-            raise UserFacingError(f"--flickr-classes {sorted(unknown)} are not Flickr30k Entities "
-                                  f"types ({', '.join(ENTITY_TYPES)})")
+            raise UserFacingError(
+                f"--flickr-classes {sorted(unknown)} are not Flickr30k Entities types ({', '.join(ENTITY_TYPES)})"
+            )
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -137,9 +195,12 @@ class FillConfig:
     blur_radius: float = option(20.0, "Gaussian blur radius (px) for --fill blur")
     #: Pixels the removed region is grown by on every side before filling (0 = the boxes only).
     mask_dilation: int = option(
-        4, "grow the removed boxes by this many pixels on every side before filling (default "
-           "%(default)s; the selection rules use the boxes themselves)",
-        type=non_negative_int, metavar="PIXELS")
+        4,
+        "grow the removed boxes by this many pixels on every side before filling (default "
+        "%(default)s; the selection rules use the boxes themselves)",
+        type=non_negative_int,
+        metavar="PIXELS",
+    )
 
     def __post_init__(self) -> None:
         if self.method not in FILL_METHODS:
@@ -167,20 +228,30 @@ class VerifyConfig:
     """The removal check. Example: `VerifyConfig(enabled=True, model="openai/clip-vit-large-patch14")`."""
 
     enabled: bool = option(
-        False, "score each removed class with CLIP zero-shot before and after the fill and skip "
-               "rows where it is still visible (default: on for --fill inpaint with the "
-               "production models, off otherwise: the tiny CLIP is random)",
-        flag="--verify-removal", action=argparse.BooleanOptionalAction)
+        False,
+        "score each removed class with CLIP zero-shot before and after the fill and skip "
+        "rows where it is still visible (default: on for --fill inpaint with the "
+        "production models, off otherwise: the tiny CLIP is random)",
+        flag="--verify-removal",
+        action=argparse.BooleanOptionalAction,
+    )
     #: transformers CLIP id or folder (the profile's `clip_filter`: not the ViT-B/32 that ODmAP
     #: is usually reported with, so the check does not pick queries in that model's favour).
     model: str | None = None
     #: A removed class scoring at least this (after the fill) is still visible.
     threshold: float = option(
-        0.3, "a removed class still scoring this probability after the fill is visible (default "
-             "%(default)s)", flag="--verify-threshold", type=fraction)
+        0.3,
+        "a removed class still scoring this probability after the fill is visible (default %(default)s)",
+        flag="--verify-threshold",
+        type=fraction,
+    )
     #: `region`: a square crop around the filled region; `image`: the whole image.
-    view: str = option("region", "score a square crop around the filled region (default) or the "
-                                 "whole image", flag="--verify-view", choices=VIEWS)
+    view: str = option(
+        "region",
+        "score a square crop around the filled region (default) or the whole image",
+        flag="--verify-view",
+        choices=VIEWS,
+    )
     #: Context around the region, as a fraction of its longer side added on each side.
     context: float = 0.25
     prompt: str = "a photo of a {}."
@@ -209,12 +280,13 @@ class CaptionConfig:
     captions_per_image: int = option(1, "synthetic captions per synthetic image", type=positive_int)
     #: Captioner model id or local folder (the profile's `captioner`); only for `captioner`.
     model: str | None = None
-    max_new_tokens: int = option(30, "captioner: max new tokens", flag="--caption-max-tokens",
-                                 type=positive_int)
+    max_new_tokens: int = option(30, "captioner: max new tokens", flag="--caption-max-tokens", type=positive_int)
 
     def __post_init__(self) -> None:
         if self.method not in CAPTION_METHODS:
-            raise UserFacingError(f"unknown caption method {self.method!r}; choose one of {', '.join(CAPTION_METHODS)}")
+            raise UserFacingError(
+                f"unknown caption method {self.method!r}; choose one of {', '.join(CAPTION_METHODS)}"
+            )
         if self.captions_per_image < 1:
             raise UserFacingError(f"--captions-per-image must be at least 1, got {self.captions_per_image}")
         if self.method == "prompts" and self.captions_per_image > len(CLIP_TEMPLATES):
@@ -223,8 +295,9 @@ class CaptionConfig:
             if not self.model:
                 raise UserFacingError("--caption captioner needs a captioning model (--captioner-model or --models)")
             if self.captions_per_image != 1:
-                raise UserFacingError("--caption captioner decodes greedily: one caption per image; "
-                                      "use --captions-per-image 1")
+                raise UserFacingError(
+                    "--caption captioner decodes greedily: one caption per image; use --captions-per-image 1"
+                )
 
     @property
     def model_id(self) -> str | None:
@@ -241,15 +314,16 @@ class DecorrelationConfig:
     fill: FillConfig
     #: Which products: `train` (D') and/or `odmap` (queries + gallery).
     products: tuple[str, ...] = option(
-        PRODUCTS, "train: D' pairs; odmap: ODmAP@k queries + gallery (default: both)",
-        choices=PRODUCTS)
+        PRODUCTS, "train: D' pairs; odmap: ODmAP@k queries + gallery (default: both)", choices=PRODUCTS
+    )
     #: Karpathy splits D' is built from (the paper's COCO "train" is train + restval).
     train_splits: tuple[str, ...] = option(("train", "restval"), "Karpathy splits of D'")
     #: The split the ODmAP queries come from.
     query_split: str = option("test", "Karpathy split of the ODmAP queries")
     #: Splits whose captions form the ODmAP gallery (builders/decorrelation/METHOD.md §5: train + val + test).
     gallery_splits: tuple[str, ...] = option(
-        ("train", "restval", "val", "test"), "Karpathy splits whose captions form the ODmAP gallery")
+        ("train", "restval", "val", "test"), "Karpathy splits whose captions form the ODmAP gallery"
+    )
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     caption: CaptionConfig = field(default_factory=CaptionConfig)
     #: CLIP check that removed classes are gone from x' (off unless asked for; the command line
@@ -260,16 +334,19 @@ class DecorrelationConfig:
     seed: int = option(0)
     #: The precision of the inpainting pipeline and the removal check: how the build runs, so
     #: `info` records it resolved on the device (`precision`) instead.
-    dtype: str = dtype_option("the inpainting pipeline and the CLIP removal check (the captioner "
-                              "runs in fp32)", group="options")
+    dtype: str = dtype_option(
+        "the inpainting pipeline and the CLIP removal check (the captioner runs in fp32)", group="options"
+    )
 
     def __post_init__(self) -> None:
         unknown = set(self.products) - set(PRODUCTS)
         if not self.products or unknown:
             raise UserFacingError(f"--products takes {', '.join(PRODUCTS)} (got {list(self.products)})")
         if "train" in self.products and self.query_split in self.train_splits and "odmap" in self.products:
-            raise UserFacingError(f"the query split {self.query_split!r} must not be a training split "
-                                  f"({list(self.train_splits)}): ODmAP queries must be unseen images")
+            raise UserFacingError(
+                f"the query split {self.query_split!r} must not be a training split "
+                f"({list(self.train_splits)}): ODmAP queries must be unseen images"
+            )
 
 
 #: The sizes that go with `--models tiny` (builders.models.profiles): a random-init inpainter

@@ -74,8 +74,11 @@ class ImageFiller:
         self.config, self.precision = config, precision
         self._pipe: Any = None
         # One image per call (see above): out of memory is one clear error, not a traceback.
-        self._batches = ShrinkingBatches("decorrelation fill (inpainting)", 1,
-                                         hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory")
+        self._batches = ShrinkingBatches(
+            "decorrelation fill (inpainting)",
+            1,
+            hint="try a smaller --image-size, --dtype fp16 or a GPU with more memory",
+        )
 
     def fill(self, image: Image.Image, mask: np.ndarray, seed: int) -> Image.Image:
         """The synthetic image x': `image` (RGB) with the bool `mask` [H x W] filled."""
@@ -112,9 +115,14 @@ class ImageFiller:
         work_mask = work_mask.point(lambda v: 255 if v > 0 else 0)
         with torch.inference_mode():
             out = self._pipe(
-                prompt=cfg.prompt, image=image.resize(size, Image.BICUBIC), mask_image=work_mask,
-                height=cfg.image_size, width=cfg.image_size, num_inference_steps=cfg.steps,
-                guidance_scale=cfg.guidance_scale, output_type="np",
+                prompt=cfg.prompt,
+                image=image.resize(size, Image.BICUBIC),
+                mask_image=work_mask,
+                height=cfg.image_size,
+                width=cfg.image_size,
+                num_inference_steps=cfg.steps,
+                guidance_scale=cfg.guidance_scale,
+                output_type="np",
                 generator=torch.Generator("cpu").manual_seed(seed),
             ).images[0]
         inpainted = Image.fromarray(np.rint(np.clip(out, 0, 1) * 255).astype(np.uint8), mode="RGB")

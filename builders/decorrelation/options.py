@@ -12,26 +12,39 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builders.decorrelation.config import (TINY, WHAT, CaptionConfig, DecorrelationConfig,
-                                           FillConfig, SelectionConfig, SourceConfig, VerifyConfig)
+from builders.decorrelation.config import (
+    TINY,
+    WHAT,
+    CaptionConfig,
+    DecorrelationConfig,
+    FillConfig,
+    SelectionConfig,
+    SourceConfig,
+    VerifyConfig,
+)
 from builders.engine.errors import UserFacingError
 from builders.engine.options import Values, add_config_arguments, build_config, given_values
 from builders.models.profiles import add_model_arguments, profile_from_args, with_profile_preset
 
 HELP = "object-decorrelation sets: object-removal training pairs D' and the ODmAP@k test set"
 #: Each section of `DecorrelationConfig`, in the order `--help` lists them, and its help group.
-SECTIONS = {"source": (SourceConfig, WHAT),
-            "selection": (SelectionConfig, "selection rules (builders/decorrelation/METHOD.md §1)"),
-            "fill": (FillConfig, "image synthesis (builders/decorrelation/METHOD.md §2)"),
-            "verify": (VerifyConfig, "removal check (builders/decorrelation/METHOD.md §2)"),
-            "caption": (CaptionConfig, "caption synthesis (builders/decorrelation/METHOD.md §3)")}
+SECTIONS = {
+    "source": (SourceConfig, WHAT),
+    "selection": (SelectionConfig, "selection rules (builders/decorrelation/METHOD.md §1)"),
+    "fill": (FillConfig, "image synthesis (builders/decorrelation/METHOD.md §2)"),
+    "verify": (VerifyConfig, "removal check (builders/decorrelation/METHOD.md §2)"),
+    "caption": (CaptionConfig, "caption synthesis (builders/decorrelation/METHOD.md §3)"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source").add_mutually_exclusive_group(required=True)
     src.add_argument("--coco-root", type=Path, help="root of a COCO download (with dataset_coco.json)")
-    src.add_argument("--flickr30k-root", type=Path,
-                     help="root of Flickr30k (dataset_flickr30k.json, flickr30k-images/, flickr30k_entities/)")
+    src.add_argument(
+        "--flickr30k-root",
+        type=Path,
+        help="root of Flickr30k (dataset_flickr30k.json, flickr30k-images/, flickr30k_entities/)",
+    )
     add_config_arguments(parser, DecorrelationConfig, group=WHAT, preset=TINY)
     for name, (cls, title) in SECTIONS.items():
         add_config_arguments(parser, cls, group=title, path=(name,), preset=TINY)
@@ -46,18 +59,20 @@ def config_from_args(args: argparse.Namespace) -> DecorrelationConfig:
     if verify["enabled"] is None:  # the tiny profile's CLIP is random-init: its verdicts would mean nothing
         verify["enabled"] = method == "inpaint" and args.models == "production"
     products = values.get("products", DecorrelationConfig.products)
-    needs_models = (method == "inpaint" or verify["enabled"]
-                    or ("train" in products and captioner == "captioner"))
+    needs_models = method == "inpaint" or verify["enabled"] or ("train" in products and captioner == "captioner")
     profile = profile_from_args(args) if needs_models else None
     kind, root = ("coco", args.coco_root) if args.coco_root else ("flickr30k", args.flickr30k_root)
     return build_config(
-        DecorrelationConfig, values, source=build_config(SourceConfig, source, kind=kind, root=Path(root)),
+        DecorrelationConfig,
+        values,
+        source=build_config(SourceConfig, source, kind=kind, root=Path(root)),
         selection=_checked(SelectionConfig, selection),
         fill=build_config(FillConfig, fill, model=profile.sd_inpaint if method == "inpaint" else None),
-        caption=build_config(CaptionConfig, caption, model=profile.captioner
-                             if captioner == "captioner" and profile else None),
-        verify=build_config(VerifyConfig, verify,
-                            model=profile.clip_filter if verify["enabled"] else None))
+        caption=build_config(
+            CaptionConfig, caption, model=profile.captioner if captioner == "captioner" and profile else None
+        ),
+        verify=build_config(VerifyConfig, verify, model=profile.clip_filter if verify["enabled"] else None),
+    )
 
 
 def _checked(cls, values: Values):

@@ -15,8 +15,9 @@ import datasets
 
 from loading_scripts.images import STORED_AS
 
-_BOXES = datasets.List({"category": datasets.Value("string"),
-                        "bbox": datasets.List(datasets.Value("float32"), length=4)})
+_BOXES = datasets.List(
+    {"category": datasets.Value("string"), "bbox": datasets.List(datasets.Value("float32"), length=4)}
+)
 
 #: Columns shared by D' rows and ODmAP queries (the synthetic image and how it was made).
 _EDIT = {
@@ -39,34 +40,38 @@ _EDIT = {
 
 
 def train_features(keep_original: bool) -> datasets.Features:
-    cols = {"row_id": datasets.Value("string"), **_EDIT,
-            "caption": datasets.Value("string"),
-            "caption_id": datasets.Value("int64"),
-            "original_caption": datasets.Value("string"),
-            "caption_method": datasets.Value("string"),
-            "caption_model": datasets.Value("string")}
+    cols = {
+        "row_id": datasets.Value("string"),
+        **_EDIT,
+        "caption": datasets.Value("string"),
+        "caption_id": datasets.Value("int64"),
+        "original_caption": datasets.Value("string"),
+        "caption_method": datasets.Value("string"),
+        "caption_model": datasets.Value("string"),
+    }
     if keep_original:
         cols["original_image"] = datasets.Image()
     return datasets.Features(cols)
 
 
 def query_features(keep_original: bool) -> datasets.Features:
-    cols = {"query_id": datasets.Value("string"), **_EDIT,
-            "caption_ids": datasets.List(datasets.Value("int64"))}
+    cols = {"query_id": datasets.Value("string"), **_EDIT, "caption_ids": datasets.List(datasets.Value("int64"))}
     if keep_original:
         cols["original_image"] = datasets.Image()
     return datasets.Features(cols)
 
 
 def gallery_features(n_classes: int) -> datasets.Features:
-    return datasets.Features({
-        "caption_id": datasets.Value("int64"),
-        "image_id": datasets.Value("int64"),
-        "source_split": datasets.Value("string"),
-        "caption": datasets.Value("string"),
-        "mentions": datasets.List(datasets.Value("bool"), length=n_classes),
-        "mentioned_classes": datasets.List(datasets.Value("string")),
-    })
+    return datasets.Features(
+        {
+            "caption_id": datasets.Value("int64"),
+            "image_id": datasets.Value("int64"),
+            "source_split": datasets.Value("string"),
+            "caption": datasets.Value("string"),
+            "mentions": datasets.List(datasets.Value("bool"), length=n_classes),
+            "mentioned_classes": datasets.List(datasets.Value("string")),
+        }
+    )
 
 
 COLUMN_DOCS = {
@@ -82,14 +87,14 @@ COLUMN_DOCS = {
     "removal": "`single` (only c^r) or `multi` (c^r plus classes overlapping it by > alpha2)",
     "removed_boxes": "source boxes of the removed classes, COCO (x, y, w, h) pixels as annotated",
     "mask": "filled region: L-mode PNG, 255 = replaced (every pixel the removed boxes touch, grown "
-            "by `mask_dilation` px on every side, clipped to the image)",
+    "by `mask_dilation` px on every side, clipped to the image)",
     "region_fraction": "area of the removed boxes (touched pixels, not dilated) / image area: the "
-                       "quantity the alpha3 rule tests",
+    "quantity the alpha3 rule tests",
     "fill": "how the region was filled: inpaint, zero, mean or blur",
     "fill_model": "inpainting model id (null for the zero/mean/blur baselines)",
     "seed": "per-row seed (derived from the run seed, image id and anchor class)",
     "visibility_before": "removal check: CLIP zero-shot probability of each removed class (order of "
-                         "`removed_classes`) on the source view; null when the check was off",
+    "`removed_classes`) on the source view; null when the check was off",
     "visibility_after": "the same on the synthetic image; every value is below the card's threshold",
     "caption": "synthetic caption y' (D') / gallery caption text (gallery)",
     "caption_id": "id of the original caption y' was made from (np_removal; null otherwise) / gallery caption id",

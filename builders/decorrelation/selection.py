@@ -52,8 +52,7 @@ REASON_TOO_LARGE = "region_too_large"
 REASON_PARTIAL = "partial_overlap"
 REASON_NO_CLASS_LEFT = "no_class_left"
 #: Every reason a candidate (or a whole image) can be rejected for, in rule order.
-REASONS = (REASON_EMPTY_BOX, REASON_FEW_CLASSES, REASON_TOO_LARGE, REASON_PARTIAL,
-           REASON_NO_CLASS_LEFT)
+REASONS = (REASON_EMPTY_BOX, REASON_FEW_CLASSES, REASON_TOO_LARGE, REASON_PARTIAL, REASON_NO_CLASS_LEFT)
 SINGLE, MULTI = "single", "multi"
 
 
@@ -97,7 +96,7 @@ def box_mask(bbox: Sequence[float], width: int, height: int) -> np.ndarray:
     mask = np.zeros((height, width), dtype=bool)
     rows, cols = _pixel_range(bbox[1], bbox[3], height), _pixel_range(bbox[0], bbox[2], width)
     if rows and cols:
-        mask[rows[0]:rows[1], cols[0]:cols[1]] = True
+        mask[rows[0] : rows[1], cols[0] : cols[1]] = True
     return mask
 
 
@@ -112,8 +111,9 @@ def _pixel_range(start: float, size: float, limit: int) -> tuple[int, int] | Non
     return (first, stop) if stop > first else None
 
 
-def class_masks(boxes: Sequence[SourceObject], width: int, height: int
-                ) -> tuple[dict[str, np.ndarray], dict[str, list[int]], list[int]]:
+def class_masks(
+    boxes: Sequence[SourceObject], width: int, height: int
+) -> tuple[dict[str, np.ndarray], dict[str, list[int]], list[int]]:
     """Per-class union masks, the box indices behind each, and the indices of empty boxes."""
     masks: dict[str, np.ndarray] = {}
     members: dict[str, list[int]] = {}
@@ -131,15 +131,21 @@ def class_masks(boxes: Sequence[SourceObject], width: int, height: int
     return masks, members, empty
 
 
-def select_removals(boxes: Sequence[SourceObject], width: int, height: int,
-                    config: SelectionConfig = SelectionConfig()) -> Selection:
+def select_removals(
+    boxes: Sequence[SourceObject], width: int, height: int, config: SelectionConfig = SelectionConfig()
+) -> Selection:
     """Apply the builders/decorrelation/METHOD.md §1 rules to one image; see the module docstring."""
     if width < 1 or height < 1:
         raise ValueError(f"image size must be positive, got {width}x{height}")
     masks, members, empty = class_masks(boxes, width, height)
-    rejections = [Rejection(REASON_EMPTY_BOX, boxes[i].category,
-                            f"box #{i} {tuple(boxes[i].bbox)} covers no pixel of the "
-                            f"{width}x{height} image") for i in empty]
+    rejections = [
+        Rejection(
+            REASON_EMPTY_BOX,
+            boxes[i].category,
+            f"box #{i} {tuple(boxes[i].bbox)} covers no pixel of the {width}x{height} image",
+        )
+        for i in empty
+    ]
     classes = sorted(masks)
     if len(classes) < config.min_classes:
         rejections.append(Rejection(REASON_FEW_CLASSES, None, f"classes with pixels: {classes}"))
@@ -150,8 +156,7 @@ def select_removals(boxes: Sequence[SourceObject], width: int, height: int,
     for anchor in classes:
         fraction = areas[anchor] / image_area
         if fraction > config.alpha3:
-            rejections.append(Rejection(REASON_TOO_LARGE, anchor,
-                                        f"{anchor} covers {fraction:.3f} > {config.alpha3}"))
+            rejections.append(Rejection(REASON_TOO_LARGE, anchor, f"{anchor} covers {fraction:.3f} > {config.alpha3}"))
             continue
         others = [g for g in classes if g != anchor]
         overlaps = {g: int(np.count_nonzero(masks[anchor] & masks[g])) / areas[g] for g in others}
@@ -163,8 +168,9 @@ def select_removals(boxes: Sequence[SourceObject], width: int, height: int,
             region = np.logical_or.reduce([masks[c] for c in removed])
             fraction = int(np.count_nonzero(region)) / image_area
             if fraction > config.alpha3:
-                rejections.append(Rejection(REASON_TOO_LARGE, anchor,
-                                            f"{removed} cover {fraction:.3f} > {config.alpha3}"))
+                rejections.append(
+                    Rejection(REASON_TOO_LARGE, anchor, f"{removed} cover {fraction:.3f} > {config.alpha3}")
+                )
                 continue
         else:
             mid = {g: round(v, 3) for g, v in overlaps.items() if v >= config.alpha1}
@@ -174,8 +180,16 @@ def select_removals(boxes: Sequence[SourceObject], width: int, height: int,
         if not present:
             rejections.append(Rejection(REASON_NO_CLASS_LEFT, anchor, f"removing {removed} empties the image"))
             continue
-        removals.append(Removal(
-            anchor=anchor, kind=kind, removed=tuple(removed), present=present, mask=region,
-            region_fraction=fraction, overlaps=overlaps,
-            box_indices=tuple(sorted(i for c in removed for i in members[c]))))
+        removals.append(
+            Removal(
+                anchor=anchor,
+                kind=kind,
+                removed=tuple(removed),
+                present=present,
+                mask=region,
+                region_fraction=fraction,
+                overlaps=overlaps,
+                box_indices=tuple(sorted(i for c in removed for i in members[c])),
+            )
+        )
     return Selection(removals, rejections)

@@ -17,6 +17,7 @@ from builders.decorrelation.config import SourceConfig
 from builders.engine.errors import UserFacingError
 from loading_scripts.records import SourceImage
 
+
 def read_source(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage]:
     """All images of `splits`, sorted by image id."""
     records = _read_coco(cfg, splits) if cfg.kind == "coco" else _read_flickr(cfg, splits)
@@ -46,6 +47,7 @@ def _read_flickr(cfg: SourceConfig, splits: tuple[str, ...]) -> list[SourceImage
     if records and not any(c.phrases for r in records for c in r.captions):
         raise UserFacingError(
             f"{cfg.root}: Flickr30k needs Flickr30k Entities (boxes and phrase types) for object "
-            "removal; put it in ROOT/flickr30k_entities (https://github.com/BryanPlummer/flickr30k_entities)")
+            "removal; put it in ROOT/flickr30k_entities (https://github.com/BryanPlummer/flickr30k_entities)"
+        )
     classes = set(cfg.flickr_classes)
     return [replace(r, objects=tuple(o for o in r.objects if o.category in classes)) for r in records]

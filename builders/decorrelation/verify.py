@@ -68,8 +68,9 @@ class ClipZeroShot:
         return logits.softmax(dim=-1).cpu().numpy()
 
 
-def load_scorer(config: VerifyConfig, class_names: Sequence[str],
-                precision: Precision | None = None) -> ZeroShotScorer:
+def load_scorer(
+    config: VerifyConfig, class_names: Sequence[str], precision: Precision | None = None
+) -> ZeroShotScorer:
     """The process's scorer (called once per process by `RemovalVerifier`), on the device and in
     the dtype of `precision` (default: this process's device, auto dtype)."""
     from builders.engine.precision import worker_precision
@@ -114,20 +115,21 @@ def square(image: Image.Image) -> Image.Image:
 class RemovalVerifier:
     """`check(x, x', mask, removed)` per removal; the scorer is loaded on first use."""
 
-    def __init__(self, config: VerifyConfig, class_names: Sequence[str],
-                 precision: Precision | None = None) -> None:
+    def __init__(self, config: VerifyConfig, class_names: Sequence[str], precision: Precision | None = None) -> None:
         self.config, self.precision = config, precision
         self.class_names = tuple(class_names)
         self._scorer: ZeroShotScorer | None = None
-        self._batches = ShrinkingBatches("decorrelation removal check (CLIP)", 1,
-                                         hint="try --dtype fp16 or a GPU with more memory")
+        self._batches = ShrinkingBatches(
+            "decorrelation removal check (CLIP)", 1, hint="try --dtype fp16 or a GPU with more memory"
+        )
 
     def views(self, original: Image.Image, synthetic: Image.Image, mask: np.ndarray) -> list[Image.Image]:
         box = view_box(mask, self.config.context) if self.config.view == "region" else None
         return [square(im.crop(box) if box else im) for im in (original, synthetic)]
 
-    def check(self, original: Image.Image, synthetic: Image.Image, mask: np.ndarray,
-              removed: Sequence[str]) -> Verdict:
+    def check(
+        self, original: Image.Image, synthetic: Image.Image, mask: np.ndarray, removed: Sequence[str]
+    ) -> Verdict:
         if self._scorer is None:
             self._scorer = load_scorer(self.config, self.class_names, self.precision)
         # Always the same batch (before, after): scores do not depend on other rows.

@@ -10,8 +10,10 @@ EDIT_VIEW = RowView(
     "decorrelation",
     # `original_image` only with --keep-original; queries have no captions.
     slots=(Slot("original_image", "original"), Slot("image", "synthetic", outline="mask")),
-    texts=(Text("original_caption", "original caption", "strike", against="caption"),
-           Text("caption", "synthetic caption")),
+    texts=(
+        Text("original_caption", "original caption", "strike", against="caption"),
+        Text("caption", "synthetic caption"),
+    ),
     facets=(Facet("removed class", ("removed_classes",)), Facet("removal", ("removal",))),
     histograms=("region_fraction",),
 )

@@ -66,14 +66,13 @@ class DoctorConfig:
     def __post_init__(self) -> None:
         unknown = [s for s in self.stages if s not in STAGE_NAMES]
         if unknown:
-            raise UserFacingError(f"--stages: unknown stage(s) {', '.join(unknown)}; "
-                                  f"choose from {', '.join(STAGE_NAMES)}")
+            raise UserFacingError(
+                f"--stages: unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGE_NAMES)}"
+            )
         if not self.stages and not self.generators:
-            raise UserFacingError("--stages: name at least one stage (or a generator with "
-                                  "--generators)")
+            raise UserFacingError("--stages: name at least one stage (or a generator with --generators)")
         if self.resolution < 64 or self.resolution % 64:
-            raise UserFacingError(f"--resolution must be a multiple of 64 (at least 64), got "
-                                  f"{self.resolution}")
+            raise UserFacingError(f"--resolution must be a multiple of 64 (at least 64), got {self.resolution}")
         if self.steps < 1:
             raise UserFacingError(f"--steps must be at least 1, got {self.steps}")
 
@@ -174,17 +173,23 @@ def measure(stage: Stage, src: ModelSource, settings: StageSettings, shared: dic
     scale = 1.0
     if stage.per_pixel and settings.resolution != PRODUCTION_RESOLUTION:
         scale = (PRODUCTION_RESOLUTION / settings.resolution) ** 2
-        notes.append(f"real-size model at {settings.resolution} px, {settings.steps} step(s); "
-                     f"activations x{scale:g} to 512 px")
+        notes.append(
+            f"real-size model at {settings.resolution} px, {settings.steps} step(s); activations x{scale:g} to 512 px"
+        )
     static = params * (TRAIN_STATIC_BYTES if stage.train else 2)
     per_item_fp16 = per_item / 2 * scale
-    return Row(stage=stage.name, models=stage.models, seconds=round(seconds, 2),
-               weights_mib=round(params * 4 / MIB, 1),
-               activation_mib_per_item=round(per_item / MIB, 1),
-               peak_mib=round((params * 4 + max(memory.peak - memory.base, 0)) / MIB, 1),
-               items=result.items, unit=stage.unit,
-               batch_fp16={str(g): fitting_batch(g, static, per_item_fp16) for g in GPU_GIB},
-               note="; ".join(notes))
+    return Row(
+        stage=stage.name,
+        models=stage.models,
+        seconds=round(seconds, 2),
+        weights_mib=round(params * 4 / MIB, 1),
+        activation_mib_per_item=round(per_item / MIB, 1),
+        peak_mib=round((params * 4 + max(memory.peak - memory.base, 0)) / MIB, 1),
+        items=result.items,
+        unit=stage.unit,
+        batch_fp16={str(g): fitting_batch(g, static, per_item_fp16) for g in GPU_GIB},
+        note="; ".join(notes),
+    )
 
 
 def run_doctor(config: DoctorConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
@@ -214,9 +219,12 @@ def machine() -> dict[str, str]:
     import psutil
     import torch
 
-    info = {"cpu": platform.processor() or platform.machine(), "cores": str(os.cpu_count()),
-            "ram_gib": f"{psutil.virtual_memory().total / (1 << 30):.0f}",
-            "torch": torch.__version__}
+    info = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": str(os.cpu_count()),
+        "ram_gib": f"{psutil.virtual_memory().total / (1 << 30):.0f}",
+        "torch": torch.__version__,
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -226,22 +234,28 @@ def measured_on(device: str) -> str:
     return "CUDA fp32" if device.startswith("cuda") else "CPU fp32"
 
 
-HEADER = (f"{'stage':<15}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
-          f"{'peak MiB':>10}  {'batch @24/40/80 GB fp16':<34}note")
+HEADER = (
+    f"{'stage':<15}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
+    f"{'peak MiB':>10}  {'batch @24/40/80 GB fp16':<34}note"
+)
 
 
 def format_row(r: Row) -> str:
     batches = "/".join(str(r.batch_fp16[str(g)]) for g in GPU_GIB)
-    return (f"{r.stage:<15}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
-            f"{r.activation_mib_per_item:>13.1f}{r.peak_mib:>10.1f}  "
-            f"{batches + ' ' + r.unit:<34}{r.note}")
+    return (
+        f"{r.stage:<15}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
+        f"{r.activation_mib_per_item:>13.1f}{r.peak_mib:>10.1f}  "
+        f"{batches + ' ' + r.unit:<34}{r.note}"
+    )
 
 
 def footer(config: DoctorConfig, device: str) -> str:
-    return (f"{config.size} architectures, random weights; {config.resolution} px, "
-            f"{config.steps} step(s); batch sizes extrapolated from {measured_on(device)} "
-            f"(fp16 = half the measured weights and activations; training: 16 B/parameter; "
-            f"10% of the GPU left free)")
+    return (
+        f"{config.size} architectures, random weights; {config.resolution} px, "
+        f"{config.steps} step(s); batch sizes extrapolated from {measured_on(device)} "
+        f"(fp16 = half the measured weights and activations; training: 16 B/parameter; "
+        f"10% of the GPU left free)"
+    )
 
 
 def check_json_path(path: Path) -> None:
@@ -256,15 +270,25 @@ def check_json_path(path: Path) -> None:
             raise OutputError(f"--json {path}: {parent} is not a folder; give a file path in a folder")
 
 
-def write_json(path: Path, rows: Sequence[Row], config: DoctorConfig, device: str,
-               generators: Sequence = ()) -> None:
+def write_json(path: Path, rows: Sequence[Row], config: DoctorConfig, device: str, generators: Sequence = ()) -> None:
     settings = {**asdict(config), "tiny_dir": str(config.tiny_dir) if config.tiny_dir else None}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"machine": machine(), "device": device,
-                                    "extrapolated_from": measured_on(device), "settings": settings,
-                                    "rows": [asdict(r) for r in rows],
-                                    "generators": [asdict(r) for r in generators]}, indent=1) + "\n")
+        path.write_text(
+            json.dumps(
+                {
+                    "machine": machine(),
+                    "device": device,
+                    "extrapolated_from": measured_on(device),
+                    "settings": settings,
+                    "rows": [asdict(r) for r in rows],
+                    "generators": [asdict(r) for r in generators],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     except OSError as err:  # changed while the stages ran, or not writable
-        raise OutputError(f"--json {path}: cannot write it ({err.strerror or err}); the table "
-                          "above has the same numbers") from None
+        raise OutputError(
+            f"--json {path}: cannot write it ({err.strerror or err}); the table above has the same numbers"
+        ) from None

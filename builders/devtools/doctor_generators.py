@@ -163,30 +163,41 @@ def denoiser_inputs(model, rows: int, side: int, device, dtype) -> dict[str, Any
     cfg, latent = model.config, side // 8
 
     def empty(*shape):
-        return torch.randn(*shape, device=device, dtype=dtype) if device != "meta" \
+        return (
+            torch.randn(*shape, device=device, dtype=dtype)
+            if device != "meta"
             else torch.empty(*shape, device=device, dtype=dtype)
+        )
 
     timestep = torch.full((rows,), 500.0, device=device, dtype=dtype)
     kind = type(model).__name__
     if kind == "UNet2DConditionModel":
-        inputs = {"sample": empty(rows, cfg.in_channels, latent, latent), "timestep": timestep,
-                  "encoder_hidden_states": empty(rows, CLIP_TOKENS, cfg.cross_attention_dim)}
+        inputs = {
+            "sample": empty(rows, cfg.in_channels, latent, latent),
+            "timestep": timestep,
+            "encoder_hidden_states": empty(rows, CLIP_TOKENS, cfg.cross_attention_dim),
+        }
         if cfg.addition_embed_type == "text_time":  # SDXL: pooled text + 6 size/crop ids
             pooled = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim
-            inputs["added_cond_kwargs"] = {"text_embeds": empty(rows, pooled),
-                                           "time_ids": empty(rows, 6)}
+            inputs["added_cond_kwargs"] = {"text_embeds": empty(rows, pooled), "time_ids": empty(rows, 6)}
         return inputs
     if kind == "SD3Transformer2DModel":  # CLIP tokens padded to T5's width, then T5's tokens
-        return {"hidden_states": empty(rows, cfg.in_channels, latent, latent), "timestep": timestep,
-                "encoder_hidden_states": empty(rows, CLIP_TOKENS + T5_TOKENS, cfg.joint_attention_dim),
-                "pooled_projections": empty(rows, cfg.pooled_projection_dim)}
+        return {
+            "hidden_states": empty(rows, cfg.in_channels, latent, latent),
+            "timestep": timestep,
+            "encoder_hidden_states": empty(rows, CLIP_TOKENS + T5_TOKENS, cfg.joint_attention_dim),
+            "pooled_projections": empty(rows, cfg.pooled_projection_dim),
+        }
     if kind == "FluxTransformer2DModel":  # 2x2 latent patches packed into tokens
         tokens = (latent // 2) ** 2
-        inputs = {"hidden_states": empty(rows, tokens, cfg.in_channels), "timestep": timestep / 1000,
-                  "encoder_hidden_states": empty(rows, T5_TOKENS, cfg.joint_attention_dim),
-                  "pooled_projections": empty(rows, cfg.pooled_projection_dim),
-                  "img_ids": torch.zeros(tokens, 3, device=device, dtype=dtype),
-                  "txt_ids": torch.zeros(T5_TOKENS, 3, device=device, dtype=dtype)}
+        inputs = {
+            "hidden_states": empty(rows, tokens, cfg.in_channels),
+            "timestep": timestep / 1000,
+            "encoder_hidden_states": empty(rows, T5_TOKENS, cfg.joint_attention_dim),
+            "pooled_projections": empty(rows, cfg.pooled_projection_dim),
+            "img_ids": torch.zeros(tokens, 3, device=device, dtype=dtype),
+            "txt_ids": torch.zeros(T5_TOKENS, 3, device=device, dtype=dtype),
+        }
         if cfg.guidance_embeds:
             inputs["guidance"] = torch.full((rows,), 3.5, device=device, dtype=dtype)
         return inputs
@@ -239,8 +250,7 @@ def _forward_peaks(denoiser, vae, rows: int, side: int, device: str, dtype, prob
         with probe() as den:
             denoiser(**inputs)
         del inputs
-        latents = torch.zeros(2, vae.config.latent_channels, side // 8, side // 8, device=device,
-                              dtype=vae_dtype)
+        latents = torch.zeros(2, vae.config.latent_channels, side // 8, side // 8, device=device, dtype=vae_dtype)
         with probe() as dec:
             vae.decode(latents)
     return max(den.peak - den.base, 0), max(dec.peak - dec.base, 0)
@@ -260,8 +270,7 @@ def activations_meta(generator: str) -> tuple[int, int]:
         base = 0
 
     with mock.patch("torch.nn.functional.scaled_dot_product_attention", fused_attention):
-        return _forward_peaks(denoiser, vae, shape.rows_per_pair, shape.resolution, "meta", dtype,
-                              Probe)
+        return _forward_peaks(denoiser, vae, shape.rows_per_pair, shape.resolution, "meta", dtype, Probe)
 
 
 def activations_measured(generator: str, side: int, device: str) -> tuple[int, int]:
@@ -275,8 +284,7 @@ def activations_measured(generator: str, side: int, device: str) -> tuple[int, i
     dtype = torch_dtype(shape.dtype if cuda else "fp32")
     denoiser = _cast(build_random(archs[0]).to(device), dtype)
     vae = _cast(build_random(archs[-1]).to(device), torch_dtype("fp32") if shape.vae_fp32 else dtype)
-    return _forward_peaks(denoiser, vae, shape.rows_per_pair, side, device, dtype,
-                          lambda: PeakMemory(device))
+    return _forward_peaks(denoiser, vae, shape.rows_per_pair, side, device, dtype, lambda: PeakMemory(device))
 
 
 def free_bytes(device: str) -> int:
@@ -310,22 +318,31 @@ def generator_row(generator: str, *, measure_on: str | None = None, resolution: 
         half = 1 if measure_on.startswith("cuda") else 2
         scale = (shape.resolution / side) ** 2
         den, dec = int(den / half * scale), int(dec / (1 if upcast else half) * scale)
-        how = (f"measured on {measure_on} ({'fp32, halved' if half == 2 else shape.dtype}) at "
-               f"{side} px" + (f", activations x{scale:g} to {shape.resolution} px" if scale != 1 else ""))
+        how = f"measured on {measure_on} ({'fp32, halved' if half == 2 else shape.dtype}) at {side} px" + (
+            f", activations x{scale:g} to {shape.resolution} px" if scale != 1 else ""
+        )
     per_pair = max(den, dec, MIB)
     row = GeneratorRow(
-        generator=generator, model=components(generator)[0].model_id, params=params,
-        dtype=shape.dtype, weights_gib={"fp32": round(params * 4 / GIB, 2),
-                                        shape.dtype: round(params * 2 / GIB, 2)},
-        largest_component_gib=round(max(counts) * 2 / GIB, 2), resolution=shape.resolution,
-        rows_per_pair=shape.rows_per_pair, denoiser_mib_per_pair=round(den / MIB, 1),
-        decode_mib_per_pair=round(dec / MIB, 1), activation_mib_per_pair=round(per_pair / MIB, 1),
+        generator=generator,
+        model=components(generator)[0].model_id,
+        params=params,
+        dtype=shape.dtype,
+        weights_gib={"fp32": round(params * 4 / GIB, 2), shape.dtype: round(params * 2 / GIB, 2)},
+        largest_component_gib=round(max(counts) * 2 / GIB, 2),
+        resolution=shape.resolution,
+        rows_per_pair=shape.rows_per_pair,
+        denoiser_mib_per_pair=round(den / MIB, 1),
+        decode_mib_per_pair=round(dec / MIB, 1),
+        activation_mib_per_pair=round(per_pair / MIB, 1),
         batch={str(g): fitting_batch(g, static, per_pair) for g in GPU_GIB},
         batch_cpu_offload={str(g): fitting_batch(g, max(counts) * 2, per_pair) for g in GPU_GIB},
-        how=how)
-    row.note = (f"per pair: denoiser {row.denoiser_mib_per_pair:.0f} MiB ({shape.rows_per_pair} "
-                f"rows), decode {row.decode_mib_per_pair:.0f} MiB (2 images); "
-                + holding_note(row, len(GENERATOR_COMPONENTS[generator]), static, upcast))
+        how=how,
+    )
+    row.note = (
+        f"per pair: denoiser {row.denoiser_mib_per_pair:.0f} MiB ({shape.rows_per_pair} "
+        f"rows), decode {row.decode_mib_per_pair:.0f} MiB (2 images); "
+        + holding_note(row, len(GENERATOR_COMPONENTS[generator]), static, upcast)
+    )
     return row
 
 
@@ -338,17 +355,24 @@ def holding_note(row: GeneratorRow, n_components: int, static: int, upcast: bool
     weights_only = [g for g, n in row.batch.items() if n == 0 and static <= HEADROOM * int(g) * GIB]
     offload = [g for g, n in row.batch_cpu_offload.items() if n > 0 and g not in holds]
     none = [g for g, n in row.batch_cpu_offload.items() if n == 0]
-    parts = [f"{row.dtype} weights {row.weights_gib[row.dtype]:.1f} GiB ({n_components} "
-             f"components): {'/'.join(holds) or 'no'} GB GPUs hold it and a batch of pairs"]
+    parts = [
+        f"{row.dtype} weights {row.weights_gib[row.dtype]:.1f} GiB ({n_components} "
+        f"components): {'/'.join(holds) or 'no'} GB GPUs hold it and a batch of pairs"
+    ]
     if weights_only:
-        parts.append(f"{'/'.join(weights_only)} GB hold the weights but not one pair's "
-                     f"{row.activation_mib_per_pair:.0f} MiB")
+        parts.append(
+            f"{'/'.join(weights_only)} GB hold the weights but not one pair's {row.activation_mib_per_pair:.0f} MiB"
+        )
     if offload:
-        parts.append(f"{'/'.join(offload)} GB with --cpu-offload (one component on the GPU at a "
-                     f"time, the largest {row.largest_component_gib:.1f} GiB)")
+        parts.append(
+            f"{'/'.join(offload)} GB with --cpu-offload (one component on the GPU at a "
+            f"time, the largest {row.largest_component_gib:.1f} GiB)"
+        )
     if none:
-        parts.append(f"{'/'.join(none)} GB not even with --cpu-offload (the largest component "
-                     f"alone, {row.largest_component_gib:.1f} GiB, exceeds 90% of it)")
+        parts.append(
+            f"{'/'.join(none)} GB not even with --cpu-offload (the largest component "
+            f"alone, {row.largest_component_gib:.1f} GiB, exceeds 90% of it)"
+        )
     if upcast:
         parts.append("its VAE decodes in fp32 (force_upcast)")
     return "; ".join(parts)
@@ -358,8 +382,9 @@ def check_generators(names) -> None:
     """`--generators` names checked before anything runs: one line naming the flag."""
     unknown = [name for name in names if name not in GENERATORS]
     if unknown:
-        raise UserFacingError(f"--generators: unknown generator(s) {', '.join(unknown)}; choose "
-                              f"from {', '.join(GENERATORS)}, or none")
+        raise UserFacingError(
+            f"--generators: unknown generator(s) {', '.join(unknown)}; choose from {', '.join(GENERATORS)}, or none"
+        )
 
 
 def run_generators(names, *, production: bool, resolution: int, device: str, on_row=None) -> list[GeneratorRow]:
@@ -374,9 +399,12 @@ def run_generators(names, *, production: bool, resolution: int, device: str, on_
         log.info("doctor: generator %s (%s)", name, "measured" if fits else "meta device")
         row = generator_row(name, measure_on=device if fits else None, resolution=resolution)
         if not fits:
-            why = ("--models tiny" if not production else
-                   f"its fp32 weights, {params * 4 / GIB:.1f} GiB, exceed half of the "
-                   f"{free / GIB:.1f} GiB free on {device}")
+            why = (
+                "--models tiny"
+                if not production
+                else f"its fp32 weights, {params * 4 / GIB:.1f} GiB, exceed half of the "
+                f"{free / GIB:.1f} GiB free on {device}"
+            )
             row.how += f" ({why}; production shapes at {row.resolution} px, {row.dtype})"
         rows.append(row)
         if on_row:
@@ -384,13 +412,17 @@ def run_generators(names, *, production: bool, resolution: int, device: str, on_
     return rows
 
 
-GENERATOR_HEADER = (f"{'generator':<10}{'weights GiB fp32/run':>22}{'act MiB/pair':>14}{'px':>6}  "
-                    f"{'pairs @24/40/80 GB':<20}{'--cpu-offload':<15}model; how; note")
+GENERATOR_HEADER = (
+    f"{'generator':<10}{'weights GiB fp32/run':>22}{'act MiB/pair':>14}{'px':>6}  "
+    f"{'pairs @24/40/80 GB':<20}{'--cpu-offload':<15}model; how; note"
+)
 
 
 def format_generator_row(r: GeneratorRow) -> str:
     batches = "/".join(str(r.batch[k]) for k in r.batch)
     offload = "/".join(str(r.batch_cpu_offload[k]) for k in r.batch_cpu_offload)
     weights = f"{r.weights_gib['fp32']:.1f}/{r.weights_gib[r.dtype]:.1f} {r.dtype}"
-    return (f"{r.generator:<10}{weights:>22}{r.activation_mib_per_pair:>14.1f}{r.resolution:>6}  "
-            f"{batches:<20}{offload:<15}{r.model}; {r.how}; {r.note}")
+    return (
+        f"{r.generator:<10}{weights:>22}{r.activation_mib_per_pair:>14.1f}{r.resolution:>6}  "
+        f"{batches:<20}{offload:<15}{r.model}; {r.how}; {r.note}"
+    )

@@ -35,9 +35,13 @@ class ModelSource:
         self._cache: dict[str, Any] = {}
         self._modules: dict[str, list[Any]] = {}
         self._builders: dict[str, Callable[[], Any]] = {
-            "mlm": self._mlm, "lm": self._lm, "sentence": self._sentence,
-            "sd": lambda: self._sd(inpaint=False), "sd_inpaint": lambda: self._sd(inpaint=True),
-            "clip_filter": lambda: self._clip("clip_filter"), "clip": lambda: self._clip("clip"),
+            "mlm": self._mlm,
+            "lm": self._lm,
+            "sentence": self._sentence,
+            "sd": lambda: self._sd(inpaint=False),
+            "sd_inpaint": lambda: self._sd(inpaint=True),
+            "clip_filter": lambda: self._clip("clip_filter"),
+            "clip": lambda: self._clip("clip"),
             "open_clip": self._open_clip,
         }
 
@@ -113,14 +117,19 @@ class ModelSource:
         from builders.models.loaders import load_sd
 
         key = "sd_inpaint" if inpaint else "sd"
-        tiny = load_sd(self.tiny.sd_inpaint if inpaint else self.tiny.sd, inpaint=inpaint,
-                       device=self.device)
+        tiny = load_sd(self.tiny.sd_inpaint if inpaint else self.tiny.sd, inpaint=inpaint, device=self.device)
         if self.production:
             cls = StableDiffusionInpaintPipeline if inpaint else StableDiffusionPipeline
-            pipe = cls(vae=self._random("sd.vae"), text_encoder=self._random("sd.text_encoder"),
-                       tokenizer=tiny.tokenizer, scheduler=tiny.scheduler,
-                       unet=self._random("sd_inpaint.unet" if inpaint else "sd.unet"),
-                       safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+            pipe = cls(
+                vae=self._random("sd.vae"),
+                text_encoder=self._random("sd.text_encoder"),
+                tokenizer=tiny.tokenizer,
+                scheduler=tiny.scheduler,
+                unet=self._random("sd_inpaint.unet" if inpaint else "sd.unet"),
+                safety_checker=None,
+                feature_extractor=None,
+                requires_safety_checker=False,
+            )
             pipe.set_progress_bar_config(disable=True)
         else:
             pipe = tiny
@@ -137,8 +146,7 @@ class ModelSource:
         tiny_model, tiny_processor = load_clip(getattr(self.tiny, role), self.device)
         if self.production:
             model = self._random(role)
-            processor = CLIPProcessor(image_processor=CLIPImageProcessor(),
-                                      tokenizer=tiny_processor.tokenizer)
+            processor = CLIPProcessor(image_processor=CLIPImageProcessor(), tokenizer=tiny_processor.tokenizer)
         else:
             model, processor = tiny_model, tiny_processor
         self._modules[role] = [model]
@@ -151,8 +159,9 @@ class ModelSource:
 
         if self.production:
             model = self._random("open_clip")
-            scorer = OpenClipScorer(model, open_clip.image_transform(224, is_train=False),
-                                    open_clip.get_tokenizer("ViT-B-32"))
+            scorer = OpenClipScorer(
+                model, open_clip.image_transform(224, is_train=False), open_clip.get_tokenizer("ViT-B-32")
+            )
         else:
             scorer = load_scorer(self.tiny.open_clip, self.device)
         self._modules["open_clip"] = [scorer.model]

@@ -77,7 +77,7 @@ def _image(resolution: int, shared: dict):
 def _mask(resolution: int) -> np.ndarray:
     """A centred box covering a quarter of the image: the removed object."""
     mask = np.zeros((resolution, resolution), dtype=bool)
-    mask[resolution // 4: 3 * resolution // 4, resolution // 4: 3 * resolution // 4] = True
+    mask[resolution // 4 : 3 * resolution // 4, resolution // 4 : 3 * resolution // 4] = True
     return mask
 
 
@@ -88,8 +88,7 @@ def run_captions(src: ModelSource, s: StageSettings, shared: dict) -> StageResul
 
     ensure_nltk_tagger()
     (mlm, mlm_tok), (lm, lm_tok) = src.get("mlm"), src.get("lm")
-    stage = CaptionStage(CaptionModels(mlm, mlm_tok, lm, lm_tok, src.get("sentence")),
-                         CaptionStageConfig())
+    stage = CaptionStage(CaptionModels(mlm, mlm_tok, lm, lm_tok, src.get("sentence")), CaptionStageConfig())
     outcome = stage.run([CAPTION])[0]
     perplexities = stage.perplexities([CAPTION, COUNTERFACTUAL])
     result = outcome if isinstance(outcome, str) else "counterfactual found"
@@ -103,8 +102,15 @@ def p2p_runner(inject: str) -> Callable[[ModelSource, StageSettings, dict], Stag
         work = UNetWork()
         # p = 1: the pair injects at every step but the last, so every injected path runs.
         images_0, images_1 = generate_pairs(
-            src.get("sd"), CAPTION, COUNTERFACTUAL, [PairSpec(seed=SEED, p=1.0, guidance=7.5)],
-            steps=s.steps, size=s.resolution, inject=inject, work=work)
+            src.get("sd"),
+            CAPTION,
+            COUNTERFACTUAL,
+            [PairSpec(seed=SEED, p=1.0, guidance=7.5)],
+            steps=s.steps,
+            size=s.resolution,
+            inject=inject,
+            work=work,
+        )
         shared["image_0"], shared["image_1"] = images_0[0], images_1[0]
         return StageResult(1, f"{work.unet_rows} UNet rows, {work.decoded} decoded")
 
@@ -116,8 +122,7 @@ def run_clip_filters(src: ModelSource, s: StageSettings, shared: dict) -> StageR
 
     image_0 = np.array(_image(s.resolution, shared))
     image_1 = shared.get("image_1", image_0)
-    scores = score_pairs(src.get("clip_filter"), CAPTION, COUNTERFACTUAL,
-                         image_0[None], np.asarray(image_1)[None])
+    scores = score_pairs(src.get("clip_filter"), CAPTION, COUNTERFACTUAL, image_0[None], np.asarray(image_1)[None])
     return StageResult(1, f"directional {scores.directional[0].item():.3f}")
 
 
@@ -125,8 +130,7 @@ def run_inpaint(src: ModelSource, s: StageSettings, shared: dict) -> StageResult
     from builders.decorrelation.config import FillConfig
     from builders.decorrelation.fill import ImageFiller
 
-    filler = ImageFiller(FillConfig(method="inpaint", model="doctor", steps=s.steps,
-                                    image_size=s.resolution))
+    filler = ImageFiller(FillConfig(method="inpaint", model="doctor", steps=s.steps, image_size=s.resolution))
     # The filler loads its pipeline on first use: hand it the doctor's instead of a Hub id.
     filler._pipe = src.get("sd_inpaint")
     image = _image(s.resolution, shared)
@@ -174,15 +178,15 @@ def _train_step(scorer: Any, device: str) -> StageResult:
     size = ip.crop_size["height"] if ip.do_center_crop else ip.size["shortest_edge"]
     pixels = PixelPipeline(size, tuple(ip.image_mean), tuple(ip.image_std))
     tokenize = HFTokenize(scorer.processor.tokenizer)
-    backend = Backend("transformers", "doctor", HFClip(scorer.model).train(), pixels, tokenize,
-                      scorer.processor)
+    backend = Backend("transformers", "doctor", HFClip(scorer.model).train(), pixels, tokenize, scorer.processor)
     module = backend.module
     rng = np.random.default_rng(SEED)
     batch = torch.from_numpy(rng.integers(0, 256, (2, 3, size, size), dtype=np.uint8))
     texts = [CAPTION, COUNTERFACTUAL]
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-6)
-    image, text, _, scale = module(pixel_values=pixels.per_batch(batch).to(device),
-                                   text={k: v.to(device) for k, v in tokenize(texts).items()})
+    image, text, _, scale = module(
+        pixel_values=pixels.per_batch(batch).to(device), text={k: v.to(device) for k, v in tokenize(texts).items()}
+    )
     loss = clip_loss(image, text, scale)
     loss.backward()
     optimizer.step()
@@ -197,19 +201,22 @@ def _train_step(scorer: Any, device: str) -> StageResult:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("captions", ("mlm", "lm", "sentence"), "captions", run_captions,
-          models="roberta-base + gpt2-large + MiniLM-L6"),
-    *(Stage(f"p2p-{mode}", ("sd",), "candidate pairs", p2p_runner(mode), per_pixel=True,
-            models="SD v1.5 UNet+VAE+text") for mode in ("self", "cross", "both")),
-    Stage("clip-filters", ("clip_filter",), "candidate pairs", run_clip_filters,
-          models="CLIP ViT-L/14"),
-    Stage("inpaint", ("sd_inpaint",), "images", run_inpaint, per_pixel=True,
-          models="SD inpainting UNet+VAE+text"),
+    Stage(
+        "captions", ("mlm", "lm", "sentence"), "captions", run_captions, models="roberta-base + gpt2-large + MiniLM-L6"
+    ),
+    *(
+        Stage(
+            f"p2p-{mode}", ("sd",), "candidate pairs", p2p_runner(mode), per_pixel=True, models="SD v1.5 UNet+VAE+text"
+        )
+        for mode in ("self", "cross", "both")
+    ),
+    Stage("clip-filters", ("clip_filter",), "candidate pairs", run_clip_filters, models="CLIP ViT-L/14"),
+    Stage("inpaint", ("sd_inpaint",), "images", run_inpaint, per_pixel=True, models="SD inpainting UNet+VAE+text"),
     Stage("verify-removal", ("clip_filter",), "removals", run_verify, models="CLIP ViT-L/14"),
     Stage("mitl-embed", ("open_clip",), "images", run_mitl, models="open_clip ViT-B/32"),
-    Stage("train-vit-b32", ("clip",), "images", train_runner("clip"), train=True,
-          models="CLIP ViT-B/32"),
-    Stage("train-vit-l14", ("clip_filter",), "images", train_runner("clip_filter"), train=True,
-          models="CLIP ViT-L/14"),
+    Stage("train-vit-b32", ("clip",), "images", train_runner("clip"), train=True, models="CLIP ViT-B/32"),
+    Stage(
+        "train-vit-l14", ("clip_filter",), "images", train_runner("clip_filter"), train=True, models="CLIP ViT-L/14"
+    ),
 )
 STAGE_NAMES = tuple(stage.name for stage in STAGES)

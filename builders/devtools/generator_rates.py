@@ -23,8 +23,15 @@ import logging
 import time
 from dataclasses import dataclass
 
-from builders.devtools.doctor_generators import (GENERATORS, SHAPES, activations_meta, components,
-                                                 denoiser_inputs, parameter_counts, torch_dtype)
+from builders.devtools.doctor_generators import (
+    GENERATORS,
+    SHAPES,
+    activations_meta,
+    components,
+    denoiser_inputs,
+    parameter_counts,
+    torch_dtype,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +40,40 @@ HEADROOM = 0.9
 TINY_SIDE = 64
 #: Config overrides of each denoiser for `tiny=True`: the same classes, a few channels deep.
 TINY = {
-    "sd15": {"block_out_channels": [32, 32, 64, 64], "layers_per_block": 1,
-             "attention_head_dim": 4, "cross_attention_dim": 32, "norm_num_groups": 8},
-    "sdxl": {"block_out_channels": [32, 64, 64], "layers_per_block": 1,
-             "attention_head_dim": [2, 4, 4], "transformer_layers_per_block": [1, 1, 1],
-             "cross_attention_dim": 32, "norm_num_groups": 8, "addition_time_embed_dim": 8,
-             "projection_class_embeddings_input_dim": 32 + 6 * 8},
-    "sd3": {"num_layers": 2, "attention_head_dim": 8, "num_attention_heads": 2,
-            "joint_attention_dim": 32, "caption_projection_dim": 16, "pooled_projection_dim": 16},
-    "flux": {"num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,
-             "num_attention_heads": 2, "joint_attention_dim": 32, "pooled_projection_dim": 16,
-             "axes_dims_rope": [4, 6, 6]},
+    "sd15": {
+        "block_out_channels": [32, 32, 64, 64],
+        "layers_per_block": 1,
+        "attention_head_dim": 4,
+        "cross_attention_dim": 32,
+        "norm_num_groups": 8,
+    },
+    "sdxl": {
+        "block_out_channels": [32, 64, 64],
+        "layers_per_block": 1,
+        "attention_head_dim": [2, 4, 4],
+        "transformer_layers_per_block": [1, 1, 1],
+        "cross_attention_dim": 32,
+        "norm_num_groups": 8,
+        "addition_time_embed_dim": 8,
+        "projection_class_embeddings_input_dim": 32 + 6 * 8,
+    },
+    "sd3": {
+        "num_layers": 2,
+        "attention_head_dim": 8,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "caption_projection_dim": 16,
+        "pooled_projection_dim": 16,
+    },
+    "flux": {
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 16,
+        "axes_dims_rope": [4, 6, 6],
+    },
 }
 
 
@@ -120,12 +150,15 @@ def fits(generator: str, device: str, dtype: str, pairs: int, memory: int) -> st
     need = scale * (parameter_counts(generator)[0] * 2 + pairs * activations_meta(generator)[0])
     if need <= HEADROOM * memory:
         return ""
-    return (f"needs {need / GIB:.1f} GiB ({dtype} denoiser + {pairs} pairs' activations at "
-            f"{shape.resolution} px), over 90% of the {memory / GIB:.1f} GiB of {device}")
+    return (
+        f"needs {need / GIB:.1f} GiB ({dtype} denoiser + {pairs} pairs' activations at "
+        f"{shape.resolution} px), over 90% of the {memory / GIB:.1f} GiB of {device}"
+    )
 
 
-def generator_rate(generator: str, device: str, *, pairs: int = 2, repeats: int = 3,
-                   tiny: bool = False, memory: int | None = None) -> GeneratorRate:
+def generator_rate(
+    generator: str, device: str, *, pairs: int = 2, repeats: int = 3, tiny: bool = False, memory: int | None = None
+) -> GeneratorRate:
     import torch
 
     shape = SHAPES[generator]
@@ -134,8 +167,7 @@ def generator_rate(generator: str, device: str, *, pairs: int = 2, repeats: int 
     side = TINY_SIDE if tiny else shape.resolution
     rate = GeneratorRate(generator, dtype_name, side, pairs * shape.rows_per_pair, steps=shape.steps)
     if not tiny:
-        rate.skipped = fits(generator, device, dtype_name, pairs,
-                            _device_memory(device) if memory is None else memory)
+        rate.skipped = fits(generator, device, dtype_name, pairs, _device_memory(device) if memory is None else memory)
         if rate.skipped:
             return rate
     dtype = torch_dtype(dtype_name)
@@ -161,7 +193,9 @@ def generator_rates(device: str, names=GENERATORS, **kwargs) -> list[GeneratorRa
 def format_rate(r: GeneratorRate) -> str:
     if r.skipped:
         return f"{r.generator:<6} skipped: {r.skipped}"
-    return (f"{r.generator:<6} {r.dtype} {r.resolution} px: {r.rows_per_s:8.2f} denoiser rows/s "
-            f"({r.rows} rows a step), {r.pair_steps_per_s:8.2f} pair-steps/s, "
-            f"{r.pairs_per_s:8.3f} pairs/s at {r.steps} steps (denoiser only)"
-            + (f", peak {r.peak_gib:.1f} GiB" if r.peak_gib else ""))
+    return (
+        f"{r.generator:<6} {r.dtype} {r.resolution} px: {r.rows_per_s:8.2f} denoiser rows/s "
+        f"({r.rows} rows a step), {r.pair_steps_per_s:8.2f} pair-steps/s, "
+        f"{r.pairs_per_s:8.3f} pairs/s at {r.steps} steps (denoiser only)"
+        + (f", peak {r.peak_gib:.1f} GiB" if r.peak_gib else "")
+    )

@@ -23,9 +23,18 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
-from builders.devtools.local_hub_requests import (BadRequest, Fault, byte_range, commit_lines,
-                                                json_body, json_field, read_body, repo_id, repo_path,
-                                                sha256_oid)
+from builders.devtools.local_hub_requests import (
+    BadRequest,
+    Fault,
+    byte_range,
+    commit_lines,
+    json_body,
+    json_field,
+    read_body,
+    repo_id,
+    repo_path,
+    sha256_oid,
+)
 from builders.devtools.local_hub_state import HubState, Repo, StoredFile
 from builders.publishing.publish import git_blob_oid
 
@@ -89,11 +98,12 @@ class _Handler(BaseHTTPRequestHandler):
         for p, f in sorted(files.items()):
             if prefix and not p.startswith(prefix + "/"):
                 continue
-            parts = (p[len(prefix) + 1:] if prefix else p).split("/")
+            parts = (p[len(prefix) + 1 :] if prefix else p).split("/")
             for i in range(1, len(parts) if recursive else min(len(parts), 2)):
                 d = "/".join(([prefix] if prefix else []) + parts[:i])
-                dirs.setdefault(d, {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(),
-                                    "size": 0, "path": d})
+                dirs.setdefault(
+                    d, {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d}
+                )
             if recursive or len(parts) == 1:
                 out.append(self._file_entry(p, f))
         return list(dirs.values()) + out
@@ -125,8 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
         except BadRequest as err:
             # The framing is lost: what follows on this connection is not a request.
             self.close_connection = True
-            return self._send(400, {"error": str(err)}, {"X-Error-Code": "BadRequest",
-                                                         "Connection": "close"}, head)
+            return self._send(400, {"error": str(err)}, {"X-Error-Code": "BadRequest", "Connection": "close"}, head)
         path = urlparse(self.path).path
         with self.state.lock:
             fault = next((f for f in self.state.faults if f.matches(method, path)), None)
@@ -141,9 +150,16 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         path, query = url.path, parse_qs(url.query)
         if path == "/api/whoami-v2":
-            return self._send(200, {"type": "user", "name": "tester", "orgs": [],
-                                    "auth": {"type": "access_token",
-                                             "accessToken": {"role": "write"}}}, head=head)
+            return self._send(
+                200,
+                {
+                    "type": "user",
+                    "name": "tester",
+                    "orgs": [],
+                    "auth": {"type": "access_token", "accessToken": {"role": "write"}},
+                },
+                head=head,
+            )
         if path == "/api/validate-yaml" and method == "POST":
             return self._send(200, {"errors": [], "warnings": []})
         if path == "/api/repos/create" and method == "POST":
@@ -167,8 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {})
         m = re.match(r"^/(?:(datasets|spaces|models)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
         if m and method in ("GET", "HEAD"):
-            return self._resolve(REPO_TYPES[m.group(1)], repo_id(unquote(m.group(2))), m.group(3),
-                                 repo_path(unquote(m.group(4))), head)
+            return self._resolve(
+                REPO_TYPES[m.group(1)], repo_id(unquote(m.group(2))), m.group(3), repo_path(unquote(m.group(4))), head
+            )
         return self._error(404, "NotFound", f"no route {method} {path}", head)
 
     def _create_repo(self) -> None:
@@ -192,13 +209,11 @@ class _Handler(BaseHTTPRequestHandler):
         for o in json_field(json_body(self.raw), "objects", list):
             if not isinstance(o, dict):
                 raise BadRequest("each LFS object must be a JSON object")
-            obj = {"oid": sha256_oid(o.get("oid")), "size": json_field(o, "size", int),
-                   "authenticated": True}
+            obj = {"oid": sha256_oid(o.get("oid")), "size": json_field(o, "size", int), "authenticated": True}
             if o["oid"] not in self.state.lfs:
                 obj["actions"] = {"upload": {"href": f"{self._host()}/_lfs/{o['oid']}"}}
             objects.append(obj)
-        self._send(200, {"transfer": "basic", "objects": objects},
-                   {"Content-Type": "application/vnd.git-lfs+json"})
+        self._send(200, {"transfer": "basic", "objects": objects}, {"Content-Type": "application/vnd.git-lfs+json"})
 
     def _resolve(self, rtype: str, rid: str, rev: str, fpath: str, head: bool) -> None:
         repo = self._repo(rtype, rid, head)
@@ -211,15 +226,19 @@ class _Handler(BaseHTTPRequestHandler):
         if stored is None:
             return self._error(404, "EntryNotFound", f"{fpath} not found", head)
         data = stored.data
-        headers = {"X-Repo-Commit": sha, "ETag": f'"{stored.lfs_sha256 or git_blob_oid(data)}"',
-                   "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers = {
+            "X-Repo-Commit": sha,
+            "ETag": f'"{stored.lfs_sha256 or git_blob_oid(data)}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         if stored.lfs_sha256:
             headers["X-Linked-Etag"] = f'"{stored.lfs_sha256}"'
             headers["X-Linked-Size"] = len(data)
         rng = self.headers.get("Range")
         if rng and not head:
             start, end = byte_range(rng, len(data))
-            chunk = data[start:end + 1]
+            chunk = data[start : end + 1]
             headers["Content-Range"] = f"bytes {start}-{start + len(chunk) - 1}/{len(data)}"
             return self._send(206, chunk, headers)
         if head:
@@ -236,10 +255,13 @@ class _Handler(BaseHTTPRequestHandler):
         if op in ("", "revision") and method in ("GET", "HEAD"):
             return self._repo_info(rid, repo, arg or "main", head)
         if op == "refs" and method == "GET":
+
             def fmt(kind, refs):
                 return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": s} for n, s in refs.items()]
-            return self._send(200, {"branches": fmt("heads", repo.branches),
-                                    "tags": fmt("tags", repo.tags), "converts": []})
+
+            return self._send(
+                200, {"branches": fmt("heads", repo.branches), "tags": fmt("tags", repo.tags), "converts": []}
+            )
         if op in ("branch", "tag") and method == "POST":
             return self._create_ref(repo, op, unquote(arg))
         if op == "preupload" and method == "POST":
@@ -266,8 +288,9 @@ class _Handler(BaseHTTPRequestHandler):
             sha, out = repo.resolve(arg or "main"), []
             while sha:
                 c = repo.commits[sha]
-                out.append({"id": sha, "title": c.title, "message": "",
-                            "authors": [{"user": "tester"}], "date": c.date})
+                out.append(
+                    {"id": sha, "title": c.title, "message": "", "authors": [{"user": "tester"}], "date": c.date}
+                )
                 sha = c.parent
             return self._send(200, out)
         return self._error(404, "NotFound", f"no api route {method} {rest}", head)
@@ -279,8 +302,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest("each file must be a JSON object")
             path, size = repo_path(f.get("path")), json_field(f, "size", int)
             lfs = path.lower().endswith(LFS_SUFFIXES) or size >= LFS_MIN_BYTES
-            answers.append({"path": path, "shouldIgnore": False,
-                            "uploadMode": "lfs" if lfs else "regular"})
+            answers.append({"path": path, "shouldIgnore": False, "uploadMode": "lfs" if lfs else "regular"})
         return self._send(200, {"files": answers})
 
     def _repo_info(self, rid: str, repo: Repo, rev: str, head: bool) -> None:
@@ -288,12 +310,25 @@ class _Handler(BaseHTTPRequestHandler):
         if sha is None:
             return self._error(404, "RevisionNotFound", "Revision not found", head)
         c = repo.commits[sha]
-        self._send(200, {
-            "_id": rid, "id": rid, "author": rid.split("/")[0], "sha": sha,
-            "private": repo.private, "disabled": False, "gated": False, "downloads": 0,
-            "likes": 0, "tags": [], "lastModified": c.date, "createdAt": c.date,
-            "siblings": [{"rfilename": p, "size": len(f.data)} for p, f in sorted(c.files.items())],
-        }, head=head)
+        self._send(
+            200,
+            {
+                "_id": rid,
+                "id": rid,
+                "author": rid.split("/")[0],
+                "sha": sha,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "lastModified": c.date,
+                "createdAt": c.date,
+                "siblings": [{"rfilename": p, "size": len(f.data)} for p, f in sorted(c.files.items())],
+            },
+            head=head,
+        )
 
     def _create_ref(self, repo: Repo, op: str, name: str) -> None:
         p = json_body(self.raw, empty={})
@@ -322,8 +357,7 @@ class _Handler(BaseHTTPRequestHandler):
             if parent is None:
                 return self._error(404, "RevisionNotFound", f"branch {branch} not found")
             if header.get("parentCommit") and header["parentCommit"] != parent:
-                return self._error(412, "PreconditionFailed",
-                                   "parent commit is not the head of the branch")
+                return self._error(412, "PreconditionFailed", "parent commit is not the head of the branch")
             files = dict(repo.commits[parent].files)
             for key, v in ops:
                 if key == "file":
@@ -336,14 +370,20 @@ class _Handler(BaseHTTPRequestHandler):
                         files.pop(fp)
                 elif key == "lfsFile":
                     if v["oid"] not in self.state.lfs:
-                        return self._error(422, "LfsObjectMissing",
-                                           f"LFS object {v['oid']} was never uploaded")
+                        return self._error(422, "LfsObjectMissing", f"LFS object {v['oid']} was never uploaded")
                     files[v["path"]] = StoredFile(self.state.lfs[v["oid"]], v["oid"])
             sha = repo.add_commit(parent, files, header["summary"])
             repo.branches[branch] = sha
         prefix = "" if rtype == "model" else rtype + "s/"
-        return self._send(200, {"success": True, "commitOid": sha, "pullRequestUrl": None,
-                                "commitUrl": f"{self._host()}/{prefix}{rid}/commit/{sha}"})
+        return self._send(
+            200,
+            {
+                "success": True,
+                "commitOid": sha,
+                "pullRequestUrl": None,
+                "commitUrl": f"{self._host()}/{prefix}{rid}/commit/{sha}",
+            },
+        )
 
     def _paths_info(self, repo: Repo, rev: str) -> None:
         sha = repo.resolve(rev)
@@ -365,8 +405,7 @@ class _Handler(BaseHTTPRequestHandler):
             if p in files:
                 out.append(self._file_entry(p, files[p]))
             elif p == "" or any(f.startswith(p + "/") for f in files):
-                out.append({"type": "directory", "oid": hashlib.sha1(p.encode()).hexdigest(),
-                            "size": 0, "path": p})
+                out.append({"type": "directory", "oid": hashlib.sha1(p.encode()).hexdigest(), "size": 0, "path": p})
         return self._send(200, out)
 
 
@@ -388,8 +427,7 @@ class LocalHub:
         return f"http://{host}:{port}"
 
     def start(self) -> "LocalHub":
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="local-hub")
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="local-hub")
         self._thread.start()
         log.info("local Hub listening on %s", self.url)
         return self

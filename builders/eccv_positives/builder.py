@@ -36,8 +36,7 @@ from typing import Any
 from builders.eccv_positives import options
 from builders.eccv_positives.config import EccvImportConfig
 from builders.eccv_positives.schema import I2T, PM, REMOVED, T2I
-from builders.eccv_positives.source import (AnnotationSet, CocoRoot, read_coco_root, read_mitl_report,
-                                            removed_rows)
+from builders.eccv_positives.source import AnnotationSet, CocoRoot, read_coco_root, read_mitl_report, removed_rows
 from builders.eccv_positives.view import I2T_VIEW
 from builders.engine.errors import InputProblem
 from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
@@ -68,9 +67,13 @@ class EccvPositivesBuilder:
         self.config = config
 
     def outputs(self):
-        return [OutputSpec("i2t", "test", I2T, I2T_VIEW.to_dict()), OutputSpec("t2i", "test", T2I),
-                OutputSpec("pm", "i2t", PM), OutputSpec("pm", "t2i", PM),
-                OutputSpec("removed", "test", REMOVED)]
+        return [
+            OutputSpec("i2t", "test", I2T, I2T_VIEW.to_dict()),
+            OutputSpec("t2i", "test", T2I),
+            OutputSpec("pm", "i2t", PM),
+            OutputSpec("pm", "t2i", PM),
+            OutputSpec("removed", "test", REMOVED),
+        ]
 
     @cached_property
     def annotations(self) -> AnnotationSet:
@@ -88,8 +91,7 @@ class EccvPositivesBuilder:
         classes = {i: c for i, c in self.coco.classes.items() if i in wanted}
         if not (self.config.with_pm and classes):
             if self.config.with_pm:
-                log.warning("no instances for the annotated images under --coco-root: the pm "
-                            "config is left out")
+                log.warning("no instances for the annotated images under --coco-root: the pm config is left out")
             return Positives({}, {})
         # The query's own image (and so its own captions) is no PM positive: PM is meant to find
         # positives beyond the original pairs (METHOD.md §1).
@@ -100,13 +102,18 @@ class EccvPositivesBuilder:
 
     def work_items(self) -> list[RowItem]:
         removed = [RowItem("removed/test", f"removed #{n}", row) for n, row in enumerate(removed_rows())]
-        return ([self._image_item(i) for i in self.annotations.image_queries()]
-                + [self._caption_item(c) for c in self.annotations.caption_queries()]
-                + [RowItem(f"pm/{direction}", f"pm {direction} query {q}",
-                           {"query_id": q, "pm_positive_ids": ids[q].tolist()})
-                   for direction, ids in (("i2t", self.pm.i2t), ("t2i", self.pm.t2i))
-                   for q in sorted(ids)]
-                + removed)
+        return (
+            [self._image_item(i) for i in self.annotations.image_queries()]
+            + [self._caption_item(c) for c in self.annotations.caption_queries()]
+            + [
+                RowItem(
+                    f"pm/{direction}", f"pm {direction} query {q}", {"query_id": q, "pm_positive_ids": ids[q].tolist()}
+                )
+                for direction, ids in (("i2t", self.pm.i2t), ("t2i", self.pm.t2i))
+                for q in sorted(ids)
+            ]
+            + removed
+        )
 
     def process(self, items):
         from loading_scripts.images import ImageProblem, check_image
@@ -115,8 +122,12 @@ class EccvPositivesBuilder:
             row = item.row
             if item.output == "i2t/test" and item.path:
                 try:
-                    row = {**row, "image": check_image(item.path, expected_size=item.size,
-                                                       max_pixels=self.config.max_image_pixels).cell()}
+                    row = {
+                        **row,
+                        "image": check_image(
+                            item.path, expected_size=item.size, max_pixels=self.config.max_image_pixels
+                        ).cell(),
+                    }
                 except ImageProblem as err:
                     yield Skip(err.reason, kind="error", detail=str(err))
                     continue
@@ -134,34 +145,51 @@ class EccvPositivesBuilder:
         eccv = image_id in ann.eccv.i2t
         positives = ann.eccv.i2t[image_id].tolist() if eccv else []
         path, size = coco.images.get(image_id, (None, None))
-        return RowItem("i2t/test", label, {
-            "image_id": image_id, "file_name": path.name if path else None,
-            "eccv_query": eccv, "positive_caption_ids": positives,
-            "positive_captions": [coco.captions.get(c) for c in positives],
-            "positive_sources": ann.labels("i2t", image_id) if eccv else [],
-            "cxc_caption_ids": _ids(ann.cxc.i2t, image_id), "coco_caption_ids": _ids(ann.coco.i2t, image_id),
-        }, path, size=size)
+        return RowItem(
+            "i2t/test",
+            label,
+            {
+                "image_id": image_id,
+                "file_name": path.name if path else None,
+                "eccv_query": eccv,
+                "positive_caption_ids": positives,
+                "positive_captions": [coco.captions.get(c) for c in positives],
+                "positive_sources": ann.labels("i2t", image_id) if eccv else [],
+                "cxc_caption_ids": _ids(ann.cxc.i2t, image_id),
+                "coco_caption_ids": _ids(ann.coco.i2t, image_id),
+            },
+            path,
+            size=size,
+        )
 
     def _caption_item(self, caption_id: int) -> RowItem:
         ann = self.annotations
         eccv = caption_id in ann.eccv.t2i
         original = ann.coco.t2i.get(caption_id)
-        return RowItem("t2i/test", f"caption id {caption_id}", {
-            "caption": self.coco.captions.get(caption_id), "caption_id": caption_id,
-            "image_id": int(original[0]) if original is not None and len(original) else None,
-            "eccv_query": eccv,
-            "positive_image_ids": ann.eccv.t2i[caption_id].tolist() if eccv else [],
-            "positive_sources": ann.labels("t2i", caption_id) if eccv else [],
-            "cxc_image_ids": _ids(ann.cxc.t2i, caption_id), "coco_image_ids": _ids(ann.coco.t2i, caption_id),
-        })
+        return RowItem(
+            "t2i/test",
+            f"caption id {caption_id}",
+            {
+                "caption": self.coco.captions.get(caption_id),
+                "caption_id": caption_id,
+                "image_id": int(original[0]) if original is not None and len(original) else None,
+                "eccv_query": eccv,
+                "positive_image_ids": ann.eccv.t2i[caption_id].tolist() if eccv else [],
+                "positive_sources": ann.labels("t2i", caption_id) if eccv else [],
+                "cxc_image_ids": _ids(ann.cxc.t2i, caption_id),
+                "coco_image_ids": _ids(ann.coco.t2i, caption_id),
+            },
+        )
 
     def info(self):
         from builders.eccv_positives.card import card_fields
 
         mitl = read_mitl_report(self.config.annotations_dir)
         return BuildInfo(
-            builder="eccv-positives", card_template="eccv_positives.md",
-            pretty_name="ECCV Caption positives" if not self.config.annotations_dir
+            builder="eccv-positives",
+            card_template="eccv_positives.md",
+            pretty_name="ECCV Caption positives"
+            if not self.config.annotations_dir
             else "ECCV Caption-style positives (new MITL version)",
             config=self._config_record(),
             # The round's machine annotators, as `eccv candidates` named them (a round recorded
@@ -169,7 +197,6 @@ class EccvPositivesBuilder:
             models={f"annotator_{n}": m for n, m in enumerate(mitl["models"] if mitl else [], 1)},
             card_fields=card_fields(self.config, self.annotations.statistics(), mitl),
         )
-
 
     def _config_record(self) -> dict[str, Any]:
         """The config, how images are stored, plus a digest of a custom annotation folder:

@@ -18,31 +18,47 @@ CITATION = """@inproceedings{chun2022eccv_caption,
 @inproceedings{lin2014microsoft, title={Microsoft COCO: Common Objects in Context},
   author={Lin, Tsung-Yi and others}, booktitle={ECCV}, year={2014}}"""
 
+
 def _summary(mitl: dict[str, Any] | None) -> str:
     """The card's first line; a version annotated over another dataset's gallery merged no COCO
     list unless asked (`--coco-ids`), so it says what it holds."""
     if mitl and mitl.get("gallery") == "dataset":
         merged = " and CrissCrossed Captions" if mitl.get("cxc_merged") else ""
-        return ("Image-to-caption and caption-to-image positives of an image-caption dataset: the "
-                f"original pairs, machine-and-human-verified positives{merged}, as parquet (no "
-                "loading script).")
-    return ("Image-to-caption and caption-to-image positives of COCO retrieval: ECCV Caption "
-            "(machine-and-human-verified), CrissCrossed Captions and the original COCO pairs, "
-            "as parquet (no loading script).")
+        return (
+            "Image-to-caption and caption-to-image positives of an image-caption dataset: the "
+            f"original pairs, machine-and-human-verified positives{merged}, as parquet (no "
+            "loading script)."
+        )
+    return (
+        "Image-to-caption and caption-to-image positives of COCO retrieval: ECCV Caption "
+        "(machine-and-human-verified), CrissCrossed Captions and the original COCO pairs, "
+        "as parquet (no loading script)."
+    )
 
 
 def card_fields(config: EccvImportConfig, stats: dict[str, Any], mitl: dict[str, Any] | None) -> dict[str, Any]:
     """`BuildInfo.card_fields` of a build of `config`."""
-    source = ("the annotation files shipped in the `eccv_caption` package (the published ECCV "
-              "Caption, CxC and COCO 5K test positives)" if not config.annotations_dir else
-              f"the positives written by `counterfactory eccv ingest` (`{config.annotations_dir}`)")
-    how = [f"Positives read from {source}; one row per query of any source, positives in file order.",
-           "Each ECCV positive labelled coco / cxc / eccv by the most established source holding it.",
-           ("Images and caption texts from the COCO root; rows whose items it lacks keep null "
-            "image/text." if config.coco_root else "No COCO root: image and text columns are null."),
-           (f"PM pseudo-positives from COCO instance classes, zeta = {config.pm_zeta}, the query's "
-            "own image excluded." if config.with_pm and config.coco_root else "No PM config."),
-           "The `removed` config lists the captions and the image removed by the paper (Appendix C.1)."]
+    source = (
+        "the annotation files shipped in the `eccv_caption` package (the published ECCV "
+        "Caption, CxC and COCO 5K test positives)"
+        if not config.annotations_dir
+        else f"the positives written by `counterfactory eccv ingest` (`{config.annotations_dir}`)"
+    )
+    how = [
+        f"Positives read from {source}; one row per query of any source, positives in file order.",
+        "Each ECCV positive labelled coco / cxc / eccv by the most established source holding it.",
+        (
+            "Images and caption texts from the COCO root; rows whose items it lacks keep null image/text."
+            if config.coco_root
+            else "No COCO root: image and text columns are null."
+        ),
+        (
+            f"PM pseudo-positives from COCO instance classes, zeta = {config.pm_zeta}, the query's own image excluded."
+            if config.with_pm and config.coco_root
+            else "No PM config."
+        ),
+        "The `removed` config lists the captions and the image removed by the paper (Appendix C.1).",
+    ]
     return {
         "license": "cc-by-4.0",
         "task_categories": ["image-to-text", "text-to-image"],
@@ -61,7 +77,7 @@ def card_fields(config: EccvImportConfig, stats: dict[str, Any], mitl: dict[str,
             "Images keep the COCO license terms of their Flickr sources.",
         ],
         "license_text": "COCO captions and CxC annotations are CC BY 4.0; the ECCV Caption "
-                        "annotations are distributed by their authors with the `eccv_caption` "
-                        "package (naver-ai/eccv-caption); images follow the Flickr terms of COCO.",
+        "annotations are distributed by their authors with the `eccv_caption` "
+        "package (naver-ai/eccv-caption); images follow the Flickr terms of COCO.",
         "citation": CITATION,
     }

@@ -55,10 +55,9 @@ WRONG_CAPTIONS = {
 }
 DUPLICATE_IMAGES = {
     578492: "COCO_val2014_000000578492.jpg duplicates COCO_train2014_000000388662.jpg and "
-            "COCO_train2014_000000397819.jpg",
+    "COCO_train2014_000000397819.jpg",
 }
 INVALID_CAPTION_IDS = frozenset(MEANINGLESS_CAPTIONS) | frozenset(WRONG_CAPTIONS)
-
 
 
 @dataclass
@@ -67,16 +66,19 @@ class EccvImportConfig:
 
     #: COCO download for images, caption texts and instances (PM); None: ids only, no PM.
     coco_root: str | None = option(
-        None, "COCO download for images, caption texts and instances (optional: without it rows "
-              "hold ids only and there is no pm config)")
+        None,
+        "COCO download for images, caption texts and instances (optional: without it rows "
+        "hold ids only and there is no pm config)",
+    )
     #: Folder with `{eccv,cxc,original}_{image_to_caption,caption_to_image}.json`; None: the
     #: files shipped in the installed `eccv_caption` package (the published ECCV Caption).
     annotations_dir: str | None = option(
-        None, "folder of positives in the eccv_caption file format (default: the installed "
-              "eccv_caption package; `counterfactory eccv ingest` writes one)")
+        None,
+        "folder of positives in the eccv_caption file format (default: the installed "
+        "eccv_caption package; `counterfactory eccv ingest` writes one)",
+    )
     #: PM pseudo-positives: images whose 80-class instance vectors differ in <= zeta classes.
-    pm_zeta: int = option(0, "PM: max number of differing instance classes (paper PMRP: 0)",
-                          type=non_negative_int)
+    pm_zeta: int = option(0, "PM: max number of differing instance classes (paper PMRP: 0)", type=non_negative_int)
     #: Compute the `pm` config (needs `coco_root` with instances of the test images).
     with_pm: bool = option(True, "skip the pm config", flag="--no-pm")
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.

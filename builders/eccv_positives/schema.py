@@ -9,23 +9,42 @@ from loading_scripts.images import STORED_AS
 
 _IDS = datasets.List(datasets.Value("int64"))
 _TEXTS = datasets.List(datasets.Value("string"))
-I2T = datasets.Features({
-    "image": datasets.Image(), "image_id": datasets.Value("int64"),
-    "file_name": datasets.Value("string"), "eccv_query": datasets.Value("bool"),
-    "positive_caption_ids": _IDS, "positive_captions": _TEXTS, "positive_sources": _TEXTS,
-    "cxc_caption_ids": _IDS, "coco_caption_ids": _IDS,
-})
-T2I = datasets.Features({
-    "caption": datasets.Value("string"), "caption_id": datasets.Value("int64"),
-    "image_id": datasets.Value("int64"), "eccv_query": datasets.Value("bool"),
-    "positive_image_ids": _IDS, "positive_sources": _TEXTS,
-    "cxc_image_ids": _IDS, "coco_image_ids": _IDS,
-})
+I2T = datasets.Features(
+    {
+        "image": datasets.Image(),
+        "image_id": datasets.Value("int64"),
+        "file_name": datasets.Value("string"),
+        "eccv_query": datasets.Value("bool"),
+        "positive_caption_ids": _IDS,
+        "positive_captions": _TEXTS,
+        "positive_sources": _TEXTS,
+        "cxc_caption_ids": _IDS,
+        "coco_caption_ids": _IDS,
+    }
+)
+T2I = datasets.Features(
+    {
+        "caption": datasets.Value("string"),
+        "caption_id": datasets.Value("int64"),
+        "image_id": datasets.Value("int64"),
+        "eccv_query": datasets.Value("bool"),
+        "positive_image_ids": _IDS,
+        "positive_sources": _TEXTS,
+        "cxc_image_ids": _IDS,
+        "coco_image_ids": _IDS,
+    }
+)
 # One schema for both splits (a config has one): split i2t holds image queries -> caption ids,
 # split t2i caption queries -> image ids.
 PM = datasets.Features({"query_id": datasets.Value("int64"), "pm_positive_ids": _IDS})
-REMOVED = datasets.Features({"kind": datasets.Value("string"), "id": datasets.Value("int64"),
-                             "reason": datasets.Value("string"), "text": datasets.Value("string")})
+REMOVED = datasets.Features(
+    {
+        "kind": datasets.Value("string"),
+        "id": datasets.Value("int64"),
+        "reason": datasets.Value("string"),
+        "text": datasets.Value("string"),
+    }
+)
 
 COLUMN_DOCS = {
     "image_id": "COCO image id (for t2i: the caption's original image)",

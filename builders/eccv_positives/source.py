@@ -22,20 +22,29 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.config import (DUPLICATE_IMAGES, INVALID_CAPTION_IDS, MEANINGLESS_CAPTIONS,
-                                            MITL_REPORT, SOURCE_LABELS, WRONG_CAPTIONS, EccvImportConfig)
+from builders.eccv_positives.config import (
+    DUPLICATE_IMAGES,
+    INVALID_CAPTION_IDS,
+    MEANINGLESS_CAPTIONS,
+    MITL_REPORT,
+    SOURCE_LABELS,
+    WRONG_CAPTIONS,
+    EccvImportConfig,
+)
 from builders.engine.errors import InputProblem
 from loading_scripts.eccv import Positives, read_positives
 
 
 def removed_rows() -> list[dict[str, Any]]:
     """The Appendix C.1 list as rows of the `removed` config."""
-    rows = [{"kind": "caption", "id": i, "reason": "meaningless", "text": t}
-            for i, t in MEANINGLESS_CAPTIONS.items()]
-    rows += [{"kind": "caption", "id": i, "reason": "semantically_wrong", "text": t}
-             for i, t in WRONG_CAPTIONS.items()]
-    rows += [{"kind": "image", "id": i, "reason": "duplicate_of_train_image", "text": t}
-             for i, t in DUPLICATE_IMAGES.items()]
+    rows = [{"kind": "caption", "id": i, "reason": "meaningless", "text": t} for i, t in MEANINGLESS_CAPTIONS.items()]
+    rows += [
+        {"kind": "caption", "id": i, "reason": "semantically_wrong", "text": t} for i, t in WRONG_CAPTIONS.items()
+    ]
+    rows += [
+        {"kind": "image", "id": i, "reason": "duplicate_of_train_image", "text": t}
+        for i, t in DUPLICATE_IMAGES.items()
+    ]
     return rows
 
 
@@ -64,8 +73,10 @@ class AnnotationSet:
         """The provenance label of each ECCV positive of `query`, in file order."""
         coco = set(getattr(self.coco, modality).get(query, np.empty(0)).tolist())
         cxc = set(getattr(self.cxc, modality).get(query, np.empty(0)).tolist())
-        return ["coco" if p in coco else "cxc" if p in cxc else "eccv"
-                for p in getattr(self.eccv, modality)[query].tolist()]
+        return [
+            "coco" if p in coco else "cxc" if p in cxc else "eccv"
+            for p in getattr(self.eccv, modality)[query].tolist()
+        ]
 
     def statistics(self) -> dict[str, Any]:
         """Counts for the card, all recomputed from the files."""
@@ -77,7 +88,8 @@ class AnnotationSet:
             n_eccv = sum(len(v) for v in eccv.values())
             n_coco = sum(len(coco.get(q, ())) for q in eccv)
             stats[modality] = {
-                "eccv_queries": len(eccv), "eccv_positives": n_eccv,
+                "eccv_queries": len(eccv),
+                "eccv_positives": n_eccv,
                 "positives_by_source": {s: labels.get(s, 0) for s in SOURCE_LABELS},
                 "coco_positives_of_eccv_queries": n_coco,
                 # Table 3 of the paper: x3.58 captions per image query, x8.47 images per caption.
@@ -123,12 +135,12 @@ def read_coco_root(config: EccvImportConfig) -> CocoRoot:
     # A malformed record is left out whole, as the other builders skip the whole image: no
     # caption of it (not even the well-formed ones) and no instance class reaches a row.
     good = [r for r in records if r.input_problem is None]
-    return CocoRoot(captions={c.caption_id: c.text for r in good for c in r.captions},
-                    images={r.image_id: (r.path, (r.width, r.height)) for r in good},
-                    classes={r.image_id: sorted({o.category_id for o in r.objects})
-                             for r in good if r.objects},
-                    problems={r.image_id: (r.path, r.input_problem) for r in records
-                              if r.input_problem is not None})
+    return CocoRoot(
+        captions={c.caption_id: c.text for r in good for c in r.captions},
+        images={r.image_id: (r.path, (r.width, r.height)) for r in good},
+        classes={r.image_id: sorted({o.category_id for o in r.objects}) for r in good if r.objects},
+        problems={r.image_id: (r.path, r.input_problem) for r in records if r.input_problem is not None},
+    )
 
 
 def write_positives(positives: Positives, directory: str | Path, source: str) -> None:

@@ -8,7 +8,8 @@ from builders.viewer.row_view import Facet, RowView, Slot, Text
 I2T_VIEW = RowView(
     "eccv_positives",
     slots=(Slot("image", "query image"),),
-    texts=(Text("positive_captions", "positives", "grouped", group_by="positive_sources",
-                ids="positive_caption_ids"),),
+    texts=(
+        Text("positive_captions", "positives", "grouped", group_by="positive_sources", ids="positive_caption_ids"),
+    ),
     facets=(Facet("positive source", ("positive_sources",), "distinct"),),
 )

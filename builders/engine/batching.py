@@ -51,7 +51,7 @@ def is_out_of_memory(err: Exception) -> bool:
 
 def slices(items: Sequence[T], size: int) -> list[Sequence[T]]:
     """Consecutive slices of at most `size` items (works for lists and tensors)."""
-    return [items[start:start + size] for start in range(0, len(items), size)]
+    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
 class ShrinkingBatches:
@@ -78,9 +78,12 @@ class ShrinkingBatches:
         becomes the stage's one clear error instead of a traceback."""
         return self.map([args], lambda batch: [fn(*batch[0])])[0]
 
-    def run(self, batches: Iterable[Sequence[T]], fn: Callable[[Sequence[T]], R],
-            split: Callable[[Sequence[T], int], list[Sequence[T]]] = slices,
-            ) -> Iterator[tuple[Sequence[T], R]]:
+    def run(
+        self,
+        batches: Iterable[Sequence[T]],
+        fn: Callable[[Sequence[T]], R],
+        split: Callable[[Sequence[T], int], list[Sequence[T]]] = slices,
+    ) -> Iterator[tuple[Sequence[T], R]]:
         """(batch, fn(batch)) for the planned `batches`, lazily (a caller may stop early).
 
         A planned batch runs as planned until memory runs out once; from then on a batch larger
@@ -99,8 +102,12 @@ class ShrinkingBatches:
                     continue
                 if self._logged != self.size:
                     self._logged = self.size
-                    log.info("%s: batch size %d%s", self.stage, self.size,
-                             "" if self.size == self.initial else f" (halved from {self.initial} to fit in memory)")
+                    log.info(
+                        "%s: batch size %d%s",
+                        self.stage,
+                        self.size,
+                        "" if self.size == self.initial else f" (halved from {self.initial} to fit in memory)",
+                    )
                 yield batch, result
 
     def _attempt(self, fn: Callable[[Sequence[T]], R], batch: Sequence[T]) -> tuple[bool, R | None]:
@@ -116,9 +123,13 @@ class ShrinkingBatches:
         # Outside the `except`: the traceback (and the tensors its frames hold) is gone now.
         clear_device_cache(garbage_collection=True)
         if len(batch) <= 1:
-            raise BatchTooLargeError(
-                f"{self.stage}: out of memory with a batch of one item ({detail}); {self.hint}")
+            raise BatchTooLargeError(f"{self.stage}: out of memory with a batch of one item ({detail}); {self.hint}")
         self.size = max(1, min(self.size, len(batch)) // 2)
-        log.warning("%s: out of memory with %d items (%s); retrying them %d at a time",
-                    self.stage, len(batch), detail, self.size)
+        log.warning(
+            "%s: out of memory with %d items (%s); retrying them %d at a time",
+            self.stage,
+            len(batch),
+            detail,
+            self.size,
+        )
         return False, None

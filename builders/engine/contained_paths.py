@@ -57,8 +57,9 @@ class ContainedPaths:
     def __init__(self, root: str | os.PathLike, folder: str | None = None) -> None:
         root = Path(root)
         if folder is not None and not is_folder_name(folder):
-            raise InputFileError(root, f"{folder!r} is not a folder name",
-                                 "name a folder directly under the root, like val2014")
+            raise InputFileError(
+                root, f"{folder!r} is not a folder name", "name a folder directly under the root, like val2014"
+            )
         self.root = root
         self.base = root / folder if folder else root
         self._base_real = os.path.realpath(self.base)
@@ -72,10 +73,11 @@ class ContainedPaths:
         return any(_within(path, r) for r in self._roots) or path in self._waypoints
 
     def _refuse(self, name: str, where: str) -> PathOutsideRoot:
-        return PathOutsideRoot(self.base / name if not os.path.isabs(name) else name,
-                               f"{name!r} leads to {where}, outside the root {self.root}",
-                               "image files must lie inside the source root; fix the file name "
-                               "or move the file into the root")
+        return PathOutsideRoot(
+            self.base / name if not os.path.isabs(name) else name,
+            f"{name!r} leads to {where}, outside the root {self.root}",
+            "image files must lie inside the source root; fix the file name or move the file into the root",
+        )
 
     def resolve(self, name: str) -> Path:
         """The real path `name` (relative to `root/folder`, or absolute) opens, if inside."""

@@ -51,14 +51,23 @@ def no_dataset_scripts(name: str, flag: str) -> Iterator[None]:
             raise
         script = str(err).rsplit(" ", 1)[-1]
         raise InputFileError(
-            name, f"holds the loading script {script}, which `datasets` no longer runs",
+            name,
+            f"holds the loading script {script}, which `datasets` no longer runs",
             f"give {flag} a folder of data files (parquet, csv, json; images with a metadata file) "
-            f"without {script}, e.g. the dataset saved once with `Dataset.to_parquet`") from None
+            f"without {script}, e.g. the dataset saved once with `Dataset.to_parquet`",
+        ) from None
 
 
-def open_split(name: str, config: str | None, split: str, *, flag: str = "--dataset",
-               revision: str | None = None, streaming: bool = False,
-               cannot_load: Callable[[Exception], Exception] | None = None):
+def open_split(
+    name: str,
+    config: str | None,
+    split: str,
+    *,
+    flag: str = "--dataset",
+    revision: str | None = None,
+    streaming: bool = False,
+    cannot_load: Callable[[Exception], Exception] | None = None,
+):
     """`datasets.load_dataset(name, config, split=split)`: how every reader of a user-given
     dataset (given as `flag`) opens one split. A loading-script folder is one line
     (`no_dataset_scripts`); a split that cannot be loaded (`FileNotFoundError`, `ValueError`:
@@ -68,8 +77,7 @@ def open_split(name: str, config: str | None, split: str, *, flag: str = "--data
     with no_dataset_scripts(name, flag):
         try:
             local_data_files(name, config)
-            return datasets.load_dataset(name, config, split=split, revision=revision,
-                                         streaming=streaming)
+            return datasets.load_dataset(name, config, split=split, revision=revision, streaming=streaming)
         except PathOutsideRoot:
             raise
         except (FileNotFoundError, ValueError) as err:
@@ -94,11 +102,15 @@ def unreadable_shard(name: str, config: str | None, split: str, flag: str, err: 
             pq.ParquetFile(path).read()
         except (pa.ArrowException, OSError, ValueError) as bad:
             detail = " ".join(str(bad).split())[:200]
-            return InputFileError(path, f"not a readable parquet shard of {name} ({detail})",
-                                  "the file is truncated or corrupted: rebuild the dataset or "
-                                  "re-download that shard")
-    return UserFacingError(f"{flag} {name} (config {config!r}, split {split!r}): cannot read its data "
-                           f"({type(cause).__name__}: {problem}); rebuild or re-download it")
+            return InputFileError(
+                path,
+                f"not a readable parquet shard of {name} ({detail})",
+                "the file is truncated or corrupted: rebuild the dataset or re-download that shard",
+            )
+    return UserFacingError(
+        f"{flag} {name} (config {config!r}, split {split!r}): cannot read its data "
+        f"({type(cause).__name__}: {problem}); rebuild or re-download it"
+    )
 
 
 def local_data_files(name: str, config: str | None) -> dict[str, list[Path]] | None:
@@ -124,19 +136,27 @@ def local_data_files(name: str, config: str | None) -> dict[str, list[Path]] | N
             path = Path(os.path.normpath(os.path.join(folder, data_file)))
             if "://" in data_file or not path.is_relative_to(folder):
                 shown = data_file if "://" in data_file else path
-                raise PathOutsideRoot(folder, f"its README `configs:` names the data file "
-                                      f"{shown}, outside the folder", _INSIDE)
+                raise PathOutsideRoot(
+                    folder, f"its README `configs:` names the data file {shown}, outside the folder", _INSIDE
+                )
             try:
                 inside.resolve(str(path))
             except PathOutsideRoot:
-                raise PathOutsideRoot(folder, f"its data file {path.relative_to(folder)} is a "
-                                      "link to a file outside the folder", _INSIDE) from None
+                raise PathOutsideRoot(
+                    folder, f"its data file {path.relative_to(folder)} is a link to a file outside the folder", _INSIDE
+                ) from None
             out.setdefault(str(split), []).append(path)
     return out
 
 
-def load_dataset_split(name: str, config: str | None, split: str, *,
-                       config_flag: str = "--dataset-config", split_flag: str = "--dataset-split"):
+def load_dataset_split(
+    name: str,
+    config: str | None,
+    split: str,
+    *,
+    config_flag: str = "--dataset-config",
+    split_flag: str = "--dataset-split",
+):
     """`open_split` after checking that `config` and `split` exist: a wrong choice is one line
     listing the configs and splits there are and the flags that pick them."""
     with no_dataset_scripts(name, "--dataset"):
@@ -150,22 +170,27 @@ def _check_split(name: str, config: str | None, split: str, config_flag: str, sp
     try:
         configs = datasets.get_dataset_config_names(name)
     except (OSError, ValueError) as err:  # not found (FileNotFoundError), no network (ConnectionError)
-        raise InputFileError(name, f"cannot open this dataset ({type(err).__name__}: {err})",
-                             "give a Hub id ORG/NAME or a local dataset folder") from None
+        raise InputFileError(
+            name,
+            f"cannot open this dataset ({type(err).__name__}: {err})",
+            "give a Hub id ORG/NAME or a local dataset folder",
+        ) from None
     if config is None and len(configs) > 1 and "default" not in configs:
-        raise InputFileError(name, f"has several configs ({', '.join(configs)})",
-                             f"pick one with {config_flag} NAME")
+        raise InputFileError(name, f"has several configs ({', '.join(configs)})", f"pick one with {config_flag} NAME")
     if config is not None and config not in configs:
-        raise InputFileError(name, f"has no config {config!r} (configs: {', '.join(configs)})",
-                             f"pick one with {config_flag} NAME")
+        raise InputFileError(
+            name, f"has no config {config!r} (configs: {', '.join(configs)})", f"pick one with {config_flag} NAME"
+        )
     chosen = config or ("default" if "default" in configs else configs[0])
     local_data_files(name, chosen)  # before the split names, whose lookup reads a file's schema
     splits = datasets.get_dataset_split_names(name, chosen)
     if split not in splits:
-        available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c))}"
-                              for c in configs)
-        raise InputFileError(name, f"config {chosen!r} has no split {split!r} (splits by config: "
-                             f"{available})", f"pick them with {config_flag} NAME {split_flag} SPLIT")
+        available = "; ".join(f"{c}: {', '.join(datasets.get_dataset_split_names(name, c))}" for c in configs)
+        raise InputFileError(
+            name,
+            f"config {chosen!r} has no split {split!r} (splits by config: {available})",
+            f"pick them with {config_flag} NAME {split_flag} SPLIT",
+        )
 
 
 def _read_at_load(builder) -> Callable[[str], bool]:
@@ -196,7 +221,10 @@ def cell_image_source(dataset: str, cell: dict, where: str) -> bytes | Path:
     if cell.get("bytes"):
         return cell["bytes"]
     if not Path(dataset).is_dir():
-        raise PathOutsideRoot(where, f"the image cell has no bytes, only the local path "
-                              f"{cell.get('path')!r}, in a dataset that is no local folder",
-                              "publish the dataset with its images embedded")
+        raise PathOutsideRoot(
+            where,
+            f"the image cell has no bytes, only the local path "
+            f"{cell.get('path')!r}, in a dataset that is no local folder",
+            "publish the dataset with its images embedded",
+        )
     return _folder_paths(str(Path(dataset).resolve())).resolve(cell.get("path") or "")

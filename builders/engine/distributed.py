@@ -54,28 +54,32 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def array_worker(index: int | None, count: int | None,
-                 env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
+def array_worker(index: int | None, count: int | None, env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
     """This job-array worker's `(index, count)`: from the flags, else from SLURM's array variables
     (`SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN` of `SLURM_ARRAY_TASK_COUNT`), else None."""
     if (index is None) != (count is None):
-        raise UserFacingError("--worker-index and --num-workers go together (give both, or neither "
-                              "inside a SLURM job array)")
+        raise UserFacingError(
+            "--worker-index and --num-workers go together (give both, or neither inside a SLURM job array)"
+        )
     if index is None and "SLURM_ARRAY_TASK_ID" in env:
         try:
             index = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
             count = int(env["SLURM_ARRAY_TASK_COUNT"])
         except (KeyError, ValueError):
-            raise UserFacingError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT / "
-                                  "SLURM_ARRAY_TASK_MIN are missing or not integers; pass "
-                                  "--worker-index and --num-workers instead") from None
+            raise UserFacingError(
+                "SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT / "
+                "SLURM_ARRAY_TASK_MIN are missing or not integers; pass "
+                "--worker-index and --num-workers instead"
+            ) from None
         log.info("SLURM job array: worker %d of %d", index, count)
     if index is None or count is None:
         return None
     if count < 1 or not 0 <= index < count:
-        raise UserFacingError(f"worker index {index} is not in 0..{count - 1} (--num-workers "
-                              f"{count}); a SLURM array must be a contiguous range such as "
-                              f"--array=0-{max(count - 1, 0)}")
+        raise UserFacingError(
+            f"worker index {index} is not in 0..{count - 1} (--num-workers "
+            f"{count}); a SLURM array must be a contiguous range such as "
+            f"--array=0-{max(count - 1, 0)}"
+        )
     return index, count
 
 

@@ -18,13 +18,20 @@ from importlib import resources
 from pathlib import Path
 
 from builders.engine.errors import UserFacingError
+
 # The check itself lives with the odmap metric Space, whose text mode needs the tagger too.
 from counterfactory_metrics.odmap.noun_phrases import DOWNLOAD_COMMAND, TAGGER_DIR, TaggerDataMissing, ensure_tagger
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DOWNLOAD_COMMAND", "TAGGER_DIR", "ensure_nltk_tagger", "install_offline_tagger",
-           "read_tagged_corpus", "tagger_info"]
+__all__ = [
+    "DOWNLOAD_COMMAND",
+    "TAGGER_DIR",
+    "ensure_nltk_tagger",
+    "install_offline_tagger",
+    "read_tagged_corpus",
+    "tagger_info",
+]
 CORPUS = "nltk_tagged_corpus.txt"
 #: Written beside the tagger: which corpus trained it (lets a re-install skip unchanged data).
 STAMP = "counterfactory_corpus.sha256"
@@ -101,8 +108,7 @@ def ensure_nltk_tagger() -> None:
         ensure_tagger()
     except TaggerDataMissing as err:
         raise UserFacingError(
-            f"{err}; offline, install the small caption tagger with "
-            "`counterfactory nltk offline-tagger`"
+            f"{err}; offline, install the small caption tagger with `counterfactory nltk offline-tagger`"
         ) from None
 
 
@@ -114,6 +120,5 @@ def tagger_info() -> dict[str, str]:
     path = Path(str(nltk.data.find(TAGGER_DIR + "/")))
     stamp = path / STAMP
     if stamp.exists():
-        return {"tagger": "counterfactory offline caption tagger",
-                "corpus_sha256": stamp.read_text().strip()}
+        return {"tagger": "counterfactory offline caption tagger", "corpus_sha256": stamp.read_text().strip()}
     return {"tagger": "nltk averaged_perceptron_tagger_eng", "path": str(path)}

@@ -13,8 +13,9 @@ def _number(kind: type, text: str) -> int | float:
     try:
         return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
-                                         f"got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
 
 
 def at_least(minimum: int):

@@ -40,13 +40,23 @@ from typing import Any, Callable, Iterator, Mapping
 Values = dict[str, Any]
 
 
-def option(default: Any = MISSING, help: str = "", *, flag: str | None = None,
-           group: str | None = None, default_factory: Any = MISSING, **argparse_kwargs: Any) -> Any:
+def option(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    group: str | None = None,
+    default_factory: Any = MISSING,
+    **argparse_kwargs: Any,
+) -> Any:
     """A config field that is a flag (module docstring): its default (none: a required field),
     help text, `flag` (default `--FIELD-NAME`), `group` (a help group title; default its
     section's) and argparse keywords beyond what the field's type gives."""
-    return field(default=default, default_factory=default_factory,
-                 metadata={"help": help, "flag": flag, "group": group, "argparse": argparse_kwargs})
+    return field(
+        default=default,
+        default_factory=default_factory,
+        metadata={"help": help, "flag": flag, "group": group, "argparse": argparse_kwargs},
+    )
 
 
 def is_option(f: Field) -> bool:
@@ -131,8 +141,9 @@ def _check_names(cls: type, values: Mapping[str, Any], where: str) -> None:
 def _merged(low: Mapping[str, Any], high: Values) -> Values:
     out = dict(low)
     for name, value in high.items():
-        out[name] = _merged(out[name], value) if isinstance(value, dict) and isinstance(
-            out.get(name), Mapping) else value
+        out[name] = (
+            _merged(out[name], value) if isinstance(value, dict) and isinstance(out.get(name), Mapping) else value
+        )
     return out
 
 
@@ -144,8 +155,10 @@ def _help(f: Field, preset: Preset | None, path: tuple[str, ...]) -> str:
     text = f.metadata["help"].replace("%(default)s", _shown(field_default(f)))
     preset_value = preset.value(path) if preset else MISSING
     if preset_value is not MISSING:
-        text = (f"{text}{'; ' if text else ''}default {_shown(field_default(f))} "
-                f"({_shown(preset_value)} with {preset.name})")
+        text = (
+            f"{text}{'; ' if text else ''}default {_shown(field_default(f))} "
+            f"({_shown(preset_value)} with {preset.name})"
+        )
     return text
 
 
@@ -165,8 +178,14 @@ def _type_keywords(f: Field, hint: Any) -> dict[str, Any]:
     return {}
 
 
-def add_field(container: argparse._ActionsContainer, f: Field, hint: Any,
-              preset: Preset | None = None, path: tuple[str, ...] = (), required: bool = True) -> None:
+def add_field(
+    container: argparse._ActionsContainer,
+    f: Field,
+    hint: Any,
+    preset: Preset | None = None,
+    path: tuple[str, ...] = (),
+    required: bool = True,
+) -> None:
     """The flag of one `option()` field (module docstring), defaulting to None; a field without a
     default is a required flag unless `required` is False (a field of an optional section)."""
     extra = dict(f.metadata["argparse"])
@@ -175,12 +194,14 @@ def add_field(container: argparse._ActionsContainer, f: Field, hint: Any,
         kwargs = {k: v for k, v in kwargs.items() if k not in ("action", "const")}
     if required and f.default is MISSING and f.default_factory is MISSING:
         kwargs["required"] = True
-    container.add_argument(flag_of(f), dest=dest_of(f), default=None, help=_help(f, preset, path or (f.name,)),
-                           **{**kwargs, **extra})
+    container.add_argument(
+        flag_of(f), dest=dest_of(f), default=None, help=_help(f, preset, path or (f.name,)), **{**kwargs, **extra}
+    )
 
 
-def argument_group(parser: argparse.ArgumentParser, title: str | None,
-                   descriptions: Mapping[str, str] | None = None) -> argparse._ActionsContainer:
+def argument_group(
+    parser: argparse.ArgumentParser, title: str | None, descriptions: Mapping[str, str] | None = None
+) -> argparse._ActionsContainer:
     """The parser's group `title` (made, with its description, when first asked for); None: the
     parser itself."""
     if title is None:
@@ -191,13 +212,18 @@ def argument_group(parser: argparse.ArgumentParser, title: str | None,
     return parser.add_argument_group(title, (descriptions or {}).get(title))
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *,
-                         groups: Mapping[str, str | None] | None = None,
-                         descriptions: Mapping[str, str] | None = None,
-                         preset: Preset | None = None, group: str | None = None,
-                         path: tuple[str, ...] = (), required: bool = True,
-                         adders: Mapping[type, Callable[[argparse._ActionsContainer, Field], None]]
-                         | None = None) -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    groups: Mapping[str, str | None] | None = None,
+    descriptions: Mapping[str, str] | None = None,
+    preset: Preset | None = None,
+    group: str | None = None,
+    path: tuple[str, ...] = (),
+    required: bool = True,
+    adders: Mapping[type, Callable[[argparse._ActionsContainer, Field], None]] | None = None,
+) -> None:
     """The flags of every `option()` field of `cls` in field order, each section's fields under
     the group `groups[section]` (a field's own `group=` wins; `descriptions` describe groups). A
     section that defaults to None is optional: its fields are never required flags. `adders` add
@@ -211,9 +237,17 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *,
             else:
                 add_field(container, f, hint, preset, (*path, f.name), required)
         elif dataclasses.is_dataclass(hint) and f.name in groups:
-            add_config_arguments(parser, hint, groups=groups, descriptions=descriptions,
-                                 preset=preset, group=groups[f.name], path=(*path, f.name),
-                                 required=required and f.default is not None, adders=adders)
+            add_config_arguments(
+                parser,
+                hint,
+                groups=groups,
+                descriptions=descriptions,
+                preset=preset,
+                group=groups[f.name],
+                path=(*path, f.name),
+                required=required and f.default is not None,
+                adders=adders,
+            )
 
 
 def given_values(cls: type, args: argparse.Namespace) -> Values:

@@ -33,8 +33,13 @@ def device_type(device: str) -> str:
     return str(device).split(":", 1)[0]
 
 
-def resolve_dtype(requested: str, device: str, bf16_supported: Callable[[], bool] | None = None,
-                  flag: str = "--dtype", full: str = "fp32") -> str:
+def resolve_dtype(
+    requested: str,
+    device: str,
+    bf16_supported: Callable[[], bool] | None = None,
+    flag: str = "--dtype",
+    full: str = "fp32",
+) -> str:
     """The dtype name (`fp32`, `fp16`, `bf16`) that `requested` means on `device`; raises a
     `UserFacingError` for a precision the device cannot run, naming `flag` and its full-precision
     value `full`. `bf16_supported` defaults to `torch.cuda.is_bf16_supported` (a parameter so the
@@ -45,16 +50,20 @@ def resolve_dtype(requested: str, device: str, bf16_supported: Callable[[], bool
     if requested == "auto":
         return "fp16" if kind == "cuda" else "fp32"
     if requested == "fp16" and kind == "cpu":
-        raise UserFacingError(f"{flag} fp16 needs a GPU (this process runs on the CPU, whose half "
-                              f"kernels are incomplete and slow); use {flag} {full} or {flag} bf16")
+        raise UserFacingError(
+            f"{flag} fp16 needs a GPU (this process runs on the CPU, whose half "
+            f"kernels are incomplete and slow); use {flag} {full} or {flag} bf16"
+        )
     if requested == "bf16" and kind == "cuda":
         if bf16_supported is None:
             import torch
 
             bf16_supported = torch.cuda.is_bf16_supported
         if not bf16_supported():
-            raise UserFacingError(f"{flag} bf16: this GPU ({device}) does not support bfloat16 "
-                                  f"(torch.cuda.is_bf16_supported() is False); use {flag} fp16")
+            raise UserFacingError(
+                f"{flag} bf16: this GPU ({device}) does not support bfloat16 "
+                f"(torch.cuda.is_bf16_supported() is False); use {flag} fp16"
+            )
     return requested
 
 
@@ -95,8 +104,10 @@ def worker_precision(requested: str = "auto", device: str | None = None) -> Prec
 
 
 def _dtype_help(stages: str) -> str:
-    return (f"precision of {stages} (default %(default)s: fp16 on CUDA, fp32 elsewhere; fp16 is "
-            "refused on the CPU, bf16 on GPUs without it)")
+    return (
+        f"precision of {stages} (default %(default)s: fp16 on CUDA, fp32 elsewhere; fp16 is "
+        "refused on the CPU, bf16 on GPUs without it)"
+    )
 
 
 def dtype_option(stages: str, group: str | None = None) -> Any:

@@ -46,8 +46,7 @@ class Tracker:
         if sys.stderr.isatty() if tty is None else tty:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=label, unit="item", position=position,
-                            dynamic_ncols=True, leave=True)
+            self.bar = tqdm(total=total, desc=label, unit="item", position=position, dynamic_ncols=True, leave=True)
 
     def rate(self) -> float:
         elapsed = time.monotonic() - self.start
@@ -84,9 +83,15 @@ class Tracker:
         if self.bar is not None or now - self._last_log < self.interval:
             return
         self._last_log = now
-        log.info("%s: %s%d/%d items, %.2f items/s, ETA %s", self.label,
-                 f"{self.stage_text}; " if self.stage_text else "", self.done, self.total,
-                 self.rate(), format_eta(self.eta()))
+        log.info(
+            "%s: %s%d/%d items, %.2f items/s, ETA %s",
+            self.label,
+            f"{self.stage_text}; " if self.stage_text else "",
+            self.done,
+            self.total,
+            self.rate(),
+            format_eta(self.eta()),
+        )
 
 
 _current: Tracker | None = None

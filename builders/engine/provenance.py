@@ -41,7 +41,9 @@ _PATH_VALUE = re.compile(r"^(?P<prefix>[\w.\-]*[:=])?(?P<path>/(?!/)[^\n]*)$")
 _FLAG_VALUE = re.compile(r"^(?P<flag>--[\w\-]+=)(?P<value>.+)$")
 #: open_clip's loader prefixes: a value with one is a model spec, named as a whole.
 _MODEL_PREFIXES = ("local-dir:", "hf-hub:")
-_HUB_SNAPSHOT = re.compile(r"/(?:models|datasets|spaces)--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]+)")
+_HUB_SNAPSHOT = re.compile(
+    r"/(?:models|datasets|spaces)--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]+)"
+)
 #: A Hub repo id (`NAME` or `ORG/NAME`), the only specs whose cached revision is looked up.
 _REPO_ID = re.compile(r"[\w.\-]+(/[\w.\-]+)?")
 #: A spec spelled as a path (absolute, `./`, `../`, `~`): never a Hub id, even when missing.
@@ -98,8 +100,11 @@ def source_digest(module: str) -> str:
     # A package's folder (also a namespace package's, which has no origin), else the file.
     locations = list(spec.submodule_search_locations or [])
     root = Path(locations[0]) if locations else Path(spec.origin)
-    files = sorted(p for p in root.rglob("*") if p.suffix in {".py", ".md", ".txt"}
-                   and "__pycache__" not in p.parts) if root.is_dir() else [root]
+    files = (
+        sorted(p for p in root.rglob("*") if p.suffix in {".py", ".md", ".txt"} and "__pycache__" not in p.parts)
+        if root.is_dir()
+        else [root]
+    )
     h = hashlib.sha256()
     for f in files:
         h.update(f"{f.relative_to(root).as_posix() if f != root else f.name}\0".encode())
@@ -204,8 +209,11 @@ def portable(value: Any, root: Path, inputs: Iterable[str | None] = ()) -> Any:
     digests: dict[Path, str] = {}  # a source folder is named in several places
     specs = {m: model_name(m, digests) for m in inputs if m}
     # Prose quotes a spec as a whole word: `models/sd` is not replaced inside `models/sd_v2`.
-    quoted = [(re.compile(rf"(?<![\w./~-]){re.escape(spec)}(?![\w/-]|\.\w)"), name)
-              for spec, name in sorted(specs.items(), key=lambda kv: -len(kv[0])) if spec != name]
+    quoted = [
+        (re.compile(rf"(?<![\w./~-]){re.escape(spec)}(?![\w/-]|\.\w)"), name)
+        for spec, name in sorted(specs.items(), key=lambda kv: -len(kv[0]))
+        if spec != name
+    ]
 
     def collect(v: Any) -> None:
         if isinstance(v, dict):

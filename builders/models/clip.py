@@ -68,8 +68,9 @@ class OpenClipScorer:
         return normalized(self.model.encode_image(pixels))
 
 
-def load_scorer(model_id: str, device: str = "cpu", backend: str | None = None,
-                dtype: str = "fp32") -> ClipScorer | OpenClipScorer:
+def load_scorer(
+    model_id: str, device: str = "cpu", backend: str | None = None, dtype: str = "fp32"
+) -> ClipScorer | OpenClipScorer:
     """The scorer of `model_id` on `device` in `dtype`; `backend` None infers it from the id
     (`clip_ids`). The builders' configs hold their CLIP ids as text: this is where they are
     parsed, once."""

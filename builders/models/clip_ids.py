@@ -22,8 +22,10 @@ OPEN_CLIP_PREFIXES = ("open_clip:", "hf-hub:", "local-dir:")
 
 
 #: The spellings a CLIP model id may take, for the one line that refuses another.
-EXPECTED = ("a Hugging Face CLIP id or save_pretrained folder, or open_clip's ARCH[:TAG], "
-            "hf-hub:ORG/REPO or local-dir:PATH (open_clip:... where the backend is not given)")
+EXPECTED = (
+    "a Hugging Face CLIP id or save_pretrained folder, or open_clip's ARCH[:TAG], "
+    "hf-hub:ORG/REPO or local-dir:PATH (open_clip:... where the backend is not given)"
+)
 
 
 class ClipIdError(ValueError):
@@ -56,8 +58,11 @@ class ClipId:
     @property
     def names_weights(self) -> bool:
         """Whether the id itself says which weights to load (a `--pretrained` tag cannot apply)."""
-        return self.backend == TRANSFORMERS or self.pretrained is not None or \
-            self.name.startswith(("hf-hub:", "local-dir:"))
+        return (
+            self.backend == TRANSFORMERS
+            or self.pretrained is not None
+            or self.name.startswith(("hf-hub:", "local-dir:"))
+        )
 
 
 def parse_clip_id(model_id: str, backend: str | None = None, pretrained: str | None = None) -> ClipId:
@@ -83,8 +88,10 @@ def parse_clip_id(model_id: str, backend: str | None = None, pretrained: str | N
     if pretrained is None:
         return _checked(clip)
     if clip.names_weights:
-        raise ClipIdError(f"already says which weights to load, so --pretrained {pretrained} cannot "
-                          "apply; give an architecture name (ViT-B-32) or drop --pretrained")
+        raise ClipIdError(
+            f"already says which weights to load, so --pretrained {pretrained} cannot "
+            "apply; give an architecture name (ViT-B-32) or drop --pretrained"
+        )
     return _checked(ClipId(OPEN_CLIP, model_id, clip.name, pretrained))
 
 
@@ -102,12 +109,12 @@ def open_clip_model_config(clip: ClipId) -> dict:
     import open_clip
 
     if clip.name.startswith("local-dir:"):
-        folder = Path(clip.name[len("local-dir:"):])
+        folder = Path(clip.name[len("local-dir:") :])
         return json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]
     if clip.name.startswith("hf-hub:"):
         from huggingface_hub import hf_hub_download
 
-        path = hf_hub_download(clip.name[len("hf-hub:"):], "open_clip_config.json")
+        path = hf_hub_download(clip.name[len("hf-hub:") :], "open_clip_config.json")
         return json.loads(Path(path).read_text())["model_cfg"]
     return open_clip.get_model_config(clip.name)
 
@@ -125,8 +132,7 @@ def weights_fingerprint(model_id: str) -> str:
     if path is None:
         return "unresolved"
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    stats = [(p.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns)
-             for p, st in ((p, p.stat()) for p in files)]
+    stats = [(p.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns) for p, st in ((p, p.stat()) for p in files)]
     return hashlib.sha256(json.dumps([str(path.resolve()), stats]).encode()).hexdigest()[:16]
 
 

@@ -19,8 +19,15 @@ from typing import Any
 from builders.engine.errors import UserFacingError
 from builders.engine.precision import torch_dtype
 from builders.models.clip_ids import ClipId
-from builders.models.pickled_weights import (FLAG, PickledWeightsError, check_local, check_open_clip,
-                                             pickled_weights_trusted, refused_global, use_safetensors)
+from builders.models.pickled_weights import (
+    FLAG,
+    PickledWeightsError,
+    check_local,
+    check_open_clip,
+    pickled_weights_trusted,
+    refused_global,
+    use_safetensors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +46,20 @@ def _wrap(role: str, model_id: str, load):
             raise PickledWeightsError(
                 f"the {role} model {model_id!r}: its pickled weights hold {refused_global(refused)}, "
                 "which torch's weights_only loading refused, so none of it ran; do not use these "
-                "files, get the model as safetensors from a source you trust") from None
+                "files, get the model as safetensors from a source you trust"
+            ) from None
         if "safetensors" in str(err) and not pickled_weights_trusted() and not Path(model_id).exists():
             # A Hub id refused by use_safetensors=True (local folders are checked above).
             raise UserFacingError(
                 f"the {role} model {model_id!r} has no safetensors weights ({_one_line(err, 200)}); "
                 f"counterfactory loads safetensors only: pass {FLAG} if you trust its pickled "
-                "weights") from err
+                "weights"
+            ) from err
         raise UserFacingError(
             f"cannot load the {role} model {model_id!r} ({type(err).__name__}: {_one_line(err, 300)}); "
             "check the id or path, your network/HF_TOKEN, or use the offline profile "
-            "(`--models tiny`, built by `counterfactory models tiny DIR`)") from err
+            "(`--models tiny`, built by `counterfactory models tiny DIR`)"
+        ) from err
 
 
 def _unpickling_error(err: BaseException | None) -> pickle.UnpicklingError | None:
@@ -69,8 +79,9 @@ def load_clip(model_id: str, device: str = "cpu", dtype: str = "fp32"):
     from transformers import CLIPModel, CLIPProcessor
 
     def load():
-        model = CLIPModel.from_pretrained(model_id, dtype=torch_dtype(dtype),
-                                          use_safetensors=use_safetensors(), weights_only=True)
+        model = CLIPModel.from_pretrained(
+            model_id, dtype=torch_dtype(dtype), use_safetensors=use_safetensors(), weights_only=True
+        )
         return model.to(device).eval(), CLIPProcessor.from_pretrained(model_id)
 
     return _wrap("CLIP", model_id, load)
@@ -85,7 +96,8 @@ def load_open_clip(clip: ClipId, device: str = "cpu", dtype: str = "fp32"):
     def load():
         check_open_clip(clip.label, clip.name, clip.pretrained)
         model, _, preprocess = open_clip.create_model_and_transforms(
-            clip.name, pretrained=clip.pretrained, device=device, weights_only=True)
+            clip.name, pretrained=clip.pretrained, device=device, weights_only=True
+        )
         return model.to(torch_dtype(dtype)).eval(), preprocess, open_clip.get_tokenizer(clip.name)
 
     return _wrap("open_clip", clip.label, load)
@@ -101,18 +113,19 @@ def load_sd(model_id: str, inpaint: bool = False, device: str = "cpu", dtype: st
 #: that leave out what the method does not use (safety checker, invisible watermark: images are
 #: filtered with CLIP downstream, neither is part of the method).
 _PIPELINES = {
-    "sd": ("StableDiffusionPipeline", "Stable Diffusion",
-           {"safety_checker": None, "requires_safety_checker": False}),
-    "sd_inpaint": ("StableDiffusionInpaintPipeline", "inpainting",
-                   {"safety_checker": None, "requires_safety_checker": False}),
+    "sd": ("StableDiffusionPipeline", "Stable Diffusion", {"safety_checker": None, "requires_safety_checker": False}),
+    "sd_inpaint": (
+        "StableDiffusionInpaintPipeline",
+        "inpainting",
+        {"safety_checker": None, "requires_safety_checker": False},
+    ),
     "sdxl": ("StableDiffusionXLPipeline", "SDXL", {"add_watermarker": False}),
     "sd3": ("StableDiffusion3Pipeline", "SD3", {}),
     "flux": ("FluxPipeline", "FLUX", {}),
 }
 
 
-def load_generator(kind: str, model_id: str, device: str = "cpu", dtype: str = "fp32",
-                   cpu_offload: bool = False):
+def load_generator(kind: str, model_id: str, device: str = "cpu", dtype: str = "fp32", cpu_offload: bool = False):
     """A diffusers pipeline of `kind` (`_PIPELINES`) in `dtype` on `device`. With `cpu_offload`
     (diffusers' `enable_model_cpu_offload`) the weights stay in CPU memory and each model moves
     to the GPU `device` only while it runs: for GPUs that cannot hold the whole pipeline
@@ -124,8 +137,7 @@ def load_generator(kind: str, model_id: str, device: str = "cpu", dtype: str = "
 
     def load():
         # diffusers unpickles a trusted .bin with weights_only=True itself (no switch to pass).
-        pipe = cls.from_pretrained(model_id, dtype=torch_dtype(dtype),
-                                   use_safetensors=use_safetensors(), **extra)
+        pipe = cls.from_pretrained(model_id, dtype=torch_dtype(dtype), use_safetensors=use_safetensors(), **extra)
         pipe.set_progress_bar_config(disable=True)
         if cpu_offload:
             pipe.enable_model_cpu_offload(device=device)
@@ -140,8 +152,10 @@ def load_mlm(model_id: str, device: str = "cpu"):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     def load():
-        return (AutoModelForMaskedLM.from_pretrained(model_id, **_weights()).to(device).eval(),
-                AutoTokenizer.from_pretrained(model_id))
+        return (
+            AutoModelForMaskedLM.from_pretrained(model_id, **_weights()).to(device).eval(),
+            AutoTokenizer.from_pretrained(model_id),
+        )
 
     return _wrap("masked LM", model_id, load)
 
@@ -151,8 +165,10 @@ def load_lm(model_id: str, device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     def load():
-        return (AutoModelForCausalLM.from_pretrained(model_id, **_weights()).to(device).eval(),
-                AutoTokenizer.from_pretrained(model_id))
+        return (
+            AutoModelForCausalLM.from_pretrained(model_id, **_weights()).to(device).eval(),
+            AutoTokenizer.from_pretrained(model_id),
+        )
 
     return _wrap("causal LM", model_id, load)
 
@@ -162,8 +178,10 @@ def load_captioner(model_id: str, device: str = "cpu"):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     def load():
-        return (AutoModelForImageTextToText.from_pretrained(model_id, **_weights()).to(device).eval(),
-                AutoProcessor.from_pretrained(model_id))
+        return (
+            AutoModelForImageTextToText.from_pretrained(model_id, **_weights()).to(device).eval(),
+            AutoProcessor.from_pretrained(model_id),
+        )
 
     return _wrap("captioner", model_id, load)
 
@@ -174,8 +192,7 @@ def load_sentence(model_id: str, device: str = "cpu") -> Any:
 
     # model_kwargs reach its transformers model; its extra modules (Dense) read model.safetensors
     # first and a pytorch_model.bin with weights_only=True (the local check covers a folder).
-    return _wrap("sentence", model_id, lambda: SentenceTransformer(
-        model_id, device=device, model_kwargs=_weights()))
+    return _wrap("sentence", model_id, lambda: SentenceTransformer(model_id, device=device, model_kwargs=_weights()))
 
 
 def _weights() -> dict:

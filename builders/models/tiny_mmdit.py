@@ -29,8 +29,11 @@ def _t5_tokenizer():
     from transformers import T5TokenizerFast
 
     chars = string.ascii_letters + string.digits + string.punctuation
-    pieces = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-              + [(c, -3.0) for c in chars] + [("\u2581" + c, -2.5) for c in chars])
+    pieces = (
+        [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+        + [(c, -3.0) for c in chars]
+        + [("\u2581" + c, -2.5) for c in chars]
+    )
     return T5TokenizerFast(vocab=pieces, extra_ids=0)
 
 
@@ -38,18 +41,38 @@ def _t5_encoder(vocab_size: int, d_model: int):
     from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(SEED)
-    return T5EncoderModel(T5Config(vocab_size=vocab_size, d_model=d_model, d_ff=64, d_kv=8,
-                                   num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+    return T5EncoderModel(
+        T5Config(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            d_ff=64,
+            d_kv=8,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
 
 
 def _clip_text(with_projection: bool, vocab_size: int):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     torch.manual_seed(SEED + int(with_projection))
-    cfg = CLIPTextConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=77, bos_token_id=0,
-                         eos_token_id=1, pad_token_id=1, projection_dim=32)
+    cfg = CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        projection_dim=32,
+    )
     return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg)
 
 
@@ -58,34 +81,56 @@ def _vae(shift_factor: float, scaling_factor: float):
 
     torch.manual_seed(SEED)
     # SD3's and FLUX's VAEs: no quant convs, latents shifted then scaled.
-    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=_VAE_BLOCKS,
-                         down_block_types=["DownEncoderBlock2D"] * len(_VAE_BLOCKS),
-                         up_block_types=["UpDecoderBlock2D"] * len(_VAE_BLOCKS), layers_per_block=1,
-                         latent_channels=4, norm_num_groups=4, sample_size=64, use_quant_conv=False,
-                         use_post_quant_conv=False, shift_factor=shift_factor,
-                         scaling_factor=scaling_factor)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=_VAE_BLOCKS,
+        down_block_types=["DownEncoderBlock2D"] * len(_VAE_BLOCKS),
+        up_block_types=["UpDecoderBlock2D"] * len(_VAE_BLOCKS),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=64,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=shift_factor,
+        scaling_factor=scaling_factor,
+    )
 
 
 def build_tiny_sd3(out_dir: str | Path) -> Path:
     """A tiny StableDiffusion3Pipeline in `out_dir`: 4 joint blocks (so the vital-layer map
     leaves some untouched), two CLIP-with-projection encoders, a T5 encoder."""
-    from diffusers import (FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
-                           StableDiffusion3Pipeline)
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     clip_tok = _clip_tokenizer()
     t5_tok = _t5_tokenizer()
     torch.manual_seed(SEED)
     # joint_attention_dim = T5's width = the two CLIP widths side by side (SD3 pads CLIP to T5).
-    transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, out_channels=4,
-                                        num_layers=4, attention_head_dim=8, num_attention_heads=4,
-                                        joint_attention_dim=64, caption_projection_dim=32,
-                                        pooled_projection_dim=64, pos_embed_max_size=16)
+    transformer = SD3Transformer2DModel(
+        sample_size=16,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=4,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        joint_attention_dim=64,
+        caption_projection_dim=32,
+        pooled_projection_dim=64,
+        pos_embed_max_size=16,
+    )
     pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
         vae=_vae(shift_factor=0.0609, scaling_factor=1.5305),
-        text_encoder=_clip_text(True, len(clip_tok)), tokenizer=clip_tok,
-        text_encoder_2=_clip_text(True, len(clip_tok)), tokenizer_2=_clip_tokenizer(),
-        text_encoder_3=_t5_encoder(len(t5_tok), 64), tokenizer_3=t5_tok)
+        text_encoder=_clip_text(True, len(clip_tok)),
+        tokenizer=clip_tok,
+        text_encoder_2=_clip_text(True, len(clip_tok)),
+        tokenizer_2=_clip_tokenizer(),
+        text_encoder_3=_t5_encoder(len(t5_tok), 64),
+        tokenizer_3=t5_tok,
+    )
     pipe.save_pretrained(out_dir)
     return Path(out_dir)
 
@@ -98,18 +143,35 @@ def build_tiny_flux(out_dir: str | Path, *, guidance_embeds: bool = False) -> Pa
     clip_tok = _clip_tokenizer()
     t5_tok = _t5_tokenizer()
     torch.manual_seed(SEED)
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=4,
-                                         attention_head_dim=16, num_attention_heads=2,
-                                         joint_attention_dim=32, pooled_projection_dim=32,
-                                         guidance_embeds=guidance_embeds, axes_dims_rope=(4, 6, 6))
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=2,
+        num_single_layers=4,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        guidance_embeds=guidance_embeds,
+        axes_dims_rope=(4, 6, 6),
+    )
     # FLUX.1-schnell's scheduler config (dev: use_dynamic_shifting=True, shift=3.0).
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0 if guidance_embeds else 1.0,
-                                                use_dynamic_shifting=guidance_embeds,
-                                                base_image_seq_len=256, max_image_seq_len=4096,
-                                                base_shift=0.5, max_shift=1.15)
-    pipe = FluxPipeline(transformer=transformer, scheduler=scheduler,
-                        vae=_vae(shift_factor=0.1159, scaling_factor=0.3611),
-                        text_encoder=_clip_text(False, len(clip_tok)), tokenizer=clip_tok,
-                        text_encoder_2=_t5_encoder(len(t5_tok), 32), tokenizer_2=t5_tok)
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0 if guidance_embeds else 1.0,
+        use_dynamic_shifting=guidance_embeds,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+        base_shift=0.5,
+        max_shift=1.15,
+    )
+    pipe = FluxPipeline(
+        transformer=transformer,
+        scheduler=scheduler,
+        vae=_vae(shift_factor=0.1159, scaling_factor=0.3611),
+        text_encoder=_clip_text(False, len(clip_tok)),
+        tokenizer=clip_tok,
+        text_encoder_2=_t5_encoder(len(t5_tok), 32),
+        tokenizer_2=t5_tok,
+    )
     pipe.save_pretrained(out_dir)
     return Path(out_dir)

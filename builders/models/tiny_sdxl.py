@@ -24,23 +24,38 @@ _TIME_EMBED = 8
 
 
 def build_tiny_sdxl(out: str | Path) -> None:
-    from diffusers import (AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline,
-                           UNet2DConditionModel)
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     torch.manual_seed(SEED)
     unet = UNet2DConditionModel(
-        block_out_channels=(8, 16), layers_per_block=1, sample_size=32, in_channels=4,
-        out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
-        transformer_layers_per_block=(1, 2), use_linear_projection=True,
-        cross_attention_dim=_TEXT_WIDTH + _TEXT_2_WIDTH, addition_embed_type="text_time",
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4),
+        transformer_layers_per_block=(1, 2),
+        use_linear_projection=True,
+        cross_attention_dim=_TEXT_WIDTH + _TEXT_2_WIDTH,
+        addition_embed_type="text_time",
         addition_time_embed_dim=_TIME_EMBED,
-        projection_class_embeddings_input_dim=6 * _TIME_EMBED + _PROJECTION, norm_num_groups=2)
-    vae = AutoencoderKL(block_out_channels=[4, 8], in_channels=3, out_channels=3,
-                        down_block_types=["DownEncoderBlock2D"] * 2,
-                        up_block_types=["UpDecoderBlock2D"] * 2, latent_channels=4,
-                        norm_num_groups=2, scaling_factor=0.13025, force_upcast=True)
+        projection_class_embeddings_input_dim=6 * _TIME_EMBED + _PROJECTION,
+        norm_num_groups=2,
+    )
+    vae = AutoencoderKL(
+        block_out_channels=[4, 8],
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        latent_channels=4,
+        norm_num_groups=2,
+        scaling_factor=0.13025,
+        force_upcast=True,
+    )
     tokenizer = _clip_tokenizer()
     tokenizer_2 = _clip_tokenizer()
     tokenizer_2.pad_token = "!"
@@ -50,11 +65,23 @@ def build_tiny_sdxl(out: str | Path) -> None:
     text_2.hidden_size, text_2.projection_dim = _TEXT_2_WIDTH, _PROJECTION
     text_encoder = CLIPTextModel(text)
     text_encoder_2 = CLIPTextModelWithProjection(text_2)
-    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
-                                       beta_schedule="scaled_linear", steps_offset=1,
-                                       timestep_spacing="leading", prediction_type="epsilon")
-    pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder,
-                                     text_encoder_2=text_encoder_2, tokenizer=tokenizer,
-                                     tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler,
-                                     force_zeros_for_empty_prompt=True, add_watermarker=False)
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        steps_offset=1,
+        timestep_spacing="leading",
+        prediction_type="epsilon",
+    )
+    pipe = StableDiffusionXLPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=scheduler,
+        force_zeros_for_empty_prompt=True,
+        add_watermarker=False,
+    )
     pipe.save_pretrained(out)

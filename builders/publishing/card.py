@@ -47,8 +47,13 @@ def code_span(text: object) -> str:
 
 
 def _size_category(n: int) -> str:
-    bounds = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
-              (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M")]
+    bounds = [
+        (1_000, "n<1K"),
+        (10_000, "1K<n<10K"),
+        (100_000, "10K<n<100K"),
+        (1_000_000, "100K<n<1M"),
+        (10_000_000, "1M<n<10M"),
+    ]
     for bound, label in bounds:
         if n < bound:
             return label
@@ -80,15 +85,14 @@ def dataset_info_yaml(manifest: dict[str, Any]) -> list[dict[str, Any]]:
             by_config.setdefault(out["config"], []).append(out)
     for config, outs in by_config.items():
         features = datasets.Features.from_dict(outs[0]["features"])
-        infos.append({
-            "config_name": config,
-            "features": features._to_yaml_list(),
-            # num_bytes is the parquet size on disk (what a user downloads).
-            "splits": [
-                {"name": o["split"], "num_bytes": o["bytes"], "num_examples": o["rows"]}
-                for o in outs
-            ],
-        })
+        infos.append(
+            {
+                "config_name": config,
+                "features": features._to_yaml_list(),
+                # num_bytes is the parquet size on disk (what a user downloads).
+                "splits": [{"name": o["split"], "num_bytes": o["bytes"], "num_examples": o["rows"]} for o in outs],
+            }
+        )
     return infos
 
 
@@ -118,9 +122,7 @@ def _type_name(feature: Any) -> str:
     return type(feature).__name__
 
 
-def render_card(
-    manifest: dict[str, Any], repo_id: str | None = None, version: str | None = None
-) -> str:
+def render_card(manifest: dict[str, Any], repo_id: str | None = None, version: str | None = None) -> str:
     """Render the README (YAML header + card) for a build, optionally for a published version."""
     fields = manifest.get("card_fields", {})
     total_rows = sum(o["rows"] for o in manifest["outputs"].values())

@@ -89,11 +89,15 @@ def repo_id_problem(repo_id: str) -> str | None:
 def check_repo_id(repo_id: str) -> None:
     problem = repo_id_problem(repo_id)
     if problem == "not ORG/NAME":
-        raise PublishError(f"--repo-id {repo_id!r} must be ORG/NAME (an organisation or user name, "
-                           "a slash, and the dataset name), e.g. my-org/coco-captions")
+        raise PublishError(
+            f"--repo-id {repo_id!r} must be ORG/NAME (an organisation or user name, "
+            "a slash, and the dataset name), e.g. my-org/coco-captions"
+        )
     if problem:
-        raise PublishError(f"--repo-id {repo_id!r} is not a valid Hub repo id: use letters, digits, "
-                           "'-', '_' and '.', not starting or ending with '-' or '.', at most 96 characters")
+        raise PublishError(
+            f"--repo-id {repo_id!r} is not a valid Hub repo id: use letters, digits, "
+            "'-', '_' and '.', not starting or ending with '-' or '.', at most 96 characters"
+        )
 
 
 def use_endpoint(endpoint: str | None) -> str:
@@ -118,8 +122,7 @@ def bound_request_time(seconds: float) -> None:
         # Calls that pass `timeout=None` explicitly would otherwise wait forever.
         given = request.extensions.get("timeout") or {}
         request.extensions["timeout"] = {
-            k: given.get(k) if given.get(k) is not None else seconds
-            for k in ("connect", "read", "write", "pool")
+            k: given.get(k) if given.get(k) is not None else seconds for k in ("connect", "read", "write", "pool")
         }
 
     def factory():
@@ -187,31 +190,32 @@ def hub_errors(endpoint: str, repo_id: str, resume_hint: str) -> Iterator[None]:
     except PublishError:
         raise
     except BadHubAnswer as err:
-        raise PublishError(f"the Hub at {endpoint} answered {err.request} with something that is "
-                           f"not a Hub answer ({err.detail[:200]}); check --endpoint / HF_ENDPOINT "
-                           f"(a proxy or a server that is not a Hub?), then {resume_hint}") from err
+        raise PublishError(
+            f"the Hub at {endpoint} answered {err.request} with something that is "
+            f"not a Hub answer ({err.detail[:200]}); check --endpoint / HF_ENDPOINT "
+            f"(a proxy or a server that is not a Hub?), then {resume_hint}"
+        ) from err
     except OfflineModeIsEnabled as err:
         raise PublishError(f"{err}".splitlines()[0]) from err
     except LocalTokenNotFoundError as err:
-        raise PublishError(f"no Hugging Face token found for {endpoint}: set HF_TOKEN or run "
-                           "`hf auth login`") from err
+        raise PublishError(f"no Hugging Face token found for {endpoint}: set HF_TOKEN or run `hf auth login`") from err
     except httpx2.TimeoutException as err:
-        raise PublishInterrupted(f"the Hub at {endpoint} did not answer in time "
-                                 f"({type(err).__name__}); {resume_hint}") from err
+        raise PublishInterrupted(
+            f"the Hub at {endpoint} did not answer in time ({type(err).__name__}); {resume_hint}"
+        ) from err
     except (httpx2.TransportError, ConnectionError, TimeoutError) as err:
-        raise PublishInterrupted(f"cannot reach the Hub at {endpoint} ({type(err).__name__}: "
-                                 f"{str(err) or 'connection lost'}); check the network and "
-                                 f"--endpoint / HF_ENDPOINT, then {resume_hint}") from err
+        raise PublishInterrupted(
+            f"cannot reach the Hub at {endpoint} ({type(err).__name__}: "
+            f"{str(err) or 'connection lost'}); check the network and "
+            f"--endpoint / HF_ENDPOINT, then {resume_hint}"
+        ) from err
     except HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else None
         request = _describe(err.response.request) if err.response is not None else last_request()
         server = (getattr(err, "server_message", None) or str(err)).splitlines()[0]
         hint = resume_hint
         if status in (401, 403):
-            hint = (f"check the token (HF_TOKEN or `hf auth login`) and that it may write to "
-                    f"{repo_id.split('/')[0]}")
+            hint = f"check the token (HF_TOKEN or `hf auth login`) and that it may write to {repo_id.split('/')[0]}"
         elif status == 412:
-            hint = (f"the repo's main branch moved during the publish (another publish to {repo_id}?); "
-                    f"{resume_hint}")
-        raise PublishError(f"the Hub at {endpoint} answered {request} with HTTP {status} ({server}); "
-                           f"{hint}") from err
+            hint = f"the repo's main branch moved during the publish (another publish to {repo_id}?); {resume_hint}"
+        raise PublishError(f"the Hub at {endpoint} answered {request} with HTTP {status} ({server}); {hint}") from err

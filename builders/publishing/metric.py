@@ -35,14 +35,14 @@ log = logging.getLogger(__name__)
 
 # evaluate's widget app, loading NAME.py from the Space's own folder (not by repo id): the app runs
 # exactly the files its Space holds, also in a duplicated Space and without reaching the Hub.
-APP = '''import os
+APP = """import os
 
 import evaluate
 from evaluate.utils import launch_gradio_widget
 
 module = evaluate.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "{name}.py"))
 launch_gradio_widget(module)
-'''
+"""
 # What the card's front matter must declare for the Hub to build and start the app.
 CARD_KEYS = {"sdk": "gradio", "sdk_version": None, "app_file": "app.py"}
 
@@ -61,15 +61,19 @@ def _relative_imports(path: Path, top_level_only: bool) -> dict[str, int]:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (SyntaxError, UnicodeDecodeError) as err:
-        raise UserFacingError(f"{path}:{getattr(err, 'lineno', 0) or 1}: not valid Python "
-                              f"({type(err).__name__}); fix the module before publishing it") from None
+        raise UserFacingError(
+            f"{path}:{getattr(err, 'lineno', 0) or 1}: not valid Python "
+            f"({type(err).__name__}); fix the module before publishing it"
+        ) from None
     nodes = tree.body if top_level_only else ast.walk(tree)
     found: dict[str, int] = {}
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.level:
             if node.level != 1 or not node.module:
-                raise UserFacingError(f"{path}:{node.lineno}: only `from .helper import name` "
-                                      "works in a metric Space (evaluate downloads helper.py)")
+                raise UserFacingError(
+                    f"{path}:{node.lineno}: only `from .helper import name` "
+                    "works in a metric Space (evaluate downloads helper.py)"
+                )
             found.setdefault(node.module, node.lineno)
     return found
 
@@ -79,35 +83,45 @@ def space_files(module_dir: Path, name: str) -> list[Path]:
     module_dir = Path(module_dir)
     script = module_dir / f"{name}.py"
     if not script.is_file():
-        found = sorted(p.name for p in module_dir.glob("*.py") if p.name != "__init__.py") \
-            if module_dir.is_dir() else []
+        found = (
+            sorted(p.name for p in module_dir.glob("*.py") if p.name != "__init__.py") if module_dir.is_dir() else []
+        )
         raise UserFacingError(
             f"{script} does not exist: evaluate.load('ORG/{name}') fetches {name}.py, so the "
-            f"repo name must match the module file (found {found or 'no .py files'} in {module_dir})")
+            f"repo name must match the module file (found {found or 'no .py files'} in {module_dir})"
+        )
     _own_files(module_dir, [script])  # before anything is read through a link
     helpers = _relative_imports(script, top_level_only=True)
     nested = set(_relative_imports(script, top_level_only=False)) - set(helpers)
     if nested:
-        raise UserFacingError(f"{script} imports .{sorted(nested)[0]} inside a function: evaluate "
-                              "downloads only helpers imported at the top of the file; move the "
-                              "import there")
+        raise UserFacingError(
+            f"{script} imports .{sorted(nested)[0]} inside a function: evaluate "
+            "downloads only helpers imported at the top of the file; move the "
+            "import there"
+        )
     paths = {helper: module_dir / f"{helper}.py" for helper in sorted(helpers)}
     for helper, path in paths.items():
         if not path.is_file():
-            raise UserFacingError(f"{script}:{helpers[helper]} imports .{helper}, but {path} does "
-                                  "not exist (a helper shared with another Space: copy it here)")
-    extras = [module_dir / extra for extra in ("README.md", "requirements.txt", "app.py")
-              if (module_dir / extra).is_file() or (module_dir / extra).is_symlink()]
+            raise UserFacingError(
+                f"{script}:{helpers[helper]} imports .{helper}, but {path} does "
+                "not exist (a helper shared with another Space: copy it here)"
+            )
+    extras = [
+        module_dir / extra
+        for extra in ("README.md", "requirements.txt", "app.py")
+        if (module_dir / extra).is_file() or (module_dir / extra).is_symlink()
+    ]
     files = _own_files(module_dir, [script, *paths.values(), *extras])
     if (module_dir / "README.md").is_file():
         _check_card(module_dir / "README.md")
-    for path in files[1:len(paths) + 1]:
+    for path in files[1 : len(paths) + 1]:
         for needed, needed_line in _relative_imports(path, top_level_only=False).items():
             if needed not in helpers:
                 raise UserFacingError(
                     f"{path}:{needed_line} imports .{needed}, which {name}.py does not import: "
                     f"evaluate.load downloads only the helpers {name}.py imports — add "
-                    f"`from .{needed} import ...` to {name}.py")
+                    f"`from .{needed} import ...` to {name}.py"
+                )
     return files
 
 
@@ -118,18 +132,23 @@ def _check_card(card: Path) -> None:
     meta = {}
     if text.startswith("---\n") and "\n---" in text[4:]:
         try:
-            meta = yaml.safe_load(text[4:text.index("\n---", 3)]) or {}
+            meta = yaml.safe_load(text[4 : text.index("\n---", 3)]) or {}
         except yaml.YAMLError as err:
-            raise UserFacingError(f"{card}: the front matter is not valid YAML ({err.__class__.__name__}); "
-                                  "fix it before publishing") from None
+            raise UserFacingError(
+                f"{card}: the front matter is not valid YAML ({err.__class__.__name__}); fix it before publishing"
+            ) from None
     meta = meta if isinstance(meta, dict) else {}
-    wrong = [f"{key}: {want or '<gradio version>'}" for key, want in CARD_KEYS.items()
-             if meta.get(key) is None or (want is not None and meta.get(key) != want)]
+    wrong = [
+        f"{key}: {want or '<gradio version>'}"
+        for key, want in CARD_KEYS.items()
+        if meta.get(key) is None or (want is not None and meta.get(key) != want)
+    ]
     if wrong:
         raise UserFacingError(
             f"{card}: the front matter lacks {', '.join(wrong)}: a Space's card must declare its "
             "app (the upload replaces the Hub's card) — add them between the leading --- lines, "
-            "as in evaluate_modules/odmap/README.md")
+            "as in evaluate_modules/odmap/README.md"
+        )
 
 
 def _own_files(module_dir: Path, files: list[Path]) -> list[Path]:
@@ -137,9 +156,11 @@ def _own_files(module_dir: Path, files: list[Path]) -> list[Path]:
     root = module_dir.resolve()
     links = [p.name for p in files if p.is_symlink() or p.resolve() != root / p.name]
     if links:
-        raise UserFacingError(f"{module_dir}: {', '.join(links)}: a symlink; a Space publishes "
-                              "only regular files of its own folder (a link could send a file from "
-                              "anywhere on this machine) — replace each link by a copy of the file")
+        raise UserFacingError(
+            f"{module_dir}: {', '.join(links)}: a symlink; a Space publishes "
+            "only regular files of its own folder (a link could send a file from "
+            "anywhere on this machine) — replace each link by a copy of the file"
+        )
     return [root / p.name for p in files]
 
 
@@ -155,22 +176,21 @@ def publish_metric(cfg: MetricPublishConfig) -> str:
         return _upload_and_tag(HfApi(endpoint=endpoint), cfg, module_dir, name, files)
 
 
-def _upload_and_tag(api, cfg: MetricPublishConfig, module_dir: Path, name: str,
-                    files: list[Path]) -> str:
+def _upload_and_tag(api, cfg: MetricPublishConfig, module_dir: Path, name: str, files: list[Path]) -> str:
     from huggingface_hub import CommitOperationAdd
 
     repo = dict(repo_id=cfg.repo_id, repo_type="space")
     # One attempt each (no back-off here), but a broken answer is one line naming the request.
-    retrying(lambda: api.create_repo(**repo, space_sdk="gradio", private=cfg.private,
-                                     exist_ok=True), 1, "create_repo")
+    retrying(lambda: api.create_repo(**repo, space_sdk="gradio", private=cfg.private, exist_ok=True), 1, "create_repo")
     refuse_existing_tag(api, repo, cfg.version, retries=1)
     ops = [CommitOperationAdd(path_in_repo=p.name, path_or_fileobj=p.read_bytes()) for p in files]
     if not (module_dir / "app.py").exists():
-        ops.append(CommitOperationAdd(path_in_repo="app.py",
-                                      path_or_fileobj=APP.format(name=name).encode()))
-    commit = retrying(lambda: api.create_commit(**repo, operations=ops,
-                                                commit_message=f"{name} {cfg.version}").oid,
-                      1, "create_commit")
+        ops.append(CommitOperationAdd(path_in_repo="app.py", path_or_fileobj=APP.format(name=name).encode()))
+    commit = retrying(
+        lambda: api.create_commit(**repo, operations=ops, commit_message=f"{name} {cfg.version}").oid,
+        1,
+        "create_commit",
+    )
     retrying(lambda: api.create_tag(**repo, tag=cfg.version, revision=commit), 1, "create_tag")
     log.info("published metric %s at %s (commit %s)", cfg.repo_id, cfg.version, commit[:10])
     return commit

@@ -31,8 +31,7 @@ from pathlib import Path
 from builders.engine.errors import PublishError, UserFacingError
 from builders.publishing.hub_client import check_answer, retrying
 from builders.publishing.target import HubTarget
-from builders.engine.sharding.build_files import (CARD, changed_since_build, check_published_files,
-                                                 read_chunks)
+from builders.engine.sharding.build_files import CARD, changed_since_build, check_published_files, read_chunks
 from builders.engine.sharding.layout import MANIFEST, OutputLayout
 
 log = logging.getLogger(__name__)
@@ -84,8 +83,7 @@ def _check_build(output_dir: Path) -> dict:
     from builders.engine.sharding.output_guard import build_in_progress
 
     if build_in_progress(OutputLayout(output_dir)):
-        raise PublishError(f"a build is still writing to {output_dir}; publish it once the build "
-                           "has finished")
+        raise PublishError(f"a build is still writing to {output_dir}; publish it once the build has finished")
     manifest_path = output_dir / MANIFEST
     if not manifest_path.exists() or manifest_path.is_symlink():
         raise UserFacingError(
@@ -96,8 +94,9 @@ def _check_build(output_dir: Path) -> dict:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         rows = [out["rows"] for out in manifest["outputs"].values()]
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise UserFacingError(f"{manifest_path} is damaged ({type(err).__name__}: {err}); re-run "
-                              "the build command to write it again") from None
+        raise UserFacingError(
+            f"{manifest_path} is damaged ({type(err).__name__}: {err}); re-run the build command to write it again"
+        ) from None
     if not any(rows):
         # An empty version would load as nothing (or, without explicit configs, as the manifest).
         reasons = {**manifest.get("skipped", {}), **manifest.get("errors", {})}
@@ -116,8 +115,9 @@ def publish(cfg: PublishConfig) -> PublishResult:
     manifest = _check_build(output_dir)
     # Every local check (and hash) before the first request: a refused folder uploads nothing.
     files = _version_files(output_dir, manifest, cfg)
-    with cfg.session(f"re-run the same command to finish {cfg.version} "
-                     "(uploaded shards are not sent again)") as endpoint:
+    with cfg.session(
+        f"re-run the same command to finish {cfg.version} (uploaded shards are not sent again)"
+    ) as endpoint:
         return _publish(cfg, files, endpoint)
 
 
@@ -156,15 +156,17 @@ def _version_files(output_dir: Path, manifest: dict, cfg: PublishConfig) -> dict
         if files[path].sha256 != record.get("sha256"):
             raise changed_since_build(output_dir / path)
     # The card is re-rendered for this repo and version; the local README is the unreleased one.
-    files[CARD] = _Local.of(
-        render_card(manifest, repo_id=cfg.repo_id, version=cfg.version).encode())
+    files[CARD] = _Local.of(render_card(manifest, repo_id=cfg.repo_id, version=cfg.version).encode())
     files[MANIFEST] = _Local.of((output_dir / MANIFEST).read_bytes())
     return files
 
 
 def _tree(api, repo: dict, revision: str, retries: int) -> dict:
-    entries = retrying(lambda: list(api.list_repo_tree(**repo, recursive=True, revision=revision)),
-                       retries, f"list_repo_tree {revision}")
+    entries = retrying(
+        lambda: list(api.list_repo_tree(**repo, recursive=True, revision=revision)),
+        retries,
+        f"list_repo_tree {revision}",
+    )
     return {f.path: f for f in entries if hasattr(f, "blob_id") and f.path != ".gitattributes"}
 
 
@@ -172,8 +174,7 @@ def _differences(tree: dict, files: dict[str, _Local]) -> list[str]:
     """How a Hub tree differs from the version's files (empty when it is exactly this build)."""
     out = [f"{p} is missing" for p in sorted(set(files) - set(tree))]
     out += [f"{p} is not part of this build" for p in sorted(set(tree) - set(files))]
-    out += [f"{p} has other content" for p in sorted(set(files) & set(tree))
-            if not files[p].same_as(tree[p])]
+    out += [f"{p} has other content" for p in sorted(set(files) & set(tree)) if not files[p].same_as(tree[p])]
     return out
 
 
@@ -182,8 +183,7 @@ def _publish(cfg: PublishConfig, files: dict[str, _Local], endpoint: str) -> Pub
 
     api = HfApi(endpoint=endpoint)
     repo = dict(repo_id=cfg.repo_id, repo_type="dataset")
-    retrying(lambda: api.create_repo(**repo, private=cfg.private, exist_ok=True),
-             cfg.retries, "create_repo")
+    retrying(lambda: api.create_repo(**repo, private=cfg.private, exist_ok=True), cfg.retries, "create_repo")
 
     tagged = _tags(api, repo, cfg.retries).get(cfg.version)
     if tagged is not None:
@@ -191,8 +191,7 @@ def _publish(cfg: PublishConfig, files: dict[str, _Local], endpoint: str) -> Pub
 
     # Every commit names its parent: if another publish commits to main in between, the Hub
     # answers 412 and this one stops, so two builds' files never interleave in one version.
-    head = retrying(lambda: _commit_id(api.repo_info(**repo, revision="main").sha),
-                    cfg.retries, "repo_info")
+    head = retrying(lambda: _commit_id(api.repo_info(**repo, revision="main").sha), cfg.retries, "repo_info")
     remote = _tree(api, repo, head, cfg.retries)
 
     # Data files first, in bounded commits; README + manifest + deletions last, so a version's
@@ -208,8 +207,7 @@ def _publish(cfg: PublishConfig, files: dict[str, _Local], endpoint: str) -> Pub
             skipped += 1
             continue
         size = local.source.stat().st_size
-        if batches[-1] and (batch_bytes + size > cfg.max_commit_bytes
-                            or len(batches[-1]) >= cfg.max_commit_files):
+        if batches[-1] and (batch_bytes + size > cfg.max_commit_bytes or len(batches[-1]) >= cfg.max_commit_files):
             batches.append([])
             batch_bytes = 0
         batches[-1].append((path, local))
@@ -217,32 +215,38 @@ def _publish(cfg: PublishConfig, files: dict[str, _Local], endpoint: str) -> Pub
     batches = [b for b in batches if b]
 
     for i, batch in enumerate(batches, 1):
-        ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local.source))
-               for p, local in batch]
+        ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local.source)) for p, local in batch]
         head = _commit(api, repo, cfg, ops, head, f"{cfg.version}: data {i}/{len(batches)}")
         log.info("uploaded data commit %d/%d (%d files)", i, len(batches), len(batch))
 
-    final_ops: list = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=files[p].source)
-                       for p in final if not (p in remote and files[p].same_as(remote[p]))]
+    final_ops: list = [
+        CommitOperationAdd(path_in_repo=p, path_or_fileobj=files[p].source)
+        for p in final
+        if not (p in remote and files[p].same_as(remote[p]))
+    ]
     final_ops += [CommitOperationDelete(path_in_repo=p) for p in sorted(remote) if p not in files]
     if final_ops:
         head = _commit(api, repo, cfg, final_ops, head, f"{cfg.version}: card and manifest")
     _tag(api, repo, cfg, files, head)
     log.info("published %s at %s (commit %s)", cfg.repo_id, cfg.version, head[:10])
-    return PublishResult(cfg.repo_id, cfg.version, head, len(batches),
-                         sum(len(b) for b in batches), skipped)
+    return PublishResult(cfg.repo_id, cfg.version, head, len(batches), sum(len(b) for b in batches), skipped)
 
 
 def _commit(api, repo: dict, cfg: PublishConfig, ops: list, parent: str, message: str) -> str:
-    return retrying(lambda: _commit_id(api.create_commit(**repo, operations=ops, commit_message=message,
-                                                         parent_commit=parent).oid),
-                    cfg.retries, message)
+    return retrying(
+        lambda: _commit_id(
+            api.create_commit(**repo, operations=ops, commit_message=message, parent_commit=parent).oid
+        ),
+        cfg.retries,
+        message,
+    )
 
 
 def _commit_id(value) -> str:
     """A commit id from a Hub answer, which must be one (it becomes the next commit's parent)."""
-    check_answer(isinstance(value, str) and bool(_COMMIT_ID.fullmatch(value)),
-                 f"expected a commit id, got {str(value)[:60]!r}")
+    check_answer(
+        isinstance(value, str) and bool(_COMMIT_ID.fullmatch(value)), f"expected a commit id, got {str(value)[:60]!r}"
+    )
     return value
 
 
@@ -251,8 +255,7 @@ def _tags(api, repo: dict, retries: int) -> dict[str, str]:
     return {t.name: t.target_commit for t in refs.tags}
 
 
-def _already_tagged(api, repo: dict, cfg: PublishConfig, files: dict[str, _Local],
-                    commit: str) -> PublishResult:
+def _already_tagged(api, repo: dict, cfg: PublishConfig, files: dict[str, _Local], commit: str) -> PublishResult:
     """A rerun after the tag was made: fine when the tag holds exactly this build."""
     diff = _differences(_tree(api, repo, commit, cfg.retries), files)
     if diff:
@@ -261,8 +264,9 @@ def _already_tagged(api, repo: dict, cfg: PublishConfig, files: dict[str, _Local
             f"({diff[0]}); tags are never moved — publish under a new version, e.g. bump the "
             "patch number"
         )
-    log.info("%s@%s already holds exactly this build (commit %s); nothing to do",
-             cfg.repo_id, cfg.version, commit[:10])
+    log.info(
+        "%s@%s already holds exactly this build (commit %s); nothing to do", cfg.repo_id, cfg.version, commit[:10]
+    )
     return PublishResult(cfg.repo_id, cfg.version, commit, 0, 0, len(files), already_published=True)
 
 
@@ -271,9 +275,13 @@ def _tag(api, repo: dict, cfg: PublishConfig, files: dict[str, _Local], head: st
     from huggingface_hub.errors import HfHubHTTPError
 
     try:
-        retrying(lambda: api.create_tag(**repo, tag=cfg.version, revision=head,
-                                        tag_message=f"counterfactory {cfg.version}"),
-                 cfg.retries, "create_tag")
+        retrying(
+            lambda: api.create_tag(
+                **repo, tag=cfg.version, revision=head, tag_message=f"counterfactory {cfg.version}"
+            ),
+            cfg.retries,
+            "create_tag",
+        )
     except HfHubHTTPError as err:
         if err.response is None or err.response.status_code != 409:
             raise

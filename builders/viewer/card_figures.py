@@ -55,8 +55,7 @@ def _images(row: dict[str, Any], slots: Sequence[Slot], index: int) -> list[Imag
         try:
             images.append(decode_image(row[slot.column]))
         except ThumbnailProblem as problem:
-            log.warning("card figures: row %d (%s) left out of the examples: %s", index,
-                        slot.column, problem)
+            log.warning("card figures: row %d (%s) left out of the examples: %s", index, slot.column, problem)
     return images
 
 
@@ -80,14 +79,18 @@ def write_card_figures(root: Path, manifest: dict[str, Any]) -> list[dict[str, s
     name = f"{out['config']}/{out['split']}"
     if examples:
         path = plots.example_grid(examples, root / FIGURES_DIR / "examples.png")
-        figures.append({"path": path.relative_to(root).as_posix(),
-                        "alt": f"the first {len(examples)} rows of {name}"})
+        figures.append({"path": path.relative_to(root).as_posix(), "alt": f"the first {len(examples)} rows of {name}"})
     for column in [c for c in view.histograms if c in columns]:
-        values = [v for s in shards for v in pq.read_table(s, columns=[column]).column(column).to_pylist()
-                  if v is not None and math.isfinite(v)]
+        values = [
+            v
+            for s in shards
+            for v in pq.read_table(s, columns=[column]).column(column).to_pylist()
+            if v is not None and math.isfinite(v)
+        ]
         if values:
-            path = plots.histogram(values, root / FIGURES_DIR / f"hist_{column}.png",
-                                   title=f"{column} ({name})", xlabel=column)
+            path = plots.histogram(
+                values, root / FIGURES_DIR / f"hist_{column}.png", title=f"{column} ({name})", xlabel=column
+            )
             figures.append({"path": path.relative_to(root).as_posix(), "alt": f"histogram of {column}"})
     log.info("card figures: %s", [f["path"] for f in figures])
     return figures

@@ -32,6 +32,7 @@ def plain_text(draw: Callable[_P, _R]) -> Callable[_P, _R]:
     when they are created and tick labels when the figure is drawn, so the whole figure, savefig
     included, is made inside `draw`.
     """
+
     @functools.wraps(draw)
     def plain(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         import matplotlib
@@ -63,8 +64,8 @@ def top_counts(counts: Mapping[str, int], limit: int = MAX_BARS) -> list[tuple[s
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(ranked) <= limit:
         return ranked
-    rest = ranked[limit - 1:]
-    return ranked[:limit - 1] + [(f"other ({len(rest)} values)", sum(v for _, v in rest))]
+    rest = ranked[limit - 1 :]
+    return ranked[: limit - 1] + [(f"other ({len(rest)} values)", sum(v for _, v in rest))]
 
 
 @plain_text
@@ -86,8 +87,9 @@ def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, b
     ax = fig.add_subplot()
     arr = np.asarray(values, dtype=float)
     ax.hist(arr, bins=bins, color="tab:orange")
-    ax.axvline(float(arr.mean()), color="black", linestyle="--", linewidth=1,
-               label=f"mean {arr.mean():.3g} (n={arr.size})")
+    ax.axvline(
+        float(arr.mean()), color="black", linestyle="--", linewidth=1, label=f"mean {arr.mean():.3g} (n={arr.size})"
+    )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("rows")
     ax.set_title(title)
@@ -96,8 +98,9 @@ def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, b
 
 
 @plain_text
-def example_grid(rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, *,
-                 cell: float = 1.8, images_per_line: int = 4) -> Path:
+def example_grid(
+    rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, *, cell: float = 1.8, images_per_line: int = 4
+) -> Path:
     """Examples side by side (their images next to each other), each captioned above."""
     n_img = max(len(images) for images, _ in rows)
     per_line = max(1, images_per_line // n_img)
@@ -108,7 +111,7 @@ def example_grid(rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, 
         ax.axis("off")
     for k, (images, caption) in enumerate(rows):
         line, first = divmod(k, per_line)
-        cells = axes[line][first * n_img:(first + 1) * n_img]
+        cells = axes[line][first * n_img : (first + 1) * n_img]
         for ax, image in zip(cells, images, strict=False):
             ax.imshow(np.asarray(image.convert("RGB")))
         cells[0].set_title(textwrap.fill(caption, 24 * n_img), fontsize=7, loc="left")

@@ -34,8 +34,7 @@ from builders.viewer.row_view import Slot, view_of
 from builders.viewer.rows import record, search_text
 from builders.viewer.source import GallerySource
 from builders.viewer.stats import EXAMPLE_ROWS, GalleryStats, skip_counts
-from builders.viewer.thumbnails import (ThumbnailProblem, ThumbnailConfig, decode_image,
-                                               thumbnail_path, write_thumbnail)
+from builders.viewer.thumbnails import ThumbnailProblem, ThumbnailConfig, decode_image, thumbnail_path, write_thumbnail
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +74,10 @@ def _prepare(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} is a file; give a folder for the gallery (--output)")
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
-        raise OutputError(f"{out} is not empty and holds no gallery; give an empty or new folder "
-                          "(--output), an earlier gallery there is replaced")
+        raise OutputError(
+            f"{out} is not empty and holds no gallery; give an empty or new folder "
+            "(--output), an earlier gallery there is replaced"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name in _GENERATED:
@@ -97,8 +98,9 @@ def _script(path: Path, call: str, n: int, data: Any) -> int:
 def _templates():
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                              undefined=jinja2.StrictUndefined)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
+    )
 
 
 class _Writer:
@@ -119,8 +121,11 @@ class _Writer:
 
     def add(self, index: int, row: dict[str, Any]) -> None:
         # A null cell is an optional image this row lacks: nothing to show, nothing wrong.
-        thumbs = [self.thumbnail(index, k, slot, row) for k, slot in enumerate(self.slots)
-                  if row.get(slot.column) is not None]
+        thumbs = [
+            self.thumbnail(index, k, slot, row)
+            for k, slot in enumerate(self.slots)
+            if row.get(slot.column) is not None
+        ]
         rec = record(self.view, row, index, thumbs, self.image_cols)
         self.stats.add(row, rec["facets"])
         self.page.append(rec)
@@ -155,16 +160,16 @@ class _Writer:
         log.debug("row %d (%s): image not shown, %s", index, column, problem)
 
     def flush_page(self) -> None:
-        size = _script(self.out / f"pages/page-{self.pages:05d}.js", "window.galleryPage",
-                       self.pages, self.page)
+        size = _script(self.out / f"pages/page-{self.pages:05d}.js", "window.galleryPage", self.pages, self.page)
         if self.pages == 0:
             self.first_page_bytes += size
         self.pages += 1
         self.page = []
 
     def flush_index(self) -> None:
-        _script(self.out / f"index/part-{self.index_parts:05d}.js", "window.galleryIndex",
-                self.index_parts, self.index)
+        _script(
+            self.out / f"index/part-{self.index_parts:05d}.js", "window.galleryIndex", self.index_parts, self.index
+        )
         self.index_parts += 1
         self.index = []
 
@@ -180,26 +185,48 @@ def _stats_page(w: _Writer, source: GallerySource, env, common: dict[str, Any]) 
     skips = skip_counts(source.manifest)
     skip_plot = None
     if skips:
-        skip_plot = plots.bar_chart(skips, out / "stats/skip_reasons.png",
-                                    title="skipped items by reason", xlabel="items").relative_to(out)
+        skip_plot = plots.bar_chart(
+            skips, out / "stats/skip_reasons.png", title="skipped items by reason", xlabel="items"
+        ).relative_to(out)
     facet_stats = []
     for k, (name, counts) in enumerate(sorted(w.stats.facets.items())):
         path = plots.bar_chart(counts, out / f"stats/facet_{k}.png", title=f"rows per {name}")
-        facet_stats.append({"name": name, "plot": path.relative_to(out).as_posix(),
-                            "counts": sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))})
+        facet_stats.append(
+            {
+                "name": name,
+                "plot": path.relative_to(out).as_posix(),
+                "counts": sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])),
+            }
+        )
     histograms = []
     for column, values in sorted(w.stats.numbers.items()):
         path = plots.histogram(values, out / f"stats/hist_{column}.png", title=column, xlabel=column)
-        histograms.append({"column": column, "plot": path.relative_to(out).as_posix(), "n": len(values),
-                           "min": f"{min(values):.4g}", "mean": f"{sum(values) / len(values):.4g}",
-                           "max": f"{max(values):.4g}"})
-    not_shown = [(reason, n, ", ".join(map(str, w.stats.rows_not_shown[reason])))
-                 for reason, n in w.stats.not_shown_counts().items()]
+        histograms.append(
+            {
+                "column": column,
+                "plot": path.relative_to(out).as_posix(),
+                "n": len(values),
+                "min": f"{min(values):.4g}",
+                "mean": f"{sum(values) / len(values):.4g}",
+                "max": f"{max(values):.4g}",
+            }
+        )
+    not_shown = [
+        (reason, n, ", ".join(map(str, w.stats.rows_not_shown[reason])))
+        for reason, n in w.stats.not_shown_counts().items()
+    ]
     html = env.get_template("stats.html").render(
-        **common, skips=list(skips.items()), skipped_total=sum(skips.values()),
-        skip_plot=skip_plot.as_posix() if skip_plot else None, has_manifest=source.manifest is not None,
-        facet_stats=facet_stats, histograms=histograms, not_shown=not_shown, example_rows=EXAMPLE_ROWS,
-        not_shown_total=sum(w.stats.images_not_shown.values()))
+        **common,
+        skips=list(skips.items()),
+        skipped_total=sum(skips.values()),
+        skip_plot=skip_plot.as_posix() if skip_plot else None,
+        has_manifest=source.manifest is not None,
+        facet_stats=facet_stats,
+        histograms=histograms,
+        not_shown=not_shown,
+        example_rows=EXAMPLE_ROWS,
+        not_shown_total=sum(w.stats.images_not_shown.values()),
+    )
     (out / "stats.html").write_text(html, encoding="utf-8")
 
 
@@ -211,16 +238,29 @@ def write_gallery(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
         result = _write(source, cfg)
     except OSError as err:
         # Reading errors were turned into UserFacingError by `_rows`: this one is a write.
-        raise OutputError(f"{err.filename or out}: cannot write the gallery "
-                          f"({err.strerror or err}); free disk space or fix the permissions, or "
-                          "give another --output, then re-run") from None
+        raise OutputError(
+            f"{err.filename or out}: cannot write the gallery "
+            f"({err.strerror or err}); free disk space or fix the permissions, or "
+            "give another --output, then re-run"
+        ) from None
     if result.images_not_shown:
-        log.warning("%s: %d images not shown (%s); see %s", source.title,
-                    sum(result.images_not_shown.values()), _counts(result.images_not_shown),
-                    out / "stats.html")
-    log.info("gallery of %s (%s/%s): %d rows, %d pages, first page %.0f kB -> %s", source.title,
-             source.config, source.split, result.rows, result.pages,
-             result.first_page_bytes / 1000, result.index_html)
+        log.warning(
+            "%s: %d images not shown (%s); see %s",
+            source.title,
+            sum(result.images_not_shown.values()),
+            _counts(result.images_not_shown),
+            out / "stats.html",
+        )
+    log.info(
+        "gallery of %s (%s/%s): %d rows, %d pages, first page %.0f kB -> %s",
+        source.title,
+        source.config,
+        source.split,
+        result.rows,
+        result.pages,
+        result.first_page_bytes / 1000,
+        result.index_html,
+    )
     return result
 
 
@@ -233,9 +273,11 @@ def _rows(source: GallerySource) -> Iterator[dict[str, Any]]:
         except StopIteration:
             return
         except OSError as err:
-            raise UserFacingError(f"{source.title}: cannot read the rows of {source.config}/"
-                                  f"{source.split} ({type(err).__name__}: {err}); check the "
-                                  "folder or the network and re-run") from None
+            raise UserFacingError(
+                f"{source.title}: cannot read the rows of {source.config}/"
+                f"{source.split} ({type(err).__name__}: {err}); check the "
+                "folder or the network and re-run"
+            ) from None
         yield row
 
 
@@ -244,11 +286,13 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def not_shown_summary(result: GalleryResult) -> str:
-    """"; 2 images not shown (path_only 2; see stats.html)" or "" when every image is shown."""
+    """ "; 2 images not shown (path_only 2; see stats.html)" or "" when every image is shown."""
     if not result.images_not_shown:
         return ""
-    return (f"; {sum(result.images_not_shown.values())} images not shown "
-            f"({_counts(result.images_not_shown)}; see stats.html)")
+    return (
+        f"; {sum(result.images_not_shown.values())} images not shown "
+        f"({_counts(result.images_not_shown)}; see stats.html)"
+    )
 
 
 def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
@@ -258,12 +302,24 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
         w.add(index, row)
     w.finish()
     env = _templates()
-    common = {"title": source.title, "config": source.config, "split": source.split,
-              "rows": w.stats.rows, "kind": w.view.name}
-    facets = [{"name": name, "options": sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_FILTER_VALUES]}
-              for name, c in sorted(w.stats.facets.items())]
-    meta = {"rows": w.stats.rows, "pageSize": cfg.page_size, "pages": w.pages,
-            "indexParts": w.index_parts, "kind": w.view.name}
+    common = {
+        "title": source.title,
+        "config": source.config,
+        "split": source.split,
+        "rows": w.stats.rows,
+        "kind": w.view.name,
+    }
+    facets = [
+        {"name": name, "options": sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_FILTER_VALUES]}
+        for name, c in sorted(w.stats.facets.items())
+    ]
+    meta = {
+        "rows": w.stats.rows,
+        "pageSize": cfg.page_size,
+        "pages": w.pages,
+        "indexParts": w.index_parts,
+        "kind": w.view.name,
+    }
     # `</` inside inline JSON would end the <script> element early.
     meta_json = json.dumps(meta).replace("</", "<\\/")
     html = env.get_template("index.html").render(**common, facets=facets, meta_json=meta_json)
@@ -272,14 +328,30 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
         shutil.copyfile(TEMPLATES / name, out / name)
     _stats_page(w, source, env, common)
     first = w.first_page_bytes + sum((out / n).stat().st_size for n in ("index.html", "style.css", "gallery.js"))
-    result = GalleryResult(index_html=out / "index.html", rows=w.stats.rows, pages=w.pages,
-                           kind=w.view.name, first_page_bytes=first,
-                           images_not_shown=w.stats.not_shown_counts())
-    (out / MARKER).write_text(json.dumps({"complete": True, "source": source.title, "config": source.config,
-                                          "split": source.split, "rows": result.rows,
-                                          "pages": result.pages, "kind": result.kind,
-                                          "first_page_bytes": first,
-                                          "images_not_shown": result.images_not_shown}, indent=1))
+    result = GalleryResult(
+        index_html=out / "index.html",
+        rows=w.stats.rows,
+        pages=w.pages,
+        kind=w.view.name,
+        first_page_bytes=first,
+        images_not_shown=w.stats.not_shown_counts(),
+    )
+    (out / MARKER).write_text(
+        json.dumps(
+            {
+                "complete": True,
+                "source": source.title,
+                "config": source.config,
+                "split": source.split,
+                "rows": result.rows,
+                "pages": result.pages,
+                "kind": result.kind,
+                "first_page_bytes": first,
+                "images_not_shown": result.images_not_shown,
+            },
+            indent=1,
+        )
+    )
     return result
 
 
@@ -289,8 +361,16 @@ def write_gallery_index(root: Path, galleries: dict[str, Path]) -> Path:
     for name, folder in galleries.items():
         summary = json.loads((folder / MARKER).read_text())
         rel = folder.relative_to(root).as_posix()
-        entries.append({"name": name, "href": f"{rel}/index.html", "stats": f"{rel}/stats.html",
-                        "config": summary["config"], "split": summary["split"], "rows": summary["rows"]})
+        entries.append(
+            {
+                "name": name,
+                "href": f"{rel}/index.html",
+                "stats": f"{rel}/stats.html",
+                "config": summary["config"],
+                "split": summary["split"],
+                "rows": summary["rows"],
+            }
+        )
     css = next(iter(galleries.values())).relative_to(root).as_posix() + "/style.css" if galleries else ""
     html = _templates().get_template("galleries.html").render(galleries=entries, css=css)
     (root / "index.html").write_text(html, encoding="utf-8")

@@ -105,14 +105,17 @@ class RowView:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RowView:
-        return cls(name=data["name"],
-                   slots=tuple(Slot(**s) for s in data.get("slots") or ()),
-                   texts=tuple(Text(**t) for t in data.get("texts") or ()),
-                   facets=tuple(Facet(**{**f, "columns": tuple(f["columns"]),
-                                         "labels": tuple(f.get("labels") or ())})
-                                for f in data.get("facets") or ()),
-                   histograms=tuple(data.get("histograms") or ()),
-                   hidden=tuple(data.get("hidden") or ()))
+        return cls(
+            name=data["name"],
+            slots=tuple(Slot(**s) for s in data.get("slots") or ()),
+            texts=tuple(Text(**t) for t in data.get("texts") or ()),
+            facets=tuple(
+                Facet(**{**f, "columns": tuple(f["columns"]), "labels": tuple(f.get("labels") or ())})
+                for f in data.get("facets") or ()
+            ),
+            histograms=tuple(data.get("histograms") or ()),
+            hidden=tuple(data.get("hidden") or ()),
+        )
 
     def slots_in(self, columns: Sequence[str]) -> list[Slot]:
         """The slots whose image column the table has."""
@@ -126,13 +129,15 @@ class RowView:
 
 def generic_view(columns: Sequence[str], image_columns: Sequence[str]) -> RowView:
     """The view of a table that declares none."""
-    return RowView("generic", slots=tuple(Slot(c, c) for c in image_columns),
-                   texts=tuple(Text(c, c) for c in columns if c in _GENERIC_TEXT_COLUMNS),
-                   facets=(Facet("skip reason", ("reason", "skip_reason")),))
+    return RowView(
+        "generic",
+        slots=tuple(Slot(c, c) for c in image_columns),
+        texts=tuple(Text(c, c) for c in columns if c in _GENERIC_TEXT_COLUMNS),
+        facets=(Facet("skip reason", ("reason", "skip_reason")),),
+    )
 
 
-def view_of(output: dict[str, Any] | None, columns: Sequence[str],
-            image_columns: Sequence[str]) -> RowView:
+def view_of(output: dict[str, Any] | None, columns: Sequence[str], image_columns: Sequence[str]) -> RowView:
     """The view an output of the build manifest declares, else the generic one.
 
     The manifest may be anyone's (a dataset on the Hub): a declared view that does not parse is
@@ -142,6 +147,10 @@ def view_of(output: dict[str, Any] | None, columns: Sequence[str],
         try:
             return RowView.from_dict(declared)
         except (TypeError, KeyError, ValueError, AttributeError) as err:
-            log.warning("the build manifest declares a view that does not parse (%s: %s); showing "
-                        "the rows with the generic view", type(err).__name__, err)
+            log.warning(
+                "the build manifest declares a view that does not parse (%s: %s); showing "
+                "the rows with the generic view",
+                type(err).__name__,
+                err,
+            )
     return generic_view(columns, image_columns)

@@ -19,10 +19,24 @@ Segments = list[list[str]]
 
 #: Provenance shown first, in this order, when a row has it.
 PROVENANCE_ORDER = (
-    "p", "guidance_scale", "clip_score_0", "clip_score_1", "clip_directional",
-    "clip_image_similarity", "similarity", "perplexity", "image_candidates_tried",
-    "image_candidates_passed", "caption_candidates", "caption_candidates_in_window",
-    "removal", "anchor_class", "region_fraction", "fill", "caption_method", "seed",
+    "p",
+    "guidance_scale",
+    "clip_score_0",
+    "clip_score_1",
+    "clip_directional",
+    "clip_image_similarity",
+    "similarity",
+    "perplexity",
+    "image_candidates_tried",
+    "image_candidates_passed",
+    "caption_candidates",
+    "caption_candidates_in_window",
+    "removal",
+    "anchor_class",
+    "region_fraction",
+    "fill",
+    "caption_method",
+    "seed",
 )
 KEY_PROVENANCE = frozenset(PROVENANCE_ORDER[:12])
 _LONG_LIST = 12
@@ -36,7 +50,7 @@ def highlight(text: str, word: str | None, position: int | None) -> Segments:
     """`text` with `word` marked `hl` at `position` (if the word is there) or its first occurrence."""
     if not text or not word:
         return _plain(text)
-    start = position if isinstance(position, int) and text[position:position + len(word)] == word else None
+    start = position if isinstance(position, int) and text[position : position + len(word)] == word else None
     if start is None:
         match = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text)
         start = match.start() if match else None
@@ -52,8 +66,9 @@ _TOKEN = re.compile(r"\s*(?:[\w'-]+|[^\w\s])")
 def strike_removed(original: str, synthetic: str) -> Segments:
     """`original` with the words and punctuation missing from `synthetic` marked `del`."""
     a, b = _TOKEN.findall(original), _TOKEN.findall(synthetic)
-    matcher = difflib.SequenceMatcher(a=[t.strip().lower() for t in a], b=[t.strip().lower() for t in b],
-                                      autojunk=False)
+    matcher = difflib.SequenceMatcher(
+        a=[t.strip().lower() for t in a], b=[t.strip().lower() for t in b], autojunk=False
+    )
     segs: Segments = []
     for op, i1, i2, _, _ in matcher.get_opcodes():
         if op == "insert":  # words only the synthetic caption has are not in the original
@@ -77,6 +92,7 @@ def _values(x: Any) -> list[str]:
 
 # ------------------------------------------------------------------------- a view's texts and facets
 
+
 def _text(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
     value = row.get(spec.column)
     if spec.style == "highlight":
@@ -85,8 +101,7 @@ def _text(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"label": spec.label, "segs": highlight(value, word, position)}]
     if spec.style == "strike":
         against = row.get(spec.against) if spec.against else None
-        return ([{"label": spec.label, "segs": strike_removed(value, against)}]
-                if value and against is not None else [])
+        return [{"label": spec.label, "segs": strike_removed(value, against)}] if value and against is not None else []
     if spec.style == "numbered":
         return [{"label": f"{spec.label} {k}", "segs": _plain(c)} for k, c in enumerate(value or [])]
     if spec.style == "grouped":
@@ -99,15 +114,23 @@ def _grouped(spec: Text, row: dict[str, Any]) -> list[dict[str, Any]]:
     ids = (row.get(spec.ids) if spec.ids else None) or [None] * len(groups_of)
     items = row.get(spec.column) or [None] * len(groups_of)
     if not len(items) == len(ids) == len(groups_of):  # a hand-made or hostile dataset's row
-        return [{"label": spec.label, "segs": _plain(
-            f"({len(items)} texts, {len(ids)} ids and {len(groups_of)} groups: lists of different "
-            "lengths, not shown)")}]
+        return [
+            {
+                "label": spec.label,
+                "segs": _plain(
+                    f"({len(items)} texts, {len(ids)} ids and {len(groups_of)} groups: lists of different "
+                    "lengths, not shown)"
+                ),
+            }
+        ]
     groups: dict[str, list[str]] = {}
     for text, item_id, group in zip(items, ids, groups_of, strict=True):
         # Without the texts at build time (ECCV positives without COCO) only the id is known.
         groups.setdefault(str(group), []).append(text if text is not None else f"caption {item_id}")
-    return [{"label": f"{group} {spec.label} ({len(members)})", "segs": _plain(" | ".join(members))}
-            for group, members in sorted(groups.items())]
+    return [
+        {"label": f"{group} {spec.label} ({len(members)})", "segs": _plain(" | ".join(members))}
+        for group, members in sorted(groups.items())
+    ]
 
 
 def texts(view: RowView, row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -117,8 +140,11 @@ def texts(view: RowView, row: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _facet(spec: Facet, row: dict[str, Any]) -> list[str]:
     if spec.style == "nonzero":
-        return sorted(label for column, label in zip(spec.columns, spec.labels, strict=True)
-                      if isinstance(row.get(column), (int, float)) and row[column] > 0)
+        return sorted(
+            label
+            for column, label in zip(spec.columns, spec.labels, strict=True)
+            if isinstance(row.get(column), (int, float)) and row[column] > 0
+        )
     if spec.style == "distinct" and spec.field:
         return sorted({str(o.get(spec.field)) for o in row.get(spec.columns[0]) or [] if isinstance(o, dict)})
     value = row.get(spec.columns[0])
@@ -165,8 +191,9 @@ def row_id(row: dict[str, Any], index: int) -> str:
     return str(index)
 
 
-def record(view: RowView, row: dict[str, Any], index: int, thumbs: list[dict[str, Any]],
-           image_cols: Sequence[str]) -> dict[str, Any]:
+def record(
+    view: RowView, row: dict[str, Any], index: int, thumbs: list[dict[str, Any]], image_cols: Sequence[str]
+) -> dict[str, Any]:
     """The page's JSON for one row (`thumbs`: the written thumbnails of the view's slots)."""
     meta = provenance(row, set(image_cols) | view.text_columns | set(view.hidden))
     return {

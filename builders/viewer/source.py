@@ -113,34 +113,40 @@ def _front_matter(readme: Path, where: str) -> dict[str, Any]:
     match = _FRONT_MATTER.match(readme.read_text(encoding="utf-8"))
     meta = yaml.safe_load(match.group(1)) if match else None
     if not isinstance(meta, dict) or not meta.get("configs"):
-        raise InputFileError(where, "is not a build: its README.md has no YAML `configs:`",
-                             "give a folder written by `counterfactory build` or a Hub dataset "
-                             "id ORG/NAME")
+        raise InputFileError(
+            where,
+            "is not a build: its README.md has no YAML `configs:`",
+            "give a folder written by `counterfactory build` or a Hub dataset id ORG/NAME",
+        )
     return meta
 
 
 def _fetch_hub_file(repo_id: str, name: str, revision: str | None) -> Path | None:
     """Download one file of a dataset repo; None when the repo has no such file."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     at = f"{repo_id}@{revision}" if revision else repo_id
     try:
         return Path(hf_hub_download(repo_id, name, repo_type="dataset", revision=revision))
     except RevisionNotFoundError:
-        raise UserFacingError(f"{at}: the dataset has no revision {revision!r} (list its tags "
-                              "and branches on the Hub, or drop --revision for the main "
-                              "branch)") from None
+        raise UserFacingError(
+            f"{at}: the dataset has no revision {revision!r} (list its tags "
+            "and branches on the Hub, or drop --revision for the main "
+            "branch)"
+        ) from None
     except RepositoryNotFoundError:
-        raise UserFacingError(f"{repo_id}: no such dataset repo on the Hub, or it is private "
-                              "(check the id, log in with `hf auth login`, or give a local "
-                              "build folder)") from None
+        raise UserFacingError(
+            f"{repo_id}: no such dataset repo on the Hub, or it is private "
+            "(check the id, log in with `hf auth login`, or give a local "
+            "build folder)"
+        ) from None
     except EntryNotFoundError:
         return None
     except OSError as err:  # connection refused / offline
-        raise UserFacingError(f"{at}: cannot reach the Hub ({type(err).__name__}: {err}); check "
-                              "the network or HF_ENDPOINT") from None
+        raise UserFacingError(
+            f"{at}: cannot reach the Hub ({type(err).__name__}: {err}); check the network or HF_ENDPOINT"
+        ) from None
 
 
 def _locate(cfg: GallerySourceConfig) -> tuple[str, Path, Path | None, str]:
@@ -148,23 +154,32 @@ def _locate(cfg: GallerySourceConfig) -> tuple[str, Path, Path | None, str]:
     folder = Path(cfg.target)
     if folder.is_dir():
         if cfg.revision:
-            raise UserFacingError(f"--revision {cfg.revision} applies to Hub datasets only; "
-                                  f"{cfg.target} is a local folder (drop --revision)")
+            raise UserFacingError(
+                f"--revision {cfg.revision} applies to Hub datasets only; "
+                f"{cfg.target} is a local folder (drop --revision)"
+            )
         readme = folder / "README.md"
         if not readme.is_file():
-            raise InputFileError(cfg.target, "is not a build folder: no README.md",
-                                 "give a folder written by `counterfactory build` (README.md with "
-                                 "`configs:` + data/*.parquet) or a Hub dataset id ORG/NAME")
+            raise InputFileError(
+                cfg.target,
+                "is not a build folder: no README.md",
+                "give a folder written by `counterfactory build` (README.md with "
+                "`configs:` + data/*.parquet) or a Hub dataset id ORG/NAME",
+            )
         manifest = folder / "build_manifest.json"
         return str(folder), readme, manifest if manifest.is_file() else None, cfg.target
     if folder.exists() or not _REPO_ID.match(cfg.target):
-        raise InputFileError(cfg.target, "is neither a build folder nor a Hub dataset id",
-                             "give a folder written by `counterfactory build` or ORG/NAME")
+        raise InputFileError(
+            cfg.target,
+            "is neither a build folder nor a Hub dataset id",
+            "give a folder written by `counterfactory build` or ORG/NAME",
+        )
     readme = _fetch_hub_file(cfg.target, "README.md", cfg.revision)
     title = f"{cfg.target}@{cfg.revision}" if cfg.revision else cfg.target
     if readme is None:
-        raise UserFacingError(f"{title}: the dataset has no README.md, so it is not a build "
-                              "(publish one with `counterfactory publish`)")
+        raise UserFacingError(
+            f"{title}: the dataset has no README.md, so it is not a build (publish one with `counterfactory publish`)"
+        )
     return cfg.target, readme, _fetch_hub_file(cfg.target, "build_manifest.json", cfg.revision), title
 
 
@@ -174,14 +189,20 @@ def _has_image(features_yaml: list[dict[str, Any]] | None) -> bool:
 
 def choose_split(meta: dict[str, Any], cfg: GallerySourceConfig, where: str) -> tuple[str, str]:
     """The (config, split) to show, checked against the README's `configs:`."""
-    configs = {c["config_name"]: [d["split"] for d in c.get("data_files") or [] if isinstance(d, dict)]
-               for c in meta["configs"]}
-    infos = {i.get("config_name", "default"): i.get("features") for i in meta.get("dataset_info") or []
-             if isinstance(i, dict)}
+    configs = {
+        c["config_name"]: [d["split"] for d in c.get("data_files") or [] if isinstance(d, dict)]
+        for c in meta["configs"]
+    }
+    infos = {
+        i.get("config_name", "default"): i.get("features")
+        for i in meta.get("dataset_info") or []
+        if isinstance(i, dict)
+    }
     with_images = [c for c in configs if _has_image(infos.get(c))]
     if cfg.config is not None and cfg.config not in configs:
-        raise InputFileError(where, f"has no config {cfg.config!r} (configs: {', '.join(configs)})",
-                             "pick one with --config NAME")
+        raise InputFileError(
+            where, f"has no config {cfg.config!r} (configs: {', '.join(configs)})", "pick one with --config NAME"
+        )
     if cfg.config is not None:
         config = cfg.config
     elif with_images:
@@ -189,13 +210,18 @@ def choose_split(meta: dict[str, Any], cfg: GallerySourceConfig, where: str) -> 
     else:
         config = "default" if "default" in configs else next(iter(configs))
     if infos.get(config) is not None and not _has_image(infos[config]):
-        raise InputFileError(where, f"config {config!r} has no image column, so there is nothing "
-                             "to show", f"pick a config with images with --config "
-                             f"({', '.join(with_images) or 'this build has none'})")
+        raise InputFileError(
+            where,
+            f"config {config!r} has no image column, so there is nothing to show",
+            f"pick a config with images with --config ({', '.join(with_images) or 'this build has none'})",
+        )
     splits = configs[config]
     if cfg.split is not None and cfg.split not in splits:
-        raise InputFileError(where, f"config {config!r} has no split {cfg.split!r} (splits: "
-                             f"{', '.join(splits)})", "pick one with --split NAME")
+        raise InputFileError(
+            where,
+            f"config {config!r} has no split {cfg.split!r} (splits: {', '.join(splits)})",
+            "pick one with --split NAME",
+        )
     if not splits:
         raise InputFileError(where, f"config {config!r} lists no data files", "rebuild or republish it")
     return config, cfg.split or splits[0]
@@ -208,8 +234,11 @@ def open_source(cfg: GallerySourceConfig) -> GallerySource:
     ds = open_split(name, config, split, flag="`show`", revision=cfg.revision, streaming=True)
     images = image_columns(ds.features)
     if not images:
-        raise InputFileError(title, f"config {config!r} has no image column, so there is nothing "
-                             "to show", "pick a config with images with --config")
+        raise InputFileError(
+            title,
+            f"config {config!r} has no image column, so there is nothing to show",
+            "pick a config with images with --config",
+        )
     # No decoding by `datasets`, of any column: it would open the local file a cell's `path`
     # names, and a dataset (maybe someone else's, from the Hub) may name any file of the user's.
     # Casting the image columns alone would leave nested images (a list of images, a struct
@@ -217,6 +246,12 @@ def open_source(cfg: GallerySourceConfig) -> GallerySource:
     ds = ds.decode(False)
     manifest = json.loads(manifest_path.read_text()) if manifest_path else None
     log.info("%s: %s/%s, image columns %s", title, config, split, images)
-    return GallerySource(title=title, config=config, split=split, features=dict(ds.features),
-                         dataset=ds, manifest=manifest,
-                         parquet_files=_parquet_files(name, config, split, cfg.revision))
+    return GallerySource(
+        title=title,
+        config=config,
+        split=split,
+        features=dict(ds.features),
+        dataset=ds,
+        manifest=manifest,
+        parquet_files=_parquet_files(name, config, split, cfg.revision),
+    )

@@ -69,8 +69,9 @@ def decode_image(value: Any, max_pixels: int = MAX_PIXELS) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             if image.width * image.height > max_pixels:
-                raise ThumbnailProblem(TOO_MANY_PIXELS, f"{image.width}x{image.height} pixels, more "
-                                   f"than {max_pixels:,}")
+                raise ThumbnailProblem(
+                    TOO_MANY_PIXELS, f"{image.width}x{image.height} pixels, more than {max_pixels:,}"
+                )
             image.load()
     except ThumbnailProblem:
         raise
@@ -89,8 +90,9 @@ def outline(mask: Image.Image, size: tuple[int, int], width: int = 2) -> Image.I
     return ImageChops.subtract(region, inner)
 
 
-def write_thumbnail(image: Image.Image, path: Path, cfg: ThumbnailConfig,
-                    mask: Image.Image | None = None) -> dict[str, Any]:
+def write_thumbnail(
+    image: Image.Image, path: Path, cfg: ThumbnailConfig, mask: Image.Image | None = None
+) -> dict[str, Any]:
     """Write `image` (with `mask` outlined) as a JPEG; return its {"w", "h"} in pixels."""
     thumb = image.convert("RGB")
     # Bicubic halves Lanczos' cost at thumbnail sizes with no visible difference.

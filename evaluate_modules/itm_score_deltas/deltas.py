@@ -113,9 +113,7 @@ def _scores(x: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be 1-D (one score per pair), got shape {arr.shape}")
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
-        raise ValueError(
-            f"{name} has {bad.size} NaN or infinite scores (first at index {int(bad[0])})"
-        )
+        raise ValueError(f"{name} has {bad.size} NaN or infinite scores (first at index {int(bad[0])})")
     return arr
 
 
@@ -132,8 +130,12 @@ def itm_deltas(
     given = {
         name: _scores(value, name)
         for name, value in dict(
-            g_cr_ir=g_cr_ir, g_cr_io=g_cr_io, g_co_ir=g_co_ir,
-            g_cc_ics=g_cc_ics, g_cc_ios=g_cc_ios, g_co_ics=g_co_ics,
+            g_cr_ir=g_cr_ir,
+            g_cr_io=g_cr_io,
+            g_co_ir=g_co_ir,
+            g_cc_ics=g_cc_ics,
+            g_cc_ios=g_cc_ios,
+            g_co_ics=g_co_ics,
         ).items()
         if value is not None
     }
@@ -188,8 +190,7 @@ def itm_score_deltas(**scores: Any) -> dict[str, dict[str, float | int]]:
 
 def check_bins(bins: Any) -> int:
     """`bins` if it is an integer in 1..MAX_BINS; a ValueError naming `bins` otherwise."""
-    if isinstance(bins, (bool, np.bool_)) or not isinstance(bins, (int, np.integer)) \
-            or not 1 <= bins <= MAX_BINS:
+    if isinstance(bins, (bool, np.bool_)) or not isinstance(bins, (int, np.integer)) or not 1 <= bins <= MAX_BINS:
         raise ValueError(f"bins must be an integer from 1 to {MAX_BINS:,}, got {bins!r}")
     return int(bins)
 
@@ -223,8 +224,7 @@ def plot_histograms(
         return _draw_histograms(arrays, Path(path), title, bins)
 
 
-def _draw_histograms(arrays: dict[str, np.ndarray], path: Path, title: str | None,
-                     bins: int) -> Path:
+def _draw_histograms(arrays: dict[str, np.ndarray], path: Path, title: str | None, bins: int) -> Path:
     # A bare Figure renders with the Agg canvas and leaves pyplot's global backend alone.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -241,8 +241,13 @@ def _draw_histograms(arrays: dict[str, np.ndarray], path: Path, title: str | Non
         for name in names:
             kind = name[-1]
             values = arrays[name]
-            ax.hist(values, bins=edges, alpha=0.55, color=colors[kind],
-                    label=f"{name} ({labels[kind]}), mean {values.mean():.3g}")
+            ax.hist(
+                values,
+                bins=edges,
+                alpha=0.55,
+                color=colors[kind],
+                label=f"{name} ({labels[kind]}), mean {values.mean():.3g}",
+            )
         ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
         ax.set_xlabel(f"{panel} score difference")
         ax.set_ylabel("pairs")

@@ -89,14 +89,16 @@ class ItmScoreDeltas(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({
-                "g_cr_ir": _SCORE,
-                "g_cr_io": _SCORE,
-                "g_co_ir": _SCORE,
-                "g_cc_ics": _SCORE,
-                "g_cc_ios": _SCORE,
-                "g_co_ics": _SCORE,
-            }),
+            features=datasets.Features(
+                {
+                    "g_cr_ir": _SCORE,
+                    "g_cr_io": _SCORE,
+                    "g_co_ir": _SCORE,
+                    "g_cc_ics": _SCORE,
+                    "g_cc_ios": _SCORE,
+                    "g_co_ics": _SCORE,
+                }
+            ),
             reference_urls=["https://huggingface.co/datasets/Intel/COCO-Counterfactuals"],
         )
 
@@ -113,8 +115,7 @@ class ItmScoreDeltas(evaluate.Metric):
         if "bins" in kwargs:  # before any pair is buffered or scored
             check_bins(kwargs["bins"])
         if not len(self) and all(kwargs.get(name) is None for name in SCORE_NAMES):
-            raise ValueError(_missing_message(SCORE_NAMES) + ", or buffer pairs with add/add_batch "
-                             "before compute()")
+            raise ValueError(_missing_message(SCORE_NAMES) + ", or buffer pairs with add/add_batch before compute()")
         # evaluate's compute sends given scores through `add_batch` (checked there) and then
         # scores every buffered pair.
         return super().compute(**kwargs)
@@ -132,8 +133,12 @@ class ItmScoreDeltas(evaluate.Metric):
         bins=50,
     ):
         deltas = itm_deltas(
-            g_cr_ir=g_cr_ir, g_cr_io=g_cr_io, g_co_ir=g_co_ir,
-            g_cc_ics=g_cc_ics, g_cc_ios=g_cc_ios, g_co_ics=g_co_ics,
+            g_cr_ir=g_cr_ir,
+            g_cr_io=g_cr_io,
+            g_co_ir=g_co_ir,
+            g_cc_ics=g_cc_ics,
+            g_cc_ios=g_cc_ios,
+            g_co_ics=g_co_ics,
         )
         results = {name: stats.as_dict() for name, stats in delta_stats(deltas).items()}
         if histogram_path is not None:
@@ -143,9 +148,11 @@ class ItmScoreDeltas(evaluate.Metric):
 
 
 def _missing_message(missing):
-    return (f"missing score column(s) {list(missing)}: this module needs all six scores per pair "
-            f"({', '.join(SCORE_NAMES)}); to score only the random or only the counterfactual "
-            "group, call deltas.itm_score_deltas with the scores you have")
+    return (
+        f"missing score column(s) {list(missing)}: this module needs all six scores per pair "
+        f"({', '.join(SCORE_NAMES)}); to score only the random or only the counterfactual "
+        "group, call deltas.itm_score_deltas with the scores you have"
+    )
 
 
 def _checked_scores(columns, method, single=False):
@@ -154,8 +161,7 @@ def _checked_scores(columns, method, single=False):
     an unrelated TypeError (a missing column, a bare number)."""
     extra = sorted(set(columns) - set(SCORE_NAMES))
     if extra:
-        raise ValueError(f"{method} takes the six score columns only; pass {', '.join(extra)} to "
-                         "compute()")
+        raise ValueError(f"{method} takes the six score columns only; pass {', '.join(extra)} to compute()")
     missing = [name for name in SCORE_NAMES if columns.get(name) is None]
     if missing:
         raise ValueError(_missing_message(missing))
@@ -170,31 +176,28 @@ def _checked_scores(columns, method, single=False):
         rows = [values] if single else values
         if isinstance(rows, np.ndarray):
             if rows.ndim != 1 or rows.dtype.kind not in "fiu":
-                raise ValueError(f"{name} must hold one real-number score per pair, got "
-                                 f"{rows.dtype} with shape {rows.shape}")
+                raise ValueError(
+                    f"{name} must hold one real-number score per pair, got {rows.dtype} with shape {rows.shape}"
+                )
             bad = np.flatnonzero(~np.isfinite(rows))
             if bad.size:
-                raise ValueError(f"{_where(name, int(bad[0]), single)} holds "
-                                 f"{rows[bad[0]].item()!r}; {_FINITE}")
+                raise ValueError(f"{_where(name, int(bad[0]), single)} holds {rows[bad[0]].item()!r}; {_FINITE}")
             continue
         if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
-            raise ValueError(f"{name} must be a list with one score per pair, got "
-                             f"{type(rows).__name__}")
+            raise ValueError(f"{name} must be a list with one score per pair, got {type(rows).__name__}")
         for i, value in enumerate(rows):
-            if isinstance(value, (bool, np.bool_)) \
-                    or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{_where(name, i, single)} holds {value!r} "
-                                 f"({type(value).__name__}); scores are real numbers")
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(
+                    f"{_where(name, i, single)} holds {value!r} ({type(value).__name__}); scores are real numbers"
+                )
             if not _finite(value):
                 text = repr(value)
                 text = text if len(text) <= 40 else text[:37] + "..."
-                raise ValueError(f"{_where(name, i, single)} holds {text} "
-                                 f"({type(value).__name__}); {_FINITE}")
+                raise ValueError(f"{_where(name, i, single)} holds {text} ({type(value).__name__}); {_FINITE}")
     return checked
 
 
-_FINITE = ("scores are finite real numbers (NaN, infinities and integers beyond float64 have no "
-           "delta)")
+_FINITE = "scores are finite real numbers (NaN, infinities and integers beyond float64 have no delta)"
 
 
 def _where(name, i, single):

@@ -46,13 +46,29 @@ from .retrieval import (
 )
 from .topk import as_array, as_score_matrix, require_int64, stable_topk
 
-__all__ = ["DEFAULT_TARGET_METRICS", "EccvAnnotations", "EccvSuiteConfig", "VALID_METRICS",
-           "eccv_suite", "eccv_suite_from_similarity"]
+__all__ = [
+    "DEFAULT_TARGET_METRICS",
+    "EccvAnnotations",
+    "EccvSuiteConfig",
+    "VALID_METRICS",
+    "eccv_suite",
+    "eccv_suite_from_similarity",
+]
 
 MODALITIES = ("i2t", "t2i")
-VALID_METRICS = ("coco_1k_r1", "coco_5k_r1", "cxc_r1", "coco_1k_recalls", "coco_5k_recalls",
-                 "cxc_recalls", "eccv_r1", "eccv_rprecision", "eccv_map_at_r", "eccv_recalls",
-                 "pmrp")
+VALID_METRICS = (
+    "coco_1k_r1",
+    "coco_5k_r1",
+    "cxc_r1",
+    "coco_1k_recalls",
+    "coco_5k_recalls",
+    "cxc_recalls",
+    "eccv_r1",
+    "eccv_rprecision",
+    "eccv_map_at_r",
+    "eccv_recalls",
+    "pmrp",
+)
 DEFAULT_TARGET_METRICS = ("coco_1k_r1", "coco_5k_r1", "cxc_r1", "eccv_r1", "eccv_map_at_r")
 N_FOLDS = 5
 
@@ -72,8 +88,7 @@ class EccvSuiteConfig:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.target_metrics) - set(VALID_METRICS))
         if unknown:
-            raise RetrievalInputError(f"unknown target metric(s) {unknown}; choose from "
-                                      f"{', '.join(VALID_METRICS)}")
+            raise RetrievalInputError(f"unknown target metric(s) {unknown}; choose from {', '.join(VALID_METRICS)}")
         if not self.target_metrics:
             raise RetrievalInputError(f"target_metrics is empty; choose from {', '.join(VALID_METRICS)}")
 
@@ -92,8 +107,13 @@ class EccvAnnotations:
 
     @classmethod
     def load(cls, pm: Positives | None = None) -> EccvAnnotations:
-        return cls(eccv=read_positives("eccv"), cxc=read_positives("cxc"),
-                   coco=read_positives("coco"), coco_test_ids=coco_test_caption_ids(), pm=pm)
+        return cls(
+            eccv=read_positives("eccv"),
+            cxc=read_positives("cxc"),
+            coco=read_positives("coco"),
+            coco_test_ids=coco_test_caption_ids(),
+            pm=pm,
+        )
 
     def test_ids(self, modality: str) -> np.ndarray:
         """The gallery of a modality: caption ids for i2t, image ids for t2i."""
@@ -106,7 +126,7 @@ class EccvAnnotations:
         size = len(self.coco_test_ids) // N_FOLDS
         folds = []
         for f in range(N_FOLDS):
-            captions = self.coco_test_ids[f * size:(f + 1) * size]
+            captions = self.coco_test_ids[f * size : (f + 1) * size]
             t2i = {int(c): self.coco.t2i[int(c)] for c in captions}
             images = dict.fromkeys(int(v[0]) for v in t2i.values())
             folds.append({"i2t": {i: self.coco.i2t[i] for i in images}, "t2i": t2i})
@@ -135,11 +155,18 @@ def _tasks(cfg: EccvSuiteConfig, ann: EccvAnnotations) -> list[_Task]:
     tasks = []
     for name, positives in (("coco_1k", None), ("coco_5k", ann.coco), ("cxc", ann.cxc)):
         if recall_ks(name):
-            tasks.append(_Task(name, positives, RetrievalMetricConfig(
-                k_values=recall_ks(name), map_at_r=False, r_precision=False,
-                allow_duplicates=dup)))
-    eccv = dict(k_values=recall_ks("eccv"), map_at_r="eccv_map_at_r" in targets,
-                r_precision="eccv_rprecision" in targets)
+            tasks.append(
+                _Task(
+                    name,
+                    positives,
+                    RetrievalMetricConfig(
+                        k_values=recall_ks(name), map_at_r=False, r_precision=False, allow_duplicates=dup
+                    ),
+                )
+            )
+    eccv = dict(
+        k_values=recall_ks("eccv"), map_at_r="eccv_map_at_r" in targets, r_precision="eccv_rprecision" in targets
+    )
     if any(eccv.values()):
         tasks.append(_Task("eccv", ann.eccv, RetrievalMetricConfig(**eccv, allow_duplicates=dup)))
     if "pmrp" in targets:
@@ -147,10 +174,17 @@ def _tasks(cfg: EccvSuiteConfig, ann: EccvAnnotations) -> list[_Task]:
             raise RetrievalInputError(
                 "pmrp needs plausible-match positives, which eccv_caption does not ship: pass "
                 "coco_instances=<instances_val2014.json> (PM positives computed from it) or "
-                "pm_dir=<folder with the official pm_*.json files>")
-        tasks.append(_Task("pmrp", ann.pm, RetrievalMetricConfig(
-            k_values=(), map_at_r=False, r_precision=True, r_precision_cap=cfg.pmrp_cap,
-            allow_duplicates=dup)))
+                "pm_dir=<folder with the official pm_*.json files>"
+            )
+        tasks.append(
+            _Task(
+                "pmrp",
+                ann.pm,
+                RetrievalMetricConfig(
+                    k_values=(), map_at_r=False, r_precision=True, r_precision_cap=cfg.pmrp_cap, allow_duplicates=dup
+                ),
+            )
+        )
     return tasks
 
 
@@ -176,9 +210,13 @@ def _in_context(task: str, modality: str, err: RetrievalInputError) -> Retrieval
 
 # ----------------------------------------------------------------------------- from rankings
 
-def eccv_suite(i2t: Mapping[int, Sequence[int]], t2i: Mapping[int, Sequence[int]],
-               config: EccvSuiteConfig | None = None,
-               annotations: EccvAnnotations | None = None) -> dict[str, dict[str, float]]:
+
+def eccv_suite(
+    i2t: Mapping[int, Sequence[int]],
+    t2i: Mapping[int, Sequence[int]],
+    config: EccvSuiteConfig | None = None,
+    annotations: EccvAnnotations | None = None,
+) -> dict[str, dict[str, float]]:
     """The suite from ranked id lists: i2t image id -> caption ids, t2i caption id -> image ids."""
     cfg = config or EccvSuiteConfig()
     ann = annotations or EccvAnnotations.load()
@@ -186,8 +224,9 @@ def eccv_suite(i2t: Mapping[int, Sequence[int]], t2i: Mapping[int, Sequence[int]
     checked = {}
     for modality, rankings in (("i2t", i2t), ("t2i", t2i)):  # both, before any scoring
         if not isinstance(rankings, Mapping):
-            raise RetrievalInputError(f"{modality} rankings must be a dict query id -> ranked ids, "
-                                      f"got {type(rankings).__name__}")
+            raise RetrievalInputError(
+                f"{modality} rankings must be a dict query id -> ranked ids, got {type(rankings).__name__}"
+            )
         checked[modality] = _ranking_arrays(rankings, modality)
         _check_ranked_ids(checked[modality], ann.test_ids(modality), modality)
     results: dict[str, dict[str, float]] = {}
@@ -197,8 +236,9 @@ def eccv_suite(i2t: Mapping[int, Sequence[int]], t2i: Mapping[int, Sequence[int]
                 if task.positives is None:
                     values = _coco_1k_from_rankings(rankings, ann, modality, task.config)
                 else:
-                    values = _named(task.prefix, retrieval_scores(
-                        rankings, getattr(task.positives, modality), task.config))
+                    values = _named(
+                        task.prefix, retrieval_scores(rankings, getattr(task.positives, modality), task.config)
+                    )
             except RetrievalInputError as err:
                 raise _in_context(task.prefix, modality, err) from None
             _merge(results, modality, values)
@@ -214,20 +254,24 @@ def _ranking_arrays(rankings: Mapping[int, Any], modality: str) -> dict[int, np.
         arr = None if isinstance(ranking, (str, bytes)) else as_array(ranking)
         if arr is None or arr.ndim != 1:
             text = repr(ranking)
-            raise RetrievalInputError(f"{where} must be a list of integer COCO ids (best first), "
-                                      f"got {text if len(text) <= 60 else text[:57] + '...'}")
+            raise RetrievalInputError(
+                f"{where} must be a list of integer COCO ids (best first), "
+                f"got {text if len(text) <= 60 else text[:57] + '...'}"
+            )
         require_int64(arr, ranking, where)
         if arr.size and arr.dtype.kind not in "iu":
-            bad = next((x for x in ranking if isinstance(x, (bool, np.bool_))
-                        or not isinstance(x, (int, np.integer))), arr[0])
-            raise RetrievalInputError(f"{where} holds {bad!r} ({type(bad).__name__}); COCO ids are "
-                                      "integers (floats are not truncated, bools are not 0/1)")
+            bad = next(
+                (x for x in ranking if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))), arr[0]
+            )
+            raise RetrievalInputError(
+                f"{where} holds {bad!r} ({type(bad).__name__}); COCO ids are "
+                "integers (floats are not truncated, bools are not 0/1)"
+            )
         arrays[query] = arr.astype(np.int64, copy=False)
     return arrays
 
 
-def _check_ranked_ids(rankings: Mapping[int, np.ndarray], gallery: np.ndarray,
-                      modality: str) -> None:
+def _check_ranked_ids(rankings: Mapping[int, np.ndarray], gallery: np.ndarray, modality: str) -> None:
     """Ids outside the 5K test split mean swapped modalities or another id space."""
     sample = [r[:50] for r in rankings.values()]
     flat = np.concatenate(sample) if sample else np.empty(0, dtype=np.int64)
@@ -237,11 +281,13 @@ def _check_ranked_ids(rankings: Mapping[int, np.ndarray], gallery: np.ndarray,
         raise RetrievalInputError(
             f"{modality} rankings contain {len(unknown)} ids that are not COCO 5K test {what} ids, "
             f"e.g. {unknown[:5].tolist()} (are i2t and t2i swapped, or are these indices instead "
-            "of COCO ids?)")
+            "of COCO ids?)"
+        )
 
 
-def _coco_1k_from_rankings(rankings: Mapping[int, Sequence[int]], ann: EccvAnnotations,
-                           modality: str, config: RetrievalMetricConfig) -> dict[str, float]:
+def _coco_1k_from_rankings(
+    rankings: Mapping[int, Sequence[int]], ann: EccvAnnotations, modality: str, config: RetrievalMetricConfig
+) -> dict[str, float]:
     fold_means = []
     for f, fold in enumerate(ann.coco_1k_folds()):
         positives = fold[modality]
@@ -254,25 +300,30 @@ def _coco_1k_from_rankings(rankings: Mapping[int, Sequence[int]], ann: EccvAnnot
         flat = np.concatenate(rows).astype(np.int64, copy=False)
         keep = np.isin(flat, gallery)
         # Filter every ranking to the fold (vectorised), then split it back into rows.
-        kept_lengths = np.bincount(np.repeat(np.arange(len(rows)), lengths)[keep],
-                                   minlength=len(rows))
+        kept_lengths = np.bincount(np.repeat(np.arange(len(rows)), lengths)[keep], minlength=len(rows))
         filtered = np.split(flat[keep], np.cumsum(kept_lengths)[:-1])
         try:
             scores = retrieval_scores(dict(zip(positives, filtered, strict=True)), positives, config)
         except RetrievalInputError as err:
-            raise RetrievalInputError(f"fold {f + 1}, after keeping only the fold's items: {err}; "
-                                      "COCO 1K needs longer rankings or the similarity matrix") from None
+            raise RetrievalInputError(
+                f"fold {f + 1}, after keeping only the fold's items: {err}; "
+                "COCO 1K needs longer rankings or the similarity matrix"
+            ) from None
         fold_means.append(_named("coco_1k", scores))
     return {key: float(np.mean([m[key] for m in fold_means])) for key in fold_means[0]}
 
 
 # ----------------------------------------------------------------------------- from similarities
 
-def eccv_suite_from_similarity(i2t_similarity: Any, image_ids: Sequence[int] | np.ndarray,
-                               caption_ids: Sequence[int] | np.ndarray,
-                               config: EccvSuiteConfig | None = None,
-                               annotations: EccvAnnotations | None = None,
-                               t2i_similarity: Any = None) -> dict[str, dict[str, float]]:
+
+def eccv_suite_from_similarity(
+    i2t_similarity: Any,
+    image_ids: Sequence[int] | np.ndarray,
+    caption_ids: Sequence[int] | np.ndarray,
+    config: EccvSuiteConfig | None = None,
+    annotations: EccvAnnotations | None = None,
+    t2i_similarity: Any = None,
+) -> dict[str, dict[str, float]]:
     """The suite from an [images x captions] score matrix whose rows are `image_ids` and columns
     `caption_ids`: the 5,000 images and 25,000 captions of the COCO 5K test split, in any order.
     t2i uses its transpose unless a [captions x images] `t2i_similarity` is given (a model with
@@ -286,28 +337,33 @@ def eccv_suite_from_similarity(i2t_similarity: Any, image_ids: Sequence[int] | n
     if tuple(scores.shape) != (len(images), len(captions)):
         raise RetrievalInputError(
             f"i2t_similarity has shape {tuple(scores.shape)} but there are {len(images)} "
-            f"image_ids and {len(captions)} caption_ids (rows are images, columns captions)")
+            f"image_ids and {len(captions)} caption_ids (rows are images, columns captions)"
+        )
     if t2i_similarity is None:
         t2i_scores = scores.T
     else:
         t2i_scores = as_score_matrix(t2i_similarity, "t2i_similarity")
         if tuple(t2i_scores.shape) != (len(captions), len(images)):
-            raise RetrievalInputError(f"t2i_similarity must be captions x images "
-                                      f"{(len(captions), len(images))}, got "
-                                      f"{tuple(t2i_scores.shape)}")
+            raise RetrievalInputError(
+                f"t2i_similarity must be captions x images "
+                f"{(len(captions), len(images))}, got "
+                f"{tuple(t2i_scores.shape)}"
+            )
     views = {"i2t": (scores, images, captions), "t2i": (t2i_scores, captions, images)}
     results: dict[str, dict[str, float]] = {}
     whole = [t for t in tasks if t.positives is not None]
     for modality, (matrix, row_ids, col_ids) in views.items():
-        depth = max((_depth_bound(getattr(t.positives, modality), t.config) for t in whole),
-                    default=0)
+        depth = max((_depth_bound(getattr(t.positives, modality), t.config) for t in whole), default=0)
         # One stable top-k of every row, deep enough for all whole-split tasks.
         top = col_ids[stable_topk(matrix, depth)] if whole else None
         for task in whole:
             try:
-                values = _named(task.prefix, retrieval_scores_from_topk(
-                    top, row_ids, getattr(task.positives, modality), task.config,
-                    gallery_size=len(col_ids)))
+                values = _named(
+                    task.prefix,
+                    retrieval_scores_from_topk(
+                        top, row_ids, getattr(task.positives, modality), task.config, gallery_size=len(col_ids)
+                    ),
+                )
             except RetrievalInputError as err:
                 raise _in_context(task.prefix, modality, err) from None
             _merge(results, modality, values)
@@ -337,13 +393,14 @@ def _split_ids(ids: Sequence[int] | np.ndarray, split: np.ndarray, what: str) ->
             f"{what}_ids must be the {len(split)} distinct COCO 5K test {what} ids (got "
             f"{len(arr)}: {len(outside)} outside the split, e.g. {outside[:3].tolist()}; "
             f"{len(missing)} missing, e.g. {missing[:3].tolist()}; "
-            f"{len(arr) - len(np.unique(arr))} repeated)")
+            f"{len(arr) - len(np.unique(arr))} repeated)"
+        )
     return arr
 
 
-def _coco_1k_from_similarity(views: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
-                             ann: EccvAnnotations, config: RetrievalMetricConfig
-                             ) -> dict[str, dict[str, float]]:
+def _coco_1k_from_similarity(
+    views: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], ann: EccvAnnotations, config: RetrievalMetricConfig
+) -> dict[str, dict[str, float]]:
     """Per fold, the fold's rows x columns (kept in matrix order, so ties break as in the full
     ranking restricted to the fold) scored like any similarity matrix; then the fold mean."""
     per_fold: dict[str, list[dict[str, float]]] = {m: [] for m in views}
@@ -355,10 +412,9 @@ def _coco_1k_from_similarity(views: dict[str, tuple[np.ndarray, np.ndarray, np.n
             sub = matrix[np.ix_(rows, cols)]
             try:
                 scores = retrieval_scores_from_similarity(
-                    sub, fold[modality], query_ids=row_ids[rows], gallery_ids=col_ids[cols],
-                    config=config)
+                    sub, fold[modality], query_ids=row_ids[rows], gallery_ids=col_ids[cols], config=config
+                )
             except RetrievalInputError as err:
                 raise _in_context(f"coco_1k fold {f + 1}", modality, err) from None
             per_fold[modality].append(_named("coco_1k", scores))
-    return {m: {key: float(np.mean([v[key] for v in folds])) for key in folds[0]}
-            for m, folds in per_fold.items()}
+    return {m: {key: float(np.mean([v[key] for v in folds])) for key in folds[0]} for m, folds in per_fold.items()}

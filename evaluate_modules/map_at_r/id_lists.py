@@ -49,16 +49,16 @@ def id_array(ids: Any, name: str) -> np.ndarray:
     if arr.size == 0:
         return arr.astype(np.int64).reshape(-1)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise RetrievalInputError(f"{name} must be a flat list of integer ids, got "
-                                  f"{arr.dtype} with shape {arr.shape}")
+        raise RetrievalInputError(f"{name} must be a flat list of integer ids, got {arr.dtype} with shape {arr.shape}")
     return arr.astype(np.int64, copy=False)
 
 
 def require_unique(ids: np.ndarray, name: str) -> None:
     uniq, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
-        raise RetrievalInputError(f"{name} has duplicates, e.g. {int(uniq[counts > 1][0])}; "
-                                  "each row / column must have its own id")
+        raise RetrievalInputError(
+            f"{name} has duplicates, e.g. {int(uniq[counts > 1][0])}; each row / column must have its own id"
+        )
 
 
 def ragged_ids(rows: Any, cap: np.ndarray | None, query_ids: np.ndarray, what: str) -> Ragged:
@@ -76,13 +76,13 @@ def ragged_ids(rows: Any, cap: np.ndarray | None, query_ids: np.ndarray, what: s
     parts = []
     for i, row in enumerate(rows):
         if cap is not None:
-            row = row[:int(cap[i])]
+            row = row[: int(cap[i])]
         arr = np.asarray(row)
         require_int64(arr, row, f"{what} of query {show_id(query_ids[i])}")
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise RetrievalInputError(
-                f"{what} of query {show_id(query_ids[i])} must be a flat list of integer ids, got "
-                f"{preview(row)}")
+                f"{what} of query {show_id(query_ids[i])} must be a flat list of integer ids, got {preview(row)}"
+            )
         parts.append(arr.astype(np.int64, copy=False))
     lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
     values = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
@@ -97,7 +97,8 @@ def checked_positives(pos_lists: list, query_ids: np.ndarray) -> Ragged:
     if len(empty):
         raise RetrievalInputError(
             f"query {show_id(query_ids[empty[0]])} has no positives ({len(empty)} such queries); "
-            "mAP@R, R-Precision and R@K are undefined without positives — drop those queries")
+            "mAP@R, R-Precision and R@K are undefined without positives — drop those queries"
+        )
     return pos
 
 
@@ -109,7 +110,8 @@ def require_known(pos: Ragged, query_ids: np.ndarray, gallery_ids: np.ndarray) -
         raise RetrievalInputError(
             f"positive id {int(pos.values[first])} of query {show_id(query)} is not among the "
             f"gallery_ids ({unknown.sum()} unknown positive ids in total); the positives and the "
-            "similarity columns must use the same ids")
+            "similarity columns must use the same ids"
+        )
 
 
 def index_of(haystack: np.ndarray, needles: np.ndarray, what: str, where: str) -> np.ndarray:
@@ -118,14 +120,14 @@ def index_of(haystack: np.ndarray, needles: np.ndarray, what: str, where: str) -
     ok = np.zeros(len(needles), dtype=bool)
     if len(haystack):
         order = np.argsort(haystack, kind="stable")
-        found = order[np.minimum(np.searchsorted(haystack, needles, sorter=order),
-                                 len(haystack) - 1)]
+        found = order[np.minimum(np.searchsorted(haystack, needles, sorter=order), len(haystack) - 1)]
         ok = haystack[found] == needles
     if not ok.all():
         missing = needles[~ok]
         raise RetrievalInputError(
             f"{what} {show_id(missing[0])} is not among the {where} ({len(missing)} missing, e.g. "
-            f"{', '.join(show_id(m) for m in missing[:5])})")
+            f"{', '.join(show_id(m) for m in missing[:5])})"
+        )
     return found
 
 
@@ -134,13 +136,14 @@ def raise_repeated(ranked: Ragged, first: np.ndarray, query_ids: np.ndarray) -> 
     row = int(ranked.rows[at])
     start = int(ranked.starts[row])
     repeated = ranked.values[at]
-    positions = np.flatnonzero(ranked.values[start:at + 1] == repeated)
+    positions = np.flatnonzero(ranked.values[start : at + 1] == repeated)
     n_rows = len(np.unique(ranked.rows[~first]))
     raise RetrievalInputError(
         f"the ranking of query {show_id(query_ids[row])} repeats id {int(repeated)} (positions "
         f"{int(positions[0])} and {int(positions[-1])}; {n_rows} rankings repeat ids): a ranking "
         "lists each gallery item once — deduplicate it (allow_duplicates=True scores repeats "
-        "like eccv_caption 0.1.0, for parity runs only)")
+        "like eccv_caption 0.1.0, for parity runs only)"
+    )
 
 
 def check_id_lists(rows: Any, name: str, *, single: bool = False) -> None:
@@ -158,12 +161,12 @@ def check_id_lists(rows: Any, name: str, *, single: bool = False) -> None:
         arr = as_array(rows)
         require_int64(arr, arr, name)
         if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 2):
-            raise RetrievalInputError(f"{name} must be [queries x n] integer ids, got {arr.dtype} "
-                                      f"with shape {arr.shape}")
+            raise RetrievalInputError(
+                f"{name} must be [queries x n] integer ids, got {arr.dtype} with shape {arr.shape}"
+            )
         return
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
-        raise RetrievalInputError(f"{name} must be a list of integer-id lists, got "
-                                  f"{type(rows).__name__}")
+        raise RetrievalInputError(f"{name} must be a list of integer-id lists, got {type(rows).__name__}")
     for q, row in enumerate(rows):
         where = f"{name} (the added query)" if single else f"{name}[{q}] (query {q})"
         if isinstance(row, (str, bytes)) or not isinstance(row, (Sequence, np.ndarray)):
@@ -172,6 +175,7 @@ def check_id_lists(rows: Any, name: str, *, single: bool = False) -> None:
             if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
                 raise RetrievalInputError(
                     f"{where} holds {item!r} ({type(item).__name__}); ids must be integers — "
-                    "floats are not truncated and bools are not 0/1 here")
+                    "floats are not truncated and bools are not 0/1 here"
+                )
             if not INT64.min <= int(item) <= INT64.max:  # Arrow's int64 would overflow
                 raise RetrievalInputError(f"{where} holds {int(item)}; {INT64_IDS}")

@@ -132,8 +132,7 @@ class RetrievalMapAtR(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features({"predictions": _ID_LIST, "references": _ID_LIST}),
-            reference_urls=["https://github.com/naver-ai/eccv-caption",
-                            "https://arxiv.org/abs/2204.03359"],
+            reference_urls=["https://github.com/naver-ai/eccv-caption", "https://arxiv.org/abs/2204.03359"],
         )
 
     def add_batch(self, *, predictions=None, references=None, **kwargs):
@@ -159,51 +158,81 @@ class RetrievalMapAtR(evaluate.Metric):
         # tens of seconds and gigabytes); those modes have no per-row features to add.
         if any(kwargs.get(name) is not None for name in _KEYWORD_MODES):
             if predictions is not None or references is not None:
-                raise ValueError("pass either predictions/references (ranked lists) or a "
-                                 "similarity matrix / ECCV rankings, not both")
+                raise ValueError(
+                    "pass either predictions/references (ranked lists) or a "
+                    "similarity matrix / ECCV rankings, not both"
+                )
             if len(self):  # evaluate's count of buffered queries
-                raise ValueError("queries buffered with add/add_batch are waiting for compute() "
-                                 "without a similarity matrix / ECCV rankings; those modes take "
-                                 "all their input in one compute call")
+                raise ValueError(
+                    "queries buffered with add/add_batch are waiting for compute() "
+                    "without a similarity matrix / ECCV rankings; those modes take "
+                    "all their input in one compute call"
+                )
             return self._keyword_mode(**kwargs)
         if predictions is None and references is None and not len(self):
-            raise RetrievalInputError("no queries: pass predictions= and references=, or buffer "
-                                      "them with add/add_batch before compute()")
+            raise RetrievalInputError(
+                "no queries: pass predictions= and references=, or buffer them with add/add_batch before compute()"
+            )
         # evaluate's compute sends given predictions/references through `add_batch` (checked
         # there) and then scores every buffered query.
         return super().compute(predictions=predictions, references=references, **kwargs)
 
-    def _compute(self, predictions, references, k_values=(1, 5, 10), map_at_r=True,
-                 r_precision=True, r_precision_cap=None, allow_duplicates=False):
-        config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap,
-                                allow_duplicates)
+    def _compute(
+        self,
+        predictions,
+        references,
+        k_values=(1, 5, 10),
+        map_at_r=True,
+        r_precision=True,
+        r_precision_cap=None,
+        allow_duplicates=False,
+    ):
+        config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap, allow_duplicates)
         scores = retrieval_scores(predictions, references, config)
         return {**scores.as_dict(), "num_queries": scores.num_queries}
 
-    def _keyword_mode(self, similarity=None, positives=None, query_ids=None, gallery_ids=None,
-                      k_values=(1, 5, 10), map_at_r=True, r_precision=True, r_precision_cap=None,
-                      allow_duplicates=False,
-                      i2t_rankings=None, t2i_rankings=None, i2t_similarity=None, image_ids=None,
-                      caption_ids=None, t2i_similarity=None, target_metrics=DEFAULT_TARGET_METRICS,
-                      pm_dir=None, coco_instances=None, pm_zeta=0):
+    def _keyword_mode(
+        self,
+        similarity=None,
+        positives=None,
+        query_ids=None,
+        gallery_ids=None,
+        k_values=(1, 5, 10),
+        map_at_r=True,
+        r_precision=True,
+        r_precision_cap=None,
+        allow_duplicates=False,
+        i2t_rankings=None,
+        t2i_rankings=None,
+        i2t_similarity=None,
+        image_ids=None,
+        caption_ids=None,
+        t2i_similarity=None,
+        target_metrics=DEFAULT_TARGET_METRICS,
+        pm_dir=None,
+        coco_instances=None,
+        pm_zeta=0,
+    ):
         if similarity is not None:
             if positives is None:
-                raise ValueError("similarity needs positives: one positive-id list per row, or a "
-                                 "dict query id -> positive ids")
-            config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap,
-                                    allow_duplicates)
-            scores = retrieval_scores_from_similarity(similarity, positives, query_ids,
-                                                      gallery_ids, config)
+                raise ValueError(
+                    "similarity needs positives: one positive-id list per row, or a dict query id -> positive ids"
+                )
+            config = _metric_config(k_values, map_at_r, r_precision, r_precision_cap, allow_duplicates)
+            scores = retrieval_scores_from_similarity(similarity, positives, query_ids, gallery_ids, config)
             return {**scores.as_dict(), "num_queries": scores.num_queries}
-        suite = EccvSuiteConfig(target_metrics=tuple(target_metrics), k_values=tuple(k_values),
-                                allow_duplicates=bool(allow_duplicates))
+        suite = EccvSuiteConfig(
+            target_metrics=tuple(target_metrics), k_values=tuple(k_values), allow_duplicates=bool(allow_duplicates)
+        )
         annotations = EccvAnnotations.load(pm=_pm_positives(pm_dir, coco_instances, pm_zeta))
         if i2t_similarity is not None:
             if image_ids is None or caption_ids is None:
-                raise ValueError("i2t_similarity needs image_ids (its rows) and caption_ids "
-                                 "(its columns), as COCO ids")
-            return eccv_suite_from_similarity(i2t_similarity, image_ids, caption_ids, suite,
-                                              annotations, t2i_similarity)
+                raise ValueError(
+                    "i2t_similarity needs image_ids (its rows) and caption_ids (its columns), as COCO ids"
+                )
+            return eccv_suite_from_similarity(
+                i2t_similarity, image_ids, caption_ids, suite, annotations, t2i_similarity
+            )
         if i2t_rankings is None or t2i_rankings is None:
             raise ValueError("the ECCV Caption suite needs both i2t_rankings and t2i_rankings")
         return eccv_suite(i2t_rankings, t2i_rankings, suite, annotations)
@@ -212,9 +241,11 @@ class RetrievalMapAtR(evaluate.Metric):
 def _reject_keyword_modes(kwargs, method):
     modes = [name for name in _KEYWORD_MODES if name in kwargs]
     if modes:
-        raise ValueError(f"{', '.join(modes)} cannot go through {method}: the similarity and ECCV "
-                         "Caption modes bypass evaluate's buffering, so pass all of their input "
-                         "to one compute(...) call")
+        raise ValueError(
+            f"{', '.join(modes)} cannot go through {method}: the similarity and ECCV "
+            "Caption modes bypass evaluate's buffering, so pass all of their input "
+            "to one compute(...) call"
+        )
 
 
 def _metric_config(k_values, map_at_r, r_precision, r_precision_cap, allow_duplicates):
@@ -222,9 +253,13 @@ def _metric_config(k_values, map_at_r, r_precision, r_precision_cap, allow_dupli
         ks = tuple(k_values)
     except TypeError:
         raise RetrievalInputError(f"k_values must be a list of integers, got {k_values!r}") from None
-    return RetrievalMetricConfig(k_values=ks, map_at_r=bool(map_at_r),
-                                 r_precision=bool(r_precision), r_precision_cap=r_precision_cap,
-                                 allow_duplicates=bool(allow_duplicates))
+    return RetrievalMetricConfig(
+        k_values=ks,
+        map_at_r=bool(map_at_r),
+        r_precision=bool(r_precision),
+        r_precision_cap=r_precision_cap,
+        allow_duplicates=bool(allow_duplicates),
+    )
 
 
 def _pm_positives(pm_dir, coco_instances, pm_zeta):

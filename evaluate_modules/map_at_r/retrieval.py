@@ -41,10 +41,19 @@ from typing import Any
 
 import numpy as np
 
-from .id_lists import (Ragged, check_id_lists, checked_positives, id_array, index_of, ragged_ids,
-                       raise_repeated, require_known, require_unique, show_id)
-from .topk import (INT64_IDS, RetrievalInputError, as_array, as_score_matrix,
-                   outside_int64, positive_int64, stable_topk)
+from .id_lists import (
+    Ragged,
+    check_id_lists,
+    checked_positives,
+    id_array,
+    index_of,
+    ragged_ids,
+    raise_repeated,
+    require_known,
+    require_unique,
+    show_id,
+)
+from .topk import INT64_IDS, RetrievalInputError, as_array, as_score_matrix, outside_int64, positive_int64, stable_topk
 
 __all__ = [
     "RetrievalInputError",
@@ -76,15 +85,12 @@ class RetrievalMetricConfig:
     def __post_init__(self) -> None:
         for k in self.k_values:
             if not positive_int64(k):
-                raise RetrievalInputError(f"k_values must be positive integers up to 2**63 - 1, "
-                                          f"got {k!r}")
+                raise RetrievalInputError(f"k_values must be positive integers up to 2**63 - 1, got {k!r}")
         cap = self.r_precision_cap
         if cap is not None and not positive_int64(cap):
-            raise RetrievalInputError(f"r_precision_cap must be a positive integer up to "
-                                      f"2**63 - 1, got {cap!r}")
+            raise RetrievalInputError(f"r_precision_cap must be a positive integer up to 2**63 - 1, got {cap!r}")
         if not (self.k_values or self.map_at_r or self.r_precision):
-            raise RetrievalInputError("no metric selected: give k_values or enable map_at_r / "
-                                      "r_precision")
+            raise RetrievalInputError("no metric selected: give k_values or enable map_at_r / r_precision")
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,12 @@ class RetrievalScores:
 
 # ----------------------------------------------------------------------------- public API
 
-def retrieval_scores(rankings: Any, positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
-                     config: RetrievalMetricConfig | None = None) -> RetrievalScores:
+
+def retrieval_scores(
+    rankings: Any,
+    positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
+    config: RetrievalMetricConfig | None = None,
+) -> RetrievalScores:
     """The metrics of `config` from ranked id lists.
 
     `positives` is either a dict query id -> positive ids (then `rankings` is a dict with at
@@ -126,10 +136,12 @@ def retrieval_scores(rankings: Any, positives: Mapping[Any, Sequence[int]] | Seq
 
 
 def retrieval_scores_from_similarity(
-        similarity: Any, positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
-        query_ids: Sequence[int] | np.ndarray | None = None,
-        gallery_ids: Sequence[int] | np.ndarray | None = None,
-        config: RetrievalMetricConfig | None = None) -> RetrievalScores:
+    similarity: Any,
+    positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
+    query_ids: Sequence[int] | np.ndarray | None = None,
+    gallery_ids: Sequence[int] | np.ndarray | None = None,
+    config: RetrievalMetricConfig | None = None,
+) -> RetrievalScores:
     """The metrics of `config` from a [queries x gallery] score matrix (higher = better).
 
     Rows are `query_ids` (default 0..Q-1) and columns `gallery_ids` (default 0..N-1). With a
@@ -145,7 +157,8 @@ def retrieval_scores_from_similarity(
     if len(q_ids) != n_rows or len(g_ids) != n_cols:
         raise RetrievalInputError(
             f"similarity has shape {tuple(scores.shape)} but there are {len(q_ids)} query_ids "
-            f"and {len(g_ids)} gallery_ids (rows are queries, columns gallery items)")
+            f"and {len(g_ids)} gallery_ids (rows are queries, columns gallery items)"
+        )
     require_unique(g_ids, "gallery_ids")
     rows = None
     if isinstance(positives, Mapping):
@@ -157,8 +170,9 @@ def retrieval_scores_from_similarity(
     else:
         wanted, pos_lists = q_ids, list(positives)
         if len(pos_lists) != n_rows:
-            raise RetrievalInputError(f"similarity has {n_rows} rows but positives has "
-                                      f"{len(pos_lists)} lists (one per row)")
+            raise RetrievalInputError(
+                f"similarity has {n_rows} rows but positives has {len(pos_lists)} lists (one per row)"
+            )
     pos = checked_positives(pos_lists, wanted)
     require_known(pos, wanted, g_ids)
     depth = int(needed_depth(_unique_counts(pos), cfg).max(initial=0))
@@ -167,10 +181,13 @@ def retrieval_scores_from_similarity(
     return _score(g_ids[top], pos, wanted, cfg, depth_cap=n_cols)
 
 
-def retrieval_scores_from_topk(topk_ids: Any, topk_query_ids: Sequence[int] | np.ndarray,
-                               positives: Mapping[Any, Sequence[int]],
-                               config: RetrievalMetricConfig | None = None,
-                               gallery_size: int | None = None) -> RetrievalScores:
+def retrieval_scores_from_topk(
+    topk_ids: Any,
+    topk_query_ids: Sequence[int] | np.ndarray,
+    positives: Mapping[Any, Sequence[int]],
+    config: RetrievalMetricConfig | None = None,
+    gallery_size: int | None = None,
+) -> RetrievalScores:
     """The metrics from ranking prefixes [n x depth] whose rows are `topk_query_ids`.
 
     For top-k lists from a nearest-neighbour index or `stable_topk`: the queries are the keys of
@@ -181,17 +198,18 @@ def retrieval_scores_from_topk(topk_ids: Any, topk_query_ids: Sequence[int] | np
     top = as_array(topk_ids)
     row_ids = id_array(topk_query_ids, "topk_query_ids")
     if top.ndim != 2 or len(top) != len(row_ids):
-        raise RetrievalInputError(f"topk_ids must be 2-D with one row per topk_query_id, got shape "
-                                  f"{top.shape} for {len(row_ids)} query ids")
+        raise RetrievalInputError(
+            f"topk_ids must be 2-D with one row per topk_query_id, got shape {top.shape} for {len(row_ids)} query ids"
+        )
     require_unique(row_ids, "topk_query_ids")
     wanted, pos_lists = _positive_lists(positives)
     rows = index_of(row_ids, wanted, "query id", "topk_query_ids")
-    return _score(top[rows], checked_positives(pos_lists, wanted), wanted, cfg,
-                  depth_cap=gallery_size)
+    return _score(top[rows], checked_positives(pos_lists, wanted), wanted, cfg, depth_cap=gallery_size)
 
 
-def ranking_depth(positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]],
-                  config: RetrievalMetricConfig | None = None) -> int:
+def ranking_depth(
+    positives: Mapping[Any, Sequence[int]] | Sequence[Sequence[int]], config: RetrievalMetricConfig | None = None
+) -> int:
     """How many ranked items per query `config` needs at most (max over queries of max(R, K))."""
     cfg = config or RetrievalMetricConfig()
     query_ids, pos_lists = _positive_lists(positives)
@@ -215,8 +233,10 @@ def _positive_lists(positives: Any) -> tuple[np.ndarray, list]:
             ids[:] = keys
         return ids.astype(np.int64) if ids.dtype.kind in "iu" else ids, list(positives.values())
     if isinstance(positives, (str, bytes)) or not isinstance(positives, Sequence):
-        raise RetrievalInputError("positives must be a dict query id -> positive ids, or a list "
-                                  f"of positive-id lists, got {type(positives).__name__}")
+        raise RetrievalInputError(
+            "positives must be a dict query id -> positive ids, or a list "
+            f"of positive-id lists, got {type(positives).__name__}"
+        )
     return np.arange(len(positives)), list(positives)
 
 
@@ -224,26 +244,27 @@ def _ranking_rows(rankings: Any, positives: Any, query_ids: np.ndarray) -> Any:
     """`rankings` as something indexable by query position (a list or a 2-D array)."""
     if isinstance(positives, Mapping):
         if not isinstance(rankings, Mapping):
-            raise RetrievalInputError("positives is a dict keyed by query id, so rankings must "
-                                      f"be a dict too, got {type(rankings).__name__}")
+            raise RetrievalInputError(
+                f"positives is a dict keyed by query id, so rankings must be a dict too, got {type(rankings).__name__}"
+            )
         missing = [q for q in positives if q not in rankings]
         if missing:
             raise RetrievalInputError(
                 f"no ranking for query {show_id(missing[0])} ({len(missing)} of {len(positives)} "
                 f"queries missing, e.g. {', '.join(show_id(m) for m in missing[:5])}); rank every query "
-                "of the ground truth")
+                "of the ground truth"
+            )
         return [rankings[q] for q in positives]
     if hasattr(rankings, "detach"):  # a torch tensor
         rankings = as_array(rankings)
     if isinstance(rankings, Mapping):
-        raise RetrievalInputError("rankings is a dict, so positives must be a dict with the "
-                                  "same query ids")
+        raise RetrievalInputError("rankings is a dict, so positives must be a dict with the same query ids")
     if len(rankings) != len(query_ids):
-        raise RetrievalInputError(f"{len(rankings)} rankings but {len(query_ids)} positive "
-                                  "lists: pass one of each per query")
+        raise RetrievalInputError(
+            f"{len(rankings)} rankings but {len(query_ids)} positive lists: pass one of each per query"
+        )
     if isinstance(rankings, np.ndarray) and rankings.ndim != 2:
-        raise RetrievalInputError(f"a rankings array must be 2-D (queries x L), got shape "
-                                  f"{rankings.shape}")
+        raise RetrievalInputError(f"a rankings array must be 2-D (queries x L), got shape {rankings.shape}")
     return rankings
 
 
@@ -270,8 +291,10 @@ def _rp_depth(r: np.ndarray, cfg: RetrievalMetricConfig) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- the metrics
 
-def _score(ranked_rows: Any, pos: Ragged, query_ids: np.ndarray, cfg: RetrievalMetricConfig,
-           depth_cap: int | None = None) -> RetrievalScores:
+
+def _score(
+    ranked_rows: Any, pos: Ragged, query_ids: np.ndarray, cfg: RetrievalMetricConfig, depth_cap: int | None = None
+) -> RetrievalScores:
     """The metrics from (already validated, non-empty) positives and rankings in query order."""
     n_q = len(pos.lengths)
     r = _unique_counts(pos)
@@ -285,14 +308,15 @@ def _score(ranked_rows: Any, pos: Ragged, query_ids: np.ndarray, cfg: RetrievalM
         raise RetrievalInputError(
             f"the ranking of query {show_id(query_ids[i])} has {ranked.lengths[i]} items but "
             f"{need[i]} are needed ({_needs(r[i], cfg)}); {len(short)} of {n_q} rankings are "
-            "too short — retrieve more items per query or drop the metric that needs them")
+            "too short — retrieve more items per query or drop the metric that needs them"
+        )
 
     # Membership of (query, id) pairs, on dense id codes so the pair keys fit in int64.
     uniq, codes = np.unique(np.concatenate((ranked.values, pos.values)), return_inverse=True)
     n_codes = len(uniq)
     rows = ranked.rows
-    r_keys = rows * n_codes + codes[:len(ranked.values)]
-    p_keys = pos.rows * n_codes + codes[len(ranked.values):]
+    r_keys = rows * n_codes + codes[: len(ranked.values)]
+    p_keys = pos.rows * n_codes + codes[len(ranked.values) :]
     hit = np.isin(r_keys, p_keys)
     # np.unique's return_index sorts stably, so it marks the first occurrence in each row.
     first = np.zeros(len(r_keys), dtype=bool)
@@ -302,13 +326,11 @@ def _score(ranked_rows: Any, pos: Ragged, query_ids: np.ndarray, cfg: RetrievalM
         raise_repeated(ranked, first, query_ids)
     position = np.arange(len(r_keys)) - np.repeat(starts, ranked.lengths)
     # rprecision(p + 1) at every ranked position p: unique hits / unique items so far.
-    rprec = _row_cumsum(first & hit, starts, ranked.lengths) / _row_cumsum(first, starts,
-                                                                             ranked.lengths)
+    rprec = _row_cumsum(first & hit, starts, ranked.lengths) / _row_cumsum(first, starts, ranked.lengths)
     per_query: dict[str, np.ndarray] = {}
     if cfg.map_at_r:
         in_r = hit & (position < r[rows])
-        per_query["map_at_r"] = np.bincount(rows, weights=np.where(in_r, rprec, 0.0),
-                                            minlength=n_q) / r
+        per_query["map_at_r"] = np.bincount(rows, weights=np.where(in_r, rprec, 0.0), minlength=n_q) / r
     if cfg.r_precision:
         per_query["r_precision"] = rprec[starts + _rp_depth(r, cfg) - 1]
     if cfg.k_values:
@@ -319,10 +341,13 @@ def _score(ranked_rows: Any, pos: Ragged, query_ids: np.ndarray, cfg: RetrievalM
             per_query[f"recall_at_{k}"] = (first_hit < k).astype(np.float64)
     means = {name: float(np.mean(v)) for name, v in per_query.items()}
     return RetrievalScores(
-        map_at_r=means.get("map_at_r"), r_precision=means.get("r_precision"),
-        recall_at_k={int(name.rsplit("_", 1)[1]): v for name, v in means.items()
-                     if name.startswith("recall_at_")},
-        num_queries=n_q, query_ids=query_ids, per_query=per_query)
+        map_at_r=means.get("map_at_r"),
+        r_precision=means.get("r_precision"),
+        recall_at_k={int(name.rsplit("_", 1)[1]): v for name, v in means.items() if name.startswith("recall_at_")},
+        num_queries=n_q,
+        query_ids=query_ids,
+        per_query=per_query,
+    )
 
 
 def _row_cumsum(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -340,5 +365,3 @@ def _needs(r: int, cfg: RetrievalMetricConfig) -> str:
     if cfg.k_values:
         parts.append(f"R@{max(cfg.k_values)}" if max(cfg.k_values) > 1 else "R@1")
     return ", ".join(parts)
-
-

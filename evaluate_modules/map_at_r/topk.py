@@ -25,9 +25,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INT64", "INT64_IDS", "RetrievalInputError", "as_array", "as_score_matrix",
-           "outside_int64", "positive_int64", "require_int64", "stable_topk",
-           "topk_from_embeddings"]
+__all__ = [
+    "INT64",
+    "INT64_IDS",
+    "RetrievalInputError",
+    "as_array",
+    "as_score_matrix",
+    "outside_int64",
+    "positive_int64",
+    "require_int64",
+    "stable_topk",
+    "topk_from_embeddings",
+]
 
 #: Ids are stored as int64 (numpy arrays, evaluate's Arrow features): the bound, for messages.
 INT64 = np.iinfo(np.int64)
@@ -61,16 +70,18 @@ def outside_int64(values: Any) -> int | None:
             return None  # a signed or float array holds no such integer
         values = values.ravel()
     for item in values:
-        if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)) \
-                and not INT64.min <= int(item) <= INT64.max:
+        if (
+            isinstance(item, (int, np.integer))
+            and not isinstance(item, (bool, np.bool_))
+            and not INT64.min <= int(item) <= INT64.max
+        ):
             return int(item)
     return None
 
 
 def positive_int64(x: Any) -> bool:
     """Whether `x` is an integer (not a bool) from 1 to 2**63 - 1 (a k of R@k, a cap)."""
-    return (isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-            and 1 <= int(x) <= INT64.max)
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and 1 <= int(x) <= INT64.max
 
 
 def require_int64(arr: np.ndarray, original: Any, what: str) -> None:
@@ -94,8 +105,7 @@ def as_score_matrix(similarity: Any, name: str = "similarity") -> np.ndarray:
     except (TypeError, ValueError) as err:
         raise RetrievalInputError(f"{name} must be a numeric 2-D array: {err}") from None
     if scores.ndim != 2:
-        raise RetrievalInputError(f"{name} must be 2-D (queries x gallery), got shape "
-                                  f"{tuple(scores.shape)}")
+        raise RetrievalInputError(f"{name} must be 2-D (queries x gallery), got shape {tuple(scores.shape)}")
     if scores.dtype == bool or scores.dtype.kind not in "iuf":
         raise RetrievalInputError(f"{name} must hold real scores, got {scores.dtype}")
     if scores.dtype.kind in "iu":
@@ -105,13 +115,16 @@ def as_score_matrix(similarity: Any, name: str = "similarity") -> np.ndarray:
     # One cheap pass: the sum is finite unless a NaN (or an infinity) is present.
     if scores.size and not np.isfinite(scores.sum(dtype=np.float64)) and np.isnan(scores).any():
         rows = np.flatnonzero(np.isnan(scores).any(axis=1))[:5].tolist()
-        raise RetrievalInputError(f"{name} contains NaN scores (first rows: {rows}); a NaN has no "
-                                  "rank — fix the embeddings or replace NaN with -inf")
+        raise RetrievalInputError(
+            f"{name} contains NaN scores (first rows: {rows}); a NaN has no "
+            "rank — fix the embeddings or replace NaN with -inf"
+        )
     return scores
 
 
-def stable_topk(scores: np.ndarray, k: int, rows: np.ndarray | None = None,
-                chunk_rows: int | None = None) -> np.ndarray:
+def stable_topk(
+    scores: np.ndarray, k: int, rows: np.ndarray | None = None, chunk_rows: int | None = None
+) -> np.ndarray:
     """Column indices of the k best items per row, ties in column order: [n_rows x k] int64.
 
     `scores` comes from `as_score_matrix` (a transposed view `.T` is fine: chunks are copied
@@ -143,7 +156,7 @@ def _contiguous(block: np.ndarray) -> np.ndarray:
     out = np.empty(block.shape, dtype=block.dtype)
     for i in range(0, block.shape[0], _TILE):
         for j in range(0, block.shape[1], _TILE):
-            out[i:i + _TILE, j:j + _TILE] = block[i:i + _TILE, j:j + _TILE]
+            out[i : i + _TILE, j : j + _TILE] = block[i : i + _TILE, j : j + _TILE]
     return out
 
 
@@ -185,6 +198,7 @@ def _exact_rows(block: np.ndarray, kth: np.ndarray, k: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- streamed embeddings
+
 
 def _prepared_block(block: Any, name: str, start: int, normalize: bool) -> np.ndarray:
     """One chunk of embeddings as float32, checked for NaN/inf, optionally L2-normalised."""
@@ -235,11 +249,11 @@ def topk_from_embeddings(
     out_i = np.empty((q_shape[0], k), dtype=np.int64)
     out_s = np.empty((q_shape[0], k), dtype=np.float32)
     for q0 in range(0, q_shape[0], query_chunk_size):
-        q = _prepared_block(query_emb[q0:q0 + query_chunk_size], "query_emb", q0, normalize)
+        q = _prepared_block(query_emb[q0 : q0 + query_chunk_size], "query_emb", q0, normalize)
         best_s = np.empty((q.shape[0], 0), dtype=np.float32)
         best_i = np.empty((q.shape[0], 0), dtype=np.int64)
         for g0 in range(0, g_shape[0], chunk_size):
-            g = _prepared_block(gallery_emb[g0:g0 + chunk_size], "gallery_emb", g0, normalize)
+            g = _prepared_block(gallery_emb[g0 : g0 + chunk_size], "gallery_emb", g0, normalize)
             scores = q @ g.T
             idx = stable_topk(scores, min(k, g.shape[0]))
             vals = np.take_along_axis(scores, idx, axis=1)
@@ -251,6 +265,6 @@ def topk_from_embeddings(
             order = np.argsort(-cand_s, axis=1, kind="stable")[:, :k]
             best_s = np.take_along_axis(cand_s, order, axis=1)
             best_i = np.take_along_axis(cand_i, order, axis=1)
-        out_s[q0:q0 + q.shape[0]] = best_s
-        out_i[q0:q0 + q.shape[0]] = best_i
+        out_s[q0 : q0 + q.shape[0]] = best_s
+        out_i[q0 : q0 + q.shape[0]] = best_i
     return out_i, out_s

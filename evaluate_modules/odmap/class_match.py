@@ -56,27 +56,131 @@ __all__ = [
 
 #: The 80 COCO object classes, in COCO category-id order.
 COCO_CLASSES: tuple[str, ...] = (
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",
-    "traffic light", "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog",
-    "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella",
-    "handbag", "tie", "suitcase", "frisbee", "skis", "snowboard", "sports ball", "kite",
-    "baseball bat", "baseball glove", "skateboard", "surfboard", "tennis racket", "bottle",
-    "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple", "sandwich", "orange",
-    "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch", "potted plant",
-    "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard", "cell phone",
-    "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors",
-    "teddy bear", "hair drier", "toothbrush",
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "airplane",
+    "bus",
+    "train",
+    "truck",
+    "boat",
+    "traffic light",
+    "fire hydrant",
+    "stop sign",
+    "parking meter",
+    "bench",
+    "bird",
+    "cat",
+    "dog",
+    "horse",
+    "sheep",
+    "cow",
+    "elephant",
+    "bear",
+    "zebra",
+    "giraffe",
+    "backpack",
+    "umbrella",
+    "handbag",
+    "tie",
+    "suitcase",
+    "frisbee",
+    "skis",
+    "snowboard",
+    "sports ball",
+    "kite",
+    "baseball bat",
+    "baseball glove",
+    "skateboard",
+    "surfboard",
+    "tennis racket",
+    "bottle",
+    "wine glass",
+    "cup",
+    "fork",
+    "knife",
+    "spoon",
+    "bowl",
+    "banana",
+    "apple",
+    "sandwich",
+    "orange",
+    "broccoli",
+    "carrot",
+    "hot dog",
+    "pizza",
+    "donut",
+    "cake",
+    "chair",
+    "couch",
+    "potted plant",
+    "bed",
+    "dining table",
+    "toilet",
+    "tv",
+    "laptop",
+    "mouse",
+    "remote",
+    "keyboard",
+    "cell phone",
+    "microwave",
+    "oven",
+    "toaster",
+    "sink",
+    "refrigerator",
+    "book",
+    "clock",
+    "vase",
+    "scissors",
+    "teddy bear",
+    "hair drier",
+    "toothbrush",
 )
 
 # Kim et al. (2023), Appendix A, Table 4, verbatim. The class name itself always counts and is
 # not repeated.
 _COCO_RELATED: dict[str, tuple[str, ...]] = {
     "person": (
-        "man", "woman", "player", "child", "girl", "boy", "boys", "people", "lady", "guy", "kid",
-        "kids", "surfer", "cowboy", "cowboys", "adult", "adults", "cop", "soldier", "police",
-        "catcher", "pitcher", "jockey", "baby", "men", "women", "biker", "spectator", "rider",
-        "batter", "gay", "anyone", "someone", "reporter", "somebody", "anybody", "everyone",
-        "worker", "workers",
+        "man",
+        "woman",
+        "player",
+        "child",
+        "girl",
+        "boy",
+        "boys",
+        "people",
+        "lady",
+        "guy",
+        "kid",
+        "kids",
+        "surfer",
+        "cowboy",
+        "cowboys",
+        "adult",
+        "adults",
+        "cop",
+        "soldier",
+        "police",
+        "catcher",
+        "pitcher",
+        "jockey",
+        "baby",
+        "men",
+        "women",
+        "biker",
+        "spectator",
+        "rider",
+        "batter",
+        "gay",
+        "anyone",
+        "someone",
+        "reporter",
+        "somebody",
+        "anybody",
+        "everyone",
+        "worker",
+        "workers",
     ),
     "airplane": ("plane", "jet", "aircraft"),
     "bicycle": ("bike", "biking", "cycling"),
@@ -130,8 +234,14 @@ _COCO_RELATED: dict[str, tuple[str, ...]] = {
 COCO_TABLE: dict[str, tuple[str, ...]] = {c: _COCO_RELATED.get(c, ()) for c in COCO_CLASSES}
 
 _IRREGULAR_PLURALS = {
-    "child": "children", "mouse": "mice", "goose": "geese", "foot": "feet", "tooth": "teeth",
-    "man": "men", "woman": "women", "person": "people",
+    "child": "children",
+    "mouse": "mice",
+    "goose": "geese",
+    "foot": "feet",
+    "tooth": "teeth",
+    "man": "men",
+    "woman": "women",
+    "person": "people",
 }
 _TOKEN_RE = re.compile(r"[a-z0-9]+")
 _VOWELS = set("aeiou")
@@ -184,8 +294,7 @@ def load_table(table: TableLike) -> dict[str, tuple[str, ...]]:
             raise ValueError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(table, Mapping):
         raise ValueError(
-            f"{source}: expected a mapping class name -> list of related words, "
-            f"got {type(table).__name__}"
+            f"{source}: expected a mapping class name -> list of related words, got {type(table).__name__}"
         )
     if not table:
         raise ValueError(f"{source}: the table is empty; it must list at least one class")
@@ -194,10 +303,7 @@ def load_table(table: TableLike) -> dict[str, tuple[str, ...]]:
         if not isinstance(cls, str) or not words_of(cls):
             raise ValueError(f"{source}: class name {cls!r} must be a non-empty string with letters")
         if isinstance(related, str) or not isinstance(related, Iterable):
-            raise ValueError(
-                f"{source}: related words of class {cls!r} must be a list of strings, "
-                f"got {related!r}"
-            )
+            raise ValueError(f"{source}: related words of class {cls!r} must be a list of strings, got {related!r}")
         words = tuple(related)
         bad = [w for w in words if not isinstance(w, str) or not words_of(w)]
         if bad:
@@ -247,7 +353,7 @@ class ClassMatcher:
         ids: set[int] = set()
         for n in range(1, self._max_len + 1):
             for start in range(len(tokens) - n + 1):
-                hit = self._forms.get(tuple(tokens[start:start + n]))
+                hit = self._forms.get(tuple(tokens[start : start + n]))
                 if hit is not None:
                     ids.update(hit.tolist())
         return ids

@@ -230,8 +230,7 @@ class NounPhraseCache:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         with tmp.open("w", encoding="utf-8") as f:
-            json.dump({"grammar": NP_GRAMMAR,
-                       "entries": {c: e.to_json() for c, e in self._entries.items()}}, f)
+            json.dump({"grammar": NP_GRAMMAR, "entries": {c: e.to_json() for c, e in self._entries.items()}}, f)
         os.replace(tmp, path)
 
     @classmethod

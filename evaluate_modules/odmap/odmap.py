@@ -125,16 +125,20 @@ class Odmap(evaluate.Metric):
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=[
-                datasets.Features({
-                    "retrieved": datasets.Sequence(datasets.Value("string")),
-                    "removed_classes": _CLASS_LIST,
-                    "present_classes": _CLASS_LIST,
-                }),
-                datasets.Features({
-                    "retrieved": datasets.Sequence(datasets.Value("int64")),
-                    "removed_classes": _CLASS_LIST,
-                    "present_classes": _CLASS_LIST,
-                }),
+                datasets.Features(
+                    {
+                        "retrieved": datasets.Sequence(datasets.Value("string")),
+                        "removed_classes": _CLASS_LIST,
+                        "present_classes": _CLASS_LIST,
+                    }
+                ),
+                datasets.Features(
+                    {
+                        "retrieved": datasets.Sequence(datasets.Value("int64")),
+                        "removed_classes": _CLASS_LIST,
+                        "present_classes": _CLASS_LIST,
+                    }
+                ),
             ],
             reference_urls=[
                 "https://github.com/ExplainableML/Spurious_CM_Retrieval",
@@ -146,8 +150,7 @@ class Odmap(evaluate.Metric):
         _reject_compute_only(kwargs, "add_batch")
         retrieved = _numpy_if_torch(retrieved)
         _check_batch(retrieved, removed_classes, present_classes, self._buffered_kind())
-        super().add_batch(retrieved=retrieved, removed_classes=removed_classes,
-                          present_classes=present_classes)
+        super().add_batch(retrieved=retrieved, removed_classes=removed_classes, present_classes=present_classes)
 
     def add(self, *, retrieved=None, removed_classes=None, present_classes=None, **kwargs):
         """Buffer one query for a later `compute()`, checked like `compute`'s inputs."""
@@ -156,23 +159,26 @@ class Odmap(evaluate.Metric):
         # One query, checked as a batch of one.
         rows = [None if x is None else [x] for x in (retrieved, removed_classes, present_classes)]
         _check_batch(*rows, self._buffered_kind(), single=True)
-        super().add(retrieved=retrieved, removed_classes=removed_classes,
-                    present_classes=present_classes)
+        super().add(retrieved=retrieved, removed_classes=removed_classes, present_classes=present_classes)
 
     def compute(self, *, retrieved=None, removed_classes=None, present_classes=None, **kwargs):
         """Compute ODmAP@k (evaluate appends the argument description below)."""
-        if retrieved is None and removed_classes is None and present_classes is None \
-                and not len(self):  # evaluate's count of buffered queries
-            raise ValueError("retrieved is missing: pass retrieved=, removed_classes= and "
-                             "present_classes= (one entry per query), or buffer queries with "
-                             "add/add_batch before compute()")
+        if (
+            retrieved is None and removed_classes is None and present_classes is None and not len(self)
+        ):  # evaluate's count of buffered queries
+            raise ValueError(
+                "retrieved is missing: pass retrieved=, removed_classes= and "
+                "present_classes= (one entry per query), or buffer queries with "
+                "add/add_batch before compute()"
+            )
         # evaluate's compute sends given inputs through `add_batch` (checked there, before Arrow
         # could cast float indices) and then scores every buffered query.
-        return super().compute(retrieved=retrieved, removed_classes=removed_classes,
-                               present_classes=present_classes, **kwargs)
+        return super().compute(
+            retrieved=retrieved, removed_classes=removed_classes, present_classes=present_classes, **kwargs
+        )
 
     def _buffered_kind(self):
-        """"texts" or "indices" for the queries already buffered, None when there are none."""
+        """ "texts" or "indices" for the queries already buffered, None when there are none."""
         if not len(self):
             return None
         dtype = self.selected_feature_format["retrieved"].feature.dtype
@@ -199,32 +205,36 @@ class Odmap(evaluate.Metric):
                 q, item = first
                 raise ValueError(
                     f"retrieved[{q}] (query {q}) holds {item!r}, not a caption text; gallery "
-                    "indices need mention_matrix= (and class_names=)")
+                    "indices need mention_matrix= (and class_names=)"
+                )
             if class_names is not None:
                 raise ValueError("class_names only applies together with mention_matrix")
             result = odmap(
-                retrieved, removed_classes, present_classes,
-                k_values=k_values, require_present=require_present, table=table,
+                retrieved,
+                removed_classes,
+                present_classes,
+                k_values=k_values,
+                require_present=require_present,
+                table=table,
             )
         else:
             shape = getattr(mention_matrix, "shape", None)
             if shape is None or len(shape) != 2:
-                raise ValueError(f"mention_matrix must be a 2-D [gallery x classes] array, got "
-                                 f"shape {shape}")
+                raise ValueError(f"mention_matrix must be a 2-D [gallery x classes] array, got shape {shape}")
             if first is not None and isinstance(first[1], str):
                 q, item = first
                 raise ValueError(
                     f"retrieved[{q}] (query {q}) holds {item!r} (a caption text); with "
                     "mention_matrix, retrieved holds integer gallery indices (drop "
-                    "mention_matrix to score caption texts)")
+                    "mention_matrix to score caption texts)"
+                )
             if class_names is None:
                 names = list(ClassMatcher(table).class_names)
             else:
                 names = list(class_names)
             if mention_matrix.shape[1] != len(names):
                 raise ValueError(
-                    f"mention_matrix has {mention_matrix.shape[1]} columns but there are "
-                    f"{len(names)} class_names"
+                    f"mention_matrix has {mention_matrix.shape[1]} columns but there are {len(names)} class_names"
                 )
             column = {c: j for j, c in enumerate(names)}
             removed = _class_matrix(removed_classes, column, "removed_classes")
@@ -234,14 +244,17 @@ class Odmap(evaluate.Metric):
             except ValueError:
                 lengths = sorted({len(r) for r in retrieved})
                 raise ValueError(
-                    f"retrieved gallery indices must have the same length per query, got lengths "
-                    f"{lengths}"
+                    f"retrieved gallery indices must have the same length per query, got lengths {lengths}"
                 ) from None
             if not allow_duplicates:
                 _check_no_repeats(topk)
             result = odmap_from_topk(
-                topk, mention_matrix, removed, present,
-                k_values=k_values, require_present=require_present,
+                topk,
+                mention_matrix,
+                removed,
+                present,
+                k_values=k_values,
+                require_present=require_present,
             )
         scores = {**result.as_dict(), "num_queries": result.num_queries}
         if per_class_plot_path is not None:
@@ -253,8 +266,7 @@ class Odmap(evaluate.Metric):
 
 
 #: How error messages name one item / the items of each kind of ranking.
-_KIND = {"texts": ("a caption text", "caption texts"),
-         "indices": ("a gallery index", "gallery indices")}
+_KIND = {"texts": ("a caption text", "caption texts"), "indices": ("a gallery index", "gallery indices")}
 
 
 def _numpy_if_torch(retrieved):
@@ -263,8 +275,10 @@ def _numpy_if_torch(retrieved):
 
 def _reject_compute_only(kwargs, method):
     if kwargs:
-        raise ValueError(f"{method} takes retrieved, removed_classes and present_classes only; "
-                         f"pass {', '.join(sorted(kwargs))} to compute()")
+        raise ValueError(
+            f"{method} takes retrieved, removed_classes and present_classes only; "
+            f"pass {', '.join(sorted(kwargs))} to compute()"
+        )
 
 
 def _check_batch(retrieved, removed_classes, present_classes, buffered_kind, single=False):
@@ -272,13 +286,15 @@ def _check_batch(retrieved, removed_classes, present_classes, buffered_kind, sin
     unrelated error (a bare-string class list), and on rankings mixing caption texts and gallery
     indices; `buffered_kind` is the kind of the rankings already buffered, `single` means the one
     query of evaluate's `add`. Whether the kind fits the mode is `_compute`'s check."""
-    for name, value in (("retrieved", retrieved), ("removed_classes", removed_classes),
-                        ("present_classes", present_classes)):
+    for name, value in (
+        ("retrieved", retrieved),
+        ("removed_classes", removed_classes),
+        ("present_classes", present_classes),
+    ):
         if value is None:
             raise ValueError(f"{name} is missing: pass one list per query")
         if isinstance(value, str) or not hasattr(value, "__len__"):
-            raise ValueError(f"{name} must be a list with one entry per query, got "
-                             f"{type(value).__name__}")
+            raise ValueError(f"{name} must be a list with one entry per query, got {type(value).__name__}")
     if len(retrieved) == 0:
         raise ValueError("no queries: retrieved is empty (pass one ranking per query)")
 
@@ -288,35 +304,40 @@ def _check_batch(retrieved, removed_classes, present_classes, buffered_kind, sin
     for name, lists in (("removed_classes", removed_classes), ("present_classes", present_classes)):
         for q, classes in enumerate(lists):
             if isinstance(classes, str) or not hasattr(classes, "__iter__"):
-                raise ValueError(f"{where(name, q)} must be a list of class names, got "
-                                 f"{classes!r}; write [{classes!r}] for one class")
+                raise ValueError(
+                    f"{where(name, q)} must be a list of class names, got "
+                    f"{classes!r}; write [{classes!r}] for one class"
+                )
             for c in classes:
                 if not isinstance(c, str):
                     raise ValueError(f"{where(name, q)} holds {c!r}; class names are strings")
     kind, source = buffered_kind, "the queries buffered before"
     for q, ranking in enumerate(retrieved):
         if isinstance(ranking, str) or not hasattr(ranking, "__iter__"):
-            raise ValueError(f"{where('retrieved', q)} must be a list (best first), got "
-                             f"{ranking!r}")
+            raise ValueError(f"{where('retrieved', q)} must be a list (best first), got {ranking!r}")
         for item in ranking:
             if isinstance(item, str):
                 item_kind = "texts"
             elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
                 item_kind = "indices"
                 if not _INT64.min <= int(item) <= _INT64.max:  # Arrow's int64 would overflow
-                    raise ValueError(f"{where('retrieved', q)} holds {int(item)}; gallery indices "
-                                     "must fit int64 (-2**63 to 2**63 - 1)")
+                    raise ValueError(
+                        f"{where('retrieved', q)} holds {int(item)}; gallery indices "
+                        "must fit int64 (-2**63 to 2**63 - 1)"
+                    )
             else:
                 raise ValueError(
                     f"{where('retrieved', q)} holds {item!r} ({type(item).__name__}); retrieved "
-                    "holds caption texts, or integer gallery indices scored with mention_matrix=")
+                    "holds caption texts, or integer gallery indices scored with mention_matrix="
+                )
             if kind is None:
                 kind, source = item_kind, where("retrieved", q)
             elif item_kind != kind:
                 raise ValueError(
                     f"{where('retrieved', q)} holds {item!r} ({_KIND[item_kind][0]}), but "
                     f"{_KIND[kind][1]} came first ({source}): one computation scores caption "
-                    "texts or gallery indices, not both")
+                    "texts or gallery indices, not both"
+                )
     if kind == "texts":
         ensure_tagger()
 
@@ -335,7 +356,8 @@ def _check_no_repeats(topk):
             f"retrieved[{q}] (query {q}) repeats gallery index {index} (positions "
             f"{int(positions[0])} and {int(positions[1])}; {rows.size} of {len(topk)} rankings "
             "repeat an index): a ranking lists each gallery caption once — deduplicate it "
-            "(allow_duplicates=True scores every position as given)")
+            "(allow_duplicates=True scores every position as given)"
+        )
 
 
 def _class_matrix(class_lists, column, name):
@@ -344,8 +366,7 @@ def _class_matrix(class_lists, column, name):
         for c in classes:
             if c not in column:
                 raise ValueError(
-                    f"{name}[{q}] names class {c!r}, which is not among the mention_matrix "
-                    f"columns (class_names)"
+                    f"{name}[{q}] names class {c!r}, which is not among the mention_matrix columns (class_names)"
                 )
             out[q, column[c]] = True
     return out

@@ -82,6 +82,7 @@ class OdmapResult:
 
 # ----------------------------------------------------------------------------- validation
 
+
 def _check_k_values(k_values: Iterable[int], ranking_length: int | None = None) -> tuple[int, ...]:
     ks = tuple(k_values)
     if not ks:
@@ -141,13 +142,11 @@ def _check_query_sets(removed: np.ndarray, present: np.ndarray, require_present:
         )
     both = np.flatnonzero((removed & present).any(axis=1))
     if both.size:
-        raise ValueError(
-            f"{both.size} queries list a class as both removed and present, e.g. query "
-            f"{int(both[0])}"
-        )
+        raise ValueError(f"{both.size} queries list a class as both removed and present, e.g. query {int(both[0])}")
 
 
 # ----------------------------------------------------------------------------- core formulas
+
 
 def average_precision_at_k(relevance: np.ndarray, k_values: Iterable[int]) -> dict[int, np.ndarray]:
     """AP@k per query from a [Q x n] relevance matrix (Kim et al., 2023, §3.2), for each k."""
@@ -235,10 +234,7 @@ def odmap_from_topk(
     topk = topk[:, :kmax]
     if topk.min() < 0 or topk.max() >= gallery_size:
         bad = int(topk.min()) if topk.min() < 0 else int(topk.max())
-        raise ValueError(
-            f"topk_indices holds gallery index {bad}, outside the mention matrix's "
-            f"{gallery_size} rows"
-        )
+        raise ValueError(f"topk_indices holds gallery index {bad}, outside the mention matrix's {gallery_size} rows")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
@@ -255,6 +251,7 @@ def odmap_from_topk(
 
 
 # ----------------------------------------------------------------------------- gallery mentions
+
 
 def _matcher(table: TableLike | ClassMatcher) -> ClassMatcher:
     return table if isinstance(table, ClassMatcher) else ClassMatcher(table)
@@ -287,7 +284,7 @@ def gallery_mentions(
     texts = list(unique)
     rows = np.zeros((len(texts), len(cols)), dtype=bool)
     for b0 in range(0, len(texts), batch_size):
-        batch = texts[b0:b0 + batch_size]
+        batch = texts[b0 : b0 + batch_size]
         chunked = cache.get_many(batch) if cache is not None else chunk_captions(batch)
         for j, ch in enumerate(chunked):
             rows[b0 + j] = matcher.mentions(ch.noun_phrases, class_names)
@@ -296,9 +293,7 @@ def gallery_mentions(
     return rows[inverse]
 
 
-def _class_sets_to_matrix(
-    sets: Sequence[Iterable[str]], name: str, index: dict[str, int]
-) -> np.ndarray:
+def _class_sets_to_matrix(sets: Sequence[Iterable[str]], name: str, index: dict[str, int]) -> np.ndarray:
     out = np.zeros((len(sets), len(index)), dtype=bool)
     for q, classes in enumerate(sets):
         if isinstance(classes, str):
@@ -367,8 +362,12 @@ def odmap(
     topk = np.fromiter((position[c] for c in flat), dtype=np.int64, count=len(flat))
     mentions = gallery_mentions(unique, class_names, matcher, cache=cache)
     return odmap_from_topk(
-        topk.reshape(n, ks[-1]), mentions, removed, present,
-        k_values=ks, require_present=require_present,
+        topk.reshape(n, ks[-1]),
+        mentions,
+        removed,
+        present,
+        k_values=ks,
+        require_present=require_present,
     )
 
 
@@ -379,12 +378,12 @@ def per_class_odmap(result: OdmapResult, removed_classes: Sequence[Iterable[str]
     for q, classes in enumerate(removed_classes):
         for c in set(classes):
             queries.setdefault(str(c), []).append(q)
-    return {c: {k: float(ap[qs].mean()) for k, ap in result.per_query.items()}
-            for c, qs in sorted(queries.items())}
+    return {c: {k: float(ap[qs].mean()) for k, ap in result.per_query.items()} for c, qs in sorted(queries.items())}
 
 
-def plot_per_class(per_class: dict[str, dict[int, float]], path: Union[str, os.PathLike], *,
-                   title: str | None = None) -> Path:
+def plot_per_class(
+    per_class: dict[str, dict[int, float]], path: Union[str, os.PathLike], *, title: str | None = None
+) -> Path:
     """Bar chart of ODmAP@k per removed class (one bar per k), written to `path` (png/pdf/svg).
 
     Class names and the title are drawn as written (no mathtext: a `$` is a dollar sign).
@@ -411,14 +410,17 @@ def _draw_per_class(per_class: dict[str, dict[int, float]], out: Path, title: st
     width = 0.8 / len(ks)
     x = np.arange(len(classes))
     for j, k in enumerate(ks):
-        ax.bar(x + (j - (len(ks) - 1) / 2) * width, [per_class[c].get(k, np.nan) for c in classes],
-               width, label=f"ODmAP@{k}")
+        ax.bar(
+            x + (j - (len(ks) - 1) / 2) * width,
+            [per_class[c].get(k, np.nan) for c in classes],
+            width,
+            label=f"ODmAP@{k}",
+        )
     values = np.array([[per_class[c].get(k, np.nan) for k in ks] for c in classes], dtype=float)
     if not np.nan_to_num(values).any():
         # Zero-height bars draw nothing: mark each value and say so, rather than empty axes.
         for j in range(len(ks)):
-            ax.plot(x + (j - (len(ks) - 1) / 2) * width, np.zeros(len(classes)), "_", markersize=10,
-                    color=f"C{j}")
+            ax.plot(x + (j - (len(ks) - 1) / 2) * width, np.zeros(len(classes)), "_", markersize=10, color=f"C{j}")
         ax.text(0.5, 0.5, "ODmAP@k is 0 for every class", transform=ax.transAxes, ha="center")
     ax.set_xticks(x, classes, rotation=60, ha="right", fontsize=8)
     ax.set_ylim(0, 1)

@@ -56,10 +56,18 @@ BAD_OPTIONS = [
 ]
 PER_BUILDER = {
     "coco-captions": [(["--max-images", "0"], "--max-images"), (["--max-images", "-1"], "--max-images")],
-    "decorrelation": [(["--max-images", "0"], "--max-images"), (["--alpha3", "1.2"], "--alpha3"),
-                      (["--inpaint-steps", "0"], "--inpaint-steps"), (["--mask-dilation", "-1"], "--mask-dilation")],
-    "coco-counterfactuals": [(["--max-captions", "0"], "--max-captions"), (["--candidates", "0"], "--candidates"),
-                             (["--steps", "-2"], "--steps"), (["--image-size", "x"], "--image-size")],
+    "decorrelation": [
+        (["--max-images", "0"], "--max-images"),
+        (["--alpha3", "1.2"], "--alpha3"),
+        (["--inpaint-steps", "0"], "--inpaint-steps"),
+        (["--mask-dilation", "-1"], "--mask-dilation"),
+    ],
+    "coco-counterfactuals": [
+        (["--max-captions", "0"], "--max-captions"),
+        (["--candidates", "0"], "--candidates"),
+        (["--steps", "-2"], "--steps"),
+        (["--image-size", "x"], "--image-size"),
+    ],
 }
 
 
@@ -72,8 +80,7 @@ def _bad_option_cases():
 @pytest.mark.parametrize("builder,argv,option", list(_bad_option_cases()))
 def test_option_ranges_are_checked_at_parse_time(builder, argv, option, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        main(["build", builder, "--coco-root", str(tmp_path / "missing"), "--output",
-              str(tmp_path / "out"), *argv])
+        main(["build", builder, "--coco-root", str(tmp_path / "missing"), "--output", str(tmp_path / "out"), *argv])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"argument {option}" in err and argv[-1] in err, err
@@ -85,8 +92,9 @@ def test_tiny_profile_picks_small_sizes_and_flags_win(tiny_models_dir):
     from builders.decorrelation import options as decorrelation
 
     def config(dataset, options, *argv):
-        args = build_parser().parse_args(["build", dataset, "--coco-root", "c", "--output", "o",
-                                          "--tiny-models-dir", str(tiny_models_dir), *argv])
+        args = build_parser().parse_args(
+            ["build", dataset, "--coco-root", "c", "--output", "o", "--tiny-models-dir", str(tiny_models_dir), *argv]
+        )
         return options.config_from_args(args)
 
     production = config("coco-counterfactuals", counterfactuals).images
@@ -95,8 +103,9 @@ def test_tiny_profile_picks_small_sizes_and_flags_win(tiny_models_dir):
     assert (tiny.steps, tiny.image_size, tiny.candidates) == (2, 64, 4)
     assert tiny.clip_threshold == -1.0 < production.clip_threshold
     # An explicit flag wins, even when it equals the production default.
-    chosen = config("coco-counterfactuals", counterfactuals, "--models", "tiny", "--steps", "100",
-                    "--image-size", "128").images
+    chosen = config(
+        "coco-counterfactuals", counterfactuals, "--models", "tiny", "--steps", "100", "--image-size", "128"
+    ).images
     assert (chosen.steps, chosen.image_size, chosen.candidates) == (100, 128, 4)
     decor = config("decorrelation", decorrelation, "--models", "tiny").fill
     assert (decor.image_size, decor.steps) == (64, 2)
@@ -109,11 +118,27 @@ def test_dataset_without_the_split_lists_configs_splits_and_flags(tmp_path):
 
     source = tmp_path / "captions_only"
     datasets.Dataset.from_dict({"caption": ["A dog on a couch.", "Two cats on a bed."]}).to_parquet(
-        str(source / "data" / "validation-00000-of-00001.parquet"))
-    proc = subprocess.run([str(CLI), "build", "coco-counterfactuals", "--stage", "captions",
-                           "--dataset", str(source), "--text-column", "caption",
-                           "--output", str(tmp_path / "out"), "--models", "tiny"],
-                          capture_output=True, text=True)
+        str(source / "data" / "validation-00000-of-00001.parquet")
+    )
+    proc = subprocess.run(
+        [
+            str(CLI),
+            "build",
+            "coco-counterfactuals",
+            "--stage",
+            "captions",
+            "--dataset",
+            str(source),
+            "--text-column",
+            "caption",
+            "--output",
+            str(tmp_path / "out"),
+            "--models",
+            "tiny",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]

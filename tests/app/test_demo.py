@@ -17,15 +17,21 @@ pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 #: What a swapped word may be: a plain word, possibly hyphenated or with an apostrophe.
 WORD = re.compile(r"\w+(?:[-'’]\w+)*")
 #: The image filters of the COCO-Counterfactuals card -> the option holding each threshold.
-FILTER_THRESHOLDS = {"text_image": "clip_threshold", "image_image": "image_similarity_threshold",
-                     "directional": "directional_threshold"}
+FILTER_THRESHOLDS = {
+    "text_image": "clip_threshold",
+    "image_image": "image_similarity_threshold",
+    "directional": "directional_threshold",
+}
 
 
 def caption_pairs(build: Path) -> list[dict]:
     """Every caption pair of every config of a coco-counterfactuals build."""
     columns = ["caption_0", "caption_1", "replaced_word", "replacement_word", "replaced_position"]
-    return [row for shard in sorted((build / "data").rglob("*.parquet"))
-            for row in pq.read_table(shard, columns=columns).to_pylist()]
+    return [
+        row
+        for shard in sorted((build / "data").rglob("*.parquet"))
+        for row in pq.read_table(shard, columns=columns).to_pylist()
+    ]
 
 
 def card_table_row(card: str, first_cell: str) -> dict[str, str]:
@@ -43,14 +49,25 @@ def card_table_row(card: str, first_cell: str) -> dict[str, str]:
 
 
 def test_demo_runs_end_to_end(tmp_path, real_home):
-    proc = subprocess.run([sys.executable, "-m", "builders.app.demo", "--workdir", str(tmp_path / "demo")],
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "builders.app.demo", "--workdir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     demo = (tmp_path / "demo").resolve()
     summary = json.loads((demo / "demo_summary.json").read_text())
     steps = summary["steps"]
-    assert {"fixture", "nltk", "tiny models", "build coco-captions",
-            "publish + load coco-captions", "publish + load metric odmap", "gallery"} <= set(steps)
+    assert {
+        "fixture",
+        "nltk",
+        "tiny models",
+        "build coco-captions",
+        "publish + load coco-captions",
+        "publish + load metric odmap",
+        "gallery",
+    } <= set(steps)
     assert steps["publish + load coco-captions"]["rows"]["default/test"] > 0
     assert steps["publish + load metric odmap"]["odmap_example"]["ODmAP@1"] == 0.5
     # Every registered builder is part of the demo.
@@ -58,8 +75,13 @@ def test_demo_runs_end_to_end(tmp_path, real_home):
 
     assert {f"build {name}" for name in BUILDER_MODULES} <= set(steps)
     # What it publishes names no directory of this machine (models, sources, the tagger).
-    local = {str(tmp_path), str(Path.home()), str(real_home), str(Path(__file__).resolve().parents[2]),
-             tempfile.gettempdir()}
+    local = {
+        str(tmp_path),
+        str(Path.home()),
+        str(real_home),
+        str(Path(__file__).resolve().parents[2]),
+        tempfile.gettempdir(),
+    }
     for build in (demo / "builds").iterdir():
         for name in ("README.md", "build_manifest.json"):
             text = (build / name).read_text()
@@ -85,9 +107,11 @@ def test_demo_runs_end_to_end(tmp_path, real_home):
     for row in pairs:
         old, new, at = row["replaced_word"], row["replacement_word"], row["replaced_position"]
         assert WORD.fullmatch(old) and WORD.fullmatch(new) and old != new, row
-        assert row["caption_0"][at:at + len(old)] == old and row["caption_1"][at:at + len(new)] == new, row
-        assert row["caption_0"][:at] + row["caption_0"][at + len(old):] == \
-            row["caption_1"][:at] + row["caption_1"][at + len(new):], row
+        assert row["caption_0"][at : at + len(old)] == old and row["caption_1"][at : at + len(new)] == new, row
+        assert (
+            row["caption_0"][:at] + row["caption_0"][at + len(old) :]
+            == row["caption_1"][:at] + row["caption_1"][at + len(new) :]
+        ), row
     # The card lists the three image filters with the thresholds the build used.
     images = json.loads((cf / "build_manifest.json").read_text())["config"]["images"]
     card = (cf / "README.md").read_text()

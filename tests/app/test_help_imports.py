@@ -21,8 +21,20 @@ from builders.app.cli import build_parser
 
 CLI = Path(sys.executable).parent / "counterfactory"
 #: What made every command take 17-50 s (7 s of CPU) before the first line of help.
-HEAVY = ("torch", "datasets", "transformers", "diffusers", "nltk", "open_clip", "accelerate",
-         "huggingface_hub", "evaluate", "sentence_transformers", "pandas", "pyarrow")
+HEAVY = (
+    "torch",
+    "datasets",
+    "transformers",
+    "diffusers",
+    "nltk",
+    "open_clip",
+    "accelerate",
+    "huggingface_hub",
+    "evaluate",
+    "sentence_transformers",
+    "pandas",
+    "pyarrow",
+)
 
 
 def _command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):

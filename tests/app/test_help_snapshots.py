@@ -22,8 +22,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots" / "help"
 CLI = "import sys; from builders.app.cli import main; sys.exit(main(sys.argv[1:]))"
-DATASETS = {"coco-captions": "coco_captions", "coco-counterfactuals": "counterfactuals",
-            "decorrelation": "decorrelation", "eccv-positives": "eccv_positives"}
+DATASETS = {
+    "coco-captions": "coco_captions",
+    "coco-counterfactuals": "counterfactuals",
+    "decorrelation": "decorrelation",
+    "eccv-positives": "eccv_positives",
+}
 
 #: Snapshot name -> the command line (run from the repository root) whose `--help` it holds.
 COMMANDS: dict[str, list[str]] = {
@@ -43,8 +47,9 @@ COMMANDS: dict[str, list[str]] = {
 
 def _help(argv: list[str]) -> str:
     env = {**os.environ, "COLUMNS": "100", "LINES": "50"}
-    proc = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, *argv, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 
@@ -57,8 +62,10 @@ def test_help_matches_snapshot(name):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"no snapshot {path.name}: run with UPDATE_HELP_SNAPSHOTS=1 and review it"
-    assert text == path.read_text(), (f"`{' '.join(COMMANDS[name])} --help` changed; if intended, "
-                                      "regenerate (UPDATE_HELP_SNAPSHOTS=1) and review the diff")
+    assert text == path.read_text(), (
+        f"`{' '.join(COMMANDS[name])} --help` changed; if intended, "
+        "regenerate (UPDATE_HELP_SNAPSHOTS=1) and review the diff"
+    )
 
 
 def test_every_builder_has_snapshots():

@@ -31,8 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _doctor(tmp_path: Path, tiny_models_dir: Path, *extra: str) -> dict:
     out = tmp_path / "doctor.json"
-    assert cli_main(["doctor", "--tiny-models-dir", str(tiny_models_dir), "--json", str(out),
-                     *extra]) == 0
+    assert cli_main(["doctor", "--tiny-models-dir", str(tiny_models_dir), "--json", str(out), *extra]) == 0
     return json.loads(out.read_text())
 
 
@@ -48,8 +47,9 @@ def _check_rows(report: dict, stages) -> None:
 
 
 def test_doctor_runs_every_stage_on_the_tiny_profile(tmp_path, tiny_models_dir, nltk_data_dir, capsys):
-    report = _doctor(tmp_path, tiny_models_dir, "--models", "tiny", "--resolution", "64", "--steps", "1",
-                     "--generators", "none")
+    report = _doctor(
+        tmp_path, tiny_models_dir, "--models", "tiny", "--resolution", "64", "--steps", "1", "--generators", "none"
+    )
     _check_rows(report, STAGE_NAMES)
     assert report["extrapolated_from"] == "CPU fp32"
     printed = capsys.readouterr().out
@@ -88,8 +88,14 @@ def test_doctor_unknown_stage_is_one_line(capsys):
 
 def test_gpu_check_without_cuda_says_so_and_exits_0():
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py")], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout and "nothing run" in proc.stdout
 
@@ -129,8 +135,7 @@ def test_doctor_generator_rows_on_the_meta_device(tmp_path, monkeypatch, capsys)
         assert row["weights_gib"]["fp32"] == pytest.approx(PARAMS[name] * 4 / GIB, abs=0.01), name
         assert row["weights_gib"][row["dtype"]] == pytest.approx(PARAMS[name] * 2 / GIB, abs=0.01)
         assert row["resolution"] == (512 if name == "sd15" else 1024)
-        assert row["activation_mib_per_pair"] == max(row["denoiser_mib_per_pair"],
-                                                     row["decode_mib_per_pair"])
+        assert row["activation_mib_per_pair"] == max(row["denoiser_mib_per_pair"], row["decode_mib_per_pair"])
         for batch in (row["batch"], row["batch_cpu_offload"]):
             assert sorted(batch, key=int) == ["24", "40", "80"]
             assert [batch[g] for g in ("24", "40", "80")] == sorted(batch.values())
@@ -178,12 +183,24 @@ def test_gpu_check_cpu_tiny_runs_every_generator():
     """The per-generator throughput of benchmarks/gpu_check.py through the same code at tiny shapes
     on the CPU (the production shapes need a GPU)."""
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu-tiny"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu-tiny"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout
-    found = dict(re.findall(r"^(sd15|sdxl|sd3|flux) +fp32 64 px: +[0-9.]+ denoiser rows/s "
-                            r"\((\d+) rows a step\)", proc.stdout, flags=re.M))
+    found = dict(
+        re.findall(
+            r"^(sd15|sdxl|sd3|flux) +fp32 64 px: +[0-9.]+ denoiser rows/s "
+            r"\((\d+) rows a step\)",
+            proc.stdout,
+            flags=re.M,
+        )
+    )
     # One candidate pair a step: 2 images x 2 guidance halves, FLUX.1-schnell without guidance.
     assert found == {"sd15": "4", "sdxl": "4", "sd3": "4", "flux": "2"}, proc.stdout
     rates = re.findall(r"([0-9.]+) denoiser rows/s", proc.stdout)
@@ -207,12 +224,12 @@ def test_live_tensor_bytes_counts_what_is_alive():
 
     x = torch.empty(1024, 256, device="meta")  # 1 MiB of fp32, made before: not counted
     with LiveTensorBytes() as live:
-        a = x * 2                # +1 MiB
-        b = a.view(-1)           # a view of a: +0
-        c = (b + 1).half()       # +1 MiB (b + 1), then +0.5 MiB, then the fp32 temporary is freed
-        del a, b                 # a's storage is freed with its last view: -1 MiB
-        d = torch.cat([c, c])    # +1 MiB
-        c.mul_(2)                # in place: +0
+        a = x * 2  # +1 MiB
+        b = a.view(-1)  # a view of a: +0
+        c = (b + 1).half()  # +1 MiB (b + 1), then +0.5 MiB, then the fp32 temporary is freed
+        del a, b  # a's storage is freed with its last view: -1 MiB
+        d = torch.cat([c, c])  # +1 MiB
+        c.mul_(2)  # in place: +0
     assert live.peak == (1 + 1 + 0.5) * 2**20
     assert live.live == (0.5 + 1) * 2**20
     del c, d

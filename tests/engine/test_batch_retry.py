@@ -24,11 +24,13 @@ OOM = "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.65 GiB total ca
 
 def oom_above(k: int, fn, attempts: list):
     """`fn` that records every attempted batch and runs out of memory above k items."""
+
     def wrapped(batch):
         attempts.append(list(batch))
         if len(batch) > k:
             raise torch.cuda.OutOfMemoryError(OOM)
         return fn(batch)
+
     return wrapped
 
 
@@ -152,8 +154,11 @@ def test_evaluation_encodes_give_the_same_embeddings_after_running_out_of_memory
     from training import evaluation
 
     pixels = torch.arange(7 * 12, dtype=torch.float32).reshape(7, 3, 2, 2)
-    monkeypatch.setattr(evaluation, "make_loader", lambda examples, batches, backend, workers:
-                        [{"pixel_values": pixels[b]} for b in batches])
+    monkeypatch.setattr(
+        evaluation,
+        "make_loader",
+        lambda examples, batches, backend, workers: [{"pixel_values": pixels[b]} for b in batches],
+    )
     backend = SimpleNamespace(tokenize=lambda texts: {"input_ids": torch.tensor([[len(t), ord(t[0])] for t in texts])})
     texts = ["a", "bb", "ccc", "dddd", "eeeee", "f", "gg"]
     evaluation._shrinking.cache_clear()
@@ -187,11 +192,15 @@ def test_mitl_embeddings_are_the_same_after_running_out_of_memory(monkeypatch, t
                 raise torch.cuda.OutOfMemoryError(OOM)
             return torch.tensor([[float(len(t)), 2.0] for t in texts])
 
-    monkeypatch.setattr(clip, "load_scorer",
-                        lambda model_id, device="cpu", backend=None, dtype=None: Scorer())
+    monkeypatch.setattr(clip, "load_scorer", lambda model_id, device="cpu", backend=None, dtype=None: Scorer())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    gallery = SimpleNamespace(image_ids=list(range(5)), captions=["a", "bb", "a", "ccc", "dddd"],
-                              digest=lambda: "g", files_fingerprint=lambda: "f", open_image=lambda n: n)
+    gallery = SimpleNamespace(
+        image_ids=list(range(5)),
+        captions=["a", "bb", "a", "ccc", "dddd"],
+        digest=lambda: "g",
+        files_fingerprint=lambda: "f",
+        open_image=lambda n: n,
+    )
     images, captions = embeddings.gallery_embeddings("stand-in/clip", gallery, tmp_path / "cache", batch_size=8)
     assert images.tolist() == [[float(n), 1.0] for n in range(5)]
     assert captions.tolist() == [[float(len(t)), 2.0] for t in gallery.captions]

@@ -28,9 +28,22 @@ TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 
 
 def build(root: Path, out: Path, *extra: str) -> int:
-    return cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "val",
-                     "--output", str(out), "--part-size", "1", *extra])
-
+    return cli_main(
+        [
+            "build",
+            "coco-captions",
+            "--coco-root",
+            str(root),
+            "--splits",
+            "test",
+            "val",
+            "--output",
+            str(out),
+            "--part-size",
+            "1",
+            *extra,
+        ]
+    )
 
 
 def crash_after(out: Path, finished: int) -> None:
@@ -47,8 +60,11 @@ def coco(tmp_path) -> Path:
 
 
 def items_in_order(out: Path) -> list[int]:
-    return [row["image_id"] for p in sorted((out / "data").glob("test-*.parquet"))
-            for row in pq.read_table(p, columns=["image_id"]).to_pylist()]
+    return [
+        row["image_id"]
+        for p in sorted((out / "data").glob("test-*.parquet"))
+        for row in pq.read_table(p, columns=["image_id"]).to_pylist()
+    ]
 
 
 def edit_caption(root: Path, image_id: int, text: str) -> None:
@@ -117,8 +133,9 @@ def test_eccv_resume_on_a_changed_coco_root_is_refused_naming_the_query(tmp_path
 
     def build_eccv(dest: Path = out) -> int:
         # 2000 items a part: parts 0-2 hold the 5,000 image queries, the last one PM and `removed`.
-        return cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(dest),
-                         "--part-size", "2000"])
+        return cli_main(
+            ["build", "eccv-positives", "--coco-root", str(root), "--output", str(dest), "--part-size", "2000"]
+        )
 
     assert build_eccv() == 0
     crash_after(out, finished=3)
@@ -152,8 +169,22 @@ def test_eccv_resume_on_a_changed_coco_root_is_refused_naming_the_query(tmp_path
     assert f"part {len(stats) - 1}: pm i2t query {min(images)}" in line and "part 0" not in line
 
     # --overwrite rebuilds from the current inputs: equal to a clean build of them.
-    assert cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
-                     "--part-size", "2000", "--overwrite"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "eccv-positives",
+                "--coco-root",
+                str(root),
+                "--output",
+                str(out),
+                "--part-size",
+                "2000",
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
     assert build_eccv(tmp_path / "fresh") == 0
     assert shard_digests(out) == shard_digests(tmp_path / "fresh")
 
@@ -185,9 +216,25 @@ def test_a_failed_read_leaves_nothing_that_blocks_the_corrected_rerun(coco, tmp_
 
 def test_a_second_build_into_the_same_folder_fails_at_once(tmp_path, capsys):
     out = tmp_path / "out"
-    first = subprocess.Popen([sys.executable, str(TOY), "--output", str(out), "--n-items", "40",
-                              "--part-size", "4", "--sleep", "0.05", "--max-error-fraction", "0.2"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            str(TOY),
+            "--output",
+            str(out),
+            "--n-items",
+            "40",
+            "--part-size",
+            "4",
+            "--sleep",
+            "0.05",
+            "--max-error-fraction",
+            "0.2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while not list((out / ".parts/stats").glob("*.json")):
@@ -200,8 +247,12 @@ def test_a_second_build_into_the_same_folder_fails_at_once(tmp_path, capsys):
 
         add_builder_parser(parser, toy_builder)
         capsys.readouterr()
-        assert run_handled(parser, ["--output", str(out), "--n-items", "40", "--part-size", "4",
-                                    "--max-error-fraction", "0.2"]) == 2
+        assert (
+            run_handled(
+                parser, ["--output", str(out), "--n-items", "40", "--part-size", "4", "--max-error-fraction", "0.2"]
+            )
+            == 2
+        )
         line = error_line(capsys)
         assert "another build is writing to" in line and str(out) in line
         assert first.poll() is None, "refused while the first build was still running"
@@ -211,8 +262,7 @@ def test_a_second_build_into_the_same_folder_fails_at_once(tmp_path, capsys):
     assert json.loads((out / "build_manifest.json").read_text())["items"] == 40
 
 
-def test_disk_full_during_the_merge_is_one_line_and_leaves_no_temp_files(coco, tmp_path, capsys,
-                                                                         monkeypatch):
+def test_disk_full_during_the_merge_is_one_line_and_leaves_no_temp_files(coco, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     real = pq.ParquetWriter.write_table
 

@@ -11,8 +11,7 @@ import nltk
 import pytest
 
 from builders.app.cli import main as cli_main
-from builders.engine.nltk_setup import (DOWNLOAD_COMMAND, STAMP, TAGGER_DIR, install_offline_tagger,
-                                      read_tagged_corpus)
+from builders.engine.nltk_setup import DOWNLOAD_COMMAND, STAMP, TAGGER_DIR, install_offline_tagger, read_tagged_corpus
 
 # Held-out captions (none is in the shipped corpus), hand-tagged for this test.
 HELD_OUT = [
@@ -105,10 +104,11 @@ def test_missing_tagger_data_names_the_download_command(tmp_path):
     # folder; the system-wide folders are dropped too, so a machine that has the real tagger
     # installed still exercises the missing-data path.
     env = {**os.environ, "NLTK_DATA": str(tmp_path), "HOME": str(tmp_path)}
-    code = ("import sys, nltk; nltk.data.path[:] = [sys.argv[1]]; from builders.app.cli import main; "
-            "sys.exit(main(['nltk', 'check']))")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True,
-                          text=True)
+    code = (
+        "import sys, nltk; nltk.data.path[:] = [sys.argv[1]]; from builders.app.cli import main; "
+        "sys.exit(main(['nltk', 'check']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True)
     assert proc.returncode == 2
     assert DOWNLOAD_COMMAND in proc.stderr and "counterfactory nltk offline-tagger" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -126,12 +126,15 @@ def test_offline_tagger_installs_where_nltk_looks_by_default(tmp_path):
     # pointed at tmp_path) and a fresh process with no settings finds it. NLTK's system-wide
     # folders are dropped from its search path so the test never writes outside tmp_path.
     env = {k: v for k, v in os.environ.items() if k != "NLTK_DATA"} | {"HOME": str(tmp_path)}
-    code = ("import sys, nltk; nltk.data.path[:] = [p for p in nltk.data.path if p.startswith(sys.argv[1])]; "
-            "from builders.app.cli import main; sys.exit(main(sys.argv[2:]))")
+    code = (
+        "import sys, nltk; nltk.data.path[:] = [p for p in nltk.data.path if p.startswith(sys.argv[1])]; "
+        "from builders.app.cli import main; sys.exit(main(sys.argv[2:]))"
+    )
 
     def counterfactory(*argv):
-        return subprocess.run([sys.executable, "-c", code, str(tmp_path), *argv], env=env,
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path), *argv], env=env, capture_output=True, text=True
+        )
 
     installed = counterfactory("nltk", "offline-tagger")
     assert installed.returncode == 0, installed.stderr

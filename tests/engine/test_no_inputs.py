@@ -22,19 +22,39 @@ IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "1", "--cand
 
 
 def nothing_written(out: Path) -> bool:
-    return not (out / ".parts/run.json").exists() and not (out / "build_manifest.json").exists() \
-        and not (out / "data").exists() and not (out / ".parts/stats").exists()
+    return (
+        not (out / ".parts/run.json").exists()
+        and not (out / "build_manifest.json").exists()
+        and not (out / "data").exists()
+        and not (out / ".parts/stats").exists()
+    )
 
 
 @pytest.mark.parametrize("content", ["id\tcaption_0\tcaption_1\n", ""], ids=["header only", "empty"])
-def test_an_empty_caption_pair_table_is_one_line_naming_captions_from(tmp_path, tiny_models_dir,
-                                                                      capsys, content):
+def test_an_empty_caption_pair_table_is_one_line_naming_captions_from(tmp_path, tiny_models_dir, capsys, content):
     table = tmp_path / "EMPTY.tsv"
     table.write_text(content, encoding="utf-8")
     out = tmp_path / "out"
-    assert cli_main(["build", "coco-counterfactuals", "--stage", "images", "--captions-from",
-                     str(table), "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                     "--output", str(out), *IMAGE_ARGS]) == 2
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--stage",
+                "images",
+                "--captions-from",
+                str(table),
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--output",
+                str(out),
+                *IMAGE_ARGS,
+            ]
+        )
+        == 2
+    )
     line = error_line(capsys)
     assert f"--captions-from {table} gives no input items" in line, line
     assert nothing_written(out)
@@ -43,15 +63,18 @@ def test_an_empty_caption_pair_table_is_one_line_naming_captions_from(tmp_path, 
 def test_a_coco_root_without_images_is_one_line_naming_coco_root(tmp_path, capsys):
     root = write_coco_fixture(tmp_path / "coco", CocoFixtureConfig(n_images=0))
     out = tmp_path / "out"
-    assert cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "val",
-                     "--output", str(out)]) == 2
+    assert (
+        cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "val", "--output", str(out)])
+        == 2
+    )
     line = error_line(capsys)
     assert f"--coco-root {root}" in line and "gives no input items" in line, line
     assert nothing_written(out)
 
 
-@pytest.mark.parametrize("mode", [["--worker-index", "0", "--num-workers", "2"], ["--merge-only"]],
-                         ids=["array worker", "merge-only"])
+@pytest.mark.parametrize(
+    "mode", [["--worker-index", "0", "--num-workers", "2"], ["--merge-only"]], ids=["array worker", "merge-only"]
+)
 def test_job_array_runs_with_no_inputs_are_one_line(tmp_path, capsys, mode):
     items = tmp_path / "items.txt"
     items.write_text("")

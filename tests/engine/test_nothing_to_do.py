@@ -34,20 +34,23 @@ class _NoInputs(toy_builder.ToyBuilder):
 
 def build(out: Path, builder_cls=toy_builder.ToyBuilder, **run):
     run = {"part_size": 4, "max_error_fraction": 0.2, **run}
-    return run_build(builder_cls(toy_builder.ToyConfig(n_items=40)),
-                     BuildRunConfig(output_dir=out, **run), finish=write_card)
+    return run_build(
+        builder_cls(toy_builder.ToyConfig(n_items=40)), BuildRunConfig(output_dir=out, **run), finish=write_card
+    )
 
 
 def mtimes(out: Path) -> dict[str, int]:
-    return {p.relative_to(out).as_posix(): p.stat().st_mtime_ns
-            for p in sorted(out.rglob("*")) if p.is_file()}
+    return {p.relative_to(out).as_posix(): p.stat().st_mtime_ns for p in sorted(out.rglob("*")) if p.is_file()}
 
 
 def published(out: Path) -> dict[str, bytes]:
     """The build's data files and figures, and which cards it has (a merge rewrites the card's and
     manifest's timings and creation time)."""
-    return {rel: b"" if rel in ("README.md", "build_manifest.json") else (out / rel).read_bytes()
-            for rel in mtimes(out) if not rel.startswith(".parts")}
+    return {
+        rel: b"" if rel in ("README.md", "build_manifest.json") else (out / rel).read_bytes()
+        for rel in mtimes(out)
+        if not rel.startswith(".parts")
+    }
 
 
 @pytest.fixture
@@ -88,15 +91,25 @@ def damage_in_place(out: Path) -> None:
     os.utime(shard, ns=(merged + 10**9, merged + 10**9))  # later, whatever the clock's granularity
 
 
-@pytest.mark.parametrize("damage", [
-    lambda out: next((out / "data").rglob("*.parquet")).unlink(),
-    damage_shard,
-    damage_in_place,
-    lambda out: next((out / "figures").iterdir()).unlink(),
-    lambda out: (out / "README.md").unlink(),
-    lambda out: (out / "build_manifest.json").write_text("{not json"),
-], ids=["shard deleted", "shard grown", "shard edited in place", "figure deleted",
-        "card deleted", "manifest damaged"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda out: next((out / "data").rglob("*.parquet")).unlink(),
+        damage_shard,
+        damage_in_place,
+        lambda out: next((out / "figures").iterdir()).unlink(),
+        lambda out: (out / "README.md").unlink(),
+        lambda out: (out / "build_manifest.json").write_text("{not json"),
+    ],
+    ids=[
+        "shard deleted",
+        "shard grown",
+        "shard edited in place",
+        "figure deleted",
+        "card deleted",
+        "manifest damaged",
+    ],
+)
 def test_a_damaged_build_is_merged_again(finished, damage, caplog):
     want = published(finished)
     damage(finished)
@@ -117,14 +130,18 @@ def test_a_merge_interrupted_half_way_is_completed(finished):
         raise KeyboardInterrupt  # killed after the shards were replaced, before the manifest
 
     with pytest.raises(KeyboardInterrupt):
-        run_build(toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
-                  BuildRunConfig(output_dir=finished, part_size=4, max_error_fraction=0.2,
-                                 max_shard_bytes=2000), finish=card_fails)
+        run_build(
+            toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
+            BuildRunConfig(output_dir=finished, part_size=4, max_error_fraction=0.2, max_shard_bytes=2000),
+            finish=card_fails,
+        )
     assert not (finished / "build_manifest.json").exists()
     build(finished)
     assert published(finished) == want
-    assert json.loads((finished / "build_manifest.json").read_text())["run"]["max_shard_bytes"] \
+    assert (
+        json.loads((finished / "build_manifest.json").read_text())["run"]["max_shard_bytes"]
         == BuildRunConfig(output_dir=finished).max_shard_bytes
+    )
 
 
 def test_parts_rebuilt_after_the_merge_are_merged(finished, monkeypatch, caplog):

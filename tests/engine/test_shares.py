@@ -101,8 +101,11 @@ def test_manifest_reports_each_processs_peak_rss(tmp_path):
 
 def test_peak_rss_summary_of_parts_without_a_record():
     """Parts of a build from before peaks were recorded are unknown, not zero."""
-    stats = [{"rank": 0, "peak_rss_bytes": 300}, {"rank": 1}, {"rank": 0, "peak_rss_bytes": 500},
-             {"rank": 1, "peak_rss_bytes": 200}]
-    assert peak_rss_summary(stats) == {"max": 500, "per_rank": {"0": 500, "1": 200},
-                                       "per_part": [300, None, 500, 200]}
+    stats = [
+        {"rank": 0, "peak_rss_bytes": 300},
+        {"rank": 1},
+        {"rank": 0, "peak_rss_bytes": 500},
+        {"rank": 1, "peak_rss_bytes": 200},
+    ]
+    assert peak_rss_summary(stats) == {"max": 500, "per_rank": {"0": 500, "1": 200}, "per_part": [300, None, 500, 200]}
     assert peak_rss_summary([{"rank": 0}]) == {"max": None, "per_rank": {}, "per_part": [None]}

@@ -23,8 +23,10 @@ def assert_images_load(driver) -> int:
     images = driver.find_elements("css selector", "main img")
     for img in images:
         driver.execute_script("arguments[0].scrollIntoView()", img)
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-            "return arguments[0].complete && arguments[0].naturalWidth > 0", img), img.get_attribute("src"))
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img),
+            img.get_attribute("src"),
+        )
     return len(images)
 
 

@@ -28,22 +28,36 @@ def accelerate_cmd(script: Path, *args: str, processes: int = 2) -> list[str]:
     `launch_command` sends `--cpu` to its single-process `simple_launcher`), so this uses the
     multi-GPU launcher, and the builders ask accelerate for the CPU themselves. Port 0: a free
     port, so launches of concurrent test workers never meet on accelerate's default 29500."""
-    return [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", str(processes),
-            "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no",
-            "--dynamo_backend", "no", str(script), *args]
+    return [
+        str(ACCELERATE),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        "0",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(script),
+        *args,
+    ]
 
 
 def shard_digests(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted((root / "data").rglob("*.parquet"))}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((root / "data").rglob("*.parquet"))
+    }
 
 
-def kill_after_parts(cmd: list[str], stats_dir: Path, min_parts: int, timeout: float,
-                     poll: float) -> int:
+def kill_after_parts(cmd: list[str], stats_dir: Path, min_parts: int, timeout: float, poll: float) -> int:
     """Start `cmd`, SIGKILL it and every process it started once `min_parts` parts have finished,
     and return how many had finished by then."""
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + timeout
     while time.time() < deadline and len(list(stats_dir.glob("*.json"))) < min_parts:
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
@@ -80,32 +94,82 @@ def error_line(capsys) -> str:
 
 # ------------------------------------------------------------------------------ bad-input cases
 
+
 def fixture_case(base: Path) -> dict[str, Any]:
     """An 8-image COCO fixture under `base` and the image the cases break (a test-split image)."""
     root = write_coco_fixture(base / "coco", CocoFixtureConfig(n_images=8))
     karpathy = json.loads((root / "dataset_coco.json").read_text())["images"]
     target = sorted(e["cocoid"] for e in karpathy if e["split"] == "test")[1]
     entry = next(e for e in karpathy if e["cocoid"] == target)
-    return {"root": root, "target": target, "folder": entry["filepath"],
-            "image": root / entry["filepath"] / entry["filename"], "size": (128, 96)}
+    return {
+        "root": root,
+        "target": target,
+        "folder": entry["filepath"],
+        "image": root / entry["filepath"] / entry["filename"],
+        "size": (128, 96),
+    }
 
 
 def captions_build(root: Path, out: Path) -> int:
-    return cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "val",
-                     "--output", str(out), "--part-size", "2", "--max-error-fraction", "0.5"])
+    return cli_main(
+        [
+            "build",
+            "coco-captions",
+            "--coco-root",
+            str(root),
+            "--splits",
+            "test",
+            "val",
+            "--output",
+            str(out),
+            "--part-size",
+            "2",
+            "--max-error-fraction",
+            "0.5",
+        ]
+    )
 
 
 def decorrelation_build(root: Path, out: Path, models: Path, *source: str) -> int:
     """The tiny-profile decorrelation build of a COCO root (or of `source` options)."""
-    return cli_main(["build", "decorrelation", *(source or ("--coco-root", str(root))),
-                     "--output", str(out), "--models", "tiny", "--tiny-models-dir", str(models),
-                     "--fill", "zero", "--image-size", "64", "--part-size", "2",
-                     "--max-error-fraction", "0.9"])
+    return cli_main(
+        [
+            "build",
+            "decorrelation",
+            *(source or ("--coco-root", str(root))),
+            "--output",
+            str(out),
+            "--models",
+            "tiny",
+            "--tiny-models-dir",
+            str(models),
+            "--fill",
+            "zero",
+            "--image-size",
+            "64",
+            "--part-size",
+            "2",
+            "--max-error-fraction",
+            "0.9",
+        ]
+    )
 
 
 def eccv_build(root: Path, out: Path) -> int:
-    return cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
-                     "--part-size", "8192", "--max-error-fraction", "0.5"])
+    return cli_main(
+        [
+            "build",
+            "eccv-positives",
+            "--coco-root",
+            str(root),
+            "--output",
+            str(out),
+            "--part-size",
+            "8192",
+            "--max-error-fraction",
+            "0.5",
+        ]
+    )
 
 
 def errors_everywhere(out: Path) -> tuple[dict, dict]:
@@ -126,5 +190,7 @@ def without_target(rows: dict[str, list[dict]], target: int) -> dict[str, list[d
 def rows_by_output(out: Path) -> dict[str, list[dict[str, Any]]]:
     """Every published row, read straight from the shards (images as their embedded bytes)."""
     manifest = json.loads((out / "build_manifest.json").read_text())
-    return {key: [row for shard in o["shards"] for row in pq.read_table(out / shard).to_pylist()]
-            for key, o in manifest["outputs"].items()}
+    return {
+        key: [row for shard in o["shards"] for row in pq.read_table(out / shard).to_pylist()]
+        for key, o in manifest["outputs"].items()
+    }

@@ -34,11 +34,13 @@ def write_test_image_root(root: Path, classes: dict[int, list[int]]) -> Path:
         Image.new("RGB", (8, 6), (i % 255, 0, 0)).save(root / "val2014" / name)
         entries.append({"id": i, "file_name": name, "width": 8, "height": 6})
     caps = [{"id": c, "image_id": i, "caption": f"caption {c}"} for i in images for c in coco_i2t[i]]
-    inst = [{"id": n, "image_id": i, "category_id": c, "bbox": [0, 0, 2, 2], "area": 4, "iscrowd": 0}
-            for n, (i, c) in enumerate((i, c) for i in images for c in classes[i])]
+    inst = [
+        {"id": n, "image_id": i, "category_id": c, "bbox": [0, 0, 2, 2], "area": 4, "iscrowd": 0}
+        for n, (i, c) in enumerate((i, c) for i in images for c in classes[i])
+    ]
     cats = [{"id": c, "name": f"class{c}", "supercategory": "x"} for c in (1, 2, 3, 4)]
-    (root / "annotations" / "captions_val2014.json").write_text(json.dumps(
-        {"images": entries, "annotations": caps}))
-    (root / "annotations" / "instances_val2014.json").write_text(json.dumps(
-        {"images": entries, "annotations": inst, "categories": cats}))
+    (root / "annotations" / "captions_val2014.json").write_text(json.dumps({"images": entries, "annotations": caps}))
+    (root / "annotations" / "instances_val2014.json").write_text(
+        json.dumps({"images": entries, "annotations": inst, "categories": cats})
+    )
     return root

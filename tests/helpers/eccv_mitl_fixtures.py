@@ -35,9 +35,14 @@ def gallery(tmp_path_factory):
         images.update({im["id"]: root / split / im["file_name"] for im in data["images"]})
         captions += [(a["image_id"], a["id"], a["caption"].strip()) for a in data["annotations"]]
     captions.sort()
-    return {"root": root, "image_ids": sorted(images), "paths": [images[i] for i in sorted(images)],
-            "caption_ids": [c for _, c, _ in captions], "caption_image": {c: i for i, c, _ in captions},
-            "texts": [t for _, _, t in captions]}
+    return {
+        "root": root,
+        "image_ids": sorted(images),
+        "paths": [images[i] for i in sorted(images)],
+        "caption_ids": [c for _, c, _ in captions],
+        "caption_image": {c: i for i, c, _ in captions},
+        "texts": [t for _, _, t in captions],
+    }
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +72,9 @@ def brute_force_scores(model_id: str, gallery) -> tuple[np.ndarray, np.ndarray]:
 
             model, proc = CLIPModel.from_pretrained(model_id).eval(), CLIPProcessor.from_pretrained(model_id)
             img = model.get_image_features(pixel_values=proc(images=images, return_tensors="pt")["pixel_values"])
-            txt = model.get_text_features(**proc(text=gallery["texts"], return_tensors="pt", padding=True,
-                                                 truncation=True))
+            txt = model.get_text_features(
+                **proc(text=gallery["texts"], return_tensors="pt", padding=True, truncation=True)
+            )
             img, txt = (getattr(x, "pooler_output", x) for x in (img, txt))
     img = torch.nn.functional.normalize(img.float(), dim=-1)
     txt = torch.nn.functional.normalize(txt.float(), dim=-1)
@@ -82,14 +88,35 @@ def brute_force_scores(model_id: str, gallery) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="session")
 def round_dir(tmp_path_factory, gallery, annotators):
     run = tmp_path_factory.mktemp("round")
-    args = ["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "train", "restval",
-            "val", "test", "--image-queries", "10", "--caption-queries", "14", "--seed", "1",
-            "--batch-size", "1000", "--cache-dir", str(run / "cache"), "--output", str(run / "candidates.json")]
+    args = [
+        "eccv",
+        "candidates",
+        "--coco-root",
+        str(gallery["root"]),
+        "--splits",
+        "train",
+        "restval",
+        "val",
+        "test",
+        "--image-queries",
+        "10",
+        "--caption-queries",
+        "14",
+        "--seed",
+        "1",
+        "--batch-size",
+        "1000",
+        "--cache-dir",
+        str(run / "cache"),
+        "--output",
+        str(run / "candidates.json"),
+    ]
     for model in annotators:
         args += ["--model", model]
     assert cli_main(args) == 0
-    assert cli_main(["eccv", "tasks", str(run / "candidates.json"), "--output", str(run / "tasks"),
-                     "--seed", "7"]) == 0
+    assert (
+        cli_main(["eccv", "tasks", str(run / "candidates.json"), "--output", str(run / "tasks"), "--seed", "7"]) == 0
+    )
     return run
 
 

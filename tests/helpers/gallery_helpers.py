@@ -15,15 +15,37 @@ from builders.app.cli import main as cli_main
 BUILD_ARGS = {
     "coco-captions": lambda coco, tiny: ["--coco-root", str(coco), "--splits", "test", "val"],
     "coco-counterfactuals": lambda coco, tiny: [
-        "--coco-root", str(coco), "--karpathy-splits", "test", "--max-captions", "12",
-        "--candidates", "3", "--models", "tiny", "--tiny-models-dir", str(tiny),
+        "--coco-root",
+        str(coco),
+        "--karpathy-splits",
+        "test",
+        "--max-captions",
+        "12",
+        "--candidates",
+        "3",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny),
         # The tiny CLIP's random directional scores sit near 0: about half the candidates are
         # rejected, so rows carry rejections and some captions are skipped.
-        "--directional-threshold", "0"],
+        "--directional-threshold",
+        "0",
+    ],
     "eccv-positives": lambda coco, tiny: ["--coco-root", str(coco), "--part-size", "8192"],
     "decorrelation": lambda coco, tiny: [
-        "--coco-root", str(coco), "--max-images", "6", "--keep-original", "--products", "train",
-        "--models", "tiny", "--tiny-models-dir", str(tiny)],
+        "--coco-root",
+        str(coco),
+        "--max-images",
+        "6",
+        "--keep-original",
+        "--products",
+        "train",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny),
+    ],
 }
 
 

@@ -22,8 +22,9 @@ def encoded(color: tuple[int, int, int], fmt: str = "JPEG", size: tuple[int, int
     return buf.getvalue()
 
 
-FEATURES = datasets.Features({"image": datasets.Image(), "extras": datasets.List(datasets.Image()),
-                              "caption": datasets.Value("string")})
+FEATURES = datasets.Features(
+    {"image": datasets.Image(), "extras": datasets.List(datasets.Image()), "caption": datasets.Value("string")}
+)
 
 
 def write_dataset(folder: Path, rows: list[dict], features: datasets.Features = FEATURES) -> Path:
@@ -32,8 +33,9 @@ def write_dataset(folder: Path, rows: list[dict], features: datasets.Features = 
     (folder / "data").mkdir(parents=True)
     table = pa.Table.from_pylist(rows, schema=features.arrow_schema)
     pq.write_table(table, folder / "data" / "test-00000-of-00001.parquet")
-    meta = {"configs": [{"config_name": "default",
-                         "data_files": [{"split": "test", "path": "data/test-*.parquet"}]}],
-            "dataset_info": [{"config_name": "default", "features": features._to_yaml_list()}]}
+    meta = {
+        "configs": [{"config_name": "default", "data_files": [{"split": "test", "path": "data/test-*.parquet"}]}],
+        "dataset_info": [{"config_name": "default", "features": features._to_yaml_list()}],
+    }
     (folder / "README.md").write_text(f"---\n{yaml.safe_dump(meta)}---\n# someone else's dataset\n")
     return folder

@@ -15,8 +15,11 @@ from helpers import toy_builder
 
 def toy_build(out: Path, n_items: int, tag: str, max_shard_bytes: int = 500_000_000) -> Path:
     builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=n_items, version_tag=tag))
-    run_build(builder, BuildRunConfig(output_dir=out, part_size=8, max_error_fraction=0.2,
-                                 max_shard_bytes=max_shard_bytes), finish=write_card)
+    run_build(
+        builder,
+        BuildRunConfig(output_dir=out, part_size=8, max_error_fraction=0.2, max_shard_bytes=max_shard_bytes),
+        finish=write_card,
+    )
     return out
 
 
@@ -45,8 +48,6 @@ def expected_tree(out: Path) -> set[str]:
     return set(listed) | {"README.md", "build_manifest.json"}
 
 
-def tagged_tree(repo: str, version: str, repo_type: str = "dataset",
-                endpoint: str | None = None) -> set[str]:
-    entries = HfApi(endpoint=endpoint).list_repo_tree(repo, repo_type=repo_type, revision=version,
-                                                      recursive=True)
+def tagged_tree(repo: str, version: str, repo_type: str = "dataset", endpoint: str | None = None) -> set[str]:
+    entries = HfApi(endpoint=endpoint).list_repo_tree(repo, repo_type=repo_type, revision=version, recursive=True)
     return {e.path for e in entries if hasattr(e, "blob_id")} - {".gitattributes"}

@@ -13,8 +13,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 _IRREGULAR = {
-    "child": "children", "mouse": "mice", "goose": "geese", "foot": "feet", "tooth": "teeth",
-    "man": "men", "woman": "women", "person": "people",
+    "child": "children",
+    "mouse": "mice",
+    "goose": "geese",
+    "foot": "feet",
+    "tooth": "teeth",
+    "man": "men",
+    "woman": "women",
+    "person": "people",
 }
 
 
@@ -60,9 +66,7 @@ def reference_ap_at_k(rel: Sequence[int], k: int) -> float:
     return total / k
 
 
-def reference_is_correct(
-    mentioned: set[str], removed: set[str], present: set[str], require_present: str
-) -> int:
+def reference_is_correct(mentioned: set[str], removed: set[str], present: set[str], require_present: str) -> int:
     if mentioned & removed:
         return 0
     if require_present == "any":
@@ -84,8 +88,7 @@ def reference_odmap_from_rankings(
         aps = []
         for q, ranking in enumerate(rankings):
             rel = [
-                reference_is_correct(gallery_mentioned[g], removed[q], present[q], require_present)
-                for g in ranking
+                reference_is_correct(gallery_mentioned[g], removed[q], present[q], require_present) for g in ranking
             ]
             aps.append(reference_ap_at_k(rel, k))
         out[k] = sum(aps) / len(aps)
@@ -110,8 +113,7 @@ def reference_odmap_from_captions(
             for caption in ranking:
                 phrases = noun_phrases_of(caption)
                 mentioned = {c for c in table if any(reference_match(c, n, table) for n in phrases)}
-                rel.append(reference_is_correct(mentioned, set(removed[q]), set(present[q]),
-                                                require_present))
+                rel.append(reference_is_correct(mentioned, set(removed[q]), set(present[q]), require_present))
             aps.append(reference_ap_at_k(rel, k))
         out[k] = sum(aps) / len(aps)
     return out
@@ -142,11 +144,54 @@ VOCAB = {
     "DT": ["a", "the", "an"],
     "CD": ["two", "three"],
     "JJ": ["red", "small", "wooden", "young"],
-    "NN": ["dog", "puppy", "man", "woman", "frisbee", "disc", "table", "desk", "grass", "kitchen",
-           "bear", "teddy", "board", "skateboard", "cat", "kitten", "street", "field", "ski",
-           "hot", "sky", "knife", "child", "phone", "truck", "car", "glass", "bus"],
-    "NNS": ["dogs", "puppies", "men", "women", "frisbees", "tables", "boards", "cats", "skis",
-            "skies", "knives", "children", "people", "buses", "glasses", "kids"],
+    "NN": [
+        "dog",
+        "puppy",
+        "man",
+        "woman",
+        "frisbee",
+        "disc",
+        "table",
+        "desk",
+        "grass",
+        "kitchen",
+        "bear",
+        "teddy",
+        "board",
+        "skateboard",
+        "cat",
+        "kitten",
+        "street",
+        "field",
+        "ski",
+        "hot",
+        "sky",
+        "knife",
+        "child",
+        "phone",
+        "truck",
+        "car",
+        "glass",
+        "bus",
+    ],
+    "NNS": [
+        "dogs",
+        "puppies",
+        "men",
+        "women",
+        "frisbees",
+        "tables",
+        "boards",
+        "cats",
+        "skis",
+        "skies",
+        "knives",
+        "children",
+        "people",
+        "buses",
+        "glasses",
+        "kids",
+    ],
     "VBG": ["sitting", "holding", "playing", "fighting", "riding"],
     "IN": ["on", "with", "near", "over", "in"],
     "CC": ["and"],

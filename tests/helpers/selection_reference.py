@@ -14,8 +14,12 @@ def touched_pixels(box, width, height, grow=0.0):
     if not all(map(math.isfinite, (x, y, x + w, y + h))) or w <= 0 or h <= 0:
         return set()
     x0, y0, x1, y1 = x - grow, y - grow, x + w + grow, y + h + grow
-    return {(i, j) for i in range(height) for j in range(width)
-            if min(j + 1, x1) - max(j, x0) > 0 and min(i + 1, y1) - max(i, y0) > 0}
+    return {
+        (i, j)
+        for i in range(height)
+        for j in range(width)
+        if min(j + 1, x1) - max(j, x0) > 0 and min(i + 1, y1) - max(i, y0) > 0
+    }
 
 
 def brute_force(boxes, width, height, alpha1=0.4, alpha2=0.8, alpha3=0.7):

@@ -23,12 +23,14 @@ from builders.engine.sharding.base import BuildInfo, Emit, OutputSpec, Skip
 
 HELP = "toy dataset for runner tests"
 
-MAIN = datasets.Features({
-    "id": datasets.Value("int64"),
-    "image": datasets.Image(),
-    "caption": datasets.Value("string"),
-    "value": datasets.Value("float64"),
-})
+MAIN = datasets.Features(
+    {
+        "id": datasets.Value("int64"),
+        "image": datasets.Image(),
+        "caption": datasets.Value("string"),
+        "value": datasets.Value("float64"),
+    }
+)
 CAPTIONS = datasets.Features({"id": datasets.Value("int64"), "caption": datasets.Value("string")})
 
 
@@ -46,8 +48,11 @@ class ToyBuilder:
         self.config, self.sleep_s = config, sleep_s
 
     def outputs(self):
-        return [OutputSpec("default", "train", MAIN), OutputSpec("default", "test", MAIN),
-                OutputSpec("captions", "train", CAPTIONS)]
+        return [
+            OutputSpec("default", "train", MAIN),
+            OutputSpec("default", "test", MAIN),
+            OutputSpec("captions", "train", CAPTIONS),
+        ]
 
     def work_items(self):
         if self.config.items_from:
@@ -71,15 +76,20 @@ class ToyBuilder:
             pixels = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
             caption = f"{self.config.version_tag} item {i}"
             split = "test" if i % 5 == 0 else "train"
-            yield Emit(f"default/{split}", {"id": i, "image": Image.fromarray(pixels),
-                                            "caption": caption, "value": float(rng.random())})
+            yield Emit(
+                f"default/{split}",
+                {"id": i, "image": Image.fromarray(pixels), "caption": caption, "value": float(rng.random())},
+            )
             yield Emit("captions/train", {"id": i, "caption": caption})
 
     def info(self):
-        return BuildInfo(builder="toy", card_template="dataset_card.md", pretty_name="Toy",
-                         config=asdict(self.config),
-                         card_fields={"license": "cc-by-4.0", "summary": "A toy dataset.",
-                                      "limitations": ["It is a toy."]})
+        return BuildInfo(
+            builder="toy",
+            card_template="dataset_card.md",
+            pretty_name="Toy",
+            config=asdict(self.config),
+            card_fields={"license": "cc-by-4.0", "summary": "A toy dataset.", "limitations": ["It is a toy."]},
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,8 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> ToyBuilder:
-    return ToyBuilder(ToyConfig(n_items=args.n_items, seed=args.seed, version_tag=args.version_tag,
-                                items_from=args.items_from), sleep_s=args.sleep)
+    return ToyBuilder(
+        ToyConfig(n_items=args.n_items, seed=args.seed, version_tag=args.version_tag, items_from=args.items_from),
+        sleep_s=args.sleep,
+    )
 
 
 if __name__ == "__main__":

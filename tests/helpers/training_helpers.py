@@ -17,9 +17,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "training" / "finetune_clip.py"
 PYTHON = sys.executable
 
-COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220),
-          "yellow": (230, 220, 30), "purple": (140, 30, 160), "orange": (240, 140, 20),
-          "black": (10, 10, 10), "white": (245, 245, 245)}
+COLORS = {
+    "red": (220, 30, 30),
+    "green": (30, 200, 40),
+    "blue": (30, 40, 220),
+    "yellow": (230, 220, 30),
+    "purple": (140, 30, 160),
+    "orange": (240, 140, 20),
+    "black": (10, 10, 10),
+    "white": (245, 245, 245),
+}
 TEMPLATES = ("a {} picture", "{}", "the color {}", "something {}", "all {} here")
 
 
@@ -36,12 +43,17 @@ def png(rgb, size=(40, 40), noise: int = 0, seed: int = 0) -> bytes:
 def write_split(root: Path, split: str, columns: dict, features: Features) -> None:
     """One parquet shard `data/SPLIT-00000-of-00001.parquet` (the `default` config)."""
     (root / "data").mkdir(parents=True, exist_ok=True)
-    Dataset.from_dict(columns, features=features).to_parquet(
-        root / "data" / f"{split}-00000-of-00001.parquet")
+    Dataset.from_dict(columns, features=features).to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
 
 
-REAL_FEATURES = Features({"image": Image(), "image_id": Value("int64"),
-                          "caption_ids": List(Value("int64")), "captions": List(Value("string"))})
+REAL_FEATURES = Features(
+    {
+        "image": Image(),
+        "image_id": Value("int64"),
+        "caption_ids": List(Value("int64")),
+        "captions": List(Value("string")),
+    }
+)
 
 
 def write_color_set(root: Path, per_color: dict[str, int]) -> Path:
@@ -62,9 +74,16 @@ def write_color_set(root: Path, per_color: dict[str, int]) -> Path:
     return root
 
 
-CF_FEATURES = Features({"id": Value("string"), "image_0": Image(), "image_1": Image(),
-                        "caption_0": Value("string"), "caption_1": Value("string"),
-                        "source_image_id": Value("string")})
+CF_FEATURES = Features(
+    {
+        "id": Value("string"),
+        "image_0": Image(),
+        "image_1": Image(),
+        "caption_0": Value("string"),
+        "caption_1": Value("string"),
+        "source_image_id": Value("string"),
+    }
+)
 
 
 #: Noise seeds of the counterfactual images, apart from the colour sets' (their image ids).
@@ -129,10 +148,18 @@ def report_builds(root: Path, coco_root: Path) -> tuple[Path, Path, Path]:
 
     from builders.app.cli import main as cli_main
 
-    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_root), "--splits",
-                     "test", "--output", str(root / "cc")]) == 0
-    assert cli_main(["build", "decorrelation", "--coco-root", str(coco_root), "--fill",
-                     "zero", "--output", str(root / "dec")]) == 0
+    assert (
+        cli_main(
+            ["build", "coco-captions", "--coco-root", str(coco_root), "--splits", "test", "--output", str(root / "cc")]
+        )
+        == 0
+    )
+    assert (
+        cli_main(
+            ["build", "decorrelation", "--coco-root", str(coco_root), "--fill", "zero", "--output", str(root / "dec")]
+        )
+        == 0
+    )
     n_test = len(load_dataset(str(root / "cc"), "default", split="test"))
     write_counterfactuals(root / "cf", list(range(1, n_test + 1)))
     return root / "cc", root / "dec", root / "cf"

@@ -55,8 +55,7 @@ def machine(tmp_path):
     for name, text in (("apt-get", APT_GET), ("sudo", SUDO), ("id", ID)):
         _script(stubs / name, text)
     calls = tmp_path / "calls.log"
-    env = {"PATH": str(stubs), "CALLS": str(calls), "STUBS": str(stubs), "STUB_UID": "0",
-           "HOME": str(tmp_path)}
+    env = {"PATH": str(stubs), "CALLS": str(calls), "STUBS": str(stubs), "STUB_UID": "0", "HOME": str(tmp_path)}
     return stubs, calls, env
 
 
@@ -72,8 +71,7 @@ def _calls(calls: Path) -> list[str]:
 
 
 def _bootstrap(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([shutil.which("bash"), str(BOOTSTRAP)], env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run([shutil.which("bash"), str(BOOTSTRAP)], env=env, capture_output=True, text=True, timeout=60)
 
 
 def _stub_clone(tmp_path: Path, python: str) -> Path:
@@ -95,17 +93,24 @@ def test_make_test_installs_the_browser_once_and_says_so(machine, tmp_path):
     stubs, calls, env = machine
     clone = _stub_clone(tmp_path, PYTHON)
 
-    first = subprocess.run([shutil.which("make"), "test"], cwd=clone, env=env, capture_output=True,
-                           text=True, timeout=120)
+    first = subprocess.run(
+        [shutil.which("make"), "test"], cwd=clone, env=env, capture_output=True, text=True, timeout=120
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     assert "installing chromium chromium-driver" in first.stderr
-    assert _calls(calls) == [LINT, FORMAT, "apt-get update -q DEBIAN_FRONTEND=noninteractive",
-                             f"{INSTALL} DEBIAN_FRONTEND=noninteractive", PYTEST]
+    assert _calls(calls) == [
+        LINT,
+        FORMAT,
+        "apt-get update -q DEBIAN_FRONTEND=noninteractive",
+        f"{INSTALL} DEBIAN_FRONTEND=noninteractive",
+        PYTEST,
+    ]
 
     calls.unlink()
     # CI's entry point is the same command, and on the now equipped machine it installs nothing.
-    again = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], env=env,
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [shutil.which("bash"), str(clone / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert _calls(calls) == [LINT, FORMAT, PYTEST]
     assert "install" not in again.stdout + again.stderr
@@ -119,7 +124,8 @@ def test_not_root_installs_through_sudo(machine):
         "sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q",
         "apt-get update -q DEBIAN_FRONTEND=noninteractive",
         "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver",
-        f"{INSTALL} DEBIAN_FRONTEND=noninteractive"]
+        f"{INSTALL} DEBIAN_FRONTEND=noninteractive",
+    ]
 
 
 def test_an_equipped_machine_installs_and_prints_nothing(machine):
@@ -131,8 +137,7 @@ def test_an_equipped_machine_installs_and_prints_nothing(machine):
     assert _calls(calls) == []
 
 
-@pytest.mark.parametrize("missing, says", [("sudo", "not root and no sudo"),
-                                           ("apt-get", "no apt-get here")])
+@pytest.mark.parametrize("missing, says", [("sudo", "not root and no sudo"), ("apt-get", "no apt-get here")])
 def test_no_way_to_install_is_one_clear_line(machine, missing, says):
     stubs, calls, env = machine
     (stubs / missing).unlink()
@@ -147,7 +152,8 @@ def test_a_lint_finding_stops_make_test_before_anything_is_installed_or_run(mach
     # ruff exits 1 when it finds something; the stub does so for the lint call only.
     clone = _stub_clone(tmp_path, PYTHON + 'if [ "$2" = ruff ]; then exit 1; fi\n')
 
-    proc = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [shutil.which("bash"), str(clone / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode != 0
     assert _calls(calls) == [LINT]

@@ -55,12 +55,16 @@ def test_the_anchor_rule_is_githubs():
 def test_the_link_check_finds_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     (tmp_path / "other.md").write_text("# Other\n\n## A heading\n")
-    page.write_text("# P\n\n[ok](other.md) [ok](other.md#a-heading) [ok](#p) [web](https://x.org/y)\n"
-                    "![img](missing.png)\n"
-                    "```text\n[in a block](nowhere.md)\n```\n"
-                    "[gone](missing.md) [no anchor](other.md#nothing)\n")
-    assert broken_links(page, tmp_path) == ["page.md: missing.md (no such file in the repository)",
-                                  "page.md: other.md#nothing (no heading #nothing there)"]
+    page.write_text(
+        "# P\n\n[ok](other.md) [ok](other.md#a-heading) [ok](#p) [web](https://x.org/y)\n"
+        "![img](missing.png)\n"
+        "```text\n[in a block](nowhere.md)\n```\n"
+        "[gone](missing.md) [no anchor](other.md#nothing)\n"
+    )
+    assert broken_links(page, tmp_path) == [
+        "page.md: missing.md (no such file in the repository)",
+        "page.md: other.md#nothing (no heading #nothing there)",
+    ]
 
 
 def test_readme_and_docs_have_links_to_check():

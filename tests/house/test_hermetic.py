@@ -51,9 +51,12 @@ def test_the_session_runs_in_a_temporary_home(session_tmp, real_home, tmp_path_f
     import torch.hub
 
     assert Path.home() != real_home and _inside(Path.home(), session_tmp)
-    for path in (huggingface_hub.constants.HF_HUB_CACHE, torch.hub.get_dir(),
-                 matplotlib.get_configdir(), *(os.environ[v] for v in ("XDG_CACHE_HOME",
-                                               "XDG_CONFIG_HOME", "XDG_DATA_HOME"))):
+    for path in (
+        huggingface_hub.constants.HF_HUB_CACHE,
+        torch.hub.get_dir(),
+        matplotlib.get_configdir(),
+        *(os.environ[v] for v in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")),
+    ):
         assert _inside(path, session_tmp), path
     # NLTK searches the project's own data first, and otherwise only folders of this session
     # (a test may add its own); never ~/nltk_data or the system-wide folders.
@@ -77,12 +80,22 @@ def test_a_tagger_and_caches_in_the_users_home_are_never_read(tmp_path):
     pip_conf.write_text("[global]\n")
     (home / ".gitconfig").write_text("[user]\n\tname = someone\n")
     # A user's shell as it may be: HOME, NLTK and Hugging Face settings of their own.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "HF_", "NLTK", "PIP_CONFIG",
-                                                                   "GIT_CONFIG", "MPL", "TORCH"))}
-    env.update(HOME=str(home), HF_HUB_CACHE=str(home / ".cache" / "huggingface" / "hub"),
-               NLTK_DATA=str(home / "nltk_data"))
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(TESTS), TAGGER_DIR], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("XDG_", "HF_", "NLTK", "PIP_CONFIG", "GIT_CONFIG", "MPL", "TORCH"))
+    }
+    env.update(
+        HOME=str(home), HF_HUB_CACHE=str(home / ".cache" / "huggingface" / "hub"), NLTK_DATA=str(home / "nltk_data")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(TESTS), TAGGER_DIR],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not _inside(seen["home"], home)

@@ -23,8 +23,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("viewer", ["builders.viewer"]),
     ("publishing", ["builders.publishing"]),
     ("launch", ["builders.launch"]),
-    ("datasets", ["builders.coco_captions", "builders.counterfactuals", "builders.decorrelation",
-                  "builders.eccv_positives"]),
+    (
+        "datasets",
+        ["builders.coco_captions", "builders.counterfactuals", "builders.decorrelation", "builders.eccv_positives"],
+    ),
     ("training", ["training"]),
     ("devtools", ["builders.devtools"]),
     ("app", ["builders.app"]),
@@ -39,8 +41,7 @@ def _owner(module: str) -> tuple[int, str] | None:
     best = None
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and \
-                    (best is None or len(prefix) > len(best[1])):
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
                 best = (index, prefix)
     return best
 
@@ -68,8 +69,11 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
                 name = node.module or ""
             found.append((node.lineno, name))
             # `from builders import launch` imports the module builders.launch
-            found += [(node.lineno, f"{name}.{alias.name}") for alias in node.names
-                      if _owner(f"{name}.{alias.name}") and _owner(f"{name}.{alias.name}") != _owner(name)]
+            found += [
+                (node.lineno, f"{name}.{alias.name}")
+                for alias in node.names
+                if _owner(f"{name}.{alias.name}") and _owner(f"{name}.{alias.name}") != _owner(name)
+            ]
     return found
 
 
@@ -91,17 +95,24 @@ def file_violations(path: Path, module: str) -> list[str]:
 
 
 def test_every_import_points_down():
-    problems = [p for root in SOURCES for path in sorted((REPO / root).rglob("*.py"))
-                for p in file_violations(path, _module_name(path))]
+    problems = [
+        p
+        for root in SOURCES
+        for path in sorted((REPO / root).rglob("*.py"))
+        for p in file_violations(path, _module_name(path))
+    ]
     assert problems == []
 
 
-@pytest.mark.parametrize("module, target, expected", [
-    ("builders.engine.x", "builders.app.cli", "above"),
-    ("builders.decorrelation.x", "builders.counterfactuals.images", "peer"),
-    ("builders.viewer.x", "builders.publishing.card", "above"),
-    ("loading_scripts.x", "training.trainer", "above"),
-])
+@pytest.mark.parametrize(
+    "module, target, expected",
+    [
+        ("builders.engine.x", "builders.app.cli", "above"),
+        ("builders.decorrelation.x", "builders.counterfactuals.images", "peer"),
+        ("builders.viewer.x", "builders.publishing.card", "above"),
+        ("loading_scripts.x", "training.trainer", "above"),
+    ],
+)
 def test_the_check_catches_an_upward_or_sideways_import(tmp_path, module, target, expected):
     """The same check, run on a planted module, reports it (so an empty list means something)."""
     planted = tmp_path / "x.py"

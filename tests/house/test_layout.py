@@ -24,8 +24,7 @@ MAX_LINES = 500
 #: each is a self-contained file users read as a whole).
 FUNCTION_DIRS = ("builders", "training", "loading_scripts")
 MAX_FUNCTION_LINES = 80
-METRICS = sorted(p.name for p in (REPO_ROOT / "evaluate_modules").iterdir()
-                 if (p / f"{p.name}.py").is_file())
+METRICS = sorted(p.name for p in (REPO_ROOT / "evaluate_modules").iterdir() if (p / f"{p.name}.py").is_file())
 
 
 def builder_packages() -> list[str]:
@@ -45,50 +44,58 @@ def architecture_paths(page: str) -> list[str]:
 
 
 def test_the_table_reader_reads_the_module_map():
-    page = ("# X\n\nprose `not/a/row/`\n\n| module | role |\n|---|---|\n| `builders/a/` | a |\n"
-            "| `training/` | t |\n| `builders/b/`, `builders/c.py` | b, c |\n\nprose `not/a/row/`\n\n"
-            "| module | role |\n|---|---|\n| `elsewhere/` | no |\n")
+    page = (
+        "# X\n\nprose `not/a/row/`\n\n| module | role |\n|---|---|\n| `builders/a/` | a |\n"
+        "| `training/` | t |\n| `builders/b/`, `builders/c.py` | b, c |\n\nprose `not/a/row/`\n\n"
+        "| module | role |\n|---|---|\n| `elsewhere/` | no |\n"
+    )
     assert architecture_paths(page) == ["builders/a/", "training/", "builders/b/", "builders/c.py"]
     assert architecture_rows(page)[2] == ["builders/b/", "builders/c.py"]
 
 
 def test_builders_top_level_holds_only_packages_and_the_launcher():
-    strays = [p.name for p in BUILDERS.iterdir()
-              if p.name not in ("__init__.py", "launch.py", "__pycache__")
-              and not (p.is_dir() and (p / "__init__.py").is_file())]
+    strays = [
+        p.name
+        for p in BUILDERS.iterdir()
+        if p.name not in ("__init__.py", "launch.py", "__pycache__")
+        and not (p.is_dir() and (p / "__init__.py").is_file())
+    ]
     assert not strays, f"builders/ may hold only packages and launch.py, found {strays}"
     assert len(builder_packages()) >= 5
 
 
 def test_no_source_file_is_over_the_line_limit():
-    files = [p for folder in SOURCE_DIRS for p in (REPO_ROOT / folder).rglob("*.py")
-             if "__pycache__" not in p.parts]
+    files = [p for folder in SOURCE_DIRS for p in (REPO_ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts]
     assert len(files) > 50, "the scan found suspiciously few source files"
-    long = [f"{p.relative_to(REPO_ROOT)}: {n} lines" for p in files
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    long = [
+        f"{p.relative_to(REPO_ROOT)}: {n} lines"
+        for p in files
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    ]
     assert not long, f"split these files (limit {MAX_LINES} lines):\n" + "\n".join(long)
 
 
 def long_functions(source: str, name: str) -> list[str]:
     """`name:line function (N lines)` for every function of `source` over MAX_FUNCTION_LINES."""
-    return [f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    return [
+        f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
 
 
 def test_no_function_is_over_the_line_limit():
-    files = [p for folder in FUNCTION_DIRS for p in (REPO_ROOT / folder).rglob("*.py")
-             if "__pycache__" not in p.parts]
-    long = [f for p in files for f in long_functions(p.read_text(encoding="utf-8"),
-                                                     str(p.relative_to(REPO_ROOT)))]
+    files = [p for folder in FUNCTION_DIRS for p in (REPO_ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts]
+    long = [f for p in files for f in long_functions(p.read_text(encoding="utf-8"), str(p.relative_to(REPO_ROOT)))]
     assert not long, f"split these functions (limit {MAX_FUNCTION_LINES} lines):\n" + "\n".join(long)
 
 
 def test_the_function_check_counts_a_long_function():
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     assert long_functions(f"def short():\n    pass\n\n\ndef f():\n{body}", "m.py") == [
-        f"m.py:5 f ({MAX_FUNCTION_LINES + 1} lines)"]
+        f"m.py:5 f ({MAX_FUNCTION_LINES + 1} lines)"
+    ]
 
 
 def test_architecture_table_paths_exist_and_name_every_builders_package():
@@ -149,7 +156,8 @@ def test_counterfactory_metrics_is_this_checkouts_evaluate_modules(name):
     locations = [Path(p).resolve() for p in spec.submodule_search_locations]
     assert locations == [REPO_ROOT / "evaluate_modules" / name], (
         f"counterfactory_metrics.{name} resolves to {locations}; reinstall the project "
-        "(pip install -e .) from this checkout")
+        "(pip install -e .) from this checkout"
+    )
     module = importlib.util.find_spec(f"counterfactory_metrics.{name}.{name}")
     assert Path(module.origin).resolve() == REPO_ROOT / "evaluate_modules" / name / f"{name}.py"
 

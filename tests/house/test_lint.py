@@ -12,9 +12,23 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ruff(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format",
-                           "concise", "--config", str(REPO_ROOT / "pyproject.toml"), str(path)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "--no-cache",
+            "--output-format",
+            "concise",
+            "--config",
+            str(REPO_ROOT / "pyproject.toml"),
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_gate_finds_an_unchecked_zip_and_an_unused_import(tmp_path):
@@ -36,8 +50,12 @@ def test_the_format_gate_finds_unformatted_code_and_passes_it_formatted(tmp_path
     check = [sys.executable, "-m", "ruff", "format", "--no-cache", "--check", *config, str(source)]
     found = subprocess.run(check, capture_output=True, text=True, timeout=120)
     assert found.returncode == 1 and "pairs.py" in found.stdout, found.stdout + found.stderr
-    subprocess.run([sys.executable, "-m", "ruff", "format", "--no-cache", *config, str(source)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--no-cache", *config, str(source)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert source.read_text() == "def pairs(ids, scores):\n    return list(zip(ids, scores, strict=True))\n"
     clean = subprocess.run(check, capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stdout + clean.stderr

@@ -159,6 +159,7 @@ def test_the_report_scores_without_a_training_configuration():
     for path in sorted((REPO / "training" / "report").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module == "training.config":
-                found += [f"{path.relative_to(REPO)}:{node.lineno} {a.name}"
-                          for a in node.names if a.name in training_only]
+                found += [
+                    f"{path.relative_to(REPO)}:{node.lineno} {a.name}" for a in node.names if a.name in training_only
+                ]
     assert found == [], found

@@ -25,5 +25,6 @@ def test_every_package_folder_is_listed_in_pyproject():
             found.add(name)
     assert found - listed == set(), "add these to [tool.setuptools] packages"
     assert listed - found == set(), "these listed packages have no folder"
-    assert not (REPO / "evaluate_modules" / "__init__.py").exists(), \
+    assert not (REPO / "evaluate_modules" / "__init__.py").exists(), (
         "evaluate_modules/ must not be importable under its own name (it shadows evaluate's package)"
+    )

@@ -46,8 +46,16 @@ from builders.devtools.local_hub import free_port
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 #: The docs pages whose ```bash blocks run, in this order, after the README's.
-DOCS_IN_ORDER = ("setup.md", "building.md", "datasets.md", "publishing.md", "gallery.md",
-                 "training.md", "report.md", "production.md")
+DOCS_IN_ORDER = (
+    "setup.md",
+    "building.md",
+    "datasets.md",
+    "publishing.md",
+    "gallery.md",
+    "training.md",
+    "report.md",
+    "production.md",
+)
 #: The README's set-up block, the one README block that does not run here.
 SETUP_COMMANDS = ["make demo", "make test"]
 #: Written by the commands themselves; everything else of the repository root is linked.
@@ -109,8 +117,7 @@ def as_fresh_shell(block: str, port: int) -> str:
 def runnable_blocks(readme: str, hub_port: int) -> list[str]:
     """The README's blocks, then those of the DOCS_IN_ORDER pages (see the module doc)."""
     session = local_hub_block()
-    return [as_fresh_shell(b, hub_port) if b == session else b
-            for b in readme_blocks(readme) + page_blocks_in_order()]
+    return [as_fresh_shell(b, hub_port) if b == session else b for b in readme_blocks(readme) + page_blocks_in_order()]
 
 
 def normalized(command: str) -> str:
@@ -145,8 +152,15 @@ def run_units(units: list[str], cwd: Path, env: dict[str, str]) -> ScriptRun:
     out, err = [], []
     for unit in units:
         body = f"[ ! -f {state} ] || source {state}\n{unit}\nexport -p > {state}\n"
-        proc = subprocess.Popen(["bash", "-e", "-x", "-c", body], cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-e", "-x", "-c", body],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=UNIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -175,13 +189,17 @@ def script_units(script_blocks: list[str]) -> list[str]:
 
 def commands_of(script: str) -> list[str]:
     """One line per command (continuation lines joined), comments and blank lines dropped."""
-    return [line for line in re.sub(r"\\\n", " ", script).splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        line
+        for line in re.sub(r"\\\n", " ", script).splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def _build_dirs(script: str, cwd: Path) -> list[Path]:
-    builds = [c for c in commands_of(script)
-              if re.match(r"\s*(counterfactory build|accelerate launch .*builders/)", c)]
+    builds = [
+        c for c in commands_of(script) if re.match(r"\s*(counterfactory build|accelerate launch .*builders/)", c)
+    ]
     return [cwd / out for c in builds for out in re.findall(r"--output\s+(\S+)", c)]
 
 
@@ -198,8 +216,7 @@ def wait_until_closed(port: int, seconds: float = 15.0) -> bool:
 
 def command_env(scratch: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "NLTK_DATA"}
-    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-               HOME=str(scratch / "home"), **extra)
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", HOME=str(scratch / "home"), **extra)
     return env
 
 
@@ -221,8 +238,7 @@ def readme_run(local_hub, tmp_path_factory):
 def test_readme_commands_run_as_written(readme_run):
     scratch, script, proc, _ = readme_run
     traced = [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
-    assert proc.returncode == 0, (f"README/docs command failed: {traced[-1] if traced else '?'}\n"
-                                  + proc.stderr[-4000:])
+    assert proc.returncode == 0, f"README/docs command failed: {traced[-1] if traced else '?'}\n" + proc.stderr[-4000:]
     commands = commands_of(script)
     assert len(commands) >= 8
     assert sum(c.lstrip().startswith("counterfactory build") for c in commands) >= 5
@@ -233,8 +249,7 @@ def test_readme_commands_run_as_written(readme_run):
     # reported beside the two tiny CLIPs.
     assert "published my-org/coco-captions@v1.0.0" in proc.stdout
     assert "'map_at_r': 1.0" in proc.stdout, proc.stdout[-2000:]
-    records = [json.loads(line) for line in
-               (scratch / "runs/first-report/results.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (scratch / "runs/first-report/results.jsonl").read_text().splitlines()]
     models = {r["model"] for r in records}
     assert len(models) == 3 and any(m.startswith("local:final@sha256:") for m in models), models
     # The Training commands wrote their results; the counterfactual-only evaluation has the
@@ -257,8 +272,15 @@ def test_readme_commands_run_as_written(readme_run):
 def test_cards_and_manifests_name_no_local_directory(readme_run, real_home):
     scratch, script, proc, _ = readme_run
     assert proc.returncode == 0
-    local = {str(scratch), str(scratch.resolve()), str(REPO), str(Path.home()), str(real_home),
-             tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
+    local = {
+        str(scratch),
+        str(scratch.resolve()),
+        str(REPO),
+        str(Path.home()),
+        str(real_home),
+        tempfile.gettempdir(),
+        os.path.realpath(tempfile.gettempdir()),
+    }
     builds = _build_dirs(script, scratch)
     assert builds
     for out in builds:
@@ -275,8 +297,7 @@ def test_manifest_records_the_code_commit(readme_run):
         git = json.loads((out / "build_manifest.json").read_text())["counterfactory_git"]
         assert re.fullmatch(r"[0-9a-f]{40}", git["commit"]) and isinstance(git["dirty"], bool), out
         # The commit the code was at (HEAD, or an ancestor of it if someone committed meanwhile).
-        ancestor = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor",
-                                   git["commit"], "HEAD"])
+        ancestor = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", git["commit"], "HEAD"])
         assert ancestor.returncode == 0, (out, git)
 
 
@@ -301,8 +322,9 @@ def test_the_local_hub_session_needs_only_endpoint_and_its_own_exports(readme_ru
     assert "published my-org/odmap@v1.0.0" in proc.stdout
     # load_dataset read back every row of the build; the metric loaded from its tag computes.
     rows = json.loads((scratch / "out/decorrelation/build_manifest.json").read_text())["outputs"]
-    assert re.search(rf"train: Dataset\(\{{.*?num_rows: {rows['default/train']['rows']}\n", proc.stdout,
-                     re.S), proc.stdout[-2000:]
+    assert re.search(rf"train: Dataset\(\{{.*?num_rows: {rows['default/train']['rows']}\n", proc.stdout, re.S), (
+        proc.stdout[-2000:]
+    )
     assert "{'ODmAP@1': 1.0, 'num_queries': 1}" in proc.stdout
     # It published to its own server on its own port, not to the Hub the rest of the README uses.
     from huggingface_hub import HfApi
@@ -321,8 +343,14 @@ def test_the_local_hub_session_stops_its_server_when_a_command_fails(tmp_path):
     port = free_port()
     env = {k: v for k, v in command_env(tmp_path).items() if k not in HUB_CLIENT_ENV}
     block = local_hub_block()
-    proc = subprocess.run(["bash", "-c", block.replace(README_HUB_PORT, str(port))], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "-c", block.replace(README_HUB_PORT, str(port))],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "out/decorrelation" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"local Hub on http://127.0.0.1:{port}" in (tmp_path / "out/local-hub.log").read_text()
@@ -332,8 +360,9 @@ def test_the_local_hub_session_stops_its_server_when_a_command_fails(tmp_path):
 def test_seeing_the_data_writes_the_galleries_it_names(readme_run):
     scratch, script, proc, _ = readme_run
     assert proc.returncode == 0
-    shows = [c for c in commands_of("\n".join(page_blocks("gallery.md")))
-             if c.lstrip().startswith("counterfactory show")]
+    shows = [
+        c for c in commands_of("\n".join(page_blocks("gallery.md"))) if c.lstrip().startswith("counterfactory show")
+    ]
     assert len(shows) >= 2
     galleries = [scratch / re.search(r"--output\s+(\S+)", c).group(1) for c in shows]
     for gallery in galleries:
@@ -357,22 +386,30 @@ def test_every_docs_page_with_commands_runs():
 def test_every_readme_block_but_the_set_up_runs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(readme_blocks(readme)) == len(bash_blocks(readme)) - 1
-    fake = ("# x\n\n```bash\nmake demo   # the demo\nmake test\n```\n\n```text\nnot run\n```\n\n"
-            "```bash\ncounterfactory fixture coco data/coco\n```\n")
+    fake = (
+        "# x\n\n```bash\nmake demo   # the demo\nmake test\n```\n\n```text\nnot run\n```\n\n"
+        "```bash\ncounterfactory fixture coco data/coco\n```\n"
+    )
     assert readme_blocks(fake) == ["counterfactory fixture coco data/coco\n"]
     with pytest.raises(AssertionError, match="set-up block"):
         readme_blocks(fake.replace("make test", "make install"))
 
 
 def test_a_command_of_the_readme_and_a_page_runs_once():
-    units = script_units(["counterfactory fixture coco data/coco   # the fixture\n"
-                          "counterfactory train --real out/a \\\n    --output runs/a\n",
-                          "# again, as a page says it\ncounterfactory fixture coco data/coco\n"
-                          "counterfactory  train --real out/a --output runs/a  # same\n"
-                          "counterfactory train --real out/a --output runs/b\n"])
-    assert run_once(units) == ["counterfactory fixture coco data/coco   # the fixture",
-                               "counterfactory train --real out/a      --output runs/a",
-                               "counterfactory train --real out/a --output runs/b"]
+    units = script_units(
+        [
+            "counterfactory fixture coco data/coco   # the fixture\n"
+            "counterfactory train --real out/a \\\n    --output runs/a\n",
+            "# again, as a page says it\ncounterfactory fixture coco data/coco\n"
+            "counterfactory  train --real out/a --output runs/a  # same\n"
+            "counterfactory train --real out/a --output runs/b\n",
+        ]
+    )
+    assert run_once(units) == [
+        "counterfactory fixture coco data/coco   # the fixture",
+        "counterfactory train --real out/a      --output runs/a",
+        "counterfactory train --real out/a --output runs/b",
+    ]
     # The real pages: the README's fixture command, which docs/setup.md repeats, runs once.
     blocks = runnable_blocks((REPO / "README.md").read_text(encoding="utf-8"), free_port())
     every = script_units(blocks)

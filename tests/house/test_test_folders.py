@@ -21,8 +21,10 @@ def _test_files() -> list[Path]:
 
 def test_no_test_file_sits_directly_in_tests():
     loose = sorted(p.name for p in TESTS.glob("test_*.py"))
-    assert not loose, (f"test files directly in tests/: {loose}; move each into the folder of the "
-                       "layer it tests (tests/README.md), e.g. `git mv tests/test_x.py tests/engine/`")
+    assert not loose, (
+        f"test files directly in tests/: {loose}; move each into the folder of the "
+        "layer it tests (tests/README.md), e.g. `git mv tests/test_x.py tests/engine/`"
+    )
 
 
 def test_every_test_folder_is_a_layer():
@@ -33,5 +35,6 @@ def test_every_test_folder_is_a_layer():
 
 def test_test_file_names_are_unique():
     counts = Counter(p.name for p in _test_files())
-    assert not [name for name, n in counts.items() if n > 1], \
+    assert not [name for name, n in counts.items() if n > 1], (
         f"test file names used twice: {sorted(n for n, c in counts.items() if c > 1)}"
+    )

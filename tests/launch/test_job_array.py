@@ -47,16 +47,29 @@ def toy_run(out: Path, **run) -> object:
 
 
 def toy_cmd(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(TOY), "--output", str(out), "--n-items", "40", "--part-size", "4",
-            "--max-error-fraction", "0.2", *extra]
+    return [
+        sys.executable,
+        str(TOY),
+        "--output",
+        str(out),
+        "--n-items",
+        "40",
+        "--part-size",
+        "4",
+        "--max-error-fraction",
+        "0.2",
+        *extra,
+    ]
 
 
 def toy_cli(out: Path, *extra: str) -> int:
     parser = __import__("argparse").ArgumentParser()
     from builders.launch import add_builder_parser
+
     add_builder_parser(parser, toy_builder)
-    return run_handled(parser, ["--output", str(out), "--n-items", "40", "--part-size", "4",
-                                "--max-error-fraction", "0.2", *extra])
+    return run_handled(
+        parser, ["--output", str(out), "--n-items", "40", "--part-size", "4", "--max-error-fraction", "0.2", *extra]
+    )
 
 
 @pytest.fixture
@@ -68,15 +81,20 @@ def single(tmp_path) -> dict[str, str]:
 def test_three_concurrent_workers_then_merge_equal_one_process(tmp_path, single):
     out = tmp_path / "array"
     # Started at once on one folder: they must agree on one run.json and write disjoint parts.
-    procs = [subprocess.Popen(toy_cmd(out, "--worker-index", str(i), "--num-workers", "3"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            toy_cmd(out, "--worker-index", str(i), "--num-workers", "3"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(3)
+    ]
     for proc in procs:
         assert proc.wait(timeout=300) == 0, proc.stdout.read()[-3000:]
     assert not (out / "data").exists() and not (out / "build_manifest.json").exists()
     stats = [json.loads(p.read_text()) for p in sorted((out / ".parts/stats").glob("*.json"))]
-    assert [(s["part"], s["rank"], s["world_size"]) for s in stats] == [
-        (k, k % 3, 3) for k in range(10)]
+    assert [(s["part"], s["rank"], s["world_size"]) for s in stats] == [(k, k % 3, 3) for k in range(10)]
 
     result = toy_run(out, merge_only=True)
     assert shard_digests(out) == single
@@ -90,8 +108,7 @@ def test_a_missing_part_is_named_with_its_worker(tmp_path, single, capsys):
     assert toy_cli(out, "--merge-only") == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
     assert len(err) == 1, err
-    assert ("3 of 10 parts" in err[0] and "part 1 (worker 1), part 4 (worker 1), part 7 (worker 1)"
-            in err[0]), err[0]
+    assert "3 of 10 parts" in err[0] and "part 1 (worker 1), part 4 (worker 1), part 7 (worker 1)" in err[0], err[0]
     assert not (out / "data").exists()
 
     assert toy_cli(out, "--worker-index", "1", "--num-workers", "3") == 0
@@ -101,16 +118,21 @@ def test_a_missing_part_is_named_with_its_worker(tmp_path, single, capsys):
 
 def test_a_killed_worker_rerun_completes_the_same_shards(tmp_path, single):
     out = tmp_path / "array"
-    finished = kill_after_parts(toy_cmd(out, "--worker-index", "0", "--num-workers", "2",
-                                        "--sleep", "0.15"),
-                                out / ".parts/stats", min_parts=2, timeout=120, poll=0.05)
+    finished = kill_after_parts(
+        toy_cmd(out, "--worker-index", "0", "--num-workers", "2", "--sleep", "0.15"),
+        out / ".parts/stats",
+        min_parts=2,
+        timeout=120,
+        poll=0.05,
+    )
     assert 2 <= finished < 5, "the kill must land mid-way through worker 0's five parts"
     # The killed worker left its lock file behind: the lock (not the file) is what counts.
     assert toy_run(out, worker_index=1, num_workers=2) is None
     with pytest.raises(UserFacingError, match=r"part \d+ \(worker 0\)"):
         toy_run(out, merge_only=True)
-    done = subprocess.run(toy_cmd(out, "--worker-index", "0", "--num-workers", "2"),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        toy_cmd(out, "--worker-index", "0", "--num-workers", "2"), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "already finished" in done.stderr
     toy_run(out, merge_only=True)
@@ -156,16 +178,31 @@ def test_merge_waits_for_running_workers_and_overwrite_is_refused(tmp_path):
     with pytest.raises(UserFacingError, match="--overwrite cannot be used"):
         toy_run(out, worker_index=1, num_workers=2, overwrite=True)
     with pytest.raises(UserFacingError, match="different configuration"):
-        run_build(toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=41)),
-                  BuildRunConfig(output_dir=out, part_size=4, worker_index=1, num_workers=2))
+        run_build(
+            toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=41)),
+            BuildRunConfig(output_dir=out, part_size=4, worker_index=1, num_workers=2),
+        )
 
 
 def test_coco_captions_workers_then_merge_equal_one_process(tmp_path):
     root = write_coco_fixture(tmp_path / "coco", CocoFixtureConfig(n_images=8))
     assert captions_build(root, tmp_path / "single") == 0
     out = tmp_path / "array"
-    args = ["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "val",
-            "--output", str(out), "--part-size", "2", "--max-error-fraction", "0.5"]
+    args = [
+        "build",
+        "coco-captions",
+        "--coco-root",
+        str(root),
+        "--splits",
+        "test",
+        "val",
+        "--output",
+        str(out),
+        "--part-size",
+        "2",
+        "--max-error-fraction",
+        "0.5",
+    ]
     for worker in range(3):
         assert cli_main([*args, "--worker-index", str(worker), "--num-workers", "3"]) == 0
     assert not (out / "data").exists()

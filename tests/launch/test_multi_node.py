@@ -37,20 +37,40 @@ pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 TOY = Path(__file__).parents[1] / "helpers" / "toy_builder.py"
 
 
-def two_machines(script: Path, *args: str, cwds: tuple[Path, Path] = (REPO_ROOT, REPO_ROOT),
-                 check: bool = True) -> list[subprocess.CompletedProcess]:
+def two_machines(
+    script: Path, *args: str, cwds: tuple[Path, Path] = (REPO_ROOT, REPO_ROOT), check: bool = True
+) -> list[subprocess.CompletedProcess]:
     """Run `script ARGS` as machine 0 and machine 1 of a two-machine accelerate job at once, each
     in its working folder of `cwds` (where a relative input path reads that machine's copy)."""
     port = free_port()
 
     def launch(rank: int) -> list[str]:
-        return [str(ACCELERATE), "launch", "--multi_gpu", "--num_machines", "2", "--machine_rank",
-                str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-                "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no",
-                str(script), *args]
+        return [
+            str(ACCELERATE),
+            "launch",
+            "--multi_gpu",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            str(rank),
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+            "--num_processes",
+            "2",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            str(script),
+            *args,
+        ]
 
-    procs = [subprocess.Popen(launch(rank), cwd=cwds[rank], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(launch(rank), cwd=cwds[rank], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
     done = []
     for proc in procs:
         out, _ = proc.communicate(timeout=300)
@@ -68,12 +88,25 @@ def data_records(out: Path) -> list[dict]:
 @pytest.mark.accelerate
 def test_two_machines_build_the_shards_of_one_process(tmp_path):
     single = tmp_path / "single"
-    run_build(toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
-              BuildRunConfig(output_dir=single, part_size=4, max_error_fraction=0.2),
-              finish=write_card)
+    run_build(
+        toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
+        BuildRunConfig(output_dir=single, part_size=4, max_error_fraction=0.2),
+        finish=write_card,
+    )
     out = tmp_path / "multi"
-    machine0, machine1 = two_machines(TOY, "--output", str(out), "--n-items", "40", "--part-size",
-                                      "4", "--max-error-fraction", "0.2", "--expect-processes", "2")
+    machine0, machine1 = two_machines(
+        TOY,
+        "--output",
+        str(out),
+        "--n-items",
+        "40",
+        "--part-size",
+        "4",
+        "--max-error-fraction",
+        "0.2",
+        "--expect-processes",
+        "2",
+    )
     ranks = {json.loads(p.read_text())["rank"] for p in (out / ".parts/stats").glob("*.json")}
     assert ranks == {0, 1}, "each machine must have built its parts"
     assert shard_digests(out) == shard_digests(single)
@@ -84,8 +117,19 @@ def test_two_machines_build_the_shards_of_one_process(tmp_path):
 
     # Re-run: the main process finds nothing to do and every process follows it (none hangs).
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    machine0, _ = two_machines(TOY, "--output", str(out), "--n-items", "40", "--part-size", "4",
-                               "--max-error-fraction", "0.2", "--expect-processes", "2")
+    machine0, _ = two_machines(
+        TOY,
+        "--output",
+        str(out),
+        "--n-items",
+        "40",
+        "--part-size",
+        "4",
+        "--max-error-fraction",
+        "0.2",
+        "--expect-processes",
+        "2",
+    )
     assert "nothing to do" in machine0.stdout
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
 
@@ -93,13 +137,34 @@ def test_two_machines_build_the_shards_of_one_process(tmp_path):
 @pytest.mark.accelerate
 def test_two_machines_train_as_two_processes_on_one(tiny_models_dir, tmp_path):
     data = write_color_set(tmp_path / "colors", {"train": 2, "val": 1})
-    args = ["--real", str(data), "--real-train-splits", "train", "--real-test-split", "",
-            "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "4",
-            "--lr", "1e-3", "--max-steps", "3", "--save-every", "2", "--num-workers", "0",
-            "--expect-processes", "2"]
+    args = [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--real-test-split",
+        "",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--max-steps",
+        "3",
+        "--save-every",
+        "2",
+        "--num-workers",
+        "0",
+        "--expect-processes",
+        "2",
+    ]
     one = tmp_path / "one_machine"
-    proc = subprocess.run(accelerate_cmd(SCRIPT, *args, "--output", str(one)), cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        accelerate_cmd(SCRIPT, *args, "--output", str(one)), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = tmp_path / "two_machines"
     two_machines(SCRIPT, *args, "--output", str(two))
@@ -127,8 +192,18 @@ def test_machines_with_different_inputs_refuse_in_one_line_each(tmp_path):
     # Machine 1's copy: one item changed, in a part machine 1 builds (part 3: items 12-15).
     (machines[1] / "items.txt").write_text("\n".join(map(str, ids[:13] + [113] + ids[14:])))
     out = tmp_path / "shared"
-    args = ("--output", str(out), "--items-from", "items.txt", "--part-size", "4",
-            "--max-error-fraction", "0.2", "--expect-processes", "2")
+    args = (
+        "--output",
+        str(out),
+        "--items-from",
+        "items.txt",
+        "--part-size",
+        "4",
+        "--max-error-fraction",
+        "0.2",
+        "--expect-processes",
+        "2",
+    )
     machine0, machine1 = two_machines(TOY, *args, cwds=machines, check=False)
     said = []
     for machine in (machine0, machine1):
@@ -136,8 +211,9 @@ def test_machines_with_different_inputs_refuse_in_one_line_each(tmp_path):
         lines = [ln for ln in machine.stdout.splitlines() if ln.startswith("counterfactory: error:")]
         assert len(lines) == 1, machine.stdout[-3000:]
         said.append(lines[0])
-    assert "this process (rank 1) read 40 items from --items-from items.txt that differ from " \
-           "those rank 0 read" in said[1], said[1]
+    assert (
+        "this process (rank 1) read 40 items from --items-from items.txt that differ from those rank 0 read" in said[1]
+    ), said[1]
     assert "rank(s) 1 read other inputs from --items-from items.txt than rank 0" in said[0], said[0]
     assert not (out / ".parts/run.json").exists() and not (out / ".parts/stats").exists()
     assert not (out / "data").exists()
@@ -146,9 +222,11 @@ def test_machines_with_different_inputs_refuse_in_one_line_each(tmp_path):
     (machines[1] / "items.txt").write_text((machines[0] / "items.txt").read_text())
     two_machines(TOY, *args, cwds=machines)
     single = tmp_path / "single"
-    run_build(toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
-              BuildRunConfig(output_dir=single, part_size=4, max_error_fraction=0.2),
-              finish=write_card)
+    run_build(
+        toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
+        BuildRunConfig(output_dir=single, part_size=4, max_error_fraction=0.2),
+        finish=write_card,
+    )
     assert shard_digests(out) == shard_digests(single)
 
 
@@ -188,8 +266,11 @@ def rank0_of_two(out: Path, second_barrier=lambda: None):
 def test_machines_writing_to_their_own_disks_fail_naming_the_shared_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "SHARED_FOLDER_WAIT_S", 0.0)
     out = tmp_path / "machine0"
-    with pytest.raises(UserFacingError, match=r"5 of 10 parts .* \(first: part 1, by rank 1\); "
-                       r"on several machines --output must be one folder that all of them share"):
+    with pytest.raises(
+        UserFacingError,
+        match=r"5 of 10 parts .* \(first: part 1, by rank 1\); "
+        r"on several machines --output must be one folder that all of them share",
+    ):
         rank0_of_two(out)
     assert not (out / "data").exists()
 
@@ -203,14 +284,17 @@ def test_parts_another_machine_wrote_are_waited_for(tmp_path, monkeypatch):
         group = ProcessGroup(rank=1, world_size=2, barrier=lambda: None)
         builder = toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40))
         share = share_items(builder.work_items(), 4, lambda k: k % 2 == 1)
-        threading.Timer(1.5, runner._build_mine,
-                        (builder, list(builder.outputs()), OutputLayout(out), share, group, False)).start()
+        threading.Timer(
+            1.5, runner._build_mine, (builder, list(builder.outputs()), OutputLayout(out), share, group, False)
+        ).start()
 
     rank0_of_two(out, second_barrier=rank1_late)
     single = tmp_path / "single"
-    run_build(toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
-              BuildRunConfig(output_dir=single, part_size=4, max_error_fraction=0.2),
-              finish=write_card)
+    run_build(
+        toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)),
+        BuildRunConfig(output_dir=single, part_size=4, max_error_fraction=0.2),
+        finish=write_card,
+    )
     assert shard_digests(out) == shard_digests(single)
 
 
@@ -228,10 +312,12 @@ class RecordingState:
 def test_every_run_tears_its_process_group_down(tmp_path, monkeypatch, max_error_fraction):
     """Left to interpreter shutdown, gloo's threads can abort a finished process (SIGABRT)."""
     state = RecordingState()
-    monkeypatch.setattr(runner, "init_process_group", lambda expect: ProcessGroup(
-        rank=0, world_size=1, barrier=lambda: None, state=state))
-    cfg = BuildRunConfig(output_dir=tmp_path / "out", part_size=4,
-                         max_error_fraction=max_error_fraction)
+    monkeypatch.setattr(
+        runner,
+        "init_process_group",
+        lambda expect: ProcessGroup(rank=0, world_size=1, barrier=lambda: None, state=state),
+    )
+    cfg = BuildRunConfig(output_dir=tmp_path / "out", part_size=4, max_error_fraction=max_error_fraction)
     build = lambda: run_build(toy_builder.ToyBuilder(toy_builder.ToyConfig(n_items=40)), cfg)
     if max_error_fraction == 0.0:  # the toy's items 5, 16, 27 and 38 are input errors
         with pytest.raises(UserFacingError, match="error"):

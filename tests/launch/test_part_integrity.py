@@ -35,15 +35,26 @@ TRAIN = ".parts/default/train"
 def toy_cli(out: Path, *extra: str) -> int:
     parser = argparse.ArgumentParser()
     add_builder_parser(parser, toy_builder)
-    return run_handled(parser, ["--output", str(out), "--n-items", str(N_ITEMS), "--part-size",
-                                str(PART_SIZE), "--max-error-fraction", "0.2", *extra])
+    return run_handled(
+        parser,
+        [
+            "--output",
+            str(out),
+            "--n-items",
+            str(N_ITEMS),
+            "--part-size",
+            str(PART_SIZE),
+            "--max-error-fraction",
+            "0.2",
+            *extra,
+        ],
+    )
 
 
 def array_build(out: Path, n_workers: int = 3, *extra: str) -> None:
     """Every worker of a job array, without the merge."""
     for worker in range(n_workers):
-        assert toy_cli(out, "--worker-index", str(worker), "--num-workers", str(n_workers),
-                       *extra) == 0
+        assert toy_cli(out, "--worker-index", str(worker), "--num-workers", str(n_workers), *extra) == 0
 
 
 def nothing_merged(out: Path) -> bool:
@@ -65,8 +76,10 @@ def record_part(out: Path, part: int, data: bytes, rows: int) -> None:
     (out / TRAIN / f"part-{part:05d}.parquet").write_bytes(data)
     stats = json.loads(stats_path(out, part).read_text())
     stats["rows"]["default/train"] = rows
-    stats["part_files"] = {**stats.get("part_files", {}), "default/train": {
-        "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}
+    stats["part_files"] = {
+        **stats.get("part_files", {}),
+        "default/train": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)},
+    }
     stats_path(out, part).write_text(json.dumps(stats))
 
 
@@ -84,6 +97,7 @@ def clean(tmp_path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------ holes: outside files
+
 
 def test_parts_and_stats_linked_outside_the_output_are_never_merged(tmp_path, capsys):
     """Hole: `--merge-only` followed a part symlinked outside --output, and publish sent its rows."""
@@ -127,6 +141,7 @@ def test_a_part_replaced_after_it_was_written_is_refused_naming_its_worker(tmp_p
 
 # ------------------------------------------------------------------------ silent: a row gone missing
 
+
 @pytest.mark.parametrize("merge", ["--merge-only", "ordinary re-run"])
 def test_a_part_missing_a_row_is_refused_and_the_previous_merge_is_kept(tmp_path, capsys, merge):
     """Silent: a part missing a row its stats file claims merged without a word (one row fewer)."""
@@ -135,8 +150,7 @@ def test_a_part_missing_a_row_is_refused_and_the_previous_merge_is_kept(tmp_path
         array_build(out)
     else:
         assert toy_cli(out) == 0
-        before = {rel: (out / rel).read_bytes() for rel in
-                  ["build_manifest.json", "README.md", *shard_digests(out)]}
+        before = {rel: (out / rel).read_bytes() for rel in ["build_manifest.json", "README.md", *shard_digests(out)]}
     path = out / TRAIN / "part-00002.parquet"
     table = pq.read_table(path)
     claimed = json.loads(stats_path(out, 2).read_text())["rows"]["default/train"]
@@ -156,6 +170,7 @@ def test_a_part_missing_a_row_is_refused_and_the_previous_merge_is_kept(tmp_path
 
 
 # ------------------------------------------------------------------- tracebacks: planted stats files
+
 
 def plant_garbage(path: Path) -> None:
     path.write_bytes(b"\x00\xffnot json at all")
@@ -207,24 +222,28 @@ def test_a_planted_stats_file_is_rebuilt_by_an_ordinary_run(tmp_path, clean, cap
 
 # ----------------------------------------------------- tracebacks: parts that are not the output's
 
+
 def not_parquet(table: pa.Table) -> tuple[bytes, int]:
     return b"PAR1 this is not a parquet file", table.num_rows
 
 
 def extra_column(table: pa.Table) -> tuple[bytes, int]:
-    return parquet_bytes(table.append_column("secret", pa.array(["x"] * table.num_rows))), \
-        table.num_rows
+    return parquet_bytes(table.append_column("secret", pa.array(["x"] * table.num_rows))), table.num_rows
 
 
 def missing_column(table: pa.Table) -> tuple[bytes, int]:
     return parquet_bytes(table.drop_columns(["caption"])), table.num_rows
 
 
-@pytest.mark.parametrize("make, problem", [
-    (not_parquet, "is not a parquet file"),
-    (extra_column, "extra: ['secret']"),
-    (missing_column, "missing: ['caption']"),
-], ids=["not parquet", "extra column", "missing column"])
+@pytest.mark.parametrize(
+    "make, problem",
+    [
+        (not_parquet, "is not a parquet file"),
+        (extra_column, "extra: ['secret']"),
+        (missing_column, "missing: ['caption']"),
+    ],
+    ids=["not parquet", "extra column", "missing column"],
+)
 @pytest.mark.parametrize("stats", ["stats unchanged", "stats rewritten to match"])
 def test_a_part_that_is_not_the_outputs_is_one_line(tmp_path, capsys, make, problem, stats):
     out = tmp_path / "array"
@@ -244,6 +263,7 @@ def test_a_part_that_is_not_the_outputs_is_one_line(tmp_path, capsys, make, prob
 
 
 # ----------------------------------------------------------------- tracebacks: symlinked lock files
+
 
 @pytest.mark.parametrize("target_exists", [True, False], ids=["to a file", "dangling"])
 def test_a_symlinked_lock_file_is_refused_and_never_locked_through(tmp_path, capsys, target_exists):
@@ -287,8 +307,11 @@ def test_a_symlinked_parts_folder_is_refused(tmp_path, capsys):
     assert not os.listdir(elsewhere)
 
 
-@pytest.mark.parametrize("mode", [[], ["--merge-only"], ["--worker-index", "0", "--num-workers", "2"]],
-                         ids=["build", "merge-only", "array worker"])
+@pytest.mark.parametrize(
+    "mode",
+    [[], ["--merge-only"], ["--worker-index", "0", "--num-workers", "2"]],
+    ids=["build", "merge-only", "array worker"],
+)
 def test_an_output_that_is_a_file_is_one_line(tmp_path, capsys, mode):
     target = tmp_path / "a_file"
     target.write_text("x")

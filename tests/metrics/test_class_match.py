@@ -91,23 +91,23 @@ def test_docstring_examples():
     "cls, phrase, expected",
     [
         ("person", "Two young boys", True),
-        ("person", "A SURFER", True),           # case-insensitive
-        ("person", "the children", True),       # irregular plural of a listed word
+        ("person", "A SURFER", True),  # case-insensitive
+        ("person", "the children", True),  # irregular plural of a listed word
         ("person", "a superman costume", False),  # whole words only
         ("dog", "two puppies", True),
         ("dog", "a dogma", False),
-        ("dog", "a hot dog", True),             # the class name itself always counts
-        ("hot dog", "three hot dogs", True),    # multi-word name, plural of the last word
+        ("dog", "a hot dog", True),  # the class name itself always counts
+        ("hot dog", "three hot dogs", True),  # multi-word name, plural of the last word
         ("hot dog", "a hot day", False),
         ("dining table", "a wooden table", True),
         ("dining table", "the dining tables", True),
         ("dining table", "a dining room", False),
         ("traffic light", "the traffic lights", True),
         ("traffic light", "heavy traffic", True),
-        ("traffic light", "a light", False),    # only the whole name or a listed word
+        ("traffic light", "a light", False),  # only the whole name or a listed word
         ("skis", "a pair of skis", True),
         ("skis", "a ski", True),
-        ("skis", "clear blue skies", False),    # "skies" is not a plural of "ski"
+        ("skis", "clear blue skies", False),  # "skies" is not a plural of "ski"
         ("knife", "two knives", True),
         ("bus", "red buses", True),
         ("wine glass", "two glasses", True),
@@ -127,13 +127,26 @@ def test_match_examples(cls, phrase, expected):
 def test_match_matrix_agrees_with_regex_reference_on_random_phrases():
     rng = np.random.default_rng(0)
     words = [w for ws in VOCAB.values() for w in ws] + [
-        "traffic", "light", "lights", "dining", "room", "hot", "dogs", "tennis", "racket",
-        "dogma", "superman", "catalog", "t-shirt", "man's", "Skies", "DOG", "Puppies", "oxen",
+        "traffic",
+        "light",
+        "lights",
+        "dining",
+        "room",
+        "hot",
+        "dogs",
+        "tennis",
+        "racket",
+        "dogma",
+        "superman",
+        "catalog",
+        "t-shirt",
+        "man's",
+        "Skies",
+        "DOG",
+        "Puppies",
+        "oxen",
     ]
-    phrases = [
-        " ".join(words[i] for i in rng.integers(len(words), size=int(rng.integers(1, 5))))
-        for _ in range(400)
-    ]
+    phrases = [" ".join(words[i] for i in rng.integers(len(words), size=int(rng.integers(1, 5)))) for _ in range(400)]
     matcher = ClassMatcher()
     got = matcher.match_matrix(phrases, COCO_CLASSES)
     expected = np.array([[reference_match(c, p, COCO_TABLE) for c in COCO_CLASSES] for p in phrases])

@@ -28,13 +28,17 @@ def map_at_r():
 
 # ------------------------------------------------------------------------------ map_at_r
 
-@pytest.mark.parametrize("predictions, references, message", [
-    ([[BIG, 1]], [[1]], rf"predictions\[0\] \(query 0\) holds {BIG}; {INT64}"),
-    ([[1, 2], [-BIG - 1, 1]], [[1], [1]], rf"predictions\[1\] \(query 1\) holds {-BIG - 1}; {INT64}"),
-    ([[1, 2]], [[2**64]], rf"references\[0\] \(query 0\) holds {2**64}; {INT64}"),
-    ([[np.uint64(BIG), 1]], [[1]], rf"predictions\[0\] \(query 0\) holds {BIG}; {INT64}"),
-    (np.array([[BIG, 1]], dtype=np.uint64), [[1]], rf"predictions holds {BIG}; {INT64}"),
-])
+
+@pytest.mark.parametrize(
+    "predictions, references, message",
+    [
+        ([[BIG, 1]], [[1]], rf"predictions\[0\] \(query 0\) holds {BIG}; {INT64}"),
+        ([[1, 2], [-BIG - 1, 1]], [[1], [1]], rf"predictions\[1\] \(query 1\) holds {-BIG - 1}; {INT64}"),
+        ([[1, 2]], [[2**64]], rf"references\[0\] \(query 0\) holds {2**64}; {INT64}"),
+        ([[np.uint64(BIG), 1]], [[1]], rf"predictions\[0\] \(query 0\) holds {BIG}; {INT64}"),
+        (np.array([[BIG, 1]], dtype=np.uint64), [[1]], rf"predictions holds {BIG}; {INT64}"),
+    ],
+)
 def test_map_at_r_ids_outside_int64(map_at_r, predictions, references, message):
     with pytest.raises(ValueError, match=message):
         map_at_r.compute(predictions=predictions, references=references, k_values=[1])
@@ -50,23 +54,32 @@ def test_map_at_r_add_and_add_batch_check_the_bound_and_buffer_nothing():
         module.compute(k_values=[1])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(k_values=[BIG]), rf"k_values must be positive integers up to 2\*\*63 - 1, got {BIG}"),
-    (dict(r_precision_cap=BIG), rf"r_precision_cap must be a positive integer up to 2\*\*63 - 1, "
-                                rf"got {BIG}"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(k_values=[BIG]), rf"k_values must be positive integers up to 2\*\*63 - 1, got {BIG}"),
+        (
+            dict(r_precision_cap=BIG),
+            rf"r_precision_cap must be a positive integer up to 2\*\*63 - 1, "
+            rf"got {BIG}",
+        ),
+    ],
+)
 def test_map_at_r_k_values_and_cap_outside_int64(map_at_r, kwargs, message):
     with pytest.raises(ValueError, match=message):
         map_at_r.compute(predictions=[[1, 2]], references=[[2]], **{"k_values": [1], **kwargs})
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    # Was read as -2**63: "positive id -9223372036854775808 ... is not among the gallery_ids".
-    (dict(positives=[[BIG]]), rf"positives of query 0 holds {BIG}; {INT64}"),
-    (dict(positives=[[0]], gallery_ids=[1, BIG]), rf"gallery_ids holds {BIG}; {INT64}"),
-    (dict(positives=[[0]], query_ids=[BIG]), rf"query_ids holds {BIG}; {INT64}"),
-    (dict(positives={BIG: [0]}, query_ids=[5]), rf"positives holds query id {BIG}; {INT64}"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        # Was read as -2**63: "positive id -9223372036854775808 ... is not among the gallery_ids".
+        (dict(positives=[[BIG]]), rf"positives of query 0 holds {BIG}; {INT64}"),
+        (dict(positives=[[0]], gallery_ids=[1, BIG]), rf"gallery_ids holds {BIG}; {INT64}"),
+        (dict(positives=[[0]], query_ids=[BIG]), rf"query_ids holds {BIG}; {INT64}"),
+        (dict(positives={BIG: [0]}, query_ids=[5]), rf"positives holds query id {BIG}; {INT64}"),
+    ],
+)
 def test_similarity_mode_ids_outside_int64(map_at_r, kwargs, message):
     with pytest.raises(ValueError, match=message):
         map_at_r.compute(similarity=np.zeros((1, 2)), k_values=[1], **kwargs)
@@ -81,16 +94,25 @@ def eccv_ids():
     return int(image), [int(c) for c in captions], int(captions[0])
 
 
-@pytest.mark.parametrize("bad, message", [
-    (5, r"i2t_rankings\[{image}\] must be a list of integer COCO ids \(best first\), got 5"),
-    ("1 2 3", r"i2t_rankings\[{image}\] must be a list of integer COCO ids \(best first\), "
-              r"got '1 2 3'"),
-    ([[1, 2]], r"i2t_rankings\[{image}\] must be a list of integer COCO ids \(best first\), "
-               r"got \[\[1, 2\]\]"),
-    ([1.5, 2.0], r"i2t_rankings\[{image}\] holds 1.5 \(float\); COCO ids are integers"),
-    ([True], r"i2t_rankings\[{image}\] holds True \(bool\); COCO ids are integers"),
-    ([BIG], rf"i2t_rankings\[{{image}}\] holds {BIG}; {INT64}"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (5, r"i2t_rankings\[{image}\] must be a list of integer COCO ids \(best first\), got 5"),
+        (
+            "1 2 3",
+            r"i2t_rankings\[{image}\] must be a list of integer COCO ids \(best first\), "
+            r"got '1 2 3'",
+        ),
+        (
+            [[1, 2]],
+            r"i2t_rankings\[{image}\] must be a list of integer COCO ids \(best first\), "
+            r"got \[\[1, 2\]\]",
+        ),
+        ([1.5, 2.0], r"i2t_rankings\[{image}\] holds 1.5 \(float\); COCO ids are integers"),
+        ([True], r"i2t_rankings\[{image}\] holds True \(bool\); COCO ids are integers"),
+        ([BIG], rf"i2t_rankings\[{{image}}\] holds {BIG}; {INT64}"),
+    ],
+)
 def test_eccv_rankings_that_are_not_id_lists(map_at_r, eccv_ids, bad, message):
     image, captions, caption = eccv_ids
     with pytest.raises(ValueError, match=message.format(image=image)):
@@ -110,11 +132,14 @@ MENTIONS = np.array([[True, False], [False, True], [True, True]])
 INDEX_MODE = dict(mention_matrix=MENTIONS, class_names=["cat", "dog"], k_values=[1])
 
 
-@pytest.mark.parametrize("retrieved, message", [
-    ([[BIG, 1]], rf"retrieved\[0\] \(query 0\) holds {BIG}; gallery indices must fit int64"),
-    ([[np.uint64(BIG), 1]], rf"retrieved\[0\] \(query 0\) holds {BIG}; gallery indices must fit"),
-    (np.array([[BIG, 1]], dtype=np.uint64), rf"retrieved\[0\] \(query 0\) holds {BIG}"),
-])
+@pytest.mark.parametrize(
+    "retrieved, message",
+    [
+        ([[BIG, 1]], rf"retrieved\[0\] \(query 0\) holds {BIG}; gallery indices must fit int64"),
+        ([[np.uint64(BIG), 1]], rf"retrieved\[0\] \(query 0\) holds {BIG}; gallery indices must fit"),
+        (np.array([[BIG, 1]], dtype=np.uint64), rf"retrieved\[0\] \(query 0\) holds {BIG}"),
+    ],
+)
 def test_odmap_gallery_indices_outside_int64(retrieved, message):
     module = load("odmap")
     common = dict(removed_classes=[["cat"]], present_classes=[["dog"]])
@@ -130,8 +155,14 @@ def test_odmap_gallery_indices_outside_int64(retrieved, message):
 
 # ------------------------------------------------------------------------------ itm_score_deltas
 
-SCORES = dict(g_cr_ir=[0.9, 0.8], g_cr_io=[0.1, 0.2], g_co_ir=[0.3, 0.9],
-              g_cc_ics=[0.5, 0.4], g_cc_ios=[0.6, 0.1], g_co_ics=[0.2, 0.5])
+SCORES = dict(
+    g_cr_ir=[0.9, 0.8],
+    g_cr_io=[0.1, 0.2],
+    g_co_ir=[0.3, 0.9],
+    g_cc_ics=[0.5, 0.4],
+    g_cc_ios=[0.6, 0.1],
+    g_co_ics=[0.2, 0.5],
+)
 
 
 @pytest.mark.parametrize("bins", [10**9, 1_001, 0, -1, 2.5, "auto", True, None])
@@ -143,11 +174,14 @@ def test_itm_bins_outside_one_to_a_thousand(tmp_path, bins):
     assert module.compute(**SCORES, bins=1_000)["IR_r"]["count"] == 2  # nothing was buffered
 
 
-@pytest.mark.parametrize("value, message", [
-    (10**400, r"g_cr_ir\[0\] \(pair 0\) holds 1000000.*\(int\); scores are finite real numbers"),
-    (float("nan"), r"g_cr_ir\[0\] \(pair 0\) holds nan \(float\); scores are finite real numbers"),
-    (float("-inf"), r"g_cr_ir\[0\] \(pair 0\) holds -inf \(float\); scores are finite"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (10**400, r"g_cr_ir\[0\] \(pair 0\) holds 1000000.*\(int\); scores are finite real numbers"),
+        (float("nan"), r"g_cr_ir\[0\] \(pair 0\) holds nan \(float\); scores are finite real numbers"),
+        (float("-inf"), r"g_cr_ir\[0\] \(pair 0\) holds -inf \(float\); scores are finite"),
+    ],
+)
 def test_itm_scores_that_are_no_finite_float(value, message):
     module = load("itm_score_deltas")
     with pytest.raises(ValueError, match=message):

@@ -30,8 +30,8 @@ def test_deltas_and_stats_match_the_spec_formulas(seed):
     s = _scores(seed, n)
     # builders/counterfactuals/METHOD.md §4, written out directly
     expected = {
-        "IR_r": s["g_cr_ir"] - s["g_cr_io"],   # G(C_r, I_r) - G(C_r, I_o)
-        "TR_r": s["g_cr_ir"] - s["g_co_ir"],   # G(C_r, I_r) - G(C_o, I_r)
+        "IR_r": s["g_cr_ir"] - s["g_cr_io"],  # G(C_r, I_r) - G(C_r, I_o)
+        "TR_r": s["g_cr_ir"] - s["g_co_ir"],  # G(C_r, I_r) - G(C_o, I_r)
         "IR_c": s["g_cc_ics"] - s["g_cc_ios"],  # G(C_c, I_c^s) - G(C_c, I_o^s)
         "TR_c": s["g_cc_ics"] - s["g_co_ics"],  # G(C_c, I_c^s) - G(C_o, I_c^s)
     }
@@ -62,8 +62,9 @@ def test_groups_can_be_given_separately_with_different_lengths():
     cf = _scores(1, 4)
     only_random = itm_score_deltas(g_cr_ir=s["g_cr_ir"], g_cr_io=s["g_cr_io"], g_co_ir=s["g_co_ir"])
     assert set(only_random) == {"IR_r", "TR_r"}
-    mixed = itm_deltas(g_cr_ir=s["g_cr_ir"], g_cr_io=s["g_cr_io"],
-                       g_cc_ics=torch.tensor(cf["g_cc_ics"]), g_co_ics=cf["g_co_ics"])
+    mixed = itm_deltas(
+        g_cr_ir=s["g_cr_ir"], g_cr_io=s["g_cr_io"], g_cc_ics=torch.tensor(cf["g_cc_ics"]), g_co_ics=cf["g_co_ics"]
+    )
     assert set(mixed) == {"IR_r", "TR_c"}
     assert mixed["IR_r"].shape == (10,) and mixed["TR_c"].shape == (4,)
 

@@ -31,8 +31,9 @@ from helpers.reference_odmap import (
 )
 
 
-def _random_case(rng: np.random.Generator, *, num_queries: int, gallery: int, classes: int,
-                 length: int, duplicates: bool):
+def _random_case(
+    rng: np.random.Generator, *, num_queries: int, gallery: int, classes: int, length: int, duplicates: bool
+):
     mentions = rng.random((gallery, classes)) < rng.uniform(0.05, 0.5)
     removed = np.zeros((num_queries, classes), dtype=bool)
     present = np.zeros((num_queries, classes), dtype=bool)
@@ -41,7 +42,7 @@ def _random_case(rng: np.random.Generator, *, num_queries: int, gallery: int, cl
         n_removed = int(rng.integers(1, max(2, classes // 3)))
         n_present = int(rng.integers(1, classes - n_removed + 1))
         removed[q, perm[:n_removed]] = True
-        present[q, perm[n_removed:n_removed + n_present]] = True
+        present[q, perm[n_removed : n_removed + n_present]] = True
     if duplicates:
         topk = rng.integers(gallery, size=(num_queries, length))
     else:
@@ -59,6 +60,7 @@ def test_docstring_examples():
 
 
 # --------------------------------------------------------------------------- worked examples
+
 
 def test_ap_at_k_hand_computed():
     rel = np.array([[1, 0, 1, 0, 1]], dtype=bool)
@@ -84,10 +86,8 @@ def test_top1_correct_gives_odmap1_of_one():
     assert res.scores[1] == 1.0
     assert res.per_query[2].tolist() == pytest.approx([0.5, 0.5, 1.0])
     assert res.per_query[3].tolist() == pytest.approx([1 / 3, 1 / 3, 1.0])
-    assert res.as_dict() == {"ODmAP@1": 1.0, "ODmAP@2": pytest.approx(2 / 3),
-                             "ODmAP@3": pytest.approx(5 / 9)}
-    wrong_first = odmap_from_topk(np.array([[1, 0]]), mentions, removed[:1], present[:1],
-                                  k_values=(1, 2))
+    assert res.as_dict() == {"ODmAP@1": 1.0, "ODmAP@2": pytest.approx(2 / 3), "ODmAP@3": pytest.approx(5 / 9)}
+    wrong_first = odmap_from_topk(np.array([[1, 0]]), mentions, removed[:1], present[:1], k_values=(1, 2))
     assert wrong_first.scores == {1: 0.0, 2: pytest.approx(0.25)}
 
 
@@ -98,12 +98,12 @@ def test_require_present_all_vs_any():
     present = np.array([[False, True, True]])
     topk = np.array([[0, 1]])
     assert odmap_from_topk(topk, mentions, removed, present, k_values=(1,)).scores[1] == 1.0
-    res_all = odmap_from_topk(topk, mentions, removed, present, k_values=(1, 2),
-                              require_present="all")
+    res_all = odmap_from_topk(topk, mentions, removed, present, k_values=(1, 2), require_present="all")
     assert res_all.scores == {1: 0.0, 2: pytest.approx(0.25)}
 
 
 # --------------------------------------------------------------------------- random equivalence
+
 
 @pytest.mark.parametrize("seed", range(12))
 def test_fast_path_matches_brute_force_on_random_data(seed):
@@ -114,23 +114,41 @@ def test_fast_path_matches_brute_force_on_random_data(seed):
     length = int(rng.integers(10, 16))
     duplicates = bool(seed % 2)
     topk, mentions, removed, present = _random_case(
-        rng, num_queries=num_queries, gallery=gallery, classes=classes, length=length,
-        duplicates=duplicates)
+        rng, num_queries=num_queries, gallery=gallery, classes=classes, length=length, duplicates=duplicates
+    )
     k_values = (1, 5, 10, length)
     for require_present in ("any", "all"):
         expected = reference_odmap_from_rankings(
-            topk.tolist(), _sets(mentions), _sets(removed), _sets(present), k_values,
-            require_present)
+            topk.tolist(), _sets(mentions), _sets(removed), _sets(present), k_values, require_present
+        )
         for chunk_size in (1, 7, 4096):
-            got = odmap_from_topk(topk, mentions, removed, present, k_values=k_values,
-                                  require_present=require_present, chunk_size=chunk_size)
+            got = odmap_from_topk(
+                topk,
+                mentions,
+                removed,
+                present,
+                k_values=k_values,
+                require_present=require_present,
+                chunk_size=chunk_size,
+            )
             assert got.scores == pytest.approx(expected, abs=1e-12)
-        sparse = odmap_from_topk(topk, scipy.sparse.csr_matrix(mentions), removed, present,
-                                 k_values=k_values, require_present=require_present)
+        sparse = odmap_from_topk(
+            topk,
+            scipy.sparse.csr_matrix(mentions),
+            removed,
+            present,
+            k_values=k_values,
+            require_present=require_present,
+        )
         assert sparse.scores == pytest.approx(expected, abs=1e-12)
-        coo = odmap_from_topk(torch.from_numpy(topk), scipy.sparse.coo_matrix(mentions),
-                              torch.from_numpy(removed), present.astype(np.int8),
-                              k_values=k_values, require_present=require_present)
+        coo = odmap_from_topk(
+            torch.from_numpy(topk),
+            scipy.sparse.coo_matrix(mentions),
+            torch.from_numpy(removed),
+            present.astype(np.int8),
+            k_values=k_values,
+            require_present=require_present,
+        )
         assert coo.scores == pytest.approx(expected, abs=1e-12)
     # per-query AP@k equals the term-by-term formula
     got = odmap_from_topk(topk, mentions, removed, present, k_values=(length,))
@@ -161,8 +179,7 @@ def test_streaming_topk_matches_full_matrix_with_ties(seed):
     expected = reference_topk(query, gal, k)
     scores_full = query @ gal.T
     for chunk_size, query_chunk_size in ((1, 1), (k, 3), (k + 1, 5), (37, 1000), (10_000, 7)):
-        idx, scores = topk_from_embeddings(query, gal, k, chunk_size=chunk_size,
-                                           query_chunk_size=query_chunk_size)
+        idx, scores = topk_from_embeddings(query, gal, k, chunk_size=chunk_size, query_chunk_size=query_chunk_size)
         np.testing.assert_array_equal(idx, expected)
         np.testing.assert_array_equal(scores, np.take_along_axis(scores_full, expected, 1))
 
@@ -189,17 +206,19 @@ def test_embeddings_to_odmap_pipeline_matches_brute_force():
     rng = np.random.default_rng(3)
     query = rng.integers(-3, 4, (25, 8)).astype(np.float32)
     gal = rng.integers(-3, 4, (300, 8)).astype(np.float32)
-    _, mentions, removed, present = _random_case(rng, num_queries=25, gallery=300, classes=6,
-                                                 length=10, duplicates=False)
+    _, mentions, removed, present = _random_case(
+        rng, num_queries=25, gallery=300, classes=6, length=10, duplicates=False
+    )
     topk, _ = topk_from_embeddings(query, gal, 10, chunk_size=64, query_chunk_size=8)
     got = odmap_from_topk(topk, mentions, removed, present)
     expected = reference_odmap_from_rankings(
-        reference_topk(query, gal, 10).tolist(), _sets(mentions), _sets(removed), _sets(present),
-        (1, 5, 10))
+        reference_topk(query, gal, 10).tolist(), _sets(mentions), _sets(removed), _sets(present), (1, 5, 10)
+    )
     assert got.scores == pytest.approx(expected, abs=1e-12)
 
 
 # --------------------------------------------------------------------------- text path
+
 
 @pytest.mark.slow
 def test_text_path_matches_brute_force_with_a_fixed_tagger():
@@ -213,16 +232,16 @@ def test_text_path_matches_brute_force_with_a_fixed_tagger():
     for _ in range(queries):
         perm = rng.permutation(len(candidates))
         removed.append([candidates[i] for i in perm[: int(rng.integers(1, 3))]])
-        present.append([candidates[i] for i in perm[3: 3 + int(rng.integers(1, 4))]])
+        present.append([candidates[i] for i in perm[3 : 3 + int(rng.integers(1, 4))]])
 
     def nps(caption: str):
         return chunk_captions([caption], tagger)[0].noun_phrases
 
     for require_present in ("any", "all"):
         expected = reference_odmap_from_captions(
-            retrieved, removed, present, (1, 5, 10), require_present, COCO_TABLE, nps)
-        got = odmap(retrieved, removed, present, require_present=require_present,
-                    cache=NounPhraseCache(tagger))
+            retrieved, removed, present, (1, 5, 10), require_present, COCO_TABLE, nps
+        )
+        got = odmap(retrieved, removed, present, require_present=require_present, cache=NounPhraseCache(tagger))
         assert got.scores == pytest.approx(expected, abs=1e-12)
         assert 0 < got.scores[10] < 1
 
@@ -234,8 +253,12 @@ def test_gallery_mentions_chunks_each_unique_caption_once():
     m = gallery_mentions(captions, ["dog", "person", "frisbee", "cat"], cache=cache)
     assert tagger.calls == 3
     assert m.shape == (12, 4) and m.dtype == bool
-    assert m[:4].tolist() == [[True, False, False, False], [False, True, True, False],
-                              [True, False, False, False], [False, False, False, True]]
+    assert m[:4].tolist() == [
+        [True, False, False, False],
+        [False, True, True, False],
+        [True, False, False, False],
+        [False, False, False, True],
+    ]
     assert (m[4:8] == m[:4]).all()
     again = gallery_mentions(captions, COCO_CLASSES, cache=cache, batch_size=2)
     assert tagger.calls == 3 and again.shape == (12, 80)
@@ -244,19 +267,25 @@ def test_gallery_mentions_chunks_each_unique_caption_once():
 def test_text_path_with_a_user_table():
     cache = NounPhraseCache(DictTagger({**VOCAB_TAGS, "hurdle": "NN", "horse": "NN"}))
     table = {"horse": ["pony"], "hurdle": ["fence"], "rider": ["man", "woman"]}
-    res = odmap([["A horse near a hurdle", "A man on a horse"]], [["rider"]], [["horse"]],
-                k_values=(1, 2), table=table, cache=cache)
+    res = odmap(
+        [["A horse near a hurdle", "A man on a horse"]],
+        [["rider"]],
+        [["horse"]],
+        k_values=(1, 2),
+        table=table,
+        cache=cache,
+    )
     assert res.scores == {1: 1.0, 2: 0.5}
 
 
 def test_text_path_with_the_nltk_tagger(nltk_data_dir):
-    retrieved = [["A dog on the grass.", "A man with a dog."],
-                 ["A man with a dog.", "A dog on the grass."]]
+    retrieved = [["A dog on the grass.", "A man with a dog."], ["A man with a dog.", "A dog on the grass."]]
     res = odmap(retrieved, [["person"], ["person"]], [["dog"], ["dog"]], k_values=(1, 2))
     assert res.scores == {1: 0.5, 2: pytest.approx(0.375)}
 
 
 # --------------------------------------------------------------------------- bad inputs
+
 
 def _ok_inputs():
     mentions = np.array([[False, True], [True, False], [True, True]])
@@ -286,12 +315,19 @@ def _ok_inputs():
 )
 def test_fast_path_bad_inputs_raise(change, message):
     topk, mentions, removed, present = _ok_inputs()
-    args = dict(topk_indices=topk, mention_matrix=mentions, removed=removed, present=present,
-                k_values=(1, 3), require_present="any")
+    args = dict(
+        topk_indices=topk,
+        mention_matrix=mentions,
+        removed=removed,
+        present=present,
+        k_values=(1, 3),
+        require_present="any",
+    )
     args = change(args)
     with pytest.raises(ValueError, match=message):
-        odmap_from_topk(args.pop("topk_indices"), args.pop("mention_matrix"), args.pop("removed"),
-                        args.pop("present"), **args)
+        odmap_from_topk(
+            args.pop("topk_indices"), args.pop("mention_matrix"), args.pop("removed"), args.pop("present"), **args
+        )
 
 
 def test_text_path_bad_inputs_raise():

@@ -27,6 +27,7 @@ with warnings.catch_warnings():
 
 # ----------------------------------------------------------------------------- brute force
 
+
 def brute_force(ranking, positives, k_values=(1, 5, 10), cap=None):
     """One query, straight from the definitions in evaluate_modules/map_at_r/README.md (ECCV Caption paper, Chun et al. 2022, §4) (a Python loop, no numpy)."""
     gt = set(positives)
@@ -44,8 +45,11 @@ def brute_force(ranking, positives, k_values=(1, 5, 10), cap=None):
 
 def brute_force_means(rankings, positives, k_values=(1, 5, 10), cap=None):
     per = [brute_force(t, g, k_values, cap) for t, g in zip(rankings, positives, strict=True)]
-    return (sum(p[0] for p in per) / len(per), sum(p[1] for p in per) / len(per),
-            {k: sum(p[2][k] for p in per) / len(per) for k in k_values})
+    return (
+        sum(p[0] for p in per) / len(per),
+        sum(p[1] for p in per) / len(per),
+        {k: sum(p[2][k] for p in per) / len(per) for k in k_values},
+    )
 
 
 def random_case(rng, n_queries, id_space, max_pos=6, extra=0):
@@ -66,12 +70,15 @@ EIGHT = list(range(8))
 NEG = list(range(100, 120))
 
 
-@pytest.mark.parametrize("ranking, expected_ap, expected_r1", [
-    ([99] + EIGHT + NEG, 0.660, 0.0),         # (A) only the top-1 wrong
-    ([0] + NEG, 0.125, 1.0),                  # (B) only the top-1 right
-    (NEG[:5] + EIGHT, 0.103, 0.0),            # (C) top-1..5 wrong, the rest right
-    (NEG[:4] + [0] + NEG[4:], 0.025, 0.0),    # (D) only the 5th right
-])
+@pytest.mark.parametrize(
+    "ranking, expected_ap, expected_r1",
+    [
+        ([99] + EIGHT + NEG, 0.660, 0.0),  # (A) only the top-1 wrong
+        ([0] + NEG, 0.125, 1.0),  # (B) only the top-1 right
+        (NEG[:5] + EIGHT, 0.103, 0.0),  # (C) top-1..5 wrong, the rest right
+        (NEG[:4] + [0] + NEG[4:], 0.025, 0.0),  # (D) only the 5th right
+    ],
+)
 def test_worked_examples_with_eight_positives(ranking, expected_ap, expected_r1):
     s = retrieval_scores([ranking], [EIGHT])
     assert round(s.map_at_r, 3) == expected_ap
@@ -79,8 +86,11 @@ def test_worked_examples_with_eight_positives(ranking, expected_ap, expected_r1)
 
 
 def test_worked_examples_with_three_positives():
-    s = retrieval_scores({"a": [10, 99, 11, 12], "b": [99, 10, 11]},
-                         {"a": [10, 11, 12], "b": [12, 11, 10]}, RetrievalMetricConfig(k_values=(1,)))
+    s = retrieval_scores(
+        {"a": [10, 99, 11, 12], "b": [99, 10, 11]},
+        {"a": [10, 11, 12], "b": [12, 11, 10]},
+        RetrievalMetricConfig(k_values=(1,)),
+    )
     assert round(float(s.per_query["map_at_r"][0]), 4) == 0.5556
     assert round(float(s.per_query["r_precision"][0]), 4) == 0.6667
     assert s.per_query["recall_at_1"][0] == 1.0
@@ -89,6 +99,7 @@ def test_worked_examples_with_three_positives():
 
 
 # ----------------------------------------------------------------------------- random equivalence
+
 
 @pytest.mark.parametrize("seed", range(6))
 def test_rankings_equal_brute_force(seed):
@@ -108,12 +119,14 @@ def test_duplicates_raise_unless_allowed_then_count_like_the_reference():
         retrieval_scores([[5, 5, 7]], [[5, 6, 6]], RetrievalMetricConfig(k_values=(1,)))
     # The issue's case: eccv_caption scores [10, 10, 10] against {10, 11, 12} as mAP@R 1.0.
     with pytest.raises(RetrievalInputError, match="query 'b' repeats id 10"):
-        retrieval_scores({"a": [10, 11, 12], "b": [10, 10, 10]}, {"a": [10], "b": [10, 11, 12]},
-                         RetrievalMetricConfig(k_values=(1,)))
+        retrieval_scores(
+            {"a": [10, 11, 12], "b": [10, 10, 10]},
+            {"a": [10], "b": [10, 11, 12]},
+            RetrievalMetricConfig(k_values=(1,)),
+        )
     # Parity mode, R = 2; t = [5, 5, 7]: rprecision(1) = 1, rprecision(2) = 1/1 (set {5}), so
     # AP = (1 + 1) / 2: a repeat counts once in the denominator but per position in the sum.
-    s = retrieval_scores([[5, 5, 7]], [[5, 6, 6]],
-                         RetrievalMetricConfig(k_values=(1,), allow_duplicates=True))
+    s = retrieval_scores([[5, 5, 7]], [[5, 6, 6]], RetrievalMetricConfig(k_values=(1,), allow_duplicates=True))
     assert s.map_at_r == 1.0 == brute_force([5, 5, 7], [5, 6, 6])[0]
     assert s.r_precision == 1.0
     ranked, gts = {0: [10, 10, 10]}, {0: [10, 11, 12]}
@@ -126,8 +139,9 @@ def test_duplicates_raise_unless_allowed_then_count_like_the_reference():
 def test_pmrp_cap_and_metric_selection_equal_brute_force(seed):
     rng = np.random.default_rng(100 + seed)
     rankings, positives = random_case(rng, 150, np.arange(80), max_pos=40)
-    cfg = RetrievalMetricConfig(k_values=(), map_at_r=False, r_precision=True, r_precision_cap=5,
-                                allow_duplicates=True)
+    cfg = RetrievalMetricConfig(
+        k_values=(), map_at_r=False, r_precision=True, r_precision_cap=5, allow_duplicates=True
+    )
     short = [t[:5] for t in rankings]  # min(R, 5) items suffice
     s = retrieval_scores(short, positives, cfg)
     assert s.map_at_r is None and s.recall_at_k == {}
@@ -145,8 +159,9 @@ def test_input_forms_agree_dict_list_array_tensor():
     pos = [positives[i] for i in depth_ok]
     as_list = retrieval_scores(table.tolist(), pos, cfg).as_dict()
     keys = [f"q{i}" for i in range(len(pos))]
-    as_dict = retrieval_scores({**dict(zip(keys, table.tolist(), strict=True)), "extra": [1]},
-                               dict(zip(keys, pos, strict=True)), cfg).as_dict()
+    as_dict = retrieval_scores(
+        {**dict(zip(keys, table.tolist(), strict=True)), "extra": [1]}, dict(zip(keys, pos, strict=True)), cfg
+    ).as_dict()
     assert as_list == as_dict
     assert retrieval_scores(table, pos, cfg).as_dict() == as_list
     assert retrieval_scores(torch.from_numpy(table), pos, cfg).as_dict() == as_list
@@ -159,19 +174,18 @@ def test_reference_functions_agree_on_random_rankings(seed):
     rankings, positives = random_case(rng, 120, np.arange(25), max_pos=8, extra=4)
     ranked = dict(enumerate(rankings))
     gts = dict(enumerate(positives))
-    ours = retrieval_scores(ranked, gts, RetrievalMetricConfig(k_values=(1, 5, 10),
-                                                               allow_duplicates=True))
+    ours = retrieval_scores(ranked, gts, RetrievalMetricConfig(k_values=(1, 5, 10), allow_duplicates=True))
     ref = reference.compute_eccv_metrics(ranked, gts)
     assert ours.map_at_r == pytest.approx(ref["eccv_map_at_r"], abs=1e-9)
     assert ours.r_precision == pytest.approx(ref["eccv_rprecision"], abs=1e-9)
     assert ours.recall_at_k[1] == pytest.approx(ref["eccv_r1"], abs=1e-9)
     for k in (1, 5, 10):
-        assert ours.recall_at_k[k] == pytest.approx(reference.compute_r_at_k(ranked, gts, K=k),
-                                                    abs=1e-9)
+        assert ours.recall_at_k[k] == pytest.approx(reference.compute_r_at_k(ranked, gts, K=k), abs=1e-9)
     assert ours.r_precision == pytest.approx(reference.compute_rprecision(ranked, gts), abs=1e-9)
 
 
 # ----------------------------------------------------------------------------- similarity matrices
+
 
 def stable_rankings(similarity, gallery_ids):
     return [list(gallery_ids[np.argsort(-row, kind="stable")]) for row in similarity]
@@ -186,8 +200,9 @@ def test_similarity_with_ties_equals_brute_force_on_the_stable_ranking(seed):
     gallery_ids = rng.permutation(10_000)[:n_g] + 5
     positives = [rng.choice(gallery_ids, size=int(rng.integers(1, 8))).tolist() for _ in range(n_q)]
     ks = (1, 5, 10, n_g + 3)  # K above the gallery size is allowed for a full matrix
-    s = retrieval_scores_from_similarity(sim, positives, gallery_ids=gallery_ids,
-                                         config=RetrievalMetricConfig(k_values=ks))
+    s = retrieval_scores_from_similarity(
+        sim, positives, gallery_ids=gallery_ids, config=RetrievalMetricConfig(k_values=ks)
+    )
     ap, rp, rec = brute_force_means(stable_rankings(sim, gallery_ids), positives, ks)
     assert s.map_at_r == pytest.approx(ap, abs=1e-12)
     assert s.r_precision == pytest.approx(rp, abs=1e-12)
@@ -234,36 +249,49 @@ def test_topk_entry_point_and_ranking_depth():
     depth = ranking_depth(gts, cfg)
     assert depth == max(5, max(len(p) for p in gts.values()))
     top = stable_topk(as_score_matrix(sim), depth)
-    assert retrieval_scores_from_topk(top, np.arange(20), gts, cfg).as_dict() == \
-        retrieval_scores_from_similarity(sim, gts, config=cfg).as_dict()
+    assert (
+        retrieval_scores_from_topk(top, np.arange(20), gts, cfg).as_dict()
+        == retrieval_scores_from_similarity(sim, gts, config=cfg).as_dict()
+    )
 
 
 # ----------------------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: retrieval_scores([[1, 2]], [[1, 2, 3]], RetrievalMetricConfig(k_values=(1,))),
-     "query 0 has 2 items but 3 are needed"),
-    (lambda: retrieval_scores([[]], [[1]], RetrievalMetricConfig(k_values=(1,))),
-     "has 0 items but 1 are needed"),
-    (lambda: retrieval_scores([[1, 2]], [[]]), "query 0 has no positives"),
-    (lambda: retrieval_scores({"a": [1]}, {"a": [1], "b": [2]}), "no ranking for query 'b'"),
-    (lambda: retrieval_scores([[1], [2]], [[1]]), "2 rankings but 1 positive lists"),
-    (lambda: retrieval_scores([["x", "y"]], [[1]], RetrievalMetricConfig(k_values=(1,))),
-     "integer ids"),
-    (lambda: retrieval_scores([[1]], [[1]], RetrievalMetricConfig(k_values=(0,))),
-     "positive integers"),
-    (lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), [[0], [1]], gallery_ids=[5, 6]),
-     r"shape \(2, 3\) but there are 2 query_ids and 2 gallery_ids"),
-    (lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), [[0], [9]]),
-     "positive id 9 of query 1 is not among the gallery_ids"),
-    (lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), {7: [0]}),
-     "query id 7 is not among the query_ids"),
-    (lambda: retrieval_scores_from_similarity(np.array([[0.0, np.nan]]), [[0]]), "NaN"),
-    (lambda: retrieval_scores_from_similarity(np.zeros((1, 2)), [[0]], gallery_ids=[3, 3]),
-     "gallery_ids has duplicates"),
-    (lambda: retrieval_scores_from_similarity(np.zeros(3), [[0]]), "must be 2-D"),
-    (lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), [[0]]), "2 rows but positives has 1"),
-])
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: retrieval_scores([[1, 2]], [[1, 2, 3]], RetrievalMetricConfig(k_values=(1,))),
+            "query 0 has 2 items but 3 are needed",
+        ),
+        (lambda: retrieval_scores([[]], [[1]], RetrievalMetricConfig(k_values=(1,))), "has 0 items but 1 are needed"),
+        (lambda: retrieval_scores([[1, 2]], [[]]), "query 0 has no positives"),
+        (lambda: retrieval_scores({"a": [1]}, {"a": [1], "b": [2]}), "no ranking for query 'b'"),
+        (lambda: retrieval_scores([[1], [2]], [[1]]), "2 rankings but 1 positive lists"),
+        (lambda: retrieval_scores([["x", "y"]], [[1]], RetrievalMetricConfig(k_values=(1,))), "integer ids"),
+        (lambda: retrieval_scores([[1]], [[1]], RetrievalMetricConfig(k_values=(0,))), "positive integers"),
+        (
+            lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), [[0], [1]], gallery_ids=[5, 6]),
+            r"shape \(2, 3\) but there are 2 query_ids and 2 gallery_ids",
+        ),
+        (
+            lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), [[0], [9]]),
+            "positive id 9 of query 1 is not among the gallery_ids",
+        ),
+        (
+            lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), {7: [0]}),
+            "query id 7 is not among the query_ids",
+        ),
+        (lambda: retrieval_scores_from_similarity(np.array([[0.0, np.nan]]), [[0]]), "NaN"),
+        (
+            lambda: retrieval_scores_from_similarity(np.zeros((1, 2)), [[0]], gallery_ids=[3, 3]),
+            "gallery_ids has duplicates",
+        ),
+        (lambda: retrieval_scores_from_similarity(np.zeros(3), [[0]]), "must be 2-D"),
+        (lambda: retrieval_scores_from_similarity(np.zeros((2, 3)), [[0]]), "2 rows but positives has 1"),
+    ],
+)
 def test_bad_input_raises_a_clear_value_error(call, message):
     # A plain ValueError: the metric Space must not depend on the project's error classes.
     with pytest.raises(RetrievalInputError, match=message) as info:
@@ -273,8 +301,7 @@ def test_bad_input_raises_a_clear_value_error(call, message):
 
 # ----------------------------------------------------------------------------- the ECCV Caption suite
 
-ALL_BUT_PMRP = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_at_r",
-                "eccv_rprecision", "eccv_r1")
+ALL_BUT_PMRP = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_at_r", "eccv_rprecision", "eccv_r1")
 
 
 @pytest.fixture(scope="module")
@@ -306,8 +333,10 @@ def random_eccv_rankings(annotations, seed, length=60):
     rng = np.random.default_rng(seed)
     caption_fold, image_fold = fold_of(annotations)
     galleries = {"i2t": np.array(list(caption_fold)), "t2i": np.array(list(image_fold))}
-    folds = {m: [g[np.array([(caption_fold if m == "i2t" else image_fold)[int(x)] == f for x in g])]
-                 for f in range(5)] for m, g in galleries.items()}
+    folds = {
+        m: [g[np.array([(caption_fold if m == "i2t" else image_fold)[int(x)] == f for x in g])] for f in range(5)]
+        for m, g in galleries.items()
+    }
     out = {}
     for m, own_fold in (("i2t", image_fold), ("t2i", caption_fold)):
         rankings = {}
@@ -316,8 +345,7 @@ def random_eccv_rankings(annotations, seed, length=60):
             for source in (annotations.eccv, annotations.coco, annotations.cxc):
                 pos.update(int(p) for p in getattr(source, m).get(q, ()))
             # (Two ECCV positives are no test captions: no model can retrieve them.)
-            pos = [p for p in pos if rng.random() < 0.5 and p in (caption_fold if m == "i2t"
-                                                                  else image_fold)]
+            pos = [p for p in pos if rng.random() < 0.5 and p in (caption_fold if m == "i2t" else image_fold)]
             items = pos + rng.choice(folds[m][f], 12).tolist()
             items += rng.choice(galleries[m], length - len(items)).tolist()
             rng.shuffle(items)
@@ -337,20 +365,18 @@ def test_suite_equals_eccv_caption_on_random_rankings(annotations, reference_met
     from counterfactory_metrics.map_at_r.eccv_suite import EccvSuiteConfig, eccv_suite
 
     i2t, t2i = random_eccv_rankings(annotations, seed=0)
-    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(ALL_BUT_PMRP + ("eccv_recalls",),
-                                                allow_duplicates=True), annotations)
-    ref = reference_metrics.compute_all_metrics(i2t, t2i, target_metrics=ALL_BUT_PMRP,
-                                                Ks=(1, 5, 10), verbose=False)
+    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(ALL_BUT_PMRP + ("eccv_recalls",), allow_duplicates=True), annotations)
+    ref = reference_metrics.compute_all_metrics(i2t, t2i, target_metrics=ALL_BUT_PMRP, Ks=(1, 5, 10), verbose=False)
     assert set(ref) < set(ours)
     assert_same(ours, ref, ref)
     assert 0.01 < ours["eccv_map_at_r"]["i2t"] < 0.9 and 0.1 < ours["coco_1k_r5"]["t2i"] < 1.0
     # 0.1.0 drops eccv_recalls when eccv_map_at_r is asked for; its intended value:
     for k in (5, 10):
-        assert_same(ours, {f"eccv_r{k}": reference_metrics.eccv_recalls(
-            {"i2t": i2t, "t2i": t2i}, "all", K=k)}, [f"eccv_r{k}"])
+        assert_same(
+            ours, {f"eccv_r{k}": reference_metrics.eccv_recalls({"i2t": i2t, "t2i": t2i}, "all", K=k)}, [f"eccv_r{k}"]
+        )
     # 0.1.0 returns nothing for eccv_rprecision alone (a key typo); ours returns it.
-    alone = eccv_suite(i2t, t2i, EccvSuiteConfig(("eccv_rprecision",), allow_duplicates=True),
-                       annotations)
+    alone = eccv_suite(i2t, t2i, EccvSuiteConfig(("eccv_rprecision",), allow_duplicates=True), annotations)
     assert alone == {"eccv_rprecision": ours["eccv_rprecision"]}
 
 
@@ -364,24 +390,21 @@ def test_pmrp_equals_eccv_caption_on_top50_rankings(annotations, tmp_path):
     rng = np.random.default_rng(3)
     images = list(annotations.coco.i2t)
     # 3% of the images share one class (R > 50: the cap matters), the rest random class sets.
-    classes = {i: [1] if rng.random() < 0.03 else rng.choice(np.arange(2, 30), 3).tolist()
-               for i in images}
+    classes = {i: [1] if rng.random() < 0.03 else rng.choice(np.arange(2, 30), 3).tolist() for i in images}
     pm = pm_positives(classes, annotations.coco.i2t)
     for name, mapping in (("image_to_caption", pm.i2t), ("caption_to_image", pm.t2i)):
-        (tmp_path / f"pm_{name}.json").write_text(json.dumps({str(k): v.tolist()
-                                                              for k, v in mapping.items()}))
+        (tmp_path / f"pm_{name}.json").write_text(json.dumps({str(k): v.tolist() for k, v in mapping.items()}))
     i2t, t2i = random_eccv_rankings(annotations, seed=1, length=50)
     for m, rankings in (("i2t", i2t), ("t2i", t2i)):  # put some PM positives near the top
         for q, ranking in rankings.items():
             extra = getattr(pm, m).get(q, ())
-            ranking[:min(3, len(extra))] = [int(x) for x in extra[:3]]
+            ranking[: min(3, len(extra))] = [int(x) for x in extra[:3]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         from eccv_caption import Metrics
 
         ref = Metrics(extra_file_dir=str(tmp_path)).pmrp({"i2t": i2t, "t2i": t2i}, "all")
-    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(("pmrp",), allow_duplicates=True),
-                      replace(annotations, pm=pm))
+    ours = eccv_suite(i2t, t2i, EccvSuiteConfig(("pmrp",), allow_duplicates=True), replace(annotations, pm=pm))
     assert ours.keys() == {"pmrp"}
     assert_same(ours, {"pmrp": ref}, ["pmrp"])
     assert 0.01 < ours["pmrp"]["i2t"] < 0.9
@@ -415,20 +438,36 @@ def test_suite_from_a_tied_similarity_matrix(annotations, reference_metrics):
     assert 0.05 < ours["coco_5k_r1"]["i2t"] < 0.99
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda s, a: s.EccvSuiteConfig(("eccv_map",)), r"unknown target metric\(s\) \['eccv_map'\]"),
-    (lambda s, a: s.eccv_suite({}, {}, s.EccvSuiteConfig(("pmrp",)), a), "pmrp needs plausible"),
-    (lambda s, a: s.eccv_suite({i: [int(a.coco_test_ids[0])] for i in a.eccv.i2t},
-                               {c: [int(c)] for c in a.eccv.t2i}, s.EccvSuiteConfig(("eccv_r1",)), a),
-     "t2i rankings contain .* not COCO 5K test image ids"),
-    (lambda s, a: s.eccv_suite({i: [int(a.coco_test_ids[0])] * 60 for i in a.coco.i2t},
-                               {c: [int(a.coco.t2i[c][0])] * 60 for c in a.coco.t2i},
-                               s.EccvSuiteConfig(("coco_1k_recalls",), allow_duplicates=True), a),
-     r"coco_1k \(i2t\): fold 2, after keeping only the fold's items: the ranking of query "
-     r"\d+ has 0 items but 10"),
-    (lambda s, a: s.eccv_suite_from_similarity(np.zeros((2, 2)), [1, 2], [3, 4], None, a),
-     "image_ids must be the 5000 distinct COCO 5K test image ids"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda s, a: s.EccvSuiteConfig(("eccv_map",)), r"unknown target metric\(s\) \['eccv_map'\]"),
+        (lambda s, a: s.eccv_suite({}, {}, s.EccvSuiteConfig(("pmrp",)), a), "pmrp needs plausible"),
+        (
+            lambda s, a: s.eccv_suite(
+                {i: [int(a.coco_test_ids[0])] for i in a.eccv.i2t},
+                {c: [int(c)] for c in a.eccv.t2i},
+                s.EccvSuiteConfig(("eccv_r1",)),
+                a,
+            ),
+            "t2i rankings contain .* not COCO 5K test image ids",
+        ),
+        (
+            lambda s, a: s.eccv_suite(
+                {i: [int(a.coco_test_ids[0])] * 60 for i in a.coco.i2t},
+                {c: [int(a.coco.t2i[c][0])] * 60 for c in a.coco.t2i},
+                s.EccvSuiteConfig(("coco_1k_recalls",), allow_duplicates=True),
+                a,
+            ),
+            r"coco_1k \(i2t\): fold 2, after keeping only the fold's items: the ranking of query "
+            r"\d+ has 0 items but 10",
+        ),
+        (
+            lambda s, a: s.eccv_suite_from_similarity(np.zeros((2, 2)), [1, 2], [3, 4], None, a),
+            "image_ids must be the 5000 distinct COCO 5K test image ids",
+        ),
+    ],
+)
 def test_suite_bad_input_raises(annotations, call, message):
     from counterfactory_metrics.map_at_r import eccv_suite as retrieval_eccv
 

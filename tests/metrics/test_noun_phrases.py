@@ -22,9 +22,20 @@ from counterfactory_metrics.odmap.noun_phrases import (
 from helpers.reference_odmap import VOCAB_TAGS, DictTagger
 
 TAGS = {
-    **VOCAB_TAGS, "fighting": "VBG", "frisbee": "NN", "'s": "POS", "very": "RB", "large": "JJ",
-    "elephant": "NN", "his": "PRP$", "tennis": "NN", "racket": "NN", "parked": "VBN",
-    "umbrellas": "NNS", "is": "VBZ", "all": "PDT",
+    **VOCAB_TAGS,
+    "fighting": "VBG",
+    "frisbee": "NN",
+    "'s": "POS",
+    "very": "RB",
+    "large": "JJ",
+    "elephant": "NN",
+    "his": "PRP$",
+    "tennis": "NN",
+    "racket": "NN",
+    "parked": "VBN",
+    "umbrellas": "NNS",
+    "is": "VBZ",
+    "all": "PDT",
 }
 
 
@@ -97,10 +108,14 @@ def test_removal_reasons_are_reported():
 def test_removal_with_a_user_table():
     cache = NounPhraseCache(DictTagger(TAGS))
     table = {"animal": ["dog", "cat"], "toy": ["frisbee"]}
-    assert remove_noun_phrases("Two dogs fighting over a frisbee", ["animal"], table,
-                               cache=cache) == "fighting over a frisbee"
-    assert remove_noun_phrases("Two dogs fighting over a frisbee", ["toy"], ClassMatcher(table),
-                               cache=cache) == "Two dogs fighting over"
+    assert (
+        remove_noun_phrases("Two dogs fighting over a frisbee", ["animal"], table, cache=cache)
+        == "fighting over a frisbee"
+    )
+    assert (
+        remove_noun_phrases("Two dogs fighting over a frisbee", ["toy"], ClassMatcher(table), cache=cache)
+        == "Two dogs fighting over"
+    )
 
 
 def test_removal_bad_inputs_raise():
@@ -124,7 +139,11 @@ def test_cache_tags_each_unique_caption_once(tmp_path):
     cache.get("A cat")
     assert tagger.calls == 3
     assert [c.noun_phrases for c in first] == [
-        ("A dog", "the grass"), ("A cat",), ("A dog", "the grass"), ("A cat",), ("Two dogs",),
+        ("A dog", "the grass"),
+        ("A cat",),
+        ("A dog", "the grass"),
+        ("A cat",),
+        ("Two dogs",),
     ]
     path = tmp_path / "np_cache.json"
     cache.save(path)
@@ -135,18 +154,15 @@ def test_cache_tags_each_unique_caption_once(tmp_path):
 
 # ---------------------------------------------------------------- with NLTK's perceptron tagger
 
+
 def test_spec_example_with_the_nltk_tagger(nltk_data_dir):
     caption = "Two dogs fighting over a frisbee"
     assert noun_phrases(caption) == ("Two dogs", "a frisbee")
     assert remove_noun_phrases(caption, ["frisbee"]) == "Two dogs fighting over"
-    assert remove_noun_phrases("Two dogs fighting over a frisbee.", ["frisbee"]) == (
-        "Two dogs fighting over."
-    )
+    assert remove_noun_phrases("Two dogs fighting over a frisbee.", ["frisbee"]) == ("Two dogs fighting over.")
 
 
 def test_nltk_tagger_chunks_typical_captions(nltk_data_dir):
     assert noun_phrases("A man riding a horse on a beach.") == ("A man", "a horse", "a beach")
-    assert remove_noun_phrases("A man riding a horse on a beach.", ["person"]) == (
-        "riding a horse on a beach."
-    )
+    assert remove_noun_phrases("A man riding a horse on a beach.", ["person"]) == ("riding a horse on a beach.")
     assert remove_noun_phrases("A cat sitting on a table.", ["dog"]) is None

@@ -16,8 +16,11 @@ from builders.models.profiles import resolve_profile
 
 #: (id, backend given, expected): the annotators infer the backend from the id, the trainer names it.
 SPELLINGS = [
-    ("openai/clip-vit-base-patch32", None, ClipId(TRANSFORMERS, "openai/clip-vit-base-patch32",
-                                                  "openai/clip-vit-base-patch32")),
+    (
+        "openai/clip-vit-base-patch32",
+        None,
+        ClipId(TRANSFORMERS, "openai/clip-vit-base-patch32", "openai/clip-vit-base-patch32"),
+    ),
     ("runs/x/final", None, ClipId(TRANSFORMERS, "runs/x/final", "runs/x/final")),
     ("open_clip:ViT-B-32:openai", None, ClipId(OPEN_CLIP, "ViT-B-32:openai", "ViT-B-32", "openai")),
     ("open_clip:ViT-B-32", None, ClipId(OPEN_CLIP, "ViT-B-32", "ViT-B-32")),
@@ -30,10 +33,16 @@ SPELLINGS = [
     ("hf-hub:timm/vit", OPEN_CLIP, ClipId(OPEN_CLIP, "hf-hub:timm/vit", "hf-hub:timm/vit")),
     ("local-dir:m", OPEN_CLIP, ClipId(OPEN_CLIP, "local-dir:m", "local-dir:m")),
     # The trainer's --backend names the implementation: its ids carry no `open_clip:` prefix.
-    ("open_clip:ViT-B-32:openai", OPEN_CLIP, ClipId(OPEN_CLIP, "open_clip:ViT-B-32:openai", "open_clip",
-                                                    "ViT-B-32:openai")),
-    ("openai/clip-vit-base-patch32", TRANSFORMERS, ClipId(TRANSFORMERS, "openai/clip-vit-base-patch32",
-                                                          "openai/clip-vit-base-patch32")),
+    (
+        "open_clip:ViT-B-32:openai",
+        OPEN_CLIP,
+        ClipId(OPEN_CLIP, "open_clip:ViT-B-32:openai", "open_clip", "ViT-B-32:openai"),
+    ),
+    (
+        "openai/clip-vit-base-patch32",
+        TRANSFORMERS,
+        ClipId(TRANSFORMERS, "openai/clip-vit-base-patch32", "openai/clip-vit-base-patch32"),
+    ),
     ("hf-hub:timm/vit", TRANSFORMERS, ClipId(TRANSFORMERS, "hf-hub:timm/vit", "hf-hub:timm/vit")),
 ]
 
@@ -52,10 +61,20 @@ def test_a_folder_is_open_clips_local_dir_only_where_open_clip_is_named(tmp_path
         parse_clip_id(folder, "timm")
 
 
-@pytest.mark.parametrize("model_id, backend", [
-    ("", None), ("", TRANSFORMERS), ("open_clip:", None), ("hf-hub:", None), ("open_clip:local-dir:", None),
-    ("", OPEN_CLIP), (":openai", OPEN_CLIP), ("hf-hub: ", OPEN_CLIP), ("local-dir:", OPEN_CLIP),
-])
+@pytest.mark.parametrize(
+    "model_id, backend",
+    [
+        ("", None),
+        ("", TRANSFORMERS),
+        ("open_clip:", None),
+        ("hf-hub:", None),
+        ("open_clip:local-dir:", None),
+        ("", OPEN_CLIP),
+        (":openai", OPEN_CLIP),
+        ("hf-hub: ", OPEN_CLIP),
+        ("local-dir:", OPEN_CLIP),
+    ],
+)
 def test_an_id_naming_no_model_is_refused_by_the_parser(model_id, backend):
     """Never a load of '' (the working folder) or of an empty architecture, repo or folder."""
     with pytest.raises(ClipIdError, match="names no model; give .*ARCH\\[:TAG\\]"):

@@ -17,8 +17,14 @@ from builders.app.cli import main as cli_main
 from builders.engine.errors import UserFacingError
 from builders.models import loaders
 from builders.models.clip_ids import parse_clip_id
-from builders.models.profiles import (PRODUCTION, ROLES, add_model_arguments, profile_from_args,
-                                      resolve_profile, with_overrides)
+from builders.models.profiles import (
+    PRODUCTION,
+    ROLES,
+    add_model_arguments,
+    profile_from_args,
+    resolve_profile,
+    with_overrides,
+)
 from builders.models.tiny import DONE, build_tiny_models
 from builders.models.tiny import ROLES as TINY_ROLES  # the roles the builder makes (no sentence)
 from builders.engine.nltk_setup import read_tagged_corpus
@@ -31,8 +37,12 @@ def tiny(tiny_models_dir):
 
 def test_clip_roles_score_image_text_pairs(tiny):
     model, processor = loaders.load_clip(tiny.clip)
-    batch = processor(text=["a cat", "two dogs on the grass"], images=[Image.new("RGB", (128, 96))] * 3,
-                      return_tensors="pt", padding=True)
+    batch = processor(
+        text=["a cat", "two dogs on the grass"],
+        images=[Image.new("RGB", (128, 96))] * 3,
+        return_tensors="pt",
+        padding=True,
+    )
     with torch.no_grad():
         assert model(**batch).logits_per_image.shape == (3, 2)
     oc, preprocess, tokenizer = loaders.load_open_clip(parse_clip_id(tiny.open_clip, "open_clip"))
@@ -45,15 +55,33 @@ def test_clip_roles_score_image_text_pairs(tiny):
 @pytest.mark.slow
 def test_diffusion_pipelines_run_two_steps(tiny):
     pipe = loaders.load_sd(tiny.sd)
-    out = pipe("a cat", num_inference_steps=2, height=64, width=64, output_type="np",
-               generator=torch.Generator().manual_seed(0)).images
-    again = pipe("a cat", num_inference_steps=2, height=64, width=64, output_type="np",
-                 generator=torch.Generator().manual_seed(0)).images
+    out = pipe(
+        "a cat",
+        num_inference_steps=2,
+        height=64,
+        width=64,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
+    again = pipe(
+        "a cat",
+        num_inference_steps=2,
+        height=64,
+        width=64,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
     assert out.shape == (1, 64, 64, 3) and np.array_equal(out, again)
     inpaint = loaders.load_sd(tiny.sd_inpaint, inpaint=True)
-    img = inpaint("background", image=Image.new("RGB", (64, 64), (200, 10, 10)),
-                  mask_image=Image.new("L", (64, 64), 255), num_inference_steps=2, height=64,
-                  width=64, output_type="np").images
+    img = inpaint(
+        "background",
+        image=Image.new("RGB", (64, 64), (200, 10, 10)),
+        mask_image=Image.new("L", (64, 64), 255),
+        num_inference_steps=2,
+        height=64,
+        width=64,
+        output_type="np",
+    ).images
     assert img.shape == (1, 64, 64, 3) and np.isfinite(img).all()
 
 
@@ -78,8 +106,7 @@ def test_text_models(tiny):
     out = cap.generate(**proc(images=Image.new("RGB", (64, 48)), return_tensors="pt"), max_new_tokens=5)
     assert isinstance(proc.batch_decode(out, skip_special_tokens=True)[0], str)
     sentence = loaders.load_sentence(tiny.sentence)
-    emb = sentence.encode(["A dog on the grass.", "A puppy on the lawn.", "A red bus."],
-                          normalize_embeddings=True)
+    emb = sentence.encode(["A dog on the grass.", "A puppy on the lawn.", "A red bus."], normalize_embeddings=True)
     assert emb.shape == (3, 384)
     assert emb[0] @ emb[1] > emb[0] @ emb[2]  # the real MiniLM, not a random one
 
@@ -116,8 +143,9 @@ def test_profiles_and_overrides(tiny_models_dir, capsys):
         with_overrides(PRODUCTION, vae="x")
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)
-    args = parser.parse_args(["--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                              "--sd-model", "/elsewhere/sd"])
+    args = parser.parse_args(
+        ["--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--sd-model", "/elsewhere/sd"]
+    )
     profile = profile_from_args(args)
     assert profile.sd == "/elsewhere/sd" and profile.mlm == str(tiny_models_dir / "mlm")
     assert cli_main(["models", "list"]) == 0

@@ -12,13 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from builders.counterfactuals.prompt_to_prompt import (INJECT_MODES, P2PAttnProcessor, P2PController,
-                                                       PairSpec, p2p_processors, replacement_mapper)
+from builders.counterfactuals.prompt_to_prompt import (
+    INJECT_MODES,
+    P2PAttnProcessor,
+    P2PController,
+    PairSpec,
+    p2p_processors,
+    replacement_mapper,
+)
 from builders.models.clip import ClipScorer, OpenClipScorer
-from builders.models.production_configs import (ARCHS, MINILM_L6, PRODUCTION_ARCHS, build_empty,
-                                                parameter_count)
-from builders.models.production_generators import (GENERATOR_ARCH, GENERATOR_ARCHS,
-                                                   GENERATOR_COMPONENTS)
+from builders.models.production_configs import ARCHS, MINILM_L6, PRODUCTION_ARCHS, build_empty, parameter_count
+from builders.models.production_generators import GENERATOR_ARCH, GENERATOR_ARCHS, GENERATOR_COMPONENTS
 from builders.models.production_generators import arch as generator_arch
 from builders.models.profiles import PRODUCTION, ROLES
 
@@ -41,8 +45,9 @@ def test_parameter_count_is_the_published_one(arch):
     model = build_empty(arch)
     assert all(p.device == META for p in model.parameters())
     count = parameter_count(model, arch.counts_tied_copies)
-    assert abs(count - arch.published_params) <= arch.tolerance * arch.published_params, \
+    assert abs(count - arch.published_params) <= arch.tolerance * arch.published_params, (
         f"{arch.name}: {count:,} parameters, published {arch.published_params:,.0f} ({arch.source})"
+    )
 
 
 def test_minilm_config_is_the_shipped_checkpoints():
@@ -84,8 +89,9 @@ def test_p2p_processors_install_on_every_attention_layer(sd_unet):
         installed = sd_unet.attn_processors
         assert set(installed) == set(previous)
         assert all(isinstance(p, P2PAttnProcessor) for p in installed.values())
-        assert sorted(n for n, p in installed.items() if p.is_cross) == \
-            sorted(n for n in previous if n.endswith("attn2.processor"))
+        assert sorted(n for n, p in installed.items() if p.is_cross) == sorted(
+            n for n in previous if n.endswith("attn2.processor")
+        )
         assert sum(p.is_cross for p in installed.values()) == 16
     assert sd_unet.attn_processors == previous
 
@@ -103,13 +109,19 @@ def _injecting_layers(unet, inject: str) -> dict[str, tuple[int, ...]]:
         return rows(halves)
 
     ctrl.rows = recording_rows
-    hooks = [module.register_forward_pre_hook(lambda _m, _a, name=name: current.__setitem__(0, name))
-             for name, module in unet.named_modules() if name.endswith(("attn1", "attn2"))]
+    hooks = [
+        module.register_forward_pre_hook(lambda _m, _a, name=name: current.__setitem__(0, name))
+        for name, module in unet.named_modules()
+        if name.endswith(("attn1", "attn2"))
+    ]
     try:
         with p2p_processors(unet, ctrl):
             # [uncond o, uncond c, cond o, cond c], as generate_pairs batches one pair.
-            out = unet(torch.empty(4, 4, side, side, device=META), 10,
-                       encoder_hidden_states=torch.empty(4, 77, 768, device=META)).sample
+            out = unet(
+                torch.empty(4, 4, side, side, device=META),
+                10,
+                encoder_hidden_states=torch.empty(4, 77, 768, device=META),
+            ).sample
     finally:
         for hook in hooks:
             hook.remove()
@@ -160,28 +172,34 @@ def test_clip_scorer_embeds_text_and_images_alike(name, dim):
 
 def test_open_clip_scorer_embeds_text_and_images_alike():
     model = build_empty(ARCHS["open_clip"])
-    scorer = OpenClipScorer(model, lambda _im: torch.zeros(3, 224, 224),
-                            lambda texts: torch.zeros(len(texts), 77, dtype=torch.long))
+    scorer = OpenClipScorer(
+        model, lambda _im: torch.zeros(3, 224, 224), lambda texts: torch.zeros(len(texts), 77, dtype=torch.long)
+    )
     texts, images = scorer.texts(["a", "b"]), scorer.images([None, None, None])
     assert texts.shape == (2, 512) and images.shape == (3, 512)
 
 
 # -- the image stage's generators (builders/models/production_generators.py) -------------------
 
+
 @pytest.mark.parametrize("arch", GENERATOR_ARCHS, ids=lambda a: a.name)
 def test_generator_parameter_count_is_the_published_one(arch):
     model = build_empty(arch)
     assert all(p.device == META for p in model.parameters())
     count = parameter_count(model, arch.counts_tied_copies)
-    assert abs(count - arch.published_params) <= arch.tolerance * arch.published_params, \
+    assert abs(count - arch.published_params) <= arch.tolerance * arch.published_params, (
         f"{arch.name}: {count:,} parameters, published {arch.published_params:,.0f} ({arch.source})"
+    )
 
 
 def test_generator_components_are_their_default_models():
     # The Hub ids of the #37 generator contract, and every component of each pipeline written down.
-    defaults = {"sd15": PRODUCTION.sd, "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
-                "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
-                "flux": "black-forest-labs/FLUX.1-schnell"}
+    defaults = {
+        "sd15": PRODUCTION.sd,
+        "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
+        "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
+        "flux": "black-forest-labs/FLUX.1-schnell",
+    }
     assert set(GENERATOR_COMPONENTS) == set(defaults)
     for generator, names in GENERATOR_COMPONENTS.items():
         assert {generator_arch(n).model_id for n in names} == {defaults[generator]}, generator
@@ -192,8 +210,7 @@ def test_vae16_count_is_the_sd_vae_with_16_latent_channels():
     """The SD3 and FLUX VAEs against SD v1.5's published 83,653,863, the differences written out:
     no quant_conv (8 -> 8, 1 x 1) nor post_quant_conv (4 -> 4), the encoder's conv_out gives
     2 x 16 channels instead of 2 x 4 from 512, the decoder's conv_in takes 16 instead of 4."""
-    expected = (83_653_863 - (8 * 8 + 8) - (4 * 4 + 4)
-                + (512 * 3 * 3 * (32 - 8) + (32 - 8)) + (16 - 4) * 512 * 3 * 3)
+    expected = 83_653_863 - (8 * 8 + 8) - (4 * 4 + 4) + (512 * 3 * 3 * (32 - 8) + (32 - 8)) + (16 - 4) * 512 * 3 * 3
     for name in ("sd3.vae", "flux.vae"):
         assert parameter_count(build_empty(generator_arch(name))) == expected, name
 
@@ -205,14 +222,20 @@ def test_sdxl_components_fit_together():
     # The pipeline concatenates both encoders' penultimate hidden states: 768 + 1280 = 2048.
     assert clip_l.config.hidden_size + big_g.config.hidden_size == unet.config.cross_attention_dim
     # `text_time`: bigG's pooled projection + 6 size/crop ids embedded at 256 each.
-    assert big_g.config.projection_dim + 6 * unet.config.addition_time_embed_dim == \
-        unet.config.projection_class_embeddings_input_dim == 2816
+    assert (
+        big_g.config.projection_dim + 6 * unet.config.addition_time_embed_dim
+        == unet.config.projection_class_embeddings_input_dim
+        == 2816
+    )
     ids = torch.zeros(2, 77, dtype=torch.long, device=META)
     pooled = big_g(ids).text_embeds
     assert pooled.shape == (2, 1280)
-    out = unet(torch.empty(2, 4, 128, 128, device=META), 10,
-               encoder_hidden_states=torch.empty(2, 77, 2048, device=META),
-               added_cond_kwargs={"text_embeds": pooled, "time_ids": torch.empty(2, 6, device=META)})
+    out = unet(
+        torch.empty(2, 4, 128, 128, device=META),
+        10,
+        encoder_hidden_states=torch.empty(2, 77, 2048, device=META),
+        added_cond_kwargs={"text_embeds": pooled, "time_ids": torch.empty(2, 6, device=META)},
+    )
     assert out.sample.shape == (2, 4, 128, 128)
     assert vae.decode(out.sample[:1]).sample.shape == (1, 3, 1024, 1024)
 
@@ -230,8 +253,12 @@ def test_sd3_components_fit_together():
     # The pipeline pads the CLIP tokens (768 + 1280 wide) to T5's 4096 and puts T5's after them.
     context = torch.empty(2, 77 + 256, 4096, device=META)
     latents = torch.empty(2, vae.config.latent_channels, 128, 128, device=META)
-    out = transformer(hidden_states=latents, encoder_hidden_states=context,
-                      pooled_projections=pooled, timestep=torch.ones(2, device=META)).sample
+    out = transformer(
+        hidden_states=latents,
+        encoder_hidden_states=context,
+        pooled_projections=pooled,
+        timestep=torch.ones(2, device=META),
+    ).sample
     assert out.shape == latents.shape == (2, 16, 128, 128)
     assert vae.decode(out[:1]).sample.shape == (1, 3, 1024, 1024)
 
@@ -247,10 +274,14 @@ def test_flux_components_fit_together():
     assert tokens.shape == (1, 256, transformer.config.joint_attention_dim)
     # 1024 px -> a 128 x 128 x 16 latent, packed as 64 x 64 tokens of 2 x 2 x 16 = 64 values.
     assert transformer.config.in_channels == vae.config.latent_channels * 4 == 64
-    out = transformer(hidden_states=torch.empty(1, 64 * 64, 64, device=META),
-                      encoder_hidden_states=tokens, pooled_projections=pooled,
-                      timestep=torch.ones(1, device=META), img_ids=torch.zeros(64 * 64, 3, device=META),
-                      txt_ids=torch.zeros(256, 3, device=META)).sample
+    out = transformer(
+        hidden_states=torch.empty(1, 64 * 64, 64, device=META),
+        encoder_hidden_states=tokens,
+        pooled_projections=pooled,
+        timestep=torch.ones(1, device=META),
+        img_ids=torch.zeros(64 * 64, 3, device=META),
+        txt_ids=torch.zeros(256, 3, device=META),
+    ).sample
     assert out.shape == (1, 64 * 64, 64)
     latents = out.reshape(1, 64, 64, 16, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(1, 16, 128, 128)
     assert vae.decode(latents).sample.shape == (1, 3, 1024, 1024)

@@ -38,15 +38,18 @@ def build(tmp_path_factory) -> Path:
 
 
 def publish(build: Path, hub, repo: str) -> int:
-    return cli_main(["publish", str(build), "--repo-id", repo, "--version", "v1.0.0",
-                     "--endpoint", hub.url, "--retries", "2"])
+    return cli_main(
+        ["publish", str(build), "--repo-id", repo, "--version", "v1.0.0", "--endpoint", hub.url, "--retries", "2"]
+    )
 
 
-@pytest.mark.parametrize("body", [b'{"garbage', b"[1]", b"<html>502 Bad Gateway</html>"],
-                         ids=["broken-json", "wrong-shape", "html"])
+@pytest.mark.parametrize(
+    "body", [b'{"garbage', b"[1]", b"<html>502 Bad Gateway</html>"], ids=["broken-json", "wrong-shape", "html"]
+)
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_garbage_answer_is_one_line_naming_the_request_and_a_rerun_completes(
-        build, own_hub, kind, body, capsys, caplog):
+    build, own_hub, kind, body, capsys, caplog
+):
     method, path = KINDS[kind]
     own_hub.inject(Fault(method, "^" + path.replace(".", r"\."), 200, body))
     with caplog.at_level("WARNING", logger="builders.publishing.hub_client"):
@@ -62,8 +65,7 @@ def test_a_garbage_answer_is_one_line_naming_the_request_and_a_rerun_completes(
 
 
 @pytest.mark.parametrize("status", [403, 500])
-def test_lfs_uploads_that_keep_failing_are_one_line_and_a_rerun_completes(
-        build, own_hub, status, capsys, monkeypatch):
+def test_lfs_uploads_that_keep_failing_are_one_line_and_a_rerun_completes(build, own_hub, status, capsys, monkeypatch):
     import time
 
     monkeypatch.setattr(time, "sleep", lambda s: None)  # the client's and our back-off
@@ -83,8 +85,16 @@ def test_publish_metric_against_a_garbage_answer_is_one_line(own_hub, tmp_path, 
     (folder / "answer.py").write_text("VALUE = 42\n")
     path = "/api/spaces/metrics/answer/commit/main"
     own_hub.inject(Fault("POST", "^" + path, 200, b'{"garbage'))
-    cmd = ["publish-metric", str(folder), "--repo-id", "metrics/answer", "--version", "v1.0.0",
-           "--endpoint", own_hub.url]
+    cmd = [
+        "publish-metric",
+        str(folder),
+        "--repo-id",
+        "metrics/answer",
+        "--version",
+        "v1.0.0",
+        "--endpoint",
+        own_hub.url,
+    ]
     assert cli_main(cmd) == 2
     line = one_error_line(capsys)
     assert f"answered POST {path} with something that is not a Hub answer" in line, line

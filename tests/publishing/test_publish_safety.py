@@ -30,8 +30,7 @@ def publish_cli(out: Path, repo: str, version: str = "v1.0.0") -> int:
     return cli_main(["publish", str(out), "--repo-id", repo, "--version", version, "--retries", "1"])
 
 
-def test_symlinks_dotfiles_and_stray_files_are_refused_and_nothing_is_uploaded(
-        tmp_path, local_hub, repo_id, capsys):
+def test_symlinks_dotfiles_and_stray_files_are_refused_and_nothing_is_uploaded(tmp_path, local_hub, repo_id, capsys):
     out = toy_build(tmp_path / "v1", 30, "v1", max_shard_bytes=2_000)
     secret = tmp_path / "secret.txt"
     secret.write_text(SECRET)
@@ -46,8 +45,7 @@ def test_symlinks_dotfiles_and_stray_files_are_refused_and_nothing_is_uploaded(
 
     assert publish_cli(out, repo_id) == 2
     line = one_error_line(capsys)
-    for name in ("symlink notes-link.txt", "symlink data/linked", ".env", "notes.txt",
-                 "figures/draft.png"):
+    for name in ("symlink notes-link.txt", "symlink data/linked", ".env", "notes.txt", "figures/draft.png"):
         assert name in line
     assert SECRET not in line
     assert not HfApi().repo_exists(repo_id, repo_type="dataset")  # refused before any upload
@@ -78,8 +76,7 @@ def _manifest_lists_a_path_outside(out: Path, tmp_path: Path) -> str:
     (tmp_path / "secret.txt").write_text(SECRET)
     data = SECRET.encode()
     manifest = manifest_of(out)
-    manifest["files"].append({"path": "../secret.txt", "bytes": len(data),
-                              "sha256": hashlib.sha256(data).hexdigest()})
+    manifest["files"].append({"path": "../secret.txt", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     (out / "build_manifest.json").write_text(json.dumps(manifest))
     return "lists '../secret.txt' as a file of the build"
 
@@ -96,10 +93,17 @@ def _manifest_from_before_file_lists(out: Path, tmp_path: Path) -> str:
     return "lists no files"
 
 
-@pytest.mark.parametrize("tamper", [_append_to_a_shard, _shard_replaced_by_a_symlink,
-                                    _manifest_lists_a_path_outside, _a_listed_figure_is_missing,
-                                    _manifest_from_before_file_lists],
-                         ids=["changed", "symlinked", "outside", "missing", "unlisted"])
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        _append_to_a_shard,
+        _shard_replaced_by_a_symlink,
+        _manifest_lists_a_path_outside,
+        _a_listed_figure_is_missing,
+        _manifest_from_before_file_lists,
+    ],
+    ids=["changed", "symlinked", "outside", "missing", "unlisted"],
+)
 def test_a_tampered_build_is_refused(tmp_path, local_hub, repo_id, tamper, capsys):
     """A listed file that changed, became a symlink, lies outside the folder or is gone."""
     out = toy_build(tmp_path / "v1", 30, "v1", max_shard_bytes=2_000)
@@ -121,8 +125,9 @@ def test_a_new_version_removes_every_file_its_manifest_does_not_list(tmp_path, l
 
 
 def coco_build(coco: Path, out: Path, *extra: str) -> int:
-    return cli_main(["build", "coco-captions", "--coco-root", str(coco), "--output", str(out),
-                     "--part-size", "2", *extra])
+    return cli_main(
+        ["build", "coco-captions", "--coco-root", str(coco), "--output", str(out), "--part-size", "2", *extra]
+    )
 
 
 def test_overwrite_deletes_the_old_build_but_never_a_file_of_the_users(tmp_path, capsys):
@@ -149,13 +154,15 @@ def test_overwrite_deletes_the_old_build_but_never_a_file_of_the_users(tmp_path,
     assert coco_build(coco, out, "--splits", "test", "--overwrite") == 0
     new = expected_tree(out)
     assert not any(p.startswith("data/val-") for p in new)
-    left = {p.relative_to(out).as_posix() for p in out.rglob("*")
-            if not p.is_dir() and ".parts" not in p.relative_to(out).parts}
+    left = {
+        p.relative_to(out).as_posix()
+        for p in out.rglob("*")
+        if not p.is_dir() and ".parts" not in p.relative_to(out).parts
+    }
     assert left == new
 
 
-BAD_VERSIONS = ["v1.0.0\n", "v1.0.0 ", " v1.0.0", "v\uff11.0.0", "v\u0661.\u0660.\u0660",
-                "v1.0", "1.0.0"]
+BAD_VERSIONS = ["v1.0.0\n", "v1.0.0 ", " v1.0.0", "v\uff11.0.0", "v\u0661.\u0660.\u0660", "v1.0", "1.0.0"]
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +175,7 @@ def test_a_version_is_validated_as_a_whole_ascii_string(small_build, local_hub, 
     assert cli_main(["publish", str(small_build), "--repo-id", "tester/versions", "--version", version]) == 2
     assert "must look like v1.2.3" in one_error_line(capsys)
     module = Path(__file__).resolve().parents[2] / "evaluate_modules" / "map_at_r"
-    assert cli_main(["publish-metric", str(module), "--repo-id", "tester/versions-metric",
-                     "--version", version]) == 2
+    assert cli_main(["publish-metric", str(module), "--repo-id", "tester/versions-metric", "--version", version]) == 2
     assert "must look like v1.2.3" in one_error_line(capsys)
     assert not HfApi().repo_exists("tester/versions", repo_type="dataset")
     assert not HfApi().repo_exists("tester/versions-metric", repo_type="space")
@@ -187,7 +193,11 @@ def test_a_metric_space_holds_exactly_its_module_files(tmp_path, local_hub):
     (folder / "unused.py").write_text("X = 1\n")
     (folder / "__pycache__").mkdir()
     (folder / "__pycache__" / "answer.cpython-311.pyc").write_bytes(b"\0")
-    assert cli_main(["publish-metric", str(folder), "--repo-id", "own-files/answer",
-                     "--version", "v1.0.0"]) == 0
+    assert cli_main(["publish-metric", str(folder), "--repo-id", "own-files/answer", "--version", "v1.0.0"]) == 0
     assert tagged_tree("own-files/answer", "v1.0.0", "space") == {
-        "answer.py", "shared.py", "README.md", "requirements.txt", "app.py"}
+        "answer.py",
+        "shared.py",
+        "README.md",
+        "requirements.txt",
+        "app.py",
+    }

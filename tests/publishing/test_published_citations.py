@@ -36,23 +36,39 @@ BUILD_ARGS = {
     "coco-captions": ["--splits", "test"],
     "decorrelation": [*TINY, "--image-size", "64", "--inpaint-steps", "2", "--max-images", "3"],
     "eccv-positives": ["--part-size", "8192"],  # its 5,000 test images in one part, not 625
-    "coco-counterfactuals": [*TINY, "--karpathy-splits", "test", "--max-captions", "3",
-                             "--image-size", "64", "--steps", "2", "--candidates", "2",
-                             "--clip-threshold", "-1"],
+    "coco-counterfactuals": [
+        *TINY,
+        "--karpathy-splits",
+        "test",
+        "--max-captions",
+        "3",
+        "--image-size",
+        "64",
+        "--steps",
+        "2",
+        "--candidates",
+        "2",
+        "--clip-threshold",
+        "-1",
+    ],
 }
 #: The paper each dataset card must cite in its BibTeX block.
-CARD_BIBTEX_KEY = {"coco-captions": "lin2014microsoft", "decorrelation": "kim2023exposing",
-                   "coco-counterfactuals": "le2023cococounterfactuals", "eccv-positives": "chun2022eccv"}
+CARD_BIBTEX_KEY = {
+    "coco-captions": "lin2014microsoft",
+    "decorrelation": "kim2023exposing",
+    "coco-counterfactuals": "le2023cococounterfactuals",
+    "eccv-positives": "chun2022eccv",
+}
 
 
 def forbidden_lines(text: str, where: str) -> list[str]:
-    return [f"{where}:{n}: {line.strip()[:160]}" for n, line in enumerate(text.splitlines(), 1)
-            if FORBIDDEN.search(line)]
+    return [
+        f"{where}:{n}: {line.strip()[:160]}" for n, line in enumerate(text.splitlines(), 1) if FORBIDDEN.search(line)
+    ]
 
 
 def test_the_check_catches_what_it_should():
-    bad = ["see SPEC §2.5", "(builders/decorrelation/METHOD.md §1)", "../shared/papers/x.txt",
-           "SPEC worked example"]
+    bad = ["see SPEC §2.5", "(builders/decorrelation/METHOD.md §1)", "../shared/papers/x.txt", "SPEC worked example"]
     good = ["Kim et al. 2023 §3.2", "special tokens", "SPECIAL_TOKENS", "shared noise", "specified"]
     assert all(forbidden_lines(t, "x") for t in bad)
     assert not any(forbidden_lines(t, "x") for t in good)
@@ -67,18 +83,27 @@ def test_card_templates_cite_papers_only():
 
 def test_every_decorrelation_card_variant_cites_papers_only(nltk_data_dir):
     from builders.decorrelation.card import card_fields
-    from builders.decorrelation.config import (CAPTION_METHODS, FILL_METHODS, CaptionConfig,
-                                               DecorrelationConfig, FillConfig, SourceConfig,
-                                               VerifyConfig)
+    from builders.decorrelation.config import (
+        CAPTION_METHODS,
+        FILL_METHODS,
+        CaptionConfig,
+        DecorrelationConfig,
+        FillConfig,
+        SourceConfig,
+        VerifyConfig,
+    )
     from builders.decorrelation.schema import COLUMN_DOCS
 
     seen = 0
-    for kind, fill, caption, verify in itertools.product(("coco", "flickr30k"), FILL_METHODS,
-                                                         CAPTION_METHODS, (False, True)):
-        cfg = DecorrelationConfig(source=SourceConfig(kind, Path("source")),
-                                  fill=FillConfig(fill, model="inpaint-model"),
-                                  caption=CaptionConfig(caption, model="captioner-model"),
-                                  verify=VerifyConfig(enabled=verify, model="clip-model" if verify else None))
+    for kind, fill, caption, verify in itertools.product(
+        ("coco", "flickr30k"), FILL_METHODS, CAPTION_METHODS, (False, True)
+    ):
+        cfg = DecorrelationConfig(
+            source=SourceConfig(kind, Path("source")),
+            fill=FillConfig(fill, model="inpaint-model"),
+            caption=CaptionConfig(caption, model="captioner-model"),
+            verify=VerifyConfig(enabled=verify, model="clip-model" if verify else None),
+        )
         fields = card_fields(cfg, COLUMN_DOCS)
         text = json.dumps(fields, indent=1, ensure_ascii=False)
         hits = forbidden_lines(text, f"{kind}/{fill}/{caption}/verify={verify}")
@@ -97,10 +122,27 @@ def published(local_hub, coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp_p
     def get(name: str) -> tuple[Path, str]:
         if name not in done:
             out, repo = root / name, f"citations/{name}"
-            extra = [*BUILD_ARGS[name], "--tiny-models-dir", str(tiny_models_dir)] \
-                if "--models" in BUILD_ARGS[name] else BUILD_ARGS[name]
-            assert cli_main(["build", name, "--coco-root", str(coco_fixture_dir), "--output", str(out),
-                             "--part-size", "8", *extra]) == 0
+            extra = (
+                [*BUILD_ARGS[name], "--tiny-models-dir", str(tiny_models_dir)]
+                if "--models" in BUILD_ARGS[name]
+                else BUILD_ARGS[name]
+            )
+            assert (
+                cli_main(
+                    [
+                        "build",
+                        name,
+                        "--coco-root",
+                        str(coco_fixture_dir),
+                        "--output",
+                        str(out),
+                        "--part-size",
+                        "8",
+                        *extra,
+                    ]
+                )
+                == 0
+            )
             assert cli_main(["publish", str(out), "--repo-id", repo, "--version", "v1.0.0"]) == 0
             done[name] = (out, repo)
         return done[name]
@@ -110,15 +152,19 @@ def published(local_hub, coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp_p
 
 def test_every_registered_builder_has_a_citation_check():
     assert set(BUILD_ARGS) == set(BUILDER_MODULES), (
-        "add a small build of each new builder to BUILD_ARGS so its published card is checked")
+        "add a small build of each new builder to BUILD_ARGS so its published card is checked"
+    )
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(BUILD_ARGS))
 def test_published_dataset_files_cite_papers_only(published, name):
     out, repo = published(name)
-    files = [f for f in HfApi().list_repo_files(repo, repo_type="dataset", revision="v1.0.0")
-             if not f.endswith((".parquet", ".png"))]  # the card's figures are images, not text
+    files = [
+        f
+        for f in HfApi().list_repo_files(repo, repo_type="dataset", revision="v1.0.0")
+        if not f.endswith((".parquet", ".png"))
+    ]  # the card's figures are images, not text
     assert "README.md" in files and "build_manifest.json" in files
     hits = []
     for f in files:
@@ -132,8 +178,7 @@ def test_published_dataset_files_cite_papers_only(published, name):
 
 
 @pytest.mark.slow
-def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(published, tiny_models_dir,
-                                                                       capsys):
+def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(published, tiny_models_dir, capsys):
     """The card's ODmAP code block, run as published (tiny CLIP, local metric folder), prints the
     ODmAP@k of a brute force over the same ranking."""
     import numpy as np
@@ -144,8 +189,9 @@ def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(publishe
     card = Path(hf_hub_download(repo, "README.md", repo_type="dataset", revision="v1.0.0")).read_text(encoding="utf-8")
     code = re.findall(r"```python\n(.*?)```", card, flags=re.S)[-1]
     assert "ORG/odmap" in code and "openai/clip-vit-base-patch32" in code
-    code = (code.replace("openai/clip-vit-base-patch32", str(tiny_models_dir / "clip"))
-                .replace('"ORG/odmap"', repr(str(REPO_ROOT / "evaluate_modules" / "odmap"))))
+    code = code.replace("openai/clip-vit-base-patch32", str(tiny_models_dir / "clip")).replace(
+        '"ORG/odmap"', repr(str(REPO_ROOT / "evaluate_modules" / "odmap"))
+    )
     scope: dict = {}
     exec(compile(code, "card-recipe", "exec"), scope)  # the published text, not a copy of it
     printed = capsys.readouterr().out.strip().splitlines()[-1]
@@ -154,12 +200,17 @@ def test_decorrelation_card_recipe_runs_and_matches_a_brute_force_odmap(publishe
     queries = load_dataset(repo, "odmap_queries", split="test", revision="v1.0.0")
     gallery = load_dataset(repo, "odmap_gallery", split="test", revision="v1.0.0")
     scores = scope["image_emb"] @ scope["text_emb"].T  # brute force: the full score matrix
-    assert torch.equal(scope["topk"], scores.topk(min(10, scores.shape[1]), dim=1).indices) or \
-        torch.allclose(scores.gather(1, scope["topk"]), scores.topk(min(10, scores.shape[1]), dim=1).values)
+    assert torch.equal(scope["topk"], scores.topk(min(10, scores.shape[1]), dim=1).indices) or torch.allclose(
+        scores.gather(1, scope["topk"]), scores.topk(min(10, scores.shape[1]), dim=1).values
+    )
     ranking = scope["topk"].tolist()
-    ref = reference_odmap_from_rankings(ranking, [set(m) for m in gallery["mentioned_classes"]],
-                                        [set(r) for r in queries["removed_classes"]],
-                                        [set(p) for p in queries["present_classes"]], (1, 5, 10))
+    ref = reference_odmap_from_rankings(
+        ranking,
+        [set(m) for m in gallery["mentioned_classes"]],
+        [set(r) for r in queries["removed_classes"]],
+        [set(p) for p in queries["present_classes"]],
+        (1, 5, 10),
+    )
     assert len(queries) > 0
     for k in (1, 5, 10):
         assert result[f"ODmAP@{k}"] == pytest.approx(ref[k])
@@ -195,8 +246,11 @@ def method_citations(text: str, source: Path) -> list[tuple[Path, int, int]]:
     section (a general mention such as "the METHOD.md notes of each package")."""
     out = []
     rel = source.relative_to(REPO_ROOT).parts
-    package = REPO_ROOT.joinpath(*rel[:2]) if rel[0] == "builders" and len(rel) > 2 \
-        and rel[1] not in SHARED_PACKAGES else None
+    package = (
+        REPO_ROOT.joinpath(*rel[:2])
+        if rel[0] == "builders" and len(rel) > 2 and rel[1] not in SHARED_PACKAGES
+        else None
+    )
     for m in CITATION.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         sections = [int(s) for s in re.findall(r"§(\d+)", m.group(2))]
@@ -229,10 +283,12 @@ def unresolved(citations: list[tuple[Path, int, int]], source: str) -> list[str]
 
 def test_the_citation_scanner_reads_lists_and_flags_missing_sections():
     src = REPO_ROOT / "builders" / "decorrelation" / "x.py"
-    text = ("(builders/decorrelation/METHOD.md §3 `np_removal`, §5)\n"
-            "builders/decorrelation/METHOD.md §4 / §5; paper §3.1\n"
-            "see METHOD.md §2 beside this file\nbuilders/counterfactuals/METHOD.md §9\n"
-            "builders/nowhere/METHOD.md §1")
+    text = (
+        "(builders/decorrelation/METHOD.md §3 `np_removal`, §5)\n"
+        "builders/decorrelation/METHOD.md §4 / §5; paper §3.1\n"
+        "see METHOD.md §2 beside this file\nbuilders/counterfactuals/METHOD.md §9\n"
+        "builders/nowhere/METHOD.md §1"
+    )
     cites = method_citations(text, src)
     dec, cf = REPO_ROOT / "builders/decorrelation/METHOD.md", REPO_ROOT / "builders/counterfactuals/METHOD.md"
     assert [(n, s) for n, s, _ in cites][:6] == [(dec, 3), (dec, 5), (dec, 4), (dec, 5), (dec, 2), (cf, 9)]
@@ -252,9 +308,13 @@ def test_every_method_citation_resolves_to_a_heading():
     for folder in CITING_DIRS:
         for path in files_under(folder):
             # The --help snapshots are wrapped copies of the help texts, which are scanned in the code.
-            if path.suffix not in (".py", ".md", ".txt") or path.name == "METHOD.md" \
-                    or "__pycache__" in path.parts or "snapshots" in path.parts \
-                    or path == Path(__file__).resolve():
+            if (
+                path.suffix not in (".py", ".md", ".txt")
+                or path.name == "METHOD.md"
+                or "__pycache__" in path.parts
+                or "snapshots" in path.parts
+                or path == Path(__file__).resolve()
+            ):
                 continue
             cites = method_citations(path.read_text(encoding="utf-8"), path)
             count += len(cites)
@@ -267,19 +327,20 @@ def test_every_method_citation_resolves_to_a_heading():
 
 #: Code that may not cite the outside background notes: a reader of the repository cannot open
 #: them, so the code states the fact itself (with its paper, documentation or observation).
-CODE_DIRS = ("builders", "tests", "benchmarks", "training", "evaluate_modules", "loading_scripts",
-             "docs", "README.md")
+CODE_DIRS = ("builders", "tests", "benchmarks", "training", "evaluate_modules", "loading_scripts", "docs", "README.md")
 OUTSIDE_NOTES = re.compile(r"ECOSYSTEM|shared/")
 
 
 def outside_note_lines(text: str, where: str) -> list[str]:
-    return [f"{where}:{n}: {line.strip()[:160]}" for n, line in enumerate(text.splitlines(), 1)
-            if OUTSIDE_NOTES.search(line)]
+    return [
+        f"{where}:{n}: {line.strip()[:160]}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if OUTSIDE_NOTES.search(line)
+    ]
 
 
 def test_the_outside_note_check_catches_what_it_should():
-    bad = ["(see ECOSYSTEM.md)", "# verified together (../shared/ECOSYSTEM.md)",
-           "../shared/papers/x.txt"]
+    bad = ["(see ECOSYSTEM.md)", "# verified together (../shared/ECOSYSTEM.md)", "../shared/papers/x.txt"]
     good = ["accelerate 1.15.0's `simple_launcher`", "shared noise", "a shared helper", "ecosystem"]
     assert all(outside_note_lines(t, "x") for t in bad)
     assert not any(outside_note_lines(t, "x") for t in good)
@@ -290,9 +351,12 @@ def test_code_cites_no_outside_background_notes():
     for folder in CODE_DIRS:
         paths += [p for p in files_under(folder) if "__pycache__" not in p.parts]
     assert len(paths) > 100, "the scan found suspiciously few files"
-    hits = [h for p in paths if p != Path(__file__).resolve()
-            for h in outside_note_lines(p.read_text(encoding="utf-8", errors="replace"),
-                                        str(p.relative_to(REPO_ROOT)))]
+    hits = [
+        h
+        for p in paths
+        if p != Path(__file__).resolve()
+        for h in outside_note_lines(p.read_text(encoding="utf-8", errors="replace"), str(p.relative_to(REPO_ROOT)))
+    ]
     assert not hits, "code cites outside background notes; state the fact instead:\n" + "\n".join(hits)
 
 

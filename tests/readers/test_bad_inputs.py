@@ -31,8 +31,21 @@ SPLITS = ("test", "val")
 
 
 def build(root: Path, out: Path, *extra: str) -> int:
-    return cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", *SPLITS,
-                     "--output", str(out), "--part-size", "2", *extra])
+    return cli_main(
+        [
+            "build",
+            "coco-captions",
+            "--coco-root",
+            str(root),
+            "--splits",
+            *SPLITS,
+            "--output",
+            str(out),
+            "--part-size",
+            "2",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,21 +58,30 @@ def clean(tmp_path_factory) -> dict[str, Any]:
     test_ids = sorted(e["cocoid"] for e in karpathy if e["split"] == "test")
     target = test_ids[1]
     entry = next(e for e in karpathy if e["cocoid"] == target)
-    return {"root": root, "rows": rows_by_output(base / "clean"), "target": target,
-            "image": root / entry["filepath"] / entry["filename"], "folder": entry["filepath"]}
+    return {
+        "root": root,
+        "rows": rows_by_output(base / "clean"),
+        "target": target,
+        "image": root / entry["filepath"] / entry["filename"],
+        "folder": entry["filepath"],
+    }
 
 
 # ---------------------------------------------------------------------------------- mutations
 
+
 def _edit(kind: str) -> Callable[[Callable[[dict, int], None]], Callable[[dict], None]]:
     """Decorate `fn(data, target_id)` into a mutation of `annotations/{kind}_{folder}.json`."""
+
     def wrap(fn):
         def mutate(case: dict) -> None:
             path = case["root"] / "annotations" / f"{kind}_{case['folder']}.json"
             data = json.loads(path.read_text())
             fn(data, case["target"])
             path.write_text(json.dumps(data))  # allow_nan: NaN/Infinity literals as json.load reads them
+
         return mutate
+
     return wrap
 
 
@@ -86,6 +108,7 @@ def _set_image(field, value, kind="captions"):
             del entry[field]
         else:
             entry[field] = value
+
     return _edit(kind)(fn)
 
 
@@ -100,6 +123,7 @@ def _duplicate_image(kind):
     def fn(d, t):
         other = next(e for e in d["images"] if e["id"] != t)
         d["images"].append({**other, "id": t})
+
     return _edit(kind)(fn)
 
 
@@ -107,24 +131,26 @@ def _duplicate_annotation(kind):
     def fn(d, t):
         other = next(a for a in d["annotations"] if a["image_id"] != t)
         other["id"] = _first(d, t)["id"]
+
     return _edit(kind)(fn)
 
 
 def _orphan_annotation(kind):
-    return _edit(kind)(lambda d, t: d["annotations"].append({**_first(d, t), "id": 10**9,
-                                                              "image_id": 999_999}))
+    return _edit(kind)(lambda d, t: d["annotations"].append({**_first(d, t), "id": 10**9, "image_id": 999_999}))
 
 
 def _drop_image(kind):
     def fn(d, t):
         d["images"] = [e for e in d["images"] if e["id"] != t]
         d["annotations"] = [a for a in d["annotations"] if a["image_id"] != t]
+
     return _edit(kind)(fn)
 
 
 def _write_file(name: str, data: bytes):
     def mutate(case):
         (case["root"] / name).write_bytes(data)
+
     return mutate
 
 
@@ -132,6 +158,7 @@ def _annotation_bytes(kind: str, transform: Callable[[bytes], bytes]):
     def mutate(case):
         path = case["root"] / "annotations" / f"{kind}_{case['folder']}.json"
         path.write_bytes(transform(path.read_bytes()))
+
     return mutate
 
 
@@ -141,6 +168,7 @@ def _karpathy(fn):
         data = json.loads(path.read_text())
         fn(data["images"], case["target"])
         path.write_text(json.dumps(data))
+
     return mutate
 
 
@@ -155,6 +183,7 @@ def _karpathy_drop_split(images, target):
 def _image_bytes(transform: Callable[[bytes], bytes]):
     def mutate(case):
         case["image"].write_bytes(transform(case["image"].read_bytes()))
+
     return mutate
 
 
@@ -165,6 +194,7 @@ def _remove_image(case):
 def _remove(relpath: str):
     def mutate(case):
         (case["root"] / relpath.format(folder=case["folder"])).unlink()
+
     return mutate
 
 
@@ -192,26 +222,19 @@ FILE_ERRORS = [
     pytest.param(_duplicate_annotation("instances"), "both have id", id="duplicate-annotation-id"),
     pytest.param(_orphan_annotation("captions"), "not in 'images'", id="caption-of-unknown-image"),
     pytest.param(_orphan_annotation("instances"), "not in 'images'", id="box-of-unknown-image"),
-    pytest.param(_edit("captions")(lambda d, t: _first(d, t).pop("id")), "no integer 'id'",
-                 id="caption-without-id"),
+    pytest.param(_edit("captions")(lambda d, t: _first(d, t).pop("id")), "no integer 'id'", id="caption-without-id"),
     pytest.param(_set_image("id", "1007"), "no integer 'id'", id="image-id-is-a-string"),
-    pytest.param(_annotation_bytes("captions", lambda b: b[:300]), "malformed JSON at line",
-                 id="truncated-json"),
-    pytest.param(_annotation_bytes("captions", lambda b: b"\xff\xfe" + b), "is not UTF-8",
-                 id="not-utf8"),
-    pytest.param(_annotation_bytes("captions", lambda b: b"[]"), "holds a JSON list",
-                 id="json-list"),
-    pytest.param(_edit("captions")(lambda d, t: d.pop("annotations")), "has no 'annotations' list",
-                 id="no-annotations-list"),
-    pytest.param(_remove("annotations/instances_{folder}.json"), "instances file is missing",
-                 id="missing-instances"),
-    pytest.param(_remove("annotations/captions_{folder}.json"), "captions file is missing",
-                 id="missing-captions"),
-    pytest.param(_remove("dataset_coco.json"), "Karpathy split file is missing",
-                 id="missing-karpathy"),
+    pytest.param(_annotation_bytes("captions", lambda b: b[:300]), "malformed JSON at line", id="truncated-json"),
+    pytest.param(_annotation_bytes("captions", lambda b: b"\xff\xfe" + b), "is not UTF-8", id="not-utf8"),
+    pytest.param(_annotation_bytes("captions", lambda b: b"[]"), "holds a JSON list", id="json-list"),
+    pytest.param(
+        _edit("captions")(lambda d, t: d.pop("annotations")), "has no 'annotations' list", id="no-annotations-list"
+    ),
+    pytest.param(_remove("annotations/instances_{folder}.json"), "instances file is missing", id="missing-instances"),
+    pytest.param(_remove("annotations/captions_{folder}.json"), "captions file is missing", id="missing-captions"),
+    pytest.param(_remove("dataset_coco.json"), "Karpathy split file is missing", id="missing-karpathy"),
     pytest.param(_karpathy(_karpathy_duplicate), "both have cocoid", id="duplicate-cocoid"),
-    pytest.param(_karpathy(_karpathy_drop_split), "lacks cocoid/filepath/split",
-                 id="karpathy-entry-without-split"),
+    pytest.param(_karpathy(_karpathy_drop_split), "lacks cocoid/filepath/split", id="karpathy-entry-without-split"),
     pytest.param(_nameless_category, "lacks an integer id or a name", id="category-without-name"),
 ]
 
@@ -260,8 +283,7 @@ def case(clean, tmp_path, monkeypatch) -> dict[str, Any]:
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40_000)
     root = tmp_path / "coco"
     shutil.copytree(clean["root"], root)
-    return {**clean, "root": root, "image": root / clean["image"].relative_to(clean["root"]),
-            "out": tmp_path / "out"}
+    return {**clean, "root": root, "image": root / clean["image"].relative_to(clean["root"]), "out": tmp_path / "out"}
 
 
 def _one_error_line(err: str) -> str:
@@ -287,8 +309,7 @@ def test_malformed_row_is_a_counted_skip_and_the_rest_is_identical(case, mutate,
     assert build(case["root"], case["out"], "--max-error-fraction", "0.5") == 0
     manifest = json.loads((case["out"] / "build_manifest.json").read_text())
     assert manifest["errors"] == {reason: 1}
-    expected = {key: [r for r in rows if r["image_id"] != case["target"]]
-                for key, rows in case["rows"].items()}
+    expected = {key: [r for r in rows if r["image_id"] != case["target"]] for key, rows in case["rows"].items()}
     assert rows_by_output(case["out"]) == expected
 
 
@@ -315,15 +336,33 @@ def test_duplicate_image_error_names_both_entries(case, capsys):
     assert all(data["images"][i]["file_name"] in line for i in positions)
 
 
-def test_decorrelation_counts_bad_rows_and_keeps_the_rest(clean, tmp_path, tiny_models_dir,
-                                                          nltk_data_dir):
+def test_decorrelation_counts_bad_rows_and_keeps_the_rest(clean, tmp_path, tiny_models_dir, nltk_data_dir):
     """The same reader policy in the decorrelation builder: a blank caption and a NaN box no
     longer slip into the ODmAP gallery or vanish as `empty_box`; every other row is unchanged."""
+
     def decorrelation(root: Path, out: Path) -> int:
-        return cli_main(["build", "decorrelation", "--coco-root", str(root), "--output", str(out),
-                         "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                         "--fill", "zero", "--image-size", "64", "--part-size", "2",
-                         "--max-error-fraction", "0.9"])
+        return cli_main(
+            [
+                "build",
+                "decorrelation",
+                "--coco-root",
+                str(root),
+                "--output",
+                str(out),
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--fill",
+                "zero",
+                "--image-size",
+                "64",
+                "--part-size",
+                "2",
+                "--max-error-fraction",
+                "0.9",
+            ]
+        )
 
     assert decorrelation(clean["root"], tmp_path / "clean") == 0
     root = tmp_path / "coco"
@@ -332,9 +371,9 @@ def test_decorrelation_counts_bad_rows_and_keeps_the_rest(clean, tmp_path, tiny_
     _set_caption("  \n ")(case)
     karpathy = json.loads((root / "dataset_coco.json").read_text())["images"]
     other = next(e["cocoid"] for e in karpathy if e["split"] == "test" and e["cocoid"] != clean["target"])
-    _set_box([1.0, 2.0, float("nan"), 4.0])({**case, "target": other,
-                                             "folder": next(e["filepath"] for e in karpathy
-                                                            if e["cocoid"] == other)})
+    _set_box([1.0, 2.0, float("nan"), 4.0])(
+        {**case, "target": other, "folder": next(e["filepath"] for e in karpathy if e["cocoid"] == other)}
+    )
     assert decorrelation(root, tmp_path / "bad") == 0
     manifest = json.loads((tmp_path / "bad/build_manifest.json").read_text())
     assert manifest["errors"] == {"blank_caption": 1, "bad_bbox": 1}
@@ -352,12 +391,33 @@ def test_repeated_ids_in_a_dataset_source_are_refused(tmp_path, tiny_models_dir,
 
     source = tmp_path / "captions"
     source.mkdir()
-    datasets.Dataset.from_dict({"text": ["a dog on a sofa", "a cat on a mat", "a red bus"],
-                                "key": ["k0", "k1", "k0"]}).to_parquet(str(source / "train.parquet"))
+    datasets.Dataset.from_dict(
+        {"text": ["a dog on a sofa", "a cat on a mat", "a red bus"], "key": ["k0", "k1", "k0"]}
+    ).to_parquet(str(source / "train.parquet"))
     capsys.readouterr()
-    assert cli_main(["build", "coco-counterfactuals", "--stage", "captions", "--dataset", str(source),
-                     "--text-column", "text", "--id-column", "key", "--models", "tiny",
-                     "--tiny-models-dir", str(tiny_models_dir), "--output", str(tmp_path / "out")]) == 2
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--stage",
+                "captions",
+                "--dataset",
+                str(source),
+                "--text-column",
+                "text",
+                "--id-column",
+                "key",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     line = _one_error_line(capsys.readouterr().err)
     assert "work items #0 and #2 of the source both have id 'k0'" in line
 
@@ -370,9 +430,29 @@ def test_non_text_captions_in_a_dataset_source_are_counted_not_coerced(tmp_path,
     source.mkdir()
     texts = ["a dog on a sofa", None, "   ", "a cat on a mat"]
     datasets.Dataset.from_dict({"text": texts}).to_parquet(str(source / "train.parquet"))
-    assert cli_main(["build", "coco-counterfactuals", "--stage", "captions", "--dataset", str(source),
-                     "--text-column", "text", "--models", "tiny", "--max-error-fraction", "0.9",
-                     "--tiny-models-dir", str(tiny_models_dir), "--output", str(tmp_path / "out")]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--stage",
+                "captions",
+                "--dataset",
+                str(source),
+                "--text-column",
+                "text",
+                "--models",
+                "tiny",
+                "--max-error-fraction",
+                "0.9",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((tmp_path / "out/build_manifest.json").read_text())
     assert manifest["errors"] == {"bad_caption": 1, "blank_caption": 1}
     rows = [r for rs in rows_by_output(tmp_path / "out").values() for r in rs]
@@ -387,23 +467,23 @@ def eccv_clean(tmp_path_factory) -> dict[str, Any]:
     images = sorted(random.Random(5).sample(sorted(package_json("eccv", "i2t")), 4))
     root = write_test_image_root(base / "coco", {i: [1] for i in images})
     assert eccv_build(root, base / "clean") == 0
-    return {"root": root, "folder": "val2014", "target": images[1],
-            "rows": rows_by_output(base / "clean")}
+    return {"root": root, "folder": "val2014", "target": images[1], "rows": rows_by_output(base / "clean")}
 
 
 def eccv_build(root: Path, out: Path) -> int:
-    return cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out),
-                     "--part-size", "8192"])
+    return cli_main(["build", "eccv-positives", "--coco-root", str(root), "--output", str(out), "--part-size", "8192"])
 
 
-@pytest.mark.parametrize("mutate, reason", [
-    pytest.param(_set_caption(None), "bad_caption", id="caption-null"),
-    pytest.param(_set_caption(" "), "blank_caption", id="caption-whitespace"),
-    pytest.param(_set_image("width", _DELETE), "bad_image_entry", id="image-without-width"),
-    pytest.param(_set_box([10, 10, float("nan"), 20]), "bad_bbox", id="bbox-nan"),
-])
-def test_eccv_positives_counts_malformed_coco_records_and_never_stores_them(
-        eccv_clean, tmp_path, mutate, reason):
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        pytest.param(_set_caption(None), "bad_caption", id="caption-null"),
+        pytest.param(_set_caption(" "), "blank_caption", id="caption-whitespace"),
+        pytest.param(_set_image("width", _DELETE), "bad_image_entry", id="image-without-width"),
+        pytest.param(_set_box([10, 10, float("nan"), 20]), "bad_bbox", id="bbox-nan"),
+    ],
+)
+def test_eccv_positives_counts_malformed_coco_records_and_never_stores_them(eccv_clean, tmp_path, mutate, reason):
     """A malformed record of the COCO root is counted once under the reader's reason and left out
     whole (builders/eccv_positives/METHOD.md §1): its image row is skipped, its captions' texts are null (as for a
     caption the root does not hold), its classes make no PM match; every other cell is as before."""
@@ -415,22 +495,26 @@ def test_eccv_positives_counts_malformed_coco_records_and_never_stores_them(
     manifest = json.loads((tmp_path / "out/build_manifest.json").read_text())
     assert manifest["errors"] == {reason: 1}
     rows = rows_by_output(tmp_path / "out")
-    texts = [r["caption"] for r in rows["t2i/test"]] + \
-        [t for r in rows["i2t/test"] for t in r["positive_captions"]]
+    texts = [r["caption"] for r in rows["t2i/test"]] + [t for r in rows["i2t/test"] for t in r["positive_captions"]]
     assert "" not in texts and " " not in texts
 
     own = set(package_json("coco", "i2t")[target])
 
     def expected(key: str, row: dict[str, Any]) -> dict[str, Any]:
         if key == "i2t/test":
-            return {**row, "positive_captions": [None if c in own else t for c, t in
-                                                 zip(row["positive_caption_ids"], row["positive_captions"], strict=True)]}
+            return {
+                **row,
+                "positive_captions": [
+                    None if c in own else t
+                    for c, t in zip(row["positive_caption_ids"], row["positive_captions"], strict=True)
+                ],
+            }
         return {**row, "caption": None} if key == "t2i/test" and row["caption_id"] in own else row
 
     for key in ("i2t/test", "t2i/test", "removed/test"):
-        clean = [expected(key, r) for r in eccv_clean["rows"][key]
-                 if not (key == "i2t/test" and r["image_id"] == target)]
+        clean = [
+            expected(key, r) for r in eccv_clean["rows"][key] if not (key == "i2t/test" and r["image_id"] == target)
+        ]
         assert rows[key] == clean, key
-    pm_images = {r["query_id"] for r in rows["pm/i2t"]} | \
-        {i for r in rows["pm/t2i"] for i in r["pm_positive_ids"]}
+    pm_images = {r["query_id"] for r in rows["pm/i2t"]} | {i for r in rows["pm/t2i"] for i in r["pm_positive_ids"]}
     assert target not in pm_images and pm_images

@@ -27,8 +27,14 @@ from PIL import Image, ImageFile
 
 from builders.app.cli import main as cli_main
 
-from helpers.build_helpers import (captions_build, decorrelation_build, eccv_build,
-                           errors_everywhere, fixture_case, without_target)
+from helpers.build_helpers import (
+    captions_build,
+    decorrelation_build,
+    eccv_build,
+    errors_everywhere,
+    fixture_case,
+    without_target,
+)
 from helpers.build_helpers import rows_by_output
 from helpers.eccv_fixtures import package_json, write_test_image_root
 
@@ -76,6 +82,7 @@ def _ycbcr_case():
 
 def mode_cases() -> dict[str, Callable[[], tuple[Image.Image, str, dict, np.ndarray]]]:
     """mode -> () -> (image in that mode, file format, save options, expected RGB)."""
+
     def sixteen(mode: str, fmt: str):
         v = RNG.integers(0, 65536, (H, W)).astype(np.uint16)
         stored = v.astype(">u2" if mode == "I;16B" else "<u2").tobytes()
@@ -115,10 +122,21 @@ def mode_cases() -> dict[str, Callable[[], tuple[Image.Image, str, dict, np.ndar
         v = _u8()
         return Image.fromarray(v), "PNG", {}, gray(v)
 
-    return {"1": bits, "L": lum, "LA": la, "P": lambda: _palette_case("P"),
-            "PA": lambda: _palette_case("PA"), "RGB": rgb, "RGBA": rgba, "CMYK": cmyk,
-            "YCbCr": _ycbcr_case, "I;16": lambda: sixteen("I;16", "PNG"),
-            "I;16B": lambda: sixteen("I;16B", "TIFF"), "I": int32, "F": float32}
+    return {
+        "1": bits,
+        "L": lum,
+        "LA": la,
+        "P": lambda: _palette_case("P"),
+        "PA": lambda: _palette_case("PA"),
+        "RGB": rgb,
+        "RGBA": rgba,
+        "CMYK": cmyk,
+        "YCbCr": _ycbcr_case,
+        "I;16": lambda: sixteen("I;16", "PNG"),
+        "I;16B": lambda: sixteen("I;16B", "TIFF"),
+        "I": int32,
+        "F": float32,
+    }
 
 
 def write_mode_image(path: Path, mode: str) -> np.ndarray:
@@ -140,6 +158,7 @@ def embedded_image(out: Path, key: str, image_id: int, column: str = "image") ->
 
 # ------------------------------------------------------------------------------ fixtures
 
+
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("image_modes")
@@ -151,8 +170,7 @@ def coco(tmp_path_factory) -> dict[str, Any]:
 def copy_case(clean: dict, tmp_path: Path) -> dict[str, Any]:
     root = tmp_path / "coco"
     shutil.copytree(clean["root"], root)
-    return {**clean, "root": root, "image": root / clean["image"].relative_to(clean["root"]),
-            "out": tmp_path / "out"}
+    return {**clean, "root": root, "image": root / clean["image"].relative_to(clean["root"]), "out": tmp_path / "out"}
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +186,18 @@ def eccv(tmp_path_factory) -> dict[str, Any]:
     images = sorted(package_json("eccv", "i2t"))[:4]
     root = write_test_image_root(base / "coco", {i: [1] for i in images})
     assert eccv_build(root, base / "clean") == 0
-    return {"root": root, "folder": "val2014", "target": images[1], "size": (8, 6),
-            "image": root / "val2014" / f"COCO_val2014_{images[1]:012d}.jpg",
-            "rows": rows_by_output(base / "clean")}
+    return {
+        "root": root,
+        "folder": "val2014",
+        "target": images[1],
+        "size": (8, 6),
+        "image": root / "val2014" / f"COCO_val2014_{images[1]:012d}.jpg",
+        "rows": rows_by_output(base / "clean"),
+    }
 
 
 # ------------------------------------------------------------------------------ modes
+
 
 @pytest.mark.parametrize("mode", list(mode_cases()))
 def test_every_mode_is_embedded_as_the_documented_rgb(coco, tmp_path, mode):
@@ -186,13 +210,16 @@ def test_every_mode_is_embedded_as_the_documented_rgb(coco, tmp_path, mode):
     # PIL converts YCbCr in fixed point: within one level of the exact BT.601 formula.
     tolerance = 1 if mode == "YCbCr" else 0
     assert np.abs(got.astype(int) - expected.astype(int)).max() <= tolerance
-    assert _without_pixels(rows_by_output(case["out"]), case["target"]) == \
-        _without_pixels(coco["rows"], case["target"])
+    assert _without_pixels(rows_by_output(case["out"]), case["target"]) == _without_pixels(
+        coco["rows"], case["target"]
+    )
 
 
 def _without_pixels(rows: dict[str, list[dict]], image_id: int) -> dict[str, list[dict]]:
-    return {key: [{**r, "image": None} if r.get("image_id") == image_id and "image" in r else r
-                  for r in rs] for key, rs in rows.items()}
+    return {
+        key: [{**r, "image": None} if r.get("image_id") == image_id and "image" in r else r for r in rs]
+        for key, rs in rows.items()
+    }
 
 
 def test_a_16_bit_png_keeps_its_pixels_in_decorrelation(decorrelation, tmp_path, tiny_models_dir):
@@ -200,20 +227,44 @@ def test_a_16_bit_png_keeps_its_pixels_in_decorrelation(decorrelation, tmp_path,
     case = copy_case(decorrelation, tmp_path)
     v = RNG.integers(0, 65536, (H, W)).astype(np.uint16)
     Image.fromarray(v).save(case["image"], format="PNG")
-    assert cli_main(["build", "decorrelation", "--coco-root", str(case["root"]), "--output", str(case["out"]),
-                     "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--fill", "zero",
-                     "--image-size", "64", "--keep-original", "--products", "odmap"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                "--coco-root",
+                str(case["root"]),
+                "--output",
+                str(case["out"]),
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--fill",
+                "zero",
+                "--image-size",
+                "64",
+                "--keep-original",
+                "--products",
+                "odmap",
+            ]
+        )
+        == 0
+    )
     got = embedded_image(case["out"], "odmap_queries/test", case["target"], "original_image")
     assert np.array_equal(got, gray(v >> 8))
 
 
-@pytest.mark.parametrize("mode, values", [
-    pytest.param("F", [0.5, 1.5], id="float-above-1"),
-    pytest.param("F", [-0.1, 0.5], id="float-negative"),
-    pytest.param("F", [0.5, float("nan")], id="float-nan"),
-    pytest.param("I", [0, 70000], id="int32-above-16-bit"),
-    pytest.param("I", [-1, 10], id="int32-negative"),
-])
+@pytest.mark.parametrize(
+    "mode, values",
+    [
+        pytest.param("F", [0.5, 1.5], id="float-above-1"),
+        pytest.param("F", [-0.1, 0.5], id="float-negative"),
+        pytest.param("F", [0.5, float("nan")], id="float-nan"),
+        pytest.param("I", [0, 70000], id="int32-above-16-bit"),
+        pytest.param("I", [-1, 10], id="int32-negative"),
+    ],
+)
 def test_values_the_policy_cannot_map_are_counted_not_clipped(coco, tmp_path, mode, values):
     case = copy_case(coco, tmp_path)
     pixels = np.full((H, W), values[0], dtype=np.float32 if mode == "F" else np.int32)
@@ -225,6 +276,7 @@ def test_values_the_policy_cannot_map_are_counted_not_clipped(coco, tmp_path, mo
 
 
 # ------------------------------------------------------------------------------ size and bound
+
 
 def _mismatched(case: dict) -> None:
     w, h = case["size"]
@@ -241,6 +293,7 @@ class LoadSpy:
         def load(img):
             self.sizes.append(img.size)
             return real(img)
+
         monkeypatch.setattr(ImageFile.ImageFile, "load", load)
 
 
@@ -255,8 +308,11 @@ def _counted(case: dict, clean_rows: dict, reason: str) -> None:
     assert rows_by_output(case["out"]) == without_target(clean_rows, case["target"])
 
 
-@pytest.mark.parametrize("make, reason", [(_mismatched, "image_size_mismatch"), (_huge, "image_too_large")],
-                         ids=["size-mismatch", "too-large"])
+@pytest.mark.parametrize(
+    "make, reason",
+    [(_mismatched, "image_size_mismatch"), (_huge, "image_too_large")],
+    ids=["size-mismatch", "too-large"],
+)
 def test_coco_captions_counts_the_image(coco, tmp_path, monkeypatch, make, reason):
     case = copy_case(coco, tmp_path)
     make(case)
@@ -266,8 +322,11 @@ def test_coco_captions_counts_the_image(coco, tmp_path, monkeypatch, make, reaso
     _counted(case, coco["rows"], reason)
 
 
-@pytest.mark.parametrize("make, reason", [(_mismatched, "image_size_mismatch"), (_huge, "image_too_large")],
-                         ids=["size-mismatch", "too-large"])
+@pytest.mark.parametrize(
+    "make, reason",
+    [(_mismatched, "image_size_mismatch"), (_huge, "image_too_large")],
+    ids=["size-mismatch", "too-large"],
+)
 def test_decorrelation_counts_the_image(decorrelation, tmp_path, tiny_models_dir, monkeypatch, make, reason):
     case = copy_case(decorrelation, tmp_path)
     make(case)
@@ -283,8 +342,11 @@ def test_decorrelation_counts_the_image(decorrelation, tmp_path, tiny_models_dir
     assert rows_by_output(case["out"]) == expected
 
 
-@pytest.mark.parametrize("make, reason", [(_mismatched, "image_size_mismatch"), (_huge, "image_too_large")],
-                         ids=["size-mismatch", "too-large"])
+@pytest.mark.parametrize(
+    "make, reason",
+    [(_mismatched, "image_size_mismatch"), (_huge, "image_too_large")],
+    ids=["size-mismatch", "too-large"],
+)
 def test_eccv_positives_counts_the_image(eccv, tmp_path, monkeypatch, make, reason):
     case = copy_case(eccv, tmp_path)
     make(case)
@@ -309,7 +371,26 @@ def test_max_image_pixels_is_the_bound(coco, tmp_path):
         path.write_text(json.dumps(data))
     assert captions_build(case["root"], tmp_path / "default") == 0
     assert embedded_image(tmp_path / "default", "default/test", case["target"]).shape == (200, 200, 3)
-    assert cli_main(["build", "coco-captions", "--coco-root", str(case["root"]), "--splits", "test", "val",
-                     "--output", str(case["out"]), "--part-size", "2", "--max-error-fraction", "0.5",
-                     "--max-image-pixels", "20000"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-captions",
+                "--coco-root",
+                str(case["root"]),
+                "--splits",
+                "test",
+                "val",
+                "--output",
+                str(case["out"]),
+                "--part-size",
+                "2",
+                "--max-error-fraction",
+                "0.5",
+                "--max-image-pixels",
+                "20000",
+            ]
+        )
+        == 0
+    )
     _counted(case, coco["rows"], "image_too_large")

@@ -19,22 +19,55 @@ def script_dataset(tmp_path: Path) -> Path:
     folder = tmp_path / "captions"
     folder.mkdir()
     datasets.Dataset.from_dict({"caption": ["a dog on a sofa", "a cat on a mat"]}).to_parquet(
-        str(folder / "train.parquet"))
-    (folder / "captions.py").write_text("import datasets\n\n\n"
-                                        "class Captions(datasets.GeneratorBasedBuilder):\n    pass\n")
+        str(folder / "train.parquet")
+    )
+    (folder / "captions.py").write_text(
+        "import datasets\n\n\nclass Captions(datasets.GeneratorBasedBuilder):\n    pass\n"
+    )
     return folder
 
 
 COMMANDS = {
     "counterfactuals --dataset": lambda src, out: [
-        "build", "coco-counterfactuals", "--stage", "captions", "--dataset", str(src),
-        "--text-column", "caption", "--models", "tiny", "--output", str(out)],
+        "build",
+        "coco-counterfactuals",
+        "--stage",
+        "captions",
+        "--dataset",
+        str(src),
+        "--text-column",
+        "caption",
+        "--models",
+        "tiny",
+        "--output",
+        str(out),
+    ],
     "counterfactuals --captions-from": lambda src, out: [
-        "build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(src),
-        "--models", "tiny", "--output", str(out)],
+        "build",
+        "coco-counterfactuals",
+        "--stage",
+        "images",
+        "--captions-from",
+        str(src),
+        "--models",
+        "tiny",
+        "--output",
+        str(out),
+    ],
     "eccv candidates --dataset": lambda src, out: [
-        "eccv", "candidates", "--dataset", str(src), "--dataset-split", "train",
-        "--text-column", "caption", "--model", "tiny", "--output", str(out / "c.json")],
+        "eccv",
+        "candidates",
+        "--dataset",
+        str(src),
+        "--dataset-split",
+        "train",
+        "--text-column",
+        "caption",
+        "--model",
+        "tiny",
+        "--output",
+        str(out / "c.json"),
+    ],
 }
 
 
@@ -58,17 +91,28 @@ def image_dataset_with_script(folder: Path) -> Path:
 
     from PIL import Image
 
-    features = datasets.Features({"image": datasets.Image(), "image_id": datasets.Value("int64"),
-                                  "caption_ids": datasets.List(datasets.Value("int64")),
-                                  "captions": datasets.List(datasets.Value("string"))})
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "image_id": datasets.Value("int64"),
+            "caption_ids": datasets.List(datasets.Value("int64")),
+            "captions": datasets.List(datasets.Value("string")),
+        }
+    )
     (folder / "data").mkdir(parents=True)
-    datasets.Dataset.from_dict({"image": [Image.new("RGB", (8, 8), (200, 20, 20))], "image_id": [1],
-                                "caption_ids": [[1]], "captions": [["a red square"]]},
-                               features=features).to_parquet(
-        str(folder / "data" / "train-00000-of-00001.parquet"))
-    meta = {"configs": [{"config_name": "default",
-                         "data_files": [{"split": "train", "path": "data/train-*.parquet"}]}],
-            "dataset_info": [{"config_name": "default", "features": features._to_yaml_list()}]}
+    datasets.Dataset.from_dict(
+        {
+            "image": [Image.new("RGB", (8, 8), (200, 20, 20))],
+            "image_id": [1],
+            "caption_ids": [[1]],
+            "captions": [["a red square"]],
+        },
+        features=features,
+    ).to_parquet(str(folder / "data" / "train-00000-of-00001.parquet"))
+    meta = {
+        "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*.parquet"}]}],
+        "dataset_info": [{"config_name": "default", "features": features._to_yaml_list()}],
+    }
     (folder / "README.md").write_text(f"---\n{yaml.safe_dump(meta)}---\n# a build\n")
     (folder / f"{folder.name}.py").write_text("import datasets\n")
     return folder

@@ -56,7 +56,7 @@ def test_coco_1k_folds_partition_the_test_split():
     assert len(folds) == 5
     seen_images = set()
     for f, fold in enumerate(folds):
-        assert list(fold["t2i"]) == ann.coco_test_ids[5000 * f:5000 * (f + 1)].tolist()
+        assert list(fold["t2i"]) == ann.coco_test_ids[5000 * f : 5000 * (f + 1)].tolist()
         assert len(fold["i2t"]) == 1000
         # Each image's five captions are in its own fold.
         for image, captions in fold["i2t"].items():
@@ -80,11 +80,14 @@ def test_pm_files_read(tmp_path):
         read_pm_positives(tmp_path)
 
 
-@pytest.mark.parametrize("content, problem", [
-    ('{"1": [2, 3', "malformed JSON at line 1"),
-    ("[1, 2]", "expected an object id -> \\[ids\\], got list"),
-    ('{"1": ["x"]}', "entry '1' is not an id -> list of ids"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ('{"1": [2, 3', "malformed JSON at line 1"),
+        ("[1, 2]", "expected an object id -> \\[ids\\], got list"),
+        ('{"1": ["x"]}', "entry '1' is not an id -> list of ids"),
+    ],
+)
 def test_malformed_files_name_the_file(tmp_path, content, problem):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
@@ -98,6 +101,7 @@ def test_malformed_files_name_the_file(tmp_path, content, problem):
 
 
 # ----------------------------------------------------------------------------- plausible matches
+
 
 def reference_pm(classes_by_image, image_to_captions, zeta, omit_own):
     """The PCME / ECCV Caption tooling's procedure, as a plain loop: 90-slot class codes of the
@@ -121,8 +125,7 @@ def reference_pm(classes_by_image, image_to_captions, zeta, omit_own):
 
 
 @pytest.mark.parametrize("zeta, omit_own", list(itertools.product((0, 1, 2), (False, True))))
-def test_pm_from_the_fixture_instances_equals_the_reference_procedure(coco_fixture_dir, zeta,
-                                                                      omit_own):
+def test_pm_from_the_fixture_instances_equals_the_reference_procedure(coco_fixture_dir, zeta, omit_own):
     ann_dir = coco_fixture_dir / "annotations"
     captions = json.loads((ann_dir / "captions_val2014.json").read_text())
     instances = json.loads((ann_dir / "instances_val2014.json").read_text())
@@ -133,8 +136,9 @@ def test_pm_from_the_fixture_instances_equals_the_reference_procedure(coco_fixtu
     for inst in instances["annotations"]:
         classes.setdefault(inst["image_id"], set()).add(inst["category_id"])
     assert len(classes) >= 3
-    pm = pm_positives_from_instances(ann_dir / "instances_val2014.json", image_to_captions,
-                                     zeta=zeta, omit_own_image=omit_own)
+    pm = pm_positives_from_instances(
+        ann_dir / "instances_val2014.json", image_to_captions, zeta=zeta, omit_own_image=omit_own
+    )
     i2t, t2i = reference_pm(classes, image_to_captions, zeta, omit_own)
     assert {k: set(v.tolist()) for k, v in pm.i2t.items()} == i2t
     # The reference keeps captions with an empty match set; they are no query (R = 0): dropped.

@@ -19,8 +19,11 @@ from loading_scripts.images import open_rgb_image
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def box_overlap(a, b) -> float:
@@ -41,8 +44,10 @@ def test_cli_writes_deterministic_fixture(tmp_path):
 
 
 def test_fixture_has_the_cases_builders_need(coco_fixture_dir):
-    raw = {s: json.loads((coco_fixture_dir / "annotations" / f"instances_{s}.json").read_text())
-           for s in ("train2014", "val2014")}
+    raw = {
+        s: json.loads((coco_fixture_dir / "annotations" / f"instances_{s}.json").read_text())
+        for s in ("train2014", "val2014")
+    }
     cats = {c["id"]: c["name"] for c in raw["val2014"]["categories"]}
     assert len(cats) == 80 and max(cats) == 90  # real COCO ids, with gaps
     by_image: dict[int, list] = {}
@@ -60,8 +65,10 @@ def test_fixture_has_the_cases_builders_need(coco_fixture_dir):
             huge += bw * bh / (w * h) > 0.7
             tiny += bw * bh < 32
             crowd += ann["iscrowd"]
-            nested += any(o is not ann and o["category_id"] != ann["category_id"]
-                          and box_overlap(o["bbox"], ann["bbox"]) > 0.8 for o in anns)
+            nested += any(
+                o is not ann and o["category_id"] != ann["category_id"] and box_overlap(o["bbox"], ann["bbox"]) > 0.8
+                for o in anns
+            )
         single += len({a["category_id"] for a in anns}) == 1
     assert huge and tiny and nested and crowd and single
     # Objects are really drawn at their boxes: the box interior differs from the background.
@@ -69,8 +76,8 @@ def test_fixture_has_the_cases_builders_need(coco_fixture_dir):
     pixels = np.asarray(Image.open(coco_fixture_dir / "val2014" / img_meta["file_name"]), dtype=float)
     ann = by_image[img_meta["id"]][-1]
     x, y, bw, bh = (int(round(v)) for v in ann["bbox"])
-    inside = pixels[y + 2:y + bh - 2, x + 2:x + bw - 2].mean(axis=(0, 1))
-    assert np.abs(inside - pixels[y + 2:y + bh - 2, :2].mean(axis=(0, 1))).max() > 5
+    inside = pixels[y + 2 : y + bh - 2, x + 2 : x + bw - 2].mean(axis=(0, 1))
+    assert np.abs(inside - pixels[y + 2 : y + bh - 2, :2].mean(axis=(0, 1))).max() > 5
 
 
 def test_read_coco_agrees_with_raw_json(coco_fixture_dir):
@@ -83,7 +90,8 @@ def test_read_coco_agrees_with_raw_json(coco_fixture_dir):
     for rec in records:
         assert rec.path.is_file() and rec.split == "test" and rec.path.parent.name == rec.folder
         assert sorted(c.text for c in rec.captions) == sorted(
-            a["caption"] for a in caps["annotations"] if a["image_id"] == rec.image_id)
+            a["caption"] for a in caps["annotations"] if a["image_id"] == rec.image_id
+        )
         assert len(rec.captions) == 5 and rec.objects
     everything = read_coco(CocoSourceConfig(coco_fixture_dir))
     assert len(everything) == len(karpathy)
@@ -97,13 +105,13 @@ def test_read_coco_records_agree_with_instances_and_pixels(coco_fixture_dir):
         rec = records[meta["id"]]
         assert rec.folder == "val2014" and (rec.width, rec.height) == (meta["width"], meta["height"])
         assert open_rgb_image(rec.path).size == (rec.width, rec.height) == (128, 96)
-        anns = sorted((a for a in inst["annotations"] if a["image_id"] == meta["id"]),
-                      key=lambda a: a["id"])
-        assert [(o.object_id, o.category, o.category_id, list(o.bbox), o.area, o.iscrowd)
-                for o in rec.objects] == [(a["id"], cats[a["category_id"]], a["category_id"],
-                                           a["bbox"], a["area"], a["iscrowd"]) for a in anns]
-    caption_splits = read_coco(CocoSourceConfig(coco_fixture_dir, karpathy_splits=("test", "val"),
-                                                with_instances=False))
+        anns = sorted((a for a in inst["annotations"] if a["image_id"] == meta["id"]), key=lambda a: a["id"])
+        assert [(o.object_id, o.category, o.category_id, list(o.bbox), o.area, o.iscrowd) for o in rec.objects] == [
+            (a["id"], cats[a["category_id"]], a["category_id"], a["bbox"], a["area"], a["iscrowd"]) for a in anns
+        ]
+    caption_splits = read_coco(
+        CocoSourceConfig(coco_fixture_dir, karpathy_splits=("test", "val"), with_instances=False)
+    )
     assert {r.split for r in caption_splits} == {"test", "val"}
     assert all(not r.objects for r in caption_splits)
 
@@ -131,8 +139,11 @@ def test_malformed_json_names_file_and_position(fixture_copy):
 
 def test_missing_annotation_file_names_it_and_the_fix(fixture_copy):
     (fixture_copy / "annotations" / "instances_train2014.json").unlink()
-    with pytest.raises(InputFileError, match="instances_train2014.json: instances file is missing "
-                                             r"\(download COCO"):
+    with pytest.raises(
+        InputFileError,
+        match="instances_train2014.json: instances file is missing "
+        r"\(download COCO",
+    ):
         read_coco(CocoSourceConfig(fixture_copy))
     assert read_coco(CocoSourceConfig(fixture_copy, with_instances=False))
 
@@ -147,8 +158,10 @@ def test_annotation_row_without_bbox_is_named(fixture_copy):
     records = {r.image_id: r for r in read_coco(CocoSourceConfig(fixture_copy))}
     problem = records[ann["image_id"]].input_problem
     assert problem is not None and problem.reason == "bad_annotation"
-    assert f"instances_val2014.json: annotation id {ann['id']} of image {ann['image_id']} lacks " \
+    assert (
+        f"instances_val2014.json: annotation id {ann['id']} of image {ann['image_id']} lacks "
         "['bbox']" == problem.detail
+    )
     assert all(r.input_problem is None for i, r in records.items() if i != ann["image_id"])
 
 
@@ -195,9 +208,11 @@ def test_flickr30k_entities_box_that_is_not_a_box_is_named(tmp_path):
     for entry in json.loads((root / "dataset_flickr30k.json").read_text())["images"]:
         stem = Path(entry["filename"]).stem
         (root / f"flickr30k_entities/Sentences/{stem}.txt").write_text(
-            "\n".join(["[/EN#1/people A man] walks ."] * len(entry["sentences"])) + "\n")
+            "\n".join(["[/EN#1/people A man] walks ."] * len(entry["sentences"])) + "\n"
+        )
         (root / f"flickr30k_entities/Annotations/{stem}.xml").write_text(
             "<annotation><object><name>1</name><bndbox><xmin>5</xmin><ymin>nan</ymin>"
-            "<xmax>40</xmax><ymax>30</ymax></bndbox></object></annotation>")
+            "<xmax>40</xmax><ymax>30</ymax></bndbox></object></annotation>"
+        )
     with pytest.raises(InputFileError, match=r"\.xml: a bndbox is not a box \(xmin 5.0, ymin nan"):
         read_flickr30k(Flickr30kSourceConfig(root))

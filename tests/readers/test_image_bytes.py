@@ -56,8 +56,10 @@ def cells(out: Path, key: str, column: str = "image") -> dict[int, dict]:
 
 def source_files(root: Path) -> dict[int, Path]:
     """image id -> its file, from the Karpathy split file (not the project's reader)."""
-    return {e["cocoid"]: root / e["filepath"] / e["filename"]
-            for e in json.loads((root / "dataset_coco.json").read_text())["images"]}
+    return {
+        e["cocoid"]: root / e["filepath"] / e["filename"]
+        for e in json.loads((root / "dataset_coco.json").read_text())["images"]
+    }
 
 
 def decoded(cell: dict) -> Image.Image:
@@ -65,11 +67,28 @@ def decoded(cell: dict) -> Image.Image:
 
 
 def captions_build(root: Path, out: Path, *more: str) -> int:
-    return cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "train",
-                     "restval", "val", "test", "--output", str(out), "--part-size", "4", *more])
+    return cli_main(
+        [
+            "build",
+            "coco-captions",
+            "--coco-root",
+            str(root),
+            "--splits",
+            "train",
+            "restval",
+            "val",
+            "test",
+            "--output",
+            str(out),
+            "--part-size",
+            "4",
+            *more,
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------ JPEGs as read
+
 
 def test_coco_captions_stores_each_jpeg_byte_for_byte(coco_fixture_dir, tmp_path):
     out = tmp_path / "build"
@@ -115,6 +134,7 @@ def test_a_build_started_before_the_change_is_refused_then_rebuilt(coco_fixture_
 
 # ------------------------------------------------------------------------------ what is converted
 
+
 def _encoded(img: Image.Image, fmt: str, **options: Any) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format=fmt, **options)
@@ -127,11 +147,17 @@ def _rgb() -> np.ndarray:
 
 def _png_16_bit_rgb(values: np.ndarray) -> bytes:
     """A 16-bit RGB PNG written by hand (PIL cannot write one; it reads it as 8-bit "RGB")."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
     rows = b"".join(b"\0" + row.astype(">u2").tobytes() for row in values)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 16, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 16, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _pixels_of(data: bytes) -> np.ndarray:
@@ -189,9 +215,14 @@ def case_webp():
 
 
 CASES: dict[str, Callable[[], tuple[bytes, str, np.ndarray]]] = {
-    "rgb-png": case_rgb_png, "cmyk-jpeg": case_cmyk_jpeg, "16-bit-rgb-png": case_16_bit_rgb_png,
-    "transparent-colour": case_png_with_a_transparent_colour, "exif-rotated": case_jpeg_turned_by_exif,
-    "gray-jpeg": case_gray_jpeg, "trailing-data": case_jpeg_with_trailing_data, "webp": case_webp,
+    "rgb-png": case_rgb_png,
+    "cmyk-jpeg": case_cmyk_jpeg,
+    "16-bit-rgb-png": case_16_bit_rgb_png,
+    "transparent-colour": case_png_with_a_transparent_colour,
+    "exif-rotated": case_jpeg_turned_by_exif,
+    "gray-jpeg": case_gray_jpeg,
+    "trailing-data": case_jpeg_with_trailing_data,
+    "webp": case_webp,
 }
 
 
@@ -215,8 +246,11 @@ def mixed_build(tmp_path_factory) -> dict[str, Any]:
     for key in manifest["outputs"]:
         if key.startswith("default/"):
             stored.update(cells(out, key))
-    loaded = {row["image_id"]: np.asarray(row["image"]) for split in ("train", "restval", "val", "test")
-              for row in datasets.load_dataset(str(out), split=split)}
+    loaded = {
+        row["image_id"]: np.asarray(row["image"])
+        for split in ("train", "restval", "val", "test")
+        for row in datasets.load_dataset(str(out), split=split)
+    }
     return {"expected": expected, "stored": stored, "loaded": loaded}
 
 
@@ -238,13 +272,34 @@ def test_each_image_is_stored_as_read_or_converted_as_png(mixed_build, case):
 
 # ------------------------------------------------------------------------------ other builders
 
-def test_decorrelation_keeps_the_original_as_read_and_its_own_images_png(tmp_path, tiny_models_dir,
-                                                                         nltk_data_dir):
+
+def test_decorrelation_keeps_the_original_as_read_and_its_own_images_png(tmp_path, tiny_models_dir, nltk_data_dir):
     root = write_coco_fixture(tmp_path / "coco", CocoFixtureConfig(n_images=8))
     out = tmp_path / "out"
-    assert cli_main(["build", "decorrelation", "--coco-root", str(root), "--output", str(out),
-                     "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--fill", "zero",
-                     "--image-size", "64", "--keep-original", "--products", "odmap"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                "--coco-root",
+                str(root),
+                "--output",
+                str(out),
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--fill",
+                "zero",
+                "--image-size",
+                "64",
+                "--keep-original",
+                "--products",
+                "odmap",
+            ]
+        )
+        == 0
+    )
     files = source_files(root)
     originals = cells(out, "odmap_queries/test", "original_image")
     assert originals

@@ -28,8 +28,14 @@ from PIL import Image
 
 from builders.app.cli import main as cli_main
 
-from helpers.build_helpers import (captions_build, decorrelation_build, eccv_build,
-                           errors_everywhere, fixture_case, without_target)
+from helpers.build_helpers import (
+    captions_build,
+    decorrelation_build,
+    eccv_build,
+    errors_everywhere,
+    fixture_case,
+    without_target,
+)
 from helpers.build_helpers import rows_by_output
 from helpers.decorrelation_fixtures import flickr_entities
 from helpers.eccv_fixtures import package_json, write_test_image_root
@@ -73,8 +79,14 @@ class TouchSpy:
 
     def __init__(self, monkeypatch) -> None:
         self.calls: list[tuple[str, bool]] = []
-        for module, name in ((os, "stat"), (os, "lstat"), (os, "open"), (os, "readlink"),
-                             (builtins, "open"), (io, "open")):
+        for module, name in (
+            (os, "stat"),
+            (os, "lstat"),
+            (os, "open"),
+            (os, "readlink"),
+            (builtins, "open"),
+            (io, "open"),
+        ):
             follows = name not in ("lstat", "readlink")
             monkeypatch.setattr(module, name, self._spy(getattr(module, name), follows))
 
@@ -83,6 +95,7 @@ class TouchSpy:
             if isinstance(path, (str, bytes, os.PathLike)):
                 self.calls.append((os.fsdecode(path), follows and kwargs.get("follow_symlinks", True)))
             return real(path, *args, **kwargs)
+
         return spy
 
     def under(self, folder: Path) -> list[str]:
@@ -98,6 +111,7 @@ class TouchSpy:
 
 
 # ------------------------------------------------------------------------------ mutations
+
 
 def set_file_name(case: dict, name: str) -> None:
     """Give the target image `name` as its file_name in every COCO annotation file."""
@@ -132,8 +146,10 @@ def absolute_missing(case: dict) -> None:
     set_file_name(case, str(case["secret"].parent / "no-such-file.png"))
 
 
-ESCAPES = [pytest.param(f, id=f.__name__.replace("_", "-"))
-           for f in (dotdot, absolute, symlinked_file, symlinked_folder, absolute_missing)]
+ESCAPES = [
+    pytest.param(f, id=f.__name__.replace("_", "-"))
+    for f in (dotdot, absolute, symlinked_file, symlinked_folder, absolute_missing)
+]
 
 
 def make_case(clean: dict, tmp_path: Path) -> dict[str, Any]:
@@ -141,11 +157,18 @@ def make_case(clean: dict, tmp_path: Path) -> dict[str, Any]:
     shutil.copytree(clean["root"], root, symlinks=True)
     secret = tmp_path / "outside" / "secret.png"
     pixels = secret_image(secret, clean["size"])
-    return {**clean, "root": root, "image": root / clean["image"].relative_to(clean["root"]),
-            "secret": secret, "pixels": pixels, "out": tmp_path / "out"}
+    return {
+        **clean,
+        "root": root,
+        "image": root / clean["image"].relative_to(clean["root"]),
+        "secret": secret,
+        "pixels": pixels,
+        "out": tmp_path / "out",
+    }
 
 
 # ------------------------------------------------------------------------------ coco-captions
+
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory) -> dict[str, Any]:
@@ -206,6 +229,7 @@ def test_a_karpathy_folder_that_is_no_folder_name_is_refused(coco, tmp_path, cap
 
 # ------------------------------------------------------------------------------ decorrelation
 
+
 @pytest.fixture(scope="module")
 def decorrelation_clean(coco, tmp_path_factory, tiny_models_dir, nltk_data_dir) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("decorrelation") / "clean"
@@ -216,8 +240,7 @@ def decorrelation_clean(coco, tmp_path_factory, tiny_models_dir, nltk_data_dir) 
 
 
 @pytest.mark.parametrize("escape", [dotdot, absolute, symlinked_file], ids=lambda f: f.__name__)
-def test_decorrelation_never_reads_outside_the_root(decorrelation_clean, tmp_path, tiny_models_dir,
-                                                   escape):
+def test_decorrelation_never_reads_outside_the_root(decorrelation_clean, tmp_path, tiny_models_dir, escape):
     case = make_case(decorrelation_clean, tmp_path)
     escape(case)
     assert decorrelation_build(case["root"], case["out"], tiny_models_dir) == 0
@@ -230,8 +253,7 @@ def test_decorrelation_never_reads_outside_the_root(decorrelation_clean, tmp_pat
 def test_flickr30k_never_reads_outside_the_root(tmp_path, tiny_models_dir, how):
     root = tmp_path / "f30k"
     flickr_entities(root)
-    assert decorrelation_build(root, tmp_path / "clean", tiny_models_dir,
-                               "--flickr30k-root", str(root)) == 0
+    assert decorrelation_build(root, tmp_path / "clean", tiny_models_dir, "--flickr30k-root", str(root)) == 0
     karpathy_path = root / "dataset_flickr30k.json"
     karpathy = json.loads(karpathy_path.read_text())
     entry = next(e for e in karpathy["images"] if e["split"] == "train")
@@ -253,6 +275,7 @@ def test_flickr30k_never_reads_outside_the_root(tmp_path, tiny_models_dir, how):
 
 # ------------------------------------------------------------------------------ eccv-positives
 
+
 @pytest.fixture(scope="module")
 def eccv(tmp_path_factory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("eccv_containment")
@@ -260,9 +283,14 @@ def eccv(tmp_path_factory) -> dict[str, Any]:
     root = write_test_image_root(base / "coco", {i: [1] for i in images})
     assert eccv_build(root, base / "clean") == 0
     target = images[1]
-    return {"root": root, "folder": "val2014", "target": target, "size": (8, 6),
-            "image": root / "val2014" / f"COCO_val2014_{target:012d}.jpg",
-            "rows": rows_by_output(base / "clean")}
+    return {
+        "root": root,
+        "folder": "val2014",
+        "target": target,
+        "size": (8, 6),
+        "image": root / "val2014" / f"COCO_val2014_{target:012d}.jpg",
+        "rows": rows_by_output(base / "clean"),
+    }
 
 
 @pytest.mark.parametrize("escape", [dotdot, absolute, symlinked_file], ids=lambda f: f.__name__)
@@ -274,18 +302,29 @@ def test_eccv_positives_never_reads_outside_the_root(eccv, tmp_path, escape):
     rows = rows_by_output(case["out"])
     own = set(package_json("coco", "i2t")[case["target"]])
     # As for any malformed record: the image row is skipped, its captions' texts are null.
-    expected = {**eccv["rows"],
-                "i2t/test": [{**r, "positive_captions": [None if c in own else t for c, t in
-                                                         zip(r["positive_caption_ids"], r["positive_captions"], strict=True)]}
-                             for r in eccv["rows"]["i2t/test"] if r["image_id"] != case["target"]],
-                "t2i/test": [{**r, "caption": None} if r["caption_id"] in own else r
-                             for r in eccv["rows"]["t2i/test"]]}
-    assert {k: rows[k] for k in ("i2t/test", "t2i/test", "removed/test")} == \
-        {k: expected[k] for k in ("i2t/test", "t2i/test", "removed/test")}
+    expected = {
+        **eccv["rows"],
+        "i2t/test": [
+            {
+                **r,
+                "positive_captions": [
+                    None if c in own else t
+                    for c, t in zip(r["positive_caption_ids"], r["positive_captions"], strict=True)
+                ],
+            }
+            for r in eccv["rows"]["i2t/test"]
+            if r["image_id"] != case["target"]
+        ],
+        "t2i/test": [{**r, "caption": None} if r["caption_id"] in own else r for r in eccv["rows"]["t2i/test"]],
+    }
+    assert {k: rows[k] for k in ("i2t/test", "t2i/test", "removed/test")} == {
+        k: expected[k] for k in ("i2t/test", "t2i/test", "removed/test")
+    }
     assert_secret_absent(case["out"], case["secret"], case["pixels"])
 
 
 # ------------------------------------------------------------------------------ dataset sources
+
 
 def write_parquet(folder: Path, columns: dict[str, list], features) -> None:
     """A one-file parquet dataset, written as is (`to_parquet` would stat the cells' paths)."""
@@ -307,18 +346,35 @@ def test_a_dataset_source_never_opens_an_image_path(tmp_path, tiny_models_dir, m
     source = tmp_path / "captions"
     write_parquet(source, {"text": [{"bytes": None, "path": str(secret)}]}, {"text": datasets.Image()})
     spy = TouchSpy(monkeypatch)
-    code = cli_main(["build", "coco-counterfactuals", "--stage", "captions", "--dataset", str(source),
-                     "--dataset-split", "test",
-                     "--text-column", "text", "--models", "tiny", "--max-error-fraction", "1",
-                     "--tiny-models-dir", str(tiny_models_dir), "--output", str(tmp_path / "out")])
+    code = cli_main(
+        [
+            "build",
+            "coco-counterfactuals",
+            "--stage",
+            "captions",
+            "--dataset",
+            str(source),
+            "--dataset-split",
+            "test",
+            "--text-column",
+            "text",
+            "--models",
+            "tiny",
+            "--max-error-fraction",
+            "1",
+            "--tiny-models-dir",
+            str(tiny_models_dir),
+            "--output",
+            str(tmp_path / "out"),
+        ]
+    )
     monkeypatch.undo()
     assert code == 0
     assert spy.under(secret.parent) == []
     assert json.loads((tmp_path / "out/build_manifest.json").read_text())["errors"] == {"bad_caption": 1}
 
 
-def test_the_eccv_dataset_gallery_opens_no_path_outside_its_folder(gallery, annotators, tmp_path,
-                                                                   monkeypatch):
+def test_the_eccv_dataset_gallery_opens_no_path_outside_its_folder(gallery, annotators, tmp_path, monkeypatch):
     """A `--dataset` gallery row whose image cell has no bytes is read from its path only inside
     the dataset folder (as a local image folder gives them): a path outside it leaves the row out,
     counted in the candidates file, and is never touched."""
@@ -332,16 +388,44 @@ def test_the_eccv_dataset_gallery_opens_no_path_outside_its_folder(gallery, anno
     local = folder / "images" / "local.jpg"
     local.parent.mkdir(parents=True)
     shutil.copy(paths[4], local)
-    write_parquet(folder, {"image": cells + [{"bytes": None, "path": str(local)},
-                                             {"bytes": None, "path": str(secret)},
-                                             {"bytes": None, "path": "../outside/secret.png"}],
-                           "caption": [f"caption {n}" for n in range(7)]},
-                  {"image": datasets.Image(), "caption": datasets.Value("string")})
+    write_parquet(
+        folder,
+        {
+            "image": cells
+            + [
+                {"bytes": None, "path": str(local)},
+                {"bytes": None, "path": str(secret)},
+                {"bytes": None, "path": "../outside/secret.png"},
+            ],
+            "caption": [f"caption {n}" for n in range(7)],
+        },
+        {"image": datasets.Image(), "caption": datasets.Value("string")},
+    )
     spy = TouchSpy(monkeypatch)
-    code = cli_main(["eccv", "candidates", "--dataset", str(folder), "--text-column", "caption",
-                     "--model", annotators[0], "--image-queries", "2", "--caption-queries", "2",
-                     "--k", "1", "--exclusion-depth", "2", "--cache-dir", str(tmp_path / "cache"),
-                     "--output", str(tmp_path / "c.json")])
+    code = cli_main(
+        [
+            "eccv",
+            "candidates",
+            "--dataset",
+            str(folder),
+            "--text-column",
+            "caption",
+            "--model",
+            annotators[0],
+            "--image-queries",
+            "2",
+            "--caption-queries",
+            "2",
+            "--k",
+            "1",
+            "--exclusion-depth",
+            "2",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--output",
+            str(tmp_path / "c.json"),
+        ]
+    )
     monkeypatch.undo()
     assert code == 0
     assert spy.under(secret.parent) == []
@@ -351,19 +435,35 @@ def test_the_eccv_dataset_gallery_opens_no_path_outside_its_folder(gallery, anno
     assert [c["text"] for c in made["gallery"]["captions"]] == [f"caption {n}" for n in range(5)]
 
 
-def test_the_eccv_coco_gallery_leaves_out_a_path_outside_the_root(coco, annotators, tmp_path,
-                                                                  monkeypatch, capsys):
+def test_the_eccv_coco_gallery_leaves_out_a_path_outside_the_root(coco, annotators, tmp_path, monkeypatch, capsys):
     """`eccv candidates --coco-root`: a record whose file is outside the root is left out of the
     gallery (counted), never opened; `eccv tasks` checks the files a candidates file names again,
     so an edited one cannot make it embed an outside file as a thumbnail."""
     case = make_case(coco, tmp_path)
     dotdot(case)
-    args = ["--splits", "train", "restval", "val", "test", "--model", annotators[0],
-            "--image-queries", "0", "--caption-queries", "20", "--k", "1", "--exclusion-depth", "2",
-            "--cache-dir", str(tmp_path / "cache")]
+    args = [
+        "--splits",
+        "train",
+        "restval",
+        "val",
+        "test",
+        "--model",
+        annotators[0],
+        "--image-queries",
+        "0",
+        "--caption-queries",
+        "20",
+        "--k",
+        "1",
+        "--exclusion-depth",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     spy = TouchSpy(monkeypatch)
-    code = cli_main(["eccv", "candidates", "--coco-root", str(case["root"]), *args,
-                     "--output", str(tmp_path / "c.json")])
+    code = cli_main(
+        ["eccv", "candidates", "--coco-root", str(case["root"]), *args, "--output", str(tmp_path / "c.json")]
+    )
     monkeypatch.undo()
     assert code == 0
     assert spy.under(case["secret"].parent) == []
@@ -379,8 +479,9 @@ def test_the_eccv_coco_gallery_leaves_out_a_path_outside_the_root(coco, annotato
     (tmp_path / "edited.json").write_text(json.dumps(made))
     capsys.readouterr()
     spy = TouchSpy(monkeypatch)
-    code = cli_main(["eccv", "tasks", str(tmp_path / "edited.json"), "--output", str(tmp_path / "tasks"),
-                     "--embed-thumbnails"])
+    code = cli_main(
+        ["eccv", "tasks", str(tmp_path / "edited.json"), "--output", str(tmp_path / "tasks"), "--embed-thumbnails"]
+    )
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and f"outside the root {case['root']}" in err

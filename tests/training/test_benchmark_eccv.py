@@ -27,12 +27,18 @@ def coco_5k(tmp_path_factory):
     base = tmp_path_factory.mktemp("coco5k")
     images = sorted(package_json("coco", "i2t"))
     assert len(images) == 5000
-    root = write_test_image_root(base / "coco", {i: [1 + n % 4] if n < WITH_CLASSES else []
-                                                 for n, i in enumerate(images)})
-    (root / "dataset_coco.json").write_text(json.dumps(
-        {"images": [{"cocoid": i, "filepath": "val2014", "split": "test"} for i in images]}))
-    assert cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test",
-                     "--output", str(base / "cc")]) == 0
+    root = write_test_image_root(
+        base / "coco", {i: [1 + n % 4] if n < WITH_CLASSES else [] for n, i in enumerate(images)}
+    )
+    (root / "dataset_coco.json").write_text(
+        json.dumps({"images": [{"cocoid": i, "filepath": "val2014", "split": "test"} for i in images]})
+    )
+    assert (
+        cli_main(
+            ["build", "coco-captions", "--coco-root", str(root), "--splits", "test", "--output", str(base / "cc")]
+        )
+        == 0
+    )
     return root, base / "cc"
 
 
@@ -43,22 +49,61 @@ def test_coco_5k_report_adds_eccv_cxc_and_pmrp_equal_to_the_trainer(coco_5k, tin
     root, cc = coco_5k
     clip = tiny_profile(tiny_models_dir).clip
     instances = str(root / "annotations" / "instances_val2014.json")
-    assert cli_main(["benchmark", "--model", clip, "--coco", str(cc), "--coco-instances", instances,
-                     "--output", str(tmp_path / "report")]) == 0
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                "--model",
+                clip,
+                "--coco",
+                str(cc),
+                "--coco-instances",
+                instances,
+                "--output",
+                str(tmp_path / "report"),
+            ]
+        )
+        == 0
+    )
     records = read_results(tmp_path / "report" / "results.jsonl")
     eccv = next(r for r in records if r["task"] == "eccv")
     both = ("i2t", "t2i")
-    assert set(eccv["metrics"]) == {f"{m}_{d}" for d in both for m in (
-        "eccv_map_at_r", "eccv_rprecision", "eccv_r1", "pmrp",
-        *(f"{s}_r{k}" for s in ("cxc", "coco_1k", "coco_5k") for k in (1, 5, 10)))}
+    assert set(eccv["metrics"]) == {
+        f"{m}_{d}"
+        for d in both
+        for m in (
+            "eccv_map_at_r",
+            "eccv_rprecision",
+            "eccv_r1",
+            "pmrp",
+            *(f"{s}_r{k}" for s in ("cxc", "coco_1k", "coco_5k") for k in (1, 5, 10)),
+        )
+    }
     assert all(0 < eccv["metrics"][f"pmrp_{d}"] < 1 for d in both)
     assert eccv["metric"] == "counterfactory_metrics.map_at_r"
     md = (tmp_path / "report" / "report.md").read_text()
     assert "eccv/eccv\\_map\\_at\\_r\\_i2t" in md and "eccv/pmrp\\_t2i" in md
 
     out = tmp_path / "trainer"
-    assert train_main(["--real", str(cc), "--model", clip, "--eval-only", "--eccv", "--coco-instances",
-                       instances, "--num-workers", "0", "--output", str(out)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(cc),
+                "--model",
+                clip,
+                "--eval-only",
+                "--eccv",
+                "--coco-instances",
+                instances,
+                "--num-workers",
+                "0",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     trainer = final_metrics(out)
     compared = 0
     for r in records:
@@ -75,12 +120,40 @@ def test_coco_instances_on_another_split_is_one_line(coco_5k, tiny_models_dir, t
     from builders.models.profiles import tiny_profile
 
     root, _ = coco_5k
-    assert cli_main(["build", "coco-captions", "--coco-root", str(root), "--splits", "test",
-                     "--max-images", "10", "--output", str(tmp_path / "cc10")]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-captions",
+                "--coco-root",
+                str(root),
+                "--splits",
+                "test",
+                "--max-images",
+                "10",
+                "--output",
+                str(tmp_path / "cc10"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    assert cli_main(["benchmark", "--model", tiny_profile(tiny_models_dir).clip, "--coco",
-                     str(tmp_path / "cc10"), "--coco-instances", str(root / "annotations" / "instances_val2014.json"),
-                     "--output", str(tmp_path / "report")]) == 2
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                "--model",
+                tiny_profile(tiny_models_dir).clip,
+                "--coco",
+                str(tmp_path / "cc10"),
+                "--coco-instances",
+                str(root / "annotations" / "instances_val2014.json"),
+                "--output",
+                str(tmp_path / "report"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "--coco" in err and "--coco-instances (PMRP) needs the COCO 5K test split" in err and "has 10" in err

@@ -22,9 +22,26 @@ def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
 def report(builds, tiny_models_dir, tmp_path_factory):
     cc, dec, cf = builds
     out = tmp_path_factory.mktemp("report") / "out"
-    assert cli_main(["benchmark", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                     "--coco", str(cc), "--decorrelation", str(dec), "--counterfactuals", str(cf),
-                     "--output", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--coco",
+                str(cc),
+                "--decorrelation",
+                str(dec),
+                "--counterfactuals",
+                str(cf),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -43,13 +60,37 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
     assert {r["model"] for r in records} == {model_name(profile.clip), model_name(profile.open_clip)}
     assert str(tiny_models_dir) not in (report / "results.jsonl").read_text()
     assert {(r["dataset"], r["task"]) for r in records} == {
-        ("coco", "zeroshot_retrieval"), ("coco", "itm"), ("decorrelation", "odmap"),
-        ("decorrelation", "odmap_per_class"), ("decorrelation", "necessity"), ("counterfactuals", "itm")}
+        ("coco", "zeroshot_retrieval"),
+        ("coco", "itm"),
+        ("decorrelation", "odmap"),
+        ("decorrelation", "odmap_per_class"),
+        ("decorrelation", "necessity"),
+        ("counterfactuals", "itm"),
+    }
     for backend, model in (("transformers", profile.clip), ("open_clip", profile.open_clip)):
         out = tmp_path / backend
-        assert train_main(["--real", str(cc), "--decorrelation", str(dec), "--counterfactuals", str(cf),
-                           "--backend", backend, "--model", model, "--eval-only", "--num-workers",
-                           "0", "--output", str(out)]) == 0
+        assert (
+            train_main(
+                [
+                    "--real",
+                    str(cc),
+                    "--decorrelation",
+                    str(dec),
+                    "--counterfactuals",
+                    str(cf),
+                    "--backend",
+                    backend,
+                    "--model",
+                    model,
+                    "--eval-only",
+                    "--num-workers",
+                    "0",
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         trainer = final_metrics(out)
         compared = 0
         for r in (r for r in records if r["model"] == model_name(model) and r["task"] != "odmap_per_class"):
@@ -58,9 +99,12 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
                 compared += 1
         # PN per removed class: the trainer scores it with --real and --decorrelation together,
         # the report from the two builds' embeddings; every class the trainer has, and its mean.
-        assert {k for k in trainer if k.startswith("necessity/")} == \
-            {f"necessity/{n}" for r in records if r["model"] == model_name(model) and r["task"] == "necessity"
-             for n in r["metrics"]}
+        assert {k for k in trainer if k.startswith("necessity/")} == {
+            f"necessity/{n}"
+            for r in records
+            if r["model"] == model_name(model) and r["task"] == "necessity"
+            for n in r["metrics"]
+        }
         # R@K both ways, ODmAP@k, 4 ITM deltas x 3, PN of at least one class and the mean
         assert compared >= 6 + 3 + 2 * 3 * 2 + 2, compared
 
@@ -73,8 +117,18 @@ def test_results_round_trip_and_report(report):
     records = read_results(report / "results.jsonl")
     assert [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()] == records
     for r in records:
-        assert {"dataset", "model", "pretrained", "task", "metrics", "weights_digest",
-                "dataset_source", "dataset_commit", "metric_version", "code_version"} <= set(r)
+        assert {
+            "dataset",
+            "model",
+            "pretrained",
+            "task",
+            "metrics",
+            "weights_digest",
+            "dataset_source",
+            "dataset_commit",
+            "metric_version",
+            "code_version",
+        } <= set(r)
         assert r["weights_digest"].startswith("sha256:")
     md = (report / "report.md").read_text()
     for n in (0, 1):
@@ -99,23 +153,43 @@ def test_comparison_marks_the_best_per_column():
     low = [_record("a", 0.2, "IR_c_frac_below_zero"), _record("b", 0.7, "IR_c_frac_below_zero")]
     assert rank_models(low, "d", "t", "IR_c_frac_below_zero") == ["a", "b"]
     # PN per removed class is left to the per-model tables; the comparison shows its mean.
-    pn = [{**_record(m, v, "PN_mean"), "task": "necessity", "metrics": {"PN_mean": v, "PN_dog": v}}
-          for m, v in (("a", 0.1), ("b", 0.3))]
+    pn = [
+        {**_record(m, v, "PN_mean"), "task": "necessity", "metrics": {"PN_mean": v, "PN_dog": v}}
+        for m, v in (("a", 0.1), ("b", 0.3))
+    ]
     lines = comparison_table(pn, "d", ["a", "b"])
     assert (lines[0], lines[-1]) == ("| model | necessity/PN\\_mean |", "| b | **0.3000** |")
     # Names from the user or the data are plain text.
-    assert "|" not in comparison_table([_record("x|<b>*y*", 1.0)], "d", ["x|<b>*y*"])[2].replace(
-        "\\|", "")[2:-2].split(" | ")[0]
+    assert (
+        "|"
+        not in comparison_table([_record("x|<b>*y*", 1.0)], "d", ["x|<b>*y*"])[2]
+        .replace("\\|", "")[2:-2]
+        .split(" | ")[0]
+    )
 
 
 def test_bad_inputs_are_one_line_naming_the_flag(builds, tmp_path, capsys):
     cc, dec, cf = builds
-    assert cli_main(["benchmark", "--model", str(tmp_path / "nope"), "--coco", str(cc),
-                     "--output", str(tmp_path / "a")]) == 2
+    assert (
+        cli_main(["benchmark", "--model", str(tmp_path / "nope"), "--coco", str(cc), "--output", str(tmp_path / "a")])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--model" in err and "nope" in err
-    assert cli_main(["benchmark", "--model", str(tmp_path / "nope"), "--decorrelation", str(cc),
-                     "--output", str(tmp_path / "b")]) == 2
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                "--model",
+                str(tmp_path / "nope"),
+                "--decorrelation",
+                str(cc),
+                "--output",
+                str(tmp_path / "b"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.count("--decorrelation") == 1, err
 
@@ -128,8 +202,12 @@ def test_a_hub_revision_that_does_not_exist_is_one_line(builds, repo_id, tmp_pat
     # the tiny models prints progress to stderr.
     clip = tiny_profile(None).clip
     capsys.readouterr()
-    assert cli_main(["benchmark", "--model", clip, "--decorrelation",
-                     f"{repo_id}@v9.9.9", "--output", str(tmp_path / "out")]) == 2
+    assert (
+        cli_main(
+            ["benchmark", "--model", clip, "--decorrelation", f"{repo_id}@v9.9.9", "--output", str(tmp_path / "out")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "--decorrelation" in err and "'v9.9.9' does not exist" in err
@@ -159,8 +237,9 @@ def test_odmap_per_class_equals_an_independent_reference(report, builds):
         expected = {}
         for c in classes:
             rows = [q for q, r in enumerate(removed) if c in r]
-            ref = reference_odmap_from_rankings(top[rows], mentioned, [removed[q] for q in rows],
-                                                [present[q] for q in rows], k_values)
+            ref = reference_odmap_from_rankings(
+                top[rows], mentioned, [removed[q] for q in rows], [present[q] for q in rows], k_values
+            )
             expected.update({f"{c}_ODmAP@{k}": v for k, v in ref.items()})
         assert record["metrics"] == pytest.approx(expected, abs=1e-6)
         assert (report / f"odmap_per_class-model{n}.png").stat().st_size > 0
@@ -177,24 +256,45 @@ def test_one_more_model_encodes_only_that_model(report, builds, tiny_models_dir,
     profile = tiny_profile(tiny_models_dir)
     encoded = []
     encode = training.evaluation.compute_embeddings
-    monkeypatch.setattr(training.evaluation, "compute_embeddings",
-                        lambda module, *a, **kw: encoded.append(type(module).__name__) or encode(module, *a, **kw))
+    monkeypatch.setattr(
+        training.evaluation,
+        "compute_embeddings",
+        lambda module, *a, **kw: encoded.append(type(module).__name__) or encode(module, *a, **kw),
+    )
     common = ["--decorrelation", str(dec), "--counterfactuals", str(cf), "--cache-dir", str(tmp_path / "cache")]
     assert cli_main(["benchmark", "--model", profile.clip, *common, "--output", str(tmp_path / "one")]) == 0
     assert len(encoded) == 2, encoded  # one model x two datasets
     first = encoded[0]
-    assert cli_main(["benchmark", "--model", profile.clip, "--model", profile.open_clip, *common,
-                     "--output", str(tmp_path / "two")]) == 0
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                "--model",
+                profile.clip,
+                "--model",
+                profile.open_clip,
+                *common,
+                "--output",
+                str(tmp_path / "two"),
+            ]
+        )
+        == 0
+    )
     assert len(encoded) == 4 and first not in encoded[2:], encoded
     two = read_results(tmp_path / "two" / "results.jsonl")
-    assert [r for r in two if r["model"] == read_results(tmp_path / "one" / "results.jsonl")[0]["model"]] \
-        == read_results(tmp_path / "one" / "results.jsonl")
+    assert [
+        r for r in two if r["model"] == read_results(tmp_path / "one" / "results.jsonl")[0]["model"]
+    ] == read_results(tmp_path / "one" / "results.jsonl")
     # Without --coco: no COCO records, and no PN (its x are the --coco split's images); the
     # blind text-only baseline is the report's own (the tiny LM of --models tiny), no CLIP's.
-    fresh = [r for r in read_results(report / "results.jsonl")
-             if r["dataset"] != "coco" and r["task"] not in ("necessity", "blind_baseline")]
-    assert sorted(two, key=lambda r: (r["model"], r["dataset"], r["task"])) == \
-        sorted(fresh, key=lambda r: (r["model"], r["dataset"], r["task"]))
+    fresh = [
+        r
+        for r in read_results(report / "results.jsonl")
+        if r["dataset"] != "coco" and r["task"] not in ("necessity", "blind_baseline")
+    ]
+    assert sorted(two, key=lambda r: (r["model"], r["dataset"], r["task"])) == sorted(
+        fresh, key=lambda r: (r["model"], r["dataset"], r["task"])
+    )
     assert not list((tmp_path / "two").glob("embeddings"))  # --cache-dir replaces OUTPUT/embeddings
 
 
@@ -216,8 +316,9 @@ def test_the_cache_tells_preprocessing_apart(builds, tiny_models_dir, tmp_path, 
     (other / "processor_config.json").write_text(json.dumps(config))
     encoded = []
     encode = training.evaluation.compute_embeddings
-    monkeypatch.setattr(training.evaluation, "compute_embeddings",
-                        lambda *a, **kw: encoded.append(1) or encode(*a, **kw))
+    monkeypatch.setattr(
+        training.evaluation, "compute_embeddings", lambda *a, **kw: encoded.append(1) or encode(*a, **kw)
+    )
     common = ["benchmark", "--decorrelation", str(builds[1]), "--cache-dir", str(tmp_path / "cache")]
     for n, model in enumerate((clip, same, other)):
         assert cli_main([*common, "--model", str(model), "--output", str(tmp_path / f"r{n}")]) == 0
@@ -279,8 +380,20 @@ def test_push_to_hub_from_the_command_line(report, builds, tiny_models_dir, repo
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "not a repo" in err and not (tmp_path / "bad").exists()
     # The fixture report's embeddings as the cache: nothing is encoded again.
-    assert cli_main([*common, "--cache-dir", str(report / "embeddings"), "--push-to-hub", repo_id,
-                     "--output", str(tmp_path / "out")]) == 0
+    assert (
+        cli_main(
+            [
+                *common,
+                "--cache-dir",
+                str(report / "embeddings"),
+                "--push-to-hub",
+                repo_id,
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     records = read_results(tmp_path / "out" / "results.jsonl")
     rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
     assert sorted(rows["key"]) == sorted(record_key(r) for r in records)

@@ -46,10 +46,31 @@ def assert_payload_is_live(path: Path, marker: Path) -> None:
 
 
 def args(data: Path, tiny_models_dir: Path, out: Path, *extra: str) -> list[str]:
-    return ["--real", str(data), "--real-train-splits", "train", "--real-val-split", "",
-            "--real-test-split", "", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-            "--num-workers", "0", "--batch-size", "16", "--lr", "1e-3", "--report-to", "none",
-            "--output", str(out), *extra]
+    return [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--real-val-split",
+        "",
+        "--real-test-split",
+        "",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--batch-size",
+        "16",
+        "--lr",
+        "1e-3",
+        "--report-to",
+        "none",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +111,12 @@ def test_a_checkpoint_holds_only_files_read_without_unpickling(run):
     for step in ("step-00000001", "step-00000002"):
         folder = run / "checkpoints" / step
         assert sorted(p.name for p in folder.iterdir()) == [
-            "model.safetensors", "optimizer.pt", "rng_state_0.json", "scheduler.json",
-            "trainer_state.json"]
+            "model.safetensors",
+            "optimizer.pt",
+            "rng_state_0.json",
+            "scheduler.json",
+            "trainer_state.json",
+        ]
         for name in ("rng_state_0.json", "scheduler.json", "trainer_state.json"):
             json.loads((folder / name).read_text())
         optimizer = torch.load(folder / "optimizer.pt", weights_only=True)
@@ -104,8 +129,9 @@ def test_a_checkpoint_holds_only_files_read_without_unpickling(run):
 
 
 @pytest.mark.parametrize("name", ["custom_checkpoint_0.pkl", "random_states_0.pkl", "optimizer.bin"])
-def test_a_pickle_planted_in_a_checkpoint_is_refused_before_it_runs(colors, tiny_models_dir, copy,
-                                                                    tmp_path, capsys, name):
+def test_a_pickle_planted_in_a_checkpoint_is_refused_before_it_runs(
+    colors, tiny_models_dir, copy, tmp_path, capsys, name
+):
     """accelerate's checkpoint pieces (its scheduler pickle is unpickled with weights_only=False)
     planted in the newest checkpoint: refused by name, nothing unpickled, nothing lost."""
     marker = tmp_path / "payload-ran"
@@ -119,8 +145,7 @@ def test_a_pickle_planted_in_a_checkpoint_is_refused_before_it_runs(colors, tiny
     assert_payload_is_live(planted, marker)
 
 
-def test_a_hostile_optimizer_state_is_refused_by_weights_only_loading(colors, tiny_models_dir, copy,
-                                                                      tmp_path, capsys):
+def test_a_hostile_optimizer_state_is_refused_by_weights_only_loading(colors, tiny_models_dir, copy, tmp_path, capsys):
     """The one piece read with torch.load (weights_only=True): a payload in it never runs."""
     marker = tmp_path / "payload-ran"
     optimizer = copy / "checkpoints" / "step-00000002" / "optimizer.pt"
@@ -131,11 +156,14 @@ def test_a_hostile_optimizer_state_is_refused_by_weights_only_loading(colors, ti
     assert_payload_is_live(optimizer, marker)
 
 
-@pytest.mark.parametrize("name, content", [
-    ("scheduler.json", {"optimizer": None, "last_epoch": 1, "base_lrs": [0.001, 0.001]}),
-    ("rng_state_0.json", {"python": [3, [1, 2], None], "numpy": [], "torch": [999]}),
-    ("trainer_state.json", {"epoch": 0, "batch": "2", "step": 2, "best_val_loss": None}),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("scheduler.json", {"optimizer": None, "last_epoch": 1, "base_lrs": [0.001, 0.001]}),
+        ("rng_state_0.json", {"python": [3, [1, 2], None], "numpy": [], "torch": [999]}),
+        ("trainer_state.json", {"epoch": 0, "batch": "2", "step": 2, "best_val_loss": None}),
+    ],
+)
 def test_a_tampered_checkpoint_piece_is_one_line(colors, tiny_models_dir, copy, capsys, name, content):
     """JSON cannot run code, but a piece that is not the state it names (a key the scheduler
     does not have would set any attribute of it) is refused, naming the file."""
@@ -145,8 +173,7 @@ def test_a_tampered_checkpoint_piece_is_one_line(colors, tiny_models_dir, copy, 
     assert str(piece) in err and "--resume" in err
 
 
-def test_a_resume_folder_holding_only_trainer_state_is_one_line(colors, tiny_models_dir, run,
-                                                               tmp_path, capsys):
+def test_a_resume_folder_holding_only_trainer_state_is_one_line(colors, tiny_models_dir, run, tmp_path, capsys):
     folder = tmp_path / "elsewhere" / "step-00000002"
     folder.mkdir(parents=True)
     shutil.copy(run / "checkpoints" / "step-00000002" / "trainer_state.json", folder)
@@ -162,13 +189,31 @@ def test_two_processes_resume_to_the_loss_curve_of_an_uninterrupted_run(colors, 
     and its own RNG state), equal to 4 steps on one process without a stop."""
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
     for steps, extra in (("2", ()), ("4", ("--resume", "latest"))):
-        cmd = accelerate_cmd(SCRIPT, *args(colors, tiny_models_dir, resumed, "--max-steps", steps,
-                                           "--save-every", "1", "--expect-processes", "2", *extra))
+        cmd = accelerate_cmd(
+            SCRIPT,
+            *args(
+                colors,
+                tiny_models_dir,
+                resumed,
+                "--max-steps",
+                steps,
+                "--save-every",
+                "1",
+                "--expect-processes",
+                "2",
+                *extra,
+            ),
+        )
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (resumed / "checkpoints" / "step-00000004").iterdir()) == [
-        "model.safetensors", "optimizer.pt", "rng_state_0.json", "rng_state_1.json",
-        "scheduler.json", "trainer_state.json"]
+        "model.safetensors",
+        "optimizer.pt",
+        "rng_state_0.json",
+        "rng_state_1.json",
+        "scheduler.json",
+        "trainer_state.json",
+    ]
     assert train_main(args(colors, tiny_models_dir, straight, "--max-steps", "4")) == 0
     two, one = read_jsonl(resumed / "loss.jsonl"), read_jsonl(straight / "loss.jsonl")
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4]
@@ -190,7 +235,7 @@ def test_the_fp16_grad_scaler_round_trips_through_json(tmp_path):
         torch.manual_seed(0)
         model = torch.nn.Linear(3, 2)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9 ** step)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9**step)
         return Resumable(model, optimizer, scheduler, torch.amp.GradScaler("cpu", init_scale=init_scale))
 
     saved = pieces(1024.0)

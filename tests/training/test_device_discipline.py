@@ -39,21 +39,30 @@ class Recorder(nn.Module):
         self.seen: list[tuple[str, torch.device]] = []
 
     def forward(self, pixel_values=None, text=None, negative_text=None):
-        inputs = {"pixel_values": pixel_values, **{f"text.{k}": v for k, v in (text or {}).items()},
-                  **{f"negative_text.{k}": v for k, v in (negative_text or {}).items()}}
+        inputs = {
+            "pixel_values": pixel_values,
+            **{f"text.{k}": v for k, v in (text or {}).items()},
+            **{f"negative_text.{k}": v for k, v in (negative_text or {}).items()},
+        }
         self.seen += [(name, t.device) for name, t in inputs.items() if t is not None]
         if self.stop:
             raise Reached
         rows = len(pixel_values) if pixel_values is not None else len(text["input_ids"])
         feats = nn.functional.normalize(torch.ones(rows, 2), dim=-1)
-        return (feats if pixel_values is not None else None, feats if text is not None else None,
-                None, torch.tensor(1.0))
+        return (
+            feats if pixel_values is not None else None,
+            feats if text is not None else None,
+            None,
+            torch.tensor(1.0),
+        )
 
 
 def cpu_batch(rows: int = 2, negatives: bool = False) -> dict:
     """What training/data.py's loader yields: CPU tensors (normalised pixels, token dicts)."""
-    tokens = {"input_ids": torch.ones(rows, 3, dtype=torch.long),
-              "attention_mask": torch.ones(rows, 3, dtype=torch.long)}
+    tokens = {
+        "input_ids": torch.ones(rows, 3, dtype=torch.long),
+        "attention_mask": torch.ones(rows, 3, dtype=torch.long),
+    }
     batch = {"pixel_values": torch.zeros(rows, 3, 4, 4), "text": tokens}
     if negatives:
         batch["negative_text"] = {k: v.clone() for k, v in tokens.items()}
@@ -69,8 +78,11 @@ def assert_all_on(seen, device) -> None:
 @pytest.mark.parametrize("negatives", [False, True])
 def test_a_training_step_feeds_the_batch_on_the_accelerators_device(negatives):
     model = Recorder(stop=True)
-    session = SimpleNamespace(accelerator=OneProcessAccelerator(RUN_DEVICE), model=model,
-                              cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1, loss="clip")))
+    session = SimpleNamespace(
+        accelerator=OneProcessAccelerator(RUN_DEVICE),
+        model=model,
+        cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1, loss="clip")),
+    )
     with pytest.raises(Reached):
         _accumulate_gradients(session, iter([cpu_batch(negatives=negatives)]))
     assert_all_on(model.seen, RUN_DEVICE)
@@ -78,8 +90,9 @@ def test_a_training_step_feeds_the_batch_on_the_accelerators_device(negatives):
 
 
 def test_evaluation_encodes_on_the_models_device(monkeypatch):
-    monkeypatch.setattr(evaluation, "make_loader", lambda examples, batches, backend, workers:
-                        [cpu_batch(len(b)) for b in batches])
+    monkeypatch.setattr(
+        evaluation, "make_loader", lambda examples, batches, backend, workers: [cpu_batch(len(b)) for b in batches]
+    )
     backend = SimpleNamespace(tokenize=lambda texts: cpu_batch(len(texts))["text"])
     model = Recorder()
     images = evaluation.encode_images(model, backend, [0, 1, 2], batch_size=2, workers=0)
@@ -111,8 +124,13 @@ def test_mitl_embeddings_load_the_annotator_on_the_process_device(monkeypatch, t
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the process has a GPU
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    gallery = SimpleNamespace(image_ids=[1, 2, 3], captions=["a", "b", "a"], digest=lambda: "g",
-                              files_fingerprint=lambda: "f", open_image=lambda n: n)
+    gallery = SimpleNamespace(
+        image_ids=[1, 2, 3],
+        captions=["a", "b", "a"],
+        digest=lambda: "g",
+        files_fingerprint=lambda: "f",
+        open_image=lambda n: n,
+    )
     images, captions = embeddings.gallery_embeddings("stand-in/clip", gallery, tmp_path / "cache")
     assert loaded_on == [("cuda:1", "fp16")]  # --dtype auto on a GPU
     assert images.shape == captions.shape == (3, 2) and images.dtype == np.float32
@@ -123,15 +141,20 @@ def test_eval_only_evaluates_the_model_on_the_accelerators_device(monkeypatch, t
     from training.config import RunConfig, TrainConfig
 
     evaluated_on = []
-    monkeypatch.setattr(trainer, "eval_only_sets", lambda data: SimpleNamespace(
-        heldout_cf=[], train=SimpleNamespace(tables=[]), validation=None, records=[]))
+    monkeypatch.setattr(
+        trainer,
+        "eval_only_sets",
+        lambda data: SimpleNamespace(heldout_cf=[], train=SimpleNamespace(tables=[]), validation=None, records=[]),
+    )
     monkeypatch.setattr(trainer, "load_eval_data", lambda *args: EvalData())
-    monkeypatch.setattr(trainer, "evaluate_model", lambda module, *args: evaluated_on.append(
-        next(module.parameters()).device) or {})
+    monkeypatch.setattr(
+        trainer, "evaluate_model", lambda module, *args: evaluated_on.append(next(module.parameters()).device) or {}
+    )
     monkeypatch.setattr(trainer, "published_record", lambda record, cfg, output: record)
     monkeypatch.setattr(trainer, "write_results", lambda *args: None)
-    accelerator = SimpleNamespace(device=RUN_DEVICE, is_main_process=True,
-                                  wait_for_everyone=lambda: None, log=lambda metrics, step: None)
+    accelerator = SimpleNamespace(
+        device=RUN_DEVICE, is_main_process=True, wait_for_everyone=lambda: None, log=lambda metrics, step: None
+    )
     backend = SimpleNamespace(module=nn.Linear(2, 2))  # loaded on the CPU, as load_backend does
     trainer.evaluate_only(TrainConfig(run=RunConfig(bootstrap=0)), accelerator, backend, {}, tmp_path)
     assert evaluated_on == [RUN_DEVICE]

@@ -29,8 +29,19 @@ def _args(builds, clip: str) -> list[str]:
     # --coco and --decorrelation together: PN reads both builds' cached embeddings. No blind
     # text-only baseline: its default LM (gpt2-large) is not on this offline machine, and it
     # caches nothing.
-    return ["benchmark", "--model", clip, "--coco", str(cc), "--decorrelation", str(dec),
-            "--counterfactuals", str(cf), "--blind-lm", "none"]
+    return [
+        "benchmark",
+        "--model",
+        clip,
+        "--coco",
+        str(cc),
+        "--decorrelation",
+        str(dec),
+        "--counterfactuals",
+        str(cf),
+        "--blind-lm",
+        "none",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +99,7 @@ def _poison(kind: str, meta: Path, npz: Path, marker: Path, outside: Path) -> No
             f.symlink_to(outside / f.name)
 
 
-POISONS = ("json-list", "no-metrics", "string-values", "object-arrays", "wrong-shapes", "truncated",
-           "links-outside")
+POISONS = ("json-list", "no-metrics", "string-values", "object-arrays", "wrong-shapes", "truncated", "links-outside")
 
 
 @pytest.mark.parametrize("kind", POISONS)
@@ -138,16 +148,25 @@ def test_an_output_folder_that_is_a_file_is_one_line(flag, builds, tiny_models_d
         assert a_file.read_text() == "mine\n"
 
 
-@pytest.mark.parametrize("flag, model", [("--model", "open_clip:"), ("--model", "hf-hub:"),
-                                         ("--model", "open_clip::openai"), ("--baseline", "local-dir:")])
+@pytest.mark.parametrize(
+    "flag, model",
+    [
+        ("--model", "open_clip:"),
+        ("--model", "hf-hub:"),
+        ("--model", "open_clip::openai"),
+        ("--baseline", "local-dir:"),
+    ],
+)
 def test_a_model_id_naming_nothing_is_one_line_before_any_input_is_read(flag, model, tmp_path, capsys):
     """Every --model (and --baseline) is parsed before a dataset is opened: the line names the
     flag and the spellings it takes, not the missing build given beside it."""
     from helpers.build_helpers import error_line
 
     out = tmp_path / "out"
-    assert cli_main(["benchmark", flag, model, "--decorrelation", str(tmp_path / "no-such-build"),
-                     "--output", str(out)]) == 2
+    assert (
+        cli_main(["benchmark", flag, model, "--decorrelation", str(tmp_path / "no-such-build"), "--output", str(out)])
+        == 2
+    )
     line = error_line(capsys)
     assert f"{flag} {model!r} names no model" in line, line
     assert "ARCH[:TAG]" in line and "hf-hub:ORG/REPO" in line and "local-dir:PATH" in line, line
@@ -170,21 +189,38 @@ def test_a_local_folder_with_an_at_sign_is_a_local_folder(builds, tiny_models_di
     monkeypatch.chdir(tmp_path)
     named = f"local:clip@v2@sha256:{content_digest(clip)[:16]}"
     assert model_name("models/clip@v2") == model_name(str(clip)) == named
-    assert cli_main(["benchmark", "--model", "models/clip@v2", "--decorrelation", "builds/dec@v2",
-                     "--output", "report"]) == 0
+    assert (
+        cli_main(["benchmark", "--model", "models/clip@v2", "--decorrelation", "builds/dec@v2", "--output", "report"])
+        == 0
+    )
     records = read_results(tmp_path / "report" / "results.jsonl")
     assert records and {r["model"] for r in records} == {named}
     assert {r["dataset_source"] for r in records} == {f"local:dec@v2@sha256:{content_digest(dec)[:16]}"}
     assert {r["dataset_revision"] for r in records} == {None}
-    assert train_main(["--decorrelation", "builds/dec@v2", "--model", "models/clip@v2", "--eval-only",
-                       "--num-workers", "0", "--output", "run"]) == 0
+    assert (
+        train_main(
+            [
+                "--decorrelation",
+                "builds/dec@v2",
+                "--model",
+                "models/clip@v2",
+                "--eval-only",
+                "--num-workers",
+                "0",
+                "--output",
+                "run",
+            ]
+        )
+        == 0
+    )
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert named in json.dumps(run) and str(tmp_path) not in json.dumps(run)
     # The same build and weights as the report read: the same ODmAP@k.
     trainer = final_metrics(tmp_path / "run")
     odmap = next(r for r in records if r["task"] == "odmap")["metrics"]
-    assert odmap == pytest.approx({k.removeprefix("odmap/"): v for k, v in trainer.items()
-                                   if k.startswith("odmap/")}, abs=1e-6)
+    assert odmap == pytest.approx(
+        {k.removeprefix("odmap/"): v for k, v in trainer.items() if k.startswith("odmap/")}, abs=1e-6
+    )
 
 
 def _hostile_parquet(kind: str, good: dict) -> bytes:
@@ -210,10 +246,10 @@ def _hostile_parquet(kind: str, good: dict) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("kind", ["metrics-not-json", "metrics-a-list", "string-values", "no-key-column",
-                                  "not-parquet"])
-def test_hostile_repo_rows_refuse_the_push(
-        kind, clean, builds, tiny_models_dir, repo_id, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "kind", ["metrics-not-json", "metrics-a-list", "string-values", "no-key-column", "not-parquet"]
+)
+def test_hostile_repo_rows_refuse_the_push(kind, clean, builds, tiny_models_dir, repo_id, tmp_path, capsys):
     from huggingface_hub import HfApi
 
     from builders.models.profiles import tiny_profile
@@ -223,14 +259,30 @@ def test_hostile_repo_rows_refuse_the_push(
     api = HfApi()
     api.create_repo(repo_id, repo_type="dataset")
     good = to_row({**records[0], "model": "someone-elses-model"})
-    api.upload_file(repo_id=repo_id, repo_type="dataset", path_in_repo="data/theirs.parquet",
-                    path_or_fileobj=_hostile_parquet(kind, good))
+    api.upload_file(
+        repo_id=repo_id,
+        repo_type="dataset",
+        path_in_repo="data/theirs.parquet",
+        path_or_fileobj=_hostile_parquet(kind, good),
+    )
     before = api.repo_info(repo_id, repo_type="dataset").sha
     files = sorted(api.list_repo_files(repo_id, repo_type="dataset"))
     commits = len(api.list_repo_commits(repo_id, repo_type="dataset"))
     out = tmp_path / "out"
-    assert cli_main([*_args(builds, tiny_profile(tiny_models_dir).clip), "--cache-dir", str(cache),
-                     "--push-to-hub", repo_id, "--output", str(out)]) == 2
+    assert (
+        cli_main(
+            [
+                *_args(builds, tiny_profile(tiny_models_dir).clip),
+                "--cache-dir",
+                str(cache),
+                "--push-to-hub",
+                repo_id,
+                "--output",
+                str(out),
+            ]
+        )
+        == 2
+    )
     # The scoring's progress bars share stderr: one error line, no traceback.
     stderr = capsys.readouterr().err
     [err] = [line for line in stderr.splitlines() if line.startswith("counterfactory: error:")]
@@ -247,8 +299,20 @@ def test_hostile_repo_rows_refuse_the_push(
 def test_doctor_json_given_a_folder_is_one_line(tiny_models_dir, tmp_path, capsys):
     folder = tmp_path / "reports"
     folder.mkdir()
-    args = ["doctor", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--stages",
-            "mitl-embed", "--resolution", "64", "--steps", "1", "--json"]
+    args = [
+        "doctor",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--stages",
+        "mitl-embed",
+        "--resolution",
+        "64",
+        "--steps",
+        "1",
+        "--json",
+    ]
     assert cli_main([*args, str(folder)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--json {folder}" in err and "folder" in err, err

@@ -24,15 +24,37 @@ def test_intervals_equal_scipy_percentile_bootstrap(seed):
     rng = np.random.default_rng(seed)
     hits = rng.integers(0, 6, 300).astype(float)  # t2i R@K: captions found per image of 5
     deltas = rng.normal(0.05, 0.2, 300)
-    ours = bootstrap({"r": UnitScores("images", hits, np.full(300, 5.0)),
-                      "mean": UnitScores("pairs", deltas), "median": UnitScores("pairs", deltas, median=True)},
-                     1000, seed)
-    ref = {"r": stats.bootstrap((hits, np.full(300, 5.0)), _ratio, paired=True, vectorized=True,
-                                method="percentile", n_resamples=1000, rng=np.random.default_rng(seed)),
-           "mean": stats.bootstrap((deltas,), np.mean, vectorized=True, method="percentile",
-                                   n_resamples=1000, rng=np.random.default_rng(seed)),
-           "median": stats.bootstrap((deltas,), np.median, vectorized=True, method="percentile",
-                                     n_resamples=1000, rng=np.random.default_rng(seed))}
+    ours = bootstrap(
+        {
+            "r": UnitScores("images", hits, np.full(300, 5.0)),
+            "mean": UnitScores("pairs", deltas),
+            "median": UnitScores("pairs", deltas, median=True),
+        },
+        1000,
+        seed,
+    )
+    ref = {
+        "r": stats.bootstrap(
+            (hits, np.full(300, 5.0)),
+            _ratio,
+            paired=True,
+            vectorized=True,
+            method="percentile",
+            n_resamples=1000,
+            rng=np.random.default_rng(seed),
+        ),
+        "mean": stats.bootstrap(
+            (deltas,), np.mean, vectorized=True, method="percentile", n_resamples=1000, rng=np.random.default_rng(seed)
+        ),
+        "median": stats.bootstrap(
+            (deltas,),
+            np.median,
+            vectorized=True,
+            method="percentile",
+            n_resamples=1000,
+            rng=np.random.default_rng(seed),
+        ),
+    }
     for name, res in ref.items():
         assert ours[name] == pytest.approx(res.bootstrap_distribution, abs=1e-12), name
         assert interval(ours[name]) == pytest.approx(tuple(res.confidence_interval), abs=1e-12), name
@@ -60,11 +82,13 @@ def test_pvalue_equals_scipy_permutation_test_given_its_swaps(median):
         f = np.median if median else np.mean
         return f(x, axis=axis) - f(y, axis=axis)
 
-    res = stats.permutation_test((a, b), statistic, permutation_type="samples", vectorized=True,
-                                 n_resamples=999, rng=np.random.default_rng(5))
+    res = stats.permutation_test(
+        (a, b), statistic, permutation_type="samples", vectorized=True, n_resamples=999, rng=np.random.default_rng(5)
+    )
     swapped = next(x for x in seen if x.ndim == 2) != a  # where scipy put b's score in a's place
-    ours = sign_flip_pvalue(UnitScores("pairs", a, median=median), UnitScores("pairs", b, median=median),
-                            999, 0, swapped=swapped)
+    ours = sign_flip_pvalue(
+        UnitScores("pairs", a, median=median), UnitScores("pairs", b, median=median), 999, 0, swapped=swapped
+    )
     assert ours == pytest.approx(res.pvalue, abs=1e-12)
 
 
@@ -90,8 +114,9 @@ def test_coverage_of_a_mean_type_metric():
 def test_coverage_of_a_rank_type_metric():
     """t2i R@1 over 400 images with 5 captions each, each caption found with probability 0.3."""
     rng = np.random.default_rng(2025)
-    reps = {r: UnitScores("images", rng.binomial(5, 0.3, 400).astype(float), np.full(400, 5.0))
-            for r in range(REPETITIONS)}
+    reps = {
+        r: UnitScores("images", rng.binomial(5, 0.3, 400).astype(float), np.full(400, 5.0)) for r in range(REPETITIONS)
+    }
     assert 0.93 <= _coverage(reps, 0.3) <= 0.97
 
 

@@ -57,10 +57,32 @@ def report(builds, tiny_models_dir, tmp_path_factory):
     profile = tiny_profile(tiny_models_dir)
     out = tmp_path_factory.mktemp("report") / "out"
     try:
-        assert cli_main(["benchmark", "--model", profile.clip, "--model", profile.open_clip,
-                         "--blind-lm", profile.lm, "--coco", str(cc), "--decorrelation", str(dec),
-                         "--counterfactuals", str(cf), "--bootstrap", "200", "--seed", "3",
-                         "--output", str(out)]) == 0
+        assert (
+            cli_main(
+                [
+                    "benchmark",
+                    "--model",
+                    profile.clip,
+                    "--model",
+                    profile.open_clip,
+                    "--blind-lm",
+                    profile.lm,
+                    "--coco",
+                    str(cc),
+                    "--decorrelation",
+                    str(dec),
+                    "--counterfactuals",
+                    str(cf),
+                    "--bootstrap",
+                    "200",
+                    "--seed",
+                    "3",
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     finally:
         mp.undo()
     return out, texts.texts
@@ -93,11 +115,24 @@ def test_intervals_are_deterministic_and_off_with_bootstrap_zero(report, builds,
     from builders.models.profiles import tiny_profile
 
     out, _ = report
-    common = ["benchmark", "--model", tiny_profile(tiny_models_dir).clip, "--counterfactuals",
-              str(builds[2]), "--blind-lm", "none", "--cache-dir", str(out / "embeddings")]
+    common = [
+        "benchmark",
+        "--model",
+        tiny_profile(tiny_models_dir).clip,
+        "--counterfactuals",
+        str(builds[2]),
+        "--blind-lm",
+        "none",
+        "--cache-dir",
+        str(out / "embeddings"),
+    ]
     runs = {}
-    for name, extra in (("same", ["--seed", "3"]), ("again", ["--seed", "3"]), ("other", ["--seed", "4"]),
-                        ("off", ["--bootstrap", "0"])):
+    for name, extra in (
+        ("same", ["--seed", "3"]),
+        ("again", ["--seed", "3"]),
+        ("other", ["--seed", "4"]),
+        ("off", ["--bootstrap", "0"]),
+    ):
         args = [*common, *(["--bootstrap", "200"] if name != "off" else []), *extra]
         assert cli_main([*args, "--output", str(tmp_path / name)]) == 0
         runs[name] = {r["task"]: r for r in _records(tmp_path / name)}["itm"]
@@ -116,14 +151,23 @@ def test_paired_comparisons_mark_ties_and_wins():
 
     rng = np.random.default_rng(0)
     hits = (rng.random(400) < 0.5).astype(float)
-    units = {"a": {"retrieval/i2t_R@1": UnitScores("images", hits)},
-             "b": {"retrieval/i2t_R@1": UnitScores("images", hits.copy())},
-             "c": {"retrieval/i2t_R@1": UnitScores("images", np.maximum(hits, rng.random(400) < 0.6))}}
+    units = {
+        "a": {"retrieval/i2t_R@1": UnitScores("images", hits)},
+        "b": {"retrieval/i2t_R@1": UnitScores("images", hits.copy())},
+        "c": {"retrieval/i2t_R@1": UnitScores("images", np.maximum(hits, rng.random(400) < 0.6))},
+    }
     name = "text_retrieval_recall@1"
     for pair, best, bold in ((["a", "b"], "a", False), (["a", "c"], "c", True)):
         tests = compare_dataset("coco", {m: units[m] for m in pair}, pair, 500, 0)
-        records = [{"dataset": "coco", "task": "zeroshot_retrieval", "model": m,
-                    "metrics": {name: units[m]["retrieval/i2t_R@1"].value()}} for m in pair]
+        records = [
+            {
+                "dataset": "coco",
+                "task": "zeroshot_retrieval",
+                "model": m,
+                "metrics": {name: units[m]["retrieval/i2t_R@1"].value()},
+            }
+            for m in pair
+        ]
         found = verdicts(records, "coco", tests)
         assert found[("zeroshot_retrieval", name)] == (best, bold)
         rows = comparison_table(records, "coco", pair, found)[2:]
@@ -205,8 +249,9 @@ def test_code_and_metric_versions_are_exact(report):
     from builders.engine.provenance import code_version, source_digest
 
     out, _ = report
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2]
+    ).stdout.strip()
     assert re.fullmatch(rf"git:{head}(\+dirty)?", code_version())
     for r in _records(out):
         assert r["code_version"] == code_version()
@@ -224,8 +269,23 @@ def test_a_wheel_install_is_versioned_by_its_files(tmp_path, monkeypatch):
     package = outer / "site" / "pkg_under_test"
     package.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(outer)], check=True)
-    subprocess.run(["git", "-C", str(outer), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q",
-                    "--allow-empty", "-m", "someone else's tree"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(outer),
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "user.name=t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "someone else's tree",
+        ],
+        check=True,
+    )
     assert provenance.git_state(outer / "site")["commit"] is None  # not the enclosing tree's commit
     (package / "__init__.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(outer / "site"))
@@ -253,15 +313,28 @@ def test_a_metric_module_change_misses_the_cache(report, builds, tiny_models_dir
     shutil.copytree(out / "embeddings", tmp_path / "cache")
     encoded = []
     encode = training.evaluation.compute_embeddings
-    monkeypatch.setattr(training.evaluation, "compute_embeddings",
-                        lambda *a, **kw: encoded.append(1) or encode(*a, **kw))
-    args = ["benchmark", "--model", tiny_profile(tiny_models_dir).clip, "--counterfactuals", str(builds[2]),
-            "--blind-lm", "none", "--bootstrap", "0", "--cache-dir", str(tmp_path / "cache")]
+    monkeypatch.setattr(
+        training.evaluation, "compute_embeddings", lambda *a, **kw: encoded.append(1) or encode(*a, **kw)
+    )
+    args = [
+        "benchmark",
+        "--model",
+        tiny_profile(tiny_models_dir).clip,
+        "--counterfactuals",
+        str(builds[2]),
+        "--blind-lm",
+        "none",
+        "--bootstrap",
+        "0",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert cli_main([*args, "--output", str(tmp_path / "hit")]) == 0
     assert encoded == []
     digest = cache.source_digest
-    monkeypatch.setattr(cache, "source_digest", lambda m: "sha256:fixed" if m.endswith("itm_score_deltas")
-                        else digest(m))
+    monkeypatch.setattr(
+        cache, "source_digest", lambda m: "sha256:fixed" if m.endswith("itm_score_deltas") else digest(m)
+    )
     assert cli_main([*args, "--output", str(tmp_path / "miss")]) == 0
     assert encoded == [1]
 
@@ -272,10 +345,14 @@ def test_records_and_a_clip_benchmark_result_load_into_one_table(report, tmp_pat
     import pandas as pd
 
     out, _ = report
-    theirs = {"dataset": "mscoco_captions", "model": "ViT-B-32", "pretrained": "openai",
-              "task": "zeroshot_retrieval", "metrics": {"image_retrieval_recall@5": 0.547,
-                                                        "text_retrieval_recall@5": 0.749},
-              "language": "en"}
+    theirs = {
+        "dataset": "mscoco_captions",
+        "model": "ViT-B-32",
+        "pretrained": "openai",
+        "task": "zeroshot_retrieval",
+        "metrics": {"image_retrieval_recall@5": 0.547, "text_retrieval_recall@5": 0.749},
+        "language": "en",
+    }
     (tmp_path / "clip_benchmark.json").write_text(json.dumps(theirs))
     rows = [json.loads((tmp_path / "clip_benchmark.json").read_text()), *_records(out)]
     table = pd.json_normalize(rows)
@@ -292,9 +369,28 @@ def test_baseline_compares_every_model_with_it(report, builds, tiny_models_dir, 
 
     out, _ = report
     profile = tiny_profile(tiny_models_dir)
-    assert cli_main(["benchmark", "--model", profile.open_clip, "--baseline", profile.clip,
-                     "--counterfactuals", str(builds[2]), "--blind-lm", "none", "--bootstrap", "200",
-                     "--cache-dir", str(out / "embeddings"), "--output", str(tmp_path / "b")]) == 0
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                "--model",
+                profile.open_clip,
+                "--baseline",
+                profile.clip,
+                "--counterfactuals",
+                str(builds[2]),
+                "--blind-lm",
+                "none",
+                "--bootstrap",
+                "200",
+                "--cache-dir",
+                str(out / "embeddings"),
+                "--output",
+                str(tmp_path / "b"),
+            ]
+        )
+        == 0
+    )
     md = (tmp_path / "b" / "report.md").read_text()
     from training.report.markdown import plain
 
@@ -333,8 +429,22 @@ def test_a_bad_shard_or_image_is_one_line_naming_the_file(kind, builds, tiny_mod
     out.mkdir()
     (out / "kept.txt").write_text("mine")
     capsys.readouterr()
-    assert cli_main(["benchmark", "--model", tiny_profile(tiny_models_dir).clip, flag, str(broken),
-                     "--blind-lm", "none", "--output", str(out)]) == 2
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                "--model",
+                tiny_profile(tiny_models_dir).clip,
+                flag,
+                str(broken),
+                "--blind-lm",
+                "none",
+                "--output",
+                str(out),
+            ]
+        )
+        == 2
+    )
     line = error_line(capsys)
     assert flag in line and shard in line, line
     if kind == "undecodable":
@@ -346,8 +456,10 @@ def test_a_folder_that_is_no_model_is_one_whole_sentence(builds, tmp_path, capsy
     folder = tmp_path / "not-a-model"
     folder.mkdir()
     (folder / "notes.txt").write_text("hello")
-    assert cli_main(["benchmark", "--model", str(folder), "--coco", str(builds[0]),
-                     "--output", str(tmp_path / "out")]) == 2
+    assert (
+        cli_main(["benchmark", "--model", str(folder), "--coco", str(builds[0]), "--output", str(tmp_path / "out")])
+        == 2
+    )
     line = error_line(capsys)
     assert f"--model {folder}" in line and line.endswith("or open_clip:ARCH:TAG")
     assert "or use )" not in line and line.count("(") == line.count(")"), line
@@ -357,8 +469,7 @@ def test_columns_in_natural_order_and_all_zero_charts_say_so(tmp_path, monkeypat
     from counterfactory_metrics.odmap.odmap_scores import plot_per_class
     from training.report.markdown import comparison_table
 
-    records = [{"dataset": "d", "task": "t", "model": "m",
-                "metrics": {"R@1": 0.5, "R@10": -0.00001, "R@5": 0.25}}]
+    records = [{"dataset": "d", "task": "t", "model": "m", "metrics": {"R@1": 0.5, "R@10": -0.00001, "R@5": 0.25}}]
     header, _, row = comparison_table(records, "d", ["m"])
     assert header == "| model | t/R@1 | t/R@5 | t/R@10 |" and "-0.0000" not in row
     texts = FigureTexts(monkeypatch)
@@ -384,15 +495,23 @@ def test_rows_pushed_before_the_intervals_still_load(report, repo_id):
     old = []
     for r in records[:3]:  # as the previous version's to_row wrote them
         row = {c: r.get(c) for c in OLD_COLUMNS}
-        row.update(metrics=json.dumps(r["metrics"], sort_keys=True), metric_version="0.1.0",
-                   code_version="0.1.0", key=json.dumps([r["model"], "old", r["task"]]))
+        row.update(
+            metrics=json.dumps(r["metrics"], sort_keys=True),
+            metric_version="0.1.0",
+            code_version="0.1.0",
+            key=json.dumps([r["model"], "old", r["task"]]),
+        )
         old.append(row)
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(old, schema=pa.schema([(c, pa.string()) for c in OLD_COLUMNS])), buf)
     api = HfApi()
     api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
-    api.create_commit(repo_id, repo_type="dataset", commit_message="rows of an older version",
-                      operations=[CommitOperationAdd("data/results-old.parquet", buf.getvalue())])
+    api.create_commit(
+        repo_id,
+        repo_type="dataset",
+        commit_message="rows of an older version",
+        operations=[CommitOperationAdd("data/results-old.parquet", buf.getvalue())],
+    )
     assert push_results(records, repo_id) == len(records)
     rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
     assert len(rows) == len(records) + len(old)

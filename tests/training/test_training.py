@@ -19,8 +19,17 @@ from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
 from helpers.build_helpers import ACCELERATE, accelerate_cmd, kill_tree
-from helpers.training_helpers import (COLORS, PYTHON, REPO_ROOT, SCRIPT, final_metrics, read_jsonl,
-                              weights, write_color_set, write_counterfactuals)
+from helpers.training_helpers import (
+    COLORS,
+    PYTHON,
+    REPO_ROOT,
+    SCRIPT,
+    final_metrics,
+    read_jsonl,
+    weights,
+    write_color_set,
+    write_counterfactuals,
+)
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -28,18 +37,67 @@ pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
     root = tmp_path_factory.mktemp("builds")
-    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits",
-                     "train", "restval", "val", "test", "--output", str(root / "cc")]) == 0
-    assert cli_main(["build", "decorrelation", "--coco-root", str(coco_fixture_dir), "--fill",
-                     "zero", "--output", str(root / "dec")]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-captions",
+                "--coco-root",
+                str(coco_fixture_dir),
+                "--splits",
+                "train",
+                "restval",
+                "val",
+                "test",
+                "--output",
+                str(root / "cc"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                "--coco-root",
+                str(coco_fixture_dir),
+                "--fill",
+                "zero",
+                "--output",
+                str(root / "dec"),
+            ]
+        )
+        == 0
+    )
     return root / "cc", root / "dec"
 
 
 def base_args(builds, tiny_models_dir, out: Path, *extra: str) -> list[str]:
     cc, dec = builds
-    return ["--real", str(cc), "--decorrelation", str(dec), "--mix", "decorrelation", "--ratio", "0.3",
-            "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "8",
-            "--lr", "1e-3", "--num-workers", "1", "--output", str(out), *extra]
+    return [
+        "--real",
+        str(cc),
+        "--decorrelation",
+        str(dec),
+        "--mix",
+        "decorrelation",
+        "--ratio",
+        "0.3",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--num-workers",
+        "1",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +117,34 @@ def single_run(builds, scored_cf, tiny_models_dir, tmp_path_factory) -> Path:
     counterfactuals are only scored, so its training is that of base_args) and the post hoc
     metric check."""
     out = tmp_path_factory.mktemp("single") / "run"
-    assert train_main(base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs",
-                                "--max-steps", "6", "--counterfactuals", str(scored_cf))) == 0
+    assert (
+        train_main(
+            base_args(
+                builds,
+                tiny_models_dir,
+                out,
+                "--hard-negatives",
+                "pairs",
+                "--max-steps",
+                "6",
+                "--counterfactuals",
+                str(scored_cf),
+            )
+        )
+        == 0
+    )
     return out
 
 
 @pytest.mark.accelerate
 def test_two_processes_give_the_same_loss_curve(single_run, builds, tiny_models_dir, tmp_path):
     out = tmp_path / "two"
-    cmd = accelerate_cmd(SCRIPT, *base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs",
-                                             "--max-steps", "6", "--expect-processes", "2"))
+    cmd = accelerate_cmd(
+        SCRIPT,
+        *base_args(
+            builds, tiny_models_dir, out, "--hard-negatives", "pairs", "--max-steps", "6", "--expect-processes", "2"
+        ),
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "run.json").read_text())["processes"] == 2
@@ -96,15 +172,27 @@ def _flat(value, prefix: str = "") -> dict:
 def test_counterfactory_train_runs_what_accelerate_launch_runs(builds, tiny_models_dir, tmp_path):
     """`counterfactory train` and `accelerate launch training/finetune_clip.py` are one trainer:
     the same run record, loss curve and metrics."""
+
     def args(out: Path) -> list[str]:
         return base_args(builds, tiny_models_dir, out, "--max-steps", "3", "--eval-every", "2")
 
     launched, cli = tmp_path / "launched", tmp_path / "cli"
     # One process: accelerate's single-process launcher (its --multi_gpu one needs 2 or more).
-    one_process = [str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no"]
-    proc = subprocess.run([*one_process, str(SCRIPT), *args(launched)], capture_output=True,
-                          text=True, cwd=REPO_ROOT, timeout=600)
+    one_process = [
+        str(ACCELERATE),
+        "launch",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+    proc = subprocess.run(
+        [*one_process, str(SCRIPT), *args(launched)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert cli_main(["train", *args(cli)]) == 0
     # Equal up to float summation order (accelerate launch sets the process's CPU thread count).
@@ -144,9 +232,13 @@ def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_
     # 91 examples / batch 8 = 11 steps per epoch; 8 steps, killed after the step-4 checkpoint.
     extra = ("--max-steps", "8", "--save-every", "2", "--real-test-split", "", "--real-val-split", "")
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([PYTHON, str(SCRIPT), *base_args(builds, tiny_models_dir, killed, *extra)],
-                            cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [PYTHON, str(SCRIPT), *base_args(builds, tiny_models_dir, killed, *extra)],
+        cwd=REPO_ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     marker = killed / "checkpoints" / "step-00000004" / "trainer_state.json"
     deadline = time.time() + 300
     while not marker.exists():
@@ -176,16 +268,56 @@ def test_learning_sanity_r1_well_above_chance(tmp_path, tiny_models_dir):
     (1/8 both ways: 8 test images, 5 captions each). This checks that gradients flow."""
     data = write_color_set(tmp_path / "colors", {"train": 6, "val": 1, "test": 1})
     out = tmp_path / "run"
-    assert train_main(["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
-                       "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "16", "--lr", "2e-3",
-                       "--epochs", "200", "--max-steps", "120", "--eval-every", "60",
-                       "--num-workers", "0", "--output", str(out)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(data),
+                "--real-train-splits",
+                "train",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--batch-size",
+                "16",
+                "--lr",
+                "2e-3",
+                "--epochs",
+                "200",
+                "--max-steps",
+                "120",
+                "--eval-every",
+                "60",
+                "--num-workers",
+                "0",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     evals = read_jsonl(out / "metrics.jsonl")
     assert [e["step"] for e in evals] == [60, 120, 120]
     baseline = tmp_path / "baseline"
-    assert train_main(["--real", str(data), "--models", "tiny", "--tiny-models-dir",
-                       str(tiny_models_dir), "--eval-only", "--output", str(baseline),
-                       "--num-workers", "0"]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(data),
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--eval-only",
+                "--output",
+                str(baseline),
+                "--num-workers",
+                "0",
+            ]
+        )
+        == 0
+    )
     chance = 1 / 8
     before, after = final_metrics(baseline), evals[-1]
     assert after["retrieval/i2t_R@1"] >= 4 * chance and after["retrieval/t2i_R@1"] >= 4 * chance, after
@@ -228,12 +360,24 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     owner = {c: i for i, ids in zip(image_ids, per_image, strict=True) for c in ids}
     map_at_r = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "map_at_r"))
     sim = emb["image"] @ emb["text"].T
-    i2t = map_at_r.compute(similarity=sim, positives=dict(zip(image_ids, per_image, strict=True)),
-                           query_ids=image_ids, gallery_ids=caption_ids, k_values=[1, 5, 10],
-                           map_at_r=False, r_precision=False)
-    t2i = map_at_r.compute(similarity=sim.T, positives={c: [owner[c]] for c in caption_ids},
-                           query_ids=caption_ids, gallery_ids=image_ids, k_values=[1, 5, 10],
-                           map_at_r=False, r_precision=False)
+    i2t = map_at_r.compute(
+        similarity=sim,
+        positives=dict(zip(image_ids, per_image, strict=True)),
+        query_ids=image_ids,
+        gallery_ids=caption_ids,
+        k_values=[1, 5, 10],
+        map_at_r=False,
+        r_precision=False,
+    )
+    t2i = map_at_r.compute(
+        similarity=sim.T,
+        positives={c: [owner[c]] for c in caption_ids},
+        query_ids=caption_ids,
+        gallery_ids=image_ids,
+        k_values=[1, 5, 10],
+        map_at_r=False,
+        r_precision=False,
+    )
     for k in (1, 5, 10):
         assert final[f"retrieval/i2t_R@{k}"] == pytest.approx(i2t[f"recall_at_{k}"])
         assert final[f"retrieval/t2i_R@{k}"] == pytest.approx(t2i[f"recall_at_{k}"])
@@ -247,9 +391,14 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     mentions = np.array([[c in set(r) for c in classes] for r in mentioned])
     ranked = np.argsort(-(emb["query_image"] @ emb["gallery_text"].T), axis=1, kind="stable")[:, :10]
     odmap = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "odmap"))
-    res = odmap.compute(retrieved=ranked.tolist(), removed_classes=removed,
-                        present_classes=present, mention_matrix=mentions,
-                        class_names=classes, k_values=[1, 5, 10])
+    res = odmap.compute(
+        retrieved=ranked.tolist(),
+        removed_classes=removed,
+        present_classes=present,
+        mention_matrix=mentions,
+        class_names=classes,
+        k_values=[1, 5, 10],
+    )
     for k in (1, 5, 10):
         assert final[f"odmap/ODmAP@{k}"] == pytest.approx(res[f"ODmAP@{k}"])
 
@@ -264,8 +413,14 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     i0, i1, c0, c1 = emb["cf_image"][0::2], emb["cf_image"][1::2], emb["cf_text"][0::2], emb["cf_text"][1::2]
     g = lambda c, i: (c * i).sum(1)  # noqa: E731
     itm = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "itm_score_deltas"))
-    deltas = itm.compute(g_cr_ir=g(cap[nxt], img[nxt]), g_cr_io=g(cap[nxt], img), g_co_ir=g(cap, img[nxt]),
-                         g_cc_ics=g(c1, i1), g_cc_ios=g(c1, i0), g_co_ics=g(c0, i1))
+    deltas = itm.compute(
+        g_cr_ir=g(cap[nxt], img[nxt]),
+        g_cr_io=g(cap[nxt], img),
+        g_co_ir=g(cap, img[nxt]),
+        g_cc_ics=g(c1, i1),
+        g_cc_ios=g(c1, i0),
+        g_co_ics=g(c0, i1),
+    )
     for name in ("IR_r", "TR_r", "IR_c", "TR_c"):
         for stat in ("mean", "median", "frac_below_zero"):
             assert final[f"itm/{name}_{stat}"] == pytest.approx(deltas[name][stat], abs=1e-6), (name, stat)
@@ -310,8 +465,7 @@ def test_bad_inputs_are_one_line_errors_before_training(builds, tiny_models_dir,
     assert "has no column(s) ['caption_ids', 'captions']" in err and str(dec) in err
     err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--ratio", "5"))
     assert "--ratio 5.0 needs" in err and "lower --ratio" in err
-    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs",
-                                      "--batch-size", "1"))
+    err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--hard-negatives", "pairs", "--batch-size", "1"))
     assert "needs at least 2 rows per process batch" in err
     err = _error_of(capsys, base_args(builds, tiny_models_dir, out, "--real-revision", "v1.0.0"))
     assert "is a local folder" in err
@@ -331,9 +485,25 @@ def test_open_clip_backend_trains_and_saves_a_local_dir_model(builds, tiny_model
     from safetensors.numpy import load_file
 
     out = tmp_path / "oc"
-    assert train_main(base_args(builds, tiny_models_dir, out, "--backend", "open_clip", "--max-steps",
-                                "2", "--hard-negatives", "negclip", "--real-test-split", "test",
-                                "--lock-image")) == 0
+    assert (
+        train_main(
+            base_args(
+                builds,
+                tiny_models_dir,
+                out,
+                "--backend",
+                "open_clip",
+                "--max-steps",
+                "2",
+                "--hard-negatives",
+                "negclip",
+                "--real-test-split",
+                "test",
+                "--lock-image",
+            )
+        )
+        == 0
+    )
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{out / 'final'}")
     assert len(read_jsonl(out / "loss.jsonl")) == 2
     # --lock-image: the image tower is the initial one, the text tower moved.
@@ -343,17 +513,33 @@ def test_open_clip_backend_trains_and_saves_a_local_dir_model(builds, tiny_model
     assert not np.array_equal(after["token_embedding.weight"], before["token_embedding.weight"])
     # Evaluating the saved model reproduces the run's final numbers.
     again = tmp_path / "again"
-    assert train_main(["--real", str(builds[0]), "--decorrelation", str(builds[1]), "--backend",
-                       "open_clip", "--model", f"local-dir:{out / 'final'}", "--eval-only",
-                       "--num-workers", "0", "--output", str(again)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(builds[0]),
+                "--decorrelation",
+                str(builds[1]),
+                "--backend",
+                "open_clip",
+                "--model",
+                f"local-dir:{out / 'final'}",
+                "--eval-only",
+                "--num-workers",
+                "0",
+                "--output",
+                str(again),
+            ]
+        )
+        == 0
+    )
     for key, value in final_metrics(again).items():
         if not key.startswith("val_loss"):
             assert final_metrics(out)[key] == pytest.approx(value, abs=1e-6), key
     assert isinstance(model, torch.nn.Module)
 
 
-def test_datasets_by_revision_from_the_hub_and_push_to_hub(builds, tiny_models_dir, tmp_path,
-                                                           capsys, local_hub):
+def test_datasets_by_revision_from_the_hub_and_push_to_hub(builds, tiny_models_dir, tmp_path, capsys, local_hub):
     from huggingface_hub import HfApi, hf_hub_download
     from transformers import CLIPModel
 
@@ -362,9 +548,24 @@ def test_datasets_by_revision_from_the_hub_and_push_to_hub(builds, tiny_models_d
     assert cli_main(["publish", str(cc), "--repo-id", repo, "--version", "v1.0.0"]) == 0
     sha = HfApi().dataset_info(repo, revision="v1.0.0").sha
     out = tmp_path / "run"
-    args = ["--real", repo, "--real-revision", "v1.0.0", "--models", "tiny", "--tiny-models-dir",
-            str(tiny_models_dir), "--batch-size", "8", "--max-steps", "2", "--num-workers", "0",
-            "--output", str(out)]
+    args = [
+        "--real",
+        repo,
+        "--real-revision",
+        "v1.0.0",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "2",
+        "--num-workers",
+        "0",
+        "--output",
+        str(out),
+    ]
     err = _error_of(capsys, [*args[:3], "v9.9.9", *args[4:]])
     assert "revision 'v9.9.9' does not exist" in err and repo in err
     assert train_main([*args, "--push-to-hub", "trainer-test/tiny-clip"]) == 0
@@ -385,13 +586,55 @@ def test_sweep_writes_mean_std_and_a_one_tailed_welch_test(tmp_path, tiny_models
     from training.sweep import main as sweep_main
 
     data = write_color_set(tmp_path / "colors", {"train": 2, "val": 1, "test": 1})
-    common = ["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
-              "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0"]
-    assert sweep_main(["--seeds", "1-3", "--data-seed-offset", "1", "--output", str(tmp_path / "base"),
-                       "--", *common, "--eval-only"]) == 0
-    assert sweep_main(["--seeds", "4,5,6", "--output", str(tmp_path / "run"), "--baseline",
-                       str(tmp_path / "base"), "--", *common, "--batch-size", "16", "--lr", "2e-3",
-                       "--max-steps", "20"]) == 0
+    common = [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+    ]
+    assert (
+        sweep_main(
+            [
+                "--seeds",
+                "1-3",
+                "--data-seed-offset",
+                "1",
+                "--output",
+                str(tmp_path / "base"),
+                "--",
+                *common,
+                "--eval-only",
+            ]
+        )
+        == 0
+    )
+    assert (
+        sweep_main(
+            [
+                "--seeds",
+                "4,5,6",
+                "--output",
+                str(tmp_path / "run"),
+                "--baseline",
+                str(tmp_path / "base"),
+                "--",
+                *common,
+                "--batch-size",
+                "16",
+                "--lr",
+                "2e-3",
+                "--max-steps",
+                "20",
+            ]
+        )
+        == 0
+    )
     runs = {s: final_metrics(tmp_path / "run" / f"seed-{s}") for s in (4, 5, 6)}
     base = {s: final_metrics(tmp_path / "base" / f"seed-{s}") for s in (1, 2, 3)}
     assert json.loads((tmp_path / "run" / "seed-5" / "run.json").read_text())["config"]["run"]["seed"] == 5
@@ -415,10 +658,35 @@ def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_pat
     real = write_color_set(tmp_path / "real", {"train": 2, "test": 1})
     cf = write_counterfactuals(tmp_path / "cf", list(range(1, 16)))
     out = tmp_path / "run"
-    assert train_main(["--real", str(real), "--real-train-splits", "train", "--counterfactuals", str(cf),
-                       "--mix", "cf:medium", "--hard-negatives", "negclip", "--models", "tiny",
-                       "--tiny-models-dir", str(tiny_models_dir), "--batch-size", "4", "--max-steps",
-                       "3", "--num-workers", "0", "--output", str(out)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(real),
+                "--real-train-splits",
+                "train",
+                "--counterfactuals",
+                str(cf),
+                "--mix",
+                "cf:medium",
+                "--hard-negatives",
+                "negclip",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "3",
+                "--num-workers",
+                "0",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads((out / "run.json").read_text())
     n_real, whole, extra = cf_counts(15, "cf:medium")
     # Trained on, selected on (validation loss), and held out for the ITM deltas.
@@ -436,9 +704,30 @@ def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_pat
     # The pretrained baseline (--eval-only, same mixture and data seed) is scored on the same
     # held-out pairs and validation examples.
     base = tmp_path / "baseline"
-    assert train_main(["--real", str(real), "--real-train-splits", "train", "--counterfactuals", str(cf),
-                       "--mix", "cf:medium", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                       "--eval-only", "--num-workers", "0", "--output", str(base)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(real),
+                "--real-train-splits",
+                "train",
+                "--counterfactuals",
+                str(cf),
+                "--mix",
+                "cf:medium",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--eval-only",
+                "--num-workers",
+                "0",
+                "--output",
+                str(base),
+            ]
+        )
+        == 0
+    )
     base_emb = np.load(base / "embeddings.npz")
     assert base_emb["cf_image"].shape == emb["cf_image"].shape
     assert "itm/IR_c_mean" in final_metrics(base) and "val_loss" in final_metrics(base)
@@ -448,9 +737,24 @@ def test_counterfactuals_without_a_cf_mix_are_scored_on_every_pair_not_trained_o
     real = write_color_set(tmp_path / "real", {"train": 2, "val": 1, "test": 1})
     n_pairs = 7
     cf = write_counterfactuals(tmp_path / "cf", list(range(1, n_pairs + 1)))
-    common = ["--real", str(real), "--real-train-splits", "train", "--models", "tiny", "--tiny-models-dir",
-              str(tiny_models_dir), "--batch-size", "8", "--lr", "1e-3", "--max-steps", "3",
-              "--num-workers", "0"]
+    common = [
+        "--real",
+        str(real),
+        "--real-train-splits",
+        "train",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--max-steps",
+        "3",
+        "--num-workers",
+        "0",
+    ]
     scored, plain = tmp_path / "scored", tmp_path / "plain"
     assert train_main([*common, "--counterfactuals", str(cf), "--output", str(scored)]) == 0
     assert train_main([*common, "--output", str(plain)]) == 0
@@ -465,7 +769,8 @@ def test_counterfactuals_without_a_cf_mix_are_scored_on_every_pair_not_trained_o
     # both rows of every pair.
     cf_tables = [t for t in with_cf["tables"] if t["path"].startswith("local:cf@sha256:")]
     assert [{k: v for k, v in t.items() if k != "path"} for t in cf_tables] == [
-        {"revision": None, "commit": None, "config": "default", "split": "test", "rows": n_pairs}]
+        {"revision": None, "commit": None, "config": "default", "split": "test", "rows": n_pairs}
+    ]
     emb = np.load(scored / "embeddings.npz")
     assert emb["cf_image"].shape[0] == emb["cf_text"].shape[0] == 2 * n_pairs
     itm_c = {k for k in final_metrics(scored) if k.startswith(("itm/IR_c", "itm/TR_c"))}
@@ -473,8 +778,22 @@ def test_counterfactuals_without_a_cf_mix_are_scored_on_every_pair_not_trained_o
     assert not any(k.startswith("itm/IR_c") for k in final_metrics(plain))
     # --eval-only (no --real needed) scores the same pairs: the trained model gives its final numbers.
     again = tmp_path / "again"
-    assert train_main(["--counterfactuals", str(cf), "--model", str(scored / "final"), "--eval-only",
-                       "--num-workers", "0", "--output", str(again)]) == 0
+    assert (
+        train_main(
+            [
+                "--counterfactuals",
+                str(cf),
+                "--model",
+                str(scored / "final"),
+                "--eval-only",
+                "--num-workers",
+                "0",
+                "--output",
+                str(again),
+            ]
+        )
+        == 0
+    )
     np.testing.assert_allclose(np.load(again / "embeddings.npz")["cf_image"], emb["cf_image"], atol=1e-5)
     for key in itm_c:
         assert final_metrics(again)[key] == pytest.approx(final_metrics(scored)[key], abs=1e-6), key
@@ -485,12 +804,45 @@ def test_le2023_recipe_with_overrides_keeps_the_best_validation_checkpoint(tmp_p
     out = tmp_path / "run"
     # 160 examples / 16 = 10 steps per epoch; the lr is multiplied by 1000 after 2 epochs, so
     # the model learns, then wrecks itself: the best validation loss is not the last one.
-    assert train_main(["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
-                       "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0",
-                       "--recipe", "le2023", "--lr", "2e-3", "--batch-size", "16", "--epochs", "3",
-                       "--schedule", "step", "--step-epochs", "2", "--step-gamma", "1000",
-                       "--warmup-steps", "3", "--max-grad-norm", "1.0", "--eval-every", "5",
-                       "--output", str(out)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(data),
+                "--real-train-splits",
+                "train",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--num-workers",
+                "0",
+                "--recipe",
+                "le2023",
+                "--lr",
+                "2e-3",
+                "--batch-size",
+                "16",
+                "--epochs",
+                "3",
+                "--schedule",
+                "step",
+                "--step-epochs",
+                "2",
+                "--step-gamma",
+                "1000",
+                "--warmup-steps",
+                "3",
+                "--max-grad-norm",
+                "1.0",
+                "--eval-every",
+                "5",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     cfg = json.loads((out / "run.json").read_text())["config"]
     assert cfg["recipe"] == "le2023" and cfg["run"]["best_by_val_loss"]
     assert (cfg["optim"]["optimizer"], cfg["optim"]["weight_decay"], cfg["optim"]["lr"]) == ("adamw", 0.001, 2e-3)

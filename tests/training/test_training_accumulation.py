@@ -18,8 +18,7 @@ from training.finetune_clip import main as train_main
 from training.losses import clip_loss
 
 from helpers.build_helpers import accelerate_cmd
-from helpers.training_helpers import (REPO_ROOT, SCRIPT, OneProcessAccelerator, read_jsonl,
-                                      write_color_set)
+from helpers.training_helpers import REPO_ROOT, SCRIPT, OneProcessAccelerator, read_jsonl, write_color_set
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -37,7 +36,7 @@ def tiny_backend(kind: str, tiny_models_dir):
 def make_batch(backend, rows: range, negatives: bool, pixels: torch.Tensor) -> dict:
     """Rows `rows` of one fixed batch; captions of varied length (micro-batches pad differently)."""
     captions = [f"a {WORDS[i]} cube" + " on a table" * (i % 3) for i in rows]
-    batch = {"pixel_values": pixels[rows.start:rows.stop], "text": backend.tokenize(captions)}
+    batch = {"pixel_values": pixels[rows.start : rows.stop], "text": backend.tokenize(captions)}
     if negatives:  # every third row has no counterfactual caption
         negs = [None if i % 3 == 0 else f"a {WORDS[(i + 3) % 8]} cube" for i in rows]
         batch["negative_text"] = backend.tokenize([n or "" for n in negs])
@@ -53,8 +52,9 @@ def grads(module) -> dict[str, torch.Tensor]:
 
 def full_batch_reference(module, batch: dict) -> tuple[float, dict[str, torch.Tensor]]:
     """The plain step: one forward of the whole batch, the loss, one backward."""
-    img, txt, neg, scale = module(pixel_values=batch["pixel_values"], text=batch["text"],
-                                  negative_text=batch.get("negative_text"))
+    img, txt, neg, scale = module(
+        pixel_values=batch["pixel_values"], text=batch["text"], negative_text=batch.get("negative_text")
+    )
     loss = clip_loss(img, txt, scale, neg, batch.get("negative_mask"))
     loss.backward()
     return float(loss.detach()), grads(module)
@@ -108,15 +108,42 @@ def test_grad_accum_over_two_processes_is_the_batch_of_one(tmp_path, tiny_models
     data = write_color_set(tmp_path / "colors", {"train": 4, "val": 1, "test": 1})
 
     def args(out, batch: str, accum: str) -> list[str]:
-        return ["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
-                "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0", "--lr", "1e-3",
-                "--batch-size", batch, "--grad-accum", accum, "--max-steps", "3",
-                "--hard-negatives", "pairs", "--report-to", "none", "--output", str(out)]
+        return [
+            "--real",
+            str(data),
+            "--real-train-splits",
+            "train",
+            "--models",
+            "tiny",
+            "--tiny-models-dir",
+            str(tiny_models_dir),
+            "--num-workers",
+            "0",
+            "--lr",
+            "1e-3",
+            "--batch-size",
+            batch,
+            "--grad-accum",
+            accum,
+            "--max-steps",
+            "3",
+            "--hard-negatives",
+            "pairs",
+            "--report-to",
+            "none",
+            "--output",
+            str(out),
+        ]
 
     assert train_main(args(tmp_path / "plain", "16", "1")) == 0
     assert train_main(args(tmp_path / "accum", "8", "2")) == 0
-    proc = subprocess.run(accelerate_cmd(SCRIPT, *args(tmp_path / "two", "8", "2"), "--expect-processes", "2"),
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    proc = subprocess.run(
+        accelerate_cmd(SCRIPT, *args(tmp_path / "two", "8", "2"), "--expect-processes", "2"),
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     plain, accum, two = (read_jsonl(tmp_path / name / "loss.jsonl") for name in ("plain", "accum", "two"))
     assert [r["step"] for r in plain] == [r["step"] for r in accum] == [r["step"] for r in two] == [1, 2, 3]

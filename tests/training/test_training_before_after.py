@@ -27,12 +27,24 @@ def colors(tmp_path_factory):
 
 def test_before_after_in_metrics_md_run_json_and_card(colors, tiny_models_dir, tmp_path):
     data, cf = colors
-    common = ["--real", str(data), "--real-train-splits", "train", "--counterfactuals", str(cf),
-              "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0",
-              "--bootstrap", "300"]
+    common = [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--counterfactuals",
+        str(cf),
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--bootstrap",
+        "300",
+    ]
     out = tmp_path / "run"
-    assert train_main([*common, "--batch-size", "16", "--lr", "2e-3", "--max-steps", "15",
-                       "--output", str(out)]) == 0
+    assert train_main([*common, "--batch-size", "16", "--lr", "2e-3", "--max-steps", "15", "--output", str(out)]) == 0
     base = tmp_path / "base"
     assert train_main([*common, "--eval-only", "--output", str(base)]) == 0
     record = json.loads((out / "run.json").read_text())
@@ -56,14 +68,17 @@ def test_before_after_in_metrics_md_run_json_and_card(colors, tiny_models_dir, t
     assert rows["retrieval/t2i_R@1"]["difference"] > 0  # the captions name the colour: it learns
     for text in ((out / "metrics.md").read_text(), (out / "final" / "README.md").read_text()):
         assert "## Before -> after (the base model evaluated before step 1)" in text
-        row = next(line for line in text.splitlines() if line.startswith("| retrieval/t2i\\_R@1 |")
-                   and line.count("|") == 5)
+        row = next(
+            line for line in text.splitlines() if line.startswith("| retrieval/t2i\\_R@1 |") and line.count("|") == 5
+        )
         assert f"| {before['retrieval/t2i_R@1']:.4f} | {final['retrieval/t2i_R@1']:.4f} |" in row
         assert re.search(r"\[-?\d\.\d{4}, -?\d\.\d{4}\] \|$", row), row
     low, high = record["final_intervals"]["retrieval/t2i_R@1"]
     assert low <= final["retrieval/t2i_R@1"] <= high
-    assert f"| retrieval/t2i\\_R@1 | {final['retrieval/t2i_R@1']:.4f} [{low:.4f}, {high:.4f}] |" in \
-        (out / "metrics.md").read_text()
+    assert (
+        f"| retrieval/t2i\\_R@1 | {final['retrieval/t2i_R@1']:.4f} [{low:.4f}, {high:.4f}] |"
+        in (out / "metrics.md").read_text()
+    )
     # metrics.jsonl keeps its rows (the base model's are in before.json).
     assert all(e["step"] > 0 for e in read_jsonl(out / "metrics.jsonl"))
     # --eval-only has no "before".
@@ -80,8 +95,15 @@ def test_sweep_aggregates_the_per_seed_gains(tmp_path):
         folder = tmp_path / f"seed-{seed}"
         folder.mkdir()
         final = {"retrieval/t2i_R@1": 0.5 + gain, "val_loss": 1.0}
-        before_after = {"retrieval/t2i_R@1": {"before": 0.5, "after": 0.5 + gain, "difference": gain,
-                                              "ci_low": None, "ci_high": None}}
+        before_after = {
+            "retrieval/t2i_R@1": {
+                "before": 0.5,
+                "after": 0.5 + gain,
+                "difference": gain,
+                "ci_low": None,
+                "ci_high": None,
+            }
+        }
         (folder / "run.json").write_text(json.dumps({"final_metrics": final, "before_after": before_after}))
     summary = summarize(tmp_path)
     row = next(r for r in summary["metrics"] if r["metric"] == "retrieval/t2i_R@1")
@@ -94,7 +116,6 @@ def test_sweep_aggregates_the_per_seed_gains(tmp_path):
     assert next(r for r in summary["metrics"] if r["metric"] == "val_loss").get("gain_mean") is None
 
 
-
 def test_zeroshot_and_flickr30k_are_evaluated_before_step_1(colors, tiny_models_dir, tmp_path):
     """Every configured evaluation has its before -> after: zero-shot (units: test images) and
     Flickr30k (units: images with all their captions) too, each with its paired interval."""
@@ -105,13 +126,42 @@ def test_zeroshot_and_flickr30k_are_evaluated_before_step_1(colors, tiny_models_
     classes = write_classification_fixture(tmp_path / "classes", per_class=1)
     flickr = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=8))
     out = tmp_path / "run"
-    assert train_main(["--real", str(data), "--real-train-splits", "train", "--zeroshot", f"{classes}:test",
-                       "--flickr30k", str(flickr), "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                       "--num-workers", "0", "--bootstrap", "200", "--batch-size", "16", "--max-steps", "3",
-                       "--output", str(out)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(data),
+                "--real-train-splits",
+                "train",
+                "--zeroshot",
+                f"{classes}:test",
+                "--flickr30k",
+                str(flickr),
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--num-workers",
+                "0",
+                "--bootstrap",
+                "200",
+                "--batch-size",
+                "16",
+                "--max-steps",
+                "3",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads((out / "run.json").read_text())["before_after"]
-    for key in ("zeroshot/classes-test/top1", "zeroshot/classes-test/mean_per_class_recall",
-                "flickr30k/t2i_R@1", "flickr30k/i2t_R@5"):
+    for key in (
+        "zeroshot/classes-test/top1",
+        "zeroshot/classes-test/mean_per_class_recall",
+        "flickr30k/t2i_R@1",
+        "flickr30k/i2t_R@5",
+    ):
         row = rows[key]
         assert row["difference"] == pytest.approx(row["after"] - row["before"]), key
         assert row["ci_low"] is not None and row["ci_low"] - 1e-9 <= row["difference"] <= row["ci_high"] + 1e-9, key

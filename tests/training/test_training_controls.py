@@ -22,13 +22,27 @@ from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
 from helpers.build_helpers import accelerate_cmd, error_line
-from helpers.training_helpers import (COLORS, REPO_ROOT, SCRIPT, OneProcessAccelerator, png,
-                                      read_jsonl, write_color_set, write_split)
+from helpers.training_helpers import (
+    COLORS,
+    REPO_ROOT,
+    SCRIPT,
+    OneProcessAccelerator,
+    png,
+    read_jsonl,
+    write_color_set,
+    write_split,
+)
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
-REAL = Features({"image": Image(), "image_id": Value("int64"), "caption_ids": List(Value("int64")),
-                 "captions": List(Value("string"))})
+REAL = Features(
+    {
+        "image": Image(),
+        "image_id": Value("int64"),
+        "caption_ids": List(Value("int64")),
+        "captions": List(Value("string")),
+    }
+)
 
 
 def _parse(*argv: str):
@@ -55,9 +69,27 @@ def real_set(root: Path, n_train: int, n_test: int = 2) -> Path:
 
 
 def tiny_args(real: Path, out: Path, tiny_models_dir, *extra: str) -> list[str]:
-    return ["--real", str(real), "--real-train-splits", "train", "--real-val-split", "",
-            "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0",
-            "--report-to", "none", "--lr", "1e-4", "--output", str(out), *extra]
+    return [
+        "--real",
+        str(real),
+        "--real-train-splits",
+        "train",
+        "--real-val-split",
+        "",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--report-to",
+        "none",
+        "--lr",
+        "1e-4",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 def optimizer_groups(run: Path) -> list[dict]:
@@ -67,6 +99,7 @@ def optimizer_groups(run: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------- betas and eps
+
 
 def test_recipes_take_adams_betas_and_eps_from_their_papers_code(tmp_path):
     """le2023 = run_clip.py's TrainingArguments defaults; kim2023 (no code published) = plain
@@ -86,21 +119,40 @@ def test_recipes_take_adams_betas_and_eps_from_their_papers_code(tmp_path):
 def test_betas_and_eps_reach_the_optimizer(tmp_path, tiny_models_dir):
     real = real_set(tmp_path / "real", 8)
     out = tmp_path / "run"
-    assert train_main(tiny_args(real, out, tiny_models_dir, "--batch-size", "4", "--max-steps", "1",
-                                "--save-every", "1", "--beta1", "0.8", "--beta2", "0.98",
-                                "--eps", "1e-6")) == 0
+    assert (
+        train_main(
+            tiny_args(
+                real,
+                out,
+                tiny_models_dir,
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "1",
+                "--save-every",
+                "1",
+                "--beta1",
+                "0.8",
+                "--beta2",
+                "0.98",
+                "--eps",
+                "1e-6",
+            )
+        )
+        == 0
+    )
     groups = optimizer_groups(out)
     assert [(tuple(g["betas"]), g["eps"]) for g in groups] == [((0.8, 0.98), 1e-6)] * 2
     assert json.loads((out / "run.json").read_text())["config"]["optim"]["beta2"] == 0.98
 
 
 def test_bad_betas_are_one_line(tmp_path, capsys):
-    assert cli_main(["train", "--real", str(tmp_path), "--output", str(tmp_path / "run"),
-                     "--beta2", "1.5"]) == 2
+    assert cli_main(["train", "--real", str(tmp_path), "--output", str(tmp_path / "run"), "--beta2", "1.5"]) == 2
     assert "--beta2 1.5" in error_line(capsys)
 
 
 # ---------------------------------------------------------------- open_clip's 1-D no-decay rule
+
 
 def open_clip_train_excludes(name: str, p: torch.Tensor) -> bool:
     """open_clip_train/main.py's `exclude` (open_clip 3.3.0), on the name inside the model."""
@@ -117,8 +169,26 @@ def test_open_clip_backend_keeps_1d_parameters_out_of_weight_decay(tmp_path, tin
     assert "visual.class_embedding" in excluded  # 1-D, decayed by the rule without ndim
     real = real_set(tmp_path / "real", 8)
     out = tmp_path / "run"
-    assert train_main(tiny_args(real, out, tiny_models_dir, "--backend", "open_clip", "--batch-size", "4",
-                                "--max-steps", "1", "--save-every", "1", "--weight-decay", "0.1")) == 0
+    assert (
+        train_main(
+            tiny_args(
+                real,
+                out,
+                tiny_models_dir,
+                "--backend",
+                "open_clip",
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "1",
+                "--save-every",
+                "1",
+                "--weight-decay",
+                "0.1",
+            )
+        )
+        == 0
+    )
     decay, no_decay = optimizer_groups(out)
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
     n_params = len(list(model.parameters()))
@@ -126,6 +196,7 @@ def test_open_clip_backend_keeps_1d_parameters_out_of_weight_decay(tmp_path, tin
 
 
 # ------------------------------------------------------------------------------- SigLIP's loss
+
 
 def tiny_siglip(tiny_models_dir, out: Path) -> str:
     """The tiny open_clip CLIP with SigLIP's logit bias and scale (open_clip's SigLIP configs:
@@ -151,14 +222,19 @@ def test_siglip_loss_is_open_clips_and_negatives_are_extra_negative_cells():
     from training.losses import siglip_loss
 
     g = torch.Generator().manual_seed(0)
-    img, txt, neg = (torch.nn.functional.normalize(torch.randn(6, 5, generator=g, dtype=torch.float64), dim=-1)
-                     for _ in range(3))
+    img, txt, neg = (
+        torch.nn.functional.normalize(torch.randn(6, 5, generator=g, dtype=torch.float64), dim=-1) for _ in range(3)
+    )
     scale, bias = torch.tensor(10.0, dtype=torch.float64), torch.tensor(-3.0, dtype=torch.float64)
     want = SigLipLoss()(img, txt, scale, bias)
     assert float(siglip_loss(img, txt, scale, bias)) == pytest.approx(float(want), rel=1e-12)
     mask = torch.tensor([True, False, True, True, False, True])
-    extra = sum(math.log1p(math.exp(float(scale * img[i] @ neg[j] + bias)))  # -log sigmoid(-x)
-                for i in range(6) for j in range(6) if mask[j])
+    extra = sum(
+        math.log1p(math.exp(float(scale * img[i] @ neg[j] + bias)))  # -log sigmoid(-x)
+        for i in range(6)
+        for j in range(6)
+        if mask[j]
+    )
     got = siglip_loss(img, txt, scale, bias, neg, mask)
     assert float(got) == pytest.approx(float(want) + extra / 6, rel=1e-12)
 
@@ -178,8 +254,10 @@ def test_accumulated_siglip_gradients_equal_the_full_batch(negatives, tiny_model
     words = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
 
     def batch(rows: range) -> dict:
-        out = {"pixel_values": pixels[rows.start:rows.stop],
-               "text": backend.tokenize([f"a {words[i]} cube" for i in rows])}
+        out = {
+            "pixel_values": pixels[rows.start : rows.stop],
+            "text": backend.tokenize([f"a {words[i]} cube" for i in rows]),
+        }
         if negatives:
             out["negative_text"] = backend.tokenize([f"a {words[(i + 3) % 8]} cube" for i in rows])
             out["negative_mask"] = torch.tensor([i % 3 != 0 for i in rows])
@@ -191,15 +269,20 @@ def test_accumulated_siglip_gradients_equal_the_full_batch(negatives, tiny_model
         return out
 
     full = batch(range(8))
-    img, txt, neg, scale, bias = module(pixel_values=full["pixel_values"], text=full["text"],
-                                        negative_text=full.get("negative_text"), with_bias=True)
-    loss = siglip_loss(img, txt, scale, bias, neg, full.get("negative_mask")) if negatives else \
-        SigLipLoss()(img, txt, scale, bias)
+    img, txt, neg, scale, bias = module(
+        pixel_values=full["pixel_values"], text=full["text"], negative_text=full.get("negative_text"), with_bias=True
+    )
+    loss = (
+        siglip_loss(img, txt, scale, bias, neg, full.get("negative_mask"))
+        if negatives
+        else SigLipLoss()(img, txt, scale, bias)
+    )
     loss.backward()
     want = grads()
     assert "model.logit_bias" in want
-    got_loss = accumulate_gradients(module, [batch(range(b, b + 2)) for b in range(0, 8, 2)],
-                                    OneProcessAccelerator(), "siglip")
+    got_loss = accumulate_gradients(
+        module, [batch(range(b, b + 2)) for b in range(0, 8, 2)], OneProcessAccelerator(), "siglip"
+    )
     got = grads()
     assert got_loss == pytest.approx(float(loss.detach()), abs=1e-5)
     assert got.keys() == want.keys()
@@ -218,8 +301,20 @@ def test_a_siglip_model_trains_with_the_sigmoid_loss_and_refuses_the_softmax_one
     out = tmp_path / "run"
 
     def args(out: Path, *extra: str) -> list[str]:
-        return tiny_args(real, out, tiny_models_dir, "--backend", "open_clip", "--model", model_id,
-                         "--batch-size", "8", "--max-steps", "1", *extra)
+        return tiny_args(
+            real,
+            out,
+            tiny_models_dir,
+            "--backend",
+            "open_clip",
+            "--model",
+            model_id,
+            "--batch-size",
+            "8",
+            "--max-steps",
+            "1",
+            *extra,
+        )
 
     assert train_main(args(out)) == 0
     assert json.loads((out / "run.json").read_text())["config"]["optim"]["loss"] == "siglip"
@@ -243,6 +338,7 @@ def test_a_siglip_model_trains_with_the_sigmoid_loss_and_refuses_the_softmax_one
 
 # ----------------------------------------------------------------------- the last, short batch
 
+
 def test_le2023_keeps_the_last_batch_and_the_default_drops_it(tmp_path, tiny_models_dir):
     """11 examples in batches of 4: run_clip.py's Trainer (`dataloader_drop_last=False`) makes
     ceil(11/4) = 3 steps an epoch, the last of 3 examples; open_clip_train (`drop_last=True`)
@@ -253,11 +349,18 @@ def test_le2023_keeps_the_last_batch_and_the_default_drops_it(tmp_path, tiny_mod
     assert _parse("--recipe", "le2023").optim.last_batch == "keep"
     assert _parse("--recipe", "kim2023").optim.last_batch == _parse().optim.last_batch == "drop"
     real = real_set(tmp_path / "real", 11)
-    for name, extra, steps in (("keep", ["--recipe", "le2023", "--real-val-split", ""], 3),
-                               ("drop", [], 2), ("kim", ["--recipe", "kim2023"], 2)):
+    for name, extra, steps in (
+        ("keep", ["--recipe", "le2023", "--real-val-split", ""], 3),
+        ("drop", [], 2),
+        ("kim", ["--recipe", "kim2023"], 2),
+    ):
         out = tmp_path / name
-        assert train_main(tiny_args(real, out, tiny_models_dir, *extra, "--batch-size", "4",
-                                    "--epochs", "1", "--lr", "1e-4")) == 0, name
+        assert (
+            train_main(
+                tiny_args(real, out, tiny_models_dir, *extra, "--batch-size", "4", "--epochs", "1", "--lr", "1e-4")
+            )
+            == 0
+        ), name
         run = json.loads((out / "run.json").read_text())
         assert (run["steps_per_epoch"], run["steps"]) == (steps, steps), name
         assert [r["step"] for r in read_jsonl(out / "loss.jsonl")] == list(range(1, steps + 1)), name
@@ -282,12 +385,18 @@ def test_kept_uneven_last_batch_over_two_processes_is_the_batch_of_one(tmp_path,
     real = real_set(tmp_path / "real", 11)
 
     def args(out: Path) -> list[str]:
-        return tiny_args(real, out, tiny_models_dir, "--batch-size", "4", "--epochs", "1",
-                         "--last-batch", "keep", "--lr", "1e-3")
+        return tiny_args(
+            real, out, tiny_models_dir, "--batch-size", "4", "--epochs", "1", "--last-batch", "keep", "--lr", "1e-3"
+        )
 
     assert train_main(args(tmp_path / "one")) == 0
-    proc = subprocess.run(accelerate_cmd(SCRIPT, *args(tmp_path / "two"), "--expect-processes", "2"),
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    proc = subprocess.run(
+        accelerate_cmd(SCRIPT, *args(tmp_path / "two"), "--expect-processes", "2"),
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = read_jsonl(tmp_path / "one" / "loss.jsonl"), read_jsonl(tmp_path / "two" / "loss.jsonl")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3]
@@ -295,6 +404,7 @@ def test_kept_uneven_last_batch_over_two_processes_is_the_batch_of_one(tmp_path,
 
 
 # ------------------------------------------------------------------------------- augmentation
+
 
 @pytest.mark.parametrize("kind", ["transformers", "open_clip"])
 def test_augment_is_open_clips_train_transform(kind, tiny_models_dir):
@@ -318,9 +428,13 @@ def test_augment_is_open_clips_train_transform(kind, tiny_models_dir):
     aug = parse_aug_cfg(("scale=(0.5, 1.0)", "color_jitter=(0.4, 0.4, 0.4, 0.1)", "color_jitter_prob=0.8"))
     pixels = backend.train_pixels(aug)
     p = backend.pixels
-    reference = open_clip.image_transform(backend.image_size, is_train=True, mean=p.mean, std=p.std,
-                                          aug_cfg={"scale": (0.5, 1.0), "color_jitter": (0.4, 0.4, 0.4, 0.1),
-                                                   "color_jitter_prob": 0.8})
+    reference = open_clip.image_transform(
+        backend.image_size,
+        is_train=True,
+        mean=p.mean,
+        std=p.std,
+        aug_cfg={"scale": (0.5, 1.0), "color_jitter": (0.4, 0.4, 0.4, 0.1), "color_jitter_prob": 0.8},
+    )
     buf = io.BytesIO()
     PILImage.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(buf, "PNG")
     data = buf.getvalue()
@@ -335,36 +449,68 @@ def test_augment_is_open_clips_train_transform(kind, tiny_models_dir):
     assert (draws[0] - draws[1]).abs().max() > 0.1
 
 
-def test_augment_trains_on_the_train_transform_and_bad_cfg_is_one_line(tmp_path, tiny_models_dir, capsys,
-                                                                       monkeypatch):
+def test_augment_trains_on_the_train_transform_and_bad_cfg_is_one_line(tmp_path, tiny_models_dir, capsys, monkeypatch):
     import training.trainer
 
     used = []
     make_loader = training.trainer.make_loader
-    monkeypatch.setattr(training.trainer, "make_loader", lambda *a, **k: used.append(k.get("pixels"))
-                        or make_loader(*a, **k))
+    monkeypatch.setattr(
+        training.trainer, "make_loader", lambda *a, **k: used.append(k.get("pixels")) or make_loader(*a, **k)
+    )
     real = real_set(tmp_path / "real", 8)
-    assert train_main(tiny_args(real, tmp_path / "run", tiny_models_dir, "--batch-size", "4",
-                                "--max-steps", "1", "--augment", "--aug-cfg", "scale=(0.5, 1.0)")) == 0
+    assert (
+        train_main(
+            tiny_args(
+                real,
+                tmp_path / "run",
+                tiny_models_dir,
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "1",
+                "--augment",
+                "--aug-cfg",
+                "scale=(0.5, 1.0)",
+            )
+        )
+        == 0
+    )
     crop = used[0].steps[1]  # after transformers' RGB conversion
     assert type(crop).__name__ == "RandomResizedCrop" and crop.scale == (0.5, 1.0)
-    assert cli_main(["train", *tiny_args(real, tmp_path / "bad", tiny_models_dir), "--augment",
-                     "--aug-cfg", "ratio=(0.5, 2)"]) == 2
+    assert (
+        cli_main(
+            ["train", *tiny_args(real, tmp_path / "bad", tiny_models_dir), "--augment", "--aug-cfg", "ratio=(0.5, 2)"]
+        )
+        == 2
+    )
     assert "--aug-cfg 'ratio=(0.5, 2)'" in error_line(capsys)
-    assert cli_main(["train", *tiny_args(real, tmp_path / "bad2", tiny_models_dir),
-                     "--aug-cfg", "scale=(0.5, 1.0)"]) == 2
+    assert (
+        cli_main(["train", *tiny_args(real, tmp_path / "bad2", tiny_models_dir), "--aug-cfg", "scale=(0.5, 1.0)"]) == 2
+    )
     assert "--augment" in error_line(capsys)
 
 
 # ------------------------------------------------------------------ metrics on the trackers
+
 
 def test_evaluation_metrics_reach_tensorboard(tmp_path, tiny_models_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     real = write_color_set(tmp_path / "real", {"train": 1, "val": 1, "test": 1})
     out = tmp_path / "run"
-    args = tiny_args(real, out, tiny_models_dir, "--batch-size", "8", "--max-steps", "2",
-                     "--eval-every", "1", "--real-val-split", "val")
+    args = tiny_args(
+        real,
+        out,
+        tiny_models_dir,
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--real-val-split",
+        "val",
+    )
     args[args.index("--report-to") + 1] = "tensorboard"
     assert train_main(args) == 0
     events = sorted((out / "logs").rglob("events.out.tfevents.*"))

@@ -29,7 +29,7 @@ def random_groups(rng: np.random.Generator) -> list[list[int]]:
     groups, i = [], 0
     while i < len(ids):
         size = 2 if rng.random() < 0.6 and i + 1 < len(ids) else 1
-        groups.append(ids[i:i + size])
+        groups.append(ids[i : i + size])
         i += size
     return groups
 
@@ -106,8 +106,13 @@ def color_real(tmp_path_factory) -> Path:
 def test_counterfactual_mixture_counts_and_split(tmp_path, color_real, mix):
     n_pairs = 13  # odd, so every rounding rule shows
     cf = write_counterfactuals(tmp_path / "cf", list(range(1, n_pairs + 1)))
-    cfg = DataConfig(real=SourceRef(str(color_real)), counterfactuals=SourceRef(str(cf)), mix=mix,
-                     data_seed=5, real_train_splits=("train",))
+    cfg = DataConfig(
+        real=SourceRef(str(color_real)),
+        counterfactuals=SourceRef(str(cf)),
+        mix=mix,
+        data_seed=5,
+        real_train_splits=("train",),
+    )
     m = build_mixture(cfg)
     frac_real, frac_cf = {"cf:base": (0.5, 0.25), "cf:medium": (1, 0.75), "cf:all": (1, 1)}[mix]
     want_real = math.ceil(frac_real * n_pairs)
@@ -115,6 +120,7 @@ def test_counterfactual_mixture_counts_and_split(tmp_path, color_real, mix):
     both = [m.train, m.validation, m.test]  # trained, selected on, scored by the ITM deltas
     assert sum(s.counts().get("real", 0) for s in both) == want_real
     assert sum(s.counts().get("counterfactual", 0) for s in both) == want_cf
+
     # 80/20 over units (a pair: its real row and its rows); no unit is split, and the held-out
     # 20 % is halved into the validation examples and those of the ITM deltas' pairs.
     def pair(s, i):  # pair p is made from image id p + 1 (write_counterfactuals above)
@@ -151,13 +157,23 @@ def test_unmixed_counterfactuals_are_held_out_whole_and_not_trained_on(tmp_path,
 
     n_pairs = 5
     cf = write_counterfactuals(tmp_path / "cf", list(range(1, n_pairs + 1)), split="test")
-    cfg = DataConfig(real=SourceRef(str(color_real)), real_train_splits=("train",), mix="none",
-                     counterfactuals=SourceRef(str(cf)), counterfactuals_split="test")
-    m, plain = build_mixture(cfg), build_mixture(DataConfig(real=SourceRef(str(color_real)),
-                                                            real_train_splits=("train",)))
+    cfg = DataConfig(
+        real=SourceRef(str(color_real)),
+        real_train_splits=("train",),
+        mix="none",
+        counterfactuals=SourceRef(str(cf)),
+        counterfactuals_split="test",
+    )
+    m, plain = (
+        build_mixture(cfg),
+        build_mixture(DataConfig(real=SourceRef(str(color_real)), real_train_splits=("train",))),
+    )
     assert m.train.counts() == plain.train.counts() == {"real": 2 * len(COLORS) * 5}
-    assert (m.train.table_of, m.train.row, m.train.caption) == (plain.train.table_of, plain.train.row,
-                                                                plain.train.caption)
+    assert (m.train.table_of, m.train.row, m.train.caption) == (
+        plain.train.table_of,
+        plain.train.row,
+        plain.train.caption,
+    )
     # Every pair of the split, in row order, from the counterfactuals table.
     assert [row for _, row in m.heldout_cf] == list(range(n_pairs))
     (k,) = {k for k, _ in m.heldout_cf}
@@ -172,10 +188,39 @@ def test_unmixed_counterfactuals_are_held_out_whole_and_not_trained_on(tmp_path,
 @pytest.fixture(scope="module")
 def decorrelation_builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
     root = tmp_path_factory.mktemp("builds")
-    assert cli_main(["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits",
-                     "train", "restval", "val", "test", "--output", str(root / "cc")]) == 0
-    assert cli_main(["build", "decorrelation", "--coco-root", str(coco_fixture_dir), "--fill",
-                     "zero", "--output", str(root / "dec")]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-captions",
+                "--coco-root",
+                str(coco_fixture_dir),
+                "--splits",
+                "train",
+                "restval",
+                "val",
+                "test",
+                "--output",
+                str(root / "cc"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                "--coco-root",
+                str(coco_fixture_dir),
+                "--fill",
+                "zero",
+                "--output",
+                str(root / "dec"),
+            ]
+        )
+        == 0
+    )
     return root / "cc", root / "dec"
 
 
@@ -184,8 +229,7 @@ def test_decorrelation_ratio_counts_and_pairs(decorrelation_builds, ratio):
     from datasets import load_dataset
 
     cc, dec = decorrelation_builds
-    cfg = DataConfig(real=SourceRef(str(cc)), decorrelation=SourceRef(str(dec)), mix="decorrelation",
-                     ratio=ratio)
+    cfg = DataConfig(real=SourceRef(str(cc)), decorrelation=SourceRef(str(dec)), mix="decorrelation", ratio=ratio)
     m = build_mixture(cfg)
     real = load_dataset(str(cc), "default")
     n_real = sum(len(r["caption_ids"]) for s in ("train", "restval") for r in real[s])
@@ -206,8 +250,9 @@ def test_decorrelation_ratio_counts_and_pairs(decorrelation_builds, ratio):
 def test_ratio_needing_more_synthetic_rows_than_exist_is_an_error(decorrelation_builds):
     cc, dec = decorrelation_builds
     with pytest.raises(DataInputError, match=r"--ratio 5.0 needs .* rows of D' but .* has \d+"):
-        build_mixture(DataConfig(real=SourceRef(str(cc)), decorrelation=SourceRef(str(dec)),
-                                 mix="decorrelation", ratio=5.0))
+        build_mixture(
+            DataConfig(real=SourceRef(str(cc)), decorrelation=SourceRef(str(dec)), mix="decorrelation", ratio=5.0)
+        )
 
 
 def test_welch_one_tailed_matches_the_formula(tmp_path):
@@ -220,7 +265,7 @@ def test_welch_one_tailed_matches_the_formula(tmp_path):
     a, b = rng.normal(1.0, 1.0, 9), rng.normal(0.3, 2.0, 14)
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     t = (a.mean() - b.mean()) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     assert welch_one_tailed(a, b, greater=True) == pytest.approx(stats.t.sf(t, df), rel=1e-9)
     assert welch_one_tailed(a, b, greater=False) == pytest.approx(stats.t.cdf(t, df), rel=1e-9)
 
@@ -259,10 +304,15 @@ def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
     rng = np.random.default_rng(0)
     # Captions near their image, so R@K is far from 0 (and continuous scores: no ties).
     image_emb = rng.normal(size=(len(image_ids), 8)).astype(np.float32)
-    text_emb = (image_emb[np.searchsorted(image_ids, owner)]
-                + rng.normal(scale=0.3, size=(len(caption_ids), 8)).astype(np.float32))
-    data = EvalData(image_ids=image_ids, caption_ids=caption_ids, caption_image=owner,
-                    captions=[f"caption {c}" for c in caption_ids])
+    text_emb = image_emb[np.searchsorted(image_ids, owner)] + rng.normal(scale=0.3, size=(len(caption_ids), 8)).astype(
+        np.float32
+    )
+    data = EvalData(
+        image_ids=image_ids,
+        caption_ids=caption_ids,
+        caption_image=owner,
+        captions=[f"caption {c}" for c in caption_ids],
+    )
     keep_standard_coco_captions(data)
     assert len(data.caption_ids) == len(data.captions) == 25_000 and extra not in data.caption_ids
     assert data.captions[-1] == f"caption {data.caption_ids[-1]}"
@@ -270,8 +320,9 @@ def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
     caption_ids, owner = data.caption_ids, data.caption_image
     folds = retrieval_folds(image_ids)
     # The standard folds are not blocks of consecutive image ids, so the row order would differ.
-    assert len(folds) == 5 and not any(np.array_equal(f, np.arange(n * 1000, (n + 1) * 1000))
-                                       for n, f in enumerate(folds))
+    assert len(folds) == 5 and not any(
+        np.array_equal(f, np.arange(n * 1000, (n + 1) * 1000)) for n, f in enumerate(folds)
+    )
     data.folds = folds
     check_eccv_split(data, "the test split")
     ours, eccv = retrieval_metrics(emb, data, (1, 5, 10)), eccv_metrics(emb, data)
@@ -282,10 +333,16 @@ def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
             assert ours[f"retrieval_1k/{d}_R@{k}"] == pytest.approx(eccv[f"eccv/coco_1k_r{k}_{d}"], abs=1e-9)
     # A split missing one of the 5K images cannot be scored by the suite: refused up front.
     keep = image_ids != image_ids[7]
-    short = EvalData(image_ids=image_ids[keep], caption_ids=caption_ids[owner != image_ids[7]],
-                     caption_image=owner[owner != image_ids[7]])
-    with pytest.raises(DataInputError, match=r"--eccv needs the COCO 5K test split .* 4999 images "
-                                             r"\(0 outside it.*1 of its images and 5 of its captions"):
+    short = EvalData(
+        image_ids=image_ids[keep],
+        caption_ids=caption_ids[owner != image_ids[7]],
+        caption_image=owner[owner != image_ids[7]],
+    )
+    with pytest.raises(
+        DataInputError,
+        match=r"--eccv needs the COCO 5K test split .* 4999 images "
+        r"\(0 outside it.*1 of its images and 5 of its captions",
+    ):
         check_eccv_split(short, "the test split")
 
 
@@ -315,8 +372,15 @@ def test_negclip_loss_is_cross_entropy_over_texts_and_unmasked_negative_columns(
 
     def loss(negatives=None, m=mask) -> float:
         t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
-        return float(clip_loss(t(img), t(txt), torch.tensor(scale, dtype=torch.float64),
-                               None if negatives is None else t(negatives), torch.tensor(m)))
+        return float(
+            clip_loss(
+                t(img),
+                t(txt),
+                torch.tensor(scale, dtype=torch.float64),
+                None if negatives is None else t(negatives),
+                torch.tensor(m),
+            )
+        )
 
     assert loss(neg) == pytest.approx((i2t + t2i) / 2, rel=1e-12)
     assert loss() == pytest.approx((i2t_plain + t2i) / 2, rel=1e-12)
@@ -341,10 +405,16 @@ def test_sweep_tests_lower_is_better_metrics_for_lower_values(tmp_path):
 
     from training.sweep import summarize
 
-    base = {"itm/IR_c_frac_below_zero": [0.42, 0.45, 0.40, 0.44], "val_loss": [2.1, 2.3, 2.2, 2.25],
-            "retrieval/t2i_R@1": [0.30, 0.32, 0.31, 0.29]}
-    run = {"itm/IR_c_frac_below_zero": [0.31, 0.28, 0.33, 0.30], "val_loss": [1.9, 1.8, 2.0, 1.85],
-           "retrieval/t2i_R@1": [0.36, 0.38, 0.35, 0.37]}
+    base = {
+        "itm/IR_c_frac_below_zero": [0.42, 0.45, 0.40, 0.44],
+        "val_loss": [2.1, 2.3, 2.2, 2.25],
+        "retrieval/t2i_R@1": [0.30, 0.32, 0.31, 0.29],
+    }
+    run = {
+        "itm/IR_c_frac_below_zero": [0.31, 0.28, 0.33, 0.30],
+        "val_loss": [1.9, 1.8, 2.0, 1.85],
+        "retrieval/t2i_R@1": [0.36, 0.38, 0.35, 0.37],
+    }
     # Directions from what the metrics mean (written here, not read from the sweep).
     alternative = {"itm/IR_c_frac_below_zero": "less", "val_loss": "less", "retrieval/t2i_R@1": "greater"}
     _write_sweep(tmp_path / "base", {s: {m: v[s] for m, v in base.items()} for s in range(4)})
@@ -371,14 +441,18 @@ def test_sweep_summarize_only_needs_no_seeds(tmp_path, capsys):
         v, shown = np.array(values), metric.replace("_", r"\_")
         line = next(line for line in table.splitlines() if line.startswith(f"| {shown} |"))
         assert line == f"| {shown} | 3 | {v.mean():.4f} ± {v.std(ddof=1):.4f} |", line
-    assert sorted(json.loads((tmp_path / "run" / "summary.json").read_text())["runs"]) == \
-        ["seed-7", "seed-8", "seed-9"]
+    assert sorted(json.loads((tmp_path / "run" / "summary.json").read_text())["runs"]) == [
+        "seed-7",
+        "seed-8",
+        "seed-9",
+    ]
     # Running a sweep still needs its seeds: a one-line error, nothing trained.
     assert sweep_main(["--output", str(tmp_path / "new"), "--", "--real", "x"]) == 2
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if line.startswith("counterfactory: error: ")] == [
         "counterfactory: error: --seeds is needed to run a sweep (e.g. --seeds 107-131); to summarise the finished "
-        "seeds only, pass --summarize-only"], err
+        "seeds only, pass --summarize-only"
+    ], err
     assert not (tmp_path / "new").exists()
 
 
@@ -451,12 +525,15 @@ def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, mo
     assert got.value.args == (ClipId(OPEN_CLIP, "ViT-B-32", "ViT-B-32", "openai"),)
 
 
-@pytest.mark.parametrize("argv, model", [
-    (("--backend", "open_clip", "--model", "hf-hub:"), "hf-hub:"),
-    (("--backend", "open_clip", "--model", "local-dir:"), "local-dir:"),
-    (("--backend", "open_clip", "--model", ":openai"), ":openai"),
-    (("--model", ""), ""),
-])
+@pytest.mark.parametrize(
+    "argv, model",
+    [
+        (("--backend", "open_clip", "--model", "hf-hub:"), "hf-hub:"),
+        (("--backend", "open_clip", "--model", "local-dir:"), "local-dir:"),
+        (("--backend", "open_clip", "--model", ":openai"), ":openai"),
+        (("--model", ""), ""),
+    ],
+)
 def test_a_model_id_naming_nothing_is_one_line_before_anything_is_loaded(argv, model, tmp_path, capsys):
     """Parsed once, from the flags: no load is tried and no run folder made for an id that names
     no model; the line names --model and the spellings it takes."""
@@ -506,25 +583,42 @@ def test_a_path_only_image_cell_is_one_line_and_never_opened(tmp_path):
     watched = str(secret.parent)
 
     def audit(event: str, args: tuple) -> None:
-        if watched and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) \
-                and os.fsdecode(args[0]).startswith(watched):
+        if (
+            watched
+            and event == "open"
+            and isinstance(args[0], (str, bytes, os.PathLike))
+            and os.fsdecode(args[0]).startswith(watched)
+        ):
             opened.append(os.fsdecode(args[0]))
 
     sys.addaudithook(audit)
     real = tmp_path / "real"
     (real / "data").mkdir(parents=True)
-    rows = [{"image": {"bytes": png((200, 20, 20)), "path": None}, "image_id": 1,
-             "caption_ids": [1], "captions": ["a red cube"]},
-            {"image": {"bytes": None, "path": str(secret)}, "image_id": 2,
-             "caption_ids": [2], "captions": ["a green cube"]}]
+    rows = [
+        {
+            "image": {"bytes": png((200, 20, 20)), "path": None},
+            "image_id": 1,
+            "caption_ids": [1],
+            "captions": ["a red cube"],
+        },
+        {
+            "image": {"bytes": None, "path": str(secret)},
+            "image_id": 2,
+            "caption_ids": [2],
+            "captions": ["a green cube"],
+        },
+    ]
     # Written with pyarrow, so `datasets` does not embed the file the path-only cell names.
-    pq.write_table(pa.Table.from_pylist(rows, schema=REAL_FEATURES.arrow_schema),
-                   real / "data" / "train-00000-of-00001.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=REAL_FEATURES.arrow_schema), real / "data" / "train-00000-of-00001.parquet"
+    )
     with pytest.raises(DataInputError) as raised:
         build_mixture(DataConfig(real=SourceRef(str(real)), real_train_splits=("train",)))
     watched = ""
     message = str(raised.value)
     assert "\n" not in message
-    assert f"(config 'default', split 'train'): 1 cell(s) of image column 'image' hold no image " \
+    assert (
+        f"(config 'default', split 'train'): 1 cell(s) of image column 'image' hold no image "
         f"bytes (row 1: path {str(secret)!r})" in message
+    )
     assert opened == [], "the trainer opened the file a path-only cell names"

@@ -20,9 +20,27 @@ pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 
 def args(data: Path, tiny_models_dir: Path, out: Path, *extra: str) -> list[str]:
-    return ["--real", str(data), "--real-train-splits", "train", "--real-val-split", "",
-            "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0",
-            "--batch-size", "16", "--lr", "1e-6", "--output", str(out), *extra]
+    return [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--real-val-split",
+        "",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--batch-size",
+        "16",
+        "--lr",
+        "1e-6",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -51,8 +69,7 @@ def finished(colors, tiny_models_dir, tmp_path_factory) -> Path:
     return out
 
 
-def test_a_second_run_into_a_finished_folder_is_refused_touching_nothing(colors, tiny_models_dir,
-                                                                        finished, capsys):
+def test_a_second_run_into_a_finished_folder_is_refused_touching_nothing(colors, tiny_models_dir, finished, capsys):
     """The issue's case: the same --output with another --lr exited 0 and overwrote final/,
     the metrics, run.json and loss.jsonl, leaving the first run's checkpoints behind."""
     before = snapshot(finished)
@@ -62,13 +79,16 @@ def test_a_second_run_into_a_finished_folder_is_refused_touching_nothing(colors,
     assert snapshot(finished) == before  # no result, checkpoint or tracker log touched
 
 
-def test_resuming_a_checkpoint_of_another_configuration_is_refused(colors, tiny_models_dir, finished,
-                                                                 capsys):
+def test_resuming_a_checkpoint_of_another_configuration_is_refused(colors, tiny_models_dir, finished, capsys):
     """--resume latest took the other run's checkpoint: loss.jsonl logged lr 1e-6 then 1e-3
     while run.json said 1e-3. The checkpoint records the run's training flags."""
     before = snapshot(finished)
-    line = refusal(capsys, args(colors, tiny_models_dir, finished, "--lr", "1e-3", "--seed", "4",
-                                "--max-steps", "5", "--resume", "latest"))
+    line = refusal(
+        capsys,
+        args(
+            colors, tiny_models_dir, finished, "--lr", "1e-3", "--seed", "4", "--max-steps", "5", "--resume", "latest"
+        ),
+    )
     state = finished / "checkpoints" / "step-00000003" / "trainer_state.json"
     assert line.startswith(f"counterfactory: error: {state}: --resume: a run of another training configuration")
     assert "--lr 1e-06 there, 0.001 here" in line and "--seed 0 there, 4 here" in line
@@ -89,17 +109,32 @@ def test_a_run_without_checkpoints_is_checked_against_its_run_record(colors, tin
     out = tmp_path / "run"
     assert train_main(args(colors, tiny_models_dir, out, "--max-steps", "2", "--report-to", "none")) == 0
     assert not (out / "checkpoints").exists()
-    line = refusal(capsys, args(colors, tiny_models_dir, out, "--max-steps", "2", "--report-to", "none",
-                                "--hard-negatives", "negclip", "--resume", "latest"))
+    line = refusal(
+        capsys,
+        args(
+            colors,
+            tiny_models_dir,
+            out,
+            "--max-steps",
+            "2",
+            "--report-to",
+            "none",
+            "--hard-negatives",
+            "negclip",
+            "--resume",
+            "latest",
+        ),
+    )
     assert f"{out / 'run.json'}: --resume: a run of another training configuration" in line
     assert '--hard-negatives "none" there, "negclip" here' in line
     # The same flags: the run is started again (there is no checkpoint to continue from).
-    assert train_main(args(colors, tiny_models_dir, out, "--max-steps", "2", "--report-to", "none",
-                           "--resume", "latest")) == 0
+    assert (
+        train_main(args(colors, tiny_models_dir, out, "--max-steps", "2", "--report-to", "none", "--resume", "latest"))
+        == 0
+    )
 
 
-def test_overwrite_output_dir_deletes_only_the_earlier_runs_files(colors, tiny_models_dir, finished,
-                                                                tmp_path, capsys):
+def test_overwrite_output_dir_deletes_only_the_earlier_runs_files(colors, tiny_models_dir, finished, tmp_path, capsys):
     import shutil
 
     out = Path(shutil.copytree(finished, tmp_path / "run", symlinks=True))
@@ -107,8 +142,9 @@ def test_overwrite_output_dir_deletes_only_the_earlier_runs_files(colors, tiny_m
     for stray in (out / "notes.txt", out / "final" / "extra.bin"):
         stray.write_text("mine")
         before = snapshot(out)
-        line = refusal(capsys, args(colors, tiny_models_dir, out, "--lr", "1e-3", "--max-steps", "1",
-                                    "--overwrite-output-dir"))
+        line = refusal(
+            capsys, args(colors, tiny_models_dir, out, "--lr", "1e-3", "--max-steps", "1", "--overwrite-output-dir")
+        )
         assert "--overwrite-output-dir" in line and str(stray.relative_to(out)) in line
         assert "nothing was deleted" in line
         assert snapshot(out) == before
@@ -117,13 +153,16 @@ def test_overwrite_output_dir_deletes_only_the_earlier_runs_files(colors, tiny_m
     line = refusal(capsys, args(colors, tiny_models_dir, out, "--max-steps", "1", "--overwrite-output-dir"))
     assert "symlink checkpoints/link" in line
     (out / "checkpoints" / "link").unlink()
-    line = refusal(capsys, args(colors, tiny_models_dir, out, "--max-steps", "1", "--overwrite-output-dir",
-                                "--resume", "latest"))
+    line = refusal(
+        capsys, args(colors, tiny_models_dir, out, "--max-steps", "1", "--overwrite-output-dir", "--resume", "latest")
+    )
     assert "--resume" in line and "--overwrite-output-dir" in line
 
     # Only the run's files: replaced by the new run's (no checkpoint of the old one is left).
-    assert train_main(args(colors, tiny_models_dir, out, "--lr", "1e-3", "--max-steps", "1",
-                           "--overwrite-output-dir")) == 0
+    assert (
+        train_main(args(colors, tiny_models_dir, out, "--lr", "1e-3", "--max-steps", "1", "--overwrite-output-dir"))
+        == 0
+    )
     assert not (out / "checkpoints").exists()
     assert [r["lr"] for r in read_jsonl(out / "loss.jsonl")] == [1e-3]
     assert json.loads((out / "run.json").read_text())["config"]["optim"]["lr"] == 1e-3

@@ -37,7 +37,7 @@ def encoded(mode: str, width: int, height: int, seed: int = 0) -> bytes:
     rgb = photo(width, height, seed)
     alpha = np.tile(np.linspace(0, 255, width).astype(np.uint8), (height, 1))
     alpha[:, : width // 4] = 0
-    alpha[height // 3: height // 2] = 255
+    alpha[height // 3 : height // 2] = 255
     buf = io.BytesIO()
     if mode == "RGBA":
         Image.fromarray(np.dstack([rgb, alpha]), "RGBA").save(buf, format="PNG")

@@ -40,8 +40,15 @@ def test_cf_mixture_real_rows_come_from_any_split(spread, mix):
     real, cf, ids = spread
     n = len(ids)
     # --real-train-splits names the training splits of the other mixes: not these rows.
-    m = build_mixture(DataConfig(real=SourceRef(str(real)), counterfactuals=SourceRef(str(cf)),
-                                 mix=mix, data_seed=3, real_train_splits=("train",)))
+    m = build_mixture(
+        DataConfig(
+            real=SourceRef(str(real)),
+            counterfactuals=SourceRef(str(cf)),
+            mix=mix,
+            data_seed=3,
+            real_train_splits=("train",),
+        )
+    )
     frac_real, frac_cf = PAPER[mix]
     both = [m.train, m.validation, m.test]  # trained, selected on, scored by the ITM deltas
     assert sum(s.counts().get("real", 0) for s in both) == math.ceil(frac_real * n)
@@ -68,9 +75,29 @@ def test_cf_mixture_real_rows_come_from_any_split(spread, mix):
 
 
 def _run(real, cf, tiny_models_dir, out, *extra) -> int:
-    return train_main(["--real", str(real), "--counterfactuals", str(cf), "--mix", "cf:real",
-                       "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--batch-size",
-                       "2", "--max-steps", "1", "--num-workers", "0", "--output", str(out), *extra])
+    return train_main(
+        [
+            "--real",
+            str(real),
+            "--counterfactuals",
+            str(cf),
+            "--mix",
+            "cf:real",
+            "--models",
+            "tiny",
+            "--tiny-models-dir",
+            str(tiny_models_dir),
+            "--batch-size",
+            "2",
+            "--max-steps",
+            "1",
+            "--num-workers",
+            "0",
+            "--output",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_training_on_test_images_is_refused_and_allowed_marked(tmp_path, tiny_models_dir, capsys):
@@ -84,9 +111,26 @@ def test_training_on_test_images_is_refused_and_allowed_marked(tmp_path, tiny_mo
     assert "--allow-eval-overlap" in err[0] and "--real-test-split ''" in err[0]
     assert not (tmp_path / "refused" / "run.json").exists()
     # The case: the Karpathy test split trained on with --mix none, also refused.
-    assert train_main(["--real", str(real), "--real-train-splits", "train", "test", "--real-val-split", "",
-                       "--models", "tiny",
-                       "--tiny-models-dir", str(tiny_models_dir), "--output", str(tmp_path / "r2")]) == 2
+    assert (
+        train_main(
+            [
+                "--real",
+                str(real),
+                "--real-train-splits",
+                "train",
+                "test",
+                "--real-val-split",
+                "",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--output",
+                str(tmp_path / "r2"),
+            ]
+        )
+        == 2
+    )
     assert "8 of the 8 images of the real test split" in capsys.readouterr().err
 
     out = tmp_path / "allowed"
@@ -130,19 +174,27 @@ def test_overlap_counts_odmap_queries_and_held_out_pairs():
         check_eval_overlap(train, data, allow=False)
     got = check_eval_overlap(train, data, allow=True)
     assert {k: (v["shared"], v["images"]) for k, v in got.items()} == {
-        "odmap_queries": (1, 4), "heldout_counterfactuals": (1, 2)}
+        "odmap_queries": (1, 4),
+        "heldout_counterfactuals": (1, 2),
+    }
 
 
 def test_sweep_summary_marks_metrics_of_an_overlapping_set(tmp_path):
     from training.sweep import summarize
 
-    overlap = {"real_test": {"set": "the real test split", "shared": 3, "images": 8,
-                             "metrics": ["retrieval/", "itm/IR_r"]}}
+    overlap = {
+        "real_test": {"set": "the real test split", "shared": 3, "images": 8, "metrics": ["retrieval/", "itm/IR_r"]}
+    }
     for seed, r1 in ((1, 0.5), (2, 0.7)):
         (tmp_path / f"seed-{seed}").mkdir()
-        (tmp_path / f"seed-{seed}" / "run.json").write_text(json.dumps(
-            {"eval_overlap": overlap if seed == 2 else {},
-             "final_metrics": {"retrieval/i2t_R@1": r1, "val_loss": 1.0}}))
+        (tmp_path / f"seed-{seed}" / "run.json").write_text(
+            json.dumps(
+                {
+                    "eval_overlap": overlap if seed == 2 else {},
+                    "final_metrics": {"retrieval/i2t_R@1": r1, "val_loss": 1.0},
+                }
+            )
+        )
     summarize(tmp_path)
     table = (tmp_path / "summary.md").read_text()
     assert r"| retrieval/i2t\_R@1 \[overlaps training: 3/8 images\] | 2 | 0.6000 ± 0.1414 |" in table

@@ -18,8 +18,16 @@ from training.leakage import check_eval_overlap
 from training.mixtures import ExampleSet, build_mixture
 from training.sources import DataInputError
 
-from helpers.training_helpers import (CF_FEATURES, COLORS, REAL_FEATURES, TEMPLATES, png, write_color_set,
-                                      write_counterfactuals, write_split)
+from helpers.training_helpers import (
+    CF_FEATURES,
+    COLORS,
+    REAL_FEATURES,
+    TEMPLATES,
+    png,
+    write_color_set,
+    write_counterfactuals,
+    write_split,
+)
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -29,8 +37,23 @@ def error_lines(err: str) -> list[str]:
 
 
 def tiny(tiny_models_dir, out, *extra: str) -> list[str]:
-    return ["--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0",
-            "--batch-size", "4", "--max-steps", "1", "--report-to", "none", "--output", str(out), *extra]
+    return [
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "1",
+        "--report-to",
+        "none",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 def test_captions_are_compared_casefolded_with_whitespace_and_trailing_punctuation_dropped():
@@ -59,8 +82,7 @@ def test_pairs_made_from_test_captions_without_a_source_image_are_refused(tmp_pa
     assert train_main([*args, *tiny(tiny_models_dir, tmp_path / "refused")]) == 2
     (line,) = error_lines(capsys.readouterr().err)
     # 8 pairs: 7 trained (the 8th held out for the ITM deltas), two test captions each.
-    assert "14 of the 40 captions of the real test split (--real-test-split) are in the training " \
-           "data" in line, line
+    assert "14 of the 40 captions of the real test split (--real-test-split) are in the training data" in line, line
     assert "--real-test-split ''" in line and "--allow-eval-overlap" in line
     assert not (tmp_path / "refused" / "run.json").exists()
 
@@ -89,8 +111,7 @@ def test_a_byte_identical_image_under_another_id_is_refused(tmp_path, tiny_model
     args = ["--real", str(tmp_path / "real"), "--real-train-splits", "train", "--real-val-split", ""]
     assert train_main([*args, *tiny(tiny_models_dir, tmp_path / "refused")]) == 2
     (line,) = error_lines(capsys.readouterr().err)
-    assert "1 of the 8 images of the real test split (--real-test-split) are in the training " \
-           "data" in line, line
+    assert "1 of the 8 images of the real test split (--real-test-split) are in the training data" in line, line
 
 
 def test_selecting_the_checkpoint_on_the_test_split_is_refused(tmp_path, tiny_models_dir, capsys):
@@ -99,9 +120,11 @@ def test_selecting_the_checkpoint_on_the_test_split_is_refused(tmp_path, tiny_mo
     args = ["--real", str(real), "--real-train-splits", "train", "--real-val-split", "test"]
     assert train_main([*args, *tiny(tiny_models_dir, tmp_path / "refused", "--best-by-val-loss")]) == 2
     (line,) = error_lines(capsys.readouterr().err)
-    assert "8 of the 8 images of the real test split (--real-test-split), and 40 of its 40 " \
-           "captions, are in the checkpoint-selection data (the validation examples of " \
-           "--best-by-val-loss)" in line, line
+    assert (
+        "8 of the 8 images of the real test split (--real-test-split), and 40 of its 40 "
+        "captions, are in the checkpoint-selection data (the validation examples of "
+        "--best-by-val-loss)" in line
+    ), line
     assert "--real-val-split" in line and "--allow-eval-overlap" in line
     assert not (tmp_path / "refused" / "run.json").exists()
     # Without --best-by-val-loss the validation loss selects nothing: no overlap to report.
@@ -131,8 +154,9 @@ def test_a_held_out_pair_is_neither_trained_nor_selected_on(pairs, mix):
     real, cf = pairs
     scored_any = False
     for seed in range(4):
-        m = build_mixture(DataConfig(real=SourceRef(str(real)), counterfactuals=SourceRef(str(cf)),
-                                     mix=mix, data_seed=seed))
+        m = build_mixture(
+            DataConfig(real=SourceRef(str(real)), counterfactuals=SourceRef(str(cf)), mix=mix, data_seed=seed)
+        )
         assert len(m.validation)
         scored = {p for _, p in m.heldout_cf}
         scored_any |= bool(scored)
@@ -148,8 +172,9 @@ def _guard_data():
     """A held-out pair made from COCO image 5 ('a dog on a bench.' / 'a cat on a bench') and a
     training real row of that image; tables without image bytes (ids and captions only)."""
     real = Dataset.from_dict({"image_id": [5, 6]})
-    cf = Dataset.from_dict({"caption_0": ["a dog on a bench."], "caption_1": ["a cat on a bench"],
-                            "source_image_id": ["5"]})
+    cf = Dataset.from_dict(
+        {"caption_0": ["a dog on a bench."], "caption_1": ["a cat on a bench"], "source_image_id": ["5"]}
+    )
     pairs = ExampleSet(tables=[real, cf])
     pairs.add(1, 0, "image_0", "", None, -1, "counterfactual")
     pairs.add(1, 0, "image_1", "", None, -1, "counterfactual")
@@ -162,13 +187,15 @@ def test_a_held_out_pairs_captions_trained_with_its_real_image_are_refused():
     train.add(0, 0, "image", "A dog on  a Bench", "a cat on a bench!", -1, "real")
     # The same sentence written for another COCO image is COCO's own repetition, not a leak.
     train.add(0, 1, "image", "a cat on a bench", None, -1, "real")
-    with pytest.raises(DataInputError, match="1 of the 2 captions of the held-out counterfactual pairs "
-                                             "are in the training data"):
+    with pytest.raises(
+        DataInputError, match="1 of the 2 captions of the held-out counterfactual pairs are in the training data"
+    ):
         check_eval_overlap(train, data, allow=False)
     # With NegCLIP the negative caption is trained against too.
     got = check_eval_overlap(train, data, allow=True, negatives=True)
     assert {k: (v["shared"], v["captions_shared"], v["captions"]) for k, v in got.items()} == {
-        "heldout_counterfactuals": (0, 2, 2)}
+        "heldout_counterfactuals": (0, 2, 2)
+    }
 
 
 def test_held_out_pairs_in_the_selection_data_are_refused():
@@ -181,8 +208,7 @@ def test_held_out_pairs_in_the_selection_data_are_refused():
     with pytest.raises(DataInputError, match="checkpoint-selection data .* --best-by-val-loss"):
         check_eval_overlap(train, data, allow=False, selection=selection)
     got = check_eval_overlap(train, data, allow=True, selection=selection)["heldout_counterfactuals"]
-    assert (got["shared"], got["images"], got["captions_shared"], got["data"]) == (
-        1, 1, 1, ["checkpoint selection"])
+    assert (got["shared"], got["images"], got["captions_shared"], got["data"]) == (1, 1, 1, ["checkpoint selection"])
 
 
 def test_an_evaluation_image_stored_under_another_identity_is_matched_by_its_bytes():
@@ -191,9 +217,14 @@ def test_an_evaluation_image_stored_under_another_identity_is_matched_by_its_byt
     shared = png((10, 20, 30), noise=5, seed=1)
     cell = lambda data: {"bytes": data, "path": None}  # noqa: E731
     real = Dataset.from_dict({"image": [cell(shared)], "image_id": [7]})
-    cf = Dataset.from_dict({"image_0": [cell(png((0, 0, 9), seed=p)) for p in (1, 2)],
-                            "image_1": [cell(png((9, 0, 0))), cell(shared)],
-                            "caption_0": ["x0", "y0"], "caption_1": ["x1", "y1"]})
+    cf = Dataset.from_dict(
+        {
+            "image_0": [cell(png((0, 0, 9), seed=p)) for p in (1, 2)],
+            "image_1": [cell(png((9, 0, 0))), cell(shared)],
+            "caption_0": ["x0", "y0"],
+            "caption_1": ["x1", "y1"],
+        }
+    )
     train = ExampleSet(tables=[real, cf])
     train.add(0, 0, "image", "a photo", None, -1, "real")
     pairs = ExampleSet(tables=[real, cf])

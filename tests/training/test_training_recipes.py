@@ -90,8 +90,7 @@ def test_no_decay_group_is_bias_norm_and_logit_scale(kind, tiny_models_dir):
         from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
         from transformers.trainer_pt_utils import get_parameter_names
 
-        hf_decay = {"model." + n for n in get_parameter_names(module.model, ALL_LAYERNORM_LAYERS)
-                    if "bias" not in n}
+        hf_decay = {"model." + n for n in get_parameter_names(module.model, ALL_LAYERNORM_LAYERS) if "bias" not in n}
         assert decay == hf_decay - {"model.logit_scale"}
 
 
@@ -103,14 +102,43 @@ def test_logit_scale_is_clamped_to_ln_100_after_a_step_pushing_it_above(tmp_path
     monkeypatch.setattr(training.accumulation, "clip_loss", lambda img, txt, scale, *rest: -scale.sum())
     real = write_color_set(tmp_path / "real", {"train": 1, "test": 1})
     out = tmp_path / "run"
-    assert train_main(["--real", str(real), "--real-train-splits", "train", "--real-val-split", "",
-                       "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--optimizer",
-                       "adam", "--lr", "3", "--batch-size", "4", "--max-steps", "1",
-                       "--num-workers", "0", "--output", str(out)]) == 0
+    assert (
+        train_main(
+            [
+                "--real",
+                str(real),
+                "--real-train-splits",
+                "train",
+                "--real-val-split",
+                "",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--optimizer",
+                "adam",
+                "--lr",
+                "3",
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "1",
+                "--num-workers",
+                "0",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     from builders.models.profiles import tiny_profile
     from builders.models.clip_ids import parse_clip_id
     from training.backends import load_backend
 
-    start = float(load_backend(parse_clip_id(tiny_profile(tiny_models_dir).clip, "transformers")).module.model.logit_scale.detach())
+    start = float(
+        load_backend(
+            parse_clip_id(tiny_profile(tiny_models_dir).clip, "transformers")
+        ).module.model.logit_scale.detach()
+    )
     assert start < math.log(100) < start + 3
     assert float(weights(out / "final")["logit_scale"]) == pytest.approx(math.log(100), abs=1e-6)

@@ -19,9 +19,23 @@ pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 
 def tiny_args(data, tiny_models_dir, out, *extra: str) -> list[str]:
-    return ["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
-            "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0", "--batch-size", "16",
-            "--output", str(out), *extra]
+    return [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--batch-size",
+        "16",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +44,27 @@ def colors(tmp_path_factory):
 
 
 def test_run_keeps_the_newest_checkpoints_logs_to_tensorboard_and_names_no_local_path(
-        colors, tiny_models_dir, tmp_path):
+    colors, tiny_models_dir, tmp_path
+):
     out = tmp_path / "run"
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "5", "--save-every", "1",
-                                "--keep-checkpoints", "2", "--report-to", "tensorboard")) == 0
+    assert (
+        train_main(
+            tiny_args(
+                colors,
+                tiny_models_dir,
+                out,
+                "--max-steps",
+                "5",
+                "--save-every",
+                "1",
+                "--keep-checkpoints",
+                "2",
+                "--report-to",
+                "tensorboard",
+            )
+        )
+        == 0
+    )
     # Saved at steps 1..5 (and at the end of no epoch: 160 examples / 16 = 10 steps per epoch).
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000004", "step-00000005"]
     assert [r["step"] for r in read_jsonl(out / "loss.jsonl")] == [1, 2, 3, 4, 5]
@@ -46,13 +77,28 @@ def test_run_keeps_the_newest_checkpoints_logs_to_tensorboard_and_names_no_local
     model = json.loads((out / "run.json").read_text())["config"]["run"]["model"]
     assert re.fullmatch(r"local:[\w.-]+@sha256:[0-9a-f]{8,}", model), model
     # A later run resumes where the kept checkpoints end.
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "6", "--save-every", "1",
-                                "--keep-checkpoints", "2", "--resume", "latest")) == 0
+    assert (
+        train_main(
+            tiny_args(
+                colors,
+                tiny_models_dir,
+                out,
+                "--max-steps",
+                "6",
+                "--save-every",
+                "1",
+                "--keep-checkpoints",
+                "2",
+                "--resume",
+                "latest",
+            )
+        )
+        == 0
+    )
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000005", "step-00000006"]
 
 
-def test_a_second_run_into_a_locked_output_is_refused_before_writing(colors, tiny_models_dir,
-                                                                      tmp_path, capsys):
+def test_a_second_run_into_a_locked_output_is_refused_before_writing(colors, tiny_models_dir, tmp_path, capsys):
     out = tmp_path / "run"
     args = tiny_args(colors, tiny_models_dir, out, "--eval-only", "--report-to", "none")
     with output_lock(OutputLayout(out)):  # another run holds the folder

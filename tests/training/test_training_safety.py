@@ -41,9 +41,25 @@ HOSTILE = "zs|<img src=x onerror=alert(1)>"
 
 
 def tiny_args(data, tiny_models_dir, out, *extra: str) -> list[str]:
-    return ["--real", str(data), "--real-train-splits", "train", "--models", "tiny",
-            "--tiny-models-dir", str(tiny_models_dir), "--num-workers", "0", "--batch-size", "16",
-            "--report-to", "none", "--output", str(out), *extra]
+    return [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--batch-size",
+        "16",
+        "--report-to",
+        "none",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +71,7 @@ def _manifest_paths(out: Path) -> set[str]:
     return {f["path"] for f in json.loads((out / "final_manifest.json").read_text())["files"]}
 
 
-def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir, tmp_path,
-                                                         local_hub, repo_id, capsys):
+def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir, tmp_path, local_hub, repo_id, capsys):
     out = tmp_path / "run"
     assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "2")) == 0
     secret = tmp_path / "secret.txt"
@@ -67,8 +82,12 @@ def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir,
     (final / "notes.txt").write_text("my notes\n")
 
     # Continuing the run: refused before anything is trained (3 steps would add a loss row) or sent.
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest",
-                                "--push-to-hub", repo_id)) == 2
+    assert (
+        train_main(
+            tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest", "--push-to-hub", repo_id)
+        )
+        == 2
+    )
     line = one_error_line(capsys)
     for name in (".env", "symlink secret-link.txt", "notes.txt", str(final)):
         assert name in line, line
@@ -78,8 +97,12 @@ def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir,
 
     for name in (".env", "secret-link.txt", "notes.txt"):
         (final / name).unlink()
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest",
-                                "--push-to-hub", repo_id)) == 0
+    assert (
+        train_main(
+            tiny_args(colors, tiny_models_dir, out, "--max-steps", "3", "--resume", "latest", "--push-to-hub", repo_id)
+        )
+        == 0
+    )
     listed = _manifest_paths(out)
     assert {"README.md", "config.json", "model.safetensors"} <= listed
     assert listed == {p.relative_to(final).as_posix() for p in final.rglob("*") if p.is_file()}
@@ -101,8 +124,7 @@ def test_a_symlink_under_a_model_file_name_is_replaced_not_written_through(color
     assert "config.json" in _manifest_paths(out)
 
 
-def test_a_listed_file_changed_after_the_run_is_not_pushed(colors, tiny_models_dir, tmp_path,
-                                                           local_hub, repo_id):
+def test_a_listed_file_changed_after_the_run_is_not_pushed(colors, tiny_models_dir, tmp_path, local_hub, repo_id):
     from builders.engine.errors import UserFacingError
     from training.checkpoint import push_to_hub
 
@@ -122,17 +144,16 @@ def test_a_listed_file_changed_after_the_run_is_not_pushed(colors, tiny_models_d
     assert not HfApi().repo_exists(repo_id, repo_type="model")
 
 
-def test_an_invalid_push_to_hub_repo_id_is_one_line_before_training(colors, tiny_models_dir,
-                                                                     tmp_path, capsys):
+def test_an_invalid_push_to_hub_repo_id_is_one_line_before_training(colors, tiny_models_dir, tmp_path, capsys):
     for bad in ("not a repo", "org/name/extra", "org/-name-"):
         out = tmp_path / "run"
-        assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "1",
-                                    "--push-to-hub", bad)) == 2
+        assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "1", "--push-to-hub", bad)) == 2
         line = one_error_line(capsys)
         assert "--push-to-hub" in line and repr(bad) in line, line
         assert not out.exists()  # no step, no checkpoint, not even the folder
-    assert train_main(tiny_args(colors, tiny_models_dir, tmp_path / "e", "--eval-only",
-                                "--push-to-hub", "org/name")) == 2
+    assert (
+        train_main(tiny_args(colors, tiny_models_dir, tmp_path / "e", "--eval-only", "--push-to-hub", "org/name")) == 2
+    )
     assert "--eval-only" in one_error_line(capsys)
     assert not (tmp_path / "e").exists()
 
@@ -156,8 +177,7 @@ def test_sweep_seeds_too_many_or_a_reversed_range_is_one_line(colors, tiny_model
         assert not out.exists()
 
 
-def test_data_names_are_plain_text_in_metrics_md_the_card_and_the_sweep_summary(
-        colors, tiny_models_dir, tmp_path):
+def test_data_names_are_plain_text_in_metrics_md_the_card_and_the_sweep_summary(colors, tiny_models_dir, tmp_path):
     zs = write_classification_fixture(tmp_path / HOSTILE, per_class=1)
     out = tmp_path / "run"
     assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "1", "--zeroshot", str(zs))) == 0
@@ -171,8 +191,9 @@ def test_data_names_are_plain_text_in_metrics_md_the_card_and_the_sweep_summary(
 
     for seed in (1, 2):
         (tmp_path / "sweep" / f"seed-{seed}").mkdir(parents=True)
-        (tmp_path / "sweep" / f"seed-{seed}" / "run.json").write_text(json.dumps(
-            {"final_metrics": {f"zeroshot/{HOSTILE}-test/top1": 0.5}}))
+        (tmp_path / "sweep" / f"seed-{seed}" / "run.json").write_text(
+            json.dumps({"final_metrics": {f"zeroshot/{HOSTILE}-test/top1": 0.5}})
+        )
     summarize(tmp_path / "sweep")
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert "<img" not in summary and f"| zeroshot/{shown}-test/top1 | 2 |" in summary
@@ -186,20 +207,22 @@ def _png(rgb, size=(32, 32)) -> bytes:
 
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height pixels (a decompression bomb's header)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
 
 
 def _classification_set(root: Path, images: list[bytes], labels: list[int]) -> Path:
-    features = datasets.Features({"image": datasets.Image(),
-                                  "label": datasets.ClassLabel(names=["red", "blue"])})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["red", "blue"])})
     root.mkdir(parents=True)
-    datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images], "label": labels},
-                               features=features).to_parquet(root / "test-00000-of-00001.parquet")
+    datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in images], "label": labels}, features=features
+    ).to_parquet(root / "test-00000-of-00001.parquet")
     return root
 
 
@@ -207,16 +230,30 @@ def test_zeroshot_images_that_do_not_decode_are_counted_skips(tiny_models_dir, t
     good = [_png((200, 20, 20)), _png((20, 20, 200)), _png((210, 30, 10)), _png((10, 30, 210))]
     good_labels = [0, 1, 0, 1]
     bad = [b"\x00garbage, not an image" * 8, _png_header_only(30_000, 30_000), _png((200, 20, 20), (80, 80))]
-    mixed = _classification_set(tmp_path / "mixed" / "colours", good[:2] + bad + good[2:],
-                                good_labels[:2] + [0, 1, 0] + good_labels[2:])
+    mixed = _classification_set(
+        tmp_path / "mixed" / "colours", good[:2] + bad + good[2:], good_labels[:2] + [0, 1, 0] + good_labels[2:]
+    )
     clean = _classification_set(tmp_path / "clean" / "colours", good, good_labels)
-    common = ["--eval-only", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-              "--num-workers", "0", "--report-to", "none", "--max-image-pixels", "5000"]
+    common = [
+        "--eval-only",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--report-to",
+        "none",
+        "--max-image-pixels",
+        "5000",
+    ]
     with caplog.at_level(logging.WARNING):
         assert train_main([*common, "--zeroshot", str(mixed), "--output", str(tmp_path / "mixed-run")]) == 0
     record = json.loads((tmp_path / "mixed-run" / "run.json").read_text())
-    assert record["skipped"] == {"zeroshot/colours-test/unreadable_image": 1,
-                                 "zeroshot/colours-test/image_too_large": 2}
+    assert record["skipped"] == {
+        "zeroshot/colours-test/unreadable_image": 1,
+        "zeroshot/colours-test/image_too_large": 2,
+    }
     assert [t["rows"] for t in record["tables"]] == [7]
     assert any("skipped 3 of 7 images" in r.getMessage() for r in caplog.records)
     # The metrics are those of the four decodable images alone.
@@ -229,9 +266,26 @@ def test_zeroshot_images_that_do_not_decode_are_counted_skips(tiny_models_dir, t
 def test_a_zeroshot_set_without_a_usable_image_is_one_line(tiny_models_dir, tmp_path, capsys):
     garbage = _classification_set(tmp_path / "garbage", [b"not an image", b"\xff\xd8 truncated"], [0, 1])
     out = tmp_path / "run"
-    assert train_main(["--eval-only", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                       "--num-workers", "0", "--report-to", "none", "--zeroshot", str(garbage),
-                       "--output", str(out)]) == 2
+    assert (
+        train_main(
+            [
+                "--eval-only",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--num-workers",
+                "0",
+                "--report-to",
+                "none",
+                "--zeroshot",
+                str(garbage),
+                "--output",
+                str(out),
+            ]
+        )
+        == 2
+    )
     line = one_error_line(capsys)
     assert "--zeroshot" in line and str(garbage) in line and "unreadable_image: 2" in line, line
     assert not (out / "run.json").exists()

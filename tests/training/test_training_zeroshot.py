@@ -16,6 +16,7 @@ from training.evaluation import zeroshot_and_flickr30k
 from training.sources import DataInputError
 from training.zeroshot import load_zeroshot_set, parse_spec, prompt_templates
 
+
 @pytest.fixture(scope="module")
 def backend(tiny_models_dir):
     from builders.models.profiles import tiny_profile
@@ -51,8 +52,11 @@ def _brute_force_zeroshot(backend, images, classnames, labels):
         top5 += rank < 5
         per_class[int(label)].append(rank == 0)
     n = len(labels)
-    return cls, {"top1": top1 / n, "top5": top5 / n,
-                 "mean_per_class_recall": float(np.mean([np.mean(v) for v in per_class.values()]))}
+    return cls, {
+        "top1": top1 / n,
+        "top5": top5 / n,
+        "mean_per_class_recall": float(np.mean([np.mean(v) for v in per_class.values()])),
+    }
 
 
 def test_zeroshot_equals_an_independent_computation(tmp_path, backend):
@@ -82,8 +86,14 @@ def test_zeroshot_reads_a_classlabel_parquet_dataset(tmp_path):
     images = [{"bytes": _png(i), "path": None} for i in range(4)]
     ds = datasets.Dataset.from_dict(
         {"img": images, "label": [0, 1, 1, 0], "note": list("abcd")},
-        features=datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "tabby_dog"]),
-                                    "note": datasets.Value("string")}))
+        features=datasets.Features(
+            {
+                "img": datasets.Image(),
+                "label": datasets.ClassLabel(names=["cat", "tabby_dog"]),
+                "note": datasets.Value("string"),
+            }
+        ),
+    )
     (tmp_path / "ds").mkdir()
     ds.to_parquet(tmp_path / "ds" / "test-00000-of-00001.parquet")
     zs = load_zeroshot_set(str(tmp_path / "ds"))
@@ -102,9 +112,10 @@ def test_zeroshot_refuses_a_dataset_without_classlabel(tmp_path):
     import datasets
 
     (tmp_path / "ds").mkdir()
-    datasets.Dataset.from_dict({"img": [{"bytes": _png(0), "path": None}], "label": [3]},
-                               features=datasets.Features({"img": datasets.Image(), "label": datasets.Value("int64")})
-                               ).to_parquet(tmp_path / "ds" / "test.parquet")
+    datasets.Dataset.from_dict(
+        {"img": [{"bytes": _png(0), "path": None}], "label": [3]},
+        features=datasets.Features({"img": datasets.Image(), "label": datasets.Value("int64")}),
+    ).to_parquet(tmp_path / "ds" / "test.parquet")
     with pytest.raises(DataInputError, match="no ClassLabel column"):
         load_zeroshot_set(f"{tmp_path / 'ds'}:test")
 
@@ -115,10 +126,8 @@ def test_spec_parsing(tmp_path):
 
 
 def _brute_force_recall(img, txt, owner, image_ids, k):
-    i2t = np.mean([any(owner[j] == image_ids[i] for j in np.argsort(-img[i] @ txt.T)[:k])
-                   for i in range(len(img))])
-    t2i = np.mean([image_ids[np.argsort(-txt[j] @ img.T)[:k]].tolist().count(owner[j]) > 0
-                   for j in range(len(txt))])
+    i2t = np.mean([any(owner[j] == image_ids[i] for j in np.argsort(-img[i] @ txt.T)[:k]) for i in range(len(img))])
+    t2i = np.mean([image_ids[np.argsort(-txt[j] @ img.T)[:k]].tolist().count(owner[j]) > 0 for j in range(len(txt))])
     return i2t, t2i
 
 
@@ -153,9 +162,24 @@ def test_flags_reach_the_evaluation_and_the_saved_embeddings(tmp_path, backend, 
     classes = write_classification_fixture(tmp_path / "classes", per_class=1)
     flickr = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=8))
     args = build_parser().parse_args(
-        ["--zeroshot", f"{classes}:test", "--zeroshot", str(classes), "--flickr30k", str(flickr),
-         "--eval-only", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-         "--num-workers", "0", "--output", str(tmp_path / "run")])
+        [
+            "--zeroshot",
+            f"{classes}:test",
+            "--zeroshot",
+            str(classes),
+            "--flickr30k",
+            str(flickr),
+            "--eval-only",
+            "--models",
+            "tiny",
+            "--tiny-models-dir",
+            str(tiny_models_dir),
+            "--num-workers",
+            "0",
+            "--output",
+            str(tmp_path / "run"),
+        ]
+    )
     cfg = EvalConfig.of(config_from_args(args))  # as the trainer derives it
     data = load_eval_data(cfg, [], [], None)
     assert len(data.zeroshot) == 2 and data.flickr30k is not None

@@ -20,12 +20,24 @@ from helpers.build_helpers import error_line
 
 #: CLIP's CIFAR-10 prompts (openai/CLIP, data/prompts.md), which clip-benchmark uses.
 CIFAR10_TEMPLATES = [
-    "a photo of a {}.", "a blurry photo of a {}.", "a black and white photo of a {}.",
-    "a low contrast photo of a {}.", "a high contrast photo of a {}.", "a bad photo of a {}.",
-    "a good photo of a {}.", "a photo of a small {}.", "a photo of a big {}.", "a photo of the {}.",
-    "a blurry photo of the {}.", "a black and white photo of the {}.",
-    "a low contrast photo of the {}.", "a high contrast photo of the {}.", "a bad photo of the {}.",
-    "a good photo of the {}.", "a photo of the small {}.", "a photo of the big {}.",
+    "a photo of a {}.",
+    "a blurry photo of a {}.",
+    "a black and white photo of a {}.",
+    "a low contrast photo of a {}.",
+    "a high contrast photo of a {}.",
+    "a bad photo of a {}.",
+    "a good photo of a {}.",
+    "a photo of a small {}.",
+    "a photo of a big {}.",
+    "a photo of the {}.",
+    "a blurry photo of the {}.",
+    "a black and white photo of the {}.",
+    "a low contrast photo of the {}.",
+    "a high contrast photo of the {}.",
+    "a bad photo of the {}.",
+    "a good photo of the {}.",
+    "a photo of the small {}.",
+    "a photo of the big {}.",
 ]
 
 
@@ -67,8 +79,20 @@ def class_embeddings(backend, classnames, templates) -> np.ndarray:
 
 
 def eval_only(tmp_path, tiny_models_dir, out_name: str, *specs: str) -> list[str]:
-    args = ["train", "--eval-only", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-            "--num-workers", "0", "--report-to", "none", "--output", str(tmp_path / out_name)]
+    args = [
+        "train",
+        "--eval-only",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--report-to",
+        "none",
+        "--output",
+        str(tmp_path / out_name),
+    ]
     for spec in specs:
         args += ["--zeroshot", spec]
     return args
@@ -84,17 +108,19 @@ def test_a_named_benchmark_gets_its_own_prompts(tmp_path, tiny_models_dir, clip)
     shapes = shutil.copytree(classes, tmp_path / "shapes")
     assert cli_main(eval_only(tmp_path, tiny_models_dir, "run", f"cifar10={classes}", str(shapes))) == 0
     run = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert run["zeroshot_prompts"] == {"classes-test": "clip_benchmark:cifar10",
-                                       "shapes-test": "openai_imagenet_templates"}
+    assert run["zeroshot_prompts"] == {
+        "classes-test": "clip_benchmark:cifar10",
+        "shapes-test": "openai_imagenet_templates",
+    }
     assert {"zeroshot/classes-test/top1", "zeroshot/shapes-test/top1"} <= set(run["final_metrics"])
     saved = np.load(tmp_path / "run" / "embeddings.npz")
     cifar = [t.replace("{}", "{c}") for t in CIFAR10_TEMPLATES]
-    np.testing.assert_allclose(saved["zeroshot_classes-test_class"],
-                               class_embeddings(clip, sorted(CLASSES), cifar), atol=1e-5)
+    np.testing.assert_allclose(
+        saved["zeroshot_classes-test_class"], class_embeddings(clip, sorted(CLASSES), cifar), atol=1e-5
+    )
     openai = [t("{c}") for t in OPENAI_IMAGENET_TEMPLATES]
     spaced = [n.replace("_", " ") for n in sorted(CLASSES)]
-    np.testing.assert_allclose(saved["zeroshot_shapes-test_class"],
-                               class_embeddings(clip, spaced, openai), atol=1e-5)
+    np.testing.assert_allclose(saved["zeroshot_shapes-test_class"], class_embeddings(clip, spaced, openai), atol=1e-5)
 
 
 @pytest.mark.slow
@@ -105,8 +131,11 @@ def test_a_folder_named_as_a_benchmark_is_read_as_it(tmp_path, tiny_models_dir, 
     assert run["zeroshot_prompts"] == {"food-101-test": "clip_benchmark:food101"}
     saved = np.load(tmp_path / "run" / "embeddings.npz")
     spaced = [n.replace("_", " ") for n in sorted(CLASSES)]
-    np.testing.assert_allclose(saved["zeroshot_food-101-test_class"],
-                               class_embeddings(clip, spaced, ["a photo of {c}, a type of food."]), atol=1e-5)
+    np.testing.assert_allclose(
+        saved["zeroshot_food-101-test_class"],
+        class_embeddings(clip, spaced, ["a photo of {c}, a type of food."]),
+        atol=1e-5,
+    )
     # `openai=` keeps CLIP's 80 ImageNet templates for the same folder.
     assert cli_main(eval_only(tmp_path, tiny_models_dir, "openai", f"openai={classes}")) == 0
     run = json.loads((tmp_path / "openai" / "run.json").read_text())

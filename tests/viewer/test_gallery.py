@@ -27,6 +27,7 @@ from helpers.gallery_helpers import fixture_build, one_error_line, only_split, p
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
+
 def span(segs: list, style: str) -> tuple[int, str]:
     """(start offset, text) of the only segment with `style`."""
     marked = [(k, s) for k, s in enumerate(segs) if s[1] == style]
@@ -59,8 +60,9 @@ def assert_provenance_shown(rec: dict, row: dict) -> list[str]:
     return shown
 
 
-def assert_depicts(thumb_path: Path, original: Image.Image, other: Image.Image | None = None,
-                   max_side: int = 160) -> None:
+def assert_depicts(
+    thumb_path: Path, original: Image.Image, other: Image.Image | None = None, max_side: int = 160
+) -> None:
     """The thumbnail has the original's aspect ratio, is never enlarged, and looks like the
     original (JPEG of the tiny models' noise images is lossy: closer to it than to `other`)."""
     thumb = Image.open(thumb_path).convert("RGB")
@@ -110,8 +112,11 @@ def test_counterfactual_gallery_has_every_row_with_the_swap_highlighted(builds, 
         rejected = ["candidate rejected: directional"] if row["image_rejected_directional"] else []
         assert rec["facets"].get("skip reason", []) == rejected
         provenance_shown.update(assert_provenance_shown(rec, row))
-    index = [e for p in sorted((out / "index").glob("*.js"))
-             for e in json.loads(p.read_text().split(", ", 1)[1].rsplit(");", 1)[0])]
+    index = [
+        e
+        for p in sorted((out / "index").glob("*.js"))
+        for e in json.loads(p.read_text().split(", ", 1)[1].rsplit(");", 1)[0])
+    ]
     assert [e[0] for e in index] == list(range(len(ds)))
     assert [e[1] for e in index] == [f"{a} {b}".lower() for a, b in zip(ds["caption_0"], ds["caption_1"], strict=True)]
     stats = (out / "stats.html").read_text()
@@ -147,8 +152,10 @@ def test_decorrelation_gallery_strikes_removed_words_and_outlines_the_mask(build
         assert_depicts(out / original["src"], row["original_image"])
         # The outline: the mask's border pixels are red on the synthetic thumbnail.
         thumb = np.asarray(Image.open(out / synthetic["src"]).convert("RGB"), dtype=int)
-        mask = np.asarray(row["mask"].convert("L").resize((thumb.shape[1], thumb.shape[0]),
-                                                          Image.Resampling.NEAREST)) >= 128
+        mask = (
+            np.asarray(row["mask"].convert("L").resize((thumb.shape[1], thumb.shape[0]), Image.Resampling.NEAREST))
+            >= 128
+        )
         inner = mask.copy()
         inner[1:-1, 1:-1] &= mask[:-2, 1:-1] & mask[2:, 1:-1] & mask[1:-1, :-2] & mask[1:-1, 2:]
         border = mask & ~inner
@@ -263,8 +270,7 @@ def test_bad_input_is_one_clear_line(builds, local_hub, tmp_path, capsys):
 def test_serve_serves_the_written_gallery(builds, tmp_path):
     build = builds("coco-captions")
     out = tmp_path / "gallery"
-    cmd = [sys.executable, "-m", "builders.app.cli", "show", str(build), "--output", str(out),
-           "--serve", "0"]
+    cmd = [sys.executable, "-m", "builders.app.cli", "show", str(build), "--output", str(out), "--serve", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = ""

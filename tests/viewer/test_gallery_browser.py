@@ -59,7 +59,7 @@ def test_counterfactual_gallery_in_chromium(browser, galleries, tmp_path):
     # Paging: the next page holds the next rows, in order.
     browser.find_element("id", "next").click()
     wait_ready(browser, {"page": 1, "q": "", "filters": {}})
-    assert card_ids(browser) == ds["id"][PAGE:2 * PAGE]
+    assert card_ids(browser) == ds["id"][PAGE : 2 * PAGE]
     assert "page 2 of" in browser.find_element("id", "status").text
     assert_images_load(browser)
 

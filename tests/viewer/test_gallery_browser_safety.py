@@ -14,20 +14,25 @@ from helpers.hostile_datasets import SHOWN_RGB, encoded, write_dataset
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
-SCRIPT = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">"
+SCRIPT = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
 MATH = r"$\notacommand{x}$ costs $5 and $10"
-FEATURES = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string"),
-                              "skip_reason": datasets.Value("string")})
+FEATURES = datasets.Features(
+    {"image": datasets.Image(), "caption": datasets.Value("string"), "skip_reason": datasets.Value("string")}
+)
 
 
 def test_missing_images_and_markup_in_chromium(browser, tmp_path):
     secret = tmp_path / "secret.jpg"
     secret.write_bytes(encoded((13, 200, 77)))
-    build = write_dataset(tmp_path / "dataset", [
-        {"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "caption": SCRIPT, "skip_reason": SCRIPT},
-        {"image": {"bytes": None, "path": str(secret)}, "caption": MATH, "skip_reason": MATH},
-        {"image": {"bytes": b"not an image", "path": None}, "caption": "plain", "skip_reason": "x"},
-    ], FEATURES)
+    build = write_dataset(
+        tmp_path / "dataset",
+        [
+            {"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "caption": SCRIPT, "skip_reason": SCRIPT},
+            {"image": {"bytes": None, "path": str(secret)}, "caption": MATH, "skip_reason": MATH},
+            {"image": {"bytes": b"not an image", "path": None}, "caption": "plain", "skip_reason": "x"},
+        ],
+        FEATURES,
+    )
     out = tmp_path / "gallery"
     assert show(build, "--output", out) == 0
     browser.get((out / "index.html").as_uri())
@@ -37,8 +42,10 @@ def test_missing_images_and_markup_in_chromium(browser, tmp_path):
     assert placeholders == ["image not shown: path_only", "image not shown: undecodable"]
     texts = [p.text for p in browser.find_elements("css selector", ".texts p")]
     assert texts == [f"caption{SCRIPT}", f"caption{MATH}", "captionplain"]
-    options = [o.get_attribute("value") for o in
-               browser.find_elements("css selector", 'select[data-facet="skip reason"] option')]
+    options = [
+        o.get_attribute("value")
+        for o in browser.find_elements("css selector", 'select[data-facet="skip reason"] option')
+    ]
     assert SCRIPT in options and MATH in options
     assert browser.execute_script("return window.pwned === undefined")
     assert browser.find_elements("css selector", "main img[src='x']") == []

@@ -33,13 +33,19 @@ def assert_not_blank(path: Path) -> None:
     assert pixels.shape[0] > 100 and pixels.shape[1] > 100 and pixels.std() > 10, path
 
 
-@pytest.mark.parametrize("name, histograms", [
-    ("coco-counterfactuals", ["clip_score_0", "clip_score_1", "clip_directional",
-                              "clip_image_similarity", "similarity", "perplexity"]),
-    ("decorrelation", ["region_fraction"]),
-])
+@pytest.mark.parametrize(
+    "name, histograms",
+    [
+        (
+            "coco-counterfactuals",
+            ["clip_score_0", "clip_score_1", "clip_directional", "clip_image_similarity", "similarity", "perplexity"],
+        ),
+        ("decorrelation", ["region_fraction"]),
+    ],
+)
 def test_card_embeds_examples_and_histograms_published_with_the_build(
-        name, histograms, session_tmp, coco_fixture_dir, tiny_models_dir, nltk_data_dir, local_hub):
+    name, histograms, session_tmp, coco_fixture_dir, tiny_models_dir, nltk_data_dir, local_hub
+):
     build = fixture_build(name, session_tmp, coco_fixture_dir, tiny_models_dir)
     card = (build / "README.md").read_text()
     links = linked_images(card)
@@ -70,20 +76,24 @@ def test_odmap_per_class_bar_chart_equals_odmap_of_each_class_alone(tmp_path, mo
     removed, present = [], []
     for _ in range(30):
         picked = list(rng.permutation(classes))
-        removed.append(picked[:rng.integers(1, 3)])
+        removed.append(picked[: rng.integers(1, 3)])
         present.append(picked[3:])
     retrieved = [list(rng.choice(40, size=5, replace=False)) for _ in removed]
     odmap = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "odmap"))
     common = dict(mention_matrix=mentions, class_names=classes, k_values=[1, 5])
     plot = tmp_path / "per_class.png"
-    result = odmap.compute(retrieved=retrieved, removed_classes=removed, present_classes=present,
-                           per_class_plot_path=str(plot), **common)
+    result = odmap.compute(
+        retrieved=retrieved, removed_classes=removed, present_classes=present, per_class_plot_path=str(plot), **common
+    )
     assert result["per_class_plot_path"] == str(plot)
     assert_not_blank(plot)
     assert sorted(result["per_class"]) == sorted({c for r in removed for c in r})
     for cls, scores in result["per_class"].items():
         keep = [q for q, r in enumerate(removed) if cls in r]
-        alone = odmap.compute(retrieved=[retrieved[q] for q in keep],
-                              removed_classes=[removed[q] for q in keep],
-                              present_classes=[present[q] for q in keep], **common)
+        alone = odmap.compute(
+            retrieved=[retrieved[q] for q in keep],
+            removed_classes=[removed[q] for q in keep],
+            present_classes=[present[q] for q in keep],
+            **common,
+        )
         assert scores == pytest.approx({k: alone[k] for k in ("ODmAP@1", "ODmAP@5")})

@@ -49,13 +49,26 @@ def _build(root: Path, rows: int, images: list[bytes]) -> Path:
     builders write theirs (HF features in the schema, row groups of 100)."""
     import datasets
 
-    features = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image(),
-                                  "caption": datasets.Value("string"),
-                                  "score": datasets.Value("float64")})
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "image": datasets.Image(),
+            "caption": datasets.Value("string"),
+            "score": datasets.Value("float64"),
+        }
+    )
     table = pa.Table.from_pylist(
-        [{"id": str(i), "image": {"bytes": images[i % len(images)], "path": None},
-          "caption": f"a photo number {i}", "score": i / rows} for i in range(rows)],
-        schema=features.arrow_schema)
+        [
+            {
+                "id": str(i),
+                "image": {"bytes": images[i % len(images)], "path": None},
+                "caption": f"a photo number {i}",
+                "score": i / rows,
+            }
+            for i in range(rows)
+        ],
+        schema=features.arrow_schema,
+    )
     (root / "data").mkdir(parents=True)
     pq.write_table(table, root / "data" / "test-00000-of-00001.parquet", row_group_size=100)
     (root / "README.md").write_text(README)

@@ -48,6 +48,7 @@ sys.addaudithook(_audit)
 @pytest.fixture
 def opened():
     """Paths opened under the folders passed to `watch(folder)` while the test runs."""
+
     class Recorder:
         paths = _OPENED
 
@@ -62,6 +63,7 @@ def opened():
 
 # ------------------------------------------------------------------ hostile datasets
 
+
 def png_claiming(width: int, height: int) -> bytes:
     """A tiny PNG whose header claims width x height pixels (a decompression bomb's header)."""
     data = bytearray(encoded((0, 0, 0), "PNG", (8, 8)))
@@ -73,14 +75,17 @@ def png_claiming(width: int, height: int) -> bytes:
 def path_only_dataset(folder: Path, secret: Path) -> Path:
     shown = encoded(SHOWN_RGB)
     only_path = {"bytes": None, "path": str(secret)}
-    return write_dataset(folder, [
-        {"image": {"bytes": shown, "path": None}, "extras": [], "caption": "a red square"},
-        {"image": only_path, "extras": [only_path], "caption": "absolute path to the secret"},
-        # Relative to the working folder, which the test makes the secret's.
-        {"image": {"bytes": None, "path": secret.name}, "extras": [], "caption": "relative path"},
-        # Bytes win: the path next to them is not read either.
-        {"image": {"bytes": shown, "path": str(secret)}, "extras": [only_path], "caption": "both"},
-    ])
+    return write_dataset(
+        folder,
+        [
+            {"image": {"bytes": shown, "path": None}, "extras": [], "caption": "a red square"},
+            {"image": only_path, "extras": [only_path], "caption": "absolute path to the secret"},
+            # Relative to the working folder, which the test makes the secret's.
+            {"image": {"bytes": None, "path": secret.name}, "extras": [], "caption": "relative path"},
+            # Bytes win: the path next to them is not read either.
+            {"image": {"bytes": shown, "path": str(secret)}, "extras": [only_path], "caption": "both"},
+        ],
+    )
 
 
 def mean_rgb(path: Path) -> np.ndarray:
@@ -91,7 +96,11 @@ def assert_secret_never_read(out: Path, secret: Path, opened) -> None:
     assert opened.paths == [], "show opened the file a path-only cell names"
     records = page_records(out)
     assert [r["texts"][0]["segs"][0][0] for r in records] == [
-        "a red square", "absolute path to the secret", "relative path", "both"]
+        "a red square",
+        "absolute path to the secret",
+        "relative path",
+        "both",
+    ]
     for k in (0, 3):
         (im,) = records[k]["imgs"]
         assert np.abs(mean_rgb(out / im["src"]) - SHOWN_RGB).max() < 12, im
@@ -135,8 +144,9 @@ def test_a_path_only_cell_of_a_hub_dataset_is_never_opened(tmp_path, secret, ope
     repo = "someone/path-only-images"
     api = HfApi()
     api.create_repo(repo, repo_type="dataset", exist_ok=True)
-    api.upload_folder(folder_path=str(path_only_dataset(tmp_path / "dataset", secret)),
-                      repo_id=repo, repo_type="dataset")
+    api.upload_folder(
+        folder_path=str(path_only_dataset(tmp_path / "dataset", secret)), repo_id=repo, repo_type="dataset"
+    )
     out = tmp_path / "gallery"
     opened.watch(secret.parent)
     assert show(repo, "--output", out) == 0
@@ -146,15 +156,14 @@ def test_a_path_only_cell_of_a_hub_dataset_is_never_opened(tmp_path, secret, ope
 def test_images_that_cannot_be_shown_are_counted_and_shown_as_missing(tmp_path, capsys):
     good = encoded(SHOWN_RGB)
     problems = [
-        (good[:len(good) // 2], "truncated"),
+        (good[: len(good) // 2], "truncated"),
         (b"these bytes are not an image", "undecodable"),
         (png_claiming(30_000, 30_000), "too_many_pixels"),  # PIL's DecompressionBombError
         (png_claiming(10_000, 10_000), "too_many_pixels"),  # only PIL's warning: would decode
         (None, "empty"),
     ]
     rows = [{"image": {"bytes": good, "path": None}, "extras": [], "caption": "fine"}]
-    rows += [{"image": {"bytes": data, "path": None}, "extras": [], "caption": reason}
-             for data, reason in problems]
+    rows += [{"image": {"bytes": data, "path": None}, "extras": [], "caption": reason} for data, reason in problems]
     rows.append({"image": None, "extras": [], "caption": "no image (an optional column)"})
     build = write_dataset(tmp_path / "dataset", rows)
     out = tmp_path / "gallery"
@@ -171,8 +180,9 @@ def test_images_that_cannot_be_shown_are_counted_and_shown_as_missing(tmp_path, 
     assert records[-1]["imgs"] == []  # nothing to show, nothing wrong
     expected = {"too_many_pixels": 2, "empty": 1, "truncated": 1, "undecodable": 1}
     assert json.loads((out / "gallery.json").read_text())["images_not_shown"] == expected
-    assert "5 images not shown (too_many_pixels 2, empty 1, truncated 1, undecodable 1; " \
-           "see stats.html)" in captured.out
+    assert (
+        "5 images not shown (too_many_pixels 2, empty 1, truncated 1, undecodable 1; see stats.html)" in captured.out
+    )
     stats = (out / "stats.html").read_text()
     assert "<tr><td>too_many_pixels</td><td>2</td><td>3, 4</td></tr>" in stats
     assert "<tr><td>undecodable</td><td>1</td><td>2</td></tr>" in stats
@@ -181,10 +191,14 @@ def test_images_that_cannot_be_shown_are_counted_and_shown_as_missing(tmp_path, 
 @pytest.mark.parametrize("failing", ["thumbs/", "pages/", "stats/", "index.html", "gallery.json"])
 def test_a_full_disk_is_one_line_naming_the_output(tmp_path, capsys, monkeypatch, failing):
     # A skip reason is a facet: the stats page charts it (stats/*.png).
-    features = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string"),
-                                  "skip_reason": datasets.Value("string")})
-    build = write_dataset(tmp_path / "dataset", [{"image": {"bytes": encoded(SHOWN_RGB), "path": None},
-                                                  "caption": "a", "skip_reason": "none"}], features)
+    features = datasets.Features(
+        {"image": datasets.Image(), "caption": datasets.Value("string"), "skip_reason": datasets.Value("string")}
+    )
+    build = write_dataset(
+        tmp_path / "dataset",
+        [{"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "caption": "a", "skip_reason": "none"}],
+        features,
+    )
     out = tmp_path / "gallery"
     target = str(out) + os.sep + failing
     real_open, real_io_open = builtins.open, io.open
@@ -194,10 +208,14 @@ def test_a_full_disk_is_one_line_naming_the_output(tmp_path, capsys, monkeypatch
             name = os.fsdecode(file) if isinstance(file, (str, bytes, os.PathLike)) else ""
             # The marker is written once at the start (a rerun may then replace the folder):
             # fail its final write, as a disk that filled up during the run would.
-            if "w" in mode and name.startswith(target) and (failing != "gallery.json"
-                                                            or (out / "index.html").exists()):
+            if (
+                "w" in mode
+                and name.startswith(target)
+                and (failing != "gallery.json" or (out / "index.html").exists())
+            ):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real(file, mode, *args, **kwargs)
+
         return opener
 
     monkeypatch.setattr(builtins, "open", full(real_open))
@@ -206,10 +224,10 @@ def test_a_full_disk_is_one_line_naming_the_output(tmp_path, capsys, monkeypatch
     assert "cannot write the gallery" in err
 
 
-def test_a_failing_read_is_one_line_naming_the_source_not_a_write_error(tmp_path, capsys,
-                                                                       monkeypatch):
-    build = write_dataset(tmp_path / "dataset", [
-        {"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "extras": [], "caption": "a"}])
+def test_a_failing_read_is_one_line_naming_the_source_not_a_write_error(tmp_path, capsys, monkeypatch):
+    build = write_dataset(
+        tmp_path / "dataset", [{"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "extras": [], "caption": "a"}]
+    )
     real_open, real_io_open = builtins.open, io.open
 
     def failing(real):
@@ -217,26 +235,41 @@ def test_a_failing_read_is_one_line_naming_the_source_not_a_write_error(tmp_path
             if isinstance(file, (str, os.PathLike)) and os.fspath(file).endswith(".parquet"):
                 raise OSError(errno.EIO, os.strerror(errno.EIO), os.fspath(file))
             return real(file, mode, *args, **kwargs)
+
         return opener
 
     monkeypatch.setattr(builtins, "open", failing(real_open))
     monkeypatch.setattr(io, "open", failing(real_io_open))
-    err = one_error_line(capsys, [build, "--output", tmp_path / "gallery"], str(build),
-                         "cannot read the rows of default/test", "Input/output error")
+    err = one_error_line(
+        capsys,
+        [build, "--output", tmp_path / "gallery"],
+        str(build),
+        "cannot read the rows of default/test",
+        "Input/output error",
+    )
     assert "cannot write" not in err
 
 
-@pytest.mark.parametrize("view", [
-    "not a view", [1, 2], {"slots": []}, {"name": "x", "slots": [{"column": "image", "bogus": 1}]},
-    {"name": "x", "texts": [{"column": "caption", "label": "c", "style": "<script>"}]},
-    {"name": "x", "facets": [{"name": "f"}]},
-])
+@pytest.mark.parametrize(
+    "view",
+    [
+        "not a view",
+        [1, 2],
+        {"slots": []},
+        {"name": "x", "slots": [{"column": "image", "bogus": 1}]},
+        {"name": "x", "texts": [{"column": "caption", "label": "c", "style": "<script>"}]},
+        {"name": "x", "facets": [{"name": "f"}]},
+    ],
+)
 def test_a_manifest_view_that_does_not_parse_falls_back_to_the_generic_view(tmp_path, view, caplog):
     """Someone else's build manifest may declare any `view`: `show` warns and shows the rows."""
-    folder = write_dataset(tmp_path / "dataset", [
-        {"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "extras": [], "caption": "a cat"}])
-    (folder / "build_manifest.json").write_text(json.dumps(
-        {"outputs": {"default/test": {"config": "default", "split": "test", "view": view}}}))
+    folder = write_dataset(
+        tmp_path / "dataset",
+        [{"image": {"bytes": encoded(SHOWN_RGB), "path": None}, "extras": [], "caption": "a cat"}],
+    )
+    (folder / "build_manifest.json").write_text(
+        json.dumps({"outputs": {"default/test": {"config": "default", "split": "test", "view": view}}})
+    )
     out = tmp_path / "gallery"
     with caplog.at_level("WARNING", logger="builders.viewer.row_view"):
         assert show(folder, "--output", out) == 0
@@ -250,7 +283,10 @@ def test_a_grouped_row_whose_lists_differ_in_length_is_shown_as_such():
     from builders.viewer.rows import texts
 
     # A published eccv-positives-shaped row whose lists were cut: one source short.
-    row = {"positive_captions": ["a dog", "a cat", "<b>x</b>"], "positive_caption_ids": [1, 2, 3],
-           "positive_sources": ["coco", "eccv"]}
+    row = {
+        "positive_captions": ["a dog", "a cat", "<b>x</b>"],
+        "positive_caption_ids": [1, 2, 3],
+        "positive_sources": ["coco", "eccv"],
+    }
     blocks = [b for b in texts(VIEW, row) if b["label"] == "positives"]
     assert blocks and "3 texts, 3 ids and 2 groups: lists of different lengths" in str(blocks[0]["segs"])

@@ -35,14 +35,21 @@ def cache_key(digest: str, preprocessing: str, ds) -> dict:
     code (the code version: git commit and dirty flag, or version and installed-files digest; and
     each evaluation module's own file digest, which a fix in a dirty tree changes too) and the
     evaluation settings that change a number (batch size and workers do not)."""
-    tables = [[model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows]
-              for t in ds.tables]
+    tables = [
+        [model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows] for t in ds.tables
+    ]
     instances = ds.cfg.coco_instances
-    return {"weights_digest": digest, "preprocessing_digest": preprocessing, "dataset": ds.name,
-            "tables": tables, "k_values": list(ds.cfg.k_values), "eccv": bool(ds.cfg.eccv),
-            "pm_instances": _instances_digest(instances) if instances else None,
-            "code_version": code_version(),
-            "metric_versions": {m: source_digest(m) for m in EVALUATION_MODULES}}
+    return {
+        "weights_digest": digest,
+        "preprocessing_digest": preprocessing,
+        "dataset": ds.name,
+        "tables": tables,
+        "k_values": list(ds.cfg.k_values),
+        "eccv": bool(ds.cfg.eccv),
+        "pm_instances": _instances_digest(instances) if instances else None,
+        "code_version": code_version(),
+        "metric_versions": {m: source_digest(m) for m in EVALUATION_MODULES},
+    }
 
 
 @functools.cache
@@ -66,8 +73,9 @@ class BadEntry(Exception):
         super().__init__(f"{path}: {problem}")
 
 
-def read_entry(folder: Path, key: dict, data,
-               width: int) -> tuple[Path, dict[str, float], dict[str, np.ndarray]] | None:
+def read_entry(
+    folder: Path, key: dict, data, width: int
+) -> tuple[Path, dict[str, float], dict[str, np.ndarray]] | None:
     """(embeddings file, metrics, embeddings) of `key` on `data` (the dataset's EvalData) for a
     model whose embeddings are `width` wide, or None when not cached. The cache folder is the
     user's, but what is in it is not trusted: an entry that is not what `write_entry` writes (a
@@ -123,8 +131,10 @@ def expected_shapes(data, width: int) -> dict[str, tuple[int, ...]]:
         rows.update(cf_image=len(data.cf_pairs), cf_text=len(data.cf_pairs))
     # The ITM score names and lengths as the evaluation computes them, from one-wide stand-ins.
     scores = itm_inputs({name: np.zeros((n, 1), np.float32) for name, n in rows.items()}, data)
-    return {**{name: (n, width) for name, n in rows.items()},
-            **{f"itm_{name}": tuple(v.shape) for name, v in scores.items()}}
+    return {
+        **{name: (n, width) for name, n in rows.items()},
+        **{f"itm_{name}": tuple(v.shape) for name, v in scores.items()},
+    }
 
 
 def _headers(npz: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -135,8 +145,9 @@ def _headers(npz: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         for name in z.namelist():
             with z.open(name) as fp:
                 version = np.lib.format.read_magic(fp)
-                read = {(1, 0): np.lib.format.read_array_header_1_0,
-                        (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(
+                    version
+                )
                 if read is None or not name.endswith(".npy"):
                     raise BadEntry(npz, f"{name} is not an array np.savez writes")
                 shape, _, dtype = read(fp)

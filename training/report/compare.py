@@ -44,38 +44,62 @@ def _pairs(models: list[str], baseline: str | None) -> list[tuple[str, str]]:
     return [(m, baseline) for m in models if m != baseline]
 
 
-def compare_dataset(dataset: str, units: dict[str, dict[str, UnitScores]], models: list[str],
-                    resamples: int, seed: int, baseline: str | None = None) -> list[Comparison]:
+def compare_dataset(
+    dataset: str,
+    units: dict[str, dict[str, UnitScores]],
+    models: list[str],
+    resamples: int,
+    seed: int,
+    baseline: str | None = None,
+) -> list[Comparison]:
     """The paired comparisons of `dataset`; `units`: model -> evaluation key -> UnitScores."""
     pairs = _pairs([m for m in models if m in units], baseline)
     keys = sorted(set.intersection(*(set(units[m]) for m in {x for p in pairs for x in p})) if pairs else [])
-    keys = sorted((k for k in keys if record_name(k) and not k.startswith("odmap_per_class/")),
-                  key=lambda k: tuple(map(natural, record_name(k))))
-    resampled = bootstrap({(m, k): units[m][k] for m in {x for p in pairs for x in p} for k in keys},
-                          resamples, seed)
-    pvalues = sign_flip_pvalues({(key, a, b): (units[a][key], units[b][key]) for key in keys for a, b in pairs},
-                                resamples, seed)
+    keys = sorted(
+        (k for k in keys if record_name(k) and not k.startswith("odmap_per_class/")),
+        key=lambda k: tuple(map(natural, record_name(k))),
+    )
+    resampled = bootstrap({(m, k): units[m][k] for m in {x for p in pairs for x in p} for k in keys}, resamples, seed)
+    pvalues = sign_flip_pvalues(
+        {(key, a, b): (units[a][key], units[b][key]) for key in keys for a, b in pairs}, resamples, seed
+    )
     out = []
     for key in keys:
         task, metric = record_name(key)
         for a, b in pairs:
             low, high = interval(resampled[(a, key)] - resampled[(b, key)])
-            out.append(Comparison(dataset, task, metric, a, b, units[a][key].value() - units[b][key].value(),
-                                  low, high, pvalues[(key, a, b)]))
+            out.append(
+                Comparison(
+                    dataset,
+                    task,
+                    metric,
+                    a,
+                    b,
+                    units[a][key].value() - units[b][key].value(),
+                    low,
+                    high,
+                    pvalues[(key, a, b)],
+                )
+            )
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
     return out
 
 
-def verdicts(records: list[dict], dataset: str, comparisons: list[Comparison]) -> dict[tuple[str, str], tuple[str, bool]]:
+def verdicts(
+    records: list[dict], dataset: str, comparisons: list[Comparison]
+) -> dict[tuple[str, str], tuple[str, bool]]:
     """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm),
     for the columns of `dataset` with two or more models and a test between the top two (the
     others are left unmarked)."""
     tests = {(c.task, c.metric, frozenset((c.model, c.other))): c for c in comparisons if c.dataset == dataset}
     out = {}
     for task, metric in {(r["task"], n) for r in records if r["dataset"] == dataset for n in r["metrics"]}:
-        values = [(r["metrics"][metric], r["model"]) for r in records if r["dataset"] == dataset
-                  and r["task"] == task and r["metrics"].get(metric) is not None]
+        values = [
+            (r["metrics"][metric], r["model"])
+            for r in records
+            if r["dataset"] == dataset and r["task"] == task and r["metrics"].get(metric) is not None
+        ]
         if len(values) < 2:
             continue
         values.sort(key=lambda vm: vm[0], reverse=higher_is_better(metric))
@@ -94,11 +118,12 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
     rows = [c for c in comparisons if c.dataset == dataset]
     if not rows:
         return []
-    lines = ["| metric | model | vs | difference [95 % CI] | p (sign-flip) | p (Holm) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| metric | model | vs | difference [95 % CI] | p (sign-flip) | p (Holm) |", "|---|---|---|---|---|---|"]
     for c in rows:
-        lines.append(f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | "
-                     f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}] | {c.p_value:.4g} | {c.p_holm:.4g} |")
+        lines.append(
+            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | "
+            f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}] | {c.p_value:.4g} | {c.p_holm:.4g} |"
+        )
     return lines
 
 
@@ -109,9 +134,13 @@ def plot_forest(records: list[dict], dataset: str, path: Path) -> Path | None:
     from builders.viewer.plots import _figure
     from training.report.markdown import comparison_columns
 
-    cols = [(t, n) for t, n in comparison_columns(records, dataset)
-            if any((r.get("ci_low") or {}).get(n) is not None for r in records
-                   if r["dataset"] == dataset and r["task"] == t)]
+    cols = [
+        (t, n)
+        for t, n in comparison_columns(records, dataset)
+        if any(
+            (r.get("ci_low") or {}).get(n) is not None for r in records if r["dataset"] == dataset and r["task"] == t
+        )
+    ]
     if not cols:
         return None
     models = list(dict.fromkeys(r["model"] for r in records if r["dataset"] == dataset and r["task"] != BLIND))

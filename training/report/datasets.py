@@ -40,15 +40,15 @@ class BenchmarkDataset:
         # A local build by its name and content digest (local:NAME@sha256:...), never by a path
         # of this machine: the records are shared (results.jsonl, --push-to-hub).
         source = model_name(first.path) if first.commit is None else first.path
-        return {"dataset_source": source, "dataset_revision": first.revision,
-                "dataset_commit": first.commit}
+        return {"dataset_source": source, "dataset_revision": first.revision, "dataset_commit": first.commit}
 
 
 def locate(ds: BenchmarkDataset, err: UndecodableImage) -> DataInputError:
     """`err` as one line naming the flag, the shard file (of a local build) and its row there."""
-    config, split = {"decorrelation": ("odmap_queries", "test"),
-                     "counterfactual": ("default", ds.cfg.counterfactuals_split)}.get(
-        err.origin, ("default", ds.cfg.real_test_split))
+    config, split = {
+        "decorrelation": ("odmap_queries", "test"),
+        "counterfactual": ("default", ds.cfg.counterfactuals_split),
+    }.get(err.origin, ("default", ds.cfg.real_test_split))
     where = f"{ds.source.path} (config {config!r}, split {split!r}) row {err.row}"
     try:
         files = (local_data_files(ds.source.path, config) or {}).get(split, [])
@@ -61,8 +61,10 @@ def locate(ds: BenchmarkDataset, err: UndecodableImage) -> DataInputError:
             where = f"{path} row {err.row - start}"
             break
         start += rows
-    return DataInputError(f"--{ds.name} {where}, column {err.column!r}: the image cannot be decoded "
-                          f"({err.problem}); rebuild the dataset or re-download that shard")
+    return DataInputError(
+        f"--{ds.name} {where}, column {err.column!r}: the image cannot be decoded "
+        f"({err.problem}); rebuild the dataset or re-download that shard"
+    )
 
 
 def parse_source(flag: str, text: str) -> SourceRef:
@@ -76,12 +78,18 @@ def parse_source(flag: str, text: str) -> SourceRef:
     return SourceRef(path, revision or None)
 
 
-def open_dataset(name: str, source: SourceRef, eval_batch_size: int = 64, num_workers: int = 0,
-                 k_values: tuple[int, ...] = (1, 5, 10),
-                 coco_instances: str | None = None) -> BenchmarkDataset:
+def open_dataset(
+    name: str,
+    source: SourceRef,
+    eval_batch_size: int = 64,
+    num_workers: int = 0,
+    k_values: tuple[int, ...] = (1, 5, 10),
+    coco_instances: str | None = None,
+) -> BenchmarkDataset:
     """Open one build; a missing or wrong kind of build is one line naming `--NAME`."""
-    cfg = EvalConfig(eval_batch_size=eval_batch_size, num_workers=num_workers, k_values=tuple(k_values),
-                     **{KINDS[name]: source})
+    cfg = EvalConfig(
+        eval_batch_size=eval_batch_size, num_workers=num_workers, k_values=tuple(k_values), **{KINDS[name]: source}
+    )
     try:
         held = unmixed_sets(cfg.counterfactuals, cfg.counterfactuals_split)
         data = load_eval_data(cfg, held.heldout_cf, held.train.tables, held.validation)
@@ -99,11 +107,17 @@ def _with_eccv_suite(cfg: EvalConfig, data: EvalData, source: SourceRef, instanc
     R@K alone."""
     if not is_coco_5k(data.image_ids):
         if instances:
-            raise DataInputError(f"{source.path}: --coco-instances (PMRP) needs the COCO 5K test "
-                                 f"split (Karpathy test, 5000 images); this split has "
-                                 f"{len(data.image_ids)}")
-        log.info("--coco %s: %d images, not the COCO 5K test split: ECCV Caption, CxC and PMRP "
-                 "(defined on COCO 5K only) are left out", source.path, len(data.image_ids))
+            raise DataInputError(
+                f"{source.path}: --coco-instances (PMRP) needs the COCO 5K test "
+                f"split (Karpathy test, 5000 images); this split has "
+                f"{len(data.image_ids)}"
+            )
+        log.info(
+            "--coco %s: %d images, not the COCO 5K test split: ECCV Caption, CxC and PMRP "
+            "(defined on COCO 5K only) are left out",
+            source.path,
+            len(data.image_ids),
+        )
         return cfg
     if instances:
         data.pm_positives = read_pm_positives(instances)

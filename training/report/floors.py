@@ -113,8 +113,9 @@ def caption_pairs(data) -> tuple[list[str], list[str]]:
     return [pairs[r]["caption_0"] for r in rows], [pairs[r]["caption_1"] for r in rows]
 
 
-def blind_scores(originals: list[str], counterfactuals: list[str], lm_id: str,
-                 sentence_id: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def blind_scores(
+    originals: list[str], counterfactuals: list[str], lm_id: str, sentence_id: str
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Per pair, whether the LM and the sentence model prefer the original (`_prefers`); and
     the weights digest of each (`lm`, `sentence`): which text models were scored."""
     import torch
@@ -131,9 +132,13 @@ def blind_scores(originals: list[str], counterfactuals: list[str], lm_id: str,
     emb = sentence.encode(originals + counterfactuals, convert_to_tensor=True, show_progress_bar=False)
     emb = torch.nn.functional.normalize(emb.float(), dim=-1)
     typical = (emb @ torch.nn.functional.normalize(emb.mean(0), dim=0)).cpu().numpy()
-    return ({"lm_prefers_original": _prefers(ppl[:n], ppl[n:], higher=False),
-             "sentence_prefers_original": _prefers(typical[:n], typical[n:], higher=True)},
-            {"lm": weights_digest(lm), "sentence": weights_digest(sentence)})
+    return (
+        {
+            "lm_prefers_original": _prefers(ppl[:n], ppl[n:], higher=False),
+            "sentence_prefers_original": _prefers(typical[:n], typical[n:], higher=True),
+        },
+        {"lm": weights_digest(lm), "sentence": weights_digest(sentence)},
+    )
 
 
 def blind_baseline(data, lm_id: str, sentence_id: str, resamples: int, seed: int) -> dict:
@@ -151,5 +156,8 @@ def blind_baseline(data, lm_id: str, sentence_id: str, resamples: int, seed: int
     resampled = bootstrap(units, resamples, seed) if resamples else {}
     metrics = {name: u.value() for name, u in units.items()}
     intervals = {name: (*interval(resampled[name]), u.n) for name, u in units.items()} if resamples else {}
-    return {"metrics": {**metrics, "same_word_pairs": float(same.sum()), "pairs": float(len(same))},
-            "intervals": intervals, "digests": digests}
+    return {
+        "metrics": {**metrics, "same_word_pairs": float(same.sum()), "pairs": float(len(same))},
+        "intervals": intervals,
+        "digests": digests,
+    }

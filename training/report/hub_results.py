@@ -24,14 +24,37 @@ from training.report.markdown import BLIND, blind_lines, comparison_table, plain
 
 log = logging.getLogger(__name__)
 
-KEY_FIELDS = ("model", "weights_digest", "dataset", "dataset_source", "dataset_commit", "task",
-              "metric", "metric_version", "code_version", "bootstrap", "seed")
+KEY_FIELDS = (
+    "model",
+    "weights_digest",
+    "dataset",
+    "dataset_source",
+    "dataset_commit",
+    "task",
+    "metric",
+    "metric_version",
+    "code_version",
+    "bootstrap",
+    "seed",
+)
 #: The columns of the files pushed before the intervals: still read.
-OLD_COLUMNS = ("dataset", "model", "pretrained", "backend", "weights_digest", "task", "metrics",
-               "dataset_source", "dataset_revision", "dataset_commit", "metric", "metric_version",
-               "code_version", "key")
-COLUMNS = (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed",
-           *OLD_COLUMNS[7:])
+OLD_COLUMNS = (
+    "dataset",
+    "model",
+    "pretrained",
+    "backend",
+    "weights_digest",
+    "task",
+    "metrics",
+    "dataset_source",
+    "dataset_revision",
+    "dataset_commit",
+    "metric",
+    "metric_version",
+    "code_version",
+    "key",
+)
+COLUMNS = (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed", *OLD_COLUMNS[7:])
 #: Record fields stored as JSON strings (objects keyed by metric name; numbers).
 JSON_FIELDS = ("metrics", "ci_low", "ci_high", "n_units", "bootstrap", "seed")
 RETRIES = 3
@@ -69,18 +92,35 @@ def _parquet(rows: list[dict]) -> bytes:
 def card(rows: list[dict], repo_id: str) -> str:
     records = [to_record(r) for r in rows]
     models = list(dict.fromkeys(r["model"] for r in records if r["task"] != BLIND))
-    out = ["---", "configs:", "- config_name: default", "  data_files:", "  - split: train",
-           "    path: data/*.parquet", "tags:", "- counterfactory", "- benchmark", "---", "",
-           f"# {plain(repo_id)}", "",
-           "Results of `counterfactory benchmark`: one row per model x dataset x metric module "
-           "(`metrics` is a JSON object), with the weights' sha256, the dataset commit and the "
-           "metric and code versions, and each metric's 95 % bootstrap interval (`ci_low`, "
-           "`ci_high`, over `n_units` units). A best value (fraction below zero: lowest; every "
-           "other metric: highest) is bold where its interval and the runner-up's do not overlap, "
-           "and the two are marked `(tie)` where they do (the model report tests them paired); "
-           "rows without intervals (older versions) are ranked untested.", "",
-           "```python", "from datasets import load_dataset", "",
-           f"rows = load_dataset({repo_id!r}, split=\"train\")", "```", ""]
+    out = [
+        "---",
+        "configs:",
+        "- config_name: default",
+        "  data_files:",
+        "  - split: train",
+        "    path: data/*.parquet",
+        "tags:",
+        "- counterfactory",
+        "- benchmark",
+        "---",
+        "",
+        f"# {plain(repo_id)}",
+        "",
+        "Results of `counterfactory benchmark`: one row per model x dataset x metric module "
+        "(`metrics` is a JSON object), with the weights' sha256, the dataset commit and the "
+        "metric and code versions, and each metric's 95 % bootstrap interval (`ci_low`, "
+        "`ci_high`, over `n_units` units). A best value (fraction below zero: lowest; every "
+        "other metric: highest) is bold where its interval and the runner-up's do not overlap, "
+        "and the two are marked `(tie)` where they do (the model report tests them paired); "
+        "rows without intervals (older versions) are ranked untested.",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        "",
+        f'rows = load_dataset({repo_id!r}, split="train")',
+        "```",
+        "",
+    ]
     for dataset in dict.fromkeys(r["dataset"] for r in records):
         out += [f"## {plain(dataset)}", "", *comparison_table(records, dataset, models), ""]
         blind = blind_lines(records, dataset)
@@ -116,25 +156,30 @@ def push_results(records: list[dict], repo_id: str, tag: str | None = None) -> i
 
 
 def _tag_error(repo_id: str, tag: str) -> PublishError:
-    return PublishError(f"--revision-tag {tag!r}: {repo_id} already has that tag and this push "
-                        "adds rows; give a new tag")
+    return PublishError(
+        f"--revision-tag {tag!r}: {repo_id} already has that tag and this push adds rows; give a new tag"
+    )
 
 
-def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict],
-            old_files: dict[str, list[dict]]) -> None:
+def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict], old_files: dict[str, list[dict]]) -> None:
     """One commit: the new rows' file, the old-schema files rewritten with the new columns
     (`old_files`: path -> its rows), and the card."""
     from huggingface_hub import CommitOperationAdd
 
     name = hashlib.sha256("".join(sorted(r["key"] for r in new)).encode()).hexdigest()[:16]
-    ops = [CommitOperationAdd(path_in_repo=f"data/results-{name}.parquet", path_or_fileobj=_parquet(new)),
-           *(CommitOperationAdd(path_in_repo=path, path_or_fileobj=_parquet(rows))
-             for path, rows in old_files.items()),
-           CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card(old + new, repo_id).encode())]
+    ops = [
+        CommitOperationAdd(path_in_repo=f"data/results-{name}.parquet", path_or_fileobj=_parquet(new)),
+        *(CommitOperationAdd(path_in_repo=path, path_or_fileobj=_parquet(rows)) for path, rows in old_files.items()),
+        CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card(old + new, repo_id).encode()),
+    ]
     models = ", ".join(dict.fromkeys(r["model"] for r in new))
-    retrying(lambda: api.create_commit(**repo, operations=ops,
-                                       commit_message=f"benchmark results: {len(new)} rows ({models})"[:200]),
-             1, "create_commit")
+    retrying(
+        lambda: api.create_commit(
+            **repo, operations=ops, commit_message=f"benchmark results: {len(new)} rows ({models})"[:200]
+        ),
+        1,
+        "create_commit",
+    )
 
 
 def _existing_rows(api, repo: dict) -> tuple[list[dict], dict[str, list[dict]]]:
@@ -149,8 +194,9 @@ def _existing_rows(api, repo: dict) -> tuple[list[dict], dict[str, list[dict]]]:
     rows: list[dict] = []
     old_files: dict[str, list[dict]] = {}
     for path in sorted(f for f in files if f.startswith("data/") and f.endswith(".parquet")):
-        local = retrying(lambda: hf_hub_download(**repo, filename=path, endpoint=api.endpoint),
-                         RETRIES, f"download {path}")
+        local = retrying(
+            lambda: hf_hub_download(**repo, filename=path, endpoint=api.endpoint), RETRIES, f"download {path}"
+        )
         where = f"{repo['repo_id']}: {path}"
         try:
             table = pq.read_table(local)
@@ -161,8 +207,12 @@ def _existing_rows(api, repo: dict) -> tuple[list[dict], dict[str, list[dict]]]:
         extra = [c for c in table.column_names if c not in COLUMNS]
         if (missing or extra) and not older:
             # One schema for every file, or `load_dataset` cannot read the repo after this push.
-            raise _hostile(where, f"no column {', '.join(map(repr, missing))}" if missing
-                           else f"column {', '.join(map(repr, extra))} is not one of {', '.join(COLUMNS)}")
+            raise _hostile(
+                where,
+                f"no column {', '.join(map(repr, missing))}"
+                if missing
+                else f"column {', '.join(map(repr, extra))} is not one of {', '.join(COLUMNS)}",
+            )
         file_rows = [{c: row.get(c) for c in COLUMNS} for row in table.to_pylist()]
         for n, row in enumerate(file_rows):
             _check_row(row, f"{where} row {n}")
@@ -173,8 +223,10 @@ def _existing_rows(api, repo: dict) -> tuple[list[dict], dict[str, list[dict]]]:
 
 
 def _hostile(where: str, problem: str) -> PublishError:
-    return PublishError(f"{where}: {problem}, not a row `counterfactory benchmark` writes; nothing "
-                        "was pushed: fix or remove that file in the repo, or push to another repo")
+    return PublishError(
+        f"{where}: {problem}, not a row `counterfactory benchmark` writes; nothing "
+        "was pushed: fix or remove that file in the repo, or push to another repo"
+    )
 
 
 def _check_row(row: dict, where: str) -> None:

@@ -47,8 +47,7 @@ def natural(text: str) -> tuple:
 
 def rank_models(records: list[dict], dataset: str, task: str, metric: str) -> list[str]:
     """Models best first on one metric (models without a value left out)."""
-    values = {r["model"]: r["metrics"].get(metric) for r in records
-              if r["dataset"] == dataset and r["task"] == task}
+    values = {r["model"]: r["metrics"].get(metric) for r in records if r["dataset"] == dataset and r["task"] == task}
     known = [(v, m) for m, v in values.items() if v is not None]
     known.sort(key=lambda vm: vm[0], reverse=higher_is_better(metric))
     return [m for _, m in known]
@@ -66,8 +65,13 @@ def _in_comparison(task: str, name: str) -> bool:
 
 def comparison_columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
     """(task, metric) of every column of `dataset`'s comparison, in natural order (R@1, R@5, R@10)."""
-    cols = {(r["task"], name) for r in records if r["dataset"] == dataset for name in r["metrics"]
-            if _in_comparison(r["task"], name)}
+    cols = {
+        (r["task"], name)
+        for r in records
+        if r["dataset"] == dataset
+        for name in r["metrics"]
+        if _in_comparison(r["task"], name)
+    }
     return sorted(cols, key=lambda tn: (natural(tn[0]), natural(tn[1])))
 
 
@@ -75,8 +79,10 @@ def model_table(records: list[dict], model: str) -> list[str]:
     lines = ["| dataset | task | metric | value |", "|---|---|---|---|"]
     for r in records:
         if r["model"] == model:
-            lines += [f"| {plain(r['dataset'])} | {plain(r['task'])} | {plain(name)} | {cell(r, name)} |"
-                      for name in sorted(r["metrics"], key=natural)]
+            lines += [
+                f"| {plain(r['dataset'])} | {plain(r['task'])} | {plain(name)} | {cell(r, name)} |"
+                for name in sorted(r["metrics"], key=natural)
+            ]
     return lines
 
 
@@ -90,7 +96,9 @@ def _interval_verdicts(records: list[dict], dataset: str) -> dict[tuple[str, str
         if len(ranked) < 2:
             continue
         rows = {r["model"]: r for r in records if r["dataset"] == dataset and r["task"] == task}
-        ends = [((rows[m].get("ci_low") or {}).get(name), (rows[m].get("ci_high") or {}).get(name)) for m in ranked[:2]]
+        ends = [
+            ((rows[m].get("ci_low") or {}).get(name), (rows[m].get("ci_high") or {}).get(name)) for m in ranked[:2]
+        ]
         if any(e is None for pair in ends for e in pair):
             out[(task, name)] = (ranked[0], None)
             continue
@@ -99,8 +107,12 @@ def _interval_verdicts(records: list[dict], dataset: str) -> dict[tuple[str, str
     return out
 
 
-def comparison_table(records: list[dict], dataset: str, models: list[str],
-                     verdicts: dict[tuple[str, str], tuple[str, bool | None]] | None = None) -> list[str]:
+def comparison_table(
+    records: list[dict],
+    dataset: str,
+    models: list[str],
+    verdicts: dict[tuple[str, str], tuple[str, bool | None]] | None = None,
+) -> list[str]:
     """One row per model, one column per metric (`value [low, high]`). `verdicts` ((task, metric)
     -> (best model, beats the runner-up), from the paired tests): the best value is bold where it
     beats the runner-up, and the two are marked `(tie)` where it does not; without them, the
@@ -109,8 +121,7 @@ def comparison_table(records: list[dict], dataset: str, models: list[str],
     cols = comparison_columns(records, dataset)
     verdicts = _interval_verdicts(records, dataset) if verdicts is None else verdicts
     by_model = {(r["model"], r["task"]): r for r in records if r["dataset"] == dataset}
-    lines = ["| model | " + " | ".join(plain(f"{t}/{n}") for t, n in cols) + " |",
-             "|---|" + "---|" * len(cols)]
+    lines = ["| model | " + " | ".join(plain(f"{t}/{n}") for t, n in cols) + " |", "|---|" + "---|" * len(cols)]
     for model in models:
         cells = []
         for task, name in cols:
@@ -124,20 +135,26 @@ def comparison_table(records: list[dict], dataset: str, models: list[str],
                 text += " (tie)"
             cells.append(text)
         lines.append(f"| {plain(model)} | " + " | ".join(cells) + " |")
-    chance = {(r["task"], n): v for r in records if r["dataset"] == dataset for n, v in (r.get("chance") or {}).items()}
+    chance = {
+        (r["task"], n): v for r in records if r["dataset"] == dataset for n, v in (r.get("chance") or {}).items()
+    }
     if any((t, n) in chance for t, n in cols):
-        lines.append("| *chance level* | " + " | ".join(_fmt(chance.get(tn)) if tn in chance else "-" for tn in cols) + " |")
+        lines.append(
+            "| *chance level* | " + " | ".join(_fmt(chance.get(tn)) if tn in chance else "-" for tn in cols) + " |"
+        )
     return lines
 
 
-BLIND_MEANING = ("How often a text-only model, which never sees the image, prefers the original "
-                 "caption over the counterfactual one (a tie counts one half): near 50 % the "
-                 "captions alone do not give a pair away; far from 50 % (either way) they do, and an "
-                 "image-text model can score above chance on IR_c/TR_c without looking at the image. "
-                 "The LM scores a caption by its perplexity (the builder's filter chose the captions "
-                 "by it), the sentence model by its cosine to the mean embedding of all the set's "
-                 "captions. Same-word pairs (the two captions are the same words in another order) "
-                 "are counted and scored apart.")
+BLIND_MEANING = (
+    "How often a text-only model, which never sees the image, prefers the original "
+    "caption over the counterfactual one (a tie counts one half): near 50 % the "
+    "captions alone do not give a pair away; far from 50 % (either way) they do, and an "
+    "image-text model can score above chance on IR_c/TR_c without looking at the image. "
+    "The LM scores a caption by its perplexity (the builder's filter chose the captions "
+    "by it), the sentence model by its cosine to the mean embedding of all the set's "
+    "captions. Same-word pairs (the two captions are the same words in another order) "
+    "are counted and scored apart."
+)
 
 
 def _count(value) -> str:
@@ -150,13 +167,25 @@ def blind_lines(records: list[dict], dataset: str) -> list[str]:
     if not rows:
         return []
     first = rows[0]["metrics"]
-    lines = ["#### Blind text-only baseline", "", BLIND_MEANING, "",
-             f"Same-word pairs: {_count(first.get('same_word_pairs'))} of {_count(first.get('pairs'))}.", "",
-             "| text model | metric | value | chance |", "|---|---|---|---|"]
+    lines = [
+        "#### Blind text-only baseline",
+        "",
+        BLIND_MEANING,
+        "",
+        f"Same-word pairs: {_count(first.get('same_word_pairs'))} of {_count(first.get('pairs'))}.",
+        "",
+        "| text model | metric | value | chance |",
+        "|---|---|---|---|",
+    ]
     for r in rows:
-        lines += [f"| {plain(r['model'])} | {plain(name)} | {cell(r, name)} | {_fmt((r.get('chance') or {}).get(name))} |"
-                  for name in sorted(r["metrics"], key=natural) if "prefers" in name]
+        lines += [
+            f"| {plain(r['model'])} | {plain(name)} | {cell(r, name)} | {_fmt((r.get('chance') or {}).get(name))} |"
+            for name in sorted(r["metrics"], key=natural)
+            if "prefers" in name
+        ]
     return lines
+
+
 @dataclass
 class Extras:
     """What report.md shows beside the records, per dataset: the paired tests' verdicts and
@@ -174,37 +203,52 @@ def _settings(records: list[dict]) -> str:
     first = records[0] if records else {}
     if not first.get("bootstrap"):
         return "No intervals (`--bootstrap 0`)."
-    return (f"Each value is shown as `value [low, high]`: its 95 % percentile bootstrap interval over "
-            f"the metric's independent units (images with all their captions for retrieval, "
-            f"queries for ODmAP@k, pairs for the ITM deltas, removal pairs for PN), "
-            f"{first['bootstrap']} resamples, seed {first.get('seed')}; metrics without per-unit "
-            "scores (ECCV Caption suite) have none. Code version "
-            f"`{plain(first.get('code_version'))}`.")
+    return (
+        f"Each value is shown as `value [low, high]`: its 95 % percentile bootstrap interval over "
+        f"the metric's independent units (images with all their captions for retrieval, "
+        f"queries for ODmAP@k, pairs for the ITM deltas, removal pairs for PN), "
+        f"{first['bootstrap']} resamples, seed {first.get('seed')}; metrics without per-unit "
+        "scores (ECCV Caption suite) have none. Code version "
+        f"`{plain(first.get('code_version'))}`."
+    )
 
 
 def render_report(records: list[dict], extras: Extras | None = None) -> str:
     extras = extras or Extras()
     models = list(dict.fromkeys(r["model"] for r in records if r["task"] != BLIND))
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
-    out = ["# Model report", "",
-           "Every number is computed by the project's metric modules (counterfactory_metrics) "
-           "through the trainer's evaluation (`--eval-only`); `results.jsonl` has each record "
-           "with its model digest and dataset commit.", "", _settings(records), ""]
+    out = [
+        "# Model report",
+        "",
+        "Every number is computed by the project's metric modules (counterfactory_metrics) "
+        "through the trainer's evaluation (`--eval-only`); `results.jsonl` has each record "
+        "with its model digest and dataset commit.",
+        "",
+        _settings(records),
+        "",
+    ]
     against = f" against the baseline {plain(extras.baseline)}" if extras.baseline else ""
-    out += ["## Comparison", "",
-            "Bold: the best value of its column (fraction below zero: lowest; every other metric: "
-            "highest) where it beats the runner-up at alpha = 0.05 (paired sign-flip permutation "
-            "test on the same units, Holm-corrected across the dataset's table); `(tie)`: the best "
-            "and the runner-up cannot be told apart.", ""]
+    out += [
+        "## Comparison",
+        "",
+        "Bold: the best value of its column (fraction below zero: lowest; every other metric: "
+        "highest) where it beats the runner-up at alpha = 0.05 (paired sign-flip permutation "
+        "test on the same units, Holm-corrected across the dataset's table); `(tie)`: the best "
+        "and the runner-up cannot be told apart.",
+        "",
+    ]
     for dataset in datasets:
         source = next(r["dataset_source"] for r in records if r["dataset"] == dataset)
-        out += [f"### {plain(dataset)} ({plain(source)})", "",
-                *comparison_table(records, dataset, models, extras.verdicts.get(dataset)), ""]
+        out += [
+            f"### {plain(dataset)} ({plain(source)})",
+            "",
+            *comparison_table(records, dataset, models, extras.verdicts.get(dataset)),
+            "",
+        ]
         if dataset in extras.forest:
             out += [f"![value and 95 % interval per model on {plain(dataset)}]({extras.forest[dataset]})", ""]
         if extras.comparisons.get(dataset):
-            out += [f"Paired differences{against} (same units, same resamples):", "",
-                    *extras.comparisons[dataset], ""]
+            out += [f"Paired differences{against} (same units, same resamples):", "", *extras.comparisons[dataset], ""]
         blind = blind_lines(records, dataset)
         out += [*blind, ""] if blind else []
         out += [plain(extras.notes[dataset]), ""] if dataset in extras.notes else []

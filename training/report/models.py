@@ -61,7 +61,8 @@ def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
         raise UserFacingError(
             f"--model {spec.name}: cannot load it as a CLIP model ({_sentence(err)}); give a Hugging Face "
             "CLIP id, a save_pretrained or open_clip folder (a training run's final/), or "
-            "open_clip:ARCH:TAG") from None
+            "open_clip:ARCH:TAG"
+        ) from None
 
 
 def _sentence(err: Exception, limit: int = 600) -> str:
@@ -84,16 +85,20 @@ def weights_digest(module: torch.nn.Module) -> str:
 
 #: Captions whose token ids fingerprint a tokenizer (vocabulary, casing, context length: the
 #: second is longer than CLIP's 77 tokens).
-PROBE_CAPTIONS = ["A photo of a cat sitting on a red sofa.",
-                  "Two DOGS, 3 frisbees & an uber-long caption; " * 12]
+PROBE_CAPTIONS = ["A photo of a cat sitting on a red sofa.", "Two DOGS, 3 frisbees & an uber-long caption; " * 12]
 
 
 def _step(step) -> dict:
     """A resize/crop step by its class and plain settings (a repr may hold a memory address)."""
     plain = (int, float, str, bool, tuple, list, type(None), Enum)
-    return {"step": getattr(step, "__qualname__", type(step).__qualname__),
-            **{k: repr(v) for k, v in sorted(getattr(step, "__dict__", {}).items())
-               if not k.startswith("_") and isinstance(v, plain)}}
+    return {
+        "step": getattr(step, "__qualname__", type(step).__qualname__),
+        **{
+            k: repr(v)
+            for k, v in sorted(getattr(step, "__dict__", {}).items())
+            if not k.startswith("_") and isinstance(v, plain)
+        },
+    }
 
 
 def preprocessing_digest(backend) -> str:
@@ -102,8 +107,13 @@ def preprocessing_digest(backend) -> str:
     and the tokenizer's ids of `PROBE_CAPTIONS`."""
     p = backend.pixels
     tokens = backend.tokenize(PROBE_CAPTIONS)
-    desc = {"size": p.size, "mean": list(p.mean), "std": list(p.std), "steps": [_step(s) for s in p.steps],
-            "tokens": {k: v.tolist() for k, v in sorted(tokens.items())}}
+    desc = {
+        "size": p.size,
+        "mean": list(p.mean),
+        "std": list(p.std),
+        "steps": [_step(s) for s in p.steps],
+        "tokens": {k: v.tolist() for k, v in sorted(tokens.items())},
+    }
     return "sha256:" + hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
 
 

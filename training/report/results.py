@@ -25,24 +25,34 @@ from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED
 
 #: record task -> the code computing it (digested as `metric_version`): a metric module of
 #: counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
-METRIC_MODULES = {"zeroshot_retrieval": "counterfactory_metrics.map_at_r",
-                  "zeroshot_retrieval_1k": "counterfactory_metrics.map_at_r",
-                  "eccv": "counterfactory_metrics.map_at_r", "odmap": "counterfactory_metrics.odmap",
-                  "odmap_per_class": "counterfactory_metrics.odmap",
-                  "itm": "counterfactory_metrics.itm_score_deltas", "necessity": "training.evaluation",
-                  "zeroshot_classification": "training.zeroshot",
-                  "blind_baseline": "training.report.floors"}
+METRIC_MODULES = {
+    "zeroshot_retrieval": "counterfactory_metrics.map_at_r",
+    "zeroshot_retrieval_1k": "counterfactory_metrics.map_at_r",
+    "eccv": "counterfactory_metrics.map_at_r",
+    "odmap": "counterfactory_metrics.odmap",
+    "odmap_per_class": "counterfactory_metrics.odmap",
+    "itm": "counterfactory_metrics.itm_score_deltas",
+    "necessity": "training.evaluation",
+    "zeroshot_classification": "training.zeroshot",
+    "blind_baseline": "training.report.floors",
+}
 #: Every module a cached number depends on (training/report/cache.py's key), the evaluation
 #: sets' loaders (training/eval_data.py) among them.
-EVALUATION_MODULES = tuple(sorted({*METRIC_MODULES.values(), "training.evaluation", "training.eval_data",
-                                   "training.unit_scores"}
-                                  - {"training.report.floors"}))
+EVALUATION_MODULES = tuple(
+    sorted(
+        {*METRIC_MODULES.values(), "training.evaluation", "training.eval_data", "training.unit_scores"}
+        - {"training.report.floors"}
+    )
+)
 #: Our datasets' captions are English (COCO's).
 LANGUAGE = "en"
 _RECALL = re.compile(r"(?P<dir>i2t|t2i)_R@(?P<k>\d+)")
 #: evaluation task prefix -> record task (retrieval both ways in clip-benchmark's keys).
-_RETRIEVAL_TASKS = {"retrieval": "zeroshot_retrieval", "retrieval_1k": "zeroshot_retrieval_1k",
-                    "flickr30k": "zeroshot_retrieval"}
+_RETRIEVAL_TASKS = {
+    "retrieval": "zeroshot_retrieval",
+    "retrieval_1k": "zeroshot_retrieval_1k",
+    "flickr30k": "zeroshot_retrieval",
+}
 _ZEROSHOT = {"top1": "acc1", "top5": "acc5", "mean_per_class_recall": "mean_per_class_recall"}
 
 
@@ -83,9 +93,16 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
-def make_records(spec, digest: str | None, dataset, metrics: dict[str, float],
-                 intervals: dict[str, tuple[float, float, int]], bootstrap: int, seed: int,
-                 chance: dict[str, float] | None = None) -> list[dict]:
+def make_records(
+    spec,
+    digest: str | None,
+    dataset,
+    metrics: dict[str, float],
+    intervals: dict[str, tuple[float, float, int]],
+    bootstrap: int,
+    seed: int,
+    chance: dict[str, float] | None = None,
+) -> list[dict]:
     """The records of one model on one dataset: `metrics` (training.evaluation's `task/name`
     keys) grouped by record task, with each one's interval (`intervals`: key -> (low, high,
     units); none with `bootstrap` 0) and chance level (`chance`, training/report/floors.py)."""
@@ -96,8 +113,7 @@ def make_records(spec, digest: str | None, dataset, metrics: dict[str, float],
         if named is None:
             continue
         task, name = named
-        fields = by_task.setdefault(task, {"metrics": {}, "ci_low": {}, "ci_high": {}, "n_units": {},
-                                           "chance": {}})
+        fields = by_task.setdefault(task, {"metrics": {}, "ci_low": {}, "ci_high": {}, "n_units": {}, "chance": {}})
         if key in chance:
             fields["chance"][name] = _finite(chance[key])
         low, high, units = intervals.get(key, (None, None, None))
@@ -107,14 +123,30 @@ def make_records(spec, digest: str | None, dataset, metrics: dict[str, float],
     # A local folder is named by its contents (local:NAME@sha256:...), never by a path of this
     # machine, as builds and training runs name it.
     model = model_name(spec.name)
-    return [{"dataset": dataset.name, "model": model, "pretrained": spec.pretrained or model,
-             "backend": spec.backend, "weights_digest": digest, "task": task, "language": LANGUAGE,
-             **fields, "bootstrap": bootstrap, "seed": seed, **dataset.provenance(),
-             **({"pair_seed": PAIR_SEED} if task == "itm" and any(n.endswith("_r") or "_r_" in n
-                                                                  for n in fields["metrics"]) else {}),
-             "metric": METRIC_MODULES.get(task, "training.evaluation"),
-             "metric_version": metric_version(task), "code_version": code_version()}
-            for task, fields in sorted(by_task.items())]
+    return [
+        {
+            "dataset": dataset.name,
+            "model": model,
+            "pretrained": spec.pretrained or model,
+            "backend": spec.backend,
+            "weights_digest": digest,
+            "task": task,
+            "language": LANGUAGE,
+            **fields,
+            "bootstrap": bootstrap,
+            "seed": seed,
+            **dataset.provenance(),
+            **(
+                {"pair_seed": PAIR_SEED}
+                if task == "itm" and any(n.endswith("_r") or "_r_" in n for n in fields["metrics"])
+                else {}
+            ),
+            "metric": METRIC_MODULES.get(task, "training.evaluation"),
+            "metric_version": metric_version(task),
+            "code_version": code_version(),
+        }
+        for task, fields in sorted(by_task.items())
+    ]
 
 
 def write_results(path: Path, records: list[dict]) -> None:

@@ -16,8 +16,14 @@ from builders.engine.errors import OutputError, UserFacingError
 from builders.engine.provenance import model_name
 from builders.publishing.hub_client import check_repo_id
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
-from training.evaluation import (UndecodableImage, evaluate_model, necessity, necessity_values, original_rows,
-                                 unit_scores)
+from training.evaluation import (
+    UndecodableImage,
+    evaluate_model,
+    necessity,
+    necessity_values,
+    original_rows,
+    unit_scores,
+)
 from training.report.cache import cache_key, load_arrays, new_file, read_entry, write_entry
 from training.report.datasets import KINDS, locate, open_dataset, parse_source
 from training.report.hub_results import push_results
@@ -26,8 +32,14 @@ from training.report.markdown import Extras, render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
 from builders.models.profiles import PRODUCTION
 from training.report.floors import blind_baseline, chance_levels
-from training.report.models import (ModelSpec, embedding_width, load_model, parse_model,
-                                    preprocessing_digest, weights_digest)
+from training.report.models import (
+    ModelSpec,
+    embedding_width,
+    load_model,
+    parse_model,
+    preprocessing_digest,
+    weights_digest,
+)
 from training.report.results import make_records, write_results
 from training.statistics import DEFAULT_RESAMPLES, UnitScores, bootstrap, interval
 from training.unit_scores import necessity_units
@@ -82,14 +94,19 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     folders = {"--output": output, "--cache-dir": cache}
     for flag, folder in folders.items():
         _check_folder(flag, folder)
-    sets = [open_dataset(name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers,
-                         cfg.k_values, cfg.coco_instances) for name, text in sources.items()]
+    sets = [
+        open_dataset(
+            name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers, cfg.k_values, cfg.coco_instances
+        )
+        for name, text in sources.items()
+    ]
     for flag, folder in folders.items():
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise OutputError(f"{flag} {folder}: cannot create it ({err.strerror or err}); "
-                              "give a folder you may write") from None
+            raise OutputError(
+                f"{flag} {folder}: cannot create it ({err.strerror or err}); give a folder you may write"
+            ) from None
     records, units = _score_models(cfg, specs, sets, output, cache)
     floors, note = _blind(cfg, {ds.name: ds for ds in sets}.get("counterfactuals"))
     records += floors
@@ -110,8 +127,9 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
     if not cfg.models and not cfg.baseline:
         raise UserFacingError("give at least one --model")
     if len(set(cfg.models)) != len(cfg.models):
-        raise UserFacingError(f"--model: {sorted({m for m in cfg.models if cfg.models.count(m) > 1})} "
-                              "given twice; give each model once")
+        raise UserFacingError(
+            f"--model: {sorted({m for m in cfg.models if cfg.models.count(m) > 1})} given twice; give each model once"
+        )
     sources = {name: text for name, text in cfg.sources.items() if text}
     if not sources:
         raise UserFacingError(f"give at least one dataset: {', '.join('--' + k for k in KINDS)}")
@@ -122,16 +140,19 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
     if cfg.coco_instances and "coco" not in sources:
         raise UserFacingError("--coco-instances adds PMRP to the COCO 5K scores: give --coco too")
     if cfg.baseline and cfg.bootstrap == 0:
-        raise UserFacingError("--baseline compares every model with it on resampled units: drop "
-                              "--bootstrap 0 (or give a number of resamples)")
+        raise UserFacingError(
+            "--baseline compares every model with it on resampled units: drop "
+            "--bootstrap 0 (or give a number of resamples)"
+        )
     specs = [parse_model(m) for m in cfg.models]
     if cfg.baseline and cfg.baseline not in cfg.models:
         specs.insert(0, parse_model(cfg.baseline, "--baseline"))
     return sources, specs
 
 
-def _score_models(cfg: BenchmarkConfig, specs: list, sets: list, output: Path,
-                  cache: Path) -> tuple[list[dict], dict[str, dict[str, dict[str, UnitScores]]]]:
+def _score_models(
+    cfg: BenchmarkConfig, specs: list, sets: list, output: Path, cache: Path
+) -> tuple[list[dict], dict[str, dict[str, dict[str, UnitScores]]]]:
     """The records of every model on every dataset, and each one's per-unit scores
     (dataset -> model name -> metric key -> UnitScores), one model in memory at a time."""
     records: list[dict] = []
@@ -151,8 +172,9 @@ def _score_models(cfg: BenchmarkConfig, specs: list, sets: list, output: Path,
     return records, all_units
 
 
-def _score_model(cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[Path, Path], bar,
-                 found: tuple[dict, dict]) -> list[dict]:
+def _score_model(
+    cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[Path, Path], bar, found: tuple[dict, dict]
+) -> list[dict]:
     """The records of model number n (`model`: n, its spec and loaded backend) on every dataset;
     its per-unit scores and each dataset's chance levels are added to `found`."""
     n, spec, backend = model
@@ -168,16 +190,24 @@ def _score_model(cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[
             scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
         if ds.name not in chances:
             chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.k_values)
-        records += make_records(spec, digests[0], ds, metrics, _intervals(units, cfg),
-                                cfg.bootstrap, cfg.seed, chances[ds.name])
+        records += make_records(
+            spec, digests[0], ds, metrics, _intervals(units, cfg), cfg.bootstrap, cfg.seed, chances[ds.name]
+        )
         all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
         bar.update()
     if {"coco", "decorrelation"} <= scored.keys():
         by_name = {ds.name: ds for ds in sets}
         metrics, units = _necessity(by_name["coco"], by_name["decorrelation"], scored)
-        records += make_records(spec, digests[0], by_name["decorrelation"], metrics,
-                                _intervals(units, cfg), cfg.bootstrap, cfg.seed,
-                                chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values))
+        records += make_records(
+            spec,
+            digests[0],
+            by_name["decorrelation"],
+            metrics,
+            _intervals(units, cfg),
+            cfg.bootstrap,
+            cfg.seed,
+            chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values),
+        )
         all_units["decorrelation"][name].update(units)
     return records
 
@@ -198,22 +228,29 @@ def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
         if cfg.blind_lm or cfg.blind_sentence_model:
             raise UserFacingError(f"--blind-lm {lm} / --blind-sentence-model {sentence}: {err}") from None
         log.warning("blind text-only baseline not run: %s; give --blind-lm MODEL (or none)", err)
-        return [], (f"Blind text-only baseline: not run, the default language model {lm} could not be "
-                    "loaded; give `--blind-lm MODEL` (a causal LM, e.g. the one that built the captions).")
+        return [], (
+            f"Blind text-only baseline: not run, the default language model {lm} could not be "
+            "loaded; give `--blind-lm MODEL` (a causal LM, e.g. the one that built the captions)."
+        )
     records = []
     for role, model in (("lm", lm), ("sentence", sentence)):
         keys = {k: v for k, v in found["metrics"].items() if k.startswith(role)}
         keys.update(same_word_pairs=found["metrics"]["same_word_pairs"], pairs=found["metrics"]["pairs"])
         spec = ModelSpec(model, "text-only")
-        records += make_records(spec, found["digests"][role], ds, {f"blind_baseline/{k}": v for k, v in keys.items()},
-                                {f"blind_baseline/{k}": v for k, v in found["intervals"].items() if k in keys},
-                                cfg.bootstrap, cfg.seed,
-                                {f"blind_baseline/{k}": 0.5 for k in keys if "prefers" in k})
+        records += make_records(
+            spec,
+            found["digests"][role],
+            ds,
+            {f"blind_baseline/{k}": v for k, v in keys.items()},
+            {f"blind_baseline/{k}": v for k, v in found["intervals"].items() if k in keys},
+            cfg.bootstrap,
+            cfg.seed,
+            {f"blind_baseline/{k}": 0.5 for k in keys if "prefers" in k},
+        )
     return records, ""
 
 
-def _extras(cfg: BenchmarkConfig, records: list[dict], units: dict, models: list[str],
-            output: Path) -> Extras:
+def _extras(cfg: BenchmarkConfig, records: list[dict], units: dict, models: list[str], output: Path) -> Extras:
     """The paired comparisons, verdicts and forest plots of each dataset."""
     baseline = model_name(cfg.baseline) if cfg.baseline else None
     extras = Extras(baseline=baseline)
@@ -247,8 +284,9 @@ def _intervals(units: dict[str, UnitScores], cfg: BenchmarkConfig) -> dict[str, 
     return {key: (*interval(resampled[key]), units[key].n) for key in units}
 
 
-def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: Path,
-           n: int) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, UnitScores]]:
+def _score(
+    backend, model: tuple[str, str, str, int], ds, output: Path, cache: Path, n: int
+) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, UnitScores]]:
     """evaluate_model's metrics of model number `n` on `ds` (from the cache when these weights and
     preprocessing digests were scored on this data before; `model` is its name, them and the
     embedding width), plus ODmAP per removed class from the embeddings, with its chart and the ITM delta
@@ -273,8 +311,9 @@ def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: P
             try:
                 write_entry(cache, key, written, metrics)
             except OSError as err:  # e.g. a folder where the entry goes: the numbers still count
-                log.warning("embedding cache %s: cannot store %s on %s (%s); not cached", cache,
-                            backend.model_id, ds.name, err)
+                log.warning(
+                    "embedding cache %s: cannot store %s on %s (%s); not cached", cache, backend.model_id, ds.name, err
+                )
         finally:
             written.unlink(missing_ok=True)
     if ds.data.queries is not None:
@@ -283,8 +322,11 @@ def _score(backend, model: tuple[str, str, str, int], ds, output: Path, cache: P
         plot(per_class, output / f"odmap_per_class-model{n}.png", name)
     scores = {k.removeprefix("itm_"): v for k, v in emb.items() if k.startswith("itm_")}
     if scores:
-        plot_histograms(itm_deltas(**scores), output / f"itm_deltas-model{n}-{ds.name}.png",
-                        title=f"ITM score deltas on {ds.name}: {name}")
+        plot_histograms(
+            itm_deltas(**scores),
+            output / f"itm_deltas-model{n}-{ds.name}.png",
+            title=f"ITM score deltas on {ds.name}: {name}",
+        )
     return metrics, emb, units
 
 
@@ -294,8 +336,12 @@ def _necessity(coco, dec, scored: dict[str, dict[str, np.ndarray]]) -> tuple[dic
     scores them with both (training.evaluation.necessity on the same embeddings)."""
     rows = original_rows(dec.data.query_image_ids, coco.data.image_ids)
     if (rows < 0).all():
-        log.warning("object necessity: no decorrelation query's source image is in the --coco "
-                    "split; PN needs the split the decorrelation build's images came from")
+        log.warning(
+            "object necessity: no decorrelation query's source image is in the --coco "
+            "split; PN needs the split the decorrelation build's images came from"
+        )
     image, emb = scored["coco"]["image"], scored["decorrelation"]
-    return (necessity(image, rows, emb, dec.data),
-            necessity_units(necessity_values(image, rows, emb, dec.data), len(rows)))
+    return (
+        necessity(image, rows, emb, dec.data),
+        necessity_units(necessity_values(image, rows, emb, dec.data), len(rows)),
+    )

@@ -83,9 +83,14 @@ class Candidates:
     def save(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"format": "counterfactory-eccv-candidates/1", "config": self.config,
-                "gallery": self.gallery.to_json(), "queries": self.queries,
-                "candidates": self.candidates, "exclude": self.exclude}
+        data = {
+            "format": "counterfactory-eccv-candidates/1",
+            "config": self.config,
+            "gallery": self.gallery.to_json(),
+            "queries": self.queries,
+            "candidates": self.candidates,
+            "exclude": self.exclude,
+        }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
@@ -96,13 +101,24 @@ class Candidates:
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
-            raise InputFileError(path, f"cannot read the candidates file ({err})",
-                                 "pass the candidates.json written by `counterfactory eccv candidates`") from err
+            raise InputFileError(
+                path,
+                f"cannot read the candidates file ({err})",
+                "pass the candidates.json written by `counterfactory eccv candidates`",
+            ) from err
         if not isinstance(data, dict) or data.get("format") != "counterfactory-eccv-candidates/1":
-            raise InputFileError(path, "is not a candidates file",
-                                 "pass the candidates.json written by `counterfactory eccv candidates`")
-        return cls(config=data["config"], gallery=Gallery.from_json(data["gallery"]),
-                   queries=data["queries"], candidates=data["candidates"], exclude=data["exclude"])
+            raise InputFileError(
+                path,
+                "is not a candidates file",
+                "pass the candidates.json written by `counterfactory eccv candidates`",
+            )
+        return cls(
+            config=data["config"],
+            gallery=Gallery.from_json(data["gallery"]),
+            queries=data["queries"],
+            candidates=data["candidates"],
+            exclude=data["exclude"],
+        )
 
 
 def default_cache_dir() -> Path:
@@ -154,8 +170,9 @@ def distinct_captions(caption_emb: np.ndarray, texts: list[str]) -> tuple[np.nda
     return reps, np.searchsorted(reps, rep)
 
 
-def _topk_over_distinct(q: np.ndarray, caption_emb: np.ndarray, reps: np.ndarray, slot: np.ndarray,
-                        k: int) -> np.ndarray:
+def _topk_over_distinct(
+    q: np.ndarray, caption_emb: np.ndarray, reps: np.ndarray, slot: np.ndarray, k: int
+) -> np.ndarray:
     """Top-k gallery rows (ties: lower row) from the top-k distinct captions. Enough: an item
     outside them has k distinct captions ranked ahead, whose first rows all rank ahead of it."""
     from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
@@ -171,8 +188,9 @@ def _topk_over_distinct(q: np.ndarray, caption_emb: np.ndarray, reps: np.ndarray
     return out
 
 
-def model_topk(image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery,
-               queries: dict[str, list[int]], k: int) -> dict[str, np.ndarray]:
+def model_topk(
+    image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery, queries: dict[str, list[int]], k: int
+) -> dict[str, np.ndarray]:
     """Per modality, [n_queries x k] gallery ids of one model's top-k (ties: lower gallery index;
     identical captions tie exactly, see `distinct_captions`)."""
     from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
@@ -189,8 +207,11 @@ def model_topk(image_emb: np.ndarray, caption_emb: np.ndarray, gallery: Gallery,
             continue
         if modality == "i2t":
             reps, slot = distinct_captions(caption_emb, gallery.captions)
-            index = (_topk_over_distinct(q, caption_emb, reps, slot, n) if len(reps) < len(ids)
-                     else topk_from_embeddings(q, caption_emb, n)[0])
+            index = (
+                _topk_over_distinct(q, caption_emb, reps, slot, n)
+                if len(reps) < len(ids)
+                else topk_from_embeddings(q, caption_emb, n)[0]
+            )
         else:
             index = topk_from_embeddings(q, image_emb, n)[0]
         out[modality] = np.asarray(ids, dtype=np.int64)[index]
@@ -207,8 +228,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         raise UserFacingError(f"need 1 <= --k ({cfg.k}) <= --exclusion-depth ({cfg.exclusion_depth})")
     if (cfg.coco_root is None) == (cfg.dataset is None):
         raise UserFacingError("give the gallery as --coco-root or as --dataset (exactly one)")
-    gallery = (Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root
-               else Gallery.from_dataset(cfg.dataset))
+    gallery = Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root else Gallery.from_dataset(cfg.dataset)
     queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
     cache = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()).resolve()
     proposed: dict[tuple[str, int, int], dict[str, int]] = {}
@@ -220,17 +240,28 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         for modality in MODALITIES:
             for query, row in zip(queries[modality], top[modality].tolist(), strict=True):
                 exclude[modality].setdefault(str(query), set()).update(row)
-                for rank, item in enumerate(row[:cfg.k], start=1):
+                for rank, item in enumerate(row[: cfg.k], start=1):
                     proposed.setdefault((modality, query, item), {})[names[model]] = rank
-    candidates = [{"modality": m, "query_id": q, "item_id": i, "proposed_by": by}
-                  for (m, q, i), by in sorted(proposed.items())]
+    candidates = [
+        {"modality": m, "query_id": q, "item_id": i, "proposed_by": by} for (m, q, i), by in sorted(proposed.items())
+    ]
     n_raw = sum(len(by) for by in proposed.values())
-    log.info("%d proposals by %d models -> %d unique candidate pairs", n_raw, len(cfg.models),
-             len(candidates))
+    log.info("%d proposals by %d models -> %d unique candidate pairs", n_raw, len(cfg.models), len(candidates))
     # The cache actually used, absolute: `model-bias` reads the same embeddings from any folder.
-    config = {**asdict(cfg), "models": list(names.values()), "splits": list(cfg.splits),
-              "model_sources": {names[m]: m for m in cfg.models},
-              "cache_dir": str(cache), "proposals": n_raw, "precision": precision.as_config(),
-              "gallery_left_out": gallery.left_out}
-    return Candidates(config=config, gallery=gallery, queries=queries, candidates=candidates,
-                      exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()})
+    config = {
+        **asdict(cfg),
+        "models": list(names.values()),
+        "splits": list(cfg.splits),
+        "model_sources": {names[m]: m for m in cfg.models},
+        "cache_dir": str(cache),
+        "proposals": n_raw,
+        "precision": precision.as_config(),
+        "gallery_left_out": gallery.left_out,
+    }
+    return Candidates(
+        config=config,
+        gallery=gallery,
+        queries=queries,
+        candidates=candidates,
+        exclude={m: {q: sorted(v) for q, v in e.items()} for m, e in exclude.items()},
+    )

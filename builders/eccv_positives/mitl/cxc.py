@@ -31,24 +31,31 @@ def read_cxc_sits(paths: Sequence[str | Path], min_score: float = 3.0) -> Positi
     t2i: dict[int, set[int]] = defaultdict(set)
     for path in map(Path, paths):
         if not path.is_file():
-            raise InputFileError(path, "CxC ratings file is missing", "download sits_test.csv / "
-                                 "sits_val.csv from google-research-datasets/Crisscrossed-Captions")
+            raise InputFileError(
+                path,
+                "CxC ratings file is missing",
+                "download sits_test.csv / sits_val.csv from google-research-datasets/Crisscrossed-Captions",
+            )
         with open(path, newline="") as f:
             reader = csv.reader(f)
             header = tuple(next(reader, ()))
             if header[:3] != HEADER[:3]:
-                raise InputFileError(path, f"header {list(header)} is not CxC's SITS header",
-                                     f"expected {','.join(HEADER)}")
+                raise InputFileError(
+                    path, f"header {list(header)} is not CxC's SITS header", f"expected {','.join(HEADER)}"
+                )
             for line, row in enumerate(reader, start=2):
                 try:
                     caption = int(row[0].rsplit(":", 1)[-1])
                     image = int(Path(row[1]).stem.rsplit("_", 1)[-1])
                     score = float(row[2])
                 except (IndexError, ValueError) as err:
-                    raise InputFileError(path, f"row {line}: cannot read caption/image/score from "
-                                         f"{row} ({err})", "fix or drop the row") from err
+                    raise InputFileError(
+                        path, f"row {line}: cannot read caption/image/score from {row} ({err})", "fix or drop the row"
+                    ) from err
                 if score >= min_score:
                     i2t[image].add(caption)
                     t2i[caption].add(image)
-    return Positives(i2t={i: np.asarray(sorted(c), dtype=np.int64) for i, c in sorted(i2t.items())},
-                     t2i={c: np.asarray(sorted(i), dtype=np.int64) for c, i in sorted(t2i.items())})
+    return Positives(
+        i2t={i: np.asarray(sorted(c), dtype=np.int64) for i, c in sorted(i2t.items())},
+        t2i={c: np.asarray(sorted(i), dtype=np.int64) for c, i in sorted(t2i.items())},
+    )

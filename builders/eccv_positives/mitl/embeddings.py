@@ -69,8 +69,9 @@ def read_cache_entry(entry: Path) -> tuple[np.ndarray, np.ndarray] | None:
     return (np.load(entry / "images.npy", mmap_mode="r"), np.load(entry / "captions.npy", mmap_mode="r"))
 
 
-def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path, batch_size: int = 64,
-                       precision: Precision | None = None) -> tuple[np.ndarray, np.ndarray]:
+def gallery_embeddings(
+    model_id: str, gallery: Gallery, cache_dir: Path, batch_size: int = 64, precision: Precision | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(image embeddings [I x d], caption embeddings [C x d]), L2-normalised float32, cached;
     computed on `precision`'s device and dtype (default: this process's, auto dtype)."""
     precision = precision or worker_precision()
@@ -84,15 +85,26 @@ def gallery_embeddings(model_id: str, gallery: Gallery, cache_dir: Path, batch_s
 
     scorer = load_scorer(model_id, precision.device, dtype=precision.dtype)
     texts = list(dict.fromkeys(gallery.captions))
-    log.info("embedding %d images and %d distinct captions (of %d) with %s", len(gallery.image_ids),
-             len(texts), len(gallery.captions), model_id)
+    log.info(
+        "embedding %d images and %d distinct captions (of %d) with %s",
+        len(gallery.image_ids),
+        len(texts),
+        len(gallery.captions),
+        model_id,
+    )
     # Halved and retried on out-of-memory; an embedding does not depend on its batch mates.
     hint = "try half precision (--dtype fp16) or a GPU with more memory"
-    images = np.concatenate(ShrinkingBatches("MITL image embeddings", batch_size, hint).map(
-        range(len(gallery.image_ids)),
-        lambda idx: [scorer.images([gallery.open_image(n) for n in idx]).cpu().numpy()])).astype(np.float32)
-    distinct = np.concatenate(ShrinkingBatches("MITL caption embeddings", batch_size, hint).map(
-        texts, lambda chunk: [scorer.texts(list(chunk)).cpu().numpy()])).astype(np.float32)
+    images = np.concatenate(
+        ShrinkingBatches("MITL image embeddings", batch_size, hint).map(
+            range(len(gallery.image_ids)),
+            lambda idx: [scorer.images([gallery.open_image(n) for n in idx]).cpu().numpy()],
+        )
+    ).astype(np.float32)
+    distinct = np.concatenate(
+        ShrinkingBatches("MITL caption embeddings", batch_size, hint).map(
+            texts, lambda chunk: [scorer.texts(list(chunk)).cpu().numpy()]
+        )
+    ).astype(np.float32)
     row = {t: n for n, t in enumerate(texts)}
     captions = distinct[[row[t] for t in gallery.captions]]
     # Loading a Hub model may have just downloaded it: key the entry by the snapshot now cached,

@@ -52,18 +52,28 @@ class DatasetSource:
 def _load(source: DatasetSource):
     import datasets
 
-    ds = open_split(source.path, source.config, source.split, cannot_load=lambda err: UserFacingError(
-        f"cannot load the gallery dataset {source.path!r} (config {source.config}, split "
-        f"{source.split}): {err}"))
-    wanted = [c for c in (source.image_column, source.text_column, source.image_id_column,
-                          source.caption_id_column) if c]
+    ds = open_split(
+        source.path,
+        source.config,
+        source.split,
+        cannot_load=lambda err: UserFacingError(
+            f"cannot load the gallery dataset {source.path!r} (config {source.config}, split {source.split}): {err}"
+        ),
+    )
+    wanted = [
+        c for c in (source.image_column, source.text_column, source.image_id_column, source.caption_id_column) if c
+    ]
     missing = [c for c in wanted if c not in ds.column_names]
     if missing:
-        raise UserFacingError(f"{source.path}: no column(s) {missing} (columns: {ds.column_names}); "
-                              "set --image-column / --text-column / --*-id-column")
+        raise UserFacingError(
+            f"{source.path}: no column(s) {missing} (columns: {ds.column_names}); "
+            "set --image-column / --text-column / --*-id-column"
+        )
     if not isinstance(ds.features[source.image_column], datasets.Image):
-        raise UserFacingError(f"{source.path}: column {source.image_column!r} is "
-                              f"{ds.features[source.image_column]}, not an image column; set --image-column")
+        raise UserFacingError(
+            f"{source.path}: column {source.image_column!r} is "
+            f"{ds.features[source.image_column]}, not an image column; set --image-column"
+        )
     # Cells are decoded here, from their bytes or a checked path, never by `datasets`.
     return ds.cast_column(source.image_column, datasets.Image(decode=False))
 
@@ -96,8 +106,12 @@ def _usable_rows(source: DatasetSource, ds) -> tuple[list[int], dict[str, int]]:
 
 def _log_left_out(reasons: Counter, details: list[str]) -> dict[str, int]:
     if reasons:
-        log.warning("left %d image(s) out of the gallery (%s), e.g. %s", sum(reasons.values()),
-                    ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())), details[0])
+        log.warning(
+            "left %d image(s) out of the gallery (%s), e.g. %s",
+            sum(reasons.values()),
+            ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())),
+            details[0],
+        )
     return dict(sorted(reasons.items()))
 
 
@@ -128,22 +142,30 @@ class Gallery:
         left_out = _log_left_out(Counter(p.reason for p in bad), [p.detail for p in bad])
         records = [r for r in records if r.input_problem is None]
         if not records:
-            raise UserFacingError(f"{root}: no usable image of the Karpathy split(s) {list(splits)} "
-                                  f"(check --splits and dataset_coco.json; left out: {left_out})")
+            raise UserFacingError(
+                f"{root}: no usable image of the Karpathy split(s) {list(splits)} "
+                f"(check --splits and dataset_coco.json; left out: {left_out})"
+            )
         caps = [(c.caption_id, r.image_id, c.text) for r in records for c in r.captions]
-        return cls(root=root, image_ids=[r.image_id for r in records],
-                   image_files=[f"{r.folder}/{os.path.relpath(r.path, root / r.folder)}"
-                                for r in records],
-                   caption_ids=[c[0] for c in caps], caption_image_ids=[c[1] for c in caps],
-                   captions=[c[2] for c in caps], left_out=left_out)
+        return cls(
+            root=root,
+            image_ids=[r.image_id for r in records],
+            image_files=[f"{r.folder}/{os.path.relpath(r.path, root / r.folder)}" for r in records],
+            caption_ids=[c[0] for c in caps],
+            caption_image_ids=[c[1] for c in caps],
+            captions=[c[2] for c in caps],
+            left_out=left_out,
+        )
 
     @classmethod
     def from_dataset(cls, source: DatasetSource) -> Gallery:
         ds = _load(source)
         rows, left_out = _usable_rows(source, ds)
         if not rows:
-            raise UserFacingError(f"{source.path}: no row with a usable image (left out: {left_out}); "
-                                  "embed the images as bytes, or keep their files inside the dataset folder")
+            raise UserFacingError(
+                f"{source.path}: no row with a usable image (left out: {left_out}); "
+                "embed the images as bytes, or keep their files inside the dataset folder"
+            )
         texts = stored_values(ds, source.text_column)
         image_ids = stored_values(ds, source.image_id_column) if source.image_id_column else list(range(len(ds)))
         cap_ids = stored_values(ds, source.caption_id_column) if source.caption_id_column else None
@@ -156,8 +178,7 @@ class Gallery:
             if ids is not None and not isinstance(ids, list):
                 ids = [ids]
             if ids is not None and len(ids) != len(row_texts):
-                raise UserFacingError(f"{source.path} row {row}: {len(row_texts)} captions but "
-                                      f"{len(ids)} caption ids")
+                raise UserFacingError(f"{source.path} row {row}: {len(row_texts)} captions but {len(ids)} caption ids")
             for j, caption in enumerate(row_texts):
                 caption_ids.append(int(ids[j]) if ids is not None else len(caption_ids))
                 caption_images.append(int(image))
@@ -165,12 +186,21 @@ class Gallery:
         image_ids = [image_ids[row] for row in rows]
         for name, values in (("image", image_ids), ("caption", caption_ids)):
             if len(set(values)) != len(values):
-                raise UserFacingError(f"{source.path}: {name} ids are not unique; pass an id "
-                                      f"column with unique ids (--{name}-id-column) or none")
-        return cls(root=Path(source.path), image_ids=[int(i) for i in image_ids],
-                   image_files=[""] * len(image_ids), caption_ids=caption_ids,
-                   caption_image_ids=caption_images, captions=captions, dataset=source,
-                   image_rows=rows, left_out=left_out)
+                raise UserFacingError(
+                    f"{source.path}: {name} ids are not unique; pass an id "
+                    f"column with unique ids (--{name}-id-column) or none"
+                )
+        return cls(
+            root=Path(source.path),
+            image_ids=[int(i) for i in image_ids],
+            image_files=[""] * len(image_ids),
+            caption_ids=caption_ids,
+            caption_image_ids=caption_images,
+            captions=captions,
+            dataset=source,
+            image_rows=rows,
+            left_out=left_out,
+        )
 
     def image_path(self, n: int) -> Path:
         """A COCO gallery's n-th image file, checked to lie inside the root (the file names may
@@ -195,8 +225,15 @@ class Gallery:
         return dict(zip(self.caption_ids, self.caption_image_ids, strict=True))
 
     def digest(self) -> str:
-        blob = json.dumps([self.image_ids, self.image_files, self.caption_ids, self.captions,
-                           asdict(self.dataset) if self.dataset else None])
+        blob = json.dumps(
+            [
+                self.image_ids,
+                self.image_files,
+                self.caption_ids,
+                self.captions,
+                asdict(self.dataset) if self.dataset else None,
+            ]
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def files_fingerprint(self) -> str:
@@ -215,27 +252,37 @@ class Gallery:
             try:
                 st = path.stat()
             except OSError as err:
-                raise InputFileError(path, f"gallery file cannot be read ({err.strerror})",
-                                     "restore it, or run `counterfactory eccv candidates` again "
-                                     "on the gallery as it is now") from err
+                raise InputFileError(
+                    path,
+                    f"gallery file cannot be read ({err.strerror})",
+                    "restore it, or run `counterfactory eccv candidates` again on the gallery as it is now",
+                ) from err
             stats.append((name, st.st_size, st.st_mtime_ns))
         return hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
-        return {"root": str(self.root), "dataset": asdict(self.dataset) if self.dataset else None,
-                "images": [{"image_id": i, "file": f, **({"row": r} if self.image_rows else {})}
-                           for i, f, r in zip(self.image_ids, self.image_files,
-                                              self.image_rows or self.image_ids, strict=True)],
-                "captions": [{"caption_id": c, "image_id": i, "text": t} for c, i, t in
-                             zip(self.caption_ids, self.caption_image_ids, self.captions, strict=True)]}
+        return {
+            "root": str(self.root),
+            "dataset": asdict(self.dataset) if self.dataset else None,
+            "images": [
+                {"image_id": i, "file": f, **({"row": r} if self.image_rows else {})}
+                for i, f, r in zip(self.image_ids, self.image_files, self.image_rows or self.image_ids, strict=True)
+            ],
+            "captions": [
+                {"caption_id": c, "image_id": i, "text": t}
+                for c, i, t in zip(self.caption_ids, self.caption_image_ids, self.captions, strict=True)
+            ],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Gallery:
-        return cls(root=Path(data["root"]), image_ids=[x["image_id"] for x in data["images"]],
-                   image_files=[x["file"] for x in data["images"]],
-                   caption_ids=[x["caption_id"] for x in data["captions"]],
-                   caption_image_ids=[x["image_id"] for x in data["captions"]],
-                   captions=[x["text"] for x in data["captions"]],
-                   dataset=DatasetSource(**data["dataset"]) if data.get("dataset") else None,
-                   image_rows=[x.get("row", n) for n, x in enumerate(data["images"])]
-                   if data.get("dataset") else [])
+        return cls(
+            root=Path(data["root"]),
+            image_ids=[x["image_id"] for x in data["images"]],
+            image_files=[x["file"] for x in data["images"]],
+            caption_ids=[x["caption_id"] for x in data["captions"]],
+            caption_image_ids=[x["image_id"] for x in data["captions"]],
+            captions=[x["text"] for x in data["captions"]],
+            dataset=DatasetSource(**data["dataset"]) if data.get("dataset") else None,
+            image_rows=[x.get("row", n) for n, x in enumerate(data["images"])] if data.get("dataset") else [],
+        )

@@ -84,16 +84,25 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
         reader = csv.DictReader(f)
         missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise InputFileError(path, f"malformed verdict CSV: header lacks {missing}",
-                                 f"the header must name {', '.join(CSV_COLUMNS)}")
+            raise InputFileError(
+                path,
+                f"malformed verdict CSV: header lacks {missing}",
+                f"the header must name {', '.join(CSV_COLUMNS)}",
+            )
         rows = []
         for line, row in enumerate(reader, start=2):
             empty = [c for c in CSV_COLUMNS if not (row.get(c) or "").strip()]
             if empty:
                 raise InputFileError(path, f"row {line}: empty {empty}", "fill in every column or drop the row")
-            rows.append({"task_id": row["task_id"].strip(), "item_id": row["item_id"].strip(),
-                         "worker": row["worker_id"].strip(), "answer": row["answer"].strip(),
-                         "where": f"row {line}"})
+            rows.append(
+                {
+                    "task_id": row["task_id"].strip(),
+                    "item_id": row["item_id"].strip(),
+                    "worker": row["worker_id"].strip(),
+                    "answer": row["answer"].strip(),
+                    "where": f"row {line}",
+                }
+            )
     return rows
 
 
@@ -108,11 +117,17 @@ def _read_label_studio(path: Path) -> list[dict[str, Any]]:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise InputFileError(path, f"malformed JSON at line {err.lineno} column {err.colno}: "
-                             f"{err.msg}", "export the project again from Label Studio (JSON)") from err
+        raise InputFileError(
+            path,
+            f"malformed JSON at line {err.lineno} column {err.colno}: {err.msg}",
+            "export the project again from Label Studio (JSON)",
+        ) from err
     if not isinstance(data, list):
-        raise InputFileError(path, "a Label Studio export is a JSON list of tasks",
-                             "export the project as JSON (not JSON-MIN or a single task)")
+        raise InputFileError(
+            path,
+            "a Label Studio export is a JSON list of tasks",
+            "export the project as JSON (not JSON-MIN or a single task)",
+        )
     rows = []
     for n, task in enumerate(data):
         where = f"task #{n}"
@@ -122,16 +137,28 @@ def _read_label_studio(path: Path) -> list[dict[str, Any]]:
             for annotation in annotations:
                 if annotation.get("was_cancelled"):
                     continue
-                choices = [r["value"]["choices"] for r in annotation["result"]
-                           if r.get("from_name") == "answer"]
+                choices = [r["value"]["choices"] for r in annotation["result"] if r.get("from_name") == "answer"]
                 if len(choices) != 1 or len(choices[0]) != 1:
-                    raise InputFileError(path, f"{where} (item {item_id}): expected one answer "
-                                         f"choice, got {choices}", "re-annotate that item")
-                rows.append({"task_id": str(task_id), "item_id": str(item_id),
-                             "worker": _worker(annotation), "answer": choices[0][0], "where": where})
+                    raise InputFileError(
+                        path,
+                        f"{where} (item {item_id}): expected one answer choice, got {choices}",
+                        "re-annotate that item",
+                    )
+                rows.append(
+                    {
+                        "task_id": str(task_id),
+                        "item_id": str(item_id),
+                        "worker": _worker(annotation),
+                        "answer": choices[0][0],
+                        "where": where,
+                    }
+                )
         except (KeyError, TypeError) as err:
-            raise InputFileError(path, f"{where}: malformed Label Studio task (missing {err})",
-                                 "export with the label config written by `counterfactory eccv tasks`") from err
+            raise InputFileError(
+                path,
+                f"{where}: malformed Label Studio task (missing {err})",
+                "export with the label config written by `counterfactory eccv tasks`",
+            ) from err
     return rows
 
 
@@ -163,8 +190,13 @@ class VerdictStore:
         tmp.replace(self.path)
 
 
-def _check(rows: list[dict[str, Any]], path: Path, items: dict[str, dict[str, Any]],
-           task_sizes: dict[str, int], known: set[tuple[str, str]]) -> list[dict[str, Any]]:
+def _check(
+    rows: list[dict[str, Any]],
+    path: Path,
+    items: dict[str, dict[str, Any]],
+    task_sizes: dict[str, int],
+    known: set[tuple[str, str]],
+) -> list[dict[str, Any]]:
     """Unknown ids, bad answers, an item answered twice, a task answered again: one clear error.
 
     Returns the incomplete submissions (fewer items answered than the task has), which the
@@ -174,28 +206,43 @@ def _check(rows: list[dict[str, Any]], path: Path, items: dict[str, dict[str, An
     for row in rows:
         where = f"{row['where']} (task {row['task_id']}, item {row['item_id']})"
         if row["task_id"] not in task_sizes:
-            raise InputFileError(path, f"{where}: unknown task id", "verdicts must come from the "
-                                 "tasks written by `counterfactory eccv tasks` (pass that --tasks)")
+            raise InputFileError(
+                path,
+                f"{where}: unknown task id",
+                "verdicts must come from the tasks written by `counterfactory eccv tasks` (pass that --tasks)",
+            )
         item = items.get(row["item_id"])
         if item is None or item["task_id"] != row["task_id"]:
-            raise InputFileError(path, f"{where}: unknown item id for this task",
-                                 "check the export belongs to these tasks")
+            raise InputFileError(
+                path, f"{where}: unknown item id for this task", "check the export belongs to these tasks"
+            )
         if row["answer"] not in ANSWERS:
-            raise InputFileError(path, f"{where}: answer {row['answer']!r} is not one of {list(ANSWERS)}",
-                                 "use the label config written by `counterfactory eccv tasks`")
+            raise InputFileError(
+                path,
+                f"{where}: answer {row['answer']!r} is not one of {list(ANSWERS)}",
+                "use the label config written by `counterfactory eccv tasks`",
+            )
         key = (row["task_id"], row["worker"], row["item_id"])
         if key in seen:
-            raise InputFileError(path, f"{where}: worker {row['worker']} answered this item twice "
-                                 f"(also at {seen[key]})", "keep one answer per item")
+            raise InputFileError(
+                path,
+                f"{where}: worker {row['worker']} answered this item twice (also at {seen[key]})",
+                "keep one answer per item",
+            )
         if (row["task_id"], row["worker"]) in known:
-            raise InputFileError(path, f"{where}: task {row['task_id']} was already answered by "
-                                 f"worker {row['worker']} in an earlier verdict file",
-                                 "a task is answered once per worker; drop the repeated submission")
+            raise InputFileError(
+                path,
+                f"{where}: task {row['task_id']} was already answered by "
+                f"worker {row['worker']} in an earlier verdict file",
+                "a task is answered once per worker; drop the repeated submission",
+            )
         seen[key] = row["where"]
         per_submission[(row["task_id"], row["worker"])] += 1
-    return [{"task_id": task_id, "worker": worker, "answered": n, "items": task_sizes[task_id],
-             "file": str(path)}
-            for (task_id, worker), n in sorted(per_submission.items()) if n < task_sizes[task_id]]
+    return [
+        {"task_id": task_id, "worker": worker, "answered": n, "items": task_sizes[task_id], "file": str(path)}
+        for (task_id, worker), n in sorted(per_submission.items())
+        if n < task_sizes[task_id]
+    ]
 
 
 def ingest(cfg: IngestConfig) -> dict[str, Any]:
@@ -215,17 +262,24 @@ def ingest(cfg: IngestConfig) -> dict[str, Any]:
         rows = read_verdicts(path)
         incomplete = _check(rows, path, items, task_sizes, known)
         if incomplete:
-            log.warning("%s: %d incomplete submission(s) skipped (e.g. task %s, worker %s: %d of %d "
-                        "items); they count once a later file has all their items", path,
-                        len(incomplete), incomplete[0]["task_id"], incomplete[0]["worker"],
-                        incomplete[0]["answered"], incomplete[0]["items"])
+            log.warning(
+                "%s: %d incomplete submission(s) skipped (e.g. task %s, worker %s: %d of %d "
+                "items); they count once a later file has all their items",
+                path,
+                len(incomplete),
+                incomplete[0]["task_id"],
+                incomplete[0]["worker"],
+                incomplete[0]["answered"],
+                incomplete[0]["items"],
+            )
         # Not stored and not `known`: a later, fuller export of the same task is accepted.
         skipped = {(i["task_id"], i["worker"]) for i in incomplete}
         rows = [r for r in rows if (r["task_id"], r["worker"]) not in skipped]
         submissions = {(r["task_id"], r["worker"]) for r in rows}
         known |= submissions
-        new_files.append({"path": str(path), "sha256": digest, "submissions": len(submissions),
-                          "incomplete": incomplete})
+        new_files.append(
+            {"path": str(path), "sha256": digest, "submissions": len(submissions), "incomplete": incomplete}
+        )
         new_rows += [{k: r[k] for k in ("task_id", "item_id", "worker", "answer")} for r in rows]
     cands = Candidates.load(Path(manifest["config"]["candidates"]))
     sources = _gallery_sources(cands, cfg)
@@ -260,12 +314,14 @@ def review(verdicts: list[dict[str, Any]], items: dict[str, dict[str, Any]], cfg
     by_submission: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for v in verdicts:
         by_submission[(v["task_id"], v["worker"])].append(v)
-    result = _Review(len(by_submission), set(), defaultdict(Counter), defaultdict(Counter),
-                     defaultdict(Counter))
+    result = _Review(len(by_submission), set(), defaultdict(Counter), defaultdict(Counter), defaultdict(Counter))
     for sub, answers in sorted(by_submission.items()):
         # Goldens are judged on YES/NO, whatever --strict says about candidates.
-        ok = all(_positive(v["answer"], False) == (items[v["item_id"]]["kind"] == "golden_positive")
-                 for v in answers if items[v["item_id"]]["kind"] != "candidate")
+        ok = all(
+            _positive(v["answer"], False) == (items[v["item_id"]]["kind"] == "golden_positive")
+            for v in answers
+            if items[v["item_id"]]["kind"] != "candidate"
+        )
         if not ok:
             result.failed.add(sub)
         for counter in (result.per_worker[sub[1]], result.per_task[sub[0]]):
@@ -294,25 +350,34 @@ def _gallery_sources(cands: Candidates, cfg: IngestConfig):
     coco_i2t: dict[int, list[int]] = defaultdict(list)
     for caption, image in zip(g.caption_ids, g.caption_image_ids, strict=True):
         coco_i2t[image].append(caption)
-    coco = Positives(i2t={i: np.asarray(c, dtype=np.int64) for i, c in coco_i2t.items()},
-                     t2i={c: np.asarray([i], dtype=np.int64) for c, i in g.caption_image.items()})
+    coco = Positives(
+        i2t={i: np.asarray(c, dtype=np.int64) for i, c in coco_i2t.items()},
+        t2i={c: np.asarray([i], dtype=np.int64) for c, i in g.caption_image.items()},
+    )
     if cfg.cxc_sits:
         shipped, which = read_cxc_sits(cfg.cxc_sits, cfg.cxc_min_score), "sits"
     elif cfg.cxc_dir or uses_coco_ids(cands, cfg):
         shipped = read_positives("cxc", Path(cfg.cxc_dir) if cfg.cxc_dir else None)
         which = "dir" if cfg.cxc_dir else "shipped"
     else:
-        log.info("dataset gallery: its ids are not COCO ids, so the shipped CxC pairs are not merged "
-                 "and the Appendix C.1 ids are not removed (pass --coco-ids if they are COCO ids)")
+        log.info(
+            "dataset gallery: its ids are not COCO ids, so the shipped CxC pairs are not merged "
+            "and the Appendix C.1 ids are not removed (pass --coco-ids if they are COCO ids)"
+        )
         return coco, None, None
     images, captions = set(g.image_ids), set(g.caption_ids)
-    cxc = Positives(i2t=_restricted(shipped.i2t, images, captions),
-                    t2i=_restricted(shipped.t2i, captions, images))
+    cxc = Positives(i2t=_restricted(shipped.i2t, images, captions), t2i=_restricted(shipped.t2i, captions, images))
     return coco, cxc, which
 
 
-def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: dict[str, dict[str, Any]],
-                        cfg: IngestConfig, cands: Candidates, sources: tuple) -> dict[str, Any]:
+def write_positives_for(
+    store: VerdictStore,
+    manifest: dict[str, Any],
+    items: dict[str, dict[str, Any]],
+    cfg: IngestConfig,
+    cands: Candidates,
+    sources: tuple,
+) -> dict[str, Any]:
     """Quality control, vote, remove invalid items, merge; writes `state/annotations/`."""
     from loading_scripts.eccv import Positives
 
@@ -321,8 +386,9 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
     coco, cxc, cxc_source = sources
     remove_c1 = uses_coco_ids(cands, cfg)
     merged, removed = _merged(human, manifest, coco, cxc, remove_c1)
-    eccv = Positives(**{m: {q: np.asarray(sorted(v), dtype=np.int64) for q, v in merged[m].items() if v}
-                        for m in ("i2t", "t2i")})
+    eccv = Positives(
+        **{m: {q: np.asarray(sorted(v), dtype=np.int64) for q, v in merged[m].items() if v} for m in ("i2t", "t2i")}
+    )
     out = Path(cfg.state) / "annotations"
     no_cxc = Positives(i2t={}, t2i={})
     for name, positives in (("eccv", eccv), ("cxc", no_cxc if cxc is None else cxc), ("coco", coco)):
@@ -339,17 +405,24 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
         "models": cands.config["models"],
         "candidates_config": {k: v for k, v in cands.config.items() if k != "model_sources"},
         "queries": {m: len(manifest["queries"][m]) for m in ("i2t", "t2i")},
-        "candidate_pairs": manifest["candidate_pairs"], "tasks": len(manifest["tasks"]),
-        "task_seed": manifest["config"]["seed"], "verdict_files": store.files,
-        "submissions": result.submissions, "failed_golden": len(result.failed),
+        "candidate_pairs": manifest["candidate_pairs"],
+        "tasks": len(manifest["tasks"]),
+        "task_seed": manifest["config"]["seed"],
+        "verdict_files": store.files,
+        "submissions": result.submissions,
+        "failed_golden": len(result.failed),
         "failed_submissions": sorted(f"{t}/{w}" for t, w in result.failed),
-        "exclude_failed_golden": cfg.exclude_failed_golden, "strict": cfg.strict,
+        "exclude_failed_golden": cfg.exclude_failed_golden,
+        "strict": cfg.strict,
         "incomplete_submissions": len(incomplete),
-        "incomplete": [f"{i['task_id']}/{i['worker']} ({i['answered']} of {i['items']}, {i['file']})"
-                       for i in incomplete],
-        "verified_pairs": len(result.votes), "verified_positives": n_human,
+        "incomplete": [
+            f"{i['task_id']}/{i['worker']} ({i['answered']} of {i['items']}, {i['file']})" for i in incomplete
+        ],
+        "verified_pairs": len(result.votes),
+        "verified_positives": n_human,
         "gallery": "coco" if cands.gallery.dataset is None else "dataset",
-        "cxc_merged": cxc_source, "appendix_c1_removal": remove_c1,
+        "cxc_merged": cxc_source,
+        "appendix_c1_removal": remove_c1,
         "removed_invalid": removed,
         "per_worker": {w: {n: c[n] for n in counts} for w, c in sorted(result.per_worker.items())},
         "per_task": {t: {n: c[n] for n in counts} for t, c in sorted(result.per_task.items())},
@@ -357,9 +430,15 @@ def write_positives_for(store: VerdictStore, manifest: dict[str, Any], items: di
         "config": {k: v for k, v in asdict(cfg).items() if k != "verdicts"},
     }
     (out / MITL_REPORT).write_text(json.dumps(report, indent=1))
-    log.info("ingested %d submissions (%d failed a golden, %d incomplete skipped); %d of %d verified "
-             "pairs positive -> %s", result.submissions, len(result.failed), len(incomplete), n_human,
-             len(result.votes), out)
+    log.info(
+        "ingested %d submissions (%d failed a golden, %d incomplete skipped); %d of %d verified pairs positive -> %s",
+        result.submissions,
+        len(result.failed),
+        len(incomplete),
+        n_human,
+        len(result.votes),
+        out,
+    )
     return report
 
 
@@ -376,8 +455,7 @@ def _merged(human: dict, manifest: dict[str, Any], coco, cxc, remove_c1: bool) -
     removed = 0
     # Appendix C.1: invalid captions and the duplicate image go, as items and as queries (COCO
     # ids only: in a dataset gallery the same numbers name other captions).
-    c1 = (("i2t", INVALID_CAPTION_IDS, set(DUPLICATE_IMAGES)),
-          ("t2i", set(DUPLICATE_IMAGES), INVALID_CAPTION_IDS))
+    c1 = (("i2t", INVALID_CAPTION_IDS, set(DUPLICATE_IMAGES)), ("t2i", set(DUPLICATE_IMAGES), INVALID_CAPTION_IDS))
     for modality, invalid_items, invalid_queries in c1 if remove_c1 else ():
         for query in list(merged[modality]):
             if query in invalid_queries:

@@ -97,8 +97,10 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
         # Captions are scored once per distinct text and the columns copied, so repeated captions
         # tie exactly and rank by gallery index, as in the candidates (METHOD.md §2).
         reps, slot = distinct_captions(captions, g.captions)
-        sims = {"i2t": (images, np.asarray(captions[reps]), slot, g.image_ids, g.caption_ids),
-                "t2i": (captions, images, None, g.caption_ids, g.image_ids)}
+        sims = {
+            "i2t": (images, np.asarray(captions[reps]), slot, g.image_ids, g.caption_ids),
+            "t2i": (captions, images, None, g.caption_ids, g.image_ids),
+        }
         for set_name, positives in sets.items():
             for modality, (q_emb, g_emb, columns, q_ids, g_ids) in sims.items():
                 pos = positives[modality]
@@ -110,17 +112,24 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
                 # Query chunks bound the score matrix (a 600K-caption gallery); the metrics are
                 # means over queries, so chunk means weighted by chunk size give the same numbers.
                 for start in range(0, len(queries), QUERY_CHUNK):
-                    chunk = queries[start:start + QUERY_CHUNK]
+                    chunk = queries[start : start + QUERY_CHUNK]
                     similarity = q_emb[[row_of[q] for q in chunk]] @ g_emb.T
                     if columns is not None:
                         similarity = similarity[:, columns]
                     scores = retrieval_scores_from_similarity(
-                        similarity, {q: pos[q] for q in chunk},
-                        chunk, g_ids, RetrievalMetricConfig(k_values=(1,))).as_dict()
+                        similarity, {q: pos[q] for q in chunk}, chunk, g_ids, RetrievalMetricConfig(k_values=(1,))
+                    ).as_dict()
                     for m in METRICS:
                         totals[m] += scores[m] * len(chunk)
-                rows.append({"model": names[model], "annotation_set": set_name, "modality": modality,
-                             "queries": len(queries), **{m: totals[m] / len(queries) for m in METRICS}})
+                rows.append(
+                    {
+                        "model": names[model],
+                        "annotation_set": set_name,
+                        "modality": modality,
+                        "queries": len(queries),
+                        **{m: totals[m] / len(queries) for m in METRICS},
+                    }
+                )
     if not rows:
         raise UserFacingError(f"{report_path}: no verified positive pair to score models on")
     return rows
@@ -133,8 +142,11 @@ def bias(rows: list[dict[str, Any]], metric: str = "map_at_r") -> dict[str, dict
     out: dict[str, dict[str, float]] = {}
     for set_name in sorted({r["annotation_set"] for r in rows} - {ALL}):
         for modality in ("i2t", "t2i"):
-            gaps = {m: abs(score[(m, set_name, modality)] - score[(m, ALL, modality)])
-                    for m in models if (m, set_name, modality) in score and (m, ALL, modality) in score}
+            gaps = {
+                m: abs(score[(m, set_name, modality)] - score[(m, ALL, modality)])
+                for m in models
+                if (m, set_name, modality) in score and (m, ALL, modality) in score
+            }
             if not gaps:
                 continue
             own = [v for m, v in gaps.items() if m == set_name]
@@ -142,7 +154,8 @@ def bias(rows: list[dict[str, Any]], metric: str = "map_at_r") -> dict[str, dict
             out[f"{set_name}/{modality}"] = {
                 "bias": float(np.mean(list(gaps.values()))),
                 "self_bias": float(np.mean(own)) if own else float("nan"),
-                "non_self_bias": float(np.mean(other)) if other else float("nan")}
+                "non_self_bias": float(np.mean(other)) if other else float("nan"),
+            }
     return out
 
 
@@ -152,8 +165,9 @@ def rankings(rows: list[dict[str, Any]], modality: str, metric: str = "map_at_r"
     for r in rows:
         if r["modality"] == modality:
             out.setdefault(r["annotation_set"], {})[r["model"]] = r[metric]
-    return {name: {m: 1 + sum(v > s for v in scores.values()) for m, s in scores.items()}
-            for name, scores in out.items()}
+    return {
+        name: {m: 1 + sum(v > s for v in scores.values()) for m, s in scores.items()} for name, scores in out.items()
+    }
 
 
 def rank_agreement(rows: list[dict[str, Any]], modality: str) -> dict[str, float]:
@@ -183,19 +197,27 @@ def write_report(cfg: ModelBiasConfig, rows: list[dict[str, Any]]) -> Path:
     lines = []
     for modality in ("i2t", "t2i"):
         ranks, tau = rankings(rows, modality), rank_agreement(rows, modality)
-        lines += [f"### {modality} mAP@R (rank) (rows: evaluated model, columns: annotation set)", "",
-                  "| model | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
+        lines += [
+            f"### {modality} mAP@R (rank) (rows: evaluated model, columns: annotation set)",
+            "",
+            "| model | " + " | ".join(sets) + " |",
+            "|---" * (len(sets) + 1) + "|",
+        ]
         for model in dict.fromkeys(r["model"] for r in rows):
-            cells = {r["annotation_set"]: r["map_at_r"] for r in rows
-                     if r["model"] == model and r["modality"] == modality}
-            lines.append(f"| {model} | " + " | ".join(
-                f"{cells[s]:.4f} (#{ranks[s][model]})" if s in cells else "-" for s in sets) + " |")
-        lines.append("| Kendall τ vs all | " + " | ".join(
-            f"{tau[s]:.2f}" if s in tau else "-" for s in sets) + " |")
+            cells = {
+                r["annotation_set"]: r["map_at_r"] for r in rows if r["model"] == model and r["modality"] == modality
+            }
+            lines.append(
+                f"| {model} | "
+                + " | ".join(f"{cells[s]:.4f} (#{ranks[s][model]})" if s in cells else "-" for s in sets)
+                + " |"
+            )
+        lines.append("| Kendall τ vs all | " + " | ".join(f"{tau[s]:.2f}" if s in tau else "-" for s in sets) + " |")
         lines.append("")
     lines += ["### Bias (Eq. E.5, mAP@R)", "", "| set/modality | B | self | non-self |", "|---|---|---|---|"]
-    lines += [f"| {k} | {v['bias']:.4f} | {v['self_bias']:.4f} | {v['non_self_bias']:.4f} |"
-              for k, v in bias(rows).items()]
+    lines += [
+        f"| {k} | {v['bias']:.4f} | {v['self_bias']:.4f} | {v['non_self_bias']:.4f} |" for k, v in bias(rows).items()
+    ]
     (out / "model_bias.md").write_text("\n".join(lines) + "\n")
     _plot(rows, sets, out / "model_bias.png")
     return out
@@ -211,10 +233,12 @@ def _plot(rows: list[dict[str, Any]], sets: list[str], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, modality in zip(axes, ("i2t", "t2i"), strict=True):
         for model in dict.fromkeys(r["model"] for r in rows):
-            cells = {r["annotation_set"]: r["map_at_r"] for r in rows
-                     if r["model"] == model and r["modality"] == modality}
-            ax.plot(range(len(sets)), [cells.get(s, np.nan) for s in sets], marker="o",
-                    label=Path(model).name or model)
+            cells = {
+                r["annotation_set"]: r["map_at_r"] for r in rows if r["model"] == model and r["modality"] == modality
+            }
+            ax.plot(
+                range(len(sets)), [cells.get(s, np.nan) for s in sets], marker="o", label=Path(model).name or model
+            )
         ax.set_xticks(range(len(sets)), [Path(s).name or s for s in sets], rotation=30, ha="right")
         ax.set_title(f"{modality} mAP@R by annotation set")
     axes[0].legend(fontsize="small")

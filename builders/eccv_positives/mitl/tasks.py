@@ -80,9 +80,11 @@ def _golden_negative(cands: Candidates, modality: str, rng: random.Random) -> tu
         pair_image, pair_caption = (query, item) if modality == "i2t" else (item, query)
         if item not in cands.exclude[modality][str(query)] and g.caption_image[pair_caption] != pair_image:
             return query, item
-    raise UserFacingError(f"no golden negative for {modality}: every gallery item drawn was in some "
-                          f"model's top-{cands.config['exclusion_depth']} (or an original pair) of "
-                          "the sampled queries; use a larger gallery or a smaller --exclusion-depth")
+    raise UserFacingError(
+        f"no golden negative for {modality}: every gallery item drawn was in some "
+        f"model's top-{cands.config['exclusion_depth']} (or an original pair) of "
+        "the sampled queries; use a larger gallery or a smaller --exclusion-depth"
+    )
 
 
 def build_tasks(cands: Candidates, seed: int) -> list[dict[str, Any]]:
@@ -93,17 +95,19 @@ def build_tasks(cands: Candidates, seed: int) -> list[dict[str, Any]]:
         if not pool:
             continue
         if len(pool) < CANDIDATES_PER_TASK:
-            raise UserFacingError(f"only {len(pool)} {modality} candidates, a task needs "
-                                  f"{CANDIDATES_PER_TASK}; sample more queries")
+            raise UserFacingError(
+                f"only {len(pool)} {modality} candidates, a task needs {CANDIDATES_PER_TASK}; sample more queries"
+            )
         random.Random(f"{seed}:{modality}").shuffle(pool)
         n_tasks = -(-len(pool) // CANDIDATES_PER_TASK)
-        padded = pool + pool[:n_tasks * CANDIDATES_PER_TASK - len(pool)]
+        padded = pool + pool[: n_tasks * CANDIDATES_PER_TASK - len(pool)]
         for t in range(n_tasks):
             task_id = f"{modality}-{t:05d}"
             rng = random.Random(f"{seed}:{task_id}")
-            entries = [{"kind": "candidate", "query_id": c["query_id"], "item": c["item_id"],
-                        "proposed_by": c["proposed_by"]}
-                       for c in padded[t * CANDIDATES_PER_TASK:(t + 1) * CANDIDATES_PER_TASK]]
+            entries = [
+                {"kind": "candidate", "query_id": c["query_id"], "item": c["item_id"], "proposed_by": c["proposed_by"]}
+                for c in padded[t * CANDIDATES_PER_TASK : (t + 1) * CANDIDATES_PER_TASK]
+            ]
             for kind, pick in (("golden_positive", _golden_positive), ("golden_negative", _golden_negative)):
                 query, item = pick(cands, modality, rng)
                 entries.append({"kind": kind, "query_id": query, "item": item, "proposed_by": {}})
@@ -111,9 +115,17 @@ def build_tasks(cands: Candidates, seed: int) -> list[dict[str, Any]]:
             items = []
             for pos, e in enumerate(entries):
                 image, caption = (e["query_id"], e["item"]) if modality == "i2t" else (e["item"], e["query_id"])
-                items.append({"item_id": f"{task_id}-{pos:02d}", "kind": e["kind"],
-                              "modality": modality, "query_id": e["query_id"],
-                              "image_id": image, "caption_id": caption, "proposed_by": e["proposed_by"]})
+                items.append(
+                    {
+                        "item_id": f"{task_id}-{pos:02d}",
+                        "kind": e["kind"],
+                        "modality": modality,
+                        "query_id": e["query_id"],
+                        "image_id": image,
+                        "caption_id": caption,
+                        "proposed_by": e["proposed_by"],
+                    }
+                )
             tasks.append({"task_id": task_id, "modality": modality, "items": items})
     return tasks
 
@@ -132,8 +144,7 @@ def _image_refs(cands: Candidates, cfg: TasksConfig, used: set[int]) -> dict[int
             image.save(buf, format="JPEG", quality=85)
             refs[image_id] = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
         else:
-            refs[image_id] = cfg.image_url_template.format(file=file, file_name=Path(file).name,
-                                                           image_id=image_id)
+            refs[image_id] = cfg.image_url_template.format(file=file, file_name=Path(file).name, image_id=image_id)
     return refs
 
 
@@ -146,24 +157,45 @@ def write_tasks(cfg: TasksConfig) -> Path:
     texts = dict(zip(cands.gallery.caption_ids, cands.gallery.captions, strict=True))
     refs = _image_refs(cands, cfg, {i["image_id"] for t in tasks for i in t["items"]})
     # The candidates path is stored absolute: ingest reads it again from any working folder.
-    manifest = {"format": TASKS_FORMAT,
-                "config": {**asdict(cfg), "candidates": str(Path(cfg.candidates).resolve())},
-                "candidates_config": cands.config,
-                "gallery_root": str(cands.gallery.root), "queries": cands.queries,
-                "candidate_pairs": len(cands.candidates), "answers": list(ANSWERS), "tasks": tasks}
+    manifest = {
+        "format": TASKS_FORMAT,
+        "config": {**asdict(cfg), "candidates": str(Path(cfg.candidates).resolve())},
+        "candidates_config": cands.config,
+        "gallery_root": str(cands.gallery.root),
+        "queries": cands.queries,
+        "candidate_pairs": len(cands.candidates),
+        "answers": list(ANSWERS),
+        "tasks": tasks,
+    }
     (out / "tasks.json").write_text(json.dumps(manifest, indent=1))
     studio = []
     for task in tasks:
         for item in task["items"]:
-            studio.append({
-                "data": {"task_id": task["task_id"], "item_id": item["item_id"],
-                         "image": refs[item["image_id"]], "text": texts[item["caption_id"]]},
-                # The machine proposal, shown to annotators as a pre-selected answer; goldens get
-                # the same one so they cannot be told apart.
-                "predictions": [{"model_version": "machine-annotators", "result": [{
-                    "from_name": "answer", "to_name": "text", "type": "choices",
-                    "value": {"choices": [ANSWERS[0]]}}]}],
-            })
+            studio.append(
+                {
+                    "data": {
+                        "task_id": task["task_id"],
+                        "item_id": item["item_id"],
+                        "image": refs[item["image_id"]],
+                        "text": texts[item["caption_id"]],
+                    },
+                    # The machine proposal, shown to annotators as a pre-selected answer; goldens get
+                    # the same one so they cannot be told apart.
+                    "predictions": [
+                        {
+                            "model_version": "machine-annotators",
+                            "result": [
+                                {
+                                    "from_name": "answer",
+                                    "to_name": "text",
+                                    "type": "choices",
+                                    "value": {"choices": [ANSWERS[0]]},
+                                }
+                            ],
+                        }
+                    ],
+                }
+            )
     (out / "label_studio_tasks.json").write_text(json.dumps(studio, indent=1))
     (out / "label_config.xml").write_text(LABEL_CONFIG)
     with open(out / "tasks.csv", "w", newline="") as f:
@@ -171,8 +203,9 @@ def write_tasks(cfg: TasksConfig) -> Path:
         writer.writerow(["task_id", "item_id", "image", "text", "worker_id", "answer"])
         for task in tasks:
             for item in task["items"]:
-                writer.writerow([task["task_id"], item["item_id"], refs[item["image_id"]],
-                                 texts[item["caption_id"]], "", ""])
+                writer.writerow(
+                    [task["task_id"], item["item_id"], refs[item["image_id"]], texts[item["caption_id"]], "", ""]
+                )
     log.info("wrote %d tasks (%d pairs) to %s", len(tasks), 20 * len(tasks), out)
     return out
 
@@ -184,9 +217,9 @@ def load_tasks(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise InputFileError(path, f"cannot read the tasks file ({err})",
-                             "pass the tasks.json written by `counterfactory eccv tasks`") from err
+        raise InputFileError(
+            path, f"cannot read the tasks file ({err})", "pass the tasks.json written by `counterfactory eccv tasks`"
+        ) from err
     if not isinstance(data, dict) or data.get("format") != TASKS_FORMAT:
-        raise InputFileError(path, "is not a tasks file", "pass the tasks.json written by "
-                             "`counterfactory eccv tasks`")
+        raise InputFileError(path, "is not a tasks file", "pass the tasks.json written by `counterfactory eccv tasks`")
     return data

@@ -97,4 +97,3 @@ class ShardedBuilder(Protocol):
 
     def info(self) -> BuildInfo:
         """Config, model ids and card fields recorded in the manifest."""
-

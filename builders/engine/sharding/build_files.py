@@ -66,8 +66,9 @@ def folder_contents(root: Path) -> tuple[list[str], list[str]]:
         for name in sorted(dirnames):
             if (here / name).is_symlink():
                 links.append((here / name).relative_to(root).as_posix())
-        dirnames[:] = sorted(d for d in dirnames if not (here / d).is_symlink()
-                             and not (here == root and d == PARTS_DIR))
+        dirnames[:] = sorted(
+            d for d in dirnames if not (here / d).is_symlink() and not (here == root and d == PARTS_DIR)
+        )
         for name in sorted(filenames):
             rel = (here / name).relative_to(root).as_posix()
             (links if (here / name).is_symlink() else files).append(rel)
@@ -79,7 +80,8 @@ def listed_paths(manifest: dict[str, Any], where: Path) -> list[str]:
     if not isinstance(manifest.get(FILES), list):
         raise UserFacingError(
             f"{where / MANIFEST} lists no files (a build made before counterfactory recorded them); "
-            "re-run the build command once (finished parts are kept) to record them")
+            "re-run the build command once (finished parts are kept) to record them"
+        )
     paths = []
     for entry in manifest[FILES]:
         path = entry.get("path") if isinstance(entry, dict) else None
@@ -87,9 +89,11 @@ def listed_paths(manifest: dict[str, Any], where: Path) -> list[str]:
         if not problem and (path in (CARD, MANIFEST) or is_bookkeeping(path)):
             problem = "not a data file of the build"
         if problem:
-            raise UserFacingError(f"{where / MANIFEST} lists {path!r} as a file of the build "
-                                  f"({problem}); the manifest was edited or damaged — re-run the "
-                                  "build command")
+            raise UserFacingError(
+                f"{where / MANIFEST} lists {path!r} as a file of the build "
+                f"({problem}); the manifest was edited or damaged — re-run the "
+                "build command"
+            )
         paths.append(path)
     return paths
 
@@ -116,7 +120,8 @@ def check_published_files(root: Path, manifest: dict[str, Any]) -> dict[str, dic
         raise UserFacingError(
             f"{root} holds {len(found)} file(s) that build_manifest.json does not list: "
             f"{_names(found)}; publish sends only the build's own files and refuses a folder "
-            "holding anything else — move them out of the build folder")
+            "holding anything else — move them out of the build folder"
+        )
     records = {entry["path"]: entry for entry in manifest[FILES]}
     for rel in listed:
         path = root / rel
@@ -126,16 +131,20 @@ def check_published_files(root: Path, manifest: dict[str, Any]) -> dict[str, dic
         except OSError:
             regular = False
         if not regular:
-            raise UserFacingError(f"{path} is listed in build_manifest.json but is missing or not a "
-                                  "regular file inside the build folder; re-run the build command")
+            raise UserFacingError(
+                f"{path} is listed in build_manifest.json but is missing or not a "
+                "regular file inside the build folder; re-run the build command"
+            )
         if info.st_size != records[rel].get("bytes"):
             raise changed_since_build(path)
     return {rel: records[rel] for rel in listed}
 
 
 def changed_since_build(path: Path) -> UserFacingError:
-    return UserFacingError(f"{path} changed since the build (its size or sha256 differs from "
-                           "build_manifest.json); re-run the build command to rebuild it")
+    return UserFacingError(
+        f"{path} changed since the build (its size or sha256 differs from "
+        "build_manifest.json); re-run the build command to rebuild it"
+    )
 
 
 def discard_build(layout: OutputLayout) -> None:
@@ -156,15 +165,21 @@ def discard_build(layout: OutputLayout) -> None:
 
     def owned(rel: str) -> bool:
         top = rel.split("/", 1)[0]
-        return (rel in listed or rel in (CARD, MANIFEST) or is_bookkeeping(rel)
-                or (top == "data" and rel.endswith(".parquet")) or top == "figures")
+        return (
+            rel in listed
+            or rel in (CARD, MANIFEST)
+            or is_bookkeeping(rel)
+            or (top == "data" and rel.endswith(".parquet"))
+            or top == "figures"
+        )
 
     foreign = [f"symlink {p}" for p in links] + [p for p in files if not owned(p)]
     if foreign:
         raise UserFacingError(
             f"--overwrite: {root} holds {len(foreign)} file(s) that are not part of its build: "
             f"{_names(foreign)}; nothing was deleted — move them out of the folder (or delete "
-            "them), then re-run")
+            "them), then re-run"
+        )
     for rel in files:
         (root / rel).unlink()
     for path in layout.parts.iterdir():  # all but the lock this build holds

@@ -44,8 +44,18 @@ Finisher = Callable[[OutputLayout, dict[str, Any], set[str]], None]
 
 # Versions that decide the bytes of a build; recorded so a version can be rebuilt.
 _RECORDED_PACKAGES = (
-    "counterfactory", "torch", "datasets", "huggingface_hub", "pyarrow", "pillow", "numpy",
-    "transformers", "diffusers", "sentence-transformers", "open_clip_torch", "nltk",
+    "counterfactory",
+    "torch",
+    "datasets",
+    "huggingface_hub",
+    "pyarrow",
+    "pillow",
+    "numpy",
+    "transformers",
+    "diffusers",
+    "sentence-transformers",
+    "open_clip_torch",
+    "nltk",
     "accelerate",
 )
 
@@ -82,8 +92,13 @@ class _Shards:
     tmp: list[Path]
 
 
-def _write_output_shards(layout: OutputLayout, spec: OutputSpec, stats: Sequence[dict[str, Any]],
-                         max_shard_bytes: int, written_tmp: list[Path]) -> _Shards:
+def _write_output_shards(
+    layout: OutputLayout,
+    spec: OutputSpec,
+    stats: Sequence[dict[str, Any]],
+    max_shard_bytes: int,
+    written_tmp: list[Path],
+) -> _Shards:
     """Stream the parts of `spec` into shards under temporary names (appended to `written_tmp` as
     they are created, for the caller to remove on failure). Each part is checked against its
     stats before a row of it is written (`part_tables`), so the sizes planned from the stats hold."""
@@ -159,9 +174,11 @@ def peak_rss_summary(stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for s, peak in zip(stats, per_part, strict=True):
         if peak is not None:
             per_rank[s["rank"]] = max(per_rank.get(s["rank"], 0), peak)
-    return {"max": max(per_rank.values(), default=None),
-            "per_rank": {str(rank): per_rank[rank] for rank in sorted(per_rank)},
-            "per_part": per_part}
+    return {
+        "max": max(per_rank.values(), default=None),
+        "per_rank": {str(rank): per_rank[rank] for rank in sorted(per_rank)},
+        "per_part": per_part,
+    }
 
 
 def merge_parts(
@@ -185,8 +202,9 @@ def merge_parts(
     """
     written_tmp: list[Path] = []
     try:
-        shards = {spec.key: _write_output_shards(layout, spec, stats, max_shard_bytes, written_tmp)
-                  for spec in outputs}
+        shards = {
+            spec.key: _write_output_shards(layout, spec, stats, max_shard_bytes, written_tmp) for spec in outputs
+        }
     except BaseException:
         # A failed merge (disk full, a part that is not what its worker wrote) leaves no
         # half-written shard behind, and the previous merge as it was: nothing is renamed yet.

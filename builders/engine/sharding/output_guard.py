@@ -32,19 +32,29 @@ from builders.engine.sharding.layout import OutputLayout
 log = logging.getLogger(__name__)
 
 _FIXES = {
-    errno.ENOSPC: ("no space left on the device", "free some space (or use another --output) and "
-                   "re-run the same command: finished parts are kept"),
-    errno.EDQUOT: ("disk quota exceeded", "free some space (or use another --output) and re-run "
-                   "the same command: finished parts are kept"),
+    errno.ENOSPC: (
+        "no space left on the device",
+        "free some space (or use another --output) and re-run the same command: finished parts are kept",
+    ),
+    errno.EDQUOT: (
+        "disk quota exceeded",
+        "free some space (or use another --output) and re-run the same command: finished parts are kept",
+    ),
     errno.EACCES: ("permission denied", "use a --output folder you can write to, or fix its permissions"),
     errno.EPERM: ("operation not permitted", "use a --output folder you can write to, or fix its permissions"),
     errno.EROFS: ("read-only file system", "use a --output folder on a writable disk"),
-    errno.ENOTDIR: ("a file is in the way of a folder", "--output must be a folder (or a path that "
-                    "does not exist yet), not a file"),
-    errno.EEXIST: ("a file is in the way of a folder", "--output must be a folder (or a path that "
-                   "does not exist yet), not a file"),
-    errno.ELOOP: ("a symlink is in the way of a file the build writes", "remove it: the build never "
-                  "writes through a link"),
+    errno.ENOTDIR: (
+        "a file is in the way of a folder",
+        "--output must be a folder (or a path that does not exist yet), not a file",
+    ),
+    errno.EEXIST: (
+        "a file is in the way of a folder",
+        "--output must be a folder (or a path that does not exist yet), not a file",
+    ),
+    errno.ELOOP: (
+        "a symlink is in the way of a file the build writes",
+        "remove it: the build never writes through a link",
+    ),
 }
 
 #: How often a lock held by another process is tried again while waiting for it.
@@ -67,13 +77,14 @@ def check_output_folder(layout: OutputLayout) -> None:
     """Refuse a folder that is a file, or that holds something other than a counterfactory build."""
     root = layout.root
     if root.exists() and not root.is_dir():
-        raise OutputError(f"--output {root} is a file; choose a folder (or a path that does not "
-                          "exist yet)")
+        raise OutputError(f"--output {root} is a file; choose a folder (or a path that does not exist yet)")
     if root.is_dir() and not layout.run_file.exists():
         foreign = sorted(p.name for p in root.iterdir() if p.name != layout.parts.name)
         if foreign:
-            raise OutputError(f"{root} is not empty and holds no counterfactory build (found "
-                              f"{foreign[0]!r}); choose an empty or new --output folder")
+            raise OutputError(
+                f"{root} is not empty and holds no counterfactory build (found "
+                f"{foreign[0]!r}); choose an empty or new --output folder"
+            )
 
 
 @contextmanager
@@ -94,8 +105,9 @@ def worker_lock(layout: OutputLayout, worker: int) -> Iterator[None]:
 
 def running_workers(layout: OutputLayout) -> list[int]:
     """The job-array workers holding their lock on `layout` right now."""
-    return [int(path.stem.split("-")[1]) for path in sorted(layout.parts.glob("worker-*.lock"))
-            if _is_held(layout, path)]
+    return [
+        int(path.stem.split("-")[1]) for path in sorted(layout.parts.glob("worker-*.lock")) if _is_held(layout, path)
+    ]
 
 
 @contextmanager
@@ -106,8 +118,10 @@ def _held(layout: OutputLayout, path: Path, wait_s: float, holder: str) -> Itera
         deadline = time.monotonic() + wait_s
         while not _try_lock(fd):
             if time.monotonic() >= deadline:
-                raise OutputError(f"{holder} is writing to {layout.root} (it holds {path}); wait "
-                                  "for it to finish, or use another --output")
+                raise OutputError(
+                    f"{holder} is writing to {layout.root} (it holds {path}); wait "
+                    "for it to finish, or use another --output"
+                )
             time.sleep(_POLL_S)
         yield  # the lock goes with the descriptor, closed below
     finally:
@@ -121,8 +135,10 @@ def _open_lock(layout: OutputLayout, path: Path, create: bool) -> int | None:
     lock file (or `.parts/` itself) planted as a link is refused, never locked or created through.
     """
     if layout.parts.is_symlink():
-        raise OutputError(f"{layout.parts} is a symlink; a build's work area must be a folder "
-                          "inside --output — remove the link (or use another --output)")
+        raise OutputError(
+            f"{layout.parts} is a symlink; a build's work area must be a folder "
+            "inside --output — remove the link (or use another --output)"
+        )
     if create:
         layout.parts.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create else 0)
@@ -139,8 +155,9 @@ def _open_lock(layout: OutputLayout, path: Path, create: bool) -> int | None:
     if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
         if fd is not None:
             os.close(fd)
-        raise OutputError(f"{path} is a symlink or not a regular file; a lock is never taken "
-                          "through a link — remove it and re-run")
+        raise OutputError(
+            f"{path} is a symlink or not a regular file; a lock is never taken through a link — remove it and re-run"
+        )
     return fd
 
 

@@ -75,9 +75,11 @@ def read_inside(root: Path, path: Path) -> bytes:
 
 
 def _not_regular(path: Path) -> BookkeepingError:
-    return BookkeepingError(path, "is a symlink, is under one, or is not a regular file (the "
-                            "build's bookkeeping is never read through a link)",
-                            "remove it and re-run the build, which rebuilds what it held")
+    return BookkeepingError(
+        path,
+        "is a symlink, is under one, or is not a regular file (the build's bookkeeping is never read through a link)",
+        "remove it and re-run the build, which rebuilds what it held",
+    )
 
 
 def load_stats(layout: OutputLayout, part: int, keys: Sequence[str]) -> dict[str, Any] | None:
@@ -97,9 +99,11 @@ def load_stats(layout: OutputLayout, part: int, keys: Sequence[str]) -> dict[str
         stats = None
     problem = _stats_problem(stats, part, keys)
     if problem:
-        raise BookkeepingError(path, f"is not a stats file of this build ({problem})",
-                               f"remove it and re-run the build (or the job-array worker of part "
-                               f"{part}), which builds the part again")
+        raise BookkeepingError(
+            path,
+            f"is not a stats file of this build ({problem})",
+            f"remove it and re-run the build (or the job-array worker of part {part}), which builds the part again",
+        )
     assert isinstance(stats, dict)
     return stats
 
@@ -109,8 +113,7 @@ def _is_count(value: Any) -> bool:
 
 
 def _is_tally(value: Any) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and _is_count(v)
-                                           for k, v in value.items())
+    return isinstance(value, dict) and all(isinstance(k, str) and _is_count(v) for k, v in value.items())
 
 
 def _stats_problem(stats: Any, part: int, keys: Sequence[str]) -> str | None:
@@ -128,29 +131,36 @@ def _stats_problem(stats: Any, part: int, keys: Sequence[str]) -> str | None:
         if not _is_tally(stats.get(field)):
             return f"its `{field}` is not a count per reason"
     digests = stats.get("item_digests")
-    if not isinstance(digests, list) or len(digests) != stats["items"] or \
-            not all(isinstance(d, str) for d in digests):
+    if not isinstance(digests, list) or len(digests) != stats["items"] or not all(isinstance(d, str) for d in digests):
         return "its `item_digests` do not match its item count"
     timings = stats.get("timings")
     if not isinstance(timings, dict) or not all(
-            isinstance(timings.get(t), (int, float)) for t in ("process_s", "write_s")):
+        isinstance(timings.get(t), (int, float)) for t in ("process_s", "write_s")
+    ):
         return "no timings"
-    if not (_is_count(stats.get("rank")) and _is_count(stats.get("world_size"))
-            and stats["rank"] < stats["world_size"]):
+    if not (
+        _is_count(stats.get("rank")) and _is_count(stats.get("world_size")) and stats["rank"] < stats["world_size"]
+    ):
         return "no rank of world_size"
     if stats.get("peak_rss_bytes") is not None and not _is_count(stats["peak_rss_bytes"]):
         return "its `peak_rss_bytes` is not a count"
     files = stats.get(PART_FILES)
     with_rows = {key for key in keys if rows[key]}
-    if not isinstance(files, dict) or set(files) != with_rows or not all(
+    if (
+        not isinstance(files, dict)
+        or set(files) != with_rows
+        or not all(
             isinstance(f, dict) and isinstance(f.get("sha256"), str) and _is_count(f.get("bytes"))
-            for f in files.values()):
+            for f in files.values()
+        )
+    ):
         return f"its `{PART_FILES}` do not record the digest of each part file with rows"
     return None
 
 
-def part_tables(layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[str, Any],
-                batch_rows: int) -> Iterator[pa.Table]:
+def part_tables(
+    layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[str, Any], batch_rows: int
+) -> Iterator[pa.Table]:
     """The rows of part `part` of output `spec`, `batch_rows` at a time in the output's schema,
     from a part checked against its stats (nothing when it has no rows)."""
     if not stats["rows"][spec.key]:
@@ -169,10 +179,11 @@ def part_tables(layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[s
         yield table
 
 
-def _read_part(layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[str, Any],
-               path: Path) -> pq.ParquetFile:
-    by = (f"part {part}, by worker {stats['rank']} of {stats['world_size']}, which recorded it "
-          f"in {layout.stats_file(part)}")
+def _read_part(layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[str, Any], path: Path) -> pq.ParquetFile:
+    by = (
+        f"part {part}, by worker {stats['rank']} of {stats['world_size']}, which recorded it "
+        f"in {layout.stats_file(part)}"
+    )
     try:
         data = read_inside(layout.root, path)
     except FileNotFoundError:
@@ -181,9 +192,14 @@ def _read_part(layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[st
         raise _part_error(path, f"{err.problem} ({by})", part, stats) from None
     record = stats[PART_FILES][spec.key]
     if len(data) != record["bytes"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
-        raise _part_error(path, f"is not the file its worker wrote: its size or sha256 differs "
-                          f"from the record ({by}); it was replaced or damaged after it was "
-                          "written", part, stats)
+        raise _part_error(
+            path,
+            f"is not the file its worker wrote: its size or sha256 differs "
+            f"from the record ({by}); it was replaced or damaged after it was "
+            "written",
+            part,
+            stats,
+        )
     try:
         parquet = pq.ParquetFile(pa.BufferReader(data))
     except (pa.ArrowException, OSError) as err:
@@ -191,16 +207,29 @@ def _read_part(layout: OutputLayout, spec: OutputSpec, part: int, stats: dict[st
     names, want = parquet.schema_arrow.names, list(spec.features)
     if names != want:
         extra, missing = sorted(set(names) - set(want)), sorted(set(want) - set(names))
-        raise _part_error(path, f"has the columns {names}, not those of {spec.key} ({want}; extra: "
-                          f"{extra or 'none'}, missing: {missing or 'none'}; {by})", part, stats)
+        raise _part_error(
+            path,
+            f"has the columns {names}, not those of {spec.key} ({want}; extra: "
+            f"{extra or 'none'}, missing: {missing or 'none'}; {by})",
+            part,
+            stats,
+        )
     if parquet.metadata.num_rows != stats["rows"][spec.key]:
-        raise _part_error(path, f"holds {parquet.metadata.num_rows} rows where its stats record "
-                          f"{stats['rows'][spec.key]} ({by})", part, stats)
+        raise _part_error(
+            path,
+            f"holds {parquet.metadata.num_rows} rows where its stats record {stats['rows'][spec.key]} ({by})",
+            part,
+            stats,
+        )
     return parquet
 
 
 def _part_error(path: Path, problem: str, part: int, stats: dict[str, Any]) -> BookkeepingError:
     worker = f"worker {stats['rank']} of --num-workers {stats['world_size']}"
-    return BookkeepingError(path, problem, "nothing was merged — rebuild the part: remove its "
-                            f"stats file and re-run the build (in a job array: {worker}, then "
-                            "--merge-only)")
+    return BookkeepingError(
+        path,
+        problem,
+        "nothing was merged — rebuild the part: remove its "
+        f"stats file and re-run the build (in a job array: {worker}, then "
+        "--merge-only)",
+    )

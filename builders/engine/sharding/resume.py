@@ -46,8 +46,7 @@ def read_fingerprint(layout: OutputLayout) -> Any:
         return None
 
 
-def finished_stats(layout: OutputLayout, part: int, keys: Sequence[str],
-                   warn: bool = True) -> dict[str, Any] | None:
+def finished_stats(layout: OutputLayout, part: int, keys: Sequence[str], warn: bool = True) -> dict[str, Any] | None:
     """Part `part`'s stats, or None when the part is to be built (again).
 
     A stats file that is not one this build wrote (garbage, `{}`, a symlink to another file) is
@@ -86,10 +85,15 @@ def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite
             log.info("resuming the build in %s", layout.root)
             return True
         if not overwrite:
-            what = ("a build made with a different configuration" if previous is not None else
-                    "a damaged build (its run.json is a link, not a regular file, or not JSON)")
-            raise UserFacingError(f"{layout.root} holds {what} ({layout.run_file}); use a new "
-                                  "--output folder, or --overwrite to discard it")
+            what = (
+                "a build made with a different configuration"
+                if previous is not None
+                else "a damaged build (its run.json is a link, not a regular file, or not JSON)"
+            )
+            raise UserFacingError(
+                f"{layout.root} holds {what} ({layout.run_file}); use a new "
+                "--output folder, or --overwrite to discard it"
+            )
         log.warning("--overwrite: discarding the previous build in %s", layout.root)
         discard_build(layout)
         atomic_write_json(layout.run_file, fingerprint)
@@ -107,8 +111,7 @@ def _changed_inputs(layout: OutputLayout, share: ItemShare) -> list[str]:
     return changed
 
 
-def prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], share: ItemShare,
-                   overwrite: bool) -> None:
+def prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], share: ItemShare, overwrite: bool) -> None:
     """Start or resume the build in `layout` (main process, after the inputs were read with the
     `part_changes` check)."""
     if not _prepare_output(layout, fingerprint, overwrite):

@@ -33,16 +33,20 @@ from builders.engine.errors import UserFacingError
 from builders.engine.sharding.base import Count, Emit, OutputSpec, ShardedBuilder, Skip
 from builders.engine.sharding.inputs import part_digests, split_problems
 from builders.engine.sharding.layout import OutputLayout
-from builders.engine.sharding.output_guard import (check_output_folder, output_errors, output_lock,
-                                                  remove_part_temp_files, remove_temp_files,
-                                                  running_workers, worker_lock)
+from builders.engine.sharding.output_guard import (
+    check_output_folder,
+    output_errors,
+    output_lock,
+    remove_part_temp_files,
+    remove_temp_files,
+    running_workers,
+    worker_lock,
+)
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
 from builders.engine.sharding.part_files import PART_FILES, BookkeepingError, load_stats
-from builders.engine.sharding.part_writer import (atomic_write_json, peak_rss_bytes, rows_to_table,
-                                                   write_parquet)
+from builders.engine.sharding.part_writer import atomic_write_json, peak_rss_bytes, rows_to_table, write_parquet
 from builders.engine.sharding.run_config import BuildRunConfig
-from builders.engine.sharding.resume import (finished_stats, fingerprint, part_changes,
-                                             prepare_resume)
+from builders.engine.sharding.resume import finished_stats, fingerprint, part_changes, prepare_resume
 from builders.engine.sharding.shares import ItemShare, check_has_items, check_same_inputs, share_items
 from builders.engine.sharding.up_to_date import finished_manifest, invalidate
 
@@ -65,13 +69,28 @@ class BuildResult:
     manifest: dict[str, Any]
 
 
-def _log_part_done(tracker: progress.Tracker, group: ProcessGroup, part: int, parts_done: int,
-                   parts_total: int, rows: int, skipped: int) -> None:
+def _log_part_done(
+    tracker: progress.Tracker,
+    group: ProcessGroup,
+    part: int,
+    parts_done: int,
+    parts_total: int,
+    rows: int,
+    skipped: int,
+) -> None:
     log.info(
-        "[rank %d/%d] part %d done (%d/%d parts, %d/%d items): %d rows, %d skipped; "
-        "%.1f items/s, ETA %s",
-        group.rank, group.world_size, part, parts_done, parts_total, tracker.done, tracker.total,
-        rows, skipped, tracker.rate(), progress.format_eta(tracker.eta()),
+        "[rank %d/%d] part %d done (%d/%d parts, %d/%d items): %d rows, %d skipped; %.1f items/s, ETA %s",
+        group.rank,
+        group.world_size,
+        part,
+        parts_done,
+        parts_total,
+        tracker.done,
+        tracker.total,
+        rows,
+        skipped,
+        tracker.rate(),
+        progress.format_eta(tracker.eta()),
     )
 
 
@@ -140,8 +159,7 @@ def _build_part(
     return stats
 
 
-def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
-              finish: Finisher | None = None) -> BuildResult | None:
+def run_build(builder: ShardedBuilder, cfg: BuildRunConfig, finish: Finisher | None = None) -> BuildResult | None:
     """Build (or resume) `builder` into `cfg.output_dir`. Returns the result on the main process.
 
     `finish` writes the card beside the shards (`publishing.card.write_card` for a published
@@ -170,9 +188,14 @@ def run_build(builder: ShardedBuilder, cfg: BuildRunConfig,
         group.close()
 
 
-def _read_share(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
-                owns: Callable[[int], bool], check: bool,
-                group: ProcessGroup | None = None) -> ItemShare:
+def _read_share(
+    builder: ShardedBuilder,
+    cfg: BuildRunConfig,
+    layout: OutputLayout,
+    owns: Callable[[int], bool],
+    check: bool,
+    group: ProcessGroup | None = None,
+) -> ItemShare:
     """Read the inputs once, keeping this process's parts; `check`: also compare the finished
     parts with them (the process that prepares the resume). With a `group` of several processes,
     every one must have read the same inputs (`check_same_inputs`). No input is an error."""
@@ -180,9 +203,13 @@ def _read_share(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayo
     # input leaves no fingerprint behind to refuse the corrected rerun.
     keys = [spec.key for spec in builder.outputs()]
     several = group is not None and group.world_size > 1
-    share = share_items(builder.work_items(), cfg.part_size, owns,
-                        part_changes(layout, keys, cfg.retry_errors) if check else None,
-                        digest=several)
+    share = share_items(
+        builder.work_items(),
+        cfg.part_size,
+        owns,
+        part_changes(layout, keys, cfg.retry_errors) if check else None,
+        digest=several,
+    )
     if several:
         assert group is not None
         # Before the empty check: a process whose inputs alone are empty must not leave the
@@ -192,8 +219,9 @@ def _read_share(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayo
     return share
 
 
-def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup,
-                layout: OutputLayout, finish: Finisher | None) -> BuildResult | None:
+def _run_locked(
+    builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGroup, layout: OutputLayout, finish: Finisher | None
+) -> BuildResult | None:
     done = _finished(builder, cfg, layout, finish) if group.is_main else None
     # Every process follows the main one's answer: the others must not wait at a barrier it skips.
     if group.from_main(done is not None):
@@ -202,8 +230,9 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
         group.barrier()
         return _nothing_to_do(cfg, layout, done) if done is not None else None
     outputs = list(builder.outputs())
-    share = _read_share(builder, cfg, layout, lambda k: k % group.world_size == group.rank,
-                        check=group.is_main, group=group)
+    share = _read_share(
+        builder, cfg, layout, lambda k: k % group.world_size == group.rank, check=group.is_main, group=group
+    )
     if group.is_main:
         remove_temp_files(layout)
         prepare_resume(layout, fingerprint(builder, cfg.part_size), share, cfg.overwrite)
@@ -217,21 +246,32 @@ def _run_locked(builder: ShardedBuilder, cfg: BuildRunConfig, group: ProcessGrou
     return _merge(builder, cfg, layout, outputs, share, group.world_size, finish)
 
 
-def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: OutputLayout,
-                share: ItemShare, group: ProcessGroup, retry_errors: bool) -> None:
+def _build_mine(
+    builder: ShardedBuilder,
+    outputs: Sequence[OutputSpec],
+    layout: OutputLayout,
+    share: ItemShare,
+    group: ProcessGroup,
+    retry_errors: bool,
+) -> None:
     """Build this process's unfinished parts (`share.mine`: k % world_size == rank)."""
     keys = [spec.key for spec in outputs]
     todo = [(k, chunk) for k, chunk in share.mine if _part_needs_work(layout, k, keys, retry_errors)]
     log.info(
         "[rank %d/%d] %d items in %d parts; this process: %d parts, %d already finished",
-        group.rank, group.world_size, share.n_items, share.n_parts, len(share.mine),
+        group.rank,
+        group.world_size,
+        share.n_items,
+        share.n_parts,
+        len(share.mine),
         len(share.mine) - len(todo),
     )
     if todo:
         invalidate(layout)  # the merged output no longer matches the parts
     # One live tracker per process: a bar on a terminal, periodic log lines otherwise.
-    with progress.track(sum(len(chunk) for _, chunk in todo), f"[rank {group.rank}/{group.world_size}]",
-                        position=group.rank) as tracker:
+    with progress.track(
+        sum(len(chunk) for _, chunk in todo), f"[rank {group.rank}/{group.world_size}]", position=group.rank
+    ) as tracker:
         for n, (k, chunk) in enumerate(todo, start=1):
             stats = _build_part(builder, outputs, layout, k, chunk, group)
             tracker.part_done(len(chunk))
@@ -239,9 +279,16 @@ def _build_mine(builder: ShardedBuilder, outputs: Sequence[OutputSpec], layout: 
             _log_part_done(tracker, group, k, n, len(todo), sum(stats["rows"].values()), skipped)
 
 
-def _merge(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
-           outputs: Sequence[OutputSpec], share: ItemShare, world_size: int,
-           finish: Finisher | None, stats: list[dict[str, Any]] | None = None) -> BuildResult:
+def _merge(
+    builder: ShardedBuilder,
+    cfg: BuildRunConfig,
+    layout: OutputLayout,
+    outputs: Sequence[OutputSpec],
+    share: ItemShare,
+    world_size: int,
+    finish: Finisher | None,
+    stats: list[dict[str, Any]] | None = None,
+) -> BuildResult:
     """Merge the finished parts (their `stats`, when the caller has read them already)."""
     if stats is None:
         stats = collect_stats(layout, share.n_parts, [spec.key for spec in outputs])
@@ -278,44 +325,60 @@ def _wait_for_other_processes_parts(layout: OutputLayout, n_parts: int, world_si
             f"{len(missing)} of {n_parts} parts that the other processes built are not in "
             f"{layout.root} (first: part {first}, by rank {first % world_size}); on several "
             "machines --output must be one folder that all of them share (a network filesystem), "
-            "not a local path on each machine")
+            "not a local path on each machine"
+        )
 
 
-def _finished(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
-              finish: Finisher | None) -> dict[str, Any] | None:
+def _finished(
+    builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout, finish: Finisher | None
+) -> dict[str, Any] | None:
     """The manifest of the finished build this run would make again (`up_to_date`), else None.
     `--overwrite` always re-reads the inputs, to rebuild from changed ones."""
     if cfg.overwrite:
         return None
-    return finished_manifest(layout, fingerprint(builder, cfg.part_size), cfg.max_shard_bytes,
-                             cfg.retry_errors, with_card=finish is not None)
+    return finished_manifest(
+        layout,
+        fingerprint(builder, cfg.part_size),
+        cfg.max_shard_bytes,
+        cfg.retry_errors,
+        with_card=finish is not None,
+    )
 
 
 def _nothing_to_do(cfg: BuildRunConfig, layout: OutputLayout, manifest: dict[str, Any]) -> BuildResult:
     # A stricter --max-error-fraction still fails the finished build, as it would after a merge.
-    _check_error_rate([{"errors": manifest["errors"]}], manifest["items"], cfg.max_error_fraction,
-                      layout)
-    log.info("nothing to do: %s is a finished build of the same configuration (%d parts; its shards "
-             "and card match build_manifest.json); its inputs were not re-read — rebuild from "
-             "changed inputs with --overwrite", layout.root, manifest["run"]["parts"])
+    _check_error_rate([{"errors": manifest["errors"]}], manifest["items"], cfg.max_error_fraction, layout)
+    log.info(
+        "nothing to do: %s is a finished build of the same configuration (%d parts; its shards "
+        "and card match build_manifest.json); its inputs were not re-read — rebuild from "
+        "changed inputs with --overwrite",
+        layout.root,
+        manifest["run"]["parts"],
+    )
     return BuildResult(output_dir=layout.root, manifest=manifest)
 
 
 def _check_array_config(cfg: BuildRunConfig) -> None:
     if launched_world_size() > 1:
-        raise UserFacingError("a job-array worker or --merge-only run is one process: start it "
-                              "directly (`counterfactory build ...`), not under accelerate launch")
+        raise UserFacingError(
+            "a job-array worker or --merge-only run is one process: start it "
+            "directly (`counterfactory build ...`), not under accelerate launch"
+        )
     if cfg.overwrite:
-        raise UserFacingError("--overwrite cannot be used with --worker-index/--num-workers or "
-                              "--merge-only (one worker would delete the others' parts); discard "
-                              "the old build with one ordinary --overwrite run, or use a new --output")
+        raise UserFacingError(
+            "--overwrite cannot be used with --worker-index/--num-workers or "
+            "--merge-only (one worker would delete the others' parts); discard "
+            "the old build with one ordinary --overwrite run, or use a new --output"
+        )
 
 
 def _check_no_workers(layout: OutputLayout) -> None:
     running = running_workers(layout)
     if running:
-        raise UserFacingError(f"array worker(s) {', '.join(map(str, running))} are still writing "
-                              f"to {layout.root}; wait for them to finish (then run --merge-only)")
+        raise UserFacingError(
+            f"array worker(s) {', '.join(map(str, running))} are still writing "
+            f"to {layout.root}; wait for them to finish (then run --merge-only)"
+        )
 
 
 def _run_array_worker(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout) -> None:
@@ -331,12 +394,17 @@ def _run_array_worker(builder: ShardedBuilder, cfg: BuildRunConfig, layout: Outp
             prepare_resume(layout, fingerprint(builder, cfg.part_size), share, cfg.overwrite)
         remove_part_temp_files(layout, [spec.key for spec in outputs], [k for k, _ in share.mine])
         _build_mine(builder, outputs, layout, share, group, cfg.retry_errors)
-    log.info("array worker %d of %d finished its parts; once every worker has, run the same "
-             "command with --merge-only to write the dataset", worker, n_workers)
+    log.info(
+        "array worker %d of %d finished its parts; once every worker has, run the same "
+        "command with --merge-only to write the dataset",
+        worker,
+        n_workers,
+    )
 
 
-def _merge_only(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout,
-                finish: Finisher | None) -> BuildResult:
+def _merge_only(
+    builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayout, finish: Finisher | None
+) -> BuildResult:
     with output_lock(layout):
         _check_no_workers(layout)
         done = _finished(builder, cfg, layout, finish)
@@ -351,8 +419,9 @@ def _merge_only(builder: ShardedBuilder, cfg: BuildRunConfig, layout: OutputLayo
         return _merge(builder, cfg, layout, outputs, share, n_workers, finish, stats)
 
 
-def _workers_stats(layout: OutputLayout, outputs: Sequence[OutputSpec], n_parts: int,
-                   num_workers: int | None) -> tuple[list[dict[str, Any]], int]:
+def _workers_stats(
+    layout: OutputLayout, outputs: Sequence[OutputSpec], n_parts: int, num_workers: int | None
+) -> tuple[list[dict[str, Any]], int]:
     """Every part's stats for `--merge-only`, and the worker count (`--num-workers`, else the
     one the parts were built with); one line naming a missing part or a stats file that is not
     one a worker wrote (a merge cannot rebuild it, as a build does), with the worker to re-run."""
@@ -369,16 +438,16 @@ def _workers_stats(layout: OutputLayout, outputs: Sequence[OutputSpec], n_parts:
     if bad:
         k, err = bad[0]
         worker = f"worker {k % n_workers} of --num-workers {n_workers}" if n_workers else "its worker"
-        raise UserFacingError(f"{err.path} {err.problem}; remove it, re-run {worker} to build "
-                              f"part {k} again, then --merge-only")
+        raise UserFacingError(
+            f"{err.path} {err.problem}; remove it, re-run {worker} to build part {k} again, then --merge-only"
+        )
     missing = [k for k in range(n_parts) if stats.get(k) is None]
     if missing:
         raise UserFacingError(_missing_parts_message(layout, missing, n_parts, n_workers))
     return [s for s in stats.values() if s is not None], n_workers or 1
 
 
-def _missing_parts_message(layout: OutputLayout, missing: Sequence[int], n_parts: int,
-                           n_workers: int | None) -> str:
+def _missing_parts_message(layout: OutputLayout, missing: Sequence[int], n_parts: int, n_workers: int | None) -> str:
     shown = missing[:10]
     more = f" and {len(missing) - len(shown)} more" if len(missing) > len(shown) else ""
     if n_workers is None:
@@ -387,7 +456,7 @@ def _missing_parts_message(layout: OutputLayout, missing: Sequence[int], n_parts
     else:
         named = ", ".join(f"part {k} (worker {k % n_workers})" for k in shown)
         how = f"re-run those workers of --num-workers {n_workers}, then --merge-only again"
-    return (f"{len(missing)} of {n_parts} parts of {layout.root} are missing: {named}{more}; {how}")
+    return f"{len(missing)} of {n_parts} parts of {layout.root} are missing: {named}{more}; {how}"
 
 
 def _check_error_rate(

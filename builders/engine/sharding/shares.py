@@ -37,8 +37,13 @@ class ItemShare:
     digest: str | None = None
 
 
-def share_items(items: Iterable[Any], part_size: int, owns: Callable[[int], bool],
-                check: PartCheck | None = None, digest: bool = False) -> ItemShare:
+def share_items(
+    items: Iterable[Any],
+    part_size: int,
+    owns: Callable[[int], bool],
+    check: PartCheck | None = None,
+    digest: bool = False,
+) -> ItemShare:
     """Read `items` once, in order, keeping the parts `owns(part)` accepts; `digest`: also hash
     every item (`ItemShare.digest`), for `check_same_inputs`."""
     share, ids = ItemShare(), UniqueIds()
@@ -77,21 +82,29 @@ def check_same_inputs(group: ProcessGroup, share: ItemShare, source: str) -> Non
         return
     main_items = seen[0][0]
     if group.rank in differ:
-        where = (f"this process (rank {group.rank}) read {share.n_items} items from {source} that "
-                 f"differ from those rank 0 read ({main_items} items)")
+        where = (
+            f"this process (rank {group.rank}) read {share.n_items} items from {source} that "
+            f"differ from those rank 0 read ({main_items} items)"
+        )
     else:
-        where = (f"rank(s) {', '.join(map(str, differ))} read other inputs from {source} than "
-                 f"rank 0 ({', '.join(f'{seen[r][0]} items' for r in differ)}; rank 0: "
-                 f"{main_items} items)")
-    raise UserFacingError(f"{where}; every machine must read identical inputs at the same path "
-                          "(copy them again, or put them on the shared filesystem); nothing was "
-                          "written")
+        where = (
+            f"rank(s) {', '.join(map(str, differ))} read other inputs from {source} than "
+            f"rank 0 ({', '.join(f'{seen[r][0]} items' for r in differ)}; rank 0: "
+            f"{main_items} items)"
+        )
+    raise UserFacingError(
+        f"{where}; every machine must read identical inputs at the same path "
+        "(copy them again, or put them on the shared filesystem); nothing was "
+        "written"
+    )
 
 
 def check_has_items(share: ItemShare, source: str) -> None:
     """A build with no input item is a mistake (an empty or header-only table, a folder without
     images, a split that does not exist): refused before anything is written."""
     if share.n_items == 0:
-        raise UserFacingError(f"{source} gives no input items (an empty or header-only table, no "
-                              "images, or no split that matches?); check that option and its "
-                              "files; nothing was written")
+        raise UserFacingError(
+            f"{source} gives no input items (an empty or header-only table, no "
+            "images, or no split that matches?); check that option and its "
+            "files; nothing was written"
+        )

@@ -38,14 +38,14 @@ def invalidate(layout: OutputLayout) -> None:
     layout.manifest.unlink(missing_ok=True)
 
 
-def finished_manifest(layout: OutputLayout, fingerprint: dict[str, Any], max_shard_bytes: int,
-                      retry_errors: bool, with_card: bool) -> dict[str, Any] | None:
+def finished_manifest(
+    layout: OutputLayout, fingerprint: dict[str, Any], max_shard_bytes: int, retry_errors: bool, with_card: bool
+) -> dict[str, Any] | None:
     """The manifest of the finished build in `layout` when a run with these settings would make
     exactly it again, else None (and the reason at DEBUG level)."""
     try:
         reason = _difference(layout, fingerprint, max_shard_bytes, retry_errors, with_card)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
-            UserFacingError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, UserFacingError) as err:
         reason = f"unreadable bookkeeping ({err})"  # a damaged manifest: the merge rewrites it
     if reason:
         log.debug("%s needs the merge: %s", layout.root, reason)
@@ -58,8 +58,9 @@ def _read_json(layout: OutputLayout, path: Path) -> Any:
     return json.loads(read_inside(layout.root, path))
 
 
-def _difference(layout: OutputLayout, fingerprint: dict[str, Any], max_shard_bytes: int,
-                retry_errors: bool, with_card: bool) -> str | None:
+def _difference(
+    layout: OutputLayout, fingerprint: dict[str, Any], max_shard_bytes: int, retry_errors: bool, with_card: bool
+) -> str | None:
     if not layout.manifest.is_file() or not layout.run_file.is_file():
         return "no finished merge"
     if _read_json(layout, layout.run_file) != json.loads(json.dumps(fingerprint)):

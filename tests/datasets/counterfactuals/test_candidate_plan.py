@@ -22,8 +22,7 @@ from helpers.build_helpers import shard_digests
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
-GROUPED = ["--candidate-plan", "grouped", "--seeds", "2", "--p-values", "3", "--image-size", "64",
-           "--steps", "4"]
+GROUPED = ["--candidate-plan", "grouped", "--seeds", "2", "--p-values", "3", "--image-size", "64", "--steps", "4"]
 
 
 def test_grouped_plan_draws_stratified_p_per_shared_seed_and_guidance():
@@ -33,7 +32,7 @@ def test_grouped_plan_draws_stratified_p_per_shared_seed_and_guidance():
     assert len(specs) == 20 and candidate_specs(3, "42_1", cfg) == specs
     assert candidate_specs(3, "42_2", cfg) != specs
     for k in range(4):
-        group = specs[5 * k:5 * k + 5]
+        group = specs[5 * k : 5 * k + 5]
         assert {s.seed for s in group} == {derive_seed(3, "42_1", "group", k)}
         assert len({s.guidance for s in group}) == 1 and 7.5 <= group[0].guidance <= 15
         # One p in each of the 5 equal slices of (0.1, 0.9), in increasing order.
@@ -61,19 +60,40 @@ def test_batches_hold_whole_groups():
 
 
 def build(out: Path, coco: Path, tiny: Path, *extra: str) -> int:
-    return cli_main(["build", "coco-counterfactuals", "--coco-root", str(coco), "--karpathy-splits",
-                     "test", "--max-captions", "4", "--models", "tiny", "--tiny-models-dir",
-                     str(tiny), "--output", str(out), "--part-size", "2", *extra])
+    return cli_main(
+        [
+            "build",
+            "coco-counterfactuals",
+            "--coco-root",
+            str(coco),
+            "--karpathy-splits",
+            "test",
+            "--max-captions",
+            "4",
+            "--models",
+            "tiny",
+            "--tiny-models-dir",
+            str(tiny),
+            "--output",
+            str(out),
+            "--part-size",
+            "2",
+            *extra,
+        ]
+    )
 
 
 def test_grouped_build_shares_work_without_changing_the_pairs(
-        coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp_path):
+    coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp_path
+):
     shared = tmp_path / "shared"
     assert build(shared, coco_fixture_dir, tiny_models_dir, *GROUPED, "--candidate-batch", "6") == 0
     # The independent computation of the same candidates, one group per UNet batch.
     alone = tmp_path / "alone"
-    assert build(alone, coco_fixture_dir, tiny_models_dir, *GROUPED, "--candidate-batch", "1",
-                 "--no-shared-computation") == 0
+    assert (
+        build(alone, coco_fixture_dir, tiny_models_dir, *GROUPED, "--candidate-batch", "1", "--no-shared-computation")
+        == 0
+    )
     rows, reference = load_dataset(str(shared), split="test"), load_dataset(str(alone), split="test")
     assert len(rows) >= 2 and rows["id"] == reference["id"]
     cfg = ImageStageConfig(candidate_plan="grouped", seeds=2, p_values=3)
@@ -90,8 +110,13 @@ def test_grouped_build_shares_work_without_changing_the_pairs(
 
     manifest = json.loads((shared / "build_manifest.json").read_text())
     images = manifest["config"]["images"]
-    assert (images["candidate_plan"], images["seeds"], images["p_values"], images["candidates"],
-            images["share"]) == ("grouped", 2, 3, 6, True)
+    assert (images["candidate_plan"], images["seeds"], images["p_values"], images["candidates"], images["share"]) == (
+        "grouped",
+        2,
+        3,
+        6,
+        True,
+    )
     card = " ".join((shared / "README.md").read_text().split())
     assert "draws 6 candidate pairs per caption pair" in card
     assert "Candidate plan `grouped`: 2 groups of 3 candidates" in card
@@ -106,10 +131,11 @@ def test_grouped_build_shares_work_without_changing_the_pairs(
     assert shard_digests(shared) == digests
 
 
-@pytest.mark.parametrize("flags,wrong", [(["--candidate-plan", "grouped", "--candidates", "5"], "--candidates"),
-                                         (["--seeds", "3"], "--seeds")])
-def test_options_of_the_other_plan_are_refused(flags, wrong, tmp_path, coco_fixture_dir,
-                                               tiny_models_dir, capsys):
+@pytest.mark.parametrize(
+    "flags,wrong",
+    [(["--candidate-plan", "grouped", "--candidates", "5"], "--candidates"), (["--seeds", "3"], "--seeds")],
+)
+def test_options_of_the_other_plan_are_refused(flags, wrong, tmp_path, coco_fixture_dir, tiny_models_dir, capsys):
     assert build(tmp_path / "out", coco_fixture_dir, tiny_models_dir, *flags) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{wrong} does not apply to --candidate-plan" in err

@@ -57,17 +57,26 @@ def write_tsv(path: Path, header: bool) -> Path:
 
 
 def write_jsonl(path: Path) -> Path:
-    lines = [json.dumps({"coco-counterfactual-index": i, "original_caption": c0,
-                         "counterfactual_caption": c1, "image_0": "/etc/passwd"})
-             for i, c0, c1, _ in ROWS]
+    lines = [
+        json.dumps(
+            {
+                "coco-counterfactual-index": i,
+                "original_caption": c0,
+                "counterfactual_caption": c1,
+                "image_0": "/etc/passwd",
+            }
+        )
+        for i, c0, c1, _ in ROWS
+    ]
     lines += ["{not json", json.dumps({"original_caption": "A dog.", "counterfactual_caption": "A cat."})]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
 def pair_dataset() -> datasets.Dataset:
-    return datasets.Dataset.from_dict({"pair_id": [r[0] for r in ROWS], "caption_0": [r[1] for r in ROWS],
-                                       "caption_1": [r[2] for r in ROWS]})
+    return datasets.Dataset.from_dict(
+        {"pair_id": [r[0] for r in ROWS], "caption_0": [r[1] for r in ROWS], "caption_1": [r[2] for r in ROWS]}
+    )
 
 
 def sha256(path: Path) -> str:
@@ -138,9 +147,24 @@ def test_unknown_table_is_one_line(tmp_path):
 
 
 def build(out: Path, tiny: Path, captions_from: str, *extra: str) -> dict:
-    argv = ["build", "coco-counterfactuals", "--stage", "images", "--captions-from", captions_from,
-            "--models", "tiny", "--tiny-models-dir", str(tiny), "--output", str(out),
-            "--max-error-fraction", "1", *IMAGE_ARGS, *extra]
+    argv = [
+        "build",
+        "coco-counterfactuals",
+        "--stage",
+        "images",
+        "--captions-from",
+        captions_from,
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny),
+        "--output",
+        str(out),
+        "--max-error-fraction",
+        "1",
+        *IMAGE_ARGS,
+        *extra,
+    ]
     assert cli_main(argv) == 0
     return json.loads((out / "build_manifest.json").read_text())
 
@@ -152,8 +176,8 @@ def check_build(out: Path, manifest: dict, extra_errors: dict[str, int]) -> list
         assert (r["caption_0"], r["caption_1"]) == GOOD[r["id"]][1:3] and r["source_id"] == r["id"]
         # The swapped word, located as in the captions build (schema: replaced_position).
         c0, c1, at = r["caption_0"], r["caption_1"], r["replaced_position"]
-        assert c0[at:at + len(r["replaced_word"])] == r["replaced_word"]
-        assert c1[at:at + len(r["replacement_word"])] == r["replacement_word"]
+        assert c0[at : at + len(r["replaced_word"])] == r["replaced_word"]
+        assert c1[at : at + len(r["replacement_word"])] == r["replacement_word"]
     assert manifest["errors"] == expected_problems(extra_errors)
     return rows
 
@@ -182,8 +206,11 @@ def test_image_stage_builds_from_a_hub_table(tmp_path, tiny_models_dir, nltk_dat
     pair_dataset().push_to_hub(repo)
     head = HfApi().dataset_info(repo).sha
     # The Hub's own record of each LFS file's sha256: what the manifest must name.
-    lfs = {f.path: f.lfs.sha256 for f in HfApi().list_repo_tree(repo, repo_type="dataset", recursive=True)
-           if getattr(f, "lfs", None)}
+    lfs = {
+        f.path: f.lfs.sha256
+        for f in HfApi().list_repo_tree(repo, repo_type="dataset", recursive=True)
+        if getattr(f, "lfs", None)
+    }
     out = tmp_path / "from_hub"
     manifest = build(out, tiny_models_dir, repo, "--captions-revision", "main", "--id-column", "pair_id")
     check_build(out, manifest, {})

@@ -27,9 +27,24 @@ from helpers.build_helpers import accelerate_cmd, shard_digests
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 ORIGINAL_COLUMNS = ["id", "image_0", "image_1", "caption_0", "caption_1"]
-PROVENANCE = ["source_id", "replaced_word", "replacement_word", "replaced_position", "similarity",
-              "perplexity", "seed", "p", "guidance_scale", "clip_score_0", "clip_score_1",
-              "clip_directional", "image_candidates_tried", "sd_model", "clip_model", "mlm_model"]
+PROVENANCE = [
+    "source_id",
+    "replaced_word",
+    "replacement_word",
+    "replaced_position",
+    "similarity",
+    "perplexity",
+    "seed",
+    "p",
+    "guidance_scale",
+    "clip_score_0",
+    "clip_score_1",
+    "clip_directional",
+    "image_candidates_tried",
+    "sd_model",
+    "clip_model",
+    "mlm_model",
+]
 BUILDER = Path(__file__).resolve().parents[3] / "builders" / "counterfactuals" / "builder.py"
 #: Tiny image stage: few candidates, 2 steps at 64 px; the tiny profile's filter thresholds
 #: (-1) let every candidate of the (random) CLIP pass.
@@ -53,8 +68,8 @@ def assert_one_word_edit(row: dict) -> None:
     """Cutting the swapped word out of both captions at `replaced_position` leaves equal strings."""
     c0, c1, start = row["caption_0"], row["caption_1"], row["replaced_position"]
     old, new = row["replaced_word"], row["replacement_word"]
-    assert c0[start:start + len(old)] == old and c1[start:start + len(new)] == new, row["id"]
-    assert c0[:start] + c0[start + len(old):] == c1[:start] + c1[start + len(new):], (c0, c1)
+    assert c0[start : start + len(old)] == old and c1[start : start + len(new)] == new, row["id"]
+    assert c0[:start] + c0[start + len(old) :] == c1[:start] + c1[start + len(new) :], (c0, c1)
     assert old != new and "  " not in c1 and " ." not in c1, c1
 
 
@@ -66,9 +81,21 @@ def coco2017_dir(tmp_path_factory) -> Path:
 
 
 def build(out: Path, coco: Path, tiny: Path, *extra: str, part_size: int = 4) -> None:
-    argv = ["build", "coco-counterfactuals", "--coco-root", str(coco), "--models", "tiny",
-            "--tiny-models-dir", str(tiny), "--output", str(out), "--part-size", str(part_size),
-            *extra]
+    argv = [
+        "build",
+        "coco-counterfactuals",
+        "--coco-root",
+        str(coco),
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny),
+        "--output",
+        str(out),
+        "--part-size",
+        str(part_size),
+        *extra,
+    ]
     assert cli_main(argv) == 0
 
 
@@ -84,8 +111,7 @@ def test_caption_stage_build_follows_the_source(captions_build, coco2017_dir, ti
     # The fixture's file order is not the sorted order: the test would not notice a re-sort.
     assert [c for _, c, _ in raw] != sorted(c for _, c, _ in raw)
     profile = resolve_profile("tiny", tiny_models_dir)
-    stage = CaptionStage(CaptionModels.load(profile.mlm, profile.lm, profile.sentence),
-                         CaptionStageConfig())
+    stage = CaptionStage(CaptionModels.load(profile.mlm, profile.lm, profile.sentence), CaptionStageConfig())
     outcomes = stage.run([text for _, _, text in raw])
     rows = load_dataset(str(captions_build), split="test")  # the only config is the default
     by_id = {r["id"]: r for r in rows}
@@ -120,27 +146,61 @@ def test_help_shows_the_papers_filters_and_source(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--filters {text_image,image_image,directional}" in text
     assert "default: all three, as the paper" in text
-    for flag, default in (("--clip-threshold", "0.2"), ("--image-similarity-threshold", "0.7"),
-                          ("--directional-threshold", "0.2")):
-        assert re.search(rf"{flag} [A-Z_]+ [^;]*; default {default} \(-1\.0 with --models tiny\)",
-                         text), flag
+    for flag, default in (
+        ("--clip-threshold", "0.2"),
+        ("--image-similarity-threshold", "0.7"),
+        ("--directional-threshold", "0.2"),
+    ):
+        assert re.search(rf"{flag} [A-Z_]+ [^;]*; default {default} \(-1\.0 with --models tiny\)", text), flag
     assert "(default: val2017, as the paper)" in text
 
 
 def test_any_text_dataset_with_counted_reasons(tmp_path, tiny_models_dir, nltk_data_dir):
     import datasets
 
-    texts = ["Two dogs fighting over a frisbee.", "", "Dog", "一只狗在草地上奔跑。",
-             " ".join(["a dog near the red table"] * 100), "A man riding a brown horse."]
+    texts = [
+        "Two dogs fighting over a frisbee.",
+        "",
+        "Dog",
+        "一只狗在草地上奔跑。",
+        " ".join(["a dog near the red table"] * 100),
+        "A man riding a brown horse.",
+    ]
     source = tmp_path / "source"
     source.mkdir()
-    datasets.Dataset.from_dict({"text": texts, "key": [f"k{i}" for i in range(len(texts))]}) \
-        .to_parquet(str(source / "train.parquet"))
+    datasets.Dataset.from_dict({"text": texts, "key": [f"k{i}" for i in range(len(texts))]}).to_parquet(
+        str(source / "train.parquet")
+    )
     out = tmp_path / "out"
-    assert cli_main(["build", "coco-counterfactuals", "--stage", "captions", "--dataset",
-                     str(source), "--text-column", "text", "--id-column", "key", "--models", "tiny",
-                     "--tiny-models-dir", str(tiny_models_dir), "--sim-low", "0", "--sim-high", "1",
-                     "--output", str(out), "--max-error-fraction", "0.5"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--stage",
+                "captions",
+                "--dataset",
+                str(source),
+                "--text-column",
+                "text",
+                "--id-column",
+                "key",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--sim-low",
+                "0",
+                "--sim-high",
+                "1",
+                "--output",
+                str(out),
+                "--max-error-fraction",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     rows = load_dataset(str(out), split="test")
     assert rows["id"] == ["k0", "k5"] and rows["caption_0"] == [texts[0], texts[5]]
     manifest = json.loads((out / "build_manifest.json").read_text())
@@ -150,7 +210,8 @@ def test_any_text_dataset_with_counted_reasons(tmp_path, tiny_models_dir, nltk_d
 
 
 def test_full_build_equals_staged_build_resumes_and_publishes(
-        captions_build, coco2017_dir, tiny_models_dir, tmp_path, local_hub):
+    captions_build, coco2017_dir, tiny_models_dir, tmp_path, local_hub
+):
     full = tmp_path / "full"
     build(full, coco2017_dir, tiny_models_dir, "--max-captions", "8", *IMAGE_ARGS)
     pairs = load_dataset(str(full), split="test")
@@ -167,11 +228,16 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
         assert_one_word_edit(row)
     manifest = json.loads((full / "build_manifest.json").read_text())
     assert manifest["config"]["images"]["filters"] == list(FILTERS)
-    assert manifest["counts"] == {"image_candidates_passed": 3 * len(pairs),
-                                  "image_candidates_tried": 3 * len(pairs),
-                                  **{f"image_rejected_{f}": 0 for f in FILTERS}}
-    card_rows = {line.split("|")[1].strip(): line for line in (full / "README.md").read_text().splitlines()
-                 if line.startswith("| `")}
+    assert manifest["counts"] == {
+        "image_candidates_passed": 3 * len(pairs),
+        "image_candidates_tried": 3 * len(pairs),
+        **{f"image_rejected_{f}": 0 for f in FILTERS},
+    }
+    card_rows = {
+        line.split("|")[1].strip(): line
+        for line in (full / "README.md").read_text().splitlines()
+        if line.startswith("| `")
+    }
     for name in FILTERS:  # filter, rule, threshold (the tiny profile's), applied, rejections
         assert card_rows[f"`{name}`"].endswith("| -1.0 | yes | 0 |"), card_rows
 
@@ -179,32 +245,74 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
     # rejects every candidate; each rejection is counted per filter, and the caption pairs are
     # skipped with a reason. With `--filters text_image` the same threshold is not applied.
     strict = tmp_path / "strict"
-    build(strict, coco2017_dir, tiny_models_dir, "--stage", "images", "--captions-from",
-          str(captions_build), "--max-captions", "2", *IMAGE_ARGS, "--image-similarity-threshold", "1.01")
+    build(
+        strict,
+        coco2017_dir,
+        tiny_models_dir,
+        "--stage",
+        "images",
+        "--captions-from",
+        str(captions_build),
+        "--max-captions",
+        "2",
+        *IMAGE_ARGS,
+        "--image-similarity-threshold",
+        "1.01",
+    )
     manifest = json.loads((strict / "build_manifest.json").read_text())
     assert manifest["skipped"] == {"no_image_candidate_passed_clip": 2}
     assert manifest["counts"]["image_rejected_image_image"] == manifest["counts"]["image_candidates_tried"] == 6
     assert manifest["counts"]["image_rejected_text_image"] == 0
-    assert "| `image_image` | CLIP cos(image_0, image_1) ≥ threshold | 1.01 | yes | 6 |" in \
-        (strict / "README.md").read_text()
+    assert (
+        "| `image_image` | CLIP cos(image_0, image_1) ≥ threshold | 1.01 | yes | 6 |"
+        in (strict / "README.md").read_text()
+    )
     loose = tmp_path / "loose"
-    build(loose, coco2017_dir, tiny_models_dir, "--stage", "images", "--captions-from",
-          str(captions_build), "--max-captions", "2", *IMAGE_ARGS, "--image-similarity-threshold",
-          "1.01", "--filters", "text_image")
+    build(
+        loose,
+        coco2017_dir,
+        tiny_models_dir,
+        "--stage",
+        "images",
+        "--captions-from",
+        str(captions_build),
+        "--max-captions",
+        "2",
+        *IMAGE_ARGS,
+        "--image-similarity-threshold",
+        "1.01",
+        "--filters",
+        "text_image",
+    )
     manifest = json.loads((loose / "build_manifest.json").read_text())
     assert manifest["skipped"] == {} and manifest["counts"]["image_candidates_passed"] == 6
-    assert set(manifest["counts"]) == {"image_candidates_passed", "image_candidates_tried",
-                                       "image_rejected_text_image"}
+    assert set(manifest["counts"]) == {
+        "image_candidates_passed",
+        "image_candidates_tried",
+        "image_rejected_text_image",
+    }
     assert all(r["image_rejected_image_image"] is None for r in load_dataset(str(loose), split="test"))
 
     # The images stage on an earlier captions build gives the same image pairs.
     staged = tmp_path / "staged"
-    build(staged, coco2017_dir, tiny_models_dir, "--stage", "images", "--captions-from",
-          str(captions_build), "--max-captions", str(len(pairs)), *IMAGE_ARGS)
+    build(
+        staged,
+        coco2017_dir,
+        tiny_models_dir,
+        "--stage",
+        "images",
+        "--captions-from",
+        str(captions_build),
+        "--max-captions",
+        str(len(pairs)),
+        *IMAGE_ARGS,
+    )
     staged_pairs = load_dataset(str(staged), split="test")
     assert staged_pairs["id"] == pairs["id"] and staged_pairs["seed"] == pairs["seed"]
-    assert all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(staged_pairs["image_1"], pairs["image_1"], strict=True))
+    assert all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(staged_pairs["image_1"], pairs["image_1"], strict=True)
+    )
 
     # A crash after part 0: its stats are gone and a part file is truncated; the resume redoes
     # only that part and ends with identical shards.
@@ -223,27 +331,40 @@ def test_full_build_equals_staged_build_resumes_and_publishes(
     # Order-insensitive: the manifest is written with sorted keys, and the published card's
     # feature list (hence the remote column order) follows it.
     assert set(ORIGINAL_COLUMNS + PROVENANCE) <= set(remote.column_names)
-    assert remote.remove_columns(["image_0", "image_1"]).to_list() == \
-        pairs.remove_columns(["image_0", "image_1"]).to_list()
-    assert all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(remote["image_0"], pairs["image_0"], strict=True))
+    assert (
+        remote.remove_columns(["image_0", "image_1"]).to_list()
+        == pairs.remove_columns(["image_0", "image_1"]).to_list()
+    )
+    assert all(
+        np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(remote["image_0"], pairs["image_0"], strict=True)
+    )
 
 
 @pytest.mark.accelerate
 @pytest.mark.parametrize("variant", ["karpathy", "val2017-grouped"])
-def test_two_processes_equal_one(variant, coco_fixture_dir, coco2017_dir, tiny_models_dir,
-                                 nltk_data_dir, tmp_path):
+def test_two_processes_equal_one(variant, coco_fixture_dir, coco2017_dir, tiny_models_dir, nltk_data_dir, tmp_path):
     # CPU float sums depend on the intra-op thread count: every run uses one thread per process.
     # `karpathy`: the Karpathy-split source, as the demo reads it, independent candidates;
     # `val2017-grouped`: the default source (file order) and the grouped plan's shared UNet work.
-    coco, extra = {"karpathy": (coco_fixture_dir, ["--karpathy-splits", "test"]),
-                   "val2017-grouped": (coco2017_dir, ["--candidate-plan", "grouped", "--seeds", "2",
-                                                      "--p-values", "3"])}[variant]
-    image_args = IMAGE_ARGS if variant == "karpathy" else \
-        ["--image-size", "64", "--steps", "2", "--candidate-batch", "4"]
+    coco, extra = {
+        "karpathy": (coco_fixture_dir, ["--karpathy-splits", "test"]),
+        "val2017-grouped": (coco2017_dir, ["--candidate-plan", "grouped", "--seeds", "2", "--p-values", "3"]),
+    }[variant]
+    image_args = (
+        IMAGE_ARGS if variant == "karpathy" else ["--image-size", "64", "--steps", "2", "--candidate-batch", "4"]
+    )
     common = ["--max-captions", "8", "--torch-threads", "1", *extra, *image_args]
-    args = ["--coco-root", str(coco), "--models", "tiny", "--tiny-models-dir",
-            str(tiny_models_dir), "--part-size", "2", *common]
+    args = [
+        "--coco-root",
+        str(coco),
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--part-size",
+        "2",
+        *common,
+    ]
     single = tmp_path / "single"
     threads = torch.get_num_threads()
     try:

@@ -62,7 +62,7 @@ def reference_candidates(caption: str, models: CaptionModels) -> list[tuple[str,
             if len(proposed) != len(tokens) or proposed[i].lower() == tokens[i].lower():
                 continue
             start = char_start(caption, tokens, i)
-            sentence = caption[:start] + proposed[i] + caption[start + len(tokens[i]):]
+            sentence = caption[:start] + proposed[i] + caption[start + len(tokens[i]) :]
             cand = nltk.word_tokenize(sentence, preserve_line=True)
             if len(cand) != len(tokens) or cand[i] != proposed[i]:
                 continue
@@ -95,8 +95,9 @@ def test_batched_stage_equals_one_at_a_time_reference(models):
     outcomes = {"ok": 0, "empty": 0}
     for (low, high), order in itertools.product(windows, ("similarity_first", "perplexity_first")):
         # A small batch size so the batch boundaries fall inside the caption list.
-        stage = CaptionStage(models, CaptionStageConfig(sim_low=low, sim_high=high, caption_batch=5,
-                                                        order=order, probe=2))
+        stage = CaptionStage(
+            models, CaptionStageConfig(sim_low=low, sim_high=high, caption_batch=5, order=order, probe=2)
+        )
         results = stage.run(captions)
         for caption, scored, result in zip(captions, references, results, strict=True):
             # Float noise from padding must not decide a threshold: no similarity sits on one.
@@ -131,8 +132,7 @@ def test_batch_size_does_not_change_the_outcome_and_auto_order_follows_model_siz
     # The tiny LM is far smaller than MiniLM: perplexity first. Swap their roles (only the
     # parameter counts are read) and the reference's similarity-first order is chosen.
     assert CaptionStage(models, CaptionStageConfig()).order == "perplexity_first"
-    swapped = CaptionModels(models.mlm, models.mlm_tokenizer, models.sentence, models.lm_tokenizer,
-                            models.lm)
+    swapped = CaptionModels(models.mlm, models.mlm_tokenizer, models.sentence, models.lm_tokenizer, models.lm)
     assert CaptionStage(swapped, CaptionStageConfig()).order == "similarity_first"
 
 
@@ -207,9 +207,31 @@ class _Taxonomy:
 
 def test_related_noun_filter_and_human_flag(models):
     # The paper's "human" taxonomy (builders/counterfactuals/METHOD.md §1) and the plurals of its singular nouns.
-    human = {"girl", "boy", "man", "men", "woman", "guy", "kid", "person", "people", "child",
-             "children", "couple", "group", "lady", "girls", "boys", "women", "guys", "kids",
-             "persons", "couples", "groups", "ladies"}
+    human = {
+        "girl",
+        "boy",
+        "man",
+        "men",
+        "woman",
+        "guy",
+        "kid",
+        "person",
+        "people",
+        "child",
+        "children",
+        "couple",
+        "group",
+        "lady",
+        "girls",
+        "boys",
+        "women",
+        "guys",
+        "kids",
+        "persons",
+        "couples",
+        "groups",
+        "ladies",
+    }
     permissive = CaptionStageConfig(sim_low=0.0, sim_high=1.0)
     results = CaptionStage(models, permissive).run(fixture_captions(2))
     for r in results:
@@ -219,17 +241,21 @@ def test_related_noun_filter_and_human_flag(models):
     caption = "A man riding a brown horse."
     plain = CaptionStage(models, permissive).run([caption])[0]
     taxonomy = _Taxonomy([(plain.replaced, plain.replacement)])
-    filtered = CaptionStage(models, CaptionStageConfig(sim_low=0.0, sim_high=1.0, avoid_related_nouns=True),
-                            relations=taxonomy).run([caption])[0]
+    filtered = CaptionStage(
+        models, CaptionStageConfig(sim_low=0.0, sim_high=1.0, avoid_related_nouns=True), relations=taxonomy
+    ).run([caption])[0]
     assert not isinstance(filtered, str)
-    assert (filtered.replaced.lower(), filtered.replacement.lower()) != \
-        (plain.replaced.lower(), plain.replacement.lower())
+    assert (filtered.replaced.lower(), filtered.replacement.lower()) != (
+        plain.replaced.lower(),
+        plain.replacement.lower(),
+    )
     assert filtered.candidates < plain.candidates
 
     class Everything:
         def related(self, word, other):
             return True
 
-    blocked = CaptionStage(models, CaptionStageConfig(avoid_related_nouns=True),
-                           relations=Everything()).run([caption])[0]
+    blocked = CaptionStage(models, CaptionStageConfig(avoid_related_nouns=True), relations=Everything()).run(
+        [caption]
+    )[0]
     assert blocked == "no_valid_substitution"

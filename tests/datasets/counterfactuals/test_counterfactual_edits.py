@@ -96,7 +96,7 @@ WORD = re.compile(r"\w+(?:[-'’]\w+)*")
 
 
 def cut(text: str, start: int, word: str) -> str:
-    return text[:start] + text[start + len(word):]
+    return text[:start] + text[start + len(word) :]
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +104,37 @@ def edits_build(tmp_path_factory, tiny_models_dir, nltk_data_dir):
     root = tmp_path_factory.mktemp("edits")
     source = root / "source"
     source.mkdir()
-    datasets.Dataset.from_dict({"text": [c for _, c in CORPUS],
-                                "key": [f"{feature}-{k}" for k, (feature, _) in enumerate(CORPUS)]}
-                               ).to_parquet(str(source / "train.parquet"))
+    datasets.Dataset.from_dict(
+        {"text": [c for _, c in CORPUS], "key": [f"{feature}-{k}" for k, (feature, _) in enumerate(CORPUS)]}
+    ).to_parquet(str(source / "train.parquet"))
     out = root / "out"
-    assert cli_main(["build", "coco-counterfactuals", "--stage", "captions", "--dataset", str(source),
-                     "--text-column", "text", "--id-column", "key", "--models", "tiny",
-                     "--tiny-models-dir", str(tiny_models_dir), "--sim-low", "-1.01",
-                     "--sim-high", "1.01", "--output", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--stage",
+                "captions",
+                "--dataset",
+                str(source),
+                "--text-column",
+                "text",
+                "--id-column",
+                "key",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--sim-low",
+                "-1.01",
+                "--sim-high",
+                "1.01",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -124,14 +147,14 @@ def test_pairs_differ_only_in_the_swapped_word(edits_build):
         c0, c1, start = row["caption_0"], row["caption_1"], row["replaced_position"]
         old, new = row["replaced_word"], row["replacement_word"]
         assert c0 == texts[row["id"]], "caption_0 is the source string, unchanged"
-        assert c0[start:start + len(old)] == old and c1[start:start + len(new)] == new, row["id"]
+        assert c0[start : start + len(old)] == old and c1[start : start + len(new)] == new, row["id"]
         assert cut(c0, start, old) == cut(c1, start, new), (c0, c1)
         assert old.lower() != new.lower() and new.strip() == new and " " not in new
         # Both are plain words: a period or comma taken along would vanish from caption_1.
         assert WORD.fullmatch(old) and WORD.fullmatch(new), (c0, c1)
         # The edit is a whole word: no letter or digit glued on either side.
         for text, word in ((c0, old), (c1, new)):
-            before, after = text[start - 1:start], text[start + len(word):start + len(word) + 1]
+            before, after = text[start - 1 : start], text[start + len(word) : start + len(word) + 1]
             assert not before.isalnum() and not after.isalnum(), (text, word)
     produced = {row["id"].split("-")[0] for row in rows}
     features = {feature for feature, _ in CORPUS}

@@ -15,8 +15,14 @@ import torch
 from builders.counterfactuals.config import ImageStageConfig
 from builders.counterfactuals.images import ImageStage
 from builders.models.clip import ClipScorer
-from builders.counterfactuals.prompt_to_prompt import (EarlyRejection, PairSpec, UNetWork, generate_pairs,
-                                                       make_scheduler, predicted_x0)
+from builders.counterfactuals.prompt_to_prompt import (
+    EarlyRejection,
+    PairSpec,
+    UNetWork,
+    generate_pairs,
+    make_scheduler,
+    predicted_x0,
+)
 from builders.app.cli import main as cli_main
 from builders.models.loaders import load_sd
 from builders.models.profiles import resolve_profile
@@ -26,8 +32,14 @@ pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
 #: Two groups sharing (seed, guidance) and two loners, so dropping one candidate of a group
 #: leaves its group-mates sharing rows.
-SPECS = [PairSpec(31, 0.2, 7.5), PairSpec(31, 0.6, 7.5), PairSpec(32, 0.5, 9.0),
-         PairSpec(31, 0.9, 7.5), PairSpec(33, 0.4, 11.0), PairSpec(32, 0.8, 9.0)]
+SPECS = [
+    PairSpec(31, 0.2, 7.5),
+    PairSpec(31, 0.6, 7.5),
+    PairSpec(32, 0.5, 9.0),
+    PairSpec(31, 0.9, 7.5),
+    PairSpec(33, 0.4, 11.0),
+    PairSpec(32, 0.8, 9.0),
+]
 STEPS = 6
 
 
@@ -41,8 +53,9 @@ def close(a: np.ndarray, b: np.ndarray) -> bool:
     return np.abs(a.astype(int) - b.astype(int)).max() <= 1
 
 
-@pytest.mark.parametrize("scheduler,share", [("euler_ancestral", True), ("euler_ancestral", False),
-                                             ("dpm_solver_pp", True)])
+@pytest.mark.parametrize(
+    "scheduler,share", [("euler_ancestral", True), ("euler_ancestral", False), ("dpm_solver_pp", True)]
+)
 def test_survivors_keep_their_images_and_the_dropped_stop_costing(pipe, scheduler, share):
     kwargs = dict(steps=STEPS, size=64, scheduler=scheduler, share=share)
     full_work = UNetWork()
@@ -79,7 +92,9 @@ def test_survivors_keep_their_images_and_the_dropped_stop_costing(pipe, schedule
     same_work = UNetWork()
     same = generate_pairs(pipe, *CAPTIONS, SPECS, work=same_work, early=everyone, **kwargs)
     assert everyone.dropped == [] and same_work.unet_rows == full_work.unet_rows
-    assert all(close(x, y) for x, y in zip(same[0], full[0], strict=True)) and all(close(x, y) for x, y in zip(same[1], full[1], strict=True))
+    assert all(close(x, y) for x, y in zip(same[0], full[0], strict=True)) and all(
+        close(x, y) for x, y in zip(same[1], full[1], strict=True)
+    )
 
     # Dropping everyone returns no images and stops the loop.
     nobody = EarlyRejection(step=1, check=lambda a, b: [False] * len(a))
@@ -132,34 +147,61 @@ class ScriptedScorer(ClipScorer):
 
 
 def test_image_stage_counts_early_rejections_and_margin_inf_changes_nothing(pipe):
-    base = dict(candidates=6, candidate_batch=3, steps=STEPS, image_size=64,
-                filters=("text_image",), clip_threshold=0.0)
+    base = dict(
+        candidates=6, candidate_batch=3, steps=STEPS, image_size=64, filters=("text_image",), clip_threshold=0.0
+    )
     scorer = ScriptedScorer()
     exact = ImageStage(pipe, scorer, ImageStageConfig(**base), seed=0).run("5_0", *CAPTIONS)
-    lax = ImageStage(pipe, scorer, ImageStageConfig(**base, early_reject_at=0.5,
-                                                    early_reject_margin=float("inf")),
-                     seed=0).run("5_0", *CAPTIONS)
+    lax = ImageStage(
+        pipe, scorer, ImageStageConfig(**base, early_reject_at=0.5, early_reject_margin=float("inf")), seed=0
+    ).run("5_0", *CAPTIONS)
     assert lax.early_rejected == 0 and (lax.tried, lax.passed) == (exact.tried, exact.passed)
     assert (lax.pair is None) == (exact.pair is None)
     if exact.pair is not None:
         assert (lax.pair.seed, lax.pair.p) == (exact.pair.seed, exact.pair.p)
-    strict = ImageStage(pipe, scorer, ImageStageConfig(**{**base, "clip_threshold": 2.0},
-                                                       early_reject_at=0.5, early_reject_margin=0.0),
-                        seed=0).run("5_0", *CAPTIONS)
+    strict = ImageStage(
+        pipe,
+        scorer,
+        ImageStageConfig(**{**base, "clip_threshold": 2.0}, early_reject_at=0.5, early_reject_margin=0.0),
+        seed=0,
+    ).run("5_0", *CAPTIONS)
     # No preview can reach a cosine of 2: every candidate stops early, none is finished.
     assert strict.early_rejected == strict.tried == 6 and strict.passed == 0 and strict.pair is None
     assert strict.rejected == {"text_image": 0}
     assert strict.work.unet_rows < exact.work.unet_rows
 
 
-def test_build_flags_record_and_count_early_rejection(coco_fixture_dir, tiny_models_dir,
-                                                      nltk_data_dir, tmp_path):
+def test_build_flags_record_and_count_early_rejection(coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp_path):
     out = tmp_path / "out"
-    assert cli_main(["build", "coco-counterfactuals", "--coco-root", str(coco_fixture_dir),
-                     "--karpathy-splits", "test", "--max-captions", "2", "--models", "tiny",
-                     "--tiny-models-dir", str(tiny_models_dir), "--output", str(out),
-                     "--steps", "4", "--early-reject-at", "0.5", "--early-reject-margin", "0",
-                     "--clip-threshold", "2"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--coco-root",
+                str(coco_fixture_dir),
+                "--karpathy-splits",
+                "test",
+                "--max-captions",
+                "2",
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--output",
+                str(out),
+                "--steps",
+                "4",
+                "--early-reject-at",
+                "0.5",
+                "--early-reject-margin",
+                "0",
+                "--clip-threshold",
+                "2",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "build_manifest.json").read_text())
     images = manifest["config"]["images"]
     assert (images["early_reject_at"], images["early_reject_margin"]) == (0.5, 0.0)
@@ -169,6 +211,21 @@ def test_build_flags_record_and_count_early_rejection(coco_fixture_dir, tiny_mod
     card = " ".join((out / "README.md").read_text().split())
     assert f"{counts['image_rejected_early']} candidates whose preview missed a threshold" in card
     for bad in (["--early-reject-at", "1.5"], ["--early-reject-margin", "-1"]):
-        assert cli_main(["build", "coco-counterfactuals", "--coco-root", str(coco_fixture_dir),
-                         "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                         "--output", str(tmp_path / "bad"), *bad]) == 2
+        assert (
+            cli_main(
+                [
+                    "build",
+                    "coco-counterfactuals",
+                    "--coco-root",
+                    str(coco_fixture_dir),
+                    "--models",
+                    "tiny",
+                    "--tiny-models-dir",
+                    str(tiny_models_dir),
+                    "--output",
+                    str(tmp_path / "bad"),
+                    *bad,
+                ]
+            )
+            == 2
+        )

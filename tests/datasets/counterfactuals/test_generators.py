@@ -25,11 +25,15 @@ from PIL import Image
 from builders.app.cli import main as cli_main
 from builders.counterfactuals.config import ImageStageConfig
 from builders.counterfactuals.generators import GENERATORS, generator_model
-from builders.counterfactuals.images import (EDIT_BEYOND_TEXT_ENCODER, EDIT_INVISIBLE_TO_TEXT_ENCODER,
-                                             ImageStage)
-from builders.counterfactuals.prompt_to_prompt import (INJECT_MODES, P2PController, PairSpec,
-                                                       generate_pairs, p2p_processors,
-                                                       replacement_mapper)
+from builders.counterfactuals.images import EDIT_BEYOND_TEXT_ENCODER, EDIT_INVISIBLE_TO_TEXT_ENCODER, ImageStage
+from builders.counterfactuals.prompt_to_prompt import (
+    INJECT_MODES,
+    P2PController,
+    PairSpec,
+    generate_pairs,
+    p2p_processors,
+    replacement_mapper,
+)
 from builders.counterfactuals.prompt_to_prompt_xl import generate_pairs_xl
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 from builders.models.loaders import load_generator, load_sd
@@ -39,15 +43,22 @@ from helpers.build_helpers import error_line
 
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "3", "--candidate-batch", "2"]
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
-PAIRS = [("A17", "A man riding a horse on a beach.", "A man riding a cow on a beach."),
-         ("9", "Two dogs sleep on the couch.", "Two cats sleep on the couch.")]
+PAIRS = [
+    ("A17", "A man riding a horse on a beach.", "A man riding a cow on a beach."),
+    ("9", "Two dogs sleep on the couch.", "Two cats sleep on the couch."),
+]
 MMDIT = importlib.util.find_spec("builders.counterfactuals.mmdit_edit") is not None
 
 
 def rows(out: Path, config: str = "default") -> list[dict]:
     manifest = json.loads((out / "build_manifest.json").read_text())
-    return [row for key, o in manifest["outputs"].items() if key.startswith(f"{config}/")
-            for shard in o["shards"] for row in pq.read_table(out / shard).to_pylist()]
+    return [
+        row
+        for key, o in manifest["outputs"].items()
+        if key.startswith(f"{config}/")
+        for shard in o["shards"]
+        for row in pq.read_table(out / shard).to_pylist()
+    ]
 
 
 def pixels(image: dict) -> np.ndarray:
@@ -59,9 +70,22 @@ def table_build(tmp_path: Path, tiny: Path, *extra: str, pairs=PAIRS) -> Path:
     table = tmp_path / "pairs.tsv"
     table.write_text("".join("\t".join(p) + "\n" for p in pairs))
     out = tmp_path / "out"
-    argv = ["build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(table),
-            "--models", "tiny", "--tiny-models-dir", str(tiny), "--output", str(out), *IMAGE_ARGS,
-            *extra]
+    argv = [
+        "build",
+        "coco-counterfactuals",
+        "--stage",
+        "images",
+        "--captions-from",
+        str(table),
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny),
+        "--output",
+        str(out),
+        *IMAGE_ARGS,
+        *extra,
+    ]
     with mock.patch.object(sys, "argv", ["counterfactory", *argv]):
         assert cli_main(argv) == 0
     return out
@@ -75,17 +99,33 @@ def sdxl_pipe(tiny_models_dir):
 
 # -- the fixture builds ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["sdxl", "sd3", "flux"])
 @pytest.mark.slow
-def test_fixture_build_draws_one_word_pairs_and_records_the_generator(name, tmp_path, tiny_models_dir,
-                                                                      nltk_data_dir):
+def test_fixture_build_draws_one_word_pairs_and_records_the_generator(name, tmp_path, tiny_models_dir, nltk_data_dir):
     if name != "sdxl" and not MMDIT:
         pytest.skip("the MM-DiT method (builders.counterfactuals.mmdit_edit) is not on this branch")
     coco = write_coco_fixture(tmp_path / "coco", CocoFixtureConfig(n_images=12, release="2017"))
     out = tmp_path / "out"
-    argv = ["build", "coco-counterfactuals", "--coco-root", str(coco), "--models", "tiny",
-            "--tiny-models-dir", str(tiny_models_dir), "--output", str(out), "--part-size", "4",
-            "--max-captions", "6", "--generator", name, *IMAGE_ARGS]
+    argv = [
+        "build",
+        "coco-counterfactuals",
+        "--coco-root",
+        str(coco),
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--output",
+        str(out),
+        "--part-size",
+        "4",
+        "--max-captions",
+        "6",
+        "--generator",
+        name,
+        *IMAGE_ARGS,
+    ]
     assert cli_main(argv) == 0
     pairs = rows(out)
     assert len(pairs) >= 2
@@ -119,19 +159,26 @@ def test_sd15_draws_todays_prompt_to_prompt_images(tmp_path, tiny_models_dir):
     assert len(published) == len(PAIRS)
     for row in published:
         assert (row["generator"], row["generation_method"]) == ("sd15", "prompt-to-prompt/self")
-        im0, im1 = generate_pairs(pipe, row["caption_0"], row["caption_1"],
-                                  [PairSpec(row["seed"], row["p"], row["guidance_scale"])],
-                                  steps=2, size=64)
+        im0, im1 = generate_pairs(
+            pipe,
+            row["caption_0"],
+            row["caption_1"],
+            [PairSpec(row["seed"], row["p"], row["guidance_scale"])],
+            steps=2,
+            size=64,
+        )
         assert np.array_equal(pixels(row["image_0"]), im0[0])
         assert np.array_equal(pixels(row["image_1"]), im1[0])
     manifest = json.loads((out / "build_manifest.json").read_text())
     assert manifest["config"]["generator"]["license"] == "CreativeML Open RAIL-M"
     default = table_build(tmp_path / "default", tiny_models_dir)
-    assert [p.read_bytes() for p in sorted((default / "data").rglob("*.parquet"))] == \
-        [p.read_bytes() for p in sorted((out / "data").rglob("*.parquet"))]
+    assert [p.read_bytes() for p in sorted((default / "data").rglob("*.parquet"))] == [
+        p.read_bytes() for p in sorted((out / "data").rglob("*.parquet"))
+    ]
 
 
 # -- SDXL Prompt-to-Prompt ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("inject", INJECT_MODES)
 @pytest.mark.slow
@@ -145,18 +192,15 @@ def test_sdxl_candidate_images_depend_on_their_own_spec_only(sdxl_pipe, inject):
         assert np.array_equal(batched[0][j], alone[0][0]) and np.array_equal(batched[1][j], alone[1][0]), j
     assert np.array_equal(batched[0][0], batched[0][1])  # the original branch reads no p
     assert not np.array_equal(batched[1][0], batched[1][1])  # the counterfactual does
-    unshared = generate_pairs_xl(sdxl_pipe, *CAPTIONS, specs, steps=3, size=64, inject=inject,
-                                 share=False)
+    unshared = generate_pairs_xl(sdxl_pipe, *CAPTIONS, specs, steps=3, size=64, inject=inject, share=False)
     assert all(np.array_equal(a, b) for a, b in zip(batched, unshared, strict=True))
 
 
 @pytest.mark.slow
 def test_an_sdxl_edit_its_text_encoders_cannot_see_draws_nothing(tmp_path, tiny_models_dir):
     words = " ".join(["a small brown"] * 40)  # far more than 77 tokens
-    pairs = [("past", f"{words} dog.", f"{words} cat."), ("case", "A Dog on a mat.", "A dog on a mat."),
-             *PAIRS]
-    out = table_build(tmp_path, tiny_models_dir, "--generator", "sdxl", "--max-error-fraction", "1",
-                      pairs=pairs)
+    pairs = [("past", f"{words} dog.", f"{words} cat."), ("case", "A Dog on a mat.", "A dog on a mat."), *PAIRS]
+    out = table_build(tmp_path, tiny_models_dir, "--generator", "sdxl", "--max-error-fraction", "1", pairs=pairs)
     manifest = json.loads((out / "build_manifest.json").read_text())
     assert manifest["skipped"] == {EDIT_BEYOND_TEXT_ENCODER: 1, EDIT_INVISIBLE_TO_TEXT_ENCODER: 1}
     assert sorted(r["id"] for r in rows(out)) == sorted(p[0] for p in PAIRS)
@@ -169,8 +213,12 @@ def test_each_text_encoder_token_limit_decides_what_an_edit_shows(tiny_models_di
     tok = load_sd(resolve_profile("tiny", tiny_models_dir).sd).tokenizer
     pipe = type("Pipe", (), {"tokenizer": tok, "tokenizer_2": tok, "tokenizer_3": tok})()
     prefix = "x" * 150  # characters, so tokens: past 77, inside 256
-    for name, expected in (("sd15", EDIT_BEYOND_TEXT_ENCODER), ("sdxl", EDIT_BEYOND_TEXT_ENCODER),
-                           ("sd3", None), ("flux", None)):
+    for name, expected in (
+        ("sd15", EDIT_BEYOND_TEXT_ENCODER),
+        ("sdxl", EDIT_BEYOND_TEXT_ENCODER),
+        ("sd3", None),
+        ("flux", None),
+    ):
         stage = ImageStage(pipe, None, ImageStageConfig(generator=name), seed=0)
         assert stage.unseen_edit(f"{prefix} dog", f"{prefix} cat") == expected, name
         assert stage.unseen_edit("A Dog", "A dog") == EDIT_INVISIBLE_TO_TEXT_ENCODER, name
@@ -179,13 +227,22 @@ def test_each_text_encoder_token_limit_decides_what_an_edit_shows(tiny_models_di
 # SDXL base 1.0's UNet, from its published unet/config.json
 # (https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/blob/main/unet/config.json).
 SDXL_UNET = dict(
-    sample_size=128, in_channels=4, out_channels=4, layers_per_block=2,
-    block_out_channels=(320, 640, 1280), attention_head_dim=(5, 10, 20),
-    transformer_layers_per_block=(1, 2, 10), cross_attention_dim=2048,
+    sample_size=128,
+    in_channels=4,
+    out_channels=4,
+    layers_per_block=2,
+    block_out_channels=(320, 640, 1280),
+    attention_head_dim=(5, 10, 20),
+    transformer_layers_per_block=(1, 2, 10),
+    cross_attention_dim=2048,
     down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
     up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-    use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
-    projection_class_embeddings_input_dim=2816, norm_num_groups=32)
+    use_linear_projection=True,
+    addition_embed_type="text_time",
+    addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816,
+    norm_num_groups=32,
+)
 
 
 def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(meta_nonzero):
@@ -221,15 +278,23 @@ def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(meta_nonzero):
             return rows_of(halves)
 
         ctrl.rows = recording
-        hooks = [m.register_forward_pre_hook(lambda _m, _a, n=n, current=current: current.__setitem__(0, n))
-                 for n, m in unet.named_modules() if n.endswith(("attn1", "attn2"))]
+        hooks = [
+            m.register_forward_pre_hook(lambda _m, _a, n=n, current=current: current.__setitem__(0, n))
+            for n, m in unet.named_modules()
+            if n.endswith(("attn1", "attn2"))
+        ]
         try:
             with p2p_processors(unet, ctrl):
                 # [uncond o, uncond c, cond o, cond c], with SDXL's pooled text and time ids.
-                out = unet(torch.empty(4, 4, side, side, device=meta), 10,
-                           encoder_hidden_states=torch.empty(4, 77, 2048, device=meta),
-                           added_cond_kwargs={"text_embeds": torch.empty(4, 1280, device=meta),
-                                              "time_ids": torch.empty(4, 6, device=meta)}).sample
+                out = unet(
+                    torch.empty(4, 4, side, side, device=meta),
+                    10,
+                    encoder_hidden_states=torch.empty(4, 77, 2048, device=meta),
+                    added_cond_kwargs={
+                        "text_embeds": torch.empty(4, 1280, device=meta),
+                        "time_ids": torch.empty(4, 6, device=meta),
+                    },
+                ).sample
         finally:
             for hook in hooks:
                 hook.remove()
@@ -238,6 +303,7 @@ def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(meta_nonzero):
 
 
 # -- the registry and the options --------------------------------------------------------------
+
 
 def test_registry_names_each_generators_model_license_and_renderer():
     assert list(GENERATORS) == ["sd15", "sdxl", "sd3", "flux"]
@@ -255,18 +321,39 @@ def test_registry_names_each_generators_model_license_and_renderer():
     assert GENERATORS["sd15"].renderer() is generate_pairs
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--generator", "flux", "--inject", "cross"], "--inject"),
-    (["--generator", "sd3", "--scheduler", "dpm_solver_pp"], "--scheduler"),
-    (["--generator", "sdxl", "--sd-model", "x/y"], "--sd-model"),
-    (["--cpu-offload"], "--cpu-offload"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--generator", "flux", "--inject", "cross"], "--inject"),
+        (["--generator", "sd3", "--scheduler", "dpm_solver_pp"], "--scheduler"),
+        (["--generator", "sdxl", "--sd-model", "x/y"], "--sd-model"),
+        (["--cpu-offload"], "--cpu-offload"),
+    ],
+)
 def test_options_a_generator_cannot_use_are_one_line(argv, flag, tmp_path, tiny_models_dir, capsys):
     table = tmp_path / "pairs.tsv"
     table.write_text("".join("\t".join(p) + "\n" for p in PAIRS))
     out = tmp_path / "out"
-    assert cli_main(["build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(table),
-                     "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir),
-                     "--output", str(out), *IMAGE_ARGS, *argv]) == 2
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--stage",
+                "images",
+                "--captions-from",
+                str(table),
+                "--models",
+                "tiny",
+                "--tiny-models-dir",
+                str(tiny_models_dir),
+                "--output",
+                str(out),
+                *IMAGE_ARGS,
+                *argv,
+            ]
+        )
+        == 2
+    )
     assert flag in error_line(capsys)
     assert not (out / "build_manifest.json").exists()

@@ -35,6 +35,7 @@ from builders.models.profiles import resolve_profile
 
 from helpers.build_helpers import error_line
 from helpers.gallery_helpers import show
+
 # The cached clean virtualenv (no counterfactory, no torch; `evaluate` brings `datasets`).
 from metrics.test_metric_spaces_clean_venv import clean_python  # noqa: F401  (a fixture)
 
@@ -92,9 +93,21 @@ def write_tsv(path: Path) -> Path:
 
 def write_jsonl(path: Path) -> Path:
     """The published .jsonl keys; `image_0` cells name a file outside, which is never opened."""
-    path.write_text("".join(json.dumps({"coco-counterfactual-index": i, "original_caption": c0,
-                                        "counterfactual_caption": c1, "image_0": "/etc/passwd"}) + "\n"
-                            for i, c0, c1, _ in ROWS), encoding="utf-8")
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "coco-counterfactual-index": i,
+                    "original_caption": c0,
+                    "counterfactual_caption": c1,
+                    "image_0": "/etc/passwd",
+                }
+            )
+            + "\n"
+            for i, c0, c1, _ in ROWS
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -111,8 +124,7 @@ def folders_fixture(base: Path) -> Path:
     """The paper's evaluation layout in a folder, at its top; 9's image 0 is a .png (the layouts
     look for .jpg, then .png); x5's image 0 is a symlink to an image outside the folder."""
     root = base / "cf-images"
-    folders = [root / "synthetic-images-for-original-captions",
-               root / "synthetic-images-for-counterfactual-captions"]
+    folders = [root / "synthetic-images-for-original-captions", root / "synthetic-images-for-counterfactual-captions"]
     for folder in folders:
         folder.mkdir(parents=True)
     for row_id, _, _, what in ROWS:
@@ -158,16 +170,31 @@ def numbered_fixture(base: Path) -> Path:
 
 
 def build(out: Path, tiny: Path, captions: Path, images: Path, *extra: str) -> dict:
-    argv = ["build", "coco-counterfactuals", "--captions-from", str(captions), "--images-from",
-            str(images), "--tiny-models-dir", str(tiny), "--output", str(out), *TINY, *extra]
+    argv = [
+        "build",
+        "coco-counterfactuals",
+        "--captions-from",
+        str(captions),
+        "--images-from",
+        str(images),
+        "--tiny-models-dir",
+        str(tiny),
+        "--output",
+        str(out),
+        *TINY,
+        *extra,
+    ]
     assert cli_main(argv) == 0
     return json.loads((out / "build_manifest.json").read_text())
 
 
 def shard_rows(out: Path) -> list[dict]:
     manifest = json.loads((out / "build_manifest.json").read_text())
-    return [row for shard in manifest["outputs"]["default/test"]["shards"]
-            for row in pq.read_table(out / shard).to_pylist()]
+    return [
+        row
+        for shard in manifest["outputs"]["default/test"]["shards"]
+        for row in pq.read_table(out / shard).to_pylist()
+    ]
 
 
 class Opened:
@@ -176,8 +203,14 @@ class Opened:
     def __init__(self, monkeypatch) -> None:
         self.paths: list[str] = []
         self.members: list[str] = []
-        for module, name in ((os, "open"), (os, "stat"), (os, "lstat"), (os, "scandir"),
-                             (os, "readlink"), (builtins, "open")):
+        for module, name in (
+            (os, "open"),
+            (os, "stat"),
+            (os, "lstat"),
+            (os, "scandir"),
+            (os, "readlink"),
+            (builtins, "open"),
+        ):
             monkeypatch.setattr(module, name, self._recording(getattr(module, name)))
         zip_open = zipfile.ZipFile.open
 
@@ -192,14 +225,20 @@ class Opened:
             if isinstance(path, (str, os.PathLike)):
                 self.paths.append(os.fspath(path))
             return real(path, *args, **kwargs)
+
         return wrapper
 
     def under(self, folder: Path) -> list[str]:
         return [p for p in self.paths if os.path.abspath(p).startswith(str(folder))]
 
 
-def check_rows(out: Path, manifest: dict, expected_images: dict[str, tuple[bytes, bytes]],
-               errors: dict[str, int], scored: bool = True) -> list[dict]:
+def check_rows(
+    out: Path,
+    manifest: dict,
+    expected_images: dict[str, tuple[bytes, bytes]],
+    errors: dict[str, int],
+    scored: bool = True,
+) -> list[dict]:
     """The published ids in table order, the images' bytes as the source holds them, the
     captions and the swap located in them, the scores, and the counted skips."""
     rows = shard_rows(out)
@@ -209,9 +248,8 @@ def check_rows(out: Path, manifest: dict, expected_images: dict[str, tuple[bytes
         assert (r["image_0"]["bytes"], r["image_1"]["bytes"]) == expected_images[r["id"]], r["id"]
         assert r["image_0"]["path"] is None and r["image_1"]["path"] is None
         assert (r["caption_0"], r["caption_1"]) == by_id[r["id"]][1:3] and r["source_id"] == r["id"]
-        assert r["caption_0"][r["replaced_position"]:].startswith(r["replaced_word"])
-        scores = [r[c] for c in ("clip_score_0", "clip_score_1", "clip_directional",
-                                 "clip_image_similarity")]
+        assert r["caption_0"][r["replaced_position"] :].startswith(r["replaced_word"])
+        scores = [r[c] for c in ("clip_score_0", "clip_score_1", "clip_directional", "clip_image_similarity")]
         assert all(isinstance(v, float) for v in scores) if scored else scores == [None] * 4
         assert r["seed"] is None and r["sd_model"] is None
         assert r["clip_model"].startswith("local:clip") if scored else r["clip_model"] is None
@@ -247,18 +285,33 @@ def test_folder_in_the_papers_layout(tmp_path, tiny_models_dir, nltk_data_dir, m
     opened = Opened(monkeypatch)
     manifest = build(tmp_path / "out", tiny_models_dir, captions, root)
     monkeypatch.undo()
-    original, counterfactual = ("synthetic-images-for-original-captions",
-                                "synthetic-images-for-counterfactual-captions")
-    check_rows(tmp_path / "out", manifest, source_bytes(root, {
-        "A17": (f"{original}/A17.jpg", f"{counterfactual}/A17.jpg"),
-        "9": (f"{original}/9.png", f"{counterfactual}/9.jpg")}),
-        {**ERRORS, "path_outside_root": 2})
+    original, counterfactual = (
+        "synthetic-images-for-original-captions",
+        "synthetic-images-for-counterfactual-captions",
+    )
+    check_rows(
+        tmp_path / "out",
+        manifest,
+        source_bytes(
+            root,
+            {
+                "A17": (f"{original}/A17.jpg", f"{counterfactual}/A17.jpg"),
+                "9": (f"{original}/9.png", f"{counterfactual}/9.jpg"),
+            },
+        ),
+        {**ERRORS, "path_outside_root": 2},
+    )
     # The symlink out of the folder and the id that climbs out: never opened, stat'ed or listed.
     assert opened.under(tmp_path / "outside") == []
     source = manifest["config"]["images_source"]
-    assert source == {"kind": "folder", "name": "cf-images", "sha256": folder_sha256(root),
-                      "files": 8, "layout": "folders",
-                      "names": f"{original}/{{id}}.jpg and {counterfactual}/{{id}}.jpg"}
+    assert source == {
+        "kind": "folder",
+        "name": "cf-images",
+        "sha256": folder_sha256(root),
+        "files": 8,
+        "layout": "folders",
+        "names": f"{original}/{{id}}.jpg and {counterfactual}/{{id}}.jpg",
+    }
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"the folder `cf-images` (sha256\n`{source['sha256']}`" in card
     assert str(tmp_path) not in card and str(tmp_path) not in json.dumps(manifest)
@@ -274,15 +327,19 @@ def test_zip_in_the_release_layout(tmp_path, tiny_models_dir, nltk_data_dir, mon
         expected = {i: (zf.read(f"images/{i}_img_0.jpg"), zf.read(f"images/{i}_img_1.jpg")) for i in GOOD}
     # x5's image 0 exists only as members that are never read: x5 lacks an image.
     check_rows(tmp_path / "out", manifest, expected, {**ERRORS, "missing_image": 2})
-    never = {"images/../images/x5_img_0.jpg", "/images/x5_img_0.jpg", "images/x5_img_0.jpg",
-             "images/twice_img_0.jpg"}
+    never = {"images/../images/x5_img_0.jpg", "/images/x5_img_0.jpg", "images/x5_img_0.jpg", "images/twice_img_0.jpg"}
     assert opened.members and not never & set(opened.members), opened.members
     assert not [p for p in opened.paths if p in ("/etc/passwd", "/images/x5_img_0.jpg")]
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert manifest["config"]["images_source"] == {
-        "kind": "zip", "name": "images.zip", "sha256": digest, "members": 8,
+        "kind": "zip",
+        "name": "images.zip",
+        "sha256": digest,
+        "members": 8,
         "ignored_members": {"duplicate_name": 2, "symlink": 1, "unsafe_name": 2},
-        "layout": "release", "names": "images/{id}_img_0.jpg and images/{id}_img_1.jpg"}
+        "layout": "release",
+        "names": "images/{id}_img_0.jpg and images/{id}_img_1.jpg",
+    }
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"the zip `images.zip` (sha256\n`{digest}`)" in card
     assert "distributed under **CC BY 4.0**" in card and "license: cc-by-4.0" in card
@@ -305,10 +362,18 @@ def test_numbered_files_and_a_pattern(tmp_path, tiny_models_dir, nltk_data_dir, 
     assert manifest["config"]["images_source"]["names"] == "coco-cf/{id}_0.jpg and coco-cf/{id}_1.jpg"
     # The same files named by a pattern (relative to the root: no folder is detected), imported
     # without the CLIP model.
-    manifest = build(tmp_path / "pattern", tiny_models_dir, captions, root,
-                     "--images-pattern", "coco-cf/{id}_{n}.jpg", "--no-clip-scores")
-    check_rows(tmp_path / "pattern", manifest, source_bytes(root, names),
-               {**ERRORS, "path_outside_root": 2}, scored=False)
+    manifest = build(
+        tmp_path / "pattern",
+        tiny_models_dir,
+        captions,
+        root,
+        "--images-pattern",
+        "coco-cf/{id}_{n}.jpg",
+        "--no-clip-scores",
+    )
+    check_rows(
+        tmp_path / "pattern", manifest, source_bytes(root, names), {**ERRORS, "path_outside_root": 2}, scored=False
+    )
     assert manifest["config"]["images_source"]["layout"] == "pattern" and manifest["models"] == {}
     assert "Not computed (`--no-clip-scores`)" in (tmp_path / "pattern" / "README.md").read_text()
 
@@ -320,8 +385,18 @@ def test_layouts_that_cannot_be_told_or_found_are_one_line(tmp_path, capsys):
     def fails(*extra: str, images: Path = root) -> str:
         capsys.readouterr()
         out = tmp_path / "out"
-        argv = ["build", "coco-counterfactuals", "--captions-from", str(captions), "--output",
-                str(out), "--models", "tiny", *(["--images-from", str(images)] if images else []), *extra]
+        argv = [
+            "build",
+            "coco-counterfactuals",
+            "--captions-from",
+            str(captions),
+            "--output",
+            str(out),
+            "--models",
+            "tiny",
+            *(["--images-from", str(images)] if images else []),
+            *extra,
+        ]
         assert cli_main(argv) == 2
         # Nothing built: at most the folder's lock, taken before the inputs are read.
         assert not [p for p in out.rglob("*") if p.name not in (".parts", "lock")] if out.exists() else True
@@ -330,17 +405,34 @@ def test_layouts_that_cannot_be_told_or_found_are_one_line(tmp_path, capsys):
     (root / "A17_0.jpg").write_bytes(jpeg(5))  # a numbered file beside the paper's folders
     line = fails()
     assert "cf-images: holds images of several layouts (folders, numbered)" in line and "--images-layout" in line
-    assert cli_main(["build", "coco-counterfactuals", "--captions-from", str(captions), "--images-from",
-                     str(root), "--images-layout", "folders", "--output", str(tmp_path / "ok"),
-                     "--models", "tiny", "--max-error-fraction", "1"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-counterfactuals",
+                "--captions-from",
+                str(captions),
+                "--images-from",
+                str(root),
+                "--images-layout",
+                "folders",
+                "--output",
+                str(tmp_path / "ok"),
+                "--models",
+                "tiny",
+                "--max-error-fraction",
+                "1",
+            ]
+        )
+        == 0
+    )
     empty = tmp_path / "empty"
     (empty / "a" / "b").mkdir(parents=True)
     assert "holds no image of a known layout" in fails(images=empty)
     assert "holds no image named as the release layout says" in fails("--images-layout", "release")
     # Files named by a pattern that matches no id: the wrong layout, not 7 counted skips.
     assert "none of the 7 caption pairs has an image" in fails("--images-pattern", "{id}-{n}.webp")
-    assert "--images-pattern: '../{id}_{n}.jpg' is not a name pattern" in fails(
-        "--images-pattern", "../{id}_{n}.jpg")
+    assert "--images-pattern: '../{id}_{n}.jpg' is not a name pattern" in fails("--images-pattern", "../{id}_{n}.jpg")
     assert "'{id}.jpg' is not a name pattern" in fails("--images-pattern", "{id}.jpg")
     # An explicit layout is also looked for under the one top-level folder when the top holds
     # another one (auto takes the top's).
@@ -355,12 +447,10 @@ def test_layouts_that_cannot_be_told_or_found_are_one_line(tmp_path, capsys):
     assert "neither a folder nor a zip file" in fails(images=captions)
     assert "--apply-filters needs the CLIP scores" in fails("--apply-filters", "--no-clip-scores")
     assert "it goes with --stage images (or no --stage), not --stage all" in fails("--stage", "all")
-    assert "--images-pattern only apply to --images-from" in fails("--images-pattern", "{id}_{n}.jpg",
-                                                                    images=None)
+    assert "--images-pattern only apply to --images-from" in fails("--images-pattern", "{id}_{n}.jpg", images=None)
 
 
-def test_scores_are_the_generation_paths_and_drop_pairs_only_with_the_flag(
-        tmp_path, tiny_models_dir, nltk_data_dir):
+def test_scores_are_the_generation_paths_and_drop_pairs_only_with_the_flag(tmp_path, tiny_models_dir, nltk_data_dir):
     path = release_zip(tmp_path)
     captions = write_tsv(tmp_path / "pairs.tsv")
     build(tmp_path / "all", tiny_models_dir, captions, path)
@@ -369,19 +459,42 @@ def test_scores_are_the_generation_paths_and_drop_pairs_only_with_the_flag(
     for r in rows:
         images = [np.array(Image.open(io.BytesIO(r[c]["bytes"])).convert("RGB")) for c in ("image_0", "image_1")]
         s = score_pairs(scorer, r["caption_0"], r["caption_1"], images[0][None], images[1][None])
-        assert [r["clip_score_0"], r["clip_score_1"], r["clip_directional"], r["clip_image_similarity"]] \
-            == pytest.approx([s.clip_0.item(), s.clip_1.item(), s.directional.item(),
-                              s.image_similarity.item()], abs=1e-5)
+        assert [
+            r["clip_score_0"],
+            r["clip_score_1"],
+            r["clip_directional"],
+            r["clip_image_similarity"],
+        ] == pytest.approx(
+            [s.clip_0.item(), s.clip_1.item(), s.directional.item(), s.image_similarity.item()], abs=1e-5
+        )
     # A directional threshold between the two pairs' scores: only --apply-filters drops the lower.
     low, high = sorted(r["clip_directional"] for r in rows)
     threshold = str((low + high) / 2)
-    manifest = build(tmp_path / "kept", tiny_models_dir, captions, path, "--filters", "directional",
-                     "--directional-threshold", threshold)
+    manifest = build(
+        tmp_path / "kept",
+        tiny_models_dir,
+        captions,
+        path,
+        "--filters",
+        "directional",
+        "--directional-threshold",
+        threshold,
+    )
     assert [r["id"] for r in shard_rows(tmp_path / "kept")] == GOOD
-    manifest = build(tmp_path / "filtered", tiny_models_dir, captions, path, "--filters", "directional",
-                     "--directional-threshold", threshold, "--apply-filters")
-    assert [r["id"] for r in shard_rows(tmp_path / "filtered")] == [r["id"] for r in rows
-                                                                    if r["clip_directional"] == high]
+    manifest = build(
+        tmp_path / "filtered",
+        tiny_models_dir,
+        captions,
+        path,
+        "--filters",
+        "directional",
+        "--directional-threshold",
+        threshold,
+        "--apply-filters",
+    )
+    assert [r["id"] for r in shard_rows(tmp_path / "filtered")] == [
+        r["id"] for r in rows if r["clip_directional"] == high
+    ]
     assert manifest["skipped"] == {**SKIPS, "imported_pair_failed_clip": 1}
     assert manifest["counts"]["image_rejected_directional"] == 1
     card = (tmp_path / "filtered" / "README.md").read_text()
@@ -389,14 +502,18 @@ def test_scores_are_the_generation_paths_and_drop_pairs_only_with_the_flag(
 
 
 def test_work_items_open_no_image_and_the_gallery_shows_the_scores(
-        tmp_path, tiny_models_dir, nltk_data_dir, monkeypatch):
+    tmp_path, tiny_models_dir, nltk_data_dir, monkeypatch
+):
     from builders.counterfactuals.builder import CocoCounterfactualsBuilder
     from builders.counterfactuals.config import CocoCounterfactualsConfig, ImageImportConfig
 
     path = release_zip(tmp_path)
     captions = write_tsv(tmp_path / "pairs.tsv")
-    builder = CocoCounterfactualsBuilder(CocoCounterfactualsConfig(
-        stage="images", captions_from=str(captions), image_import=ImageImportConfig(str(path))))
+    builder = CocoCounterfactualsBuilder(
+        CocoCounterfactualsConfig(
+            stage="images", captions_from=str(captions), image_import=ImageImportConfig(str(path))
+        )
+    )
     opened = Opened(monkeypatch)
     items = list(builder.work_items())
     monkeypatch.undo()
@@ -409,15 +526,16 @@ def test_work_items_open_no_image_and_the_gallery_shows_the_scores(
     manifest = json.loads((out / "build_manifest.json").read_text())
     assert manifest["outputs"]["default/test"]["view"] == json.loads(json.dumps(PAIR_VIEW.to_dict()))
     figures = [f["path"] for f in manifest["card_figures"]]
-    assert figures == ["figures/examples.png"] + [f"figures/hist_{c}.png" for c in (
-        "clip_score_0", "clip_score_1", "clip_directional", "clip_image_similarity")]
+    assert figures == ["figures/examples.png"] + [
+        f"figures/hist_{c}.png" for c in ("clip_score_0", "clip_score_1", "clip_directional", "clip_image_similarity")
+    ]
     assert show(out, "--output", tmp_path / "gallery") == 0
     summary = json.loads((tmp_path / "gallery" / "gallery.json").read_text())
     assert summary["complete"] and summary["rows"] == len(GOOD)
 
 
 #: Run by the clean virtualenv's interpreter: the published pairs through plain `load_dataset`.
-CLEAN_LOAD = textwrap.dedent('''
+CLEAN_LOAD = textwrap.dedent("""
     import hashlib, importlib.util, json, sys
     import datasets
     from datasets import load_dataset
@@ -433,11 +551,16 @@ CLEAN_LOAD = textwrap.dedent('''
         "decoded": list(ds[0]["image_0"].size),
         "columns": ds.column_names[:5],
     }))
-''')
+""")
 
 
 def test_published_import_loads_where_counterfactory_is_not_installed(
-        tmp_path, tiny_models_dir, nltk_data_dir, repo_id, clean_python):  # noqa: F811
+    tmp_path,
+    tiny_models_dir,
+    nltk_data_dir,
+    repo_id,
+    clean_python,  # noqa: F811
+):
     path = release_zip(tmp_path)
     out = tmp_path / "out"
     build(out, tiny_models_dir, write_jsonl(tmp_path / "pairs.jsonl"), path)
@@ -449,14 +572,23 @@ def test_published_import_loads_where_counterfactory_is_not_installed(
     (tmp_path / "run" / "load.py").write_text(CLEAN_LOAD)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_DATASETS_CACHE=str(tmp_path / "hf" / "datasets"))
-    proc = subprocess.run([str(clean_python), "load.py", repo], cwd=tmp_path / "run", env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(clean_python), "load.py", repo],
+        cwd=tmp_path / "run",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["project"] == [] and int(got["datasets"].split(".")[0]) >= 4, got
     with zipfile.ZipFile(path) as zf:
-        expected = [[i, c0, c1, *(hashlib.sha256(zf.read(f"images/{i}_img_{n}.jpg")).hexdigest()
-                                  for n in (0, 1))] for i, c0, c1, _ in ROWS if i in GOOD]
+        expected = [
+            [i, c0, c1, *(hashlib.sha256(zf.read(f"images/{i}_img_{n}.jpg")).hexdigest() for n in (0, 1))]
+            for i, c0, c1, _ in ROWS
+            if i in GOOD
+        ]
     assert got["rows"] == expected
     assert got["columns"] == ["id", "image_0", "image_1", "caption_0", "caption_1"]
     assert got["decoded"] == [48, 48]

@@ -15,9 +15,15 @@ from diffusers.models.attention_processor import Attention, AttnProcessor
 
 from builders.models.loaders import load_sd
 from builders.models.profiles import resolve_profile
-from builders.counterfactuals.prompt_to_prompt import (P2PAttnProcessor, P2PController, PairSpec,
-                                                       UNetWork, generate_pairs, injected,
-                                                       replacement_mapper)
+from builders.counterfactuals.prompt_to_prompt import (
+    P2PAttnProcessor,
+    P2PController,
+    PairSpec,
+    UNetWork,
+    generate_pairs,
+    injected,
+    replacement_mapper,
+)
 
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
 
@@ -51,9 +57,10 @@ def pair_distance(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.mark.slow
 def test_injection_pulls_the_pair_together_and_leaves_the_original_untouched(sharp_pipe, inject):
     for seed in (1, 2, 3):
-        run = {p: generate_pairs(sharp_pipe, *CAPTIONS, [PairSpec(seed, p, 7.5)], steps=4, size=64,
-                                 inject=inject)
-               for p in (0.0, 0.5, 1.0)}
+        run = {
+            p: generate_pairs(sharp_pipe, *CAPTIONS, [PairSpec(seed, p, 7.5)], steps=4, size=64, inject=inject)
+            for p in (0.0, 0.5, 1.0)
+        }
         assert pair_distance(*run[1.0]) < pair_distance(*run[0.0]), seed
         # The original-caption image is bit-identical whatever p is.
         assert np.array_equal(run[0.0][0], run[1.0][0]) and np.array_equal(run[0.0][0], run[0.5][0])
@@ -75,10 +82,19 @@ def test_candidate_images_do_not_depend_on_the_batch(pipe):
 #: 5 steps: p injects at steps i < 4p. Coinciding specs on purpose: p = 0.5 twice, p = 0.3 and
 #: 0.5 (both inject at steps 0-1), p = 0 (never) and p = 1 (all but the last step); seed 21 with
 #: two guidance scales (must not share) and a second seed; candidates of a group interleaved.
-SHARED_SPECS = [PairSpec(21, 0.0, 7.5), PairSpec(21, 0.3, 7.5), PairSpec(22, 0.6, 7.5),
-                PairSpec(21, 0.5, 7.5), PairSpec(21, 0.5, 7.5), PairSpec(21, 0.6, 7.5),
-                PairSpec(21, 1.0, 12.0), PairSpec(21, 1.0, 7.5), PairSpec(21, 0.2, 7.5),
-                PairSpec(21, 0.5, 12.0), PairSpec(22, 0.0, 7.5)]
+SHARED_SPECS = [
+    PairSpec(21, 0.0, 7.5),
+    PairSpec(21, 0.3, 7.5),
+    PairSpec(22, 0.6, 7.5),
+    PairSpec(21, 0.5, 7.5),
+    PairSpec(21, 0.5, 7.5),
+    PairSpec(21, 0.6, 7.5),
+    PairSpec(21, 1.0, 12.0),
+    PairSpec(21, 1.0, 7.5),
+    PairSpec(21, 0.2, 7.5),
+    PairSpec(21, 0.5, 12.0),
+    PairSpec(22, 0.0, 7.5),
+]
 
 
 def distinct_row_states(specs, steps: int) -> int:
@@ -88,30 +104,48 @@ def distinct_row_states(specs, steps: int) -> int:
     rows = 0
     for i in range(steps):
         originals = {(s.seed, s.guidance) for s in specs}
-        branches = {(s.seed, s.guidance, tuple(injected(s.p, k, steps) for k in range(i + 1)))
-                    for s in specs}
+        branches = {(s.seed, s.guidance, tuple(injected(s.p, k, steps) for k in range(i + 1))) for s in specs}
         rows += 2 * (len(originals) + len(branches))
     return rows
 
 
-@pytest.mark.parametrize("inject,scheduler", [("self", "euler_ancestral"), ("cross", "euler_ancestral"),
-                                              ("both", "euler_ancestral"), ("self", "dpm_solver_pp")])
+@pytest.mark.parametrize(
+    "inject,scheduler",
+    [
+        ("self", "euler_ancestral"),
+        ("cross", "euler_ancestral"),
+        ("both", "euler_ancestral"),
+        ("self", "dpm_solver_pp"),
+    ],
+)
 @pytest.mark.slow
 def test_shared_computation_gives_each_candidate_its_own_images(sharp_pipe, inject, scheduler):
     steps, batch_sizes = 5, []
     hook = sharp_pipe.unet.register_forward_pre_hook(lambda _, args: batch_sizes.append(len(args[0])))
     try:
         work = UNetWork()
-        shared = generate_pairs(sharp_pipe, *CAPTIONS, SHARED_SPECS, steps=steps, size=64,
-                                inject=inject, scheduler=scheduler, share=True, work=work)
+        shared = generate_pairs(
+            sharp_pipe,
+            *CAPTIONS,
+            SHARED_SPECS,
+            steps=steps,
+            size=64,
+            inject=inject,
+            scheduler=scheduler,
+            share=True,
+            work=work,
+        )
         counted = sum(batch_sizes)
-        unshared = generate_pairs(sharp_pipe, *CAPTIONS, SHARED_SPECS, steps=steps, size=64,
-                                  inject=inject, scheduler=scheduler, share=False)
+        unshared = generate_pairs(
+            sharp_pipe, *CAPTIONS, SHARED_SPECS, steps=steps, size=64, inject=inject, scheduler=scheduler, share=False
+        )
     finally:
         hook.remove()
     # The reference: every candidate alone, nothing to share with.
-    alone = [generate_pairs(sharp_pipe, *CAPTIONS, [spec], steps=steps, size=64, inject=inject,
-                            scheduler=scheduler) for spec in SHARED_SPECS]
+    alone = [
+        generate_pairs(sharp_pipe, *CAPTIONS, [spec], steps=steps, size=64, inject=inject, scheduler=scheduler)
+        for spec in SHARED_SPECS
+    ]
     for k, (im0, im1) in enumerate(alone):
         for side, image in ((0, im0[0]), (1, im1[0])):
             for got in (shared, unshared):  # uint8 images: at most one level of float noise
@@ -143,18 +177,12 @@ def explicit_attention(attn: Attention, hidden, context, maps_from=None) -> torc
 #: tokens. "[bos] a cat [eos]" -> "[bos] a hot|dog [eos]": each of the new word's 2 tokens takes
 #: half of the old word's map (P2P's aligner for words of different token counts), [eos] moves
 #: one place right.
-SPREAD = torch.tensor([[1, 0, 0.0, 0.0, 0],
-                       [0, 1, 0.0, 0.0, 0],
-                       [0, 0, 0.5, 0.5, 0],
-                       [0, 0, 0.0, 0.0, 1],
-                       [0, 0, 0.0, 0.0, 0]])
+SPREAD = torch.tensor(
+    [[1, 0, 0.0, 0.0, 0], [0, 1, 0.0, 0.0, 0], [0, 0, 0.5, 0.5, 0], [0, 0, 0.0, 0.0, 1], [0, 0, 0.0, 0.0, 0]]
+)
 #: The other way round: the new word's single token takes the sum of the old word's 2 maps,
 #: [eos] moves one place left, and the last (padding) position has no source: it keeps its own.
-MAPPER = torch.tensor([[1, 0, 0, 0, 0.0],
-                       [0, 1, 0, 0, 0],
-                       [0, 0, 1, 0, 0],
-                       [0, 0, 1, 0, 0],
-                       [0, 0, 0, 1, 0]])
+MAPPER = torch.tensor([[1, 0, 0, 0, 0.0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0]])
 
 
 def test_processors_inject_exactly_the_documented_maps():
@@ -171,6 +199,7 @@ def test_processors_inject_exactly_the_documented_maps():
             out = probs.clone()
             out[rows] = probs[[r - 1 for r in rows]]
             return out
+
         return swap
 
     def word_swap(probs):  # conditional c1 (row 5) from cond o1 (row 4), by the hand-written mapper
@@ -186,12 +215,16 @@ def test_processors_inject_exactly_the_documented_maps():
         plain_self = AttnProcessor()(self_attn, hidden)
         both = P2PController(specs, steps=3, inject="both", mapper=MAPPER)
         # `self`/`both`: every self-attention layer, both halves of the guidance batch.
-        torch.testing.assert_close(P2PAttnProcessor(both, is_cross=False)(self_attn, hidden),
-                                   explicit_attention(self_attn, hidden, hidden, self_maps([1, 5])),
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            P2PAttnProcessor(both, is_cross=False)(self_attn, hidden),
+            explicit_attention(self_attn, hidden, hidden, self_maps([1, 5])),
+            atol=1e-5,
+            rtol=1e-4,
+        )
         got_cross = P2PAttnProcessor(both, is_cross=True)(attn, hidden, context)
-        torch.testing.assert_close(got_cross, explicit_attention(attn, hidden, context, word_swap),
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            got_cross, explicit_attention(attn, hidden, context, word_swap), atol=1e-5, rtol=1e-4
+        )
         # Rows that are not injected equal diffusers' own attention.
         untouched = [0, 1, 2, 3, 4, 6, 7]
         torch.testing.assert_close(got_cross[untouched], plain[untouched], atol=1e-5, rtol=1e-4)
@@ -200,17 +233,23 @@ def test_processors_inject_exactly_the_documented_maps():
         # query positions), conditional half only.
         low = P2PController(specs, steps=3, inject="cross", mapper=MAPPER, low_res_tokens=6)
         high = P2PController(specs, steps=3, inject="cross", mapper=MAPPER, low_res_tokens=5)
-        torch.testing.assert_close(P2PAttnProcessor(low, is_cross=True)(attn, hidden, context),
-                                   got_cross, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(P2PAttnProcessor(low, is_cross=False)(self_attn, hidden),
-                                   explicit_attention(self_attn, hidden, hidden, self_maps([5])),
-                                   atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(P2PAttnProcessor(high, is_cross=False)(self_attn, hidden),
-                                   plain_self, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            P2PAttnProcessor(low, is_cross=True)(attn, hidden, context), got_cross, atol=1e-5, rtol=1e-4
+        )
+        torch.testing.assert_close(
+            P2PAttnProcessor(low, is_cross=False)(self_attn, hidden),
+            explicit_attention(self_attn, hidden, hidden, self_maps([5])),
+            atol=1e-5,
+            rtol=1e-4,
+        )
+        torch.testing.assert_close(
+            P2PAttnProcessor(high, is_cross=False)(self_attn, hidden), plain_self, atol=1e-5, rtol=1e-4
+        )
 
         both.step = 2  # the last step: 1.0 > 2/2 is false, nothing is injected
-        torch.testing.assert_close(P2PAttnProcessor(both, is_cross=True)(attn, hidden, context),
-                                   plain, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            P2PAttnProcessor(both, is_cross=True)(attn, hidden, context), plain, atol=1e-5, rtol=1e-4
+        )
 
 
 def test_injection_schedule_and_word_swap_mapper():
@@ -228,9 +267,11 @@ def brute_force(scores: list[dict], cuts: dict[str, float]) -> tuple[int | None,
     """Filter then argmax, written out: the index of the passing candidate with the highest
     directional score (the first on ties; None when none passes) and per filter how many
     candidates fail it."""
-    fails = {"text_image": lambda s: min(s["clip_0"], s["clip_1"]) < cuts["text_image"],
-             "image_image": lambda s: s["image"] < cuts["image_image"],
-             "directional": lambda s: s["dir"] < cuts["directional"]}
+    fails = {
+        "text_image": lambda s: min(s["clip_0"], s["clip_1"]) < cuts["text_image"],
+        "image_image": lambda s: s["image"] < cuts["image_image"],
+        "directional": lambda s: s["dir"] < cuts["directional"],
+    }
     rejected = {name: sum(fails[name](s) for s in scores) for name in cuts}
     passing = [k for k, s in enumerate(scores) if not any(fails[name](s) for name in cuts)]
     best = None
@@ -248,8 +289,15 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
     from builders.models.loaders import load_clip
 
     model, processor = load_clip(resolve_profile("tiny", tiny_models_dir).clip_filter)
-    cfg = ImageStageConfig(candidates=5, candidate_batch=2, steps=2, image_size=64, clip_threshold=-1.0,
-                           image_similarity_threshold=-1.0, directional_threshold=-1.0)
+    cfg = ImageStageConfig(
+        candidates=5,
+        candidate_batch=2,
+        steps=2,
+        image_size=64,
+        clip_threshold=-1.0,
+        image_similarity_threshold=-1.0,
+        directional_threshold=-1.0,
+    )
     assert ImageStageConfig().filters == ("text_image", "image_image", "directional")
     specs = candidate_specs(0, "42_1", cfg)
     assert len({s.seed for s in specs}) == 5
@@ -258,26 +306,30 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
 
     # Independent scoring: every candidate alone, CLIP features normalised by hand.
     with torch.no_grad():
-        text = model.get_text_features(**processor(text=list(CAPTIONS), return_tensors="pt",
-                                                   padding=True)).pooler_output
+        text = model.get_text_features(
+            **processor(text=list(CAPTIONS), return_tensors="pt", padding=True)
+        ).pooler_output
         text = text / text.norm(dim=-1, keepdim=True)
         scores, images = [], []
         for spec in specs:
             im0, im1 = generate_pairs(pipe, *CAPTIONS, [spec], steps=2, size=64)
-            feats = model.get_image_features(**processor(images=[im0[0], im1[0]],
-                                                         return_tensors="pt")).pooler_output
+            feats = model.get_image_features(**processor(images=[im0[0], im1[0]], return_tensors="pt")).pooler_output
             feats = feats / feats.norm(dim=-1, keepdim=True)
             d_img, d_txt = feats[1] - feats[0], text[1] - text[0]
-            scores.append({"clip_0": float(feats[0] @ text[0]), "clip_1": float(feats[1] @ text[1]),
-                           "dir": float(d_img @ d_txt / (d_img.norm() * d_txt.norm())),
-                           "image": float(feats[0] @ feats[1])})
+            scores.append(
+                {
+                    "clip_0": float(feats[0] @ text[0]),
+                    "clip_1": float(feats[1] @ text[1]),
+                    "dir": float(d_img @ d_txt / (d_img.norm() * d_txt.norm())),
+                    "image": float(feats[0] @ feats[1]),
+                }
+            )
             images.append(im1[0])
     best = max(range(5), key=lambda k: scores[k]["dir"])
     scorer = ClipScorer(model, processor)
 
     def run(**changes):
-        return ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, **changes}),
-                          seed=0).run("42_1", *CAPTIONS)
+        return ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, **changes}), seed=0).run("42_1", *CAPTIONS)
 
     for b in (1, 2, 4, 7):
         result = run(candidate_batch=b)
@@ -289,11 +341,17 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
     # Thresholds between candidates' scores (midway: float noise cannot move a candidate
     # across): each filter alone keeps exactly those above it, and all three together select
     # what filter-then-argmax over the per-candidate scores selects, counting every failure.
-    keys = {"text_image": lambda s: min(s["clip_0"], s["clip_1"]),
-            "image_image": lambda s: s["image"], "directional": lambda s: s["dir"]}
+    keys = {
+        "text_image": lambda s: min(s["clip_0"], s["clip_1"]),
+        "image_image": lambda s: s["image"],
+        "directional": lambda s: s["dir"],
+    }
     cuts = {name: sum(sorted(map(key, scores))[1:3]) / 2 for name, key in keys.items()}
-    flags = {"text_image": "clip_threshold", "image_image": "image_similarity_threshold",
-             "directional": "directional_threshold"}
+    flags = {
+        "text_image": "clip_threshold",
+        "image_image": "image_similarity_threshold",
+        "directional": "directional_threshold",
+    }
     for name in cuts:
         alone = run(filters=(name,), **{flags[name]: cuts[name]})
         want, rejected = brute_force(scores, {name: cuts[name]})
@@ -302,8 +360,7 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
     together = run(**{flags[name]: cut for name, cut in cuts.items()})
     want, rejected = brute_force(scores, cuts)
     assert together.rejected == rejected and together.tried == 5
-    assert together.passed == 5 - len([s for s in scores if any(
-        keys[n](s) < c for n, c in cuts.items())])
+    assert together.passed == 5 - len([s for s in scores if any(keys[n](s) < c for n, c in cuts.items())])
     assert (together.pair.seed if together.pair else None) == (specs[want].seed if want is not None else None)
     none = run(clip_threshold=1.01)
     assert none.pair is None and none.rejected == {"text_image": 5, "image_image": 0, "directional": 0}
@@ -314,11 +371,12 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
         assert early.pair.seed == specs[max((0, 1), key=lambda k: scores[k]["dir"])].seed
 
 
-@pytest.mark.parametrize("plan", [dict(candidates=5, candidate_batch=4),
-                                  dict(candidate_plan="grouped", seeds=2, p_values=3, candidate_batch=6)])
+@pytest.mark.parametrize(
+    "plan",
+    [dict(candidates=5, candidate_batch=4), dict(candidate_plan="grouped", seeds=2, p_values=3, candidate_batch=6)],
+)
 @pytest.mark.slow
-def test_an_image_batch_that_runs_out_of_memory_is_halved_with_the_same_selection(pipe, tiny_models_dir,
-                                                                                   plan, caplog):
+def test_an_image_batch_that_runs_out_of_memory_is_halved_with_the_same_selection(pipe, tiny_models_dir, plan, caplog):
     """The UNet runs out of memory above 4 rows (one candidate's pair with its guidance halves):
     batches are halved (a planned batch of whole groups re-planned at the new size), and the row's
     selection, counts and images are those of an un-failing run, with each candidate tried once."""
@@ -328,8 +386,14 @@ def test_an_image_batch_that_runs_out_of_memory_is_halved_with_the_same_selectio
     from builders.models.loaders import load_clip
 
     scorer = ClipScorer(*load_clip(resolve_profile("tiny", tiny_models_dir).clip_filter))
-    cfg = ImageStageConfig(steps=2, image_size=64, clip_threshold=-1.0, image_similarity_threshold=-1.0,
-                           directional_threshold=-1.0, **plan)
+    cfg = ImageStageConfig(
+        steps=2,
+        image_size=64,
+        clip_threshold=-1.0,
+        image_similarity_threshold=-1.0,
+        directional_threshold=-1.0,
+        **plan,
+    )
     want = ImageStage(pipe, scorer, cfg, seed=0).run("42_1", *CAPTIONS)
     rows: list[int] = []
 
@@ -352,8 +416,9 @@ def test_an_image_batch_that_runs_out_of_memory_is_halved_with_the_same_selectio
     # configured size, CLIP scores of other batch sizes differ by float noise, ~1e-6, which can
     # reorder the tiny model's near-tied candidates of one group; with independent candidates
     # the selection is the same too.)
-    plain = ImageStage(pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "candidate_batch": stage.batches.size}),
-                       seed=0).run("42_1", *CAPTIONS)
+    plain = ImageStage(
+        pipe, scorer, ImageStageConfig(**{**cfg.__dict__, "candidate_batch": stage.batches.size}), seed=0
+    ).run("42_1", *CAPTIONS)
     assert (got.pair.seed, got.pair.p, got.work) == (plain.pair.seed, plain.pair.p, plain.work)
     assert np.array_equal(np.asarray(got.pair.image_0), np.asarray(plain.pair.image_0))
     assert np.array_equal(np.asarray(got.pair.image_1), np.asarray(plain.pair.image_1))
@@ -423,14 +488,20 @@ def test_image_image_filter_rejects_a_pair_that_differs_everywhere(monkeypatch):
     scores = []
     for k in range(len(specs)):
         d_txt = text_1 - text_0
-        scores.append({"clip_0": float(emb[k][0] @ text_0), "clip_1": float(emb[k][1] @ text_1),
-                       "image": float(emb[k][0] @ emb[k][1]),
-                       "dir": float(change(k) @ d_txt / d_txt.norm())})
+        scores.append(
+            {
+                "clip_0": float(emb[k][0] @ text_0),
+                "clip_1": float(emb[k][1] @ text_1),
+                "image": float(emb[k][0] @ emb[k][1]),
+                "dir": float(change(k) @ d_txt / d_txt.norm()),
+            }
+        )
     assert max(range(len(specs)), key=lambda k: scores[k]["dir"]) == flip
     assert scores[flip]["image"] == pytest.approx(-1.0)
 
-    loose = ImageStage(None, scorer, ImageStageConfig(**{**cfg.__dict__, "filters": ("text_image",)}),
-                       seed=0).run("7_0", "c0", "c1")
+    loose = ImageStage(None, scorer, ImageStageConfig(**{**cfg.__dict__, "filters": ("text_image",)}), seed=0).run(
+        "7_0", "c0", "c1"
+    )
     assert loose.pair.seed == specs[flip].seed and loose.passed == len(specs)
     paper = ImageStage(None, scorer, cfg, seed=0).run("7_0", "c0", "c1")
     want, rejected = brute_force(scores, {"text_image": -1.0, "image_image": 0.7, "directional": 0.2})

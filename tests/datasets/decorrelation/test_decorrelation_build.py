@@ -42,6 +42,8 @@ from helpers.selection_reference import brute_force, touched_pixels
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     # Results do not depend on the thread count; on a busy 2-core machine one thread is faster.
@@ -93,8 +95,13 @@ def test_rows_follow_the_rules_and_the_source(built, coco_fixture_dir):
         assert {b["category"] for b in row["removed_boxes"]} == removed
         assert row["region_fraction"] == pytest.approx(len(region) / (im["w"] * im["h"]))
         mask = np.asarray(row["mask"]) > 0  # the filled region: the removed boxes grown by `dilation`
-        filled = set().union(*(touched_pixels(box, im["w"], im["h"], grow=dilation) for c, box in im["boxes"]
-                               if c in removed and touched_pixels(box, im["w"], im["h"])))
+        filled = set().union(
+            *(
+                touched_pixels(box, im["w"], im["h"], grow=dilation)
+                for c, box in im["boxes"]
+                if c in removed and touched_pixels(box, im["w"], im["h"])
+            )
+        )
         assert set(map(tuple, np.argwhere(mask).tolist())) == filled
         source = np.asarray(Image.open(im["file"]).convert("RGB"))
         synthetic = np.asarray(row["image"])
@@ -132,17 +139,29 @@ def test_odmap_product_feeds_the_evaluate_module(built, tiny_models_dir, one_thr
     gallery = load_dataset(str(built), "odmap_gallery", split="test")
     model, processor = load_clip(resolve_profile("tiny", tiny_models_dir).clip)
     with torch.no_grad():  # the card's recipe, with the tiny CLIP
-        image_emb = model.get_image_features(**processor(images=list(queries["image"]), return_tensors="pt")).pooler_output
-        text_emb = model.get_text_features(**processor(text=list(gallery["caption"]), return_tensors="pt",
-                                                       padding=True, truncation=True)).pooler_output
+        image_emb = model.get_image_features(
+            **processor(images=list(queries["image"]), return_tensors="pt")
+        ).pooler_output
+        text_emb = model.get_text_features(
+            **processor(text=list(gallery["caption"]), return_tensors="pt", padding=True, truncation=True)
+        ).pooler_output
     topk, _ = topk_from_embeddings(image_emb, text_emb, k=10, normalize=True)
     odmap = evaluate.load(str(REPO_ROOT / "evaluate_modules" / "odmap"))
-    result = odmap.compute(retrieved=topk.tolist(), removed_classes=list(queries["removed_classes"]),
-                           present_classes=list(queries["present_classes"]),
-                           mention_matrix=np.array(gallery["mentions"]), class_names=list(COCO_CLASSES))
+    result = odmap.compute(
+        retrieved=topk.tolist(),
+        removed_classes=list(queries["removed_classes"]),
+        present_classes=list(queries["present_classes"]),
+        mention_matrix=np.array(gallery["mentions"]),
+        class_names=list(COCO_CLASSES),
+    )
     mentioned = [set(m) for m in gallery["mentioned_classes"]]
-    ref = reference_odmap_from_rankings(topk.tolist(), mentioned, [set(r) for r in queries["removed_classes"]],
-                                        [set(p) for p in queries["present_classes"]], (1, 5, 10))
+    ref = reference_odmap_from_rankings(
+        topk.tolist(),
+        mentioned,
+        [set(r) for r in queries["removed_classes"]],
+        [set(p) for p in queries["present_classes"]],
+        (1, 5, 10),
+    )
     assert result["num_queries"] == len(queries) > 0
     for k in (1, 5, 10):
         assert result[f"ODmAP@{k}"] == pytest.approx(ref[k])
@@ -157,7 +176,10 @@ def test_publish_and_load_each_config_at_its_tag(built, local_hub):
         pictures = [c for c in ("image", "mask") if c in local.column_names]
         assert remote.remove_columns(pictures).to_list() == local.remove_columns(pictures).to_list()
         for column in pictures:
-            assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(remote[column], local[column], strict=True))
+            assert all(
+                np.array_equal(np.asarray(a), np.asarray(b))
+                for a, b in zip(remote[column], local[column], strict=True)
+            )
     readme = (built / "README.md").read_text()
     assert "GAN" in readme and "odmap_gallery" in readme and "region_too_large" in readme
 
@@ -178,13 +200,14 @@ def _grow(mask: np.ndarray, n: int) -> np.ndarray:
     padded, out = np.pad(mask, n), np.zeros_like(mask)
     for di in range(2 * n + 1):
         for dj in range(2 * n + 1):
-            out |= padded[di:di + h, dj:dj + w]
+            out |= padded[di : di + h, dj : dj + w]
     return out
 
 
 @pytest.mark.parametrize("dilation", [0, None])
-def test_zero_fill_leaves_no_pixel_of_a_removed_object(coco_fixture_dir, tiny_models_dir, nltk_data_dir,
-                                                       tmp_path, dilation):
+def test_zero_fill_leaves_no_pixel_of_a_removed_object(
+    coco_fixture_dir, tiny_models_dir, nltk_data_dir, tmp_path, dilation
+):
     """The fixture paints each object at its (fractional) box; after a `zero` fill none of its
     painted pixels (outline included) may survive. With the default dilation the 2-pixel JPEG
     colour bleed around the object is gone too."""
@@ -207,8 +230,11 @@ def test_zero_fill_leaves_no_pixel_of_a_removed_object(coco_fixture_dir, tiny_mo
             assert (synthetic[must_be_black] == 0).all(), (row["row_id"], category)
             # The pixel-centre rule this replaced would leave painted pixels: the test can fail.
             rows_i, cols_j = np.nonzero(painted)
-            centre_rule_misses += int(np.count_nonzero(~((x <= cols_j + 0.5) & (cols_j + 0.5 < x + w)
-                                                         & (y <= rows_i + 0.5) & (rows_i + 0.5 < y + h))))
+            centre_rule_misses += int(
+                np.count_nonzero(
+                    ~((x <= cols_j + 0.5) & (cols_j + 0.5 < x + w) & (y <= rows_i + 0.5) & (rows_i + 0.5 < y + h))
+                )
+            )
     assert centre_rule_misses > 0
 
 
@@ -230,8 +256,7 @@ def test_fill_methods_against_independent_computations(tiny_models_dir, one_thre
             assert (out[mask] == want.astype(np.uint8)).all(), method
         else:
             assert np.array_equal(out[mask], np.asarray(image.filter(ImageFilter.GaussianBlur(3)))[mask])
-    filler = ImageFiller(FillConfig(model=resolve_profile("tiny", tiny_models_dir).sd_inpaint, steps=2,
-                                    image_size=64))
+    filler = ImageFiller(FillConfig(model=resolve_profile("tiny", tiny_models_dir).sd_inpaint, steps=2, image_size=64))
     a, b, c = (np.asarray(filler.fill(image, mask, s)) for s in (7, 7, 8))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     assert np.array_equal(a[~mask], pixels[~mask]) and not np.array_equal(a[mask], pixels[mask])
@@ -251,36 +276,48 @@ def test_caption_methods(tiny_models_dir, nltk_data_dir):
     assert len(set(CLIP_TEMPLATES)) == 80
 
     from builders.decorrelation.captions import CocoPhrases
+
     np_removal = CaptionSynthesizer(CaptionConfig(captions_per_image=2), CocoPhrases())
     made, reason = np_removal.synthesize(caps, ["frisbee"], ["dog"], image, random.Random(0))
     assert reason is None and [(m.text, m.source.caption_id) for m in made] == [("Two dogs fighting over.", 2)]
-    assert np_removal.synthesize(caps, ["bus"], ["dog"], image, random.Random(0)) == \
-        ([], "caption_no_matching_noun_phrase")
-    assert np_removal.synthesize([SourceCaption(3, "A dog."), caps[0]], ["dog"], ["cat"], image, random.Random(0)) \
-        == ([], "caption_nothing_left_after_removal")
+    assert np_removal.synthesize(caps, ["bus"], ["dog"], image, random.Random(0)) == (
+        [],
+        "caption_no_matching_noun_phrase",
+    )
+    assert np_removal.synthesize([SourceCaption(3, "A dog."), caps[0]], ["dog"], ["cat"], image, random.Random(0)) == (
+        [],
+        "caption_nothing_left_after_removal",
+    )
 
-    captioner = CaptionSynthesizer(CaptionConfig("captioner", model=resolve_profile("tiny", tiny_models_dir).captioner,
-                                                 max_new_tokens=5), EntityPhrases())
+    captioner = CaptionSynthesizer(
+        CaptionConfig("captioner", model=resolve_profile("tiny", tiny_models_dir).captioner, max_new_tokens=5),
+        EntityPhrases(),
+    )
     made, reason = captioner.synthesize(caps, ["cat"], ["dog"], image, random.Random(0))
     assert (reason is None and made[0].text.strip()) or (made == [] and reason == "caption_empty")
     with pytest.raises(UserFacingError, match="one caption per image"):
         CaptionConfig("captioner", model="m", captions_per_image=2)
 
-    text, phrases = parse_entity_sentence("[/EN#1/people A man] walks [/EN#2/animals his dog] in "
-                                          "[/EN#3/scene the park] .")
+    text, phrases = parse_entity_sentence(
+        "[/EN#1/people A man] walks [/EN#2/animals his dog] in [/EN#3/scene the park] ."
+    )
     entity = EntityPhrases().remove(SourceCaption(9, text, phrases), ["animals"])
     assert entity.caption == "A man walks in the park." and entity.removed_phrases == ("his dog",)
     assert EntityPhrases().remove(SourceCaption(9, "[x]"), ["people"]).reason == "no_matching_noun_phrase"
-    assert EntityPhrases().mentions([SourceCaption(9, text, phrases)], ["animals", "vehicles", "people"]).tolist() \
-        == [[True, False, True]]
+    assert EntityPhrases().mentions([SourceCaption(9, text, phrases)], ["animals", "vehicles", "people"]).tolist() == [
+        [True, False, True]
+    ]
 
 
 def _adversarial_fixture(root: Path) -> dict[str, int]:
     """The fixture with broken inputs; returns which image got which problem."""
     write_coco_fixture(root, CocoFixtureConfig(n_images=24))
     raw = raw_images(root)
-    eligible = sorted(i for i, im in raw.items() if im["split"] in ("train", "restval")
-                      and brute_force(im["boxes"], im["w"], im["h"])[0])
+    eligible = sorted(
+        i
+        for i, im in raw.items()
+        if im["split"] in ("train", "restval") and brute_force(im["boxes"], im["w"], im["h"])[0]
+    )
     roles = dict(zip(("gray", "cmyk", "truncated", "no_nouns", "boxes"), eligible, strict=False))
     Image.open(raw[roles["gray"]]["file"]).convert("L").save(raw[roles["gray"]]["file"])
     Image.open(raw[roles["cmyk"]]["file"]).convert("CMYK").save(raw[roles["cmyk"]]["file"])
@@ -296,8 +333,16 @@ def _adversarial_fixture(root: Path) -> dict[str, int]:
         if "categories" in doc and any(im["id"] == roles["boxes"] for im in doc["images"]):
             extra = [[500.0, 500.0, 10.0, 10.0], [10.0, 10.0, 0.0, 5.0]]  # outside; zero-area
             for n, box in enumerate(extra):
-                doc["annotations"].append({"id": 90_000 + n, "image_id": roles["boxes"], "category_id": 1,
-                                           "bbox": box, "area": 0.0, "iscrowd": 0})
+                doc["annotations"].append(
+                    {
+                        "id": 90_000 + n,
+                        "image_id": roles["boxes"],
+                        "category_id": 1,
+                        "bbox": box,
+                        "area": 0.0,
+                        "iscrowd": 0,
+                    }
+                )
         path.write_text(json.dumps(doc))
     return roles
 
@@ -306,8 +351,20 @@ def test_adversarial_inputs_are_counted_not_fatal(tmp_path, tiny_models_dir, nlt
     root = tmp_path / "coco"
     roles = _adversarial_fixture(root)
     out = tmp_path / "out"
-    assert cli_main(["build", "decorrelation", *build_args(root, out, tiny_models_dir),
-                     "--fill", "mean", "--max-error-fraction", "0.5"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                *build_args(root, out, tiny_models_dir),
+                "--fill",
+                "mean",
+                "--max-error-fraction",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "build_manifest.json").read_text())
     assert manifest["errors"] == {"unreadable_image": 1}
     assert manifest["skipped"]["empty_box"] == 2
@@ -324,10 +381,15 @@ def test_adversarial_inputs_are_counted_not_fatal(tmp_path, tiny_models_dir, nlt
 
 @pytest.mark.accelerate
 def test_two_processes_killed_and_resumed_equal_the_single_process_build(
-        built, coco_fixture_dir, tiny_models_dir, tmp_path):
+    built, coco_fixture_dir, tiny_models_dir, tmp_path
+):
     out = tmp_path / "multi"
-    cmd = accelerate_cmd(REPO_ROOT / "builders/decorrelation/builder.py",
-                         *build_args(coco_fixture_dir, out, tiny_models_dir), "--expect-processes", "2")
+    cmd = accelerate_cmd(
+        REPO_ROOT / "builders/decorrelation/builder.py",
+        *build_args(coco_fixture_dir, out, tiny_models_dir),
+        "--expect-processes",
+        "2",
+    )
     n_parts = len(list((built / ".parts/stats").glob("*.json")))
     stats_dir = out / ".parts/stats"
     finished = kill_after_parts(cmd, stats_dir, min_parts=2, timeout=240, poll=0.02)
@@ -343,30 +405,44 @@ def test_flickr30k_with_entities(tmp_path, tiny_models_dir):
     root = tmp_path / "f30k"
     flickr_entities(root)
     out = tmp_path / "out"
-    assert cli_main(["build", "decorrelation", *build_args(root, out, tiny_models_dir)[2:],
-                     "--flickr30k-root", str(root), "--fill", "zero"]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                *build_args(root, out, tiny_models_dir)[2:],
+                "--flickr30k-root",
+                str(root),
+                "--fill",
+                "zero",
+            ]
+        )
+        == 0
+    )
     karpathy = json.loads((root / "dataset_flickr30k.json").read_text())["images"]
     train_ids = {int(Path(e["filename"]).stem) for e in karpathy if e["split"] == "train"}
     rows = load_dataset(str(out), split="train")
-    assert {(r["image_id"], r["anchor_class"]) for r in rows} == \
-        {(i, c) for i in train_ids for c in ("animals", "people")}
+    assert {(r["image_id"], r["anchor_class"]) for r in rows} == {
+        (i, c) for i in train_ids for c in ("animals", "people")
+    }
     by_anchor = {r["anchor_class"]: r for r in rows}
     assert by_anchor["people"]["removed_boxes"] == [{"category": "people", "bbox": [5.0, 10.0, 40.0, 70.0]}]
-    assert by_anchor["people"]["caption"] in {"walks with a small dog.", "A dog follows in the park.",
-                                              "and a puppy."}
+    assert by_anchor["people"]["caption"] in {"walks with a small dog.", "A dog follows in the park.", "and a puppy."}
     gallery = load_dataset(str(out), "odmap_gallery", split="test")
     assert len(gallery) == 5 * len(karpathy)
     assert Counter(tuple(r["mentioned_classes"]) for r in gallery) == Counter(
-        {("people", "animals"): 3 * len(karpathy), ("people",): len(karpathy), (): len(karpathy)})
+        {("people", "animals"): 3 * len(karpathy), ("people",): len(karpathy), (): len(karpathy)}
+    )
 
     from loading_scripts.flickr30k import Flickr30kSourceConfig, read_flickr30k
+
     test = read_flickr30k(Flickr30kSourceConfig(root, splits=("test",)))
     assert len(test) == sum(e["split"] == "test" for e in karpathy)
     assert [o.category for o in test[0].objects] == ["people", "animals"]
-    assert all(r.split == "test" and r.folder == "flickr30k-images" and r.input_problem is None
-               for r in test)
+    assert all(r.split == "test" and r.folder == "flickr30k-images" and r.input_problem is None for r in test)
 
     from builders.decorrelation.source import read_source
+
     xml = next((root / "flickr30k_entities/Annotations").glob("*.xml"))
     xml.write_text("<annotation><size>")
     with pytest.raises(InputFileError, match=re.escape(xml.name) + ": malformed XML"):

@@ -54,25 +54,44 @@ class ColourOracle:
 def oracle(monkeypatch):
     """Substitutes the scorer; returns the list of scorers made (one per build process)."""
     made = []
-    monkeypatch.setattr(verify, "load_scorer",
-                        lambda config, class_names, precision=None:
-                        made.append(ColourOracle(class_names)) or made[-1])
+    monkeypatch.setattr(
+        verify,
+        "load_scorer",
+        lambda config, class_names, precision=None: made.append(ColourOracle(class_names)) or made[-1],
+    )
     return made
 
 
 def _expected_train_removals(root: Path) -> set[tuple[int, str]]:
-    return {(image_id, anchor) for image_id, im in raw_images(root).items() if im["split"] in ("train", "restval")
-            for anchor, *_ in brute_force(im["boxes"], im["w"], im["h"])[0]}
+    return {
+        (image_id, anchor)
+        for image_id, im in raw_images(root).items()
+        if im["split"] in ("train", "restval")
+        for anchor, *_ in brute_force(im["boxes"], im["w"], im["h"])[0]
+    }
 
 
-def test_identity_fill_is_caught_and_zero_fill_passes(coco_fixture_dir, tiny_models_dir, tmp_path, oracle,
-                                                      monkeypatch):
+def test_identity_fill_is_caught_and_zero_fill_passes(
+    coco_fixture_dir, tiny_models_dir, tmp_path, oracle, monkeypatch
+):
     want = _expected_train_removals(coco_fixture_dir)
     check = ["--verify-removal", "--verify-threshold", str(ORACLE_THRESHOLD)]
 
     removed = tmp_path / "zero"
-    assert cli_main(["build", "decorrelation", *build_args(coco_fixture_dir, removed, tiny_models_dir),
-                     *TRAIN_ONLY, "--fill", "zero", *check]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                *build_args(coco_fixture_dir, removed, tiny_models_dir),
+                *TRAIN_ONLY,
+                "--fill",
+                "zero",
+                *check,
+            ]
+        )
+        == 0
+    )
     rows = load_dataset(str(removed), split="train")
     assert {(r["image_id"], r["anchor_class"]) for r in rows} == want
     assert "object_still_visible" not in json.loads((removed / "build_manifest.json").read_text())["skipped"]
@@ -86,8 +105,20 @@ def test_identity_fill_is_caught_and_zero_fill_passes(coco_fixture_dir, tiny_mod
 
     kept = tmp_path / "identity"
     monkeypatch.setattr(ImageFiller, "fill", lambda self, image, mask, seed: image.copy())
-    assert cli_main(["build", "decorrelation", *build_args(coco_fixture_dir, kept, tiny_models_dir),
-                     *TRAIN_ONLY, "--fill", "zero", *check]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "decorrelation",
+                *build_args(coco_fixture_dir, kept, tiny_models_dir),
+                *TRAIN_ONLY,
+                "--fill",
+                "zero",
+                *check,
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((kept / "build_manifest.json").read_text())
     left = {(r["image_id"], r["anchor_class"]) for r in load_dataset(str(kept), split="train")}
     # Every removal whose object the oracle saw before is now caught; the rest are kept.
@@ -117,9 +148,24 @@ def test_clip_scores_equal_an_independent_zero_shot_and_the_threshold_applies(ti
     raw = raw_images(root)
 
     def build(out: Path, threshold: float) -> None:
-        assert cli_main(["build", "decorrelation", *build_args(root, out, tiny_models_dir), *TRAIN_ONLY,
-                         "--fill", "blur", "--verify-removal", "--verify-view", "image",
-                         "--verify-threshold", repr(threshold)]) == 0
+        assert (
+            cli_main(
+                [
+                    "build",
+                    "decorrelation",
+                    *build_args(root, out, tiny_models_dir),
+                    *TRAIN_ONLY,
+                    "--fill",
+                    "blur",
+                    "--verify-removal",
+                    "--verify-view",
+                    "image",
+                    "--verify-threshold",
+                    repr(threshold),
+                ]
+            )
+            == 0
+        )
 
     out = tmp_path / "all"
     build(out, 1.0)  # a softmax never reaches 1: every row is kept, with its scores

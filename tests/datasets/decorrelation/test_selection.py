@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from builders.decorrelation.config import SelectionConfig
-from builders.decorrelation.selection import (REASONS, box_mask, select_removals)
+from builders.decorrelation.selection import REASONS, box_mask, select_removals
 from loading_scripts.coco import CocoSourceConfig, read_coco
 from loading_scripts.records import SourceObject
 
@@ -76,8 +76,11 @@ def test_random_boxes_match_brute_force(seed):
             if rng.random() < 0.05:
                 x = math.nan
             boxes.append((rng.choice(classes), (x, y, w, h)))
-        alphas = {"alpha1": rng.choice([0.4, 0.2]), "alpha2": rng.choice([0.8, 0.6]),
-                  "alpha3": rng.choice([0.7, 0.95])}
+        alphas = {
+            "alpha1": rng.choice([0.4, 0.2]),
+            "alpha2": rng.choice([0.8, 0.6]),
+            "alpha3": rng.choice([0.7, 0.95]),
+        }
         want, want_reasons = brute_force(boxes, width, height, **alphas)
         got, got_reasons, _ = ours(boxes, width, height, **alphas)
         assert got == want, (width, height, boxes, alphas)
@@ -93,8 +96,15 @@ def test_box_mask_covers_every_touched_pixel_and_clips():
     assert np.argwhere(box_mask((2.0, 1.0, 2.0, 1.0), 8, 4)).tolist() == [[1, 2], [1, 3]]  # edges on pixel borders
     assert np.argwhere(box_mask((2.9, 0.5, 0.05, 0.01), 8, 4)).tolist() == [[0, 2]]  # a sliver touches one pixel
     assert box_mask((-5, -5, 6, 6), 4, 4).sum() == 1  # only pixel (0, 0) is inside the image
-    for bad in [(1, 1, 0, 3), (9, 9, 2, 2), (1, 1, -2, 3), (math.nan, 0, 2, 2), (0, 0, math.inf, 2),
-                (8, 0, 2, 2), (-2, 0, 2, 2)]:  # zero-area, outside, non-finite, touching only an edge
+    for bad in [
+        (1, 1, 0, 3),
+        (9, 9, 2, 2),
+        (1, 1, -2, 3),
+        (math.nan, 0, 2, 2),
+        (0, 0, math.inf, 2),
+        (8, 0, 2, 2),
+        (-2, 0, 2, 2),
+    ]:  # zero-area, outside, non-finite, touching only an edge
         assert not box_mask(bad, 8, 8).any(), bad
 
 

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 # ----------------------------------------------------------------------------- simulated annotation
 
+
 def truth(item, gallery) -> bool:
     """Hidden ground truth: original pairs are positive, golden negatives (outside every model's
     top-25) negative, other pairs positive with probability 0.4."""
@@ -65,18 +66,24 @@ def simulation(round_dir, gallery):
     spam majority (6 workers saying "100% YES" to everything). Even tasks' good answers go to a
     Label Studio export, odd ones to a CSV, the spammers to their own CSV."""
     tasks = json.loads((round_dir / "tasks" / "tasks.json").read_text())["tasks"]
-    studio = {t["data"]["item_id"]: t
-              for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())}
+    studio = {
+        t["data"]["item_id"]: t for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())
+    }
     rng = random.Random(11)
     export, good_rows, spam_rows, submissions = [], [], [], []
     for n, task in enumerate(tasks):
         workers = [f"good{w}" for w in range(5)] + ([f"spam{n // 2 % 2}"] if n % 2 == 0 else [])
         workers += [f"spam-yes{w}" for w in range(6)] if n % 4 == 1 else []
         for worker in workers:
-            answers = {i["item_id"]: (spam_answer(i, rng, worker) if worker.startswith("spam")
-                                      else good_answer(i, gallery, rng)) for i in task["items"]}
-            submissions.append({"task": task, "worker": worker, "answers": answers,
-                                "failed": failed_golden(answers, task)})
+            answers = {
+                i["item_id"]: (
+                    spam_answer(i, rng, worker) if worker.startswith("spam") else good_answer(i, gallery, rng)
+                )
+                for i in task["items"]
+            }
+            submissions.append(
+                {"task": task, "worker": worker, "answers": answers, "failed": failed_golden(answers, task)}
+            )
             for item_id, answer in answers.items():
                 row = (task["task_id"], item_id, worker, answer)
                 if worker.startswith("spam"):
@@ -86,27 +93,60 @@ def simulation(round_dir, gallery):
                 else:
                     entry = dict(studio[item_id]) if item_id not in {e["data"]["item_id"] for e in export} else None
                     target = entry or next(e for e in export if e["data"]["item_id"] == item_id)
-                    target.setdefault("annotations", []).append({
-                        "completed_by": {"id": worker}, "was_cancelled": False,
-                        "result": [{"from_name": "answer", "to_name": "text", "type": "choices",
-                                    "value": {"choices": [answer]}}]})
+                    target.setdefault("annotations", []).append(
+                        {
+                            "completed_by": {"id": worker},
+                            "was_cancelled": False,
+                            "result": [
+                                {
+                                    "from_name": "answer",
+                                    "to_name": "text",
+                                    "type": "choices",
+                                    "value": {"choices": [answer]},
+                                }
+                            ],
+                        }
+                    )
                     if entry:
                         export.append(entry)
     files = round_dir / "verdicts"
     files.mkdir()
     (files / "export.json").write_text(json.dumps(export))
-    return {"tasks": tasks, "submissions": submissions,
-            "files": [files / "export.json", write_csv(files / "good.csv", good_rows),
-                      write_csv(files / "spam.csv", spam_rows)]}
+    return {
+        "tasks": tasks,
+        "submissions": submissions,
+        "files": [
+            files / "export.json",
+            write_csv(files / "good.csv", good_rows),
+            write_csv(files / "spam.csv", spam_rows),
+        ],
+    }
 
 
 @pytest.fixture(scope="module")
 def ingested(round_dir, simulation, local_hub):
     """Ingest, build and publish the new version to the local Hub in one command."""
     out = round_dir / "v2"
-    assert cli_main(["eccv", "ingest", *map(str, simulation["files"]), "--tasks", str(round_dir / "tasks"),
-                     "--state", str(round_dir / "state"), "--output", str(out),
-                     "--repo-id", "tester/eccv-mitl", "--version", "v2.0.0"]) == 0
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "ingest",
+                *map(str, simulation["files"]),
+                "--tasks",
+                str(round_dir / "tasks"),
+                "--state",
+                str(round_dir / "state"),
+                "--output",
+                str(out),
+                "--repo-id",
+                "tester/eccv-mitl",
+                "--version",
+                "v2.0.0",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -122,15 +162,22 @@ def test_new_version_loads_at_its_tag(ingested):
 def test_ingest_recovers_the_ground_truth_and_excludes_spammers(ingested, round_dir, simulation, gallery):
     report = json.loads((round_dir / "state" / "annotations" / "mitl_report.json").read_text())
     failed = set(report["failed_submissions"])
-    spam = {f"{s['task']['task_id']}/{s['worker']}" for s in simulation["submissions"]
-            if s["worker"].startswith("spam")}
+    spam = {
+        f"{s['task']['task_id']}/{s['worker']}" for s in simulation["submissions"] if s["worker"].startswith("spam")
+    }
     assert spam and spam <= failed
     assert failed == {f"{s['task']['task_id']}/{s['worker']}" for s in simulation["submissions"] if s["failed"]}
 
-    positives = {("i2t", r["image_id"]): set(r["positive_caption_ids"])
-                 for r in load_dataset(str(ingested), "i2t", split="test") if r["eccv_query"]}
-    positives |= {("t2i", r["caption_id"]): set(r["positive_image_ids"])
-                  for r in load_dataset(str(ingested), "t2i", split="test") if r["eccv_query"]}
+    positives = {
+        ("i2t", r["image_id"]): set(r["positive_caption_ids"])
+        for r in load_dataset(str(ingested), "i2t", split="test")
+        if r["eccv_query"]
+    }
+    positives |= {
+        ("t2i", r["caption_id"]): set(r["positive_image_ids"])
+        for r in load_dataset(str(ingested), "t2i", split="test")
+        if r["eccv_query"]
+    }
     checked = 0
     for sub in simulation["submissions"]:
         if sub["failed"]:
@@ -166,8 +213,21 @@ def test_card_counts_match_the_simulation(ingested, simulation):
 
 def test_spam_majorities_count_only_with_keep_failed_golden(ingested, round_dir, simulation, tmp_path):
     assert any(s["worker"].startswith("spam-yes") for s in simulation["submissions"])
-    assert cli_main(["eccv", "ingest", *map(str, simulation["files"]), "--tasks", str(round_dir / "tasks"),
-                     "--state", str(tmp_path / "state"), "--keep-failed-golden"]) == 0
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "ingest",
+                *map(str, simulation["files"]),
+                "--tasks",
+                str(round_dir / "tasks"),
+                "--state",
+                str(tmp_path / "state"),
+                "--keep-failed-golden",
+            ]
+        )
+        == 0
+    )
     kept = json.loads((tmp_path / "state" / "annotations" / "mitl_report.json").read_text())
     votes: dict[tuple, list[bool]] = {}  # every submission's verdicts, failed goldens included
     for sub in simulation["submissions"]:
@@ -184,9 +244,13 @@ def test_spam_majorities_count_only_with_keep_failed_golden(ingested, round_dir,
 
 # ----------------------------------------------------------------------------- bad input
 
+
 def state_snapshot(round_dir: Path) -> dict[str, bytes]:
-    return {p.relative_to(round_dir).as_posix(): p.read_bytes()
-            for p in sorted((round_dir / "state").rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(round_dir).as_posix(): p.read_bytes()
+        for p in sorted((round_dir / "state").rglob("*"))
+        if p.is_file()
+    }
 
 
 def a_submission(task, worker: str, answer: str = "100% YES") -> list[tuple[str, str, str, str]]:
@@ -197,20 +261,36 @@ def test_bad_verdicts_are_clear_errors_and_lose_nothing(ingested, round_dir, sim
     tasks = simulation["tasks"]
     before = state_snapshot(round_dir)
     good = write_csv(tmp_path / "new_worker.csv", a_submission(tasks[1], "fresh"))
-    unknown_task = write_csv(tmp_path / "unknown_task.csv",
-                             a_submission(tasks[0], "w9")[:3] + [("i2t-99999", "i2t-99999-00", "w9", "100% NO")])
-    unknown_item = write_csv(tmp_path / "unknown_item.csv",
-                             [(tasks[0]["task_id"], f"{tasks[0]['task_id']}-77", "w9", "100% NO")])
+    unknown_task = write_csv(
+        tmp_path / "unknown_task.csv",
+        a_submission(tasks[0], "w9")[:3] + [("i2t-99999", "i2t-99999-00", "w9", "100% NO")],
+    )
+    unknown_item = write_csv(
+        tmp_path / "unknown_item.csv", [(tasks[0]["task_id"], f"{tasks[0]['task_id']}-77", "w9", "100% NO")]
+    )
     twice = write_csv(tmp_path / "twice.csv", a_submission(tasks[2], "good0", "100% NO"))
     malformed = tmp_path / "export.json"
     malformed.write_text(json.dumps([{"data": {"task_id": "x"}}])[:-5])
-    expected = {unknown_task: ("row 5", "unknown task id"), unknown_item: ("row 2", "unknown item id"),
-                twice: ("row 2", "already answered by worker good0"),
-                malformed: ("malformed JSON at line 1", "")}
+    expected = {
+        unknown_task: ("row 5", "unknown task id"),
+        unknown_item: ("row 2", "unknown item id"),
+        twice: ("row 2", "already answered by worker good0"),
+        malformed: ("malformed JSON at line 1", ""),
+    }
     for bad, (where, what) in expected.items():
         # A valid file in the same call is not stored either: a call is all or nothing.
-        code = cli_main(["eccv", "ingest", str(good), str(bad), "--tasks", str(round_dir / "tasks"),
-                         "--state", str(round_dir / "state")])
+        code = cli_main(
+            [
+                "eccv",
+                "ingest",
+                str(good),
+                str(bad),
+                "--tasks",
+                str(round_dir / "tasks"),
+                "--state",
+                str(round_dir / "state"),
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2 and str(bad) in err and where in err and what in err, err
         assert len(err.strip().splitlines()) == 1
@@ -219,14 +299,20 @@ def test_bad_verdicts_are_clear_errors_and_lose_nothing(ingested, round_dir, sim
 
 def studio_export(round_dir: Path, answers: list[tuple[str, str]]) -> list[dict]:
     """A Label Studio export of "100% YES" answers, given as (item id, worker) pairs."""
-    studio = {t["data"]["item_id"]: t
-              for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())}
+    studio = {
+        t["data"]["item_id"]: t for t in json.loads((round_dir / "tasks" / "label_studio_tasks.json").read_text())
+    }
     export: dict[str, dict] = {}
     for item_id, worker in answers:
-        export.setdefault(item_id, dict(studio[item_id], annotations=[]))["annotations"].append({
-            "completed_by": {"id": worker}, "was_cancelled": False,
-            "result": [{"from_name": "answer", "to_name": "text", "type": "choices",
-                        "value": {"choices": ["100% YES"]}}]})
+        export.setdefault(item_id, dict(studio[item_id], annotations=[]))["annotations"].append(
+            {
+                "completed_by": {"id": worker},
+                "was_cancelled": False,
+                "result": [
+                    {"from_name": "answer", "to_name": "text", "type": "choices", "value": {"choices": ["100% YES"]}}
+                ],
+            }
+        )
     return list(export.values())
 
 
@@ -234,9 +320,16 @@ def test_incomplete_submissions_are_counted_skips(round_dir, simulation, tmp_pat
     """Label Studio shows each pair as its own task: an export holds half-done 20-item tasks."""
     t0, t1 = simulation["tasks"][:2]
     partial = tmp_path / "partial.json"
-    partial.write_text(json.dumps(studio_export(round_dir, [(i["item_id"], "p1") for i in t0["items"][:7]]
-                                                + [(i["item_id"], "p2") for i in t1["items"]]
-                                                + [(i["item_id"], "p3") for i in t1["items"][1:]])))
+    partial.write_text(
+        json.dumps(
+            studio_export(
+                round_dir,
+                [(i["item_id"], "p1") for i in t0["items"][:7]]
+                + [(i["item_id"], "p2") for i in t1["items"]]
+                + [(i["item_id"], "p3") for i in t1["items"][1:]],
+            )
+        )
+    )
     args = ["--tasks", str(round_dir / "tasks"), "--state", str(tmp_path / "state")]
     assert cli_main(["eccv", "ingest", str(partial), *args]) == 0
     report_path = tmp_path / "state" / "annotations" / "mitl_report.json"
@@ -259,6 +352,7 @@ def test_incomplete_submissions_are_counted_skips(round_dir, simulation, tmp_pat
 
 # ----------------------------------------------------------------------------- model bias
 
+
 def map_at_r(ranking: list[int], positives: set[int]) -> float:
     """mAP@R of one query, straight from its definition (Musgrave et al., 2020)."""
     r = len(positives)
@@ -271,29 +365,48 @@ def map_at_r(ranking: list[int], positives: set[int]) -> float:
     return total / r
 
 
-def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, simulation, gallery,
-                                                          annotators, brute, capsys, monkeypatch):
+def test_model_bias_ranks_models_on_single_annotator_sets(
+    ingested, round_dir, simulation, gallery, annotators, brute, capsys, monkeypatch
+):
     from builders.models import clip
 
     monkeypatch.setattr(clip, "load_scorer", no_model)  # the round's cache has them
     out = round_dir / "bias"
-    assert cli_main(["eccv", "model-bias", "--tasks", str(round_dir / "tasks"), "--state",
-                     str(round_dir / "state"), "--output", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "model-bias",
+                "--tasks",
+                str(round_dir / "tasks"),
+                "--state",
+                str(round_dir / "state"),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "mAP@R" in capsys.readouterr().out
     rows = list(csv.DictReader(open(out / "model_bias.csv")))
     # Models and sets are named by provenance (local folders: local:NAME@sha256:...).
     spec_of = {model_name(m): m for m in annotators}
     assert all(name.startswith("local:") for name in spec_of)
-    assert {(r["model"], r["annotation_set"]) for r in rows} == \
-        {(m, s) for m in spec_of for s in [*spec_of, "all"]}
+    assert {(r["model"], r["annotation_set"]) for r in rows} == {(m, s) for m in spec_of for s in [*spec_of, "all"]}
     assert (out / "model_bias.png").stat().st_size > 0
     # Reference: the verified pairs are the ground truth (previous test); a single annotator's
     # set keeps the positives it proposed.
-    proposed = {(c["modality"], c["query_id"], c["item_id"]): c["proposed_by"] for c in
-                json.loads((round_dir / "candidates.json").read_text())["candidates"]}
-    verified = {(i["modality"], i["query_id"], i["caption_id"] if i["modality"] == "i2t" else i["image_id"]): i
-                for s in simulation["submissions"] if not s["failed"]
-                for i in s["task"]["items"] if i["kind"] == "candidate"}
+    proposed = {
+        (c["modality"], c["query_id"], c["item_id"]): c["proposed_by"]
+        for c in json.loads((round_dir / "candidates.json").read_text())["candidates"]
+    }
+    verified = {
+        (i["modality"], i["query_id"], i["caption_id"] if i["modality"] == "i2t" else i["image_id"]): i
+        for s in simulation["submissions"]
+        if not s["failed"]
+        for i in s["task"]["items"]
+        if i["kind"] == "candidate"
+    }
     for row in rows:
         m, set_name, model = row["modality"], row["annotation_set"], row["model"]
         positives: dict[int, set[int]] = {}
@@ -303,8 +416,12 @@ def test_model_bias_ranks_models_on_single_annotator_sets(ingested, round_dir, s
         scores = brute[spec_of[model]][0 if m == "i2t" else 1]
         rows_ids = gallery["image_ids"] if m == "i2t" else gallery["caption_ids"]
         items = gallery["caption_ids"] if m == "i2t" else gallery["image_ids"]
-        expected = np.mean([map_at_r(ranked(scores, rows_ids.index(q), items, len(items)), pos)
-                            for q, pos in sorted(positives.items())])
+        expected = np.mean(
+            [
+                map_at_r(ranked(scores, rows_ids.index(q), items, len(items)), pos)
+                for q, pos in sorted(positives.items())
+            ]
+        )
         assert int(row["queries"]) == len(positives)
         assert float(row["map_at_r"]) == pytest.approx(expected, abs=1e-9)
 
@@ -316,12 +433,30 @@ def test_cxc_ratings_are_merged_above_the_threshold(round_dir, simulation, galle
     caption = next(c for c, i in gallery["caption_image"].items() if i != image)
     low = next(c for c, i in gallery["caption_image"].items() if i != image and c != caption)
     sits = tmp_path / "sits_test.csv"
-    sits.write_text("caption,image,agg_score,sampling_method\n"
-                    f"COCO_val2014:sentid:{caption},COCO_val2014_{image:012d}.jpg,3.4,c2i_intrasim\n"
-                    f"COCO_val2014:sentid:{low},COCO_val2014_{image:012d}.jpg,2.9,c2i_intrasim\n")
+    sits.write_text(
+        "caption,image,agg_score,sampling_method\n"
+        f"COCO_val2014:sentid:{caption},COCO_val2014_{image:012d}.jpg,3.4,c2i_intrasim\n"
+        f"COCO_val2014:sentid:{low},COCO_val2014_{image:012d}.jpg,2.9,c2i_intrasim\n"
+    )
     out = tmp_path / "v3"
-    assert cli_main(["eccv", "ingest", str(simulation["files"][0]), "--tasks", str(round_dir / "tasks"),
-                     "--state", str(tmp_path / "state"), "--cxc-sits", str(sits), "--output", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "ingest",
+                str(simulation["files"][0]),
+                "--tasks",
+                str(round_dir / "tasks"),
+                "--state",
+                str(tmp_path / "state"),
+                "--cxc-sits",
+                str(sits),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = {r["image_id"]: r for r in load_dataset(str(out), "i2t", split="test")}
     assert rows[image]["cxc_caption_ids"] == [caption]
     assert caption in rows[image]["positive_caption_ids"]
@@ -329,15 +464,44 @@ def test_cxc_ratings_are_merged_above_the_threshold(round_dir, simulation, galle
     assert "pairs scoring ≥ 3.0 in" in (out / "README.md").read_text()
     bad = tmp_path / "bad.csv"
     bad.write_text("caption,image,agg_score,sampling_method\nCOCO_val2014:sentid:x,img.jpg,3,y\n")
-    assert cli_main(["eccv", "ingest", str(simulation["files"][0]), "--tasks", str(round_dir / "tasks"),
-                     "--state", str(tmp_path / "state2"), "--cxc-sits", str(bad)]) == 2
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "ingest",
+                str(simulation["files"][0]),
+                "--tasks",
+                str(round_dir / "tasks"),
+                "--state",
+                str(tmp_path / "state2"),
+                "--cxc-sits",
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "state2" / "verdicts.json").exists()  # a failed call stores nothing
 
 
 def test_strict_keeps_only_full_yes_majorities(round_dir, simulation, gallery, tmp_path):
     out = tmp_path / "strict"
-    assert cli_main(["eccv", "ingest", str(simulation["files"][0]), "--tasks", str(round_dir / "tasks"),
-                     "--state", str(tmp_path / "state"), "--strict", "--output", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "ingest",
+                str(simulation["files"][0]),
+                "--tasks",
+                str(round_dir / "tasks"),
+                "--state",
+                str(tmp_path / "state"),
+                "--strict",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     exported = {t["task_id"] for t in simulation["tasks"][::2]}  # good workers' even tasks
     votes: dict[tuple, list[bool]] = {}
     for sub in simulation["submissions"]:
@@ -349,10 +513,16 @@ def test_strict_keeps_only_full_yes_majorities(round_dir, simulation, gallery, t
                 pair = (m, item["query_id"], item["caption_id"] if m == "i2t" else item["image_id"])
                 votes.setdefault(pair, []).append(sub["answers"][item["item_id"]] == "100% YES")
     assert votes
-    rows = {("i2t", r["image_id"]): set(r["positive_caption_ids"])
-            for r in load_dataset(str(out), "i2t", split="test") if r["eccv_query"]}
-    rows |= {("t2i", r["caption_id"]): set(r["positive_image_ids"])
-             for r in load_dataset(str(out), "t2i", split="test") if r["eccv_query"]}
+    rows = {
+        ("i2t", r["image_id"]): set(r["positive_caption_ids"])
+        for r in load_dataset(str(out), "i2t", split="test")
+        if r["eccv_query"]
+    }
+    rows |= {
+        ("t2i", r["caption_id"]): set(r["positive_image_ids"])
+        for r in load_dataset(str(out), "t2i", split="test")
+        if r["eccv_query"]
+    }
     for (m, q, other), v in votes.items():
         original = (gallery["caption_image"][other] == q) if m == "i2t" else (gallery["caption_image"][q] == other)
         expected = original or sum(v) > len(v) - sum(v)
@@ -364,18 +534,28 @@ def test_bias_ranks_and_rank_agreement_on_hand_made_scores():
     built by annotator a, by annotator b, and by all annotators."""
     from builders.eccv_positives.mitl.model_bias import bias, rank_agreement, rankings
 
-    scores = {("a", "a"): 0.9, ("b", "a"): 0.5, ("c", "a"): 0.4,
-              ("a", "b"): 0.3, ("b", "b"): 0.2, ("c", "b"): 0.4,
-              ("a", "all"): 0.6, ("b", "all"): 0.7, ("c", "all"): 0.4}
-    rows = [{"model": m, "annotation_set": s, "modality": "i2t", "map_at_r": v}
-            for (m, s), v in scores.items()]
+    scores = {
+        ("a", "a"): 0.9,
+        ("b", "a"): 0.5,
+        ("c", "a"): 0.4,
+        ("a", "b"): 0.3,
+        ("b", "b"): 0.2,
+        ("c", "b"): 0.4,
+        ("a", "all"): 0.6,
+        ("b", "all"): 0.7,
+        ("c", "all"): 0.4,
+    }
+    rows = [{"model": m, "annotation_set": s, "modality": "i2t", "map_at_r": v} for (m, s), v in scores.items()]
     b = bias(rows)
     # Set a: |0.9-0.6|, |0.5-0.7|, |0.4-0.4| -> mean 0.5/3; self (model a) 0.3; others 0.1.
     assert b["a/i2t"] == pytest.approx({"bias": 0.5 / 3, "self_bias": 0.3, "non_self_bias": 0.1})
     # Set b: |0.3-0.6|, |0.2-0.7|, 0 -> mean 0.8/3; self (model b) 0.5; others 0.15.
     assert b["b/i2t"] == pytest.approx({"bias": 0.8 / 3, "self_bias": 0.5, "non_self_bias": 0.15})
-    assert rankings(rows, "i2t") == {"a": {"a": 1, "b": 2, "c": 3}, "b": {"a": 2, "b": 3, "c": 1},
-                                     "all": {"a": 2, "b": 1, "c": 3}}
+    assert rankings(rows, "i2t") == {
+        "a": {"a": 1, "b": 2, "c": 3},
+        "b": {"a": 2, "b": 3, "c": 1},
+        "all": {"a": 2, "b": 1, "c": 3},
+    }
     # Against all's order (b, a, c): set a (a, b, c) disagrees on one pair of three (tau 1/3),
     # set b (c, a, b) on all three (tau -1).
     assert rank_agreement(rows, "i2t") == pytest.approx({"a": 1 / 3, "b": -1.0})

@@ -46,15 +46,21 @@ def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, 
     assert all(m.startswith("local:") for m in data["config"]["models"])
     for model, (i2t, t2i) in brute.items():
         name = model_name(model)
-        for modality, scores, rows, items in (("i2t", i2t, gallery["image_ids"], gallery["caption_ids"]),
-                                              ("t2i", t2i, gallery["caption_ids"], gallery["image_ids"])):
+        for modality, scores, rows, items in (
+            ("i2t", i2t, gallery["image_ids"], gallery["caption_ids"]),
+            ("t2i", t2i, gallery["caption_ids"], gallery["image_ids"]),
+        ):
             for q in queries[modality]:
                 score = dict(zip(items, scores[rows.index(q)], strict=True))
                 expected = ranked(scores, rows.index(q), items, 5)
                 mine = [got[(modality, q, name)][r] for r in sorted(got[(modality, q, name)])]
                 assert sorted(got[(modality, q, name)]) == [1, 2, 3, 4, 5]
                 # The same items up to float near-ties: the same score at every rank.
-                assert all(abs(score[a] - score[b]) <= TOL for a, b in zip(mine, expected, strict=True)), (q, mine, expected)
+                assert all(abs(score[a] - score[b]) <= TOL for a, b in zip(mine, expected, strict=True)), (
+                    q,
+                    mine,
+                    expected,
+                )
                 if modality == "i2t":  # copies of a caption text come in gallery order
                     for r, item in enumerate(mine):
                         twins = {c for c in items if text[c] == text[item] and position[c] < position[item]}
@@ -63,8 +69,10 @@ def test_candidates_equal_full_matrix_retrieval(round_dir, gallery, annotators, 
                 checked += 1
     assert exact >= 0.9 * checked  # near-ties are rare, or the tolerance would hide mistakes
     # The exclusion lists are the union of both models' top-25, up to ties at the 25th score.
-    for modality, scores_of, rows, items in (("i2t", 0, gallery["image_ids"], gallery["caption_ids"]),
-                                             ("t2i", 1, gallery["caption_ids"], gallery["image_ids"])):
+    for modality, scores_of, rows, items in (
+        ("i2t", 0, gallery["image_ids"], gallery["caption_ids"]),
+        ("t2i", 1, gallery["caption_ids"], gallery["image_ids"]),
+    ):
         for q in queries[modality]:
             union, kth = set(), []
             for model in annotators:
@@ -89,9 +97,14 @@ def test_model_topk_breaks_ties_by_gallery_index():
         captions = rng.integers(-2, 3, (n_captions, 4)).astype(np.float32)[text]
         captions[rng.random(n_captions) < 0.2, 0] += 1
         images = rng.integers(-2, 3, (n_images, 4)).astype(np.float32)
-        g = Gallery(root=Path("."), image_ids=list(range(n_images)), image_files=[""] * n_images,
-                    caption_ids=list(range(100, 100 + n_captions)), caption_image_ids=[0] * n_captions,
-                    captions=[f"text {t}" for t in text])
+        g = Gallery(
+            root=Path("."),
+            image_ids=list(range(n_images)),
+            image_files=[""] * n_images,
+            caption_ids=list(range(100, 100 + n_captions)),
+            caption_image_ids=[0] * n_captions,
+            captions=[f"text {t}" for t in text],
+        )
         k = int(rng.integers(1, n_captions + 1))
         got = model_topk(images, captions, g, {"i2t": list(range(n_images)), "t2i": [100]}, k)
         expected = np.argsort(-(images.astype(np.float64) @ captions.T), axis=1, kind="stable")[:, :k]
@@ -129,17 +142,33 @@ def test_tasks_have_18_candidates_and_two_goldens(round_dir, gallery, brute):
 
 def test_task_shuffles_are_deterministic(round_dir, tmp_path):
     first = round_dir / "tasks"
-    assert cli_main(["eccv", "tasks", str(round_dir / "candidates.json"), "--output", str(tmp_path / "a"),
-                     "--seed", "7"]) == 0
+    assert (
+        cli_main(["eccv", "tasks", str(round_dir / "candidates.json"), "--output", str(tmp_path / "a"), "--seed", "7"])
+        == 0
+    )
     for name in ("label_studio_tasks.json", "tasks.csv"):
         assert (tmp_path / "a" / name).read_bytes() == (first / name).read_bytes()
-    assert json.loads((tmp_path / "a" / "tasks.json").read_text())["tasks"] == \
-        json.loads((first / "tasks.json").read_text())["tasks"]
-    assert cli_main(["eccv", "tasks", str(round_dir / "candidates.json"), "--output", str(tmp_path / "b"),
-                     "--seed", "8", "--embed-thumbnails"]) == 0
+    assert (
+        json.loads((tmp_path / "a" / "tasks.json").read_text())["tasks"]
+        == json.loads((first / "tasks.json").read_text())["tasks"]
+    )
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "tasks",
+                str(round_dir / "candidates.json"),
+                "--output",
+                str(tmp_path / "b"),
+                "--seed",
+                "8",
+                "--embed-thumbnails",
+            ]
+        )
+        == 0
+    )
     order = [[i["kind"] for i in t["items"]] for t in json.loads((first / "tasks.json").read_text())["tasks"]]
-    other = [[i["kind"] for i in t["items"]]
-             for t in json.loads((tmp_path / "b" / "tasks.json").read_text())["tasks"]]
+    other = [[i["kind"] for i in t["items"]] for t in json.loads((tmp_path / "b" / "tasks.json").read_text())["tasks"]]
     assert order != other
     studio = json.loads((tmp_path / "b" / "label_studio_tasks.json").read_text())
     assert len(studio) == 20 * len(order)
@@ -151,9 +180,26 @@ def test_task_shuffles_are_deterministic(round_dir, tmp_path):
 
 def test_a_model_that_cannot_load_is_a_clear_error(gallery, tmp_path, capsys):
     for model in ("/nonexistent/clip-model", "local-dir:/nonexistent/open-clip"):
-        code = cli_main(["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "test",
-                         "--model", model, "--image-queries", "2", "--caption-queries", "2",
-                         "--cache-dir", str(tmp_path), "--output", str(tmp_path / "c.json")])
+        code = cli_main(
+            [
+                "eccv",
+                "candidates",
+                "--coco-root",
+                str(gallery["root"]),
+                "--splits",
+                "test",
+                "--model",
+                model,
+                "--image-queries",
+                "2",
+                "--caption-queries",
+                "2",
+                "--cache-dir",
+                str(tmp_path),
+                "--output",
+                str(tmp_path / "c.json"),
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2 and "/nonexistent/" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c.json").exists()
@@ -162,23 +208,93 @@ def test_a_model_that_cannot_load_is_a_clear_error(gallery, tmp_path, capsys):
 def test_a_dataset_gallery_gives_the_same_candidates_as_its_coco_root(gallery, annotators, tmp_path):
     """The coco-captions build of the fixture's test split, read as a plain image-caption dataset."""
     dataset = tmp_path / "coco-captions"
-    assert cli_main(["build", "coco-captions", "--coco-root", str(gallery["root"]), "--splits", "test",
-                     "--output", str(dataset)]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                "coco-captions",
+                "--coco-root",
+                str(gallery["root"]),
+                "--splits",
+                "test",
+                "--output",
+                str(dataset),
+            ]
+        )
+        == 0
+    )
     # 15 test images: golden negatives can only avoid the top-5 of both models.
-    common = ["--image-queries", "4", "--caption-queries", "6", "--seed", "2", "--batch-size", "1000",
-              "--exclusion-depth", "5", "--cache-dir", str(tmp_path / "cache")]
+    common = [
+        "--image-queries",
+        "4",
+        "--caption-queries",
+        "6",
+        "--seed",
+        "2",
+        "--batch-size",
+        "1000",
+        "--exclusion-depth",
+        "5",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     for model in annotators:
         common += ["--model", model]
-    assert cli_main(["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "test",
-                     *common, "--output", str(tmp_path / "coco.json")]) == 0
-    assert cli_main(["eccv", "candidates", "--dataset", str(dataset), "--dataset-split", "test",
-                     "--text-column", "captions", "--image-id-column", "image_id",
-                     "--caption-id-column", "caption_ids", *common, "--output", str(tmp_path / "ds.json")]) == 0
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "candidates",
+                "--coco-root",
+                str(gallery["root"]),
+                "--splits",
+                "test",
+                *common,
+                "--output",
+                str(tmp_path / "coco.json"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "candidates",
+                "--dataset",
+                str(dataset),
+                "--dataset-split",
+                "test",
+                "--text-column",
+                "captions",
+                "--image-id-column",
+                "image_id",
+                "--caption-id-column",
+                "caption_ids",
+                *common,
+                "--output",
+                str(tmp_path / "ds.json"),
+            ]
+        )
+        == 0
+    )
     from_coco, from_dataset = (json.loads((tmp_path / f).read_text()) for f in ("coco.json", "ds.json"))
     assert from_dataset["queries"] == from_coco["queries"]
     assert from_dataset["candidates"] == from_coco["candidates"] and from_coco["candidates"]
-    assert cli_main(["eccv", "tasks", str(tmp_path / "ds.json"), "--output", str(tmp_path / "tasks"),
-                     "--image-url-template", "https://example.org/{image_id}.jpg"]) == 0
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "tasks",
+                str(tmp_path / "ds.json"),
+                "--output",
+                str(tmp_path / "tasks"),
+                "--image-url-template",
+                "https://example.org/{image_id}.jpg",
+            ]
+        )
+        == 0
+    )
     studio = json.loads((tmp_path / "tasks" / "label_studio_tasks.json").read_text())
     assert studio and all(t["data"]["image"].startswith("https://example.org/") for t in studio)
 
@@ -195,53 +311,103 @@ def test_a_dataset_gallery_keeps_its_own_ids_apart_from_coco(gallery, annotators
     cxc_image = next(iter(cxc.i2t))
     cxc_caption = int(cxc.i2t[cxc_image][0])
     image_ids = [cxc_image, 578492, *range(2, 12)]
-    captions = [[t for c, t in zip(gallery["caption_ids"], gallery["texts"], strict=True) if gallery["caption_image"][c] == i]
-                for i in gallery["image_ids"][:12]]
+    captions = [
+        [t for c, t in zip(gallery["caption_ids"], gallery["texts"], strict=True) if gallery["caption_image"][c] == i]
+        for i in gallery["image_ids"][:12]
+    ]
     caption_ids = [[1000 + 10 * row + j for j in range(len(c))] for row, c in enumerate(captions)]
     caption_ids[2][0], caption_ids[3][0] = cxc_caption, 19273
     folder = tmp_path / "dataset"
     folder.mkdir()
     # Embedded: a path-only cell naming a file outside the dataset folder is never opened.
     images = [{"bytes": p.read_bytes(), "path": None} for p in gallery["paths"][:12]]
-    datasets.Dataset.from_dict({"image": images, "captions": captions,
-                                "image_id": image_ids, "caption_ids": caption_ids}).cast_column(
-        "image", datasets.Image()).to_parquet(str(folder / "test.parquet"))
-    assert cli_main(["eccv", "candidates", "--dataset", str(folder), "--text-column", "captions",
-                     "--image-id-column", "image_id", "--caption-id-column", "caption_ids",
-                     "--model", annotators[0], "--image-queries", "12", "--caption-queries", "0",
-                     "--exclusion-depth", "10", "--cache-dir", str(tmp_path / "cache"),
-                     "--output", str(tmp_path / "c.json")]) == 0
+    datasets.Dataset.from_dict(
+        {"image": images, "captions": captions, "image_id": image_ids, "caption_ids": caption_ids}
+    ).cast_column("image", datasets.Image()).to_parquet(str(folder / "test.parquet"))
+    assert (
+        cli_main(
+            [
+                "eccv",
+                "candidates",
+                "--dataset",
+                str(folder),
+                "--text-column",
+                "captions",
+                "--image-id-column",
+                "image_id",
+                "--caption-id-column",
+                "caption_ids",
+                "--model",
+                annotators[0],
+                "--image-queries",
+                "12",
+                "--caption-queries",
+                "0",
+                "--exclusion-depth",
+                "10",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--output",
+                str(tmp_path / "c.json"),
+            ]
+        )
+        == 0
+    )
     assert cli_main(["eccv", "tasks", str(tmp_path / "c.json"), "--output", str(tmp_path / "tasks")]) == 0
     no_verdicts = write_csv(tmp_path / "none.csv", [])
     original = {i: set(c) for i, c in zip(image_ids, caption_ids, strict=True)}
     in_gallery = set().union(*original.values())
-    as_coco = {i: (c | (in_gallery & set(cxc.i2t.get(i, np.empty(0)).tolist()))) - {19273}
-               for i, c in original.items() if i != 578492}
+    as_coco = {
+        i: (c | (in_gallery & set(cxc.i2t.get(i, np.empty(0)).tolist()))) - {19273}
+        for i, c in original.items()
+        if i != 578492
+    }
     assert cxc_caption in as_coco[cxc_image]
     for flags, expected, merged in (([], original, None), (["--coco-ids"], as_coco, "shipped")):
         state = tmp_path / f"state{len(flags)}"
-        assert cli_main(["eccv", "ingest", str(no_verdicts), "--tasks", str(tmp_path / "tasks"),
-                         "--state", str(state), *flags, "--output", str(state / "version")]) == 0
+        assert (
+            cli_main(
+                [
+                    "eccv",
+                    "ingest",
+                    str(no_verdicts),
+                    "--tasks",
+                    str(tmp_path / "tasks"),
+                    "--state",
+                    str(state),
+                    *flags,
+                    "--output",
+                    str(state / "version"),
+                ]
+            )
+            == 0
+        )
         report = json.loads((state / "annotations" / "mitl_report.json").read_text())
-        assert (report["gallery"], report["cxc_merged"], report["appendix_c1_removal"]) == \
-            ("dataset", merged, bool(flags))
+        assert (report["gallery"], report["cxc_merged"], report["appendix_c1_removal"]) == (
+            "dataset",
+            merged,
+            bool(flags),
+        )
         positives = json.loads((state / "annotations" / "eccv_image_to_caption.json").read_text())
         assert {int(i): set(c) for i, c in positives.items()} == expected
         # The new version's card says what the report says happened.
         card = (state / "version" / "README.md").read_text()
         if flags:
-            said = (f"verified pairs; removed invalid captions: {report['removed_invalid']}; merged with CxC "
-                    "(the pairs shipped with `eccv_caption`) and the original dataset pairs.")
+            said = (
+                f"verified pairs; removed invalid captions: {report['removed_invalid']}; merged with CxC "
+                "(the pairs shipped with `eccv_caption`) and the original dataset pairs."
+            )
         else:
-            said = ("verified pairs; Appendix C.1 removal skipped (its ids are COCO ids, the gallery's are "
-                    "its own); CxC not merged (its ids are COCO ids); merged with the original dataset pairs.")
+            said = (
+                "verified pairs; Appendix C.1 removal skipped (its ids are COCO ids, the gallery's are "
+                "its own); CxC not merged (its ids are COCO ids); merged with the original dataset pairs."
+            )
         assert said in card and ("merged with CxC" in card) == bool(flags)
         assert "positives of an image-caption dataset" in card and "COCO retrieval" not in card
         assert ("and CrissCrossed Captions" in card) == bool(flags)
 
 
-def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, annotators, tmp_path,
-                                                                     monkeypatch):
+def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, annotators, tmp_path, monkeypatch):
     import shutil
 
     from safetensors.torch import load_file, save_file
