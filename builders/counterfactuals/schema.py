@@ -86,8 +86,8 @@ COLUMN_DOCS = {
     "sd_model": "the generator's model, Hub id@commit (or local:NAME@sha256)",
     "clip_model": "the CLIP model of the image filters",
     "generator": "the image generator (`--generator`: sd15, sdxl, sd3, flux)",
-    "generation_method": "how the twin image was drawn (prompt-to-prompt/<inject mode>, or the "
-    "MM-DiT method; METHOD.md §2)",
+    "generation_method": "how the twin image was drawn: prompt-to-prompt/<inject mode> (Hertz et al. "
+    "2022), or stable-flow-vital-layers (Avrahami et al., CVPR 2025)",
     "steps": "denoising steps",
     "resolution": "image side in pixels",
     "image_candidates_passed": "of which passed every image filter",
