@@ -170,6 +170,7 @@ def train_runner(role: str) -> Callable[[ModelSource, StageSettings, dict], Stag
 def _train_step(scorer: Any, device: str) -> StageResult:
     import torch
 
+    from builders.models.clip_ids import ClipId
     from training.backends import Backend, HFClip, HFTokenize, PixelPipeline
     from training.evaluation import encode_texts
     from training.losses import clip_loss
@@ -178,7 +179,8 @@ def _train_step(scorer: Any, device: str) -> StageResult:
     size = ip.crop_size["height"] if ip.do_center_crop else ip.size["shortest_edge"]
     pixels = PixelPipeline(size, tuple(ip.image_mean), tuple(ip.image_std))
     tokenize = HFTokenize(scorer.processor.tokenizer)
-    backend = Backend("transformers", "doctor", HFClip(scorer.model).train(), pixels, tokenize, scorer.processor)
+    clip = ClipId("transformers", "doctor", "doctor")
+    backend = Backend(clip, HFClip(scorer.model).train(), pixels, tokenize, scorer.processor)
     module = backend.module
     rng = np.random.default_rng(SEED)
     batch = torch.from_numpy(rng.integers(0, 256, (2, 3, size, size), dtype=np.uint8))
