@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from builders.models.tiny import SEED, _clip_tokenizer
+from builders.models.tiny import SEED, _clip_tokenizer, _text_config
 
 #: The tiny VAE halves the side twice: 64 px images are 16 x 16 latents.
 _VAE_BLOCKS = (8, 8, 8)
@@ -58,21 +58,11 @@ def _t5_encoder(vocab_size: int, d_model: int):
 
 
 def _clip_text(with_projection: bool, vocab_size: int):
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     torch.manual_seed(SEED + int(with_projection))
-    cfg = CLIPTextConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=77,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
-        projection_dim=32,
-    )
+    cfg = _text_config(vocab_size)
+    cfg.projection_dim = 32  # the pooled width the tiny transformers take (2 x 32 for SD3)
     return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg)
 
 
