@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from builders.counterfactuals.generators import GENERATOR_NAMES
+from builders.counterfactuals.generators import GENERATOR_NAMES, generator
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import fraction, non_negative_int, positive_int
 from builders.engine.options import option
@@ -172,8 +172,7 @@ class ImageStageConfig:
         return min(self.steps - 2, int(self.early_reject_at * (self.steps - 1)))
 
     def __post_init__(self) -> None:
-        if self.generator not in GENERATOR_NAMES:
-            raise UserFacingError(f"--generator takes {', '.join(GENERATOR_NAMES)} (got {self.generator!r})")
+        generator(self.generator)  # the registry's own check of the name
         if self.candidate_plan not in CANDIDATE_PLANS:
             raise UserFacingError(f"--candidate-plan takes {', '.join(CANDIDATE_PLANS)} (got {self.candidate_plan!r})")
         if self.candidate_plan == "grouped":
