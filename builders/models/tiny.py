@@ -56,7 +56,7 @@ def _bpe(vocab_size: int = 1200):
     return bpe.get_vocab(), merges
 
 
-def _clip_tokenizer(max_len: int = 77):
+def clip_tokenizer(max_len: int = 77):
     """A CLIP tokenizer with a byte vocabulary and no merges (character-level, fully offline)."""
     from transformers import CLIPTokenizer
 
@@ -68,7 +68,9 @@ def _clip_tokenizer(max_len: int = 77):
     return CLIPTokenizer(vocab={t: i for i, t in enumerate(tokens)}, merges=[], model_max_length=max_len)
 
 
-def _text_config(vocab_size: int):
+def clip_text_config(vocab_size: int):
+    """The tiny CLIP text tower every tiny model shares (CLIP, SD, SDXL's two encoders, SD3/FLUX's
+    CLIP encoders): one definition, so the families differ only where their architectures do."""
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(
@@ -88,9 +90,9 @@ def _text_config(vocab_size: int):
 def build_clip(out: Path) -> None:
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPVisionConfig
 
-    tokenizer = _clip_tokenizer()
+    tokenizer = clip_tokenizer()
     cfg = CLIPConfig(
-        text_config=_text_config(len(tokenizer)).to_dict(),
+        text_config=clip_text_config(len(tokenizer)).to_dict(),
         vision_config=CLIPVisionConfig(
             image_size=32,
             patch_size=8,
@@ -160,8 +162,8 @@ def _sd_components(in_channels: int) -> dict:
         latent_channels=4,
         norm_num_groups=2,
     )
-    tokenizer = _clip_tokenizer()
-    text_encoder = CLIPTextModel(_text_config(len(tokenizer)))
+    tokenizer = clip_tokenizer()
+    text_encoder = CLIPTextModel(clip_text_config(len(tokenizer)))
     scheduler = DDIMScheduler(
         beta_start=0.00085,
         beta_end=0.012,

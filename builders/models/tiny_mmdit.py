@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from builders.models.tiny import SEED, _clip_tokenizer, _text_config
+from builders.models.tiny import SEED, clip_tokenizer, clip_text_config
 
 #: The tiny VAE halves the side twice: 64 px images are 16 x 16 latents.
 _VAE_BLOCKS = (8, 8, 8)
@@ -61,7 +61,7 @@ def _clip_text(with_projection: bool, vocab_size: int):
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     torch.manual_seed(SEED + int(with_projection))
-    cfg = _text_config(vocab_size)
+    cfg = clip_text_config(vocab_size)
     cfg.projection_dim = 32  # the pooled width the tiny transformers take (2 x 32 for SD3)
     return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg)
 
@@ -93,7 +93,7 @@ def build_tiny_sd3(out_dir: str | Path) -> Path:
     leaves some untouched), two CLIP-with-projection encoders, a T5 encoder."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
-    clip_tok = _clip_tokenizer()
+    clip_tok = clip_tokenizer()
     t5_tok = _t5_tokenizer()
     torch.manual_seed(SEED)
     # joint_attention_dim = T5's width = the two CLIP widths side by side (SD3 pads CLIP to T5).
@@ -117,7 +117,7 @@ def build_tiny_sd3(out_dir: str | Path) -> Path:
         text_encoder=_clip_text(True, len(clip_tok)),
         tokenizer=clip_tok,
         text_encoder_2=_clip_text(True, len(clip_tok)),
-        tokenizer_2=_clip_tokenizer(),
+        tokenizer_2=clip_tokenizer(),
         text_encoder_3=_t5_encoder(len(t5_tok), 64),
         tokenizer_3=t5_tok,
     )
@@ -130,7 +130,7 @@ def build_tiny_flux(out_dir: str | Path, *, guidance_embeds: bool = False) -> Pa
     FLUX.1-schnell without guidance; `guidance_embeds=True` makes it FLUX.1-dev-like."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
-    clip_tok = _clip_tokenizer()
+    clip_tok = clip_tokenizer()
     t5_tok = _t5_tokenizer()
     torch.manual_seed(SEED)
     transformer = FluxTransformer2DModel(

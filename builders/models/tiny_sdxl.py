@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from builders.models.tiny import SEED, _clip_tokenizer, _text_config
+from builders.models.tiny import SEED, clip_tokenizer, clip_text_config
 
 #: Text encoders' widths: the UNet's cross-attention reads both, concatenated per token.
 _TEXT_WIDTH, _TEXT_2_WIDTH, _PROJECTION = 32, 32, 32
@@ -56,12 +56,12 @@ def build_tiny_sdxl(out: str | Path) -> None:
         scaling_factor=0.13025,
         force_upcast=True,
     )
-    tokenizer = _clip_tokenizer()
-    tokenizer_2 = _clip_tokenizer()
+    tokenizer = clip_tokenizer()
+    tokenizer_2 = clip_tokenizer()
     tokenizer_2.pad_token = "!"
-    text = _text_config(len(tokenizer))
+    text = clip_text_config(len(tokenizer))
     text.hidden_size, text.projection_dim = _TEXT_WIDTH, _PROJECTION
-    text_2 = _text_config(len(tokenizer_2))
+    text_2 = clip_text_config(len(tokenizer_2))
     text_2.hidden_size, text_2.projection_dim = _TEXT_2_WIDTH, _PROJECTION
     text_encoder = CLIPTextModel(text)
     text_encoder_2 = CLIPTextModelWithProjection(text_2)
