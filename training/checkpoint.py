@@ -251,8 +251,11 @@ Examples trained on: {run_record["train_examples"]}; validation: {run_record["va
 
 def push_to_hub(folder: Path, repo_id: str, manifest: Path) -> str:
     """Upload exactly the files of `folder` (OUTPUT/final) that `manifest` lists, after every
-    local check (training/final_files.py); the commit id."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    local check (training/final_files.py); the commit id. The same commit deletes every other
+    file of the repo: after a second push to a repo the repo is this model, not this model plus
+    the files of an earlier one (a stale `pytorch_model.bin` or open_clip checkpoint beside the
+    new weights would be loaded by whoever prefers that format)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     files = published_files(folder, manifest)  # before any request: a refused folder sends nothing
     endpoint = use_endpoint(None)
@@ -260,13 +263,15 @@ def push_to_hub(folder: Path, repo_id: str, manifest: Path) -> str:
     try:
         with hub_errors(endpoint, repo_id, "re-run the same command with --resume latest"):
             api.create_repo(repo_id, repo_type="model", exist_ok=True)
+            stale = set(api.list_repo_files(repo_id, repo_type="model")) - set(files) - {".gitattributes"}
             info = api.create_commit(
                 repo_id,
                 repo_type="model",
                 commit_message="counterfactory finetuned CLIP",
-                operations=[CommitOperationAdd(rel, str(folder / rel)) for rel in files],
+                operations=[CommitOperationAdd(rel, str(folder / rel)) for rel in files]
+                + [CommitOperationDelete(rel) for rel in sorted(stale)],
             )
     except PublishError as err:
         raise PublishError(f"--push-to-hub {repo_id}: {err}") from None
-    log.info("pushed the %d files of %s to %s", len(files), folder, repo_id)
+    log.info("pushed the %d files of %s to %s (%d earlier files deleted)", len(files), folder, repo_id, len(stale))
     return info.oid

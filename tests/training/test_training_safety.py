@@ -109,6 +109,22 @@ def test_push_to_hub_sends_only_the_files_the_run_wrote(colors, tiny_models_dir,
     assert set(HfApi().list_repo_files(repo_id, repo_type="model")) - {".gitattributes"} == listed
 
 
+def test_a_second_push_leaves_the_repo_holding_only_the_new_model(
+    colors, tiny_models_dir, tmp_path, local_hub, repo_id
+):
+    from training.checkpoint import push_to_hub
+
+    out = tmp_path / "run"
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "1")) == 0
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="model")
+    # What an earlier push of another model left: weights in another format, a nested file.
+    for stale in ("pytorch_model.bin", "open_clip/open_clip_model.safetensors"):
+        api.upload_file(path_or_fileobj=b"old weights", path_in_repo=stale, repo_id=repo_id, repo_type="model")
+    push_to_hub(out / "final", repo_id, out / "final_manifest.json")
+    assert set(api.list_repo_files(repo_id, repo_type="model")) - {".gitattributes"} == _manifest_paths(out)
+
+
 def test_a_symlink_under_a_model_file_name_is_replaced_not_written_through(colors, tiny_models_dir, tmp_path):
     out = tmp_path / "run"
     outside = tmp_path / "outside.json"
