@@ -146,9 +146,17 @@ def _check_output(layout: OutputLayout, sources: list[RenderingSource], overwrit
             raise UserFacingError(
                 f"--output {root} overlaps the build {source.folder}; write the combined dataset to a folder of its own"
             )
-    if root.is_dir() and any(root.iterdir()) and not overwrite:
+    found = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    if found and not overwrite:
         raise UserFacingError(
             f"--output {root} is not empty; choose a new folder, or add --overwrite to replace the build it holds"
+        )
+    if found and not (layout.manifest.is_file() and not layout.manifest.is_symlink()):
+        # --overwrite replaces a build (`discard_build` then refuses any file that is not the
+        # build's): a folder holding none is the user's, left untouched.
+        raise UserFacingError(
+            f"--output {root} is not empty and holds no build (found {found[0]!r}); --overwrite "
+            "replaces a build only — choose an empty or new --output folder"
         )
 
 
