@@ -158,7 +158,10 @@ def test_show_draws_each_config(builds, tmp_path, capsys):
         assert cli_main(["show", str(out), "--config", g, "--output", str(tmp_path / f"gallery-{g}")]) == 0
         rows = len(pq.read_table(builds[g] / SHARD, columns=["id"]))
         assert f"({g}/test, {rows} rows" in capsys.readouterr().out
-        assert (tmp_path / f"gallery-{g}" / "index.html").is_file()
+        # The stats page counts this generator's own skips, not the other's (nor none).
+        stats = (tmp_path / f"gallery-{g}" / "stats.html").read_text()
+        dropped = manifest(builds[g])["skipped"]["no_image_candidate_passed_clip"]
+        assert f"<td>no_image_candidate_passed_clip</td><td>{dropped}</td>" in stats
 
 
 def test_overwrite_replaces_a_combined_build(builds, tmp_path, capsys):
