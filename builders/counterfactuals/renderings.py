@@ -302,7 +302,7 @@ def _manifest(sources: list[RenderingSource], copies: list[_Copy], pairs: _Pairs
     if captions is not None:
         outputs[f"captions/{split}"] = captions.output("captions")
     fields = first.manifest.get("card_fields") or {}
-    command = ["counterfactory", "renderings", "--output", layout_name(cfg.output), *(s.name for s in sources)]
+    command = ["counterfactory", "renderings", "--output", _output_name(cfg.output), *(s.name for s in sources)]
     return {
         "builder": "coco-counterfactuals-renderings",
         "card_template": "coco_counterfactuals_renderings.md",
@@ -334,7 +334,7 @@ def _manifest(sources: list[RenderingSource], copies: list[_Copy], pairs: _Pairs
     }
 
 
-def layout_name(output: Path) -> str:
+def _output_name(output: Path) -> str:
     """OUT as the manifest names it: its folder name (never the machine's path to it)."""
     return Path(os.path.abspath(output)).name
 

@@ -22,14 +22,13 @@ from huggingface_hub import hf_hub_download
 
 from builders.app.cli import main as cli_main
 from builders.counterfactuals.generators import GENERATORS
+from builders.counterfactuals.renderings import wilson_interval
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 from builders.engine.sharding.build_files import file_sha256
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
 
 from helpers.build_helpers import captions_build, error_line
-
-pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 GENERATORS_GIVEN = ("sd15", "sdxl")
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "3", "--candidate-batch", "3"]
@@ -104,6 +103,7 @@ def copy_build(src: Path, dest: Path) -> Path:
 # -- the combined dataset ----------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_combined_builds_publish_and_load_by_config_with_equal_pair_ids(builds, tmp_path, local_hub, repo_id):
     out = tmp_path / "cf"
     assert combine(out, builds["sd15"], builds["sdxl"]) == 0
@@ -150,6 +150,7 @@ def test_combined_builds_publish_and_load_by_config_with_equal_pair_ids(builds, 
         assert record["model"] == source["models"]["sd"] and record["source"].startswith(f"local:cf-{g}@sha256:")
 
 
+@pytest.mark.e2e
 def test_show_draws_each_config(builds, tmp_path, capsys):
     out = tmp_path / "cf"
     assert combine(out, builds["sd15"], builds["sdxl"]) == 0
@@ -164,6 +165,7 @@ def test_show_draws_each_config(builds, tmp_path, capsys):
         assert f"<td>no_image_candidate_passed_clip</td><td>{dropped}</td>" in stats
 
 
+@pytest.mark.e2e
 def test_overwrite_replaces_a_combined_build(builds, tmp_path, capsys):
     out = tmp_path / "cf"
     assert combine(out, builds["sd15"], builds["sdxl"]) == 0
@@ -176,14 +178,43 @@ def test_overwrite_replaces_a_combined_build(builds, tmp_path, capsys):
     assert on_disk == listed
 
 
+@pytest.mark.e2e
+def test_a_stage_images_build_of_a_build_s_caption_table_draws_the_same_table(builds, tmp_path):
+    """Captions once, images per generator elsewhere: `--stage images --captions-from` a build
+    reads that build's caption table, so the two combine."""
+    argv = ["build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(builds["sd15"])]
+    argv += ["--models", "tiny", "--tiny-models-dir", str(builds["tiny"]), "--generator", "sdxl"]
+    images = tmp_path / "cf-sdxl-images"
+    assert cli_main([*argv, "--output", str(images), *IMAGE_ARGS, *FILTER_ARGS]) == 0
+    out = tmp_path / "cf"
+    assert combine(out, builds["sd15"], images) == 0
+    captions = len(pq.read_table(builds["sd15"] / "data/captions/test-00000-of-00001.parquet", columns=["id"]))
+    assert manifest(out)["renderings"]["sdxl"]["pairs_in"] == captions
+
+
+def test_wilson_interval_matches_published_values():
+    """Wilson (1927) score intervals at 95 %, as tabulated by Newcombe (1998, Table I: 81/263
+    -> 0.2553-0.3662; 15/148 -> 0.0624-0.1605; 0/20 -> 0-0.1611; 1/29 -> 0.0061-0.1718)."""
+    for kept, total, low, high in [
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ]:
+        assert wilson_interval(kept, total) == pytest.approx([low, high], abs=6e-5)
+    assert wilson_interval(0, 0) is None
+
+
 # -- refusals: one line naming the folder, nothing written -------------------------------------
 
 
+@pytest.mark.e2e
 def test_refuses_fewer_than_two_builds(builds, tmp_path, capsys):
     line = refused(capsys, tmp_path / "cf", builds["sd15"])
     assert str(builds["sd15"]) in line and "at least 2" in line
 
 
+@pytest.mark.e2e
 def test_refuses_an_unfinished_build(builds, tmp_path, capsys):
     unfinished = copy_build(builds["sdxl"], tmp_path / "cf-sdxl")
     (unfinished / "build_manifest.json").unlink()
@@ -191,6 +222,7 @@ def test_refuses_an_unfinished_build(builds, tmp_path, capsys):
     assert str(unfinished) in line and "not a finished build" in line
 
 
+@pytest.mark.e2e
 def test_refuses_a_build_that_is_still_writing(builds, tmp_path, capsys):
     writing = copy_build(builds["sdxl"], tmp_path / "cf-sdxl")
     with output_lock(OutputLayout(writing)):
@@ -198,6 +230,7 @@ def test_refuses_a_build_that_is_still_writing(builds, tmp_path, capsys):
     assert str(writing) in line and "still writing" in line
 
 
+@pytest.mark.e2e
 def test_refuses_a_captions_stage_build(builds, tmp_path, capsys):
     captions = tmp_path / "captions"
     argv = ["build", "coco-counterfactuals", "--stage", "captions", "--coco-root", str(builds["coco"])]
@@ -207,6 +240,7 @@ def test_refuses_a_captions_stage_build(builds, tmp_path, capsys):
     assert str(captions) in line and "--stage images" in line
 
 
+@pytest.mark.e2e
 def test_refuses_another_builder(builds, tmp_path, capsys):
     other = tmp_path / "coco-captions"
     assert captions_build(builds["coco"], other) == 0
@@ -214,18 +248,21 @@ def test_refuses_another_builder(builds, tmp_path, capsys):
     assert str(other) in line and "not a coco-counterfactuals" in line
 
 
+@pytest.mark.e2e
 def test_refuses_two_builds_of_one_generator(builds, tmp_path, capsys):
     twin = copy_build(builds["sdxl"], tmp_path / "cf-sdxl-again")
     line = refused(capsys, tmp_path / "cf", builds["sdxl"], twin)
     assert str(twin) in line and str(builds["sdxl"]) in line and "--generator sdxl" in line
 
 
+@pytest.mark.e2e
 def test_refuses_builds_of_other_caption_tables(builds, tmp_path, capsys):
     fewer = cf_build(tmp_path / "cf-sdxl-4", builds["coco"], builds["tiny"], "sdxl", "--max-captions", "4")
     line = refused(capsys, tmp_path / "cf", builds["sd15"], fewer)
     assert str(fewer) in line and "max_captions" in line
 
 
+@pytest.mark.e2e
 def test_refuses_a_shared_pair_id_with_other_captions(builds, tmp_path, capsys):
     """A build claiming the same table (same recorded config) whose rows say otherwise: its shard
     rewritten with one caption changed, and its manifest updated to match."""
@@ -246,6 +283,7 @@ def test_refuses_a_shared_pair_id_with_other_captions(builds, tmp_path, capsys):
     assert str(forged) in line and repr(changed) in line and "other captions" in line
 
 
+@pytest.mark.e2e
 def test_refuses_a_nonempty_output(builds, tmp_path, capsys):
     out = tmp_path / "cf"
     out.mkdir()
@@ -262,12 +300,14 @@ def test_refuses_a_nonempty_output(builds, tmp_path, capsys):
     assert str(out) in line and "notes.txt" in line
 
 
+@pytest.mark.e2e
 def test_refuses_an_output_inside_a_build(builds, tmp_path, capsys):
     source = copy_build(builds["sdxl"], tmp_path / "cf-sdxl")
     line = refused(capsys, source / "combined", builds["sd15"], source)
     assert str(source) in line and "overlaps" in line
 
 
+@pytest.mark.e2e
 def test_never_reads_a_shard_through_a_symlink(builds, tmp_path, capsys):
     """A build whose listed shard is a link to a file outside it: refused, the file never read."""
     linked = copy_build(builds["sdxl"], tmp_path / "cf-sdxl")
