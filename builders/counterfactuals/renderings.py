@@ -151,9 +151,10 @@ def _check_output(layout: OutputLayout, sources: list[RenderingSource], overwrit
         raise UserFacingError(
             f"--output {root} is not empty; choose a new folder, or add --overwrite to replace the build it holds"
         )
-    if found and not (layout.manifest.is_file() and not layout.manifest.is_symlink()):
-        # --overwrite replaces a build (`discard_build` then refuses any file that is not the
-        # build's): a folder holding none is the user's, left untouched.
+    holds_build = layout.manifest.is_file() or (layout.parts.is_dir() and not layout.parts.is_symlink())
+    if found and not holds_build:
+        # --overwrite replaces a build, finished or interrupted (`discard_build` then refuses any
+        # file that is not the build's): a folder holding none is the user's, left untouched.
         raise UserFacingError(
             f"--output {root} is not empty and holds no build (found {found[0]!r}); --overwrite "
             "replaces a build only — choose an empty or new --output folder"

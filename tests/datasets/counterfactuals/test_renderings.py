@@ -176,6 +176,11 @@ def test_overwrite_replaces_a_combined_build(builds, tmp_path, capsys):
     listed = {f["path"] for f in manifest(out)["files"]}
     on_disk = {p for p in tree(out) if not p.startswith(".parts/")} - {"README.md", "build_manifest.json"}
     assert on_disk == listed
+    # A combine killed before its manifest (written last) is replaced the same way.
+    (out / "build_manifest.json").unlink()
+    assert "not empty" in refused(capsys, out, builds["sd15"], builds["sdxl"])
+    assert combine(out, builds["sd15"], builds["sdxl"], extra=("--overwrite",)) == 0
+    assert manifest(out)["config"]["generators"] == ["sd15", "sdxl"]
 
 
 @pytest.mark.e2e
