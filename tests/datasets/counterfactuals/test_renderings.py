@@ -9,7 +9,9 @@ file; a directional threshold makes the generators keep different pairs."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -208,6 +210,34 @@ def test_wilson_interval_matches_published_values():
     ]:
         assert wilson_interval(kept, total) == pytest.approx([low, high], abs=6e-5)
     assert wilson_interval(0, 0) is None
+
+
+@pytest.mark.e2e
+def test_builds_on_another_file_system_are_copied(builds, tmp_path, monkeypatch):
+    """Where a hard link cannot be made (another file system: EXDEV), each file is copied."""
+
+    def no_link(*args, **kwargs):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    out = tmp_path / "cf"
+    assert combine(out, builds["sd15"], builds["sdxl"]) == 0
+    for g in GENERATORS_GIVEN:
+        copied, original = out / "data" / g / Path(SHARD).name, builds[g] / SHARD
+        assert copied.read_bytes() == original.read_bytes()
+        assert not os.path.samefile(copied, original)
+    listed = {f["path"]: f["sha256"] for f in manifest(out)["files"]}
+    assert listed == {path: file_sha256(out / path) for path in listed}
+
+
+@pytest.mark.e2e
+def test_card_shows_names_from_data_as_plain_text(builds, tmp_path):
+    """A build folder's name reaches the card (its source name): as text, never as Markdown/HTML."""
+    odd = copy_build(builds["sdxl"], tmp_path / "cf|<b>sdxl")
+    out = tmp_path / "cf"
+    assert combine(out, builds["sd15"], odd) == 0
+    card = (out / "README.md").read_text()
+    assert "<b>" not in card and "&#60;b&#62;sdxl" in card
 
 
 # -- refusals: one line naming the folder, nothing written -------------------------------------
