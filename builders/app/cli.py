@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES = (
     "builders.app.models_cli",
     "builders.app.nltk_cli",
     "builders.app.registry",
+    "builders.app.renderings_cli",
     "builders.eccv_positives.mitl.cli",
     "builders.app.publish_cli",
     "builders.app.metric_cli",

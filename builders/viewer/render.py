@@ -182,7 +182,7 @@ class _Writer:
 
 def _stats_page(w: _Writer, source: GallerySource, env, common: dict[str, Any]) -> None:
     out = w.out
-    skips = skip_counts(source.manifest)
+    skips = skip_counts(source.manifest, source.config)
     skip_plot = None
     if skips:
         skip_plot = plots.bar_chart(

@@ -51,10 +51,12 @@ class GalleryStats:
         return dict(sorted(self.images_not_shown.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def skip_counts(manifest: dict[str, Any] | None) -> dict[str, int]:
-    """Items the build skipped, per reason (input errors prefixed `input: `)."""
+def skip_counts(manifest: dict[str, Any] | None, config: str | None = None) -> dict[str, int]:
+    """Items the build skipped, per reason (input errors prefixed `input: `). A combined build of
+    several generators (`counterfactory renderings`) records each config's own skips."""
     if not manifest:
         return {}
+    manifest = (manifest.get("renderings") or {}).get(config) or manifest
     counts = {str(k): int(v) for k, v in (manifest.get("skipped") or {}).items()}
     counts.update({f"input: {k}": int(v) for k, v in (manifest.get("errors") or {}).items()})
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
