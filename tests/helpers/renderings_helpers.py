@@ -59,16 +59,22 @@ def split_rows(build: Path) -> pa.Table:
     return pa.concat_tables(pq.read_table(p) for p in sorted((build / "data").glob("test-*.parquet")))
 
 
-def write_renderings(out: Path, tables: dict[str, pa.Table]) -> Path:
-    """A renderings folder: generator -> its rows, in config order (the first is the default)."""
+def write_renderings(out: Path, tables: dict[str, pa.Table], captions: pa.Table | None = None) -> Path:
+    """A renderings folder: generator -> its rows, in config order (the first is the default),
+    then the shared caption-pair table `captions` when given."""
     lines = ["---", "configs:"]
-    for n, (generator, table) in enumerate(tables.items()):
-        (out / "data" / generator).mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, out / "data" / generator / "test-00000-of-00001.parquet")
-        lines += [f"- config_name: {generator}", *(["  default: true"] if n == 0 else [])]
-        lines += ["  data_files:", "  - split: test", f"    path: data/{generator}/test-*"]
+    for n, (config, table) in enumerate({**tables, **({"captions": captions} if captions else {})}.items()):
+        (out / "data" / config).mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, out / "data" / config / "test-00000-of-00001.parquet")
+        lines += [f"- config_name: {config}", *(["  default: true"] if n == 0 else [])]
+        lines += ["  data_files:", "  - split: test", f"    path: data/{config}/test-*"]
     (out / "README.md").write_text("\n".join([*lines, "---", "", "# renderings", ""]))
     return out
+
+
+def caption_table(pairs) -> pa.Table:
+    """The shared caption-pair table of `pairs` ((id, caption_0, caption_1) each)."""
+    return pa.table({name: [p[k] for p in pairs] for k, name in enumerate(("id", "caption_0", "caption_1"))})
 
 
 def plain_build(out: Path, table: pa.Table) -> Path:

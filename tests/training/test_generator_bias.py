@@ -6,8 +6,8 @@ planted generator with the same images as another at difference 0 and p = 1, a d
 out of every difference.
 
 The fixture (`helpers/renderings_helpers.py`): tiny sd15 and sdxl builds of one 4-pair table; the
-sdxl config without pair "9" (dropped by that generator), and a planted `sd3` config holding
-sd15's rows (the same images)."""
+sdxl config without pair "9" (dropped by that generator), a planted `sd3` config holding
+sd15's rows (the same images), and the shared caption-pair table (config `captions`, not scored)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from builders.app.cli import main as cli_main
 from helpers.build_helpers import error_line
 from helpers.renderings_helpers import (
     as_generator,
+    caption_table,
     generator_build,
     plain_build,
     split_rows,
@@ -52,7 +53,7 @@ def fixture(tmp_path_factory, tiny_models_dir, nltk_data_dir):
     )
     tables = {"sd15": sd15, "sdxl": without_ids(sdxl, {DROPPED}), "sd3": as_generator(sd15, "sd3")}
     return {
-        "renderings": write_renderings(root / "renderings", tables),
+        "renderings": write_renderings(root / "renderings", tables, caption_table(PAIRS)),
         "tables": tables,
         "plain": {g: plain_build(root / f"plain-{g}", t) for g, t in tables.items()},
     }
@@ -281,7 +282,10 @@ def test_a_pair_id_on_two_rows_is_one_line_naming_the_config(fixture, tiny_model
 
 
 def test_a_renderings_dataset_on_the_hub_loads_by_config(report, fixture, tiny_models_dir, tmp_path, repo_id):
-    """The same folder uploaded as a Hub dataset, given as ID@revision: the same numbers."""
+    """The same folder uploaded as a Hub dataset, given as ID@revision: the same numbers. Pushed
+    to a results dataset, each generator's records are rows of their own (`counterfactuals/G`)
+    and its card has a table per generator; the generator-bias records stay in results.jsonl."""
+    from datasets import load_dataset
     from huggingface_hub import HfApi
 
     api = HfApi()
@@ -289,7 +293,13 @@ def test_a_renderings_dataset_on_the_hub_loads_by_config(report, fixture, tiny_m
     api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=str(fixture["renderings"]))
     api.create_tag(repo_id, repo_type="dataset", tag="v1")
     _, local = report
-    hub = benchmark(tmp_path / "out", f"{repo_id}@v1", tiny_models_dir)
+    results = f"{repo_id}-results"
+    hub = benchmark(tmp_path / "out", f"{repo_id}@v1", tiny_models_dir, "--push-to-hub", results)
     key = lambda r: (r["dataset"], r["model"], r["task"], r.get("other_generator"))  # noqa: E731
     assert {key(r): r["metrics"] for r in hub} == {key(r): r["metrics"] for r in local}
     assert {r["dataset_source"] for r in hub} == {repo_id} and {r["dataset_revision"] for r in hub} == {"v1"}
+    rows = load_dataset(results, split="train")
+    per_generator = [r for r in hub if r["task"] != "generator_bias"]
+    assert len(rows) == len(per_generator) and {r["dataset"] for r in rows} == {r["dataset"] for r in per_generator}
+    card = (Path(api.hf_hub_download(results, "README.md", repo_type="dataset"))).read_text()
+    assert all(f"## counterfactuals/{g}" in card for g in GENERATORS)
