@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,28 @@ def test_one_generator_or_no_common_pair_is_one_line(fixture, tiny_models_dir, t
         assert {r["dataset"] for r in records} == {f"counterfactuals/{g}" for g in configs}
         section = (out / "report.md").read_text().split("## Generator bias", 1)[1].split("## Per model", 1)[0]
         assert section.strip() == line
+
+
+def test_without_resamples_the_table_has_the_differences_alone(report, fixture, tiny_models_dir, tmp_path):
+    """`--bootstrap 0`: the same differences, no interval and no p-value (null in the records,
+    `n/a` in the report)."""
+    from builders.engine.provenance import model_name
+    from builders.models.profiles import tiny_profile
+    from training.report.results import read_results
+
+    _, records = report
+    clip = tiny_profile(tiny_models_dir).clip
+    args = ["benchmark", "--model", clip, "--blind-lm", "none", "--bootstrap", "0", "--output", str(tmp_path / "out")]
+    assert cli_main([*args, "--counterfactuals", str(fixture["renderings"])]) == 0
+    bias = _bias(read_results(tmp_path / "out" / "results.jsonl"))
+    assert bias.keys() == {key for key in _bias(records) if key[0] == model_name(clip)}
+    for key, r in bias.items():
+        assert r["metrics"] == pytest.approx(_bias(records)[key]["metrics"], abs=1e-12)
+        for field in ("ci_low", "ci_high", "p_value", "p_holm"):
+            assert set(r[field].values()) == {None}, field
+    md = (tmp_path / "out" / "report.md").read_text().split("## Generator bias", 1)[1]
+    lines = [ln for ln in md.splitlines() if "| sd15 | sdxl |" in ln]
+    assert len(lines) == 6 and all(re.search(r"\| -?\d\.\d{4} \| n/a \| n/a \|$", ln) for ln in lines)
 
 
 def test_a_pair_id_on_two_rows_is_one_line_naming_the_config(fixture, tiny_models_dir, tmp_path, capsys):

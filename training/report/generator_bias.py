@@ -190,9 +190,16 @@ def bias_lines(bias: GeneratorBias) -> list[str]:
     for model, c in bias.comparisons:
         lines.append(
             f"| {plain(model)} | {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | "
-            f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}] | {_p(c.p_value)} | {_p(c.p_holm)} |"
+            f"{_difference(c)} | {_p(c.p_value)} | {_p(c.p_holm)} |"
         )
     return lines
+
+
+def _difference(c: Comparison) -> str:
+    """`difference [low, high]`; the difference alone without resamples (`--bootstrap 0`)."""
+    if np.isfinite(c.low) and np.isfinite(c.high):
+        return f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}]"
+    return _fmt(c.difference)
 
 
 def _p(value: float) -> str:
