@@ -110,9 +110,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
                 f"{flag} {folder}: cannot create it ({err.strerror or err}); give a folder you may write"
             ) from None
     records, units = _score_models(cfg, specs, sets, output, cache)
-    notes = {}
+    notes: dict[str, str] = {}
     for ds in sets:
-        if ds.kind == "counterfactuals":  # a renderings dataset: each generator's pairs
+        if ds.kind == "counterfactuals":  # the build, or each generator's pairs of a renderings dataset
             floors, notes[ds.name] = _blind(cfg, ds)
             records += floors
     models = [model_name(s.name) for s in specs]
