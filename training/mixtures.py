@@ -172,11 +172,14 @@ def eval_only_sets(cfg: DataConfig) -> Mixture:
     return unmixed_sets(cfg.counterfactuals, cfg.counterfactuals_split)
 
 
-def unmixed_sets(counterfactuals: SourceRef | None, split: str) -> Mixture:
-    """Every pair of the `split` of an unmixed `counterfactuals` build, held out (none without
-    one), and no training examples: `--eval-only` without a `cf:` mix, and the model report."""
+def unmixed_sets(counterfactuals: SourceRef | None, split: str, config: str = "default") -> Mixture:
+    """Every pair of the `split` of an unmixed `counterfactuals` build (its `config`: one
+    generator's of a renderings dataset), held out (none without one), and no training examples:
+    `--eval-only` without a `cf:` mix, and the model report."""
     examples, records = ExampleSet(), []
-    heldout = _add_unmixed_counterfactuals(counterfactuals, split, examples, records) if counterfactuals else []
+    heldout = (
+        _add_unmixed_counterfactuals(counterfactuals, split, examples, records, config) if counterfactuals else []
+    )
     return Mixture(examples, None, heldout, records, {})
 
 
@@ -235,10 +238,12 @@ def _add_decorrelation(cfg, rng, examples: ExampleSet, real_index, records, skip
         examples.add(k, row, "image", meta["caption"][row], meta["original_caption"][row], group, "decorrelation")
 
 
-def _add_unmixed_counterfactuals(ref: SourceRef, split: str, examples: ExampleSet, records) -> list[tuple[int, int]]:
+def _add_unmixed_counterfactuals(
+    ref: SourceRef, split: str, examples: ExampleSet, records, config: str = "default"
+) -> list[tuple[int, int]]:
     """Every pair of the counterfactuals split as held-out (table, row), its table appended to
     `examples.tables` (no example reads it: nothing of it is trained on)."""
-    cf = _open(ref, "default", split, CF_COLUMNS, resolve_commit(ref), records)
+    cf = _open(ref, config, split, CF_COLUMNS, resolve_commit(ref), records)
     k = len(examples.tables)
     examples.tables.append(cf)
     return [(k, row) for row in range(len(cf))]

@@ -111,7 +111,9 @@ def _add_dataset_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--counterfactuals",
         default=None,
-        help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split",
+        help=f"coco-counterfactuals build ({SOURCE_HELP}): ITM deltas IR_c/TR_c of its test split; "
+        "a renderings dataset (a config per generator): each generator's, and the generator-bias "
+        "table (paired differences on the pairs every generator kept)",
     )
 
 

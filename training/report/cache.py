@@ -62,7 +62,9 @@ def entry_paths(folder: Path, key: dict) -> tuple[Path, Path]:
     """The `.npz` and `.json` of `key`: named by dataset, weights and key digests, so a folder
     listing tells which model each file belongs to."""
     whole = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    stem = f"{key['dataset']}-{key['weights_digest'].removeprefix('sha256:')[:16]}-{whole}"
+    # A renderings dataset's generator (`counterfactuals/sd15`) is no sub-folder of the cache.
+    dataset = key["dataset"].replace("/", "-")
+    stem = f"{dataset}-{key['weights_digest'].removeprefix('sha256:')[:16]}-{whole}"
     return folder / f"{stem}.npz", folder / f"{stem}.json"
 
 

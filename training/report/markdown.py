@@ -18,6 +18,12 @@ def plain(text) -> str:
     return _MARKDOWN.sub(r"\\\1", html.escape(str(text), quote=False)).replace("\n", " ")
 
 
+def file_part(dataset: str) -> str:
+    """A dataset's name in a report file's name: `counterfactuals/sd15` (a renderings dataset's
+    generator) as `counterfactuals-sd15`."""
+    return dataset.replace("/", "-")
+
+
 def higher_is_better(metric: str) -> bool:
     # Recalls, ODmAP, ECCV / CxC / PMRP, mean/median score deltas and PN (the caption's score
     # falls when its object is removed: the model looks at the object) grow with a better model;
@@ -197,6 +203,9 @@ class Extras:
     baseline: str | None = None
     #: dataset -> a sentence about a floor that could not be computed.
     notes: dict[str, str] = field(default_factory=dict)
+    #: The per-generator table and the generator-bias table of a renderings dataset
+    #: (training/report/generator_bias.py).
+    generators: list[str] = field(default_factory=list)
 
 
 def _settings(records: list[dict]) -> str:
@@ -252,6 +261,7 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         blind = blind_lines(records, dataset)
         out += [*blind, ""] if blind else []
         out += [plain(extras.notes[dataset]), ""] if dataset in extras.notes else []
+    out += extras.generators
     out += ["## Per model", ""]
     for model in models:
         digest = next(r["weights_digest"] for r in records if r["model"] == model)
@@ -260,6 +270,6 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         if any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
             out += [f"![ODmAP@k per removed class](odmap_per_class-model{n}.png)", ""]
         for dataset in dict.fromkeys(r["dataset"] for r in records if r["model"] == model and r["task"] == "itm"):
-            out += [f"![ITM score deltas on {plain(dataset)}](itm_deltas-model{n}-{dataset}.png)", ""]
+            out += [f"![ITM score deltas on {plain(dataset)}](itm_deltas-model{n}-{file_part(dataset)}.png)", ""]
         out += [*model_table(records, model), ""]
     return "\n".join(out)

