@@ -153,6 +153,32 @@ def test_combined_builds_publish_and_load_by_config_with_equal_pair_ids(builds, 
 
 
 @pytest.mark.e2e
+def test_benchmark_of_the_combined_build_scores_each_generator_and_pairs_them(builds, tmp_path):
+    """The acceptance's chain on real builds: renderings -> `counterfactory benchmark`. Each
+    generator is scored on its own rows; the generator-bias records pair sd15 and sdxl on the
+    pairs both kept, as many as the combined build's manifest says."""
+    from training.report.results import read_results
+
+    out = tmp_path / "cf"
+    assert combine(out, builds["sd15"], builds["sdxl"]) == 0
+    report = tmp_path / "report"
+    argv = ["benchmark", "--models", "tiny", "--tiny-models-dir", str(builds["tiny"]), "--counterfactuals", str(out)]
+    assert cli_main([*argv, "--bootstrap", "200", "--output", str(report)]) == 0
+    records = read_results(report / "results.jsonl")
+    for g in GENERATORS_GIVEN:
+        itm = [r for r in records if r["dataset"] == f"counterfactuals/{g}" and r["task"] == "itm"]
+        assert itm and all(r["generator"] == g for r in itm)
+        rows = len(pq.read_table(builds[g] / SHARD, columns=["id"]))
+        assert {r["n_units"]["IR_c_mean"] for r in itm} == {rows}
+    bias = [r for r in records if r["task"] == "generator_bias"]
+    common = manifest(out)["common_pairs"]
+    assert len(bias) == 2 and common > 0  # one per tiny model, sd15 vs sdxl
+    assert {(r["generator"], r["other_generator"]) for r in bias} == {("sd15", "sdxl")}
+    assert {n for r in bias for n in r["n_units"].values()} == {common}
+    assert "Generator bias" in (report / "report.md").read_text()
+
+
+@pytest.mark.e2e
 def test_show_draws_each_config(builds, tmp_path, capsys):
     out = tmp_path / "cf"
     assert combine(out, builds["sd15"], builds["sdxl"]) == 0
