@@ -17,11 +17,9 @@ set of builds leaves the output folder as it was:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,6 +31,7 @@ from builders.counterfactuals.images import (
     NO_PASSING_CANDIDATE,
 )
 from builders.engine.errors import UserFacingError
+from builders.engine.no_follow import open_no_follow
 from builders.engine.sharding.build_files import FILES, listed_paths
 from builders.engine.sharding.layout import MANIFEST, OutputLayout
 
@@ -247,27 +246,7 @@ def _digest(data: bytes) -> str:
 def open_listed(folder: Path, rel: str) -> int:
     """A read descriptor of `folder/rel`, a regular file under the folder reached without following
     a symlink at any component below the folder (the folder itself is the user's and may be one)."""
-    names = Path(rel).parts
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for name in names[:-1]:
-            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = below
-        # O_NONBLOCK: opening a planted FIFO must not wait for a writer.
-        file_fd = os.open(names[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-    except OSError as err:
-        if err.errno == errno.ENOENT:
-            raise FileNotFoundError(folder / rel) from None
-        if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-            raise _not_regular(folder, rel) from None
-        raise
-    finally:
-        os.close(fd)
-    if not stat.S_ISREG(os.fstat(file_fd).st_mode):
-        os.close(file_fd)
-        raise _not_regular(folder, rel)
-    return file_fd
+    return open_no_follow(folder, rel, lambda: _not_regular(folder, rel))
 
 
 def _listed_chunks(folder: Path, rel: str) -> Iterator[bytes]:

@@ -19,11 +19,9 @@ bounded by a part, as when it was written.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -32,6 +30,7 @@ import pyarrow.parquet as pq
 
 from builders.engine.errors import UserFacingError
 from builders.engine.sharding.base import OutputSpec
+from builders.engine.no_follow import open_no_follow
 from builders.engine.sharding.layout import OutputLayout
 
 #: The stats key recording each part file's `{"sha256", "bytes"}`, by output (those with rows).
@@ -53,24 +52,8 @@ def read_inside(root: Path, path: Path) -> bytes:
     every component below it must be a real folder, and the file a regular file. Raises
     FileNotFoundError when it does not exist, `BookkeepingError` when it is anything else.
     """
-    names = path.relative_to(root).parts
-    folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for name in names[:-1]:
-            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
-            os.close(folder)
-            folder = below
-        # O_NONBLOCK: opening a planted FIFO must not wait for a writer.
-        fd = os.open(names[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
-    except OSError as err:
-        if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-            raise _not_regular(path) from None
-        raise
-    finally:
-        os.close(folder)
+    fd = open_no_follow(root, path.relative_to(root), lambda: _not_regular(path))
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise _not_regular(path)
         return fh.read()
 
 
