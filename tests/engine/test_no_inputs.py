@@ -16,7 +16,7 @@ from builders.engine.errors import run_handled
 from builders.launch import add_builder_parser
 
 from helpers import toy_builder
-from helpers.build_helpers import error_line
+from helpers.build_helpers import error_line, table_images_argv
 
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "1", "--candidate-batch", "1"]
 
@@ -35,26 +35,7 @@ def test_an_empty_caption_pair_table_is_one_line_naming_captions_from(tmp_path, 
     table = tmp_path / "EMPTY.tsv"
     table.write_text(content, encoding="utf-8")
     out = tmp_path / "out"
-    assert (
-        cli_main(
-            [
-                "build",
-                "coco-counterfactuals",
-                "--stage",
-                "images",
-                "--captions-from",
-                str(table),
-                "--models",
-                "tiny",
-                "--tiny-models-dir",
-                str(tiny_models_dir),
-                "--output",
-                str(out),
-                *IMAGE_ARGS,
-            ]
-        )
-        == 2
-    )
+    assert cli_main(table_images_argv(table, tiny_models_dir, out, *IMAGE_ARGS)) == 2
     line = error_line(capsys)
     assert f"--captions-from {table} gives no input items" in line, line
     assert nothing_written(out)

@@ -110,6 +110,16 @@ def fixture_case(base: Path) -> dict[str, Any]:
     }
 
 
+def table_images_argv(captions_from: str | Path, tiny: Path, out: Path, *extra: str) -> list[str]:
+    """`counterfactory build coco-counterfactuals --stage images --captions-from TABLE` with the tiny
+    models into `out`: the argv every caption-pair-table test starts from."""
+    return [
+        *("build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(captions_from)),
+        *("--models", "tiny", "--tiny-models-dir", str(tiny), "--output", str(out)),
+        *extra,
+    ]
+
+
 def captions_build(root: Path, out: Path) -> int:
     return cli_main(
         [

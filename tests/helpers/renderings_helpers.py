@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 
 from builders.app.cli import main as cli_main
 
+from helpers.build_helpers import table_images_argv
+
 #: The caption-pair table every generator renders (ids are the pairs' ids in every config).
 PAIRS = [
     ("A17", "A man riding a horse on a beach.", "A man riding a cow on a beach."),
@@ -30,25 +32,7 @@ def generator_build(root: Path, tiny: Path, generator: str, pairs=PAIRS) -> Path
     table = root / "pairs.tsv"
     table.write_text("".join("\t".join(p) + "\n" for p in pairs))
     out = root / "out"
-    argv = [
-        "build",
-        "coco-counterfactuals",
-        "--stage",
-        "images",
-        "--captions-from",
-        str(table),
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny),
-        "--generator",
-        generator,
-        "--max-error-fraction",
-        "1",
-        "--output",
-        str(out),
-        *IMAGE_ARGS,
-    ]
+    argv = table_images_argv(table, tiny, out, "--generator", generator, "--max-error-fraction", "1", *IMAGE_ARGS)
     with mock.patch.object(sys, "argv", ["counterfactory", *argv]):
         assert cli_main(argv) == 0
     return out

@@ -20,6 +20,8 @@ from builders.counterfactuals.config import CocoCounterfactualsConfig
 from builders.counterfactuals.pair_tables import read_pairs, resolve_table
 from builders.engine.errors import UserFacingError
 
+from helpers.build_helpers import table_images_argv
+
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "1", "--candidate-batch", "1"]
@@ -147,24 +149,7 @@ def test_unknown_table_is_one_line(tmp_path):
 
 
 def build(out: Path, tiny: Path, captions_from: str, *extra: str) -> dict:
-    argv = [
-        "build",
-        "coco-counterfactuals",
-        "--stage",
-        "images",
-        "--captions-from",
-        captions_from,
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny),
-        "--output",
-        str(out),
-        "--max-error-fraction",
-        "1",
-        *IMAGE_ARGS,
-        *extra,
-    ]
+    argv = table_images_argv(captions_from, tiny, out, "--max-error-fraction", "1", *IMAGE_ARGS, *extra)
     assert cli_main(argv) == 0
     return json.loads((out / "build_manifest.json").read_text())
 

@@ -22,7 +22,7 @@ from markdown_it import MarkdownIt
 
 from builders.app.cli import main as cli_main
 
-from helpers.build_helpers import error_line
+from helpers.build_helpers import error_line, table_images_argv
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -53,23 +53,8 @@ def write(path: Path, lines: list[str], prefix: bytes = b"") -> Path:
 
 
 def build(out: Path, tiny: Path, captions_from: str, *extra: str, budget: bool = True) -> int:
-    argv = [
-        "build",
-        "coco-counterfactuals",
-        "--stage",
-        "images",
-        "--captions-from",
-        captions_from,
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny),
-        "--output",
-        str(out),
-        *IMAGE_ARGS,
-        *(["--max-error-fraction", "1"] if budget else []),
-        *extra,
-    ]
+    budget_args = ["--max-error-fraction", "1"] if budget else []
+    argv = table_images_argv(captions_from, tiny, out, *IMAGE_ARGS, *budget_args, *extra)
     # sys.argv as the console script has it: the manifest records the command line.
     with mock.patch.object(sys, "argv", ["counterfactory", *argv]):
         return cli_main(argv)

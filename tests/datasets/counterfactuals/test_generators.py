@@ -39,7 +39,7 @@ from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixtur
 from builders.models.loaders import load_generator, load_sd
 from builders.models.profiles import resolve_profile
 
-from helpers.build_helpers import error_line
+from helpers.build_helpers import error_line, table_images_argv
 
 IMAGE_ARGS = ["--image-size", "64", "--steps", "2", "--candidates", "3", "--candidate-batch", "2"]
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
@@ -70,22 +70,7 @@ def table_build(tmp_path: Path, tiny: Path, *extra: str, pairs=PAIRS) -> Path:
     table = tmp_path / "pairs.tsv"
     table.write_text("".join("\t".join(p) + "\n" for p in pairs))
     out = tmp_path / "out"
-    argv = [
-        "build",
-        "coco-counterfactuals",
-        "--stage",
-        "images",
-        "--captions-from",
-        str(table),
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny),
-        "--output",
-        str(out),
-        *IMAGE_ARGS,
-        *extra,
-    ]
+    argv = table_images_argv(table, tiny, out, *IMAGE_ARGS, *extra)
     with mock.patch.object(sys, "argv", ["counterfactory", *argv]):
         assert cli_main(argv) == 0
     return out
