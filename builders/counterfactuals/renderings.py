@@ -184,7 +184,7 @@ def _plan(sources: list[RenderingSource]) -> list[_Copy]:
 class _Pairs:
     #: Rows read per generator.
     rows: dict[str, int]
-    #: Pair ids any generator kept, and those every generator kept.
+    #: Pair ids any generator kept, and those every generator that kept any kept.
     ids: int
     common: int
 
@@ -226,9 +226,12 @@ def _check_pairs(sources: list[RenderingSource], captions: RenderingSource | Non
             )
         if config == "default":
             rows[source.generator] = n
-    every = (1 << len(sources)) - 1
+    # A generator that kept no pair has no config (an empty output is not published), so it can
+    # be compared on nothing: "every generator" is every generator with rows, as the benchmark
+    # reading the published configs sees them; the card names the others.
+    every = sum(1 << i for i, s in enumerate(sources) if rows[s.generator])
     kept = [mask for _, _, mask in seen.values() if mask]
-    return _Pairs(rows, len(kept), sum(mask == every for mask in kept))
+    return _Pairs(rows, len(kept), sum(mask == every for mask in kept) if every else 0)
 
 
 def _pair_rows(source: RenderingSource, rel: str, with_generator: bool):
@@ -323,6 +326,7 @@ def _manifest(sources: list[RenderingSource], copies: list[_Copy], pairs: _Pairs
         "counts": {},
         "renderings": {s.generator: _rendering(s, pairs.rows[s.generator]) for s in sources},
         "common_pairs": pairs.common,
+        "without_pairs": [s.generator for s in sources if not pairs.rows[s.generator]],
         "card_figures": [
             {"path": c.dest, "alt": f"{c.source.generator}: the first rows of {c.source.generator}/{split}"}
             for c in copies

@@ -179,6 +179,25 @@ def test_benchmark_of_the_combined_build_scores_each_generator_and_pairs_them(bu
 
 
 @pytest.mark.e2e
+def test_a_generator_that_kept_no_pair_has_no_config_and_is_named(builds, tmp_path):
+    """A third generator whose every candidate fails the directional filter keeps 0 pairs: it has
+    no config (an empty output is not published), the common pairs are those of the generators
+    with a config (what the benchmark compares), and the card says which generator kept none."""
+    nothing = cf_build(tmp_path / "cf-sd3", builds["coco"], builds["tiny"], "sd3", "--directional-threshold", "0.99")
+    assert manifest(nothing)["outputs"]["default/test"]["rows"] == 0
+    out = tmp_path / "cf"
+    assert combine(out, builds["sd15"], builds["sdxl"], nothing) == 0
+    ids = {g: set(pq.read_table(builds[g] / SHARD, columns=["id"]).column("id").to_pylist()) for g in GENERATORS_GIVEN}
+    combined = manifest(out)
+    assert combined["renderings"]["sd3"]["rows"] == 0 and combined["without_pairs"] == ["sd3"]
+    assert combined["common_pairs"] == len(ids["sd15"] & ids["sdxl"]) > 0
+    card = (out / "README.md").read_text()
+    assert re.findall(r"config_name: (\S+)", card.split("---")[1])[:3] == ["sd15", "sdxl", "captions"]
+    assert "`sd3` kept no pair: it has no config" in card
+    assert card_rows(card, "sd3")[0][6].startswith("0 / ")
+
+
+@pytest.mark.e2e
 def test_show_draws_each_config(builds, tmp_path, capsys):
     out = tmp_path / "cf"
     assert combine(out, builds["sd15"], builds["sdxl"]) == 0
