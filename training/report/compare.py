@@ -113,7 +113,7 @@ def verdicts(
 
 def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
     """The Markdown table of `dataset`'s paired comparisons."""
-    from training.report.markdown import _fmt, plain
+    from training.report.markdown import plain
 
     rows = [c for c in comparisons if c.dataset == dataset]
     if not rows:
@@ -121,10 +121,23 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
     lines = ["| metric | model | vs | difference [95 % CI] | p (sign-flip) | p (Holm) |", "|---|---|---|---|---|---|"]
     for c in rows:
         lines.append(
-            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | "
-            f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}] | {c.p_value:.4g} | {c.p_holm:.4g} |"
+            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | {comparison_cells(c)} |"
         )
     return lines
+
+
+def comparison_cells(c: Comparison) -> str:
+    """A comparison's `difference [low, high] | p | p (Holm)` cells; the difference alone, and
+    n/a for the p-values, where there were no resamples (`--bootstrap 0`)."""
+    from training.report.markdown import _fmt
+
+    bounded = np.isfinite(c.low) and np.isfinite(c.high)
+    difference = f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}]" if bounded else _fmt(c.difference)
+    return f"{difference} | {_p(c.p_value)} | {_p(c.p_holm)}"
+
+
+def _p(value: float) -> str:
+    return "n/a" if not np.isfinite(value) else f"{value:.4g}"
 
 
 @plain_text  # model and metric names are drawn as written

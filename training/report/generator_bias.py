@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from builders.engine.provenance import source_digest
-from training.report.compare import Comparison, compare_dataset
+from training.report.compare import Comparison, compare_dataset, comparison_cells
 from training.report.markdown import _fmt, cell, natural, plain
 from training.statistics import UnitScores, holm
 
@@ -190,20 +190,9 @@ def bias_lines(bias: GeneratorBias) -> list[str]:
     for model, c in bias.comparisons:
         lines.append(
             f"| {plain(model)} | {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | "
-            f"{_difference(c)} | {_p(c.p_value)} | {_p(c.p_holm)} |"
+            f"{comparison_cells(c)} |"
         )
     return lines
-
-
-def _difference(c: Comparison) -> str:
-    """`difference [low, high]`; the difference alone without resamples (`--bootstrap 0`)."""
-    if np.isfinite(c.low) and np.isfinite(c.high):
-        return f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}]"
-    return _fmt(c.difference)
-
-
-def _p(value: float) -> str:
-    return "n/a" if not np.isfinite(value) else f"{value:.4g}"
 
 
 def generator_lines(records: list[dict], bias: GeneratorBias) -> list[str]:
