@@ -490,6 +490,48 @@ def test_augment_trains_on_the_train_transform_and_bad_cfg_is_one_line(tmp_path,
     assert "--augment" in error_line(capsys)
 
 
+@pytest.mark.parametrize(
+    "items, named",
+    [
+        # 100,000 nested unary minuses: ast.literal_eval ran out of memory on them (#41).
+        (("scale=" + "-" * 100_000 + "1",), "--aug-cfg 'scale=---"),
+        # torchvision's ColorJitter: hue in [0, 0.5], the factors >= 0 (it raised after run.json).
+        (("color_jitter=(0,0,0,5)", "color_jitter_prob=0.5"), "--aug-cfg color_jitter=(0, 0, 0, 5)"),
+        (("color_jitter=(-1,0,0,0)", "color_jitter_prob=0.5"), "--aug-cfg color_jitter=(-1, 0, 0, 0)"),
+        (("color_jitter=(1e999,0,0,0)", "color_jitter_prob=0.5"), "--aug-cfg color_jitter=(inf, 0, 0, 0)"),
+    ],
+)
+def test_an_aug_cfg_out_of_its_grammar_or_ranges_is_one_line_writing_nothing(
+    items, named, tmp_path, tiny_models_dir, capsys
+):
+    real = real_set(tmp_path / "real", 4)
+    out = tmp_path / "run"
+    argv = ["train", *tiny_args(real, out, tiny_models_dir, "--batch-size", "4", "--max-steps", "1")]
+    assert cli_main([*argv, "--augment", "--aug-cfg", *items]) == 2
+    line = error_line(capsys)
+    assert named in line and len(line) < 400, line
+    assert not (out / "run.json").exists()
+
+
+def test_aug_cfg_values_read_as_open_clip_train_reads_them():
+    """The grammar takes what open_clip_train's `ParseKwargs` (ast.literal_eval) gives these
+    keys: numbers, tuples and lists of them, None."""
+    import ast
+
+    from training.augmentation import parse_aug_cfg
+
+    items = ("scale=[0.5, 1]", "color_jitter=( 0.4,0.4 ,.4, 1e-1 )", "color_jitter_prob=1", "gray_scale_prob=0.2")
+    want = {k: ast.literal_eval(v) for k, v in (i.split("=", 1) for i in items)}
+    got = parse_aug_cfg(items)
+    assert {k: list(v) if isinstance(v, tuple) else v for k, v in got.items()} == {
+        k: list(v) if isinstance(v, tuple) else v for k, v in want.items()
+    }
+    assert parse_aug_cfg(("color_jitter=None", "color_jitter_prob=0")) == {
+        "color_jitter": None,
+        "color_jitter_prob": 0,
+    }
+
+
 # ------------------------------------------------------------------ metrics on the trackers
 
 
