@@ -129,7 +129,7 @@ def _add_statistics_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=non_negative_int,  # numpy's default_rng takes no negative seed: refused before any scoring
         default=0,
         help="seed of the resamples and of the paired tests (default 0): the same seed gives the same intervals",
     )

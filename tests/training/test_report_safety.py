@@ -173,6 +173,22 @@ def test_a_model_id_naming_nothing_is_one_line_before_any_input_is_read(flag, mo
     assert not out.exists()
 
 
+def test_a_negative_seed_is_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    """numpy's default_rng refused --seed -1 only after every model was scored (#41)."""
+    import training.report.run
+
+    monkeypatch.setattr(training.report.run, "run_benchmark", lambda cfg: pytest.fail("the benchmark ran"))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        cli_main(
+            ["benchmark", "--models", "tiny", "--decorrelation", str(tmp_path), "--seed", "-1", "--output", str(out)]
+        )
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "argument --seed: must be at least 0 (got -1)" in err.splitlines()[-1], err
+    assert not out.exists()
+
+
 def test_a_local_folder_with_an_at_sign_is_a_local_folder(builds, tiny_models_dir, tmp_path, monkeypatch):
     """`models/clip@v2` and `builds/dec@v2` are folders, not the Hub ids `models/clip` and
     `builds/dec` at revision `v2`: read from disk and named by content, in the report and in
