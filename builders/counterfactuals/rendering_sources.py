@@ -123,22 +123,85 @@ def read_source(folder: Path) -> RenderingSource:
         manifest = json.loads(data)
         builder, config, outputs = manifest["builder"], manifest["config"], manifest["outputs"]
         listed_paths(manifest, folder)
-    except (ValueError, KeyError, TypeError) as err:
+        if builder != "coco-counterfactuals":
+            raise UserFacingError(
+                f"{folder} is a {builder!r} build, not a coco-counterfactuals one; give one "
+                "`counterfactory build coco-counterfactuals --generator G` build per generator"
+            )
+        source = RenderingSource(folder, manifest, f"local:{folder.resolve().name}@sha256:{_digest(data)}")
+        _check_image_stage(source, config, outputs)
+        table_keys(source)  # reads the fields that name its caption-pair table
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise UserFacingError(
             f"{folder / MANIFEST} is damaged ({type(err).__name__}: {err}); re-run the build command to write it again"
         ) from None
-    if builder != "coco-counterfactuals":
-        raise UserFacingError(
-            f"{folder} is a {builder!r} build, not a coco-counterfactuals one; give one "
-            "`counterfactory build coco-counterfactuals --generator G` build per generator"
-        )
-    source = RenderingSource(folder, manifest, f"local:{folder.resolve().name}@sha256:{_digest(data)}")
-    _check_image_stage(source, config, outputs)
     return source
+
+
+#: The manifest fields `renderings` reads, parents first, as a build writes them (kind, and whether
+#: it must be there): an edited manifest is refused naming the field, not by a TypeError or
+#: KeyError where the value is used.
+_SHAPE: dict[str, tuple[type, bool]] = {
+    "config": (dict, True),
+    "outputs": (dict, True),
+    "models": (dict, True),
+    "counts": (dict, False),
+    "skipped": (dict, False),
+    "card_fields": (dict, False),
+    "card_figures": (list, False),
+    "config.split": (str, True),
+    "config.images": (dict, True),
+    "config.images.generator": (str, True),
+    "config.images.steps": (int, True),
+    "config.images.image_size": (int, True),
+    "config.generator": (dict, True),
+    "config.generator.method": (str, True),
+    "config.generator.license": (str, True),
+    "config.generator.default_model": (str, True),
+    "config.captions": (dict, False),
+    "config.models": (dict, False),
+    "config.captions_table": (dict, False),
+    "config.captions_table.files": (dict, False),
+}
+_JSON = {dict: "an object", str: "a string", list: "a list", int: "an integer"}
+
+
+def _check_shape(manifest: dict[str, Any], complete: bool) -> None:
+    """The kinds of the `_SHAPE` fields there; with `complete`, also that the required ones are
+    there, and the outputs' rows and shards."""
+    for field, (kind, required) in _SHAPE.items():
+        value: Any = manifest
+        for key in field.split("."):
+            value = value.get(key) if isinstance(value, dict) else None  # a parent may be missing
+        _expect(field, value, kind, required and complete)
+    if not complete:
+        return
+    for name, output in manifest["outputs"].items():
+        _expect(f"outputs.{name}", output, dict, required=True)
+        _expect(f"outputs.{name}.split", output.get("split"), str, required=True)
+        _expect(f"outputs.{name}.rows", output.get("rows"), int, required=True)
+        _expect(f"outputs.{name}.features", output.get("features"), dict, required=True)
+        _expect(f"outputs.{name}.shards", output.get("shards"), list, required=True)
+        for shard in output["shards"]:
+            _expect(f"outputs.{name}.shards[]", shard, str, required=True)
+
+
+def _expect(field: str, value: Any, kind: type, required: bool = False) -> None:
+    """`value` (the manifest's `field`) is a `kind`, or missing (None) where it may be."""
+    if value is None and not required:
+        return
+    if not isinstance(value, kind) or kind is int and isinstance(value, bool):
+        raise TypeError(f"{field} is {type(value).__name__} {_shown(value)}, not {_JSON[kind]}")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_image_stage(source: RenderingSource, config: dict[str, Any], outputs: dict[str, Any]) -> None:
     folder = source.folder
+    _expect("config", config, dict, required=True)
     if config.get("stage") == "captions":
         raise UserFacingError(
             f"{folder} is a --stage captions build: its image stage has not run; draw its pairs "
@@ -150,6 +213,7 @@ def _check_image_stage(source: RenderingSource, config: dict[str, Any], outputs:
             f"{folder} imported its image pairs (--images-from): no generator drew them; "
             "combine builds whose images a --generator drew"
         )
+    _check_shape(source.manifest, complete=False)
     images, generator = config.get("images") or {}, config.get("generator") or {}
     name = images.get("generator")
     if name not in GENERATORS or generator.get("name") != name:
@@ -157,6 +221,7 @@ def _check_image_stage(source: RenderingSource, config: dict[str, Any], outputs:
             f"{folder / MANIFEST} records no generator of this counterfactory "
             f"({', '.join(GENERATORS)}; got {name!r}); rebuild it with this version"
         )
+    _check_shape(source.manifest, complete=True)
     if f"default/{config.get('split')}" not in outputs:
         raise UserFacingError(f"{folder} has no image pairs (no default/{config.get('split')} output): {_FINISH}")
 
