@@ -117,7 +117,8 @@ def _read_state(path: Path) -> TrainerState:
     try:
         saved = json.loads(path.read_text())
         state = TrainerState(**saved)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
+    # ValueError: also an integer of more digits than Python converts (json.loads raises it).
+    except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:
         raise InputFileError(
             path,
             f"--resume: not a trainer state ({' '.join(str(err).split())[:200]})",
@@ -134,7 +135,40 @@ def _read_state(path: Path) -> TrainerState:
             f"--resume: not a trainer state ({str(saved)[:200]})",
             "give a checkpoint folder that `counterfactory train` wrote",
         )
+    # The folder is named for the step it saved (checkpoint_dir): a state of another step was
+    # edited or moved, and a step beyond the run's would resume into training nothing.
+    named = re.fullmatch(r"step-(\d+)", path.parent.name)
+    if named is None or int(named.group(1)) != state.step:
+        raise InputFileError(
+            path,
+            f"--resume: it records step {_value(state.step)}, but its folder is named {path.parent.name!r}",
+            "give a checkpoint folder that `counterfactory train` wrote, as it named it",
+        )
     return state
+
+
+def check_resume_step(path: Path, total: int, steps_per_epoch: int, accum: int) -> None:
+    """The checkpoint `path` lies within this run: its step at most the run's last step `total`
+    (--max-steps, --epochs), and its epoch and batch (in batches of `accum` per step) not past
+    its step. A checkpoint beyond them would resume into training nothing, then write a final
+    record and final/ as if it had. One line naming the file, before anything is written."""
+    where = path / STATE_FILE
+    state = _read_state(where)
+    step = _value(state.step)
+    if state.step > total:
+        raise InputFileError(
+            where,
+            f"--resume: the checkpoint is at step {step}, past this run's last step {total} "
+            "(--max-steps, or --epochs x the steps per epoch), so it would train nothing",
+            f"give --max-steps of at least {step}, or resume an earlier checkpoint",
+        )
+    if state.epoch * steps_per_epoch + state.batch // accum > state.step:
+        raise InputFileError(
+            where,
+            f"--resume: epoch {_value(state.epoch)}, batch {_value(state.batch)} lie past its step {step} "
+            f"({steps_per_epoch} steps of {accum} batches per epoch)",
+            "give a checkpoint folder that `counterfactory train` wrote",
+        )
 
 
 def read_fingerprint(path: Path) -> dict | None:

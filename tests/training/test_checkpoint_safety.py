@@ -183,6 +183,53 @@ def test_a_resume_folder_holding_only_trainer_state_is_one_line(colors, tiny_mod
     assert not (out / "checkpoints").exists()
 
 
+def _edit_state(folder: Path, **changes) -> Path:
+    state = folder / "trainer_state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), **changes}))
+    return state
+
+
+def test_a_checkpoint_step_other_than_its_folder_s_is_one_line(colors, tiny_models_dir, copy, capsys):
+    """A trainer_state.json at step 10**30 resumed, trained nothing, and appended a final record
+    at step 1e30 and rewrote final/ (#41): a checkpoint's step is its folder's name."""
+    state = _edit_state(copy / "checkpoints" / "step-00000002", step=10**30)
+    before = snapshot(copy)
+    err = refused(colors, tiny_models_dir, copy, capsys)
+    assert f"{state}: --resume: it records step {10**30}, but its folder is named 'step-00000002'" in err
+    assert snapshot(copy) == before
+
+
+@pytest.mark.parametrize(
+    "name, changes, said",
+    [
+        # Named for its step, past the run's last one (--max-steps 3 here).
+        (f"step-{10**30}", {"step": 10**30}, f"at step {10**30}, past this run's last step 3"),
+        # Its epoch (2 steps each here) or batch past its step: the loop would not run.
+        ("step-00000002", {"epoch": 10**30}, "lie past its step 2"),
+        ("step-00000002", {"batch": 10**30}, "lie past its step 2"),
+    ],
+)
+def test_a_checkpoint_position_past_the_run_is_one_line(colors, tiny_models_dir, copy, capsys, name, changes, said):
+    folder = copy / "checkpoints" / name
+    if name != "step-00000002":
+        shutil.copytree(copy / "checkpoints" / "step-00000002", folder)
+    state = _edit_state(folder, **changes)
+    before = snapshot(copy)
+    err = refused(colors, tiny_models_dir, copy, capsys)
+    assert err.startswith(f"counterfactory: error: {state}: --resume: ") and said in err, err
+    assert snapshot(copy) == before
+
+
+def test_resuming_past_max_steps_is_one_line_naming_the_flag(colors, tiny_models_dir, copy, capsys):
+    """The checkpoint at step 2 resumed with --max-steps 1 trained nothing and wrote a final
+    record at step 2 as the run's result."""
+    before = snapshot(copy)
+    assert train_main(args(colors, tiny_models_dir, copy, "--max-steps", "1", "--resume", "latest")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "give --max-steps of at least 2" in err, err
+    assert snapshot(copy) == before
+
+
 @pytest.mark.accelerate
 def test_two_processes_resume_to_the_loss_curve_of_an_uninterrupted_run(colors, tiny_models_dir, tmp_path):
     """2 processes: 2 steps, then `--resume latest` to 4 (every process reads the checkpoint
