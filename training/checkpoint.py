@@ -147,11 +147,14 @@ def _read_state(path: Path) -> TrainerState:
     return state
 
 
-def check_resume_step(path: Path, total: int, steps_per_epoch: int, accum: int) -> None:
-    """The checkpoint `path` lies within this run: its step at most the run's last step `total`
-    (--max-steps, --epochs), and its epoch and batch (in batches of `accum` per step) not past
-    its step. A checkpoint beyond them would resume into training nothing, then write a final
-    record and final/ as if it had. One line naming the file, before anything is written."""
+def check_resume_step(path: Path | None, total: int, steps_per_epoch: int, accum: int) -> None:
+    """The checkpoint `path` (if resuming one) lies within this run: its step at most the run's
+    last step `total` (--max-steps, --epochs), and its epoch and batch (in batches of `accum` per
+    step) not past its step. A checkpoint beyond them would resume into training nothing, then
+    write a final record and final/ as if it had. One line naming the file, before anything is
+    written."""
+    if path is None:
+        return
     where = path / STATE_FILE
     state = _read_state(where)
     step = _value(state.step)

@@ -214,8 +214,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     found = find_checkpoint(output, cfg.run.resume, fp16=accelerator.scaler is not None) if cfg.run.resume else None
     mixture = build_mixture(cfg.data)
     sampler, steps_per_epoch, total = _schedule(cfg, mixture.train, accelerator)
-    if found is not None:
-        check_resume_step(found, total, steps_per_epoch, cfg.optim.grad_accum)
+    check_resume_step(found, total, steps_per_epoch, cfg.optim.grad_accum)
     evaluation = EvalConfig.of(cfg)
     data = load_eval_data(evaluation, mixture.heldout_cf, mixture.train.tables, mixture.validation)
     # The validation loss picks the final model with --best-by-val-loss: then it is data the
