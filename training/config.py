@@ -156,7 +156,7 @@ class DataConfig:
     )
     ratio: float | None = option(None, "|D'_sub| / |D| for --mix decorrelation (default: all of D')")
     #: Not the batch order (that is --seed).
-    data_seed: int = option(0, "seed of the mixture sampling and the 80/20 split")
+    data_seed: int = option(0, "seed of the mixture sampling and the 80/20 split", type=non_negative_int)
     hard_negatives: str = option(
         "none", "pairs: both rows of a pair in one batch; negclip: extra i2t text negatives", choices=HARD_NEGATIVES
     )
@@ -268,7 +268,7 @@ class RunConfig:
         "open_clip weights tag of an architecture --model (ViT-B-32: openai, laion2b_s34b_b79k, ...)",
         metavar="TAG",
     )
-    seed: int = option(0, "training seed (batch order)")
+    seed: int = option(0, "training seed (batch order)", type=non_negative_int)
     eval_every: int = option(0, "evaluate every N steps (default: every epoch)", type=non_negative_int)
     #: 0: only per epoch.
     save_every: int = option(0, "checkpoint every N steps (and always per epoch)", type=non_negative_int)

@@ -565,3 +565,18 @@ def test_evaluation_metrics_reach_tensorboard(tmp_path, tiny_models_dir):
             logged = {e.step: e.value for e in acc.Scalars(f"{prefix}/{name}")}
             assert logged[row["step"]] == pytest.approx(row[name], rel=1e-6), (prefix, name)
     assert [r["step"] for r in evals if not r["final"]] == [1, 2]
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--data-seed"])
+def test_a_negative_seed_is_one_line_before_anything_is_written(flag, tmp_path, tiny_models_dir, capsys):
+    """numpy's default_rng takes no negative seed: --seed -1 failed at the first batch, after
+    run.json was written (#41)."""
+    real = real_set(tmp_path / "real", 4)
+    out = tmp_path / "run"
+    argv = ["train", *tiny_args(real, out, tiny_models_dir, "--batch-size", "4", "--max-steps", "1", flag, "-1")]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"argument {flag}: must be at least 0 (got -1)" in err.splitlines()[-1], err
+    assert not (out / "run.json").exists()
