@@ -163,7 +163,7 @@ def check_resume_step(path: Path | None, total: int, steps_per_epoch: int, accum
             where,
             f"--resume: the checkpoint is at step {step}, past this run's last step {total} "
             "(--max-steps, or --epochs x the steps per epoch), so it would train nothing",
-            f"give --max-steps of at least {step}, or resume an earlier checkpoint",
+            f"give --max-steps and --epochs that reach step {step}, or resume an earlier checkpoint",
         )
     if state.epoch * steps_per_epoch + state.batch // accum > state.step:
         raise InputFileError(

@@ -226,7 +226,7 @@ def test_resuming_past_max_steps_is_one_line_naming_the_flag(colors, tiny_models
     before = snapshot(copy)
     assert train_main(args(colors, tiny_models_dir, copy, "--max-steps", "1", "--resume", "latest")) == 2
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "give --max-steps of at least 2" in err, err
+    assert "Traceback" not in err and "give --max-steps and --epochs that reach step 2" in err, err
     assert snapshot(copy) == before
 
 
