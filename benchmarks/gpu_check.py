@@ -12,8 +12,8 @@ GPU compared with the CPU, then the fp32 production-size throughput and the rele
    pipeline and what `--cpu-offload` changes); and the release's GPU-days at the best fp16 rate,
    the paper's plan beside the production plan (shared computation + early rejection). With the
    device, the torch version and the dtype. Written to WORKDIR/production_table.md too.
-   Stage budgets on an H100 (all four generators, `--skip-demo`: about 6 min with the machine's
-   setup): the sweep ~1 min, the compiled stage at most `--compile-budget` (240 s), the
+   Stage budgets on an H100 (all four generators, `--table-only`: about 5 min with the machine's
+   setup): the sweep ~1 min, the compiled stage at most `--compile-budget` (180 s), the
    denoisers ~2 min.
 1. `python -m builders.app.demo` twice, on the CPU (`CUDA_VISIBLE_DEVICES=`) and on the GPU, each
    in its own folder; every build's parquet shards are compared row by row. fp32 on both sides,
@@ -45,7 +45,7 @@ A mismatch in 1 or 2 exits 1.
 
 Run: `python benchmarks/gpu_check.py [--workdir gpu_check_output] [--steps 10] [--skip-demo]
 [--generators sd15,sdxl,sd3,flux] [--sweep 2,5,10,20] [--compile-mode max-autotune-no-cudagraphs]
-[--compile-budget 240]`.
+[--compile-budget 180] [--table-only]`.
 """
 
 from __future__ import annotations
@@ -381,6 +381,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--captions", type=int, default=256, help="captions of the caption throughput")
     parser.add_argument("--train-batch", type=int, default=128, help="batch of the trainer throughput")
     parser.add_argument("--skip-demo", action="store_true", help="throughput only")
+    parser.add_argument("--table-only", action="store_true", help="the production table only (about 5 min on an H100)")
     parser.add_argument(
         "--generators",
         type=_generators,
@@ -448,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     table = production(args, workdir, "cuda:0")
+    if args.table_only:
+        return 0
     from builders.engine.nltk_setup import install_offline_tagger
 
     # Every build here tags captions; the machine has no NLTK data.

@@ -47,13 +47,15 @@ PAIR_SWEEP = (2, 5, 10, 20)
 TINY_SWEEP = (1, 2)
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 #: Seconds the compiled stage may take, compilation included, before it is reported unfinished.
-COMPILE_BUDGET = 240
+COMPILE_BUDGET = 180
 RELEASE_CAPTION_PAIRS = 24_508
 PRODUCTION_STEPS = 100
 #: Early rejection of the production plan: preview at half the steps; half of the candidates
 #: assumed rejected there (unmeasured: it needs the real models' previews).
 REJECT_AT, REJECT_RATE = 0.5, 0.5
 CAPTIONS = ("A man riding a brown horse.", "A man riding a brown elephant.")
+#: The project root: the child process imports the project from it.
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -164,7 +166,7 @@ def compiled_row(
     cmd = [sys.executable, "-m", __name__, json.dumps([device, tiny, str(tiny_dir), dtype, pairs, steps, mode])]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=budget)
     except subprocess.TimeoutExpired:
         return Row("SD-1.5 P2P compiled", setting, None, "UNet rows/s", note=f"not done within its {budget:.0f} s")
     if proc.returncode != 0:
