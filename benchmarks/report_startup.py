@@ -16,8 +16,9 @@ mscoco_captions layout (COCO's Karpathy json and image folder), which this scrip
 write: where it is installed the script says so, and the ratios stay against the earlier figures
 (a same-run comparison is a by-hand step, docs/report.md).
 
-Times are the best of `--repeats` runs; the load average (os.getloadavg) is printed before and
-after, since the machine may be shared. Run: `python benchmarks/report_startup.py [--images
+Times are the best of `--repeats` runs, in wall seconds and in the process's CPU seconds (which
+other load on a shared machine barely moves); the load average (os.getloadavg) is printed with
+each, and the ratios use the wall time, as the earlier figures did. Run: `python benchmarks/report_startup.py [--images
 1000,4000] [--repeats 2]`.
 """
 
@@ -27,6 +28,7 @@ import argparse
 import importlib.util
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -58,10 +60,13 @@ def report_args(model: str, coco: Path, out: Path) -> list[str]:
     return ["benchmark", "--model", model, "--coco", str(coco), "--output", str(out), "--cache-dir", str(out / "c")]
 
 
-def timed_report(model: str, coco: Path, out: Path) -> float:
-    start = time.perf_counter()
+def timed_report(model: str, coco: Path, out: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one report process: its CPU time (user + system, from the
+    child's resource usage) counts no other process's load."""
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     cli(*report_args(model, coco, out))
-    return time.perf_counter() - start
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def import_seconds(model: str, coco: Path, out: Path) -> float:
@@ -100,15 +105,22 @@ def main() -> None:
         runs = []
         for images in sizes:
             coco, n = build(tmp, images)
-            best = min(timed_report(model, coco, tmp / f"out{images}-{k}") for k in range(args.repeats))
-            runs.append((images, n, best))
-            print(f"{images:,} fixture images, n = {n:,} test images (~5 captions each): report {best:.1f} s")
+            wall, cpu = min(timed_report(model, coco, tmp / f"out{images}-{k}") for k in range(args.repeats))
+            runs.append((n, wall, cpu))
+            print(
+                f"{images:,} fixture images, n = {n:,} test images (~5 captions each): "
+                f"report {wall:.1f} s wall, {cpu:.1f} s CPU ({load()})"
+            )
         imports = import_seconds(model, coco, tmp / "out-importtime")
-    (_, n1, t1), (_, n2, t2) = runs[0], runs[-1]
-    per_image = (t2 - t1) / (n2 - n1) if n2 != n1 else 0.0
-    fixed = t1 - per_image * n1
+    (n1, *t1), (n2, *t2) = runs[0], runs[-1]
+    per_image = [(b - a) / (n2 - n1) if n2 != n1 else 0.0 for a, b in zip(t1, t2, strict=True)]
+    fixed = [a - slope * n1 for a, slope in zip(t1, per_image, strict=True)]
     print(f"after: {load()}")
-    print(f"fixed part (intercept over n = {n1:,} and {n2:,}): {fixed:.1f} s, {1000 * per_image:.2f} ms a test image")
+    for kind, f, slope in zip(("wall", "CPU"), fixed, per_image, strict=True):
+        print(
+            f"fixed part, {kind} (intercept over n = {n1:,} and {n2:,}): {f:.1f} s, {1000 * slope:.2f} ms a test image"
+        )
+    fixed = fixed[0]
     print(f"imports of one run (-X importtime, top level): {imports:.1f} s")
     if importlib.util.find_spec("clip_benchmark") is not None:
         print(
