@@ -202,17 +202,9 @@ def _changed(selections, reference) -> float:
 def production_rows(plan: dict, row_ids: list[str]) -> tuple[float, float]:
     """Mean UNet rows per caption pair of a production-size plan (100 steps) without sharing and
     with it, counted from the specs by `row_keys` (no model runs)."""
-    from builders.counterfactuals.config import ImageStageConfig
-    from builders.counterfactuals.images import candidate_batches, candidate_specs
-    from builders.counterfactuals.prompt_to_prompt import row_keys
+    from builders.devtools.production_rates import plan_rows
 
-    cfg = ImageStageConfig(**plan)
-    plain = shared = 0
-    for row_id in row_ids:
-        for batch in candidate_batches(candidate_specs(0, row_id, cfg), cfg.candidate_batch):
-            plain += 4 * cfg.steps * len(batch)
-            shared += sum(2 * len(set(row_keys(batch, cfg.steps, i, True))) for i in range(cfg.steps))
-    return plain / len(row_ids), shared / len(row_ids)
+    return plan_rows(plan, False, row_ids), plan_rows(plan, True, row_ids)
 
 
 def bench_plans(profile, args) -> dict:

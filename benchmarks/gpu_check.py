@@ -1,6 +1,20 @@
-"""The GPU check: the demo pipeline and a short training run on the GPU, compared with the CPU,
-then the production-size throughput and the release's GPU-days.
+"""The GPU check: the production table, then the demo pipeline and a short training run on the
+GPU compared with the CPU, then the fp32 production-size throughput and the release's GPU-days.
 
+0. The production table, printed first (builders/devtools/production_rates.py): SD-1.5
+   Prompt-to-Prompt at 512 px in fp16, UNet rows/s and peak memory over a sweep of candidate
+   pairs per batch (`--sweep`); the same with `torch.compile` of the UNet (`--compile-mode`, in a
+   child process limited to `--compile-budget` seconds: a failure is a row); each image-stage
+   generator's denoiser (`--generator sd15|sdxl|sd3|flux`, builders/devtools/generator_rates.py):
+   one denoising step of 2 candidate pairs, guidance halves included, at the model's native
+   resolution with random weights, fp16 (FLUX bf16); a generator whose denoiser and batch do not
+   fit the GPU is a row with the reason (`counterfactory doctor` gives the memory of the whole
+   pipeline and what `--cpu-offload` changes); and the release's GPU-days at the best fp16 rate,
+   the paper's plan beside the production plan (shared computation + early rejection). With the
+   device, the torch version and the dtype. Written to WORKDIR/production_table.md too.
+   Stage budgets on an H100 (all four generators, `--table-only`: about 5 min with the machine's
+   setup): the sweep ~1 min, the compiled stage at most `--compile-budget` (180 s), the
+   denoisers ~2 min.
 1. `python -m builders.app.demo` twice, on the CPU (`CUDA_VISIBLE_DEVICES=`) and on the GPU, each
    in its own folder; every build's parquet shards are compared row by row. fp32 on both sides,
    with TF32 off on the GPU (`NVIDIA_TF32_OVERRIDE=0`: cuDNN convolutions would use it by
@@ -13,16 +27,10 @@ then the production-size throughput and the release's GPU-days.
 3. Throughput on the GPU at the production sizes (random weights: `counterfactory doctor`'s
    models, fp32): caption pairs/s (`CaptionStage.run`), UNet rows/s and P2P pairs/s at 512 px
    (`generate_pairs`), trainer images/s (CLIP ViT-B/32, the trainer's loss and AdamW), and the
-   GPU-days of the release from the measured UNet rows/s (builders/counterfactuals/METHOD.md §2:
-   24,508 caption pairs -> 2.45 M candidate pairs -> 17,410 pairs with images; 40,000 UNet rows
-   per caption pair with the paper's 100 candidates x 100 steps, 13,708 with the shared
-   computation of the grouped 10 x 10 plan).
-4. Denoiser throughput per image-stage generator (`--generator sd15|sdxl|sd3|flux`,
-   builders/devtools/generator_rates.py): one denoising step of 2 candidate pairs, guidance halves
-   included, at each model's production shape with random weights, fp16 (FLUX bf16): rows/s,
-   pair-steps/s and pairs/s at the model's default steps. A generator whose denoiser and batch do
-   not fit the GPU is skipped with the reason printed (`counterfactory doctor` gives the memory of
-   the whole pipeline and what `--cpu-offload` changes).
+   GPU-days of the release from the measured fp32 UNet rows/s (builders/counterfactuals/METHOD.md
+   §2: 24,508 caption pairs -> 2.45 M candidate pairs -> 17,410 pairs with images; 40,000 UNet
+   rows per caption pair with the paper's 100 candidates x 100 steps, 13,708 with the shared
+   computation of the grouped 10 x 10 plan, counted from the specs).
 
 Measured on an H200 (2026-11-27, torch 2.11, random-weight MiniLM stand-in, `--sim-window 0.5 1`):
 every build but coco-counterfactuals equal; there the tiny random CLIP's directional score, the
@@ -30,12 +38,14 @@ argmax that picks a pair among its candidates, is ill-conditioned (a 64 px pair 
 images), so 5 of ~30 rows chose another candidate; pairs with the same candidate agreed within
 1 level. This is a limit of the random tiny models, not a device difference of the pipeline.
 
-Without CUDA it says so and exits 0: it is not a test. With `--cpu-tiny` it runs 4 on the CPU at
-tiny shapes instead (the check tests/devtools/test_doctor.py runs of this code; its numbers mean nothing).
+Without CUDA it says so and exits 0: it is not a test. With `--cpu-tiny` it runs 0 on the CPU with
+the tiny models at 64 px in fp32, compiling with dynamo's eager backend (the check
+tests/devtools/test_doctor.py runs of this code; its numbers mean nothing).
 A mismatch in 1 or 2 exits 1.
 
 Run: `python benchmarks/gpu_check.py [--workdir gpu_check_output] [--steps 10] [--skip-demo]
-[--generators sd15,sdxl,sd3,flux]`.
+[--generators sd15,sdxl,sd3,flux] [--sweep 2,5,10,20] [--compile-mode max-autotune-no-cudagraphs]
+[--compile-budget 180] [--table-only]`.
 """
 
 from __future__ import annotations
@@ -56,13 +66,7 @@ sys.path.insert(0, str(REPO))
 FLOAT_TOL = 1e-3
 PIXEL_MEAN_TOL = 1.0
 METRIC_TOL = 0.02
-RELEASE_CAPTION_PAIRS = 24_508
 RELEASE_PAIRS = 17_410
-ROWS_PER_CAPTION_PAIR = {
-    "paper plan (100 candidates x 100 steps)": 40_000,
-    "grouped 10 x 10, shared computation": 13_708,
-}
-PRODUCTION_STEPS = 100
 #: The caption window with the random MiniLM stand-in (its one-word edits sit near 0.98).
 SIM_WINDOW = (0.5, 1.0)
 NO_CUDA = "gpu_check: no CUDA device (torch.cuda.is_available() is False); nothing run"
@@ -269,21 +273,6 @@ def _printed(problems: list[str]) -> list[str]:
     return problems
 
 
-def _timed(fn, repeats: int = 3) -> float:
-    """Fastest of `repeats` timed calls after one warm-up, CUDA synchronised."""
-    import torch
-
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def throughput(workdir: Path, steps: int, captions: int, train_batch: int) -> dict[str, float]:
     from builders.devtools.doctor_models import ModelSource
     from builders.models.profiles import tiny_profile
@@ -314,6 +303,7 @@ def _peak(stage: str, out: dict, fn):
 
 
 def caption_rate(src, n: int) -> float:
+    from builders.devtools.generator_rates import timed
     from builders.counterfactuals.captions import CaptionModels, CaptionStage
     from builders.counterfactuals.config import CaptionStageConfig
 
@@ -321,40 +311,25 @@ def caption_rate(src, n: int) -> float:
     stage = CaptionStage(CaptionModels(mlm, mlm_tok, lm, lm_tok, src.get("sentence")), CaptionStageConfig())
     objects = ["dog", "cat", "cup", "book", "lamp", "bowl", "chair", "vase"]
     texts = [f"a {objects[k % 8]} next to a {objects[(k + 3) % 8]} on a table" for k in range(n)]
-    return n / _timed(lambda: stage.run(texts), repeats=1)
+    return n / timed(lambda: stage.run(texts), "cuda:0", repeats=1)
 
 
 def p2p_rates(src, steps: int, pairs: int = 4) -> dict[str, float]:
-    from builders.counterfactuals.prompt_to_prompt import PairSpec, UNetWork, generate_pairs
+    from builders.devtools.production_rates import PRODUCTION_STEPS, p2p_rate
 
-    specs = [PairSpec(seed=k, p=0.5, guidance=7.5) for k in range(pairs)]
-    work = UNetWork()
-
-    def once() -> None:
-        generate_pairs(
-            src.get("sd"),
-            "A man riding a brown horse.",
-            "A man riding a brown elephant.",
-            specs,
-            steps=steps,
-            size=512,
-            inject="self",
-            share=False,
-            work=work,
-        )
-
-    seconds = _timed(once)
-    rows = work.unet_rows // 4  # one warm-up and three timed calls did the same work
+    rows_per_s = p2p_rate(src.get("sd"), "cuda:0", pairs, steps, 512, repeats=3)
+    pairs_per_s = rows_per_s / (4 * steps)  # each candidate its own 4 rows a step
     return {
-        "UNet rows/s (512 px)": rows / seconds,
-        f"P2P pairs/s (512 px, {steps} steps)": pairs / seconds,
-        f"P2P pairs/s (512 px, {PRODUCTION_STEPS} steps, extrapolated)": pairs / seconds * steps / PRODUCTION_STEPS,
+        "UNet rows/s (512 px)": rows_per_s,
+        f"P2P pairs/s (512 px, {steps} steps)": pairs_per_s,
+        f"P2P pairs/s (512 px, {PRODUCTION_STEPS} steps, extrapolated)": pairs_per_s * steps / PRODUCTION_STEPS,
     }
 
 
 def trainer_rate(src, batch: int) -> float:
     import torch
 
+    from builders.devtools.generator_rates import timed
     from training.backends import HFClip, HFTokenize
     from training.losses import clip_loss
 
@@ -373,21 +348,7 @@ def trainer_rate(src, batch: int) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return batch / _timed(step)
-
-
-def generator_throughput(device: str, names, tiny: bool = False) -> list[dict]:
-    """Section 4: a line per generator as it is measured (or skipped), the rates as dicts."""
-    from dataclasses import asdict
-
-    from builders.devtools.generator_rates import format_rate, generator_rate
-
-    rates = []
-    for name in names:
-        rate = generator_rate(name, device, tiny=tiny, repeats=1 if tiny else 3, pairs=1 if tiny else 2)
-        print(format_rate(rate), flush=True)
-        rates.append(asdict(rate))
-    return rates
+    return batch / timed(step, "cuda:0", repeats=3)
 
 
 def _generators(text: str) -> tuple[str, ...]:
@@ -400,11 +361,19 @@ def _generators(text: str) -> tuple[str, ...]:
     return names
 
 
-def gpu_days(rows_per_s: float) -> dict[str, float]:
-    return {plan: RELEASE_CAPTION_PAIRS * rows / rows_per_s / 86_400 for plan, rows in ROWS_PER_CAPTION_PAIR.items()}
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--sweep takes candidate pairs per batch as 2,5,10 (got {text!r})")
+    return sizes
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None):
+    from builders.devtools.production_rates import COMPILE_BUDGET, COMPILE_MODE, PAIR_SWEEP
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("gpu_check_output"))
     parser.add_argument("--steps", type=int, default=10, help="denoising steps of the P2P throughput")
@@ -412,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--captions", type=int, default=256, help="captions of the caption throughput")
     parser.add_argument("--train-batch", type=int, default=128, help="batch of the trainer throughput")
     parser.add_argument("--skip-demo", action="store_true", help="throughput only")
+    parser.add_argument("--table-only", action="store_true", help="the production table only (about 5 min on an H100)")
     parser.add_argument(
         "--generators",
         type=_generators,
@@ -420,28 +390,72 @@ def main(argv: list[str] | None = None) -> int:
         help=f"image-stage generators of the per-generator denoiser throughput (default all: {','.join(GENERATORS)})",
     )
     parser.add_argument(
+        "--sweep",
+        type=_sizes,
+        default=PAIR_SWEEP,
+        metavar="N,M",
+        help=f"candidate pairs per batch of the fp16 P2P sweep (default {','.join(map(str, PAIR_SWEEP))})",
+    )
+    parser.add_argument("--compile-mode", default=COMPILE_MODE, help="torch.compile mode of the compiled UNet row")
+    parser.add_argument(
+        "--compile-budget", type=float, default=COMPILE_BUDGET, help="seconds the compiled stage may take"
+    )
+    parser.add_argument(
         "--cpu-tiny",
         action="store_true",
-        help="without CUDA: run the per-generator throughput on the CPU at tiny "
-        "shapes (a check that the code runs; the numbers mean nothing)",
+        help="without CUDA: run the production table on the CPU with the tiny models "
+        "(a check that the code runs; the numbers mean nothing)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def production(args, workdir: Path, device: str) -> list[dict]:
+    """Section 0: the production table, printed and written to WORKDIR/production_table.md."""
+    from dataclasses import asdict
+
+    from builders.devtools.production_rates import TableConfig, format_table, production_table
+
+    tiny = device == "cpu"
+    cfg = TableConfig(
+        device,
+        tiny,
+        workdir / "tiny_models",
+        args.generators,
+        min(args.steps, 3) if tiny else args.steps,
+        args.sweep,
+        args.compile_mode,
+        args.compile_budget,
+    )
+    rows, header = production_table(cfg)
+    table = format_table(rows, header)
+    print(table, flush=True)
+    (workdir / "production_table.md").write_text(table + "\n")
+    return [asdict(r) for r in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     import torch
 
+    workdir = args.workdir.resolve()
     if not torch.cuda.is_available():
         print(NO_CUDA)
         if args.cpu_tiny:
-            print("per-generator denoiser throughput, tiny shapes on the CPU (fp32):")
-            generator_throughput("cpu", args.generators, tiny=True)
+            workdir.mkdir(parents=True, exist_ok=True)
+            production(args, workdir, "cpu")
         return 0
-    workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    from builders.devtools.production_rates import RELEASE_CAPTION_PAIRS, release_rows
+
+    print(f"gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    table = production(args, workdir, "cuda:0")
+    if args.table_only:
+        return 0
     from builders.engine.nltk_setup import install_offline_tagger
 
     # Every build here tags captions; the machine has no NLTK data.
     install_offline_tagger(workdir / "nltk_data")
     os.environ["NLTK_DATA"] = str(workdir / "nltk_data")
-    print(f"gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     problems = [] if args.skip_demo else check_demo(workdir) + check_training(workdir, args.train_steps)
     rates = throughput(workdir, args.steps, args.captions, args.train_batch)
     for name, value in rates.items():
@@ -451,17 +465,17 @@ def main(argv: list[str] | None = None) -> int:
         f"release: {RELEASE_CAPTION_PAIRS:,} caption pairs -> {RELEASE_PAIRS:,} pairs with images "
         f"(builders/counterfactuals/METHOD.md §2); at {rows_per_s:.1f} UNet rows/s (fp32, this GPU):"
     )
-    for plan, days in gpu_days(rows_per_s).items():
-        print(f"  {plan}: {days:.1f} GPU-days")
-    print("per-generator denoiser throughput at production shapes (random weights):")
-    generators = generator_throughput("cuda:0", args.generators)
+    days = {plan: RELEASE_CAPTION_PAIRS * rows / rows_per_s / 86_400 for plan, rows in release_rows().items()}
+    for plan, value in days.items():
+        print(f"  {plan}: {value:.1f} GPU-days")
     (workdir / "gpu_check.json").write_text(
         json.dumps(
             {
                 "gpu": torch.cuda.get_device_name(0),
+                "torch": torch.__version__,
+                "production_table": table,
                 "rates": rates,
-                "gpu_days": gpu_days(rows_per_s),
-                "generator_rates": generators,
+                "gpu_days_fp32": days,
                 "problems": problems,
             },
             indent=1,

@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 
 from builders.devtools.doctor_generators import (
-    GENERATORS,
     SHAPES,
     activations_meta,
     components,
@@ -123,7 +122,7 @@ def _random_denoiser(generator: str, device: str, dtype, tiny: bool):
     return model.eval()
 
 
-def _timed(fn, device: str, repeats: int) -> float:
+def timed(fn, device: str, repeats: int) -> float:
     """Fastest of `repeats` calls after one warm-up, the device synchronised around each."""
     import torch
 
@@ -177,25 +176,10 @@ def generator_rate(
     model = _random_denoiser(generator, device, dtype, tiny)
     inputs = denoiser_inputs(model, rate.rows, side, device, dtype)
     with torch.no_grad():
-        seconds = _timed(lambda: model(**inputs), device, repeats)
+        seconds = timed(lambda: model(**inputs), device, repeats)
     rate.rows_per_s = rate.rows / seconds
     rate.pair_steps_per_s = pairs / seconds
     rate.pairs_per_s = rate.pair_steps_per_s / shape.steps
     if cuda:
         rate.peak_gib = torch.cuda.max_memory_allocated(device) / GIB
     return rate
-
-
-def generator_rates(device: str, names=GENERATORS, **kwargs) -> list[GeneratorRate]:
-    return [generator_rate(name, device, **kwargs) for name in names]
-
-
-def format_rate(r: GeneratorRate) -> str:
-    if r.skipped:
-        return f"{r.generator:<6} skipped: {r.skipped}"
-    return (
-        f"{r.generator:<6} {r.dtype} {r.resolution} px: {r.rows_per_s:8.2f} denoiser rows/s "
-        f"({r.rows} rows a step), {r.pair_steps_per_s:8.2f} pair-steps/s, "
-        f"{r.pairs_per_s:8.3f} pairs/s at {r.steps} steps (denoiser only)"
-        + (f", peak {r.peak_gib:.1f} GiB" if r.peak_gib else "")
-    )

@@ -179,12 +179,19 @@ def test_doctor_unknown_generator_is_one_line(capsys):
     assert len(err) == 1 and "--generators" in err[0] and "dalle" in err[0] and "flux" in err[0]
 
 
-def test_gpu_check_cpu_tiny_runs_every_generator():
-    """The per-generator throughput of benchmarks/gpu_check.py through the same code at tiny shapes
-    on the CPU (the production shapes need a GPU)."""
-    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+def _table(stdout: str) -> list[list[str]]:
+    """The production table's rows (cells), from the line after its header on."""
+    lines = stdout[stdout.index("production table: ") :].splitlines()
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[3:] if line.startswith("| ")]
+
+
+def test_gpu_check_cpu_tiny_runs_the_production_table(tmp_path):
+    """The production table of benchmarks/gpu_check.py (#43) through the same code on the CPU with
+    the tiny models (the production shapes need a GPU): the fp16 sweep's rows, the compiled UNet,
+    every generator's denoiser, and the release's GPU-days of both plans, printed first."""
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu-tiny"],
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu-tiny", "--workdir", str(tmp_path)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -193,18 +200,37 @@ def test_gpu_check_cpu_tiny_runs_every_generator():
     )
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout
-    found = dict(
-        re.findall(
-            r"^(sd15|sdxl|sd3|flux) +fp32 64 px: +[0-9.]+ denoiser rows/s "
-            r"\((\d+) rows a step\)",
-            proc.stdout,
-            flags=re.M,
-        )
-    )
+    assert re.search(r"^production table: device CPU, torch \S+, dtype fp32$", proc.stdout, flags=re.M)
+    rows = _table(proc.stdout)
+    assert (tmp_path / "production_table.md").read_text().count("\n| ") == len(rows) + 1  # + the rule
+    by_stage: dict[str, list[list[str]]] = {}
+    for row in rows:
+        by_stage.setdefault(row[0], []).append(row)
+    sweep = by_stage["SD-1.5 P2P"]
+    assert [re.search(r"(\d+) pairs a batch \((\d+) UNet rows\)", r[1]).groups() for r in sweep] == [
+        ("1", "4"),
+        ("2", "8"),
+    ]
+    assert all(float(r[2]) > 0 and r[3] == "UNet rows/s" for r in sweep)
+    (compiled,) = by_stage["SD-1.5 P2P compiled"]
+    assert float(compiled[2]) > 0 and "backend eager" in compiled[1], compiled
+    assert re.fullmatch(r"\d+ graph\(s\) compiled under the P2P processors", compiled[6])
     # One candidate pair a step: 2 images x 2 guidance halves, FLUX.1-schnell without guidance.
+    found = {
+        r[0].split()[1]: re.search(r"(\d+) rows a step", r[1]).group(1) for r in rows if r[0].startswith("denoiser")
+    }
     assert found == {"sd15": "4", "sdxl": "4", "sd3": "4", "flux": "2"}, proc.stdout
-    rates = re.findall(r"([0-9.]+) denoiser rows/s", proc.stdout)
-    assert all(float(r) > 0 for r in rates)
+    assert all(float(r[2]) > 0 for r in rows if r[0].startswith("denoiser"))
+    # GPU-days at the fastest SD-1.5 rate: 24,508 caption pairs x rows / rate / 86,400 s, with the
+    # paper's 100 candidates x 100 steps x 2 branches x 2 guidance halves = 40,000 rows and the
+    # grouped plan's 13,708 (builders/counterfactuals/METHOD.md §2).
+    days = by_stage["release GPU-days"]
+    assert len(days) == 3
+    rate = float(re.search(r"at ([0-9.]+) rows/s", days[0][6]).group(1))
+    assert rate == pytest.approx(max(float(r[2]) for r in sweep + [compiled]), abs=0.06)
+    assert float(days[0][2]) == pytest.approx(24_508 * 40_000 / rate / 86_400, rel=0.01)
+    assert float(days[1][2]) == pytest.approx(24_508 * 13_708 / rate / 86_400, rel=0.01)
+    assert "early rejection" in days[2][1] and float(days[2][2]) < float(days[1][2])
 
 
 def test_gpu_check_skips_a_generator_that_does_not_fit():

@@ -141,19 +141,26 @@ def _p(value: float) -> str:
 
 
 @plain_text  # model and metric names are drawn as written
-def plot_forest(records: list[dict], dataset: str, path: Path) -> Path | None:
-    """Each model's value with its 95 % interval, one panel per metric of `dataset`'s comparison
-    (metrics without an interval are left out); None when there is nothing to draw."""
-    from builders.viewer.plots import _figure
+def forest_columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
+    """The (task, metric) panels of `dataset`'s forest plot: its comparison's metrics with an
+    interval (none: no plot)."""
     from training.report.markdown import comparison_columns
 
-    cols = [
+    return [
         (t, n)
         for t, n in comparison_columns(records, dataset)
         if any(
             (r.get("ci_low") or {}).get(n) is not None for r in records if r["dataset"] == dataset and r["task"] == t
         )
     ]
+
+
+def plot_forest(records: list[dict], dataset: str, path: Path) -> Path | None:
+    """Each model's value with its 95 % interval, one panel per metric of `dataset`'s comparison
+    (metrics without an interval are left out); None when there is nothing to draw."""
+    from builders.viewer.plots import _figure
+
+    cols = forest_columns(records, dataset)
     if not cols:
         return None
     models = list(dict.fromkeys(r["model"] for r in records if r["dataset"] == dataset and r["task"] != BLIND))

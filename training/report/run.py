@@ -29,7 +29,7 @@ from training.evaluation import (
 from training.report.cache import cache_key, load_arrays, new_file, read_entry, write_entry
 from training.report.datasets import KINDS, locate, open_datasets, parse_source
 from training.report.hub_results import push_results
-from training.report.compare import comparison_lines, compare_dataset, plot_forest, verdicts
+from training.report.compare import comparison_lines, compare_dataset, forest_columns, plot_forest, verdicts
 from training.report.generator_bias import GeneratorBias, bias_records, generator_bias, generator_lines
 from training.report.markdown import Extras, file_part, render_report
 from training.report.per_class import odmap_per_class, per_class_metrics, plot
@@ -111,7 +111,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
             raise OutputError(
                 f"{flag} {folder}: cannot create it ({err.strerror or err}); give a folder you may write"
             ) from None
-    records, units = _score_models(cfg, specs, sets, output, cache)
+    # The charts are drawn once every number is written: a report's numbers never wait on them.
+    plots: list[Callable[[], object]] = []
+    records, units = _score_models(cfg, specs, sets, (output, cache), plots)
     notes: dict[str, str] = {}
     # The text models are loaded once, on first use, for every generator's pairs.
     text_models = functools.cache(load_blind_models)
@@ -123,11 +125,13 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     bias = _generator_bias(cfg, sets, units, models)
     tests = bias_records(bias, records) if bias else []
     write_results(output / "results.jsonl", records + tests)
-    extras = _extras(cfg, records, units, models, output)
+    extras = _extras(cfg, records, units, models, output, plots)
     extras.notes.update({name: note for name, note in notes.items() if note})
     extras.generators = generator_lines(records, bias) if bias else []
     (output / "report.md").write_text(render_report(records, extras))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records + tests))
+    for draw in plots:
+        draw()
     if cfg.push_to_hub:
         # The generator-bias records stay local: a test between two generators' numbers is no
         # number of one model on one dataset (the results dataset's rows), and its Holm p-value
@@ -166,10 +170,11 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
 
 
 def _score_models(
-    cfg: BenchmarkConfig, specs: list, sets: list, output: Path, cache: Path
+    cfg: BenchmarkConfig, specs: list, sets: list, folders: tuple[Path, Path], plots: list
 ) -> tuple[list[dict], dict[str, dict[str, dict[str, UnitScores]]]]:
     """The records of every model on every dataset, and each one's per-unit scores
-    (dataset -> model name -> metric key -> UnitScores), one model in memory at a time."""
+    (dataset -> model name -> metric key -> UnitScores), one model in memory at a time; the
+    charts to draw go to `plots` (folders: the output and the cache)."""
     records: list[dict] = []
     all_units: dict[str, dict[str, dict[str, UnitScores]]] = {}
     chances: dict[str, dict[str, float]] = {}  # per dataset: the data's, not a model's
@@ -179,7 +184,7 @@ def _score_models(
             backend = load_model(spec, cfg.trust_pickled_weights)
             # Started after the first model loads, so a bad --model leaves only its error line.
             bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
-            records += _score_model(cfg, (n, spec, backend), sets, (output, cache), bar, (all_units, chances))
+            records += _score_model(cfg, (n, spec, backend), sets, folders, bar, (all_units, chances, plots))
             del backend  # one model in memory at a time
     finally:
         if bar is not None:  # ends its line: an error after it is a line of its own
@@ -191,16 +196,16 @@ def _score_model(
     cfg: BenchmarkConfig, model: tuple, sets: list, folders: tuple[Path, Path], bar, found: tuple[dict, dict]
 ) -> list[dict]:
     """The records of model number n (`model`: n, its spec and loaded backend) on every dataset;
-    its per-unit scores and each dataset's chance levels are added to `found`."""
+    its per-unit scores, each dataset's chance levels and its charts to draw are added to `found`."""
     n, spec, backend = model
-    all_units, chances = found
+    all_units, chances, plots = found
     backend.module.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     digests = (weights_digest(backend.module), preprocessing_digest(backend))
     width, name = embedding_width(backend), model_name(spec.name)
     records, scored = [], {}  # scored: the embeddings PN reads, of this model only
     for ds in sets:
         bar.set_postfix_str(f"{spec.name} on {ds.name}")
-        metrics, emb, units = _score(backend, (name, *digests, width), ds, *folders, n)
+        metrics, emb, units = _score(backend, (name, *digests, width), ds, *folders, (n, plots))
         if ds.name in PN_ARRAYS:
             scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
         if ds.name not in chances:
@@ -279,8 +284,10 @@ def _generator_bias(cfg: BenchmarkConfig, sets: list, units: dict, models: list[
     )
 
 
-def _extras(cfg: BenchmarkConfig, records: list[dict], units: dict, models: list[str], output: Path) -> Extras:
-    """The paired comparisons, verdicts and forest plots of each dataset."""
+def _extras(
+    cfg: BenchmarkConfig, records: list[dict], units: dict, models: list[str], output: Path, plots: list
+) -> Extras:
+    """The paired comparisons, verdicts and forest plots (added to `plots`) of each dataset."""
     baseline = model_name(cfg.baseline) if cfg.baseline else None
     extras = Extras(baseline=baseline)
     for dataset, by_model in units.items():
@@ -288,8 +295,9 @@ def _extras(cfg: BenchmarkConfig, records: list[dict], units: dict, models: list
             tests = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline)
             extras.verdicts[dataset] = verdicts(records, dataset, tests)
             extras.comparisons[dataset] = comparison_lines(tests, dataset)
-        if plot_forest(records, dataset, output / f"forest-{file_part(dataset)}.png"):
+        if forest_columns(records, dataset):
             extras.forest[dataset] = f"forest-{file_part(dataset)}.png"
+            plots.append(functools.partial(plot_forest, records, dataset, output / extras.forest[dataset]))
     return extras
 
 
@@ -314,14 +322,15 @@ def _intervals(units: dict[str, UnitScores], cfg: BenchmarkConfig) -> dict[str, 
 
 
 def _score(
-    backend, model: tuple[str, str, str, int], ds, output: Path, cache: Path, n: int
+    backend, model: tuple[str, str, str, int], ds, output: Path, cache: Path, chart: tuple[int, list]
 ) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, UnitScores]]:
     """evaluate_model's metrics of model number `n` on `ds` (from the cache when these weights and
     preprocessing digests were scored on this data before; `model` is its name, them and the
     embedding width), plus ODmAP per removed class from the embeddings, with its chart and the ITM delta
-    histograms; the embeddings; and each metric's per-unit scores (from the embeddings: nothing
-    is encoded again)."""
-    name, *digests, width = model  # the records' name: figures name no local path either
+    histograms (`chart`: the model's number and the list the charts to draw go to); the embeddings;
+    and each metric's per-unit scores (from the embeddings: nothing is encoded again)."""
+    name, *digests, width = model
+    n, plots = chart  # the records' name: figures name no local path either
     key = cache_key(*digests, ds)
     hit = read_entry(cache, key, ds.data, width)
     units: dict[str, UnitScores] = {}
@@ -348,13 +357,16 @@ def _score(
     if ds.data.queries is not None:
         per_class = odmap_per_class(emb, ds.data, ds.cfg.k_values)
         metrics.update(per_class_metrics(per_class))
-        plot(per_class, output / f"odmap_per_class-model{n}.png", name)
+        plots.append(functools.partial(plot, per_class, output / f"odmap_per_class-model{n}.png", name))
     scores = {k.removeprefix("itm_"): v for k, v in emb.items() if k.startswith("itm_")}
     if scores:
-        plot_histograms(
-            itm_deltas(**scores),
-            output / f"itm_deltas-model{n}-{file_part(ds.name)}.png",
-            title=f"ITM score deltas on {ds.name}: {name}",
+        plots.append(
+            functools.partial(
+                plot_histograms,
+                itm_deltas(**scores),
+                output / f"itm_deltas-model{n}-{file_part(ds.name)}.png",
+                title=f"ITM score deltas on {ds.name}: {name}",
+            )
         )
     return metrics, emb, units
 

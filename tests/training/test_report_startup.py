@@ -1,0 +1,56 @@
+"""Start-up of `counterfactory benchmark` (#44): its entry module imports no backend or plotting
+library a run may not need, and the charts are drawn only once every number is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from builders.app.cli import main as cli_main
+
+HEAVY = ("open_clip", "matplotlib", "sentence_transformers", "diffusers")
+
+
+def test_report_entry_module_imports_no_heavy_library():
+    code = "import sys, training.report.run; print(sorted(m for m in {!r} if m in sys.modules))".format(HEAVY)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+@pytest.mark.e2e
+def test_charts_are_drawn_after_the_numbers_are_written(
+    tmp_path, coco_fixture_dir, nltk_data_dir, tiny_models_dir, monkeypatch
+):
+    import training.report.run as run
+    from builders.models.profiles import tiny_profile
+
+    cc, out = tmp_path / "cc", tmp_path / "out"
+    assert (
+        cli_main(
+            ["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits", "test", "--output", str(cc)]
+        )
+        == 0
+    )
+    drawn: list[tuple[str, bool]] = []
+
+    def recorded(name, draw):
+        def wrapper(*args, **kwargs):
+            written = (out / "results.jsonl").is_file() and (out / "report.md").is_file()
+            drawn.append((name, written))
+            return draw(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("plot_histograms", "plot_forest"):
+        monkeypatch.setattr(run, name, recorded(name, getattr(run, name)))
+    clip = str(tiny_profile(tiny_models_dir).clip)
+    argv = ["benchmark", "--model", clip, "--coco", str(cc), "--output", str(out), "--blind-lm", "none"]
+    assert cli_main([*argv, "--bootstrap", "20"]) == 0
+    # A plain --coco run draws the ITM delta histograms and the forest plot, both after
+    # results.jsonl and report.md exist; the report links the charts that were drawn.
+    assert sorted(drawn) == [("plot_forest", True), ("plot_histograms", True)]
+    report = (out / "report.md").read_text()
+    for chart in ("forest-coco.png", "itm_deltas-model0-coco.png"):
+        assert chart in report and (out / chart).is_file()
