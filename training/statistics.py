@@ -128,6 +128,14 @@ class UnitScores:
         return np.where(per_unit > 0, 1.0 / (live * np.where(per_unit > 0, per_unit, 1)), 0.0)
 
 
+def first_seen(ids) -> np.ndarray:
+    """Cluster ids 0, 1, ... numbered in order of first appearance: two unit sets with the same
+    partition (a generator's common pairs and another's) get the same array, so they share
+    their resamples and swaps."""
+    _, first, inverse = np.unique(np.asarray(ids), return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse.ravel()]
+
+
 def weighted_median(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """np.median of each resample (row of draw counts) of `values`, without materialising it."""
     order = np.argsort(values, kind="stable")
@@ -239,6 +247,19 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
             method = "studentized" if name in found else "percentile"
             out[name] = Interval(low, high, method, *metrics[name].counted())
     return out
+
+
+def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
+    """value(a) - value(b) as one ratio metric on their units (num a - num b over the shared
+    den), whose studentized interval `intervals` gives; None where the difference is not linear
+    in the units (a median, a mean over groups, different denominators)."""
+    linear = not (a.median or b.median) and a.groups is None and b.groups is None
+    same_den = (a.den is None and b.den is None) or (
+        a.den is not None and b.den is not None and np.array_equal(a.den, b.den)
+    )
+    if not linear or not same_den or a.n != b.n:
+        return None
+    return UnitScores(a.units, np.asarray(a.num) - np.asarray(b.num), a.den, clusters=a.clusters)
 
 
 def cluster_sums(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
