@@ -287,3 +287,28 @@ def test_cluster_bootstrap_resamples_whole_clusters():
     draws = np.random.default_rng(3).integers(0, 3, (500, 3))
     assert ours == pytest.approx(sums[draws].sum(1) / sizes[draws].sum(1))
     assert metric.counted() == (5, 3)
+
+
+def test_paired_difference_of_means_is_studentized_on_the_unit_differences():
+    """compare_dataset: a mean's difference gets the bootstrap-t interval of the per-unit
+    differences (by hand, scipy's draws); a median's, the percentile one of the paired resamples."""
+    from training.report.compare import compare_dataset
+
+    rng = np.random.default_rng(8)
+    shared = rng.normal(0, 1, 40)
+    a, b = rng.exponential(1, 40) + shared, 0.5 * rng.exponential(1, 40) + shared
+    units = {
+        m: {"itm/IR_c_mean": UnitScores("pairs", x), "itm/IR_c_median": UnitScores("pairs", x, median=True)}
+        for m, x in (("A", a), ("B", b))
+    }
+    found = {c.metric: c for c in compare_dataset("cf", units, ["A", "B"], 2000, 4)}
+    d = a - b
+    draws = np.random.default_rng(4).integers(0, 40, (2000, 40))
+    t = (d[draws].mean(1) - d.mean()) / (d[draws].std(1, ddof=1) / np.sqrt(40))
+    se = d.std(ddof=1) / np.sqrt(40)
+    t_low, t_high = np.quantile(t, [0.025, 0.975])
+    mean = found["IR_c_mean"]
+    assert (mean.low, mean.high) == pytest.approx((d.mean() - t_high * se, d.mean() - t_low * se), rel=1e-9)
+    median = found["IR_c_median"]
+    diffs = np.median(a[draws], 1) - np.median(b[draws], 1)
+    assert (median.low, median.high) == pytest.approx(tuple(np.quantile(diffs, [0.025, 0.975])), rel=1e-9)
