@@ -153,12 +153,12 @@ def draw_counts(indices: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float64)
 
 
-def resample_pages(n: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
+def resample_pages(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
     """Draw counts of `resamples` bootstrap resamples of `n` units, a page of rows at a time;
     the indices are those of one `default_rng(seed).integers(0, n, (resamples, n))` call (the
     generator's stream does not depend on the page size)."""
     rng = np.random.default_rng(seed)
-    page = max(1, PAGE_CELLS // max(n, 1))
+    page = max(1, PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
     for start in range(0, resamples, page):
         yield draw_counts(rng.integers(0, n, (min(page, resamples - start), n)), n)
 
@@ -176,7 +176,7 @@ def cluster_pages(metric: UnitScores, resamples: int, seed: int) -> Iterator[tup
     """(cluster draw counts, unit draw counts) of `resamples` resamples of `metric`'s clusters,
     a page at a time (without clusters both are the units' counts)."""
     index = metric.cluster_index()
-    for counts in resample_pages(metric.n_clusters, resamples, seed):
+    for counts in resample_pages(metric.n_clusters, resamples, seed, metric.n):
         yield counts, counts if index is None else counts[:, index]
 
 
@@ -332,10 +332,10 @@ def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, fl
     return low, high
 
 
-def swaps(n: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
+def swaps(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
     """Pages of (rows, n) booleans: whether each cluster's two scores are swapped; every one of
     the 2^n patterns once when `exact(n, resamples)`."""
-    page = max(1, PAGE_CELLS // max(n, 1))
+    page = max(1, PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
     if exact(n, resamples):
         bits = np.arange(n)
         for start in range(0, 2**n, page):
@@ -392,7 +392,7 @@ def sign_flip_pvalues(pairs: dict, resamples: int, seed: int, swapped: np.ndarra
         first = pairs[keys[0]][0]
         index = first.cluster_index()
         enumerated.update(dict.fromkeys(keys, swapped is None and exact(first.n_clusters, resamples)))
-        for swap in [swapped] if swapped is not None else swaps(first.n_clusters, resamples, seed):
+        for swap in [swapped] if swapped is not None else swaps(first.n_clusters, resamples, seed, first.n):
             unit_swap = swap if index is None or swapped is not None else swap[:, index]
             for key, null in zip(keys, _nulls([pairs[key] for key in keys], unit_swap), strict=True):
                 nulls[key].append(null)

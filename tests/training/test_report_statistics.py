@@ -312,3 +312,19 @@ def test_paired_difference_of_means_is_studentized_on_the_unit_differences():
     median = found["IR_c_median"]
     diffs = np.median(a[draws], 1) - np.median(b[draws], 1)
     assert (median.low, median.high) == pytest.approx(tuple(np.quantile(diffs, [0.025, 0.975])), rel=1e-9)
+
+
+def test_cluster_pages_are_bounded_by_units_and_change_no_number(monkeypatch):
+    """A page of clusters becomes a page of units: its rows are bounded by the units, and the
+    resamples and p-values do not depend on the page size."""
+    import training.statistics as statistics
+
+    rng = np.random.default_rng(12)
+    clusters = np.repeat(np.arange(30), 4)
+    a = UnitScores("pairs", rng.normal(0, 1, 120), clusters=clusters)
+    b = UnitScores("pairs", rng.normal(0.2, 1, 120), clusters=clusters)
+    whole = (bootstrap({"a": a}, 300, 1)["a"], sign_flip_pvalue(a, b, 300, 1))
+    monkeypatch.setattr(statistics, "PAGE_CELLS", 1000)
+    assert max(len(c) for _, c in statistics.cluster_pages(a, 300, 1)) == 1000 // 120
+    assert bootstrap({"a": a}, 300, 1)["a"] == pytest.approx(whole[0], abs=0)
+    assert sign_flip_pvalue(a, b, 300, 1) == whole[1]
