@@ -54,7 +54,14 @@ from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
 from training.sources import DataInputError
 from training.statistics import UnitScores
-from training.unit_scores import delta_units, necessity_units, odmap_units, retrieval_units, zeroshot_units
+from training.unit_scores import (
+    delta_units,
+    necessity_units,
+    odmap_units,
+    pair_clusters,
+    retrieval_units,
+    zeroshot_units,
+)
 
 log = logging.getLogger(__name__)
 
@@ -318,13 +325,14 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
     if "image" in emb and retrieval:
         out.update(retrieval_units(emb, data, k_values))
     if "query_image" in emb:
-        out.update(odmap_units(odmap_result(emb, data, k_values), data.removed))
+        out.update(odmap_units(odmap_result(emb, data, k_values), data.removed, data.query_image_ids))
         if "image" in emb:
             rows = original_rows(data.query_image_ids, data.image_ids)
-            out.update(necessity_units(necessity_values(emb["image"], rows, emb, data), len(rows)))
+            values = necessity_values(emb["image"], rows, emb, data)
+            out.update(necessity_units(values, len(rows), data.query_image_ids))
     scores = itm_inputs(emb, data)
     if scores:
-        out.update(delta_units(scores))
+        out.update(delta_units(scores, pair_clusters(data.cf_pairs)))
     if data.flickr30k is not None and "flickr30k_image" in emb:
         flickr = {"image": emb["flickr30k_image"], "text": emb["flickr30k_text"]}
         out.update(

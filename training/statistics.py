@@ -1,21 +1,36 @@
 """Uncertainty of the evaluation's numbers, from per-unit scores (nothing is encoded again).
 
-A metric is a function of its independent units (`UnitScores`): images with all their captions
-for retrieval, queries for ODmAP@k, pairs for the ITM deltas, removal pairs for PN, test images
-for zero-shot. Its value is a ratio of sums over the units (`num / den`), a mean over groups of
-such ratios (COCO 1K folds, per-class recall), or the median of the units' values.
+A metric is a function of its units (`UnitScores`): images with all their captions for
+retrieval, queries for ODmAP@k, pairs for the ITM deltas, removal pairs for PN, test images for
+zero-shot. Its value is a ratio of sums over the units (`num / den`), a mean over groups of such
+ratios (COCO 1K folds, per-class recall), or the median of the units' values. Units that share a
+source (counterfactual pairs or decorrelation queries made from one COCO image) carry the same
+`clusters` id: the independent unit is then the cluster, and everything below resamples,
+swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
 
-- `bootstrap`: each metric on `resamples` resamples of its units drawn with replacement, as
-  `scipy.stats.bootstrap` draws them (`numpy.random.default_rng(seed).integers(0, n, (B, n))`),
-  and `interval` their 2.5 % and 97.5 % quantiles (scipy's `method="percentile"`). Every metric
-  on the same units, and every model, gets the same resamples: the difference of two models'
-  resampled values is the paired bootstrap of their difference. Vectorised: a resample is a row of
-  draw counts, so a ratio metric is two matrix products; rows are made a page at a time, so
-  memory is bounded by `PAGE_CELLS`, not by the number of resamples.
+- `bootstrap`: each metric on `resamples` resamples of its clusters (units, without clusters)
+  drawn with replacement, as `scipy.stats.bootstrap` draws them
+  (`numpy.random.default_rng(seed).integers(0, n, (B, n))`). Every metric on the same units, and
+  every model, gets the same resamples: the difference of two models' resampled values is the
+  paired bootstrap of their difference. Vectorised: a resample is a row of draw counts, so a
+  ratio metric is two matrix products; rows are made a page at a time, so memory is bounded by
+  `PAGE_CELLS`, not by the number of resamples.
+- `interval`: the percentile interval of a bootstrap distribution (scipy's `"percentile"`).
+- `intervals`: the interval a metric's kind needs to cover at small n (`Interval.method`):
+  a proportion (R@K, fraction below zero, prefers-original): Clopper-Pearson on the effective
+  number of independent trials (Korn & Graubard 1998: the trials over the design effect of the
+  clusters, a unit's several trials, e.g. its captions, being a cluster too); a mean or ratio
+  of sums: the studentized bootstrap (bootstrap-t, the ratio's linearised standard error on each
+  resample); a median or a mean over groups: the percentile interval. A metric the units cannot
+  move (`trivial`: every unit the same value, or a hit by construction, R@K with K >= the
+  gallery) gets no interval and says so.
 - `sign_flip_pvalue`: the paired permutation test of "two models score the same units equally":
-  each unit's two scores are swapped at random (`scipy.stats.permutation_test` with
-  `permutation_type="samples"`), the two-sided p-value as scipy computes it for random
-  permutations, `(#{|null| as extreme} + 1) / (B + 1)`.
+  each cluster's two scores are swapped (`scipy.stats.permutation_test` with
+  `permutation_type="samples"`). When the 2^n swap patterns number no more than the resamples,
+  every pattern is enumerated, as scipy does, and the p-value is exact and seed-independent:
+  `p = min(1, 2 min(#{null <= observed}, #{null >= observed}) / 2^n)`; otherwise `resamples`
+  random patterns give `p = min(1, 2 min(#{null <= observed} + 1, #{null >= observed} + 1) / (B + 1))`
+  (scipy's two-sided p-value: twice the smaller tail, a tolerance of 100 ulp on observed).
 - `holm`: Holm's step-down adjustment of a family of p-values.
 """
 
@@ -25,6 +40,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+from scipy import special
 
 #: Default resamples of `counterfactory benchmark --bootstrap` and of the trainer's evaluation.
 DEFAULT_RESAMPLES = 1000
@@ -32,6 +48,9 @@ LEVEL = 0.95
 ALPHA = 0.05
 #: Draw counts held at once (resample rows x units): 4M float64 cells, 32 MB.
 PAGE_CELLS = 1 << 22
+#: The most resamples a report or run takes: each metric (and each paired difference) keeps its
+#: resampled values, 8 bytes each, so 10^6 resamples is 8 MB a metric (the draws are paged).
+MAX_RESAMPLES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -39,17 +58,39 @@ class UnitScores:
     """One metric as a function of its units. `units` names the unit set (metrics on one set
     share their resamples); `num`/`den` are per-unit sums (den None: one per unit); `groups`
     (int per unit): the metric is the mean over groups of each group's ratio; `median`: the
-    median of `num`."""
+    median of `num`; `clusters` (int per unit): units of one cluster are resampled and swapped
+    together (None: each unit its own); `proportion`: num counts hits of den trials (den None:
+    one trial a unit), so its interval is Clopper-Pearson; `trivial`: the value is fixed by
+    construction (R@K with K >= the gallery), not by the units."""
 
     units: str
     num: np.ndarray
     den: np.ndarray | None = None
     groups: np.ndarray | None = None
     median: bool = False
+    clusters: np.ndarray | None = None
+    proportion: bool = False
+    trivial: bool = False
 
     @property
     def n(self) -> int:
         return len(self.num)
+
+    @property
+    def n_clusters(self) -> int:
+        return self.n if self.clusters is None else len(np.unique(self.clusters))
+
+    def counted(self) -> tuple[int, int]:
+        """(units, clusters) that enter the value: those with a positive den (a class's queries
+        among all the set's), all of them without den."""
+        live = np.ones(self.n, bool) if self.den is None else np.asarray(self.den) > 0
+        if self.clusters is None:
+            return int(live.sum()), int(live.sum())
+        return int(live.sum()), len(np.unique(np.asarray(self.clusters)[live]))
+
+    def cluster_index(self) -> np.ndarray | None:
+        """Each unit's cluster as 0..n_clusters-1 (None without clusters)."""
+        return None if self.clusters is None else np.unique(self.clusters, return_inverse=True)[1].ravel()
 
     def value(self) -> float:
         return float(self.on(np.ones((1, self.n)))[0])
@@ -87,6 +128,14 @@ class UnitScores:
         return np.where(per_unit > 0, 1.0 / (live * np.where(per_unit > 0, per_unit, 1)), 0.0)
 
 
+def first_seen(ids) -> np.ndarray:
+    """Cluster ids 0, 1, ... numbered in order of first appearance: two unit sets with the same
+    partition (a generator's common pairs and another's) get the same array, so they share
+    their resamples and swaps."""
+    _, first, inverse = np.unique(np.asarray(ids), return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse.ravel()]
+
+
 def weighted_median(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """np.median of each resample (row of draw counts) of `values`, without materialising it."""
     order = np.argsort(values, kind="stable")
@@ -104,27 +153,41 @@ def draw_counts(indices: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float64)
 
 
-def resample_pages(n: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
+def resample_pages(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
     """Draw counts of `resamples` bootstrap resamples of `n` units, a page of rows at a time;
     the indices are those of one `default_rng(seed).integers(0, n, (resamples, n))` call (the
     generator's stream does not depend on the page size)."""
     rng = np.random.default_rng(seed)
-    page = max(1, PAGE_CELLS // max(n, 1))
+    page = max(1, PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
     for start in range(0, resamples, page):
         yield draw_counts(rng.integers(0, n, (min(page, resamples - start), n)), n)
 
 
-def bootstrap(metrics: dict[str, UnitScores], resamples: int, seed: int) -> dict[str, np.ndarray]:
-    """name -> the metric on each of `resamples` resamples of its units; the metrics of one
-    unit set (same name and size) share every resample."""
-    by_units: dict[tuple[str, int], list[str]] = {}
+def _unit_sets(metrics: dict) -> dict[tuple, list]:
+    """Metrics on one unit set (same name, size and clusters), which share their resamples."""
+    by_units: dict[tuple, list] = {}
     for name, m in metrics.items():
-        by_units.setdefault((m.units, m.n), []).append(name)
-    out: dict[str, list[np.ndarray]] = {name: [] for name in metrics}
-    for (_, n), names in by_units.items():
+        clusters = None if m.clusters is None else np.asarray(m.clusters).tobytes()
+        by_units.setdefault((m.units, m.n, clusters), []).append(name)
+    return by_units
+
+
+def cluster_pages(metric: UnitScores, resamples: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(cluster draw counts, unit draw counts) of `resamples` resamples of `metric`'s clusters,
+    a page at a time (without clusters both are the units' counts)."""
+    index = metric.cluster_index()
+    for counts in resample_pages(metric.n_clusters, resamples, seed, metric.n):
+        yield counts, counts if index is None else counts[:, index]
+
+
+def bootstrap(metrics: dict, resamples: int, seed: int) -> dict:
+    """name -> the metric on each of `resamples` resamples of its clusters (its units); the
+    metrics of one unit set share every resample."""
+    out: dict = {name: [] for name in metrics}
+    for (_, n, _), names in _unit_sets(metrics).items():
         if n == 0:
             continue
-        for counts in resample_pages(n, resamples, seed):
+        for _, counts in cluster_pages(metrics[names[0]], resamples, seed):
             for name in names:
                 out[name].append(metrics[name].on(counts))
     return {name: np.concatenate(parts) if parts else np.full(resamples, np.nan) for name, parts in out.items()}
@@ -142,10 +205,144 @@ def interval(distribution: np.ndarray, level: float = LEVEL) -> tuple[float, flo
     return float(low), float(high)
 
 
-def swaps(n: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
-    """Pages of (rows, n) booleans: whether each unit's two scores are swapped."""
+def exact(n: int, resamples: int) -> bool:
+    """Whether the 2^n swap patterns of n clusters are enumerated (scipy's rule: 2^n <= B)."""
+    return n < 63 and 2**n <= resamples
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A metric's 95 % interval (NaN where it has none), how it was made (`method`:
+    clopper-pearson, studentized, percentile; `trivial`: none, the units cannot move the value),
+    and its units and clusters."""
+
+    low: float
+    high: float
+    method: str
+    n: int
+    n_clusters: int
+    trivial: bool = False
+
+
+def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
+    """name -> `Interval` of each metric (module docstring: the method follows its kind); the
+    resamples are `bootstrap`'s (the same units, the same seed, the same draws)."""
+    out: dict = {}
+    for names in _unit_sets(metrics).values():
+        for name in names:
+            m = metrics[name]
+            n, clusters = m.counted()
+            if m.trivial or (n and not m.proportion and m.den is None and np.ptp(m.num) == 0):
+                out[name] = Interval(np.nan, np.nan, "none", n, clusters, trivial=True)
+            elif clusters < 2 and not (m.proportion and clusters):
+                out[name] = Interval(np.nan, np.nan, "none", n, clusters)  # no spread to estimate
+            elif m.proportion and m.groups is None:
+                out[name] = Interval(*clopper_pearson(m, level), "clopper-pearson", n, clusters)
+        rest = [name for name in names if name not in out]
+        linear = [name for name in rest if not metrics[name].median and metrics[name].groups is None]
+        found = _studentized({k: metrics[k] for k in linear}, resamples, seed, level)
+        others = bootstrap({k: metrics[k] for k in rest if k not in linear}, resamples, seed)
+        for name in rest:
+            low, high = found[name] if name in found else interval(others[name], level)
+            method = "studentized" if name in found else "percentile"
+            out[name] = Interval(low, high, method, *metrics[name].counted())
+    return out
+
+
+def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
+    """value(a) - value(b) as one ratio metric on their units (num a - num b over the shared
+    den), whose studentized interval `intervals` gives; None where the difference is not linear
+    in the units (a median, a mean over groups, different denominators)."""
+    linear = not (a.median or b.median) and a.groups is None and b.groups is None
+    same_den = (a.den is None and b.den is None) or (
+        a.den is not None and b.den is not None and np.array_equal(a.den, b.den)
+    )
+    if not linear or not same_den or a.n != b.n:
+        return None
+    return UnitScores(a.units, np.asarray(a.num) - np.asarray(b.num), a.den, clusters=a.clusters)
+
+
+def cluster_sums(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
+    """The per-cluster sums of a ratio metric's num and den (the units' own without clusters)."""
+    den = np.ones(metric.n) if metric.den is None else np.asarray(metric.den, np.float64)
+    index = metric.cluster_index()
+    if index is None:
+        return np.asarray(metric.num, np.float64), den
+    return np.bincount(index, metric.num), np.bincount(index, den)
+
+
+def _ratio_and_se(counts: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sum(w num) / sum(w den) on each row w of cluster `counts`, and its linearised standard
+    error (the residuals num - ratio den of the clusters drawn, with the c / (c - 1) factor)."""
+    c = np.count_nonzero(den)
+    total = counts @ den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = (counts @ num) / total
+        squares = counts @ (num * num) - 2 * ratio * (counts @ (num * den)) + ratio**2 * (counts @ (den * den))
+        se = np.sqrt(np.maximum(squares, 0) * c / max(c - 1, 1)) / total
+    return ratio, se
+
+
+def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
+    """name -> the bootstrap-t interval of each ratio metric (of one unit set), on clusters:
+    `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* of each resample."""
+    if not metrics or not resamples:
+        return {name: (np.nan, np.nan) for name in metrics}
+    sums = {name: cluster_sums(m) for name, m in metrics.items()}
+    point = {name: _ratio_and_se(np.ones((1, len(a))), a, d) for name, (a, d) in sums.items()}
+    ts: dict = {name: [] for name in metrics}
+    for counts, _ in cluster_pages(next(iter(metrics.values())), resamples, seed):
+        for name, (a, d) in sums.items():
+            ratio, se = _ratio_and_se(counts, a, d)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ts[name].append((ratio - point[name][0][0]) / se)
+    out = {}
+    for name, parts in ts.items():
+        (value,), (se,) = point[name]
+        t = np.concatenate(parts)
+        t = t[np.isfinite(t)]
+        if not len(t) or not np.isfinite(se):
+            out[name] = (np.nan, np.nan)
+            continue
+        tail = (1 - level) / 2
+        t_low, t_high = np.quantile(t, [tail, 1 - tail])
+        out[name] = (float(value - t_high * se), float(value - t_low * se))
+    return out
+
+
+def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
+    """The exact binomial interval of a proportion on its effective number of trials: the
+    trials over the design effect of the clusters (at least 1, Korn & Graubard 1998); a
+    proportion of 0 or 1, whose design effect is undefined, counts its clusters."""
+    a, d = cluster_sums(metric)
+    trials, clusters = d.sum(), len(a)
+    if trials <= 0:
+        return float("nan"), float("nan")
+    p = a.sum() / trials
+    if np.all(d == 1):
+        n_eff = float(clusters)  # one trial a cluster: a plain binomial
+    elif p <= 0 or p >= 1 or clusters < 2:
+        n_eff = float(clusters)
+    else:
+        variance = ((a - p * d) ** 2).sum() / trials**2 * clusters / (clusters - 1)
+        n_eff = trials / max(1.0, variance / (p * (1 - p) / trials))
+    x, tail = p * n_eff, (1 - level) / 2
+    low = 0.0 if x <= 0 else float(special.betaincinv(x, n_eff - x + 1, tail))
+    high = 1.0 if x >= n_eff else float(special.betaincinv(x + 1, n_eff - x, 1 - tail))
+    return low, high
+
+
+def swaps(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
+    """Pages of (rows, n) booleans: whether each cluster's two scores are swapped; every one of
+    the 2^n patterns once when `exact(n, resamples)`."""
+    page = max(1, PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
+    if exact(n, resamples):
+        bits = np.arange(n)
+        for start in range(0, 2**n, page):
+            rows = np.arange(start, min(2**n, start + page))
+            yield (rows[:, None] >> bits) & 1 == 1
+        return
     rng = np.random.default_rng(seed)
-    page = max(1, PAGE_CELLS // max(n, 1))
     for start in range(0, resamples, page):
         yield rng.random((min(page, resamples - start), n)) < 0.5
 
@@ -167,34 +364,42 @@ def _nulls(pairs: list[tuple[UnitScores, UnitScores]], swap: np.ndarray) -> list
     return out
 
 
-def _pvalue(observed: float, null: np.ndarray) -> float:
-    """Two-sided, as scipy.stats.permutation_test computes it for random permutations."""
+def _pvalue(observed: float, null: np.ndarray, enumerated: bool) -> float:
+    """Two-sided, as scipy.stats.permutation_test computes it: twice the smaller tail (module
+    docstring), with the +1 of random permutations unless every pattern was `enumerated`."""
     if not np.isfinite(observed):
         return float("nan")
     gamma = abs(np.finfo(np.float64).eps * 100 * observed)
-    less = (np.count_nonzero(null <= observed + gamma) + 1) / (len(null) + 1)
-    greater = (np.count_nonzero(null >= observed - gamma) + 1) / (len(null) + 1)
+    plus = 0 if enumerated else 1
+    less = (np.count_nonzero(null <= observed + gamma) + plus) / (len(null) + plus)
+    greater = (np.count_nonzero(null >= observed - gamma) + plus) / (len(null) + plus)
     return float(min(1.0, 2 * min(less, greater)))
 
 
 def sign_flip_pvalues(pairs: dict, resamples: int, seed: int, swapped: np.ndarray | None = None) -> dict:
     """key -> two-sided p-value of the paired permutation test of value(a) = value(b) for each
-    `(a, b)` of `pairs` (module docstring). The pairs on one unit set share their swaps (drawn
-    a page at a time from `default_rng(seed)`); `swapped` gives the swaps instead."""
-    by_units: dict[tuple[str, int], list] = {}
-    for key, (a, b) in pairs.items():
+    `(a, b)` of `pairs` (module docstring). The pairs on one unit set share their swaps (of
+    whole clusters; all 2^n patterns when `exact`, else drawn a page at a time from
+    `default_rng(seed)`); `swapped` (rows x units) gives the swaps instead."""
+    for a, b in pairs.values():
         if a.n != b.n or a.units != b.units:
             raise ValueError(f"paired test of different units: {a.units} ({a.n}) vs {b.units} ({b.n})")
-        by_units.setdefault((a.units, a.n), []).append(key)
     nulls: dict = {key: [] for key in pairs}
-    for (_, n), keys in by_units.items():
+    enumerated: dict = {}
+    for (_, n, _), keys in _unit_sets({key: a for key, (a, _) in pairs.items()}).items():
         if n == 0:
             continue
-        for swap in [swapped] if swapped is not None else swaps(n, resamples, seed):
-            for key, null in zip(keys, _nulls([pairs[key] for key in keys], swap), strict=True):
+        first = pairs[keys[0]][0]
+        index = first.cluster_index()
+        enumerated.update(dict.fromkeys(keys, swapped is None and exact(first.n_clusters, resamples)))
+        for swap in [swapped] if swapped is not None else swaps(first.n_clusters, resamples, seed, first.n):
+            unit_swap = swap if index is None or swapped is not None else swap[:, index]
+            for key, null in zip(keys, _nulls([pairs[key] for key in keys], unit_swap), strict=True):
                 nulls[key].append(null)
     return {
-        key: _pvalue(a.value() - b.value(), np.concatenate(nulls[key])) if nulls[key] else float("nan")
+        key: _pvalue(a.value() - b.value(), np.concatenate(nulls[key]), enumerated[key])
+        if nulls[key]
+        else float("nan")
         for key, (a, b) in pairs.items()
     }
 

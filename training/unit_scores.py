@@ -10,6 +10,12 @@ the embeddings the evaluation encoded: the units the intervals and the paired te
 - PN: removal pairs (queries), each with the sum and count of its (caption, class) values.
 - zero-shot: test images, top-1 / top-5 hits and per-class recall (classes as groups).
 
+Units made from one COCO source image are one cluster (`UnitScores.clusters`), resampled and
+swapped together: the counterfactual pairs by their `source_image_id` (`pair_clusters`; a pair
+without one is its own), the decorrelation queries (ODmAP, PN) by their source `image_id`. R@K,
+the fraction below zero and top-1/top-5 are proportions (Clopper-Pearson intervals); R@K with K
+at least the gallery's size is a hit by construction (`trivial`).
+
 training/evaluation.py's `unit_scores(emb, data, k_values)` gives them under the evaluation's
 metric names; a metric with no per-unit form (the ECCV Caption suite, the validation loss) has
 none and no interval. This module imports nothing of evaluation.py (no import circle).
@@ -21,7 +27,7 @@ import numpy as np
 
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
-from training.statistics import UnitScores
+from training.statistics import UnitScores, first_seen
 
 
 def retrieval_units(
@@ -35,6 +41,7 @@ def retrieval_units(
     n = len(data.image_ids)
     # metric -> per-unit numerator, denominator and fold (-1: in no fold; the whole split: None)
     parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+    beaten: set[str] = set()  # R@K with K below some gallery's size: not a hit by construction
     for fold, rows in enumerate([np.arange(n), *data.folds]):
         key = name if fold == 0 else f"{name}_1k"
         image_ids = data.image_ids[rows]
@@ -58,6 +65,8 @@ def retrieval_units(
                 num, den, groups = parts.setdefault(
                     f"{key}/{direction}_R@{k}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None)
                 )
+                if k < len(g):
+                    beaten.add(f"{key}/{direction}_R@{k}")
                 if direction == "i2t":
                     num[rows], den[rows] = hits, 1.0
                 else:  # per caption: summed over each caption's image
@@ -65,43 +74,72 @@ def retrieval_units(
                     den += np.bincount(caption_rows, minlength=n)
                 if groups is not None:
                     groups[rows] = fold
-    return {metric: UnitScores(units, *arrays) for metric, arrays in parts.items()}
+    return {
+        metric: UnitScores(units, *arrays, proportion=True, trivial=metric not in beaten)
+        for metric, arrays in parts.items()
+    }
 
 
-def odmap_units(result, removed: list[list[str]]) -> dict[str, UnitScores]:
-    """ODmAP@k and ODmAP@k per removed class, per query, from the odmap module's result."""
+def pair_clusters(pairs) -> np.ndarray | None:
+    """The cluster of each counterfactual pair (`EvalData.cf_pairs`, two rows a pair): its
+    `source_image_id`; a pair without one (or a build without the column) is its own."""
+    if pairs is None or not len(pairs):
+        return None
+    columns: dict[int, list] = {}  # table -> its source_image_id column (read once, no images)
+    ids: list[str] = []
+    for k in range(0, len(pairs), 2):
+        t = pairs.table_of[k]
+        if t not in columns:
+            table = pairs.tables[t]
+            has = "source_image_id" in table.column_names
+            columns[t] = table.select_columns(["source_image_id"])["source_image_id"] if has else []
+        found = columns[t][pairs.row[k]] if columns[t] else None
+        ids.append(f"source:{found}" if found not in (None, "") else f"pair:{k // 2}")
+    return first_seen(ids)
+
+
+def odmap_units(result, removed: list[list[str]], clusters: np.ndarray | None = None) -> dict[str, UnitScores]:
+    """ODmAP@k and ODmAP@k per removed class, per query, from the odmap module's result;
+    `clusters`: each query's source image."""
     out = {
-        f"odmap/ODmAP@{k}": UnitScores("decorrelation queries", np.asarray(ap, np.float64))
+        f"odmap/ODmAP@{k}": UnitScores("decorrelation queries", np.asarray(ap, np.float64), clusters=clusters)
         for k, ap in result.per_query.items()
     }
     for c in sorted({c for r in removed for c in r}):
         has = np.asarray([c in r for r in removed], dtype=np.float64)
         out.update(
             {
-                f"odmap_per_class/{c}_ODmAP@{k}": UnitScores("decorrelation queries", ap * has, has)
+                f"odmap_per_class/{c}_ODmAP@{k}": UnitScores("decorrelation queries", ap * has, has, clusters=clusters)
                 for k, ap in result.per_query.items()
             }
         )
     return out
 
 
-def delta_units(scores: dict[str, np.ndarray]) -> dict[str, UnitScores]:
-    """mean, median and fraction below zero of each ITM delta, per pair (`itm_inputs` scores)."""
+def delta_units(scores: dict[str, np.ndarray], clusters: np.ndarray | None = None) -> dict[str, UnitScores]:
+    """mean, median and fraction below zero of each ITM delta, per pair (`itm_inputs` scores);
+    `clusters`: the counterfactual pairs' (`pair_clusters`; a real pair is its own unit)."""
     out = {}
     for delta, values in itm_deltas(**scores).items():
-        units = "real pairs" if delta.endswith("_r") else "counterfactual pairs"
+        real = delta.endswith("_r")
+        units, mine = ("real pairs", None) if real else ("counterfactual pairs", clusters)
         out.update(
             {
-                f"itm/{delta}_mean": UnitScores(units, values),
-                f"itm/{delta}_median": UnitScores(units, values, median=True),
-                f"itm/{delta}_frac_below_zero": UnitScores(units, (values < 0).astype(np.float64)),
+                f"itm/{delta}_mean": UnitScores(units, values, clusters=mine),
+                f"itm/{delta}_median": UnitScores(units, values, median=True, clusters=mine),
+                f"itm/{delta}_frac_below_zero": UnitScores(
+                    units, (values < 0).astype(np.float64), clusters=mine, proportion=True
+                ),
             }
         )
     return out
 
 
-def necessity_units(values: list[tuple[int, str, float]], queries: int) -> dict[str, UnitScores]:
-    """PN per removed class and its mean from `(query, class, PN)` values, per removal pair."""
+def necessity_units(
+    values: list[tuple[int, str, float]], queries: int, clusters: np.ndarray | None = None
+) -> dict[str, UnitScores]:
+    """PN per removed class and its mean from `(query, class, PN)` values, per removal pair;
+    `clusters`: each query's source image."""
     out = {}
     if not values:
         return out
@@ -113,9 +151,13 @@ def necessity_units(values: list[tuple[int, str, float]], queries: int) -> dict[
             "removal pairs",
             np.bincount(q[mine], pn[mine], queries),
             np.bincount(q[mine], minlength=queries).astype(np.float64),
+            clusters=clusters,
         )
     out["necessity/PN_mean"] = UnitScores(
-        "removal pairs", np.bincount(q, pn, queries), np.bincount(q, minlength=queries).astype(np.float64)
+        "removal pairs",
+        np.bincount(q, pn, queries),
+        np.bincount(q, minlength=queries).astype(np.float64),
+        clusters=clusters,
     )
     return out
 
@@ -128,7 +170,9 @@ def zeroshot_units(name: str, images: np.ndarray, classes: np.ndarray, labels: n
     hit1 = (top[:, 0] == labels).astype(np.float64)
     units = f"{name} test images"
     return {
-        f"zeroshot/{name}/top1": UnitScores(units, hit1),
-        f"zeroshot/{name}/top{k}": UnitScores(units, (top == labels[:, None]).any(1).astype(np.float64)),
+        f"zeroshot/{name}/top1": UnitScores(units, hit1, proportion=True),
+        f"zeroshot/{name}/top{k}": UnitScores(
+            units, (top == labels[:, None]).any(1).astype(np.float64), proportion=True, trivial=k >= logits.shape[1]
+        ),
         f"zeroshot/{name}/mean_per_class_recall": UnitScores(units, hit1, groups=labels),
     }

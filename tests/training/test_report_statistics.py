@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from training.statistics import UnitScores, bootstrap, holm, interval, sign_flip_pvalue, sign_flip_pvalues
+from training.statistics import (
+    UnitScores,
+    bootstrap,
+    holm,
+    interval,
+    intervals,
+    sign_flip_pvalue,
+    sign_flip_pvalues,
+)
 
 REPETITIONS = 400
 
@@ -147,3 +155,176 @@ def test_power_for_a_planted_two_point_r_at_1_difference():
     assert np.mean(diffs) == pytest.approx(0.02, abs=0.002)
     p = np.array(list(sign_flip_pvalues(pairs, 1000, 3).values()))
     assert float(np.mean(p < 0.05)) >= 0.95
+
+
+# --- #42: exact tests where cheap, intervals that cover at small n, clusters -------------------
+
+
+@pytest.mark.parametrize(("n", "resamples"), [(8, 1000), (9, 512)])
+@pytest.mark.parametrize("median", [False, True])
+def test_pvalue_is_exact_and_equals_scipy_when_every_sign_pattern_fits(n, resamples, median):
+    """2^n <= B: every swap pattern is enumerated, as scipy does: its p-value, for any seed."""
+    rng = np.random.default_rng(n)
+    a, b = rng.normal(0, 1, n), rng.normal(0.4, 1, n)
+    f = np.median if median else np.mean
+    res = stats.permutation_test(
+        (a, b),
+        lambda x, y, axis: f(x, axis=axis) - f(y, axis=axis),
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=resamples,
+        rng=np.random.default_rng(0),
+    )
+    ours = [
+        sign_flip_pvalue(UnitScores("pairs", a, median=median), UnitScores("pairs", b, median=median), resamples, s)
+        for s in (0, 1, 2)
+    ]
+    assert ours == pytest.approx([res.pvalue] * 3, abs=1e-12)
+
+
+def test_pvalue_is_random_above_the_enumeration_limit():
+    """2^10 > 1,000: random patterns, (tail + 1) / (B + 1) as scipy; seed-dependent, and within
+    Monte-Carlo error of the exact p-value."""
+    rng = np.random.default_rng(10)
+    a, b = rng.normal(0, 1, 10), rng.normal(0.5, 1, 10)
+    exact = stats.permutation_test(
+        (a, b),
+        lambda x, y, axis: x.mean(axis) - y.mean(axis),
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=2**10,
+        rng=np.random.default_rng(0),
+    ).pvalue
+    ours = [sign_flip_pvalue(UnitScores("pairs", a), UnitScores("pairs", b), 1000, s) for s in range(4)]
+    assert len(set(ours)) > 1
+    tail = exact / 2  # the two-sided p-value is twice a tail estimated from 1,000 patterns
+    assert all(abs(p - exact) < 8 * np.sqrt(tail * (1 - tail) / 1000) + 2 / 1001 for p in ours)
+
+
+def test_swaps_of_a_cluster_go_together():
+    """Clusters of 2 units: the exact test over 2^3 cluster patterns equals scipy's on the
+    cluster sums (a mean of units is the mean of their clusters' sums over 2)."""
+    a, b = np.array([0.1, 0.3, 0.2, 0.9, 0.5, 0.4]), np.array([0.0, 0.1, 0.4, 0.3, 0.1, 0.2])
+    clusters = np.array([7, 7, 3, 3, 5, 5])
+    ours = sign_flip_pvalue(
+        UnitScores("pairs", a, clusters=clusters), UnitScores("pairs", b, clusters=clusters), 1000, 0
+    )
+    sums = [np.bincount(np.unique(clusters, return_inverse=True)[1], x) for x in (a, b)]
+    ref = stats.permutation_test(
+        sums,
+        lambda x, y, axis: x.mean(axis) - y.mean(axis),
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=1000,
+    ).pvalue
+    assert ours == pytest.approx(ref, abs=1e-12)
+
+
+def test_proportion_interval_is_clopper_pearson():
+    """R@1 0 of 6 images: [0, 0.459] (the exact binomial bound), never [0, 0]; 31 of 50."""
+    zero = intervals({"r": UnitScores("images", np.zeros(6), proportion=True)}, 1000, 0)["r"]
+    assert (zero.low, zero.high, zero.method, zero.trivial) == (
+        0.0,
+        pytest.approx(1 - 0.025 ** (1 / 6)),
+        "clopper-pearson",
+        False,
+    )
+    hits = np.r_[np.ones(31), np.zeros(19)]
+    found = intervals({"r": UnitScores("images", hits, proportion=True)}, 0, 0)["r"]
+    ref = stats.binomtest(31, 50).proportion_ci(method="exact")
+    assert (found.low, found.high) == pytest.approx((ref.low, ref.high), abs=1e-10)
+
+
+def test_proportion_of_clustered_trials_counts_the_design_effect():
+    """t2i R@K, 5 captions an image that are all hits or all misses: the 500 captions are about
+    100 independent trials (design effect 5 x 100/99 with the cluster variance's c/(c-1)), so the
+    interval is Korn & Graubard's Clopper-Pearson on 99 effective trials, not on 500."""
+    hits = np.r_[np.full(40, 5.0), np.zeros(60)]
+    found = intervals({"r": UnitScores("images", hits, np.full(100, 5.0), proportion=True)}, 0, 0)["r"]
+    n_eff, x = 99.0, 0.4 * 99.0
+    ref = (stats.beta.ppf(0.025, x, n_eff - x + 1), stats.beta.ppf(0.975, x + 1, n_eff - x))
+    assert (found.low, found.high) == pytest.approx(ref, abs=1e-9)
+    naive = stats.binomtest(200, 500).proportion_ci(method="exact")
+    assert found.high - found.low > 2 * (naive.high - naive.low)
+
+
+def test_studentized_interval_of_a_mean_by_hand():
+    """Bootstrap-t of a mean, the same draws as scipy's bootstrap: t* = (mean* - mean) / se*."""
+    rng = np.random.default_rng(4)
+    x = rng.exponential(1, 30)
+    found = intervals({"m": UnitScores("pairs", x)}, 2000, 9)["m"]
+    draws = x[np.random.default_rng(9).integers(0, 30, (2000, 30))]
+    t = (draws.mean(1) - x.mean()) / (draws.std(1, ddof=1) / np.sqrt(30))
+    se = x.std(ddof=1) / np.sqrt(30)
+    low, high = np.quantile(t, [0.025, 0.975])
+    assert found.method == "studentized"
+    assert (found.low, found.high) == pytest.approx((x.mean() - high * se, x.mean() - low * se), rel=1e-9)
+
+
+def test_trivial_metric_says_so_and_tiny_class_has_no_interval():
+    found = intervals(
+        {
+            "r10": UnitScores("images", np.ones(6), proportion=True, trivial=True),
+            "same": UnitScores("pairs", np.full(6, 0.25)),
+            "class": UnitScores("queries", np.r_[0.4, np.zeros(5)], np.r_[1.0, np.zeros(5)]),
+        },
+        1000,
+        0,
+    )
+    assert found["r10"].trivial and np.isnan(found["r10"].low) and found["same"].trivial
+    assert (found["class"].n, found["class"].n_clusters, found["class"].trivial) == (1, 1, False)
+    assert np.isnan(found["class"].low)
+
+
+def test_cluster_bootstrap_resamples_whole_clusters():
+    """Units of one cluster are drawn together: the resampled mean equals the mean over a
+    bootstrap of the clusters (scipy's draws of 3 clusters), and n_clusters is counted."""
+    x = np.array([1.0, 2.0, 3.0, 10.0, 20.0])
+    clusters = np.array([4, 4, 9, 1, 1])
+    metric = UnitScores("pairs", x, clusters=clusters)
+    ours = bootstrap({"m": metric}, 500, 3)["m"]
+    sums, sizes = np.bincount([1, 1, 2, 0, 0], x), np.bincount([1, 1, 2, 0, 0])
+    draws = np.random.default_rng(3).integers(0, 3, (500, 3))
+    assert ours == pytest.approx(sums[draws].sum(1) / sizes[draws].sum(1))
+    assert metric.counted() == (5, 3)
+
+
+def test_paired_difference_of_means_is_studentized_on_the_unit_differences():
+    """compare_dataset: a mean's difference gets the bootstrap-t interval of the per-unit
+    differences (by hand, scipy's draws); a median's, the percentile one of the paired resamples."""
+    from training.report.compare import compare_dataset
+
+    rng = np.random.default_rng(8)
+    shared = rng.normal(0, 1, 40)
+    a, b = rng.exponential(1, 40) + shared, 0.5 * rng.exponential(1, 40) + shared
+    units = {
+        m: {"itm/IR_c_mean": UnitScores("pairs", x), "itm/IR_c_median": UnitScores("pairs", x, median=True)}
+        for m, x in (("A", a), ("B", b))
+    }
+    found = {c.metric: c for c in compare_dataset("cf", units, ["A", "B"], 2000, 4)}
+    d = a - b
+    draws = np.random.default_rng(4).integers(0, 40, (2000, 40))
+    t = (d[draws].mean(1) - d.mean()) / (d[draws].std(1, ddof=1) / np.sqrt(40))
+    se = d.std(ddof=1) / np.sqrt(40)
+    t_low, t_high = np.quantile(t, [0.025, 0.975])
+    mean = found["IR_c_mean"]
+    assert (mean.low, mean.high) == pytest.approx((d.mean() - t_high * se, d.mean() - t_low * se), rel=1e-9)
+    median = found["IR_c_median"]
+    diffs = np.median(a[draws], 1) - np.median(b[draws], 1)
+    assert (median.low, median.high) == pytest.approx(tuple(np.quantile(diffs, [0.025, 0.975])), rel=1e-9)
+
+
+def test_cluster_pages_are_bounded_by_units_and_change_no_number(monkeypatch):
+    """A page of clusters becomes a page of units: its rows are bounded by the units, and the
+    resamples and p-values do not depend on the page size."""
+    import training.statistics as statistics
+
+    rng = np.random.default_rng(12)
+    clusters = np.repeat(np.arange(30), 4)
+    a = UnitScores("pairs", rng.normal(0, 1, 120), clusters=clusters)
+    b = UnitScores("pairs", rng.normal(0.2, 1, 120), clusters=clusters)
+    whole = (bootstrap({"a": a}, 300, 1)["a"], sign_flip_pvalue(a, b, 300, 1))
+    monkeypatch.setattr(statistics, "PAGE_CELLS", 1000)
+    assert max(len(c) for _, c in statistics.cluster_pages(a, 300, 1)) == 1000 // 120
+    assert bootstrap({"a": a}, 300, 1)["a"] == pytest.approx(whole[0], abs=0)
+    assert sign_flip_pvalue(a, b, 300, 1) == whole[1]

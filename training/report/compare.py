@@ -2,7 +2,8 @@
 
 For every two models (or every model against `--baseline`) and every metric of a dataset's
 comparison table that both scored with units: the difference, its 95 % paired bootstrap interval
-(the same resamples for both models) and the paired permutation (sign-flip) p-value, Holm-adjusted
+(the same resamples of the same clusters for both models; studentized where the difference is
+linear in the units, else percentile) and the paired permutation (sign-flip) p-value, Holm-adjusted
 across all the table's tests. `verdicts` tells the table which best value beats its runner-up at
 alpha = 0.05 (bold) and which is a tie. `plot_forest` draws each model's value with its interval.
 """
@@ -18,7 +19,16 @@ import numpy as np
 from builders.viewer.plots import plain_text
 from training.report.markdown import BLIND, higher_is_better, natural
 from training.report.results import record_name
-from training.statistics import ALPHA, UnitScores, bootstrap, holm, interval, sign_flip_pvalues
+from training.statistics import (
+    ALPHA,
+    UnitScores,
+    bootstrap,
+    holm,
+    interval,
+    intervals,
+    paired_difference,
+    sign_flip_pvalues,
+)
 
 
 @dataclass
@@ -63,11 +73,18 @@ def compare_dataset(
     pvalues = sign_flip_pvalues(
         {(key, a, b): (units[a][key], units[b][key]) for key in keys for a, b in pairs}, resamples, seed
     )
+    # A difference linear in the units gets the studentized interval; a median's or a mean over
+    # groups', the percentile interval of the paired resampled differences.
+    linear = {
+        (key, a, b): d for key in keys for a, b in pairs if (d := paired_difference(units[a][key], units[b][key]))
+    }
+    studentized = {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
     out = []
     for key in keys:
         task, metric = record_name(key)
         for a, b in pairs:
-            low, high = interval(resampled[(a, key)] - resampled[(b, key)])
+            found = studentized.get((key, a, b))
+            low, high = (found.low, found.high) if found else interval(resampled[(a, key)] - resampled[(b, key)])
             out.append(
                 Comparison(
                     dataset,

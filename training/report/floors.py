@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from training.statistics import UnitScores, bootstrap, interval
+from training.statistics import UnitScores, intervals
+from training.unit_scores import pair_clusters
 
 #: Random rankings averaged for the chance level of ODmAP@k.
 PERMUTATIONS = 20
@@ -162,15 +163,14 @@ def blind_baseline(data, models: BlindModels, resamples: int, seed: int) -> dict
     same = np.asarray([same_words(a, b) for a, b in zip(originals, counterfactuals, strict=True)], dtype=float)
     prefers = blind_scores(originals, counterfactuals, models)
     units: dict[str, UnitScores] = {}
+    clusters = pair_clusters(data.cf_pairs)  # pairs of one source image go together
     for name, values in prefers.items():
-        units[name] = UnitScores("counterfactual pairs", values)
-        units[f"{name}_same_words"] = UnitScores("counterfactual pairs", values * same, same)
-        units[f"{name}_other_pairs"] = UnitScores("counterfactual pairs", values * (1 - same), 1 - same)
-    resampled = bootstrap(units, resamples, seed) if resamples else {}
+        for part, den in ((name, None), (f"{name}_same_words", same), (f"{name}_other_pairs", 1 - same)):
+            num = values if den is None else values * den
+            units[part] = UnitScores("counterfactual pairs", num, den, clusters=clusters, proportion=True)
     metrics = {name: u.value() for name, u in units.items()}
-    intervals = {name: (*interval(resampled[name]), u.n) for name, u in units.items()} if resamples else {}
     return {
         "metrics": {**metrics, "same_word_pairs": float(same.sum()), "pairs": float(len(same))},
-        "intervals": intervals,
+        "intervals": intervals(units, resamples, seed) if resamples else {},
         "digests": models.digests,
     }

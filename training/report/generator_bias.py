@@ -22,7 +22,7 @@ import numpy as np
 from builders.engine.provenance import source_digest
 from training.report.compare import Comparison, compare_dataset, comparison_cells
 from training.report.markdown import _fmt, cell, natural, plain
-from training.statistics import UnitScores, holm
+from training.statistics import UnitScores, first_seen, holm
 
 #: The record task of a generator-bias record (one per model x pair of generators).
 TASK = "generator_bias"
@@ -68,6 +68,7 @@ def on_rows(u: UnitScores, rows: np.ndarray) -> UnitScores:
         num=u.num[rows],
         den=None if u.den is None else u.den[rows],
         groups=None if u.groups is None else u.groups[rows],
+        clusters=None if u.clusters is None else first_seen(u.clusters[rows]),
     )
 
 

@@ -7,8 +7,11 @@ Our own metrics keep our own tasks (`zeroshot_retrieval_1k`: the COCO 1K folds, 
 `odmap_per_class`, `itm`, `necessity`).
 
 Each record also holds what someone else needs to trust and reproduce a number: per metric the
-95 % bootstrap interval (`ci_low`, `ci_high`) over `n_units` units with `bootstrap` resamples
-and `seed` (null where a metric has no per-unit form, training/unit_scores.py), the weights
+95 % interval (`ci_low`, `ci_high`) over `n_units` units (those that enter the value: a class's
+own queries) in `n_clusters` clusters (source images; the units where there are none), made by
+`ci_method` (clopper-pearson, studentized or percentile, training/statistics.py) from `bootstrap`
+resamples and `seed` (null where a metric has no per-unit form, training/unit_scores.py, and
+where `trivial` is true: a value the units cannot move, e.g. R@K with K >= the gallery), the weights
 digest, the dataset commit, the metric module's own file digest (`metric_version`) and the code
 version (git commit + dirty flag, or version + installed-files digest:
 `builders.engine.provenance.code_version`)."""
@@ -22,6 +25,10 @@ from pathlib import Path
 
 from builders.engine.provenance import code_version, model_name, source_digest
 from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED
+from training.statistics import Interval
+
+#: A record's per-metric fields (name -> value), beside `metrics` itself.
+INTERVAL_FIELDS = ("metrics", "ci_low", "ci_high", "n_units", "n_clusters", "ci_method", "trivial", "chance")
 
 #: record task -> the code computing it (digested as `metric_version`): a metric module of
 #: counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
@@ -98,14 +105,15 @@ def make_records(
     digest: str | None,
     dataset,
     metrics: dict[str, float],
-    intervals: dict[str, tuple[float, float, int]],
+    intervals: dict[str, Interval],
     bootstrap: int,
     seed: int,
     chance: dict[str, float] | None = None,
 ) -> list[dict]:
     """The records of one model on one dataset: `metrics` (training.evaluation's `task/name`
-    keys) grouped by record task, with each one's interval (`intervals`: key -> (low, high,
-    units); none with `bootstrap` 0) and chance level (`chance`, training/report/floors.py)."""
+    keys) grouped by record task, with each one's interval (`intervals`: key ->
+    `training.statistics.Interval`; none with `bootstrap` 0) and chance level (`chance`,
+    training/report/floors.py)."""
     by_task: dict[str, dict[str, dict]] = {}
     chance = chance or {}
     for key, value in metrics.items():
@@ -113,13 +121,17 @@ def make_records(
         if named is None:
             continue
         task, name = named
-        fields = by_task.setdefault(task, {"metrics": {}, "ci_low": {}, "ci_high": {}, "n_units": {}, "chance": {}})
+        fields = by_task.setdefault(task, {k: {} for k in INTERVAL_FIELDS})
         if key in chance:
             fields["chance"][name] = _finite(chance[key])
-        low, high, units = intervals.get(key, (None, None, None))
+        found = intervals.get(key)
         fields["metrics"][name] = _finite(value)
-        fields["ci_low"][name], fields["ci_high"][name] = _finite(low), _finite(high)
-        fields["n_units"][name] = units
+        fields["ci_low"][name] = _finite(found.low) if found else None
+        fields["ci_high"][name] = _finite(found.high) if found else None
+        fields["n_units"][name] = found.n if found else None
+        fields["n_clusters"][name] = found.n_clusters if found else None
+        fields["ci_method"][name] = found.method if found else None
+        fields["trivial"][name] = found.trivial if found else None
     # A local folder is named by its contents (local:NAME@sha256:...), never by a path of this
     # machine, as builds and training runs name it.
     model = model_name(spec.name)

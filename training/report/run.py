@@ -44,7 +44,7 @@ from training.report.models import (
     weights_digest,
 )
 from training.report.results import make_records, write_results
-from training.statistics import DEFAULT_RESAMPLES, UnitScores, bootstrap, interval
+from training.statistics import DEFAULT_RESAMPLES, MAX_RESAMPLES, Interval, UnitScores, intervals
 from training.unit_scores import necessity_units
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,11 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
         raise UserFacingError("--revision-tag tags the --push-to-hub repo: give --push-to-hub ORG/NAME too")
     if cfg.coco_instances and "coco" not in sources:
         raise UserFacingError("--coco-instances adds PMRP to the COCO 5K scores: give --coco too")
+    if not 0 <= cfg.bootstrap <= MAX_RESAMPLES:
+        raise UserFacingError(
+            f"--bootstrap {cfg.bootstrap}: give 0 (no intervals) to {MAX_RESAMPLES:,} resamples; each "
+            f"metric keeps its resampled values in memory, 8 bytes each ({MAX_RESAMPLES * 8 // 10**6} MB a metric at most)"
+        )
     if cfg.baseline and cfg.bootstrap == 0:
         raise UserFacingError(
             "--baseline compares every model with it on resampled units: drop "
@@ -312,13 +317,12 @@ def _check_folder(flag: str, folder: Path) -> None:
             raise OutputError(f"{flag} {folder}: not a folder{where}; give a folder path")
 
 
-def _intervals(units: dict[str, UnitScores], cfg: BenchmarkConfig) -> dict[str, tuple[float, float, int]]:
-    """metric key -> (95 % bootstrap interval, units) of every metric with units; none with
-    --bootstrap 0."""
+def _intervals(units: dict[str, UnitScores], cfg: BenchmarkConfig) -> dict[str, Interval]:
+    """metric key -> 95 % interval (training.statistics.intervals: the method its kind needs)
+    of every metric with units; none with --bootstrap 0."""
     if not cfg.bootstrap:
         return {}
-    resampled = bootstrap(units, cfg.bootstrap, cfg.seed)
-    return {key: (*interval(resampled[key]), units[key].n) for key in units}
+    return intervals(units, cfg.bootstrap, cfg.seed)
 
 
 def _score(
@@ -384,5 +388,5 @@ def _necessity(coco, dec, scored: dict[str, dict[str, np.ndarray]]) -> tuple[dic
     image, emb = scored["coco"]["image"], scored["decorrelation"]
     return (
         necessity(image, rows, emb, dec.data),
-        necessity_units(necessity_values(image, rows, emb, dec.data), len(rows)),
+        necessity_units(necessity_values(image, rows, emb, dec.data), len(rows), dec.data.query_image_ids),
     )

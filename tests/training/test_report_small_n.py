@@ -1,0 +1,117 @@
+"""`counterfactory benchmark` at fixture sizes (#42): every record carries its units and clusters
+and how its interval was made; a proportion of 0 or 1 gets its exact binomial interval, not a
+point; a metric fixed by construction says so; counterfactual pairs and decorrelation queries of
+one source image are one cluster; p-values at n <= log2(B) clusters do not depend on the seed;
+and `--bootstrap` beyond the memory budget is one line before any model loads (#41 §3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datasets import load_dataset
+from scipy import stats
+
+from builders.app.cli import main as cli_main
+from helpers.build_helpers import error_line
+from helpers.training_helpers import report_builds, write_counterfactuals
+
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
+#: Source image of each counterfactual pair: 6 pairs from 3 COCO images.
+SOURCES = [11, 11, 11, 22, 33, 33]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory, coco_fixture_dir, nltk_data_dir):
+    root = tmp_path_factory.mktemp("builds")
+    cc, dec, _ = report_builds(root, coco_fixture_dir)
+    return cc, dec, write_counterfactuals(root / "cf-clustered", SOURCES)
+
+
+def _run(builds, tiny_models_dir, out: Path, seed: int) -> Path:
+    from builders.models.profiles import tiny_profile
+
+    profile = tiny_profile(tiny_models_dir)
+    cc, dec, cf = builds
+    argv = ["benchmark", "--model", profile.clip, "--model", profile.open_clip, "--blind-lm", "none"]
+    argv += ["--coco", str(cc), "--decorrelation", str(dec), "--counterfactuals", str(cf)]
+    assert cli_main([*argv, "--bootstrap", "1000", "--seed", str(seed), "--output", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def reports(builds, tiny_models_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reports")
+    return [_run(builds, tiny_models_dir, root / f"seed{seed}", seed) for seed in (0, 7)]
+
+
+def _records(out: Path) -> list[dict]:
+    from training.report.results import read_results
+
+    return read_results(out / "results.jsonl")
+
+
+def test_records_carry_units_clusters_and_the_interval_method(reports, builds):
+    records = _records(reports[0])
+    queries = load_dataset(str(builds[1]), "odmap_queries", split="test")["image_id"]
+    for r in records:
+        for name, value in r["metrics"].items():
+            if r["n_units"].get(name) is None:
+                continue
+            assert r["ci_method"][name] in {"clopper-pearson", "studentized", "percentile", "none"}, (r["task"], name)
+            assert 0 < r["n_clusters"][name] <= r["n_units"][name]
+            if r["ci_low"][name] is not None and not r["trivial"][name]:
+                assert r["ci_low"][name] < r["ci_high"][name], (r["task"], name)  # no point interval
+    itm = next(r for r in records if r["dataset"] == "counterfactuals" and r["task"] == "itm")
+    assert (itm["n_units"]["IR_c_mean"], itm["n_clusters"]["IR_c_mean"]) == (6, 3)
+    assert itm["ci_method"]["IR_c_frac_below_zero"] == "clopper-pearson"
+    assert itm["ci_method"]["IR_c_mean"] == "studentized" and itm["ci_method"]["IR_c_median"] == "percentile"
+    odmap = next(r for r in records if r["task"] == "odmap")
+    for name in odmap["metrics"]:
+        assert odmap["n_units"][name] == len(queries)
+        assert odmap["n_clusters"][name] == len(set(queries)) < len(queries)
+
+
+def test_a_proportion_gets_its_exact_binomial_interval_and_a_fixed_one_says_so(reports):
+    retrieval = [r for r in _records(reports[0]) if r["task"] == "zeroshot_retrieval"]
+    assert retrieval
+    for r in retrieval:
+        for name, value in r["metrics"].items():
+            n = r["n_units"][name]
+            if r["trivial"][name]:  # K >= the gallery: every ranking is a hit
+                assert value == 1.0 and r["ci_low"][name] is None and r["ci_method"][name] == "none"
+                continue
+            assert r["ci_method"][name] == "clopper-pearson"
+            if name.startswith("text_retrieval"):  # i2t: one trial an image, a plain binomial
+                ci = stats.binomtest(round(value * n), n).proportion_ci(method="exact")
+                assert (r["ci_low"][name], r["ci_high"][name]) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    n_images = retrieval[0]["n_units"]["image_retrieval_recall@1"]
+    trivial = {name for r in retrieval for name, t in r["trivial"].items() if t}
+    assert trivial == {f"image_retrieval_recall@{k}" for k in (1, 5, 10) if k >= n_images}
+
+
+def _pvalues(out: Path) -> list[str]:
+    """The ITM rows of report.md's paired comparisons: metric, models and sign-flip p-value."""
+    rows = [line.split("|") for line in (out / "report.md").read_text().splitlines() if line.startswith("| itm/")]
+    return [" ".join(cell.strip() for cell in [*row[1:4], row[-3]]) for row in rows]
+
+
+def test_pvalues_on_few_clusters_are_exact_and_seed_independent(reports):
+    """3 source images (IR_c, TR_c) and 6 real pairs (IR_r, TR_r): 2^3 and 2^6 <= 1,000 swap
+    patterns, all enumerated; seeds 0 and 7 agree, and every p-value is a multiple of 1/64
+    (printed to 4 digits), not a random (k + 1) / 1,001."""
+    first, second = (_pvalues(out) for out in reports)
+    assert first and first == second
+    p = np.asarray([float(row.split()[-1]) for row in first])
+    assert np.allclose(64 * p, np.round(64 * p), atol=0.01), first
+
+
+def test_bootstrap_beyond_the_memory_budget_is_one_line_before_any_model(builds, tmp_path, capsys):
+    capsys.readouterr()
+    argv = ["benchmark", "--model", str(tmp_path / "no-such-model"), "--counterfactuals", str(builds[2])]
+    assert cli_main([*argv, "--bootstrap", "1000000000", "--output", str(tmp_path / "out")]) == 2
+    line = error_line(capsys)
+    assert "--bootstrap 1000000000" in line and "1,000,000" in line and "no-such-model" not in line, line
+    assert not (tmp_path / "out").exists()
