@@ -178,12 +178,24 @@ def comparison_table(
             + " | ".join(f"no significant difference (n = {sizes[tn]})" if tn in untested else "-" for tn in cols)
             + " |"
         )
-    chance = {(r["task"], n): v for r in mine for n, v in (r.get("chance") or {}).items()}
+    chance: dict[tuple[str, str], set] = {}
+    for r in mine:
+        for n, v in (r.get("chance") or {}).items():
+            chance.setdefault((r["task"], n), set()).add(v)
     if any((t, n) in chance for t, n in cols):
-        lines.append(
-            "| *chance level* | " + " | ".join(_fmt(chance.get(tn)) if tn in chance else "-" for tn in cols) + " |"
-        )
+        lines.append("| *chance level* | " + " | ".join(_chance(chance.get(tn)) for tn in cols) + " |")
     return lines
+
+
+def _chance(values: set | None) -> str:
+    """A column's chance level; a floor computed from each model's own scores (PN) differs by
+    model: its range."""
+    if not values:
+        return "-"
+    known = sorted(v for v in values if v is not None)
+    if len(known) < 2:
+        return _fmt(known[0] if known else None)
+    return f"{_fmt(known[0])} to {_fmt(known[-1])} (per model)"
 
 
 def _units(records: list[dict], task: str, name: str) -> tuple[int | None, int | None]:
