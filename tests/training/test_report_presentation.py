@@ -48,6 +48,7 @@ def test_a_class_has_its_own_units_and_no_interval_below_the_minimum(two_models)
     assert units["odmap_per_class/dog_ODmAP@1"].n == 40 and units["necessity/PN_dog"].n == 40
     assert units["odmap_per_class/cat_ODmAP@1"].n == 3 < MIN_CLASS_UNITS
     assert units["odmap/ODmAP@1"].n == N  # a table metric keeps the whole set
+    assert units["necessity/PN_mean"].n == 40  # queries without a PN value are no unit of it
     # The same value on the class's own units.
     dog = np.arange(N) < 40
     raw = _units(np.random.default_rng(0), 0.0)

@@ -205,6 +205,7 @@ def test_report_has_paired_differences_forest_plots_and_floors(report):
         prefer = next(n for n in r["metrics"] if n.endswith("prefers_original"))
         assert r["chance"][prefer] == 0.5 and r["metrics"]["same_word_pairs"] == 0
         assert 0 <= r["metrics"][prefer] <= 1 and r["ci_low"][prefer] is not None
+        assert r["n_units"][prefer] == 6 and r["n_units"][f"{prefer}_same_words"] == 0
         assert re.search(rf"{re.escape(prefer.replace('_', chr(92) + '_'))} \| \d\.\d{{4}} \[", md)
 
 

@@ -208,6 +208,10 @@ def blind_scores(originals: list[str], counterfactuals: list[str], models: Blind
     }
 
 
+def _pairs_in(u: UnitScores) -> int:
+    return u.n if u.den is None else int(np.count_nonzero(u.den))
+
+
 def blind_baseline(data, models: BlindModels, resamples: int, seed: int) -> dict:
     """The blind baseline of the counterfactual set (module docstring): per model, the fraction
     of pairs where it prefers the original, its interval, and the same on the same-word pairs and
@@ -222,7 +226,11 @@ def blind_baseline(data, models: BlindModels, resamples: int, seed: int) -> dict
         units[f"{name}_other_pairs"] = UnitScores("counterfactual pairs", values * (1 - same), 1 - same)
     resampled = bootstrap(units, resamples, seed) if resamples else {}
     metrics = {name: u.value() for name, u in units.items()}
-    intervals = {name: (*interval(resampled[name]), u.n) for name, u in units.items()} if resamples else {}
+    # n: the pairs each fraction is over (the same-word pairs' is their count), also without resamples.
+    intervals = {
+        name: (*(interval(resampled[name]) if resamples else (float("nan"),) * 2), _pairs_in(u))
+        for name, u in units.items()
+    }
     return {
         "metrics": {**metrics, "same_word_pairs": float(same.sum()), "pairs": float(len(same))},
         "intervals": intervals,

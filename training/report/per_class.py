@@ -62,12 +62,16 @@ def restrict(u: UnitScores, keep: np.ndarray, units: str) -> UnitScores:
 
 def class_units(units: dict[str, UnitScores]) -> dict[str, UnitScores]:
     """`units` with every per-class metric on its class's own units (those with a positive
-    denominator: the queries that removed the class); the same value, the class's n."""
+    denominator: the queries that removed the class), and PN's mean on the queries with a PN
+    value; the same values, each with its own n."""
     out = dict(units)
     for key, u in units.items():
         c = class_of(key)
         if c is not None and u.den is not None:
             out[key] = restrict(u, u.den > 0, f"{u.units} that removed {c}")
+        elif key == "necessity/PN_mean" and u.den is not None:
+            # Queries whose source image is not in the --coco split have no PN value: no unit.
+            out[key] = restrict(u, u.den > 0, f"{u.units} with a value")
     return out
 
 
