@@ -122,6 +122,33 @@ def test_no_winner_is_no_significant_difference_once_with_its_n():
     assert "| *n (units)* | 1,000 |" in comparison_table(big, "coco", ["a"], {})
 
 
+def test_a_column_without_a_winner_gives_the_difference_its_test_could_detect():
+    """Paired differences with standard deviation 1 on 400 units: a two-sided test at 0.05 has
+    80 % power at (z(0.975) + z(0.8)) / sqrt(400) = 0.140 (normal approximation, from the
+    differences themselves, not the bootstrap)."""
+    from statistics import NormalDist
+
+    from training.report.compare import compare_dataset, verdicts
+    from training.report.markdown import comparison_table
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(0, 1, 400)
+    b = a + rng.normal(0, 1, 400)
+    units = {m: {"itm/IR_c_mean": UnitScores("pairs", v)} for m, v in (("a", a), ("b", b))}
+    (test,) = compare_dataset("cf", units, ["a", "b"], 2000, 0)
+    z = NormalDist().inv_cdf
+    expected = (z(0.975) + z(0.8)) * np.std(a - b, ddof=1) / np.sqrt(400)
+    assert test.detectable == pytest.approx(expected, rel=0.1)
+    records = [
+        {"dataset": "cf", "task": "itm", "model": m, "metrics": {"IR_c_mean": u["itm/IR_c_mean"].value()}}
+        for m, u in units.items()
+    ]
+    found = verdicts(records, "cf", [test])
+    assert not found[("itm", "IR_c_mean")][1]  # equal in distribution: this seed does not reject
+    row = comparison_table(records, "cf", ["a", "b"], found)[-1]
+    assert f"detectable with 80 % power: {test.detectable:.4f})" in row
+
+
 def test_clusters_are_shown_where_they_differ_from_units():
     from training.report.markdown import sample_size
 

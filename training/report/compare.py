@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from statistics import NormalDist
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,10 @@ from training.report.markdown import BLIND, higher_is_better, in_comparison, nat
 from training.report.per_class import class_of, testable
 from training.report.results import record_name
 from training.statistics import ALPHA, UnitScores, bootstrap, holm, interval, sign_flip_pvalues
+
+
+#: The power of the smallest detectable difference a column without a winner reports.
+POWER = 0.8
 
 
 @dataclass
@@ -38,6 +43,8 @@ class Comparison:
     p_value: float
     p_holm: float = float("nan")
     n: int = 0  # the units both models were scored on
+    #: The smallest difference one test at alpha = 0.05 detects with 80 % power (`detectable`).
+    detectable: float = float("nan")
 
     def as_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in vars(self).items()}
@@ -78,13 +85,27 @@ def compare_dataset(
         task, metric = record_name(key)
         for a, b in pairs:
             nan = float("nan")
-            low, high = interval(resampled[(a, key)] - resampled[(b, key)]) if key in tested else (nan, nan)
+            spread = resampled[(a, key)] - resampled[(b, key)] if key in tested else np.full(1, nan)
+            low, high = interval(spread) if key in tested else (nan, nan)
             difference = units[a][key].value() - units[b][key].value()
             p = pvalues[(key, a, b)] if key in tested else nan
-            out.append(Comparison(dataset, task, metric, a, b, difference, low, high, p, n=units[a][key].n))
+            c = Comparison(dataset, task, metric, a, b, difference, low, high, p, n=units[a][key].n)
+            c.detectable = detectable(spread)
+            out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
     return out
+
+
+def detectable(spread: np.ndarray, power: float = POWER) -> float:
+    """The smallest true difference a two-sided test at alpha = 0.05 detects with `power`, in
+    the normal approximation: (z(1 - alpha/2) + z(power)) x the difference's bootstrap standard
+    error (`spread`: its resampled values). Holm's adjustment only raises it."""
+    finite = spread[np.isfinite(spread)]
+    if len(finite) < 2:
+        return float("nan")
+    z = NormalDist().inv_cdf
+    return float((z(1 - ALPHA / 2) + z(power)) * np.std(finite, ddof=1))
 
 
 def _in_family(key: str, per_class: bool) -> bool:
@@ -95,10 +116,10 @@ def _in_family(key: str, per_class: bool) -> bool:
 
 def verdicts(
     records: list[dict], dataset: str, comparisons: list[Comparison]
-) -> dict[tuple[str, str], tuple[str, bool]]:
-    """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm),
-    for the columns of `dataset` with two or more models and a test between the top two (the
-    others are left unmarked)."""
+) -> dict[tuple[str, str], tuple[str, bool, float]]:
+    """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm,
+    the smallest difference their test detects with 80 % power), for the columns of `dataset`
+    with two or more models and a test between the top two (the others are left unmarked)."""
     tests = {(c.task, c.metric, frozenset((c.model, c.other))): c for c in comparisons if c.dataset == dataset}
     out = {}
     for task, metric in {(r["task"], n) for r in records if r["dataset"] == dataset for n in r["metrics"]}:
@@ -114,7 +135,7 @@ def verdicts(
         test = tests.get((task, metric, frozenset((best, second))))
         if test is None:  # not compared (--baseline: two other models on top): left unmarked
             continue
-        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA)
+        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA, test.detectable)
     return out
 
 

@@ -147,12 +147,13 @@ def comparison_table(
     records: list[dict],
     dataset: str,
     models: list[str],
-    verdicts: dict[tuple[str, str], tuple[str, bool | None]] | None = None,
+    verdicts: dict[tuple[str, str], tuple] | None = None,
 ) -> list[str]:
     """One row per model, one column per metric (`value [low, high]`), then each column's n and
-    the chance level. `verdicts` ((task, metric) -> (best model, beats the runner-up), from the
-    paired tests): the best value is bold where it beats the runner-up; where it does not, the
-    column says once `no significant difference (n = ...)` (failing to reject is no
+    the chance level. `verdicts` ((task, metric) -> (best model, beats the runner-up[, the
+    smallest difference detectable at 80 % power]), from the paired tests): the best value is
+    bold where it beats the runner-up; where it does not, the column says once
+    `no significant difference (n = ...)` (failing to reject is no
     equivalence); without them, the intervals decide (`_interval_verdicts`); an untested best
     (None) is bold, as values without intervals cannot be tested."""
     cols = comparison_columns(records, dataset)
@@ -165,7 +166,7 @@ def comparison_table(
         for task, name in cols:
             r = by_model.get((model, task))
             text = cell(r, name) if r else "n/a"
-            best, beats = verdicts.get((task, name), (None, False))
+            best, beats = verdicts.get((task, name), (None, False))[:2]
             cells.append(f"**{text}**" if model == best and beats is not False else text)
         lines.append(f"| {plain(model)} | " + " | ".join(cells) + " |")
     sizes = {tn: sample_size(*_units(mine, *tn)) for tn in cols}
@@ -175,7 +176,7 @@ def comparison_table(
     if untested:
         lines.append(
             "| *best vs runner-up* | "
-            + " | ".join(f"no significant difference (n = {sizes[tn]})" if tn in untested else "-" for tn in cols)
+            + " | ".join(_no_difference(sizes[tn], verdicts[tn]) if tn in untested else "-" for tn in cols)
             + " |"
         )
     chance: dict[tuple[str, str], set] = {}
@@ -196,6 +197,14 @@ def _chance(values: set | None) -> str:
     if len(known) < 2:
         return _fmt(known[0] if known else None)
     return f"{_fmt(known[0])} to {_fmt(known[-1])} (per model)"
+
+
+def _no_difference(size: str, verdict: tuple) -> str:
+    """A column without a winner: its n and, from a paired test, the smallest difference it
+    could detect (80 % power, compare.detectable)."""
+    power = verdict[2] if len(verdict) > 2 else None
+    known = power is not None and power == power  # not NaN
+    return f"no significant difference (n = {size}" + (f"; detectable with 80 % power: {power:.4f})" if known else ")")
 
 
 def _units(records: list[dict], task: str, name: str) -> tuple[int | None, int | None]:
