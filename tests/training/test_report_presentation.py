@@ -281,3 +281,20 @@ def test_pn_floor_of_a_model_without_preference_is_below_zero():
     metrics = {"necessity/PN_mean": float(pn.mean()), "necessity/PN_dog": 0.0, "necessity/PN_cat": 0.0}
     chance = chance_levels(metrics, data, (1,), values)
     assert chance["necessity/PN_mean"] == pytest.approx(exact, abs=5e-4)
+
+
+def test_the_class_minimum_is_the_fewest_units_a_sign_flip_test_can_reject_at():
+    """scipy's exact paired permutation test on the most extreme data (every unit favours one
+    model): it cannot reject at 0.05 below MIN_CLASS_UNITS units, and can at it."""
+    from scipy.stats import permutation_test
+
+    from training.report.per_class import MIN_CLASS_UNITS
+
+    def smallest_p(n: int) -> float:
+        def mean_difference(x, y):
+            return np.mean(x - y)
+
+        x, y = np.arange(1.0, n + 1), np.zeros(n)
+        return permutation_test((x, y), mean_difference, permutation_type="samples").pvalue
+
+    assert smallest_p(MIN_CLASS_UNITS - 1) > 0.05 >= smallest_p(MIN_CLASS_UNITS)

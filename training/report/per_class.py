@@ -23,9 +23,9 @@ from training.statistics import UnitScores
 
 TASK = "odmap_per_class"
 #: A per-class number from fewer units (queries that removed the class) has no interval and no
-#: paired test: n/a (docs/report.md). With 4 units a percentile bootstrap has at most 35 distinct
-#: resamples and a sign-flip test 16 sign patterns, so p >= 1/8 and no test could reject.
-MIN_CLASS_UNITS = 5
+#: paired test: n/a (docs/report.md). 6 is the fewest units at which a two-sided sign-flip test
+#: can reject at 0.05: its smallest p-value is 2 / 2^n (0.031 at 6, 0.0625 at 5).
+MIN_CLASS_UNITS = 6
 
 
 def odmap_per_class(emb: dict[str, np.ndarray], data: EvalData, k_values) -> dict[str, dict[int, float]]:
