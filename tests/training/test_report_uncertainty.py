@@ -143,8 +143,8 @@ def test_intervals_are_deterministic_and_off_with_bootstrap_zero(report, builds,
 
 
 def test_paired_comparisons_mark_ties_and_wins():
-    """Two models scoring the same units identically tie; a model winning on every unit beats
-    the other, and the table bolds it."""
+    """Two models scoring the same units identically: no significant difference, said once; a
+    model winning on every unit beats the other, and the table bolds it."""
     from training.report.compare import compare_dataset, verdicts
     from training.report.markdown import comparison_table
     from training.statistics import UnitScores
@@ -169,22 +169,35 @@ def test_paired_comparisons_mark_ties_and_wins():
             for m in pair
         ]
         found = verdicts(records, "coco", tests)
-        assert found[("zeroshot_retrieval", name)] == (best, bold)
-        rows = comparison_table(records, "coco", pair, found)[2:]
+        assert found[("zeroshot_retrieval", name)][:2] == (best, bold)
+        rows = comparison_table(records, "coco", pair, found)[2:4]
+        text = "\n".join(comparison_table(records, "coco", pair, found))
         if bold:
-            assert rows[pair.index(best)].count("**") == 2 and "(tie)" not in "".join(rows)
+            assert rows[pair.index(best)].count("**") == 2 and "no significant difference" not in text
         else:
-            assert all("(tie)" in row and "**" not in row for row in rows)
+            assert "**" not in text and text.count("no significant difference") == 1
         assert tests[0].p_holm == pytest.approx(tests[0].p_value)  # one test: Holm changes nothing
 
 
 def test_report_has_paired_differences_forest_plots_and_floors(report):
-    out, _ = report
+    out, texts = report
     md = (out / "report.md").read_text()
-    assert "| metric | model | vs | difference [95 % CI] | p (sign-flip) | p (Holm) |" in md
+    assert "| metric | model | vs | n | difference [95 % CI] | p (sign-flip) | p (Holm) |" in md
     for dataset in ("coco", "decorrelation", "counterfactuals"):
         assert (out / f"forest-{dataset}.png").stat().st_size > 0 and f"(forest-{dataset}.png)" in md
     assert md.count("| *chance level* |") == 3
+    # n on every dataset table and forest plot, the fixture's few units marked, no equivalence
+    # wording (#42).
+    assert md.count("| *n (units)* |") == 3 and "small sample" in md
+    assert "(tie)" not in md and "cannot be told apart" not in md
+    assert any(t.startswith("itm/IR_c_mean, n = 6") for t in texts), texts
+    records = _records(out)
+    queries = {r["n_units"]["ODmAP@1"] for r in records if r["task"] == "odmap"}
+    for r in records:
+        if r["task"] == "odmap_per_class" or r["task"] == "necessity":
+            for name, n in r["n_units"].items():
+                if name != "PN_mean":  # a class: its own queries, not the whole set
+                    assert 0 < n < max(queries), (name, n)
     assert "Blind text-only baseline" in md and "far from 50 %" in md and "Same-word pairs: 0 of 6" in md
     blind = [r for r in _records(out) if r["task"] == "blind_baseline"]
     assert len(blind) == 2 and {r["backend"] for r in blind} == {"text-only"}
@@ -192,6 +205,7 @@ def test_report_has_paired_differences_forest_plots_and_floors(report):
         prefer = next(n for n in r["metrics"] if n.endswith("prefers_original"))
         assert r["chance"][prefer] == 0.5 and r["metrics"]["same_word_pairs"] == 0
         assert 0 <= r["metrics"][prefer] <= 1 and r["ci_low"][prefer] is not None
+        assert r["n_units"][prefer] == 6 and r["n_units"][f"{prefer}_same_words"] == 0
         assert re.search(rf"{re.escape(prefer.replace('_', chr(92) + '_'))} \| \d\.\d{{4}} \[", md)
 
 
@@ -207,6 +221,13 @@ def test_chance_levels_equal_their_closed_forms(report, builds):
         assert retrieval[f"image_retrieval_recall@{k}"] == pytest.approx(min(1, k / 6))
         assert retrieval[f"text_retrieval_recall@{k}"] == pytest.approx(1 - comb(25, k) / comb(30, k))
     assert set(coco["itm"]["chance"].values()) == {0.0, 0.5}
+    # ODmAP@1 of a random ranking, in closed form: the exact value an independent audit computed
+    # on this fixture (#42), where 20 random rankings printed 0.0800.
+    odmap = next(r for r in _records(out) if r["task"] == "odmap")
+    assert odmap["chance"]["ODmAP@1"] == pytest.approx(0.0558, abs=5e-5)
+    # PN's floor: each model's own, below 0 (not the 0 a model without preference misses).
+    floors = [r["chance"]["PN_mean"] for r in _records(out) if r["task"] == "necessity"]
+    assert len(floors) == 2 and all(f < 0 for f in floors)
     assert coco["itm"]["chance"]["IR_r_frac_below_zero"] == 0.5
 
 

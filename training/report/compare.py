@@ -4,20 +4,25 @@ For every two models (or every model against `--baseline`) and every metric of a
 comparison table that both scored with units: the difference, its 95 % paired bootstrap interval
 (the same resamples of the same clusters for both models; studentized where the difference is
 linear in the units, else percentile) and the paired permutation (sign-flip) p-value, Holm-adjusted
-across all the table's tests. `verdicts` tells the table which best value beats its runner-up at
-alpha = 0.05 (bold) and which is a tie. `plot_forest` draws each model's value with its interval.
+across exactly the tests of the table's columns. The per-class metrics (ODmAP@k and PN per removed
+class) are a family of their own (`per_class=True`), on each class's units, with no test below
+per_class.MIN_CLASS_UNITS. `verdicts` tells the table which best value beats its runner-up at
+alpha = 0.05 (bold); failing to reject is no equivalence, so the others are left unmarked.
+`plot_forest` draws each model's value with its interval and n.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from statistics import NormalDist
 from pathlib import Path
 
 import numpy as np
 
 from builders.viewer.plots import plain_text
-from training.report.markdown import BLIND, higher_is_better, natural
+from training.report.markdown import BLIND, higher_is_better, in_comparison, natural, sample_size
+from training.report.per_class import class_of, testable
 from training.report.results import record_name
 from training.statistics import (
     ALPHA,
@@ -29,6 +34,10 @@ from training.statistics import (
     paired_difference,
     sign_flip_pvalues,
 )
+
+
+#: The power of the smallest detectable difference a column without a winner reports.
+POWER = 0.8
 
 
 @dataclass
@@ -43,6 +52,9 @@ class Comparison:
     high: float
     p_value: float
     p_holm: float = float("nan")
+    n: int = 0  # the units both models were scored on
+    #: The smallest difference one test at alpha = 0.05 detects with 80 % power (`detectable`).
+    detectable: float = float("nan")
 
     def as_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in vars(self).items()}
@@ -61,54 +73,70 @@ def compare_dataset(
     resamples: int,
     seed: int,
     baseline: str | None = None,
+    per_class: bool = False,
 ) -> list[Comparison]:
-    """The paired comparisons of `dataset`; `units`: model -> evaluation key -> UnitScores."""
+    """The paired comparisons of `dataset`, one Holm family; `units`: model -> evaluation key ->
+    UnitScores. The metrics of the comparison table's columns, or (`per_class`) the per-class
+    metrics, those with too few units shown untested (NaN)."""
     pairs = _pairs([m for m in models if m in units], baseline)
     keys = sorted(set.intersection(*(set(units[m]) for m in {x for p in pairs for x in p})) if pairs else [])
     keys = sorted(
-        (k for k in keys if record_name(k) and not k.startswith("odmap_per_class/")),
+        (k for k in keys if record_name(k) and _in_family(k, per_class)),
         key=lambda k: tuple(map(natural, record_name(k))),
     )
-    resampled = bootstrap({(m, k): units[m][k] for m in {x for p in pairs for x in p} for k in keys}, resamples, seed)
+    compared = {x for p in pairs for x in p}
+    tested = [k for k in keys if all(testable(k, units[m][k]) for m in compared)]
+    resampled = bootstrap({(m, k): units[m][k] for m in compared for k in tested}, resamples, seed)
     pvalues = sign_flip_pvalues(
-        {(key, a, b): (units[a][key], units[b][key]) for key in keys for a, b in pairs}, resamples, seed
+        {(key, a, b): (units[a][key], units[b][key]) for key in tested for a, b in pairs}, resamples, seed
     )
     # A difference linear in the units gets the studentized interval; a median's or a mean over
     # groups', the percentile interval of the paired resampled differences.
     linear = {
-        (key, a, b): d for key in keys for a, b in pairs if (d := paired_difference(units[a][key], units[b][key]))
+        (key, a, b): d for key in tested for a, b in pairs if (d := paired_difference(units[a][key], units[b][key]))
     }
     studentized = {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
     out = []
     for key in keys:
         task, metric = record_name(key)
         for a, b in pairs:
+            nan = float("nan")
+            spread = resampled[(a, key)] - resampled[(b, key)] if key in tested else np.full(1, nan)
             found = studentized.get((key, a, b))
-            low, high = (found.low, found.high) if found else interval(resampled[(a, key)] - resampled[(b, key)])
-            out.append(
-                Comparison(
-                    dataset,
-                    task,
-                    metric,
-                    a,
-                    b,
-                    units[a][key].value() - units[b][key].value(),
-                    low,
-                    high,
-                    pvalues[(key, a, b)],
-                )
-            )
+            low, high = (found.low, found.high) if found else interval(spread) if key in tested else (nan, nan)
+            difference = units[a][key].value() - units[b][key].value()
+            p = pvalues[(key, a, b)] if key in tested else nan
+            c = Comparison(dataset, task, metric, a, b, difference, low, high, p, n=units[a][key].n)
+            c.detectable = detectable(spread)
+            out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
     return out
 
 
+def detectable(spread: np.ndarray, power: float = POWER) -> float:
+    """The smallest true difference a two-sided test at alpha = 0.05 detects with `power`, in
+    the normal approximation: (z(1 - alpha/2) + z(power)) x the difference's bootstrap standard
+    error (`spread`: its resampled values). Holm's adjustment only raises it."""
+    finite = spread[np.isfinite(spread)]
+    if len(finite) < 2:
+        return float("nan")
+    z = NormalDist().inv_cdf
+    return float((z(1 - ALPHA / 2) + z(power)) * np.std(finite, ddof=1))
+
+
+def _in_family(key: str, per_class: bool) -> bool:
+    """Whether `key` is tested in the dataset table's family (exactly its columns) or in the
+    per-class family."""
+    return class_of(key) is not None if per_class else in_comparison(*record_name(key))
+
+
 def verdicts(
     records: list[dict], dataset: str, comparisons: list[Comparison]
-) -> dict[tuple[str, str], tuple[str, bool]]:
-    """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm),
-    for the columns of `dataset` with two or more models and a test between the top two (the
-    others are left unmarked)."""
+) -> dict[tuple[str, str], tuple[str, bool, float]]:
+    """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm,
+    the smallest difference their test detects with 80 % power), for the columns of `dataset`
+    with two or more models and a test between the top two (the others are left unmarked)."""
     tests = {(c.task, c.metric, frozenset((c.model, c.other))): c for c in comparisons if c.dataset == dataset}
     out = {}
     for task, metric in {(r["task"], n) for r in records if r["dataset"] == dataset for n in r["metrics"]}:
@@ -124,21 +152,25 @@ def verdicts(
         test = tests.get((task, metric, frozenset((best, second))))
         if test is None:  # not compared (--baseline: two other models on top): left unmarked
             continue
-        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA)
+        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA, test.detectable)
     return out
 
 
 def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
-    """The Markdown table of `dataset`'s paired comparisons."""
+    """The Markdown table of `dataset`'s paired comparisons, with each test's units (n)."""
     from training.report.markdown import plain
 
     rows = [c for c in comparisons if c.dataset == dataset]
     if not rows:
         return []
-    lines = ["| metric | model | vs | difference [95 % CI] | p (sign-flip) | p (Holm) |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| metric | model | vs | n | difference [95 % CI] | p (sign-flip) | p (Holm) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in rows:
         lines.append(
-            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | {comparison_cells(c)} |"
+            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | {sample_size(c.n)} "
+            f"| {comparison_cells(c)} |"
         )
     return lines
 
@@ -157,7 +189,6 @@ def _p(value: float) -> str:
     return "n/a" if not np.isfinite(value) else f"{value:.4g}"
 
 
-@plain_text  # model and metric names are drawn as written
 def forest_columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
     """The (task, metric) panels of `dataset`'s forest plot: its comparison's metrics with an
     interval (none: no plot)."""
@@ -172,10 +203,12 @@ def forest_columns(records: list[dict], dataset: str) -> list[tuple[str, str]]:
     ]
 
 
+@plain_text  # model and metric names are drawn as written
 def plot_forest(records: list[dict], dataset: str, path: Path) -> Path | None:
     """Each model's value with its 95 % interval, one panel per metric of `dataset`'s comparison
     (metrics without an interval are left out); None when there is nothing to draw."""
     from builders.viewer.plots import _figure
+    from training.report.markdown import clusters
 
     cols = forest_columns(records, dataset)
     if not cols:
@@ -194,7 +227,9 @@ def plot_forest(records: list[dict], dataset: str, path: Path) -> Path | None:
             ax.errorbar([value], [y], xerr=[[value - low], [high - value]], fmt="o", capsize=3)
         ax.set_yticks(range(len(models)), models, fontsize=7)
         ax.set_ylim(-0.6, len(models) - 0.4)
-        ax.set_title(f"{task}/{name}", fontsize=8, loc="left")
+        n = next((r["n_units"].get(name) for r in rows.values() if (r.get("n_units") or {}).get(name)), None)
+        size = sample_size(n, clusters(list(rows.values()), name))
+        ax.set_title(f"{task}/{name}, n = {size}", fontsize=8, loc="left")
         ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(f"{dataset}: value and 95 % bootstrap interval per model", fontsize=9)
     fig.tight_layout()

@@ -1,19 +1,22 @@
 """Floors beside every model of a report: what a number means next to no skill at all.
 
-- `chance_levels`: each metric of a model that ranks at random, in closed form where one exists
-  (R@K: an image with m of G captions finds one in its top K with probability
-  1 - C(G - m, K) / C(G, K); a caption finds its image among N with K / N; the 1K folds the mean
-  over folds. ITM deltas of a model without preference: mean 0, median 0, fraction below zero
-  1/2; PN 0), else by permuting the rankings (ODmAP@k: the mean over `PERMUTATIONS` random
-  rankings of the gallery, scored by the odmap module).
+- `chance_levels`: each metric of a model that ranks at random, in closed form (R@K: an image
+  with m of G captions finds one in its top K with probability 1 - C(G - m, K) / C(G, K); a
+  caption finds its image among N with K / N; the 1K folds the mean over folds. ODmAP@k:
+  `odmap_chance`, the expected AP@k of a random ranking of the gallery. ITM deltas of a model
+  without preference: mean 0, median 0, fraction below zero 1/2.) PN: `pn_floor`, from the
+  model's own scores, slightly below 0.
 - `blind_baseline`: the counterfactual pairs scored without their images. The builder's own
   language model (the perplexity filter that chose the captions: gpt2-large in production) and
   the sentence model each score every caption alone: the LM by its perplexity (lower: more
   fluent), the sentence model by its cosine to the mean embedding of all the set's captions
   (higher: more typical of them). Reported: how often each prefers the original caption (with
-  its bootstrap interval over pairs; a tie or an unscorable caption counts one half). Near 50 %,
-  the captions alone do not give the pair away; far from it, a model can score above chance on
-  IR_c/TR_c from the text alone (as SugarCrepe found for ARO/CREPE hard negatives).
+  its bootstrap interval over pairs; a tie or an unscorable caption counts one half). What a
+  text-only prior can do (`prior_effect`): IR_c = G(C_c, I_c) - G(C_c, I_o) scores one caption
+  against two images, so a prior on the caption adds the same to both terms and cancels; only
+  TR_c = G(C_c, I_c) - G(C_o, I_c) compares two captions, and a prior raises it only where it
+  favours the counterfactual caption C_c (prefers-original below 50 %); one that favours the
+  original lowers TR_c. (SugarCrepe found such priors in ARO/CREPE hard negatives.)
 - Same-word pairs: pairs whose two captions are the same multiset of words (a swap, not a
   substitution): counted and scored apart; tables imported with `--captions-from` may hold them.
 """
@@ -27,11 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from training.statistics import UnitScores, intervals
+from training.statistics import PAGE_CELLS, Interval, UnitScores, intervals
 from training.unit_scores import pair_clusters
 
-#: Random rankings averaged for the chance level of ODmAP@k.
-PERMUTATIONS = 20
 _WORDS = re.compile(r"[\w']+")
 
 
@@ -60,28 +61,70 @@ def retrieval_chance(data, k_values) -> dict[str, float]:
     return {key: float(np.mean(v)) for key, v in out.items()}
 
 
-def odmap_chance(data, k_values, seed: int = 0) -> dict[str, float]:
-    """ODmAP@k of random gallery rankings, mean over `PERMUTATIONS` of them."""
-    from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
+def expected_ap(relevant: np.ndarray, gallery: int, k: int) -> np.ndarray:
+    """E[AP@k] of a uniformly random ranking of `gallery` items, `relevant` of them relevant (per
+    query), AP@k as the odmap module defines it, (1/k) sum_{i<=k} rel(i) P(i). With p = r/G,
+    E[rel(i) P(i)] = (1/i) [P(rel(i)) + sum_{j<i} P(rel(i), rel(j))] = (1/i) [p + (i-1) p (r-1)/(G-1)]
+    (two positions of a random permutation: both relevant with p (r-1)/(G-1)); so
+    E[AP@k] = (p H_k + p (r-1)/(G-1) (k - H_k)) / k, H_k the k-th harmonic number."""
+    r = np.asarray(relevant, dtype=np.float64)
+    p = r / gallery
+    pair = np.where(r > 1, (r - 1) / max(gallery - 1, 1), 0.0)
+    harmonic = float(np.sum(1.0 / np.arange(1, k + 1)))
+    return (p * harmonic + p * pair * (k - harmonic)) / k
+
+
+def relevant_counts(mentions: np.ndarray, removed: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """How many gallery captions are correct for each query (the odmap module's relevance, a
+    page of queries at a time: memory bounded by PAGE_CELLS)."""
+    from counterfactory_metrics.odmap.odmap_scores import relevance_from_mentions
+
+    page = max(1, PAGE_CELLS // max(mentions.size, 1))
+    out = np.zeros(len(removed), dtype=np.int64)
+    for start in range(0, len(removed), page):
+        rows = slice(start, start + page)
+        tiled = np.broadcast_to(mentions, (len(removed[rows]), *mentions.shape))
+        out[rows] = relevance_from_mentions(tiled, removed[rows], present[rows]).sum(1)
+    return out
+
+
+def odmap_chance(data, k_values) -> dict[str, float]:
+    """ODmAP@k of a uniformly random ranking of the gallery: the mean over queries of
+    `expected_ap` (closed form, no sampling)."""
     from training.evaluation import class_matrix, odmap_classes
 
     gallery = len(data.gallery_captions)
     k = min(max(k_values), gallery)
-    ks = [v for v in k_values if v <= k]
     classes = odmap_classes(data)
-    mentions = class_matrix(data.gallery_mentions, classes)
-    removed, present = class_matrix(data.removed, classes), class_matrix(data.present, classes)
-    rng = np.random.default_rng(seed)
-    sums = dict.fromkeys(ks, 0.0)
-    for _ in range(PERMUTATIONS):
-        top = np.argsort(rng.random((len(data.removed), gallery)), axis=1)[:, :k]
-        for key, value in odmap_from_topk(top, mentions, removed, present, k_values=ks).scores.items():
-            sums[key] += value / PERMUTATIONS
-    return {f"odmap/ODmAP@{key}": v for key, v in sums.items()}
+    counts = relevant_counts(
+        class_matrix(data.gallery_mentions, classes),
+        class_matrix(data.removed, classes),
+        class_matrix(data.present, classes),
+    )
+    return {f"odmap/ODmAP@{v}": float(expected_ap(counts, gallery, v).mean()) for v in k_values if v <= k}
 
 
-def chance_levels(metrics: dict[str, float], data, k_values) -> dict[str, float]:
-    """Chance level of every metric of `metrics` that has one (training.evaluation's keys)."""
+def pn_floor(values: list[tuple[int, str, float]]) -> dict[str, float]:
+    """PN per removed class and its mean for a model with no preference between x and x', from
+    the model's own `(query, class, PN)` values. Without preference (s_x, s_x') is exchangeable,
+    so E[PN] is the mean of each value and its swap: with rho = s_x'/s_x = 1 - PN,
+    ((1 - rho) + (1 - 1/rho)) / 2 = 1 - (rho + 1/rho)/2, which is <= 0 (Jensen: rho + 1/rho >= 2),
+    0 only where s_x = s_x': the floor is slightly negative, not 0."""
+    per_class: dict[str, list[float]] = {}
+    for _, c, pn in values:
+        rho = 1.0 - pn
+        per_class.setdefault(c, []).append(1.0 - (rho + 1.0 / rho) / 2 if rho > 0 else float("nan"))
+    out = {f"necessity/PN_{c}": float(np.mean(v)) for c, v in sorted(per_class.items())}
+    if values:
+        out["necessity/PN_mean"] = float(np.mean([v for vs in per_class.values() for v in vs]))
+    return out
+
+
+def chance_levels(
+    metrics: dict[str, float], data, k_values, pn_values: list[tuple[int, str, float]] | None = None
+) -> dict[str, float]:
+    """Chance level of every metric of `metrics` that has one (training.evaluation's keys); PN's
+    from the model's `pn_values` (`pn_floor`)."""
     out: dict[str, float] = {}
     if data.retrieval is not None:
         out.update(retrieval_chance(data, k_values))
@@ -91,9 +134,20 @@ def chance_levels(metrics: dict[str, float], data, k_values) -> dict[str, float]
         task, _, name = key.partition("/")
         if task == "itm":
             out[key] = 0.5 if name.endswith("frac_below_zero") else 0.0
-        elif task == "necessity":
-            out[key] = 0.0
+    out.update(pn_floor(pn_values or []))
     return {k: v for k, v in out.items() if k in metrics}
+
+
+def prior_effect(prefers_original: float | None) -> str:
+    """Which ITM delta a text-only prior with this preference could inflate (module docstring):
+    never IR_c; TR_c only where the prior favours the counterfactual caption."""
+    if prefers_original is None or np.isnan(prefers_original):
+        return "n/a"
+    if prefers_original < 0.5:
+        return "TR_c (the prior favours the counterfactual caption)"
+    if prefers_original > 0.5:
+        return "none (the prior favours the original caption: it lowers TR_c)"
+    return "none"
 
 
 def same_words(a: str, b: str) -> bool:
@@ -171,6 +225,9 @@ def blind_baseline(data, models: BlindModels, resamples: int, seed: int) -> dict
     metrics = {name: u.value() for name, u in units.items()}
     return {
         "metrics": {**metrics, "same_word_pairs": float(same.sum()), "pairs": float(len(same))},
-        "intervals": intervals(units, resamples, seed) if resamples else {},
+        # n: the pairs each fraction is over (the same-word pairs' is their count), also without resamples.
+        "intervals": intervals(units, resamples, seed)
+        if resamples
+        else {name: Interval(np.nan, np.nan, "none", *u.counted()) for name, u in units.items()},
         "digests": models.digests,
     }

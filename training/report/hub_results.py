@@ -20,7 +20,7 @@ import logging
 
 from builders.engine.errors import PublishError
 from builders.publishing.hub_client import check_repo_id, hub_errors, retrying, use_endpoint
-from training.report.markdown import BLIND, blind_lines, comparison_table, plain
+from training.report.markdown import BLIND, SMALL_SAMPLE, blind_lines, comparison_table, plain
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,11 @@ def card(rows: list[dict], repo_id: str) -> str:
         "(`metrics` is a JSON object), with the weights' sha256, the dataset commit and the "
         "metric and code versions, and each metric's 95 % bootstrap interval (`ci_low`, "
         "`ci_high`, over `n_units` units). A best value (fraction below zero: lowest; every "
-        "other metric: highest) is bold where its interval and the runner-up's do not overlap, "
-        "and the two are marked `(tie)` where they do (the model report tests them paired); "
-        "rows without intervals (older versions) are ranked untested.",
+        "other metric: highest) is bold where its interval and the runner-up's do not overlap; "
+        "where they do, the column says `no significant difference` (which is no evidence the "
+        "models are equal; the model report tests them paired); `n (units)` gives each "
+        f"column's units, marked `small sample` below {SMALL_SAMPLE}; rows without intervals (older "
+        "versions) are ranked untested.",
         "",
         "```python",
         "from datasets import load_dataset",

@@ -8,9 +8,14 @@ import html
 import re
 from dataclasses import dataclass, field
 
+from training.report.floors import prior_effect
+
 _MARKDOWN = re.compile(r"([\\`*_\[\]|~])")
 #: The task of the blind text-only baseline's records (training/report/floors.py).
 BLIND = "blind_baseline"
+#: A number from fewer independent units (clusters where the units have them) is marked a small
+#: sample: its interval may under-cover and its test has little power (docs/report.md).
+SMALL_SAMPLE = 30
 
 
 def plain(text) -> str:
@@ -46,6 +51,25 @@ def cell(record: dict, name: str) -> str:
     return value if low is None or high is None else f"{value} [{_fmt(low)}, {_fmt(high)}]"
 
 
+def sample_size(n: int | None, n_clusters: int | None = None) -> str:
+    """`n` units (`in K clusters` where clusters differ from units), marked `small sample`
+    below SMALL_SAMPLE independent ones; n/a when unknown."""
+    if not n:
+        return "n/a"
+    text = f"{int(n):,}" + (f" in {int(n_clusters):,} clusters" if n_clusters and n_clusters != n else "")
+    return text + (", small sample" if (n_clusters or n) < SMALL_SAMPLE else "")
+
+
+def units_of(records, name: str) -> int | None:
+    """The units (`n_units`) of metric `name` in the first of `records` that has them."""
+    return next((r["n_units"][name] for r in records if (r.get("n_units") or {}).get(name)), None)
+
+
+def clusters(records, name: str) -> int | None:
+    """The clusters (`n_clusters`, where the records have them) of metric `name`."""
+    return next((r["n_clusters"][name] for r in records if (r.get("n_clusters") or {}).get(name)), None)
+
+
 def natural(text: str) -> tuple:
     """Sort key reading digit runs as numbers: R@1, R@5, R@10 (not R@1, R@10, R@5)."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text))
@@ -64,7 +88,7 @@ def rank_models(records: list[dict], dataset: str, task: str, metric: str) -> li
 PER_MODEL_ONLY = {"odmap_per_class", BLIND}
 
 
-def _in_comparison(task: str, name: str) -> bool:
+def in_comparison(task: str, name: str) -> bool:
     # PN per removed class is as wide as ODmAP per class: the comparison shows its mean.
     return task not in PER_MODEL_ONLY and (task != "necessity" or name == "PN_mean")
 
@@ -76,7 +100,7 @@ def comparison_columns(records: list[dict], dataset: str) -> list[tuple[str, str
         for r in records
         if r["dataset"] == dataset
         for name in r["metrics"]
-        if _in_comparison(r["task"], name)
+        if in_comparison(r["task"], name)
     }
     return sorted(cols, key=lambda tn: (natural(tn[0]), natural(tn[1])))
 
@@ -86,10 +110,16 @@ def model_table(records: list[dict], model: str) -> list[str]:
     for r in records:
         if r["model"] == model:
             lines += [
-                f"| {plain(r['dataset'])} | {plain(r['task'])} | {plain(name)} | {cell(r, name)} |"
+                f"| {plain(r['dataset'])} | {plain(r['task'])} | {plain(name)} | {cell(r, name)}{_n_note(r, name)} |"
                 for name in sorted(r["metrics"], key=natural)
             ]
     return lines
+
+
+def _n_note(record: dict, name: str) -> str:
+    """` (n = ...)` of a record's metric with units, nothing without."""
+    n = (record.get("n_units") or {}).get(name)
+    return f" (n = {sample_size(n, clusters([record], name))})" if n else ""
 
 
 def _interval_verdicts(records: list[dict], dataset: str) -> dict[tuple[str, str], tuple[str, bool]]:
@@ -117,45 +147,79 @@ def comparison_table(
     records: list[dict],
     dataset: str,
     models: list[str],
-    verdicts: dict[tuple[str, str], tuple[str, bool | None]] | None = None,
+    verdicts: dict[tuple[str, str], tuple] | None = None,
 ) -> list[str]:
-    """One row per model, one column per metric (`value [low, high]`). `verdicts` ((task, metric)
-    -> (best model, beats the runner-up), from the paired tests): the best value is bold where it
-    beats the runner-up, and the two are marked `(tie)` where it does not; without them, the
-    intervals decide (`_interval_verdicts`); an untested best (None) is bold, as values without
-    intervals cannot be tested."""
+    """One row per model, one column per metric (`value [low, high]`), then each column's n and
+    the chance level. `verdicts` ((task, metric) -> (best model, beats the runner-up[, the
+    smallest difference detectable at 80 % power]), from the paired tests): the best value is
+    bold where it beats the runner-up; where it does not, the column says once
+    `no significant difference (n = ...)` (failing to reject is no
+    equivalence); without them, the intervals decide (`_interval_verdicts`); an untested best
+    (None) is bold, as values without intervals cannot be tested."""
     cols = comparison_columns(records, dataset)
     verdicts = _interval_verdicts(records, dataset) if verdicts is None else verdicts
-    by_model = {(r["model"], r["task"]): r for r in records if r["dataset"] == dataset}
+    mine = [r for r in records if r["dataset"] == dataset]
+    by_model = {(r["model"], r["task"]): r for r in mine}
     lines = ["| model | " + " | ".join(plain(f"{t}/{n}") for t, n in cols) + " |", "|---|" + "---|" * len(cols)]
     for model in models:
         cells = []
         for task, name in cols:
             r = by_model.get((model, task))
             text = cell(r, name) if r else "n/a"
-            best, beats = verdicts.get((task, name), (None, False))
-            ranked = rank_models(records, dataset, task, name)
-            if model == best and beats is not False:
-                text = f"**{text}**"
-            elif beats is False and best is not None and model in ranked[:2]:
-                text += " (tie)"
-            cells.append(text)
+            best, beats = verdicts.get((task, name), (None, False))[:2]
+            cells.append(f"**{text}**" if model == best and beats is not False else text)
         lines.append(f"| {plain(model)} | " + " | ".join(cells) + " |")
-    chance = {
-        (r["task"], n): v for r in records if r["dataset"] == dataset for n, v in (r.get("chance") or {}).items()
-    }
-    if any((t, n) in chance for t, n in cols):
+    sizes = {tn: sample_size(*_units(mine, *tn)) for tn in cols}
+    if any(size != "n/a" for size in sizes.values()):
+        lines.append("| *n (units)* | " + " | ".join(sizes.values()) + " |")
+    untested = {tn for tn in cols if tn in verdicts and verdicts[tn][1] is False}
+    if untested:
         lines.append(
-            "| *chance level* | " + " | ".join(_fmt(chance.get(tn)) if tn in chance else "-" for tn in cols) + " |"
+            "| *best vs runner-up* | "
+            + " | ".join(_no_difference(sizes[tn], verdicts[tn]) if tn in untested else "-" for tn in cols)
+            + " |"
         )
+    chance: dict[tuple[str, str], set] = {}
+    for r in mine:
+        for n, v in (r.get("chance") or {}).items():
+            chance.setdefault((r["task"], n), set()).add(v)
+    if any((t, n) in chance for t, n in cols):
+        lines.append("| *chance level* | " + " | ".join(_chance(chance.get(tn)) for tn in cols) + " |")
     return lines
+
+
+def _chance(values: set | None) -> str:
+    """A column's chance level; a floor computed from each model's own scores (PN) differs by
+    model: its range."""
+    if not values:
+        return "-"
+    known = sorted(v for v in values if v is not None)
+    if len(known) < 2:
+        return _fmt(known[0] if known else None)
+    return f"{_fmt(known[0])} to {_fmt(known[-1])} (per model)"
+
+
+def _no_difference(size: str, verdict: tuple) -> str:
+    """A column without a winner: its n and, from a paired test, the smallest difference it
+    could detect (80 % power, compare.detectable)."""
+    power = verdict[2] if len(verdict) > 2 else None
+    known = power is not None and power == power  # not NaN
+    return f"no significant difference (n = {size}" + (f"; detectable with 80 % power: {power:.4f})" if known else ")")
+
+
+def _units(records: list[dict], task: str, name: str) -> tuple[int | None, int | None]:
+    rows = [r for r in records if r["task"] == task]
+    return units_of(rows, name), clusters(rows, name)
 
 
 BLIND_MEANING = (
     "How often a text-only model, which never sees the image, prefers the original "
     "caption over the counterfactual one (a tie counts one half): near 50 % the "
-    "captions alone do not give a pair away; far from 50 % (either way) they do, and an "
-    "image-text model can score above chance on IR_c/TR_c without looking at the image. "
+    "captions alone do not give a pair away; far from 50 % they do. Such a prior cannot "
+    "inflate IR_c = G(C_c, I_c) - G(C_c, I_o): both terms score the same caption, so it "
+    "cancels. It can inflate TR_c = G(C_c, I_c) - G(C_o, I_c) only where it favours the "
+    "counterfactual caption (prefers-original below 50 %); one that favours the original "
+    "lowers TR_c. The last column says which. "
     "The LM scores a caption by its perplexity (the builder's filter chose the captions "
     "by it), the sentence model by its cosine to the mean embedding of all the set's "
     "captions. Same-word pairs (the two captions are the same words in another order) "
@@ -180,12 +244,13 @@ def blind_lines(records: list[dict], dataset: str) -> list[str]:
         "",
         f"Same-word pairs: {_count(first.get('same_word_pairs'))} of {_count(first.get('pairs'))}.",
         "",
-        "| text model | metric | value | chance |",
-        "|---|---|---|---|",
+        "| text model | metric | value | chance | a text-only prior could inflate |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
         lines += [
-            f"| {plain(r['model'])} | {plain(name)} | {cell(r, name)} | {_fmt((r.get('chance') or {}).get(name))} |"
+            f"| {plain(r['model'])} | {plain(name)} | {cell(r, name)}{_n_note(r, name)} "
+            f"| {_fmt((r.get('chance') or {}).get(name))} | {prior_effect(r['metrics'].get(name))} |"
             for name in sorted(r["metrics"], key=natural)
             if "prefers" in name
         ]
@@ -199,6 +264,8 @@ class Extras:
 
     verdicts: dict[str, dict] = field(default_factory=dict)
     comparisons: dict[str, list[str]] = field(default_factory=dict)
+    #: dataset -> the per-class paired differences' table (a Holm family of its own).
+    class_comparisons: dict[str, list[str]] = field(default_factory=dict)
     forest: dict[str, str] = field(default_factory=dict)
     baseline: str | None = None
     #: dataset -> a sentence about a floor that could not be computed.
@@ -223,6 +290,8 @@ def _settings(records: list[dict]) -> str:
 
 
 def render_report(records: list[dict], extras: Extras | None = None) -> str:
+    from training.report.per_class import MIN_CLASS_UNITS
+
     extras = extras or Extras()
     models = list(dict.fromkeys(r["model"] for r in records if r["task"] != BLIND))
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
@@ -242,8 +311,13 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         "",
         "Bold: the best value of its column (fraction below zero: lowest; every other metric: "
         "highest) where it beats the runner-up at alpha = 0.05 (paired sign-flip permutation "
-        "test on the same units, Holm-corrected across the dataset's table); `(tie)`: the best "
-        "and the runner-up cannot be told apart.",
+        "test on the same units, Holm-corrected across the tests of the dataset table's "
+        "columns). Elsewhere the column says `no significant difference`: the test did not "
+        "reject, which is no evidence that the models are equal (at small n it has little "
+        f"power). `n (units)`: the independent units of each column; below {SMALL_SAMPLE} they "
+        "are marked `small sample`. Per-class numbers (ODmAP@k and PN per removed class) are "
+        f"on the queries that removed the class, with no interval or test below "
+        f"{MIN_CLASS_UNITS} of them, and their tests are a Holm family of their own.",
         "",
     ]
     for dataset in datasets:
@@ -251,13 +325,22 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         out += [
             f"### {plain(dataset)} ({plain(source)})",
             "",
-            *comparison_table(records, dataset, models, extras.verdicts.get(dataset)),
+            # Bold only where a paired test rejects: no test (one model, --bootstrap 0), no bold.
+            *comparison_table(records, dataset, models, extras.verdicts.get(dataset, {})),
             "",
         ]
         if dataset in extras.forest:
             out += [f"![value and 95 % interval per model on {plain(dataset)}]({extras.forest[dataset]})", ""]
         if extras.comparisons.get(dataset):
             out += [f"Paired differences{against} (same units, same resamples):", "", *extras.comparisons[dataset], ""]
+        if extras.class_comparisons.get(dataset):
+            out += [
+                f"Per-class paired differences{against} (each class on its own queries; a Holm family of "
+                "their own, apart from the table above):",
+                "",
+                *extras.class_comparisons[dataset],
+                "",
+            ]
         blind = blind_lines(records, dataset)
         out += [*blind, ""] if blind else []
         out += [plain(extras.notes[dataset]), ""] if dataset in extras.notes else []

@@ -32,7 +32,7 @@ from training.report.hub_results import push_results
 from training.report.compare import comparison_lines, compare_dataset, forest_columns, plot_forest, verdicts
 from training.report.generator_bias import GeneratorBias, bias_records, generator_bias, generator_lines
 from training.report.markdown import Extras, file_part, render_report
-from training.report.per_class import odmap_per_class, per_class_metrics, plot
+from training.report.per_class import class_units, odmap_per_class, per_class_metrics, plot, testable
 from builders.models.profiles import PRODUCTION
 from training.report.floors import BlindModels, blind_baseline, chance_levels, load_blind_models
 from training.report.models import (
@@ -211,6 +211,7 @@ def _score_model(
     for ds in sets:
         bar.set_postfix_str(f"{spec.name} on {ds.name}")
         metrics, emb, units = _score(backend, (name, *digests, width), ds, *folders, (n, plots))
+        units = class_units(units)
         if ds.name in PN_ARRAYS:
             scored[ds.name] = {k: emb[k] for k in PN_ARRAYS[ds.name] if k in emb}
         if ds.name not in chances:
@@ -222,7 +223,8 @@ def _score_model(
         bar.update()
     if {"coco", "decorrelation"} <= scored.keys():
         by_name = {ds.name: ds for ds in sets}
-        metrics, units = _necessity(by_name["coco"], by_name["decorrelation"], scored)
+        metrics, units, values = _necessity(by_name["coco"], by_name["decorrelation"], scored)
+        units = class_units(units)
         records += make_records(
             spec,
             digests[0],
@@ -231,7 +233,7 @@ def _score_model(
             _intervals(units, cfg),
             cfg.bootstrap,
             cfg.seed,
-            chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values),
+            chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values, values),
         )
         all_units["decorrelation"][name].update(units)
     return records
@@ -292,7 +294,8 @@ def _generator_bias(cfg: BenchmarkConfig, sets: list, units: dict, models: list[
 def _extras(
     cfg: BenchmarkConfig, records: list[dict], units: dict, models: list[str], output: Path, plots: list
 ) -> Extras:
-    """The paired comparisons, verdicts and forest plots (added to `plots`) of each dataset."""
+    """The paired comparisons (the table's family and the per-class one), verdicts and forest
+    plots (added to `plots`) of each dataset."""
     baseline = model_name(cfg.baseline) if cfg.baseline else None
     extras = Extras(baseline=baseline)
     for dataset, by_model in units.items():
@@ -300,6 +303,8 @@ def _extras(
             tests = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline)
             extras.verdicts[dataset] = verdicts(records, dataset, tests)
             extras.comparisons[dataset] = comparison_lines(tests, dataset)
+            per_class = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline, per_class=True)
+            extras.class_comparisons[dataset] = comparison_lines(per_class, dataset)
         if forest_columns(records, dataset):
             extras.forest[dataset] = f"forest-{file_part(dataset)}.png"
             plots.append(functools.partial(plot_forest, records, dataset, output / extras.forest[dataset]))
@@ -318,11 +323,12 @@ def _check_folder(flag: str, folder: Path) -> None:
 
 
 def _intervals(units: dict[str, UnitScores], cfg: BenchmarkConfig) -> dict[str, Interval]:
-    """metric key -> 95 % interval (training.statistics.intervals: the method its kind needs)
-    of every metric with units; none with --bootstrap 0."""
-    if not cfg.bootstrap:
-        return {}
-    return intervals(units, cfg.bootstrap, cfg.seed)
+    """metric key -> 95 % interval (training.statistics.intervals: the method its kind needs) of
+    every metric with units, with its units and clusters; the interval is NaN (n/a) with
+    --bootstrap 0 and for a class with too few units (per_class.testable)."""
+    kept = {key: u for key, u in units.items() if testable(key, u)} if cfg.bootstrap else {}
+    found = intervals(kept, cfg.bootstrap, cfg.seed) if kept else {}
+    return {key: found.get(key) or Interval(np.nan, np.nan, "none", *u.counted()) for key, u in units.items()}
 
 
 def _score(
@@ -375,10 +381,13 @@ def _score(
     return metrics, emb, units
 
 
-def _necessity(coco, dec, scored: dict[str, dict[str, np.ndarray]]) -> tuple[dict[str, float], dict[str, UnitScores]]:
+def _necessity(
+    coco, dec, scored: dict[str, dict[str, np.ndarray]]
+) -> tuple[dict[str, float], dict[str, UnitScores], list[tuple[int, str, float]]]:
     """Object necessity PN per removed class: x is the query's source image among the --coco
     build's images, x' and y come from the decorrelation build, as the trainer's --eval-only
-    scores them with both (training.evaluation.necessity on the same embeddings)."""
+    scores them with both (training.evaluation.necessity on the same embeddings); its per-unit
+    scores and its `(query, class, PN)` values (for its floor)."""
     rows = original_rows(dec.data.query_image_ids, coco.data.image_ids)
     if (rows < 0).all():
         log.warning(
@@ -386,7 +395,5 @@ def _necessity(coco, dec, scored: dict[str, dict[str, np.ndarray]]) -> tuple[dic
             "split; PN needs the split the decorrelation build's images came from"
         )
     image, emb = scored["coco"]["image"], scored["decorrelation"]
-    return (
-        necessity(image, rows, emb, dec.data),
-        necessity_units(necessity_values(image, rows, emb, dec.data), len(rows), dec.data.query_image_ids),
-    )
+    values = necessity_values(image, rows, emb, dec.data)
+    return necessity(image, rows, emb, dec.data), necessity_units(values, len(rows), dec.data.query_image_ids), values
