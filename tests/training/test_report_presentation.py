@@ -54,10 +54,10 @@ def test_a_class_has_its_own_units_and_no_interval_below_the_minimum(two_models)
     raw = _units(np.random.default_rng(0), 0.0)
     assert units["necessity/PN_dog"].value() == pytest.approx(raw["necessity/PN_dog"].num[dog].mean())
     intervals = _intervals(units, BenchmarkConfig(models=[], sources={}, output="", bootstrap=200))
-    low, high, n = intervals["odmap_per_class/cat_ODmAP@1"]
-    assert np.isnan(low) and np.isnan(high) and n == 3
-    low, high, n = intervals["necessity/PN_dog"]
-    assert low < high and n == 40  # resamples of the class's queries: never a point interval
+    cat = intervals["odmap_per_class/cat_ODmAP@1"]
+    assert np.isnan(cat.low) and np.isnan(cat.high) and cat.n == 3
+    dog = intervals["necessity/PN_dog"]
+    assert dog.low < dog.high and dog.n == 40  # resamples of the class's queries: never a point interval
 
 
 def test_the_table_family_is_exactly_its_columns_and_classes_have_their_own(two_models):
