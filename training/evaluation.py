@@ -52,7 +52,7 @@ from training.data import fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
-from training.sources import DataInputError
+from training.sources import DataInputError, column_values
 from training.statistics import UnitScores
 from training.unit_scores import delta_units, necessity_units, odmap_units, retrieval_units, zeroshot_units
 
@@ -147,8 +147,9 @@ def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers
     if data.cf_pairs is not None:
         ex = data.cf_pairs
         emb["cf_image"] = encode_images(module, backend, ex, batch_size, workers)
-        meta = ex.tables[ex.table_of[0]].select_columns(["caption_0", "caption_1"])
-        texts = [meta[ex.row[i]][f"caption_{i % 2}"] for i in range(len(ex))]
+        table = ex.tables[ex.table_of[0]]
+        captions = [column_values(table, "caption_0"), column_values(table, "caption_1")]
+        texts = [captions[i % 2][ex.row[i]] for i in range(len(ex))]
         emb["cf_text"] = encode_texts(module, backend, texts, batch_size)
     return emb
 

@@ -47,7 +47,7 @@ from builders.engine.dataset_source import open_split
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS, ImageProblem, open_rgb_image
 from training.config import SourceRef
 from training.mixtures import ExampleSet
-from training.sources import DataInputError, TableRecord, require_image_bytes, resolve_commit
+from training.sources import DataInputError, TableRecord, column_values, require_image_bytes, resolve_commit
 
 log = logging.getLogger(__name__)
 
@@ -284,5 +284,12 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     )
     record = TableRecord(path, None, commit, "default", split, rows_read)
     return ZeroShotSet(
-        name, examples, np.asarray(ds[label], dtype=np.int64), classnames, templates, prompts, record, dict(skipped)
+        name,
+        examples,
+        np.asarray(column_values(ds, label), dtype=np.int64),
+        classnames,
+        templates,
+        prompts,
+        record,
+        dict(skipped),
     )
