@@ -24,29 +24,76 @@ from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, ret
 from training.statistics import UnitScores
 
 
+def _first_of_equal(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first row of each distinct key, in row order; each row's index into those)."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[inverse.ravel()]
+
+
+def _row_keys(x: np.ndarray) -> np.ndarray:
+    """Each row of `x` as one opaque value: equal rows, equal values."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.dtype((np.void, x.dtype.itemsize * x.shape[1]))).ravel()
+
+
+def tied_scores(images: np.ndarray, texts: np.ndarray, captions: list[str]) -> tuple[np.ndarray, ...]:
+    """(scores of the distinct images x the distinct captions, each image's row, each caption's
+    column): equal captions (by text, or by embedding when `captions` does not name them) and
+    equal image embeddings are scored once, so they tie exactly. A matrix product of the
+    repeated rows would not: BLAS sums each cell in an order that depends on its position,
+    which puts equal captions up to ~200 ulp apart and lets that noise break their tie (#44)."""
+    named = len(captions) == len(texts)
+    cap_first, cap_of = _first_of_equal(np.asarray(captions) if named else _row_keys(texts))
+    img_first, img_of = _first_of_equal(_row_keys(images))
+    return images[img_first] @ texts[cap_first].T, img_of, cap_of
+
+
+def _id_ordered_scores(emb: dict[str, np.ndarray], data, img_order, cap_order) -> np.ndarray:
+    """The image x caption scores, images in `img_order` and captions in `cap_order`."""
+    scores, img_of, cap_of = tied_scores(emb["image"], emb["text"], data.captions)
+    rows, cols = img_of[img_order], cap_of[cap_order]
+    if np.array_equal(rows, np.arange(len(rows))) and np.array_equal(cols, np.arange(len(cols))):
+        return scores  # distinct and in id order already: no copy (5,000 x 25,000 floats is 500 MB)
+    return scores[np.ix_(rows, cols)]
+
+
 def retrieval_units(
     emb: dict[str, np.ndarray], data, k_values, name: str = "retrieval", units: str = "coco images"
 ) -> dict[str, UnitScores]:
     """R@K both ways on the whole split (`name/...`) and, when `data.folds` has them, on the
-    COCO 1K folds (`name_1k/...`), per image."""
-    sim = emb["image"] @ emb["text"].T
+    COCO 1K folds (`name_1k/...`), per image.
+
+    Ties: equal captions (equal images) get equal scores by construction (`tied_scores`), and
+    equal scores rank by the gallery's id, ascending (caption id for image -> text, image id for
+    text -> image), so R@K depends neither on float noise nor on the order of the captions."""
+    img_order = np.argsort(data.image_ids, kind="stable")
+    cap_order = np.argsort(data.caption_ids, kind="stable")
+    sim = _id_ordered_scores(emb, data, img_order, cap_order)
+    # Below, images and captions are in id order; the units keep the data's image rows.
+    all_image_ids, all_caption_ids = data.image_ids[img_order], data.caption_ids[cap_order]
+    all_caption_image = data.caption_image[cap_order]
+    position = np.empty_like(img_order)
+    position[img_order] = np.arange(len(img_order))
     cfg = RetrievalMetricConfig(k_values=tuple(k_values), map_at_r=False, r_precision=False)
     row_of = {int(i): r for r, i in enumerate(data.image_ids)}
     n = len(data.image_ids)
     # metric -> per-unit numerator, denominator and fold (-1: in no fold; the whole split: None)
     parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
-    for fold, rows in enumerate([np.arange(n), *data.folds]):
+    for fold, fold_rows in enumerate([np.arange(n), *data.folds]):
         key = name if fold == 0 else f"{name}_1k"
-        image_ids = data.image_ids[rows]
-        cols = np.flatnonzero(np.isin(data.caption_image, image_ids))
-        cap_ids, cap_image = data.caption_ids[cols], data.caption_image[cols]
+        at = np.sort(position[fold_rows])  # the fold's images, by id
+        rows, image_ids = img_order[at], all_image_ids[at]
+        cols = np.flatnonzero(np.isin(all_caption_image, image_ids))
+        cap_ids, cap_image = all_caption_ids[cols], all_caption_image[cols]
         order = np.argsort(cap_image, kind="stable")
         owners, starts = np.unique(cap_image[order], return_index=True)
         by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:])), strict=True))
         i2t = {int(i): by_image.get(int(i), []) for i in image_ids}
         t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
-        # The whole split needs no copy (5,000 x 25,000 floats is 500 MB).
-        s = sim if fold == 0 else sim[np.ix_(rows, cols)]
+        s = sim if fold == 0 else sim[np.ix_(at, cols)]
         caption_rows = np.fromiter((row_of[int(i)] for i in cap_image), np.int64, len(cap_image))
         for direction, matrix, pos, q, g in (
             ("i2t", s, i2t, image_ids, cap_ids),
