@@ -54,7 +54,14 @@ from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
 from training.sources import DataInputError, column_values
 from training.statistics import UnitScores
-from training.unit_scores import delta_units, necessity_units, odmap_units, retrieval_units, zeroshot_units
+from training.unit_scores import (
+    RETRIEVAL,
+    delta_units,
+    necessity_units,
+    odmap_units,
+    retrieval_units,
+    zeroshot_units,
+)
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +308,10 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: EvalConfig, emb
         }
         emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
         out.update(
-            {k.replace("retrieval/", "flickr30k/"): v for k, v in retrieval_metrics(flickr, f, cfg.k_values).items()}
+            {
+                k.replace(f"{RETRIEVAL}/", "flickr30k/"): v
+                for k, v in retrieval_metrics(flickr, f, cfg.k_values).items()
+            }
         )
     for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
@@ -330,7 +340,7 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
         flickr = {"image": emb["flickr30k_image"], "text": emb["flickr30k_text"]}
         out.update(
             {
-                k.replace("retrieval", "flickr30k", 1): v
+                k.replace(RETRIEVAL, "flickr30k", 1): v
                 for k, v in retrieval_units(flickr, data.flickr30k, k_values, units="flickr30k images").items()
             }
         )

@@ -189,7 +189,7 @@ def eval_sets(data: EvalData) -> list[EvalSet]:
                 "real_test",
                 "the real test split (--real-test-split)",
                 "train without them or skip the set with --real-test-split ''",
-                ("retrieval/", "retrieval_1k/", "eccv/", "itm/IR_r", "itm/TR_r"),
+                ("zeroshot_retrieval/", "zeroshot_retrieval_1k/", "eccv/", "itm/IR_r", "itm/TR_r"),
                 image_keys(data.retrieval),
                 {(normalise(c), int(i)) for c, i in zip(data.captions, data.caption_image, strict=True)},
             )

@@ -1,9 +1,11 @@
 """Per-unit scores of the evaluation's metrics (`training.statistics.UnitScores`), computed from
 the embeddings the evaluation encoded: the units the intervals and the paired tests resample.
 
-- retrieval (COCO, Flickr30k): images, each with all its captions. i2t R@K is the fraction of
-  images whose top K holds one of their captions; t2i R@K counts each image's captions found at
-  rank <= K over its caption count; the COCO 1K numbers are the mean over the folds (groups).
+- retrieval (COCO, Flickr30k): images, each with all its captions. i2t R@K
+  (`text_retrieval_recall@K`, clip_benchmark's key) is the fraction of images whose top K holds
+  one of their captions; t2i R@K (`image_retrieval_recall@K`) counts each image's captions found
+  at rank <= K over its caption count; the COCO 1K numbers (`zeroshot_retrieval_1k/...`) are the
+  mean over the folds (groups).
 - ODmAP@k (and per removed class): queries, each with its AP@k.
 - ITM deltas: pairs (the held-out counterfactual pairs; for IR_r/TR_r the real images, each
   with its random partner), the mean, the median and the fraction below zero of the deltas.
@@ -22,6 +24,16 @@ import numpy as np
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.statistics import UnitScores
+
+
+#: The whole split's R@K task, as clip_benchmark and `counterfactory benchmark` name it.
+RETRIEVAL = "zeroshot_retrieval"
+
+
+def recall_name(direction: str, k: int) -> str:
+    """clip_benchmark's key of R@K: `text_retrieval_recall@K` (image -> text, i2t) or
+    `image_retrieval_recall@K` (text -> image, t2i); the trainer and the report share it."""
+    return f"{'text' if direction == 'i2t' else 'image'}_retrieval_recall@{k}"
 
 
 def _first_of_equal(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -61,9 +73,9 @@ def _id_ordered_scores(emb: dict[str, np.ndarray], data, img_order, cap_order) -
 
 
 def retrieval_units(
-    emb: dict[str, np.ndarray], data, k_values, name: str = "retrieval", units: str = "coco images"
+    emb: dict[str, np.ndarray], data, k_values, name: str = RETRIEVAL, units: str = "coco images"
 ) -> dict[str, UnitScores]:
-    """R@K both ways on the whole split (`name/...`) and, when `data.folds` has them, on the
+    """R@K both ways (`recall_name`) on the whole split (`name/...`) and, when `data.folds` has them, on the
     COCO 1K folds (`name_1k/...`), per image.
 
     Ties: equal captions (equal images) get equal scores by construction (`tied_scores`), and
@@ -103,7 +115,7 @@ def retrieval_units(
             for k in k_values:
                 hits = scores.per_query[f"recall_at_{k}"]
                 num, den, groups = parts.setdefault(
-                    f"{key}/{direction}_R@{k}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None)
+                    f"{key}/{recall_name(direction, k)}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None)
                 )
                 if direction == "i2t":
                     num[rows], den[rows] = hits, 1.0

@@ -27,7 +27,8 @@
 - Flickr30k retrieval (`--flickr30k ROOT`, `--flickr30k-split test`): a Flickr30k folder in
   Karpathy's format (loading_scripts/flickr30k.py, read by `training.eval_data.load_flickr30k`),
   its 1,000 test images x their 5 captions, scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
-  implementation): `flickr30k/i2t_R@K`, `flickr30k/t2i_R@K`.
+  implementation): `flickr30k/text_retrieval_recall@K` (i2t),
+`flickr30k/image_retrieval_recall@K` (t2i), clip_benchmark's keys.
 """
 
 from __future__ import annotations

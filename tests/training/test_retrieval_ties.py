@@ -53,7 +53,10 @@ def _brute_force(p) -> dict[str, float]:
         for c, image in enumerate(p["owner"]):
             ranked = sorted(range(len(p["image_ids"])), key=lambda i: (-scores[i, c], p["image_ids"][i]))
             t2i.append(image in p["image_ids"][ranked[:k]])
-        out[f"retrieval/i2t_R@{k}"], out[f"retrieval/t2i_R@{k}"] = np.mean(i2t), np.mean(t2i)
+        out[f"zeroshot_retrieval/text_retrieval_recall@{k}"], out[f"zeroshot_retrieval/image_retrieval_recall@{k}"] = (
+            np.mean(i2t),
+            np.mean(t2i),
+        )
     return out
 
 
@@ -74,7 +77,8 @@ def test_recall_with_duplicate_captions_follows_the_tie_rule_in_any_order():
     expected = _brute_force(p)
     # The plant has ties that decide hits: ranking by position instead changes R@K.
     ties = np.isclose(
-        expected["retrieval/i2t_R@1"], _brute_force({**p, "caption_ids": -p["caption_ids"]})["retrieval/i2t_R@1"]
+        expected["zeroshot_retrieval/text_retrieval_recall@1"],
+        _brute_force({**p, "caption_ids": -p["caption_ids"]})["zeroshot_retrieval/text_retrieval_recall@1"],
     )
     assert not ties
     rng = np.random.default_rng(1)
