@@ -36,13 +36,13 @@ def recall_name(direction: str, k: int) -> str:
     return f"{'text' if direction == 'i2t' else 'image'}_retrieval_recall@{k}"
 
 
-def _first_of_equal(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the first row of each distinct key, in row order; each row's index into those)."""
+def _copy_equal(matrix: np.ndarray, keys: np.ndarray) -> None:
+    """Overwrite, in place, each row of `matrix` whose key an earlier row has with that row."""
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return first[order], rank[inverse.ravel()]
+    source = first[inverse.ravel()]
+    repeated = np.flatnonzero(source != np.arange(len(source)))
+    if len(repeated):
+        matrix[repeated] = matrix[source[repeated]]
 
 
 def _row_keys(x: np.ndarray) -> np.ndarray:
@@ -51,40 +51,32 @@ def _row_keys(x: np.ndarray) -> np.ndarray:
     return x.view(np.dtype((np.void, x.dtype.itemsize * x.shape[1]))).ravel()
 
 
-def tied_scores(images: np.ndarray, texts: np.ndarray, captions: list[str]) -> tuple[np.ndarray, ...]:
-    """(scores of the distinct images x the distinct captions, each image's row, each caption's
-    column): equal captions (by text, or by embedding when `captions` does not name them) and
-    equal image embeddings are scored once, so they tie exactly. A matrix product of the
-    repeated rows would not: BLAS sums each cell in an order that depends on its position,
-    which puts equal captions up to ~200 ulp apart and lets that noise break their tie (#44)."""
-    named = len(captions) == len(texts)
-    cap_first, cap_of = _first_of_equal(np.asarray(captions) if named else _row_keys(texts))
-    img_first, img_of = _first_of_equal(_row_keys(images))
-    return images[img_first] @ texts[cap_first].T, img_of, cap_of
-
-
-def _id_ordered_scores(emb: dict[str, np.ndarray], data, img_order, cap_order) -> np.ndarray:
-    """The image x caption scores, images in `img_order` and captions in `cap_order`."""
-    scores, img_of, cap_of = tied_scores(emb["image"], emb["text"], data.captions)
-    rows, cols = img_of[img_order], cap_of[cap_order]
-    if np.array_equal(rows, np.arange(len(rows))) and np.array_equal(cols, np.arange(len(cols))):
-        return scores  # distinct and in id order already: no copy (5,000 x 25,000 floats is 500 MB)
-    return scores[np.ix_(rows, cols)]
+def tied_scores(images: np.ndarray, texts: np.ndarray, captions: list[str]) -> np.ndarray:
+    """`images @ texts.T` with each repeated caption's column (by text, or by embedding when
+    `captions` does not name them) a copy of its first one's, and each repeated image
+    embedding's row likewise: equal inputs tie exactly. The product alone would not tie them:
+    BLAS sums each cell in an order that depends on its position, which puts equal captions up
+    to ~200 ulp apart and lets that noise break their tie (#44). In place: no second matrix."""
+    scores = images @ texts.T
+    _copy_equal(scores.T, np.asarray(captions) if len(captions) == len(texts) else _row_keys(texts))
+    _copy_equal(scores, _row_keys(images))
+    return scores
 
 
 def retrieval_units(
     emb: dict[str, np.ndarray], data, k_values, name: str = RETRIEVAL, units: str = "coco images"
 ) -> dict[str, UnitScores]:
-    """R@K both ways (`recall_name`) on the whole split (`name/...`) and, when `data.folds` has them, on the
-    COCO 1K folds (`name_1k/...`), per image.
+    """R@K both ways (`recall_name`) on the whole split (`name/...`) and, when `data.folds` has
+    them, on the COCO 1K folds (`name_1k/...`), per image.
 
     Ties: equal captions (equal images) get equal scores by construction (`tied_scores`), and
     equal scores rank by the gallery's id, ascending (caption id for image -> text, image id for
     text -> image), so R@K depends neither on float noise nor on the order of the captions."""
     img_order = np.argsort(data.image_ids, kind="stable")
     cap_order = np.argsort(data.caption_ids, kind="stable")
-    sim = _id_ordered_scores(emb, data, img_order, cap_order)
-    # Below, images and captions are in id order; the units keep the data's image rows.
+    captions = [data.captions[c] for c in cap_order] if len(data.captions) == len(cap_order) else []
+    # Images and captions in id order (the tie order); the units keep the data's image rows.
+    sim = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
     all_image_ids, all_caption_ids = data.image_ids[img_order], data.caption_ids[cap_order]
     all_caption_image = data.caption_image[cap_order]
     position = np.empty_like(img_order)
