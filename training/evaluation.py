@@ -52,9 +52,10 @@ from training.data import fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
-from training.sources import DataInputError
+from training.sources import DataInputError, column_values
 from training.statistics import UnitScores
 from training.unit_scores import (
+    RETRIEVAL,
     delta_units,
     necessity_units,
     odmap_units,
@@ -154,8 +155,9 @@ def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers
     if data.cf_pairs is not None:
         ex = data.cf_pairs
         emb["cf_image"] = encode_images(module, backend, ex, batch_size, workers)
-        meta = ex.tables[ex.table_of[0]].select_columns(["caption_0", "caption_1"])
-        texts = [meta[ex.row[i]][f"caption_{i % 2}"] for i in range(len(ex))]
+        table = ex.tables[ex.table_of[0]]
+        captions = [column_values(table, "caption_0"), column_values(table, "caption_1")]
+        texts = [captions[i % 2][ex.row[i]] for i in range(len(ex))]
         emb["cf_text"] = encode_texts(module, backend, texts, batch_size)
     return emb
 
@@ -307,7 +309,10 @@ def zeroshot_and_flickr30k(module, backend, data: EvalData, cfg: EvalConfig, emb
         }
         emb.update({f"flickr30k_{k}": v for k, v in flickr.items()})
         out.update(
-            {k.replace("retrieval/", "flickr30k/"): v for k, v in retrieval_metrics(flickr, f, cfg.k_values).items()}
+            {
+                k.replace(f"{RETRIEVAL}/", "flickr30k/"): v
+                for k, v in retrieval_metrics(flickr, f, cfg.k_values).items()
+            }
         )
     for z in data.zeroshot:  # each set with its own templates (training/zeroshot.py)
         images = encode_images(module, backend, z.examples, bs, workers)
@@ -337,7 +342,7 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
         flickr = {"image": emb["flickr30k_image"], "text": emb["flickr30k_text"]}
         out.update(
             {
-                k.replace("retrieval", "flickr30k", 1): v
+                k.replace(RETRIEVAL, "flickr30k", 1): v
                 for k, v in retrieval_units(flickr, data.flickr30k, k_values, units="flickr30k images").items()
             }
         )

@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from training.sources import DataInputError
+from training.sources import DataInputError, column_values
 
 if TYPE_CHECKING:  # the sweep's summary marks names without importing torch
     from training.eval_data import EvalData
@@ -103,9 +103,11 @@ def _identities(examples: ExampleSet) -> Iterator[tuple[int, tuple, object]]:
     columns: dict[tuple[int, str], list | None] = {}
 
     def column(k: int, name: str) -> list | None:
+        # The whole column once, as a list: `table[name][row]` is a `Dataset.__getitem__` per
+        # row, which under datasets 5.x deep-copies the table's replay list (~1.3 ms a row).
         if (k, name) not in columns:
             table = examples.tables[k]
-            columns[k, name] = table[name] if name in table.column_names else None
+            columns[k, name] = column_values(table, name) if name in table.column_names else None
         return columns[k, name]
 
     for i, (k, row, col) in enumerate(zip(examples.table_of, examples.row, examples.column, strict=True)):
@@ -169,12 +171,12 @@ def text_keys(examples: ExampleSet, negatives: bool) -> dict[str, set]:
 def pair_texts(pairs: ExampleSet) -> set[tuple[str, object]]:
     """(normalised caption, source image) of both captions of each held-out pair."""
     out = set()
-    tables: dict[int, dict] = {}
+    tables: dict[int, list[list]] = {}
     for _, (_, k, row), image in _identities(pairs):
         if k not in tables:
             table = pairs.tables[k]
-            tables[k] = table.select_columns([c for c in CAPTIONS if c in table.column_names]).to_dict()
-        out |= {(normalise(texts[row]), image) for texts in tables[k].values() if texts[row]}
+            tables[k] = [column_values(table, c) for c in CAPTIONS if c in table.column_names]
+        out |= {(normalise(texts[row]), image) for texts in tables[k] if texts[row]}
     return out
 
 
@@ -187,7 +189,7 @@ def eval_sets(data: EvalData) -> list[EvalSet]:
                 "real_test",
                 "the real test split (--real-test-split)",
                 "train without them or skip the set with --real-test-split ''",
-                ("retrieval/", "retrieval_1k/", "eccv/", "itm/IR_r", "itm/TR_r"),
+                ("zeroshot_retrieval/", "zeroshot_retrieval_1k/", "eccv/", "itm/IR_r", "itm/TR_r"),
                 image_keys(data.retrieval),
                 {(normalise(c), int(i)) for c, i in zip(data.captions, data.caption_image, strict=True)},
             )

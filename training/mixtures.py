@@ -50,7 +50,7 @@ import datasets
 import numpy as np
 
 from training.config import DataConfig, SourceRef
-from training.sources import DataInputError, TableRecord, open_table, resolve_commit, split_names
+from training.sources import DataInputError, TableRecord, column_values, open_table, resolve_commit, split_names
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +321,6 @@ def _image_rows(tables: list[datasets.Dataset]) -> dict[int, tuple[int, int]]:
     """COCO image id -> (table index, row) over the real tables."""
     out: dict[int, tuple[int, int]] = {}
     for k, ds in enumerate(tables):
-        for row, image_id in enumerate(ds["image_id"]):
+        for row, image_id in enumerate(column_values(ds, "image_id")):
             out[int(image_id)] = (k, row)
     return out

@@ -1,9 +1,11 @@
 """Per-unit scores of the evaluation's metrics (`training.statistics.UnitScores`), computed from
 the embeddings the evaluation encoded: the units the intervals and the paired tests resample.
 
-- retrieval (COCO, Flickr30k): images, each with all its captions. i2t R@K is the fraction of
-  images whose top K holds one of their captions; t2i R@K counts each image's captions found at
-  rank <= K over its caption count; the COCO 1K numbers are the mean over the folds (groups).
+- retrieval (COCO, Flickr30k): images, each with all its captions. i2t R@K
+  (`text_retrieval_recall@K`, clip_benchmark's key) is the fraction of images whose top K holds
+  one of their captions; t2i R@K (`image_retrieval_recall@K`) counts each image's captions found
+  at rank <= K over its caption count; the COCO 1K numbers (`zeroshot_retrieval_1k/...`) are the
+  mean over the folds (groups).
 - ODmAP@k (and per removed class): queries, each with its AP@k.
 - ITM deltas: pairs (the held-out counterfactual pairs; for IR_r/TR_r the real images, each
   with its random partner), the mean, the median and the fraction below zero of the deltas.
@@ -30,30 +32,79 @@ from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, ret
 from training.statistics import UnitScores, first_seen
 
 
+#: The whole split's R@K task, as clip_benchmark and `counterfactory benchmark` name it.
+RETRIEVAL = "zeroshot_retrieval"
+
+
+def recall_name(direction: str, k: int) -> str:
+    """clip_benchmark's key of R@K: `text_retrieval_recall@K` (image -> text, i2t) or
+    `image_retrieval_recall@K` (text -> image, t2i); the trainer and the report share it."""
+    return f"{'text' if direction == 'i2t' else 'image'}_retrieval_recall@{k}"
+
+
+def _copy_equal(matrix: np.ndarray, keys: np.ndarray) -> None:
+    """Overwrite, in place, each row of `matrix` whose key an earlier row has with that row."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    source = first[inverse.ravel()]
+    repeated = np.flatnonzero(source != np.arange(len(source)))
+    if len(repeated):
+        matrix[repeated] = matrix[source[repeated]]
+
+
+def _row_keys(x: np.ndarray) -> np.ndarray:
+    """Each row of `x` as one opaque value: equal rows, equal values."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.dtype((np.void, x.dtype.itemsize * x.shape[1]))).ravel()
+
+
+def tied_scores(images: np.ndarray, texts: np.ndarray, captions: list[str]) -> np.ndarray:
+    """`images @ texts.T` with each repeated caption's column (by text, or by embedding when
+    `captions` does not name them) a copy of its first one's, and each repeated image
+    embedding's row likewise: equal inputs tie exactly. The product alone would not tie them:
+    BLAS sums each cell in an order that depends on its position, which puts equal captions up
+    to ~200 ulp apart and lets that noise break their tie (#44). In place: no second matrix."""
+    scores = images @ texts.T
+    _copy_equal(scores.T, np.asarray(captions) if len(captions) == len(texts) else _row_keys(texts))
+    _copy_equal(scores, _row_keys(images))
+    return scores
+
+
 def retrieval_units(
-    emb: dict[str, np.ndarray], data, k_values, name: str = "retrieval", units: str = "coco images"
+    emb: dict[str, np.ndarray], data, k_values, name: str = RETRIEVAL, units: str = "coco images"
 ) -> dict[str, UnitScores]:
-    """R@K both ways on the whole split (`name/...`) and, when `data.folds` has them, on the
-    COCO 1K folds (`name_1k/...`), per image."""
-    sim = emb["image"] @ emb["text"].T
+    """R@K both ways (`recall_name`) on the whole split (`name/...`) and, when `data.folds` has
+    them, on the COCO 1K folds (`name_1k/...`), per image.
+
+    Ties: equal captions (equal images) get equal scores by construction (`tied_scores`), and
+    equal scores rank by the gallery's id, ascending (caption id for image -> text, image id for
+    text -> image), so R@K depends neither on float noise nor on the order of the captions."""
+    img_order = np.argsort(data.image_ids, kind="stable")
+    cap_order = np.argsort(data.caption_ids, kind="stable")
+    captions = [data.captions[c] for c in cap_order] if len(data.captions) == len(cap_order) else []
+    # Images and captions in id order (the tie order); the units keep the data's image rows.
+    sim = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
+    all_image_ids, all_caption_ids = data.image_ids[img_order], data.caption_ids[cap_order]
+    all_caption_image = data.caption_image[cap_order]
+    position = np.empty_like(img_order)
+    position[img_order] = np.arange(len(img_order))
     cfg = RetrievalMetricConfig(k_values=tuple(k_values), map_at_r=False, r_precision=False)
     row_of = {int(i): r for r, i in enumerate(data.image_ids)}
     n = len(data.image_ids)
     # metric -> per-unit numerator, denominator and fold (-1: in no fold; the whole split: None)
     parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
     beaten: set[str] = set()  # R@K with K below some gallery's size: not a hit by construction
-    for fold, rows in enumerate([np.arange(n), *data.folds]):
+    for fold, fold_rows in enumerate([np.arange(n), *data.folds]):
         key = name if fold == 0 else f"{name}_1k"
-        image_ids = data.image_ids[rows]
-        cols = np.flatnonzero(np.isin(data.caption_image, image_ids))
-        cap_ids, cap_image = data.caption_ids[cols], data.caption_image[cols]
+        at = np.sort(position[fold_rows])  # the fold's images, by id
+        rows, image_ids = img_order[at], all_image_ids[at]
+        cols = np.flatnonzero(np.isin(all_caption_image, image_ids))
+        cap_ids, cap_image = all_caption_ids[cols], all_caption_image[cols]
         order = np.argsort(cap_image, kind="stable")
         owners, starts = np.unique(cap_image[order], return_index=True)
         by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:])), strict=True))
         i2t = {int(i): by_image.get(int(i), []) for i in image_ids}
         t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
-        # The whole split needs no copy (5,000 x 25,000 floats is 500 MB).
-        s = sim if fold == 0 else sim[np.ix_(rows, cols)]
+        s = sim if fold == 0 else sim[np.ix_(at, cols)]
         caption_rows = np.fromiter((row_of[int(i)] for i in cap_image), np.int64, len(cap_image))
         for direction, matrix, pos, q, g in (
             ("i2t", s, i2t, image_ids, cap_ids),
@@ -63,10 +114,10 @@ def retrieval_units(
             for k in k_values:
                 hits = scores.per_query[f"recall_at_{k}"]
                 num, den, groups = parts.setdefault(
-                    f"{key}/{direction}_R@{k}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None)
+                    f"{key}/{recall_name(direction, k)}", (np.zeros(n), np.zeros(n), np.full(n, -1) if fold else None)
                 )
                 if k < len(g):
-                    beaten.add(f"{key}/{direction}_R@{k}")
+                    beaten.add(f"{key}/{recall_name(direction, k)}")
                 if direction == "i2t":
                     num[rows], den[rows] = hits, 1.0
                 else:  # per caption: summed over each caption's image

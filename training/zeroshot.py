@@ -27,7 +27,8 @@
 - Flickr30k retrieval (`--flickr30k ROOT`, `--flickr30k-split test`): a Flickr30k folder in
   Karpathy's format (loading_scripts/flickr30k.py, read by `training.eval_data.load_flickr30k`),
   its 1,000 test images x their 5 captions, scored by the COCO retrieval code (`training.evaluation.retrieval_metrics`, the same recall
-  implementation): `flickr30k/i2t_R@K`, `flickr30k/t2i_R@K`.
+  implementation): `flickr30k/text_retrieval_recall@K` (i2t),
+`flickr30k/image_retrieval_recall@K` (t2i), clip_benchmark's keys.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from builders.engine.dataset_source import open_split
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS, ImageProblem, open_rgb_image
 from training.config import SourceRef
 from training.mixtures import ExampleSet
-from training.sources import DataInputError, TableRecord, require_image_bytes, resolve_commit
+from training.sources import DataInputError, TableRecord, column_values, require_image_bytes, resolve_commit
 
 log = logging.getLogger(__name__)
 
@@ -284,5 +285,12 @@ def load_zeroshot_set(spec: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> 
     )
     record = TableRecord(path, None, commit, "default", split, rows_read)
     return ZeroShotSet(
-        name, examples, np.asarray(ds[label], dtype=np.int64), classnames, templates, prompts, record, dict(skipped)
+        name,
+        examples,
+        np.asarray(column_values(ds, label), dtype=np.int64),
+        classnames,
+        templates,
+        prompts,
+        record,
+        dict(skipped),
     )

@@ -2,7 +2,10 @@
 
 fixture COCO -> offline NLTK tagger -> tiny models -> every builder (sharded, resumable) ->
 a local Hub on 127.0.0.1 -> publish each build as v1.0.0 -> `load_dataset(repo, revision=...)`
--> publish the metric modules as Spaces -> `evaluate.load(...)` -> metrics on the loaded data.
+-> publish the metric modules as Spaces -> `evaluate.load(...)` -> metrics on the loaded data
+-> a 5-step `accelerate launch training/finetune_clip.py` on the builds -> `counterfactory
+benchmark` of the base and the finetuned model; it ends with the paths of the run's metrics.md
+and the report's report.md.
 
 The same commands work against the real Hub: drop `--endpoint`, set HF_TOKEN, use `--models
 production`. Everything lands in `--workdir` (default demo_output/) and a summary JSON.
@@ -44,7 +47,8 @@ def demo_builds(coco: Path, tiny_dir: Path, sim_window: tuple[float, float] | No
     known = {
         "coco-captions": DemoBuild(
             "coco-captions",
-            ["--coco-root", str(coco), "--splits", "test", "val"],
+            # train: what the demo's finetuning run trains on.
+            ["--coco-root", str(coco), "--splits", "train", "test", "val"],
             [("default", "test"), ("captions", "test")],
         ),
         # `--models tiny` also picks the tiny sizes (64 px, 2 steps, 4 candidates, no CLIP
@@ -120,7 +124,45 @@ class Demo:
             if any(b.name == "decorrelation" for b in builds):
                 self.step("ODmAP@k of tiny CLIP on demo/decorrelation", self.odmap_of_tiny_clip, tiny_dir)
         self.step("gallery", self.galleries, builds)
+        self.step("finetune", self.finetune, tiny_dir)
+        self.step("benchmark", self.benchmark, tiny_dir)
         return self.summary
+
+    def finetune(self, tiny_dir: Path) -> dict:
+        """`accelerate launch training/finetune_clip.py`: 5 steps of the tiny CLIP on the
+        coco-captions build's train split, evaluated on its test split and the decorrelation
+        build's ODmAP sets, before and after."""
+        import subprocess
+
+        repo = Path(__file__).resolve().parents[2]
+        builds, out = self.workdir / "builds", self.workdir / "runs" / "finetune"
+        argv = [
+            str(Path(sys.executable).parent / "accelerate"),
+            "launch",
+            *("--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"),
+            str(repo / "training" / "finetune_clip.py"),
+            *("--real", str(builds / "coco-captions"), "--real-train-splits", "train"),
+            *("--decorrelation", str(builds / "decorrelation")),
+            *("--models", "tiny", "--tiny-models-dir", str(tiny_dir)),
+            *("--max-steps", "5", "--batch-size", "4", "--num-workers", "0", "--report-to", "none"),
+            *("--output", str(out)),
+        ]
+        if subprocess.run(argv, check=False).returncode != 0:
+            raise SystemExit(f"demo step failed: {' '.join(argv)}")
+        return {"run": str(out), "metrics": str(out / "metrics.md"), "model": str(out / "final")}
+
+    def benchmark(self, tiny_dir: Path) -> dict:
+        """`counterfactory benchmark` of the base tiny CLIP and the demo's finetuned one."""
+        from builders.app.cli import main as cli
+        from builders.models.profiles import resolve_profile
+
+        builds, out = self.workdir / "builds", self.workdir / "report"
+        base, tuned = resolve_profile("tiny", tiny_dir).clip, self.summary["steps"]["finetune"]["model"]
+        argv = ["benchmark", "--model", base, "--model", tuned, "--coco", str(builds / "coco-captions")]
+        argv += ["--decorrelation", str(builds / "decorrelation"), "--num-workers", "0", "--output", str(out)]
+        if cli(argv) != 0:
+            raise SystemExit(f"demo step failed: counterfactory {' '.join(argv)}")
+        return {"report": str(out / "report.md"), "results": str(out / "results.jsonl")}
 
     def galleries(self, builds: list[DemoBuild]) -> dict:
         """`counterfactory show` of every build, linked from one page to open in a browser."""
@@ -249,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(summary, indent=2))
     log.info("demo finished in %.0f s; summary in %s", summary["total_seconds"], path)
     print(f"browse the demo builds: open {summary['steps']['gallery']['gallery']}")
+    print(f"the finetuning run's metrics: {summary['steps']['finetune']['metrics']}")
+    print(f"the model report (base and finetuned): {summary['steps']['benchmark']['report']}")
     return 0
 
 

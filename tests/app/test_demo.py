@@ -99,6 +99,22 @@ def test_demo_runs_end_to_end(tmp_path, real_home):
         assert gallery["complete"] and gallery["rows"] == rows > 0, (name, gallery)
         assert f"{name}/index.html" in links and (demo / "gallery" / name / "index.html").is_file()
 
+    # The finetuning run (5 steps under `accelerate launch`) and the report of the base and the
+    # finetuned model, their paths the demo's last lines; the run's metrics carry the names of
+    # the report's records (one vocabulary).
+    metrics, report = demo / "runs" / "finetune" / "metrics.md", demo / "report" / "report.md"
+    assert proc.stdout.splitlines()[-2:] == [
+        f"the finetuning run's metrics: {metrics}",
+        f"the model report (base and finetuned): {report}",
+    ]
+    run = json.loads((demo / "runs" / "finetune" / "run.json").read_text())
+    assert run["steps"] == 5 and run["processes"] == 1
+    records = [json.loads(line) for line in (demo / "report" / "results.jsonl").read_text().splitlines()]
+    assert len({r["model"] for r in records}) == 2 and report.is_file() and metrics.is_file()
+    reported = {f"{r['task']}/{name}" for r in records for name in r["metrics"]}
+    assert "zeroshot_retrieval/text_retrieval_recall@5" in reported
+    assert set(run["final_metrics"]) - {"val_loss"} <= reported, set(run["final_metrics"]) - reported
+
     # Every caption pair is a one-word edit: cutting the swapped word out of each caption at
     # replaced_position leaves the same text.
     cf = demo / "builds" / "coco-counterfactuals"

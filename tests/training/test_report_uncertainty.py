@@ -152,9 +152,11 @@ def test_paired_comparisons_mark_ties_and_wins():
     rng = np.random.default_rng(0)
     hits = (rng.random(400) < 0.5).astype(float)
     units = {
-        "a": {"retrieval/i2t_R@1": UnitScores("images", hits)},
-        "b": {"retrieval/i2t_R@1": UnitScores("images", hits.copy())},
-        "c": {"retrieval/i2t_R@1": UnitScores("images", np.maximum(hits, rng.random(400) < 0.6))},
+        "a": {"zeroshot_retrieval/text_retrieval_recall@1": UnitScores("images", hits)},
+        "b": {"zeroshot_retrieval/text_retrieval_recall@1": UnitScores("images", hits.copy())},
+        "c": {
+            "zeroshot_retrieval/text_retrieval_recall@1": UnitScores("images", np.maximum(hits, rng.random(400) < 0.6))
+        },
     }
     name = "text_retrieval_recall@1"
     for pair, best, bold in ((["a", "b"], "a", False), (["a", "c"], "c", True)):
@@ -164,7 +166,7 @@ def test_paired_comparisons_mark_ties_and_wins():
                 "dataset": "coco",
                 "task": "zeroshot_retrieval",
                 "model": m,
-                "metrics": {name: units[m]["retrieval/i2t_R@1"].value()},
+                "metrics": {name: units[m]["zeroshot_retrieval/text_retrieval_recall@1"].value()},
             }
             for m in pair
         ]

@@ -320,8 +320,14 @@ def test_learning_sanity_r1_well_above_chance(tmp_path, tiny_models_dir):
     )
     chance = 1 / 8
     before, after = final_metrics(baseline), evals[-1]
-    assert after["retrieval/i2t_R@1"] >= 4 * chance and after["retrieval/t2i_R@1"] >= 4 * chance, after
-    assert after["retrieval/t2i_R@1"] > before["retrieval/t2i_R@1"] + 0.25
+    assert (
+        after["zeroshot_retrieval/text_retrieval_recall@1"] >= 4 * chance
+        and after["zeroshot_retrieval/image_retrieval_recall@1"] >= 4 * chance
+    ), after
+    assert (
+        after["zeroshot_retrieval/image_retrieval_recall@1"]
+        > before["zeroshot_retrieval/image_retrieval_recall@1"] + 0.25
+    )
 
 
 def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds, scored_cf, tiny_models_dir):
@@ -379,8 +385,8 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
         r_precision=False,
     )
     for k in (1, 5, 10):
-        assert final[f"retrieval/i2t_R@{k}"] == pytest.approx(i2t[f"recall_at_{k}"])
-        assert final[f"retrieval/t2i_R@{k}"] == pytest.approx(t2i[f"recall_at_{k}"])
+        assert final[f"zeroshot_retrieval/text_retrieval_recall@{k}"] == pytest.approx(i2t[f"recall_at_{k}"])
+        assert final[f"zeroshot_retrieval/image_retrieval_recall@{k}"] == pytest.approx(t2i[f"recall_at_{k}"])
 
     # ODmAP@k: the odmap module on top-k ids against the gallery's mention lists.
     queries = load_dataset(str(dec), "odmap_queries", split="test")
@@ -639,15 +645,15 @@ def test_sweep_writes_mean_std_and_a_one_tailed_welch_test(tmp_path, tiny_models
     base = {s: final_metrics(tmp_path / "base" / f"seed-{s}") for s in (1, 2, 3)}
     assert json.loads((tmp_path / "run" / "seed-5" / "run.json").read_text())["config"]["run"]["seed"] == 5
     table = (tmp_path / "run" / "summary.md").read_text()
-    for metric in ("retrieval/t2i_R@1", "val_loss"):
+    for metric in ("zeroshot_retrieval/image_retrieval_recall@1", "val_loss"):
         v, shown = np.array([m[metric] for m in runs.values()]), metric.replace("_", r"\_")
         row = next(line for line in table.splitlines() if line.startswith(f"| {shown} |"))
         assert f"{v.mean():.4f} ± {v.std(ddof=1):.4f}" in row, row
-    v = np.array([m["retrieval/t2i_R@1"] for m in runs.values()])
-    b = np.array([m["retrieval/t2i_R@1"] for m in base.values()])
+    v = np.array([m["zeroshot_retrieval/image_retrieval_recall@1"] for m in runs.values()])
+    b = np.array([m["zeroshot_retrieval/image_retrieval_recall@1"] for m in base.values()])
     p = stats.ttest_ind(v, b, equal_var=False, alternative="greater").pvalue
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    got = next(r for r in summary["metrics"] if r["metric"] == "retrieval/t2i_R@1")
+    got = next(r for r in summary["metrics"] if r["metric"] == "zeroshot_retrieval/image_retrieval_recall@1")
     assert got["p_value"] == pytest.approx(p, nan_ok=True)
     assert (tmp_path / "run" / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -54,7 +54,12 @@ def test_before_after_in_metrics_md_run_json_and_card(colors, tiny_models_dir, t
     assert set(before) == {*evaluated, "val_loss"}
     assert {k: before[k] for k in evaluated} == pytest.approx(evaluated, abs=1e-6)
     rows = record["before_after"]
-    assert {"retrieval/t2i_R@1", "itm/IR_c_mean", "itm/TR_r_median", "val_loss"} <= rows.keys()
+    assert {
+        "zeroshot_retrieval/image_retrieval_recall@1",
+        "itm/IR_c_mean",
+        "itm/TR_r_median",
+        "val_loss",
+    } <= rows.keys()
     moved = 0
     for key, row in rows.items():
         assert row["before"] == pytest.approx(before[key]) and row["after"] == pytest.approx(final[key])
@@ -65,18 +70,25 @@ def test_before_after_in_metrics_md_run_json_and_card(colors, tiny_models_dir, t
         assert row["ci_low"] - 1e-9 <= row["difference"] <= row["ci_high"] + 1e-9, key
         moved += row["difference"] != 0
     assert moved, "training changed no metric"
-    assert rows["retrieval/t2i_R@1"]["difference"] > 0  # the captions name the colour: it learns
+    assert (
+        rows["zeroshot_retrieval/image_retrieval_recall@1"]["difference"] > 0
+    )  # the captions name the colour: it learns
     for text in ((out / "metrics.md").read_text(), (out / "final" / "README.md").read_text()):
         assert "## Before -> after (the base model evaluated before step 1)" in text
         row = next(
-            line for line in text.splitlines() if line.startswith("| retrieval/t2i\\_R@1 |") and line.count("|") == 5
+            line
+            for line in text.splitlines()
+            if line.startswith("| zeroshot\\_retrieval/image\\_retrieval\\_recall@1 |") and line.count("|") == 5
         )
-        assert f"| {before['retrieval/t2i_R@1']:.4f} | {final['retrieval/t2i_R@1']:.4f} |" in row
+        assert (
+            f"| {before['zeroshot_retrieval/image_retrieval_recall@1']:.4f} | {final['zeroshot_retrieval/image_retrieval_recall@1']:.4f} |"
+            in row
+        )
         assert re.search(r"\[-?\d\.\d{4}, -?\d\.\d{4}\] \|$", row), row
-    low, high = record["final_intervals"]["retrieval/t2i_R@1"]
-    assert low <= final["retrieval/t2i_R@1"] <= high
+    low, high = record["final_intervals"]["zeroshot_retrieval/image_retrieval_recall@1"]
+    assert low <= final["zeroshot_retrieval/image_retrieval_recall@1"] <= high
     assert (
-        f"| retrieval/t2i\\_R@1 | {final['retrieval/t2i_R@1']:.4f} [{low:.4f}, {high:.4f}] |"
+        f"| zeroshot\\_retrieval/image\\_retrieval\\_recall@1 | {final['zeroshot_retrieval/image_retrieval_recall@1']:.4f} [{low:.4f}, {high:.4f}] |"
         in (out / "metrics.md").read_text()
     )
     # metrics.jsonl keeps its rows (the base model's are in before.json).
@@ -94,9 +106,9 @@ def test_sweep_aggregates_the_per_seed_gains(tmp_path):
     for seed, gain in gains.items():
         folder = tmp_path / f"seed-{seed}"
         folder.mkdir()
-        final = {"retrieval/t2i_R@1": 0.5 + gain, "val_loss": 1.0}
+        final = {"zeroshot_retrieval/image_retrieval_recall@1": 0.5 + gain, "val_loss": 1.0}
         before_after = {
-            "retrieval/t2i_R@1": {
+            "zeroshot_retrieval/image_retrieval_recall@1": {
                 "before": 0.5,
                 "after": 0.5 + gain,
                 "difference": gain,
@@ -106,7 +118,7 @@ def test_sweep_aggregates_the_per_seed_gains(tmp_path):
         }
         (folder / "run.json").write_text(json.dumps({"final_metrics": final, "before_after": before_after}))
     summary = summarize(tmp_path)
-    row = next(r for r in summary["metrics"] if r["metric"] == "retrieval/t2i_R@1")
+    row = next(r for r in summary["metrics"] if r["metric"] == "zeroshot_retrieval/image_retrieval_recall@1")
     g = np.array(list(gains.values()))
     assert row["gain_mean"] == pytest.approx(g.mean()) and row["gain_std"] == pytest.approx(g.std(ddof=1))
     assert row["gain_p"] == pytest.approx(stats.ttest_1samp(g, 0.0).pvalue)
@@ -159,8 +171,8 @@ def test_zeroshot_and_flickr30k_are_evaluated_before_step_1(colors, tiny_models_
     for key in (
         "zeroshot/classes-test/top1",
         "zeroshot/classes-test/mean_per_class_recall",
-        "flickr30k/t2i_R@1",
-        "flickr30k/i2t_R@5",
+        "flickr30k/image_retrieval_recall@1",
+        "flickr30k/text_retrieval_recall@5",
     ):
         row = rows[key]
         assert row["difference"] == pytest.approx(row["after"] - row["before"]), key

@@ -561,7 +561,7 @@ def test_evaluation_metrics_reach_tensorboard(tmp_path, tiny_models_dir):
     evals = read_jsonl(out / "metrics.jsonl")
     for row in evals:
         prefix = "final" if row["final"] else "eval"
-        for name in ("val_loss", "retrieval/i2t_R@1"):
+        for name in ("val_loss", "zeroshot_retrieval/text_retrieval_recall@1"):
             logged = {e.step: e.value for e in acc.Scalars(f"{prefix}/{name}")}
             assert logged[row["step"]] == pytest.approx(row[name], rel=1e-6), (prefix, name)
     assert [r["step"] for r in evals if not r["final"]] == [1, 2]

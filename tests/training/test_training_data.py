@@ -326,11 +326,15 @@ def test_coco_5k_and_1k_recall_equal_the_eccv_suite_on_the_real_test_split():
     data.folds = folds
     check_eccv_split(data, "the test split")
     ours, eccv = retrieval_metrics(emb, data, (1, 5, 10)), eccv_metrics(emb, data)
-    assert len(image_ids) == 5000 and ours["retrieval/i2t_R@1"] > 0.05
+    assert len(image_ids) == 5000 and ours["zeroshot_retrieval/text_retrieval_recall@1"] > 0.05
     for k in (1, 5, 10):
-        for d in ("i2t", "t2i"):
-            assert ours[f"retrieval/{d}_R@{k}"] == pytest.approx(eccv[f"eccv/coco_5k_r{k}_{d}"], abs=1e-9)
-            assert ours[f"retrieval_1k/{d}_R@{k}"] == pytest.approx(eccv[f"eccv/coco_1k_r{k}_{d}"], abs=1e-9)
+        for d, kind in (("i2t", "text"), ("t2i", "image")):
+            assert ours[f"zeroshot_retrieval/{kind}_retrieval_recall@{k}"] == pytest.approx(
+                eccv[f"eccv/coco_5k_r{k}_{d}"], abs=1e-9
+            )
+            assert ours[f"zeroshot_retrieval_1k/{kind}_retrieval_recall@{k}"] == pytest.approx(
+                eccv[f"eccv/coco_1k_r{k}_{d}"], abs=1e-9
+            )
     # A split missing one of the 5K images cannot be scored by the suite: refused up front.
     keep = image_ids != image_ids[7]
     short = EvalData(
@@ -408,15 +412,19 @@ def test_sweep_tests_lower_is_better_metrics_for_lower_values(tmp_path):
     base = {
         "itm/IR_c_frac_below_zero": [0.42, 0.45, 0.40, 0.44],
         "val_loss": [2.1, 2.3, 2.2, 2.25],
-        "retrieval/t2i_R@1": [0.30, 0.32, 0.31, 0.29],
+        "zeroshot_retrieval/image_retrieval_recall@1": [0.30, 0.32, 0.31, 0.29],
     }
     run = {
         "itm/IR_c_frac_below_zero": [0.31, 0.28, 0.33, 0.30],
         "val_loss": [1.9, 1.8, 2.0, 1.85],
-        "retrieval/t2i_R@1": [0.36, 0.38, 0.35, 0.37],
+        "zeroshot_retrieval/image_retrieval_recall@1": [0.36, 0.38, 0.35, 0.37],
     }
     # Directions from what the metrics mean (written here, not read from the sweep).
-    alternative = {"itm/IR_c_frac_below_zero": "less", "val_loss": "less", "retrieval/t2i_R@1": "greater"}
+    alternative = {
+        "itm/IR_c_frac_below_zero": "less",
+        "val_loss": "less",
+        "zeroshot_retrieval/image_retrieval_recall@1": "greater",
+    }
     _write_sweep(tmp_path / "base", {s: {m: v[s] for m, v in base.items()} for s in range(4)})
     _write_sweep(tmp_path / "run", {s: {m: v[s - 10] for m, v in run.items()} for s in range(10, 14)})
     summary = summarize(tmp_path / "run", tmp_path / "base")
@@ -433,7 +441,7 @@ def test_sweep_tests_lower_is_better_metrics_for_lower_values(tmp_path):
 def test_sweep_summarize_only_needs_no_seeds(tmp_path, capsys):
     from training.sweep import main as sweep_main
 
-    r1 = {"retrieval/t2i_R@1": [0.30, 0.34, 0.35], "val_loss": [2.0, 1.9, 2.3]}
+    r1 = {"zeroshot_retrieval/image_retrieval_recall@1": [0.30, 0.34, 0.35], "val_loss": [2.0, 1.9, 2.3]}
     _write_sweep(tmp_path / "run", {s: {m: v[s - 7] for m, v in r1.items()} for s in (7, 8, 9)})
     assert sweep_main(["--output", str(tmp_path / "run"), "--summarize-only"]) == 0
     table = (tmp_path / "run" / "summary.md").read_text()

@@ -140,12 +140,12 @@ def test_training_on_test_images_is_refused_and_allowed_marked(tmp_path, tiny_mo
     table = (out / "metrics.md").read_text()
     card = (out / "final" / "README.md").read_text()
     for name in record["final_metrics"]:
-        on_test = name.startswith(("retrieval", "itm/IR_r", "itm/TR_r"))
+        on_test = name.startswith(("zeroshot_retrieval", "itm/IR_r", "itm/TR_r"))
         for text in (table, card):
             shown = name.replace("_", r"\_")  # metric names are plain text in Markdown
             assert (f"| {shown} \\[overlaps training: 7/8 images\\] |" in text) == on_test, name
             assert (f"| {shown} |" in text) == (not on_test), name
-    assert any(n.startswith("retrieval/") for n in record["final_metrics"])
+    assert any(n.startswith("zeroshot_retrieval/") for n in record["final_metrics"])
 
 
 def test_overlap_counts_odmap_queries_and_held_out_pairs():
@@ -183,7 +183,12 @@ def test_sweep_summary_marks_metrics_of_an_overlapping_set(tmp_path):
     from training.sweep import summarize
 
     overlap = {
-        "real_test": {"set": "the real test split", "shared": 3, "images": 8, "metrics": ["retrieval/", "itm/IR_r"]}
+        "real_test": {
+            "set": "the real test split",
+            "shared": 3,
+            "images": 8,
+            "metrics": ["zeroshot_retrieval/", "itm/IR_r"],
+        }
     }
     for seed, r1 in ((1, 0.5), (2, 0.7)):
         (tmp_path / f"seed-{seed}").mkdir()
@@ -191,11 +196,14 @@ def test_sweep_summary_marks_metrics_of_an_overlapping_set(tmp_path):
             json.dumps(
                 {
                     "eval_overlap": overlap if seed == 2 else {},
-                    "final_metrics": {"retrieval/i2t_R@1": r1, "val_loss": 1.0},
+                    "final_metrics": {"zeroshot_retrieval/text_retrieval_recall@1": r1, "val_loss": 1.0},
                 }
             )
         )
     summarize(tmp_path)
     table = (tmp_path / "summary.md").read_text()
-    assert r"| retrieval/i2t\_R@1 \[overlaps training: 3/8 images\] | 2 | 0.6000 ± 0.1414 |" in table
+    assert (
+        r"| zeroshot\_retrieval/text\_retrieval\_recall@1 \[overlaps training: 3/8 images\] | 2 | 0.6000 ± 0.1414 |"
+        in table
+    )
     assert r"| val\_loss | 2 |" in table

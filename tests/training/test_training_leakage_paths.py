@@ -91,7 +91,10 @@ def test_pairs_made_from_test_captions_without_a_source_image_are_refused(tmp_pa
     record = json.loads((out / "run.json").read_text())
     o = record["eval_overlap"]["real_test"]
     assert (o["shared"], o["captions_shared"], o["captions"], o["data"]) == (0, 14, 40, ["training"])
-    assert r"| retrieval/i2t\_R@1 \[overlaps training: 14/40 captions\] |" in (out / "metrics.md").read_text()
+    assert (
+        r"| zeroshot\_retrieval/text\_retrieval\_recall@1 \[overlaps training: 14/40 captions\] |"
+        in (out / "metrics.md").read_text()
+    )
 
 
 def test_a_byte_identical_image_under_another_id_is_refused(tmp_path, tiny_models_dir, capsys):

@@ -143,9 +143,9 @@ def test_flickr30k_recall_equals_brute_force(tmp_path, backend):
     np.testing.assert_allclose(txt[:3], direct, atol=1e-5)
     for k in (1, 5, 10):
         i2t, t2i = _brute_force_recall(img, txt, data.caption_image, data.image_ids, k)
-        assert metrics[f"flickr30k/i2t_R@{k}"] == pytest.approx(i2t)
-        assert metrics[f"flickr30k/t2i_R@{k}"] == pytest.approx(t2i)
-    assert 0 < metrics["flickr30k/i2t_R@1"] < metrics["flickr30k/i2t_R@10"]
+        assert metrics[f"flickr30k/text_retrieval_recall@{k}"] == pytest.approx(i2t)
+        assert metrics[f"flickr30k/image_retrieval_recall@{k}"] == pytest.approx(t2i)
+    assert 0 < metrics["flickr30k/text_retrieval_recall@1"] < metrics["flickr30k/text_retrieval_recall@10"]
 
 
 def test_flickr30k_missing_folder_is_one_line(tmp_path):
@@ -185,7 +185,9 @@ def test_flags_reach_the_evaluation_and_the_saved_embeddings(tmp_path, backend, 
     assert len(data.zeroshot) == 2 and data.flickr30k is not None
     assert [(r.split, r.rows) for r in data.records] == [("test", len(CLASSES))] * 2 + [("test", 2)]
     metrics = evaluate_model(backend.module, backend, data, cfg, tmp_path / "emb.npz")
-    assert {"zeroshot/classes-test/top1", "zeroshot/classes-test/top5", "flickr30k/t2i_R@10"} <= set(metrics)
+    assert {"zeroshot/classes-test/top1", "zeroshot/classes-test/top5", "flickr30k/image_retrieval_recall@10"} <= set(
+        metrics
+    )
     saved = np.load(tmp_path / "emb.npz")
     assert saved["zeroshot_classes-test_image"].shape[0] == len(CLASSES)
     assert saved["flickr30k_text"].shape[0] == len(data.flickr30k.captions)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from training.statistics import PAGE_CELLS, Interval, UnitScores, intervals
-from training.unit_scores import pair_clusters
+from training.unit_scores import RETRIEVAL, pair_clusters, recall_name
 
 _WORDS = re.compile(r"[\w']+")
 
@@ -52,12 +52,13 @@ def retrieval_chance(data, k_values) -> dict[str, float]:
     out: dict[str, list[float]] = {}
     n = len(data.image_ids)
     for fold, rows in enumerate([np.arange(n), *data.folds]):
-        name = "retrieval" if fold == 0 else "retrieval_1k"
+        name = RETRIEVAL if fold == 0 else f"{RETRIEVAL}_1k"
         images = data.image_ids[rows]
         per_image = np.array([np.count_nonzero(data.caption_image == i) for i in images])
         for k in k_values:
-            out.setdefault(f"{name}/i2t_R@{k}", []).append(_recall_chance(int(per_image.sum()), per_image, k))
-            out.setdefault(f"{name}/t2i_R@{k}", []).append(min(1.0, k / len(images)))
+            i2t, t2i = f"{name}/{recall_name('i2t', k)}", f"{name}/{recall_name('t2i', k)}"
+            out.setdefault(i2t, []).append(_recall_chance(int(per_image.sum()), per_image, k))
+            out.setdefault(t2i, []).append(min(1.0, k / len(images)))
     return {key: float(np.mean(v)) for key, v in out.items()}
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from builders.engine.provenance import code_version, model_name, source_digest
 from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED
 from training.statistics import Interval
+from training.unit_scores import RETRIEVAL
 
 #: A record's per-metric fields (name -> value), beside `metrics` itself.
 INTERVAL_FIELDS = ("metrics", "ci_low", "ci_high", "n_units", "n_clusters", "ci_method", "trivial", "chance")
@@ -53,41 +54,23 @@ EVALUATION_MODULES = tuple(
 )
 #: Our datasets' captions are English (COCO's).
 LANGUAGE = "en"
-_RECALL = re.compile(r"(?P<dir>i2t|t2i)_R@(?P<k>\d+)")
-#: evaluation task prefix -> record task (retrieval both ways in clip-benchmark's keys).
-_RETRIEVAL_TASKS = {
-    "retrieval": "zeroshot_retrieval",
-    "retrieval_1k": "zeroshot_retrieval_1k",
-    "flickr30k": "zeroshot_retrieval",
-}
+_RECALL = re.compile(r"(text|image)_retrieval_recall@\d+")
 _ZEROSHOT = {"top1": "acc1", "top5": "acc5", "mean_per_class_recall": "mean_per_class_recall"}
 
 
 def record_name(key: str) -> tuple[str, str] | None:
     """(record task, metric name) of one of training.evaluation's `task/name` keys, or None for a
-    key that is no record's (the validation loss)."""
+    key that is no record's (the validation loss). The evaluation names R@K as the records do
+    (training.unit_scores.recall_name); Flickr30k's is clip-benchmark's `zeroshot_retrieval`."""
     task, _, name = key.partition("/")
     if not name:
         return None
-    if task in _RETRIEVAL_TASKS:
-        m = _RECALL.fullmatch(name)
-        if m:
-            kind = "text" if m["dir"] == "i2t" else "image"
-            return _RETRIEVAL_TASKS[task], f"{kind}_retrieval_recall@{m['k']}"
+    if task == "flickr30k" and _RECALL.fullmatch(name):
+        return RETRIEVAL, name
     if task == "zeroshot":
         _, _, stat = name.rpartition("/")
         return "zeroshot_classification", _ZEROSHOT.get(stat, stat)
     return task, name
-
-
-def evaluation_key(task: str, name: str, dataset_task: str = "retrieval") -> str:
-    """The training.evaluation key of a record's metric (`record_name` inverted; retrieval on
-    the COCO build by default)."""
-    m = re.fullmatch(r"(?P<kind>text|image)_retrieval_recall@(?P<k>\d+)", name)
-    if m and task.startswith("zeroshot_retrieval"):
-        prefix = dataset_task + task.removeprefix("zeroshot_retrieval")
-        return f"{prefix}/{'i2t' if m['kind'] == 'text' else 't2i'}_R@{m['k']}"
-    return f"{task}/{name}"
 
 
 def metric_version(task: str) -> str:
