@@ -31,6 +31,7 @@ from builders.engine.errors import UserFacingError
 from builders.engine.provenance import git_state, portable
 from builders.engine.sharding.base import BuildInfo, OutputSpec
 from builders.engine.sharding.build_files import FILES, file_record
+from builders.engine.sharding.build_records import add_pending, clear_pending
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.part_files import PART_FILES, load_stats, part_tables
 from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_json
@@ -212,6 +213,16 @@ def merge_parts(
             path.unlink(missing_ok=True)
         raise
     invalidate(layout)  # until the new manifest is written, last, this is no finished build
+    # Listed before they are renamed into place: a merge killed half-way leaves them the build's
+    # (`build_records`), for a later --overwrite to delete.
+    add_pending(
+        layout,
+        [
+            {**file_record(layout.root, tmp.relative_to(layout.root).as_posix()), "path": name}
+            for spec in outputs
+            for tmp, name in zip(shards[spec.key].tmp, shards[spec.key].names, strict=True)
+        ],
+    )
     outputs_manifest: dict[str, Any] = {}
     keep: set[str] = set()
     for spec in outputs:
@@ -273,5 +284,6 @@ def record_files(layout: OutputLayout, manifest: dict[str, Any], written: set[st
 
 def write_manifest(layout: OutputLayout, manifest: dict[str, Any]) -> None:
     """Write the manifest: the last file of a merge, whose presence marks a finished build (a
-    re-run with nothing to do relies on it: `up_to_date`)."""
+    re-run with nothing to do relies on it: `up_to_date`). It lists the build's files from now on."""
     atomic_write_json(layout.manifest, manifest)
+    clear_pending(layout)
