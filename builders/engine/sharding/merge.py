@@ -31,7 +31,8 @@ from builders.engine.errors import UserFacingError
 from builders.engine.provenance import git_state, portable
 from builders.engine.sharding.base import BuildInfo, OutputSpec
 from builders.engine.sharding.build_files import FILES, file_record
-from builders.engine.sharding.build_records import add_pending, clear_pending
+from builders.engine.owned_files import unowned
+from builders.engine.sharding.build_records import add_pending, build_records, clear_pending
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.part_files import PART_FILES, load_stats, part_tables
 from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_json
@@ -149,12 +150,20 @@ def _write_output_shards(
 
 
 def _remove_stale_shards(layout: OutputLayout, keep: set[str]) -> None:
+    """Delete the shards of an earlier merge that this one did not rewrite: those its records
+    list unchanged (`build_records`); any other parquet file under `data/` is left in place and
+    named (publish refuses the folder until the user moves it)."""
     data = layout.root / "data"
     if not data.exists():
         return
-    for path in data.rglob("*.parquet"):
+    records = build_records(layout) or {}
+    for path in sorted(data.rglob("*.parquet")):
         rel = path.relative_to(layout.root).as_posix()
-        if rel not in keep:
+        if rel in keep:
+            continue
+        if unowned(layout.root, [rel], records):
+            log.warning("%s is not a shard this build recorded (or it changed): left in place", path)
+        else:
             log.info("removing stale shard %s", rel)
             path.unlink()
 
