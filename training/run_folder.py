@@ -63,9 +63,8 @@ RUN_FILES = {
     MANIFEST,
     LOGS_MANIFEST,
 }
-#: Folders whose whole contents are the run's (a backend's saved model, the trackers' logs, the
-#: staging of final/).
-RUN_FOLDERS = {"best", "logs", "final.tmp"}
+#: Folders whose whole contents are the run's (a backend's saved model, the staging of final/).
+RUN_FOLDERS = {"best", "final.tmp"}
 #: What a run refused by its input checks leaves (not a run: a new one may start there).
 LEFTOVERS = {PARTS_DIR, "logs", LOGS_MANIFEST}
 CHECKPOINT = "checkpoints/step-"

@@ -168,6 +168,17 @@ def _remove_stale_shards(layout: OutputLayout, keep: set[str]) -> None:
             path.unlink()
 
 
+def _list_pending(layout: OutputLayout, shards: list[_Shards]) -> None:
+    """List the new shards before they are renamed into place: a merge killed half-way leaves
+    them the build's (`build_records`), for a later --overwrite to delete."""
+    records = [
+        {**file_record(layout.root, tmp.relative_to(layout.root).as_posix()), "path": name}
+        for output in shards
+        for tmp, name in zip(output.tmp, output.names, strict=True)
+    ]
+    add_pending(layout, records)
+
+
 def _aggregate(stats: Sequence[dict[str, Any]], field: str) -> dict[str, int]:
     total: Counter[str] = Counter()
     for s in stats:
@@ -222,16 +233,7 @@ def merge_parts(
             path.unlink(missing_ok=True)
         raise
     invalidate(layout)  # until the new manifest is written, last, this is no finished build
-    # Listed before they are renamed into place: a merge killed half-way leaves them the build's
-    # (`build_records`), for a later --overwrite to delete.
-    add_pending(
-        layout,
-        [
-            {**file_record(layout.root, tmp.relative_to(layout.root).as_posix()), "path": name}
-            for spec in outputs
-            for tmp, name in zip(shards[spec.key].tmp, shards[spec.key].names, strict=True)
-        ],
-    )
+    _list_pending(layout, list(shards.values()))
     outputs_manifest: dict[str, Any] = {}
     keep: set[str] = set()
     for spec in outputs:
