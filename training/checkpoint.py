@@ -21,9 +21,9 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.engine.errors import InputFileError, PublishError, UserFacingError
+from builders.engine.errors import InputFileError, OutputError, PublishError, UserFacingError
 from builders.publishing.hub_client import hub_errors, use_endpoint
-from training.checkpoint_files import Resumable, check_files, read_all, write_rng, write_shared
+from training.checkpoint_files import CHECKPOINT_FILES, RNG, Resumable, check_files, read_all, write_rng, write_shared
 from training.final_files import published_files
 from training.report.markdown import _fmt, natural, plain
 
@@ -56,7 +56,7 @@ def save_checkpoint(
     if accelerator.is_main_process:
         # An interrupted save of this step (or a checkpoint of a run resumed before it) goes
         # first: a stale file would make the folder refused on --resume.
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_checkpoints([path])
     accelerator.wait_for_everyone()
     path.mkdir(parents=True, exist_ok=True)  # by every process: other machines' disks too
     if accelerator.is_main_process:
@@ -79,10 +79,28 @@ def _prune_checkpoints(output: Path, keep: int) -> None:
     if len(complete) <= keep:
         return
     oldest_kept = complete[-keep]
+    _remove_checkpoints([folder for folder in folders if folder < oldest_kept])
+    log.info("--keep-checkpoints %d: removed the checkpoints before %s", keep, oldest_kept)
+
+
+def _remove_checkpoints(folders: list[Path]) -> None:
+    """Delete checkpoint folders that hold only files the trainer writes into a checkpoint (its
+    file names, plain files); any other entry (a file put there, a symlink, a folder) is refused
+    in one line naming it, before any folder is deleted (builders/engine/owned_files.py's rule)."""
     for folder in folders:
-        if folder < oldest_kept:
+        for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else ():
+            name = entry.name
+            ours = name in CHECKPOINT_FILES or name == STATE_FILE + ".tmp" or RNG.fullmatch(name) is not None
+            if entry.is_symlink() or not entry.is_file() or not ours:
+                raise OutputError(
+                    f"{entry}: not a file the trainer writes into a checkpoint, so its folder is not "
+                    "deleted (nothing was); move it out, then re-run the same command with --resume latest"
+                )
+        if folder.is_symlink():
+            raise OutputError(f"{folder} is a symlink, not a checkpoint the trainer wrote; remove the link")
+    for folder in folders:
+        if folder.is_dir():
             shutil.rmtree(folder)
-            log.info("--keep-checkpoints %d: removed %s", keep, folder)
 
 
 def find_checkpoint(output: Path, resume: str, fp16: bool = False) -> Path | None:

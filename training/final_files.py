@@ -19,6 +19,7 @@ import stat
 from pathlib import Path
 
 from builders.engine.errors import OutputError, UserFacingError
+from builders.engine.owned_files import refuse, unowned
 from builders.engine.repo_paths import repo_path_problem
 from builders.engine.sharding.build_files import file_record, file_sha256
 
@@ -134,9 +135,22 @@ def _inside(final: Path, rel: str) -> bool:
     return not any((final / parent).is_symlink() for parent in Path(rel).parents)
 
 
+def check_final_unchanged(output: Path, flag: str) -> None:
+    """Refuse, before anything is written, a `final/` whose files a run would replace or delete
+    (`install`) but which are not the ones `final_manifest.json` lists with their current sha256:
+    a file the user added or edited there (`owned_files`)."""
+    final = output / "final"
+    if not final.is_dir() or final.is_symlink():
+        return
+    files, links = _walk(final)
+    listed = listed_files(output / MANIFEST) if (output / MANIFEST).exists() else {}
+    refuse(flag, final, [f"symlink {p}" for p in links] + unowned(final, files, listed), MANIFEST)
+
+
 def install(staged: Path, output: Path) -> None:
     """Move the staged files into `OUTPUT/final/`, delete the files the previous run listed that
-    this one did not write, and record the new list."""
+    this one did not write, and record the new list. A file it would replace or delete that the
+    previous run did not write as it is now is refused first, naming it (`owned_files`)."""
     final, manifest_path = output / "final", output / MANIFEST
     if final.is_symlink():
         raise OutputError(
@@ -147,14 +161,23 @@ def install(staged: Path, output: Path) -> None:
     if links:  # nothing the run writes is a link: refuse rather than publish one
         raise UserFacingError(f"{staged} holds symlink(s) {_names(links)}; re-run the training")
     previous = listed_files(manifest_path) if manifest_path.exists() else {}
-    records = [file_record(staged, rel) for rel in files]
-    final.mkdir(exist_ok=True)
     for rel in files:
         if not _inside(final, rel):
             raise OutputError(
                 f"{final / rel} leads outside {final} (a symlinked folder); remove "
                 f"the link (this run's model is in {staged})"
             )
+    replaced = [rel for rel in {*files, *previous} if os.path.lexists(final / rel) and _inside(final, rel)]
+    found = unowned(final, sorted(replaced), previous)
+    if found:
+        raise OutputError(
+            f"{final} holds {len(found)} file(s) this run would replace that {MANIFEST} does not list "
+            f"with their current sha256: {_names(found)}; nothing was replaced — move them out (this "
+            f"run's model is in {staged})"
+        )
+    records = [file_record(staged, rel) for rel in files]
+    final.mkdir(exist_ok=True)
+    for rel in files:
         (final / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged / rel, final / rel)  # replaces a link of that name itself, never its target
     for rel in set(previous) - set(files):

@@ -4,21 +4,27 @@ What a run writes there: `run.json`, `loss.jsonl`, `metrics.jsonl`, `metrics.md`
 `embeddings.npz`, the base model's `before.json` and `embeddings_before.npz`
 (training/before_after.py), `final/` (the files `final_manifest.json` lists) and `final_manifest.json`,
 `best/` (--best-by-val-loss), `checkpoints/step-N/` (training/checkpoint_files.py), `logs/` (the
-trackers), `final.tmp/` and `*.tmp` (interrupted writes), and `.parts/` (the lock,
-builders/engine/sharding/output_guard.py).
+trackers) and `logs_manifest.json`, `final.tmp/` and `*.tmp` (interrupted writes), and `.parts/`
+(the lock, builders/engine/sharding/output_guard.py).
 
-A run into a folder holding anything but `.parts/` and `logs/` (what a run refused by its input
-checks leaves: the lock, and the trackers' folder, opened before those checks) is refused in one
-line before anything is written (as run_clip's `--overwrite_output_dir`: a second command would overwrite `final/`, the
-metrics and `run.json`, and leave the other run's checkpoints for a later `--resume latest`),
-unless
+A run into a folder holding anything but `.parts/`, `logs/` and `logs_manifest.json` (what a run
+refused by its input checks leaves: the lock, and the trackers' files, opened before those checks)
+is refused in one line before anything is written (as run_clip's `--overwrite_output_dir`: a
+second command would overwrite `final/`, the metrics and `run.json`, and leave the other run's
+checkpoints for a later `--resume latest`), unless
 - `--resume`: it continues the run there, whose checkpoint, or `run.json` when it saved none
   yet, must record the same training configuration (training/checkpoint.py
-  `check_same_training`); or
+  `check_same_training`), and whose `final/` holds only the files `final_manifest.json` lists,
+  unchanged (the finish replaces them); or
 - `--overwrite-output-dir`: the earlier run's files above are deleted first, and only they: a
   folder holding anything else (a file the trainer does not write, a symlink, a file of
-  `final/` that `final_manifest.json` does not list) is refused, deleting nothing, as a build's
-  `--overwrite` is (builders/engine/sharding/build_files.py `discard_build`).
+  `final/` or `logs/` that `final_manifest.json` or `logs_manifest.json` does not list with its
+  current size and sha256: a user's note, a final README the user edited) is refused, deleting
+  nothing, as a build's `--overwrite` is (builders/engine/owned_files.py).
+
+The trackers' files are recorded when the run ends (`recorded_logs`): those written since the
+start, and those recorded before that are unchanged. A run killed (kill -9) before it ends leaves
+them unrecorded: `--overwrite-output-dir` then names them for the user to delete.
 """
 
 from __future__ import annotations
@@ -26,18 +32,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from builders.engine.errors import OutputError, UserFacingError
-from builders.engine.sharding.build_files import folder_contents
+from builders.engine.owned_files import refuse, remove_empty_folders, unowned
+from builders.engine.sharding.build_files import file_record, folder_contents
 from builders.engine.sharding.layout import PARTS_DIR
 from training.before_after import BEFORE_EMBEDDINGS, BEFORE_METRICS
 from training.checkpoint import STATE_FILE, check_same_training, find_checkpoint, read_fingerprint
 from training.checkpoint_files import CHECKPOINT_FILES, RNG
 from training.config import TrainConfig, training_fingerprint
-from training.final_files import MANIFEST, listed_files
+from training.final_files import MANIFEST, check_final_unchanged, listed_files
 
 log = logging.getLogger(__name__)
+
+#: The files the trackers wrote under `logs/`, with their size and sha256 (`recorded_logs`).
+LOGS_MANIFEST = "logs_manifest.json"
 
 #: Files the trainer writes at the top of --output.
 RUN_FILES = {
@@ -49,12 +61,12 @@ RUN_FILES = {
     BEFORE_METRICS,
     BEFORE_EMBEDDINGS,
     MANIFEST,
+    LOGS_MANIFEST,
 }
-#: Folders whose whole contents are the run's (a backend's saved model, the trackers' logs, the
-#: staging of final/).
-RUN_FOLDERS = {"best", "logs", "final.tmp"}
+#: Folders whose whole contents are the run's (a backend's saved model, the staging of final/).
+RUN_FOLDERS = {"best", "final.tmp"}
 #: What a run refused by its input checks leaves (not a run: a new one may start there).
-LEFTOVERS = {PARTS_DIR, "logs"}
+LEFTOVERS = {PARTS_DIR, "logs", LOGS_MANIFEST}
 CHECKPOINT = "checkpoints/step-"
 _NAMED = 5  # how many paths one error line names
 
@@ -66,6 +78,7 @@ def check_run_folder(cfg: TrainConfig, output: Path, fingerprint: dict) -> None:
     process runs it)."""
     if cfg.run.resume:
         check_resumable(cfg, output, fingerprint)
+        check_final_unchanged(output, "--resume")  # the finish replaces final/'s files
         return
     if cfg.run.overwrite_output_dir:
         run_files(output)  # raises on foreign files
@@ -105,14 +118,14 @@ def check_resumable(cfg: TrainConfig, output: Path, fingerprint: dict) -> None:
     check_same_training(record, saved, fingerprint)
 
 
-def _owned(rel: str, listed: set[str]) -> bool:
+def _owned_by_name(rel: str) -> bool:
+    """The files the trainer writes whole under fixed names (the run's record, results, a saved
+    model, a checkpoint's files), outside `final/` and `logs/`, which records list."""
     top = rel.split("/", 1)[0]
     if "/" not in rel:
         return rel in RUN_FILES or rel.endswith(".tmp")
     if top in RUN_FOLDERS:
         return True
-    if top == "final":
-        return rel.split("/", 1)[1] in listed
     parts = rel.split("/")
     return (
         rel.startswith(CHECKPOINT)
@@ -122,25 +135,63 @@ def _owned(rel: str, listed: set[str]) -> bool:
     )
 
 
+def _records(output: Path) -> dict[str, dict]:
+    """The files of `final/` and `logs/` the run recorded (by path under `output`), with their
+    size and sha256; a damaged record lists nothing (its files are then not known to be ours)."""
+    records: dict[str, dict] = {}
+    for manifest, folder in ((MANIFEST, "final"), (LOGS_MANIFEST, "logs")):
+        if (output / manifest).is_file():
+            try:
+                records.update({f"{folder}/{rel}": r for rel, r in listed_files(output / manifest).items()})
+            except UserFacingError:
+                pass
+    return records
+
+
 def run_files(output: Path) -> list[str]:
     """The files of the earlier run in `output` (relative paths, `.parts/` aside); one line
-    naming the others when it holds any."""
-    listed: set[str] = set()
-    if (output / MANIFEST).is_file():
-        try:
-            listed = set(listed_files(output / MANIFEST))
-        except UserFacingError:
-            pass  # a damaged manifest names nothing: final/'s files are then not known to be ours
+    naming the others when it holds any: a file no run writes, a symlink, a file of `final/` or
+    `logs/` that their manifest does not list with its current sha256 (`owned_files`)."""
     files, links = folder_contents(output)
-    foreign = [f"symlink {p}" for p in links] + [p for p in files if not _owned(p, listed)]
-    if foreign:
-        more = f" and {len(foreign) - _NAMED} more" if len(foreign) > _NAMED else ""
-        raise OutputError(
-            f"--overwrite-output-dir: {output} holds {len(foreign)} file(s) that no run wrote: "
-            f"{', '.join(foreign[:_NAMED])}{more}; nothing was deleted — move them out of the folder "
-            "(or delete them), or give a new --output"
-        )
+    recorded = [p for p in files if p.split("/", 1)[0] in ("final", "logs")]
+    found = [f"symlink {p}" for p in links]
+    found += [f"{p} (not written by a run)" for p in files if p not in recorded and not _owned_by_name(p)]
+    found += unowned(output, recorded, _records(output))
+    refuse("--overwrite-output-dir", output, found, f"{MANIFEST} or {LOGS_MANIFEST}")
     return files
+
+
+def tracker_files(output: Path) -> set[str]:
+    """The files under `logs/` now (relative to it): those a run's trackers write are the others."""
+    files, links = folder_contents(output / "logs") if (output / "logs").is_dir() else ([], [])
+    return set(files) | set(links)
+
+
+@contextmanager
+def recorded_logs(accelerator, output: Path) -> Iterator[None]:
+    """Around the run's trackers: when the run ends (finished or refused), close them and record
+    in `logs_manifest.json` the files they wrote under `logs/` (new since the start, or listed
+    before and unchanged), so `--overwrite-output-dir` deletes those and refuses any other."""
+    before = tracker_files(output) if accelerator.is_main_process else set()
+    try:
+        yield
+    finally:
+        for tracker in accelerator.trackers:  # again after `end_training`: closing twice is a no-op
+            tracker.finish()  # flushed and closed: the bytes recorded are the final ones
+        if accelerator.is_main_process:
+            _record_logs(output, before)
+
+
+def _record_logs(output: Path, before: set[str]) -> None:
+    logs = output / "logs"
+    files, _ = folder_contents(logs) if logs.is_dir() else ([], [])
+    previous = {rel.split("/", 1)[1]: r for rel, r in _records(output).items() if rel.startswith("logs/")}
+    kept = [rel for rel in files if rel in previous and not unowned(logs, [rel], previous)]
+    records = [previous[rel] for rel in kept] + [file_record(logs, rel) for rel in files if rel not in before]
+    if records or (output / LOGS_MANIFEST).exists():
+        tmp = output / (LOGS_MANIFEST + ".tmp")
+        tmp.write_text(json.dumps({"files": records}, indent=1))
+        os.replace(tmp, output / LOGS_MANIFEST)
 
 
 def clear_run_folder(output: Path) -> None:
@@ -149,9 +200,6 @@ def clear_run_folder(output: Path) -> None:
     files = run_files(output)
     for rel in files:
         (output / rel).unlink()
-    for dirpath, _, _ in sorted(os.walk(output), key=lambda w: -len(w[0])):
-        here = Path(dirpath)
-        if here != output and PARTS_DIR not in here.relative_to(output).parts and not any(here.iterdir()):
-            here.rmdir()
+    remove_empty_folders(output)
     if files:
         log.info("--overwrite-output-dir: deleted the %d files of the earlier run in %s", len(files), output)

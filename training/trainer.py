@@ -53,7 +53,7 @@ from training.leakage import check_eval_overlap, mark_overlapping
 from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
-from training.run_folder import check_run_folder, clear_run_folder
+from training.run_folder import check_run_folder, clear_run_folder, recorded_logs
 from training.run_records import published_record, read_jsonl, write_jsonl, write_results
 from training.zeroshot import prompt_sources, skip_counts
 
@@ -131,7 +131,11 @@ def run(cfg: TrainConfig) -> dict[str, float]:
         check_before_training(output)
     accelerator = make_accelerator(cfg, output)
     accelerator.wait_for_everyone()  # every process checked the folder before the main one writes
-    with _output_lock(accelerator, output), trusting_pickled_weights(cfg.run.trust_pickled_weights):
+    with (
+        _output_lock(accelerator, output),
+        trusting_pickled_weights(cfg.run.trust_pickled_weights),
+        recorded_logs(accelerator, output),  # ends the trackers, and records their files
+    ):
         return _locked_run(cfg, accelerator, output)
 
 

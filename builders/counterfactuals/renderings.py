@@ -46,11 +46,10 @@ from builders.counterfactuals.rendering_sources import (
 )
 from builders.engine.errors import UserFacingError
 from builders.engine.provenance import git_state
-from builders.engine.sharding.build_files import discard_build
+from builders.engine.sharding.build_records import add_pending, check_discardable, discard_build, write_card
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.merge import package_versions, write_manifest
 from builders.engine.sharding.output_guard import output_errors, output_lock
-from builders.engine.sharding.part_writer import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +127,7 @@ def combine(cfg: RenderingsConfig) -> RenderingsResult:
         with output_lock(layout):
             if cfg.overwrite:
                 discard_build(layout)
+            add_pending(layout, manifest["files"])  # a kill while copying leaves them the build's
             for copy in copies:
                 _place(copy, layout.root / copy.dest)
             _write_card_and_manifest(layout, manifest)
@@ -151,14 +151,10 @@ def _check_output(layout: OutputLayout, sources: list[RenderingSource], overwrit
         raise UserFacingError(
             f"--output {root} is not empty; choose a new folder, or add --overwrite to replace the build it holds"
         )
-    holds_build = layout.manifest.is_file() or (layout.parts.is_dir() and not layout.parts.is_symlink())
-    if found and not holds_build:
-        # --overwrite replaces a build, finished or interrupted (`discard_build` then refuses any
-        # file that is not the build's): a folder holding none is the user's, left untouched.
-        raise UserFacingError(
-            f"--output {root} is not empty and holds no build (found {found[0]!r}); --overwrite "
-            "replaces a build only — choose an empty or new --output folder"
-        )
+    if found:
+        # --overwrite replaces a build, finished or interrupted, and only its own files: a folder
+        # holding no build, or a file no record lists, is refused before anything is written.
+        check_discardable(layout)
 
 
 def _captions_source(sources: list[RenderingSource]) -> RenderingSource | None:
@@ -286,7 +282,7 @@ def _place(copy: _Copy, dest: Path) -> None:
 def _write_card_and_manifest(layout: OutputLayout, manifest: dict[str, Any]) -> None:
     from builders.publishing.card import render_card
 
-    atomic_write_bytes(layout.readme, render_card(manifest).encode())
+    write_card(layout, manifest, render_card(manifest))
     write_manifest(layout, manifest)  # last: its presence marks a finished build
 
 

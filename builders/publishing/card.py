@@ -16,9 +16,9 @@ from typing import Any
 import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from builders.engine.sharding.build_records import write_card as write_card_file
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.merge import record_files, write_manifest
-from builders.engine.sharding.part_writer import atomic_write_bytes
 from builders.viewer.card_figures import figures_markdown, write_card_figures
 
 
@@ -162,5 +162,5 @@ def write_card(layout: OutputLayout, manifest: dict[str, Any], written: set[str]
     """
     manifest["card_figures"] = write_card_figures(layout.root, manifest)
     record_files(layout, manifest, written | {figure["path"] for figure in manifest["card_figures"]})
-    atomic_write_bytes(layout.readme, render_card(manifest).encode())
+    write_card_file(layout, manifest, render_card(manifest))
     write_manifest(layout, manifest)

@@ -18,6 +18,8 @@ import pytest
 
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.up_to_date import invalidate
 
 from helpers.build_helpers import error_line, shard_digests
 from helpers.eccv_fixtures import package_json, write_test_image_root
@@ -47,11 +49,12 @@ def build(root: Path, out: Path, *extra: str) -> int:
 
 
 def crash_after(out: Path, finished: int) -> None:
-    """What a kill leaves behind: parts past `finished` without stats, no merged output."""
+    """What a kill leaves behind: parts past `finished` without stats, no merged output (the
+    manifest removed as a run removes it before building a part: its files stay listed)."""
     for stats in sorted((out / ".parts/stats").glob("part-*.json"))[finished:]:
         stats.unlink()
     shutil.rmtree(out / "data")
-    (out / "build_manifest.json").unlink()
+    invalidate(OutputLayout(out))
 
 
 @pytest.fixture
@@ -158,7 +161,7 @@ def test_eccv_resume_on_a_changed_coco_root_is_refused_naming_the_query(tmp_path
     stats = sorted((out / ".parts/stats").glob("part-*.json"))
     stats[0].unlink()  # a crash of another process: only part 0 unfinished
     shutil.rmtree(out / "data")
-    (out / "build_manifest.json").unlink()
+    invalidate(OutputLayout(out))
     instances = root / "annotations/instances_val2014.json"
     data = json.loads(instances.read_text())
     for ann in data["annotations"]:
@@ -186,6 +189,33 @@ def test_eccv_resume_on_a_changed_coco_root_is_refused_naming_the_query(tmp_path
         == 0
     )
     assert build_eccv(tmp_path / "fresh") == 0
+    assert shard_digests(out) == shard_digests(tmp_path / "fresh")
+
+
+def test_overwrite_and_the_merge_delete_only_the_files_the_build_lists(coco, tmp_path, capsys):
+    """#41 §1: a user's file beside a build (`data/extra.parquet`, not in the manifest) and a
+    card the user edited are never deleted: `--overwrite` on changed inputs refuses them by name,
+    deleting nothing; a re-merge leaves the unlisted file in place."""
+    out = tmp_path / "out"
+    assert build(coco, out) == 0
+    extra = out / "data" / "extra.parquet"
+    extra.write_bytes(next((out / "data").glob("test-*.parquet")).read_bytes())
+    assert build(coco, out, "--overwrite") == 0  # same inputs: merged again, extra left alone
+    assert extra.is_file()
+    edit_caption(coco, items_in_order(out)[0], "a completely different caption")
+    card = out / "README.md"
+    card.write_text(card.read_text() + "my notes\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".parts" not in p.parts}
+    capsys.readouterr()
+    assert build(coco, out, "--overwrite") == 2
+    line = error_line(capsys)
+    assert "data/extra.parquet (not listed)" in line and "README.md (changed since it was written)" in line
+    assert "nothing was deleted" in line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".parts" not in p.parts} == before
+    extra.unlink()
+    card.unlink()
+    assert build(coco, out, "--overwrite") == 0  # the build's own files only: discarded, rebuilt
+    assert build(coco, tmp_path / "fresh") == 0
     assert shard_digests(out) == shard_digests(tmp_path / "fresh")
 
 

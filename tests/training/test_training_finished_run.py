@@ -138,8 +138,9 @@ def test_overwrite_output_dir_deletes_only_the_earlier_runs_files(colors, tiny_m
     import shutil
 
     out = Path(shutil.copytree(finished, tmp_path / "run", symlinks=True))
-    # A file no run wrote, in the folder or in final/: refused, nothing deleted.
-    for stray in (out / "notes.txt", out / "final" / "extra.bin"):
+    # A file no run wrote, in the folder, in final/ or beside the trackers' logs (#41): refused,
+    # nothing deleted.
+    for stray in (out / "notes.txt", out / "final" / "extra.bin", out / "logs" / "my-notes.txt"):
         stray.write_text("mine")
         before = snapshot(out)
         line = refusal(
@@ -149,6 +150,18 @@ def test_overwrite_output_dir_deletes_only_the_earlier_runs_files(colors, tiny_m
         assert "nothing was deleted" in line
         assert snapshot(out) == before
         stray.unlink()
+    # A file the run wrote and the user then edited (#41 §2): refused by --overwrite-output-dir
+    # and by --resume (whose finish would replace it), nothing deleted or replaced.
+    card = out / "final" / "README.md"
+    written = card.read_bytes()
+    card.write_bytes(written + b"\nmy notes\n")
+    before = snapshot(out)
+    line = refusal(capsys, args(colors, tiny_models_dir, out, "--max-steps", "1", "--overwrite-output-dir"))
+    assert "final/README.md (changed since it was written)" in line and "nothing was deleted" in line
+    line = refusal(capsys, args(colors, tiny_models_dir, out, "--max-steps", "4", "--resume", "latest"))
+    assert line.startswith("counterfactory: error: --resume: ") and "README.md (changed since it was written)" in line
+    assert snapshot(out) == before
+    card.write_bytes(written)
     os.symlink("/etc/hostname", out / "checkpoints" / "link")
     line = refusal(capsys, args(colors, tiny_models_dir, out, "--max-steps", "1", "--overwrite-output-dir"))
     assert "symlink checkpoints/link" in line
@@ -164,6 +177,11 @@ def test_overwrite_output_dir_deletes_only_the_earlier_runs_files(colors, tiny_m
         == 0
     )
     assert not (out / "checkpoints").exists()
+    # The trackers' files: the earlier run's deleted, this run's recorded.
+    logs = json.loads((out / "logs_manifest.json").read_text())["files"]
+    assert logs and sorted(
+        p.relative_to(out / "logs").as_posix() for p in (out / "logs").rglob("*") if p.is_file()
+    ) == sorted(r["path"] for r in logs)
     assert [r["lr"] for r in read_jsonl(out / "loss.jsonl")] == [1e-3]
     assert json.loads((out / "run.json").read_text())["config"]["optim"]["lr"] == 1e-3
     assert (out / "final" / "model.safetensors").is_file()

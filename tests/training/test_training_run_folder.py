@@ -44,7 +44,7 @@ def colors(tmp_path_factory):
 
 
 def test_run_keeps_the_newest_checkpoints_logs_to_tensorboard_and_names_no_local_path(
-    colors, tiny_models_dir, tmp_path
+    colors, tiny_models_dir, tmp_path, capsys
 ):
     out = tmp_path / "run"
     assert (
@@ -96,6 +96,19 @@ def test_run_keeps_the_newest_checkpoints_logs_to_tensorboard_and_names_no_local
         == 0
     )
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000005", "step-00000006"]
+    # A file put into a checkpoint that the rotation would delete (#41): refused in one line
+    # naming it, and the folder kept.
+    notes = out / "checkpoints" / "step-00000005" / "notes.txt"
+    notes.write_text("mine")
+    capsys.readouterr()
+    resume = tiny_args(
+        colors, tiny_models_dir, out, "--max-steps", "7", "--save-every", "1", "--keep-checkpoints", "2"
+    )
+    assert train_main([*resume, "--resume", "latest"]) == 2
+    err = capsys.readouterr().err  # the error follows the progress bar's last `\r` frame
+    (line,) = [ln[ln.index("counterfactory: error:") :] for ln in err.splitlines() if "counterfactory: error:" in ln]
+    assert str(notes) in line and "nothing was" in line
+    assert notes.read_text() == "mine" and (out / "checkpoints" / "step-00000005" / "model.safetensors").is_file()
 
 
 def test_a_second_run_into_a_locked_output_is_refused_before_writing(colors, tiny_models_dir, tmp_path, capsys):

@@ -125,17 +125,22 @@ def test_a_second_push_leaves_the_repo_holding_only_the_new_model(
     assert set(api.list_repo_files(repo_id, repo_type="model")) - {".gitattributes"} == _manifest_paths(out)
 
 
-def test_a_symlink_under_a_model_file_name_is_replaced_not_written_through(colors, tiny_models_dir, tmp_path):
+def test_a_symlink_under_a_model_file_name_is_refused_not_written_through(colors, tiny_models_dir, tmp_path, capsys):
     out = tmp_path / "run"
     outside = tmp_path / "outside.json"
     outside.write_text(SECRET)
     assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "1")) == 0
-    # Planted in the finished run's final/, which the continued run saves again.
-    (out / "final" / "config.json").unlink()
-    (out / "final" / "config.json").symlink_to(outside)
-    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "2", "--resume", "latest")) == 0
-    assert outside.read_text() == SECRET
+    # Planted in the finished run's final/, which the continued run would save again: refused
+    # before it trains, naming it (#41: a file is replaced only as the run wrote it).
     config = out / "final" / "config.json"
+    config.unlink()
+    config.symlink_to(outside)
+    capsys.readouterr()
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "2", "--resume", "latest")) == 2
+    assert "symlink config.json" in capsys.readouterr().err
+    assert outside.read_text() == SECRET and config.is_symlink()
+    config.unlink()  # removed: the continued run writes the file again
+    assert train_main(tiny_args(colors, tiny_models_dir, out, "--max-steps", "2", "--resume", "latest")) == 0
     assert not config.is_symlink() and "model_type" in json.loads(config.read_text())
     assert "config.json" in _manifest_paths(out)
 

@@ -3,28 +3,26 @@
 The merge records every data file it wrote (shards, card figures) in `build_manifest.json` under
 `files`, with its size and sha256. Those files, the card (`README.md`) and the manifest itself are
 the whole build: `publish` sends exactly them, after checking each is a regular file inside the
-folder with the recorded size and digest, and `--overwrite` deletes exactly the old build.
+folder with the recorded size and digest, and `--overwrite` deletes exactly the old build
+(`build_records`, which also records the card and files put in place before the manifest).
 
 Beside them a build folder holds only the build's bookkeeping (`.parts/`, and `*.tmp` files an
 interrupted write left, which the next run removes). Anything else — a symlink (to a secret or
 not), a dotfile such as `.env`, a stray file — is never published and never deleted: both refuse
-with one line naming it, so the user decides what it is. (The merge's own folders are the
-exception for `--overwrite`: every merge replaces `figures/` and the parquet files under `data/`.)
+with one line naming it, so the user decides what it is.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any, Iterator
 
 from builders.engine.errors import UserFacingError
 from builders.engine.repo_paths import repo_path_problem
-from builders.engine.sharding.layout import MANIFEST, PARTS_DIR, OutputLayout
+from builders.engine.sharding.layout import MANIFEST, PARTS_DIR
 
 #: The manifest key listing the build's data files.
 FILES = "files"
@@ -145,51 +143,3 @@ def changed_since_build(path: Path) -> UserFacingError:
         f"{path} changed since the build (its size or sha256 differs from "
         "build_manifest.json); re-run the build command to rebuild it"
     )
-
-
-def discard_build(layout: OutputLayout) -> None:
-    """Delete the build in `layout` for `--overwrite`; refuse (deleting nothing) on foreign files.
-
-    The build's files are what its manifest lists, the card, the manifest, every shard and figure
-    the merge owns (a killed merge may have renamed them into place before listing them) and the
-    bookkeeping. The lock this build holds stays.
-    """
-    root = layout.root
-    listed: set[str] = set()
-    if layout.manifest.is_file():
-        try:
-            listed = set(listed_paths(json.loads(layout.manifest.read_text()), root))
-        except (ValueError, AttributeError, UserFacingError):
-            pass  # a damaged manifest names nothing; the merge-owned patterns below still apply
-    files, links = folder_contents(root)
-
-    def owned(rel: str) -> bool:
-        top = rel.split("/", 1)[0]
-        return (
-            rel in listed
-            or rel in (CARD, MANIFEST)
-            or is_bookkeeping(rel)
-            or (top == "data" and rel.endswith(".parquet"))
-            or top == "figures"
-        )
-
-    foreign = [f"symlink {p}" for p in links] + [p for p in files if not owned(p)]
-    if foreign:
-        raise UserFacingError(
-            f"--overwrite: {root} holds {len(foreign)} file(s) that are not part of its build: "
-            f"{_names(foreign)}; nothing was deleted — move them out of the folder (or delete "
-            "them), then re-run"
-        )
-    for rel in files:
-        (root / rel).unlink()
-    for path in layout.parts.iterdir():  # all but the lock this build holds
-        if path != layout.lock_file:
-            _remove_tree(path)
-    for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
-        here = Path(dirpath)
-        if here != root and PARTS_DIR not in here.relative_to(root).parts and not any(here.iterdir()):
-            here.rmdir()
-
-
-def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()

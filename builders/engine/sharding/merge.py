@@ -31,6 +31,8 @@ from builders.engine.errors import UserFacingError
 from builders.engine.provenance import git_state, portable
 from builders.engine.sharding.base import BuildInfo, OutputSpec
 from builders.engine.sharding.build_files import FILES, file_record
+from builders.engine.owned_files import unowned
+from builders.engine.sharding.build_records import add_pending, build_records, clear_pending
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.part_files import PART_FILES, load_stats, part_tables
 from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_json
@@ -148,14 +150,33 @@ def _write_output_shards(
 
 
 def _remove_stale_shards(layout: OutputLayout, keep: set[str]) -> None:
+    """Delete the shards of an earlier merge that this one did not rewrite: those its records
+    list unchanged (`build_records`); any other parquet file under `data/` is left in place and
+    named (publish refuses the folder until the user moves it)."""
     data = layout.root / "data"
     if not data.exists():
         return
-    for path in data.rglob("*.parquet"):
+    records = build_records(layout) or {}
+    for path in sorted(data.rglob("*.parquet")):
         rel = path.relative_to(layout.root).as_posix()
-        if rel not in keep:
+        if rel in keep:
+            continue
+        if unowned(layout.root, [rel], records):
+            log.warning("%s is not a shard this build recorded (or it changed): left in place", path)
+        else:
             log.info("removing stale shard %s", rel)
             path.unlink()
+
+
+def _list_pending(layout: OutputLayout, shards: list[_Shards]) -> None:
+    """List the new shards before they are renamed into place: a merge killed half-way leaves
+    them the build's (`build_records`), for a later --overwrite to delete."""
+    records = [
+        {**file_record(layout.root, tmp.relative_to(layout.root).as_posix()), "path": name}
+        for output in shards
+        for tmp, name in zip(output.tmp, output.names, strict=True)
+    ]
+    add_pending(layout, records)
 
 
 def _aggregate(stats: Sequence[dict[str, Any]], field: str) -> dict[str, int]:
@@ -212,6 +233,7 @@ def merge_parts(
             path.unlink(missing_ok=True)
         raise
     invalidate(layout)  # until the new manifest is written, last, this is no finished build
+    _list_pending(layout, list(shards.values()))
     outputs_manifest: dict[str, Any] = {}
     keep: set[str] = set()
     for spec in outputs:
@@ -273,5 +295,6 @@ def record_files(layout: OutputLayout, manifest: dict[str, Any], written: set[st
 
 def write_manifest(layout: OutputLayout, manifest: dict[str, Any]) -> None:
     """Write the manifest: the last file of a merge, whose presence marks a finished build (a
-    re-run with nothing to do relies on it: `up_to_date`)."""
+    re-run with nothing to do relies on it: `up_to_date`). It lists the build's files from now on."""
     atomic_write_json(layout.manifest, manifest)
+    clear_pending(layout)

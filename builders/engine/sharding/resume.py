@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from builders.engine.errors import UserFacingError
 from builders.engine.sharding.base import ShardedBuilder
-from builders.engine.sharding.build_files import discard_build
+from builders.engine.sharding.build_records import discard_build
 from builders.engine.sharding.inputs import changed_items
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.part_files import BookkeepingError, load_stats, read_inside

@@ -26,6 +26,7 @@ from typing import Any
 from builders import __version__
 from builders.engine.errors import UserFacingError
 from builders.engine.sharding.build_files import FILES, listed_paths
+from builders.engine.sharding.build_records import carry_manifest
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.part_files import read_inside
 
@@ -34,7 +35,9 @@ log = logging.getLogger(__name__)
 
 def invalidate(layout: OutputLayout) -> None:
     """Remove the manifest before a part or shard is (re)written: until the merge writes it again,
-    the folder is not a finished build (for a re-run, and for `publish`)."""
+    the folder is not a finished build (for a re-run, and for `publish`). The files it listed stay
+    listed, as pending (`build_records`)."""
+    carry_manifest(layout)
     layout.manifest.unlink(missing_ok=True)
 
 

@@ -23,6 +23,7 @@ from datasets import load_dataset
 from huggingface_hub import hf_hub_download
 
 from builders.app.cli import main as cli_main
+from builders.counterfactuals import renderings
 from builders.counterfactuals.generators import GENERATORS
 from builders.counterfactuals.renderings import wilson_interval
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
@@ -223,11 +224,54 @@ def test_overwrite_replaces_a_combined_build(builds, tmp_path, capsys):
     listed = {f["path"] for f in manifest(out)["files"]}
     on_disk = {p for p in tree(out) if not p.startswith(".parts/")} - {"README.md", "build_manifest.json"}
     assert on_disk == listed
-    # A combine killed before its manifest (written last) is replaced the same way.
-    (out / "build_manifest.json").unlink()
+    # A combine killed before its manifest (written last) is replaced the same way: its files
+    # are listed as pending (.parts/written.json) from before they are copied.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(renderings, "write_manifest", _killed)
+        with pytest.raises(KeyboardInterrupt):
+            combine(out, builds["sd15"], builds["sdxl"], extra=("--overwrite",))
+    assert not (out / "build_manifest.json").exists()
     assert "not empty" in refused(capsys, out, builds["sd15"], builds["sdxl"])
     assert combine(out, builds["sd15"], builds["sdxl"], extra=("--overwrite",)) == 0
     assert manifest(out)["config"]["generators"] == ["sd15", "sdxl"]
+
+
+def _killed(*args):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.e2e
+def test_overwrite_deletes_only_the_files_the_combined_build_lists(builds, tmp_path, capsys):
+    """Issue #41 §1: a file beside the build (not in its manifest), a listed file the user
+    edited, and folders holding no build at all are refused by name, deleting nothing."""
+    out = tmp_path / "cf"
+    assert combine(out, builds["sd15"], builds["sdxl"]) == 0
+    extra = out / "data" / "sd15" / "extra.parquet"
+    extra.write_bytes((out / "data" / "sd15" / Path(SHARD).name).read_bytes())
+    line = refused(capsys, out, builds["sd15"], builds["sdxl"], extra=("--overwrite",))
+    assert "data/sd15/extra.parquet (not listed)" in line and "nothing was deleted" in line
+    extra.unlink()
+    card = out / "README.md"
+    card.write_text(card.read_text() + "my notes\n")
+    line = refused(capsys, out, builds["sd15"], builds["sdxl"], extra=("--overwrite",))
+    assert "README.md (changed since it was written)" in line
+    card.unlink()  # a listed file that is gone is nothing to delete
+    assert combine(out, builds["sd15"], builds["sdxl"], extra=("--overwrite",)) == 0
+
+    # Folders holding no build: a manifest of `{}` beside a user's parquet file; an empty
+    # `.parts/` beside a figure.
+    mine = tmp_path / "mine"
+    (mine / "data").mkdir(parents=True)
+    (mine / "data" / "mine.parquet").write_bytes(b"PAR1 mine")
+    (mine / "build_manifest.json").write_text("{}")
+    line = refused(capsys, mine, builds["sd15"], builds["sdxl"], extra=("--overwrite",))
+    assert str(mine) in line and "holds no build" in line
+    plots = tmp_path / "plots"
+    (plots / ".parts").mkdir(parents=True)
+    (plots / "figures").mkdir()
+    (plots / "figures" / "plot.png").write_bytes(b"\x89PNG mine")
+    line = refused(capsys, plots, builds["sd15"], builds["sdxl"], extra=("--overwrite",))
+    assert str(plots) in line and "holds no build" in line and "figures/plot.png" in line
 
 
 @pytest.mark.e2e
