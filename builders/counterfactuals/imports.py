@@ -133,7 +133,7 @@ class ImportStage:
     ) -> None:
         self.source, self.scorer, self.images, self.config = source, scorer, images, config
         self.output, self.clip_model = output, clip_model
-        self._part_bytes = 0  # the image bytes read for the part `run` is on
+        self._part_bytes = 0  # the image bytes of the rows of the part `run` is on
 
     def run(self, items: Sequence[ImportItem]) -> Iterator[Emit | Skip | Count]:
         """The rows of one part (`items`: the runner calls this once per part)."""
@@ -159,13 +159,13 @@ class ImportStage:
                 continue
             try:
                 data = [self.source.read(ref_0), self.source.read(ref_1)]
-                self._part_bytes += len(data[0]) + len(data[1])
                 pixels = [self._checked(ref_0, data[0]), self._checked(ref_1, data[1])]
                 if self.config.strip_metadata:
                     data = [self._stripped(ref_0, data[0]), self._stripped(ref_1, data[1])]
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=f"id {item.id!r}: {err}")
                 continue
+            self._part_bytes += len(data[0]) + len(data[1])  # held until the part is written
             loaded.append((item, data, pixels))
         if not loaded:
             return
