@@ -6,41 +6,19 @@ file's. The card says which, and `counterfactory show` flags the images with a G
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image
 
 from builders.app.cli import main as cli_main
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 
 from helpers.gallery_helpers import page_records, show
+from helpers.image_metadata_helpers import add_gps, assert_stripped_of
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
-
-GPS_IFD = 0x8825
-
-
-def with_gps(root: Path) -> dict[str, bytes]:
-    """Every JPEG of the fixture re-saved with a camera, a GPS position and a comment (as a phone
-    writes them); file name -> bytes."""
-    files = {}
-    for path in sorted(root.rglob("*.jpg")):
-        with Image.open(path) as img:
-            pixels = img.convert("RGB")
-        ex = Image.Exif()
-        ex[0x0110] = "PhoneCam 3"
-        gps = ex.get_ifd(GPS_IFD)
-        gps[1], gps[2] = "N", (52.0, 31.0, 12.0)
-        buf = io.BytesIO()
-        pixels.save(buf, "JPEG", quality=90, exif=ex, comment=b"at home")
-        path.write_bytes(buf.getvalue())
-        files[path.name] = buf.getvalue()
-    return files
 
 
 def build(coco: Path, out: Path, *extra: str) -> list[dict]:
@@ -54,8 +32,7 @@ def build(coco: Path, out: Path, *extra: str) -> list[dict]:
 def test_strip_metadata_of_coco_jpegs(tmp_path):
     coco = tmp_path / "coco"
     write_coco_fixture(coco, CocoFixtureConfig())
-    sources = with_gps(coco)
-    by_bytes = {data: name for name, data in sources.items()}
+    by_bytes = add_gps(coco)
 
     kept = build(coco, tmp_path / "kept")
     assert kept and all(r["image"]["bytes"] in by_bytes for r in kept)  # the files, EXIF and all
@@ -64,11 +41,7 @@ def test_strip_metadata_of_coco_jpegs(tmp_path):
     stripped = build(coco, tmp_path / "stripped", "--strip-metadata")
     assert len(stripped) == len(kept)
     for before, after in zip(kept, stripped, strict=True):
-        source = Image.open(io.BytesIO(before["image"]["bytes"]))
-        stored = Image.open(io.BytesIO(after["image"]["bytes"]))
-        assert source.getexif().get_ifd(GPS_IFD) and source.info.get("comment")
-        assert stored.format == "JPEG" and dict(stored.getexif()) == {} and "comment" not in stored.info
-        assert np.array_equal(np.asarray(stored), np.asarray(source))
+        assert_stripped_of(after["image"]["bytes"], before["image"]["bytes"])
     assert "Image metadata: stripped." in (tmp_path / "stripped" / "README.md").read_text()
 
     assert show(tmp_path / "kept", "--output", tmp_path / "gallery", "--config", "default") == 0
