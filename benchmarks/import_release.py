@@ -13,8 +13,12 @@ and model loading do not count against the rate:
 2. the CLIP filter's scores with CLIP ViT-L/14 at its real size (random weights,
    `builders.models.production_configs`: the real compute, no download), on `--device`.
 Memory must not grow with the number of pairs (target: peak RSS ratio <= 1.3 between the sizes).
+3. A hostile zip (issue 41): the same pairs with each image padded by 120 MiB of zeros (a zip of
+   a few MB, deflated), unscored, against the clean zip of those pairs: each member is over
+   `--max-image-bytes` and counted unread, so the peak RSS must not grow (target: ratio <= 1.3;
+   before the bound, 8 such members asked pyarrow for a 587 MB buffer).
 Run: `python benchmarks/import_release.py [--pairs 256 2048] [--scored-pairs 16 48]
-[--device cpu|cuda] [--keep DIR]`.
+[--padded-pairs 8] [--device cpu|cuda] [--keep DIR]`.
 """
 
 from __future__ import annotations
@@ -79,12 +83,14 @@ def _jpeg(seed: int, size: int = 512) -> bytes:
     return buf.getvalue()
 
 
-def synthetic_release(root: Path, pairs: int) -> tuple[Path, Path, float]:
-    """(pairs .jsonl, images.zip, mean bytes per image) of `pairs` pairs."""
+def synthetic_release(root: Path, pairs: int, pad: int = 0) -> tuple[Path, Path, float]:
+    """(pairs .jsonl, images.zip, mean bytes per image) of `pairs` pairs; `pad` zero bytes after
+    each image (deflated: the zip stays small)."""
     root.mkdir(parents=True, exist_ok=True)
     pool = [_jpeg(seed) for seed in range(POOL)]
     jsonl, zpath = root / "examples.jsonl", root / "images.zip"
-    with open(jsonl, "w") as f, zipfile.ZipFile(zpath, "w", zipfile.ZIP_STORED) as zf:
+    compression = zipfile.ZIP_DEFLATED if pad else zipfile.ZIP_STORED
+    with open(jsonl, "w") as f, zipfile.ZipFile(zpath, "w", compression) as zf:
         for i in range(pairs):
             old, new = WORDS[i % len(WORDS)], WORDS[(i * 7 + 3) % len(WORDS)]
             new = new if new != old else WORDS[(i + 1) % len(WORDS)]
@@ -100,8 +106,19 @@ def synthetic_release(root: Path, pairs: int) -> tuple[Path, Path, float]:
                 + "\n"
             )
             for n in (0, 1):
-                zf.writestr(f"images/{row_id}_img_{n}.jpg", pool[(2 * i + n) % POOL])
-    return jsonl, zpath, sum(map(len, pool)) / POOL
+                with zf.open(f"images/{row_id}_img_{n}.jpg", "w", force_zip64=pad > 0) as member:
+                    member.write(pool[(2 * i + n) % POOL])
+                    _write_zeros(member, pad)
+    return jsonl, zpath, sum(map(len, pool)) / POOL + pad
+
+
+def _write_zeros(f, n: int) -> None:
+    """`n` zero bytes, 1 MiB at a time: this process never holds a padded image (a child's peak
+    RSS, ru_maxrss, starts from its parent's at the fork)."""
+    chunk = bytes(1 << 20)
+    while n > 0:
+        f.write(chunk[: min(n, len(chunk))])
+        n -= len(chunk)
 
 
 def production_clip(folder: Path) -> Path:
@@ -134,10 +151,11 @@ def build_once(argv: list[str]) -> dict:
     }
 
 
-def measure(work: Path, pairs: int, clip: Path | None, device: str) -> dict:
-    """One import build of `pairs` pairs in a fresh process: scored by `clip`, or not at all."""
-    jsonl, zpath, image_bytes = synthetic_release(work / f"release-{pairs}", pairs)
-    out = work / f"out-{pairs}-{'vitl14' if clip else 'unscored'}"
+def measure(work: Path, pairs: int, clip: Path | None, device: str, pad: int = 0) -> dict:
+    """One import build of `pairs` pairs in a fresh process: scored by `clip`, or not at all;
+    with `pad`, every image is over --max-image-bytes and no pair is kept."""
+    jsonl, zpath, image_bytes = synthetic_release(work / f"release-{pairs}-{pad}", pairs, pad)
+    out = work / f"out-{pairs}-{pad}-{'vitl14' if clip else 'unscored'}"
     shutil.rmtree(out, ignore_errors=True)
     argv = [
         "build",
@@ -153,6 +171,7 @@ def measure(work: Path, pairs: int, clip: Path | None, device: str) -> dict:
         "--device",
         device,
         *(["--clip-filter-model", str(clip)] if clip else ["--no-clip-scores"]),
+        *(["--max-error-fraction", "1"] if pad else []),
     ]
     env = dict(os.environ)
     if (REPO / ".nltk_data").is_dir():  # the captions' word comparison tokenizes with NLTK
@@ -166,7 +185,7 @@ def measure(work: Path, pairs: int, clip: Path | None, device: str) -> dict:
     )
     result = json.loads(child.stdout.strip().splitlines()[-1])
     rows = json.loads((out / "build_manifest.json").read_text())["outputs"]["default/test"]["rows"]
-    assert rows == pairs, (rows, pairs)
+    assert rows == (0 if pad else pairs), (rows, pairs)
     return {**result, "pairs": pairs, "zip_mb": zpath.stat().st_size / 1e6, "image_kb": image_bytes / 1e3}
 
 
@@ -210,6 +229,9 @@ def main() -> None:
         metavar=("SMALL", "LARGE"),
         help="pairs of the two imports scored with CLIP ViT-L/14 (0 0: skip)",
     )
+    parser.add_argument(
+        "--padded-pairs", type=int, default=8, help="pairs of the hostile zip, clean and padded (0: skip)"
+    )
     parser.add_argument("--device", default="cpu", help="where CLIP runs (cpu, cuda)")
     parser.add_argument("--keep", type=Path, default=None, help="write the releases and builds here")
     parser.add_argument("--build-once", default=None, help=argparse.SUPPRESS)
@@ -223,6 +245,8 @@ def main() -> None:
         unscored = [measure(work, n, None, args.device) for n in args.pairs]
         clip = production_clip(work / "clip-vit-l-14") if any(args.scored_pairs) else None
         scored = [measure(work, n, clip, args.device) for n in args.scored_pairs] if clip else []
+        n = args.padded_pairs
+        padded = [measure(work, n, None, args.device, pad) for pad in (0, 120 << 20)] if n else []
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -235,6 +259,13 @@ def main() -> None:
     report("unscored (--no-clip-scores)", *unscored)
     if scored:
         report("scored (CLIP ViT-L/14, real size)", *scored)
+    if padded:
+        clean, hostile = padded
+        print(
+            f"padded: {hostile['pairs']} pairs of images + 120 MiB of zeros (zip {hostile['zip_mb']:.1f} MB): "
+            f"peak RSS {hostile['peak_rss_mb']:.0f} MB against {clean['peak_rss_mb']:.0f} MB for the clean "
+            f"zip, ratio {hostile['peak_rss_mb'] / clean['peak_rss_mb']:.2f}x (target <= 1.3)"
+        )
 
 
 if __name__ == "__main__":

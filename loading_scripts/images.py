@@ -28,7 +28,8 @@ those RGB pixels from them: a single-frame 8-bit RGB JPEG or PNG, no transparenc
 (`datasets` turns an image by its EXIF Orientation when it decodes it; the annotations are in the
 file's own pixels) and no more than `stored_bytes_bound` bytes (trailing data is not published).
 Any other image (one the policy converted, 16-bit colour, WebP, TIFF, ...) is stored as its
-converted RGB pixels in PNG, lossless. Images a builder generates stay PNG too (datasets' encoding
+converted RGB pixels in PNG, lossless. The bytes as read keep the file's metadata (EXIF, a GPS
+position included) unless the build's `--strip-metadata` drops it (`loading_scripts/image_metadata.py`). Images a builder generates stay PNG too (datasets' encoding
 of a PIL image).
 """
 
@@ -48,6 +49,8 @@ from PIL import ExifTags, Image, UnidentifiedImageError
 from builders.engine.errors import InputFileError
 from builders.engine.option_types import positive_int
 from builders.engine.options import option
+from loading_scripts.image_metadata import MetadataNotStripped
+from loading_scripts.image_metadata import strip_metadata as strip_metadata_of
 
 #: Default of `--max-image-pixels`: 40 Mpx (about 120 MB of decoded RGB), 60 times a COCO image
 #: and below PIL's own bomb limit (89.5 Mpx), so a small file that decodes to gigabytes is refused.
@@ -94,11 +97,17 @@ class CheckedImage:
     pixels: Image.Image
     as_read: bytes | None
 
-    def cell(self) -> dict[str, Any]:
+    def cell(self, strip_metadata: bool = False) -> dict[str, Any]:
         """What a `datasets.Image()` column stores for it: the bytes as read, else the pixels as
-        PNG (encoded as datasets encodes a PIL image, so converted images are stored as before)."""
+        PNG (encoded as datasets encodes a PIL image, so converted images are stored as before).
+        With `strip_metadata` (`--strip-metadata`) the bytes as read lose their EXIF, XMP and
+        comments (`image_metadata.strip_metadata`, lossless); a file whose segments cannot be
+        rewritten is stored as its pixels in PNG, which carries none."""
         if self.as_read is not None:
-            return {"bytes": self.as_read, "path": None}
+            try:
+                return {"bytes": strip_metadata_of(self.as_read) if strip_metadata else self.as_read, "path": None}
+            except MetadataNotStripped:
+                pass
         buf = io.BytesIO()
         self.pixels.save(buf, format="PNG")
         return {"bytes": buf.getvalue(), "path": None}

@@ -57,7 +57,7 @@ class CocoCaptionsBuilder:
                 # The annotated size must hold: the boxes are in its pixels.
                 image = check_image(
                     rec.path, max_pixels=self.config.max_image_pixels, expected_size=(rec.width, rec.height)
-                ).cell()
+                ).cell(self.config.strip_metadata)
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=str(err))
                 continue

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from builders.engine.option_types import positive_int
 from builders.engine.options import option
+from loading_scripts.image_metadata import strip_metadata_option
 from loading_scripts.images import max_image_pixels_option
 
 #: Karpathy's splits of COCO, the choices of `--splits`.
@@ -26,3 +27,6 @@ class CocoCaptionsConfig:
     max_images: int | None = option(None, "first N images per split", type=positive_int)
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
     max_image_pixels: int = max_image_pixels_option()
+    #: Drop the source images' EXIF (GPS included), XMP and comments, losslessly (their bytes
+    #: are stored as read otherwise: `loading_scripts/images.py`).
+    strip_metadata: bool = strip_metadata_option()

@@ -189,7 +189,7 @@ class CocoCounterfactualsBuilder:
         if self._images is None:
             imp = self.config.image_import
             assert imp is not None
-            source = open_source(imp.images_from)
+            source = open_source(imp.images_from, imp.max_image_bytes)
             layout = pattern_layout(imp.pattern) if imp.pattern else detect_layout(source, imp.layout)
             self._images = source, layout
         return self._images

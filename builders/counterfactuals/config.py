@@ -16,10 +16,13 @@ from builders.engine.option_types import fraction, non_negative_int, positive_in
 from builders.engine.options import option
 from builders.engine.precision import dtype_option
 from builders.models.profiles import tiny_preset
+from loading_scripts.image_metadata import strip_metadata_option
 from loading_scripts.images import max_image_pixels_option
 
 #: What `--stage` builds: caption pairs, image pairs of an earlier captions build, or both.
 STAGES = ("captions", "images", "all")
+#: Default of `--max-image-bytes` (an imported image file's bound).
+DEFAULT_MAX_IMAGE_BYTES = 16 << 20
 #: Model roles, one `--<role>-model` flag each.
 MODEL_ROLES = ("mlm", "lm", "sentence", "sd", "clip_filter")
 #: The models of each stage (the rest of `MODEL_ROLES` is unused by that stage).
@@ -236,6 +239,20 @@ class ImageImportConfig:
         "drop imported pairs failing --filters at their thresholds (default: the CLIP "
         "scores are recorded, every pair is kept)",
     )
+    #: Skip (count `image_too_large`) image files of more bytes, unread: far above a real image
+    #: (the release's 512 x 512 JPEGs average 183 kB; a 2048 x 2048 photo PNG is about 8 MB), so
+    #: a member padded to hundreds of MB cannot take the memory (a part also has a bound:
+    #: `imports.PART_IMAGE_BYTES`).
+    max_image_bytes: int = option(
+        DEFAULT_MAX_IMAGE_BYTES,
+        "skip (and count as image_too_large) an image file of more bytes, unread (default %(default)s, "
+        "about 90 times the release's average image)",
+        type=positive_int,
+        metavar="N",
+    )
+    #: Drop the images' metadata (EXIF with its GPS position, XMP, comments) losslessly before
+    #: storing them (`loading_scripts/image_metadata.py`); off: stored byte for byte.
+    strip_metadata: bool = strip_metadata_option()
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
     max_image_pixels: int = max_image_pixels_option()
 

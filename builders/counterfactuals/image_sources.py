@@ -18,7 +18,9 @@ NUL or an absolute name is never looked up (`climbs`). In a folder every name is
 `ContainedPaths`, so a symlink out is refused (`path_outside_root`) before anything is opened. In
 a zip only members with plain relative names are indexed: a member named with `..`, absolutely,
 with a backslash or NUL, a symlink member, or a name held by two members is never read (counted
-in `ZipSource.ignored`). An image file over `MAX_IMAGE_FILE_BYTES` is `image_too_large`, unread.
+in `ZipSource.ignored`). An image file of more than the source's `max_bytes` (`--max-image-bytes`)
+is `image_too_large`, unread (a zip member's bytes are also counted as they are read: its header
+may understate them).
 
 `digest()` is what the card names: the zip's sha256, or for a folder a sha256 over every file's
 sha256 and relative name (symlinks by their link text, never followed).
@@ -57,10 +59,6 @@ _STEMS = {
 #: also `{id}_0` with the id `x_img`, and is taken for the release's).
 _RELEASE_FILE = re.compile(r".+_img_[01]\.(jpg|png)")
 _NUMBERED_FILE = re.compile(r".+_[01]\.(jpg|png)")
-#: Far above a 512 x 512 JPEG (the release's: 183 kB on average) and any image under the
-#: pixel bound: a larger file is `image_too_large` without being read, so one hostile member
-#: cannot take the memory.
-MAX_IMAGE_FILE_BYTES = 256 << 20
 #: Folders a zip tool adds beside the content (macOS), never a layout's top-level folder.
 _NOT_CONTENT = ("__MACOSX",)
 _FIX_LAYOUT = (
@@ -183,19 +181,20 @@ def _layouts_at(source: "FolderSource | ZipSource", base: str) -> set[str]:
     return found
 
 
-def _read_bounded(f: Any, name: str) -> bytes:
-    data = f.read(MAX_IMAGE_FILE_BYTES + 1)
-    if len(data) > MAX_IMAGE_FILE_BYTES:
-        raise _too_large(name, len(data))
+def _read_bounded(f: Any, name: str, max_bytes: int) -> bytes:
+    data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise _too_large(name, len(data), max_bytes)
     return data
 
 
-def _too_large(name: str, size: int) -> ImageProblem:
+def _too_large(name: str, size: int, max_bytes: int) -> ImageProblem:
+    """An image file over `--max-image-bytes`: counted `image_too_large`, never kept."""
     return ImageProblem(
         name,
         "image_too_large",
-        f"the file has {size:,} bytes, more than any image under the pixel bound ({MAX_IMAGE_FILE_BYTES:,})",
-        "check the file; it was not read",
+        f"the file has {size:,} bytes or more, above --max-image-bytes ({max_bytes:,})",
+        "check the file (it was not kept), or raise --max-image-bytes",
     )
 
 
@@ -204,8 +203,8 @@ class FolderSource:
 
     kind = "folder"
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root, self.max_bytes = root, max_bytes
         self.label = root.name
         self.paths = ContainedPaths(root)
 
@@ -234,12 +233,14 @@ class FolderSource:
         return ImageRef(name, st.st_size) if stat.S_ISREG(st.st_mode) else None
 
     def read(self, ref: ImageRef) -> bytes:
+        if ref.size > self.max_bytes:
+            raise _too_large(ref.name, ref.size, self.max_bytes)
         path = self.paths.resolve(ref.name)  # again: the folder may have changed since
         try:
             # O_NOFOLLOW: a file swapped for a symlink since it was resolved is not followed.
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as f:
-                return _read_bounded(f, ref.name)
+                return _read_bounded(f, ref.name, self.max_bytes)
         except OSError as err:
             raise ImageProblem(
                 ref.name, "unreadable_image", f"cannot read the file ({err.strerror})", "check the image folder"
@@ -278,8 +279,8 @@ class ZipSource:
 
     kind = "zip"
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path, self.max_bytes = path, max_bytes
         self.label = path.name
         try:
             self.zip = zipfile.ZipFile(path)
@@ -322,11 +323,11 @@ class ZipSource:
 
     def read(self, ref: ImageRef) -> bytes:
         info = self.index[ref.name]
-        if info.file_size > MAX_IMAGE_FILE_BYTES:
-            raise _too_large(ref.name, info.file_size)
+        if info.file_size > self.max_bytes:
+            raise _too_large(ref.name, info.file_size, self.max_bytes)
         try:
             with self.zip.open(info) as f:
-                return _read_bounded(f, ref.name)
+                return _read_bounded(f, ref.name, self.max_bytes)
         # A damaged member (bad CRC, truncated), an encrypted one, an unknown compression.
         except (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError, EOFError, ValueError) as err:
             raise ImageProblem(
@@ -363,15 +364,16 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def open_source(images_from: str) -> FolderSource | ZipSource:
-    """The folder or zip `--images-from` names (resolved once: the user's declared root)."""
+def open_source(images_from: str, max_bytes: int) -> FolderSource | ZipSource:
+    """The folder or zip `--images-from` names (resolved once: the user's declared root), whose
+    image files of more than `max_bytes` are `image_too_large`."""
     path = Path(images_from).expanduser()
     if path.is_dir():
-        return FolderSource(path.resolve())
+        return FolderSource(path.resolve(), max_bytes)
     if path.is_file():
         if not zipfile.is_zipfile(path):
             raise InputFileError(
                 path, "is neither a folder nor a zip file", "give --images-from a folder of images or a .zip"
             )
-        return ZipSource(path.resolve())
+        return ZipSource(path.resolve(), max_bytes)
     raise InputFileError(path, "no such file or folder", "give --images-from a folder of images or a .zip")

@@ -12,9 +12,11 @@ caption-pair .tsv holds every caption pair, the release only the pairs whose ima
 `ImportStage.run` reads a part's images `SCORE_BATCH` pairs at a time: each file's bytes are
 checked by `loading_scripts.images.open_rgb_image` (decodable, pixel bound, mode policy; a broken
 image is a counted input error under its reason) and stored unchanged (`{"bytes", "path": None}`:
-never re-encoded); the decoded RGB copies only feed CLIP (`images.row_scores`: the generation
+never re-encoded; `--strip-metadata` drops EXIF, XMP and comments losslessly,
+`loading_scripts/image_metadata.py`); the decoded RGB copies only feed CLIP (`images.row_scores`: the generation
 path's text-image, image-image and directional scores; null without `clip_scores`) and are
-dropped after their batch. With `apply_filters` a pair failing the image stage's filters at its
+dropped after their batch. A part's image bytes are bounded (`PART_IMAGE_BYTES`): a pair past
+it is `part_too_large`, an input error naming `--part-size`. With `apply_filters` a pair failing the image stage's filters at its
 thresholds is dropped (`imported_pair_failed_clip`, counted per filter as the generation path
 counts candidates).
 """
@@ -36,8 +38,17 @@ from builders.engine.sharding.base import Count, Emit, Skip
 NO_IMPORTED_IMAGES = "no_imported_images"
 MISSING_IMAGE = "missing_image"
 IMPORTED_PAIR_FAILED_CLIP = "imported_pair_failed_clip"
+#: A pair that would take its part's image bytes past `PART_IMAGE_BYTES` (an input error).
+PART_TOO_LARGE = "part_too_large"
+#: An image `--strip-metadata` cannot rewrite (neither JPEG nor PNG, or malformed segments).
+METADATA_NOT_STRIPPED = "metadata_not_stripped"
 #: Pairs read, decoded and scored at a time: 2 x 16 decoded 512 x 512 images (~25 MB) at most.
 SCORE_BATCH = 16
+#: The image bytes one part holds (the runner keeps a part's rows until it writes them, and
+#: writing copies them a few times): 256 MiB, 11 times a part of 64 of the release's pairs
+#: (2 x 183 kB each). Each file is bounded too (`--max-image-bytes`), so a part never holds
+#: more than this plus one pair.
+PART_IMAGE_BYTES = 256 << 20
 
 
 @dataclass
@@ -122,8 +133,11 @@ class ImportStage:
     ) -> None:
         self.source, self.scorer, self.images, self.config = source, scorer, images, config
         self.output, self.clip_model = output, clip_model
+        self._part_bytes = 0  # the image bytes of the rows of the part `run` is on
 
     def run(self, items: Sequence[ImportItem]) -> Iterator[Emit | Skip | Count]:
+        """The rows of one part (`items`: the runner calls this once per part)."""
+        self._part_bytes = 0
         progress.stage("imported pairs", 0, len(items))
         for start in range(0, len(items), SCORE_BATCH):
             yield from self._batch(items[start : start + SCORE_BATCH])
@@ -139,12 +153,19 @@ class ImportStage:
             if ref_0 is None or ref_1 is None:  # neither (one alone is the reader's missing_image)
                 yield Skip(NO_IMPORTED_IMAGES, detail=f"id {item.id!r}: no image in {self.source.label}")
                 continue
+            over = self._over_part_budget(ref_0.size + ref_1.size)
+            if over:
+                yield Skip(PART_TOO_LARGE, kind="error", detail=f"id {item.id!r}: {over}")
+                continue
             try:
                 data = [self.source.read(ref_0), self.source.read(ref_1)]
                 pixels = [self._checked(ref_0, data[0]), self._checked(ref_1, data[1])]
+                if self.config.strip_metadata:
+                    data = [self._stripped(ref_0, data[0]), self._stripped(ref_1, data[1])]
             except ImageProblem as err:
                 yield Skip(err.reason, kind="error", detail=f"id {item.id!r}: {err}")
                 continue
+            self._part_bytes += len(data[0]) + len(data[1])  # held until the part is written
             loaded.append((item, data, pixels))
         if not loaded:
             return
@@ -170,6 +191,30 @@ class ImportStage:
             yield Emit(self.output, self._row(item, data, scores, k))
         for name, n in rejected.items():
             yield Count(f"image_rejected_{name}", n)
+
+    def _over_part_budget(self, pair_bytes: int) -> str | None:
+        """Why a pair of `pair_bytes` does not fit in this part, or None (the first pair always
+        fits: each file is bounded by --max-image-bytes)."""
+        if not self._part_bytes or self._part_bytes + pair_bytes <= PART_IMAGE_BYTES:
+            return None
+        return (
+            f"its images ({pair_bytes:,} bytes) would take the part's past {PART_IMAGE_BYTES:,} "
+            "bytes; give a smaller --part-size (or a smaller --max-image-bytes, if these are not real images)"
+        )
+
+    def _stripped(self, ref: ImageRef, data: bytes) -> bytes:
+        from loading_scripts.image_metadata import MetadataNotStripped, strip_metadata
+        from loading_scripts.images import ImageProblem
+
+        try:
+            return strip_metadata(data)
+        except MetadataNotStripped as err:
+            raise ImageProblem(
+                f"{self.source.label}:{ref.name}",
+                METADATA_NOT_STRIPPED,
+                f"--strip-metadata cannot drop its metadata: {err}",
+                "convert the image to JPEG or PNG, or leave out --strip-metadata",
+            ) from None
 
     def _checked(self, ref: ImageRef, data: bytes):
         from loading_scripts.images import open_rgb_image

@@ -206,7 +206,7 @@ class DecorrelationBuilder:
             return
         image = checked.pixels
         # The source as stored (its bytes as read, or PNG): made once, whatever the removals.
-        original = checked.cell() if cfg.keep_original else None
+        original = checked.cell(cfg.source.strip_metadata) if cfg.keep_original else None
         for removal in selection.removals:
             seed = derive_seed(cfg.seed, rec.image_id, removal.anchor)
             fill_mask = dilate(removal.mask, cfg.fill.mask_dilation)

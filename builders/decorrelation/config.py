@@ -19,6 +19,7 @@ from builders.engine.options import option
 from builders.engine.precision import dtype_option
 from builders.models.profiles import tiny_preset
 from loading_scripts.flickr30k import ENTITY_TYPES
+from loading_scripts.image_metadata import strip_metadata_option
 from loading_scripts.images import max_image_pixels_option
 
 #: `train`: the object-removal pairs D'; `odmap`: the ODmAP@k queries and gallery.
@@ -134,6 +135,9 @@ class SourceConfig:
     max_images: int | None = option(None, "first N images per split", group=WHAT, type=positive_int)
     #: Skip (count `image_too_large`) images of more pixels, checked before decoding.
     max_image_pixels: int = max_image_pixels_option()
+    #: Drop the source images' EXIF (GPS included), XMP and comments, losslessly (their bytes
+    #: are stored as read otherwise: `loading_scripts/images.py`).
+    strip_metadata: bool = strip_metadata_option()
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCES:

@@ -126,7 +126,7 @@ class EccvPositivesBuilder:
                         **row,
                         "image": check_image(
                             item.path, expected_size=item.size, max_pixels=self.config.max_image_pixels
-                        ).cell(),
+                        ).cell(self.config.strip_metadata),
                     }
                 except ImageProblem as err:
                     yield Skip(err.reason, kind="error", detail=str(err))

@@ -122,6 +122,25 @@ def _type_name(feature: Any) -> str:
     return type(feature).__name__
 
 
+def image_metadata_note(config: Any) -> str | None:
+    """What the card says of the stored source images' metadata, from the config's
+    `strip_metadata` (`--strip-metadata`, at any depth of the config); None without one."""
+    if isinstance(config, dict):
+        if isinstance(config.get("strip_metadata"), bool):
+            if config["strip_metadata"]:
+                return (
+                    "Image metadata: stripped. The source images' EXIF (with any GPS position), XMP and "
+                    "comments were dropped before storing them (`--strip-metadata`), without re-encoding."
+                )
+            return (
+                "Image metadata: kept. Source images stored as their files' bytes keep whatever metadata "
+                "the files carry (EXIF, which can hold a GPS position and the camera, XMP, comments); "
+                "`--strip-metadata` would drop it, and `counterfactory show` flags images with a GPS position."
+            )
+        return next(filter(None, map(image_metadata_note, config.values())), None)
+    return None
+
+
 def render_card(manifest: dict[str, Any], repo_id: str | None = None, version: str | None = None) -> str:
     """Render the README (YAML header + card) for a build, optionally for a published version."""
     fields = manifest.get("card_fields", {})
@@ -149,6 +168,7 @@ def render_card(manifest: dict[str, Any], repo_id: str | None = None, version: s
         total_rows=total_rows,
         figures=figures_markdown(manifest),
         code=code_span,
+        image_metadata=image_metadata_note(manifest.get("config")),
     )
     return str(card)
 

@@ -34,6 +34,7 @@ from builders.viewer.row_view import Slot, view_of
 from builders.viewer.rows import record, search_text
 from builders.viewer.source import GallerySource
 from builders.viewer.stats import EXAMPLE_ROWS, GalleryStats, skip_counts
+from loading_scripts.image_metadata import has_gps
 from builders.viewer.thumbnails import ThumbnailProblem, ThumbnailConfig, decode_image, thumbnail_path, write_thumbnail
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class GalleryResult:
     first_page_bytes: int
     #: Images shown as missing, per reason (thumbnails.ThumbnailProblem), most frequent first.
     images_not_shown: dict[str, int] = field(default_factory=dict)
+    #: Images whose EXIF holds a GPS position (flagged on their thumbnail and the stats page).
+    images_with_gps: int = 0
 
 
 def _prepare(out: Path) -> None:
@@ -149,11 +152,15 @@ class _Writer:
                 mask = decode_image(row[slot.outline], max_pixels)
             except ThumbnailProblem as problem:  # the image is shown, without the outline
                 self.not_shown(index, slot.outline, problem)
+        # Real images are stored as their files' bytes: a photo's EXIF may publish where it was taken.
+        gps = has_gps(image)
+        if gps:
+            self.stats.image_with_gps(index)
         rel = thumbnail_path(index, k)
         size = write_thumbnail(image, self.out / rel, self.cfg.thumbnails, mask)
         if self.pages == 0:
             self.first_page_bytes += (self.out / rel).stat().st_size
-        return {"src": rel, "label": slot.label, **size}
+        return {"src": rel, "label": slot.label, **size, **({"gps": True} if gps else {})}
 
     def not_shown(self, index: int, column: str, problem: ThumbnailProblem) -> None:
         self.stats.image_not_shown(index, problem.reason)
@@ -226,6 +233,8 @@ def _stats_page(w: _Writer, source: GallerySource, env, common: dict[str, Any]) 
         not_shown=not_shown,
         example_rows=EXAMPLE_ROWS,
         not_shown_total=sum(w.stats.images_not_shown.values()),
+        gps_images=w.stats.images_with_gps,
+        gps_rows=", ".join(map(str, w.stats.rows_with_gps)),
     )
     (out / "stats.html").write_text(html, encoding="utf-8")
 
@@ -243,6 +252,13 @@ def write_gallery(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
             f"({err.strerror or err}); free disk space or fix the permissions, or "
             "give another --output, then re-run"
         ) from None
+    if result.images_with_gps:
+        log.warning(
+            "%s: %d images carry a GPS position in their EXIF; see %s",
+            source.title,
+            result.images_with_gps,
+            out / "stats.html",
+        )
     if result.images_not_shown:
         log.warning(
             "%s: %d images not shown (%s); see %s",
@@ -286,13 +302,17 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def not_shown_summary(result: GalleryResult) -> str:
-    """ "; 2 images not shown (path_only 2; see stats.html)" or "" when every image is shown."""
-    if not result.images_not_shown:
-        return ""
-    return (
-        f"; {sum(result.images_not_shown.values())} images not shown "
-        f"({_counts(result.images_not_shown)}; see stats.html)"
-    )
+    """ "; 2 images not shown (path_only 2; see stats.html)" or "" when every image is shown,
+    then "; 3 images carry a GPS position (see stats.html)" when any does."""
+    summary = ""
+    if result.images_not_shown:
+        summary += (
+            f"; {sum(result.images_not_shown.values())} images not shown "
+            f"({_counts(result.images_not_shown)}; see stats.html)"
+        )
+    if result.images_with_gps:
+        summary += f"; {result.images_with_gps} images carry a GPS position (see stats.html)"
+    return summary
 
 
 def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
@@ -335,6 +355,7 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
         kind=w.view.name,
         first_page_bytes=first,
         images_not_shown=w.stats.not_shown_counts(),
+        images_with_gps=w.stats.images_with_gps,
     )
     (out / MARKER).write_text(
         json.dumps(
@@ -348,6 +369,7 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
                 "kind": result.kind,
                 "first_page_bytes": first,
                 "images_not_shown": result.images_not_shown,
+                "images_with_gps": result.images_with_gps,
             },
             indent=1,
         )

@@ -1,5 +1,5 @@
 """What the stats page counts: rows per facet value, skips per reason, numeric distributions,
-images not shown per reason.
+images not shown per reason, images that carry a GPS position.
 
 Facet counts, numbers and images not shown are gathered from the rows during the gallery's single
 pass; skip and input-error counts come from the build manifest (the runner's per-part stats summed
@@ -30,6 +30,9 @@ class GalleryStats:
     #: reason -> images not shown (thumbnails.ThumbnailProblem), and the first rows holding one.
     images_not_shown: Counter = field(default_factory=Counter)
     rows_not_shown: dict[str, list[int]] = field(default_factory=dict)
+    #: Images whose EXIF holds a GPS position, and the first rows holding one.
+    images_with_gps: int = 0
+    rows_with_gps: list[int] = field(default_factory=list)
 
     def add(self, row: dict[str, Any], facets: dict[str, list[str]]) -> None:
         self.rows += 1
@@ -45,6 +48,11 @@ class GalleryStats:
         rows = self.rows_not_shown.setdefault(reason, [])
         if len(rows) < EXAMPLE_ROWS and index not in rows:
             rows.append(index)
+
+    def image_with_gps(self, index: int) -> None:
+        self.images_with_gps += 1
+        if len(self.rows_with_gps) < EXAMPLE_ROWS and index not in self.rows_with_gps:
+            self.rows_with_gps.append(index)
 
     def not_shown_counts(self) -> dict[str, int]:
         """Images not shown per reason, most frequent first."""

@@ -442,8 +442,8 @@ def test_layouts_that_cannot_be_told_or_found_are_one_line(tmp_path, capsys):
     (wrapped / "images").mkdir(parents=True)
     (wrapped / "cover_0.jpg").write_bytes(jpeg(1))
     (wrapped / "images" / "A17_img_0.jpg").write_bytes(jpeg(2))
-    assert detect_layout(FolderSource(wrapped), "release").names("A17", 0)[0] == "images/A17_img_0.jpg"
-    assert detect_layout(FolderSource(wrapped), "auto").name == "numbered"
+    assert detect_layout(FolderSource(wrapped, 1 << 20), "release").names("A17", 0)[0] == "images/A17_img_0.jpg"
+    assert detect_layout(FolderSource(wrapped, 1 << 20), "auto").name == "numbered"
     assert "neither a folder nor a zip file" in fails(images=captions)
     assert "--apply-filters needs the CLIP scores" in fails("--apply-filters", "--no-clip-scores")
     assert "it goes with --stage images (or no --stage), not --stage all" in fails("--stage", "all")
