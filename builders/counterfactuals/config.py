@@ -155,6 +155,25 @@ class ImageStageConfig:
         "layers); both (METHOD.md §2)",
         choices=("self", "cross", "both"),
     )
+    #: Prompt-to-Prompt's two fractions (its notebook: cross 0.8, self 0.4), for `--inject
+    #: cross|both`: every candidate injects cross maps for the first `cross` and self maps for the
+    #: first `self` fraction of the steps (the rows' `p` is the cross one). None (default): one
+    #: p ~ U(p_range) per candidate for both, the COCO-Counterfactuals paper's.
+    cross_replace_fraction: float | None = option(
+        None,
+        "--inject cross|both: inject cross-attention maps for this fraction of the steps in every "
+        "candidate (Prompt-to-Prompt's cross_replace_steps, its notebook 0.8), with "
+        "--self-replace-fraction; default: one p per candidate for both maps, as the paper",
+        type=fraction,
+        metavar="FRACTION",
+    )
+    self_replace_fraction: float | None = option(
+        None,
+        "--inject cross|both: inject self-attention maps for this fraction of the steps "
+        "(Prompt-to-Prompt's self_replace_steps, its notebook 0.4), with --cross-replace-fraction",
+        type=fraction,
+        metavar="FRACTION",
+    )
     #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
     scheduler: str = option(
         "euler_ancestral",
@@ -190,6 +209,24 @@ class ImageStageConfig:
             raise UserFacingError(f"--early-reject-margin takes a number >= 0 (got {self.early_reject_margin})")
         # One canonical order: the same set of filters is the same build.
         self.filters = tuple(f for f in IMAGE_FILTERS if f in self.filters)
+        self._check_fractions()
+
+    def _check_fractions(self) -> None:
+        given = [x is not None for x in (self.cross_replace_fraction, self.self_replace_fraction)]
+        if not any(given):
+            return
+        if not all(given):
+            raise UserFacingError("give --cross-replace-fraction and --self-replace-fraction together")
+        if self.inject == "self":
+            raise UserFacingError(
+                "--cross-replace-fraction and --self-replace-fraction are Prompt-to-Prompt's word "
+                "swap fractions: give them with --inject cross or --inject both"
+            )
+        if self.candidate_plan == "grouped":
+            raise UserFacingError(
+                "--cross-replace-fraction fixes every candidate's fractions: use --candidate-plan "
+                "independent (the grouped plan's --p-values would all be the same)"
+            )
 
 
 @dataclass
@@ -310,7 +347,8 @@ class CocoCounterfactualsConfig:
     #: offload (the same images).
     device: str | None = option(None, "torch device (default: own GPU, else CPU)")
     dtype: str = dtype_option(
-        "the image stage's Stable Diffusion and CLIP filter (the caption stage's text models run in fp32)"
+        "the image stage's generator and CLIP filter (the caption stage's text models run in fp32)",
+        cuda="the generator's reference dtype (bf16 for flux, fp32 on a GPU without bf16; fp16 for the others)",
     )
     torch_threads: int | None = option(
         None,

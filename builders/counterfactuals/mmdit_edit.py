@@ -41,6 +41,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from builders.counterfactuals.generators import flux_t5_tokens
 from builders.counterfactuals.prompt_to_prompt import (
     EarlyRejection,
     PairSpec,
@@ -220,7 +221,9 @@ class _Renderer:
                 prompt=captions, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=True
             )
             return _Conditioning(emb, pooled, neg, neg_pooled)
-        emb, pooled, text_ids = pipe.encode_prompt(prompt=captions, prompt_2=None, device=self.device)
+        emb, pooled, text_ids = pipe.encode_prompt(
+            prompt=captions, prompt_2=None, device=self.device, max_sequence_length=flux_t5_tokens(pipe)
+        )
         image_ids = pipe._prepare_latent_image_ids(1, self.side // 2, self.side // 2, self.device, emb.dtype)
         return _Conditioning(emb, pooled, text_ids=text_ids, image_ids=image_ids)
 

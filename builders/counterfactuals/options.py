@@ -70,8 +70,12 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     profile = asdict(profile_from_args(args))
     images = values.setdefault("images", {})
     spec = generator(images.get("generator", ImageStageConfig.generator))
-    if args.models == "production":  # the generator's own steps and native resolution
-        images.setdefault("steps", spec.steps)
+    # The model's own reference guidance and (production) steps, its family's native
+    # resolution; an explicit flag wins (METHOD.md §2, "Reference settings").
+    reference = spec.reference_for(args.generator_model or args.sd_model or spec.default_model)
+    images.setdefault("guidance_range", reference.guidance)
+    if args.models == "production":
+        images.setdefault("steps", reference.steps)
         images.setdefault("image_size", spec.resolution)
     generates = values.get("stage", "all") != "captions" and image_import is None
     models = {role: profile[role] for role in MODEL_ROLES}
@@ -97,7 +101,8 @@ def _generator_model(
     if args.generator_model and args.sd_model:
         raise UserFacingError("give --generator-model or --sd-model, not both")
     p2p = ImageStageConfig()
-    given = [f"--{o}" for o in ("inject", "scheduler") if images.get(o, getattr(p2p, o)) != getattr(p2p, o)]
+    own = ("inject", "scheduler", "cross_replace_fraction", "self_replace_fraction")
+    given = [f"--{o.replace('_', '-')}" for o in own if images.get(o, getattr(p2p, o)) != getattr(p2p, o)]
     if "inject" not in spec.options and given:
         raise UserFacingError(
             f"{', '.join(given)} only apply to the Prompt-to-Prompt generators "
