@@ -122,7 +122,8 @@ def test_fixture_build_draws_one_word_pairs_and_records_the_generator(name, tmp_
         assert row["generator"] == name
         assert row["generation_method"] == spec.method_name("self")
         assert (row["steps"], row["resolution"]) == (2, 64)
-        assert 7.5 <= row["guidance_scale"] <= 15
+        # Each generator's reference guidance (#43): SDXL 5.0, SD3-medium 7.0, FLUX.1-schnell 0.
+        assert row["guidance_scale"] == {"sdxl": 5.0, "sd3": 7.0, "flux": 0.0}[name]
         # The tiny pipeline of the generator's family, named by its content digest.
         assert row["sd_model"].startswith(f"local:{name}@sha256:"), row["sd_model"]
         assert pixels(row["image_0"]).shape == pixels(row["image_1"]).shape == (64, 64, 3)
@@ -143,7 +144,7 @@ def test_sd15_draws_todays_prompt_to_prompt_images(tmp_path, tiny_models_dir):
     published = rows(out)
     assert len(published) == len(PAIRS)
     for row in published:
-        assert (row["generator"], row["generation_method"]) == ("sd15", "prompt-to-prompt/self")
+        assert (row["generator"], row["generation_method"]) == ("sd15", "prompt-to-prompt-instruct-pix2pix/self")
         im0, im1 = generate_pairs(
             pipe,
             row["caption_0"],
