@@ -155,6 +155,13 @@ class CocoCounterfactualsBuilder:
                 # used ones are `images.steps` / `images.guidance_range`).
                 "reference": asdict(spec.reference_for(self.config.models.get("sd"))),
             }
+            if "vital_layers" in spec.options:
+                from builders.counterfactuals.mmdit_edit import vital_layers_record
+
+                img = self.config.images
+                config["generator"]["vital_layers"] = vital_layers_record(
+                    spec.name, img.vital_layers, img.vital_layers_provenance
+                )
         # The manifest names a local table as `provenance` names local things, however its path
         # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.
         spelled = self.config.captions_from

@@ -174,6 +174,24 @@ class ImageStageConfig:
         type=fraction,
         metavar="FRACTION",
     )
+    #: sd3, flux: the transformer blocks that inject (indices of `mmdit_edit.block_names`: FLUX's
+    #: double-stream blocks, then its single-stream ones, as Stable Flow numbers them) instead of
+    #: the published set; `vital_layers_from`: the JSON `counterfactory doctor vital-layers`
+    #: writes, read by `options.config_from_args` into `vital_layers` and its provenance.
+    vital_layers: tuple[int, ...] = option(
+        (),
+        "sd3, flux: the blocks that inject, instead of the published ones (FLUX: Stable Flow's "
+        "0 1 17 18 25 28 53 54 56; SD3: 0 7 8 9, UNMEASURED, no checked source): e.g. the list "
+        "`counterfactory doctor vital-layers` prints (METHOD.md §6)",
+        metavar="N",
+    )
+    vital_layers_from: str | None = option(
+        None,
+        "sd3, flux: the JSON `counterfactory doctor vital-layers` wrote: its layers, with their "
+        "measurement recorded in the manifest and card",
+        metavar="JSON",
+    )
+    vital_layers_provenance: dict | None = None
     #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
     scheduler: str = option(
         "euler_ancestral",

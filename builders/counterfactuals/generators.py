@@ -119,6 +119,7 @@ SD3_REFERENCE = Reference(28, (7.0, 7.0), "SD3-medium model card; diffusers Stab
 FLUX_SCHNELL_REFERENCE = Reference(4, (0.0, 0.0), "FLUX.1-schnell model card: 4 steps, guidance 0 (none read)")
 FLUX_DEV_REFERENCE = Reference(28, (3.5, 3.5), "diffusers FluxPipeline defaults; Stable Flow's guidance 3.5")
 _P2P = ("inject", "scheduler")
+_MMDIT = ("vital_layers",)
 GENERATORS = {
     spec.name: spec
     for spec in (
@@ -159,6 +160,7 @@ GENERATORS = {
             (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS), ("tokenizer_3", SD3_T5_TOKENS)),
             SD3_REFERENCE,
             1024,
+            _MMDIT,
             known_models=(
                 ("stabilityai/stable-diffusion-3.5-medium", Reference(40, (4.5, 4.5), "SD3.5-medium model card")),
                 ("stabilityai/stable-diffusion-3.5-large", Reference(28, (3.5, 3.5), "SD3.5-large model card")),
@@ -175,6 +177,7 @@ GENERATORS = {
             (("tokenizer", CLIP_TOKENS), ("tokenizer_2", flux_t5_tokens)),
             FLUX_SCHNELL_REFERENCE,
             1024,
+            _MMDIT,
             known_models=(("black-forest-labs/FLUX.1-dev", FLUX_DEV_REFERENCE),),
             dtype="bf16",
         ),
