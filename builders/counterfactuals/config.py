@@ -111,11 +111,22 @@ class ImageStageConfig:
         flag="--no-shared-computation",
     )
     #: Denoising steps and image side (reference: 100 steps, 512x512).
-    steps: int = option(100, "denoising steps", type=positive_int)
+    steps: int = option(
+        100,
+        "denoising steps (default under --models production: the generator model's reference, "
+        "sd15 100, sdxl 50, sd3 28, flux 4, FLUX.1-dev 28; METHOD.md §2)",
+        type=positive_int,
+    )
     image_size: int = option(512, "image side in pixels", type=positive_int)
     #: Ranges of the per-candidate injection fraction p and guidance scale.
     p_range: tuple[float, float] = option((0.1, 0.9), type=fraction, metavar=("LO", "HI"))
-    guidance_range: tuple[float, float] = option((7.5, 15.0), metavar=("LO", "HI"))
+    #: Default: the generator model's reference (`generators.Reference`, set by `options`).
+    guidance_range: tuple[float, float] = option(
+        (7.5, 15.0),
+        "per-candidate guidance ~ U(LO, HI) (default: the generator model's reference: sd15 "
+        "7.5 15 (the paper), sdxl 5 5, sd3 7 7, flux 0 0 (schnell reads none), FLUX.1-dev 3.5 3.5)",
+        metavar=("LO", "HI"),
+    )
     #: Filters a candidate must pass (`IMAGE_FILTERS`; builders/counterfactuals/METHOD.md §2).
     filters: tuple[str, ...] = option(
         IMAGE_FILTERS,

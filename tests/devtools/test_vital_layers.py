@@ -37,7 +37,9 @@ def _measure(tmp_path: Path, tiny: Path, name: str, *extra: str) -> dict:
 def test_vital_layers_ranks_every_block_and_writes_its_provenance(name, tmp_path, tiny_models_dir, capsys):
     data = _measure(tmp_path, tiny_models_dir, name, "--top", "2")
     config = json.loads(
-        (generator_model(GENERATORS[name], "tiny", "", tiny_models_dir) / "transformer" / "config.json").read_text()
+        (
+            Path(generator_model(GENERATORS[name], "tiny", "", tiny_models_dir)) / "transformer" / "config.json"
+        ).read_text()
     )
     # Every block once: FLUX's double-stream blocks, then its single-stream ones; SD3's joint blocks.
     expected = [f"transformer_blocks.{i}" for i in range(config["num_layers"])]
