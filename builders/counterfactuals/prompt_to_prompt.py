@@ -27,10 +27,8 @@ Which maps are injected (`inject`):
 - `"both"`: the `self` injection (every layer, both halves) and the `cross` word swap.
 
 Injection rule (the reference's): pair j is injected at step i (0-based) while
-`p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last. With
-`cross`/`both`, a pair's self maps can follow a fraction of their own (`PairSpec.p_self`:
-Prompt-to-Prompt's separate `self_replace_steps` beside `cross_replace_steps`); by default both
-follow p, the COCO-Counterfactuals paper's single fraction.
+`p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last. Self maps
+follow `PairSpec.p_self` where given (P2P's `self_replace_steps`; default: p, the paper's).
 
 Shared computation (`share=True`, builders/counterfactuals/METHOD.md §2 "Shared computation"):
 the images are those of the independent computation, but the UNet sees each distinct row state
