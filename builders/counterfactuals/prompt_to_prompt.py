@@ -120,8 +120,7 @@ def row_keys(specs: Sequence[PairSpec], steps: int, step: int, share: bool) -> l
     keys = []
     for s in specs:
         keys.append(("o", s.seed, s.guidance))
-        prefixes = tuple(min(injected_steps(p, steps), step + 1) for p in (s.p, s.self_p))
-        keys.append(("c", s.seed, s.guidance, *prefixes))
+        keys.append(("c", s.seed, s.guidance, *(min(injected_steps(p, steps), step + 1) for p in (s.p, s.self_p))))
     return keys
 
 
@@ -195,15 +194,20 @@ class P2PController:
         self.self_links: list[tuple[int, int]] | None = None
         self.half = 2 * len(self.specs)
 
+    def set_links(self, unique: Sequence[int], index: Sequence[int], at: dict[int, int]) -> None:
+        """This step's `links`/`self_links` among the deduplicated rows `unique` (`_dedupe`'s)."""
+        self.links, self.self_links = (
+            [(index[r - 1], at[r]) for r in unique if r % 2 and injected(p(self.specs[r // 2]), self.step, self.steps)]
+            for p in (lambda s: s.p, lambda s: s.self_p)
+        )
+
     def rows(self, halves: tuple[int, ...], self_maps: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(original rows, counterfactual rows) of the pairs injecting at this step (their self
-        maps with `self_maps`, else their cross maps)."""
+        """(original rows, counterfactual rows) injecting at this step: self maps with `self_maps`, else cross."""
         links = self.self_links if self_maps else self.links
         if links is None:
+            fraction = (lambda s: s.self_p) if self_maps else (lambda s: s.p)
             links = [
-                (2 * j, 2 * j + 1)
-                for j, s in enumerate(self.specs)
-                if injected(s.self_p if self_maps else s.p, self.step, self.steps)
+                (2 * j, 2 * j + 1) for j, s in enumerate(self.specs) if injected(fraction(s), self.step, self.steps)
             ]
         if not links:
             return None
@@ -464,10 +468,7 @@ def denoise_pairs(
             # Row 2j+1 and its original 2j: positions among the unique rows (a shared original
             # sits wherever its first candidate put it).
             ctrl.step, ctrl.half = i, len(unique)
-            ctrl.links, ctrl.self_links = (
-                [(index[r - 1], at[r]) for r in unique if r % 2 and injected(fraction(specs[r // 2]), i, steps)]
-                for fraction in (lambda s: s.p, lambda s: s.self_p)
-            )
+            ctrl.set_links(unique, index, at)
             caption = [r % 2 for r in unique]
             guidance = torch.tensor(
                 [specs[r // 2].guidance for r in unique], dtype=prompts.cond.dtype, device=device

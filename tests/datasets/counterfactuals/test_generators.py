@@ -14,6 +14,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -193,11 +194,12 @@ def test_an_sdxl_edit_its_text_encoders_cannot_see_draws_nothing(tmp_path, tiny_
 
 
 def test_each_text_encoder_token_limit_decides_what_an_edit_shows(tiny_models_dir):
-    """sd3 and flux read T5 (to 256 and 512 tokens) beside CLIP's 77: a swap past CLIP's limit
+    """sd3 and flux read T5 (to 256 tokens, FLUX.1-schnell's too) beside CLIP's 77: a swap past CLIP's limit
     but inside T5's is drawn by them and skipped by the CLIP-only generators. (The tiny CLIP tokenizer, one
     token per character, stands in for T5: the limits are what is tested.)"""
     tok = load_sd(resolve_profile("tiny", tiny_models_dir).sd).tokenizer
-    pipe = type("Pipe", (), {"tokenizer": tok, "tokenizer_2": tok, "tokenizer_3": tok})()
+    schnell = SimpleNamespace(config=SimpleNamespace(guidance_embeds=False))
+    pipe = SimpleNamespace(tokenizer=tok, tokenizer_2=tok, tokenizer_3=tok, transformer=schnell)
     prefix = "x" * 150  # characters, so tokens: past 77, inside 256
     for name, expected in (
         ("sd15", EDIT_BEYOND_TEXT_ENCODER),
@@ -259,9 +261,9 @@ def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(meta_nonzero):
         ctrl = P2PController([PairSpec(0, 0.5, 7.5)], 10, mode, mapper, low_res_tokens=(side // 4) ** 2)
         current, injecting, rows_of = [None], {}, ctrl.rows
 
-        def recording(halves, rows_of=rows_of, injecting=injecting, current=current):
+        def recording(halves, self_maps=False, rows_of=rows_of, injecting=injecting, current=current):
             injecting[current[0]] = halves
-            return rows_of(halves)
+            return rows_of(halves, self_maps)
 
         ctrl.rows = recording
         hooks = [
