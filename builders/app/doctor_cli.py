@@ -1,7 +1,8 @@
 """`counterfactory doctor`: one item through every stage at the production sizes, with random
 weights (no download), and per stage its time, memory and the fp16 batch size that fits a
 24 / 40 / 80 GB GPU (builders/devtools/doctor.py); then a row per image-stage generator
-(builders/devtools/doctor_generators.py)."""
+(builders/devtools/doctor_generators.py). `counterfactory doctor vital-layers` measures an MM-DiT's
+vital layers (builders/devtools/vital_layers.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from builders.devtools.doctor_generators import GENERATORS
 from builders.devtools.doctor_stages import STAGE_NAMES
+from builders.devtools.vital_layers import DEFAULT_DINO, DEFAULT_PROMPTS, PUBLISHED_COUNT
+from builders.engine.precision import add_dtype_argument
 
 
 def _stages(text: str) -> tuple[str, ...]:
@@ -77,6 +80,69 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vital_layers(args: argparse.Namespace) -> int:
+    from builders.counterfactuals.generators import generator
+    from builders.devtools.vital_layers import VitalLayersConfig, check_output, measure, report, write_result
+    from builders.engine.precision import worker_precision
+
+    output = args.output or Path(f"vital-layers-{args.generator}.json")
+    check_output(output)
+    precision = worker_precision(args.dtype, None, generator(args.generator).dtype)
+    tiny = args.models == "tiny"
+    config = VitalLayersConfig(
+        args.generator,
+        model=args.generator_model,
+        prompts=tuple(args.prompts or DEFAULT_PROMPTS),
+        seeds=tuple(args.seeds or (0,)),
+        steps=args.steps,
+        size=args.image_size or (64 if tiny else 1024),
+        top=args.top,
+        dino_model=args.dino_model,
+        tiny=tiny,
+        device=precision.device,
+        dtype=precision.dtype,
+    )
+    result = measure(config, args.tiny_models_dir)
+    print(report(result))
+    write_result(output, args.generator, result)
+    print(f"written to {output}: build with --generator {args.generator} --vital-layers-from {output}")
+    return 0
+
+
+def _register_vital_layers(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "vital-layers",
+        help="measure an MM-DiT's vital layers as Stable Flow does (sd3, flux)",
+        description="Bypass each transformer block in turn on K prompt x seed pairs, score how "
+        "much the image changes against the full model's with DINOv2 image similarity, and rank "
+        "the blocks (Stable Flow, Avrahami et al. CVPR 2025, §3.1; builders/counterfactuals/METHOD.md "
+        "§6). Prints the ranking and the list --vital-layers takes, and writes it as JSON with its "
+        "provenance for `counterfactory build coco-counterfactuals --vital-layers-from`. Needs the "
+        "real weights and a GPU for a meaningful list (blocks x K pipeline runs); --models tiny "
+        "checks that it runs.",
+    )
+    p.add_argument("--generator", choices=tuple(PUBLISHED_COUNT), required=True)
+    p.add_argument("--generator-model", default=None, metavar="HUB_ID_OR_PATH", help="default: the generator's")
+    p.add_argument("--prompts", nargs="+", default=None, help="prompts (default: 4 COCO-like scenes)")
+    p.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds per prompt (default: 0)")
+    p.add_argument("--steps", type=int, default=None, help="default: the model's reference steps")
+    p.add_argument("--image-size", type=int, default=None, help="default: 1024 (tiny: 64)")
+    p.add_argument(
+        "--top",
+        type=int,
+        default=None,
+        help="how many of the most vital blocks to list (default: the published count, "
+        + ", ".join(f"{g} {n}" for g, n in PUBLISHED_COUNT.items())
+        + ")",
+    )
+    p.add_argument("--dino-model", default=DEFAULT_DINO, help="DINOv2 model scoring similarity (default %(default)s)")
+    p.add_argument("--models", choices=("production", "tiny"), default="production")
+    p.add_argument("--tiny-models-dir", type=Path, default=None)
+    add_dtype_argument(p, "the generator and DINOv2")
+    p.add_argument("--output", type=Path, default=None, help="JSON to write (default vital-layers-GENERATOR.json)")
+    p.set_defaults(func=_vital_layers)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "doctor",
@@ -134,3 +200,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table as JSON")
     p.set_defaults(func=_doctor)
+    _register_vital_layers(p.add_subparsers(dest="doctor_check", metavar="CHECK"))

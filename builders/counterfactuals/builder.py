@@ -151,7 +151,17 @@ class CocoCounterfactualsBuilder:
                 "method": spec.method_name(self.config.images.inject),
                 "license": spec.license,
                 "default_model": spec.default_model,
+                # The settings the steps and guidance defaulted to (an explicit flag wins: the
+                # used ones are `images.steps` / `images.guidance_range`).
+                "reference": asdict(spec.reference_for(self.config.models.get("sd"))),
             }
+            if "vital_layers" in spec.options:
+                from builders.counterfactuals.mmdit_edit import vital_layers_record
+
+                img = self.config.images
+                config["generator"]["vital_layers"] = vital_layers_record(
+                    spec.name, img.vital_layers, img.vital_layers_provenance
+                )
         # The manifest names a local table as `provenance` names local things, however its path
         # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.
         spelled = self.config.captions_from
@@ -269,11 +279,14 @@ class CocoCounterfactualsBuilder:
         return self._import_stage
 
     def precision(self) -> Precision:
-        """The process's device and the image stage's dtype, resolved once. A captions-only
-        build runs no image model: its dtype is the caption models' fp32, whatever `--dtype`."""
+        """The process's device and the image stage's dtype, resolved once (the CLIP filter runs
+        in the generator's). A captions-only build runs no image model: its dtype is the
+        caption models' fp32, whatever `--dtype`."""
         if self._precision is None:
             dtype = self.config.dtype if self.config.stage != "captions" else "fp32"
-            self._precision = worker_precision(dtype, self.config.device)
+            # `auto` on CUDA: the generator's reference dtype (FLUX.1 bf16, the others fp16).
+            auto_cuda = generator(self.config.images.generator).dtype
+            self._precision = worker_precision(dtype, self.config.device, auto_cuda)
         return self._precision
 
     def _caption_row(self, item: CaptionItem, cf: CounterfactualCaption) -> dict[str, Any]:
@@ -302,7 +315,7 @@ class CocoCounterfactualsBuilder:
         for row in progress.items(pairs, "image pairs"):
             unseen = self.image_stage().unseen_edit(row["caption_0"], row["caption_1"])
             if unseen is not None:
-                limits = generator(self.config.images.generator).describe_limits()
+                limits = generator(self.config.images.generator).describe_limits(self.image_stage().pipe)
                 yield Skip(
                     unseen,
                     detail=f"id {row['id']}: the text encoders read the same first "

@@ -114,11 +114,22 @@ class ImageStageConfig:
         flag="--no-shared-computation",
     )
     #: Denoising steps and image side (reference: 100 steps, 512x512).
-    steps: int = option(100, "denoising steps", type=positive_int)
+    steps: int = option(
+        100,
+        "denoising steps (default under --models production: the generator model's reference, "
+        "sd15 100, sdxl 50, sd3 28, flux 4, FLUX.1-dev 28; METHOD.md §2)",
+        type=positive_int,
+    )
     image_size: int = option(512, "image side in pixels", type=positive_int)
     #: Ranges of the per-candidate injection fraction p and guidance scale.
     p_range: tuple[float, float] = option((0.1, 0.9), type=fraction, metavar=("LO", "HI"))
-    guidance_range: tuple[float, float] = option((7.5, 15.0), metavar=("LO", "HI"))
+    #: Default: the generator model's reference (`generators.Reference`, set by `options`).
+    guidance_range: tuple[float, float] = option(
+        (7.5, 15.0),
+        "per-candidate guidance ~ U(LO, HI) (default: the generator model's reference: sd15 "
+        "7.5 15 (the paper), sdxl 5 5, sd3 7 7, flux 0 0 (schnell reads none), FLUX.1-dev 3.5 3.5)",
+        metavar=("LO", "HI"),
+    )
     #: Filters a candidate must pass (`IMAGE_FILTERS`; builders/counterfactuals/METHOD.md §2).
     filters: tuple[str, ...] = option(
         IMAGE_FILTERS,
@@ -158,6 +169,43 @@ class ImageStageConfig:
         "layers); both (METHOD.md §2)",
         choices=("self", "cross", "both"),
     )
+    #: Prompt-to-Prompt's two fractions (its notebook: cross 0.8, self 0.4), for `--inject
+    #: cross|both`: every candidate injects cross maps for the first `cross` and self maps for the
+    #: first `self` fraction of the steps (the rows' `p` is the cross one). None (default): one
+    #: p ~ U(p_range) per candidate for both, the COCO-Counterfactuals paper's.
+    cross_replace_fraction: float | None = option(
+        None,
+        "--inject cross|both: inject cross-attention maps for this fraction of the steps in every "
+        "candidate (Prompt-to-Prompt's cross_replace_steps, its notebook 0.8), with "
+        "--self-replace-fraction; default: one p per candidate for both maps, as the paper",
+        type=fraction,
+        metavar="FRACTION",
+    )
+    self_replace_fraction: float | None = option(
+        None,
+        "--inject cross|both: inject self-attention maps for this fraction of the steps "
+        "(Prompt-to-Prompt's self_replace_steps, its notebook 0.4), with --cross-replace-fraction",
+        type=fraction,
+        metavar="FRACTION",
+    )
+    #: sd3, flux: the transformer blocks that inject (indices of `mmdit_edit.block_names`: FLUX's
+    #: double-stream blocks, then its single-stream ones, as Stable Flow numbers them) instead of
+    #: the published set; `vital_layers_from`: the JSON `counterfactory doctor vital-layers`
+    #: writes, read by `options.config_from_args` into `vital_layers` and its provenance.
+    vital_layers: tuple[int, ...] = option(
+        (),
+        "sd3, flux: the blocks that inject, instead of the published ones (FLUX: Stable Flow's "
+        "0 1 17 18 25 28 53 54 56; SD3: 0 7 8 9, UNMEASURED, no checked source): e.g. the list "
+        "`counterfactory doctor vital-layers` prints (METHOD.md §6)",
+        metavar="N",
+    )
+    vital_layers_from: str | None = option(
+        None,
+        "sd3, flux: the JSON `counterfactory doctor vital-layers` wrote: its layers, with their "
+        "measurement recorded in the manifest and card",
+        metavar="JSON",
+    )
+    vital_layers_provenance: dict | None = None
     #: Sampler: `euler_ancestral` (reference) or `pipeline` (the model's own scheduler).
     scheduler: str = option(
         "euler_ancestral",
@@ -193,6 +241,24 @@ class ImageStageConfig:
             raise UserFacingError(f"--early-reject-margin takes a number >= 0 (got {self.early_reject_margin})")
         # One canonical order: the same set of filters is the same build.
         self.filters = tuple(f for f in IMAGE_FILTERS if f in self.filters)
+        self._check_fractions()
+
+    def _check_fractions(self) -> None:
+        given = [x is not None for x in (self.cross_replace_fraction, self.self_replace_fraction)]
+        if not any(given):
+            return
+        if not all(given):
+            raise UserFacingError("give --cross-replace-fraction and --self-replace-fraction together")
+        if self.inject == "self":
+            raise UserFacingError(
+                "--cross-replace-fraction and --self-replace-fraction are Prompt-to-Prompt's word "
+                "swap fractions: give them with --inject cross or --inject both"
+            )
+        if self.candidate_plan == "grouped":
+            raise UserFacingError(
+                "--cross-replace-fraction fixes every candidate's fractions: use --candidate-plan "
+                "independent (the grouped plan's --p-values would all be the same)"
+            )
 
 
 @dataclass
@@ -327,7 +393,8 @@ class CocoCounterfactualsConfig:
     #: offload (the same images).
     device: str | None = option(None, "torch device (default: own GPU, else CPU)")
     dtype: str = dtype_option(
-        "the image stage's Stable Diffusion and CLIP filter (the caption stage's text models run in fp32)"
+        "the image stage's generator and CLIP filter (the caption stage's text models run in fp32)",
+        cuda="the generator's reference dtype (bf16 for flux, fp32 on a GPU without bf16; fp16 for the others)",
     )
     torch_threads: int | None = option(
         None,

@@ -35,7 +35,7 @@ filter by more than `early_reject_margin` is not denoised further (`ImageSelecti
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -102,7 +102,10 @@ def candidate_specs(seed: int, row_id: str, cfg: ImageStageConfig) -> list[PairS
     for j in range(cfg.candidates):
         s = derive_seed(seed, row_id, "candidate", j)
         rng = random.Random(s)
-        specs.append(PairSpec(seed=s, p=rng.uniform(*cfg.p_range), guidance=rng.uniform(*cfg.guidance_range)))
+        spec = PairSpec(seed=s, p=rng.uniform(*cfg.p_range), guidance=rng.uniform(*cfg.guidance_range))
+        if cfg.cross_replace_fraction is not None:  # Prompt-to-Prompt's two fixed fractions (same draws)
+            spec = replace(spec, p=cfg.cross_replace_fraction, p_self=cfg.self_replace_fraction)
+        specs.append(spec)
     return specs
 
 

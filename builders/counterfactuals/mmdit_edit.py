@@ -41,6 +41,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from builders.counterfactuals.generators import flux_t5_tokens
 from builders.counterfactuals.prompt_to_prompt import (
     EarlyRejection,
     PairSpec,
@@ -56,11 +57,29 @@ from builders.engine.errors import UserFacingError
 #: App. A; FLUX indices as in the authors' code, snap-research/stable-flow `run_stable_flow.py`).
 #: FLUX.1-dev: blocks 0, 1, 17, 18 of the 19 double-stream blocks and 25, 28, 53, 54, 56 of all
 #: 57, i.e. single-stream blocks 6, 9, 34, 35, 37 (the paper's list also has block 2, which the
-#: authors' code leaves out). SD3: joint blocks 0, 7, 8, 9 of SD3-medium's 24 (the paper's SD3
-#: experiment).
+#: authors' code leaves out). SD3: joint blocks 0, 7, 8, 9 of SD3-medium's 24, UNMEASURED: no
+#: checked source (Stable Flow's code has an SD3 hook but passes it no layers; "7, 8, 9" is also
+#: Stability AI's skip-layer guidance of SD3.5-medium, another model and mechanism). Measure them
+#: with `counterfactory doctor vital-layers` and pass `--vital-layers`.
 FLUX_DOUBLE_VITAL, FLUX_DOUBLE_DEPTH = (0, 1, 17, 18), 19
 FLUX_SINGLE_VITAL, FLUX_SINGLE_DEPTH = (6, 9, 34, 35, 37), 38
 SD3_VITAL, SD3_DEPTH = (0, 7, 8, 9), 24
+
+
+def vital_layers_record(generator: str, layers: Sequence[int], provenance: dict | None) -> dict:
+    """What the manifest and card say about the layers that inject: the given ones and what
+    measured them, or the published set by its source (SD3's: unmeasured)."""
+    if layers:
+        return {"layers": list(layers), "provenance": provenance or "given by --vital-layers (unmeasured here)"}
+    if generator == "flux":
+        published = [*FLUX_DOUBLE_VITAL, *(FLUX_DOUBLE_DEPTH + i for i in FLUX_SINGLE_VITAL)]
+        source = "Stable Flow's set (Avrahami et al. 2025; snap-research/stable-flow run_stable_flow.py)"
+    else:
+        published = list(SD3_VITAL)
+        source = "UNMEASURED: no checked source; measure with `counterfactory doctor vital-layers`"
+    # A transformer of another depth (the tiny one) injects the same relative depths.
+    return {"layers": published, "provenance": f"{source}; rescaled for other depths"}
+
 
 #: What the injected layer's `to_k`/`to_v` read: the image stream alone (SD3's joint blocks and
 #: FLUX's double-stream blocks project text through `add_k_proj`/`add_v_proj`), or the text
@@ -80,11 +99,32 @@ def scaled_layers(vital: Sequence[int], published_depth: int, depth: int) -> tup
     return tuple(sorted({round(i * (depth - 1) / (published_depth - 1)) for i in vital}))
 
 
-def vital_layer_map(config) -> dict[str, str]:
+def block_names(config) -> list[str]:
+    """The transformer blocks in order, as Stable Flow numbers them (FLUX: the `num_layers`
+    double-stream blocks, then the `num_single_layers` single-stream ones; SD3: its joint blocks):
+    the indices `--vital-layers` and `counterfactory doctor vital-layers` use."""
+    blocks = [f"transformer_blocks.{i}" for i in range(config["num_layers"])]
+    return blocks + [f"single_transformer_blocks.{i}" for i in range(config.get("num_single_layers", 0))]
+
+
+def vital_layer_map(config, layers: Sequence[int] | None = None) -> dict[str, str]:
     """{attention processor name: IMAGE | IMAGE_AFTER_TEXT} of the layers that inject, from a
     transformer's config (FLUX: `num_layers` double- and `num_single_layers` single-stream blocks;
     SD3: `num_layers` JointTransformerBlocks, their joint attention `attn` only: a dual-attention
-    block's image-only `attn2` keeps its own keys and values)."""
+    block's image-only `attn2` keeps its own keys and values). `layers`: block indices of
+    `block_names` (`--vital-layers`) instead of the published ones."""
+    if layers is not None:
+        names = block_names(config)
+        wrong = [i for i in layers if not 0 <= i < len(names)]
+        if wrong:
+            raise UserFacingError(
+                f"--vital-layers {wrong[0]}: this transformer has blocks 0..{len(names) - 1} "
+                "(FLUX: double-stream blocks first, then single-stream ones, as Stable Flow numbers them)"
+            )
+        return {
+            f"{names[i]}.attn.processor": IMAGE_AFTER_TEXT if names[i].startswith("single") else IMAGE
+            for i in sorted(set(layers))
+        }
     if "num_single_layers" in config:
         double = scaled_layers(FLUX_DOUBLE_VITAL, FLUX_DOUBLE_DEPTH, config["num_layers"])
         single = scaled_layers(FLUX_SINGLE_VITAL, FLUX_SINGLE_DEPTH, config["num_single_layers"])
@@ -152,11 +192,13 @@ class VitalKVProcessor:
 
 
 @contextlib.contextmanager
-def vital_processors(transformer, controller: KVController) -> Iterator[dict[str, str]]:
-    """Wrap the processors of `vital_layer_map(transformer.config)`; every other layer keeps its
-    own (the very same object). Restores the previous processors afterwards."""
+def vital_processors(
+    transformer, controller: KVController, vital: Sequence[int] | None = None
+) -> Iterator[dict[str, str]]:
+    """Wrap the processors of `vital_layer_map(transformer.config, vital)`; every other layer
+    keeps its own (the very same object). Restores the previous processors afterwards."""
     previous = transformer.attn_processors
-    layers = vital_layer_map(transformer.config)
+    layers = vital_layer_map(transformer.config, vital)
     missing = sorted(set(layers) - set(previous))
     if missing:
         raise ValueError(f"the transformer has no attention layer {missing[0]}")
@@ -220,7 +262,9 @@ class _Renderer:
                 prompt=captions, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=True
             )
             return _Conditioning(emb, pooled, neg, neg_pooled)
-        emb, pooled, text_ids = pipe.encode_prompt(prompt=captions, prompt_2=None, device=self.device)
+        emb, pooled, text_ids = pipe.encode_prompt(
+            prompt=captions, prompt_2=None, device=self.device, max_sequence_length=flux_t5_tokens(pipe)
+        )
         image_ids = pipe._prepare_latent_image_ids(1, self.side // 2, self.side // 2, self.device, emb.dtype)
         return _Conditioning(emb, pooled, text_ids=text_ids, image_ids=image_ids)
 
@@ -334,9 +378,11 @@ def generate_pairs_mmdit(
     share: bool = True,
     work: UNetWork | None = None,
     early: EarlyRejection | None = None,
+    vital_layers: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Images of every candidate pair, uint8 `(N, size, size, 3)` for the original and the
-    edited caption, on a StableDiffusion3Pipeline or a FluxPipeline (see the module docstring).
+    edited caption, on a StableDiffusion3Pipeline or a FluxPipeline (see the module docstring);
+    `vital_layers`: block indices injecting instead of the published ones (`block_names`).
     `work` counts transformer rows (`unet_rows`, both guidance halves) and decoded images; with
     `early`, the candidates it drops are left out (their batch positions: `early.dropped`)."""
     kind = family(pipe)
@@ -355,7 +401,7 @@ def generate_pairs_mmdit(
     sched = r.scheduler(steps, latents)
     ctrl = KVController(r.halves, cond.embeds.shape[1])
     work = work if work is not None else UNetWork()
-    with vital_processors(pipe.transformer, ctrl):
+    with vital_processors(pipe.transformer, ctrl, vital_layers or None):
         for i, t in enumerate(sched.timesteps):
             if not specs:
                 break

@@ -70,8 +70,12 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     profile = asdict(profile_from_args(args))
     images = values.setdefault("images", {})
     spec = generator(images.get("generator", ImageStageConfig.generator))
-    if args.models == "production":  # the generator's own steps and native resolution
-        images.setdefault("steps", spec.steps)
+    # The model's own reference guidance and (production) steps, its family's native
+    # resolution; an explicit flag wins (METHOD.md §2, "Reference settings").
+    reference = spec.reference_for(args.generator_model or args.sd_model or spec.default_model)
+    images.setdefault("guidance_range", reference.guidance)
+    if args.models == "production":
+        images.setdefault("steps", reference.steps)
         images.setdefault("image_size", spec.resolution)
     generates = values.get("stage", "all") != "captions" and image_import is None
     models = {role: profile[role] for role in MODEL_ROLES}
@@ -97,17 +101,50 @@ def _generator_model(
     if args.generator_model and args.sd_model:
         raise UserFacingError("give --generator-model or --sd-model, not both")
     p2p = ImageStageConfig()
-    given = [f"--{o}" for o in ("inject", "scheduler") if images.get(o, getattr(p2p, o)) != getattr(p2p, o)]
+    own = ("inject", "scheduler", "cross_replace_fraction", "self_replace_fraction")
+    given = [f"--{o.replace('_', '-')}" for o in own if images.get(o, getattr(p2p, o)) != getattr(p2p, o)]
     if "inject" not in spec.options and given:
         raise UserFacingError(
             f"{', '.join(given)} only apply to the Prompt-to-Prompt generators "
             f"(sd15, sdxl), not --generator {spec.name}"
         )
+    vital = [flag for flag in ("vital_layers", "vital_layers_from") if images.get(flag)]
+    if "vital_layers" not in spec.options and vital:
+        raise UserFacingError(
+            f"--{vital[0].replace('_', '-')} only applies to the MM-DiT generators (sd3, flux), not --generator {spec.name}"
+        )
+    if len(vital) == 2:
+        raise UserFacingError("give --vital-layers or --vital-layers-from, not both")
+    if images.get("vital_layers_from"):
+        images.update(read_vital_layers(images.pop("vital_layers_from"), spec.name))
     if args.generator_model:
         return args.generator_model
     if not generates:
         return profile_sd  # nothing is generated: no generator model is loaded
     return generator_model(spec, args.models, profile_sd, args.tiny_models_dir or default_tiny_dir())
+
+
+def read_vital_layers(path: str, generator_name: str) -> Values:
+    """`vital_layers` and `vital_layers_provenance` from the JSON of `counterfactory doctor
+    vital-layers` (`{"generator", "vital_layers", "provenance"}`), checked; the path itself is
+    not recorded (the provenance says what was measured)."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(path).read_text())
+        layers, provenance = data["vital_layers"], data["provenance"]
+        ok = isinstance(layers, list) and all(isinstance(i, int) and i >= 0 for i in layers) and layers
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserFacingError(
+            f"--vital-layers-from {path}: not a `counterfactory doctor vital-layers` JSON ({e}); run it again"
+        ) from e
+    if not ok or data.get("generator") != generator_name:
+        raise UserFacingError(
+            f"--vital-layers-from {path}: holds {data.get('generator')!r} layers {layers!r}, not a list "
+            f"of block indices measured for --generator {generator_name}"
+        )
+    return {"vital_layers": tuple(layers), "vital_layers_provenance": provenance}
 
 
 def _image_import(values: Values) -> ImageImportConfig | None:

@@ -27,7 +27,8 @@ Which maps are injected (`inject`):
 - `"both"`: the `self` injection (every layer, both halves) and the `cross` word swap.
 
 Injection rule (the reference's): pair j is injected at step i (0-based) while
-`p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last.
+`p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last. Self maps
+follow `PairSpec.p_self` where given (P2P's `self_replace_steps`; default: p, the paper's).
 
 Shared computation (`share=True`, builders/counterfactuals/METHOD.md §2 "Shared computation"):
 the images are those of the independent computation, but the UNet sees each distinct row state
@@ -62,11 +63,17 @@ SCHEDULERS = ("euler_ancestral", "dpm_solver_pp", "pipeline")
 
 @dataclass(frozen=True)
 class PairSpec:
-    """One candidate pair: its seed, injection fraction and guidance scale."""
+    """One candidate pair: its seed, injection fraction and guidance scale; `p_self`: the
+    fraction of the steps whose self maps are injected, where it differs from p (None: p)."""
 
     seed: int
     p: float
     guidance: float
+    p_self: float | None = None
+
+    @property
+    def self_p(self) -> float:
+        return self.p if self.p_self is None else self.p_self
 
 
 @dataclass
@@ -106,13 +113,14 @@ def row_keys(specs: Sequence[PairSpec], steps: int, step: int, share: bool) -> l
     An original row depends on (seed, guidance) only. A counterfactual row's latents before
     `step` depend on which of the steps `0..step-1` injected, a prefix of length
     `min(n, step)` with `n = injected_steps(p)`, and its UNet input on whether `step` injects
-    (`n > step`): both are told by `min(n, step + 1)`. Without `share`, every row is its own."""
+    (`n > step`): both are told by `min(n, step + 1)`, for the cross and the self maps' fractions
+    (the same n unless `p_self` is given). Without `share`, every row is its own."""
     if not share:
         return [(r,) for r in range(2 * len(specs))]
     keys = []
     for s in specs:
         keys.append(("o", s.seed, s.guidance))
-        keys.append(("c", s.seed, s.guidance, min(injected_steps(s.p, steps), step + 1)))
+        keys.append(("c", s.seed, s.guidance, *(min(injected_steps(p, steps), step + 1) for p in (s.p, s.self_p))))
     return keys
 
 
@@ -166,7 +174,8 @@ class P2PController:
 
     The UNet batch is `[uncond half | cond half]`, each half `[o_1, c_1, o_2, c_2, ...]` (or, when
     `links` is set, any rows: `links` lists the (original row, counterfactual row) positions
-    inside a half of `half` rows that inject at this step)."""
+    inside a half of `half` rows that inject cross maps at this step, `self_links` those that
+    inject self maps)."""
 
     def __init__(
         self, specs: Sequence[PairSpec], steps: int, inject: str, mapper: torch.Tensor | None, low_res_tokens: int = 0
@@ -182,13 +191,24 @@ class P2PController:
         self.mapper, self.low_res_tokens = mapper, low_res_tokens
         self.step = 0
         self.links: list[tuple[int, int]] | None = None
+        self.self_links: list[tuple[int, int]] | None = None
         self.half = 2 * len(self.specs)
 
-    def rows(self, halves: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(original rows, counterfactual rows) of the pairs injecting at this step."""
-        links = self.links
+    def set_links(self, unique: Sequence[int], index: Sequence[int], at: dict[int, int]) -> None:
+        """This step's `links`/`self_links` among the deduplicated rows `unique` (`_dedupe`'s)."""
+        self.links, self.self_links = (
+            [(index[r - 1], at[r]) for r in unique if r % 2 and injected(p(self.specs[r // 2]), self.step, self.steps)]
+            for p in (lambda s: s.p, lambda s: s.self_p)
+        )
+
+    def rows(self, halves: tuple[int, ...], self_maps: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(original rows, counterfactual rows) injecting at this step: self maps with `self_maps`, else cross."""
+        links = self.self_links if self_maps else self.links
         if links is None:
-            links = [(2 * j, 2 * j + 1) for j, s in enumerate(self.specs) if injected(s.p, self.step, self.steps)]
+            fraction = (lambda s: s.self_p) if self_maps else (lambda s: s.p)
+            links = [
+                (2 * j, 2 * j + 1) for j, s in enumerate(self.specs) if injected(fraction(s), self.step, self.steps)
+            ]
         if not links:
             return None
         src = torch.tensor([h * self.half + o for h in halves for o, _ in links])
@@ -229,9 +249,9 @@ class P2PAttnProcessor:
         else:
             rows = None
             if not self.is_cross and self.ctrl.inject_self:
-                rows = self.ctrl.rows((0, 1))
+                rows = self.ctrl.rows((0, 1), self_maps=True)
             elif not self.is_cross and self.ctrl.inject_cross and query.shape[2] <= self.ctrl.low_res_tokens:
-                rows = self.ctrl.rows((1,))
+                rows = self.ctrl.rows((1,), self_maps=True)
             if rows is not None:
                 src, dst = rows
                 query, key = query.clone(), key.clone()
@@ -448,7 +468,7 @@ def denoise_pairs(
             # Row 2j+1 and its original 2j: positions among the unique rows (a shared original
             # sits wherever its first candidate put it).
             ctrl.step, ctrl.half = i, len(unique)
-            ctrl.links = [(index[r - 1], at[r]) for r in unique if r % 2 and injected(specs[r // 2].p, i, steps)]
+            ctrl.set_links(unique, index, at)
             caption = [r % 2 for r in unique]
             guidance = torch.tensor(
                 [specs[r // 2].guidance for r in unique], dtype=prompts.cond.dtype, device=device

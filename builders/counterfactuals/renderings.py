@@ -365,6 +365,9 @@ def _rendering(source: RenderingSource, rows: int) -> dict[str, Any]:
         "license": cfg["generator"]["license"],
         "default_model": cfg["generator"]["default_model"],
         "steps": cfg["images"]["steps"],
+        "guidance_range": cfg["images"]["guidance_range"],
+        # The model's reference settings (#43); older builds did not record them.
+        "reference": cfg["generator"].get("reference"),
         "resolution": cfg["images"]["image_size"],
         "source": source.name,
         "source_created_at": source.manifest.get("created_at"),

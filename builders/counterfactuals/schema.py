@@ -86,8 +86,9 @@ COLUMN_DOCS = {
     "sd_model": "the generator's model, Hub id@commit (or local:NAME@sha256)",
     "clip_model": "the CLIP model of the image filters",
     "generator": "the image generator (`--generator`: sd15, sdxl, sd3, flux)",
-    "generation_method": "how the twin image was drawn: prompt-to-prompt/<inject mode> (Hertz et al. "
-    "2022), or stable-flow-vital-layers (Avrahami et al., CVPR 2025)",
+    "generation_method": "how the twin image was drawn: prompt-to-prompt-instruct-pix2pix/self (the "
+    "instruct-pix2pix generator's self-attention copy, Brooks et al. 2023), prompt-to-prompt/cross or "
+    "/both (Hertz et al. 2022's word swap), or stable-flow-vital-layers (Avrahami et al., CVPR 2025)",
     "steps": "denoising steps",
     "resolution": "image side in pixels",
     "image_candidates_passed": "of which passed every image filter",

@@ -1,8 +1,10 @@
 """The floating-point precision of the builders' model stages: one resolution, next to the device.
 
 `--dtype auto` (default) is fp16 on CUDA, the precision the reference generators (Stable
-Diffusion, CLIP) run in, at half the memory and about twice the throughput of fp32; on any other
-device it is fp32, so CPU builds keep their exact outputs. fp16 is refused on the CPU (PyTorch's
+Diffusion, CLIP) run in, at half the memory and about twice the throughput of fp32, or the
+model's own reference dtype where a caller names one (`auto_cuda`: FLUX.1's bf16; fp32, with one
+log line, on a GPU without bf16); on any other device it is fp32, so CPU builds keep their exact
+outputs. fp16 is refused on the CPU (PyTorch's
 CPU half kernels are missing for some ops and far slower than fp32 for the rest), bf16 where the
 GPU lacks it (`torch.cuda.is_bf16_supported()`), each with one line naming the way out.
 
@@ -18,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -26,6 +29,8 @@ from builders.engine.options import option
 
 #: `--dtype` choices; `auto` resolves per device (`resolve_dtype`).
 DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
+
+log = logging.getLogger(__name__)
 
 
 def device_type(device: str) -> str:
@@ -39,32 +44,46 @@ def resolve_dtype(
     bf16_supported: Callable[[], bool] | None = None,
     flag: str = "--dtype",
     full: str = "fp32",
+    auto_cuda: str = "fp16",
 ) -> str:
     """The dtype name (`fp32`, `fp16`, `bf16`) that `requested` means on `device`; raises a
     `UserFacingError` for a precision the device cannot run, naming `flag` and its full-precision
-    value `full`. `bf16_supported` defaults to `torch.cuda.is_bf16_supported` (a parameter so the
-    table is testable without a GPU)."""
+    value `full`. `auto` is `auto_cuda` on CUDA (where that is bf16 and the GPU lacks it: fp32,
+    logged), fp32 elsewhere. `bf16_supported` defaults to `torch.cuda.is_bf16_supported` (a
+    parameter so the table is testable without a GPU)."""
     if requested not in DTYPE_CHOICES:
         raise UserFacingError(f"{flag} takes {', '.join(DTYPE_CHOICES)} (got {requested!r})")
     kind = device_type(device)
     if requested == "auto":
-        return "fp16" if kind == "cuda" else "fp32"
+        if kind != "cuda":
+            return "fp32"
+        if auto_cuda == "bf16" and not _bf16(bf16_supported):
+            # fp16 is not the model's reference dtype (FLUX overflows to NaN in fp16).
+            log.info(
+                "%s auto: this GPU (%s) lacks bfloat16, the model's reference dtype; running in fp32", flag, device
+            )
+            return "fp32"
+        return auto_cuda
     if requested == "fp16" and kind == "cpu":
         raise UserFacingError(
             f"{flag} fp16 needs a GPU (this process runs on the CPU, whose half "
             f"kernels are incomplete and slow); use {flag} {full} or {flag} bf16"
         )
     if requested == "bf16" and kind == "cuda":
-        if bf16_supported is None:
-            import torch
-
-            bf16_supported = torch.cuda.is_bf16_supported
-        if not bf16_supported():
+        if not _bf16(bf16_supported):
             raise UserFacingError(
                 f"{flag} bf16: this GPU ({device}) does not support bfloat16 "
                 f"(torch.cuda.is_bf16_supported() is False); use {flag} fp16"
             )
     return requested
+
+
+def _bf16(supported: Callable[[], bool] | None) -> bool:
+    if supported is None:
+        import torch
+
+        supported = torch.cuda.is_bf16_supported
+    return bool(supported())
 
 
 def torch_dtype(name: str) -> Any:
@@ -82,8 +101,8 @@ class Precision:
     dtype: str
 
     @classmethod
-    def resolve(cls, requested: str, device: str) -> "Precision":
-        return cls(device=device, dtype=resolve_dtype(requested, device))
+    def resolve(cls, requested: str, device: str, auto_cuda: str = "fp16") -> "Precision":
+        return cls(device=device, dtype=resolve_dtype(requested, device, auto_cuda=auto_cuda))
 
     @property
     def torch_dtype(self) -> Any:
@@ -95,25 +114,25 @@ class Precision:
         return {**asdict(self), "device": device_type(self.device)}
 
 
-def worker_precision(requested: str = "auto", device: str | None = None) -> Precision:
+def worker_precision(requested: str = "auto", device: str | None = None, auto_cuda: str = "fp16") -> Precision:
     """This process's `Precision`: `device` (default `distributed.worker_device`, the one place
-    that picks the device) and `requested` resolved on it."""
+    that picks the device) and `requested` resolved on it (`auto_cuda`: `resolve_dtype`)."""
     from builders.engine.distributed import worker_device
 
-    return Precision.resolve(requested, device or worker_device())
+    return Precision.resolve(requested, device or worker_device(), auto_cuda)
 
 
-def _dtype_help(stages: str) -> str:
+def _dtype_help(stages: str, cuda: str = "fp16") -> str:
     return (
-        f"precision of {stages} (default %(default)s: fp16 on CUDA, fp32 elsewhere; fp16 is "
+        f"precision of {stages} (default %(default)s: {cuda} on CUDA, fp32 elsewhere; fp16 is "
         "refused on the CPU, bf16 on GPUs without it)"
     )
 
 
-def dtype_option(stages: str, group: str | None = None) -> Any:
+def dtype_option(stages: str, group: str | None = None, cuda: str = "fp16") -> Any:
     """The `--dtype` field of a builder's config (`builders.engine.options`), whose `stages`
-    (words for its help) run in the chosen precision."""
-    return option("auto", _dtype_help(stages), group=group, choices=DTYPE_CHOICES)
+    (words for its help) run in the chosen precision; `cuda`: what `auto` is on CUDA, in words."""
+    return option("auto", _dtype_help(stages, cuda), group=group, choices=DTYPE_CHOICES)
 
 
 def add_dtype_argument(group: argparse._ActionsContainer, stages: str) -> None:

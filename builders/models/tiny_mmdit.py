@@ -5,7 +5,7 @@ black-forest-labs/FLUX.1-schnell (SD3Transformer2DModel / FluxTransformer2DModel
 encoders, a T5 encoder, an AutoencoderKL with shift and scaling factors, the flow-matching Euler
 scheduler) at a few thousand parameters each, saved with `save_pretrained`, so they load through
 `StableDiffusion3Pipeline.from_pretrained` / `FluxPipeline.from_pretrained` as the real ones do.
-Each renders a 64 px pair in seconds on a CPU (flux: 512 T5 tokens, its pipeline default).
+Each renders a 64 px pair in seconds on a CPU (flux: 256 T5 tokens, as FLUX.1-schnell; 512 with a guidance embedding, as FLUX.1-dev).
 
 Tokenizers are built offline: the CLIP ones are `builders.models.tiny`'s character-level CLIP
 tokenizer, the T5 one a unigram vocabulary of single characters (transformers' T5 tokenizer

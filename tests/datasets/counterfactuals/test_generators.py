@@ -14,6 +14,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -122,7 +123,8 @@ def test_fixture_build_draws_one_word_pairs_and_records_the_generator(name, tmp_
         assert row["generator"] == name
         assert row["generation_method"] == spec.method_name("self")
         assert (row["steps"], row["resolution"]) == (2, 64)
-        assert 7.5 <= row["guidance_scale"] <= 15
+        # Each generator's reference guidance (#43): SDXL 5.0, SD3-medium 7.0, FLUX.1-schnell 0.
+        assert row["guidance_scale"] == {"sdxl": 5.0, "sd3": 7.0, "flux": 0.0}[name]
         # The tiny pipeline of the generator's family, named by its content digest.
         assert row["sd_model"].startswith(f"local:{name}@sha256:"), row["sd_model"]
         assert pixels(row["image_0"]).shape == pixels(row["image_1"]).shape == (64, 64, 3)
@@ -143,7 +145,7 @@ def test_sd15_draws_todays_prompt_to_prompt_images(tmp_path, tiny_models_dir):
     published = rows(out)
     assert len(published) == len(PAIRS)
     for row in published:
-        assert (row["generator"], row["generation_method"]) == ("sd15", "prompt-to-prompt/self")
+        assert (row["generator"], row["generation_method"]) == ("sd15", "prompt-to-prompt-instruct-pix2pix/self")
         im0, im1 = generate_pairs(
             pipe,
             row["caption_0"],
@@ -192,11 +194,12 @@ def test_an_sdxl_edit_its_text_encoders_cannot_see_draws_nothing(tmp_path, tiny_
 
 
 def test_each_text_encoder_token_limit_decides_what_an_edit_shows(tiny_models_dir):
-    """sd3 and flux read T5 (to 256 and 512 tokens) beside CLIP's 77: a swap past CLIP's limit
+    """sd3 and flux read T5 (to 256 tokens, FLUX.1-schnell's too) beside CLIP's 77: a swap past CLIP's limit
     but inside T5's is drawn by them and skipped by the CLIP-only generators. (The tiny CLIP tokenizer, one
     token per character, stands in for T5: the limits are what is tested.)"""
     tok = load_sd(resolve_profile("tiny", tiny_models_dir).sd).tokenizer
-    pipe = type("Pipe", (), {"tokenizer": tok, "tokenizer_2": tok, "tokenizer_3": tok})()
+    schnell = SimpleNamespace(config=SimpleNamespace(guidance_embeds=False))
+    pipe = SimpleNamespace(tokenizer=tok, tokenizer_2=tok, tokenizer_3=tok, transformer=schnell)
     prefix = "x" * 150  # characters, so tokens: past 77, inside 256
     for name, expected in (
         ("sd15", EDIT_BEYOND_TEXT_ENCODER),
@@ -258,9 +261,9 @@ def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(meta_nonzero):
         ctrl = P2PController([PairSpec(0, 0.5, 7.5)], 10, mode, mapper, low_res_tokens=(side // 4) ** 2)
         current, injecting, rows_of = [None], {}, ctrl.rows
 
-        def recording(halves, rows_of=rows_of, injecting=injecting, current=current):
+        def recording(halves, self_maps=False, rows_of=rows_of, injecting=injecting, current=current):
             injecting[current[0]] = halves
-            return rows_of(halves)
+            return rows_of(halves, self_maps)
 
         ctrl.rows = recording
         hooks = [

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from builders.counterfactuals.generators import flux_t5_tokens
 from builders.counterfactuals.mmdit_edit import (
     IMAGE,
     IMAGE_AFTER_TEXT,
@@ -246,6 +247,8 @@ def _pipeline_image(pipe, name, caption, seed, steps, guidance):
         guidance_scale=guidance,
         latents=latents,
         output_type="np",
+        # FLUX at its reference T5 length (schnell 256, dev 512), which the renderer reads.
+        **({} if name == "sd3" else {"max_sequence_length": flux_t5_tokens(pipe)}),
     ).images[0]
     return (image * 255).round().astype(np.uint8)
 

@@ -143,10 +143,13 @@ def test_combined_builds_publish_and_load_by_config_with_equal_pair_ids(builds, 
         assert kept == len(loaded[g])
         generators_row = card_rows(card, g)[0]
         # Pairs in: every caption pair of the table went to each generator's image stage.
-        assert generators_row[6] == f"{kept} / {len(captions)}"
+        assert generators_row[7] == f"{kept} / {len(captions)}"
         assert GENERATORS[g].license in generators_row[3]
+        # Each generator's guidance, at its model's reference (#43): the paper's U(7.5, 15) for
+        # sd15, diffusers' SDXL default 5.0.
+        assert generators_row[5] == {"sd15": "7.5–15.0 (reference 7.5–15.0)", "sdxl": "5.0 (reference 5.0)"}[g]
         expected = [percent(tried - counts[f"image_rejected_{f}"], tried) for f in FILTERS]
-        assert generators_row[8:12] == [*expected, percent(counts["image_candidates_passed"], tried)]
+        assert generators_row[9:13] == [*expected, percent(counts["image_candidates_passed"], tried)]
         record = manifest(out)["renderings"][g]
         assert (record["rows"], record["pairs_in"], record["counts"]) == (kept, len(captions), counts)
         assert (record["generator"], record["steps"], record["resolution"]) == (g, 2, 64)
@@ -195,7 +198,7 @@ def test_a_generator_that_kept_no_pair_has_no_config_and_is_named(builds, tmp_pa
     card = (out / "README.md").read_text()
     assert re.findall(r"config_name: (\S+)", card.split("---")[1])[:3] == ["sd15", "sdxl", "captions"]
     assert "`sd3` kept no pair: it has no config" in card
-    assert card_rows(card, "sd3")[0][6].startswith("0 / ")
+    assert card_rows(card, "sd3")[0][7].startswith("0 / ")
 
 
 @pytest.mark.e2e
