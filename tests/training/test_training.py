@@ -578,7 +578,9 @@ def test_datasets_by_revision_from_the_hub_and_push_to_hub(builds, tiny_models_d
     tables = json.loads((out / "run.json").read_text())["tables"]
     assert {(t["path"], t["revision"], t["commit"]) for t in tables} == {(repo, "v1.0.0", sha)}
     card = Path(hf_hub_download("trainer-test/tiny-clip", "README.md")).read_text()
-    assert repo in card and "v1.0.0" in card and sha in card and r"retrieval/i2t\_R@1" in card
+    assert (
+        repo in card and "v1.0.0" in card and sha in card and r"zeroshot\_retrieval/text\_retrieval\_recall@1" in card
+    )
     pushed = CLIPModel.from_pretrained("trainer-test/tiny-clip")
     local = weights(out / "final")
     for name, param in pushed.state_dict().items():

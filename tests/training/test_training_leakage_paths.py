@@ -137,7 +137,10 @@ def test_selecting_the_checkpoint_on_the_test_split_is_refused(tmp_path, tiny_mo
     out = tmp_path / "allowed"
     assert train_main([*args, *tiny(tiny_models_dir, out, "--best-by-val-loss", "--allow-eval-overlap")]) == 0
     table = (out / "metrics.md").read_text()
-    assert r"| retrieval/t2i\_R@1 \[overlaps checkpoint selection: 8/8 images, 40/40 captions\] |" in table
+    assert (
+        r"| zeroshot\_retrieval/image\_retrieval\_recall@1 \[overlaps checkpoint selection: 8/8 images, 40/40 captions\] |"
+        in table
+    )
 
 
 @pytest.fixture(scope="module")
