@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.statistics import UnitScores, bootstrap, interval
+from training.statistics import UnitScores, bootstrap, interval, intervals, paired_difference
 from training.evaluation import unit_scores
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,10 @@ def before_after(
         if pairs
         else {}
     )
+    # As the report's paired differences (training/report/compare.py): studentized where the
+    # difference is linear in the units, else the percentile interval of the resampled ones.
+    linear = {k: d for k, (b, a) in pairs.items() if (d := paired_difference(a, b))}
+    studentized = {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
     out = {}
     for key, after in final.items():
         if key not in before:
@@ -86,7 +90,8 @@ def before_after(
             "ci_high": None,
         }
         if key in pairs:
-            low, high = interval(resampled[(key, "a")] - resampled[(key, "b")])
+            found = studentized.get(key)
+            low, high = (found.low, found.high) if found else interval(resampled[(key, "a")] - resampled[(key, "b")])
             row.update(ci_low=None if math.isnan(low) else low, ci_high=None if math.isnan(high) else high)
         out[key] = row
     return out
@@ -115,16 +120,13 @@ def final_statistics(
     """run.json's `final_intervals` (metric -> [low, high]), `bootstrap`, `bootstrap_seed`,
     `before_metrics` (None: --eval-only or a run started before it was evaluated) and
     `before_after` (a run that `trained`; not --eval-only), with --bootstrap resamples seeded by
-    --seed."""
+    --seed. Each interval is made as the report makes it (training.statistics.intervals: exact
+    for proportions, studentized for means); a metric the units cannot move (`trivial`, e.g. R@K
+    with K >= the gallery) or with no spread to resample gets none."""
     resamples, seed = cfg.run.bootstrap, cfg.run.seed
-    resampled = bootstrap(units, resamples, seed) if resamples else {}
-
-    def finite(x: float) -> float | None:
-        return None if math.isnan(x) else x
-
-    intervals = {k: [finite(v) for v in interval(resampled[k])] for k in units if k in metrics and resamples}
+    found = intervals({k: u for k, u in units.items() if k in metrics}, resamples, seed) if resamples else {}
     return {
-        "final_intervals": {k: v for k, v in intervals.items() if None not in v},
+        "final_intervals": {k: [i.low, i.high] for k, i in found.items() if np.isfinite([i.low, i.high]).all()},
         "bootstrap": resamples,
         "bootstrap_seed": seed,
         "before_metrics": read_before(output) if trained else None,

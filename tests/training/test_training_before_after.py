@@ -177,3 +177,28 @@ def test_zeroshot_and_flickr30k_are_evaluated_before_step_1(colors, tiny_models_
         row = rows[key]
         assert row["difference"] == pytest.approx(row["after"] - row["before"]), key
         assert row["ci_low"] is not None and row["ci_low"] - 1e-9 <= row["difference"] <= row["ci_high"] + 1e-9, key
+
+
+def test_final_intervals_are_made_as_the_report_makes_them(tmp_path):
+    """The trainer's own intervals at small n (#42): R@1 with no hit in 6 images is the exact
+    Clopper-Pearson [0, 0.459] (the percentile bootstrap gave [0, 0]), and an R@K that every
+    image hits by construction gets no interval instead of [1, 1]."""
+    from types import SimpleNamespace
+
+    from scipy import stats
+
+    from training.before_after import final_statistics
+    from training.statistics import UnitScores
+
+    units = {
+        "zeroshot_retrieval/image_retrieval_recall@1": UnitScores("images", np.zeros(6), proportion=True),
+        "zeroshot_retrieval/image_retrieval_recall@10": UnitScores(
+            "images", np.ones(6), proportion=True, trivial=True
+        ),
+    }
+    metrics = {k: u.value() for k, u in units.items()}
+    cfg = SimpleNamespace(run=SimpleNamespace(bootstrap=200, seed=0))
+    found = final_statistics(tmp_path, None, cfg, metrics, units, trained=False)["final_intervals"]
+    exact = stats.binomtest(0, 6).proportion_ci(0.95, method="exact")
+    assert found["zeroshot_retrieval/image_retrieval_recall@1"] == pytest.approx([exact.low, exact.high])
+    assert "zeroshot_retrieval/image_retrieval_recall@10" not in found
