@@ -34,7 +34,7 @@ from builders.engine.errors import UserFacingError
 
 log = logging.getLogger(__name__)
 
-#: The published list lengths (METHOD.md §6): FLUX 9 blocks, SD3 4; `--top`'s default.
+#: The published list lengths (builders/counterfactuals/METHOD.md §6): FLUX 9 blocks, SD3 4; `--top`'s default.
 PUBLISHED_COUNT = {"flux": 9, "sd3": 4}
 #: Default prompts (COCO-like scenes; Stable Flow used 64 prompts x seeds: give more with
 #: `--prompts`).

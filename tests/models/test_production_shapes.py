@@ -104,9 +104,9 @@ def _injecting_layers(unet, inject: str) -> dict[str, tuple[int, ...]]:
     current, injecting = [None], {}
     rows = ctrl.rows
 
-    def recording_rows(halves):
+    def recording_rows(halves, **kwargs):
         injecting[current[0]] = halves
-        return rows(halves)
+        return rows(halves, **kwargs)
 
     ctrl.rows = recording_rows
     hooks = [
