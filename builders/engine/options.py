@@ -139,7 +139,9 @@ def _check_names(cls: type, values: Mapping[str, Any], where: str) -> None:
 
 
 def _merged(low: Mapping[str, Any], high: Values) -> Values:
-    out = dict(low)
+    # A section the flags left alone is copied too: a caller fills in defaults of its own
+    # (setdefault), which must never reach the shared preset.
+    out = {name: _merged(value, {}) if isinstance(value, Mapping) else value for name, value in low.items()}
     for name, value in high.items():
         out[name] = (
             _merged(out[name], value) if isinstance(value, dict) and isinstance(out.get(name), Mapping) else value

@@ -69,6 +69,17 @@ def test_a_preset_replaces_defaults_but_never_a_given_flag():
         Preset("--models tiny", _Config, {"stage": {"step": 2}})
 
 
+def test_a_value_filled_in_after_the_preset_never_reaches_the_preset():
+    """A builder fills in defaults of its own on the merged values (coco-counterfactuals: the
+    generator's reference guidance, by setdefault); the preset's section must be a copy, or the
+    first build's generator would set every later build's guidance in the same process."""
+    tiny = Preset("--models tiny", _Config, {"stage": {"steps": 2}})
+    tiny.under({})["stage"]["p_range"] = (0.5, 0.5)
+    tiny.under({"root": "r"})["stage"].setdefault("filters", ("c",))
+    assert tiny.values == {"stage": {"steps": 2}}
+    assert tiny.under({}) == {"stage": {"steps": 2}}
+
+
 def test_run_flags_are_build_run_config_fields_with_its_defaults(tmp_path):
     from builders.launch import run_config_from_args
 
