@@ -41,8 +41,8 @@ test: $(STAMP) lint system-deps
 # The unit tier, for the inner loop: every test but the end-to-end ones (marked `e2e`: the CLI in a
 # subprocess, `accelerate launch`, the browser, clean virtualenvs, the README's commands, full
 # builds and publishing; tests/README.md) and the unit tests of seconds or more (marked `slow`:
-# diffusion and caption-model runs on the CPU). About 2 minutes instead of the suite's thirty, and
-# no Chromium.
+# diffusion and caption-model runs on the CPU), and no Chromium. Measured in a fresh clone on 2 idle
+# cores (2026-11-27): 63 s of pytest, 3.0 min with the venv's creation; `make test`: 19.4 min.
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
 
