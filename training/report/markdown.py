@@ -280,11 +280,14 @@ def _settings(records: list[dict]) -> str:
     if not first.get("bootstrap"):
         return "No intervals (`--bootstrap 0`)."
     return (
-        f"Each value is shown as `value [low, high]`: its 95 % percentile bootstrap interval over "
-        f"the metric's independent units (images with all their captions for retrieval, "
-        f"queries for ODmAP@k, pairs for the ITM deltas, removal pairs for PN), "
-        f"{first['bootstrap']} resamples, seed {first.get('seed')}; metrics without per-unit "
-        "scores (ECCV Caption suite) have none. Code version "
+        f"Each value is shown as `value [low, high]`: its 95 % interval over the metric's "
+        f"independent units (images with all their captions for retrieval, queries for ODmAP@k, "
+        f"pairs for the ITM deltas, removal pairs for PN; pairs and queries of one source image "
+        f"resampled together), made as its kind needs (each record's `ci_method`: Clopper-Pearson "
+        f"for proportions, studentized bootstrap for means, percentile bootstrap for medians; "
+        f"docs/report.md), {first['bootstrap']} resamples, seed {first.get('seed')}; metrics "
+        "without per-unit scores (ECCV Caption suite), and those the units cannot move (`trivial`), "
+        "have none. Code version "
         f"`{plain(first.get('code_version'))}`."
     )
 
