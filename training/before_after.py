@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.statistics import UnitScores, bootstrap, interval, intervals, paired_difference
+from training.statistics import UnitScores, bootstrap, interval, intervals, paired_intervals
 from training.evaluation import unit_scores
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,7 @@ def before_after(
     )
     # As the report's paired differences (training/report/compare.py): studentized where the
     # difference is linear in the units, else the percentile interval of the resampled ones.
-    linear = {k: d for k, (b, a) in pairs.items() if (d := paired_difference(a, b))}
-    studentized = {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
+    studentized = paired_intervals({k: (a, b) for k, (b, a) in pairs.items()}, resamples, seed)
     out = {}
     for key, after in final.items():
         if key not in before:

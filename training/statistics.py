@@ -262,6 +262,14 @@ def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
     return UnitScores(a.units, np.asarray(a.num) - np.asarray(b.num), a.den, clusters=a.clusters)
 
 
+def paired_intervals(pairs: dict, resamples: int, seed: int) -> dict:
+    """key -> the studentized `Interval` of value(a) - value(b) for each (a, b) in `pairs` whose
+    difference is linear in the units (`paired_difference`) and has a spread; the others (a
+    median, a mean over groups) are left to the caller's percentile interval."""
+    linear = {k: d for k, (a, b) in pairs.items() if (d := paired_difference(a, b))}
+    return {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
+
+
 def cluster_sums(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
     """The per-cluster sums of a ratio metric's num and den (the units' own without clusters)."""
     den = np.ones(metric.n) if metric.den is None else np.asarray(metric.den, np.float64)

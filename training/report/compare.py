@@ -30,8 +30,7 @@ from training.statistics import (
     bootstrap,
     holm,
     interval,
-    intervals,
-    paired_difference,
+    paired_intervals,
     sign_flip_pvalues,
 )
 
@@ -87,15 +86,11 @@ def compare_dataset(
     compared = {x for p in pairs for x in p}
     tested = [k for k in keys if all(testable(k, units[m][k]) for m in compared)]
     resampled = bootstrap({(m, k): units[m][k] for m in compared for k in tested}, resamples, seed)
-    pvalues = sign_flip_pvalues(
-        {(key, a, b): (units[a][key], units[b][key]) for key in tested for a, b in pairs}, resamples, seed
-    )
+    paired = {(key, a, b): (units[a][key], units[b][key]) for key in tested for a, b in pairs}
+    pvalues = sign_flip_pvalues(paired, resamples, seed)
     # A difference linear in the units gets the studentized interval; a median's or a mean over
     # groups', the percentile interval of the paired resampled differences.
-    linear = {
-        (key, a, b): d for key in tested for a, b in pairs if (d := paired_difference(units[a][key], units[b][key]))
-    }
-    studentized = {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
+    studentized = paired_intervals(paired, resamples, seed)
     out = []
     for key in keys:
         task, metric = record_name(key)
