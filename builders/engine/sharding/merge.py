@@ -221,19 +221,54 @@ def merge_parts(
     `write_manifest` last), so the card is rendered from the manifest as published. Without it
     the build has no card.
     """
+    shards = _write_all_shards(layout, outputs, stats, max_shard_bytes)
+    invalidate(layout)  # until the new manifest is written, last, this is no finished build
+    _list_pending(layout, list(shards.values()))
+    outputs_manifest, keep = _put_shards_in_place(layout, outputs, shards)
+    _remove_stale_shards(layout, keep)
+    manifest = {
+        **{k: v for k, v in asdict(info).items() if k != "local_inputs"},
+        "counterfactory_version": __version__,
+        "counterfactory_git": git_state(),
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "run": {**run_config, "processes": world_size, "parts": len(stats)},
+        "packages": package_versions(),
+        "items": n_items,
+        "outputs": outputs_manifest,
+        **_summed(stats),
+    }
+    # Published as is: model folders, sources and the tagger are named without local paths, and
+    # every model (and local input) as the rows name it (`provenance.model_name`), however its
+    # flag spelled it.
+    manifest = portable(manifest, layout.root, inputs=[*info.models.values(), *info.local_inputs])
+    if finish is None:
+        record_files(layout, manifest, keep)
+        write_manifest(layout, manifest)
+    else:
+        finish(layout, manifest, keep)
+    return manifest
+
+
+def _write_all_shards(
+    layout: OutputLayout, outputs: Sequence[OutputSpec], stats: Sequence[dict[str, Any]], max_shard_bytes: int
+) -> dict[str, Any]:
+    """Every output's shards under temporary names (nothing renamed yet)."""
     written_tmp: list[Path] = []
     try:
-        shards = {
-            spec.key: _write_output_shards(layout, spec, stats, max_shard_bytes, written_tmp) for spec in outputs
-        }
+        return {spec.key: _write_output_shards(layout, spec, stats, max_shard_bytes, written_tmp) for spec in outputs}
     except BaseException:
         # A failed merge (disk full, a part that is not what its worker wrote) leaves no
         # half-written shard behind, and the previous merge as it was: nothing is renamed yet.
         for path in written_tmp:
             path.unlink(missing_ok=True)
         raise
-    invalidate(layout)  # until the new manifest is written, last, this is no finished build
-    _list_pending(layout, list(shards.values()))
+
+
+def _put_shards_in_place(
+    layout: OutputLayout, outputs: Sequence[OutputSpec], shards: dict[str, Any]
+) -> tuple[dict[str, Any], set[str]]:
+    """Rename each output's shards to their names; return the manifest's `outputs` and the names."""
     outputs_manifest: dict[str, Any] = {}
     keep: set[str] = set()
     for spec in outputs:
@@ -252,17 +287,12 @@ def merge_parts(
             **({"view": spec.view} if spec.view else {}),
         }
         log.info("%s: %d rows in %d shard(s)", spec.key, rows, len(names))
-    _remove_stale_shards(layout, keep)
-    manifest = {
-        **{k: v for k, v in asdict(info).items() if k != "local_inputs"},
-        "counterfactory_version": __version__,
-        "counterfactory_git": git_state(),
-        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
-        "run": {**run_config, "processes": world_size, "parts": len(stats)},
-        "packages": package_versions(),
-        "items": n_items,
-        "outputs": outputs_manifest,
+    return outputs_manifest, keep
+
+
+def _summed(stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The parts' skips, errors, counts, timings and peak memory, summed over the parts."""
+    return {
         "skipped": _aggregate(stats, "skipped"),
         "errors": _aggregate(stats, "errors"),
         "counts": _aggregate(stats, "counts"),
@@ -272,16 +302,6 @@ def merge_parts(
         },
         "peak_rss_bytes": peak_rss_summary(stats),
     }
-    # Published as is: model folders, sources and the tagger are named without local paths, and
-    # every model (and local input) as the rows name it (`provenance.model_name`), however its
-    # flag spelled it.
-    manifest = portable(manifest, layout.root, inputs=[*info.models.values(), *info.local_inputs])
-    if finish is None:
-        record_files(layout, manifest, keep)
-        write_manifest(layout, manifest)
-    else:
-        finish(layout, manifest, keep)
-    return manifest
 
 
 def record_files(layout: OutputLayout, manifest: dict[str, Any], written: set[str]) -> None:
