@@ -250,6 +250,27 @@ def bench_plans(profile, args) -> dict:
         name: sum(s.work.unet_rows for s in sel) / len(pairs)
         for name, sel in (("independent", independent), ("shared", exact))
     }
+    approximate = _approximate_plans(run, exact, pairs, args)
+    ids = [f"release-{k}" for k in range(args.release_sample)]
+    release = {
+        "independent (paper: 100 candidates)": production_rows(dict(candidates=100), ids),
+        f"grouped 10 x {args.p_values}": production_rows(
+            dict(candidate_plan="grouped", seeds=10, p_values=args.p_values, candidate_batch=args.p_values), ids
+        ),
+    }
+    return {
+        "pairs": len(pairs),
+        "candidates": args.seeds * args.p_values,
+        "rows": rows,
+        "t_shared": t_shared,
+        "t_independent": t_independent,
+        "approximate": approximate,
+        "release": release,
+    }
+
+
+def _approximate_plans(run, exact: list, pairs: list, args) -> dict:
+    """The approximations' UNet rows a pair, seconds and selections changed against the exact run."""
     approximate = {}
     fewer = max(2, args.plan_steps // 4)
     for name, changes in (
@@ -274,22 +295,7 @@ def bench_plans(profile, args) -> dict:
         "changed": _changed(sel, reference),
         "reference_rows": sum(s.work.unet_rows for s in reference) / len(pairs),
     }
-    ids = [f"release-{k}" for k in range(args.release_sample)]
-    release = {
-        "independent (paper: 100 candidates)": production_rows(dict(candidates=100), ids),
-        f"grouped 10 x {args.p_values}": production_rows(
-            dict(candidate_plan="grouped", seeds=10, p_values=args.p_values, candidate_batch=args.p_values), ids
-        ),
-    }
-    return {
-        "pairs": len(pairs),
-        "candidates": args.seeds * args.p_values,
-        "rows": rows,
-        "t_shared": t_shared,
-        "t_independent": t_independent,
-        "approximate": approximate,
-        "release": release,
-    }
+    return approximate
 
 
 def print_plans(res: dict, args) -> None:
