@@ -185,8 +185,31 @@ def check_demo(workdir: Path) -> list[str]:
 def check_training(workdir: Path, steps: int) -> list[str]:
     demo, data = workdir / "demo_gpu", workdir / "train_data"
     cli = [sys.executable, "-m", "builders.app.cli"]
-    # The training inputs of tests/training/test_training.py: every Karpathy split, and a decorrelation
-    # build that needs no model (zero fill), built once on the CPU.
+    _training_inputs(cli, demo, data, workdir)
+    metrics, seconds = {}, {}
+    for device, gpu in (("cpu", False), ("gpu", True)):
+        out = workdir / f"train_{device}"
+        seconds[device] = run(
+            _train_argv(cli, demo, data, steps, out),
+            gpu,
+            workdir / f"train_{device}.log",
+        )
+        metrics[device] = json.loads((out / "run.json").read_text())["final_metrics"]
+    problems = [
+        f"training metric {k}: {metrics['cpu'][k]} (CPU) vs {metrics['gpu'].get(k)} (GPU)"
+        for k in metrics["cpu"]
+        if not abs(metrics["cpu"][k] - metrics["gpu"].get(k, float("nan"))) <= METRIC_TOL
+    ]
+    print(
+        f"training ({steps} steps + evaluation): CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; "
+        f"{len(metrics['cpu'])} metrics compared, {len(problems)} beyond {METRIC_TOL}"
+    )
+    return _printed(problems)
+
+
+def _training_inputs(cli: list[str], demo: Path, data: Path, workdir: Path) -> None:
+    """The training inputs of tests/training/test_training.py: every Karpathy split, and a
+    decorrelation build that needs no model (zero fill), built once on the CPU."""
     run(
         [
             *cli,
@@ -220,50 +243,36 @@ def check_training(workdir: Path, steps: int) -> list[str]:
         False,
         workdir / "train_data_dec.log",
     )
-    metrics, seconds = {}, {}
-    for device, gpu in (("cpu", False), ("gpu", True)):
-        out = workdir / f"train_{device}"
-        seconds[device] = run(
-            [
-                *cli,
-                "train",
-                "--real",
-                str(data / "cc"),
-                "--decorrelation",
-                str(data / "dec"),
-                "--mix",
-                "decorrelation",
-                "--ratio",
-                "0.3",
-                "--models",
-                "tiny",
-                "--tiny-models-dir",
-                str(demo / "tiny_models"),
-                "--batch-size",
-                "8",
-                "--lr",
-                "1e-3",
-                "--max-steps",
-                str(steps),
-                "--num-workers",
-                "1",
-                "--output",
-                str(out),
-            ],
-            gpu,
-            workdir / f"train_{device}.log",
-        )
-        metrics[device] = json.loads((out / "run.json").read_text())["final_metrics"]
-    problems = [
-        f"training metric {k}: {metrics['cpu'][k]} (CPU) vs {metrics['gpu'].get(k)} (GPU)"
-        for k in metrics["cpu"]
-        if not abs(metrics["cpu"][k] - metrics["gpu"].get(k, float("nan"))) <= METRIC_TOL
+
+
+def _train_argv(cli: list[str], demo: Path, data: Path, steps: int, out: Path) -> list[str]:
+    """`counterfactory train` on those inputs: a 0.3 decorrelation mixture of the tiny models."""
+    return [
+        *cli,
+        "train",
+        "--real",
+        str(data / "cc"),
+        "--decorrelation",
+        str(data / "dec"),
+        "--mix",
+        "decorrelation",
+        "--ratio",
+        "0.3",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(demo / "tiny_models"),
+        "--batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--max-steps",
+        str(steps),
+        "--num-workers",
+        "1",
+        "--output",
+        str(out),
     ]
-    print(
-        f"training ({steps} steps + evaluation): CPU {seconds['cpu']:.0f} s, GPU {seconds['gpu']:.0f} s; "
-        f"{len(metrics['cpu'])} metrics compared, {len(problems)} beyond {METRIC_TOL}"
-    )
-    return _printed(problems)
 
 
 def _printed(problems: list[str]) -> list[str]:
