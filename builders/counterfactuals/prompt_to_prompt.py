@@ -469,13 +469,7 @@ def denoise_pairs(
             # sits wherever its first candidate put it).
             ctrl.step, ctrl.half = i, len(unique)
             ctrl.set_links(unique, index, at)
-            caption = [r % 2 for r in unique]
-            guidance = torch.tensor(
-                [specs[r // 2].guidance for r in unique], dtype=prompts.cond.dtype, device=device
-            ).view(-1, 1, 1, 1)
-            x = sched.scale_model_input(torch.cat([latents[unique], latents[unique]]), t)
-            eps_uncond, eps_cond = pipe.unet(x, t, **prompts.unet_inputs(caption)).sample.chunk(2)
-            eps = (eps_uncond + guidance * (eps_cond - eps_uncond))[index]
+            eps = _guided_noise(pipe, prompts, sched, (latents, t), (specs, unique))[index]
             out = sched.step(eps, t, latents, generator=noise_gens)
             latents = out.prev_sample
             work.unet_rows += 2 * len(unique)
@@ -483,10 +477,7 @@ def denoise_pairs(
                 # Rows that shared this step's input share their x0 prediction too.
                 previews = decode(pipe, predicted_x0(sched, out)[unique])[index]
                 work.decoded += len(unique)
-                keep = [bool(k) for k in early.check(previews[0::2], previews[1::2])]
-                # One preview step, so positions among the live candidates are batch positions.
-                early.dropped = [j for j, k in enumerate(keep) if not k]
-                kept = [j for j, k in enumerate(keep) if k]
+                kept = _kept_candidates(early, previews)
                 rows = [2 * j + h for j in kept for h in (0, 1)]
                 latents, noise_gens = latents[rows], [noise_gens[r] for r in rows]
                 _keep_sampler_rows(sched, rows)
@@ -498,3 +489,25 @@ def denoise_pairs(
     images = decode(pipe, latents[unique])[index]
     work.decoded += len(unique)
     return images[0::2], images[1::2]
+
+
+def _guided_noise(pipe, prompts: Prompts, sched, at: tuple, rows: tuple) -> torch.Tensor:
+    """The classifier-free-guided noise prediction of the unique rows at step `at` (the latents,
+    the timestep); `rows`: the specs and the unique row numbers (row 2j candidate j's original,
+    2j+1 its counterfactual), each candidate at its own guidance scale."""
+    (latents, t), (specs, unique) = at, rows
+    caption = [r % 2 for r in unique]
+    guidance = torch.tensor(
+        [specs[r // 2].guidance for r in unique], dtype=prompts.cond.dtype, device=latents.device
+    ).view(-1, 1, 1, 1)
+    x = sched.scale_model_input(torch.cat([latents[unique], latents[unique]]), t)
+    eps_uncond, eps_cond = pipe.unet(x, t, **prompts.unet_inputs(caption)).sample.chunk(2)
+    return eps_uncond + guidance * (eps_cond - eps_uncond)
+
+
+def _kept_candidates(early: EarlyRejection, previews: np.ndarray) -> list[int]:
+    """The candidates whose preview pair passes the early check; the others go to `early.dropped`.
+    One preview step, so positions among the live candidates are batch positions."""
+    keep = [bool(k) for k in early.check(previews[0::2], previews[1::2])]
+    early.dropped = [j for j, k in enumerate(keep) if not k]
+    return [j for j, k in enumerate(keep) if k]
