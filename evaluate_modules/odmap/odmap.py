@@ -218,43 +218,14 @@ class Odmap(evaluate.Metric):
                 table=table,
             )
         else:
-            shape = getattr(mention_matrix, "shape", None)
-            if shape is None or len(shape) != 2:
-                raise ValueError(f"mention_matrix must be a 2-D [gallery x classes] array, got shape {shape}")
-            if first is not None and isinstance(first[1], str):
-                q, item = first
-                raise ValueError(
-                    f"retrieved[{q}] (query {q}) holds {item!r} (a caption text); with "
-                    "mention_matrix, retrieved holds integer gallery indices (drop "
-                    "mention_matrix to score caption texts)"
-                )
-            if class_names is None:
-                names = list(ClassMatcher(table).class_names)
-            else:
-                names = list(class_names)
-            if mention_matrix.shape[1] != len(names):
-                raise ValueError(
-                    f"mention_matrix has {mention_matrix.shape[1]} columns but there are {len(names)} class_names"
-                )
-            column = {c: j for j, c in enumerate(names)}
-            removed = _class_matrix(removed_classes, column, "removed_classes")
-            present = _class_matrix(present_classes, column, "present_classes")
-            try:
-                topk = np.asarray(retrieved, dtype=np.int64)
-            except ValueError:
-                lengths = sorted({len(r) for r in retrieved})
-                raise ValueError(
-                    f"retrieved gallery indices must have the same length per query, got lengths {lengths}"
-                ) from None
-            if not allow_duplicates:
-                _check_no_repeats(topk)
-            result = odmap_from_topk(
-                topk,
-                mention_matrix,
-                removed,
-                present,
+            result = _odmap_of_indices(
+                retrieved,
+                first,
+                (removed_classes, present_classes),
+                (mention_matrix, class_names, table),
                 k_values=k_values,
                 require_present=require_present,
+                allow_duplicates=allow_duplicates,
             )
         scores = {**result.as_dict(), "num_queries": result.num_queries}
         if per_class_plot_path is not None:
@@ -267,6 +238,52 @@ class Odmap(evaluate.Metric):
 
 #: How error messages name one item / the items of each kind of ranking.
 _KIND = {"texts": ("a caption text", "caption texts"), "indices": ("a gallery index", "gallery indices")}
+
+
+def _odmap_of_indices(retrieved, first, classes, gallery, *, k_values, require_present, allow_duplicates):
+    """ODmAP@k of rankings given as gallery indices: `gallery` is the [gallery x classes]
+    mention matrix, its class names (None: the table's) and the table; `first` the first
+    ranked item and its query, checked to be an index, not a caption text."""
+    removed_classes, present_classes = classes
+    mention_matrix, class_names, table = gallery
+    shape = getattr(mention_matrix, "shape", None)
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"mention_matrix must be a 2-D [gallery x classes] array, got shape {shape}")
+    if first is not None and isinstance(first[1], str):
+        q, item = first
+        raise ValueError(
+            f"retrieved[{q}] (query {q}) holds {item!r} (a caption text); with "
+            "mention_matrix, retrieved holds integer gallery indices (drop "
+            "mention_matrix to score caption texts)"
+        )
+    if class_names is None:
+        names = list(ClassMatcher(table).class_names)
+    else:
+        names = list(class_names)
+    if mention_matrix.shape[1] != len(names):
+        raise ValueError(
+            f"mention_matrix has {mention_matrix.shape[1]} columns but there are {len(names)} class_names"
+        )
+    column = {c: j for j, c in enumerate(names)}
+    removed = _class_matrix(removed_classes, column, "removed_classes")
+    present = _class_matrix(present_classes, column, "present_classes")
+    try:
+        topk = np.asarray(retrieved, dtype=np.int64)
+    except ValueError:
+        lengths = sorted({len(r) for r in retrieved})
+        raise ValueError(
+            f"retrieved gallery indices must have the same length per query, got lengths {lengths}"
+        ) from None
+    if not allow_duplicates:
+        _check_no_repeats(topk)
+    return odmap_from_topk(
+        topk,
+        mention_matrix,
+        removed,
+        present,
+        k_values=k_values,
+        require_present=require_present,
+    )
 
 
 def _numpy_if_torch(retrieved):
