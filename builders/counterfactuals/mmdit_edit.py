@@ -48,6 +48,7 @@ from builders.counterfactuals.prompt_to_prompt import (
     UNetWork,
     _dedupe,
     _generators,
+    _kept_candidates,
     injected,
     row_keys,
 )
@@ -421,9 +422,7 @@ def generate_pairs_mmdit(
                 x0 = x_t[unique] - sched.sigmas[i].to(x_t.device, x_t.dtype) * v[unique]
                 previews = r.decode(x0)[index]
                 work.decoded += len(unique)
-                keep = [bool(k) for k in early.check(previews[0::2], previews[1::2])]
-                early.dropped = [j for j, k in enumerate(keep) if not k]
-                kept = [j for j, k in enumerate(keep) if k]
+                kept = _kept_candidates(early, previews)
                 latents = latents[[2 * j + h for j in kept for h in (0, 1)]]
                 specs, keyed = [specs[j] for j in kept], [keyed[j] for j in kept]
     if not specs:
