@@ -82,6 +82,7 @@ def test_a_proportion_gets_its_exact_binomial_interval_and_a_fixed_one_says_so(r
             n = r["n_units"][name]
             if r["trivial"][name]:  # K >= the gallery: every ranking is a hit
                 assert value == 1.0 and r["ci_low"][name] is None and r["ci_method"][name] == "none"
+                assert r["ci_note"][name] == "fixed by construction"
                 continue
             assert r["ci_method"][name] == "clopper-pearson"
             if name.startswith("text_retrieval"):  # i2t: one trial an image, a plain binomial
@@ -90,6 +91,15 @@ def test_a_proportion_gets_its_exact_binomial_interval_and_a_fixed_one_says_so(r
     n_images = retrieval[0]["n_units"]["image_retrieval_recall@1"]
     trivial = {name for r in retrieval for name, t in r["trivial"].items() if t}
     assert trivial == {f"image_retrieval_recall@{k}" for k in (1, 5, 10) if k >= n_images}
+    # report.md's coco table says why those have no interval, in every model's cell.
+    from training.report.markdown import plain
+
+    table = [line for line in _section((reports[0] / "report.md").read_text(), "### coco ") if line.startswith("| ")]
+    columns = [c.strip() for c in table[0].split("|")[1:-1]]
+    for name in trivial:
+        at = columns.index(plain(f"zeroshot_retrieval/{name}"))
+        cells = [row.split("|")[1:-1][at].strip() for row in table[1:3]]
+        assert all(c == "1.0000 (no interval: fixed by construction)" for c in cells), cells
 
 
 def _pvalues(out: Path) -> list[str]:
@@ -115,3 +125,11 @@ def test_bootstrap_beyond_the_memory_budget_is_one_line_before_any_model(builds,
     line = error_line(capsys)
     assert "--bootstrap 1000000000" in line and "1,000,000" in line and "no-such-model" not in line, line
     assert not (tmp_path / "out").exists()
+
+
+def _section(markdown: str, heading: str) -> list[str]:
+    """The lines of the section whose heading line starts with `heading` (up to the next one)."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")), len(lines))
+    return lines[start:end]
