@@ -133,3 +133,14 @@ def _section(markdown: str, heading: str) -> list[str]:
     start = next(i for i, line in enumerate(lines) if line.startswith(heading))
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")), len(lines))
     return lines[start:end]
+
+
+def test_paired_differences_count_clusters_where_they_differ_from_units(reports):
+    """The counterfactual pairs come from 3 source images (6 pairs): the paired-differences
+    table's n says so, as the dataset table's `n (units)` row does."""
+    section = _section((reports[0] / "report.md").read_text(), "### counterfactuals ")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section if line.startswith("| itm/IR\\_c\\_")]
+    assert rows
+    clustered = f"{len(SOURCES)} in {len(set(SOURCES))} clusters"
+    for metric, _, _, n, *_ in rows:
+        assert n.startswith(clustered) and "small sample" in n, (metric, n)
