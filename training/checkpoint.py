@@ -251,8 +251,8 @@ def _code(text: str) -> str:
 
 def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
     """The final model's README.md: base model, data, optimisation, the final metrics (with the
-    intervals of `run_record["final_intervals"]`, or why none: `final_interval_notes`) and, when the base model was evaluated before
-    step 1, before -> after (`run_record["before_after"]`)."""
+    intervals of `run_record["final_intervals"]`, or why none: `final_interval_notes`) and, when
+    the base model was evaluated before step 1, before -> after (`run_record["before_after"]`)."""
     from training.before_after import before_after_table
 
     intervals = {k: tuple(v) for k, v in (run_record.get("final_intervals") or {}).items()}

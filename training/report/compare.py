@@ -166,9 +166,9 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for c in rows:
+        n = sample_size(c.n, c.n_clusters)
         lines.append(
-            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | {sample_size(c.n, c.n_clusters)} "
-            f"| {comparison_cells(c)} |"
+            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | {n} | {comparison_cells(c)} |"
         )
     return lines
 

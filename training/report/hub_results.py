@@ -132,13 +132,13 @@ def card(rows: list[dict], repo_id: str) -> str:
         "(`metrics` is a JSON object), with the weights' sha256, the dataset commit and the "
         "metric and code versions, and each metric's 95 % interval (`ci_low`, `ci_high`, over "
         "`n_units` units in `n_clusters` clusters, made by `ci_method`; where there is none, "
-        "`ci_note` says why) and chance level (`chance`). A best value (fraction below zero: lowest; every "
-        "other metric: highest) is bold where its interval and the runner-up's do not overlap; "
+        "`ci_note` says why) and chance level (`chance`). A best value (fraction below zero: "
+        "lowest; every other metric: highest) is bold where its interval and the runner-up's do not overlap; "
         "where they do, the column says `no significant difference` (which is no evidence the "
         "models are equal; the model report tests them paired); `n (units)` gives each "
-        f"column's units (and clusters where they differ), marked `small sample` below {SMALL_SAMPLE} "
-        "independent ones; rows without intervals (older "
-        "versions) are ranked untested.",
+        "column's units (and clusters where they differ), marked `small sample` below "
+        f"{SMALL_SAMPLE} independent ones; rows without intervals (older versions) are ranked "
+        "untested.",
         "",
         "```python",
         "from datasets import load_dataset",
