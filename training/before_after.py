@@ -116,16 +116,19 @@ def before_after_table(rows: dict[str, dict], overlap: dict[str, dict] | None = 
 def final_statistics(
     output: Path, data, cfg, metrics: dict[str, float], units: dict[str, UnitScores], trained: bool = True
 ) -> dict:
-    """run.json's `final_intervals` (metric -> [low, high]), `bootstrap`, `bootstrap_seed`,
-    `before_metrics` (None: --eval-only or a run started before it was evaluated) and
-    `before_after` (a run that `trained`; not --eval-only), with --bootstrap resamples seeded by
-    --seed. Each interval is made as the report makes it (training.statistics.intervals: exact
-    for proportions, studentized for means); a metric the units cannot move (`trivial`, e.g. R@K
-    with K >= the gallery) or with no spread to resample gets none."""
+    """run.json's `final_intervals` (metric -> [low, high]), `final_interval_notes` (metric ->
+    why it has none), `bootstrap`, `bootstrap_seed`, `before_metrics` (None: --eval-only or a run
+    started before it was evaluated) and `before_after` (a run that `trained`; not --eval-only),
+    with --bootstrap resamples seeded by --seed. Each interval is made as the report makes it
+    (training.statistics.intervals: exact for proportions, studentized for means); a metric the
+    units cannot move (fixed by construction, e.g. R@K with K >= the gallery), whose units all
+    have the same value (no spread in the sample, which is not none in the population) or of
+    one cluster gets none, and its note says which."""
     resamples, seed = cfg.run.bootstrap, cfg.run.seed
     found = intervals({k: u for k, u in units.items() if k in metrics}, resamples, seed) if resamples else {}
     return {
         "final_intervals": {k: [i.low, i.high] for k, i in found.items() if np.isfinite([i.low, i.high]).all()},
+        "final_interval_notes": {k: i.note for k, i in found.items() if i.note},
         "bootstrap": resamples,
         "bootstrap_seed": seed,
         "before_metrics": read_before(output) if trained else None,

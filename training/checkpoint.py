@@ -25,7 +25,7 @@ from builders.engine.errors import InputFileError, OutputError, PublishError, Us
 from builders.publishing.hub_client import hub_errors, use_endpoint
 from training.checkpoint_files import CHECKPOINT_FILES, RNG, Resumable, check_files, read_all, write_rng, write_shared
 from training.final_files import published_files
-from training.report.markdown import _fmt, natural, plain
+from training.report.markdown import natural, plain, with_interval
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
@@ -224,18 +224,19 @@ def _value(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def metric_table(metrics: dict[str, float], intervals: dict[str, tuple[float, float]] | None = None) -> str:
-    """The Markdown table of metrics.md and the model card, each value with its 95 % bootstrap
-    interval when `intervals` has one; a metric name comes from data (a `--zeroshot` folder's
-    name), so it is shown as plain text, as in the model report."""
-    intervals = intervals or {}
-
-    def value(k: str, v: float) -> str:
-        low, high = intervals.get(k, (None, None))
-        return f"{_fmt(v)} [{_fmt(low)}, {_fmt(high)}]" if low is not None and high is not None else _fmt(v)
-
+def metric_table(
+    metrics: dict[str, float],
+    intervals: dict[str, tuple[float, float]] | None = None,
+    notes: dict[str, str] | None = None,
+) -> str:
+    """The Markdown table of metrics.md and the model card, each value with its 95 % interval
+    when `intervals` has one, else with why it has none when `notes` says (as the model report
+    shows them); a metric name comes from data (a `--zeroshot` folder's name), so it is shown as
+    plain text, as in the model report."""
+    intervals, notes = intervals or {}, notes or {}
     rows = "\n".join(
-        f"| {plain(k)} | {value(k, v)} |" for k, v in sorted(metrics.items(), key=lambda kv: natural(kv[0]))
+        f"| {plain(k)} | {with_interval(v, *intervals.get(k, (None, None)), notes.get(k))} |"
+        for k, v in sorted(metrics.items(), key=lambda kv: natural(kv[0]))
     )
     return f"| metric | value |\n|---|---|\n{rows}\n"
 
@@ -250,8 +251,8 @@ def _code(text: str) -> str:
 
 def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
     """The final model's README.md: base model, data, optimisation, the final metrics (with the
-    intervals of `run_record["final_intervals"]`) and, when the base model was evaluated before
-    step 1, before -> after (`run_record["before_after"]`)."""
+    intervals of `run_record["final_intervals"]`, or why none: `final_interval_notes`) and, when
+    the base model was evaluated before step 1, before -> after (`run_record["before_after"]`)."""
     from training.before_after import before_after_table
 
     intervals = {k: tuple(v) for k, v in (run_record.get("final_intervals") or {}).items()}
@@ -299,7 +300,7 @@ Examples trained on: {run_record["train_examples"]}; validation: {run_record["va
 
 ## Evaluation (final model)
 
-{metric_table(metrics, intervals)}{change}
+{metric_table(metrics, intervals, run_record.get("final_interval_notes"))}{change}
 """
     (out / "README.md").write_text(card)
 

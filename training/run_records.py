@@ -44,7 +44,9 @@ def write_results(output: Path, record: dict, evals: list[dict], final: dict[str
     intervals = {k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}
     change = before_after_table(record.get("before_after") or {}, record.get("eval_overlap", {}))
     (output / "metrics.md").write_text(
-        metric_table(mark_overlapping(final, record.get("eval_overlap", {})), intervals)
+        metric_table(
+            mark_overlapping(final, record.get("eval_overlap", {})), intervals, record.get("final_interval_notes")
+        )
         + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
     )
     (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))

@@ -22,8 +22,9 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   clusters, a unit's several trials, e.g. its captions, being a cluster too); a mean or ratio
   of sums: the studentized bootstrap (bootstrap-t, the ratio's linearised standard error on each
   resample); a median or a mean over groups: the percentile interval. A metric the units cannot
-  move (`trivial`: every unit the same value, or a hit by construction, R@K with K >= the
-  gallery) gets no interval and says so.
+  move (`trivial`: a hit by construction, R@K with K >= the gallery) gets no interval and says
+  so; so does one whose units all have the same value (a sample without spread, which says
+  nothing of the population's spread: not trivial) or with one cluster (`Interval.note`).
 - `sign_flip_pvalue`: the paired permutation test of "two models score the same units equally":
   each cluster's two scores are swapped (`scipy.stats.permutation_test` with
   `permutation_type="samples"`). When the 2^n swap patterns number no more than the resamples,
@@ -213,8 +214,8 @@ def exact(n: int, resamples: int) -> bool:
 @dataclass(frozen=True)
 class Interval:
     """A metric's 95 % interval (NaN where it has none), how it was made (`method`:
-    clopper-pearson, studentized, percentile; `trivial`: none, the units cannot move the value),
-    and its units and clusters."""
+    clopper-pearson, studentized, percentile; none: no interval, `note` says why; `trivial`: the
+    units cannot move the value), and its units and clusters."""
 
     low: float
     high: float
@@ -222,6 +223,7 @@ class Interval:
     n: int
     n_clusters: int
     trivial: bool = False
+    note: str | None = None
 
 
 def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
@@ -232,10 +234,12 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
         for name in names:
             m = metrics[name]
             n, clusters = m.counted()
-            if m.trivial or (n and not m.proportion and m.den is None and np.ptp(m.num) == 0):
-                out[name] = Interval(np.nan, np.nan, "none", n, clusters, trivial=True)
+            if m.trivial:
+                out[name] = Interval(np.nan, np.nan, "none", n, clusters, True, "fixed by construction")
+            elif n and not m.proportion and m.den is None and np.ptp(m.num) == 0:
+                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note=f"all {n:,} units equal")
             elif clusters < 2 and not (m.proportion and clusters):
-                out[name] = Interval(np.nan, np.nan, "none", n, clusters)  # no spread to estimate
+                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note="one cluster" if n else "no units")
             elif m.proportion and m.groups is None:
                 out[name] = Interval(*clopper_pearson(m, level), "clopper-pearson", n, clusters)
         rest = [name for name in names if name not in out]

@@ -254,6 +254,8 @@ def _hostile_parquet(kind: str, good: dict) -> bytes:
         row["metrics"] = json.dumps([1.0, 2.0])
     elif kind == "string-values":
         row["metrics"] = json.dumps({"ODmAP@1": "0.9"})
+    elif kind == "method-a-number":
+        row["ci_method"] = json.dumps({"ODmAP@1": 3})
     rows = [good, row]  # row 1 is the hostile one
     if kind == "no-key-column":
         rows = [{k: v for k, v in r.items() if k != "key"} for r in rows]
@@ -263,7 +265,7 @@ def _hostile_parquet(kind: str, good: dict) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "kind", ["metrics-not-json", "metrics-a-list", "string-values", "no-key-column", "not-parquet"]
+    "kind", ["metrics-not-json", "metrics-a-list", "string-values", "method-a-number", "no-key-column", "not-parquet"]
 )
 def test_hostile_repo_rows_refuse_the_push(kind, clean, builds, tiny_models_dir, repo_id, tmp_path, capsys):
     from huggingface_hub import HfApi

@@ -82,6 +82,7 @@ def test_a_proportion_gets_its_exact_binomial_interval_and_a_fixed_one_says_so(r
             n = r["n_units"][name]
             if r["trivial"][name]:  # K >= the gallery: every ranking is a hit
                 assert value == 1.0 and r["ci_low"][name] is None and r["ci_method"][name] == "none"
+                assert r["ci_note"][name] == "fixed by construction"
                 continue
             assert r["ci_method"][name] == "clopper-pearson"
             if name.startswith("text_retrieval"):  # i2t: one trial an image, a plain binomial
@@ -90,6 +91,15 @@ def test_a_proportion_gets_its_exact_binomial_interval_and_a_fixed_one_says_so(r
     n_images = retrieval[0]["n_units"]["image_retrieval_recall@1"]
     trivial = {name for r in retrieval for name, t in r["trivial"].items() if t}
     assert trivial == {f"image_retrieval_recall@{k}" for k in (1, 5, 10) if k >= n_images}
+    # report.md's coco table says why those have no interval, in every model's cell.
+    from training.report.markdown import plain
+
+    table = [line for line in _section((reports[0] / "report.md").read_text(), "### coco ") if line.startswith("| ")]
+    columns = [c.strip() for c in table[0].split("|")[1:-1]]
+    for name in trivial:
+        at = columns.index(plain(f"zeroshot_retrieval/{name}"))
+        cells = [row.split("|")[1:-1][at].strip() for row in table[1:3]]
+        assert all(c == "1.0000 (no interval: fixed by construction)" for c in cells), cells
 
 
 def _pvalues(out: Path) -> list[str]:
@@ -115,3 +125,100 @@ def test_bootstrap_beyond_the_memory_budget_is_one_line_before_any_model(builds,
     line = error_line(capsys)
     assert "--bootstrap 1000000000" in line and "1,000,000" in line and "no-such-model" not in line, line
     assert not (tmp_path / "out").exists()
+
+
+def _section(markdown: str, heading: str) -> list[str]:
+    """The lines of the section whose heading line starts with `heading` (up to the next one)."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")), len(lines))
+    return lines[start:end]
+
+
+def test_paired_differences_count_clusters_where_they_differ_from_units(reports):
+    """The counterfactual pairs come from 3 source images (6 pairs): the paired-differences
+    table's n says so, as the dataset table's `n (units)` row does."""
+    section = _section((reports[0] / "report.md").read_text(), "### counterfactuals ")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section if line.startswith("| itm/IR\\_c\\_")]
+    assert rows
+    clustered = f"{len(SOURCES)} in {len(set(SOURCES))} clusters"
+    for metric, _, _, n, *_ in rows:
+        assert n.startswith(clustered) and "small sample" in n, (metric, n)
+
+
+#: The columns of the results files pushed before the records' clusters, interval methods and
+#: chance levels (#42), as that version wrote them.
+PREVIOUS_COLUMNS = (
+    *("dataset", "model", "pretrained", "backend", "weights_digest", "task", "metrics", "language"),
+    *("ci_low", "ci_high", "n_units", "bootstrap", "seed", "dataset_source", "dataset_revision"),
+    *("dataset_commit", "metric", "metric_version", "code_version", "key"),
+)
+
+
+def _previous_rows(records: list[dict]) -> list[dict]:
+    import json
+
+    rows = []
+    for r in records:
+        row = {c: r.get(c) for c in PREVIOUS_COLUMNS}
+        for c in ("metrics", "ci_low", "ci_high", "n_units", "bootstrap", "seed"):
+            row[c] = json.dumps(r[c], sort_keys=True)
+        row.update(code_version="previous", key=json.dumps([r["model"], r["dataset"], r["task"], "previous"]))
+        rows.append(row)
+    return rows
+
+
+def test_push_after_a_file_of_the_previous_schema_keeps_one_schema(
+    reports, builds, tiny_models_dir, repo_id, tmp_path
+):
+    """A results repo holding a file of the previous columns (no clusters, methods, notes or
+    chance levels): `benchmark --push-to-hub` adds its rows with those columns, rewrites the old
+    file with them (its values unchanged, the new columns null), `load_dataset` reads one schema,
+    and the card's n row counts the source images."""
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from builders.models.profiles import tiny_profile
+
+    old = _previous_rows([r for r in _records(reports[0]) if r["dataset"] == "coco"][:3])
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(old, schema=pa.schema([(c, pa.string()) for c in PREVIOUS_COLUMNS])), buf)
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="dataset")
+    api.create_commit(
+        repo_id,
+        repo_type="dataset",
+        commit_message="rows of the previous version",
+        operations=[CommitOperationAdd("data/results-previous.parquet", buf.getvalue())],
+    )
+    profile = tiny_profile(tiny_models_dir)
+    argv = ["benchmark", "--model", profile.clip, "--model", profile.open_clip, "--blind-lm", "none"]
+    argv += ["--counterfactuals", str(builds[2]), "--cache-dir", str(reports[0] / "embeddings")]
+    out = tmp_path / "out"
+    assert cli_main([*argv, "--bootstrap", "1000", "--push-to-hub", repo_id, "--output", str(out)]) == 0
+
+    rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
+    new_columns = {"n_clusters", "ci_method", "trivial", "ci_note", "chance"}
+    assert new_columns <= set(rows.column_names)
+    files = [f for f in api.list_repo_files(repo_id, repo_type="dataset") if f.startswith("data/")]
+    schemas = {tuple(pq.read_schema(api.hf_hub_download(repo_id, f, repo_type="dataset")).names) for f in files}
+    assert len(files) == 2 and len(schemas) == 1
+    by_key = {r["key"]: r for r in rows}
+    for row in old:
+        loaded = by_key[row["key"]]
+        assert {c: loaded[c] for c in PREVIOUS_COLUMNS} == row
+        assert all(loaded[c] is None for c in new_columns)
+    records = _records(out)
+    itm = next(r for r in rows if r["task"] == "itm" and r["key"] not in {o["key"] for o in old})
+    assert json.loads(itm["n_clusters"])["IR_c_mean"] == len(set(SOURCES))
+    assert json.loads(itm["n_units"])["IR_c_mean"] == len(SOURCES)
+    mine = next(r for r in records if r["task"] == "itm" and r["model"] == itm["model"])
+    for column in new_columns:
+        assert json.loads(itm[column]) == mine[column], column
+    card = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset")).read_text()
+    n_row = next(line for line in _section(card, "## counterfactuals") if "n (units)" in line)
+    assert f"{len(SOURCES)} in {len(set(SOURCES))} clusters" in n_row

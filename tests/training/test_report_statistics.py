@@ -262,6 +262,9 @@ def test_studentized_interval_of_a_mean_by_hand():
 
 
 def test_trivial_metric_says_so_and_tiny_class_has_no_interval():
+    """No interval, each saying why: R@10 over 6 images is fixed by construction (`trivial`);
+    6 equal deltas are a sample without spread, not a metric the units cannot move (#42); one
+    class query is one cluster."""
     found = intervals(
         {
             "r10": UnitScores("images", np.ones(6), proportion=True, trivial=True),
@@ -271,9 +274,11 @@ def test_trivial_metric_says_so_and_tiny_class_has_no_interval():
         1000,
         0,
     )
-    assert found["r10"].trivial and np.isnan(found["r10"].low) and found["same"].trivial
+    assert found["r10"].trivial and np.isnan(found["r10"].low) and found["r10"].note == "fixed by construction"
+    same = found["same"]
+    assert (same.method, same.trivial, same.note) == ("none", False, "all 6 units equal") and np.isnan(same.low)
     assert (found["class"].n, found["class"].n_clusters, found["class"].trivial) == (1, 1, False)
-    assert np.isnan(found["class"].low)
+    assert np.isnan(found["class"].low) and found["class"].note == "one cluster"
 
 
 def test_cluster_bootstrap_resamples_whole_clusters():

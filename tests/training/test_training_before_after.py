@@ -182,12 +182,14 @@ def test_zeroshot_and_flickr30k_are_evaluated_before_step_1(colors, tiny_models_
 def test_final_intervals_are_made_as_the_report_makes_them(tmp_path):
     """The trainer's own intervals at small n (#42): R@1 with no hit in 6 images is the exact
     Clopper-Pearson [0, 0.459] (the percentile bootstrap gave [0, 0]), and an R@K that every
-    image hits by construction gets no interval instead of [1, 1]."""
+    image hits by construction gets no interval instead of [1, 1]; nor do 6 equal deltas, which
+    metrics.md calls a sample without spread, not a value fixed by construction."""
     from types import SimpleNamespace
 
     from scipy import stats
 
     from training.before_after import final_statistics
+    from training.checkpoint import metric_table
     from training.statistics import UnitScores
 
     units = {
@@ -196,9 +198,16 @@ def test_final_intervals_are_made_as_the_report_makes_them(tmp_path):
             "images", np.ones(6), proportion=True, trivial=True
         ),
     }
+    units["itm/IR_c_mean"] = UnitScores("pairs", np.full(6, 0.25))
     metrics = {k: u.value() for k, u in units.items()}
     cfg = SimpleNamespace(run=SimpleNamespace(bootstrap=200, seed=0))
-    found = final_statistics(tmp_path, None, cfg, metrics, units, trained=False)["final_intervals"]
+    record = final_statistics(tmp_path, None, cfg, metrics, units, trained=False)
+    found = record["final_intervals"]
+    # metrics.md's rows (metric names as plain Markdown: `_` escaped).
+    rows = metric_table(metrics, found, record["final_interval_notes"]).splitlines()
+    assert "| itm/IR\\_c\\_mean | 0.2500 (no interval: all 6 units equal) |" in rows
+    r10 = "zeroshot\\_retrieval/image\\_retrieval\\_recall@10"
+    assert f"| {r10} | 1.0000 (no interval: fixed by construction) |" in rows
     exact = stats.binomtest(0, 6).proportion_ci(0.95, method="exact")
     assert found["zeroshot_retrieval/image_retrieval_recall@1"] == pytest.approx([exact.low, exact.high])
     assert "zeroshot_retrieval/image_retrieval_recall@10" not in found

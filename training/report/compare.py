@@ -52,6 +52,7 @@ class Comparison:
     p_value: float
     p_holm: float = float("nan")
     n: int = 0  # the units both models were scored on
+    n_clusters: int = 0  # their clusters (source images; the units where there are none)
     #: The smallest difference one test at alpha = 0.05 detects with 80 % power (`detectable`).
     detectable: float = float("nan")
 
@@ -101,7 +102,8 @@ def compare_dataset(
             low, high = (found.low, found.high) if found else interval(spread) if key in tested else (nan, nan)
             difference = units[a][key].value() - units[b][key].value()
             p = pvalues[(key, a, b)] if key in tested else nan
-            c = Comparison(dataset, task, metric, a, b, difference, low, high, p, n=units[a][key].n)
+            n, clusters = units[a][key].counted()
+            c = Comparison(dataset, task, metric, a, b, difference, low, high, p, n=n, n_clusters=clusters)
             c.detectable = detectable(spread)
             out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
@@ -152,7 +154,8 @@ def verdicts(
 
 
 def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
-    """The Markdown table of `dataset`'s paired comparisons, with each test's units (n)."""
+    """The Markdown table of `dataset`'s paired comparisons, with each test's units (n; and
+    clusters where they differ, as the dataset tables say it: markdown.sample_size)."""
     from training.report.markdown import plain
 
     rows = [c for c in comparisons if c.dataset == dataset]
@@ -163,9 +166,9 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for c in rows:
+        n = sample_size(c.n, c.n_clusters)
         lines.append(
-            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | {sample_size(c.n)} "
-            f"| {comparison_cells(c)} |"
+            f"| {plain(c.task + '/' + c.metric)} | {plain(c.model)} | {plain(c.other)} | {n} | {comparison_cells(c)} |"
         )
     return lines
 

@@ -2,14 +2,17 @@
 the Hub that `load_dataset("ORG/NAME")` reads without a script (parquet under data/, README.md
 YAML `configs:`), with a card rendering the comparison table of every row in the repo.
 
-One row per record; `metrics` and the intervals' `ci_low`, `ci_high`, `n_units` are JSON strings
-(every task names other metrics, and one column type lets every push's file share one schema).
+One row per record; `metrics` and its per-metric fields (`ci_low`, `ci_high`, `n_units`,
+`n_clusters`, `ci_method`, `trivial`, `ci_note`, `chance`: training/report/results.py) are JSON
+strings keyed by metric (every task names other metrics, and one column type lets every push's
+file share one schema).
 A record is identified by `KEY_FIELDS` (its metric module's file digest and the code version
 among them): pushing a record already there adds nothing (no commit when nothing is new), a new
 model adds only its rows, each push as its own parquet file, so earlier rows are never rewritten.
-Files pushed by a version before the intervals (`OLD_COLUMNS`) still load: their rows are read
-with null intervals, and the push that adds the first new file rewrites them with the new
-columns (values unchanged, intervals null), so `load_dataset` reads one schema."""
+Files pushed by an earlier version (`PAST_COLUMNS`: before the intervals, before their clusters
+and methods) still load: their rows are read with the missing columns null, and the push that
+adds the first new file rewrites them with `COLUMNS` (values unchanged, the new columns null), so
+`load_dataset` reads one schema."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import logging
 from builders.engine.errors import PublishError
 from builders.publishing.hub_client import check_repo_id, hub_errors, retrying, use_endpoint
 from training.report.markdown import BLIND, SMALL_SAMPLE, blind_lines, comparison_table, plain
+from training.report.results import INTERVAL_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +58,27 @@ OLD_COLUMNS = (
     "code_version",
     "key",
 )
-COLUMNS = (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed", *OLD_COLUMNS[7:])
-#: Record fields stored as JSON strings (objects keyed by metric name; numbers).
-JSON_FIELDS = ("metrics", "ci_low", "ci_high", "n_units", "bootstrap", "seed")
+#: The records' per-metric fields (JSON objects keyed by metric name) -> the type of their
+#: values. A field added to the records adds a column: add the columns before it to PAST_COLUMNS.
+PER_METRIC = {
+    f: {"ci_method": "string", "ci_note": "string", "trivial": "boolean"}.get(f, "number") for f in INTERVAL_FIELDS
+}
+#: The columns of every earlier version's files, oldest first: before the intervals, then before
+#: each interval's clusters, method, note and chance level (#42). Still read, and rewritten.
+PAST_COLUMNS = (
+    OLD_COLUMNS,
+    (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed", *OLD_COLUMNS[7:]),
+)
+COLUMNS = (
+    *OLD_COLUMNS[:7],
+    "language",
+    *(f for f in PER_METRIC if f != "metrics"),
+    "bootstrap",
+    "seed",
+    *OLD_COLUMNS[7:],
+)
+#: Record fields stored as JSON strings.
+JSON_FIELDS = (*PER_METRIC, "bootstrap", "seed")
 RETRIES = 3
 
 
@@ -108,13 +130,15 @@ def card(rows: list[dict], repo_id: str) -> str:
         "",
         "Results of `counterfactory benchmark`: one row per model x dataset x metric module "
         "(`metrics` is a JSON object), with the weights' sha256, the dataset commit and the "
-        "metric and code versions, and each metric's 95 % bootstrap interval (`ci_low`, "
-        "`ci_high`, over `n_units` units). A best value (fraction below zero: lowest; every "
-        "other metric: highest) is bold where its interval and the runner-up's do not overlap; "
+        "metric and code versions, and each metric's 95 % interval (`ci_low`, `ci_high`, over "
+        "`n_units` units in `n_clusters` clusters, made by `ci_method`; where there is none, "
+        "`ci_note` says why) and chance level (`chance`). A best value (fraction below zero: "
+        "lowest; every other metric: highest) is bold where its interval and the runner-up's do not overlap; "
         "where they do, the column says `no significant difference` (which is no evidence the "
         "models are equal; the model report tests them paired); `n (units)` gives each "
-        f"column's units, marked `small sample` below {SMALL_SAMPLE}; rows without intervals (older "
-        "versions) are ranked untested.",
+        "column's units (and clusters where they differ), marked `small sample` below "
+        f"{SMALL_SAMPLE} independent ones; rows without intervals (older versions) are ranked "
+        "untested.",
         "",
         "```python",
         "from datasets import load_dataset",
@@ -187,7 +211,7 @@ def _commit(api, repo: dict, repo_id: str, old: list[dict], new: list[dict], old
 def _existing_rows(api, repo: dict) -> tuple[list[dict], dict[str, list[dict]]]:
     """Every row already in the repo, each checked (`_check_row`): a push builds its card and key
     set from them, so a file or row this tool does not write refuses the push (nothing changed);
-    and the files of the older schema (`OLD_COLUMNS`), path -> rows, to rewrite."""
+    and the files of an earlier schema (`PAST_COLUMNS`), path -> rows, to rewrite."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from huggingface_hub import hf_hub_download
@@ -204,7 +228,7 @@ def _existing_rows(api, repo: dict) -> tuple[list[dict], dict[str, list[dict]]]:
             table = pq.read_table(local)
         except (pa.ArrowException, OSError, ValueError) as err:
             raise _hostile(where, f"not a parquet file ({type(err).__name__})") from None
-        older = sorted(table.column_names) == sorted(OLD_COLUMNS)
+        older = any(sorted(table.column_names) == sorted(past) for past in PAST_COLUMNS)
         missing = [c for c in COLUMNS if c not in table.column_names]
         extra = [c for c in table.column_names if c not in COLUMNS]
         if (missing or extra) and not older:
@@ -232,17 +256,17 @@ def _hostile(where: str, problem: str) -> PublishError:
 
 
 def _check_row(row: dict, where: str) -> None:
-    """One existing row as `to_row` writes it: string columns, and `metrics` a JSON object of
-    numbers (null: a NaN statistic)."""
+    """One existing row as `to_row` writes it: string columns, `metrics` a JSON object of
+    numbers (null: a NaN statistic), and each per-metric field an object of its type."""
     for column, value in row.items():
         if value is not None and not isinstance(value, str):
             raise _hostile(where, f"{column!r} is a {type(value).__name__}, not text")
     for column in ("key", "model", "dataset", "task", "metrics"):
         if not row[column]:
             raise _hostile(where, f"{column!r} is empty")
-    for column in ("metrics", "ci_low", "ci_high", "n_units"):
+    for column, kind in PER_METRIC.items():
         if row[column] is None and column != "metrics":
-            continue  # a row of an older version: no intervals
+            continue  # a row of an earlier version: not there
         try:
             values = json.loads(row[column])
         except json.JSONDecodeError:
@@ -250,8 +274,8 @@ def _check_row(row: dict, where: str) -> None:
         if not isinstance(values, dict):
             raise _hostile(where, f"{column!r} is a JSON {type(values).__name__}, not an object")
         for name, value in values.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise _hostile(where, f"{'metric' if column == 'metrics' else column} {name!r} is not a number")
+            if value is not None and not _is(kind, value):
+                raise _hostile(where, f"{'metric' if column == 'metrics' else column} {name!r} is not a {kind}")
     for column in ("bootstrap", "seed"):
         if row[column] is not None:
             try:
@@ -260,3 +284,9 @@ def _check_row(row: dict, where: str) -> None:
                 value = None
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _hostile(where, f"{column!r} is not an integer")
+
+
+def _is(kind: str, value) -> bool:
+    if kind == "number":
+        return not isinstance(value, bool) and isinstance(value, (int, float))
+    return isinstance(value, bool if kind == "boolean" else str)

@@ -44,11 +44,18 @@ def _fmt(value) -> str:
 
 
 def cell(record: dict, name: str) -> str:
-    """A metric's value with its 95 % interval, `value [low, high]` (the value alone when the
-    metric has no interval: no per-unit form, --bootstrap 0, or a record of an older version)."""
-    value = _fmt(record["metrics"].get(name))
-    low, high = ((record.get(f"ci_{end}") or {}).get(name) for end in ("low", "high"))
-    return value if low is None or high is None else f"{value} [{_fmt(low)}, {_fmt(high)}]"
+    """A metric's value as `with_interval` shows it (a record of an older version, or one
+    without per-unit form or with --bootstrap 0, has no interval and no note: the value alone)."""
+    low, high, note = ((record.get(f) or {}).get(name) for f in ("ci_low", "ci_high", "ci_note"))
+    return with_interval(record["metrics"].get(name), low, high, note)
+
+
+def with_interval(value, low=None, high=None, note: str | None = None) -> str:
+    """`value [low, high]` (its 95 % interval); without one, the value and why (`note`: fixed
+    by construction, all n units equal, one cluster), or the value alone."""
+    if low is not None and high is not None:
+        return f"{_fmt(value)} [{_fmt(low)}, {_fmt(high)}]"
+    return f"{_fmt(value)} (no interval: {plain(note)})" if note else _fmt(value)
 
 
 def sample_size(n: int | None, n_clusters: int | None = None) -> str:
@@ -286,8 +293,10 @@ def _settings(records: list[dict]) -> str:
         f"resampled together), made as its kind needs (each record's `ci_method`: Clopper-Pearson "
         f"for proportions, studentized bootstrap for means, percentile bootstrap for medians; "
         f"docs/report.md), {first['bootstrap']} resamples, seed {first.get('seed')}; metrics "
-        "without per-unit scores (ECCV Caption suite), and those the units cannot move (`trivial`), "
-        "have none. Code version "
+        "without per-unit scores (ECCV Caption suite) have none; the others without one say why "
+        "(each record's `ci_note`): fixed by construction (`trivial`: R@K with K at least the gallery), "
+        "all n units equal (a sample without spread, which is no evidence that the population has "
+        "none), or one cluster. Code version "
         f"`{plain(first.get('code_version'))}`."
     )
 

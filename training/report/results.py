@@ -10,9 +10,11 @@ Each record also holds what someone else needs to trust and reproduce a number: 
 95 % interval (`ci_low`, `ci_high`) over `n_units` units (those that enter the value: a class's
 own queries) in `n_clusters` clusters (source images; the units where there are none), made by
 `ci_method` (clopper-pearson, studentized or percentile, training/statistics.py) from `bootstrap`
-resamples and `seed` (null where a metric has no per-unit form, training/unit_scores.py, and
-where `trivial` is true: a value the units cannot move, e.g. R@K with K >= the gallery), the weights
-digest, the dataset commit, the metric module's own file digest (`metric_version`) and the code
+resamples and `seed` (null where a metric has no per-unit form, training/unit_scores.py; where
+there is none, `ci_method` is `none` and `ci_note` says why: `fixed by construction` where
+`trivial` is true, a value the units cannot move, e.g. R@K with K >= the gallery; `all n units
+equal`, a sample without spread, which is no evidence the population has none; `one cluster`),
+the weights digest, the dataset commit, the metric module's own file digest (`metric_version`) and the code
 version (git commit + dirty flag, or version + installed-files digest:
 `builders.engine.provenance.code_version`)."""
 
@@ -29,7 +31,17 @@ from training.statistics import Interval
 from training.unit_scores import RETRIEVAL
 
 #: A record's per-metric fields (name -> value), beside `metrics` itself.
-INTERVAL_FIELDS = ("metrics", "ci_low", "ci_high", "n_units", "n_clusters", "ci_method", "trivial", "chance")
+INTERVAL_FIELDS = (
+    "metrics",
+    "ci_low",
+    "ci_high",
+    "n_units",
+    "n_clusters",
+    "ci_method",
+    "trivial",
+    "ci_note",
+    "chance",
+)
 
 #: record task -> the code computing it (digested as `metric_version`): a metric module of
 #: counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
@@ -115,6 +127,7 @@ def make_records(
         fields["n_clusters"][name] = found.n_clusters if found else None
         fields["ci_method"][name] = found.method if found else None
         fields["trivial"][name] = found.trivial if found else None
+        fields["ci_note"][name] = found.note if found else None
     # A local folder is named by its contents (local:NAME@sha256:...), never by a path of this
     # machine, as builds and training runs name it.
     model = model_name(spec.name)
