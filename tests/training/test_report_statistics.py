@@ -346,3 +346,13 @@ def test_the_detectable_difference_is_found_with_80_percent_power(n):
     pairs = {k: (UnitScores("pairs", x + shift), zero) for k, x in enumerate(samples)}
     power = np.mean(np.array(list(sign_flip_pvalues(pairs, 1000, 1).values())) < 0.05)
     assert 0.76 <= power <= 0.84, power
+
+
+def test_no_detectable_difference_where_no_sign_flip_p_value_reaches_alpha():
+    """Below 6 clusters the smallest sign-flip p-value, 2 / 2^n, is at least 0.0625: no
+    difference is detectable (NaN). A numpy count of clusters does not overflow 2^n."""
+    from training.report.compare import detectable
+
+    spread = np.random.default_rng(0).normal(0, 1, 1000)
+    assert np.isnan(detectable(spread, 5)) and np.isfinite(detectable(spread, 6))
+    assert detectable(spread, np.int64(200)) == pytest.approx(detectable(spread, 200))

@@ -121,7 +121,7 @@ def detectable(spread: np.ndarray, n: int, power: float = POWER) -> float:
     n = 10 (benchmarks/report_coverage.py). NaN below 6 clusters, where no sign-flip p-value
     (at least 2 / 2^n) is below 0.05. Holm's adjustment only raises it."""
     finite = spread[np.isfinite(spread)]
-    if len(finite) < 2 or 2 / 2**n >= ALPHA:
+    if len(finite) < 2 or 2.0 ** (1 - int(n)) >= ALPHA:
         return float("nan")
     z = NormalDist().inv_cdf(1 - ALPHA / 2)
     critical = z * np.sqrt((n - 1) / (n - z * z))
