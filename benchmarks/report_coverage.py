@@ -11,12 +11,32 @@ difference of training/report/compare.py) at n = 10, 50 and 1,000 units, for eac
   n clusters (cluster studentized bootstrap);
 - median: exponential(1) deltas, median ln 2 (percentile bootstrap);
 - paired difference: two models on the same units, a - b with a = E1 + Z, b = 0.5 E2 + Z
-  (E exponential, Z a shared normal unit effect), difference 0.5 (studentized on a - b).
+  (E exponential, Z a shared normal unit effect), difference 0.5 (studentized on a - b);
+- mean, real pairs: IR_r as training/evaluation.py computes it, each image i scored against the
+  caption of its partner r(i) of the seeded derangement (`random_derangement(n, PAIR_SEED)`, the
+  same for every repetition, as for every model), so unit i shares image r(i) with another unit;
+  scores G(caption c, image i) = u_i + v_c + 0.02 a_c a_i + m_c [c = i] + noise (an image
+  effect u, a caption effect v, an interaction, a skewed match effect m: 0.05 + exponential(0.05)),
+  IR_r's population mean 0.12 (studentized on the pairs, as the report does). Each image's
+  effect enters its two units with opposite signs and cancels in the mean, so the pairs' spread
+  overstates the mean's: conservative. The adverse case, distinctive images (image i's score
+  d_i higher with its own caption and -d_i with any other, d normal, sd 0.05; match 0.1, the
+  population mean): the two units of an image then move together, and the interval under-covers.
 
 Each cell: the share of `--repetitions` seeded samples (default 400) whose interval holds the
-population value, with its 95 % Wilson interval. `--resamples` (default 1,000, the report's
-default) per interval. Run: `python benchmarks/report_coverage.py [--repetitions N] [--resamples B]`;
-about two minutes on 2 cores. The table goes in docs/report.md.
+population value, with its 95 % Wilson interval, and the intervals' mean width. `--resamples`
+(default 1,000, the report's default) per interval. `--kind TEXT` and `--sizes N ...` run only
+the metric types whose name holds TEXT at those n (one cell measured precisely).
+
+Then the power of the paired comparison (training/report/compare.py): at n = 50 pairs of units
+(a = E1 + Z + delta, b = E2 + Z), delta the mean of the report's printed detectable difference
+(`detectable`, for 80 % power; it does not depend on delta), the share
+of `--power-repetitions` seeded samples (default 1,000) whose sign-flip test rejects at 0.05
+(`compare_dataset`'s p-value, one test so no Holm), with its Wilson interval: near 80 % if the
+printed number means what it says.
+
+Run: `python benchmarks/report_coverage.py [--repetitions N] [--resamples B]`; about two
+minutes of CPU (five of wall time on 2 shared cores). The tables go in docs/report.md.
 """
 
 from __future__ import annotations
@@ -31,7 +51,10 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, random_derangement  # noqa: E402
+from training.report.compare import compare_dataset  # noqa: E402
 from training.statistics import UnitScores, intervals, paired_difference  # noqa: E402
+from training.unit_scores import delta_units  # noqa: E402
 
 SIZES = (10, 50, 1000)
 
@@ -71,6 +94,29 @@ def _difference(rng, n):
     return paired_difference(a, b), 0.5
 
 
+def _real_pairs(rng, n):
+    u, v, a = rng.normal(0, 0.05, n), rng.normal(0, 0.03, n), rng.normal(0, 1, n)
+    match = 0.05 + rng.exponential(0.05, n)
+
+    def score(c, i):  # G(caption c, image i)
+        return u[i] + v[c] + 0.02 * a[c] * a[i] + np.where(c == i, match[c], 0) + rng.normal(0, 0.02, n)
+
+    image, partner = np.arange(n), random_derangement(n, PAIR_SEED)
+    scores = {"g_cr_ir": score(partner, partner), "g_cr_io": score(partner, image)}
+    return delta_units(scores)["itm/IR_r_mean"], 0.1 + 0.02  # E[m] + 0.02 E[a^2]
+
+
+def _distinctive_pairs(rng, n):
+    d = rng.normal(0, 0.05, n)
+    image, partner = np.arange(n), random_derangement(n, PAIR_SEED)
+
+    def score(c, i):  # G(caption c, image i)
+        return np.where(c == i, 0.1 + d[i], -d[i]) + rng.normal(0, 0.02, n)
+
+    scores = {"g_cr_ir": score(partner, partner), "g_cr_io": score(partner, image)}
+    return delta_units(scores)["itm/IR_r_mean"], 0.1
+
+
 KINDS = {
     "proportion (R@1, p = 0.05)": _proportion,
     "proportion, clustered (t2i, 5 captions an image)": _clustered_proportion,
@@ -79,41 +125,80 @@ KINDS = {
     "mean, clustered (3 pairs a source image)": _clustered_mean,
     "median (exponential deltas)": _median,
     "paired difference of means": _difference,
+    "mean, real pairs (IR_r, a derangement partner)": _real_pairs,
+    "mean, real pairs (IR_r, distinctive images: the adverse case)": _distinctive_pairs,
 }
 
 
-def coverage(make, n: int, repetitions: int, resamples: int) -> tuple[int, int]:
-    """(covered, repetitions with an interval) of `make`'s metric at n units (clusters)."""
+def coverage(make, n: int, repetitions: int, resamples: int) -> tuple[int, int, float]:
+    """(covered, repetitions with an interval, their mean width) of `make`'s metric at n units
+    (clusters)."""
     rng = np.random.default_rng(n)
     covered = counted = 0
+    width = 0.0
     for rep in range(repetitions):
         metric, truth = make(rng, n)
         found = intervals({"m": metric}, resamples, rep)["m"]
         if np.isfinite(found.low):
             counted += 1
             covered += found.low <= truth <= found.high
-    return covered, counted
+            width += found.high - found.low
+    return covered, counted, width / max(counted, 1)
+
+
+def _percent(hits: int, total: int) -> str:
+    ci = stats.binomtest(hits, total).proportion_ci(method="wilson")
+    return f"{100 * hits / total:.1f} % [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
+
+
+def power(n: int, repetitions: int, resamples: int) -> tuple[float, int]:
+    """(delta, rejections): the mean printed detectable difference of `repetitions` seeded
+    paired samples of n units, and how often the sign-flip test rejects once a is delta above b."""
+    rng = np.random.default_rng(n)
+    samples = []
+    for _ in range(repetitions):
+        shared = rng.normal(0, 1, n)
+        samples.append((rng.exponential(1, n) + shared, rng.exponential(1, n) + shared))
+
+    def compared(a, b, seed):
+        units = {m: {"itm/IR_c_mean": UnitScores("pairs", x)} for m, x in (("A", a), ("B", b))}
+        return compare_dataset("power", units, ["A", "B"], resamples, seed)[0]
+
+    delta = float(np.mean([compared(a, b, rep).detectable for rep, (a, b) in enumerate(samples)]))
+    rejected = sum(compared(a + delta, b, rep).p_value < 0.05 for rep, (a, b) in enumerate(samples))
+    return delta, rejected
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repetitions", type=int, default=400)
     parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--kind", default="", help="only the metric types whose name holds this text")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--power-repetitions", type=int, default=1000, help="0: no power simulation")
     args = parser.parse_args()
     start = time.process_time()
     print(f"coverage of the 95 % intervals, {args.repetitions} seeded repetitions, {args.resamples} resamples")
+    print("(covered % [95 % Wilson interval]; mean width)")
     print()
-    print("| metric type | " + " | ".join(f"n = {n:,}" for n in SIZES) + " |")
-    print("|---|" + "---|" * len(SIZES))
+    print("| metric type | " + " | ".join(f"n = {n:,}" for n in args.sizes) + " |")
+    print("|---|" + "---|" * len(args.sizes))
     for name, make in KINDS.items():
+        if args.kind not in name:
+            continue
         cells = []
-        for n in SIZES:
-            covered, counted = coverage(make, n, args.repetitions, args.resamples)
-            ci = stats.binomtest(covered, counted).proportion_ci(method="wilson") if counted else None
-            cells.append(f"{100 * covered / counted:.1f} % [{100 * ci.low:.1f}, {100 * ci.high:.1f}]" if ci else "n/a")
+        for n in args.sizes:
+            covered, counted, width = coverage(make, n, args.repetitions, args.resamples)
+            cells.append(f"{_percent(covered, counted)}; {width:.3g}" if counted else "n/a")
             if counted < args.repetitions:
                 cells[-1] += f" ({args.repetitions - counted} without an interval)"
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.power_repetitions:
+        delta, rejected = power(50, args.power_repetitions, args.resamples)
+        print()
+        print(f"power at n = 50, true difference {delta:.4f} (the mean printed detectable difference):")
+        print(f"the sign-flip test rejects at 0.05 in {_percent(rejected, args.power_repetitions)}")
+        print(f"of {args.power_repetitions} seeded repetitions (target: 80 %)")
     print()
     print(f"CPU time {time.process_time() - start:.0f} s")
 

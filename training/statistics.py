@@ -297,7 +297,9 @@ def _ratio_and_se(counts: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple
 
 def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
     """name -> the bootstrap-t interval of each ratio metric (of one unit set), on clusters:
-    `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* of each resample."""
+    `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* of each resample.
+    Equal-tailed: on a lognormal mean (skewness 6.2) at n = 10 and 50 it covered more than the
+    symmetric bootstrap-t (quantile of |t*|), BCa and Hall's transformation (docs/report.md)."""
     if not metrics or not resamples:
         return {name: (np.nan, np.nan) for name in metrics}
     sums = {name: cluster_sums(m) for name, m in metrics.items()}
