@@ -1,5 +1,6 @@
-"""The trainer's start-up: its eval-overlap check (training/leakage.py) on a large table (run by
-hand; not part of the test suite). benchmarks/training.py measures a run's steady state.
+"""The trainer's start-up: its eval-overlap check (training/leakage.py) on a large table, and the
+training DataLoader's image reads on it (run by hand; not part of the test suite).
+benchmarks/training.py measures a run's steady state (decoding included).
 
 A parquet-backed real table of N rows (default 600,000, a real training table's size) opened as
 the trainer opens one (`load_dataset`, image column cast to undecoded bytes), its rows the
@@ -8,6 +9,11 @@ rows, the check's wall time and its rate per row, against two baselines: the che
 `ids[row]` one row at a time before issue #44, measured here on a sample of rows, and the rate the
 issue measured on the fixture (~1.3 ms a row under datasets 5.x, 48,000 reads in 62.8 s).
 Each image cell holds a few bytes (hashing is linear in the bytes stored, as any read is).
+
+The image reads: the bytes of `--sample` rows in a shuffled order, as the DataLoader asks for them
+(batches of 32), read the way `training.data.ExampleDataset` reads them (one Arrow gather per
+batch) against the way it read them before (`table.select_columns([column])[row]`, a
+`Dataset.__getitem__` per image); both give the same bytes (checked), the ratio is printed.
 
 Run: `python benchmarks/trainer_startup.py [--rows 600000] [--sample 2000]`
 """
@@ -26,6 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from training.data import ExampleDataset  # noqa: E402
 from training.eval_data import EvalData  # noqa: E402
 from training.leakage import check_eval_overlap  # noqa: E402
 from training.mixtures import ExampleSet  # noqa: E402
@@ -67,6 +74,22 @@ def per_row_reads(ds, sample: int) -> float:
     return (time.perf_counter() - start) / sample
 
 
+def image_reads(train: ExampleSet, sample: int, batch: int = 32) -> tuple[float, float]:
+    """Seconds an image of the loader's byte reads before #44 (a row read each) and now."""
+    order = np.random.default_rng(0).permutation(len(train))[:sample].tolist()
+    batches = [order[b : b + batch] for b in range(0, len(order), batch)]
+    column = train.tables[0].select_columns(["image"])
+    start = time.perf_counter()
+    old = [column[train.row[i]]["image"]["bytes"] for i in order]
+    old_s = time.perf_counter() - start
+    dataset = ExampleDataset(train, transform=None, min_side=0)
+    start = time.perf_counter()
+    new = [data for b in batches for data in dataset.image_bytes(b)]
+    new_s = time.perf_counter() - start
+    assert new == old, "the gathered bytes differ from the row reads'"
+    return old_s / sample, new_s / sample
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=600_000)
@@ -85,6 +108,7 @@ def main() -> None:
         overlap = check_eval_overlap(train, data, allow=False)
         seconds = time.perf_counter() - start
         old = per_row_reads(train.tables[0], args.sample)
+        image_old, image_new = image_reads(train, min(args.sample * 10, args.rows))
     assert overlap == {}, overlap
     rows = args.rows + args.test_images
     print(f"input: {args.rows} training rows + {args.test_images} test images; load {os.getloadavg()[0]:.1f}")
@@ -96,6 +120,11 @@ def main() -> None:
     print(
         f"old rate from issue #44 ({ISSUE_SECONDS_PER_ROW * 1e3:.2f} ms a row): "
         f"{ISSUE_SECONDS_PER_ROW * rows:.0f} s for these rows, {ISSUE_SECONDS_PER_ROW * rows / seconds:.0f}x"
+    )
+    print(
+        f"loader image reads, {min(args.sample * 10, args.rows)} shuffled rows of {args.rows} in batches of 32: "
+        f"{image_new * 1e6:.2f} us an image (one gather a batch) against {image_old * 1e6:.2f} us "
+        f"(a row read each, before #44): {image_old / image_new:.1f}x"
     )
 
 

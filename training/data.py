@@ -131,28 +131,50 @@ def decode_image(
 
 
 class ExampleDataset(torch.utils.data.Dataset):
-    """Example index -> (pixels, caption, negative caption or None)."""
+    """Example index -> (pixels, caption, negative caption or None).
+
+    The DataLoader asks for a whole batch (`__getitems__`), and the batch's image bytes are read
+    with one Arrow gather per (table, column), never a `Dataset.__getitem__` per row (each costs
+    a query and a formatter; benchmarks/trainer_startup.py). The workers are forked: they share
+    the memory-mapped tables, and a gather copies only its batch's bytes."""
 
     def __init__(self, examples: ExampleSet, transform, min_side: int, fast_decode: bool = False) -> None:
         self.examples, self.transform, self.min_side = examples, transform, min_side
         self.fast_decode = fast_decode
-        # One image column per (table, column): reading a row then touches only those bytes.
-        self._columns: dict[tuple[int, str], object] = {}
+        # One Arrow view per (table, column), opened in the process that reads it: a gather
+        # then touches only that column's bytes.
+        self._views: dict[tuple[int, str], object] = {}
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def image_bytes(self, i: int) -> bytes:
-        ex = self.examples
-        key = (ex.table_of[i], ex.column[i])
-        if key not in self._columns:
-            self._columns[key] = ex.tables[key[0]].select_columns([key[1]])
-        return self._columns[key][ex.row[i]][key[1]]["bytes"]
+    def image_bytes(self, indices: list[int]) -> list[bytes]:
+        """The stored bytes of examples `indices`' images, in that order."""
+        import pyarrow.compute as pc
 
-    def __getitem__(self, i: int):
         ex = self.examples
-        pixels = decode_image(self.image_bytes(i), self.transform, self.min_side, self.fast_decode)
-        return pixels, ex.caption[i], ex.negative[i]
+        at: dict[tuple[int, str], list[int]] = {}
+        for j, i in enumerate(indices):
+            at.setdefault((ex.table_of[i], ex.column[i]), []).append(j)
+        out: list[bytes] = [b""] * len(indices)
+        for key, positions in at.items():
+            if key not in self._views:
+                self._views[key] = ex.tables[key[0]].select_columns([key[1]]).with_format("arrow")
+            # A list key is one gather (datasets maps it through a select()'s indices).
+            cells = self._views[key][[ex.row[indices[j]] for j in positions]][key[1]]
+            for j, data in zip(positions, pc.struct_field(cells, "bytes").to_pylist(), strict=True):
+                out[j] = data
+        return out
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, str, str | None]]:
+        ex = self.examples
+        return [
+            (decode_image(data, self.transform, self.min_side, self.fast_decode), ex.caption[i], ex.negative[i])
+            for i, data in zip(indices, self.image_bytes(indices), strict=True)
+        ]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str, str | None]:
+        return self.__getitems__([i])[0]
 
 
 @dataclass

@@ -140,6 +140,8 @@ def pair_clusters(pairs) -> np.ndarray | None:
     `source_image_id`; a pair without one (or a build without the column) is its own."""
     if pairs is None or not len(pairs):
         return None
+    from training.sources import column_values  # datasets, loaded with the tables: not on import
+
     columns: dict[int, list] = {}  # table -> its source_image_id column (read once, no images)
     ids: list[str] = []
     for k in range(0, len(pairs), 2):
@@ -147,7 +149,7 @@ def pair_clusters(pairs) -> np.ndarray | None:
         if t not in columns:
             table = pairs.tables[t]
             has = "source_image_id" in table.column_names
-            columns[t] = table.select_columns(["source_image_id"])["source_image_id"] if has else []
+            columns[t] = column_values(table, "source_image_id") if has else []
         found = columns[t][pairs.row[k]] if columns[t] else None
         ids.append(f"source:{found}" if found not in (None, "") else f"pair:{k // 2}")
     return first_seen(ids)
