@@ -247,32 +247,20 @@ def _training_inputs(cli: list[str], demo: Path, data: Path, workdir: Path) -> N
 
 def _train_argv(cli: list[str], demo: Path, data: Path, steps: int, out: Path) -> list[str]:
     """`counterfactory train` on those inputs: a 0.3 decorrelation mixture of the tiny models."""
-    return [
-        *cli,
-        "train",
-        "--real",
-        str(data / "cc"),
-        "--decorrelation",
-        str(data / "dec"),
-        "--mix",
-        "decorrelation",
-        "--ratio",
-        "0.3",
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(demo / "tiny_models"),
-        "--batch-size",
-        "8",
-        "--lr",
-        "1e-3",
-        "--max-steps",
-        str(steps),
-        "--num-workers",
-        "1",
-        "--output",
-        str(out),
-    ]
+    flags = {
+        "--real": data / "cc",
+        "--decorrelation": data / "dec",
+        "--mix": "decorrelation",
+        "--ratio": 0.3,
+        "--models": "tiny",
+        "--tiny-models-dir": demo / "tiny_models",
+        "--batch-size": 8,
+        "--lr": "1e-3",
+        "--max-steps": steps,
+        "--num-workers": 1,
+        "--output": out,
+    }
+    return [*cli, "train", *(str(x) for pair in flags.items() for x in pair)]
 
 
 def _printed(problems: list[str]) -> list[str]:
