@@ -1,21 +1,47 @@
-"""The trainer's start-up: its eval-overlap check (training/leakage.py) on a large table (run by
-hand; not part of the test suite). benchmarks/training.py measures a run's steady state.
+"""The trainer's start-up (#44), run by hand; not part of the test suite. benchmarks/training.py
+measures a run's steady state.
 
-A parquet-backed real table of N rows (default 600,000, a real training table's size) opened as
-the trainer opens one (`load_dataset`, image column cast to undecoded bytes), its rows the
-training examples, and a 5,000-image test split of another table as the evaluation set. Prints
-rows, the check's wall time and its rate per row, against two baselines: the check as it read
-`ids[row]` one row at a time before issue #44, measured here on a sample of rows, and the rate the
-issue measured on the fixture (~1.3 ms a row under datasets 5.x, 48,000 reads in 62.8 s).
-Each image cell holds a few bytes (hashing is linear in the bytes stored, as any read is).
+1. Against open_clip_train (`--part peers`, the default): `accelerate launch
+   training/finetune_clip.py` (as the README runs it) and `python -m open_clip_train.main`
+   (open_clip_torch's own trainer) on the same tiny open_clip weights (the project's tiny
+   open_clip model, `local-dir:`) and the same image-caption pairs: a generated COCO-format
+   fixture (`counterfactory fixture coco --images N`, default 1,000) built as coco-captions, one
+   pair per caption of its train + restval images, read by the trainer from the build and by
+   open_clip_train from the same image bytes written to files and a CSV (filepath, title). Both
+   fp32 on the CPU, one thread, no DataLoader worker, no evaluation set, the same batch (a tenth
+   of the pairs: 10 steps an epoch) and runs of 1 and 6 epochs (10 and 60 steps), each saving a
+   checkpoint every epoch (both sides' default). A fresh process per run; the runs interleaved
+   (the two sides' order alternating), medians of n. Prints each side's fixed part (the
+   intercept of wall time over the two step counts; its range over the n repetitions) and time
+   a step, their ratios, n, the input size and the load average (the machine may be shared:
+   interleaving keeps the ratio fair, not the absolute times). Target: the trainer's fixed part
+   <= open_clip_train's. open_clip_train needs its `training` extra (webdataset, braceexpand),
+   which the project does not install: `pip install webdataset braceexpand`.
+2. The eval-overlap check (`--part overlap`): training/leakage.py on a large table. A
+   parquet-backed real table of N rows (default 600,000, a real training table's size) opened as
+   the trainer opens one (`load_dataset`, image column cast to undecoded bytes), its rows the
+   training examples, and a 5,000-image test split of another table as the evaluation set.
+   Prints rows, the check's wall time and its rate per row, against two baselines: the check as
+   it read `ids[row]` one row at a time before issue #44, measured here on a sample of rows, and
+   the rate the issue measured on the fixture (~1.3 ms a row under datasets 5.x, 48,000 reads in
+   62.8 s). Each image cell holds a few bytes (hashing is linear in the bytes stored, as any read
+   is).
 
-Run: `python benchmarks/trainer_startup.py [--rows 600000] [--sample 2000]`
+Issue #44's figures (2 shared cores, before the overlap check read whole columns): the trainer's
+fixed part 39.6 s against open_clip_train's 11.5 s, its time a step 0.77x open_clip_train's.
+
+Run: `python benchmarks/trainer_startup.py [--part peers] [--images 1000] [--repeats 3]` and
+`python benchmarks/trainer_startup.py --part overlap [--rows 600000] [--sample 2000]`
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib.util
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,12 +93,7 @@ def per_row_reads(ds, sample: int) -> float:
     return (time.perf_counter() - start) / sample
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=600_000)
-    p.add_argument("--test-images", type=int, default=5_000)
-    p.add_argument("--sample", type=int, default=2_000, help="rows read one at a time for the old rate")
-    args = p.parse_args()
+def overlap(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         train = examples(table(args.rows, Path(tmp), 1))
         test = table(args.test_images, Path(tmp), 10**9)
@@ -97,6 +118,143 @@ def main() -> None:
         f"old rate from issue #44 ({ISSUE_SECONDS_PER_ROW * 1e3:.2f} ms a row): "
         f"{ISSUE_SECONDS_PER_ROW * rows:.0f} s for these rows, {ISSUE_SECONDS_PER_ROW * rows / seconds:.0f}x"
     )
+
+
+#: Both sides' command lines: fp32, one process on the CPU, no evaluation set, the same lr.
+#: `accelerate launch` through this interpreter (the console script's may be another venv's).
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--num_processes", "1"]
+ACCELERATE += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def cli(*argv: str) -> None:
+    subprocess.run([sys.executable, "-m", "builders.app.cli", *argv], cwd=REPO, check=True, capture_output=True)
+
+
+def pairs_fixture(images: int, root: Path) -> tuple[Path, Path, int]:
+    """A coco-captions build of a generated fixture, and its train + restval pairs (one per
+    caption, as the trainer's `--mix none` takes them) as image files and a CSV for
+    open_clip_train. Returns the build, the CSV and the number of pairs."""
+    from datasets import Image, load_dataset
+
+    cli("fixture", "coco", str(root / "coco"), "--images", str(images))
+    build = root / "cc"
+    cli(
+        "build",
+        "coco-captions",
+        "--coco-root",
+        str(root / "coco"),
+        "--splits",
+        "train",
+        "restval",
+        "--output",
+        str(build),
+    )
+    (root / "images").mkdir()
+    rows = []
+    for split in ("train", "restval"):
+        table = load_dataset(str(build), "default", split=split).cast_column("image", Image(decode=False))
+        for image, image_id, captions in zip(table["image"], table["image_id"], table["captions"], strict=True):
+            path = root / "images" / f"{image_id}.jpg"
+            path.write_bytes(image["bytes"])
+            rows += [(str(path), caption) for caption in captions]
+    with open(root / "pairs.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("filepath", "title"), *rows])
+    return build, root / "pairs.csv", len(rows)
+
+
+def trainer_argv(build: Path, model: str, batch: int, epochs: int, workers: int, out: Path) -> list[str]:
+    script = str(REPO / "training" / "finetune_clip.py")
+    return [*ACCELERATE, "--num_cpu_threads_per_process", "1", script, "--real", str(build)] + [
+        *("--real-test-split", "", "--real-val-split", "", "--backend", "open_clip", "--model", model, "--lr", "1e-4"),
+        *("--batch-size", str(batch), "--epochs", str(epochs), "--num-workers", str(workers)),
+        *("--report-to", "none", "--output", str(out)),
+    ]
+
+
+def open_clip_train_argv(pairs: Path, model: str, batch: int, epochs: int, workers: int, out: Path) -> list[str]:
+    return [sys.executable, "-m", "open_clip_train.main", "--train-data", str(pairs), "--dataset-type", "csv"] + [
+        *("--csv-separator", ",", "--csv-img-key", "filepath", "--csv-caption-key", "title"),
+        *("--model", model, "--precision", "fp32", "--lr", "1e-4", "--warmup", "0", "--seed", "0"),
+        *("--batch-size", str(batch), "--epochs", str(epochs), "--workers", str(workers)),
+        *("--logs", str(out.parent), "--name", out.name),
+    ]
+
+
+def timed(argv: list[str]) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # accelerate's --num_cpu_threads_per_process 1
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    return seconds
+
+
+def fixed_and_step(walls: dict[int, float], steps: dict[int, int]) -> tuple[float, float]:
+    """The intercept and slope of wall time over the steps of the two run lengths."""
+    (lo, t_lo), (hi, t_hi) = sorted((steps[e], t) for e, t in walls.items())
+    per_step = (t_hi - t_lo) / (hi - lo)
+    return t_lo - per_step * lo, per_step
+
+
+def peers(args: argparse.Namespace) -> None:
+    if importlib.util.find_spec("webdataset") is None or importlib.util.find_spec("braceexpand") is None:
+        raise SystemExit("open_clip_train needs its training extra: pip install webdataset braceexpand")
+    from builders.models.profiles import tiny_profile
+
+    model = tiny_profile(args.tiny_models_dir).open_clip  # local-dir:PATH, which both sides take
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        build, pairs, n_pairs = pairs_fixture(args.images, tmp)
+        batch = n_pairs // args.steps_per_epoch  # both drop the last incomplete batch
+        steps = {e: e * args.steps_per_epoch for e in args.epochs}
+        sides = {"trainer": (trainer_argv, build), "open_clip_train": (open_clip_train_argv, pairs)}
+        walls: dict[str, dict[int, list[float]]] = {side: {e: [] for e in args.epochs} for side in sides}
+        for rep in range(args.repeats):
+            for epochs in args.epochs:
+                for side in list(sides)[:: 1 if rep % 2 == 0 else -1]:
+                    argv, data = sides[side]
+                    out = tmp / "runs" / f"{side}-{epochs}-{rep}"
+                    walls[side][epochs].append(timed(argv(data, model, batch, epochs, args.num_workers, out)))
+    print(
+        f"input: {args.images} fixture images -> {n_pairs} train pairs; batch {batch}, {args.steps_per_epoch} "
+        f"steps an epoch, {' and '.join(map(str, steps.values()))} steps; tiny open_clip, fp32, CPU, 1 thread, "
+        f"{args.num_workers} worker(s); n = {args.repeats} interleaved runs a point, medians"
+    )
+    result = {}
+    for side, by_epochs in walls.items():
+        medians = {e: statistics.median(ts) for e, ts in by_epochs.items()}
+        result[side] = fixed_and_step(medians, steps)
+        per_rep = [fixed_and_step({e: ts[r] for e, ts in by_epochs.items()}, steps)[0] for r in range(args.repeats)]
+        print(
+            f"{side}: wall "
+            + ", ".join(f"{steps[e]} steps {t:.1f} s" for e, t in medians.items())
+            + f"; fixed part {result[side][0]:.1f} s (per repetition {min(per_rep):.1f}..{max(per_rep):.1f} s), "
+            f"{result[side][1] * 1e3:.0f} ms a step"
+        )
+    (ours_fixed, ours_step), (their_fixed, their_step) = result["trainer"], result["open_clip_train"]
+    print(f"fixed part trainer / open_clip_train = {ours_fixed / their_fixed:.2f} (target <= 1)")
+    print(
+        f"time a step trainer / open_clip_train = {ours_step / their_step:.2f} (< 1: the trainer's steps are faster)"
+    )
+    print(f"load average (1 min) before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPU(s)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("peers", "overlap"), default="peers")
+    p.add_argument("--images", type=int, default=1_000, help="peers: fixture images")
+    p.add_argument("--epochs", type=int, nargs=2, default=(1, 6), help="peers: the two run lengths")
+    p.add_argument("--steps-per-epoch", type=int, default=10, help="peers: sets the batch (pairs // this)")
+    p.add_argument("--num-workers", type=int, default=0, help="peers: DataLoader workers of both sides")
+    p.add_argument("--repeats", type=int, default=3, help="peers: runs a point per side")
+    p.add_argument("--tiny-models-dir", type=Path, default=None)
+    p.add_argument("--rows", type=int, default=600_000, help="overlap: training rows")
+    p.add_argument("--test-images", type=int, default=5_000, help="overlap: evaluation images")
+    p.add_argument("--sample", type=int, default=2_000, help="overlap: rows read one at a time for the old rate")
+    args = p.parse_args()
+    peers(args) if args.part == "peers" else overlap(args)
 
 
 if __name__ == "__main__":
