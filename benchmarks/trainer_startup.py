@@ -40,6 +40,7 @@ import argparse
 import csv
 import importlib.util
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -163,12 +164,17 @@ def pairs_fixture(images: int, root: Path) -> tuple[Path, Path, int]:
 
 
 def trainer_argv(build: Path, model: str, batch: int, epochs: int, workers: int, out: Path) -> list[str]:
-    script = str(REPO / "training" / "finetune_clip.py")
-    return [*ACCELERATE, "--num_cpu_threads_per_process", "1", script, "--real", str(build)] + [
+    """The trainer in one process (`python training/finetune_clip.py`, = `counterfactory train`)."""
+    return [sys.executable, str(REPO / "training" / "finetune_clip.py"), "--real", str(build)] + [
         *("--real-test-split", "", "--real-val-split", "", "--backend", "open_clip", "--model", model, "--lr", "1e-4"),
         *("--batch-size", str(batch), "--epochs", str(epochs), "--num-workers", str(workers)),
         *("--report-to", "none", "--output", str(out)),
     ]
+
+
+def launched_argv(*args) -> list[str]:
+    """The same under `accelerate launch` (one process), as the README runs it."""
+    return [*ACCELERATE, "--num_cpu_threads_per_process", "1", *trainer_argv(*args)[1:]]
 
 
 def open_clip_train_argv(pairs: Path, model: str, batch: int, epochs: int, workers: int, out: Path) -> list[str]:
@@ -180,21 +186,40 @@ def open_clip_train_argv(pairs: Path, model: str, batch: int, epochs: int, worke
     ]
 
 
-def timed(argv: list[str]) -> float:
+def timed(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, the process and its children) of a run."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # accelerate's --num_cpu_threads_per_process 1
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode:
         raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
-    return seconds
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return seconds, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
 
 
-def fixed_and_step(walls: dict[int, float], steps: dict[int, int]) -> tuple[float, float]:
-    """The intercept and slope of wall time over the steps of the two run lengths."""
-    (lo, t_lo), (hi, t_hi) = sorted((steps[e], t) for e, t in walls.items())
+def fixed_and_step(times: dict[int, float], steps: dict[int, int]) -> tuple[float, float]:
+    """The intercept and slope of time over the steps of the two run lengths."""
+    (lo, t_lo), (hi, t_hi) = sorted((steps[e], t) for e, t in times.items())
     per_step = (t_hi - t_lo) / (hi - lo)
     return t_lo - per_step * lo, per_step
+
+
+#: The sides, each a command line of (data, model, batch, epochs, workers, out) and its data.
+SIDES = {"accelerate launch": launched_argv, "one process": trainer_argv, "open_clip_train": open_clip_train_argv}
+
+
+def interleaved(args: argparse.Namespace, tmp: Path, data: dict[str, Path], model: str, batch: int) -> dict:
+    """{side: {epochs: [(wall, cpu) per repetition]}}, the sides' order turning each repetition."""
+    runs: dict[str, dict[int, list]] = {side: {e: [] for e in args.epochs} for side in SIDES}
+    order = list(SIDES)
+    for rep in range(args.repeats):
+        for epochs in args.epochs:
+            for side in order[rep % len(order) :] + order[: rep % len(order)]:
+                out = tmp / "runs" / f"{side.replace(' ', '-')}-{epochs}-{rep}"
+                runs[side][epochs].append(timed(SIDES[side](data[side], model, batch, epochs, args.num_workers, out)))
+    return runs
 
 
 def peers(args: argparse.Namespace) -> None:
@@ -205,46 +230,41 @@ def peers(args: argparse.Namespace) -> None:
     model = tiny_profile(args.tiny_models_dir).open_clip  # local-dir:PATH, which both sides take
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as t:
-        tmp = Path(t)
-        build, pairs, n_pairs = pairs_fixture(args.images, tmp)
+        build, pairs, n_pairs = pairs_fixture(args.images, Path(t))
         batch = n_pairs // args.steps_per_epoch  # both drop the last incomplete batch
-        steps = {e: e * args.steps_per_epoch for e in args.epochs}
-        sides = {"trainer": (trainer_argv, build), "open_clip_train": (open_clip_train_argv, pairs)}
-        walls: dict[str, dict[int, list[float]]] = {side: {e: [] for e in args.epochs} for side in sides}
-        for rep in range(args.repeats):
-            for epochs in args.epochs:
-                for side in list(sides)[:: 1 if rep % 2 == 0 else -1]:
-                    argv, data = sides[side]
-                    out = tmp / "runs" / f"{side}-{epochs}-{rep}"
-                    walls[side][epochs].append(timed(argv(data, model, batch, epochs, args.num_workers, out)))
+        data = {"accelerate launch": build, "one process": build, "open_clip_train": pairs}
+        runs = interleaved(args, Path(t), data, model, batch)
+    steps = {e: e * args.steps_per_epoch for e in args.epochs}
     print(
         f"input: {args.images} fixture images -> {n_pairs} train pairs; batch {batch}, {args.steps_per_epoch} "
         f"steps an epoch, {' and '.join(map(str, steps.values()))} steps; tiny open_clip, fp32, CPU, 1 thread, "
         f"{args.num_workers} worker(s); n = {args.repeats} interleaved runs a point, medians"
     )
-    result = {}
-    for side, by_epochs in walls.items():
-        medians = {e: statistics.median(ts) for e, ts in by_epochs.items()}
-        result[side] = fixed_and_step(medians, steps)
-        per_rep = [fixed_and_step({e: ts[r] for e, ts in by_epochs.items()}, steps)[0] for r in range(args.repeats)]
+    fixed = {}
+    for side, by_epochs in runs.items():
+        wall, cpu = ({e: statistics.median(r[k] for r in rs) for e, rs in by_epochs.items()} for k in (0, 1))
+        fixed[side] = (*fixed_and_step(wall, steps), fixed_and_step(cpu, steps)[0])
+        per_rep = [fixed_and_step({e: rs[r][0] for e, rs in by_epochs.items()}, steps)[0] for r in range(args.repeats)]
         print(
             f"{side}: wall "
-            + ", ".join(f"{steps[e]} steps {t:.1f} s" for e, t in medians.items())
-            + f"; fixed part {result[side][0]:.1f} s (per repetition {min(per_rep):.1f}..{max(per_rep):.1f} s), "
-            f"{result[side][1] * 1e3:.0f} ms a step"
+            + ", ".join(f"{steps[e]} steps {t:.1f} s" for e, t in wall.items())
+            + f"; fixed part {fixed[side][0]:.1f} s (repetitions {min(per_rep):.1f}..{max(per_rep):.1f} s), "
+            f"{fixed[side][1] * 1e3:.0f} ms a step; fixed part in CPU seconds {fixed[side][2]:.1f} s"
         )
-    (ours_fixed, ours_step), (their_fixed, their_step) = result["trainer"], result["open_clip_train"]
-    print(f"fixed part trainer / open_clip_train = {ours_fixed / their_fixed:.2f} (target <= 1)")
-    print(
-        f"time a step trainer / open_clip_train = {ours_step / their_step:.2f} (< 1: the trainer's steps are faster)"
-    )
+    ref = fixed["open_clip_train"]
+    for side in ("accelerate launch", "one process"):
+        print(
+            f"trainer ({side}) / open_clip_train: fixed part {fixed[side][0] / ref[0]:.2f} (target <= 1), "
+            f"in CPU seconds {fixed[side][2] / ref[2]:.2f}; time a step {fixed[side][1] / ref[1]:.2f} "
+            "(< 1: the trainer's steps are faster)"
+        )
     print(f"load average (1 min) before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPU(s)")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", choices=("peers", "overlap"), default="peers")
-    p.add_argument("--images", type=int, default=1_000, help="peers: fixture images")
+    p.add_argument("--images", type=int, default=200, help="peers: fixture images")
     p.add_argument("--epochs", type=int, nargs=2, default=(1, 6), help="peers: the two run lengths")
     p.add_argument("--steps-per-epoch", type=int, default=10, help="peers: sets the batch (pairs // this)")
     p.add_argument("--num-workers", type=int, default=0, help="peers: DataLoader workers of both sides")
