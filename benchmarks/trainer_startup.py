@@ -243,20 +243,21 @@ def peers(args: argparse.Namespace) -> None:
     fixed = {}
     for side, by_epochs in runs.items():
         wall, cpu = ({e: statistics.median(r[k] for r in rs) for e, rs in by_epochs.items()} for k in (0, 1))
-        fixed[side] = (*fixed_and_step(wall, steps), fixed_and_step(cpu, steps)[0])
+        fixed[side] = (*fixed_and_step(wall, steps), *fixed_and_step(cpu, steps))
         per_rep = [fixed_and_step({e: rs[r][0] for e, rs in by_epochs.items()}, steps)[0] for r in range(args.repeats)]
         print(
             f"{side}: wall "
             + ", ".join(f"{steps[e]} steps {t:.1f} s" for e, t in wall.items())
             + f"; fixed part {fixed[side][0]:.1f} s (repetitions {min(per_rep):.1f}..{max(per_rep):.1f} s), "
-            f"{fixed[side][1] * 1e3:.0f} ms a step; fixed part in CPU seconds {fixed[side][2]:.1f} s"
+            f"{fixed[side][1] * 1e3:.0f} ms a step; in CPU seconds: fixed part {fixed[side][2]:.1f} s, "
+            f"{fixed[side][3] * 1e3:.0f} ms a step"
         )
     ref = fixed["open_clip_train"]
     for side in ("accelerate launch", "one process"):
         print(
             f"trainer ({side}) / open_clip_train: fixed part {fixed[side][0] / ref[0]:.2f} (target <= 1), "
-            f"in CPU seconds {fixed[side][2] / ref[2]:.2f}; time a step {fixed[side][1] / ref[1]:.2f} "
-            "(< 1: the trainer's steps are faster)"
+            f"in CPU seconds {fixed[side][2] / ref[2]:.2f}; time a step {fixed[side][1] / ref[1]:.2f}, "
+            f"in CPU seconds {fixed[side][3] / ref[3]:.2f} (< 1: the trainer's steps are faster)"
         )
     print(f"load average (1 min) before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPU(s)")
 
