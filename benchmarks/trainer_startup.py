@@ -2,24 +2,24 @@
 measures a run's steady state.
 
 1. Against open_clip_train (`--part peers`, the default): the trainer under `accelerate launch`
-   (one process, as the README runs it), under `accelerate-launch` (accelerate's console script
-   of the launch command alone: the same flags, without the imports of the CLI's other
-   commands), in one process (`python training/finetune_clip.py`, = `counterfactory train`), and
-   `python -m open_clip_train.main` (open_clip_torch's own trainer), on the same tiny open_clip
-   weights (the project's tiny open_clip model, `local-dir:`) and the same image-caption pairs: a
-   generated COCO-format fixture (`counterfactory fixture coco --images N`, default 200) built
-   as coco-captions, one pair per caption of its train + restval images, read by the trainer
-   from the build and by open_clip_train from the same image bytes written to files and a CSV
-   (filepath, title). All fp32 on the CPU, one thread, no DataLoader worker, no evaluation set,
-   the same batch (a tenth of the pairs: 10 steps an epoch) and runs of 1 and 6 epochs (10 and
-   60 steps), each saving a checkpoint every epoch (both trainers' default). A fresh process
-   per run; the runs interleaved (the sides' order turning each repetition), medians of n. Prints each side's fixed part (the
-   intercept of time over the two step counts; the range of the wall one over the n
+   (one process, as the README runs it), under `accelerate-launch` (accelerate's console script of
+   the launch command alone: the same flags, without the imports of the CLI's other commands), in
+   one process (`python training/finetune_clip.py`, = `counterfactory train`), and `python -m
+   open_clip_train.main` (open_clip_torch's own trainer), on the same tiny open_clip weights (the
+   project's tiny open_clip model, `local-dir:`) and the same image-caption pairs: a generated
+   COCO-format fixture (`counterfactory fixture coco --images N`, default 200) built as
+   coco-captions, one pair per caption of its train + restval images, read by the trainer from the
+   build and by open_clip_train from the same image bytes written to files and a CSV (filepath,
+   title). All fp32 on the CPU, one thread, no DataLoader worker, no evaluation set, the same batch
+   (a tenth of the pairs: 10 steps an epoch) and runs of 1 and 6 epochs (10 and 60 steps), each
+   saving a checkpoint every epoch (both trainers' default). A fresh process per run; the runs
+   interleaved (the sides' order turning each repetition), medians of n. Prints each side's fixed
+   part (the intercept of time over the two step counts; the range of the wall one over the n
    repetitions) and time a step, in wall seconds and in CPU seconds (user + system of the run's
-   processes, which other load on a shared machine barely moves), their ratios, n, the input
-   size and the load average. Target: the trainer's fixed part <= open_clip_train's.
-   open_clip_train needs its `training` extra (webdataset, braceexpand), which the project does
-   not install: `pip install webdataset braceexpand`.
+   processes, which other load on a shared machine barely moves), their ratios, n, the input size
+   and the load average. Target: the trainer's fixed part <= open_clip_train's. open_clip_train
+   needs its `training` extra (webdataset, braceexpand), which the project does not install: `pip
+   install webdataset braceexpand`.
 2. The eval-overlap check (`--part overlap`): training/leakage.py on a large table. A
    parquet-backed real table of N rows (default 600,000, a real training table's size) opened as
    the trainer opens one (`load_dataset`, image column cast to undecoded bytes), its rows the
@@ -36,10 +36,10 @@ fixed part 39.6 s against open_clip_train's 11.5 s, its time a step 0.77x open_c
 Measured with `--part peers` after that fix (200 fixture images -> 600 pairs, batch 60; 2 cores
 shared with other jobs), fixed part in CPU seconds, the ratio to open_clip_train's in brackets:
 
-    run (n, load average)    accelerate launch   accelerate-launch   one process     open_clip_train
-    A (3, 6.1 -> 6.4)        10.3 s (1.82)       -                    5.5 s (0.98)    5.7 s
-    B (5, 4.3 -> 2.6)         9.5 s (1.94)       -                    5.6 s (1.14)    4.9 s
-    C (3, 2.7 -> 2.6)         9.7 s (2.06)       7.5 s (1.59)         5.7 s (1.21)    4.7 s
+    run (n, load)        accelerate launch   accelerate-launch   one process     open_clip_train
+    A (3, 6.1 -> 6.4)    10.3 s (1.82)       -                    5.5 s (0.98)    5.7 s
+    B (5, 4.3 -> 2.6)     9.5 s (1.94)       -                    5.6 s (1.14)    4.9 s
+    C (3, 2.7 -> 2.6)     9.7 s (2.06)       7.5 s (1.59)         5.7 s (1.21)    4.7 s
 
 The wall-clock fixed parts swung with the load (one process: 1.01x, 1.30x, 1.93x
 open_clip_train's; accelerate launch 1.5x-3.5x), the CPU seconds much less. The trainer's own
