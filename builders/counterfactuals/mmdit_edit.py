@@ -48,7 +48,6 @@ from builders.counterfactuals.prompt_to_prompt import (
     UNetWork,
     _dedupe,
     _generators,
-    _kept_candidates,
     injected,
     row_keys,
 )
@@ -422,7 +421,7 @@ def generate_pairs_mmdit(
                 x0 = x_t[unique] - sched.sigmas[i].to(x_t.device, x_t.dtype) * v[unique]
                 previews = r.decode(x0)[index]
                 work.decoded += len(unique)
-                kept = _kept_candidates(early, previews)
+                kept = early.kept(previews)
                 latents = latents[[2 * j + h for j in kept for h in (0, 1)]]
                 specs, keyed = [specs[j] for j in kept], [keyed[j] for j in kept]
     if not specs:

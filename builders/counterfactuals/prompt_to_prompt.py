@@ -57,8 +57,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from builders.counterfactuals.samplers import keep_sampler_rows, make_scheduler, predicted_x0
+
 INJECT_MODES = ("self", "cross", "both")
-SCHEDULERS = ("euler_ancestral", "dpm_solver_pp", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,13 @@ class EarlyRejection:
     step: int
     check: Callable[[np.ndarray, np.ndarray], Sequence[bool]]
     dropped: list[int] = field(default_factory=list)
+
+    def kept(self, previews: np.ndarray) -> list[int]:
+        """The candidates whose preview pair (rows 2j, 2j+1) passes; the others go to `dropped`.
+        One preview step, so positions among the live candidates are batch positions."""
+        keep = [bool(k) for k in self.check(previews[0::2], previews[1::2])]
+        self.dropped = [j for j, k in enumerate(keep) if not k]
+        return [j for j, k in enumerate(keep) if k]
 
 
 def injected(p: float, step: int, steps: int) -> bool:
@@ -296,46 +304,6 @@ def p2p_processors(unet, controller: P2PController) -> Iterator[None]:
         unet.set_attn_processor(previous)
 
 
-def make_scheduler(pipe, kind: str):
-    """A fresh scheduler (schedulers keep per-run state). `euler_ancestral` is the reference's
-    sampler; `dpm_solver_pp` is DPM-Solver++ (2M), a multistep solver meant for ~25 steps (an
-    approximation: other images than the reference sampler's); `pipeline` keeps the pipeline's
-    own scheduler class."""
-    if kind == "euler_ancestral":
-        from diffusers import EulerAncestralDiscreteScheduler
-
-        return EulerAncestralDiscreteScheduler.from_config(pipe.scheduler.config)
-    if kind == "dpm_solver_pp":
-        from diffusers import DPMSolverMultistepScheduler
-
-        return DPMSolverMultistepScheduler.from_config(
-            pipe.scheduler.config, algorithm_type="dpmsolver++", solver_order=2
-        )
-    if kind == "pipeline":
-        return type(pipe.scheduler).from_config(pipe.scheduler.config)
-    raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {kind!r}")
-
-
-def predicted_x0(sched, out) -> torch.Tensor:
-    """The sampler's x0 prediction of the step it just took: Euler-type samplers return it,
-    DPM-Solver++ keeps it as its newest model output."""
-    x0 = getattr(out, "pred_original_sample", None)
-    if x0 is None and getattr(sched, "model_outputs", None) and sched.model_outputs[-1] is not None:
-        x0 = sched.model_outputs[-1]
-    if x0 is None:
-        raise ValueError(
-            f"early rejection needs a sampler that predicts x0 "
-            f"(euler_ancestral, dpm_solver_pp), not {type(sched).__name__}"
-        )
-    return x0
-
-
-def _keep_sampler_rows(sched, rows: list[int]) -> None:
-    """Drop the per-row history of a multistep sampler along with the rows themselves."""
-    if getattr(sched, "model_outputs", None):
-        sched.model_outputs = [m[rows] if isinstance(m, torch.Tensor) else m for m in sched.model_outputs]
-
-
 def _decode(pipe, latents: torch.Tensor) -> np.ndarray:
     return to_uint8(pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample)
 
@@ -477,10 +445,10 @@ def denoise_pairs(
                 # Rows that shared this step's input share their x0 prediction too.
                 previews = decode(pipe, predicted_x0(sched, out)[unique])[index]
                 work.decoded += len(unique)
-                kept = _kept_candidates(early, previews)
+                kept = early.kept(previews)
                 rows = [2 * j + h for j in kept for h in (0, 1)]
                 latents, noise_gens = latents[rows], [noise_gens[r] for r in rows]
-                _keep_sampler_rows(sched, rows)
+                keep_sampler_rows(sched, rows)
                 specs = ctrl.specs = [specs[j] for j in kept]
     if not specs:
         empty = np.zeros((0, size, size, 3), dtype=np.uint8)
@@ -503,11 +471,3 @@ def _guided_noise(pipe, prompts: Prompts, sched, at: tuple, rows: tuple) -> torc
     x = sched.scale_model_input(torch.cat([latents[unique], latents[unique]]), t)
     eps_uncond, eps_cond = pipe.unet(x, t, **prompts.unet_inputs(caption)).sample.chunk(2)
     return eps_uncond + guidance * (eps_cond - eps_uncond)
-
-
-def _kept_candidates(early: EarlyRejection, previews: np.ndarray) -> list[int]:
-    """The candidates whose preview pair passes the early check; the others go to `early.dropped`.
-    One preview step, so positions among the live candidates are batch positions."""
-    keep = [bool(k) for k in early.check(previews[0::2], previews[1::2])]
-    early.dropped = [j for j, k in enumerate(keep) if not k]
-    return [j for j, k in enumerate(keep) if k]

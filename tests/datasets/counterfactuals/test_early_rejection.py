@@ -20,9 +20,8 @@ from builders.counterfactuals.prompt_to_prompt import (
     PairSpec,
     UNetWork,
     generate_pairs,
-    make_scheduler,
-    predicted_x0,
 )
+from builders.counterfactuals.samplers import make_scheduler, predicted_x0
 from builders.app.cli import main as cli_main
 from builders.models.loaders import load_sd
 from builders.models.profiles import resolve_profile
