@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.statistics import UnitScores, bootstrap, interval, intervals, paired_intervals
+from training.statistics import UnitScores, bootstrap, difference_interval, intervals, paired_intervals
 from training.evaluation import unit_scores
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ def before_after(
         }
         if key in pairs:
             found = studentized.get(key)
-            low, high = (found.low, found.high) if found else interval(resampled[(key, "a")] - resampled[(key, "b")])
+            spread = resampled[(key, "a")] - resampled[(key, "b")]
+            low, high = difference_interval(found, spread, pairs[key][0].counted()[1])
             row.update(ci_low=None if math.isnan(low) else low, ci_high=None if math.isnan(high) else high)
         out[key] = row
     return out
