@@ -123,8 +123,8 @@ def final_statistics(
     with --bootstrap resamples seeded by --seed. Each interval is made as the report makes it
     (training.statistics.intervals: exact for proportions, studentized for means); a metric the
     units cannot move (fixed by construction, e.g. R@K with K >= the gallery), whose units all
-    have the same value (no spread in the sample, which is not none in the population) or of
-    one cluster gets none, and its note says which."""
+    have the same value (no spread in the sample, which is not none in the population), of
+    one cluster or of fewer than 6 (statistics.MIN_CLUSTERS) gets none, and its note says which."""
     resamples, seed = cfg.run.bootstrap, cfg.run.seed
     found = intervals({k: u for k, u in units.items() if k in metrics}, resamples, seed) if resamples else {}
     return {

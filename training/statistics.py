@@ -21,10 +21,12 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   number of independent trials (Korn & Graubard 1998: the trials over the design effect of the
   clusters, a unit's several trials, e.g. its captions, being a cluster too); a mean or ratio
   of sums: the studentized bootstrap (bootstrap-t, the ratio's linearised standard error on each
-  resample); a median or a mean over groups: the percentile interval. A metric the units cannot
-  move (`trivial`: a hit by construction, R@K with K >= the gallery) gets no interval and says
-  so; so does one whose units all have the same value (a sample without spread, which says
-  nothing of the population's spread: not trivial) or with one cluster (`Interval.note`).
+  resample; units linked by `partners`, the real pairs, scaled by the dyadic `robust_se`); a
+  median or a mean over groups: the percentile interval. A metric the units cannot move
+  (`trivial`: a hit by construction, R@K with K >= the gallery) gets no interval and says so; so
+  does one whose units all have the same value (a sample without spread, which says nothing of
+  the population's spread: not trivial), with one cluster, or, but for a proportion, with
+  fewer than MIN_CLUSTERS (`Interval.note`).
 - `sign_flip_pvalue`: the paired permutation test of "two models score the same units equally":
   each cluster's two scores are swapped (`scipy.stats.permutation_test` with
   `permutation_type="samples"`). When the 2^n swap patterns number no more than the resamples,
@@ -32,6 +34,7 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   `p = min(1, 2 min(#{null <= observed}, #{null >= observed}) / 2^n)`; otherwise `resamples`
   random patterns give `p = min(1, 2 min(#{null <= observed} + 1, #{null >= observed} + 1) / (B + 1))`
   (scipy's two-sided p-value: twice the smaller tail, a tolerance of 100 ulp on observed).
+  A difference on units linked by `partners` is studentized under each swap (`_flip_scale`).
 - `holm`: Holm's step-down adjustment of a family of p-values.
 """
 

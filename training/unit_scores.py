@@ -10,9 +10,10 @@ the embeddings the evaluation encoded: the units the intervals and the paired te
 - ITM deltas: pairs (the held-out counterfactual pairs; for IR_r/TR_r the real images, each
   with its random partner), the mean, the median and the fraction below zero of the deltas.
   A real pair's unit also uses its partner's image (IR_r) or caption (TR_r), unit r(i)'s own;
-  the derangement's cycles are too few to be clusters, so the real pairs are resampled as units,
-  an approximation whose coverage benchmarks/report_coverage.py measures (conservative when an
-  image's scores move together, too narrow for distinctive images; docs/report.md).
+  the derangement's cycles are too few to be clusters, so the real pairs are resampled as
+  units, each carrying its partner (`UnitScores.partners`, `real_partners`), and their mean's
+  interval and paired test take the dyadic standard error of linked units
+  (statistics.robust_se; coverage in benchmarks/report_coverage.py and docs/report.md).
 - PN: removal pairs (queries), each with the sum and count of its (caption, class) values.
 - zero-shot: test images, top-1 / top-5 hits and per-class recall (classes as groups).
 
