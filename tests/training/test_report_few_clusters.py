@@ -67,3 +67,25 @@ def test_no_resample_blows_the_interval_up_at_or_above_the_floor(n):
     found = intervals({"m": UnitScores("pairs", x)}, 1000, 0)["m"]
     assert found.method == "studentized" and found.low <= x.mean() <= found.high
     assert x.mean() - 10 * np.ptp(x) <= found.low and found.high <= x.mean() + 10 * np.ptp(x)
+
+
+def test_the_trainers_metrics_md_says_why(tmp_path):
+    """The trainer's final numbers (run.json's `final_interval_notes`, metrics.md) say it too:
+    6 counterfactual pairs from 3 source images have no interval, 6 real pairs have one."""
+    from types import SimpleNamespace
+
+    from training.before_after import final_statistics
+    from training.checkpoint import metric_table
+
+    values = np.random.default_rng(2).normal(0.05, 0.1, 6)
+    units = {
+        "itm/IR_c_mean": UnitScores("pairs", values, clusters=SOURCES),
+        "itm/IR_r_mean": UnitScores("pairs", values),
+    }
+    metrics = {k: u.value() for k, u in units.items()}
+    cfg = SimpleNamespace(run=SimpleNamespace(bootstrap=200, seed=0))
+    record = final_statistics(tmp_path, None, cfg, metrics, units, trained=False)
+    assert record["final_interval_notes"] == {"itm/IR_c_mean": "fewer than 6 clusters"}
+    assert list(record["final_intervals"]) == ["itm/IR_r_mean"]
+    rows = metric_table(metrics, record["final_intervals"], record["final_interval_notes"]).splitlines()
+    assert f"| itm/IR\\_c\\_mean | {metrics['itm/IR_c_mean']:.4f} (no interval: fewer than 6 clusters) |" in rows
