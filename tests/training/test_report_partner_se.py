@@ -114,7 +114,7 @@ def test_the_sign_flip_test_of_real_pairs_is_studentized_by_their_partners():
     brute force; without partners, of sum(s d) as before."""
     from itertools import product
 
-    from training.statistics import sign_flip_pvalue
+    from training.sign_flip import sign_flip_pvalue
 
     rng = np.random.default_rng(2)
     partners = real_partners(8)
@@ -139,7 +139,7 @@ def test_the_real_pairs_sign_flip_test_holds_its_level():
     """400 null samples of 50 real pairs (two models of the adverse case, scored through
     `delta_units`): rejections at 0.05 stay near 5 % (15.5 % with the plain sum, whose swaps
     take the linked pairs as independent)."""
-    from training.statistics import sign_flip_pvalue
+    from training.sign_flip import sign_flip_pvalue
 
     n = 50
     rng = np.random.default_rng(1)
@@ -151,3 +151,11 @@ def test_the_real_pairs_sign_flip_test_holds_its_level():
         ]
         rejected += sign_flip_pvalue(*models, 1000, rep) < 0.05
     assert rejected <= 0.09 * 400, rejected
+
+
+def test_two_equal_models_on_real_pairs_differ_with_p_one():
+    from training.sign_flip import sign_flip_pvalue
+
+    values = np.random.default_rng(3).normal(0, 1, 12)
+    a = UnitScores("real pairs", values, partners=real_partners(12))
+    assert sign_flip_pvalue(a, a, 1000, 0) == 1.0

@@ -33,8 +33,8 @@ from training.statistics import (
     difference_interval,
     holm,
     paired_intervals,
-    sign_flip_pvalues,
 )
+from training.sign_flip import sign_flip_pvalues
 
 
 #: The power of the smallest detectable difference a column without a winner reports.
