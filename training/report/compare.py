@@ -121,10 +121,10 @@ def detectable(spread: np.ndarray, n: int, power: float = POWER) -> float:
     true difference D, t is noncentral with delta = D / (s / sqrt(n)), and s / sqrt(n) is the
     bootstrap standard error x sqrt(n / (n - 1)) (the bootstrap's variance divides by n). The
     normal approximation (z(0.975) + z(0.8)) x se reached 77 % power at n = 50 and 60 % at
-    n = 10 (benchmarks/report_coverage.py). NaN below 6 clusters, where no sign-flip p-value
-    (at least 2 / 2^n) is below 0.05. Holm's adjustment only raises it."""
+    n = 10 (benchmarks/report_coverage.py). NaN below MIN_CLUSTERS (6) clusters, where no
+    sign-flip p-value (at least 2 / 2^n) is below 0.05. Holm's adjustment only raises it."""
     finite = spread[np.isfinite(spread)]
-    if len(finite) < 2 or 2.0 ** (1 - int(n)) >= ALPHA:
+    if len(finite) < 2 or int(n) < MIN_CLUSTERS:
         return float("nan")
     z = NormalDist().inv_cdf(1 - ALPHA / 2)
     critical = z * np.sqrt((n - 1) / (n - z * z))
