@@ -384,20 +384,20 @@ def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict
 
 def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
     """The exact binomial interval of a proportion on its effective number of trials: the
-    trials over the design effect of the clusters (at least 1, Korn & Graubard 1998); a
-    proportion of 0 or 1, whose design effect is undefined, counts its clusters."""
+    trials over the design effect of the clusters and of units linked by `partners` (`robust_se`
+    squared over the binomial variance, at least 1, Korn & Graubard 1998); a proportion of 0 or
+    1, whose design effect is undefined, counts its clusters."""
     a, d = cluster_sums(metric)
     trials, clusters = d.sum(), len(a)
     if trials <= 0:
         return float("nan"), float("nan")
     p = a.sum() / trials
-    if np.all(d == 1):
-        n_eff = float(clusters)  # one trial a cluster: a plain binomial
+    if np.all(d == 1) and metric.partners is None:
+        n_eff = float(clusters)  # one independent trial a cluster: a plain binomial
     elif p <= 0 or p >= 1 or clusters < 2:
         n_eff = float(clusters)
     else:
-        variance = ((a - p * d) ** 2).sum() / trials**2 * clusters / (clusters - 1)
-        n_eff = trials / max(1.0, variance / (p * (1 - p) / trials))
+        n_eff = trials / max(1.0, robust_se(metric) ** 2 / (p * (1 - p) / trials))
     x, tail = p * n_eff, (1 - level) / 2
     low = 0.0 if x <= 0 else float(special.betaincinv(x, n_eff - x + 1, tail))
     high = 1.0 if x >= n_eff else float(special.betaincinv(x + 1, n_eff - x, 1 - tail))

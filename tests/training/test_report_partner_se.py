@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from training.statistics import UnitScores, intervals, paired_difference, robust_se
 from training.unit_scores import delta_units, real_partners
@@ -159,3 +160,24 @@ def test_two_equal_models_on_real_pairs_differ_with_p_one():
     values = np.random.default_rng(3).normal(0, 1, 12)
     a = UnitScores("real pairs", values, partners=real_partners(12))
     assert sign_flip_pvalue(a, a, 1000, 0) == 1.0
+
+
+def test_a_real_pair_proportion_counts_its_partners_in_the_design_effect():
+    """IR_r's fraction below zero: Clopper-Pearson on n / deff trials, deff the dyadic variance
+    (by hand, the shared-input matrix) over the binomial one (at least 1); linked pairs that
+    move together give fewer effective trials than the plain binomial of the 40 pairs."""
+    partners = real_partners(40)
+    below = np.zeros(40)
+    below[:6] = 1
+    below[partners[:6]] = 1  # each below-zero pair's partner too
+    n, p = 40, below.mean()
+    e, a = below - p, _shared(partners)
+    deff = max(1.0, (e @ a @ e / n**2 * n * n / (n * n - a.sum())) / (p * (1 - p) / n))
+    n_eff = n / deff
+    x = p * n_eff
+    expected = (stats.beta.ppf(0.025, x, n_eff - x + 1), stats.beta.ppf(0.975, x + 1, n_eff - x))
+    found = intervals({"f": UnitScores("real pairs", below, proportion=True, partners=partners)}, 0, 0)["f"]
+    assert deff > 1.2 and found.method == "clopper-pearson"
+    assert (found.low, found.high) == pytest.approx(expected, rel=1e-9)
+    plain = stats.binomtest(int(below.sum()), n).proportion_ci(method="exact")
+    assert found.high - found.low > plain.high - plain.low
