@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.statistics import UnitScores, bootstrap, interval, intervals, paired_intervals
+from training.statistics import UnitScores, bootstrap, difference_interval, intervals, paired_intervals
 from training.evaluation import unit_scores
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ def before_after(
         }
         if key in pairs:
             found = studentized.get(key)
-            low, high = (found.low, found.high) if found else interval(resampled[(key, "a")] - resampled[(key, "b")])
+            spread = resampled[(key, "a")] - resampled[(key, "b")]
+            low, high = difference_interval(found, spread, pairs[key][0].counted()[1])
             row.update(ci_low=None if math.isnan(low) else low, ci_high=None if math.isnan(high) else high)
         out[key] = row
     return out
@@ -122,8 +123,8 @@ def final_statistics(
     with --bootstrap resamples seeded by --seed. Each interval is made as the report makes it
     (training.statistics.intervals: exact for proportions, studentized for means); a metric the
     units cannot move (fixed by construction, e.g. R@K with K >= the gallery), whose units all
-    have the same value (no spread in the sample, which is not none in the population) or of
-    one cluster gets none, and its note says which."""
+    have the same value (no spread in the sample, which is not none in the population), of
+    one cluster or of fewer than 6 (statistics.MIN_CLUSTERS) gets none, and its note says which."""
     resamples, seed = cfg.run.bootstrap, cfg.run.seed
     found = intervals({k: u for k, u in units.items() if k in metrics}, resamples, seed) if resamples else {}
     return {

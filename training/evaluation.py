@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from builders.engine.batching import ShrinkingBatches
-from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, itm_score_deltas, random_derangement
+from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 from training.eval_config import EvalConfig
@@ -60,6 +60,7 @@ from training.unit_scores import (
     necessity_units,
     odmap_units,
     pair_clusters,
+    real_partners,
     retrieval_units,
     zeroshot_units,
 )
@@ -271,7 +272,7 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
         order = np.argsort(np.argsort(data.image_ids))  # image row -> rank of its id
         img = emb["image"]
         cap = emb["text"][first][order]
-        r = random_derangement(len(img), PAIR_SEED)
+        r = real_partners(len(img))
         args.update(g_cr_ir=(cap[r] * img[r]).sum(1), g_cr_io=(cap[r] * img).sum(1), g_co_ir=(cap * img[r]).sum(1))
     return args
 

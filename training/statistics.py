@@ -21,18 +21,14 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   number of independent trials (Korn & Graubard 1998: the trials over the design effect of the
   clusters, a unit's several trials, e.g. its captions, being a cluster too); a mean or ratio
   of sums: the studentized bootstrap (bootstrap-t, the ratio's linearised standard error on each
-  resample); a median or a mean over groups: the percentile interval. A metric the units cannot
-  move (`trivial`: a hit by construction, R@K with K >= the gallery) gets no interval and says
-  so; so does one whose units all have the same value (a sample without spread, which says
-  nothing of the population's spread: not trivial) or with one cluster (`Interval.note`).
-- `sign_flip_pvalue`: the paired permutation test of "two models score the same units equally":
-  each cluster's two scores are swapped (`scipy.stats.permutation_test` with
-  `permutation_type="samples"`). When the 2^n swap patterns number no more than the resamples,
-  every pattern is enumerated, as scipy does, and the p-value is exact and seed-independent:
-  `p = min(1, 2 min(#{null <= observed}, #{null >= observed}) / 2^n)`; otherwise `resamples`
-  random patterns give `p = min(1, 2 min(#{null <= observed} + 1, #{null >= observed} + 1) / (B + 1))`
-  (scipy's two-sided p-value: twice the smaller tail, a tolerance of 100 ulp on observed).
-- `holm`: Holm's step-down adjustment of a family of p-values.
+  resample; units linked by `partners`, the real pairs, scaled by the dyadic `robust_se`); a
+  median or a mean over groups: the percentile interval. A metric the units cannot move
+  (`trivial`: a hit by construction, R@K with K >= the gallery) gets no interval and says so; so
+  does one whose units all have the same value (a sample without spread, which says nothing of
+  the population's spread: not trivial), with one cluster, or, but for a proportion, with
+  fewer than MIN_CLUSTERS (`Interval.note`).
+- `holm`: Holm's step-down adjustment of a family of p-values (the paired test itself:
+  training/sign_flip.py).
 """
 
 from __future__ import annotations
@@ -42,6 +38,20 @@ from typing import Iterator
 
 import numpy as np
 
+#: The fewest clusters (independent units) a bootstrap interval (studentized or percentile) and
+#: a paired test are made from; below it a mean, ratio or median has no interval (`note`: fewer
+#: than 6 clusters) and per-class numbers no test. 6 is the fewest at which a two-sided
+#: sign-flip test can reject at 0.05 (its smallest p-value is 2 / 2^n: 0.031 at 6, 0.0625 at 5);
+#: below it the bootstrap-t's resamples that draw one cluster again and again have a standard
+#: error near 0 and t* explodes (3 clusters gave [0.0002, 1905521.4843] for a mean of 0.016).
+MIN_CLUSTERS = 6
+#: A resample's standard error in the bootstrap-t is at least this share of the sample's: a
+#: resample that draws few distinct clusters, or near-equal ones, has se* near 0 and t* explodes
+#: (5 near-equal values and an outlier: [-0.08, 81375214]). With it |t*| <= |value* - value| /
+#: (0.1 se), so each side of an interval is at most 10 ranges of the clusters' values; on
+#: exponential and lognormal means of 6 and 10 units coverage did not change (1,000 samples
+#: each) and the widest of 1,000 intervals went from 359 to 18 standard errors (#42).
+SE_FLOOR = 0.1
 #: Default resamples of `counterfactory benchmark --bootstrap` and of the trainer's evaluation.
 DEFAULT_RESAMPLES = 1000
 LEVEL = 0.95
@@ -61,7 +71,9 @@ class UnitScores:
     median of `num`; `clusters` (int per unit): units of one cluster are resampled and swapped
     together (None: each unit its own); `proportion`: num counts hits of den trials (den None:
     one trial a unit), so its interval is Clopper-Pearson; `trivial`: the value is fixed by
-    construction (R@K with K >= the gallery), not by the units."""
+    construction (R@K with K >= the gallery), not by the units; `partners` (int per unit, -1:
+    none): unit i also uses unit partners[i]'s image or caption (a real pair's random partner),
+    so the two are dependent though resampled apart (`robust_se`)."""
 
     units: str
     num: np.ndarray
@@ -71,6 +83,7 @@ class UnitScores:
     clusters: np.ndarray | None = None
     proportion: bool = False
     trivial: bool = False
+    partners: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -163,7 +176,7 @@ def resample_pages(n: int, resamples: int, seed: int, width: int = 0) -> Iterato
         yield draw_counts(rng.integers(0, n, (min(page, resamples - start), n)), n)
 
 
-def _unit_sets(metrics: dict) -> dict[tuple, list]:
+def unit_sets(metrics: dict) -> dict[tuple, list]:
     """Metrics on one unit set (same name, size and clusters), which share their resamples."""
     by_units: dict[tuple, list] = {}
     for name, m in metrics.items():
@@ -184,7 +197,7 @@ def bootstrap(metrics: dict, resamples: int, seed: int) -> dict:
     """name -> the metric on each of `resamples` resamples of its clusters (its units); the
     metrics of one unit set share every resample."""
     out: dict = {name: [] for name in metrics}
-    for (_, n, _), names in _unit_sets(metrics).items():
+    for (_, n, _), names in unit_sets(metrics).items():
         if n == 0:
             continue
         for _, counts in cluster_pages(metrics[names[0]], resamples, seed):
@@ -203,11 +216,6 @@ def interval(distribution: np.ndarray, level: float = LEVEL) -> tuple[float, flo
     tail = (1 - level) / 2
     low, high = np.quantile(finite, [tail, 1 - tail])
     return float(low), float(high)
-
-
-def exact(n: int, resamples: int) -> bool:
-    """Whether the 2^n swap patterns of n clusters are enumerated (scipy's rule: 2^n <= B)."""
-    return n < 63 and 2**n <= resamples
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,7 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
     """name -> `Interval` of each metric (module docstring: the method follows its kind); the
     resamples are `bootstrap`'s (the same units, the same seed, the same draws)."""
     out: dict = {}
-    for names in _unit_sets(metrics).values():
+    for names in unit_sets(metrics).values():
         for name in names:
             m = metrics[name]
             n, clusters = m.counted()
@@ -239,6 +247,9 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
                 out[name] = Interval(np.nan, np.nan, "none", n, clusters, note=f"all {n:,} units equal")
             elif clusters < 2 and not (m.proportion and clusters):
                 out[name] = Interval(np.nan, np.nan, "none", n, clusters, note="one cluster" if n else "no units")
+            elif clusters < MIN_CLUSTERS and not (m.proportion and m.groups is None):  # a bootstrap
+                note = f"fewer than {MIN_CLUSTERS} clusters"
+                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note=note)
             elif m.proportion and m.groups is None:
                 out[name] = Interval(*clopper_pearson(m, level), "clopper-pearson", n, clusters)
         rest = [name for name in names if name not in out]
@@ -262,7 +273,7 @@ def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
     )
     if not linear or not same_den or a.n != b.n:
         return None
-    return UnitScores(a.units, np.asarray(a.num) - np.asarray(b.num), a.den, clusters=a.clusters)
+    return UnitScores(a.units, np.asarray(a.num) - np.asarray(b.num), a.den, clusters=a.clusters, partners=a.partners)
 
 
 def paired_intervals(pairs: dict, resamples: int, seed: int) -> dict:
@@ -271,6 +282,15 @@ def paired_intervals(pairs: dict, resamples: int, seed: int) -> dict:
     median, a mean over groups) are left to the caller's percentile interval."""
     linear = {k: d for k, (a, b) in pairs.items() if (d := paired_difference(a, b))}
     return {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
+
+
+def difference_interval(found: Interval | None, spread: np.ndarray, clusters: int) -> tuple[float, float]:
+    """A paired difference's interval: `paired_intervals`' studentized one where it has one
+    (`found`), else the percentile interval of the paired resampled differences (`spread`); none
+    (NaN) below MIN_CLUSTERS clusters, as `intervals` gives a metric."""
+    if clusters < MIN_CLUSTERS:
+        return float("nan"), float("nan")
+    return (found.low, found.high) if found else interval(spread)
 
 
 def cluster_sums(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
@@ -294,9 +314,46 @@ def _ratio_and_se(counts: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple
     return ratio, se
 
 
+def partner_links(metric: UnitScores) -> np.ndarray:
+    """(links, 2) the pairs of distinct clusters (units without clusters) that share an input
+    through `partners`, each once however many units link them (a 2-cycle of the derangement,
+    i -> j -> i, is one link)."""
+    if metric.partners is None:
+        return np.empty((0, 2), np.int64)
+    partners = np.asarray(metric.partners)
+    index = metric.cluster_index()
+    index = np.arange(metric.n) if index is None else index
+    linked = np.flatnonzero(partners >= 0)
+    a, b = index[linked], index[partners[linked]]
+    pairs = np.stack([np.minimum(a, b), np.maximum(a, b)], 1)[a != b]
+    return np.unique(pairs, axis=0)
+
+
+def robust_se(metric: UnitScores) -> float:
+    """The standard error of a ratio metric whose clusters are linked by `partners`: the two-way
+    (dyadic) cluster-robust variance (Cameron, Gelbach & Miller 2011) of the linearised
+    residuals e = num - value den of the c clusters, summed over every pair that shares an input:
+    (sum e_k^2 + 2 sum_links e_a e_b) / (sum den)^2, times c^2 / (c^2 - c - 2 L) for L links.
+    That factor is the iid c / (c - 1) (L = 0) for a dependence graph: residuals about the
+    estimated value sum to zero, which biases the sum over the c + 2 L linked cells by
+    1 - (c + 2 L) / c^2 (the mean's own variance, counted once a cell). Without partners it is
+    `_ratio_and_se`'s. Not positive (linked residuals of opposite signs can make it so at small
+    c): `_ratio_and_se`'s iid one instead, an estimate of a variance that cannot be negative."""
+    a, d = cluster_sums(metric)
+    ratio, se = _ratio_and_se(np.ones((1, len(a))), a, d)
+    links = partner_links(metric)
+    c, cells = np.count_nonzero(d), np.count_nonzero(d) + 2 * len(links)
+    if not len(links) or c * c <= cells:
+        return float(se[0])
+    e = a - ratio[0] * d
+    variance = ((e * e).sum() + 2 * (e[links[:, 0]] * e[links[:, 1]]).sum()) / d.sum() ** 2 * c * c / (c * c - cells)
+    return float(np.sqrt(variance)) if variance > 0 else float(se[0])
+
+
 def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
     """name -> the bootstrap-t interval of each ratio metric (of one unit set), on clusters:
-    `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* of each resample.
+    `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* of each resample
+    (se* at least SE_FLOOR se), se the `robust_se` (units linked by `partners`: the dyadic one).
     Equal-tailed: on a lognormal mean (skewness 6.2) at n = 10 and 50 it covered more than the
     symmetric bootstrap-t (quantile of |t*|), BCa and Hall's transformation (docs/report.md)."""
     if not metrics or not resamples:
@@ -307,11 +364,12 @@ def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict
     for counts, _ in cluster_pages(next(iter(metrics.values())), resamples, seed):
         for name, (a, d) in sums.items():
             ratio, se = _ratio_and_se(counts, a, d)
+            (value,), (floor,) = point[name][0], SE_FLOOR * point[name][1]
             with np.errstate(invalid="ignore", divide="ignore"):
-                ts[name].append((ratio - point[name][0][0]) / se)
+                ts[name].append((ratio - value) / np.maximum(se, floor))
     out = {}
     for name, parts in ts.items():
-        (value,), (se,) = point[name]
+        value, se = point[name][0][0], robust_se(metrics[name])
         t = np.concatenate(parts)
         t = t[np.isfinite(t)]
         if not len(t) or not np.isfinite(se):
@@ -325,105 +383,26 @@ def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict
 
 def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
     """The exact binomial interval of a proportion on its effective number of trials: the
-    trials over the design effect of the clusters (at least 1, Korn & Graubard 1998); a
-    proportion of 0 or 1, whose design effect is undefined, counts its clusters."""
+    trials over the design effect of the clusters and of units linked by `partners` (`robust_se`
+    squared over the binomial variance, at least 1, Korn & Graubard 1998); a proportion of 0 or
+    1, whose design effect is undefined, counts its clusters."""
     a, d = cluster_sums(metric)
     trials, clusters = d.sum(), len(a)
     if trials <= 0:
         return float("nan"), float("nan")
     p = a.sum() / trials
-    if np.all(d == 1):
-        n_eff = float(clusters)  # one trial a cluster: a plain binomial
+    if np.all(d == 1) and metric.partners is None:
+        n_eff = float(clusters)  # one independent trial a cluster: a plain binomial
     elif p <= 0 or p >= 1 or clusters < 2:
         n_eff = float(clusters)
     else:
-        variance = ((a - p * d) ** 2).sum() / trials**2 * clusters / (clusters - 1)
-        n_eff = trials / max(1.0, variance / (p * (1 - p) / trials))
+        n_eff = trials / max(1.0, robust_se(metric) ** 2 / (p * (1 - p) / trials))
     from scipy import special  # 0.25 s to import: only where an interval is made, not in a train-only run
 
     x, tail = p * n_eff, (1 - level) / 2
     low = 0.0 if x <= 0 else float(special.betaincinv(x, n_eff - x + 1, tail))
     high = 1.0 if x >= n_eff else float(special.betaincinv(x + 1, n_eff - x, 1 - tail))
     return low, high
-
-
-def swaps(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
-    """Pages of (rows, n) booleans: whether each cluster's two scores are swapped; every one of
-    the 2^n patterns once when `exact(n, resamples)`."""
-    page = max(1, PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
-    if exact(n, resamples):
-        bits = np.arange(n)
-        for start in range(0, 2**n, page):
-            rows = np.arange(start, min(2**n, start + page))
-            yield (rows[:, None] >> bits) & 1 == 1
-        return
-    rng = np.random.default_rng(seed)
-    for start in range(0, resamples, page):
-        yield rng.random((min(page, resamples - start), n)) < 0.5
-
-
-def _nulls(pairs: list[tuple[UnitScores, UnitScores]], swap: np.ndarray) -> list[np.ndarray]:
-    """value(a') - value(b') for each row of `swap` and each pair, a' and b' the scores after
-    swapping: one matrix product for every ratio metric of the page, a median each."""
-    out: list[np.ndarray | None] = [None] * len(pairs)
-    linear = [k for k, (a, _) in enumerate(pairs) if not a.median]
-    if linear:
-        # Same units, same denominators: the difference is linear in the per-unit differences.
-        weighted = np.stack([(pairs[k][0].num - pairs[k][1].num) * pairs[k][0].unit_weights() for k in linear], 1)
-        product = (1 - 2 * swap.astype(np.float64)) @ weighted
-        for j, k in enumerate(linear):
-            out[k] = product[:, j]
-    for k, (a, b) in enumerate(pairs):
-        if a.median:
-            out[k] = np.median(np.where(swap, b.num, a.num), 1) - np.median(np.where(swap, a.num, b.num), 1)
-    return out
-
-
-def _pvalue(observed: float, null: np.ndarray, enumerated: bool) -> float:
-    """Two-sided, as scipy.stats.permutation_test computes it: twice the smaller tail (module
-    docstring), with the +1 of random permutations unless every pattern was `enumerated`."""
-    if not np.isfinite(observed):
-        return float("nan")
-    gamma = abs(np.finfo(np.float64).eps * 100 * observed)
-    plus = 0 if enumerated else 1
-    less = (np.count_nonzero(null <= observed + gamma) + plus) / (len(null) + plus)
-    greater = (np.count_nonzero(null >= observed - gamma) + plus) / (len(null) + plus)
-    return float(min(1.0, 2 * min(less, greater)))
-
-
-def sign_flip_pvalues(pairs: dict, resamples: int, seed: int, swapped: np.ndarray | None = None) -> dict:
-    """key -> two-sided p-value of the paired permutation test of value(a) = value(b) for each
-    `(a, b)` of `pairs` (module docstring). The pairs on one unit set share their swaps (of
-    whole clusters; all 2^n patterns when `exact`, else drawn a page at a time from
-    `default_rng(seed)`); `swapped` (rows x units) gives the swaps instead."""
-    for a, b in pairs.values():
-        if a.n != b.n or a.units != b.units:
-            raise ValueError(f"paired test of different units: {a.units} ({a.n}) vs {b.units} ({b.n})")
-    nulls: dict = {key: [] for key in pairs}
-    enumerated: dict = {}
-    for (_, n, _), keys in _unit_sets({key: a for key, (a, _) in pairs.items()}).items():
-        if n == 0:
-            continue
-        first = pairs[keys[0]][0]
-        index = first.cluster_index()
-        enumerated.update(dict.fromkeys(keys, swapped is None and exact(first.n_clusters, resamples)))
-        for swap in [swapped] if swapped is not None else swaps(first.n_clusters, resamples, seed, first.n):
-            unit_swap = swap if index is None or swapped is not None else swap[:, index]
-            for key, null in zip(keys, _nulls([pairs[key] for key in keys], unit_swap), strict=True):
-                nulls[key].append(null)
-    return {
-        key: _pvalue(a.value() - b.value(), np.concatenate(nulls[key]), enumerated[key])
-        if nulls[key]
-        else float("nan")
-        for key, (a, b) in pairs.items()
-    }
-
-
-def sign_flip_pvalue(
-    a: UnitScores, b: UnitScores, resamples: int, seed: int, swapped: np.ndarray | None = None
-) -> float:
-    """`sign_flip_pvalues` of one pair."""
-    return sign_flip_pvalues({0: (a, b)}, resamples, seed, swapped)[0]
 
 
 def holm(pvalues) -> np.ndarray:

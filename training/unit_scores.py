@@ -10,9 +10,10 @@ the embeddings the evaluation encoded: the units the intervals and the paired te
 - ITM deltas: pairs (the held-out counterfactual pairs; for IR_r/TR_r the real images, each
   with its random partner), the mean, the median and the fraction below zero of the deltas.
   A real pair's unit also uses its partner's image (IR_r) or caption (TR_r), unit r(i)'s own;
-  the derangement's cycles are too few to be clusters, so the real pairs are resampled as units,
-  an approximation whose coverage benchmarks/report_coverage.py measures (conservative when an
-  image's scores move together, too narrow for distinctive images; docs/report.md).
+  the derangement's cycles are too few to be clusters, so the real pairs are resampled as
+  units, each carrying its partner (`UnitScores.partners`, `real_partners`), and their mean's
+  interval and paired test take the dyadic standard error of linked units
+  (statistics.robust_se; coverage in benchmarks/report_coverage.py and docs/report.md).
 - PN: removal pairs (queries), each with the sum and count of its (caption, class) values.
 - zero-shot: test images, top-1 / top-5 hits and per-class recall (classes as groups).
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas
+from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, itm_deltas, random_derangement
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
 from training.statistics import UnitScores, first_seen
 
@@ -173,19 +174,27 @@ def odmap_units(result, removed: list[list[str]], clusters: np.ndarray | None = 
     return out
 
 
+def real_partners(n: int) -> np.ndarray:
+    """Each of n real pairs' random partner r(i) (evaluation.py's `itm_inputs`): the metric
+    module's seeded derangement, the same for every model."""
+    return random_derangement(n, PAIR_SEED)
+
+
 def delta_units(scores: dict[str, np.ndarray], clusters: np.ndarray | None = None) -> dict[str, UnitScores]:
     """mean, median and fraction below zero of each ITM delta, per pair (`itm_inputs` scores);
-    `clusters`: the counterfactual pairs' (`pair_clusters`; a real pair is its own unit)."""
+    `clusters`: the counterfactual pairs' (`pair_clusters`; a real pair is its own unit, linked
+    to its partner's unit by `partners`)."""
     out = {}
     for delta, values in itm_deltas(**scores).items():
         real = delta.endswith("_r")
         units, mine = ("real pairs", None) if real else ("counterfactual pairs", clusters)
+        partners = real_partners(len(values)) if real else None
         out.update(
             {
-                f"itm/{delta}_mean": UnitScores(units, values, clusters=mine),
-                f"itm/{delta}_median": UnitScores(units, values, median=True, clusters=mine),
+                f"itm/{delta}_mean": UnitScores(units, values, clusters=mine, partners=partners),
+                f"itm/{delta}_median": UnitScores(units, values, median=True, clusters=mine, partners=partners),
                 f"itm/{delta}_frac_below_zero": UnitScores(
-                    units, (values < 0).astype(np.float64), clusters=mine, proportion=True
+                    units, (values < 0).astype(np.float64), clusters=mine, proportion=True, partners=partners
                 ),
             }
         )

@@ -41,12 +41,12 @@ def two_models():
 
 
 def test_a_class_has_its_own_units_and_no_interval_below_the_minimum(two_models):
-    from training.report.per_class import MIN_CLASS_UNITS
+    from training.statistics import MIN_CLUSTERS
     from training.report.run import BenchmarkConfig, _intervals
 
     units = two_models["a"]
     assert units["odmap_per_class/dog_ODmAP@1"].n == 40 and units["necessity/PN_dog"].n == 40
-    assert units["odmap_per_class/cat_ODmAP@1"].n == 3 < MIN_CLASS_UNITS
+    assert units["odmap_per_class/cat_ODmAP@1"].n == 3 < MIN_CLUSTERS
     assert units["odmap/ODmAP@1"].n == N  # a table metric keeps the whole set
     assert units["necessity/PN_mean"].n == 40  # queries without a PN value are no unit of it
     # The same value on the class's own units.
@@ -285,10 +285,10 @@ def test_pn_floor_of_a_model_without_preference_is_below_zero():
 
 def test_the_class_minimum_is_the_fewest_units_a_sign_flip_test_can_reject_at():
     """scipy's exact paired permutation test on the most extreme data (every unit favours one
-    model): it cannot reject at 0.05 below MIN_CLASS_UNITS units, and can at it."""
+    model): it cannot reject at 0.05 below MIN_CLUSTERS units, and can at it."""
     from scipy.stats import permutation_test
 
-    from training.report.per_class import MIN_CLASS_UNITS
+    from training.statistics import MIN_CLUSTERS
 
     def smallest_p(n: int) -> float:
         def mean_difference(x, y):
@@ -297,4 +297,4 @@ def test_the_class_minimum_is_the_fewest_units_a_sign_flip_test_can_reject_at():
         x, y = np.arange(1.0, n + 1), np.zeros(n)
         return permutation_test((x, y), mean_difference, permutation_type="samples").pvalue
 
-    assert smallest_p(MIN_CLASS_UNITS - 1) > 0.05 >= smallest_p(MIN_CLASS_UNITS)
+    assert smallest_p(MIN_CLUSTERS - 1) > 0.05 >= smallest_p(MIN_CLUSTERS)

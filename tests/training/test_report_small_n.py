@@ -67,7 +67,14 @@ def test_records_carry_units_clusters_and_the_interval_method(reports, builds):
     itm = next(r for r in records if r["dataset"] == "counterfactuals" and r["task"] == "itm")
     assert (itm["n_units"]["IR_c_mean"], itm["n_clusters"]["IR_c_mean"]) == (6, 3)
     assert itm["ci_method"]["IR_c_frac_below_zero"] == "clopper-pearson"
-    assert itm["ci_method"]["IR_c_mean"] == "studentized" and itm["ci_method"]["IR_c_median"] == "percentile"
+    # 3 source images are too few for a bootstrap (#42: TR_c_mean printed [0.0002, 1905521.4843]);
+    # the 6 real pairs (COCO images) are 6 units, enough.
+    for name in ("IR_c_mean", "IR_c_median", "TR_c_mean", "TR_c_median"):
+        assert itm["ci_method"][name] == "none" and itm["ci_low"][name] is None, name
+        assert itm["ci_note"][name] == "fewer than 6 clusters", name
+    real = next(r for r in records if r["dataset"] == "coco" and r["task"] == "itm")
+    assert real["n_clusters"]["IR_r_mean"] == 6 and real["ci_method"]["IR_r_mean"] == "studentized"
+    assert real["ci_method"]["IR_r_median"] == "percentile"
     odmap = next(r for r in records if r["task"] == "odmap")
     for name in odmap["metrics"]:
         assert odmap["n_units"][name] == len(queries)
@@ -137,13 +144,20 @@ def _section(markdown: str, heading: str) -> list[str]:
 
 def test_paired_differences_count_clusters_where_they_differ_from_units(reports):
     """The counterfactual pairs come from 3 source images (6 pairs): the paired-differences
-    table's n says so, as the dataset table's `n (units)` row does."""
+    table's n says so, as the dataset table's `n (units)` row does, and every difference and
+    value on them says why it has no interval (too few clusters for a bootstrap, #42)."""
     section = _section((reports[0] / "report.md").read_text(), "### counterfactuals ")
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section if line.startswith("| itm/IR\\_c\\_")]
     assert rows
     clustered = f"{len(SOURCES)} in {len(set(SOURCES))} clusters"
-    for metric, _, _, n, *_ in rows:
+    for metric, _, _, n, difference, *_ in rows:
         assert n.startswith(clustered) and "small sample" in n, (metric, n)
+        assert difference.endswith("(no interval: fewer than 6 clusters)"), (metric, difference)
+    # The dataset table says it in every model's cell of a 3-cluster mean.
+    table = [
+        line for line in section if line.startswith("| local:") and "(no interval: fewer than 6 clusters)" in line
+    ]
+    assert len(table) == 2, section
 
 
 #: The columns of the results files pushed before the records' clusters, interval methods and

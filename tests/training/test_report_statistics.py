@@ -16,9 +16,8 @@ from training.statistics import (
     holm,
     interval,
     intervals,
-    sign_flip_pvalue,
-    sign_flip_pvalues,
 )
+from training.sign_flip import sign_flip_pvalue, sign_flip_pvalues
 
 REPETITIONS = 400
 

@@ -136,7 +136,8 @@ def test_zeroshot_and_flickr30k_are_evaluated_before_step_1(colors, tiny_models_
 
     data, _ = colors
     classes = write_classification_fixture(tmp_path / "classes", per_class=1)
-    flickr = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=8))
+    # 6 test images: the fewest clusters a paired interval is made from (statistics.MIN_CLUSTERS).
+    flickr = write_flickr30k_fixture(tmp_path / "f30k", CocoFixtureConfig(n_images=8, test_fraction=0.75))
     out = tmp_path / "run"
     assert (
         train_main(

@@ -6,7 +6,7 @@ comparison table that both scored with units: the difference, its 95 % paired bo
 linear in the units, else percentile) and the paired permutation (sign-flip) p-value, Holm-adjusted
 across exactly the tests of the table's columns. The per-class metrics (ODmAP@k and PN per removed
 class) are a family of their own (`per_class=True`), on each class's units, with no test below
-per_class.MIN_CLASS_UNITS. `verdicts` tells the table which best value beats its runner-up at
+statistics.MIN_CLUSTERS clusters. `verdicts` tells the table which best value beats its runner-up at
 alpha = 0.05 (bold); failing to reject is no equivalence, so the others are left unmarked.
 `plot_forest` draws each model's value with its interval and n.
 """
@@ -27,13 +27,14 @@ from training.report.per_class import class_of, testable
 from training.report.results import record_name
 from training.statistics import (
     ALPHA,
+    MIN_CLUSTERS,
     UnitScores,
     bootstrap,
+    difference_interval,
     holm,
-    interval,
     paired_intervals,
-    sign_flip_pvalues,
 )
+from training.sign_flip import sign_flip_pvalues
 
 
 #: The power of the smallest detectable difference a column without a winner reports.
@@ -99,11 +100,11 @@ def compare_dataset(
         for a, b in pairs:
             nan = float("nan")
             spread = resampled[(a, key)] - resampled[(b, key)] if key in tested else np.full(1, nan)
+            n, clusters = units[a][key].counted()
             found = studentized.get((key, a, b))
-            low, high = (found.low, found.high) if found else interval(spread) if key in tested else (nan, nan)
+            low, high = difference_interval(found, spread, clusters) if key in tested else (nan, nan)
             difference = units[a][key].value() - units[b][key].value()
             p = pvalues[(key, a, b)] if key in tested else nan
-            n, clusters = units[a][key].counted()
             c = Comparison(dataset, task, metric, a, b, difference, low, high, p, n=n, n_clusters=clusters)
             c.detectable = detectable(spread, clusters)
             out.append(c)
@@ -120,10 +121,10 @@ def detectable(spread: np.ndarray, n: int, power: float = POWER) -> float:
     true difference D, t is noncentral with delta = D / (s / sqrt(n)), and s / sqrt(n) is the
     bootstrap standard error x sqrt(n / (n - 1)) (the bootstrap's variance divides by n). The
     normal approximation (z(0.975) + z(0.8)) x se reached 77 % power at n = 50 and 60 % at
-    n = 10 (benchmarks/report_coverage.py). NaN below 6 clusters, where no sign-flip p-value
-    (at least 2 / 2^n) is below 0.05. Holm's adjustment only raises it."""
+    n = 10 (benchmarks/report_coverage.py). NaN below MIN_CLUSTERS (6) clusters, where no
+    sign-flip p-value (at least 2 / 2^n) is below 0.05. Holm's adjustment only raises it."""
     finite = spread[np.isfinite(spread)]
-    if len(finite) < 2 or 2.0 ** (1 - int(n)) >= ALPHA:
+    if len(finite) < 2 or int(n) < MIN_CLUSTERS:
         return float("nan")
     z = NormalDist().inv_cdf(1 - ALPHA / 2)
     critical = z * np.sqrt((n - 1) / (n - z * z))
@@ -183,12 +184,15 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
 
 
 def comparison_cells(c: Comparison) -> str:
-    """A comparison's `difference [low, high] | p | p (Holm)` cells; the difference alone, and
-    n/a for the p-values, where there were no resamples (`--bootstrap 0`)."""
-    from training.report.markdown import _fmt
+    """A comparison's `difference [low, high] | p | p (Holm)` cells; a tested difference of
+    fewer than MIN_CLUSTERS clusters says why it has no interval; the difference alone, and n/a
+    for the p-values, where there were no resamples (`--bootstrap 0`) or no test."""
+    from training.report.markdown import _fmt, with_interval
 
     bounded = np.isfinite(c.low) and np.isfinite(c.high)
     difference = f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}]" if bounded else _fmt(c.difference)
+    if not bounded and np.isfinite(c.p_value) and c.n_clusters < MIN_CLUSTERS:
+        difference = with_interval(c.difference, note=f"fewer than {MIN_CLUSTERS} clusters")
     return f"{difference} | {_p(c.p_value)} | {_p(c.p_holm)}"
 
 

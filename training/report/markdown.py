@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from training.report.floors import prior_effect
+from training.statistics import MIN_CLUSTERS
 
 _MARKDOWN = re.compile(r"([\\`*_\[\]|~])")
 #: The task of the blind text-only baseline's records (training/report/floors.py).
@@ -52,7 +53,7 @@ def cell(record: dict, name: str) -> str:
 
 def with_interval(value, low=None, high=None, note: str | None = None) -> str:
     """`value [low, high]` (its 95 % interval); without one, the value and why (`note`: fixed
-    by construction, all n units equal, one cluster), or the value alone."""
+    by construction, all n units equal, one cluster, fewer than 6 clusters), or the value alone."""
     if low is not None and high is not None:
         return f"{_fmt(value)} [{_fmt(low)}, {_fmt(high)}]"
     return f"{_fmt(value)} (no interval: {plain(note)})" if note else _fmt(value)
@@ -296,14 +297,13 @@ def _settings(records: list[dict]) -> str:
         "without per-unit scores (ECCV Caption suite) have none; the others without one say why "
         "(each record's `ci_note`): fixed by construction (`trivial`: R@K with K at least the gallery), "
         "all n units equal (a sample without spread, which is no evidence that the population has "
-        "none), or one cluster. Code version "
+        f"none), one cluster, or fewer than {MIN_CLUSTERS} clusters (source images: too few for a "
+        "bootstrap, whose resamples then draw one cluster again and again). Code version "
         f"`{plain(first.get('code_version'))}`."
     )
 
 
 def render_report(records: list[dict], extras: Extras | None = None) -> str:
-    from training.report.per_class import MIN_CLASS_UNITS
-
     extras = extras or Extras()
     models = list(dict.fromkeys(r["model"] for r in records if r["task"] != BLIND))
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
@@ -329,7 +329,7 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         f"power). `n (units)`: the independent units of each column; below {SMALL_SAMPLE} they "
         "are marked `small sample`. Per-class numbers (ODmAP@k and PN per removed class) are "
         f"on the queries that removed the class, with no interval or test below "
-        f"{MIN_CLASS_UNITS} of them, and their tests are a Holm family of their own.",
+        f"{MIN_CLUSTERS} clusters (source images), and their tests are a Holm family of their own.",
         "",
     ]
     for dataset in datasets:

@@ -5,8 +5,8 @@ removed class).
 
 A class's number is a function of the queries that removed it, not of the whole set: its units
 are those queries only (`class_units`), so its record's `n_units` is the class's count, its
-interval resamples them, and a resample always holds the class. Below `MIN_CLASS_UNITS` of them
-a class gets no interval and no test (n/a). Its paired tests are a Holm family of their own
+interval resamples them, and a resample always holds the class. Below `MIN_CLUSTERS` of their
+clusters (source images, training/statistics.py) a class gets no interval and no test (n/a). Its paired tests are a Holm family of their own
 (training/report/compare.py), apart from the dataset table's."""
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ import numpy as np
 from counterfactory_metrics.odmap.odmap_scores import per_class_odmap, plot_per_class
 from training.eval_data import EvalData
 from training.evaluation import odmap_result
-from training.statistics import UnitScores
+from training.statistics import MIN_CLUSTERS, UnitScores
 
 TASK = "odmap_per_class"
-#: A per-class number from fewer units (queries that removed the class) has no interval and no
-#: paired test: n/a (docs/report.md). 6 is the fewest units at which a two-sided sign-flip test
-#: can reject at 0.05: its smallest p-value is 2 / 2^n (0.031 at 6, 0.0625 at 5).
-MIN_CLASS_UNITS = 6
 
 
 def odmap_per_class(emb: dict[str, np.ndarray], data: EvalData, k_values) -> dict[str, dict[int, float]]:
@@ -51,12 +47,18 @@ def class_of(key: str) -> str | None:
 
 def restrict(u: UnitScores, keep: np.ndarray, units: str) -> UnitScores:
     """`u` on the units `keep` selects, as a unit set named `units` (every per-unit array field
-    is subset, whatever fields UnitScores has)."""
+    is subset, whatever fields UnitScores has; `partners`, unit indices, renumbered, a partner
+    left out becoming none)."""
     changes = {
         f.name: getattr(u, f.name)[keep]
         for f in dataclasses.fields(u)
         if isinstance(getattr(u, f.name), np.ndarray) and len(getattr(u, f.name)) == u.n
     }
+    if u.partners is not None:
+        kept = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep)
+        renumbered = np.full(u.n, -1)
+        renumbered[kept] = np.arange(len(kept))
+        changes["partners"] = np.where(changes["partners"] >= 0, renumbered[changes["partners"]], -1)
     return dataclasses.replace(u, units=units, **changes)
 
 
@@ -76,8 +78,9 @@ def class_units(units: dict[str, UnitScores]) -> dict[str, UnitScores]:
 
 
 def testable(key: str, u: UnitScores) -> bool:
-    """Whether a metric's units allow an interval and a test (per-class: `MIN_CLASS_UNITS`)."""
-    return u.n > 0 and (class_of(key) is None or u.n >= MIN_CLASS_UNITS)
+    """Whether a metric's units allow an interval and a test (per-class: `MIN_CLUSTERS` clusters,
+    the fewest a sign-flip test, which swaps clusters, can reject at 0.05 with)."""
+    return u.n > 0 and (class_of(key) is None or u.n_clusters >= MIN_CLUSTERS)
 
 
 def plot(per_class: dict[str, dict[int, float]], path: Path, model: str) -> Path:

@@ -13,7 +13,8 @@ own queries) in `n_clusters` clusters (source images; the units where there are 
 resamples and `seed` (null where a metric has no per-unit form, training/unit_scores.py; where
 there is none, `ci_method` is `none` and `ci_note` says why: `fixed by construction` where
 `trivial` is true, a value the units cannot move, e.g. R@K with K >= the gallery; `all n units
-equal`, a sample without spread, which is no evidence the population has none; `one cluster`),
+equal`, a sample without spread, which is no evidence the population has none; `one cluster`;
+`fewer than 6 clusters`, too few for a bootstrap: training/statistics.py's MIN_CLUSTERS),
 the weights digest, the dataset commit, the metric module's own file digest (`metric_version`) and the code
 version (git commit + dirty flag, or version + installed-files digest:
 `builders.engine.provenance.code_version`)."""
