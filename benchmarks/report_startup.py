@@ -26,15 +26,15 @@ clip_benchmark is never a dependency of the project: install it apart and name i
 `--clip-benchmark-path /tmp/cb` (added to PYTHONPATH of its processes only). Without it the
 ratios are against the project's earlier figures (issue #44).
 
-Measured (2 cores shared with other sessions, `--repeats 3`, medians, the same run; full table in
-docs/report.md, "Speed against clip_benchmark"): at 1,000 fixture images (250 test images) the
-report took 10.2 s against clip_benchmark's 8.8 s (ratio 1.17; `--no-plots` 7.4 s, 0.85) at load
-about 2, and 1.23 at 4,000 (1,000 test images; 22.2 s against 18.0 s); the import floor (torch,
-open_clip, datasets) was 0.54x clip_benchmark at 1,000 images, so the issue's target, the
-report's wall time <= 0.5x clip_benchmark's, is out of reach of any report of this model there.
-R@1/5/10 both ways were equal to clip_benchmark's at both sizes and on unique captions. Earlier
-figures (issue #44): fixed part 16.7 s against clip_benchmark's 13.0 s, of which 11.6 s imports;
-now 6.3 s against 5.7 s (the intercepts over 250 and 1,000 test images of the load-2 run).
+Measured in four runs (2 cores shared with other sessions, load 2-6, `--repeats 3`, medians;
+table in docs/report.md, "Speed against clip_benchmark"): report / clip_benchmark 0.94-2.70 with
+the default statistics and plots, 0.50-1.72 with `--no-plots`, at 1,000 and 4,000 fixture images
+(250 and 1,000 test images). A tool's time moves 2-3x with the load (torch's OpenMP threads on
+busy cores), so the ratio is known only within that range. The import floor (torch, open_clip,
+datasets) alone is 0.50-0.66x clip_benchmark's run at 1,000 images, so the issue's target (<=
+0.5x) is out of reach of any report of this model there. R@1/5/10 both ways were equal to
+clip_benchmark's in every run, on the fixture and on unique captions. Earlier figures (issue
+#44): fixed part 16.7 s against clip_benchmark's 13.0 s, of which 11.6 s imports.
 Run: `python benchmarks/report_startup.py [--images 1000,4000] [--repeats 3]
 [--clip-benchmark-path DIR]`.
 """
