@@ -39,6 +39,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         blind_lm=blind_lm,
         blind_sentence_model=args.blind_sentence_model,
+        plots=args.plots,
         sources={"coco": args.coco, "decorrelation": args.decorrelation, "counterfactuals": args.counterfactuals},
     )
     records = run_benchmark(cfg)
@@ -88,6 +89,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-batch-size", type=positive_int, default=64, help="encoding batch size")
     p.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers decoding images")
     _add_statistics_arguments(p)
+    p.add_argument(
+        "--no-plots",
+        dest="plots",
+        action="store_false",
+        help="numbers only: draw no figure (forest plots, ITM delta histograms, ODmAP per class) "
+        "and never import matplotlib; report.md says the figures were not drawn",
+    )
     p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_benchmark)
 

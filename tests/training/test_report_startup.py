@@ -1,5 +1,6 @@
 """Start-up of `counterfactory benchmark` (#44): its entry module imports no backend or plotting
-library a run may not need, and the charts are drawn only once every number is written."""
+library a run may not need, the charts are drawn only once every number is written, and
+`--no-plots` draws (and links) none of them."""
 
 from __future__ import annotations
 
@@ -54,3 +55,33 @@ def test_charts_are_drawn_after_the_numbers_are_written(
     report = (out / "report.md").read_text()
     for chart in ("forest-coco.png", "itm_deltas-model0-coco.png"):
         assert chart in report and (out / chart).is_file()
+
+
+@pytest.mark.e2e
+def test_no_plots_writes_the_numbers_and_never_imports_matplotlib(
+    tmp_path, coco_fixture_dir, nltk_data_dir, tiny_models_dir
+):
+    """`--no-plots`: results.jsonl and report.md as always, no PNG, no figure linked (report.md
+    says none was drawn), and matplotlib never imported (the run in a fresh interpreter)."""
+    import re
+
+    from builders.models.profiles import tiny_profile
+
+    cc, out = tmp_path / "cc", tmp_path / "out"
+    build = ["build", "coco-captions", "--coco-root", str(coco_fixture_dir), "--splits", "test", "--output", str(cc)]
+    assert cli_main(build) == 0
+    clip = str(tiny_profile(tiny_models_dir).clip)
+    argv = ["benchmark", "--model", clip, "--coco", str(cc), "--output", str(out), "--bootstrap", "20", "--no-plots"]
+    code = (
+        "import sys; from builders.app.cli import main; rc = main(sys.argv[1:]); "
+        "print('matplotlib imported:', any(m.split('.')[0] == 'matplotlib' for m in sys.modules)); sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "matplotlib imported: False" in proc.stdout
+    assert (out / "results.jsonl").stat().st_size > 0
+    assert sorted(p.name for p in out.rglob("*.png")) == []
+    report = (out / "report.md").read_text()
+    assert "recall@1" in report  # the numbers are there
+    assert re.findall(r"!\[[^\]]*\]\(([^)]*)\)", report) == []  # no figure linked
+    assert "--no-plots" in report

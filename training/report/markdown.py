@@ -275,6 +275,8 @@ class Extras:
     #: dataset -> the per-class paired differences' table (a Holm family of its own).
     class_comparisons: dict[str, list[str]] = field(default_factory=dict)
     forest: dict[str, str] = field(default_factory=dict)
+    #: False with --no-plots: no figure was drawn, so none is linked.
+    figures: bool = True
     baseline: str | None = None
     #: dataset -> a sentence about a floor that could not be computed.
     notes: dict[str, str] = field(default_factory=dict)
@@ -316,6 +318,11 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         "",
         _settings(records),
         "",
+        *(
+            []
+            if extras.figures
+            else ["Figures: not drawn (`--no-plots`); run without it for the forest plots and histograms.", ""]
+        ),
     ]
     against = f" against the baseline {plain(extras.baseline)}" if extras.baseline else ""
     out += [
@@ -362,9 +369,10 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         digest = next(r["weights_digest"] for r in records if r["model"] == model)
         out += [f"### {plain(model)}", "", f"weights {plain(digest)}", ""]
         n = models.index(model)
-        if any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
+        if extras.figures and any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
             out += [f"![ODmAP@k per removed class](odmap_per_class-model{n}.png)", ""]
-        for dataset in dict.fromkeys(r["dataset"] for r in records if r["model"] == model and r["task"] == "itm"):
+        itm = [r["dataset"] for r in records if extras.figures and r["model"] == model and r["task"] == "itm"]
+        for dataset in dict.fromkeys(itm):
             out += [f"![ITM score deltas on {plain(dataset)}](itm_deltas-model{n}-{file_part(dataset)}.png)", ""]
         out += [*model_table(records, model), ""]
     return "\n".join(out)

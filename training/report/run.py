@@ -86,6 +86,8 @@ class BenchmarkConfig:
     #: tiny), "none": no blind baseline.
     blind_lm: str | None = None
     blind_sentence_model: str | None = None
+    #: --no-plots (False): the numbers only, no figure drawn or linked (no matplotlib import).
+    plots: bool = True
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -130,8 +132,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     extras.generators = generator_lines(records, bias) if bias else []
     (output / "report.md").write_text(render_report(records, extras))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records + tests))
-    for draw in plots:
-        draw()
+    if cfg.plots:  # --no-plots: collected, never drawn (matplotlib is imported by the drawing only)
+        for draw in plots:
+            draw()
     if cfg.push_to_hub:
         # The generator-bias records stay local: a test between two generators' numbers is no
         # number of one model on one dataset (the results dataset's rows), and its Holm p-value
@@ -297,7 +300,7 @@ def _extras(
     """The paired comparisons (the table's family and the per-class one), verdicts and forest
     plots (added to `plots`) of each dataset."""
     baseline = model_name(cfg.baseline) if cfg.baseline else None
-    extras = Extras(baseline=baseline)
+    extras = Extras(baseline=baseline, figures=cfg.plots)
     for dataset, by_model in units.items():
         if cfg.bootstrap and len(models) > 1:
             tests = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline)
@@ -305,7 +308,7 @@ def _extras(
             extras.comparisons[dataset] = comparison_lines(tests, dataset)
             per_class = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline, per_class=True)
             extras.class_comparisons[dataset] = comparison_lines(per_class, dataset)
-        if forest_columns(records, dataset):
+        if cfg.plots and forest_columns(records, dataset):
             extras.forest[dataset] = f"forest-{file_part(dataset)}.png"
             plots.append(functools.partial(plot_forest, records, dataset, output / extras.forest[dataset]))
     return extras
