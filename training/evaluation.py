@@ -136,12 +136,19 @@ def encode_images(module, backend, examples: ExampleSet, batch_size: int, worker
 
 @torch.no_grad()
 def encode_texts(module, backend, texts: list[str], batch_size: int) -> np.ndarray:
+    """The texts' embeddings. Each distinct text is encoded once, in order of first appearance,
+    and its row copied to its repeats: equal captions get equal embeddings by construction, and
+    a caption shared by many rows (a counterfactual set's originals, a fixture's few strings)
+    costs one encode. On distinct texts the batches are those of encoding every text."""
     device = module_device(module)
-    return _to_numpy(
+    first: dict[str, int] = {}
+    rows = [first.setdefault(t, len(first)) for t in texts]
+    emb = _to_numpy(
         _shrinking("evaluation text encode", batch_size).map(
-            texts, lambda chunk: [module(text=to_device(backend.tokenize(list(chunk)), device))[1]]
+            list(first), lambda chunk: [module(text=to_device(backend.tokenize(list(chunk)), device))[1]]
         )
     )
+    return emb if len(first) == len(texts) else emb[rows]
 
 
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:

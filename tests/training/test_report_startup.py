@@ -11,7 +11,8 @@ import pytest
 
 from builders.app.cli import main as cli_main
 
-HEAVY = ("open_clip", "matplotlib", "sentence_transformers", "diffusers")
+#: scipy.stats and scipy.optimize (0.9 s) serve only a comparison of two models or more.
+HEAVY = ("open_clip", "matplotlib", "sentence_transformers", "diffusers", "scipy.stats", "scipy.optimize")
 
 
 def test_report_entry_module_imports_no_heavy_library():

@@ -103,3 +103,35 @@ def test_equal_captions_get_bit_equal_scores():
     # equal clip_benchmark's on unique captions).
     images, texts = p["images"][:4], p["sentences"]
     assert np.array_equal(tied_scores(images, texts, [f"s{j}" for j in range(len(texts))]), images @ texts.T)
+
+
+def test_each_distinct_caption_is_encoded_once_and_copied_to_its_repeats():
+    """encode_texts: the encoder sees each distinct caption once, in order of first appearance
+    (the stand-in's output depends on its batch's size, as real kernels' rounding can), and a
+    repeat gets its first copy's row, bit-equal."""
+    import torch
+
+    from training.evaluation import encode_texts
+
+    seen: list[str] = []
+
+    class Backend:
+        def tokenize(self, chunk):
+            seen.extend(chunk)
+            return {"text": torch.tensor([[len(t), sum(map(ord, t))] for t in chunk], dtype=torch.float32)}
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, text):
+            tokens = text["text"]
+            return None, torch.nn.functional.normalize(tokens + 1e-3 * len(tokens), dim=1)
+
+    captions = ["a dog", "a cat", "a dog", "two dogs", "a cat", "a dog"]
+    emb = encode_texts(Encoder(), Backend(), captions, batch_size=4)
+    assert seen == ["a dog", "a cat", "two dogs"]
+    distinct = encode_texts(Encoder(), Backend(), ["a dog", "a cat", "two dogs"], batch_size=4)
+    assert np.array_equal(emb, distinct[[0, 1, 0, 2, 1, 0]])
+    assert np.array_equal(emb[0], emb[2]) and np.array_equal(emb[0], emb[5]) and np.array_equal(emb[1], emb[4])

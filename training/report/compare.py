@@ -19,7 +19,6 @@ from statistics import NormalDist
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize, stats
 
 from builders.viewer.plots import plain_text
 from training.report.markdown import BLIND, higher_is_better, in_comparison, natural, sample_size
@@ -126,6 +125,8 @@ def detectable(spread: np.ndarray, n: int, power: float = POWER) -> float:
     finite = spread[np.isfinite(spread)]
     if len(finite) < 2 or int(n) < MIN_CLUSTERS:
         return float("nan")
+    from scipy import optimize, stats  # 0.9 s to import: a one-model report compares nothing
+
     z = NormalDist().inv_cdf(1 - ALPHA / 2)
     critical = z * np.sqrt((n - 1) / (n - z * z))
     delta = optimize.brentq(lambda d: stats.nct.sf(critical, n - 1, d) - power, 0, 100)
