@@ -21,7 +21,8 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   number of independent trials (Korn & Graubard 1998: the trials over the design effect of the
   clusters, a unit's several trials, e.g. its captions, being a cluster too); a mean or ratio
   of sums: the studentized bootstrap (bootstrap-t, the ratio's linearised standard error on each
-  resample; units linked by `partners`, the real pairs, scaled by the dyadic `robust_se`); a
+  resample; units linked by `partners`, the real pairs, scaled by the dyadic `robust_se`,
+  widened for its noise where below the iid one: `_noise_factor`); a
   median or a mean over groups: the percentile interval. A metric the units cannot move
   (`trivial`: a hit by construction, R@K with K >= the gallery) gets no interval and says so; so
   does one whose units all have the same value (a sample without spread, which says nothing of
