@@ -255,8 +255,13 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     the base model was evaluated before step 1, before -> after (`run_record["before_after"]`)."""
     from training.before_after import before_after_table
 
-    intervals = {k: tuple(v) for k, v in (run_record.get("final_intervals") or {}).items()}
-    change = before_after_table(run_record.get("before_after") or {}, run_record.get("eval_overlap", {}))
+    from training.leakage import mark_overlapping
+
+    # `metrics` come with an overlapping set's names marked: so must the intervals and notes.
+    overlap = run_record.get("eval_overlap", {})
+    intervals = mark_overlapping({k: tuple(v) for k, v in (run_record.get("final_intervals") or {}).items()}, overlap)
+    notes = mark_overlapping(run_record.get("final_interval_notes") or {}, overlap)
+    change = before_after_table(run_record.get("before_after") or {}, overlap)
     change = f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""
     # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(
@@ -300,7 +305,7 @@ Examples trained on: {run_record["train_examples"]}; validation: {run_record["va
 
 ## Evaluation (final model)
 
-{metric_table(metrics, intervals, run_record.get("final_interval_notes"))}{change}
+{metric_table(metrics, intervals, notes)}{change}
 """
     (out / "README.md").write_text(card)
 

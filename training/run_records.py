@@ -41,12 +41,13 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
     write_jsonl(output / "metrics.jsonl", evals)
-    intervals = {k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}
-    change = before_after_table(record.get("before_after") or {}, record.get("eval_overlap", {}))
+    overlap = record.get("eval_overlap", {})
+    # The names of an overlapping set's metrics are marked: their intervals' and notes' alike.
+    intervals = mark_overlapping({k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}, overlap)
+    notes = mark_overlapping(record.get("final_interval_notes") or {}, overlap)
+    change = before_after_table(record.get("before_after") or {}, overlap)
     (output / "metrics.md").write_text(
-        metric_table(
-            mark_overlapping(final, record.get("eval_overlap", {})), intervals, record.get("final_interval_notes")
-        )
+        metric_table(mark_overlapping(final, overlap), intervals, notes)
         + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
     )
     (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))

@@ -145,6 +145,10 @@ def test_training_on_test_images_is_refused_and_allowed_marked(tmp_path, tiny_mo
             shown = name.replace("_", r"\_")  # metric names are plain text in Markdown
             assert (f"| {shown} \\[overlaps training: 7/8 images\\] |" in text) == on_test, name
             assert (f"| {shown} |" in text) == (not on_test), name
+            # A marked metric keeps its interval, or the reason it has none, as any other does.
+            row = next(line for line in text.splitlines() if line.startswith(f"| {shown} "))
+            if name in record["final_intervals"] or name in (record.get("final_interval_notes") or {}):
+                assert row.count("[") > on_test or "(no interval" in row, row
     assert any(n.startswith("zeroshot_retrieval/") for n in record["final_metrics"])
 
 
