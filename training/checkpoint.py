@@ -249,20 +249,24 @@ def _code(text: str) -> str:
     return f"{fence} {text} {fence}" if "`" in text else f"{fence}{text}{fence}"
 
 
-def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
-    """The final model's README.md: base model, data, optimisation, the final metrics (with the
-    intervals of `run_record["final_intervals"]`, or why none: `final_interval_notes`) and, when
-    the base model was evaluated before step 1, before -> after (`run_record["before_after"]`)."""
+def final_tables(record: dict, metrics: dict[str, float]) -> str:
+    """metrics.md's and the model card's evaluation: the final metrics (with the intervals of
+    `record["final_intervals"]`, or why none: `final_interval_notes`) and, when the base model
+    was evaluated before step 1, before -> after (`record["before_after"]`); the metrics of a
+    set that overlaps training (`eval_overlap`) marked, their intervals and notes alike."""
     from training.before_after import before_after_table
-
     from training.leakage import mark_overlapping
 
-    # `metrics` come with an overlapping set's names marked: so must the intervals and notes.
-    overlap = run_record.get("eval_overlap", {})
-    intervals = mark_overlapping({k: tuple(v) for k, v in (run_record.get("final_intervals") or {}).items()}, overlap)
-    notes = mark_overlapping(run_record.get("final_interval_notes") or {}, overlap)
-    change = before_after_table(run_record.get("before_after") or {}, overlap)
-    change = f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else ""
+    overlap = record.get("eval_overlap", {})
+    intervals = {k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}
+    notes = record.get("final_interval_notes") or {}
+    table = metric_table(*(mark_overlapping(d, overlap) for d in (metrics, intervals, notes)))
+    change = before_after_table(record.get("before_after") or {}, overlap)
+    return table + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
+
+
+def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
+    """The final model's README.md: base model, data, optimisation and `final_tables`."""
     # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(
         f"| {plain(r['path'])} | {plain(r['revision'] or '(local folder)')} | {plain(r['commit'] or '-')} | "
@@ -305,7 +309,7 @@ Examples trained on: {run_record["train_examples"]}; validation: {run_record["va
 
 ## Evaluation (final model)
 
-{metric_table(metrics, intervals, notes)}{change}
+{final_tables(run_record, metrics)}
 """
     (out / "README.md").write_text(card)
 

@@ -8,10 +8,8 @@ import json
 from pathlib import Path
 
 from builders.engine.provenance import portable
-from training.before_after import before_after_table
-from training.checkpoint import metric_table
+from training.checkpoint import final_tables
 from training.config import TrainConfig
-from training.leakage import mark_overlapping
 
 
 def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
@@ -41,13 +39,5 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
     write_jsonl(output / "metrics.jsonl", evals)
-    overlap = record.get("eval_overlap", {})
-    # The names of an overlapping set's metrics are marked: their intervals' and notes' alike.
-    intervals = mark_overlapping({k: tuple(v) for k, v in (record.get("final_intervals") or {}).items()}, overlap)
-    notes = mark_overlapping(record.get("final_interval_notes") or {}, overlap)
-    change = before_after_table(record.get("before_after") or {}, overlap)
-    (output / "metrics.md").write_text(
-        metric_table(mark_overlapping(final, overlap), intervals, notes)
-        + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
-    )
+    (output / "metrics.md").write_text(final_tables(record, final))
     (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))

