@@ -101,7 +101,7 @@ def before_after_table(rows: dict[str, dict], overlap: dict[str, dict] | None = 
     """The Markdown table of metrics.md and the model card (metric names are data: plain text),
     the metrics of a set that overlaps training marked as in the final table."""
     from training.leakage import mark_overlapping
-    from training.report.markdown import _fmt, natural, plain
+    from training.report.markdown import _fmt, natural, plain, with_interval
 
     if not rows:
         return ""
@@ -109,8 +109,8 @@ def before_after_table(rows: dict[str, dict], overlap: dict[str, dict] | None = 
     lines = ["| metric | before (base model) | after | difference [95 % CI] |", "|---|---|---|---|"]
     for key in sorted(rows, key=natural):
         r = rows[key]
-        ci = f" [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]" if r["ci_low"] is not None else ""
-        lines.append(f"| {plain(key)} | {_fmt(r['before'])} | {_fmt(r['after'])} | {_fmt(r['difference'])}{ci} |")
+        change = with_interval(r["difference"], r["ci_low"], r["ci_high"])
+        lines.append(f"| {plain(key)} | {_fmt(r['before'])} | {_fmt(r['after'])} | {change} |")
     return "\n".join(lines) + "\n"
 
 

@@ -53,6 +53,8 @@ MIN_CLUSTERS = 6
 #: exponential and lognormal means of 6 and 10 units coverage did not change (1,000 samples
 #: each) and the widest of 1,000 intervals went from 359 to 18 standard errors (#42).
 SE_FLOOR = 0.1
+#: The `Interval.note` of a bootstrap interval not made for want of clusters.
+FEW_CLUSTERS = f"fewer than {MIN_CLUSTERS} clusters"
 #: Default resamples of `counterfactory benchmark --bootstrap` and of the trainer's evaluation.
 DEFAULT_RESAMPLES = 1000
 LEVEL = 0.95
@@ -249,8 +251,7 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
             elif clusters < 2 and not (m.proportion and clusters):
                 out[name] = Interval(np.nan, np.nan, "none", n, clusters, note="one cluster" if n else "no units")
             elif clusters < MIN_CLUSTERS and not (m.proportion and m.groups is None):  # a bootstrap
-                note = f"fewer than {MIN_CLUSTERS} clusters"
-                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note=note)
+                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note=FEW_CLUSTERS)
             elif m.proportion and m.groups is None:
                 out[name] = Interval(*clopper_pearson(m, level), "clopper-pearson", n, clusters)
         rest = [name for name in names if name not in out]

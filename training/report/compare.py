@@ -26,6 +26,7 @@ from training.report.per_class import class_of, testable
 from training.report.results import record_name
 from training.statistics import (
     ALPHA,
+    FEW_CLUSTERS,
     MIN_CLUSTERS,
     UnitScores,
     bootstrap,
@@ -188,12 +189,13 @@ def comparison_cells(c: Comparison) -> str:
     """A comparison's `difference [low, high] | p | p (Holm)` cells; a tested difference of
     fewer than MIN_CLUSTERS clusters says why it has no interval; the difference alone, and n/a
     for the p-values, where there were no resamples (`--bootstrap 0`) or no test."""
-    from training.report.markdown import _fmt, with_interval
+    from training.report.markdown import with_interval
 
-    bounded = np.isfinite(c.low) and np.isfinite(c.high)
-    difference = f"{_fmt(c.difference)} [{_fmt(c.low)}, {_fmt(c.high)}]" if bounded else _fmt(c.difference)
-    if not bounded and np.isfinite(c.p_value) and c.n_clusters < MIN_CLUSTERS:
-        difference = with_interval(c.difference, note=f"fewer than {MIN_CLUSTERS} clusters")
+    if np.isfinite(c.low) and np.isfinite(c.high):
+        difference = with_interval(c.difference, c.low, c.high)
+    else:
+        few = np.isfinite(c.p_value) and c.n_clusters < MIN_CLUSTERS
+        difference = with_interval(c.difference, note=FEW_CLUSTERS if few else None)
     return f"{difference} | {_p(c.p_value)} | {_p(c.p_holm)}"
 
 
