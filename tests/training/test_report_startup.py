@@ -59,11 +59,12 @@ def test_charts_are_drawn_after_the_numbers_are_written(
 
 
 @pytest.mark.e2e
-def test_no_plots_writes_the_numbers_and_never_imports_matplotlib(
+def test_no_plots_writes_the_numbers_and_imports_neither_matplotlib_nor_scipy_stats(
     tmp_path, coco_fixture_dir, nltk_data_dir, tiny_models_dir
 ):
     """`--no-plots`: results.jsonl and report.md as always, no PNG, no figure linked (report.md
-    says none was drawn), and matplotlib never imported (the run in a fresh interpreter)."""
+    says none was drawn), and matplotlib never imported (the run in a fresh interpreter). Nor is
+    scipy.stats (0.6 s): a one-model report's intervals need only scipy.special's quantiles."""
     import re
 
     from builders.models.profiles import tiny_profile
@@ -75,11 +76,13 @@ def test_no_plots_writes_the_numbers_and_never_imports_matplotlib(
     argv = ["benchmark", "--model", clip, "--coco", str(cc), "--output", str(out), "--bootstrap", "20", "--no-plots"]
     code = (
         "import sys; from builders.app.cli import main; rc = main(sys.argv[1:]); "
-        "print('matplotlib imported:', any(m.split('.')[0] == 'matplotlib' for m in sys.modules)); sys.exit(rc)"
+        "print('matplotlib imported:', any(m.split('.')[0] == 'matplotlib' for m in sys.modules)); "
+        "print('scipy.stats imported:', 'scipy.stats' in sys.modules); sys.exit(rc)"
     )
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "matplotlib imported: False" in proc.stdout
+    assert "scipy.stats imported: False" in proc.stdout
     assert (out / "results.jsonl").stat().st_size > 0
     assert sorted(p.name for p in out.rglob("*.png")) == []
     report = (out / "report.md").read_text()
