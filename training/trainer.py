@@ -44,7 +44,7 @@ from training.checkpoint import (
 from training.checkpoint_files import Resumable
 from training.augmentation import parse_aug_cfg
 from training.config import TrainConfig, as_dict, training_fingerprint
-from training.data import PairBatchSampler, make_loader, to_device
+from training.data import Batches, PairBatchSampler, make_loader, to_device
 from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_eval_data
 from training.evaluation import evaluate_model
@@ -233,40 +233,9 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     record.update(_data_record(mixture, data), steps=total, steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
         (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
-    train_pixels = backend.train_pixels(parse_aug_cfg(cfg.data.aug_cfg)) if cfg.data.augment else None
-    loader = make_loader(
-        mixture.train,
-        sampler,
-        backend,
-        cfg.data.num_workers,
-        negatives=cfg.data.hard_negatives == "negclip",
-        fast_decode=cfg.data.fast_decode,
-        pixels=train_pixels,
-    )
-
-    o = cfg.optim
-    optimizer = make_optimizer(
-        backend.module,
-        o.optimizer,
-        o.lr,
-        o.weight_decay,
-        (o.beta1, o.beta2),
-        o.eps,
-        one_dimensional=cfg.run.backend == "open_clip",
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
-    # The scheduler is not prepared: accelerate would step it once per process per step. Nor
-    # registered for accelerate's checkpoints: those pickle it, and unpickle it on --resume with
-    # weights_only=False; training/checkpoint_files.py saves it as JSON.
-    model, optimizer = accelerator.prepare(backend.module, optimizer)
-
-    state = TrainerState()
-    if found is not None:
-        state = load_checkpoint(
-            accelerator, found, Resumable(accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler)
-        )
-        log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch, state.batch, state.step)
-    state.config = run_fingerprint(cfg, output)  # recorded in every checkpoint
+    loader = _train_loader(cfg, mixture.train, sampler, backend)
+    model, optimizer, scheduler = _optimizer_and_schedule(cfg, accelerator, backend, steps_per_epoch, total)
+    state = _resumed_state(cfg, accelerator, output, found, model, optimizer, scheduler)
     bar = tqdm(
         total=total, initial=state.step, desc="train", unit="step", disable=not accelerator.is_local_main_process
     )
@@ -332,6 +301,60 @@ def _schedule(cfg: TrainConfig, train, accelerator) -> tuple[PairBatchSampler, i
     if cfg.optim.max_steps is not None:
         total = min(total, cfg.optim.max_steps)
     return sampler, steps_per_epoch, total
+
+
+def _train_loader(cfg: TrainConfig, train, sampler: PairBatchSampler, backend) -> Batches:
+    """The training batches of this process (`sampler`'s), through the backend's training pixel
+    pipeline with --augment and its evaluation one otherwise."""
+    train_pixels = backend.train_pixels(parse_aug_cfg(cfg.data.aug_cfg)) if cfg.data.augment else None
+    return make_loader(
+        train,
+        sampler,
+        backend,
+        cfg.data.num_workers,
+        negatives=cfg.data.hard_negatives == "negclip",
+        fast_decode=cfg.data.fast_decode,
+        pixels=train_pixels,
+    )
+
+
+def _optimizer_and_schedule(
+    cfg: TrainConfig, accelerator, backend, steps_per_epoch: int, total: int
+) -> tuple[Any, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The model and its optimizer, prepared by accelerate, and the learning-rate schedule (not
+    prepared): what each optimizer step updates."""
+    o = cfg.optim
+    optimizer = make_optimizer(
+        backend.module,
+        o.optimizer,
+        o.lr,
+        o.weight_decay,
+        (o.beta1, o.beta2),
+        o.eps,
+        one_dimensional=cfg.run.backend == "open_clip",
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps_per_epoch, total))
+    # The scheduler is not prepared: accelerate would step it once per process per step. Nor
+    # registered for accelerate's checkpoints: those pickle it, and unpickle it on --resume with
+    # weights_only=False; training/checkpoint_files.py saves it as JSON.
+    model, optimizer = accelerator.prepare(backend.module, optimizer)
+    return model, optimizer, scheduler
+
+
+def _resumed_state(
+    cfg: TrainConfig, accelerator, output: Path, found: Path | None, model, optimizer, scheduler
+) -> TrainerState:
+    """The trainer's counters: a new run's, or those of --resume's checkpoint `found` (which
+    restores the model, optimizer, schedule and loss scaler too); with the configuration's
+    fingerprint, which every checkpoint records."""
+    state = TrainerState()
+    if found is not None:
+        state = load_checkpoint(
+            accelerator, found, Resumable(accelerator.unwrap_model(model), optimizer, scheduler, accelerator.scaler)
+        )
+        log.info("resumed from %s (epoch %d, batch %d, step %d)", found, state.epoch, state.batch, state.step)
+    state.config = run_fingerprint(cfg, output)  # recorded in every checkpoint
+    return state
 
 
 def train_one_epoch(s: Session) -> None:

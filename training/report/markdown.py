@@ -324,7 +324,6 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
             else ["Figures: not drawn (`--no-plots`); run without it for the forest plots and histograms.", ""]
         ),
     ]
-    against = f" against the baseline {plain(extras.baseline)}" if extras.baseline else ""
     out += [
         "## Comparison",
         "",
@@ -340,39 +339,54 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         "",
     ]
     for dataset in datasets:
-        source = next(r["dataset_source"] for r in records if r["dataset"] == dataset)
-        out += [
-            f"### {plain(dataset)} ({plain(source)})",
-            "",
-            # Bold only where a paired test rejects: no test (one model, --bootstrap 0), no bold.
-            *comparison_table(records, dataset, models, extras.verdicts.get(dataset, {})),
-            "",
-        ]
-        if dataset in extras.forest:
-            out += [f"![value and 95 % interval per model on {plain(dataset)}]({extras.forest[dataset]})", ""]
-        if extras.comparisons.get(dataset):
-            out += [f"Paired differences{against} (same units, same resamples):", "", *extras.comparisons[dataset], ""]
-        if extras.class_comparisons.get(dataset):
-            out += [
-                f"Per-class paired differences{against} (each class on its own queries; a Holm family of "
-                "their own, apart from the table above):",
-                "",
-                *extras.class_comparisons[dataset],
-                "",
-            ]
-        blind = blind_lines(records, dataset)
-        out += [*blind, ""] if blind else []
-        out += [plain(extras.notes[dataset]), ""] if dataset in extras.notes else []
+        out += _dataset_section(records, dataset, models, extras)
     out += extras.generators
     out += ["## Per model", ""]
     for model in models:
-        digest = next(r["weights_digest"] for r in records if r["model"] == model)
-        out += [f"### {plain(model)}", "", f"weights {plain(digest)}", ""]
-        n = models.index(model)
-        if extras.figures and any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
-            out += [f"![ODmAP@k per removed class](odmap_per_class-model{n}.png)", ""]
-        itm = [r["dataset"] for r in records if extras.figures and r["model"] == model and r["task"] == "itm"]
-        for dataset in dict.fromkeys(itm):
-            out += [f"![ITM score deltas on {plain(dataset)}](itm_deltas-model{n}-{file_part(dataset)}.png)", ""]
-        out += [*model_table(records, model), ""]
+        out += _model_section(records, model, models.index(model), extras)
     return "\n".join(out)
+
+
+def _dataset_section(records: list[dict], dataset: str, models: list[str], extras: Extras) -> list[str]:
+    """One dataset's part of the comparison: the models side by side, then what report.md has
+    beside the table (forest plot, paired differences, blind baseline, floor note), each only
+    where it was made."""
+    source = next(r["dataset_source"] for r in records if r["dataset"] == dataset)
+    against = f" against the baseline {plain(extras.baseline)}" if extras.baseline else ""
+    out = [
+        f"### {plain(dataset)} ({plain(source)})",
+        "",
+        # Bold only where a paired test rejects: no test (one model, --bootstrap 0), no bold.
+        *comparison_table(records, dataset, models, extras.verdicts.get(dataset, {})),
+        "",
+    ]
+    if dataset in extras.forest:
+        out += [f"![value and 95 % interval per model on {plain(dataset)}]({extras.forest[dataset]})", ""]
+    if extras.comparisons.get(dataset):
+        out += [f"Paired differences{against} (same units, same resamples):", "", *extras.comparisons[dataset], ""]
+    if extras.class_comparisons.get(dataset):
+        out += [
+            f"Per-class paired differences{against} (each class on its own queries; a Holm family of "
+            "their own, apart from the table above):",
+            "",
+            *extras.class_comparisons[dataset],
+            "",
+        ]
+    blind = blind_lines(records, dataset)
+    out += [*blind, ""] if blind else []
+    out += [plain(extras.notes[dataset]), ""] if dataset in extras.notes else []
+    return out
+
+
+def _model_section(records: list[dict], model: str, n: int, extras: Extras) -> list[str]:
+    """One model's part of the per-model section: its weights digest, its figures (named by its
+    position `n` in the report, as training/report/run.py draws them) and its table of every
+    metric."""
+    digest = next(r["weights_digest"] for r in records if r["model"] == model)
+    out = [f"### {plain(model)}", "", f"weights {plain(digest)}", ""]
+    if extras.figures and any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
+        out += [f"![ODmAP@k per removed class](odmap_per_class-model{n}.png)", ""]
+    itm = [r["dataset"] for r in records if extras.figures and r["model"] == model and r["task"] == "itm"]
+    for dataset in dict.fromkeys(itm):
+        out += [f"![ITM score deltas on {plain(dataset)}](itm_deltas-model{n}-{file_part(dataset)}.png)", ""]
+    return [*out, *model_table(records, model), ""]
