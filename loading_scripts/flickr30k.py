@@ -189,19 +189,7 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[SourceImage]:
         objects: tuple[SourceObject, ...] = ()
         size = None
         if entities is not None:
-            annotated = _read_sentences(entities / "Sentences" / f"{image_id}.txt")
-            if len(annotated) != len(sentences):
-                raise InputFileError(
-                    entities / "Sentences" / f"{image_id}.txt",
-                    f"has {len(annotated)} sentences, Karpathy's file {len(sentences)}",
-                    "use matching releases of both files",
-                )
-            captions = tuple(
-                SourceCaption(sid, text, phrases)
-                for (sid, _), (text, phrases) in zip(sentences, annotated, strict=True)
-            )
-            types = {p.entity_id: p.types for c in captions for p in c.phrases}
-            size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
+            captions, size, objects = _entity_annotations(entities, image_id, sentences)
         if size is None:
             size = (0, 0) if problem is not None else _image_size(image_path)
         records.append(
@@ -210,6 +198,27 @@ def read_flickr30k(cfg: Flickr30kSourceConfig) -> list[SourceImage]:
     records.sort(key=lambda r: r.image_id)
     log.info("read %d Flickr30k images from %s (entities: %s)", len(records), root, entities or "none")
     return records
+
+
+def _entity_annotations(
+    entities: Path, image_id: int, sentences: list[tuple[int, str]]
+) -> tuple[tuple[SourceCaption, ...], tuple[int, int] | None, tuple[SourceObject, ...]]:
+    """An image's captions with their Entities phrase spans, and its size and boxes from the
+    Entities annotation. The Entities sentences replace Karpathy's one for one, in order, so
+    their counts must agree; a box's class comes from the types its captions give its entity."""
+    annotated = _read_sentences(entities / "Sentences" / f"{image_id}.txt")
+    if len(annotated) != len(sentences):
+        raise InputFileError(
+            entities / "Sentences" / f"{image_id}.txt",
+            f"has {len(annotated)} sentences, Karpathy's file {len(sentences)}",
+            "use matching releases of both files",
+        )
+    captions = tuple(
+        SourceCaption(sid, text, phrases) for (sid, _), (text, phrases) in zip(sentences, annotated, strict=True)
+    )
+    types = {p.entity_id: p.types for c in captions for p in c.phrases}
+    size, objects = _read_boxes(entities / "Annotations" / f"{image_id}.xml", types)
+    return captions, size, objects
 
 
 def _image_size(path: Path) -> tuple[int, int]:

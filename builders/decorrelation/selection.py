@@ -154,42 +154,49 @@ def select_removals(
     areas = {c: int(np.count_nonzero(masks[c])) for c in classes}
     removals: list[Removal] = []
     for anchor in classes:
-        fraction = areas[anchor] / image_area
-        if fraction > config.alpha3:
-            rejections.append(Rejection(REASON_TOO_LARGE, anchor, f"{anchor} covers {fraction:.3f} > {config.alpha3}"))
-            continue
-        others = [g for g in classes if g != anchor]
-        overlaps = {g: int(np.count_nonzero(masks[anchor] & masks[g])) / areas[g] for g in others}
-        if all(v < config.alpha1 for v in overlaps.values()):
-            kind, removed, region = SINGLE, [anchor], masks[anchor]
-        elif any(v > config.alpha2 for v in overlaps.values()):
-            kind = MULTI
-            removed = sorted([anchor] + [g for g in others if overlaps[g] > config.alpha2])
-            region = np.logical_or.reduce([masks[c] for c in removed])
-            fraction = int(np.count_nonzero(region)) / image_area
-            if fraction > config.alpha3:
-                rejections.append(
-                    Rejection(REASON_TOO_LARGE, anchor, f"{removed} cover {fraction:.3f} > {config.alpha3}")
-                )
-                continue
-        else:
-            mid = {g: round(v, 3) for g, v in overlaps.items() if v >= config.alpha1}
-            rejections.append(Rejection(REASON_PARTIAL, anchor, f"overlaps in [alpha1, alpha2]: {mid}"))
-            continue
-        present = tuple(c for c in classes if c not in removed)
-        if not present:
-            rejections.append(Rejection(REASON_NO_CLASS_LEFT, anchor, f"removing {removed} empties the image"))
-            continue
-        removals.append(
-            Removal(
-                anchor=anchor,
-                kind=kind,
-                removed=tuple(removed),
-                present=present,
-                mask=region,
-                region_fraction=fraction,
-                overlaps=overlaps,
-                box_indices=tuple(sorted(i for c in removed for i in members[c])),
-            )
-        )
+        outcome = _try_anchor(anchor, classes, masks, members, areas, image_area, config)
+        (removals if isinstance(outcome, Removal) else rejections).append(outcome)
     return Selection(removals, rejections)
+
+
+def _try_anchor(
+    anchor: str,
+    classes: list[str],
+    masks: dict[str, np.ndarray],
+    members: dict[str, list[int]],
+    areas: dict[str, int],
+    image_area: int,
+    config: SelectionConfig,
+) -> Removal | Rejection:
+    """Rules 2-6 (module docstring) for one anchor class c^r: the removal it makes, or the rejection
+    naming the rule that stops it. Anchors do not affect each other: each sees the image's masks."""
+    fraction = areas[anchor] / image_area
+    if fraction > config.alpha3:
+        return Rejection(REASON_TOO_LARGE, anchor, f"{anchor} covers {fraction:.3f} > {config.alpha3}")
+    others = [g for g in classes if g != anchor]
+    overlaps = {g: int(np.count_nonzero(masks[anchor] & masks[g])) / areas[g] for g in others}
+    if all(v < config.alpha1 for v in overlaps.values()):
+        kind, removed, region = SINGLE, [anchor], masks[anchor]
+    elif any(v > config.alpha2 for v in overlaps.values()):
+        kind = MULTI
+        removed = sorted([anchor] + [g for g in others if overlaps[g] > config.alpha2])
+        region = np.logical_or.reduce([masks[c] for c in removed])
+        fraction = int(np.count_nonzero(region)) / image_area
+        if fraction > config.alpha3:
+            return Rejection(REASON_TOO_LARGE, anchor, f"{removed} cover {fraction:.3f} > {config.alpha3}")
+    else:
+        mid = {g: round(v, 3) for g, v in overlaps.items() if v >= config.alpha1}
+        return Rejection(REASON_PARTIAL, anchor, f"overlaps in [alpha1, alpha2]: {mid}")
+    present = tuple(c for c in classes if c not in removed)
+    if not present:
+        return Rejection(REASON_NO_CLASS_LEFT, anchor, f"removing {removed} empties the image")
+    return Removal(
+        anchor=anchor,
+        kind=kind,
+        removed=tuple(removed),
+        present=present,
+        mask=region,
+        region_fraction=fraction,
+        overlaps=overlaps,
+        box_indices=tuple(sorted(i for c in removed for i in members[c])),
+    )

@@ -379,26 +379,14 @@ def write_positives_for(
     sources: tuple,
 ) -> dict[str, Any]:
     """Quality control, vote, remove invalid items, merge; writes `state/annotations/`."""
-    from loading_scripts.eccv import Positives
-
     result = review(store.verdicts, items, cfg)
     human = result.positives()
-    coco, cxc, cxc_source = sources
+    cxc_source = sources[2]
     remove_c1 = uses_coco_ids(cands, cfg)
-    merged, removed = _merged(human, manifest, coco, cxc, remove_c1)
-    eccv = Positives(
-        **{m: {q: np.asarray(sorted(v), dtype=np.int64) for q, v in merged[m].items() if v} for m in ("i2t", "t2i")}
-    )
     out = Path(cfg.state) / "annotations"
-    no_cxc = Positives(i2t={}, t2i={})
-    for name, positives in (("eccv", eccv), ("cxc", no_cxc if cxc is None else cxc), ("coco", coco)):
-        write_positives(positives, out, name)
+    removed = _write_annotations(human, manifest, sources, remove_c1, out)
     n_human = sum(len(v) for m in human.values() for v in m.values())
-    # Stores written before incomplete submissions were skipped have no such list.
-    incomplete = [i for f in store.files for i in f.get("incomplete", [])]
-    for i in incomplete:
-        result.per_worker[i["worker"]]["incomplete"] += 1
-        result.per_task[i["task_id"]]["incomplete"] += 1
+    incomplete = _count_incomplete(store, result)
     counts = ("submissions", "failed_golden", "incomplete")
     report = {
         # Provenance names only: the specs as given (`model_sources`) stay in the round's files.
@@ -440,6 +428,34 @@ def write_positives_for(
         out,
     )
     return report
+
+
+def _write_annotations(human: dict, manifest: dict[str, Any], sources: tuple, remove_c1: bool, out: Path) -> int:
+    """Writes the round's three positive sets into `out`, as the ECCV loader reads them: `eccv`
+    (the human positives merged with the shipped ones, `_merged`), `cxc` (empty when not merged)
+    and `coco`; returns how many positives the Appendix C.1 removal took, for the report."""
+    from loading_scripts.eccv import Positives
+
+    coco, cxc, _ = sources
+    merged, removed = _merged(human, manifest, coco, cxc, remove_c1)
+    eccv = Positives(
+        **{m: {q: np.asarray(sorted(v), dtype=np.int64) for q, v in merged[m].items() if v} for m in ("i2t", "t2i")}
+    )
+    no_cxc = Positives(i2t={}, t2i={})
+    for name, positives in (("eccv", eccv), ("cxc", no_cxc if cxc is None else cxc), ("coco", coco)):
+        write_positives(positives, out, name)
+    return removed
+
+
+def _count_incomplete(store: VerdictStore, result: _Review) -> list[dict[str, Any]]:
+    """The submissions skipped as incomplete when their files were read, added to the review's
+    per-worker and per-task counts (the report lists them beside the reviewed ones)."""
+    # Stores written before incomplete submissions were skipped have no such list.
+    incomplete = [i for f in store.files for i in f.get("incomplete", [])]
+    for i in incomplete:
+        result.per_worker[i["worker"]]["incomplete"] += 1
+        result.per_task[i["task_id"]]["incomplete"] += 1
+    return incomplete
 
 
 def _merged(human: dict, manifest: dict[str, Any], coco, cxc, remove_c1: bool) -> tuple[dict, int]:

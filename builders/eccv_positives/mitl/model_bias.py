@@ -73,8 +73,6 @@ def annotation_sets(report: dict[str, Any], cands: Candidates) -> dict[str, dict
 
 def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
     """One row per (evaluated model, annotation set, modality) with mAP@R, R-P and R@1."""
-    from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
-
     report_path = Path(cfg.state) / "annotations" / MITL_REPORT
     if not report_path.is_file():
         raise InputFileError(report_path, "no ingested verdicts", "run `counterfactory eccv ingest` first")
@@ -102,37 +100,52 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
             "t2i": (captions, images, None, g.caption_ids, g.image_ids),
         }
         for set_name, positives in sets.items():
-            for modality, (q_emb, g_emb, columns, q_ids, g_ids) in sims.items():
+            for modality, sim in sims.items():
                 pos = positives[modality]
                 if not pos:
                     continue
-                row_of = {q: n for n, q in enumerate(q_ids)}
-                queries = sorted(pos)
-                totals = dict.fromkeys(METRICS, 0.0)
-                # Query chunks bound the score matrix (a 600K-caption gallery); the metrics are
-                # means over queries, so chunk means weighted by chunk size give the same numbers.
-                for start in range(0, len(queries), QUERY_CHUNK):
-                    chunk = queries[start : start + QUERY_CHUNK]
-                    similarity = q_emb[[row_of[q] for q in chunk]] @ g_emb.T
-                    if columns is not None:
-                        similarity = similarity[:, columns]
-                    scores = retrieval_scores_from_similarity(
-                        similarity, {q: pos[q] for q in chunk}, chunk, g_ids, RetrievalMetricConfig(k_values=(1,))
-                    ).as_dict()
-                    for m in METRICS:
-                        totals[m] += scores[m] * len(chunk)
                 rows.append(
                     {
                         "model": names[model],
                         "annotation_set": set_name,
                         "modality": modality,
-                        "queries": len(queries),
-                        **{m: totals[m] / len(queries) for m in METRICS},
+                        "queries": len(pos),
+                        **_mean_scores(*sim, pos),
                     }
                 )
     if not rows:
         raise UserFacingError(f"{report_path}: no verified positive pair to score models on")
     return rows
+
+
+def _mean_scores(
+    q_emb: np.ndarray,
+    g_emb: np.ndarray,
+    columns: np.ndarray | None,
+    q_ids: list[int],
+    g_ids: list[int],
+    pos: dict[int, list[int]],
+) -> dict[str, float]:
+    """The METRICS of the queries of `pos` (query id -> positive ids) retrieving over the gallery
+    `g_ids`, averaged over those queries; `columns` gives each gallery item's row of `g_emb` (None:
+    row i is item i). Query chunks bound the score matrix (a 600K-caption gallery); the metrics
+    are means over queries, so chunk means weighted by chunk size give the same numbers."""
+    from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
+
+    row_of = {q: n for n, q in enumerate(q_ids)}
+    queries = sorted(pos)
+    totals = dict.fromkeys(METRICS, 0.0)
+    for start in range(0, len(queries), QUERY_CHUNK):
+        chunk = queries[start : start + QUERY_CHUNK]
+        similarity = q_emb[[row_of[q] for q in chunk]] @ g_emb.T
+        if columns is not None:
+            similarity = similarity[:, columns]
+        scores = retrieval_scores_from_similarity(
+            similarity, {q: pos[q] for q in chunk}, chunk, g_ids, RetrievalMetricConfig(k_values=(1,))
+        ).as_dict()
+        for m in METRICS:
+            totals[m] += scores[m] * len(chunk)
+    return {m: totals[m] / len(queries) for m in METRICS}
 
 
 def bias(rows: list[dict[str, Any]], metric: str = "map_at_r") -> dict[str, dict[str, float]]:
