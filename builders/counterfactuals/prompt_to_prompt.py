@@ -50,6 +50,7 @@ batch.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -97,12 +98,18 @@ class EarlyRejection:
     check: Callable[[np.ndarray, np.ndarray], Sequence[bool]]
     dropped: list[int] = field(default_factory=list)
 
-    def kept(self, previews: np.ndarray) -> list[int]:
-        """The candidates whose preview pair (rows 2j, 2j+1) passes; the others go to `dropped`.
-        One preview step, so positions among the live candidates are batch positions."""
+    def survivors(self, previews: np.ndarray, index: Sequence[int], work: UNetWork) -> tuple[list[int], list[int]]:
+        """The cut of every denoising loop (here and `mmdit_edit`): `previews`, the decoded x0
+        predictions of the step's unique rows (counted in `work`), spread to every row by
+        `index`; the candidates whose preview pair (rows 2j, 2j+1) passes, and their rows; the
+        others go to `dropped`. One preview step, so positions among the live candidates are
+        batch positions."""
+        work.decoded += len(previews)
+        previews = previews[index]
         keep = [bool(k) for k in self.check(previews[0::2], previews[1::2])]
         self.dropped = [j for j, k in enumerate(keep) if not k]
-        return [j for j, k in enumerate(keep) if k]
+        kept = [j for j, k in enumerate(keep) if k]
+        return kept, [2 * j + h for j in kept for h in (0, 1)]
 
 
 def injected(p: float, step: int, steps: int) -> bool:
@@ -426,6 +433,7 @@ def denoise_pairs(
         * sched.init_noise_sigma
     )
     noise_gens = _generators(seeds, 1)
+    render = functools.partial(decode, pipe)
     work = work if work is not None else UNetWork()
     with p2p_processors(pipe.unet, ctrl):
         for i, t in enumerate(sched.timesteps):
@@ -443,18 +451,31 @@ def denoise_pairs(
             work.unet_rows += 2 * len(unique)
             if early is not None and i == early.step and i < steps - 1:
                 # Rows that shared this step's input share their x0 prediction too.
-                previews = decode(pipe, predicted_x0(sched, out)[unique])[index]
-                work.decoded += len(unique)
-                kept = early.kept(previews)
-                rows = [2 * j + h for j in kept for h in (0, 1)]
+                kept, rows = early.survivors(render(predicted_x0(sched, out)[unique]), index, work)
                 latents, noise_gens = latents[rows], [noise_gens[r] for r in rows]
                 keep_sampler_rows(sched, rows)
                 specs = ctrl.specs = [specs[j] for j in kept]
+    return final_pairs(render, latents, specs, steps=steps, size=size, share=share, work=work)
+
+
+def final_pairs(
+    decode: Callable[[torch.Tensor], np.ndarray],
+    latents: torch.Tensor,
+    specs: Sequence[PairSpec],
+    *,
+    steps: int,
+    size: int,
+    share: bool,
+    work: UNetWork,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The end of every denoising loop (here and `mmdit_edit`): each distinct final row decoded
+    once (`row_keys` of `specs` at `steps`, counted in `work`), split into the originals and the
+    counterfactuals; empty arrays when no candidate is left."""
     if not specs:
         empty = np.zeros((0, size, size, 3), dtype=np.uint8)
         return empty, empty
     unique, index = _dedupe(row_keys(specs, steps, steps, share))
-    images = decode(pipe, latents[unique])[index]
+    images = decode(latents[unique])[index]
     work.decoded += len(unique)
     return images[0::2], images[1::2]
 
