@@ -412,8 +412,6 @@ def denoise_pairs(
     """`generate_pairs` from the encoded captions on: the Prompt-to-Prompt denoising loop of
     any UNet pipeline (SD v1.5 here, SDXL in `prompt_to_prompt_xl`), `decode` turning latents
     into uint8 images."""
-    from diffusers.utils.torch_utils import randn_tensor
-
     device = pipe._execution_device
     side = size // pipe.vae_scale_factor
     # The reference's "16x16 and below" for 64x64 latents, relative to any latent size.
@@ -421,17 +419,8 @@ def denoise_pairs(
 
     sched = make_scheduler(pipe, scheduler)
     sched.set_timesteps(steps, device=device)
-    shape = (1, pipe.unet.config.in_channels, side, side)
     seeds = [s.seed for s in specs]
-    # Every candidate keeps its own rows and generators: the sampler runs on all 2N rows. The
-    # initial noise is drawn in float32 and then cast, so a seed starts from the same latents
-    # (up to rounding) in every precision (METHOD.md §2, Precision).
-    latents = (
-        torch.cat(
-            [randn_tensor(shape, generator=g, device=device, dtype=torch.float32) for g in _generators(seeds, 0)]
-        ).to(prompts.cond.dtype)
-        * sched.init_noise_sigma
-    )
+    latents = _initial_latents(pipe, seeds, side, prompts.cond.dtype) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
     render = functools.partial(decode, pipe)
     work = work if work is not None else UNetWork()
@@ -456,6 +445,20 @@ def denoise_pairs(
                 keep_sampler_rows(sched, rows)
                 specs = ctrl.specs = [specs[j] for j in kept]
     return final_pairs(render, latents, specs, steps=steps, size=size, share=share, work=work)
+
+
+def _initial_latents(pipe, seeds: Sequence[int], side: int, dtype: torch.dtype) -> torch.Tensor:
+    """The 2N rows' initial latents, before the sampler's scaling: every candidate keeps its
+    own rows and generators, the sampler runs on all 2N rows. The noise is drawn in float32 and
+    then cast, so a seed starts from the same latents (up to rounding) in every precision
+    (METHOD.md §2, Precision)."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    device = pipe._execution_device
+    shape = (1, pipe.unet.config.in_channels, side, side)
+    return torch.cat(
+        [randn_tensor(shape, generator=g, device=device, dtype=torch.float32) for g in _generators(seeds, 0)]
+    ).to(dtype)
 
 
 def final_pairs(
