@@ -48,6 +48,7 @@ from builders.counterfactuals.prompt_to_prompt import (
     UNetWork,
     _dedupe,
     _generators,
+    final_pairs,
     injected,
     row_keys,
 )
@@ -419,15 +420,7 @@ def generate_pairs_mmdit(
             if early is not None and i == early.step and i < steps - 1:
                 # The x0 prediction of rectified flow (x_t = (1 - s) x0 + s noise, v = noise - x0).
                 x0 = x_t[unique] - sched.sigmas[i].to(x_t.device, x_t.dtype) * v[unique]
-                previews = r.decode(x0)[index]
-                work.decoded += len(unique)
-                kept = early.kept(previews)
-                latents = latents[[2 * j + h for j in kept for h in (0, 1)]]
+                kept, rows = early.survivors(r.decode(x0), index, work)
+                latents = latents[rows]
                 specs, keyed = [specs[j] for j in kept], [keyed[j] for j in kept]
-    if not specs:
-        empty = np.zeros((0, size, size, 3), dtype=np.uint8)
-        return empty, empty
-    unique, index = _dedupe(row_keys(keyed, steps, steps, share))
-    images = r.decode(latents[unique])[index]
-    work.decoded += len(unique)
-    return images[0::2], images[1::2]
+    return final_pairs(r.decode, latents, keyed, steps=steps, size=size, share=share, work=work)

@@ -50,6 +50,7 @@ batch.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -97,12 +98,18 @@ class EarlyRejection:
     check: Callable[[np.ndarray, np.ndarray], Sequence[bool]]
     dropped: list[int] = field(default_factory=list)
 
-    def kept(self, previews: np.ndarray) -> list[int]:
-        """The candidates whose preview pair (rows 2j, 2j+1) passes; the others go to `dropped`.
-        One preview step, so positions among the live candidates are batch positions."""
+    def survivors(self, previews: np.ndarray, index: Sequence[int], work: UNetWork) -> tuple[list[int], list[int]]:
+        """The cut of every denoising loop (here and `mmdit_edit`): `previews`, the decoded x0
+        predictions of the step's unique rows (counted in `work`), spread to every row by
+        `index`; the candidates whose preview pair (rows 2j, 2j+1) passes, and their rows; the
+        others go to `dropped`. One preview step, so positions among the live candidates are
+        batch positions."""
+        work.decoded += len(previews)
+        previews = previews[index]
         keep = [bool(k) for k in self.check(previews[0::2], previews[1::2])]
         self.dropped = [j for j, k in enumerate(keep) if not k]
-        return [j for j, k in enumerate(keep) if k]
+        kept = [j for j, k in enumerate(keep) if k]
+        return kept, [2 * j + h for j in kept for h in (0, 1)]
 
 
 def injected(p: float, step: int, steps: int) -> bool:
@@ -405,8 +412,6 @@ def denoise_pairs(
     """`generate_pairs` from the encoded captions on: the Prompt-to-Prompt denoising loop of
     any UNet pipeline (SD v1.5 here, SDXL in `prompt_to_prompt_xl`), `decode` turning latents
     into uint8 images."""
-    from diffusers.utils.torch_utils import randn_tensor
-
     device = pipe._execution_device
     side = size // pipe.vae_scale_factor
     # The reference's "16x16 and below" for 64x64 latents, relative to any latent size.
@@ -414,18 +419,10 @@ def denoise_pairs(
 
     sched = make_scheduler(pipe, scheduler)
     sched.set_timesteps(steps, device=device)
-    shape = (1, pipe.unet.config.in_channels, side, side)
     seeds = [s.seed for s in specs]
-    # Every candidate keeps its own rows and generators: the sampler runs on all 2N rows. The
-    # initial noise is drawn in float32 and then cast, so a seed starts from the same latents
-    # (up to rounding) in every precision (METHOD.md §2, Precision).
-    latents = (
-        torch.cat(
-            [randn_tensor(shape, generator=g, device=device, dtype=torch.float32) for g in _generators(seeds, 0)]
-        ).to(prompts.cond.dtype)
-        * sched.init_noise_sigma
-    )
+    latents = _initial_latents(pipe, seeds, side, prompts.cond.dtype) * sched.init_noise_sigma
     noise_gens = _generators(seeds, 1)
+    render = functools.partial(decode, pipe)
     work = work if work is not None else UNetWork()
     with p2p_processors(pipe.unet, ctrl):
         for i, t in enumerate(sched.timesteps):
@@ -443,18 +440,45 @@ def denoise_pairs(
             work.unet_rows += 2 * len(unique)
             if early is not None and i == early.step and i < steps - 1:
                 # Rows that shared this step's input share their x0 prediction too.
-                previews = decode(pipe, predicted_x0(sched, out)[unique])[index]
-                work.decoded += len(unique)
-                kept = early.kept(previews)
-                rows = [2 * j + h for j in kept for h in (0, 1)]
+                kept, rows = early.survivors(render(predicted_x0(sched, out)[unique]), index, work)
                 latents, noise_gens = latents[rows], [noise_gens[r] for r in rows]
                 keep_sampler_rows(sched, rows)
                 specs = ctrl.specs = [specs[j] for j in kept]
+    return final_pairs(render, latents, specs, steps=steps, size=size, share=share, work=work)
+
+
+def _initial_latents(pipe, seeds: Sequence[int], side: int, dtype: torch.dtype) -> torch.Tensor:
+    """The 2N rows' initial latents, before the sampler's scaling: every candidate keeps its
+    own rows and generators, the sampler runs on all 2N rows. The noise is drawn in float32 and
+    then cast, so a seed starts from the same latents (up to rounding) in every precision
+    (METHOD.md §2, Precision)."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    device = pipe._execution_device
+    shape = (1, pipe.unet.config.in_channels, side, side)
+    return torch.cat(
+        [randn_tensor(shape, generator=g, device=device, dtype=torch.float32) for g in _generators(seeds, 0)]
+    ).to(dtype)
+
+
+def final_pairs(
+    decode: Callable[[torch.Tensor], np.ndarray],
+    latents: torch.Tensor,
+    specs: Sequence[PairSpec],
+    *,
+    steps: int,
+    size: int,
+    share: bool,
+    work: UNetWork,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The end of every denoising loop (here and `mmdit_edit`): each distinct final row decoded
+    once (`row_keys` of `specs` at `steps`, counted in `work`), split into the originals and the
+    counterfactuals; empty arrays when no candidate is left."""
     if not specs:
         empty = np.zeros((0, size, size, 3), dtype=np.uint8)
         return empty, empty
     unique, index = _dedupe(row_keys(specs, steps, steps, share))
-    images = decode(pipe, latents[unique])[index]
+    images = decode(latents[unique])[index]
     work.decoded += len(unique)
     return images[0::2], images[1::2]
 

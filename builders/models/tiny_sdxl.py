@@ -23,12 +23,12 @@ _TEXT_WIDTH, _TEXT_2_WIDTH, _PROJECTION = 32, 32, 32
 _TIME_EMBED = 8
 
 
-def build_tiny_sdxl(out: str | Path) -> None:
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+def _unet():
+    """SDXL's UNet at toy sizes: `text_time` added conditioning (the second encoder's pooled
+    output and the 6 micro-conditioning numbers) and multi-layer transformer blocks."""
+    from diffusers import UNet2DConditionModel
 
-    torch.manual_seed(SEED)
-    unet = UNet2DConditionModel(
+    return UNet2DConditionModel(
         block_out_channels=(8, 16),
         layers_per_block=1,
         sample_size=32,
@@ -45,6 +45,32 @@ def build_tiny_sdxl(out: str | Path) -> None:
         projection_class_embeddings_input_dim=6 * _TIME_EMBED + _PROJECTION,
         norm_num_groups=2,
     )
+
+
+def _text_encoders() -> dict:
+    """SDXL's two CLIP text encoders with their tokenizers, as pipeline components: the second
+    encoder has a projection (its pooled output is what the UNet reads) and its tokenizer pads
+    with `!`, as SDXL's OpenCLIP tokenizer."""
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    tokenizer = clip_tokenizer()
+    tokenizer_2 = clip_tokenizer()
+    tokenizer_2.pad_token = "!"
+    text = clip_text_config(len(tokenizer))
+    text.hidden_size, text.projection_dim = _TEXT_WIDTH, _PROJECTION
+    text_2 = clip_text_config(len(tokenizer_2))
+    text_2.hidden_size, text_2.projection_dim = _TEXT_2_WIDTH, _PROJECTION
+    text_encoder = CLIPTextModel(text)
+    text_encoder_2 = CLIPTextModelWithProjection(text_2)
+    return dict(text_encoder=text_encoder, text_encoder_2=text_encoder_2, tokenizer=tokenizer, tokenizer_2=tokenizer_2)
+
+
+def build_tiny_sdxl(out: str | Path) -> None:
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    # One seeded stream, drawn in this order: the UNet, the VAE, then the text encoders.
+    torch.manual_seed(SEED)
+    unet = _unet()
     vae = AutoencoderKL(
         block_out_channels=[4, 8],
         in_channels=3,
@@ -56,15 +82,7 @@ def build_tiny_sdxl(out: str | Path) -> None:
         scaling_factor=0.13025,
         force_upcast=True,
     )
-    tokenizer = clip_tokenizer()
-    tokenizer_2 = clip_tokenizer()
-    tokenizer_2.pad_token = "!"
-    text = clip_text_config(len(tokenizer))
-    text.hidden_size, text.projection_dim = _TEXT_WIDTH, _PROJECTION
-    text_2 = clip_text_config(len(tokenizer_2))
-    text_2.hidden_size, text_2.projection_dim = _TEXT_2_WIDTH, _PROJECTION
-    text_encoder = CLIPTextModel(text)
-    text_encoder_2 = CLIPTextModelWithProjection(text_2)
+    text = _text_encoders()
     scheduler = EulerDiscreteScheduler(
         beta_start=0.00085,
         beta_end=0.012,
@@ -75,13 +93,10 @@ def build_tiny_sdxl(out: str | Path) -> None:
     )
     pipe = StableDiffusionXLPipeline(
         vae=vae,
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2,
         unet=unet,
         scheduler=scheduler,
         force_zeros_for_empty_prompt=True,
         add_watermarker=False,
+        **text,
     )
     pipe.save_pretrained(out)
