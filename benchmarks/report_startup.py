@@ -26,10 +26,10 @@ clip_benchmark is never a dependency of the project: install it apart and name i
 `--clip-benchmark-path /tmp/cb` (added to PYTHONPATH of its processes only). Without it the
 ratios are against the project's earlier figures (issue #44).
 
-Measured on the 2 idle cores (load 0.6-1.2, `--repeats 3`; table in docs/report.md, "Speed
-against clip_benchmark"): report / clip_benchmark 1.08 and 0.87 with the default statistics and
-plots, 0.92 and 0.76 with `--no-plots`, at 1,000 and 4,000 fixture images (250 and 1,000 test
-images). The import floor (torch, open_clip, datasets) alone is 0.81x and 0.60x clip_benchmark's
+Measured on the 2 idle cores (load 0.03-1.0, `--repeats 3`; table in docs/report.md, "Speed
+against clip_benchmark"): report / clip_benchmark 1.15 and 0.88 with the default statistics and
+plots, 0.93 and 0.76 with `--no-plots`, at 1,000 and 4,000 fixture images (250 and 1,000 test
+images). The import floor (torch, open_clip, datasets) alone is 0.81x and 0.63x clip_benchmark's
 run, so the issue's target (<= 0.5x) is out of reach of any report of this model at these sizes.
 Under load (2-6) a tool's time moves 2-3x from run to run and the ratio with it (0.50-2.70 over
 four runs). R@1/5/10 both ways were equal to clip_benchmark's in every run, on the fixture and
