@@ -18,7 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from training import statistics
-from training.statistics import UnitScores, unit_sets, partner_links
+from training.statistics import UnitScores, cluster_totals, partner_links, unit_sets
 
 
 def exact(n: int, resamples: int) -> bool:
@@ -66,13 +66,12 @@ def _flip_scale(a: UnitScores, b: UnitScores, swap: np.ndarray) -> np.ndarray | 
     units' differences are not, and the plain sum's null distribution would be too narrow where
     they move together (15.5 % rejections at 0.05 under the null, docs/report.md)."""
     links = partner_links(a)
-    index = a.cluster_index()
-    index = np.arange(a.n) if index is None else index
-    e = np.bincount(index, (a.num - b.num) * a.unit_weights())
+    e = cluster_totals(a, (a.num - b.num) * a.unit_weights())
     iid = (e * e).sum()
     if not len(links) or not iid:  # no differences at all: the plain test (p = 1)
         return 1.0
-    signs = 1 - 2 * swap[:, np.unique(index, return_index=True)[1]].astype(np.float64)
+    # A cluster's sign: its first unit's (a swap moves a whole cluster).
+    signs = 1 - 2 * swap[:, np.unique(a.unit_clusters(), return_index=True)[1]].astype(np.float64)
     variance = iid + 2 * (signs[:, links[:, 0]] * signs[:, links[:, 1]]) @ (e[links[:, 0]] * e[links[:, 1]])
     # Not positive (linked differences of opposite signs at small n): the iid sum, as robust_se.
     return np.sqrt(np.where(variance > 0, variance, iid))

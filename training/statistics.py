@@ -108,6 +108,11 @@ class UnitScores:
         """Each unit's cluster as 0..n_clusters-1 (None without clusters)."""
         return None if self.clusters is None else np.unique(self.clusters, return_inverse=True)[1].ravel()
 
+    def unit_clusters(self) -> np.ndarray:
+        """`cluster_index`, or each unit its own cluster (0..n-1) without clusters."""
+        index = self.cluster_index()
+        return np.arange(self.n) if index is None else index
+
     def value(self) -> float:
         return float(self.on(np.ones((1, self.n)))[0])
 
@@ -295,13 +300,17 @@ def difference_interval(found: Interval | None, spread: np.ndarray, clusters: in
     return (found.low, found.high) if found else interval(spread)
 
 
+def cluster_totals(metric: UnitScores, values) -> np.ndarray:
+    """`values` (one per unit of `metric`) summed over each of its clusters, as float64 (the
+    units' own values without clusters)."""
+    index = metric.cluster_index()
+    return np.asarray(values, np.float64) if index is None else np.bincount(index, values)
+
+
 def cluster_sums(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
     """The per-cluster sums of a ratio metric's num and den (the units' own without clusters)."""
-    den = np.ones(metric.n) if metric.den is None else np.asarray(metric.den, np.float64)
-    index = metric.cluster_index()
-    if index is None:
-        return np.asarray(metric.num, np.float64), den
-    return np.bincount(index, metric.num), np.bincount(index, den)
+    den = np.ones(metric.n) if metric.den is None else metric.den
+    return cluster_totals(metric, metric.num), cluster_totals(metric, den)
 
 
 def _ratio_and_se(counts: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -322,9 +331,7 @@ def partner_links(metric: UnitScores) -> np.ndarray:
     i -> j -> i, is one link)."""
     if metric.partners is None:
         return np.empty((0, 2), np.int64)
-    partners = np.asarray(metric.partners)
-    index = metric.cluster_index()
-    index = np.arange(metric.n) if index is None else index
+    partners, index = np.asarray(metric.partners), metric.unit_clusters()
     linked = np.flatnonzero(partners >= 0)
     a, b = index[linked], index[partners[linked]]
     pairs = np.stack([np.minimum(a, b), np.maximum(a, b)], 1)[a != b]

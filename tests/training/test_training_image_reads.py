@@ -22,7 +22,8 @@ from training.finetune_clip import main as train_main
 from training.mixtures import CF_COLUMNS, REAL_COLUMNS, ExampleSet
 from training.sources import open_table
 
-from helpers.training_helpers import write_color_set, write_counterfactuals
+from helpers.publish_helpers import one_error_line
+from helpers.training_helpers import REAL_FEATURES, write_color_set, write_counterfactuals, write_split
 
 
 def count_row_reads(monkeypatch) -> list:
@@ -95,3 +96,21 @@ def test_image_bytes_and_batches_equal_the_per_row_reads(tmp_path):
         assert batch["text"] == [examples.caption[i] for i in order]
         assert batch["negative_text"] == [examples.negative[i] or "" for i in order]
         assert batch["negative_mask"].tolist() == [examples.negative[i] is not None for i in order]
+
+
+def test_an_undecodable_test_image_is_named_without_a_row_read(tmp_path, tiny_models_dir, monkeypatch, capsys):
+    """After a batch fails to decode, the first bad image of it is named from the same Arrow
+    gathers the loader uses: rows 13 and 14 of 16 do not decode, the fourth batch of 4 fails."""
+    real = write_color_set(tmp_path / "real", {"train": 1, "test": 2})
+    rows = datasets.Dataset.from_parquet(str(real / "data" / "test-00000-of-00001.parquet")).to_dict()
+    for row in (13, 14):
+        rows["image"][row] = {"bytes": b"not an image", "path": None}
+    write_split(real, "test", rows, REAL_FEATURES)
+    reads = count_row_reads(monkeypatch)
+    argv = ["--real", str(real), "--eval-only", "--models", "tiny", "--tiny-models-dir", str(tiny_models_dir)]
+    argv += ["--eval-batch-size", "4", "--num-workers", "0", "--report-to", "none", "--output", str(tmp_path / "run")]
+    capsys.readouterr()
+    assert train_main(argv) == 2
+    line = one_error_line(capsys)
+    assert "real row 13, column 'image': the image cannot be decoded (unreadable_image)" in line, line
+    assert reads == []
