@@ -31,8 +31,6 @@ from PIL import Image
 
 from builders.engine.options import option
 
-#: What a card says of the images' metadata (`metadata` in a build's config).
-KEPT, STRIPPED = "kept", "stripped"
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_METADATA_CHUNKS = {b"tEXt", b"zTXt", b"iTXt", b"eXIf", b"tIME"}
 #: JPEG markers without a length (SOI, EOI, RST0-7, TEM).
@@ -55,11 +53,6 @@ def strip_metadata_option() -> Any:
         "included; the card says which)",
         group="source images",
     )
-
-
-def metadata_policy(strip: bool) -> str:
-    """What a build's config records (and its card says) of the images' metadata."""
-    return STRIPPED if strip else KEPT
 
 
 def strip_metadata(data: bytes) -> bytes:

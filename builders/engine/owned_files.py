@@ -60,15 +60,6 @@ def refuse(flag: str, root: Path, found: list[str], record: str) -> None:
     )
 
 
-def delete_owned(flag: str, root: Path, rels: list[str], records: Records, record: str) -> None:
-    """Delete `rels` after checking every one against `records` (refused, deleting nothing, when
-    one is not listed or changed), then the folders they leave empty (`.parts/` stays)."""
-    refuse(flag, root, unowned(root, rels, records), record)
-    for rel in rels:
-        (root / rel).unlink(missing_ok=True)
-    remove_empty_folders(root)
-
-
 def remove_empty_folders(root: Path) -> None:
     """Remove the folders under `root` left empty, deepest first (never `root` or `.parts/`)."""
     for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
