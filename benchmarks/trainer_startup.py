@@ -84,7 +84,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from report_startup import intercept  # noqa: E402  (this folder: the script's own)
+from report_startup import cli, intercept  # noqa: E402  (this folder: the script's own)
 from training.data import ExampleDataset  # noqa: E402
 from training.eval_data import EvalData  # noqa: E402
 from training.leakage import check_eval_overlap  # noqa: E402
@@ -186,10 +186,6 @@ LAUNCHERS = {
     "accelerate launch": [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch"],
     "accelerate-launch": [sys.executable, "-m", "accelerate.commands.launch"],
 }
-
-
-def cli(*argv: str) -> None:
-    subprocess.run([sys.executable, "-m", "builders.app.cli", *argv], cwd=REPO, check=True, capture_output=True)
 
 
 def pairs_fixture(images: int, root: Path) -> tuple[Path, Path, int]:
