@@ -171,6 +171,8 @@ def loaded_identity(generator_name: str, model: str, path: str) -> dict[str, Any
         local = Path(model).expanduser()
         if local.is_dir():
             config = (local / "transformer" / "config.json").read_text()
+        elif local.exists() or model.startswith(("/", ".", "~")):
+            raise FileNotFoundError(f"{model} is not a model folder")
         else:
             from huggingface_hub import hf_hub_download
 

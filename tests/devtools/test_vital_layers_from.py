@@ -156,3 +156,9 @@ def test_a_local_copy_under_another_name_needs_its_own_measurement(measured, tmp
     shutil.copytree(generator_model(GENERATORS["sd3"], "tiny", "", tiny_models_dir), copy)
     line = _refused(tmp_path, tiny_models_dir, measured, capsys, "--generator-model", str(copy))
     assert "loads sd3 model local:sd3-copy" in line and f"--generator-model {copy}" in line
+
+
+def test_a_model_folder_that_is_not_there_is_named(measured, tmp_path, tiny_models_dir, capsys):
+    missing = tmp_path / "no-such-model"
+    line = _refused(tmp_path, tiny_models_dir, measured, capsys, "--generator-model", str(missing))
+    assert f"the transformer config of {missing} is unreadable ({missing} is not a model folder)" in line
