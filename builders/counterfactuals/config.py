@@ -191,7 +191,8 @@ class ImageStageConfig:
     #: sd3, flux: the transformer blocks that inject (indices of `mmdit_edit.block_names`: FLUX's
     #: double-stream blocks, then its single-stream ones, as Stable Flow numbers them) instead of
     #: the published set; `vital_layers_from`: the JSON `counterfactory doctor vital-layers`
-    #: writes, read by `options.config_from_args` into `vital_layers` and its provenance.
+    #: writes, read and checked by `vital_layers_file.read_vital_layers` (from
+    #: `options.config_from_args`) into `vital_layers` and its provenance.
     vital_layers: tuple[int, ...] = option(
         (),
         "sd3, flux: the blocks that inject, instead of the published ones (FLUX: Stable Flow's "
@@ -202,7 +203,8 @@ class ImageStageConfig:
     vital_layers_from: str | None = option(
         None,
         "sd3, flux: the JSON `counterfactory doctor vital-layers` wrote: its layers, with their "
-        "measurement recorded in the manifest and card",
+        "measurement recorded in the manifest and card; refused unless measured on the model this "
+        "build loads (generator, model, blocks) with distinct block indices (at most 1 MiB)",
         metavar="JSON",
     )
     vital_layers_provenance: dict | None = None

@@ -20,6 +20,7 @@ from builders.counterfactuals.config import (
     ImageStageConfig,
 )
 from builders.counterfactuals.generators import GENERATORS, GeneratorSpec, generator, generator_model
+from builders.counterfactuals.vital_layers_file import read_vital_layers
 from builders.engine.errors import UserFacingError
 from builders.engine.options import Values, add_config_arguments, build_config, field_default, flag_of, given_values
 from builders.models.profiles import add_model_arguments, profile_from_args, with_profile_preset
@@ -115,36 +116,15 @@ def _generator_model(
         )
     if len(vital) == 2:
         raise UserFacingError("give --vital-layers or --vital-layers-from, not both")
+    model = args.generator_model or (
+        generator_model(spec, args.models, profile_sd, args.tiny_models_dir or default_tiny_dir())
+        if generates
+        else profile_sd  # nothing is generated: no generator model is loaded
+    )
     if images.get("vital_layers_from"):
-        images.update(read_vital_layers(images.pop("vital_layers_from"), spec.name))
-    if args.generator_model:
-        return args.generator_model
-    if not generates:
-        return profile_sd  # nothing is generated: no generator model is loaded
-    return generator_model(spec, args.models, profile_sd, args.tiny_models_dir or default_tiny_dir())
-
-
-def read_vital_layers(path: str, generator_name: str) -> Values:
-    """`vital_layers` and `vital_layers_provenance` from the JSON of `counterfactory doctor
-    vital-layers` (`{"generator", "vital_layers", "provenance"}`), checked; the path itself is
-    not recorded (the provenance says what was measured)."""
-    import json
-    from pathlib import Path
-
-    try:
-        data = json.loads(Path(path).read_text())
-        layers, provenance = data["vital_layers"], data["provenance"]
-        ok = isinstance(layers, list) and all(isinstance(i, int) and i >= 0 for i in layers) and layers
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserFacingError(
-            f"--vital-layers-from {path}: not a `counterfactory doctor vital-layers` JSON ({e}); run it again"
-        ) from e
-    if not ok or data.get("generator") != generator_name:
-        raise UserFacingError(
-            f"--vital-layers-from {path}: holds {data.get('generator')!r} layers {layers!r}, not a list "
-            f"of block indices measured for --generator {generator_name}"
-        )
-    return {"vital_layers": tuple(layers), "vital_layers_provenance": provenance}
+        # Checked against the model the build loads, before any build work starts.
+        images.update(read_vital_layers(images.pop("vital_layers_from"), spec.name, model if generates else None))
+    return model
 
 
 def _image_import(values: Values) -> ImageImportConfig | None:

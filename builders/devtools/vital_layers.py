@@ -238,7 +238,9 @@ def check_output(path: Path) -> None:
 
 
 def write_result(path: Path, generator: str, result: VitalLayersResult) -> None:
-    """The JSON `--vital-layers-from` reads."""
+    """The JSON `--vital-layers-from` reads. `generator`, `blocks` and the provenance's `model`
+    and `revision` are the measured model's identity, which a build checks against the model it
+    loads (builders/counterfactuals/vital_layers_file.py)."""
     check_output(path)
     data = {"generator": generator, **asdict(result)}
     path.write_text(json.dumps(data, indent=2) + "\n")

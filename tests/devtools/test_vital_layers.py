@@ -137,8 +137,11 @@ def test_vital_layers_are_refused_for_the_unet_generators(tmp_path, capsys):
     assert cli_main([*argv, "--output", str(tmp_path / "o"), "--vital-layers", "0", "1"]) != 0
     assert "only applies to the MM-DiT generators" in error_line(capsys)
     bad = tmp_path / "bad.json"
-    bad.write_text('{"generator": "flux", "vital_layers": [0], "provenance": {}}')
+    provenance = {"model": "black-forest-labs/FLUX.1-schnell", "revision": None, "dino_model": "d", "k": 1}
+    bad.write_text(json.dumps({"generator": "flux", "vital_layers": [0], "blocks": ["b"], "provenance": provenance}))
     assert (
         cli_main([*argv, "--output", str(tmp_path / "o"), "--generator", "sd3", "--vital-layers-from", str(bad)]) != 0
     )
-    assert "not a list of block indices measured for --generator sd3" in error_line(capsys)
+    assert "measured flux model black-forest-labs/FLUX.1-schnell (1 block), but this build loads sd3" in error_line(
+        capsys
+    )
