@@ -141,9 +141,10 @@ def test_other_numbers_out_of_range_are_refused_where_parsed(argv, says, tmp_pat
 
 def test_a_sweeps_seeds_out_of_range_are_refused_before_the_first_seed_runs(tmp_path, capsys):
     out = tmp_path / "sweep"
-    line = _refused(["sweep", "--seeds", f"1,{2**32}", "--output", str(out), "--", "--lr", "1e-5"], capsys)
+    train = ["--", "--real", str(tmp_path / "no-such-build")]  # seed 1 would fail at its first model load
+    line = _refused(["sweep", "--seeds", f"1,{2**32}", "--output", str(out), *train], capsys)
     assert f"--seeds 1,{2**32}: every seed must be between 0 and 4294967295" in line, line
     argv = ["sweep", "--seeds", "1-3", "--data-seed-offset", str(2**32 - 2), "--output", str(out)]
-    line = _refused([*argv, "--", "--lr", "1e-5"], capsys)
+    line = _refused([*argv, *train], capsys)
     assert "--data-seed-offset 4294967294: every seed must be between 0 and 4294967295" in line, line
     assert not out.exists()
