@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from builders.engine.errors import InputFileError, OutputError, PublishError, UserFacingError
+from builders.engine.plain_text import code_span
 from builders.publishing.hub_client import hub_errors, use_endpoint
 from training.checkpoint_files import CHECKPOINT_FILES, RNG, Resumable, check_files, read_all, write_rng, write_shared
 from training.final_files import published_files
@@ -241,14 +242,6 @@ def metric_table(
     return f"| metric | value |\n|---|---|\n{rows}\n"
 
 
-def _code(text: str) -> str:
-    """`text` as a Markdown code span, shown literally whatever it holds: the fence is longer
-    than any run of backticks inside (CommonMark), and a newline would end the span."""
-    text = str(text).replace("\n", " ")
-    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
-    return f"{fence} {text} {fence}" if "`" in text else f"{fence}{text}{fence}"
-
-
 def final_tables(record: dict, metrics: dict[str, float]) -> str:
     """metrics.md's and the model card's evaluation: the final metrics (with the intervals of
     `record["final_intervals"]`, or why none: `final_interval_notes`) and, when the base model
@@ -276,7 +269,7 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     cfg = run_record["config"]
     recipe = cfg.get("recipe") or "custom"
     tag = cfg["run"]["pretrained"]
-    base = _code(cfg["run"]["model"]) + (f", weights {_code(tag)}" if tag else "")
+    base = code_span(cfg["run"]["model"]) + (f", weights {code_span(tag)}" if tag else "")
     test = run_record.get("test_examples")
     held_out = f"; held out for the ITM deltas: {test}" if test else ""
     card = f"""---

@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from builders.engine.errors import UserFacingError
 from builders.engine.options import option
-from builders.engine.option_types import non_negative_int, positive_int
+from builders.engine.option_types import non_negative_int, non_negative_number, positive_int, positive_number, seed_int
 from builders.models.clip_ids import ClipId, ClipIdError, parse_clip_id
 from builders.models.pickled_weights import FLAG_HELP as PICKLED_WEIGHTS_HELP
 from builders.publishing.hub_client import repo_id_problem
@@ -156,7 +156,7 @@ class DataConfig:
     )
     ratio: float | None = option(None, "|D'_sub| / |D| for --mix decorrelation (default: all of D')")
     #: Not the batch order (that is --seed).
-    data_seed: int = option(0, "seed of the mixture sampling and the 80/20 split", type=non_negative_int)
+    data_seed: int = option(0, "seed of the mixture sampling and the 80/20 split", type=seed_int)
     hard_negatives: str = option(
         "none", "pairs: both rows of a pair in one batch; negclip: extra i2t text negatives", choices=HARD_NEGATIVES
     )
@@ -217,7 +217,7 @@ class OptimConfig:
         "batch of --batch-size x N, features cached as open_clip's --accum-freq",
     )
     optimizer: Literal["adam", "adamw"] = option("adamw", "optimizer (default adamw)")
-    lr: float = option(1e-5, "peak learning rate (default 1e-5)")
+    lr: float = option(1e-5, "peak learning rate (default 1e-5)", type=positive_number)
     beta1: float = option(0.9, "Adam's beta1 (default 0.9)")
     beta2: float = option(0.999, "Adam's beta2 (default 0.999; open_clip_train takes 0.98 for ViTs)")
     eps: float = option(1e-8, "Adam's epsilon (default 1e-8; open_clip_train takes 1e-6 for ViTs)")
@@ -232,14 +232,18 @@ class OptimConfig:
         "the incomplete last batch of an epoch: drop (floor(N/B) steps, as open_clip) or "
         "keep (ceil(N/B), as run_clip.py; le2023)",
     )
-    weight_decay: float = option(0.0, "weight decay of the optimizer (default 0)")
+    weight_decay: float = option(0.0, "weight decay of the optimizer (default 0)", type=non_negative_number)
     schedule: Literal["constant", "cosine", "linear", "step"] = option(
         "constant", "lr after warm-up (linear: to 0 at the last step; step: x --step-gamma every --step-epochs epochs)"
     )
     warmup_steps: int = option(0, "optimizer steps of linear lr warm-up (default 0)", type=non_negative_int)
     step_epochs: int = option(2, "--schedule step: epochs between lr multiplications (default 2)", type=positive_int)
-    step_gamma: float = option(0.5, "--schedule step: lr factor every --step-epochs epochs (default 0.5)")
-    max_grad_norm: float | None = option(None, "clip the gradient norm to this (default: no clipping)")
+    step_gamma: float = option(
+        0.5, "--schedule step: lr factor every --step-epochs epochs (default 0.5)", type=non_negative_number
+    )
+    max_grad_norm: float | None = option(
+        None, "clip the gradient norm to this (default: no clipping)", type=positive_number
+    )
     max_steps: int | None = option(None, "stop after this many optimizer steps")
     lock_image: bool = option(False, "freeze the image tower")
     lock_text: bool = option(False, "freeze the text tower")
@@ -268,7 +272,7 @@ class RunConfig:
         "open_clip weights tag of an architecture --model (ViT-B-32: openai, laion2b_s34b_b79k, ...)",
         metavar="TAG",
     )
-    seed: int = option(0, "training seed (batch order)", type=non_negative_int)
+    seed: int = option(0, "training seed (batch order)", type=seed_int)
     eval_every: int = option(0, "evaluate every N steps (default: every epoch)", type=non_negative_int)
     #: 0: only per epoch.
     save_every: int = option(0, "checkpoint every N steps (and always per epoch)", type=non_negative_int)

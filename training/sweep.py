@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from builders.engine.errors import UserFacingError, run_handled
+from builders.engine.option_types import SEED_LIMIT
 from builders.viewer.plots import plain_text
 from training.options import build_parser, build_sweep_parser, config_from_args
 
@@ -71,7 +72,15 @@ def parse_seeds(text: str) -> list[int]:
         raise UserFacingError(
             f"--seeds {text[:100]}: {count:,} seeds, more than a sweep may run ({MAX_SEEDS:,}); give fewer seeds"
         )
-    return list(range(lo, hi + 1)) if "-" in text else seeds
+    seeds = list(range(lo, hi + 1)) if "-" in text else seeds
+    check_seeds(seeds, f"--seeds {text[:100]}")
+    return seeds
+
+
+def check_seeds(seeds: list[int], what: str) -> None:
+    """Every seed one `--seed` takes (`option_types.seed_int`), before the first seed runs."""
+    if min(seeds) < 0 or max(seeds) >= SEED_LIMIT:
+        raise UserFacingError(f"{what}: every seed must be between 0 and {SEED_LIMIT - 1} (32-bit seeds)")
 
 
 def run_seeds(seeds: list[int], output: Path, train_args: list[str], data_seed_offset: int | None) -> None:
@@ -259,7 +268,10 @@ def sweep(args: argparse.Namespace) -> int:
                 "--seeds is needed to run a sweep (e.g. --seeds 107-131); "
                 "to summarise the finished seeds only, pass --summarize-only"
             )
-        run_seeds(parse_seeds(args.seeds), output, args.train_args, args.data_seed_offset)
+        seeds = parse_seeds(args.seeds)
+        if args.data_seed_offset is not None:
+            check_seeds([s + args.data_seed_offset for s in seeds], f"--data-seed-offset {args.data_seed_offset}")
+        run_seeds(seeds, output, args.train_args, args.data_seed_offset)
     summarize(output, Path(args.baseline) if args.baseline else None)
     return 0
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builders.engine.option_types import non_negative_int, positive_int
+from builders.engine.option_types import non_negative_int, positive_int, seed_int
 from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
 
 SOURCE_HELP = "build folder or Hub dataset id[@revision]"
@@ -137,7 +137,7 @@ def _add_statistics_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seed",
-        type=non_negative_int,  # numpy's default_rng takes no negative seed: refused before any scoring
+        type=seed_int,  # numpy's default_rng takes no negative seed: refused before any scoring
         default=0,
         help="seed of the resamples and of the paired tests (default 0): the same seed gives the same intervals",
     )

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builders.engine.option_types import number
+
 log = logging.getLogger("counterfactory.demo")
 
 
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     # edits near 0.98) keeps no caption pair in the paper's (0.8, 0.91] window.
     parser.add_argument(
         "--sim-window",
-        type=float,
+        type=number,
         nargs=2,
         metavar=("LOW", "HIGH"),
         help="coco-counterfactuals' caption similarity window (default: the paper's)",

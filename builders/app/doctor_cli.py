@@ -12,6 +12,7 @@ from pathlib import Path
 from builders.devtools.doctor_generators import GENERATORS
 from builders.devtools.doctor_stages import STAGE_NAMES
 from builders.devtools.vital_layers import DEFAULT_DINO, DEFAULT_PROMPTS, PUBLISHED_COUNT
+from builders.engine.option_types import positive_int, seed_int, steps_int
 from builders.engine.precision import add_dtype_argument
 
 
@@ -124,12 +125,12 @@ def _register_vital_layers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--generator", choices=tuple(PUBLISHED_COUNT), required=True)
     p.add_argument("--generator-model", default=None, metavar="HUB_ID_OR_PATH", help="default: the generator's")
     p.add_argument("--prompts", nargs="+", default=None, help="prompts (default: 4 COCO-like scenes)")
-    p.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds per prompt (default: 0)")
-    p.add_argument("--steps", type=int, default=None, help="default: the model's reference steps")
-    p.add_argument("--image-size", type=int, default=None, help="default: 1024 (tiny: 64)")
+    p.add_argument("--seeds", nargs="+", type=seed_int, default=None, help="seeds per prompt (default: 0)")
+    p.add_argument("--steps", type=steps_int, default=None, help="default: the model's reference steps")
+    p.add_argument("--image-size", type=positive_int, default=None, help="default: 1024 (tiny: 64)")
     p.add_argument(
         "--top",
-        type=int,
+        type=positive_int,
         default=None,
         help="how many of the most vital blocks to list (default: the published count, "
         + ", ".join(f"{g} {n}" for g, n in PUBLISHED_COUNT.items())
@@ -174,7 +175,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="image side for the diffusion stages (default 512, the production one; "
         "smaller is faster on a CPU, and the memory is extrapolated to 512)",
     )
-    p.add_argument("--steps", type=int, default=2, help="denoising steps (default 2)")
+    p.add_argument("--steps", type=steps_int, default=2, help="denoising steps (default 2)")
     p.add_argument(
         "--models",
         choices=("production", "tiny"),

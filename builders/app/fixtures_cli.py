@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builders.engine.option_types import positive_int
+from builders.engine.option_types import positive_int, seed_int
 
 
 def _classification(args: argparse.Namespace) -> int:
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         k.add_argument("dir", type=Path, help="output folder")
         k.add_argument("--images", type=positive_int, default=24, help="number of images (default 24)")
-        k.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        k.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
         k.add_argument(
             "--release",
             choices=("2014", "2017"),
@@ -60,5 +60,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     k.add_argument("dir", type=Path, help="output folder")
     k.add_argument("--per-class", type=positive_int, default=3, help="images per class (default 3)")
-    k.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    k.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     k.set_defaults(func=_classification)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from builders.engine.option_types import positive_number
+
 
 def _handler(args: argparse.Namespace) -> int:
     from builders.publishing.metric import MetricPublishConfig, publish_metric
@@ -35,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version", required=True, help="version tag, e.g. v1.0.0")
     p.add_argument("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or huggingface.co)")
     p.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds one request may wait for the Hub (default 120)"
+        "--timeout", type=positive_number, default=120.0, help="seconds one request may wait for the Hub (default 120)"
     )
     p.add_argument("--private", action="store_true")
     p.set_defaults(func=_handler)

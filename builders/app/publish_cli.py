@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from builders.engine.option_types import positive_number
+
 
 def _handler(args: argparse.Namespace) -> int:
     from builders.publishing.publish import PublishConfig, publish
@@ -53,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_number,
         default=120.0,
         help="seconds one request may wait for the Hub before it is retried (default 120)",
     )

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from builders.counterfactuals.generators import GENERATOR_NAMES, generator
 from builders.engine.errors import UserFacingError
-from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.engine.option_types import (
+    check_image_side,
+    fraction,
+    non_negative_int,
+    non_negative_number,
+    positive_int,
+    seed_int,
+    steps_int,
+)
 from builders.engine.options import option
 from builders.engine.precision import dtype_option
 from builders.models.profiles import tiny_preset
@@ -118,7 +126,7 @@ class ImageStageConfig:
         100,
         "denoising steps (default under --models production: the generator model's reference, "
         "sd15 100, sdxl 50, sd3 28, flux 4, FLUX.1-dev 28; METHOD.md §2)",
-        type=positive_int,
+        type=steps_int,
     )
     image_size: int = option(512, "image side in pixels", type=positive_int)
     #: Ranges of the per-candidate injection fraction p and guidance scale.
@@ -128,6 +136,7 @@ class ImageStageConfig:
         (7.5, 15.0),
         "per-candidate guidance ~ U(LO, HI) (default: the generator model's reference: sd15 "
         "7.5 15 (the paper), sdxl 5 5, sd3 7 7, flux 0 0 (schnell reads none), FLUX.1-dev 3.5 3.5)",
+        type=non_negative_number,
         metavar=("LO", "HI"),
     )
     #: Filters a candidate must pass (`IMAGE_FILTERS`; builders/counterfactuals/METHOD.md §2).
@@ -244,6 +253,15 @@ class ImageStageConfig:
         # One canonical order: the same set of filters is the same build.
         self.filters = tuple(f for f in IMAGE_FILTERS if f in self.filters)
         self._check_fractions()
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """The ranges' ends in order, and a side the generator draws (`check_image_side`)."""
+        for flag, (low, high) in (("--p-range", self.p_range), ("--guidance-range", self.guidance_range)):
+            if low > high:
+                raise UserFacingError(f"{flag} {low:g} {high:g}: give the low end first ({high:g} {low:g})")
+        spec = generator(self.generator)
+        check_image_side(self.image_size, spec.size_multiple, "--image-size", f"the {spec.name} generator")
 
     def _check_fractions(self) -> None:
         given = [x is not None for x in (self.cross_replace_fraction, self.self_replace_fraction)]
@@ -388,7 +406,7 @@ class CocoCounterfactualsConfig:
     max_captions: int | None = option(None, "first N source captions", type=positive_int)
     #: Split name of the published tables (the original release has one `test` split).
     split: str = option("test", "split name of the output (default %(default)s)", flag="--output-split")
-    seed: int = option(0)
+    seed: int = option(0, type=seed_int)
     #: How the build runs, not what it builds (`info` leaves them out of the recorded config):
     #: the torch device (None: `distributed.worker_device`); the image stage's precision,
     #: recorded resolved on the device (`precision`); intra-op CPU threads (None: torch's); CPU

@@ -78,6 +78,9 @@ class GeneratorSpec:
     #: for FLUX.1, whose reference dtype it is (in fp16 it overflowed to NaN images until
     #: diffusers clamped its activations, diffusers issue #9096).
     dtype: str = "fp16"
+    #: `--image-size` is a multiple of this: the VAE's scale factor (8 for every family), times
+    #: the patch the transformer cuts the latents into (SD3: 2) or FLUX's 2 x 2 packing.
+    size_multiple: int = 8
 
     def renderer(self) -> Callable[..., Any]:
         return _resolve(self.render)
@@ -165,6 +168,7 @@ GENERATORS = {
                 ("stabilityai/stable-diffusion-3.5-medium", Reference(40, (4.5, 4.5), "SD3.5-medium model card")),
                 ("stabilityai/stable-diffusion-3.5-large", Reference(28, (3.5, 3.5), "SD3.5-large model card")),
             ),
+            size_multiple=16,
         ),
         GeneratorSpec(
             "flux",
@@ -180,6 +184,7 @@ GENERATORS = {
             _MMDIT,
             known_models=(("black-forest-labs/FLUX.1-dev", FLUX_DEV_REFERENCE),),
             dtype="bf16",
+            size_multiple=16,
         ),
     )
 }

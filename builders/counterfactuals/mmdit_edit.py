@@ -53,6 +53,7 @@ from builders.counterfactuals.prompt_to_prompt import (
     row_keys,
 )
 from builders.engine.errors import UserFacingError
+from builders.engine.option_types import check_image_side
 
 #: Stable Flow's vital layers, at the depth they were measured (Avrahami et al. 2025, §3.1 and
 #: App. A; FLUX indices as in the authors' code, snap-research/stable-flow `run_stable_flow.py`).
@@ -389,11 +390,7 @@ def generate_pairs_mmdit(
     kind = family(pipe)
     # SD3 cuts the latents into patches, FLUX packs them 2 x 2: the side must split evenly.
     multiple = pipe.vae_scale_factor * (2 if kind == "flux" else pipe.transformer.config.patch_size)
-    if size <= 0 or size % multiple:
-        raise UserFacingError(
-            f"--image-size {size}: the {kind} generator needs a multiple of "
-            f"{multiple} pixels (e.g. {max(multiple, size - size % multiple)})"
-        )
+    check_image_side(size, multiple, "--image-size", f"the {kind} generator")
     r = _Renderer(pipe, kind, size)
     cond = r.encode([caption_0, caption_1])
     specs = list(specs)

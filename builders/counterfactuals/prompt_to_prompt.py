@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from builders.counterfactuals.samplers import keep_sampler_rows, make_scheduler, predicted_x0
+from builders.engine.option_types import check_image_side
 
 INJECT_MODES = ("self", "cross", "both")
 
@@ -413,6 +414,7 @@ def denoise_pairs(
     any UNet pipeline (SD v1.5 here, SDXL in `prompt_to_prompt_xl`), `decode` turning latents
     into uint8 images."""
     device = pipe._execution_device
+    check_image_side(size, pipe.vae_scale_factor, "--image-size", "this model's VAE")  # a custom VAE's factor
     side = size // pipe.vae_scale_factor
     # The reference's "16x16 and below" for 64x64 latents, relative to any latent size.
     ctrl = P2PController(specs, steps, inject, mapper, low_res_tokens=(side // 4) ** 2)

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.engine.errors import UserFacingError
-from builders.engine.option_types import fraction, non_negative_int, positive_int
+from builders.engine.option_types import (
+    check_image_side,
+    fraction,
+    non_negative_int,
+    non_negative_number,
+    positive_int,
+    seed_int,
+    steps_int,
+)
 from builders.engine.options import option
 from builders.engine.precision import dtype_option
 from builders.models.profiles import tiny_preset
@@ -191,8 +199,8 @@ class FillConfig:
     model: str | None = None
     #: Text prompt of the inpainting model: a neutral scene word, not an object.
     prompt: str = option("background", "inpainting prompt", flag="--fill-prompt")
-    steps: int = option(50, "inpainting denoising steps", flag="--inpaint-steps", type=positive_int)
-    guidance_scale: float = option(7.5)
+    steps: int = option(50, "inpainting denoising steps", flag="--inpaint-steps", type=steps_int)
+    guidance_scale: float = option(7.5, type=non_negative_number)
     #: Square working resolution of the inpainting model (multiple of 8).
     image_size: int = option(512, "inpainting working resolution (multiple of 8)", type=positive_int)
     #: Gaussian blur radius in pixels for `blur`.
@@ -212,8 +220,7 @@ class FillConfig:
         if self.method == "inpaint":
             if not self.model:
                 raise UserFacingError("--fill inpaint needs an inpainting model (--sd-inpaint-model or --models)")
-            if self.image_size < 8 or self.image_size % 8:
-                raise UserFacingError(f"--image-size must be a positive multiple of 8, got {self.image_size}")
+            check_image_side(self.image_size, 8, "--image-size", "the inpainting model's VAE")
             if self.steps < 1:
                 raise UserFacingError(f"--inpaint-steps must be at least 1, got {self.steps}")
         if self.mask_dilation < 0:
@@ -335,7 +342,7 @@ class DecorrelationConfig:
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     #: Also store the source image in each row (off: it doubles the size).
     keep_original: bool = option(False, "also store the source image per row")
-    seed: int = option(0)
+    seed: int = option(0, type=seed_int)
     #: The precision of the inpainting pipeline and the removal check: how the build runs, so
     #: `info` records it resolved on the device (`precision`) instead.
     dtype: str = dtype_option(

@@ -30,7 +30,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from builders.counterfactuals.generators import GENERATORS
 from builders.engine.errors import UserFacingError
+from builders.engine.option_types import check_image_side
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ class VitalLayersConfig:
             raise UserFacingError("give at least one --prompts and one --seeds")
         if self.top is not None and self.top < 1:
             raise UserFacingError(f"--top takes a number >= 1 (got {self.top})")
+        # The CLI's types check --steps and --seeds; the side depends on --generator.
+        multiple = GENERATORS[self.generator].size_multiple
+        check_image_side(self.size, multiple, "--image-size", f"the {self.generator} generator")
 
 
 @dataclass
@@ -178,7 +183,7 @@ def measure(cfg: VitalLayersConfig, tiny_dir: Path | None = None) -> VitalLayers
     model = cfg.model or generator_model(spec, "tiny" if cfg.tiny else "production", "", tiny_dir)
     dino = build_once(tiny_dir / "dinov2", build_tiny_dinov2) if cfg.tiny else cfg.dino_model
     reference = spec.reference_for(model)
-    steps = cfg.steps or reference.steps
+    steps = reference.steps if cfg.steps is None else cfg.steps
     pipe = load_generator(spec.pipeline, model, device=cfg.device, dtype=cfg.dtype)
     embed = dino_embedder(str(dino), cfg.device)
     # FLUX at the T5 length the build reads (schnell 256, dev 512).

@@ -3,11 +3,12 @@
 A field declared with `option(default, help, ...)` is the flag `--FIELD-NAME` (or `flag=`). Its
 type gives the argparse keywords: a bool is a switch that sets the opposite of its default
 (`english_check: bool = option(True, ..., flag="--no-english-check")`), a `Literal` the choices,
-`tuple[X, ...]` `nargs="+"`, `tuple[X, X]` `nargs=2`, int / float / Path their `type`. Its metadata
-holds the help text (`%(default)s` is the field's default; `%%` a percent sign), the group it is
-listed under and any further argparse keywords (`type=positive_int`, `choices=...`,
-`metavar=...`; `builders.engine.option_types` checks ranges). A field without `option()` is no
-flag; one holding another config dataclass is a section, listed under its own group.
+`tuple[X, ...]` `nargs="+"`, `tuple[X, X]` `nargs=2`, int / Path their `type`, float a finite
+number (`option_types.number`). Its metadata holds the help text (`%(default)s` is the field's
+default; `%%` a percent sign), the group it is listed under and any further argparse keywords
+(`type=positive_int`, `choices=...`, `metavar=...`; `builders.engine.option_types` checks
+ranges). A field without `option()` is no flag; one holding another config dataclass is a
+section, listed under its own group.
 
 Every flag defaults to None, so `given_values` sees what the command line gave, and the
 precedence is: dataclass defaults < a `Preset` (`--models tiny`'s sizes) < flags given (the
@@ -35,6 +36,8 @@ import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
+
+from builders.engine.option_types import number
 
 #: `{field: value}`, with `{section: {field: value}}` for a section's fields.
 Values = dict[str, Any]
@@ -172,10 +175,13 @@ def _type_keywords(f: Field, hint: Any) -> dict[str, Any]:
         return {"choices": typing.get_args(hint)}
     if typing.get_origin(hint) is tuple:
         args = typing.get_args(hint)
+        kind = number if args[0] is float else args[0]
         if len(args) == 2 and args[1] is Ellipsis:
-            return {"nargs": "+", "type": args[0]}
-        return {"nargs": len(args), "type": args[0]}
-    if hint in (int, float, Path):
+            return {"nargs": "+", "type": kind}
+        return {"nargs": len(args), "type": kind}
+    if hint is float:
+        return {"type": number}  # finite: float() reads nan and inf, which pass every range check
+    if hint in (int, Path):
         return {"type": hint}
     return {}
 

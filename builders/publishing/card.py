@@ -9,41 +9,17 @@ that the same build wrote.
 from __future__ import annotations
 
 import math
-import re
 from importlib import resources
 from typing import Any
 
 import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from builders.engine.plain_text import code_span
 from builders.engine.sharding.build_records import write_card as write_card_file
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.merge import record_files, write_manifest
 from builders.viewer.card_figures import figures_markdown, write_card_figures
-
-
-#: Line breaks and other control characters: in a card they would end a table row or a list item.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
-#: ASCII punctuation: Markdown syntax, HTML, and `|`, on which a table splits cells.
-_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
-
-
-def code_span(text: object) -> str:
-    """`text` from data or the user (a file or model name, a command line) as inline code that it
-    cannot break out of: the one rule for such text in a card (templates call `code(x)`).
-    Control characters become spaces. Inside a backtick code span Markdown and HTML show as
-    written; the fence is longer than any run of backticks in the text (padded with a space
-    where the text starts or ends with one). A table splits cells on `|` even inside a code span,
-    and an escape there would show outside tables, so text with a `|` is an HTML `<code>` element
-    whose punctuation is written as character references (literal text in Markdown)."""
-    body = _CONTROL.sub(" ", str(text))
-    if "|" in body:
-        return "<code>" + _PUNCTUATION.sub(lambda m: f"&#{ord(m[0])};", body) + "</code>"
-    fence = "`" * (1 + max((len(run) for run in re.findall(r"`+", body)), default=0))
-    # CommonMark strips one space at each end when both ends have one (and not only spaces).
-    ends = body[:1] + body[-1:]
-    pad = " " if "`" in ends or (ends == "  " and body.strip(" ")) else ""
-    return f"{fence}{pad}{body}{pad}{fence}"
 
 
 def _size_category(n: int) -> str:

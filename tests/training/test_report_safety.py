@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -240,11 +241,6 @@ def test_a_local_folder_with_an_at_sign_is_a_local_folder(builds, tiny_models_di
 
 
 def _hostile_parquet(kind: str, good: dict) -> bytes:
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if kind == "not-parquet":
         return b"PAR1 this is not a parquet file PAR1"
     row = dict(good)
@@ -256,16 +252,42 @@ def _hostile_parquet(kind: str, good: dict) -> bytes:
         row["metrics"] = json.dumps({"ODmAP@1": "0.9"})
     elif kind == "method-a-number":
         row["ci_method"] = json.dumps({"ODmAP@1": 3})
+    elif kind in ("metrics-nan", "metrics-infinity"):  # Python's json writes and reads them by default
+        row["metrics"] = json.dumps({"ODmAP@1": float("nan" if kind == "metrics-nan" else "inf")})
+    elif kind == "metrics-deep":  # a RecursionError, not a JSONDecodeError
+        row["metrics"] = '{"ODmAP@1": ' + "[" * 100_000 + "]" * 100_000 + "}"
     rows = [good, row]  # row 1 is the hostile one
     if kind == "no-key-column":
         rows = [{k: v for k, v in r.items() if k != "key"} for r in rows]
+    return _parquet(rows)
+
+
+def _parquet(rows: list[dict]) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), buf)
     return buf.getvalue()
 
 
+#: What the error line says of each hostile row (#49: NaN, Infinity and deep nesting were
+#: accepted and shown, or a RecursionError).
+SAYS = {
+    "metrics-nan": "'metrics' holds NaN, not a finite number",
+    "metrics-infinity": "'metrics' holds Infinity, not a finite number",
+    "metrics-deep": "'metrics' is JSON nested too deep to read",
+}
+
+
 @pytest.mark.parametrize(
-    "kind", ["metrics-not-json", "metrics-a-list", "string-values", "method-a-number", "no-key-column", "not-parquet"]
+    "kind",
+    [
+        *("metrics-not-json", "metrics-a-list", "string-values", "method-a-number", "no-key-column", "not-parquet"),
+        *SAYS,
+    ],
 )
 def test_hostile_repo_rows_refuse_the_push(kind, clean, builds, tiny_models_dir, repo_id, tmp_path, capsys):
     from huggingface_hub import HfApi
@@ -307,6 +329,7 @@ def test_hostile_repo_rows_refuse_the_push(kind, clean, builds, tiny_models_dir,
     assert "Traceback" not in stderr and f"{repo_id}: data/theirs.parquet" in err, err
     if kind != "not-parquet" and kind != "no-key-column":
         assert "row 1" in err, err
+    assert SAYS.get(kind, "") in err, err
     assert api.repo_info(repo_id, repo_type="dataset").sha == before
     assert sorted(api.list_repo_files(repo_id, repo_type="dataset")) == files
     assert len(api.list_repo_commits(repo_id, repo_type="dataset")) == commits
@@ -340,3 +363,48 @@ def test_doctor_json_given_a_folder_is_one_line(tiny_models_dir, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--json {a_file / 'doctor.json'}" in err, err
     assert a_file.read_text() == "mine\n" and list(folder.iterdir()) == []
+
+
+def _table_rows(markdown: str) -> list[list[int]]:
+    """Per table (a run of lines starting with `|`), each row's number of cells (split on the
+    `|` no backslash escapes), as a Markdown reader splits the lines of the file."""
+    tables: list[list[int]] = []
+    previous = False
+    for line in markdown.splitlines():
+        row = line.startswith("|")
+        if row and not previous:
+            tables.append([])
+        if row:
+            tables[-1].append(len(re.split(r"(?<!\\)\|", line)))
+        previous = row
+    return tables
+
+
+def test_a_line_break_in_a_model_name_stays_in_its_table_row(builds, tiny_models_dir, repo_id, tmp_path):
+    """A `\\r` in a `--model` folder's name, and in a past row's model, ended the table row in
+    report.md and in the results card (`markdown.plain` replaced only `\\n`, #49)."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    from builders.models.profiles import tiny_profile
+    from training.report.hub_results import to_row
+    from training.report.results import read_results
+
+    clip = tmp_path / "clip\rsecond\u2028line"
+    shutil.copytree(tiny_profile(tiny_models_dir).clip, clip)
+    out = tmp_path / "out"
+    argv = ["benchmark", "--model", str(clip), "--decorrelation", str(builds[1]), "--output", str(out)]
+    assert cli_main(argv) == 0
+    records = read_results(out / "results.jsonl")
+    theirs = [to_row({**r, "model": "theirs\rmodel\x85x", "weights_digest": "0" * 64}) for r in records]
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="dataset")
+    api.upload_file(
+        repo_id=repo_id, repo_type="dataset", path_in_repo="data/theirs.parquet", path_or_fileobj=_parquet(theirs)
+    )
+    assert cli_main([*argv, "--push-to-hub", repo_id]) == 0
+    card = Path(hf_hub_download(repo_id, "README.md", repo_type="dataset")).read_text()
+    for name, text in (("report.md", (out / "report.md").read_text()), ("README.md", card)):
+        tables = _table_rows(text)
+        assert tables and all(len(t) >= 3 for t in tables), (name, text)  # header, rule, a row
+        assert all(len(set(t)) == 1 for t in tables), (name, tables)
+    assert "theirs model x" in card and "clip second line" in card

@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 
 from builders.engine.errors import PublishError
 from builders.publishing.hub_client import check_repo_id, hub_errors, retrying, use_endpoint
@@ -267,10 +268,7 @@ def _check_row(row: dict, where: str) -> None:
     for column, kind in PER_METRIC.items():
         if row[column] is None and column != "metrics":
             continue  # a row of an earlier version: not there
-        try:
-            values = json.loads(row[column])
-        except json.JSONDecodeError:
-            raise _hostile(where, f"{column!r} is not JSON") from None
+        values = _json(row[column], column, where)
         if not isinstance(values, dict):
             raise _hostile(where, f"{column!r} is a JSON {type(values).__name__}, not an object")
         for name, value in values.items():
@@ -278,12 +276,38 @@ def _check_row(row: dict, where: str) -> None:
                 raise _hostile(where, f"{'metric' if column == 'metrics' else column} {name!r} is not a {kind}")
     for column in ("bootstrap", "seed"):
         if row[column] is not None:
-            try:
-                value = json.loads(row[column])
-            except json.JSONDecodeError:
-                value = None
+            value = _json(row[column], column, where)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _hostile(where, f"{column!r} is not an integer")
+
+
+def _json(text: str, column: str, where: str):
+    """The JSON of one column as `to_row` writes it (`allow_nan=False`): Python's json reads
+    `NaN` and `Infinity`, which no row of ours holds (a NaN statistic is null), and a value nested
+    100,000 deep raises RecursionError, not JSONDecodeError (#49)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except _NonFinite as err:
+        raise _hostile(where, f"{column!r} holds {err}, not a finite number") from None
+    except RecursionError:
+        raise _hostile(where, f"{column!r} is JSON nested too deep to read") from None
+    except ValueError:  # JSONDecodeError is a ValueError
+        raise _hostile(where, f"{column!r} is not JSON") from None
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NonFinite(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)  # 1e999 reads as inf
+    if not math.isfinite(value):
+        raise _NonFinite(text[:40])
+    return value
 
 
 def _is(kind: str, value) -> bool:

@@ -8,6 +8,7 @@ import html
 import re
 from dataclasses import dataclass, field
 
+from builders.engine.plain_text import one_line
 from training.report.floors import prior_effect
 from training.statistics import MIN_CLUSTERS
 
@@ -20,8 +21,8 @@ SMALL_SAMPLE = 30
 
 
 def plain(text) -> str:
-    """`text` shown literally in a Markdown table cell."""
-    return _MARKDOWN.sub(r"\\\1", html.escape(str(text), quote=False)).replace("\n", " ")
+    """`text` shown literally in a Markdown table cell, on one line (`plain_text.one_line`)."""
+    return _MARKDOWN.sub(r"\\\1", html.escape(one_line(text), quote=False))
 
 
 def file_part(dataset: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from builders.engine.option_types import number, seed_int
 from builders.engine.precision import add_dtype_argument
 from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
 
@@ -170,7 +171,7 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--splits", nargs="+", default=["test"], help="Karpathy splits of a COCO gallery")
     p.add_argument("--image-queries", type=int, default=1261, help="sampled image queries (paper: 1261)")
     p.add_argument("--caption-queries", type=int, default=1333, help="sampled caption queries (paper: 1333)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--k", type=int, default=5, help="candidates per model and query (paper: 5)")
     p.add_argument(
         "--exclusion-depth", type=int, default=25, help="golden negatives avoid every model's top-N (paper: 25)"
@@ -192,7 +193,7 @@ def _add_tasks(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("candidates", type=Path, help="candidates JSON from `eccv candidates`")
     p.add_argument("--output", type=Path, required=True, help="folder for tasks.json and the exports")
-    p.add_argument("--seed", type=int, default=0, help="task shuffle seed")
+    p.add_argument("--seed", type=seed_int, default=0, help="task shuffle seed")
     p.add_argument(
         "--image-url-template",
         default="/data/local-files/?d={file}",
@@ -238,7 +239,7 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
         metavar="CSV",
         help="CxC rating files (sits_test.csv ...), pairs scoring >= --cxc-min-score",
     )
-    p.add_argument("--cxc-min-score", type=float, default=3.0, help="CxC threshold (paper: 3)")
+    p.add_argument("--cxc-min-score", type=number, default=3.0, help="CxC threshold (paper: 3)")
     p.add_argument(
         "--coco-ids",
         action="store_true",
