@@ -89,9 +89,7 @@ def before_after(
             "ci_high": None,
         }
         if key in pairs:
-            found = studentized.get(key)
-            spread = resampled[(key, "a")] - resampled[(key, "b")]
-            low, high = difference_interval(found, spread, pairs[key][0].counted()[1])
+            low, high = difference_interval(studentized[key], resampled[(key, "a")] - resampled[(key, "b")])
             row.update(ci_low=None if math.isnan(low) else low, ci_high=None if math.isnan(high) else high)
         out[key] = row
     return out
