@@ -217,9 +217,8 @@ def interval(distribution: np.ndarray, level: float = LEVEL) -> tuple[float, flo
 
 @dataclass(frozen=True)
 class Interval:
-    """A metric's 95 % interval (NaN where it has none), how it was made (`method`: clopper-pearson,
-    newcombe, studentized, dyadic-t, percentile; none: `note` says why; `trivial`: the units
-    cannot move the value), and its units and clusters."""
+    """A metric's 95 % interval (NaN where none), its `method` (clopper-pearson, newcombe, studentized,
+    dyadic-t, percentile; none: `note` says why), `trivial` (the units cannot move it), n, clusters."""
 
     low: float
     high: float
@@ -281,16 +280,17 @@ def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
 
 
 def paired_intervals(pairs: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
-    """key -> `Interval` of value(a) - value(b) for each (a, b) in `pairs`, none with a single
-    metric's notes (every unit differing by the same amount: all units equal); two proportions:
-    `newcombe`; another linear difference: `intervals`' of `paired_difference`; else method
-    percentile, whose ends `difference_interval` takes from the paired resampled differences."""
+    """key -> `Interval` of value(a) - value(b) for each (a, b) in `pairs`: none with a single
+    metric's notes (units that all differ alike: all units equal) or without resamples; two
+    proportions: `newcombe`; another linear difference: `intervals`' of `paired_difference`;
+    else percentile, whose ends `difference_interval` takes from the paired resampled ones."""
     out, linear = {}, {}
     for key, (a, b) in pairs.items():
         d = paired_difference(a, b)
-        fixed = a.trivial or b.trivial
-        same = UnitScores(a.units, a.num - b.num, d and d.den, clusters=a.clusters, trivial=fixed)
-        if note := _no_interval(same):
+        same = UnitScores(a.units, a.num - b.num, d and d.den, clusters=a.clusters, trivial=a.trivial or b.trivial)
+        if not resamples:  # --bootstrap 0: no interval at all, as for a single metric
+            out[key] = Interval(np.nan, np.nan, "none", *same.counted())
+        elif note := _no_interval(same):
             out[key] = Interval(np.nan, np.nan, "none", *same.counted(), same.trivial, note)
         elif d is not None and a.proportion and b.proportion:
             out[key] = Interval(*newcombe(a, b, level), "newcombe", *same.counted())
