@@ -5,6 +5,13 @@ difference of training/report/compare.py) at n = 10, 50 and 1,000 units, for eac
 - proportion, clustered: t2i R@K, 5 captions an image, an image's captions correlated (each
   image's hit probability drawn from Beta(0.6, 2.4), mean 0.2; Clopper-Pearson on the
   Korn-Graubard effective trials);
+- proportion, clustered, at 6 clusters (`few_clusters`): the same at 6 images of 5 captions,
+  Korn & Graubard's interval with their degrees-of-freedom factor (the report's) and without it
+  (Clopper-Pearson on the effective trials alone, computed here with scipy.stats);
+- paired difference of proportions: two models' R@1 on the same images, correlated (Newcombe's
+  hybrid interval, training/statistics.py `newcombe`, via `paired_intervals`);
+- bounded mean: ODmAP@k-like values in [0, 1], 70 % zeros (studentized bootstrap, clipped to
+  [0, 1]; a sample of zeros only has no interval: all units equal);
 - mean: an ITM delta mean, deltas exponential(1) (skewness 2), and lognormal(0, 1) (skewness
   6.2, a harsh case; studentized bootstrap);
 - mean, clustered: 3 pairs a source image sharing a normal image effect plus exponential noise,
@@ -17,8 +24,8 @@ difference of training/report/compare.py) at n = 10, 50 and 1,000 units, for eac
   same for every repetition, as for every model), so unit i shares image r(i) with another unit;
   scores G(caption c, image i) = u_i + v_c + 0.02 a_c a_i + m_c [c = i] + noise (an image
   effect u, a caption effect v, an interaction, a skewed match effect m: 0.05 + exponential(0.05)),
-  IR_r's population mean 0.12 (studentized on the pairs with the dyadic standard error of
-  units that share an image, as the report does). Each image's effect enters its two units with
+  IR_r's population mean 0.12 (a t interval on the dyadic standard error of units that share
+  an image and its Satterthwaite degrees of freedom, as the report makes it: `dyadic_t`). Each image's effect enters its two units with
   opposite signs and cancels in the mean: the pairs' own spread overstates the mean's, which the
   dyadic variance corrects. The adverse case, distinctive images (image i's score d_i higher
   with its own caption and -d_i with any other, d normal, sd 0.05; match 0.1, the population
@@ -36,8 +43,9 @@ of `--power-repetitions` seeded samples (default 1,000) whose sign-flip test rej
 (`compare_dataset`'s p-value, one test so no Holm), with its Wilson interval: near 80 % if the
 printed number means what it says.
 
-Run: `python benchmarks/report_coverage.py [--repetitions N] [--resamples B]`; about two
-minutes of CPU (five of wall time on 2 shared cores). The tables go in docs/report.md.
+Run: `python benchmarks/report_coverage.py [--repetitions N] [--resamples B]`; about 2.5
+minutes of CPU without the power check (`--power-repetitions 0`). The tables go in
+docs/report.md.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, random_derangement  # noqa: E402
 from training.report.compare import compare_dataset  # noqa: E402
-from training.statistics import UnitScores, intervals, paired_difference  # noqa: E402
+from training.statistics import UnitScores, intervals, paired_difference, paired_intervals  # noqa: E402
 from training.unit_scores import delta_units  # noqa: E402
 
 SIZES = (10, 50, 1000)
@@ -118,6 +126,25 @@ def _distinctive_pairs(rng, n):
     return delta_units(scores)["itm/IR_r_mean"], 0.1
 
 
+def _paired_proportions(rng, n):
+    """Two models' R@1 on the same images, correlated through a shared draw z: A hits where
+    z < 0.3, B where z < 0.2 on half the images and independently with 0.2 on the others;
+    the difference 0.1 (Newcombe's hybrid, `statistics.newcombe`)."""
+    z = rng.random(n)
+    b = np.where(rng.random(n) < 0.5, z < 0.2, rng.random(n) < 0.2)
+    return (
+        UnitScores("images", (z < 0.3).astype(float), proportion=True),
+        UnitScores("images", b.astype(float), proportion=True),
+    ), 0.1
+
+
+def _bounded_mean(rng, n):
+    """ODmAP@k-like: 70 % of the queries score 0, the others Beta(2, 2); mean 0.15, in [0, 1]
+    (studentized, clipped to [0, 1])."""
+    values = np.where(rng.random(n) < 0.7, 0.0, rng.beta(2, 2, n))
+    return UnitScores("queries", values, bounds=(0, 1)), 0.15
+
+
 KINDS = {
     "proportion (R@1, p = 0.05)": _proportion,
     "proportion, clustered (t2i, 5 captions an image)": _clustered_proportion,
@@ -128,6 +155,8 @@ KINDS = {
     "paired difference of means": _difference,
     "mean, real pairs (IR_r, a derangement partner)": _real_pairs,
     "mean, real pairs (IR_r, distinctive images: the adverse case)": _distinctive_pairs,
+    "paired difference of proportions (R@1 of two models)": _paired_proportions,
+    "bounded mean (ODmAP-like, 70 % zeros)": _bounded_mean,
 }
 
 
@@ -139,7 +168,7 @@ def coverage(make, n: int, repetitions: int, resamples: int) -> tuple[int, int, 
     width = 0.0
     for rep in range(repetitions):
         metric, truth = make(rng, n)
-        found = intervals({"m": metric}, resamples, rep)["m"]
+        found = (paired_intervals if isinstance(metric, tuple) else intervals)({"m": metric}, resamples, rep)["m"]
         if np.isfinite(found.low):
             counted += 1
             covered += found.low <= truth <= found.high
@@ -170,6 +199,31 @@ def power(n: int, repetitions: int, resamples: int) -> tuple[float, int]:
     return delta, rejected
 
 
+def few_clusters(repetitions: int, clusters: int = 6) -> tuple[int, int, int]:
+    """(repetitions, covered by the report's interval, covered without Korn & Graubard's
+    degrees-of-freedom factor) of t2i R@K at `clusters` images of 5 captions (`_clustered_proportion`);
+    the interval without the factor is Clopper-Pearson on trials / design effect, by hand."""
+    rng = np.random.default_rng(clusters)
+    report = plain = 0
+    for _ in range(repetitions):
+        metric, truth = _clustered_proportion(rng, clusters)
+        found = intervals({"m": metric}, 0, 0)["m"]
+        report += found.low <= truth <= found.high
+        hits, trials = metric.num, metric.den
+        p = hits.sum() / trials.sum()
+        if 0 < p < 1:
+            residual = hits - p * trials
+            variance = (residual**2).sum() * clusters / (clusters - 1) / trials.sum() ** 2
+            n_eff = trials.sum() / max(1.0, variance / (p * (1 - p) / trials.sum()))
+        else:
+            n_eff = float(clusters)
+        x = p * n_eff
+        low = stats.beta.ppf(0.025, x, n_eff - x + 1) if x > 0 else 0.0
+        high = stats.beta.ppf(0.975, x + 1, n_eff - x) if x < n_eff else 1.0
+        plain += low <= truth <= high
+    return repetitions, report, plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repetitions", type=int, default=400)
@@ -177,6 +231,7 @@ def main() -> None:
     parser.add_argument("--kind", default="", help="only the metric types whose name holds this text")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--power-repetitions", type=int, default=1000, help="0: no power simulation")
+    parser.add_argument("--few-clusters-repetitions", type=int, default=1000, help="0: no 6-cluster check")
     args = parser.parse_args()
     start = time.process_time()
     print(f"coverage of the 95 % intervals, {args.repetitions} seeded repetitions, {args.resamples} resamples")
@@ -194,6 +249,13 @@ def main() -> None:
             if counted < args.repetitions:
                 cells[-1] += f" ({args.repetitions - counted} without an interval)"
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.few_clusters_repetitions:
+        total, report, plain = few_clusters(args.few_clusters_repetitions)
+        print()
+        print(f"proportion, clustered, at 6 clusters of 5 ({total} seeded repetitions): Korn & Graubard's interval")
+        print(
+            f"covers {_percent(report, total)} with their degrees-of-freedom factor, {_percent(plain, total)} without"
+        )
     if args.power_repetitions:
         delta, rejected = power(50, args.power_repetitions, args.resamples)
         print()

@@ -87,12 +87,12 @@ def before_after(
             "difference": after - before[key],
             "ci_low": None,
             "ci_high": None,
+            "ci_note": None,  # why a difference with units has no interval (all units equal, ...)
         }
         if key in pairs:
-            found = studentized.get(key)
-            spread = resampled[(key, "a")] - resampled[(key, "b")]
-            low, high = difference_interval(found, spread, pairs[key][0].counted()[1])
+            low, high = difference_interval(studentized[key], resampled[(key, "a")] - resampled[(key, "b")])
             row.update(ci_low=None if math.isnan(low) else low, ci_high=None if math.isnan(high) else high)
+            row["ci_note"] = studentized[key].note
         out[key] = row
     return out
 
@@ -109,7 +109,7 @@ def before_after_table(rows: dict[str, dict], overlap: dict[str, dict] | None = 
     lines = ["| metric | before (base model) | after | difference [95 % CI] |", "|---|---|---|---|"]
     for key in sorted(rows, key=natural):
         r = rows[key]
-        change = with_interval(r["difference"], r["ci_low"], r["ci_high"])
+        change = with_interval(r["difference"], r["ci_low"], r["ci_high"], r.get("ci_note"))
         lines.append(f"| {plain(key)} | {_fmt(r['before'])} | {_fmt(r['after'])} | {change} |")
     return "\n".join(lines) + "\n"
 

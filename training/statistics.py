@@ -8,26 +8,18 @@ source (counterfactual pairs or decorrelation queries made from one COCO image) 
 `clusters` id: the independent unit is then the cluster, and everything below resamples,
 swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
 
-- `bootstrap`: each metric on `resamples` resamples of its clusters (units, without clusters)
-  drawn with replacement, as `scipy.stats.bootstrap` draws them
-  (`numpy.random.default_rng(seed).integers(0, n, (B, n))`). Every metric on the same units, and
-  every model, gets the same resamples: the difference of two models' resampled values is the
-  paired bootstrap of their difference. Vectorised: a resample is a row of draw counts, so a
-  ratio metric is two matrix products; rows are made a page at a time, so memory is bounded by
-  `PAGE_CELLS`, not by the number of resamples.
+- `bootstrap`: each metric on `resamples` resamples of its clusters drawn with replacement, as
+  `scipy.stats.bootstrap` draws them (`default_rng(seed).integers(0, n, (B, n))`), the same for
+  every metric on the same units and every model (the paired bootstrap of a difference); a
+  resample is a row of draw counts, made a page at a time (memory bounded by `PAGE_CELLS`).
 - `interval`: the percentile interval of a bootstrap distribution (scipy's `"percentile"`).
-- `intervals`: the interval a metric's kind needs to cover at small n (`Interval.method`):
-  a proportion (R@K, fraction below zero, prefers-original): Clopper-Pearson on the effective
-  number of independent trials (Korn & Graubard 1998: the trials over the design effect of the
-  clusters, a unit's several trials, e.g. its captions, being a cluster too); a mean or ratio
-  of sums: the studentized bootstrap (bootstrap-t, the ratio's linearised standard error on each
-  resample; units linked by `partners`, the real pairs, scaled by the dyadic `robust_se`,
-  widened for its noise where below the iid one: `_noise_factor`); a
-  median or a mean over groups: the percentile interval. A metric the units cannot move
-  (`trivial`: a hit by construction, R@K with K >= the gallery) gets no interval and says so; so
-  does one whose units all have the same value (a sample without spread, which says nothing of
-  the population's spread: not trivial), with one cluster, or, but for a proportion, with
-  fewer than MIN_CLUSTERS (`Interval.note`).
+- `intervals`: the interval a metric's kind needs (`Interval.method`; each cited in
+  docs/report.md), clipped to the values it can take (`UnitScores.limits`): a proportion:
+  Clopper-Pearson on Korn & Graubard's effective trials; a ratio of sums: the studentized
+  bootstrap, or with `partners` a t interval on the dyadic se (`dyadic_t`); a median or a mean
+  over groups: the percentile one. None, with its reason (`Interval.note`): fixed by
+  construction (`trivial`), all units equal, one cluster or, but for a proportion, fewer than
+  MIN_CLUSTERS. `paired_intervals`: the same for two models' difference (proportions: `newcombe`).
 - `holm`: Holm's step-down adjustment of a family of p-values (the paired test itself:
   training/sign_flip.py).
 """
@@ -39,19 +31,13 @@ from typing import Iterator
 
 import numpy as np
 
-#: The fewest clusters (independent units) a bootstrap interval (studentized or percentile) and
-#: a paired test are made from; below it a mean, ratio or median has no interval (`note`: fewer
-#: than 6 clusters) and per-class numbers no test. 6 is the fewest at which a two-sided
-#: sign-flip test can reject at 0.05 (its smallest p-value is 2 / 2^n: 0.031 at 6, 0.0625 at 5);
-#: below it the bootstrap-t's resamples that draw one cluster again and again have a standard
-#: error near 0 and t* explodes (3 clusters gave [0.0002, 1905521.4843] for a mean of 0.016).
+#: The fewest clusters a bootstrap interval and a paired test are made from: the fewest at which
+#: a two-sided sign-flip test can reject at 0.05 (2 / 2^6 = 0.031); below it the bootstrap-t's
+#: resamples of one cluster have se* near 0 (3 clusters gave [0.0002, 1905521.4843]).
 MIN_CLUSTERS = 6
-#: A resample's standard error in the bootstrap-t is at least this share of the sample's: a
-#: resample that draws few distinct clusters, or near-equal ones, has se* near 0 and t* explodes
-#: (5 near-equal values and an outlier: [-0.08, 81375214]). With it |t*| <= |value* - value| /
-#: (0.1 se), so each side of an interval is at most 10 ranges of the clusters' values; on
-#: exponential and lognormal means of 6 and 10 units coverage did not change (1,000 samples
-#: each) and the widest of 1,000 intervals went from 359 to 18 standard errors (#42).
+#: A resample's se* in the bootstrap-t is at least this share of the sample's se: one that draws
+#: near-equal clusters has se* near 0 and t* explodes ([-0.08, 81375214], #42); the floor keeps
+#: each side within 10 ranges of the values, and `UnitScores.limits` within the metric's range.
 SE_FLOOR = 0.1
 #: The `Interval.note` of a bootstrap interval not made for want of clusters.
 FEW_CLUSTERS = f"fewer than {MIN_CLUSTERS} clusters"
@@ -73,10 +59,9 @@ class UnitScores:
     (int per unit): the metric is the mean over groups of each group's ratio; `median`: the
     median of `num`; `clusters` (int per unit): units of one cluster are resampled and swapped
     together (None: each unit its own); `proportion`: num counts hits of den trials (den None:
-    one trial a unit), so its interval is Clopper-Pearson; `trivial`: the value is fixed by
-    construction (R@K with K >= the gallery), not by the units; `partners` (int per unit, -1:
-    none): unit i also uses unit partners[i]'s image or caption (a real pair's random partner),
-    so the two are dependent though resampled apart (`robust_se`)."""
+    one a unit); `trivial`: the value is fixed by construction (R@K with K >= the gallery);
+    `partners` (int per unit, -1: none): unit i also uses unit partners[i]'s image or caption
+    (a real pair's random partner, `robust_se`); `bounds`: the values it can take (`limits`)."""
 
     units: str
     num: np.ndarray
@@ -87,6 +72,11 @@ class UnitScores:
     proportion: bool = False
     trivial: bool = False
     partners: np.ndarray | None = None
+    bounds: tuple[float, float] | None = None
+
+    def limits(self) -> tuple[float, float]:
+        """The values the metric can take: `bounds`, [0, 1] for a proportion, else unbounded."""
+        return self.bounds or ((0.0, 1.0) if self.proportion else (-np.inf, np.inf))
 
     @property
     def n(self) -> int:
@@ -221,16 +211,14 @@ def interval(distribution: np.ndarray, level: float = LEVEL) -> tuple[float, flo
     finite = distribution[np.isfinite(distribution)]
     if not len(finite):
         return float("nan"), float("nan")
-    tail = (1 - level) / 2
-    low, high = np.quantile(finite, [tail, 1 - tail])
+    low, high = np.quantile(finite, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(low), float(high)
 
 
 @dataclass(frozen=True)
 class Interval:
-    """A metric's 95 % interval (NaN where it has none), how it was made (`method`:
-    clopper-pearson, studentized, percentile; none: no interval, `note` says why; `trivial`: the
-    units cannot move the value), and its units and clusters."""
+    """A metric's 95 % interval (NaN where none), its `method` (clopper-pearson, newcombe, studentized,
+    dyadic-t, percentile; none: `note` says why), `trivial` (the units cannot move it), n, clusters."""
 
     low: float
     high: float
@@ -241,63 +229,82 @@ class Interval:
     note: str | None = None
 
 
+def _no_interval(m: UnitScores) -> str | None:
+    """Why `m` gets no interval (None: it gets one); a paired difference's reasons are the same."""
+    (n, clusters), den = m.counted(), np.ones(m.n) if m.den is None else np.asarray(m.den, np.float64)
+    if m.trivial:
+        return "fixed by construction"
+    if clusters < 2 and not (m.proportion and clusters):
+        return "one cluster" if n else "no units"
+    if n and not m.proportion and np.ptp(m.num[den > 0] / den[den > 0]) == 0:  # each unit's own value
+        return f"all {n:,} units equal"
+    if clusters < MIN_CLUSTERS and not (m.proportion and m.groups is None):  # a bootstrap
+        return FEW_CLUSTERS
+    return None
+
+
 def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
-    """name -> `Interval` of each metric (module docstring: the method follows its kind); the
-    resamples are `bootstrap`'s (the same units, the same seed, the same draws)."""
+    """name -> `Interval` of each metric (module docstring: the method follows its kind), within
+    its `limits`; the resamples are `bootstrap`'s (the same units, the same seed, the same draws)."""
     out: dict = {}
     for names in unit_sets(metrics).values():
         for name in names:
             m = metrics[name]
-            n, clusters = m.counted()
-            if m.trivial:
-                out[name] = Interval(np.nan, np.nan, "none", n, clusters, True, "fixed by construction")
-            elif n and not m.proportion and m.den is None and np.ptp(m.num) == 0:
-                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note=f"all {n:,} units equal")
-            elif clusters < 2 and not (m.proportion and clusters):
-                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note="one cluster" if n else "no units")
-            elif clusters < MIN_CLUSTERS and not (m.proportion and m.groups is None):  # a bootstrap
-                out[name] = Interval(np.nan, np.nan, "none", n, clusters, note=FEW_CLUSTERS)
+            if note := _no_interval(m):
+                out[name] = Interval(np.nan, np.nan, "none", *m.counted(), m.trivial, note)
             elif m.proportion and m.groups is None:
-                out[name] = Interval(*clopper_pearson(m, level), "clopper-pearson", n, clusters)
+                out[name] = Interval(*clopper_pearson(m, level), "clopper-pearson", *m.counted())
+            elif len(partner_links(m)) and not m.median and m.groups is None:
+                out[name] = Interval(*dyadic_t(m, level), "dyadic-t", *m.counted())
         rest = [name for name in names if name not in out]
         linear = [name for name in rest if not metrics[name].median and metrics[name].groups is None]
         found = _studentized({k: metrics[k] for k in linear}, resamples, seed, level)
         others = bootstrap({k: metrics[k] for k in rest if k not in linear}, resamples, seed)
         for name in rest:
-            low, high = found[name] if name in found else interval(others[name], level)
+            low, high = np.clip(found.get(name) or interval(others[name], level), *metrics[name].limits())
             method = "studentized" if name in found else "percentile"
-            out[name] = Interval(low, high, method, *metrics[name].counted())
+            out[name] = Interval(float(low), float(high), method, *metrics[name].counted())
     return out
 
 
 def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
     """value(a) - value(b) as one ratio metric on their units (num a - num b over the shared
-    den), whose studentized interval `intervals` gives; None where the difference is not linear
-    in the units (a median, a mean over groups, different denominators)."""
+    den, within a's limits minus b's), whose interval `intervals` gives; None where the
+    difference is not linear in the units (a median, a mean over groups, different denominators)."""
     linear = not (a.median or b.median) and a.groups is None and b.groups is None
-    same_den = (a.den is None and b.den is None) or (
-        a.den is not None and b.den is not None and np.array_equal(a.den, b.den)
-    )
+    same_den = (a.den is None) == (b.den is None) and (a.den is None or np.array_equal(a.den, b.den))
     if not linear or not same_den or a.n != b.n:
         return None
-    return UnitScores(a.units, np.asarray(a.num) - np.asarray(b.num), a.den, clusters=a.clusters, partners=a.partners)
+    (la, ua), (lb, ub), num = a.limits(), b.limits(), a.num - b.num
+    return UnitScores(a.units, num, a.den, clusters=a.clusters, partners=a.partners, bounds=(la - ub, ua - lb))
 
 
-def paired_intervals(pairs: dict, resamples: int, seed: int) -> dict:
-    """key -> the studentized `Interval` of value(a) - value(b) for each (a, b) in `pairs` whose
-    difference is linear in the units (`paired_difference`) and has a spread; the others (a
-    median, a mean over groups) are left to the caller's percentile interval."""
-    linear = {k: d for k, (a, b) in pairs.items() if (d := paired_difference(a, b))}
-    return {k: i for k, i in intervals(linear, resamples, seed).items() if np.isfinite(i.low)}
+def paired_intervals(pairs: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
+    """key -> `Interval` of value(a) - value(b) for each (a, b) in `pairs`: none with a single
+    metric's notes (units that all differ alike: all units equal) or without resamples; two
+    proportions: `newcombe`; another linear difference: `intervals`' of `paired_difference`;
+    else percentile, whose ends `difference_interval` takes from the paired resampled ones."""
+    out, linear = {}, {}
+    for key, (a, b) in pairs.items():
+        d = paired_difference(a, b)
+        same = UnitScores(a.units, a.num - b.num, d and d.den, clusters=a.clusters, trivial=a.trivial or b.trivial)
+        if not resamples:  # --bootstrap 0: no interval at all, as for a single metric
+            out[key] = Interval(np.nan, np.nan, "none", *same.counted())
+        elif note := _no_interval(same):
+            out[key] = Interval(np.nan, np.nan, "none", *same.counted(), same.trivial, note)
+        elif d is not None and a.proportion and b.proportion:
+            out[key] = Interval(*newcombe(a, b, level), "newcombe", *same.counted())
+        elif d is not None:
+            linear[key] = d
+        else:
+            out[key] = Interval(np.nan, np.nan, "percentile", *same.counted())
+    return out | intervals(linear, resamples, seed, level)
 
 
-def difference_interval(found: Interval | None, spread: np.ndarray, clusters: int) -> tuple[float, float]:
-    """A paired difference's interval: `paired_intervals`' studentized one where it has one
-    (`found`), else the percentile interval of the paired resampled differences (`spread`); none
-    (NaN) below MIN_CLUSTERS clusters, as `intervals` gives a metric."""
-    if clusters < MIN_CLUSTERS:
-        return float("nan"), float("nan")
-    return (found.low, found.high) if found else interval(spread)
+def difference_interval(found: Interval, spread: np.ndarray) -> tuple[float, float]:
+    """A paired difference's interval: `paired_intervals`' (`found`), the percentile interval of
+    the paired resampled differences (`spread`) where that is its method."""
+    return interval(spread) if found.method == "percentile" else (found.low, found.high)
 
 
 def cluster_totals(metric: UnitScores, values) -> np.ndarray:
@@ -338,61 +345,49 @@ def partner_links(metric: UnitScores) -> np.ndarray:
     return np.unique(pairs, axis=0)
 
 
-def robust_se(metric: UnitScores) -> float:
-    """The standard error of a ratio metric whose clusters are linked by `partners`: the two-way
-    (dyadic) cluster-robust variance (Cameron, Gelbach & Miller 2011) of the linearised
-    residuals e = num - value den of the c clusters, summed over every pair that shares an input:
-    (sum e_k^2 + 2 sum_links e_a e_b) / (sum den)^2, times c^2 / (c^2 - c - 2 L) for L links.
-    That factor is the iid c / (c - 1) (L = 0) for a dependence graph: residuals about the
-    estimated value sum to zero, which biases the sum over the c + 2 L linked cells by
-    1 - (c + 2 L) / c^2 (the mean's own variance, counted once a cell). Without partners it is
-    `_ratio_and_se`'s. Not positive (linked residuals of opposite signs can make it so at small
-    c): `_ratio_and_se`'s iid one instead, an estimate of a variance that cannot be negative."""
+def _residuals(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
+    """The clusters' linearised residuals e = num - value den, and each one's sum of the residuals
+    of the clusters linked to it by `partners`."""
     a, d = cluster_sums(metric)
-    ratio, se = _ratio_and_se(np.ones((1, len(a))), a, d)
-    links = partner_links(metric)
+    e, links = a - a.sum() / d.sum() * d, partner_links(metric)
+    return e, np.bincount(links[:, 0], e[links[:, 1]], len(e)) + np.bincount(links[:, 1], e[links[:, 0]], len(e))
+
+
+def robust_se(metric: UnitScores) -> float:
+    """The se of a ratio metric whose clusters are linked by `partners`: the dyadic cluster-robust
+    variance (Cameron, Gelbach & Miller 2011; Fafchamps & Gubert 2007) of the c clusters'
+    residuals e, (sum e_k^2 + 2 sum_links e_a e_b) / (sum den)^2 x c^2 / (c^2 - c - 2 L) for L
+    links (the iid c / (c - 1) for a dependence graph: residuals about the estimate sum to 0).
+    Without partners, or where not positive (small c), the iid `_ratio_and_se`."""
+    a, d = cluster_sums(metric)
+    se = _ratio_and_se(np.ones((1, len(a))), a, d)[1][0]
+    (e, linked), links = _residuals(metric), partner_links(metric)
     c, cells = np.count_nonzero(d), np.count_nonzero(d) + 2 * len(links)
     if not len(links) or c * c <= cells:
-        return float(se[0])
-    e = a - ratio[0] * d
-    variance = ((e * e).sum() + 2 * (e[links[:, 0]] * e[links[:, 1]]).sum()) / d.sum() ** 2 * c * c / (c * c - cells)
-    return float(np.sqrt(variance)) if variance > 0 else float(se[0])
+        return float(se)
+    variance = (e @ (e + linked)) / d.sum() ** 2 * c * c / (c * c - cells)
+    return float(np.sqrt(variance)) if variance > 0 else float(se)
 
 
-def _noise_factor(metric: UnitScores, level: float) -> float:
-    """How much wider a dyadic `robust_se`'s interval must be than the bootstrap's t* allow:
-    t_q(df dyadic) / t_q(df iid), at least 1, each df Satterthwaite's 2 V^2 / Var(V) with V the
-    sum of the clusters' contributions s_k (e_k (e_k + its linked residuals) dyadic, e_k^2 iid)
-    and Var(V) c var(s). The t* resample the linked units as independent, so they allow for the
-    iid se's noise, not for the dyadic one's, a small difference of two large sums where linked
-    residuals correlate negatively. There (benchmarks/report_coverage.py's image effect, 400
-    samples) the dyadic se alone covered 94.0, 92.2, 94.5 % at n = 10, 50, 1,000 (91.0 % at 50
-    with 2,000 samples); this factor, capped at the iid se, 99.8, 97.8, 94.8 % (widths 1.23,
-    1.24, 1.0 times); the iid se where larger 100, 99.0, 99.2 % (1.25, 1.5, 1.46 times); the
-    factor uncapped alike, 2.5 times as wide at n = 10; each unit resampled with its partners'
-    residuals in its se* covered 84.5 % at n = 50 in the adverse case (#42)."""
+def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
+    """value -/+ t(df) `robust_se` where units are linked by `partners`: the dyadic variance V,
+    the small difference of two large sums where linked residuals correlate negatively (an image
+    effect in IR_r), referred to t on its Satterthwaite degrees of freedom as Bell & McCaffrey
+    (2002) do: df = 2 V^2 / (c var(s)), s_k = e_k (e_k + linked e) the clusters' shares of V."""
     from scipy import special  # t.ppf's own quantile function, without scipy.stats' 0.6 s import
 
-    a, d = cluster_sums(metric)
-    links, live = partner_links(metric), d > 0
-    e = a - a.sum() / d.sum() * d
-    linked = np.bincount(links[:, 0], e[links[:, 1]], len(e)) + np.bincount(links[:, 1], e[links[:, 0]], len(e))
-    tail = 1 - (1 - level) / 2
-    quantiles = []
-    for s in (e * (e + linked), e * e):
-        with np.errstate(invalid="ignore", divide="ignore"):
-            df = 2 * s[live].sum() ** 2 / (live.sum() * s[live].var(ddof=1))
-        quantiles.append(special.stdtrit(max(df, 1.0), tail) if np.isfinite(df) else special.ndtri(tail))
-    return max(1.0, quantiles[0] / quantiles[1])
+    e, linked = _residuals(metric)
+    s = (e * (e + linked))[cluster_sums(metric)[1] > 0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df = 2 * s.sum() ** 2 / (len(s) * s.var(ddof=1))
+    t = special.stdtrit(max(df, 1.0), 1 - (1 - level) / 2) if np.isfinite(df) else special.ndtri(1 - (1 - level) / 2)
+    return tuple(np.clip(metric.value() + np.array([-t, t]) * robust_se(metric), *metric.limits()).tolist())
 
 
 def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
-    """name -> the bootstrap-t interval of each ratio metric (of one unit set), on clusters:
-    `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* of each resample
-    (se* at least SE_FLOOR se), se the `robust_se` (units linked by `partners`: the dyadic one,
-    where below the iid one `_noise_factor` times larger, at most the iid one). Equal-tailed: on
-    a lognormal mean (skewness 6.2) at n = 10 and 50 it covered more than the symmetric
-    bootstrap-t (quantile of |t*|), BCa and Hall's transformation (docs/report.md)."""
+    """name -> the equal-tailed bootstrap-t interval of each ratio metric (of one unit set), on
+    clusters: `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* (se* at
+    least SE_FLOOR se; the alternatives measured: docs/report.md)."""
     if not metrics or not resamples:
         return {name: (np.nan, np.nan) for name in metrics}
     sums = {name: cluster_sums(m) for name, m in metrics.items()}
@@ -406,42 +401,51 @@ def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict
                 ts[name].append((ratio - value) / np.maximum(se, floor))
     out = {}
     for name, parts in ts.items():
-        value, se, iid = point[name][0][0], robust_se(metrics[name]), point[name][1][0]
-        if se < iid:  # linked residuals that correlate negatively (an image effect in IR_r)
-            se = min(se * _noise_factor(metrics[name], level), iid)
+        (value,), (se,) = point[name]
         t = np.concatenate(parts)
         t = t[np.isfinite(t)]
         if not len(t) or not np.isfinite(se):
             out[name] = (np.nan, np.nan)
             continue
-        tail = (1 - level) / 2
-        t_low, t_high = np.quantile(t, [tail, 1 - tail])
+        t_low, t_high = np.quantile(t, [(1 - level) / 2, 1 - (1 - level) / 2])
         out[name] = (float(value - t_high * se), float(value - t_low * se))
     return out
 
 
 def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
-    """The exact binomial interval of a proportion on its effective number of trials: the
-    trials over the design effect of the clusters and of units linked by `partners` (`robust_se`
-    squared over the binomial variance, at least 1, Korn & Graubard 1998); a proportion of 0 or
-    1, whose design effect is undefined, counts its clusters."""
+    """Clopper-Pearson on Korn & Graubard's (1998) effective trials: the trials over the design
+    effect (`robust_se`^2 over the binomial variance, at least 1) times their degrees-of-freedom
+    factor (t_(trials - 1) / t_(clusters - 1))^2; a proportion of 0 or 1 counts its clusters."""
+    from scipy import special  # 0.25 s to import: only where an interval is made, not in a train-only run
+
     a, d = cluster_sums(metric)
-    trials, clusters = d.sum(), len(a)
+    trials, clusters, tail = d.sum(), len(a), (1 - level) / 2
     if trials <= 0:
         return float("nan"), float("nan")
     p = a.sum() / trials
-    if np.all(d == 1) and metric.partners is None:
-        n_eff = float(clusters)  # one independent trial a cluster: a plain binomial
-    elif p <= 0 or p >= 1 or clusters < 2:
-        n_eff = float(clusters)
+    if (np.all(d == 1) and metric.partners is None) or p <= 0 or p >= 1 or clusters < 2:
+        n_eff = float(clusters)  # one independent trial a cluster (a plain binomial), or no design effect
     else:
-        n_eff = trials / max(1.0, robust_se(metric) ** 2 / (p * (1 - p) / trials))
-    from scipy import special  # 0.25 s to import: only where an interval is made, not in a train-only run
-
-    x, tail = p * n_eff, (1 - level) / 2
+        df_factor = (special.stdtrit(trials - 1, 1 - tail) / special.stdtrit(clusters - 1, 1 - tail)) ** 2
+        n_eff = trials / max(1.0, robust_se(metric) ** 2 / (p * (1 - p) / trials)) * df_factor
+    x = p * n_eff
     low = 0.0 if x <= 0 else float(special.betaincinv(x, n_eff - x + 1, tail))
     high = 1.0 if x >= n_eff else float(special.betaincinv(x + 1, n_eff - x, 1 - tail))
     return low, high
+
+
+def newcombe(a: UnitScores, b: UnitScores, level: float = LEVEL) -> tuple[float, float]:
+    """value(a) - value(b) of two proportions on the same units: Newcombe's (1998) hybrid interval
+    for paired proportions (method 10; the MOVER of Zou & Donner 2008) from each one's
+    `clopper_pearson` (l, u) and r, the correlation of their clusters' residuals (phi without
+    clusters; partners' link terms, noisy at small n, left out): d = pa - pb, low = d -
+    sqrt((pa - la)^2 + (ub - pb)^2 - 2 r (pa - la)(ub - pb)), high alike; within [-1, 1]."""
+    (la, ua), (lb, ub) = clopper_pearson(a, level), clopper_pearson(b, level)
+    (pa, pb), ea, eb = (a.value(), b.value()), _residuals(a)[0], _residuals(b)[0]
+    r = float(ea @ eb / np.sqrt((ea @ ea) * (eb @ eb))) if (ea @ ea) * (eb @ eb) > 0 else 0.0
+    low = pa - pb - np.sqrt(max((pa - la) ** 2 + (ub - pb) ** 2 - 2 * r * (pa - la) * (ub - pb), 0.0))
+    high = pa - pb + np.sqrt(max((ua - pa) ** 2 + (pb - lb) ** 2 - 2 * r * (ua - pa) * (pb - lb), 0.0))
+    return float(low), float(high)
 
 
 def holm(pvalues) -> np.ndarray:

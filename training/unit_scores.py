@@ -159,15 +159,16 @@ def pair_clusters(pairs) -> np.ndarray | None:
 def odmap_units(result, removed: list[list[str]], clusters: np.ndarray | None = None) -> dict[str, UnitScores]:
     """ODmAP@k and ODmAP@k per removed class, per query, from the odmap module's result;
     `clusters`: each query's source image."""
+    odmap = {"clusters": clusters, "bounds": (0, 1)}  # AP@k lies in [0, 1]
     out = {
-        f"odmap/ODmAP@{k}": UnitScores("decorrelation queries", np.asarray(ap, np.float64), clusters=clusters)
+        f"odmap/ODmAP@{k}": UnitScores("decorrelation queries", np.asarray(ap, np.float64), **odmap)
         for k, ap in result.per_query.items()
     }
     for c in sorted({c for r in removed for c in r}):
         has = np.asarray([c in r for r in removed], dtype=np.float64)
         out.update(
             {
-                f"odmap_per_class/{c}_ODmAP@{k}": UnitScores("decorrelation queries", ap * has, has, clusters=clusters)
+                f"odmap_per_class/{c}_ODmAP@{k}": UnitScores("decorrelation queries", ap * has, has, **odmap)
                 for k, ap in result.per_query.items()
             }
         )

@@ -225,7 +225,7 @@ def test_a_generator_with_the_same_images_differs_by_zero_with_p_one(report):
     assert "On the 3 pairs every generator kept" in section
     assert "sd15 0, sdxl 1, sd3 0" in section
     lines = [ln for ln in section.splitlines() if "| sd15 | sd3 |" in ln]
-    assert len(lines) == 2 * 6 and all("| 0.0000 (no interval: fewer than 6 clusters) | 1 | 1 |" in ln for ln in lines)
+    assert len(lines) == 2 * 6 and all("| 0.0000 (no interval: all 3 units equal) | 1 | 1 |" in ln for ln in lines)
 
 
 def test_a_pair_one_generator_dropped_is_left_out_of_every_difference(report, fixture):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.statistics import MIN_CLUSTERS, UnitScores, intervals
+from training.statistics import MIN_CLUSTERS, UnitScores, intervals, paired_intervals
 
 #: 6 pairs from 3 source images, as the report's clustered fixture (tests/training/test_report_small_n.py).
 SOURCES = np.array([11, 11, 11, 22, 33, 33])
@@ -89,3 +89,26 @@ def test_the_trainers_metrics_md_says_why(tmp_path):
     assert list(record["final_intervals"]) == ["itm/IR_r_mean"]
     rows = metric_table(metrics, record["final_intervals"], record["final_interval_notes"]).splitlines()
     assert f"| itm/IR\\_c\\_mean | {metrics['itm/IR_c_mean']:.4f} (no interval: fewer than 6 clusters) |" in rows
+
+
+def test_a_paired_difference_without_spread_has_no_interval_and_says_why():
+    """compare_dataset: two models whose deltas differ by exactly 0.25 on each of 8 pairs give
+    no interval and the single-model note, `all 8 units equal`, for the mean and the median
+    alike, and no detectable difference (#50: 0.2500 [0.2500, 0.2500], `detectable with 80 %
+    power: 0.0000`); a difference of metrics fixed by construction says that."""
+    from training.report.compare import compare_dataset, comparison_cells
+
+    x = np.arange(8) / 8
+    units = {
+        m: {"itm/IR_c_mean": UnitScores("pairs", v), "itm/IR_c_median": UnitScores("pairs", v, median=True)}
+        for m, v in (("A", x + 0.25), ("B", x))
+    }
+    single = intervals({"d": UnitScores("pairs", np.full(8, 0.25))}, 1000, 0)["d"]
+    found = {c.metric: c for c in compare_dataset("cf", units, ["A", "B"], 1000, 0)}
+    for name in ("IR_c_mean", "IR_c_median"):
+        c = found[name]
+        assert np.isnan([c.low, c.high, c.detectable]).all() and c.note == single.note == "all 8 units equal", name
+        assert comparison_cells(c).startswith("0.2500 (no interval: all 8 units equal) |"), name
+    fixed = UnitScores("images", np.ones(8), proportion=True, trivial=True)
+    r10 = paired_intervals({"r10": (fixed, fixed)}, 1000, 0)["r10"]
+    assert np.isnan(r10.low) and (r10.trivial, r10.note) == (True, "fixed by construction")

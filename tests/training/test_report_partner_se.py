@@ -98,9 +98,9 @@ def _image_effect(rng, n: int, partners: np.ndarray) -> dict:
 
 def test_real_pair_intervals_cover_where_an_image_effect_cancels():
     """300 seeded samples of 50 real pairs whose linked residuals correlate negatively: the
-    dyadic se is unbiased but noisier than the bootstrap's t* allow for, so where it is below
-    the iid se the interval widens it by its degrees of freedom (`_noise_factor`, at most to
-    the iid se) and covers 0.12 in at least 95 % (the dyadic se alone: 90.7 %, 272 of 300)."""
+    dyadic se is unbiased but noisier than the bootstrap's t* allow for, so the interval refers
+    it to t on its Satterthwaite degrees of freedom (`dyadic_t`, Bell & McCaffrey 2002) and
+    covers 0.12 in at least 95 % (the dyadic se with the bootstrap's t*: 90.7 %, 272 of 300)."""
     n, partners = 50, real_partners(50)
     rng = np.random.default_rng(7)
     covered = 0

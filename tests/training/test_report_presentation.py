@@ -241,14 +241,20 @@ def test_a_text_prior_cancels_in_ir_c_and_inflates_tr_c_only_when_it_favours_the
     assert (p_c - p_o > 0).all()  # the prior favours the counterfactual: TR_c inflated
     prefers = float(_prefers(p_o, p_c, higher=True).mean())
     assert prefers == 0.0
-    assert prior_effect(prefers).startswith("TR_c") and "IR_c" not in prior_effect(prefers)
-    assert prior_effect(1.0).startswith("none") and "lowers TR_c" in prior_effect(1.0)
+    high = 1 - 0.025 ** (1 / n)  # 0 of 20: Clopper-Pearson's upper end, by hand
+    assert prior_effect(prefers, 0.0, high).startswith("TR_c") and "IR_c" not in prior_effect(prefers, 0.0, high)
+    assert prior_effect(1.0, 1 - high, 1.0).startswith("none") and "lowers TR_c" in prior_effect(1.0, 1 - high, 1.0)
+    # A direction is claimed only where the interval excludes 0.5: 0.4 [0.19, 0.64] claims none.
+    assert prior_effect(0.4, 0.19, 0.64) == prior_effect(0.6, 0.36, 0.81) == "none shown (its interval holds 0.5)"
+    assert prior_effect(0.0) == "none shown (no interval)"
     record = {
         "dataset": "cf",
         "task": "blind_baseline",
         "model": "lm",
         "metrics": {"lm_prefers_original": prefers, "pairs": n, "same_word_pairs": 0},
         "n_units": {"lm_prefers_original": n},
+        "ci_low": {"lm_prefers_original": 0.0},
+        "ci_high": {"lm_prefers_original": high},
         "chance": {"lm_prefers_original": 0.5},
     }
     text = "\n".join(blind_lines([record], "cf"))

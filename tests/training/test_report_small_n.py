@@ -60,7 +60,10 @@ def test_records_carry_units_clusters_and_the_interval_method(reports, builds):
         for name, value in r["metrics"].items():
             if r["n_units"].get(name) is None:
                 continue
-            assert r["ci_method"][name] in {"clopper-pearson", "studentized", "percentile", "none"}, (r["task"], name)
+            assert r["ci_method"][name] in {"clopper-pearson", "studentized", "dyadic-t", "percentile", "none"}, (
+                r["task"],
+                name,
+            )
             assert 0 < r["n_clusters"][name] <= r["n_units"][name]
             if r["ci_low"][name] is not None and not r["trivial"][name]:
                 assert r["ci_low"][name] < r["ci_high"][name], (r["task"], name)  # no point interval
@@ -73,7 +76,8 @@ def test_records_carry_units_clusters_and_the_interval_method(reports, builds):
         assert itm["ci_method"][name] == "none" and itm["ci_low"][name] is None, name
         assert itm["ci_note"][name] == "fewer than 6 clusters", name
     real = next(r for r in records if r["dataset"] == "coco" and r["task"] == "itm")
-    assert real["n_clusters"]["IR_r_mean"] == 6 and real["ci_method"]["IR_r_mean"] == "studentized"
+    # The real pairs' mean: a t interval on their dyadic se (statistics.dyadic_t).
+    assert real["n_clusters"]["IR_r_mean"] == 6 and real["ci_method"]["IR_r_mean"] == "dyadic-t"
     assert real["ci_method"]["IR_r_median"] == "percentile"
     odmap = next(r for r in records if r["task"] == "odmap")
     for name in odmap["metrics"]:

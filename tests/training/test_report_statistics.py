@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from training.statistics import (
+    paired_intervals,
     UnitScores,
     bootstrap,
     holm,
@@ -237,14 +238,40 @@ def test_proportion_interval_is_clopper_pearson():
 def test_proportion_of_clustered_trials_counts_the_design_effect():
     """t2i R@K, 5 captions an image that are all hits or all misses: the 500 captions are about
     100 independent trials (design effect 5 x 100/99 with the cluster variance's c/(c-1)), so the
-    interval is Korn & Graubard's Clopper-Pearson on 99 effective trials, not on 500."""
+    interval is Korn & Graubard's Clopper-Pearson on 99 effective trials, not on 500, times their
+    degrees-of-freedom factor (t_499 / t_99)^2 (Korn & Graubard 1998, their n*_df)."""
     hits = np.r_[np.full(40, 5.0), np.zeros(60)]
     found = intervals({"r": UnitScores("images", hits, np.full(100, 5.0), proportion=True)}, 0, 0)["r"]
-    n_eff, x = 99.0, 0.4 * 99.0
+    n_eff = 99.0 * (stats.t.ppf(0.975, 499) / stats.t.ppf(0.975, 99)) ** 2
+    x = 0.4 * n_eff
     ref = (stats.beta.ppf(0.025, x, n_eff - x + 1), stats.beta.ppf(0.975, x + 1, n_eff - x))
     assert (found.low, found.high) == pytest.approx(ref, abs=1e-9)
     naive = stats.binomtest(200, 500).proportion_ci(method="exact")
     assert found.high - found.low > 2 * (naive.high - naive.low)
+
+
+def test_paired_proportions_get_newcombes_hybrid_interval_inside_minus_one_to_one():
+    """Two models' R@1 on the same 12 images: Newcombe's (1998) method 10 as the MOVER of Zou &
+    Donner (2008), from each proportion's exact interval (scipy's) and the phi coefficient of
+    the 2 x 2 table, by hand; far apart at few units it stays within [-1, 1] (#50: the
+    bootstrap-t gave R@1's difference -0.1333 [-1.4667, 0.1559])."""
+    a = np.r_[np.ones(7), np.zeros(5)]
+    b = np.r_[np.ones(3), np.zeros(6), np.ones(3)]
+    found = paired_intervals(
+        {"r": (UnitScores("images", a, proportion=True), UnitScores("images", b, proportion=True))}, 200, 0
+    )["r"]
+    both, only_a, only_b, neither = (a * b).sum(), (a * (1 - b)).sum(), ((1 - a) * b).sum(), ((1 - a) * (1 - b)).sum()
+    phi = (both * neither - only_a * only_b) / np.sqrt(
+        (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    )
+    (la, ua), (lb, ub) = (stats.binomtest(int(x.sum()), 12).proportion_ci(method="exact") for x in (a, b))
+    pa, pb = a.mean(), b.mean()
+    low = pa - pb - np.sqrt((pa - la) ** 2 + (ub - pb) ** 2 - 2 * phi * (pa - la) * (ub - pb))
+    high = pa - pb + np.sqrt((ua - pa) ** 2 + (pb - lb) ** 2 - 2 * phi * (ua - pa) * (pb - lb))
+    assert found.method == "newcombe" and (found.low, found.high) == pytest.approx((low, high), abs=1e-9)
+    ones, one = UnitScores("images", np.ones(6), proportion=True), UnitScores("images", np.eye(6)[0], proportion=True)
+    extreme = paired_intervals({"r": (ones, one)}, 200, 0)["r"]
+    assert -1 <= extreme.low < 5 / 6 < extreme.high <= 1
 
 
 def test_studentized_interval_of_a_mean_by_hand():

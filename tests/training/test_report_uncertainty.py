@@ -111,6 +111,53 @@ def test_every_number_with_units_has_its_interval(report):
     assert "-0.0000" not in md
 
 
+#: The values a metric can take, by its name (independent of the code's `bounds`): recalls,
+#: fractions and ODmAP lie in [0, 1], so their paired differences in [-1, 1]; ITM delta means
+#: and medians and PN are not bounded by their definition.
+_BOUNDED = re.compile(r"recall@|frac_below_zero|prefers_original|ODmAP|top\d")
+
+
+def test_every_interval_the_report_prints_lies_in_its_metrics_range(report):
+    """Every interval of results.jsonl and every paired difference of report.md (both families)
+    inside what its metric can take (#50: R@1's difference was -0.1333 [-1.4667, 0.1559],
+    ODmAP@1 0.2000 [-0.1498, 2.2000] on this fixture)."""
+    out, _ = report
+    checked = 0
+    for r in _records(out):
+        for name, low in r["ci_low"].items():
+            if low is not None and _BOUNDED.search(name):
+                assert 0 <= low <= r["ci_high"][name] <= 1, (r["task"], name, low, r["ci_high"][name])
+                checked += 1
+    rows = re.findall(
+        r"^\| (\S+) \|.*\| (-?\d\.\d{4}) \[(-?\d+\.\d{4}), (-?\d+\.\d{4})\] \|", (out / "report.md").read_text(), re.M
+    )
+    differences = [(m, float(lo), float(hi)) for m, _, lo, hi in rows if _BOUNDED.search(m.replace("\\", ""))]
+    assert len(differences) >= 8 and checked >= 20, (len(differences), checked)
+    for metric, low, high in differences:
+        assert -1 <= low <= high <= 1, (metric, low, high)
+
+
+def test_every_missing_interval_says_why(report):
+    """With resamples, a metric with units but no interval has its reason in `ci_note`, per-class
+    numbers included (#50: their notes were null), and its per-model cell shows it."""
+    out, _ = report
+    md = (out / "report.md").read_text()
+    missing = 0
+    for r in (r for r in _records(out) if r["task"] != "blind_baseline" or r["n_units"]):
+        for name, value in r["metrics"].items():
+            if (r["n_units"] or {}).get(name) and r["ci_low"].get(name) is None and value is not None:
+                note = r["ci_note"][name]
+                assert note, (r["task"], name)
+                missing += 1
+                if r["task"] == "odmap_per_class":
+                    cell = f"| {name.replace('_', chr(92) + '_')} | {value:.4f} (no interval: {note}) (n = "
+                    assert cell in md, cell
+    assert missing >= 4, missing
+    # Paired differences too, the per-class family's included: an interval or why not.
+    cells = re.findall(r"^\| \S+/.* \| (\S+(?: \[.*?\]| \(no interval: [^)]*\))?) \| \S+ \| \S+ \|$", md, re.M)
+    assert len(cells) >= 40 and all("[" in c or "no interval" in c for c in cells), cells
+
+
 def test_intervals_are_deterministic_and_off_with_bootstrap_zero(report, builds, tiny_models_dir, tmp_path):
     from builders.models.profiles import tiny_profile
 

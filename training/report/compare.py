@@ -26,7 +26,6 @@ from training.report.per_class import class_of, testable
 from training.report.results import record_name
 from training.statistics import (
     ALPHA,
-    FEW_CLUSTERS,
     MIN_CLUSTERS,
     UnitScores,
     bootstrap,
@@ -57,6 +56,7 @@ class Comparison:
     n_clusters: int = 0  # their clusters (source images; the units where there are none)
     #: The smallest difference one test at alpha = 0.05 detects with 80 % power (`detectable`).
     detectable: float = float("nan")
+    note: str | None = None  # why there is no interval (statistics.Interval.note)
 
     def as_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in vars(self).items()}
@@ -91,9 +91,8 @@ def compare_dataset(
     resampled = bootstrap({(m, k): units[m][k] for m in compared for k in tested}, resamples, seed)
     paired = {(key, a, b): (units[a][key], units[b][key]) for key in tested for a, b in pairs}
     pvalues = sign_flip_pvalues(paired, resamples, seed)
-    # A difference linear in the units gets the studentized interval; a median's or a mean over
-    # groups', the percentile interval of the paired resampled differences.
-    studentized = paired_intervals(paired, resamples, seed)
+    every = {(k, a, b): (units[a][k], units[b][k]) for k in keys for a, b in pairs if units[a][k].n == units[b][k].n}
+    found = paired_intervals(every, resamples, seed)  # with each missing interval's reason
     out = []
     for key in keys:
         task, metric = record_name(key)
@@ -101,12 +100,13 @@ def compare_dataset(
             nan = float("nan")
             spread = resampled[(a, key)] - resampled[(b, key)] if key in tested else np.full(1, nan)
             n, clusters = units[a][key].counted()
-            found = studentized.get((key, a, b))
-            low, high = difference_interval(found, spread, clusters) if key in tested else (nan, nan)
+            why = found.get((key, a, b))
+            low, high = difference_interval(why, spread) if key in tested and why else (nan, nan)
             difference = units[a][key].value() - units[b][key].value()
             p = pvalues[(key, a, b)] if key in tested else nan
             c = Comparison(dataset, task, metric, a, b, difference, low, high, p, n=n, n_clusters=clusters)
-            c.detectable = detectable(spread, clusters)
+            c.note = why and why.note  # no interval (a fixed metric, equal units): nothing to detect
+            c.detectable = detectable(spread, clusters) if np.isfinite(low) else nan
             out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
@@ -194,8 +194,7 @@ def comparison_cells(c: Comparison) -> str:
     if np.isfinite(c.low) and np.isfinite(c.high):
         difference = with_interval(c.difference, c.low, c.high)
     else:
-        few = np.isfinite(c.p_value) and c.n_clusters < MIN_CLUSTERS
-        difference = with_interval(c.difference, note=FEW_CLUSTERS if few else None)
+        difference = with_interval(c.difference, note=c.note)
     return f"{difference} | {_p(c.p_value)} | {_p(c.p_holm)}"
 
 

@@ -6,17 +6,12 @@
   `odmap_chance`, the expected AP@k of a random ranking of the gallery. ITM deltas of a model
   without preference: mean 0, median 0, fraction below zero 1/2.) PN: `pn_floor`, from the
   model's own scores, slightly below 0.
-- `blind_baseline`: the counterfactual pairs scored without their images. The builder's own
-  language model (the perplexity filter that chose the captions: gpt2-large in production) and
-  the sentence model each score every caption alone: the LM by its perplexity (lower: more
-  fluent), the sentence model by its cosine to the mean embedding of all the set's captions
-  (higher: more typical of them). Reported: how often each prefers the original caption (with
-  its bootstrap interval over pairs; a tie or an unscorable caption counts one half). What a
-  text-only prior can do (`prior_effect`): IR_c = G(C_c, I_c) - G(C_c, I_o) scores one caption
-  against two images, so a prior on the caption adds the same to both terms and cancels; only
-  TR_c = G(C_c, I_c) - G(C_o, I_c) compares two captions, and a prior raises it only where it
-  favours the counterfactual caption C_c (prefers-original below 50 %); one that favours the
-  original lowers TR_c. (SugarCrepe found such priors in ARO/CREPE hard negatives.)
+- `blind_baseline`: the pairs scored without their images by the builder's language model
+  (perplexity: lower is more fluent) and the sentence model (cosine to the set's mean caption
+  embedding: higher is more typical): how often each prefers the original caption, with its
+  interval (a tie counts one half). `prior_effect`: such a prior cancels in IR_c = G(C_c, I_c) -
+  G(C_c, I_o); it can raise TR_c = G(C_c, I_c) - G(C_o, I_c) only where it favours C_c, claimed
+  where the interval lies below 50 % (SugarCrepe found such priors in ARO/CREPE hard negatives).
 - Same-word pairs: pairs whose two captions are the same multiset of words (a swap, not a
   substitution): counted and scored apart; tables imported with `--captions-from` may hold them.
 """
@@ -139,16 +134,17 @@ def chance_levels(
     return {k: v for k, v in out.items() if k in metrics}
 
 
-def prior_effect(prefers_original: float | None) -> str:
+def prior_effect(prefers_original: float | None, low: float | None = None, high: float | None = None) -> str:
     """Which ITM delta a text-only prior with this preference could inflate (module docstring):
-    never IR_c; TR_c only where the prior favours the counterfactual caption."""
+    never IR_c; TR_c only where the prior favours the counterfactual caption. A direction is
+    claimed only where the 95 % interval [low, high] excludes 0.5."""
     if prefers_original is None or np.isnan(prefers_original):
         return "n/a"
-    if prefers_original < 0.5:
+    if low is None or high is None or low <= 0.5 <= high:
+        return "none shown (" + ("no interval" if low is None or high is None else "its interval holds 0.5") + ")"
+    if high < 0.5:
         return "TR_c (the prior favours the counterfactual caption)"
-    if prefers_original > 0.5:
-        return "none (the prior favours the original caption: it lowers TR_c)"
-    return "none"
+    return "none (the prior favours the original caption: it lowers TR_c)"
 
 
 def same_words(a: str, b: str) -> bool:

@@ -259,7 +259,7 @@ def blind_lines(records: list[dict], dataset: str) -> list[str]:
     for r in rows:
         lines += [
             f"| {plain(r['model'])} | {plain(name)} | {cell(r, name)}{_n_note(r, name)} "
-            f"| {_fmt((r.get('chance') or {}).get(name))} | {prior_effect(r['metrics'].get(name))} |"
+            f"| {_fmt((r.get('chance') or {}).get(name))} | {prior_effect(*(f.get(name) for f in (r['metrics'], r.get('ci_low') or {}, r.get('ci_high') or {})))} |"
             for name in sorted(r["metrics"], key=natural)
             if "prefers" in name
         ]

@@ -6,8 +6,10 @@ removed class).
 A class's number is a function of the queries that removed it, not of the whole set: its units
 are those queries only (`class_units`), so its record's `n_units` is the class's count, its
 interval resamples them, and a resample always holds the class. Below `MIN_CLUSTERS` of their
-clusters (source images, training/statistics.py) a class gets no interval and no test (n/a). Its paired tests are a Holm family of their own
-(training/report/compare.py), apart from the dataset table's."""
+clusters (source images, training/statistics.py) a class gets no interval and no test (n/a),
+and its record's `ci_note` says why (statistics.intervals: one cluster, fewer than 6 clusters).
+Its paired tests are a Holm family of their own (training/report/compare.py), apart from the
+dataset table's."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ Our own metrics keep our own tasks (`zeroshot_retrieval_1k`: the COCO 1K folds, 
 Each record also holds what someone else needs to trust and reproduce a number: per metric the
 95 % interval (`ci_low`, `ci_high`) over `n_units` units (those that enter the value: a class's
 own queries) in `n_clusters` clusters (source images; the units where there are none), made by
-`ci_method` (clopper-pearson, studentized or percentile, training/statistics.py) from `bootstrap`
-resamples and `seed` (null where a metric has no per-unit form, training/unit_scores.py; where
+`ci_method` (clopper-pearson, studentized, dyadic-t or percentile, training/statistics.py) from
+`bootstrap` resamples and `seed` (null where a metric has no per-unit form, training/unit_scores.py; where
 there is none, `ci_method` is `none` and `ci_note` says why: `fixed by construction` where
 `trivial` is true, a value the units cannot move, e.g. R@K with K >= the gallery; `all n units
 equal`, a sample without spread, which is no evidence the population has none; `one cluster`;

@@ -32,7 +32,7 @@ from training.report.hub_results import push_results
 from training.report.compare import comparison_lines, compare_dataset, forest_columns, plot_forest, verdicts
 from training.report.generator_bias import GeneratorBias, bias_records, generator_bias, generator_lines
 from training.report.markdown import Extras, file_part, render_report
-from training.report.per_class import class_units, odmap_per_class, per_class_metrics, plot, testable
+from training.report.per_class import class_units, odmap_per_class, per_class_metrics, plot
 from builders.models.profiles import PRODUCTION
 from training.report.floors import BlindModels, blind_baseline, chance_levels, load_blind_models
 from training.report.models import (
@@ -327,10 +327,9 @@ def _check_folder(flag: str, folder: Path) -> None:
 
 def _intervals(units: dict[str, UnitScores], cfg: BenchmarkConfig) -> dict[str, Interval]:
     """metric key -> 95 % interval (training.statistics.intervals: the method its kind needs) of
-    every metric with units, with its units and clusters; the interval is NaN (n/a) with
-    --bootstrap 0 and for a class with too few units (per_class.testable)."""
-    kept = {key: u for key, u in units.items() if testable(key, u)} if cfg.bootstrap else {}
-    found = intervals(kept, cfg.bootstrap, cfg.seed) if kept else {}
+    every metric with units, with its units and clusters, and why where it has none (a class
+    with too few units among them); NaN (n/a) with --bootstrap 0."""
+    found = intervals(units, cfg.bootstrap, cfg.seed) if cfg.bootstrap and units else {}
     return {key: found.get(key) or Interval(np.nan, np.nan, "none", *u.counted()) for key, u in units.items()}
 
 
