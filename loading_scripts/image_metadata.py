@@ -18,16 +18,14 @@ metadata segments away and copies everything that makes the pixels byte for byte
   dropped; every other chunk (pixels, palette, transparency, colour: `iCCP`, `gAMA`, ...) is kept.
 - Any other format cannot be rewritten here: `MetadataNotStripped`, which a builder counts.
 
-`has_gps` says whether an image carries a GPS position (its EXIF GPS IFD holds a tag), read by
-PIL from the header only; `counterfactory show` flags such images.
+`image_gps.gps_check` says whether an image carries a GPS position; `counterfactory show` flags
+such images.
 """
 
 from __future__ import annotations
 
 import struct
 from typing import Any
-
-from PIL import Image
 
 from builders.engine.options import option
 
@@ -36,7 +34,6 @@ _PNG_METADATA_CHUNKS = {b"tEXt", b"zTXt", b"iTXt", b"eXIf", b"tIME"}
 #: JPEG markers without a length (SOI, EOI, RST0-7, TEM).
 _STANDALONE = {0xD8, 0xD9, *range(0xD0, 0xD8), 0x01}
 _APP0, _APP2, _APP14, _COM = 0xE0, 0xE2, 0xEE, 0xFE
-_GPS_IFD = 0x8825
 
 
 class MetadataNotStripped(ValueError):
@@ -137,12 +134,3 @@ def _strip_png(data: bytes) -> bytes:
         if kind == b"IEND":
             return bytes(out)
     raise MetadataNotStripped("the PNG has no IEND chunk")
-
-
-def has_gps(img: Image.Image) -> bool:
-    """Whether the opened image `img` carries a GPS position (a tag in its EXIF GPS IFD); False
-    when its EXIF cannot be read."""
-    try:
-        return bool(img.getexif().get_ifd(_GPS_IFD))
-    except (OSError, ValueError, SyntaxError, struct.error):
-        return False
