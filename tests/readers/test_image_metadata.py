@@ -27,6 +27,7 @@ from helpers.image_metadata_helpers import (
     gps_exif,
     gps_hiding_places,
     leaks,
+    strip_variants,
     unreadable_exif,
 )
 
@@ -62,6 +63,7 @@ CASES = {
     "cmyk-adobe": ("CMYK", "JPEG", {}),
     "grayscale": ("L", "JPEG", {}),
     "png": ("RGB", "PNG", {}),
+    "png-icc-profile": ("RGB", "PNG", {"icc_profile": SRGB}),
 }
 
 
@@ -103,6 +105,25 @@ def test_hostile_bytes_raise_only_metadata_not_stripped():
         except MetadataNotStripped:
             continue
         assert out.startswith(b"\xff\xd8") and out.endswith(b"\xff\xd9") and len(out) <= len(bad)
+
+
+@pytest.mark.parametrize("name", list(strip_variants()))
+def test_every_hiding_place_is_stripped_and_the_pixels_stay(name):
+    data = strip_variants()[name]
+    assert leaks(data)  # the source does hide a GPS position
+    stored = strip_metadata(data)
+    assert leaks(stored) == []
+    before, after = Image.open(io.BytesIO(data)), Image.open(io.BytesIO(stored))
+    assert after.format == before.format and after.mode == before.mode
+    assert np.array_equal(np.asarray(after), np.asarray(before))
+
+
+def test_the_fixed_fields_decoding_reads_are_kept():
+    """A JFIF thumbnail goes but the densities stay; a CMYK file's Adobe transform stays."""
+    data = strip_variants()["jfif-thumbnail"]
+    assert Image.open(io.BytesIO(strip_metadata(data))).info["dpi"] == Image.open(io.BytesIO(data)).info["dpi"]
+    cmyk = saved(pixels("CMYK"), "JPEG")
+    assert Image.open(io.BytesIO(strip_metadata(cmyk))).info["adobe_transform"] == 0
 
 
 @pytest.mark.parametrize("name", list(gps_hiding_places()))

@@ -30,7 +30,7 @@ from builders.app.cli import main as cli_main
 from builders.counterfactuals import imports
 
 from helpers.gallery_helpers import page_records, show
-from helpers.image_metadata_helpers import gps_hiding_places, plain_jpeg, unreadable_exif
+from helpers.image_metadata_helpers import gps_hiding_places, leaks, plain_jpeg, strip_variants, unreadable_exif
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -229,6 +229,21 @@ def numbered(
         if n == 0:
             rows.append((row_id, f"A photo number {k}.", f"A picture number {k}."))
     return folder, rows, where
+
+
+def test_strip_metadata_leaves_no_gps_byte_wherever_it_was_hidden(tmp_path, tiny_models_dir):
+    images = strip_variants()
+    folder, rows, where = numbered(tmp_path, images)
+    out = tmp_path / "stripped"
+    manifest = build(out, tiny_models_dir, tmp_path, folder, "--strip-metadata", rows=rows)
+    assert manifest["errors"] == {}
+    stored = rows_by_id(out)
+    for name, (row_id, n) in where.items():
+        data = stored[row_id][f"image_{n}"]["bytes"]
+        assert leaks(images[name]) and leaks(data) == [], name  # the source hid it; nothing is left
+        source, kept = Image.open(io.BytesIO(images[name])), Image.open(io.BytesIO(data))
+        assert kept.format == source.format and np.array_equal(np.asarray(kept), np.asarray(source)), name
+    assert "Image metadata: stripped." in (out / "README.md").read_text()
 
 
 def test_show_flags_gps_wherever_it_sits(tmp_path, tiny_models_dir):
