@@ -91,20 +91,42 @@ def test_other_formats_are_refused_not_passed():
         strip_metadata(saved(pixels(), "WEBP", exif=exif()))
 
 
-def test_hostile_bytes_raise_only_metadata_not_stripped():
-    data = saved(pixels(), "JPEG", exif=exif(), progressive=True)
-    rng = np.random.default_rng(41)
-    for k in range(400):
+def corrupted(data: bytes, seed: int, n: int = 400):
+    """`n` copies of `data`, every other one cut, each with 1 to 4 bytes past the first two changed."""
+    rng = np.random.default_rng(seed)
+    for k in range(n):
         bad = bytearray(data)
         if k % 2:
             bad = bad[: rng.integers(3, len(bad))]
         for _ in range(rng.integers(1, 5)):
             bad[rng.integers(2, len(bad))] = rng.integers(0, 256)
+        yield bytes(bad)
+
+
+def test_hostile_bytes_raise_only_metadata_not_stripped():
+    data = saved(pixels(), "JPEG", exif=exif(), progressive=True)
+    for bad in corrupted(data, 41):
         try:
-            out = strip_metadata(bytes(bad))
+            out = strip_metadata(bad)
         except MetadataNotStripped:
             continue
         assert out.startswith(b"\xff\xd8") and out.endswith(b"\xff\xd9") and len(out) <= len(bad)
+
+
+def test_hostile_pngs_raise_only_metadata_not_stripped():
+    data = strip_variants()["png-iccp-then-gps"]
+    for bad in corrupted(data, 49):
+        try:
+            out = strip_metadata(bad)
+        except MetadataNotStripped:
+            continue
+        assert out.startswith(b"\x89PNG") and out[-8:-4] == b"IEND"
+
+
+@pytest.mark.parametrize("name", ["app1-exif-xmp-comment-and-a-second-image", "exif-between-scans", "png-cabx"])
+def test_hostile_bytes_never_make_the_gps_check_raise(name):
+    for bad in corrupted(strip_variants()[name], 7):
+        assert isinstance(gps_check(bad).flagged, bool)
 
 
 @pytest.mark.parametrize("name", list(strip_variants()))
