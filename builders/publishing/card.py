@@ -105,8 +105,9 @@ def image_metadata_note(config: Any) -> str | None:
         if isinstance(config.get("strip_metadata"), bool):
             if config["strip_metadata"]:
                 return (
-                    "Image metadata: stripped. The source images' EXIF (with any GPS position), XMP and "
-                    "comments were dropped before storing them (`--strip-metadata`), without re-encoding."
+                    "Image metadata: stripped. Of the source images' bytes only what decoding and colour "
+                    "need was kept (`--strip-metadata`, an allow-list, without re-encoding): their EXIF "
+                    "(with any GPS position), XMP, comments and any other metadata were dropped."
                 )
             return (
                 "Image metadata: kept. Source images stored as their files' bytes keep whatever metadata "

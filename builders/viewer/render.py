@@ -34,7 +34,7 @@ from builders.viewer.row_view import Slot, view_of
 from builders.viewer.rows import record, search_text
 from builders.viewer.source import GallerySource
 from builders.viewer.stats import EXAMPLE_ROWS, GalleryStats, skip_counts
-from loading_scripts.image_metadata import has_gps
+from loading_scripts.image_gps import gps_check
 from builders.viewer.thumbnails import ThumbnailProblem, ThumbnailConfig, decode_image, thumbnail_path, write_thumbnail
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,11 @@ class GalleryResult:
     first_page_bytes: int
     #: Images shown as missing, per reason (thumbnails.ThumbnailProblem), most frequent first.
     images_not_shown: dict[str, int] = field(default_factory=dict)
-    #: Images whose EXIF holds a GPS position (flagged on their thumbnail and the stats page).
+    #: Images whose metadata holds a GPS position, or that could not be read fully (treated as
+    #: holding one: `loading_scripts/image_gps.py`), flagged on their thumbnail and the stats page.
     images_with_gps: int = 0
+    #: Of those, the images that could not be read fully.
+    images_gps_unknown: int = 0
 
 
 def _prepare(out: Path) -> None:
@@ -139,28 +142,42 @@ class _Writer:
             self.flush_index()
 
     def thumbnail(self, index: int, k: int, slot: Slot, row: dict[str, Any]) -> dict[str, Any]:
-        """The record of one image of a row: its written thumbnail, or why it is missing."""
+        """The record of one image of a row: its written thumbnail, or why it is missing; and
+        whether it carries a GPS position."""
         max_pixels = self.cfg.thumbnails.max_pixels
+        gps = self.gps_flag(index, slot.column, row[slot.column])
         try:
             image = decode_image(row[slot.column], max_pixels)
         except ThumbnailProblem as problem:
             self.not_shown(index, slot.column, problem)
-            return {"label": slot.label, "missing": problem.reason}
+            return {"label": slot.label, "missing": problem.reason, **gps}
         mask = None
         if slot.outline and row.get(slot.outline) is not None:
             try:
                 mask = decode_image(row[slot.outline], max_pixels)
             except ThumbnailProblem as problem:  # the image is shown, without the outline
                 self.not_shown(index, slot.outline, problem)
-        # Real images are stored as their files' bytes: a photo's EXIF may publish where it was taken.
-        gps = has_gps(image)
-        if gps:
-            self.stats.image_with_gps(index)
         rel = thumbnail_path(index, k)
         size = write_thumbnail(image, self.out / rel, self.cfg.thumbnails, mask)
         if self.pages == 0:
             self.first_page_bytes += (self.out / rel).stat().st_size
-        return {"src": rel, "label": slot.label, **size, **({"gps": True} if gps else {})}
+        return {"src": rel, "label": slot.label, **size, **gps}
+
+    def gps_flag(self, index: int, column: str, cell: Any) -> dict[str, Any]:
+        """{"gps": True} for an image whose metadata holds a GPS position, {"gps": "unknown"} for
+        one that could not be read fully (treated as holding one), else {}. Real images are
+        stored as their files' bytes: a photo's metadata may publish where it was taken, shown
+        or not."""
+        data = cell.get("bytes") if isinstance(cell, dict) else None
+        if not isinstance(data, bytes) or not data:
+            return {}
+        gps = gps_check(data)
+        if not gps.flagged:
+            return {}
+        self.stats.image_with_gps(index, unknown=not gps.found)
+        if not gps.found:
+            log.debug("row %d (%s): GPS unknown, treated as present: %s", index, column, gps.unread[0])
+        return {"gps": True if gps.found else "unknown"}
 
     def not_shown(self, index: int, column: str, problem: ThumbnailProblem) -> None:
         self.stats.image_not_shown(index, problem.reason)
@@ -234,6 +251,7 @@ def _stats_page(w: _Writer, source: GallerySource, env, common: dict[str, Any]) 
         example_rows=EXAMPLE_ROWS,
         not_shown_total=sum(w.stats.images_not_shown.values()),
         gps_images=w.stats.images_with_gps,
+        gps_unknown=w.stats.images_gps_unknown,
         gps_rows=", ".join(map(str, w.stats.rows_with_gps)),
     )
     (out / "stats.html").write_text(html, encoding="utf-8")
@@ -254,9 +272,10 @@ def write_gallery(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
         ) from None
     if result.images_with_gps:
         log.warning(
-            "%s: %d images carry a GPS position in their EXIF; see %s",
+            "%s: %d images carry a GPS position in their metadata%s; see %s",
             source.title,
             result.images_with_gps,
+            _unknown(result),
             out / "stats.html",
         )
     if result.images_not_shown:
@@ -311,8 +330,15 @@ def not_shown_summary(result: GalleryResult) -> str:
             f"({_counts(result.images_not_shown)}; see stats.html)"
         )
     if result.images_with_gps:
-        summary += f"; {result.images_with_gps} images carry a GPS position (see stats.html)"
+        summary += f"; {result.images_with_gps} images carry a GPS position{_unknown(result)} (see stats.html)"
     return summary
+
+
+def _unknown(result: GalleryResult) -> str:
+    """ " (2 of them GPS: unknown, could not be read fully: treated as present)" or ""."""
+    if not result.images_gps_unknown:
+        return ""
+    return f" ({result.images_gps_unknown} of them GPS: unknown, could not be read fully: treated as present)"
 
 
 def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
@@ -356,25 +382,28 @@ def _write(source: GallerySource, cfg: GalleryConfig) -> GalleryResult:
         first_page_bytes=first,
         images_not_shown=w.stats.not_shown_counts(),
         images_with_gps=w.stats.images_with_gps,
+        images_gps_unknown=w.stats.images_gps_unknown,
     )
-    (out / MARKER).write_text(
-        json.dumps(
-            {
-                "complete": True,
-                "source": source.title,
-                "config": source.config,
-                "split": source.split,
-                "rows": result.rows,
-                "pages": result.pages,
-                "kind": result.kind,
-                "first_page_bytes": first,
-                "images_not_shown": result.images_not_shown,
-                "images_with_gps": result.images_with_gps,
-            },
-            indent=1,
-        )
-    )
+    _write_marker(out, source, result)
     return result
+
+
+def _write_marker(out: Path, source: GallerySource, result: GalleryResult) -> None:
+    """gallery.json: marks `out` as a complete gallery, with its counts."""
+    marker = {
+        "complete": True,
+        "source": source.title,
+        "config": source.config,
+        "split": source.split,
+        "rows": result.rows,
+        "pages": result.pages,
+        "kind": result.kind,
+        "first_page_bytes": result.first_page_bytes,
+        "images_not_shown": result.images_not_shown,
+        "images_with_gps": result.images_with_gps,
+        "images_gps_unknown": result.images_gps_unknown,
+    }
+    (out / MARKER).write_text(json.dumps(marker, indent=1))
 
 
 def write_gallery_index(root: Path, galleries: dict[str, Path]) -> Path:

@@ -30,8 +30,10 @@ class GalleryStats:
     #: reason -> images not shown (thumbnails.ThumbnailProblem), and the first rows holding one.
     images_not_shown: Counter = field(default_factory=Counter)
     rows_not_shown: dict[str, list[int]] = field(default_factory=dict)
-    #: Images whose EXIF holds a GPS position, and the first rows holding one.
+    #: Images whose metadata holds a GPS position or could not be read fully (treated as holding
+    #: one; `images_gps_unknown` of them), and the first rows holding one.
     images_with_gps: int = 0
+    images_gps_unknown: int = 0
     rows_with_gps: list[int] = field(default_factory=list)
 
     def add(self, row: dict[str, Any], facets: dict[str, list[str]]) -> None:
@@ -49,8 +51,9 @@ class GalleryStats:
         if len(rows) < EXAMPLE_ROWS and index not in rows:
             rows.append(index)
 
-    def image_with_gps(self, index: int) -> None:
+    def image_with_gps(self, index: int, unknown: bool = False) -> None:
         self.images_with_gps += 1
+        self.images_gps_unknown += unknown
         if len(self.rows_with_gps) < EXAMPLE_ROWS and index not in self.rows_with_gps:
             self.rows_with_gps.append(index)
 

@@ -175,11 +175,16 @@ def test_images_that_cannot_be_shown_are_counted_and_shown_as_missing(tmp_path, 
     assert len(records) == len(rows)
     (im,) = records[0]["imgs"]
     assert np.abs(mean_rgb(out / im["src"]) - SHOWN_RGB).max() < 12
-    for rec, (_, reason) in zip(records[1:-1], problems, strict=True):
-        assert rec["imgs"] == [{"label": "image", "missing": reason}], rec
+    for rec, (data, reason) in zip(records[1:-1], problems, strict=True):
+        # Bytes that cannot be read fully may hide a GPS position: flagged as unknown (issue 49);
+        # the PNGs claiming too many pixels are whole files without metadata.
+        gps = {"gps": "unknown"} if reason in ("truncated", "undecodable") else {}
+        assert rec["imgs"] == [{"label": "image", "missing": reason, **gps}], rec
     assert records[-1]["imgs"] == []  # nothing to show, nothing wrong
     expected = {"too_many_pixels": 2, "empty": 1, "truncated": 1, "undecodable": 1}
-    assert json.loads((out / "gallery.json").read_text())["images_not_shown"] == expected
+    marker = json.loads((out / "gallery.json").read_text())
+    assert marker["images_not_shown"] == expected
+    assert (marker["images_with_gps"], marker["images_gps_unknown"]) == (2, 2)
     assert (
         "5 images not shown (too_many_pixels 2, empty 1, truncated 1, undecodable 1; see stats.html)" in captured.out
     )

@@ -79,8 +79,11 @@
     const imgs = rec.imgs.map((im) => el("figure", {}, [
       im.src ? el("img", { src: im.src, loading: "lazy", width: im.w, height: im.h, alt: im.label + " of " + rec.id })
         : el("div", { class: "missing", text: "image not shown: " + im.missing }),
-      // An image whose EXIF holds a GPS position (rec.imgs[k].gps) says so under it.
-      el("figcaption", im.gps ? { class: "gps", text: im.label + " · GPS position in its EXIF" } : { text: im.label })]));
+      // An image whose metadata holds a GPS position (rec.imgs[k].gps true), or could not be read
+      // fully ("unknown": treated as holding one), says so under it.
+      el("figcaption", im.gps ? { class: "gps", text: im.label + (im.gps === "unknown"
+        ? " · GPS: unknown (could not be read fully) — treated as present" : " · GPS position in its metadata") }
+        : { text: im.label })]));
     const texts = rec.texts.map((t) => el("p", {}, [el("span", { class: "label", text: t.label }), ...segments(t.segs)]));
     const chips = [];
     Object.entries(rec.facets).forEach(([k, vs]) => vs.forEach((v) => chips.push(el("span", { text: k + ": " + v }))));

@@ -7,6 +7,11 @@
   `--strip-metadata` drops EXIF, XMP and comments without re-encoding: PIL (an independent reader)
   then finds no EXIF and no GPS, and decodes the same pixels as from the source file. The card
   says which was done, and `counterfactory show` flags the images that carry a GPS position.
+- Issue 49: whatever segment or chunk hides a GPS position (a JFIF or JFXX thumbnail, an ICC or
+  Adobe segment with more than its profile or fields, a PNG caBX or private chunk, ...), no EXIF,
+  XMP or GPS byte is left after `--strip-metadata` (a byte scan); and `show` flags a GPS position
+  wherever it sits (XMP, an MPO's second frame, a second EXIF, between scans), and an image whose
+  EXIF cannot be read as "GPS: unknown", treated as present.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from builders.app.cli import main as cli_main
 from builders.counterfactuals import imports
 
 from helpers.gallery_helpers import page_records, show
+from helpers.image_metadata_helpers import gps_hiding_places, leaks, plain_jpeg, strip_variants, unreadable_exif
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -68,9 +74,9 @@ def png_with_exif(seed: int) -> bytes:
     return buf.getvalue()
 
 
-def tsv(base: Path) -> Path:
+def tsv(base: Path, rows: list[tuple[str, str, str]] = ROWS) -> Path:
     path = base / "pairs.tsv"
-    path.write_text("".join(f"{i}\t{c0}\t{c1}\n" for i, c0, c1 in ROWS), encoding="utf-8")
+    path.write_text("".join(f"{i}\t{c0}\t{c1}\n" for i, c0, c1 in rows), encoding="utf-8")
     return path
 
 
@@ -83,8 +89,8 @@ def release_zip(base: Path, images: dict[str, bytes]) -> Path:
     return path
 
 
-def build(out: Path, tiny: Path, base: Path, images: Path, *extra: str) -> dict:
-    argv = ["build", "coco-counterfactuals", "--captions-from", str(tsv(base)), "--images-from", str(images)]
+def build(out: Path, tiny: Path, base: Path, images: Path, *extra: str, rows=ROWS) -> dict:
+    argv = ["build", "coco-counterfactuals", "--captions-from", str(tsv(base, rows)), "--images-from", str(images)]
     argv += ["--tiny-models-dir", str(tiny), "--output", str(out), "--models", "tiny", "--no-clip-scores"]
     assert cli_main([*argv, "--max-error-fraction", "1", *extra]) == 0
     return json.loads((out / "build_manifest.json").read_text())
@@ -205,3 +211,52 @@ def test_show_flags_images_that_carry_gps(tmp_path, tiny_models_dir):
     assert show(stripped, "--output", tmp_path / "g-stripped") == 0
     assert not any(im.get("gps") for r in page_records(tmp_path / "g-stripped") for im in r["imgs"])
     assert json.loads((tmp_path / "g-stripped" / "gallery.json").read_text())["images_with_gps"] == 0
+
+
+def numbered(
+    base: Path, images: dict[str, bytes]
+) -> tuple[Path, list[tuple[str, str, str]], dict[str, tuple[str, int]]]:
+    """A folder in the `numbered` layout holding `images` two by two, as pairs p0, p1, ...; its
+    caption rows, and image name -> (row id, image index)."""
+    folder = base / "hidden"
+    folder.mkdir()
+    rows, where = [], {}
+    for k, (name, data) in enumerate(images.items()):
+        row_id, n = f"p{k // 2}", k % 2
+        ext = "png" if data.startswith(b"\x89PNG") else "jpg"
+        (folder / f"{row_id}_{n}.{ext}").write_bytes(data)
+        where[name] = (row_id, n)
+        if n == 0:
+            rows.append((row_id, f"A photo number {k}.", f"A picture number {k}."))
+    return folder, rows, where
+
+
+def test_strip_metadata_leaves_no_gps_byte_wherever_it_was_hidden(tmp_path, tiny_models_dir):
+    images = strip_variants()
+    folder, rows, where = numbered(tmp_path, images)
+    out = tmp_path / "stripped"
+    manifest = build(out, tiny_models_dir, tmp_path, folder, "--strip-metadata", rows=rows)
+    assert manifest["errors"] == {}
+    stored = rows_by_id(out)
+    for name, (row_id, n) in where.items():
+        data = stored[row_id][f"image_{n}"]["bytes"]
+        assert leaks(images[name]) and leaks(data) == [], name  # the source hid it; nothing is left
+        source, kept = Image.open(io.BytesIO(images[name])), Image.open(io.BytesIO(data))
+        assert kept.format == source.format and np.array_equal(np.asarray(kept), np.asarray(source)), name
+    assert "Image metadata: stripped." in (out / "README.md").read_text()
+
+
+def test_show_flags_gps_wherever_it_sits(tmp_path, tiny_models_dir):
+    images = {**gps_hiding_places(), "unreadable-exif": unreadable_exif(), "none": plain_jpeg(7)}
+    folder, rows, where = numbered(tmp_path, images)
+    build(tmp_path / "kept", tiny_models_dir, tmp_path, folder, rows=rows)
+    assert show(tmp_path / "kept", "--output", tmp_path / "g") == 0
+
+    records = {r["id"]: r["imgs"] for r in page_records(tmp_path / "g")}
+    flags = {name: records[row_id][n].get("gps") for name, (row_id, n) in where.items()}
+    assert flags == {**dict.fromkeys(gps_hiding_places(), True), "unreadable-exif": "unknown", "none": None}
+    marker = json.loads((tmp_path / "g" / "gallery.json").read_text())
+    assert (marker["images_with_gps"], marker["images_gps_unknown"]) == (5, 1)
+    stats = (tmp_path / "g" / "stats.html").read_text()
+    assert "5 images carry a GPS position" in stats and "1 could not be read fully (GPS: unknown)" in stats
+    assert "GPS: unknown (could not be read fully) — treated as present" in (tmp_path / "g" / "gallery.js").read_text()
