@@ -5,8 +5,9 @@ it, before anything is written or deleted.
 
 Each case uses a real symlink to a real second folder (or file) beside the run, and checks that
 what lies there is byte for byte unchanged, and (where the refusal comes first) that the run
-folder is too. The races swap a folder for a link between the check and the act with a hook on the
-check: with descriptor-relative acts no timing is involved.
+folder is too. The races swap a folder (or a final file, for `--push-to-hub`) for a link between
+the check and the act with a hook on the check: with descriptor-relative acts no timing is
+involved.
 """
 
 from __future__ import annotations
@@ -210,3 +211,26 @@ def test_rotation_deletes_nothing_through_a_folder_swapped_after_the_check(
     done = train(capsys, args(colors, tiny_models_dir, out, "--max-steps", "2", "--keep-checkpoints", "1"))
     assert swapped and tree(outside) == {"step-00000001": "dir", "step-00000001/model.safetensors": VICTIM}
     assert f"{out / 'checkpoints'} is a symlink" in refusal(*done)
+
+
+def test_the_push_sends_no_file_swapped_for_a_link_after_the_check(
+    colors, tiny_models_dir, tmp_path, capsys, monkeypatch, local_hub, repo_id
+):
+    from huggingface_hub import HfApi
+
+    out, secret = tmp_path / "run", tmp_path / "secret.txt"
+    secret.write_bytes(VICTIM)
+    checked = training.final_files.published_files
+
+    def check_then_swap(final, manifest):
+        files = checked(final, manifest)
+        (final / "config.json").unlink()
+        (final / "config.json").symlink_to(secret)
+        return files
+
+    monkeypatch.setattr(training.final_files, "published_files", check_then_swap)
+    monkeypatch.setattr(training.checkpoint, "published_files", check_then_swap, raising=False)  # (before #49)
+    done = train(capsys, args(colors, tiny_models_dir, out, "--max-steps", "1", "--push-to-hub", repo_id))
+    assert not HfApi().repo_exists(repo_id, repo_type="model")  # nothing sent, the secret least of all
+    assert f"{out / 'final' / 'config.json'} is a symlink" in refusal(*done)
+    assert secret.read_bytes() == VICTIM
