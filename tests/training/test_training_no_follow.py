@@ -234,3 +234,20 @@ def test_the_push_sends_no_file_swapped_for_a_link_after_the_check(
     assert not HfApi().repo_exists(repo_id, repo_type="model")  # nothing sent, the secret least of all
     assert f"{out / 'final' / 'config.json'} is a symlink" in refusal(*done)
     assert secret.read_bytes() == VICTIM
+
+
+@pytest.mark.parametrize("name", ["summary.md", "seed-1"])
+def test_a_sweep_refuses_a_link_in_its_output_before_any_seed_runs(colors, tiny_models_dir, tmp_path, capsys, name):
+    from training.sweep import main as sweep_main
+
+    out, users = tmp_path / "sweep", tmp_path / "users"
+    users.mkdir()
+    (users / "notes.txt").write_bytes(VICTIM)
+    out.mkdir()
+    (out / name).symlink_to(users / "notes.txt" if name == "summary.md" else users)
+    train = args(colors, tiny_models_dir, out)[:-2] + ["--max-steps", "1", "--report-to", "none"]
+    capsys.readouterr()
+    status = sweep_main(["--seeds", "1", "--output", str(out), "--", *train])
+    err = capsys.readouterr().err
+    assert tree(users) == {"notes.txt": VICTIM} and sorted(tree(out)) == [name]
+    assert f"symlink {name}" in refusal(status, err)
