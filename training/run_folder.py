@@ -22,6 +22,10 @@ checkpoints for a later `--resume latest`), unless
   current size and sha256: a user's note, a final README the user edited) is refused, deleting
   nothing, as a build's `--overwrite` is (builders/engine/owned_files.py).
 
+Every branch first refuses, in one line naming them, the symlinks anywhere in the folder (#49: a
+run would write or delete through them); then the run writes, renames and deletes there only
+through the folder opened once (training/run_root.py `RunRoot`, relative to its descriptor).
+
 The trackers' files are recorded when the run ends (`recorded_logs`): those written since the
 start, and those recorded before that are unchanged. A run killed (kill -9) before it ends leaves
 them unrecorded: `--overwrite-output-dir` then names them for the user to delete.
