@@ -21,6 +21,7 @@ import numpy as np
 
 from training.statistics import UnitScores, bootstrap, difference_interval, intervals, paired_intervals
 from training.evaluation import unit_scores
+from training.run_root import RunRoot
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,8 @@ def read_before(output: Path) -> dict[str, float] | None:
     return saved if isinstance(saved, dict) else None
 
 
-def write_before(output: Path, metrics: dict[str, float]) -> None:
-    tmp = output / (BEFORE_METRICS + ".tmp")
-    tmp.write_text(json.dumps(metrics))
-    tmp.replace(output / BEFORE_METRICS)
+def write_before(root: RunRoot, metrics: dict[str, float]) -> None:
+    root.write_text(BEFORE_METRICS, json.dumps(metrics))
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,7 +24,8 @@ from builders.engine.errors import InputFileError, OutputError, PublishError, Us
 from builders.engine.plain_text import code_span
 from builders.publishing.hub_client import hub_errors, use_endpoint
 from training.checkpoint_files import CHECKPOINT_FILES, RNG, Resumable, check_files, read_all, write_rng, write_shared
-from training.final_files import published_files
+from training.final_files import opened_published
+from training.run_root import RunRoot
 from training.report.markdown import natural, plain, with_interval
 
 log = logging.getLogger(__name__)
@@ -44,64 +44,79 @@ class TrainerState:
     config: dict | None = None
 
 
-def checkpoint_dir(output: Path, step: int) -> Path:
-    return output / "checkpoints" / f"step-{step:08d}"
+def checkpoint_dir(step: int) -> str:
+    """The checkpoint folder of `step`, relative to the run folder."""
+    return f"checkpoints/step-{step:08d}"
 
 
 def save_checkpoint(
-    accelerator, output: Path, state: TrainerState, pieces: Resumable, keep: int | None = None
+    accelerator, root: RunRoot, state: TrainerState, pieces: Resumable, keep: int | None = None
 ) -> Path:
     """Save the state at `state.step`; with `keep` (--keep-checkpoints), then delete all but the
-    newest `keep` complete checkpoints (and interrupted saves older than them)."""
-    path = checkpoint_dir(output, state.step)
+    newest `keep` complete checkpoints (and interrupted saves older than them). Every file is
+    written and deleted below the run folder's descriptor (training/run_root.py), never through
+    a link."""
+    rel = checkpoint_dir(state.step)
     if accelerator.is_main_process:
         # An interrupted save of this step (or a checkpoint of a run resumed before it) goes
         # first: a stale file would make the folder refused on --resume.
-        _remove_checkpoints([path])
+        _remove_checkpoints(root, [rel])
     accelerator.wait_for_everyone()
-    path.mkdir(parents=True, exist_ok=True)  # by every process: other machines' disks too
-    if accelerator.is_main_process:
-        write_shared(path, pieces)
-    write_rng(path, accelerator.process_index)
+    with root.at(rel, create=True) as path:  # by every process: other machines' disks too
+        if accelerator.is_main_process:
+            write_shared(path, pieces)
+        write_rng(path, accelerator.process_index)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        tmp = path / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(state)))
-        os.replace(tmp, path / STATE_FILE)
+        root.write_text(f"{rel}/{STATE_FILE}", json.dumps(asdict(state)))
         if keep is not None:
-            _prune_checkpoints(output, keep)
+            _prune_checkpoints(root, keep)
     accelerator.wait_for_everyone()
-    return path
+    return root.path(rel)
 
 
-def _prune_checkpoints(output: Path, keep: int) -> None:
-    folders = sorted((output / "checkpoints").glob("step-*"))
-    complete = [p for p in folders if (p / STATE_FILE).is_file()]
+def _prune_checkpoints(root: RunRoot, keep: int) -> None:
+    dirs, _, links = root.entries("checkpoints")
+    folders = sorted(f"checkpoints/{name}" for name in dirs + links if name.startswith("step-"))
+    complete = [rel for rel in folders if _is_file(root, f"{rel}/{STATE_FILE}")]
     if len(complete) <= keep:
         return
     oldest_kept = complete[-keep]
-    _remove_checkpoints([folder for folder in folders if folder < oldest_kept])
-    log.info("--keep-checkpoints %d: removed the checkpoints before %s", keep, oldest_kept)
+    _remove_checkpoints(root, [rel for rel in folders if rel < oldest_kept])
+    log.info("--keep-checkpoints %d: removed the checkpoints before %s", keep, root.path(oldest_kept))
 
 
-def _remove_checkpoints(folders: list[Path]) -> None:
+def _is_file(root: RunRoot, rel: str) -> bool:
+    info = root.lstat(rel)
+    return info is not None and stat.S_ISREG(info.st_mode)
+
+
+def _remove_checkpoints(root: RunRoot, folders: list[str]) -> None:
     """Delete checkpoint folders that hold only files the trainer writes into a checkpoint (its
     file names, plain files); any other entry (a file put there, a symlink, a folder) is refused
-    in one line naming it, before any folder is deleted (builders/engine/owned_files.py's rule)."""
-    for folder in folders:
-        for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else ():
-            name = entry.name
-            ours = name in CHECKPOINT_FILES or name == STATE_FILE + ".tmp" or RNG.fullmatch(name) is not None
-            if entry.is_symlink() or not entry.is_file() or not ours:
-                raise OutputError(
-                    f"{entry}: not a file the trainer writes into a checkpoint, so its folder is not "
-                    "deleted (nothing was); move it out, then re-run the same command with --resume latest"
-                )
-        if folder.is_symlink():
-            raise OutputError(f"{folder} is a symlink, not a checkpoint the trainer wrote; remove the link")
-    for folder in folders:
-        if folder.is_dir():
-            shutil.rmtree(folder)
+    in one line naming it, before any folder is deleted (builders/engine/owned_files.py's rule).
+    Checked, then deleted relative to the run folder's descriptor: a folder swapped for a link
+    after the check is refused at the act (`LinkRefused`), and nothing outside is deleted."""
+    for rel in folders:
+        _check_checkpoint(root, rel)
+    for rel in folders:
+        if root.lstat(rel) is not None:
+            root.remove_tree(rel)
+
+
+def _check_checkpoint(root: RunRoot, rel: str) -> None:
+    """Refuse a checkpoint folder holding anything the trainer does not write there (a folder
+    that is a link is refused by `entries`)."""
+    if root.lstat(rel) is None:
+        return
+    dirs, files, links = root.entries(rel)
+    for name in sorted(dirs + links + files):
+        ours = name in CHECKPOINT_FILES or name == STATE_FILE + ".tmp" or RNG.fullmatch(name) is not None
+        if name not in files or not ours:
+            raise OutputError(
+                f"{root.path(rel) / name}: not a file the trainer writes into a checkpoint, so its folder is not "
+                "deleted (nothing was); move it out, then re-run the same command with --resume latest"
+            )
 
 
 def find_checkpoint(output: Path, resume: str, fp16: bool = False) -> Path | None:
@@ -258,7 +273,7 @@ def final_tables(record: dict, metrics: dict[str, float]) -> str:
     return table + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
 
 
-def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> None:
+def model_card(run_record: dict, metrics: dict[str, float]) -> str:
     """The final model's README.md: base model, data, optimisation and `final_tables`."""
     # Dataset paths, splits and model names are the user's or the data's text: plain text.
     data_rows = "\n".join(
@@ -272,7 +287,7 @@ def write_model_card(out: Path, run_record: dict, metrics: dict[str, float]) -> 
     base = code_span(cfg["run"]["model"]) + (f", weights {code_span(tag)}" if tag else "")
     test = run_record.get("test_examples")
     held_out = f"; held out for the ITM deltas: {test}" if test else ""
-    card = f"""---
+    return f"""---
 library_name: {"transformers" if cfg["run"]["backend"] == "transformers" else "open_clip"}
 tags:
 - clip
@@ -304,7 +319,6 @@ Examples trained on: {run_record["train_examples"]}; validation: {run_record["va
 
 {final_tables(run_record, metrics)}
 """
-    (out / "README.md").write_text(card)
 
 
 def push_to_hub(folder: Path, repo_id: str, manifest: Path) -> str:
@@ -315,18 +329,22 @@ def push_to_hub(folder: Path, repo_id: str, manifest: Path) -> str:
     new weights would be loaded by whoever prefers that format)."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
-    files = published_files(folder, manifest)  # before any request: a refused folder sends nothing
     endpoint = use_endpoint(None)
     api = HfApi(endpoint=endpoint)
     try:
-        with hub_errors(endpoint, repo_id, "re-run the same command with --resume latest"):
+        # Checked and opened before any request (a refused folder sends nothing); the bytes sent
+        # are those of the files opened, never read again by path.
+        with (
+            opened_published(folder, manifest) as files,
+            hub_errors(endpoint, repo_id, "re-run the same command with --resume latest"),
+        ):
             api.create_repo(repo_id, repo_type="model", exist_ok=True)
             stale = set(api.list_repo_files(repo_id, repo_type="model")) - set(files) - {".gitattributes"}
             info = api.create_commit(
                 repo_id,
                 repo_type="model",
                 commit_message="counterfactory finetuned CLIP",
-                operations=[CommitOperationAdd(rel, str(folder / rel)) for rel in files]
+                operations=[CommitOperationAdd(rel, fh) for rel, fh in files.items()]
                 + [CommitOperationDelete(rel) for rel in sorted(stale)],
             )
     except PublishError as err:

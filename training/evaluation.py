@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -378,9 +379,10 @@ def validation_loss(module, backend, examples: ExampleSet, batch_size: int, work
 
 
 def evaluate_model(
-    module, backend, data: EvalData, cfg: EvalConfig, save_to: Path | None = None, units: dict | None = None
+    module, backend, data: EvalData, cfg: EvalConfig, save_to: Path | BinaryIO | None = None, units: dict | None = None
 ) -> dict[str, float]:
-    """All metrics of `data`; with `save_to`, also write the embeddings there; with `units`, also
+    """All metrics of `data`; with `save_to` (a path, or a file the caller opened: the trainer's
+    run folder, training/run_root.py), also write the embeddings there; with `units`, also
     fill it with each metric's per-unit scores (training/unit_scores.py: what the intervals
     resample)."""
     was_training = module.training

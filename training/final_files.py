@@ -12,13 +12,17 @@ run did not write are never deleted either: the user decides what they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import stat
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from builders.engine.errors import OutputError, UserFacingError
+from builders.engine.no_follow import LinkRefused, RootDir
 from builders.engine.owned_files import refuse, unowned
 from builders.engine.repo_paths import repo_path_problem
 from builders.engine.sharding.build_files import file_record, file_sha256
@@ -48,29 +52,41 @@ def _names(paths: list[str]) -> str:
     return ", ".join(paths[:_NAMED]) + more
 
 
-def fresh_staging(output: Path) -> Path:
+def fresh_staging(root: RootDir) -> Path:
     """An empty `OUTPUT/final.tmp` (a leftover of a run killed before its finish is removed:
-    the name is the run's own, inside the folder this run holds the lock of)."""
-    staged = output / STAGING
-    if staged.is_symlink() or staged.is_file():
-        staged.unlink()
-    elif staged.exists():
-        shutil.rmtree(staged)
-    staged.mkdir()
-    return staged
+    the name is the run's own, inside the folder this run holds the lock of), made below the run
+    folder's descriptor."""
+    info = root.lstat(STAGING)
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        root.remove_tree(STAGING)
+    elif info is not None:
+        root.unlink(STAGING)
+    os.close(root.folder(STAGING, create=True))
+    return root.path(STAGING)
 
 
-def copy_saved_model(src: Path, dst: Path) -> None:
-    """Copy a model folder the run saved (`best/`) as regular files; a symlink there is refused."""
-    files, links = _walk(src)
+def _tree(root: RootDir, rel: str) -> tuple[list[str], list[str]]:
+    """(files, symlinks) below the folder `rel` of `root`, relative to it; links not followed."""
+    files, links = [], []
+    for here, _, names, linked in root.walk(rel):
+        inner = here.relative_to(rel)
+        files += [(inner / n).as_posix() for n in names]
+        links += [(inner / n).as_posix() for n in linked]
+    return sorted(files), sorted(links)
+
+
+def copy_saved_model(root: RootDir, src: str, dst: str) -> None:
+    """Copy a model folder the run saved (`best/`) as regular files, both folders below the run
+    folder's descriptor; a symlink there is refused."""
+    files, links = _tree(root, src)
     if links:
         raise UserFacingError(
-            f"{src} holds symlink(s) {_names(links)}, which the run did not save; "
+            f"{root.path(src)} holds symlink(s) {_names(links)}, which the run did not save; "
             "remove them and re-run the same command with --resume latest"
         )
     for rel in files:
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src / rel, dst / rel, follow_symlinks=False)
+        with root.open(f"{src}/{rel}", "rb") as fin, root.open(f"{dst}/{rel}", "wb", create_folders=True) as fout:
+            shutil.copyfileobj(fin, fout)
 
 
 def listed_files(manifest_path: Path) -> dict[str, dict]:
@@ -130,11 +146,6 @@ def check_before_training(output: Path) -> None:
     _refuse_foreign(final, _foreign(final, listed))
 
 
-def _inside(final: Path, rel: str) -> bool:
-    """Whether `final/rel` is reached without passing a symlinked folder (so it is in `final/`)."""
-    return not any((final / parent).is_symlink() for parent in Path(rel).parents)
-
-
 def check_final_unchanged(output: Path, flag: str) -> None:
     """Refuse, before anything is written, a `final/` whose files a run would replace or delete
     (`install`) but which are not the ones `final_manifest.json` lists with their current sha256:
@@ -147,47 +158,48 @@ def check_final_unchanged(output: Path, flag: str) -> None:
     refuse(flag, final, [f"symlink {p}" for p in links] + unowned(final, files, listed), MANIFEST)
 
 
-def install(staged: Path, output: Path) -> None:
-    """Move the staged files into `OUTPUT/final/`, delete the files the previous run listed that
-    this one did not write, and record the new list. A file it would replace or delete that the
-    previous run did not write as it is now is refused first, naming it (`owned_files`)."""
-    final, manifest_path = output / "final", output / MANIFEST
-    if final.is_symlink():
+def install(root: RootDir) -> None:
+    """Move the staged files (`final.tmp/`) into `final/`, delete the files the previous run
+    listed that this one did not write, and record the new list, every move and deletion below
+    the run folder's descriptor (a link on the way is refused, never followed). A file it would
+    replace or delete that the previous run did not write as it is now is refused first, naming
+    it (`owned_files`)."""
+    final, staged = root.path("final"), root.path(STAGING)
+    kept = f"(this run's model is in {staged})"
+    info = root.lstat("final")
+    if info is not None and stat.S_ISLNK(info.st_mode):
         raise OutputError(
-            f"{final} is a symlink; the final model is written into a real folder "
-            f"there — remove the link (this run's model is in {staged})"
+            f"{final} is a symlink; the final model is written into a real folder there — remove the link {kept}"
         )
-    files, links = _walk(staged)
+    files, links = _tree(root, STAGING)
     if links:  # nothing the run writes is a link: refuse rather than publish one
         raise UserFacingError(f"{staged} holds symlink(s) {_names(links)}; re-run the training")
-    previous = listed_files(manifest_path) if manifest_path.exists() else {}
-    for rel in files:
-        if not _inside(final, rel):
+    previous = listed_files(root.path(MANIFEST)) if root.lstat(MANIFEST) is not None else {}
+    replaced = []
+    for rel in sorted({*files, *previous}):
+        try:
+            if root.lstat(f"final/{rel}") is not None:
+                replaced.append(rel)
+        except LinkRefused:
             raise OutputError(
-                f"{final / rel} leads outside {final} (a symlinked folder); remove "
-                f"the link (this run's model is in {staged})"
-            )
-    replaced = [rel for rel in {*files, *previous} if os.path.lexists(final / rel) and _inside(final, rel)]
-    found = unowned(final, sorted(replaced), previous)
+                f"{final / rel} leads outside {final} (a symlinked folder); remove the link {kept}"
+            ) from None
+    found = unowned(final, replaced, previous)
     if found:
         raise OutputError(
             f"{final} holds {len(found)} file(s) this run would replace that {MANIFEST} does not list "
-            f"with their current sha256: {_names(found)}; nothing was replaced — move them out (this "
-            f"run's model is in {staged})"
+            f"with their current sha256: {_names(found)}; nothing was replaced — move them out {kept}"
         )
     records = [file_record(staged, rel) for rel in files]
-    final.mkdir(exist_ok=True)
-    for rel in files:
-        (final / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged / rel, final / rel)  # replaces a link of that name itself, never its target
+    os.close(root.folder("final", create=True))
+    for rel in files:  # replaces a link of that name itself, never its target
+        root.replace(f"{STAGING}/{rel}", f"final/{rel}")
     for rel in set(previous) - set(files):
-        old = final / rel
-        if _inside(final, rel) and old.is_file() and not old.is_symlink():
-            old.unlink()
-    tmp = manifest_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"files": records}, indent=1))
-    os.replace(tmp, manifest_path)
-    shutil.rmtree(staged)
+        old = root.lstat(f"final/{rel}")
+        if old is not None and stat.S_ISREG(old.st_mode):
+            root.unlink(f"final/{rel}")
+    root.write_atomic(MANIFEST, json.dumps({"files": records}, indent=1).encode())
+    root.remove_tree(STAGING)
 
 
 def published_files(final: Path, manifest_path: Path) -> list[str]:
@@ -211,3 +223,24 @@ def published_files(final: Path, manifest_path: Path) -> list[str]:
                 "(--resume latest) to write the final model again"
             )
     return list(records)
+
+
+@contextmanager
+def opened_published(final: Path, manifest_path: Path) -> Iterator[dict[str, BinaryIO]]:
+    """The files `published_files` allows, each opened once below the run folder's descriptor
+    (a link anywhere on its path refused, never followed) and checked again from what was opened:
+    the bytes the push sends are the listed ones, whatever is swapped in after the check."""
+    records = listed_files(manifest_path)
+    files = published_files(final, manifest_path)
+    with RootDir(final.parent) as root, ExitStack() as stack:
+        opened = {}
+        for rel in files:
+            fh = stack.enter_context(root.open(f"{final.name}/{rel}", "rb"))
+            if hashlib.file_digest(fh, "sha256").hexdigest() != records[rel].get("sha256"):
+                raise UserFacingError(
+                    f"{final / rel} changed since it was checked (its sha256 differs from {MANIFEST}); re-run "
+                    "the training (--resume latest) to write the final model again"
+                )
+            fh.seek(0)
+            opened[rel] = fh
+        yield opened

@@ -22,6 +22,10 @@ checkpoints for a later `--resume latest`), unless
   current size and sha256: a user's note, a final README the user edited) is refused, deleting
   nothing, as a build's `--overwrite` is (builders/engine/owned_files.py).
 
+Every branch first refuses, in one line naming them, the symlinks anywhere in the folder (#49: a
+run would write or delete through them); then the run writes, renames and deletes there only
+through the folder opened once (training/run_root.py `RunRoot`, relative to its descriptor).
+
 The trackers' files are recorded when the run ends (`recorded_logs`): those written since the
 start, and those recorded before that are unchanged. A run killed (kill -9) before it ends leaves
 them unrecorded: `--overwrite-output-dir` then names them for the user to delete.
@@ -37,7 +41,7 @@ from pathlib import Path
 from typing import Iterator
 
 from builders.engine.errors import OutputError, UserFacingError
-from builders.engine.owned_files import refuse, remove_empty_folders, unowned
+from builders.engine.owned_files import refuse, unowned
 from builders.engine.sharding.build_files import file_record, folder_contents
 from builders.engine.sharding.layout import PARTS_DIR
 from training.before_after import BEFORE_EMBEDDINGS, BEFORE_METRICS
@@ -45,6 +49,7 @@ from training.checkpoint import STATE_FILE, check_same_training, find_checkpoint
 from training.checkpoint_files import CHECKPOINT_FILES, RNG
 from training.config import TrainConfig, training_fingerprint
 from training.final_files import MANIFEST, check_final_unchanged, listed_files
+from training.run_root import RunRoot
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +76,15 @@ CHECKPOINT = "checkpoints/step-"
 _NAMED = 5  # how many paths one error line names
 
 
-def check_run_folder(cfg: TrainConfig, output: Path, fingerprint: dict) -> None:
-    """Refuse, before anything is written: a non-empty `output` without --resume or
-    --overwrite-output-dir; a --resume of another training configuration; an
-    --overwrite-output-dir folder holding files the trainer does not write. Read-only (every
-    process runs it)."""
+def check_run_folder(cfg: TrainConfig, root: RunRoot, fingerprint: dict) -> None:
+    """Refuse, before anything is written: a symlink anywhere in the run folder (#49: the run
+    would write or delete through it; `final/`'s own checks name the links it holds); a non-empty
+    folder without --resume or --overwrite-output-dir; a --resume of another training
+    configuration; an --overwrite-output-dir folder holding files the trainer does not write.
+    Read-only (every process runs it)."""
+    output = root.root
+    flag = "--resume" if cfg.run.resume else "--overwrite-output-dir" if cfg.run.overwrite_output_dir else "--output"
+    root.refuse_links(flag, skip=("final",))  # `final` itself, a link, is named
     if cfg.run.resume:
         check_resumable(cfg, output, fingerprint)
         check_final_unchanged(output, "--resume")  # the finish replaces final/'s files
@@ -168,38 +177,50 @@ def tracker_files(output: Path) -> set[str]:
 
 
 @contextmanager
-def recorded_logs(accelerator, output: Path) -> Iterator[None]:
+def recorded_logs(accelerator, root: RunRoot) -> Iterator[None]:
     """Around the run's trackers: when the run ends (finished or refused), close them and record
     in `logs_manifest.json` the files they wrote under `logs/` (new since the start, or listed
     before and unchanged), so `--overwrite-output-dir` deletes those and refuses any other."""
-    before = tracker_files(output) if accelerator.is_main_process else set()
+    before = tracker_files(root.root) if accelerator.is_main_process else set()
     try:
         yield
     finally:
         for tracker in accelerator.trackers:  # again after `end_training`: closing twice is a no-op
             tracker.finish()  # flushed and closed: the bytes recorded are the final ones
         if accelerator.is_main_process:
-            _record_logs(output, before)
+            _record_logs(root, before)
 
 
-def _record_logs(output: Path, before: set[str]) -> None:
+def _record_logs(root: RunRoot, before: set[str]) -> None:
+    output = root.root
     logs = output / "logs"
     files, _ = folder_contents(logs) if logs.is_dir() else ([], [])
     previous = {rel.split("/", 1)[1]: r for rel, r in _records(output).items() if rel.startswith("logs/")}
     kept = [rel for rel in files if rel in previous and not unowned(logs, [rel], previous)]
     records = [previous[rel] for rel in kept] + [file_record(logs, rel) for rel in files if rel not in before]
-    if records or (output / LOGS_MANIFEST).exists():
-        tmp = output / (LOGS_MANIFEST + ".tmp")
-        tmp.write_text(json.dumps({"files": records}, indent=1))
-        os.replace(tmp, output / LOGS_MANIFEST)
+    if records or root.lstat(LOGS_MANIFEST) is not None:
+        root.write_text(LOGS_MANIFEST, json.dumps({"files": records}, indent=1))
 
 
-def clear_run_folder(output: Path) -> None:
+def clear_run_folder(root: RunRoot) -> None:
     """--overwrite-output-dir: delete the earlier run's files (checked again: the main process,
-    holding the folder's lock), then its emptied folders; `.parts/` (the lock) stays."""
-    files = run_files(output)
+    holding the folder's lock), then its emptied folders; `.parts/` (the lock) stays. Each
+    deletion is relative to the run folder's descriptor, never through a link (#49): a folder
+    swapped for a link after the check is refused at the act."""
+    files = run_files(root.root)
     for rel in files:
-        (output / rel).unlink()
-    remove_empty_folders(output)
+        root.unlink(rel)
+    _remove_empty_folders(root)
     if files:
-        log.info("--overwrite-output-dir: deleted the %d files of the earlier run in %s", len(files), output)
+        log.info("--overwrite-output-dir: deleted the %d files of the earlier run in %s", len(files), root.root)
+
+
+def _remove_empty_folders(root: RunRoot) -> None:
+    """The folders below the run folder left empty, deepest first (never `.parts/`)."""
+    found = [here for here, _, _, _ in root.walk() if here.parts and here.parts[0] != PARTS_DIR]
+    for here in sorted(found, key=lambda p: -len(p.parts)):
+        with root.parent(here) as (fd, name):
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError:  # not empty: it holds what was kept
+                pass

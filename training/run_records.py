@@ -10,6 +10,7 @@ from pathlib import Path
 from builders.engine.provenance import portable
 from training.checkpoint import final_tables
 from training.config import TrainConfig
+from training.run_root import RunRoot
 
 
 def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
@@ -31,13 +32,13 @@ def read_jsonl(path: Path, upto_step: int) -> list[dict]:
     return [r for r in rows if r["step"] <= upto_step]
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+def write_jsonl(root: RunRoot, rel: str, rows: list[dict]) -> None:
+    root.write_text(rel, "".join(json.dumps(r) + "\n" for r in rows))
 
 
-def write_results(output: Path, record: dict, evals: list[dict], final: dict[str, float]) -> None:
-    write_jsonl(output / "metrics.jsonl", evals)
-    (output / "metrics.md").write_text(final_tables(record, final))
-    (output / "run.json").write_text(json.dumps({**record, "final_metrics": final}, indent=1))
+def write_results(root: RunRoot, record: dict, evals: list[dict], final: dict[str, float]) -> None:
+    """metrics.jsonl, metrics.md and run.json, each written whole below the run folder's
+    descriptor (training/run_root.py: never through a link)."""
+    write_jsonl(root, "metrics.jsonl", evals)
+    root.write_text("metrics.md", final_tables(record, final))
+    root.write_text("run.json", json.dumps({**record, "final_metrics": final}, indent=1))

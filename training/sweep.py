@@ -24,6 +24,7 @@ rewrites these from the seeds finished so far.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import sys
@@ -32,9 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from builders.engine.errors import UserFacingError, run_handled
+from builders.engine.no_follow import RootDir
 from builders.engine.option_types import SEED_LIMIT
 from builders.viewer.plots import plain_text
 from training.options import build_parser, build_sweep_parser, config_from_args
+from training.run_root import RunRoot
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +177,11 @@ def summarize(output: Path, baseline: Path | None = None) -> dict:
             )
         rows.append(row)
     summary = {"runs": runs, "gains": gains, "baseline_runs": base, "metrics": rows}
-    (output / "summary.json").write_text(json.dumps(summary, indent=1))
-    (output / "summary.md").write_text(
-        _markdown(rows, base is not None, _overlap(output) | (_overlap(baseline) if baseline else {}))
-    )
-    _plot(rows, output / "summary.png")
+    markdown = _markdown(rows, base is not None, _overlap(output) | (_overlap(baseline) if baseline else {}))
+    with RootDir(output) as root:  # each file written whole, never through a link (#49)
+        root.write_atomic("summary.json", json.dumps(summary, indent=1).encode())
+        root.write_atomic("summary.md", markdown.encode())
+        root.write_atomic("summary.png", _plot(rows))
     return summary
 
 
@@ -226,7 +229,7 @@ def _markdown(rows: list[dict], with_baseline: bool, overlap: dict[str, dict] | 
 
 
 @plain_text  # metric names are drawn as written
-def _plot(rows: list[dict], path: Path) -> None:
+def _plot(rows: list[dict]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,8 +253,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    return png.getvalue()
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -262,6 +267,9 @@ def sweep(args: argparse.Namespace) -> int:
         log.warning(
             "--summarize-only summarises every finished seed under %s; --seeds %s is unused", output, args.seeds
         )
+    if output.is_dir():  # the seeds' run folders and the summary: none written through a link (#49)
+        with RunRoot(output) as root:
+            root.refuse_links("sweep --output")
     if not args.summarize_only:
         if args.seeds is None:
             raise UserFacingError(

@@ -39,7 +39,7 @@ from training.checkpoint import (
     load_checkpoint,
     push_to_hub,
     save_checkpoint,
-    write_model_card,
+    model_card,
 )
 from training.checkpoint_files import Resumable
 from training.augmentation import parse_aug_cfg
@@ -48,13 +48,14 @@ from training.data import Batches, PairBatchSampler, make_loader, to_device
 from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_eval_data
 from training.evaluation import evaluate_model
-from training.final_files import MANIFEST, check_before_training, copy_saved_model, fresh_staging, install
+from training.final_files import MANIFEST, STAGING, check_before_training, copy_saved_model, fresh_staging, install
 from training.leakage import check_eval_overlap
 from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
 from training.run_folder import check_run_folder, clear_run_folder, recorded_logs
 from training.run_records import published_record, read_jsonl, write_jsonl, write_results
+from training.run_root import RunRoot
 from training.zeroshot import prompt_sources, skip_counts
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class Session:
 
     cfg: TrainConfig
     output: Path
+    #: The run folder opened once: every write below it (training/run_root.py).
+    root: RunRoot
     accelerator: Any
     backend: Any
     record: dict
@@ -124,19 +127,20 @@ def run(cfg: TrainConfig) -> dict[str, float]:
     check_mixed_precision(cfg.optim.mixed_precision, "cuda" if torch.cuda.is_available() else "cpu")
     output = Path(cfg.run.output)
     _make_output(output)
-    # A finished or another run in --output, a --resume of another configuration (every process
-    # checks, before any writes: training/run_folder.py).
-    check_run_folder(cfg, output, run_fingerprint(cfg, output))
-    if cfg.run.push_to_hub:  # a final/ holding files no run wrote would be refused after training
-        check_before_training(output)
-    accelerator = make_accelerator(cfg, output)
-    accelerator.wait_for_everyone()  # every process checked the folder before the main one writes
-    with (
-        _output_lock(accelerator, output),
-        trusting_pickled_weights(cfg.run.trust_pickled_weights),
-        recorded_logs(accelerator, output),  # ends the trackers, and records their files
-    ):
-        return _locked_run(cfg, accelerator, output)
+    with RunRoot(output) as root:  # the one way the run writes below --output (#49)
+        # A link in --output, a finished or another run there, a --resume of another
+        # configuration (every process checks, before any writes: training/run_folder.py).
+        check_run_folder(cfg, root, run_fingerprint(cfg, output))
+        if cfg.run.push_to_hub:  # a final/ holding files no run wrote would be refused after training
+            check_before_training(output)
+        accelerator = make_accelerator(cfg, output)
+        accelerator.wait_for_everyone()  # every process checked the folder before the main one writes
+        with (
+            _output_lock(accelerator, output),
+            trusting_pickled_weights(cfg.run.trust_pickled_weights),
+            recorded_logs(accelerator, root),  # ends the trackers, and records their files
+        ):
+            return _locked_run(cfg, accelerator, root)
 
 
 def run_fingerprint(cfg: TrainConfig, output: Path) -> dict:
@@ -156,10 +160,10 @@ def _make_output(output: Path) -> None:
         ) from None
 
 
-def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]:
+def _locked_run(cfg: TrainConfig, accelerator, root: RunRoot) -> dict[str, float]:
     """`run` while holding the output folder's lock."""
     if cfg.run.overwrite_output_dir and accelerator.is_main_process:
-        clear_run_folder(output)
+        clear_run_folder(root)
     accelerator.wait_for_everyone()
     if accelerator.log_with:  # after the lock: a refused run writes nothing under --output
         accelerator.init_trackers("finetune_clip")
@@ -173,9 +177,9 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
         backend.enable_grad_checkpointing()
     record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
     if cfg.run.eval_only:
-        return evaluate_only(cfg, accelerator, backend, record, output)
+        return evaluate_only(cfg, accelerator, backend, record, root)
 
-    s = setup(cfg, accelerator, backend, record, output)
+    s = setup(cfg, accelerator, backend, record, root)
     if s.state.step == 0:  # a resumed run has its base model's numbers in before.json
         evaluate_base(s)
     while s.state.step < s.total and s.state.epoch < cfg.optim.epochs:
@@ -184,13 +188,14 @@ def _locked_run(cfg: TrainConfig, accelerator, output: Path) -> dict[str, float]
             s.state.epoch, s.state.batch = s.state.epoch + 1, 0
             if not cfg.run.eval_every:  # per-epoch evaluation unless a step interval is given
                 evaluate(s)
-            save_checkpoint(accelerator, output, s.state, _resumable(s), cfg.run.keep_checkpoints)
+            save_checkpoint(accelerator, root, s.state, _resumable(s), cfg.run.keep_checkpoints)
     s.bar.close()
     return finish(s)
 
 
-def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) -> dict[str, float]:
+def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, root: RunRoot) -> dict[str, float]:
     """`--eval-only`: the final evaluation of the loaded model, no training."""
+    output = root.root
     evaluation = EvalConfig.of(cfg)
     held = eval_only_sets(cfg.data)
     data = load_eval_data(evaluation, held.heldout_cf, held.train.tables, held.validation)
@@ -203,17 +208,19 @@ def evaluate_only(cfg: TrainConfig, accelerator, backend, record: dict, output: 
     if accelerator.is_main_process:
         backend.module.to(accelerator.device)
         units: dict = {}
-        metrics = evaluate_model(backend.module, backend, data, evaluation, output / "embeddings.npz", units)
+        with root.writing("embeddings.npz") as saved:
+            metrics = evaluate_model(backend.module, backend, data, evaluation, saved, units)
         _log_metrics(accelerator, "final", metrics, 0)
         record.update(final_statistics(output, data, cfg, metrics, units, trained=False))
-        write_results(output, published_record(record, cfg, output), [{"step": 0, "final": True, **metrics}], metrics)
+        write_results(root, published_record(record, cfg, output), [{"step": 0, "final": True, **metrics}], metrics)
     accelerator.wait_for_everyone()
     return metrics
 
 
-def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) -> Session:
+def setup(cfg: TrainConfig, accelerator, backend, record: dict, root: RunRoot) -> Session:
     """Data, batches, evaluation sets, optimizer and schedule, and the resumed state; every input
     error is raised here, before the first step. Writes the run record (run.json)."""
+    output = root.root
     # The checkpoint folder is checked before anything is written (its contents are read below).
     found = find_checkpoint(output, cfg.run.resume, fp16=accelerator.scaler is not None) if cfg.run.resume else None
     mixture = build_mixture(cfg.data)
@@ -232,7 +239,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     )
     record.update(_data_record(mixture, data), steps=total, steps_per_epoch=steps_per_epoch)
     if accelerator.is_main_process:
-        (output / "run.json").write_text(json.dumps(published_record(record, cfg, output), indent=1))
+        root.write_text("run.json", json.dumps(published_record(record, cfg, output), indent=1))
     loader = _train_loader(cfg, mixture.train, sampler, backend)
     model, optimizer, scheduler = _optimizer_and_schedule(cfg, accelerator, backend, steps_per_epoch, total)
     state = _resumed_state(cfg, accelerator, output, found, model, optimizer, scheduler)
@@ -242,6 +249,7 @@ def setup(cfg: TrainConfig, accelerator, backend, record: dict, output: Path) ->
     return Session(
         cfg,
         output,
+        root,
         accelerator,
         backend,
         record,
@@ -381,12 +389,12 @@ def train_one_epoch(s: Session) -> None:
             s.history.append({"step": state.step, "epoch": state.epoch, "loss": loss_sum, "lr": lr})
             s.accelerator.log({"loss": loss_sum, "lr": lr}, step=state.step)
             if s.accelerator.is_main_process:
-                write_jsonl(s.output / "loss.jsonl", s.history)
+                write_jsonl(s.root, "loss.jsonl", s.history)
             s.bar.set_postfix(loss=f"{loss_sum:.4f}")
         if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
             evaluate(s)
         if cfg.run.save_every and state.step % cfg.run.save_every == 0:
-            save_checkpoint(s.accelerator, s.output, state, _resumable(s), cfg.run.keep_checkpoints)
+            save_checkpoint(s.accelerator, s.root, state, _resumable(s), cfg.run.keep_checkpoints)
 
 
 def _resumable(s: Session) -> Resumable:
@@ -409,10 +417,9 @@ def evaluate_base(s: Session) -> None:
     embeddings saved for the before -> after intervals (training/before_after.py). The RNG is
     forked: the training that follows is the one it would be without this evaluation."""
     if s.accelerator.is_main_process:
-        with torch.random.fork_rng(devices=[]):  # a DataLoader iterator draws its base seed
-            write_before(
-                s.output, evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation, s.output / BEFORE_EMBEDDINGS)
-            )
+        # fork_rng: a DataLoader iterator draws its base seed.
+        with torch.random.fork_rng(devices=[]), s.root.writing(BEFORE_EMBEDDINGS) as saved:
+            write_before(s.root, evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation, saved))
     s.accelerator.wait_for_everyone()
 
 
@@ -420,14 +427,13 @@ def evaluate(s: Session, final: bool = False, units: dict | None = None) -> dict
     """Our metrics on the main process (the others wait), appended to metrics.jsonl; keeps the
     best model by validation loss with --best-by-val-loss. The final one saves the embeddings
     (and fills `units` with the per-unit scores of its intervals)."""
-    cfg, state, output = s.cfg, s.state, s.output
+    cfg, state = s.cfg, s.state
     metrics: dict[str, float] = {}
     if s.accelerator.is_main_process:
-        metrics = evaluate_model(
-            s.unwrapped, s.backend, s.data, s.evaluation, output / "embeddings.npz" if final else None, units
-        )
+        with s.root.writing("embeddings.npz") if final else contextlib.nullcontext() as saved:
+            metrics = evaluate_model(s.unwrapped, s.backend, s.data, s.evaluation, saved, units)
         s.evals.append({"step": state.step, "epoch": state.epoch, "final": final, **metrics})
-        write_jsonl(output / "metrics.jsonl", s.evals)
+        write_jsonl(s.root, "metrics.jsonl", s.evals)
         _log_metrics(s.accelerator, "final" if final else "eval", metrics, state.step)
         val = metrics.get("val_loss")
         if (
@@ -437,7 +443,8 @@ def evaluate(s: Session, final: bool = False, units: dict | None = None) -> dict
             and (state.best_val_loss is None or val < state.best_val_loss)
         ):
             state.best_val_loss = val
-            s.backend.save(s.unwrapped, output / "best")
+            with s.root.at("best") as best:
+                s.backend.save(s.unwrapped, best)
     s.accelerator.wait_for_everyone()
     return metrics
 
@@ -450,24 +457,21 @@ def finish(s: Session) -> dict[str, float]:
     cfg, output, accelerator = s.cfg, s.output, s.accelerator
     staged = None
     if accelerator.is_main_process:
-        staged = fresh_staging(output)
+        staged = fresh_staging(s.root)
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
-            copy_saved_model(output / "best", staged)
+            copy_saved_model(s.root, "best", STAGING)
             best = load_backend(_saved_model(s.backend, staged)).module
             s.unwrapped = best.to(accelerator.device)
         else:
-            s.backend.save(s.unwrapped, staged)
+            with s.root.at(STAGING) as folder:
+                s.backend.save(s.unwrapped, folder)
     units: dict = {}
     metrics = evaluate(s, final=True, units=units)
     if accelerator.is_main_process:
         s.record.update(final_statistics(output, s.data, cfg, metrics, units))
-        write_model_card(
-            staged,
-            published_record(s.record, cfg, output),
-            metrics,
-        )
-        install(staged, output)
-        write_results(output, published_record(s.record, cfg, output), s.evals, metrics)
+        s.root.write_text(f"{STAGING}/README.md", model_card(published_record(s.record, cfg, output), metrics))
+        install(s.root)
+        write_results(s.root, published_record(s.record, cfg, output), s.evals, metrics)
         if cfg.run.push_to_hub:
             push_to_hub(output / "final", cfg.run.push_to_hub, output / MANIFEST)
     accelerator.wait_for_everyone()

@@ -139,6 +139,7 @@ def test_mitl_embeddings_load_the_annotator_on_the_process_device(monkeypatch, t
 def test_eval_only_evaluates_the_model_on_the_accelerators_device(monkeypatch, tmp_path):
     from training import trainer
     from training.config import RunConfig, TrainConfig
+    from training.run_root import RunRoot
 
     evaluated_on = []
     monkeypatch.setattr(
@@ -156,5 +157,6 @@ def test_eval_only_evaluates_the_model_on_the_accelerators_device(monkeypatch, t
         device=RUN_DEVICE, is_main_process=True, wait_for_everyone=lambda: None, log=lambda metrics, step: None
     )
     backend = SimpleNamespace(module=nn.Linear(2, 2))  # loaded on the CPU, as load_backend does
-    trainer.evaluate_only(TrainConfig(run=RunConfig(bootstrap=0)), accelerator, backend, {}, tmp_path)
+    with RunRoot(tmp_path) as root:
+        trainer.evaluate_only(TrainConfig(run=RunConfig(bootstrap=0)), accelerator, backend, {}, root)
     assert evaluated_on == [RUN_DEVICE]
