@@ -183,8 +183,10 @@ class ImageStageConfig:
     )
     self_replace_fraction: float | None = option(
         None,
-        "--inject cross|both: inject self-attention maps for this fraction of the steps "
-        "(Prompt-to-Prompt's self_replace_steps, its notebook 0.4), with --cross-replace-fraction",
+        "--inject cross|both: Prompt-to-Prompt's self_replace_steps (its notebook 0.4): the self-attention "
+        "maps of the layers of at most 16x16 positions at 512 px, conditional half, are injected for this "
+        "fraction of the steps (both's other self maps follow --cross-replace-fraction); with "
+        "--cross-replace-fraction",
         type=fraction,
         metavar="FRACTION",
     )
