@@ -216,6 +216,10 @@ class ImageStageConfig:
         "§2); pipeline: the model's own scheduler",
         choices=("euler_ancestral", "dpm_solver_pp", "pipeline"),
     )
+    #: The model's reference entry (`model_references.ModelReference.record`), decided once from
+    #: its configs by `options.config_from_args`: the default steps and guidance, the T5 length
+    #: and the dtype of `--dtype auto` (None: decided from the loaded pipeline).
+    reference: dict | None = None
 
     def early_reject_step(self) -> int | None:
         """The 0-based step after which candidates are previewed (None: never). A preview after
