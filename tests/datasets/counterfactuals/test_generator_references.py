@@ -188,14 +188,15 @@ def test_cross_maps_follow_one_fraction_and_self_maps_the_other():
 
 
 @pytest.mark.slow
-def test_two_fractions_give_the_same_images_with_and_without_shared_computation(tiny_models_dir):
+@pytest.mark.parametrize("inject", ["cross", "both"])
+def test_two_fractions_give_the_same_images_with_and_without_shared_computation(inject, tiny_models_dir):
     from builders.models.loaders import load_sd
     from builders.models.profiles import resolve_profile
 
     pipe = load_sd(resolve_profile("tiny", tiny_models_dir).sd)
     caps = ("a red cat on a wooden table", "a red dog on a wooden table")
     specs = [PairSpec(3, 0.8, 7.5, p_self=0.4), PairSpec(3, 0.8, 7.5, p_self=0.0), PairSpec(3, 0.8, 7.5)]
-    kw = dict(steps=4, size=64, inject="cross")
+    kw = dict(steps=4, size=64, inject=inject)
     shared = generate_pairs(pipe, *caps, specs, share=True, **kw)
     alone = generate_pairs(pipe, *caps, specs, share=False, **kw)
     for a, b in zip(shared, alone, strict=True):
