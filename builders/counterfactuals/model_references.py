@@ -90,13 +90,10 @@ class ModelReference:
         return self.model is not None
 
     def record(self) -> dict[str, Any]:
-        """What the config, the manifest and the card hold."""
-        return {
-            **asdict(self.reference),
-            "model": self.model,
-            "known": self.known,
-            "identified_by": self.identified_by,
-        }
+        """What the config, the manifest and the card hold. Not `identified_by` (the log line
+        says it): the config is the build's fingerprint, and the same model identified by its
+        configs once they are in the Hub cache must still resume a build begun without them."""
+        return {**asdict(self.reference), "model": self.model, "known": self.known}
 
 
 @dataclass(frozen=True)

@@ -246,3 +246,21 @@ def test_sd3_at_guidance_0_runs_without_guidance_as_the_pipeline(tiny_models_dir
         unconditional = plain(cond.neg_embeds[[0]], cond.neg_pooled[[0]])
     torch.testing.assert_close(got, conditional)
     assert not torch.allclose(got, unconditional, atol=1e-4)
+
+
+def test_a_hub_ids_cached_configs_decide_and_the_record_does_not_depend_on_the_cache(tmp_path, monkeypatch):
+    """The Hub cache's JSON (here mocked) decides for an id: FLUX.1-Krea-dev with FLUX.1-dev's
+    transformer config is recorded as before its configs were cached (a resumed build keeps its
+    fingerprint); an id whose cached config has no guidance embedding reads no guidance."""
+    import builders.counterfactuals.model_references as refs
+
+    model = "black-forest-labs/FLUX.1-Krea-dev"
+    uncached = _builder(tmp_path, "--generator", "flux", "--generator-model", model).info()
+    cached = {"model_index.json": {"_class_name": "FluxPipeline"}, "transformer/config.json": FLUX_DEV}
+    monkeypatch.setattr(refs, "_hub_json", lambda repo, filename, revision: cached[filename])
+    again = _builder(tmp_path, "--generator", "flux", "--generator-model", model).info()
+    assert again.config["generator"]["reference"] == uncached.config["generator"]["reference"]
+    assert again.config["images"] == uncached.config["images"]
+    cached["transformer/config.json"] = FLUX_SCHNELL
+    b = _builder(tmp_path, "--generator", "flux", "--generator-model", "someone/flux-distilled")
+    assert _settings(b) == ((0.0, 0.0), 28) and b.info().config["generator"]["reference"]["t5_tokens"] == 256
