@@ -76,6 +76,7 @@ class CocoCounterfactualsBuilder:
         self._import_stage: ImportStage | None = None
         self._images: tuple[FolderSource | ZipSource, Layout] | None = None
         self._images_digest: dict[str, Any] | None = None
+        self._reference: dict[str, Any] | None = None
 
     # -- ShardedBuilder ----------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ class CocoCounterfactualsBuilder:
                 "default_model": spec.default_model,
                 # The settings the steps and guidance defaulted to (an explicit flag wins: the
                 # used ones are `images.steps` / `images.guidance_range`).
-                "reference": asdict(spec.reference_for(self.config.models.get("sd"))),
+                "reference": self.reference(),
             }
             if "vital_layers" in spec.options:
                 from builders.counterfactuals.mmdit_edit import vital_layers_record
@@ -284,10 +285,22 @@ class CocoCounterfactualsBuilder:
         caption models' fp32, whatever `--dtype`."""
         if self._precision is None:
             dtype = self.config.dtype if self.config.stage != "captions" else "fp32"
-            # `auto` on CUDA: the generator's reference dtype (FLUX.1 bf16, the others fp16).
-            auto_cuda = generator(self.config.images.generator).dtype
+            # `auto` on CUDA: the model's reference dtype (FLUX.1 and SD3.5 bf16, the others fp16).
+            generates = self.config.stage != "captions" and not self.config.image_import
+            auto_cuda = self.reference()["dtype"] if generates else generator(self.config.images.generator).dtype
             self._precision = worker_precision(dtype, self.config.device, auto_cuda)
         return self._precision
+
+    def reference(self) -> dict:
+        """The generator model's reference entry: the config's (`options.config_from_args`
+        decided it from the model's configs), else decided here the same way (a config built
+        in code)."""
+        if self._reference is None:
+            from builders.counterfactuals.model_references import resolve
+
+            img = self.config.images
+            self._reference = img.reference or resolve(img.generator, self.config.models["sd"]).record()
+        return self._reference
 
     def _caption_row(self, item: CaptionItem, cf: CounterfactualCaption) -> dict[str, Any]:
         m = self.model_names()
@@ -315,7 +328,8 @@ class CocoCounterfactualsBuilder:
         for row in progress.items(pairs, "image pairs"):
             unseen = self.image_stage().unseen_edit(row["caption_0"], row["caption_1"])
             if unseen is not None:
-                limits = generator(self.config.images.generator).describe_limits(self.image_stage().pipe)
+                stage = self.image_stage()
+                limits = generator(self.config.images.generator).describe_limits(stage.pipe, stage.config.reference)
                 yield Skip(
                     unseen,
                     detail=f"id {row['id']}: the text encoders read the same first "

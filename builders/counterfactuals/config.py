@@ -192,8 +192,10 @@ class ImageStageConfig:
     )
     self_replace_fraction: float | None = option(
         None,
-        "--inject cross|both: inject self-attention maps for this fraction of the steps "
-        "(Prompt-to-Prompt's self_replace_steps, its notebook 0.4), with --cross-replace-fraction",
+        "--inject cross|both: Prompt-to-Prompt's self_replace_steps (its notebook 0.4): the self-attention "
+        "maps of the layers of at most 16x16 positions at 512 px, conditional half, are injected for this "
+        "fraction of the steps (both's other self maps follow --cross-replace-fraction); with "
+        "--cross-replace-fraction",
         type=fraction,
         metavar="FRACTION",
     )
@@ -225,6 +227,10 @@ class ImageStageConfig:
         "§2); pipeline: the model's own scheduler",
         choices=("euler_ancestral", "dpm_solver_pp", "pipeline"),
     )
+    #: The model's reference entry (`model_references.ModelReference.record`), decided once from
+    #: its configs by `options.config_from_args`: the default steps and guidance, the T5 length
+    #: and the dtype of `--dtype auto` (None: decided from the loaded pipeline).
+    reference: dict | None = None
 
     def early_reject_step(self) -> int | None:
         """The 0-based step after which candidates are previewed (None: never). A preview after

@@ -20,33 +20,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from builders.counterfactuals.model_references import Reference, default_reference
 from builders.engine.errors import UserFacingError
 
 #: Text encoders' token limits: CLIP reads 77 tokens (start and end included).
 CLIP_TOKENS = 77
-#: T5 tokens the MM-DiT renderer reads (`max_sequence_length`): SD3 256, StableDiffusion3Pipeline's
-#: default; FLUX.1-dev 512, FluxPipeline's default, but FLUX.1-schnell 256, as Black Forest Labs'
-#: reference CLI (`max_length=256` for schnell) and diffusers' FLUX docs (at most 256 for schnell).
-#: A FLUX transformer without a guidance embedding is schnell-like (`flux_t5_tokens`).
-SD3_T5_TOKENS, FLUX_DEV_T5_TOKENS, FLUX_SCHNELL_T5_TOKENS = 256, 512, 256
+#: The T5 encoder's limit: the model's reference `t5_tokens` (`model_references`: SD3 256,
+#: StableDiffusion3Pipeline's default; FLUX.1-dev 512, FluxPipeline's default; FLUX.1-schnell 256,
+#: as Black Forest Labs' reference CLI and diffusers' FLUX docs).
+T5 = "t5"
 
 
 def flux_t5_tokens(pipe: Any) -> int:
-    """The T5 length a FLUX pipeline reads: FLUX.1-dev's 512 with a guidance embedding, else
-    FLUX.1-schnell's 256 (module constants)."""
-    dev = bool(pipe.transformer.config.guidance_embeds)
-    return FLUX_DEV_T5_TOKENS if dev else FLUX_SCHNELL_T5_TOKENS
+    """The T5 length a loaded FLUX pipeline reads: its reference entry's (`model_references`,
+    decided from its configs as every other use of the entry)."""
+    from builders.counterfactuals.model_references import identify, pipeline_configs
 
-
-@dataclass(frozen=True)
-class Reference:
-    """A model's reference sampling settings: default `--steps` and `--guidance-range` (a fixed
-    scale is a range of one value; 0: the model reads no guidance), and where they come from
-    (builders/counterfactuals/METHOD.md §2, "Reference settings")."""
-
-    steps: int
-    guidance: tuple[float, float]
-    source: str
+    return identify("flux", pipeline_configs("flux", pipe)).reference.t5_tokens
 
 
 @dataclass(frozen=True)
@@ -65,31 +55,35 @@ class GeneratorSpec:
     #: profile's `sd` model).
     tiny: str | None
     #: `(pipeline attribute, token limit)` of each tokenizer the pipeline's text encoders read
-    #: (a limit that depends on the model: a function of the pipeline).
-    tokenizers: tuple[tuple[str, int | Callable[[Any], int]], ...]
-    #: The default model's reference settings, and those of other known models of the family
-    #: (by Hub id); `--image-size`'s production default (the family's native resolution).
-    reference: Reference
+    #: (`T5`: the model's reference T5 length).
+    tokenizers: tuple[tuple[str, int | str], ...]
+    #: `--image-size`'s production default (the family's native resolution).
     resolution: int
     #: `ImageStageConfig` fields passed to `render` as keywords beside the contract's.
     options: tuple[str, ...] = ()
-    known_models: tuple[tuple[str, Reference], ...] = ()
-    #: What `--dtype auto` runs the model in on CUDA (`precision.resolve_dtype`): fp16, or bf16
-    #: for FLUX.1, whose reference dtype it is (in fp16 it overflowed to NaN images until
-    #: diffusers clamped its activations, diffusers issue #9096).
-    dtype: str = "fp16"
     #: `--image-size` is a multiple of this: the VAE's scale factor (8 for every family), times
     #: the patch the transformer cuts the latents into (SD3: 2) or FLUX's 2 x 2 packing.
     size_multiple: int = 8
+
+    @property
+    def reference(self) -> Reference:
+        """The default model's reference settings (`model_references`)."""
+        return default_reference(self.name)
+
+    @property
+    def dtype(self) -> str:
+        """What `--dtype auto` runs the default model in on CUDA (a build: its model's entry)."""
+        return self.reference.dtype
 
     def renderer(self) -> Callable[..., Any]:
         return _resolve(self.render)
 
     def reference_for(self, model: str | None) -> Reference:
-        """The reference settings of `model` (a Hub id, optionally `@revision`): its own where
-        the family knows it, else the default model's."""
-        known = dict(self.known_models)
-        return known.get((model or "").split("@")[0], self.reference)
+        """The reference settings of `model` (a Hub id, optionally `@revision`, or a folder):
+        `model_references.resolve`'s decision from its configs."""
+        from builders.counterfactuals.model_references import resolve
+
+        return resolve(self.name, model or self.default_model).reference
 
     def method_name(self, inject: str) -> str:
         """The rows' `generation_method`: `prompt-to-prompt/cross|both` for Prompt-to-Prompt's
@@ -99,30 +93,24 @@ class GeneratorSpec:
             return self.method
         return f"{self.method}-instruct-pix2pix/self" if inject == "self" else f"{self.method}/{inject}"
 
-    def token_limits(self, pipe: Any) -> list[tuple[Any, int]]:
+    def token_limits(self, pipe: Any, reference: dict) -> list[tuple[Any, int]]:
         """(tokenizer, limit) of every text encoder this pipeline has (a missing one, as
-        SD3 without T5, reads nothing)."""
+        SD3 without T5, reads nothing); `reference`: the model's (`ModelReference.record`)."""
         return [
-            (getattr(pipe, attr), limit(pipe) if callable(limit) else limit)
+            (getattr(pipe, attr), reference["t5_tokens"] if limit == T5 else limit)
             for attr, limit in self.tokenizers
             if getattr(pipe, attr, None) is not None
         ]
 
-    def describe_limits(self, pipe: Any) -> str:
+    def describe_limits(self, pipe: Any, reference: dict) -> str:
         """`77 (tokenizer), 77 (tokenizer_2)`: the token limits, for a skip's detail."""
-        return ", ".join(f"{limit(pipe) if callable(limit) else limit} ({attr})" for attr, limit in self.tokenizers)
+        return ", ".join(
+            f"{reference['t5_tokens'] if limit == T5 else limit} ({attr})" for attr, limit in self.tokenizers
+        )
 
 
-#: Reference settings (builders/counterfactuals/METHOD.md §2, "Reference settings"). SD v1.5: the
-#: paper's 100 steps and guidance ~ U(7.5, 15) (Le et al. 2023 App. B.1.2, after instruct-pix2pix).
-#: The others: the scale and steps of diffusers' pipeline defaults, which are the models' cards'.
-SD15_REFERENCE = Reference(100, (7.5, 15.0), "Le et al. 2023, App. B.1.2 (instruct-pix2pix's range)")
-SDXL_REFERENCE = Reference(50, (5.0, 5.0), "diffusers StableDiffusionXLPipeline defaults")
-SD3_REFERENCE = Reference(28, (7.0, 7.0), "SD3-medium model card; diffusers StableDiffusion3Pipeline defaults")
-FLUX_SCHNELL_REFERENCE = Reference(4, (0.0, 0.0), "FLUX.1-schnell model card: 4 steps, guidance 0 (none read)")
-FLUX_DEV_REFERENCE = Reference(28, (3.5, 3.5), "diffusers FluxPipeline defaults; Stable Flow's guidance 3.5")
 _P2P = ("inject", "scheduler")
-_MMDIT = ("vital_layers",)
+_MMDIT = ("vital_layers", "reference")
 GENERATORS = {
     spec.name: spec
     for spec in (
@@ -135,7 +123,6 @@ GENERATORS = {
             "builders.counterfactuals.prompt_to_prompt:generate_pairs",
             None,
             (("tokenizer", CLIP_TOKENS),),
-            SD15_REFERENCE,
             512,
             _P2P,
         ),
@@ -148,7 +135,6 @@ GENERATORS = {
             "builders.counterfactuals.prompt_to_prompt_xl:generate_pairs_xl",
             "builders.models.tiny_sdxl:build_tiny_sdxl",
             (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS)),
-            SDXL_REFERENCE,
             1024,
             _P2P,
         ),
@@ -160,14 +146,9 @@ GENERATORS = {
             "Stability AI Community License",
             "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
             "builders.models.tiny_mmdit:build_tiny_sd3",
-            (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS), ("tokenizer_3", SD3_T5_TOKENS)),
-            SD3_REFERENCE,
+            (("tokenizer", CLIP_TOKENS), ("tokenizer_2", CLIP_TOKENS), ("tokenizer_3", T5)),
             1024,
             _MMDIT,
-            known_models=(
-                ("stabilityai/stable-diffusion-3.5-medium", Reference(40, (4.5, 4.5), "SD3.5-medium model card")),
-                ("stabilityai/stable-diffusion-3.5-large", Reference(28, (3.5, 3.5), "SD3.5-large model card")),
-            ),
             size_multiple=16,
         ),
         GeneratorSpec(
@@ -178,12 +159,9 @@ GENERATORS = {
             "Apache-2.0",
             "builders.counterfactuals.mmdit_edit:generate_pairs_mmdit",
             "builders.models.tiny_mmdit:build_tiny_flux",
-            (("tokenizer", CLIP_TOKENS), ("tokenizer_2", flux_t5_tokens)),
-            FLUX_SCHNELL_REFERENCE,
+            (("tokenizer", CLIP_TOKENS), ("tokenizer_2", T5)),
             1024,
             _MMDIT,
-            known_models=(("black-forest-labs/FLUX.1-dev", FLUX_DEV_REFERENCE),),
-            dtype="bf16",
             size_multiple=16,
         ),
     )

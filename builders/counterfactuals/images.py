@@ -44,6 +44,7 @@ from PIL import Image
 
 from builders.counterfactuals.config import ImageStageConfig
 from builders.counterfactuals.generators import generator
+from builders.counterfactuals.model_references import check_loaded
 from builders.counterfactuals.prompt_to_prompt import EarlyRejection, PairSpec, UNetWork
 from builders.engine import progress
 from builders.engine.batching import ShrinkingBatches
@@ -184,7 +185,10 @@ class ImageStage:
     """`run(row_id, caption_0, caption_1)` -> an `ImageSelection`."""
 
     def __init__(self, pipe: Any, scorer: ClipScorer, config: ImageStageConfig, seed: int) -> None:
-        self.pipe, self.scorer, self.config, self.seed = pipe, scorer, config, seed
+        # The loaded model's reference entry, which must be the one the config was resolved with
+        # (`model_references.check_loaded`): its T5 length is the one the stage reads.
+        reference = check_loaded(config.generator, pipe, config.reference)
+        self.pipe, self.scorer, self.config, self.seed = pipe, scorer, replace(config, reference=reference), seed
         # Generation and the CLIP filters of a batch, halved and retried on out-of-memory.
         self.batches = ShrinkingBatches(
             "image stage (generator + CLIP filters)",
@@ -201,7 +205,7 @@ class ImageStage:
         `edit_beyond_text_encoder` when the captions' tokens differ only past the limits,
         `edit_invisible_to_text_encoder` when the tokenizers make them the same anyway (CLIP's
         lowercases: `A Dog` / `A dog`). Checked before generating anything."""
-        limits = generator(self.config.generator).token_limits(self.pipe)
+        limits = generator(self.config.generator).token_limits(self.pipe, self.config.reference)
         for tokenizer, limit in limits:
             seen = [tokenizer(c, truncation=True, max_length=limit).input_ids for c in (caption_0, caption_1)]
             if seen[0] != seen[1]:

@@ -41,7 +41,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from builders.counterfactuals.generators import flux_t5_tokens
+from builders.counterfactuals.model_references import check_loaded
 from builders.counterfactuals.prompt_to_prompt import (
     EarlyRejection,
     PairSpec,
@@ -245,8 +245,8 @@ class _Conditioning:
 class _Renderer:
     """The family-specific steps, each through the pipeline's own components and helpers."""
 
-    def __init__(self, pipe, kind: str, size: int) -> None:
-        self.pipe, self.kind, self.size = pipe, kind, size
+    def __init__(self, pipe, kind: str, size: int, t5_tokens: int) -> None:
+        self.pipe, self.kind, self.size, self.t5_tokens = pipe, kind, size, t5_tokens
         # Where the pipeline runs its models (with CPU offload, not where they are stored).
         self.device = pipe._execution_device
         self.side = size // pipe.vae_scale_factor
@@ -261,11 +261,16 @@ class _Renderer:
         pipe = self.pipe
         if self.kind == "sd3":
             emb, neg, pooled, neg_pooled = pipe.encode_prompt(
-                prompt=captions, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=True
+                prompt=captions,
+                prompt_2=None,
+                prompt_3=None,
+                device=self.device,
+                do_classifier_free_guidance=True,
+                max_sequence_length=self.t5_tokens,
             )
             return _Conditioning(emb, pooled, neg, neg_pooled)
         emb, pooled, text_ids = pipe.encode_prompt(
-            prompt=captions, prompt_2=None, device=self.device, max_sequence_length=flux_t5_tokens(pipe)
+            prompt=captions, prompt_2=None, device=self.device, max_sequence_length=self.t5_tokens
         )
         image_ids = pipe._prepare_latent_image_ids(1, self.side // 2, self.side // 2, self.device, emb.dtype)
         return _Conditioning(emb, pooled, text_ids=text_ids, image_ids=image_ids)
@@ -337,7 +342,10 @@ class _Renderer:
                 return_dict=False,
             )[0].chunk(2)
             g = torch.tensor(guidance, dtype=v_cond.dtype, device=self.device).view(-1, 1, 1, 1)
-            return v_uncond + g * (v_cond - v_uncond)
+            # A scale <= 1 is no guidance: the conditional velocity, as StableDiffusion3Pipeline
+            # runs it (`do_classifier_free_guidance = guidance_scale > 1`; SD3.5-large-turbo's
+            # card: guidance 0), not the unconditional one that 0 in the formula would give.
+            return torch.where(g > 1, v_uncond + g * (v_cond - v_uncond), v_cond)
         g = None
         if transformer.config.guidance_embeds:
             g = torch.tensor(guidance, dtype=torch.float32, device=self.device)
@@ -381,17 +389,20 @@ def generate_pairs_mmdit(
     work: UNetWork | None = None,
     early: EarlyRejection | None = None,
     vital_layers: Sequence[int] | None = None,
+    reference: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Images of every candidate pair, uint8 `(N, size, size, 3)` for the original and the
     edited caption, on a StableDiffusion3Pipeline or a FluxPipeline (see the module docstring);
-    `vital_layers`: block indices injecting instead of the published ones (`block_names`).
+    `vital_layers`: block indices injecting instead of the published ones (`block_names`);
+    `reference`: the model's reference entry (`model_references`; None: the loaded pipeline's),
+    whose T5 length the text encoder reads.
     `work` counts transformer rows (`unet_rows`, both guidance halves) and decoded images; with
     `early`, the candidates it drops are left out (their batch positions: `early.dropped`)."""
     kind = family(pipe)
     # SD3 cuts the latents into patches, FLUX packs them 2 x 2: the side must split evenly.
     multiple = pipe.vae_scale_factor * (2 if kind == "flux" else pipe.transformer.config.patch_size)
     check_image_side(size, multiple, "--image-size", f"the {kind} generator")
-    r = _Renderer(pipe, kind, size)
+    r = _Renderer(pipe, kind, size, check_loaded(kind, pipe, reference)["t5_tokens"])
     cond = r.encode([caption_0, caption_1])
     specs = list(specs)
     keyed = _key_specs(specs, r.reads_guidance)

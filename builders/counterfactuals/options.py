@@ -20,6 +20,7 @@ from builders.counterfactuals.config import (
     ImageStageConfig,
 )
 from builders.counterfactuals.generators import GENERATORS, GeneratorSpec, generator, generator_model
+from builders.counterfactuals.model_references import resolve as resolve_reference
 from builders.counterfactuals.vital_layers_file import read_vital_layers
 from builders.engine.errors import UserFacingError
 from builders.engine.options import Values, add_config_arguments, build_config, field_default, flag_of, given_values
@@ -71,16 +72,18 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     profile = asdict(profile_from_args(args))
     images = values.setdefault("images", {})
     spec = generator(images.get("generator", ImageStageConfig.generator))
-    # The model's own reference guidance and (production) steps, its family's native
-    # resolution; an explicit flag wins (METHOD.md §2, "Reference settings").
-    reference = spec.reference_for(args.generator_model or args.sd_model or spec.default_model)
-    images.setdefault("guidance_range", reference.guidance)
-    if args.models == "production":
-        images.setdefault("steps", reference.steps)
-        images.setdefault("image_size", spec.resolution)
     generates = values.get("stage", "all") != "captions" and image_import is None
     models = {role: profile[role] for role in MODEL_ROLES}
     models["sd"] = _generator_model(args, spec, images, models["sd"], generates)
+    # The model's own reference guidance and (production) steps, decided once from its configs
+    # (`model_references`), its family's native resolution; an explicit flag wins (METHOD.md §2,
+    # "Reference settings").
+    reference = resolve_reference(spec.name, models["sd"]) if generates else None
+    images["reference"] = reference.record() if reference else None
+    images.setdefault("guidance_range", (reference or spec).reference.guidance)
+    if args.models == "production":
+        images.setdefault("steps", (reference or spec).reference.steps)
+        images.setdefault("image_size", spec.resolution)
     return build_config(
         CocoCounterfactualsConfig,
         {"stage": "images" if image_import else "all", **values, "models": models, "image_import": image_import},

@@ -15,10 +15,10 @@ Which maps are injected (`inject`):
   `scaled_dot_product_attention` (a 512x512 self-attention map would need GBs per batch).
   Injected in both the unconditional and the conditional halves of the guidance batch.
 - `"cross"`: Prompt-to-Prompt's word swap (Hertz et al. 2022, `AttentionReplace`): *every*
-  cross-attention map of the counterfactual comes from the original, through the mapper of
-  `replacement_mapper`: shared tokens take their own counterpart's map, and the new word's
-  tokens take the replaced word's map (spread evenly when the two words have different token
-  counts, as P2P's sequence aligner does). Self-attention maps are replaced too, but only in the
+  cross-attention map of the counterfactual comes from the original, through
+  `word_swap.replacement_mapper` (P2P's `get_replacement_mapper_`): the new word's tokens take
+  the replaced word's map (spread evenly when the two words have different token counts), the
+  other tokens the map at their own position. Self-attention maps are replaced too, but only in the
   low-resolution layers (at most (latent side / 4)^2 query positions: 16x16 and below at 512 px),
   as the reference does. Conditional half of the guidance batch only, as the reference edits it
   (the unconditional prompt is the same for both images). Cross maps are computed explicitly at
@@ -27,8 +27,10 @@ Which maps are injected (`inject`):
 - `"both"`: the `self` injection (every layer, both halves) and the `cross` word swap.
 
 Injection rule (the reference's): pair j is injected at step i (0-based) while
-`p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last. Self maps
-follow `PairSpec.p_self` where given (P2P's `self_replace_steps`; default: p, the paper's).
+`p_j > i / (steps - 1)`; p = 0 never injects, p = 1 injects every step but the last. The self
+maps P2P replaces (low-resolution layers, conditional half) follow `PairSpec.p_self` where given
+(P2P's `self_replace_steps`; default: p, the paper's); `both`'s other self maps follow p
+(`P2PController.self_rows`).
 
 Shared computation (`share=True`, builders/counterfactuals/METHOD.md §2 "Shared computation"):
 the images are those of the independent computation, but the UNet sees each distinct row state
@@ -59,6 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from builders.counterfactuals.samplers import keep_sampler_rows, make_scheduler, predicted_x0
+from builders.counterfactuals.word_swap import word_swap_mapper
 from builders.engine.option_types import check_image_side
 
 INJECT_MODES = ("self", "cross", "both")
@@ -152,39 +155,6 @@ def _dedupe(keys: Sequence[tuple]) -> tuple[list[int], list[int]]:
     return unique, index
 
 
-def replacement_mapper(source_ids: Sequence[int], target_ids: Sequence[int], length: int) -> torch.Tensor:
-    """Prompt-to-Prompt's word-swap mapper `M` (length x length): the counterfactual's map of
-    token n is `sum_w M[w, n] * map_of_source_token_w`.
-
-    The unpadded ids are aligned by their common prefix and common suffix; what lies between is
-    the swapped word. Prefix, suffix and padding map one to one (the suffix and padding shifted
-    by the difference in length); the new word's tokens take the old word's tokens one to one
-    when both have as many, else each new token gets `1 / len(new)` of every old token's map
-    (P2P's `get_replacement_mapper`). For a one-word swap this is P2P's word alignment, unless
-    the two words share a leading or trailing sub-token, which then maps to itself. A column
-    left empty (a padding position past the source's end) keeps the counterfactual's own map."""
-    ns, nt = len(source_ids), len(target_ids)
-    a = 0
-    while a < min(ns, nt) and source_ids[a] == target_ids[a]:
-        a += 1
-    b = 0
-    while b < min(ns, nt) - a and source_ids[-1 - b] == target_ids[-1 - b]:
-        b += 1
-    mapper = torch.zeros(length, length)
-    for k in range(min(a, length)):
-        mapper[k, k] = 1.0
-    old, new = range(a, min(ns - b, length)), range(a, min(nt - b, length))
-    if len(old) == len(new):
-        for w, n in zip(old, new, strict=True):
-            mapper[w, n] = 1.0
-    elif len(old) and len(new):
-        mapper[old.start : old.stop, new.start : new.stop] = 1.0 / len(new)
-    for n in range(nt - b, length):
-        if 0 <= n + ns - nt < length:
-            mapper[n + ns - nt, n] = 1.0
-    return mapper
-
-
 class P2PController:
     """Shared state of the processors: the current step and which pairs inject at it.
 
@@ -199,7 +169,7 @@ class P2PController:
         if inject not in INJECT_MODES:
             raise ValueError(f"inject must be one of {INJECT_MODES}, got {inject!r}")
         self.specs, self.steps = list(specs), steps
-        #: Self-attention maps of every layer, both halves (`self`, `both`).
+        #: Self-attention maps of every layer, both halves (`self`, `both`; `self_rows`).
         self.inject_self = inject in ("self", "both")
         #: Word-swap cross maps, plus self maps of layers with at most `low_res_tokens` query
         #: positions, conditional half (`cross`, `both`).
@@ -216,6 +186,22 @@ class P2PController:
             [(index[r - 1], at[r]) for r in unique if r % 2 and injected(p(self.specs[r // 2]), self.step, self.steps)]
             for p in (lambda s: s.p, lambda s: s.self_p)
         )
+
+    def self_rows(self, positions: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`rows` whose self-attention maps are injected at this step, in a layer of `positions`
+        query positions. Prompt-to-Prompt's own self maps (`cross`, `both`: layers of at most
+        `low_res_tokens` positions, conditional half; `AttentionControlEdit.forward`'s
+        `att_replace.shape[2] <= 16 ** 2`) follow the self fraction (`self_replace_steps`); the
+        `self`/`both` injection of every other self map (other layers, unconditional half) follows
+        p. Without `--self-replace-fraction` the two fractions are one p."""
+        p2p = self.inject_cross and positions <= self.low_res_tokens
+        parts = [self.rows((1,), self_maps=True)] if p2p else []
+        if self.inject_self:
+            parts.append(self.rows((0,) if p2p else (0, 1)))
+        parts = [r for r in parts if r is not None]
+        if not parts:
+            return None
+        return torch.cat([src for src, _ in parts]), torch.cat([dst for _, dst in parts])
 
     def rows(self, halves: tuple[int, ...], self_maps: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(original rows, counterfactual rows) injecting at this step: self maps with `self_maps`, else cross."""
@@ -263,11 +249,7 @@ class P2PAttnProcessor:
         if self.is_cross and self.ctrl.inject_cross:
             out = self._cross(attn, query, key, value, attention_mask)
         else:
-            rows = None
-            if not self.is_cross and self.ctrl.inject_self:
-                rows = self.ctrl.rows((0, 1), self_maps=True)
-            elif not self.is_cross and self.ctrl.inject_cross and query.shape[2] <= self.ctrl.low_res_tokens:
-                rows = self.ctrl.rows((1,), self_maps=True)
+            rows = None if self.is_cross else self.ctrl.self_rows(query.shape[2])
             if rows is not None:
                 src, dst = rows
                 query, key = query.clone(), key.clone()
@@ -338,17 +320,6 @@ class Prompts:
         if self.added is not None:
             inputs["added_cond_kwargs"] = self.added(caption)
         return inputs
-
-
-def word_swap_mapper(tokenizer, caption_0: str, caption_1: str, length: int, inject: str) -> torch.Tensor | None:
-    """`replacement_mapper` of the captions as `tokenizer` reads them (None unless `inject` swaps
-    cross-attention maps)."""
-    if inject not in ("cross", "both"):
-        return None
-    ids = [
-        tokenizer(t, truncation=True, max_length=tokenizer.model_max_length).input_ids for t in (caption_0, caption_1)
-    ]
-    return replacement_mapper(ids[0], ids[1], length)
 
 
 def _generators(seeds: Sequence[int], salt: int) -> list[torch.Generator]:

@@ -39,8 +39,8 @@ from builders.counterfactuals.prompt_to_prompt import (
     UNetWork,
     denoise_pairs,
     to_uint8,
-    word_swap_mapper,
 )
+from builders.counterfactuals.word_swap import word_swap_mapper
 
 
 def decode_xl(pipe, latents: torch.Tensor) -> np.ndarray:

@@ -54,8 +54,8 @@ def test_bf16_follows_the_gpu_and_fp16_is_refused_on_the_cpu():
     assert resolve_dtype("bf16", "cuda:0", bf16_supported=lambda: True) == "bf16"
     with pytest.raises(
         UserFacingError,
-        match=r"^--dtype bf16: this GPU \(cuda:0\) does not "
-        r"support bfloat16.*use --dtype fp16$",
+        match=r"^--dtype bf16: this GPU \(cuda:0\) has no native "
+        r"bfloat16.*use --dtype fp16$",
     ):
         resolve_dtype("bf16", "cuda:0", bf16_supported=lambda: False)
     with pytest.raises(

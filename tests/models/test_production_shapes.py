@@ -18,8 +18,8 @@ from builders.counterfactuals.prompt_to_prompt import (
     P2PController,
     PairSpec,
     p2p_processors,
-    replacement_mapper,
 )
+from builders.counterfactuals.word_swap import replacement_mapper
 from builders.models.clip import ClipScorer, OpenClipScorer
 from builders.models.production_configs import ARCHS, MINILM_L6, PRODUCTION_ARCHS, build_empty, parameter_count
 from builders.models.production_generators import GENERATOR_ARCH, GENERATOR_ARCHS, GENERATOR_COMPONENTS
@@ -105,7 +105,8 @@ def _injecting_layers(unet, inject: str) -> dict[str, tuple[int, ...]]:
     rows = ctrl.rows
 
     def recording_rows(halves, **kwargs):
-        injecting[current[0]] = halves
+        # A layer may ask for each half apart (`both`'s low-resolution self maps): the union.
+        injecting[current[0]] = tuple(sorted({*injecting.get(current[0], ()), *halves}))
         return rows(halves, **kwargs)
 
     ctrl.rows = recording_rows

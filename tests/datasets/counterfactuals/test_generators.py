@@ -33,8 +33,8 @@ from builders.counterfactuals.prompt_to_prompt import (
     PairSpec,
     generate_pairs,
     p2p_processors,
-    replacement_mapper,
 )
+from builders.counterfactuals.word_swap import replacement_mapper
 from builders.counterfactuals.prompt_to_prompt_xl import generate_pairs_xl
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
 from builders.models.loaders import load_generator, load_sd
@@ -262,7 +262,8 @@ def test_sdxl_inject_modes_select_the_method_md_layers_at_1024px(meta_nonzero):
         current, injecting, rows_of = [None], {}, ctrl.rows
 
         def recording(halves, self_maps=False, rows_of=rows_of, injecting=injecting, current=current):
-            injecting[current[0]] = halves
+            # A layer may ask for each half apart (`both`'s low-resolution self maps): the union.
+            injecting[current[0]] = tuple(sorted({*injecting.get(current[0], ()), *halves}))
             return rows_of(halves, self_maps)
 
         ctrl.rows = recording

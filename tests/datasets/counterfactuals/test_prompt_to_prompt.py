@@ -22,8 +22,8 @@ from builders.counterfactuals.prompt_to_prompt import (
     UNetWork,
     generate_pairs,
     injected,
-    replacement_mapper,
 )
+from builders.counterfactuals.word_swap import replacement_mapper
 
 CAPTIONS = ("a red cat sitting on a wooden table", "a red dog sitting on a wooden table")
 
@@ -175,13 +175,17 @@ def explicit_attention(attn: Attention, hidden, context, maps_from=None) -> torc
 
 #: Hand-written word-swap mappers (rows: source token, columns: target token) for 5 context
 #: tokens. "[bos] a cat [eos]" -> "[bos] a hot|dog [eos]": each of the new word's 2 tokens takes
-#: half of the old word's map (P2P's aligner for words of different token counts), [eos] moves
-#: one place right.
+#: half of the old word's map (P2P's `get_replacement_mapper_` for words of different token
+#: counts), and [eos] takes the map at its own position (4), not the old [eos]'s: P2P keeps the
+#: following tokens in place.
 SPREAD = torch.tensor(
-    [[1, 0, 0.0, 0.0, 0], [0, 1, 0.0, 0.0, 0], [0, 0, 0.5, 0.5, 0], [0, 0, 0.0, 0.0, 1], [0, 0, 0.0, 0.0, 0]]
+    [[1, 0, 0.0, 0.0, 0], [0, 1, 0.0, 0.0, 0], [0, 0, 0.5, 0.5, 0], [0, 0, 0.0, 0.0, 0], [0, 0, 0.0, 0.0, 1]]
 )
 #: The other way round: the new word's single token takes the sum of the old word's 2 maps,
-#: [eos] moves one place left, and the last (padding) position has no source: it keeps its own.
+#: [eos] (position 3) the map at position 3, and the last position has no source (P2P's walk
+#: through the old caption reached the end): it keeps its own.
+SHRINK = torch.tensor([[1, 0, 0, 0, 0.0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]])
+#: A mapper for the processors' test (the shape of the old shifted alignment: any mapper will do).
 MAPPER = torch.tensor([[1, 0, 0, 0, 0.0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0]])
 
 
@@ -258,7 +262,7 @@ def test_injection_schedule_and_word_swap_mapper():
     assert [injected(1.0, i, 3) for i in range(3)] == [True, True, False]
     # Token ids: [bos] 0, a 5, cat 7, hot|dog 6 8 (one word, two tokens), [eos] 1.
     torch.testing.assert_close(replacement_mapper([0, 5, 7, 1], [0, 5, 6, 8, 1], 5), SPREAD)
-    torch.testing.assert_close(replacement_mapper([0, 5, 6, 8, 1], [0, 5, 7, 1], 5), MAPPER)
+    torch.testing.assert_close(replacement_mapper([0, 5, 6, 8, 1], [0, 5, 7, 1], 5), SHRINK)
     # Same token count: every token, the new word's included, maps one to one.
     torch.testing.assert_close(replacement_mapper([0, 5, 7, 8, 1], [0, 5, 9, 8, 1], 6), torch.eye(6))
 
