@@ -7,7 +7,11 @@ each cluster's two scores are swapped (`scipy.stats.permutation_test` with
 every pattern is enumerated, as scipy does, and the p-value is exact and seed-independent:
 `p = min(1, 2 min(#{null <= observed}, #{null >= observed}) / 2^n)`; otherwise `resamples`
 random patterns give `p = min(1, 2 min(#{null <= observed} + 1, #{null >= observed} + 1) / (B + 1))`
-(scipy's two-sided p-value: twice the smaller tail, a tolerance of 100 ulp on observed).
+(scipy's two-sided p-value: twice the smaller tail, a tolerance of 100 ulp on observed). The
+observed statistic is the no-swap row of the same computation as the null (the first pattern,
+or a row put before the random ones), so it is counted by construction: a separately computed
+`value(a) - value(b)` differed from that row by more than the tolerance where the difference is
+small against the values, and the p-value came out 0 (#50).
 A difference on units linked by `partners` is studentized under each swap (`_flip_scale`).
 """
 
@@ -36,6 +40,7 @@ def swaps(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndar
             rows = np.arange(start, min(2**n, start + page))
             yield (rows[:, None] >> bits) & 1 == 1
         return
+    yield np.zeros((1, n), bool)  # the observed statistic: no swap, the `+ 1` of random patterns
     rng = np.random.default_rng(seed)
     for start in range(0, resamples, page):
         yield rng.random((min(page, resamples - start), n)) < 0.5
@@ -77,50 +82,37 @@ def _flip_scale(a: UnitScores, b: UnitScores, swap: np.ndarray) -> np.ndarray | 
     return np.sqrt(np.where(variance > 0, variance, iid))
 
 
-def _pvalue(observed: float, null: np.ndarray, enumerated: bool) -> float:
+def _pvalue(null: np.ndarray) -> float:
     """Two-sided, as scipy.stats.permutation_test computes it: twice the smaller tail (module
-    docstring), with the +1 of random permutations unless every pattern was `enumerated`."""
+    docstring); `null[0]` is the observed statistic (no swap), so it counts itself."""
+    observed = null[0]
     if not np.isfinite(observed):
         return float("nan")
-    gamma = abs(np.finfo(np.float64).eps * 100 * observed)
-    plus = 0 if enumerated else 1
-    less = (np.count_nonzero(null <= observed + gamma) + plus) / (len(null) + plus)
-    greater = (np.count_nonzero(null >= observed - gamma) + plus) / (len(null) + plus)
-    return float(min(1.0, 2 * min(less, greater)))
+    gamma = abs(np.finfo(np.float64).eps * 100 * observed)  # other patterns' ties, as scipy
+    less, greater = np.count_nonzero(null <= observed + gamma), np.count_nonzero(null >= observed - gamma)
+    return float(min(1.0, 2 * min(less, greater) / len(null)))
 
 
 def sign_flip_pvalues(pairs: dict, resamples: int, seed: int, swapped: np.ndarray | None = None) -> dict:
     """key -> two-sided p-value of the paired permutation test of value(a) = value(b) for each
     `(a, b)` of `pairs` (module docstring). The pairs on one unit set share their swaps (of
     whole clusters; all 2^n patterns when `exact`, else drawn a page at a time from
-    `default_rng(seed)`); `swapped` (rows x units) gives the swaps instead."""
+    `default_rng(seed)`); `swapped` (rows x units) gives the random swaps instead."""
     for a, b in pairs.values():
         if a.n != b.n or a.units != b.units:
             raise ValueError(f"paired test of different units: {a.units} ({a.n}) vs {b.units} ({b.n})")
     nulls: dict = {key: [] for key in pairs}
-    enumerated: dict = {}
     for (_, n, _), keys in unit_sets({key: a for key, (a, _) in pairs.items()}).items():
         if n == 0:
             continue
         first = pairs[keys[0]][0]
         index = first.cluster_index()
-        enumerated.update(dict.fromkeys(keys, swapped is None and exact(first.n_clusters, resamples)))
-        for swap in [swapped] if swapped is not None else swaps(first.n_clusters, resamples, seed, first.n):
+        given = None if swapped is None else [np.zeros((1, first.n), bool), swapped]
+        for swap in given or swaps(first.n_clusters, resamples, seed, first.n):
             unit_swap = swap if index is None or swapped is not None else swap[:, index]
             for key, null in zip(keys, _nulls([pairs[key] for key in keys], unit_swap), strict=True):
                 nulls[key].append(null)
-    return {
-        key: _pvalue(_observed(a, b), np.concatenate(nulls[key]), enumerated[key]) if nulls[key] else float("nan")
-        for key, (a, b) in pairs.items()
-    }
-
-
-def _observed(a: UnitScores, b: UnitScores) -> float:
-    """The test's statistic on the scores as they are: value(a) - value(b), over `_flip_scale`
-    of no swap for a linear difference."""
-    if a.median:
-        return a.value() - b.value()
-    return float((a.value() - b.value()) / np.ravel(_flip_scale(a, b, np.zeros((1, a.n), bool)))[0])
+    return {key: _pvalue(np.concatenate(nulls[key])) if nulls[key] else float("nan") for key in pairs}
 
 
 def sign_flip_pvalue(
