@@ -1,18 +1,17 @@
 """The paired permutation (sign-flip) test of two models on the same units (training/statistics.py's
-`UnitScores`, their clusters and their partners).
+`UnitScores` and their clusters), the report's test of a median or a mean over groups.
 
-`sign_flip_pvalue`: the paired permutation test of "two models score the same units equally":
-each cluster's two scores are swapped (`scipy.stats.permutation_test` with
-`permutation_type="samples"`). When the 2^n swap patterns number no more than the resamples,
-every pattern is enumerated, as scipy does, and the p-value is exact and seed-independent:
-`p = min(1, 2 min(#{null <= observed}, #{null >= observed}) / 2^n)`; otherwise `resamples`
-random patterns give `p = min(1, 2 min(#{null <= observed} + 1, #{null >= observed} + 1) / (B + 1))`
-(scipy's two-sided p-value: twice the smaller tail, a tolerance of 100 ulp on observed). The
-observed statistic is the no-swap row of the same computation as the null (the first pattern,
-or a row put before the random ones), so it is counted by construction: a separately computed
-`value(a) - value(b)` differed from that row by more than the tolerance where the difference is
-small against the values, and the p-value came out 0 (#50).
-A difference on units linked by `partners` is studentized under each swap (`_flip_scale`).
+`sign_flip_pvalue` tests "the two models' scores are exchangeable on each unit" (each per-unit
+difference symmetric about 0; with equal means but skewed differences it rejects 7.5-15 % at 0.05,
+so a difference in means is tested by training/report/compare.py's bootstrap-t): each cluster's
+two scores are swapped (`scipy.stats.permutation_test` with `permutation_type="samples"`). When
+the 2^n swap patterns number no more than the resamples, every pattern is enumerated, as scipy
+does, and the p-value is exact and seed-independent: `p = min(1, 2 min(#{null <= observed},
+#{null >= observed}) / 2^n)`; otherwise `resamples` random patterns give `p = min(1, 2 min(#{null
+<= observed} + 1, #{null >= observed} + 1) / (B + 1))` (scipy's two-sided p-value: twice the
+smaller tail, a tolerance of 100 ulp on observed). The observed statistic is the no-swap row of
+the null's own computation, so it counts itself (a separately computed value(a) - value(b) missed
+the tolerance and gave p = 0, #50). Units linked by `partners` are swapped as independent.
 """
 
 from __future__ import annotations
@@ -22,19 +21,14 @@ from typing import Iterator
 import numpy as np
 
 from training import statistics
-from training.statistics import UnitScores, cluster_totals, partner_links, unit_sets
-
-
-def exact(n: int, resamples: int) -> bool:
-    """Whether the 2^n swap patterns of n clusters are enumerated (scipy's rule: 2^n <= B)."""
-    return n < 63 and 2**n <= resamples
+from training.statistics import UnitScores, unit_sets
 
 
 def swaps(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
     """Pages of (rows, n) booleans: whether each cluster's two scores are swapped; every one of
-    the 2^n patterns once when `exact(n, resamples)`."""
+    the 2^n patterns once where they number no more than the resamples (scipy's rule)."""
     page = max(1, statistics.PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
-    if exact(n, resamples):
+    if n < 63 and 2**n <= resamples:
         bits = np.arange(n)
         for start in range(0, 2**n, page):
             rows = np.arange(start, min(2**n, start + page))
@@ -56,30 +50,11 @@ def _nulls(pairs: list[tuple[UnitScores, UnitScores]], swap: np.ndarray) -> list
         weighted = np.stack([(pairs[k][0].num - pairs[k][1].num) * pairs[k][0].unit_weights() for k in linear], 1)
         product = (1 - 2 * swap.astype(np.float64)) @ weighted
         for j, k in enumerate(linear):
-            out[k] = product[:, j] / _flip_scale(*pairs[k], swap)
+            out[k] = product[:, j]
     for k, (a, b) in enumerate(pairs):
         if a.median:
             out[k] = np.median(np.where(swap, b.num, a.num), 1) - np.median(np.where(swap, a.num, b.num), 1)
     return out
-
-
-def _flip_scale(a: UnitScores, b: UnitScores, swap: np.ndarray) -> np.ndarray | float:
-    """The divisor of a linear paired difference under each row of unit `swap`: 1 without
-    `partners`; with them, the dyadic standard error of the swapped difference (`robust_se`'s
-    sum: sum E_k^2 + 2 sum_links s_a s_b E_a E_b, E the clusters' weighted differences, s their
-    signs), a studentized permutation test (Janssen 1997): the swaps are independent but linked
-    units' differences are not, and the plain sum's null distribution would be too narrow where
-    they move together (15.5 % rejections at 0.05 under the null, docs/report.md)."""
-    links = partner_links(a)
-    e = cluster_totals(a, (a.num - b.num) * a.unit_weights())
-    iid = (e * e).sum()
-    if not len(links) or not iid:  # no differences at all: the plain test (p = 1)
-        return 1.0
-    # A cluster's sign: its first unit's (a swap moves a whole cluster).
-    signs = 1 - 2 * swap[:, np.unique(a.unit_clusters(), return_index=True)[1]].astype(np.float64)
-    variance = iid + 2 * (signs[:, links[:, 0]] * signs[:, links[:, 1]]) @ (e[links[:, 0]] * e[links[:, 1]])
-    # Not positive (linked differences of opposite signs at small n): the iid sum, as robust_se.
-    return np.sqrt(np.where(variance > 0, variance, iid))
 
 
 def _pvalue(null: np.ndarray) -> float:

@@ -386,19 +386,16 @@ def _noise_factor(metric: UnitScores, level: float) -> float:
     return max(1.0, quantiles[0] / quantiles[1])
 
 
-def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
-    """name -> the bootstrap-t interval of each ratio metric (of one unit set), on clusters:
-    `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* of each resample
-    (se* at least SE_FLOOR se), se the `robust_se` (units linked by `partners`: the dyadic one,
-    where below the iid one `_noise_factor` times larger, at most the iid one). Equal-tailed: on
-    a lognormal mean (skewness 6.2) at n = 10 and 50 it covered more than the symmetric
-    bootstrap-t (quantile of |t*|), BCa and Hall's transformation (docs/report.md)."""
-    if not metrics or not resamples:
-        return {name: (np.nan, np.nan) for name in metrics}
+def bootstrap_t(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
+    """name -> (value, se, t*) of each ratio metric (of one unit set), on clusters: t* = (value* -
+    value) / se* of each resample (se* at least SE_FLOOR se; the finite ones), se the `robust_se`
+    (units linked by `partners`: the dyadic one, where below the iid one `_noise_factor` times
+    larger, at most the iid one). `_studentized`'s interval and the paired test of a difference
+    in means (training/report/compare.py) are both made from it."""
     sums = {name: cluster_sums(m) for name, m in metrics.items()}
     point = {name: _ratio_and_se(np.ones((1, len(a))), a, d) for name, (a, d) in sums.items()}
     ts: dict = {name: [] for name in metrics}
-    for counts, _ in cluster_pages(next(iter(metrics.values())), resamples, seed):
+    for counts, _ in cluster_pages(next(iter(metrics.values())), resamples, seed) if metrics else ():
         for name, (a, d) in sums.items():
             ratio, se = _ratio_and_se(counts, a, d)
             (value,), (floor,) = point[name][0], SE_FLOOR * point[name][1]
@@ -409,13 +406,19 @@ def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict
         value, se, iid = point[name][0][0], robust_se(metrics[name]), point[name][1][0]
         if se < iid:  # linked residuals that correlate negatively (an image effect in IR_r)
             se = min(se * _noise_factor(metrics[name], level), iid)
-        t = np.concatenate(parts)
-        t = t[np.isfinite(t)]
-        if not len(t) or not np.isfinite(se):
-            out[name] = (np.nan, np.nan)
-            continue
-        tail = (1 - level) / 2
-        t_low, t_high = np.quantile(t, [tail, 1 - tail])
+        t = np.concatenate(parts) if parts else np.empty(0)
+        out[name] = (float(value), float(se), t[np.isfinite(t)])
+    return out
+
+
+def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
+    """name -> the bootstrap-t interval of each ratio metric (`bootstrap_t`): `value - t*[1 - a/2]
+    se, value - t*[a/2] se`. Equal-tailed: on a lognormal mean (skewness 6.2) at n = 10 and 50 it
+    covered more than the symmetric bootstrap-t (quantile of |t*|), BCa and Hall's transformation
+    (docs/report.md)."""
+    out, tail = {}, (1 - level) / 2
+    for name, (value, se, t) in bootstrap_t(metrics, resamples, seed, level).items():
+        t_low, t_high = np.quantile(t, [tail, 1 - tail]) if len(t) and np.isfinite(se) else (np.nan, np.nan)
         out[name] = (float(value - t_high * se), float(value - t_low * se))
     return out
 
