@@ -34,7 +34,8 @@ def swaps(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndar
             rows = np.arange(start, min(2**n, start + page))
             yield (rows[:, None] >> bits) & 1 == 1
         return
-    yield np.zeros((1, n), bool)  # the observed statistic: no swap, the `+ 1` of random patterns
+    if resamples:  # the observed statistic: no swap, the `+ 1` of random patterns (none: no test)
+        yield np.zeros((1, n), bool)
     rng = np.random.default_rng(seed)
     for start in range(0, resamples, page):
         yield rng.random((min(page, resamples - start), n)) < 0.5

@@ -387,11 +387,10 @@ def _noise_factor(metric: UnitScores, level: float) -> float:
 
 
 def bootstrap_t(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
-    """name -> (value, se, t*) of each ratio metric (of one unit set), on clusters: t* = (value* -
-    value) / se* of each resample (se* at least SE_FLOOR se; the finite ones), se the `robust_se`
-    (units linked by `partners`: the dyadic one, where below the iid one `_noise_factor` times
-    larger, at most the iid one). `_studentized`'s interval and the paired test of a difference
-    in means (training/report/compare.py) are both made from it."""
+    """name -> (value, se, finite t*) of each ratio metric (of one unit set), on clusters: t* =
+    (value* - value) / se* of each resample (se* at least SE_FLOOR se), se the `robust_se` (with
+    `partners` the dyadic one, where below the iid one `_noise_factor` times larger, at most the
+    iid one); `_studentized`'s interval and compare.py's test of a difference in means use it."""
     sums = {name: cluster_sums(m) for name, m in metrics.items()}
     point = {name: _ratio_and_se(np.ones((1, len(a))), a, d) for name, (a, d) in sums.items()}
     ts: dict = {name: [] for name in metrics}

@@ -214,3 +214,17 @@ def test_generator_bias_is_one_holm_family():
     model = {k: {g: units[g]["m1"][k] for g in ids} for k in units["sd15"]["m1"]}
     alone = compare_dataset("counterfactuals", {g: {k: model[k][g] for k in model} for g in ids}, list(ids), 1000, 0)
     assert [c.p_value for c in alone] == [c.p_value for m, c in bias.comparisons if m == "m1"]
+
+
+def test_without_resamples_there_is_no_test():
+    """--bootstrap 0 (the generator-bias table allows it): no p-value, neither a random sign-flip
+    test's (no pattern but the observed one) nor a bootstrap-t test's."""
+    a, b = _better_everywhere(0, 12)
+    tests = _compared(
+        {
+            "itm/IR_c_mean": (UnitScores("pairs", a), UnitScores("pairs", b)),
+            "itm/IR_c_median": (UnitScores("pairs", a, median=True), UnitScores("pairs", b, median=True)),
+        },
+        resamples=0,
+    )
+    assert all(np.isnan(c.p_value) and not c.test for c in tests.values())

@@ -243,3 +243,19 @@ def test_push_after_a_file_of_the_previous_schema_keeps_one_schema(
     card = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset")).read_text()
     n_row = next(line for line in _section(card, "## counterfactuals") if "n (units)" in line)
     assert f"{len(SOURCES)} in {len(set(SOURCES))} clusters" in n_row
+
+
+def test_a_fixed_metric_is_neither_tested_nor_in_the_holm_family(reports):
+    """The fixture's image R@K with K at least its gallery (every ranking is a hit) is fixed by
+    construction: its paired rows have no test and no p-value, its column says so, and the Holm
+    family is the tested rows alone (on main they were tested, p = 1, and counted, #50)."""
+    section = _section((reports[0] / "report.md").read_text(), "### coco ")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section if line.startswith("| zeroshot\\_")]
+    fixed = [r for r in rows if r[4].endswith("(no interval: fixed by construction)")]
+    assert fixed and all(r[5:] == ["none", "n/a", "n/a"] for r in fixed), fixed
+    tested = [(float(r[6]), float(r[7])) for r in rows if r[6] != "n/a"]
+    assert tested and len(tested) + len(fixed) <= len(rows)
+    smallest = min(tested)
+    assert smallest[1] == pytest.approx(min(1.0, len(tested) * smallest[0]), rel=1e-3)
+    verdict = next(line for line in section if line.startswith("| *best vs runner-up*"))
+    assert "not tested: fixed by construction" in verdict
