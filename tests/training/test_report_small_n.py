@@ -250,7 +250,9 @@ def test_a_fixed_metric_is_neither_tested_nor_in_the_holm_family(reports):
     construction: its paired rows have no test and no p-value, its column says so, and the Holm
     family is the tested rows alone (on main they were tested, p = 1, and counted, #50)."""
     section = _section((reports[0] / "report.md").read_text(), "### coco ")
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section if line.startswith("| zeroshot\\_")]
+    start = section.index("| metric | model | vs | n | difference [95 % CI] | test | p | p (Holm) |") + 2
+    end = next((i for i in range(start, len(section)) if not section[i].startswith("| ")), len(section))
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section[start:end]]  # the coco family
     fixed = [r for r in rows if r[4].endswith("(no interval: fixed by construction)")]
     assert fixed and all(r[5:] == ["none", "n/a", "n/a"] for r in fixed), fixed
     tested = [(float(r[6]), float(r[7])) for r in rows if r[6] != "n/a"]
