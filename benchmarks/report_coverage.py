@@ -36,12 +36,19 @@ population value, with its 95 % Wilson interval, and the intervals' mean width. 
 (default 1,000, the report's default) per interval. `--kind TEXT` and `--sizes N ...` run only
 the metric types whose name holds TEXT at those n (one cell measured precisely).
 
-Then the power of the paired comparison (training/report/compare.py): at n = 50 pairs of units
-(a = E1 + Z + delta, b = E2 + Z), delta the mean of the report's printed detectable difference
-(`detectable`, for 80 % power; it does not depend on delta), the share
-of `--power-repetitions` seeded samples (default 1,000) whose sign-flip test rejects at 0.05
-(`compare_dataset`'s p-value, one test so no Holm), with its Wilson interval: near 80 % if the
-printed number means what it says.
+Then the paired tests (training/report/compare.py, #50): their level, the share of
+`--level-repetitions` seeded null samples (default 1,000; two models with equal means) that
+`compare_dataset` rejects at 0.05, at n = 8, 20, 50 and 100 (`--level-sizes`), with its Wilson
+interval, for per-unit differences that are skewed (Exp(1) - 1; lognormal(0, 1) - e^0.5,
+skewness 6.2), clustered (3 pairs a source image sharing a normal effect, Exp(1) - 1 noise) and
+real pairs linked by their derangement partners (two models of the *real pairs* rows above, each
+its own draw: an image effect, and the adverse case). The repetitions are one column each of one
+comparison, so they share its resamples, as a report's columns do. And the power at the printed
+detectable difference (`detectable`, 80 % by construction): at n = 50 (`--power-size`), on pairs
+a = E1 + Z + delta, b = E2 + Z (E exponential, Z a shared normal unit effect) and on the real
+pairs with an image effect (A + delta, B), delta the mean printed detectable difference of
+`--power-repetitions` null samples (default 1,000; it does not depend on delta), the share of
+those samples, shifted, that the test rejects at 0.05 (one test, so no Holm).
 
 Run: `python benchmarks/report_coverage.py [--repetitions N] [--resamples B]`; about 2.5
 minutes of CPU without the power check (`--power-repetitions 0`). The tables go in
@@ -51,6 +58,7 @@ docs/report.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -181,22 +189,80 @@ def _percent(hits: int, total: int) -> str:
     return f"{100 * hits / total:.1f} % [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
 
 
-def power(n: int, repetitions: int, resamples: int) -> tuple[float, int]:
-    """(delta, rejections): the mean printed detectable difference of `repetitions` seeded
-    paired samples of n units, and how often the sign-flip test rejects once a is delta above b."""
+# --- The paired tests' level and power (#50) ------------------------------------------------------
+
+
+def _against_zero(draw):
+    """Model A's units `draw(rng, n)` (mean 0) against a model B scoring 0 on every unit."""
+    return lambda rng, n: (UnitScores("pairs", draw(rng, n)), UnitScores("pairs", np.zeros(n)))
+
+
+def _clustered_null(rng, n):
+    clusters = np.repeat(np.arange(n), 3)
+    values = np.repeat(rng.normal(0, 1, n), 3) + rng.exponential(1, 3 * n) - 1
+    return UnitScores("pairs", values, clusters=clusters), UnitScores("pairs", np.zeros(3 * n), clusters=clusters)
+
+
+def _two_models(make):
+    """Two models of one of the coverage's real-pair kinds, each its own draw: equal means."""
+    return lambda rng, n: (make(rng, n)[0], make(rng, n)[0])
+
+
+def _shared_effect(rng, n):
+    shared = rng.normal(0, 1, n)
+    return UnitScores("pairs", rng.exponential(1, n) + shared), UnitScores("pairs", rng.exponential(1, n) + shared)
+
+
+NULLS = {
+    "skewed (Exp(1) - 1)": _against_zero(lambda rng, n: rng.exponential(1, n) - 1),
+    "skewed (lognormal(0, 1) - e^0.5)": _against_zero(lambda rng, n: rng.lognormal(0, 1, n) - np.exp(0.5)),
+    "clustered (3 pairs a source image, Exp(1) - 1 noise)": _clustered_null,
+    "real pairs (IR_r), an image effect": _two_models(_real_pairs),
+    "real pairs (IR_r), the adverse case": _two_models(_distinctive_pairs),
+}
+POWER_KINDS = {"paired (a = E1 + Z + delta, b = E2 + Z)": _shared_effect, **dict(list(NULLS.items())[3:4])}
+LEVEL_SIZES = (8, 20, 50, 100)
+
+
+def _compared(pairs: list, resamples: int, seed: int) -> list:
+    """compare_dataset of models A and B, one column per (A, B) of `pairs` (one Holm family,
+    unused: each p-value is read alone)."""
+    units = {m: {f"itm/IR_c_mean_{k}": pair[i] for k, pair in enumerate(pairs)} for i, m in enumerate("AB")}
+    return compare_dataset("tests", units, ["A", "B"], resamples, seed)
+
+
+def level(make, n: int, repetitions: int, resamples: int) -> tuple[int, int]:
+    """(rejections at 0.05, tests made) of `repetitions` seeded null samples of n units (clusters)."""
     rng = np.random.default_rng(n)
-    samples = []
-    for _ in range(repetitions):
-        shared = rng.normal(0, 1, n)
-        samples.append((rng.exponential(1, n) + shared, rng.exponential(1, n) + shared))
+    tests = _compared([make(rng, n) for _ in range(repetitions)], resamples, 0)
+    return sum(c.p_value < 0.05 for c in tests), sum(bool(np.isfinite(c.p_value)) for c in tests)
 
-    def compared(a, b, seed):
-        units = {m: {"itm/IR_c_mean": UnitScores("pairs", x)} for m, x in (("A", a), ("B", b))}
-        return compare_dataset("power", units, ["A", "B"], resamples, seed)[0]
 
-    delta = float(np.mean([compared(a, b, rep).detectable for rep, (a, b) in enumerate(samples)]))
-    rejected = sum(compared(a + delta, b, rep).p_value < 0.05 for rep, (a, b) in enumerate(samples))
-    return delta, rejected
+def power(make, n: int, repetitions: int, resamples: int) -> tuple[float, int]:
+    """(delta, rejections): the mean printed detectable difference of `repetitions` seeded null
+    samples of n units, and how often the test rejects once model A is delta above B."""
+    rng = np.random.default_rng(n)
+    pairs = [make(rng, n) for _ in range(repetitions)]
+    delta = float(np.nanmean([c.detectable for c in _compared(pairs, resamples, 0)]))
+    shifted = [(dataclasses.replace(a, num=a.num + delta), b) for a, b in pairs]
+    return delta, sum(c.p_value < 0.05 for c in _compared(shifted, resamples, 1))
+
+
+def tests_section(args) -> None:
+    """Print the level table and the power lines (module docstring)."""
+    if args.level_repetitions:
+        print(f"\nlevel of the paired tests at 0.05, {args.level_repetitions} seeded null samples a cell")
+        print("(rejected % [95 % Wilson interval])\n")
+        print("| null | " + " | ".join(f"n = {n:,}" for n in args.level_sizes) + " |")
+        print("|---|" + "---|" * len(args.level_sizes))
+        for name, make in NULLS.items():
+            cells = [level(make, n, args.level_repetitions, args.resamples) for n in args.level_sizes]
+            print(f"| {name} | " + " | ".join(_percent(*cell) if cell[1] else "n/a" for cell in cells) + " |")
+    for name, make in POWER_KINDS.items() if args.power_repetitions else ():
+        delta, rejected = power(make, args.power_size, args.power_repetitions, args.resamples)
+        print(f"\npower at n = {args.power_size}, {name}, true difference {delta:.4g} (the mean printed")
+        print(f"detectable difference): rejected at 0.05 in {_percent(rejected, args.power_repetitions)}")
+        print(f"of {args.power_repetitions} seeded repetitions (target: 80 %)")
 
 
 def few_clusters(repetitions: int, clusters: int = 6) -> tuple[int, int, int]:
@@ -230,7 +296,10 @@ def main() -> None:
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--kind", default="", help="only the metric types whose name holds this text")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--level-repetitions", type=int, default=1000, help="0: no level table")
+    parser.add_argument("--level-sizes", type=int, nargs="+", default=list(LEVEL_SIZES))
     parser.add_argument("--power-repetitions", type=int, default=1000, help="0: no power simulation")
+    parser.add_argument("--power-size", type=int, default=50)
     parser.add_argument("--few-clusters-repetitions", type=int, default=1000, help="0: no 6-cluster check")
     args = parser.parse_args()
     start = time.process_time()
@@ -256,12 +325,7 @@ def main() -> None:
         print(
             f"covers {_percent(report, total)} with their degrees-of-freedom factor, {_percent(plain, total)} without"
         )
-    if args.power_repetitions:
-        delta, rejected = power(50, args.power_repetitions, args.resamples)
-        print()
-        print(f"power at n = 50, true difference {delta:.4f} (the mean printed detectable difference):")
-        print(f"the sign-flip test rejects at 0.05 in {_percent(rejected, args.power_repetitions)}")
-        print(f"of {args.power_repetitions} seeded repetitions (target: 80 %)")
+    tests_section(args)
     print()
     print(f"CPU time {time.process_time() - start:.0f} s")
 

@@ -384,16 +384,15 @@ def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
     return tuple(np.clip(metric.value() + np.array([-t, t]) * robust_se(metric), *metric.limits()).tolist())
 
 
-def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
-    """name -> the equal-tailed bootstrap-t interval of each ratio metric (of one unit set), on
-    clusters: `value - t*[1 - a/2] se, value - t*[a/2] se`, t* = (value* - value) / se* (se* at
-    least SE_FLOOR se; the alternatives measured: docs/report.md)."""
-    if not metrics or not resamples:
-        return {name: (np.nan, np.nan) for name in metrics}
+def bootstrap_t(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
+    """name -> (value, se, finite t*) of each ratio metric (of one unit set), on clusters: t* =
+    (value* - value) / se* of each resample (se* at least SE_FLOOR se), se the `robust_se` (with
+    `partners` the dyadic one); `_studentized`'s interval and compare.py's test of a difference in
+    means use it. No resamples (`--bootstrap 0`): no t*, so no interval and no test."""
     sums = {name: cluster_sums(m) for name, m in metrics.items()}
     point = {name: _ratio_and_se(np.ones((1, len(a))), a, d) for name, (a, d) in sums.items()}
     ts: dict = {name: [] for name in metrics}
-    for counts, _ in cluster_pages(next(iter(metrics.values())), resamples, seed):
+    for counts, _ in cluster_pages(next(iter(metrics.values())), resamples, seed) if metrics else ():
         for name, (a, d) in sums.items():
             ratio, se = _ratio_and_se(counts, a, d)
             (value,), (floor,) = point[name][0], SE_FLOOR * point[name][1]
@@ -401,13 +400,17 @@ def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict
                 ts[name].append((ratio - value) / np.maximum(se, floor))
     out = {}
     for name, parts in ts.items():
-        (value,), (se,) = point[name]
-        t = np.concatenate(parts)
-        t = t[np.isfinite(t)]
-        if not len(t) or not np.isfinite(se):
-            out[name] = (np.nan, np.nan)
-            continue
-        t_low, t_high = np.quantile(t, [(1 - level) / 2, 1 - (1 - level) / 2])
+        t = np.concatenate(parts) if parts else np.empty(0)
+        out[name] = (float(point[name][0][0]), robust_se(metrics[name]), t[np.isfinite(t)])
+    return out
+
+
+def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
+    """name -> the equal-tailed bootstrap-t interval of each ratio metric (`bootstrap_t`): `value -
+    t*[1 - a/2] se, value - t*[a/2] se` (the alternatives measured: docs/report.md)."""
+    out, tail = {}, (1 - level) / 2
+    for name, (value, se, t) in bootstrap_t(metrics, resamples, seed, level).items():
+        t_low, t_high = np.quantile(t, [tail, 1 - tail]) if len(t) and np.isfinite(se) else (np.nan, np.nan)
         out[name] = (float(value - t_high * se), float(value - t_low * se))
     return out
 

@@ -137,49 +137,47 @@ def test_the_real_pairs_partners_are_the_evaluations_derangement():
         assert subset.partners[new] == (expected[0] if len(expected) else -1)
 
 
-def test_the_sign_flip_test_of_real_pairs_is_studentized_by_their_partners():
-    """8 real pairs, all 2^8 swap patterns: the p-value is the exact permutation test of
-    sum(s d) / sqrt(d' A_s d), A_s the shared-input matrix with each link signed s_i s_j, by
-    brute force; without partners, of sum(s d) as before."""
-    from itertools import product
+def test_the_test_of_real_pair_means_is_the_bootstrap_t_with_the_dyadic_se():
+    """30 real pairs of two models (the adverse case: the dyadic se above the iid one): the
+    p-value is the bootstrap-t test's by hand, t = difference / dyadic se against t* = (mean* -
+    mean) / max(se*, 0.1 se) of the report's resamples, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) /
+    (B + 1); without partners the divisor is the iid se."""
+    from training.report.compare import mean_tests
 
-    from training.sign_flip import sign_flip_pvalue
-
+    n, resamples = 30, 999
     rng = np.random.default_rng(2)
-    partners = real_partners(8)
-    a, b = rng.normal(0.1, 1, 8), rng.normal(0, 1, 8)
-    d, shared = a - b, _shared(partners)
-
-    def statistic(s):
-        signed = s[:, None] * shared * s[None, :]
-        return (s @ d) / np.sqrt(d @ signed @ d if d @ signed @ d > 0 else d @ d)
-
-    patterns = np.array(list(product([1.0, -1.0], repeat=8)))
-    for units, stat in ((partners, statistic), (None, lambda s: s @ d)):
-        null, observed = np.array([stat(s) for s in patterns]), stat(np.ones(8))
-        expected = min(1, 2 * min(np.mean(null <= observed + 1e-12), np.mean(null >= observed - 1e-12)))
-        found = sign_flip_pvalue(
-            UnitScores("real pairs", a, partners=units), UnitScores("real pairs", b, partners=units), 1000, 0
-        )
-        assert found == pytest.approx(expected, abs=1e-12)
+    partners = real_partners(n)
+    d = _distinctive(rng, n, partners) - _distinctive(rng, n, partners) + 0.01
+    x = d[np.random.default_rng(4).integers(0, n, (resamples, n))]
+    iid = d.std(ddof=1) / np.sqrt(n)
+    t = (x.mean(1) - d.mean()) / np.maximum(x.std(1, ddof=1) / np.sqrt(n), 0.1 * iid)
+    for units, se in ((partners, robust_se(UnitScores("real pairs", d, partners=partners))), (None, iid)):
+        observed = d.mean() / se
+        expected = min(1, 2 * (min(np.sum(t <= observed), np.sum(t >= observed)) + 1) / (resamples + 1))
+        ((p, found_se, _, name),) = mean_tests({0: UnitScores("real pairs", d, partners=units)}, resamples, 4).values()
+        assert (p, found_se, name) == (pytest.approx(expected, abs=1e-12), pytest.approx(se), "bootstrap-t")
+    assert robust_se(UnitScores("real pairs", d, partners=partners)) > 1.2 * iid
 
 
-def test_the_real_pairs_sign_flip_test_holds_its_level():
-    """400 null samples of 50 real pairs (two models of the adverse case, scored through
-    `delta_units`): rejections at 0.05 stay near 5 % (15.5 % with the plain sum, whose swaps
-    take the linked pairs as independent)."""
-    from training.sign_flip import sign_flip_pvalue
+@pytest.mark.parametrize("case", ["adverse", "image effect"])
+def test_the_real_pairs_mean_test_holds_its_level(case):
+    """400 null samples of 50 real pairs (two models, scored through `delta_units`), tested as
+    the report tests a difference in means (compare.mean_tests): rejections at 0.05 stay near
+    5 % (in the adverse case 15.5 % with the plain sign-flip sum, whose swaps take the linked
+    pairs as independent; with an image effect the studentized sign-flip test rejected 7.8 %)."""
+    from training.report.compare import mean_tests
 
-    n = 50
+    n, partners = 50, real_partners(50)
     rng = np.random.default_rng(1)
-    rejected = 0
-    for rep in range(400):
-        models = [
-            delta_units({"g_cr_ir": np.zeros(n), "g_cr_io": -_distinctive(rng, n, real_partners(n))})["itm/IR_r_mean"]
-            for _ in range(2)
-        ]
-        rejected += sign_flip_pvalue(*models, 1000, rep) < 0.05
-    assert rejected <= 0.09 * 400, rejected
+
+    def model():
+        if case == "adverse":
+            return delta_units({"g_cr_ir": np.zeros(n), "g_cr_io": -_distinctive(rng, n, partners)})["itm/IR_r_mean"]
+        return delta_units(_image_effect(rng, n, partners))["itm/IR_r_mean"]
+
+    differences = {rep: paired_difference(model(), model()) for rep in range(400)}
+    rejected = sum(p < 0.05 for p, *_ in mean_tests(differences, 1000, 0).values())
+    assert rejected <= 0.08 * 400, rejected
 
 
 def test_two_equal_models_on_real_pairs_differ_with_p_one():

@@ -1,14 +1,13 @@
 """`counterfactory benchmark` at fixture sizes (#42): every record carries its units and clusters
 and how its interval was made; a proportion of 0 or 1 gets its exact binomial interval, not a
 point; a metric fixed by construction says so; counterfactual pairs and decorrelation queries of
-one source image are one cluster; p-values at n <= log2(B) clusters do not depend on the seed;
+one source image are one cluster; sign-flip p-values at n <= log2(B) clusters do not depend on the seed;
 and `--bootstrap` beyond the memory budget is one line before any model loads (#41 §3)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from datasets import load_dataset
 from scipy import stats
@@ -113,20 +112,28 @@ def test_a_proportion_gets_its_exact_binomial_interval_and_a_fixed_one_says_so(r
         assert all(c == "1.0000 (no interval: fixed by construction)" for c in cells), cells
 
 
-def _pvalues(out: Path) -> list[str]:
-    """The ITM rows of report.md's paired comparisons: metric, models and sign-flip p-value."""
+def _pvalues(out: Path) -> dict[str, tuple[str, str]]:
+    """The ITM rows of report.md's paired comparisons (two models: one row a metric): metric ->
+    (test, p-value)."""
     rows = [line.split("|") for line in (out / "report.md").read_text().splitlines() if line.startswith("| itm/")]
-    return [" ".join(cell.strip() for cell in [*row[1:4], row[-3]]) for row in rows]
+    return {row[1].strip().replace("\\_", "_"): (row[-4].strip(), row[-3].strip()) for row in rows}
 
 
 def test_pvalues_on_few_clusters_are_exact_and_seed_independent(reports):
-    """3 source images (IR_c, TR_c) and 6 real pairs (IR_r, TR_r): 2^3 and 2^6 <= 1,000 swap
-    patterns, all enumerated; seeds 0 and 7 agree, and every p-value is a multiple of 1/64
-    (printed to 4 digits), not a random (k + 1) / 1,001."""
+    """3 source images (IR_c, TR_c): below 6 clusters no p-value could reach 0.05, so there is
+    none (n/a, #50). 6 real pairs (IR_r, TR_r): a median's sign-flip test enumerates the 2^6 <=
+    1,000 swap patterns, so seeds 0 and 7 agree and its p-value is a multiple of 1/64 (printed to
+    4 digits), not a random (k + 1) / 1,001; a mean's or a fraction's is the bootstrap-t test's."""
     first, second = (_pvalues(out) for out in reports)
-    assert first and first == second
-    p = np.asarray([float(row.split()[-1]) for row in first])
-    assert np.allclose(64 * p, np.round(64 * p), atol=0.01), first
+    assert first and first.keys() == second.keys()
+    for metric, (test, p) in first.items():
+        if "_c_" in metric:
+            assert (test, p) == ("none", "n/a") == second[metric], metric
+        elif metric.endswith("median"):
+            assert test == "sign-flip" and second[metric] == (test, p), metric
+            assert 64 * float(p) == pytest.approx(round(64 * float(p)), abs=0.01), metric
+        else:
+            assert test == "bootstrap-t" and 0 < float(p) <= 1, metric
 
 
 def test_bootstrap_beyond_the_memory_budget_is_one_line_before_any_model(builds, tmp_path, capsys):
@@ -240,3 +247,21 @@ def test_push_after_a_file_of_the_previous_schema_keeps_one_schema(
     card = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset")).read_text()
     n_row = next(line for line in _section(card, "## counterfactuals") if "n (units)" in line)
     assert f"{len(SOURCES)} in {len(set(SOURCES))} clusters" in n_row
+
+
+def test_a_fixed_metric_is_neither_tested_nor_in_the_holm_family(reports):
+    """The fixture's image R@K with K at least its gallery (every ranking is a hit) is fixed by
+    construction: its paired rows have no test and no p-value, its column says so, and the Holm
+    family is the tested rows alone (on main they were tested, p = 1, and counted, #50)."""
+    section = _section((reports[0] / "report.md").read_text(), "### coco ")
+    start = section.index("| metric | model | vs | n | difference [95 % CI] | test | p | p (Holm) |") + 2
+    end = next((i for i in range(start, len(section)) if not section[i].startswith("| ")), len(section))
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section[start:end]]  # the coco family
+    fixed = [r for r in rows if r[4].endswith("(no interval: fixed by construction)")]
+    assert fixed and all(r[5:] == ["none", "n/a", "n/a"] for r in fixed), fixed
+    tested = [(float(r[6]), float(r[7])) for r in rows if r[6] != "n/a"]
+    assert tested and len(tested) + len(fixed) <= len(rows)
+    smallest = min(tested)
+    assert smallest[1] == pytest.approx(min(1.0, len(tested) * smallest[0]), rel=1e-3)
+    verdict = next(line for line in section if line.startswith("| *best vs runner-up*"))
+    assert "not tested: fixed by construction" in verdict

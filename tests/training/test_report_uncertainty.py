@@ -190,8 +190,9 @@ def test_intervals_are_deterministic_and_off_with_bootstrap_zero(report, builds,
 
 
 def test_paired_comparisons_mark_ties_and_wins():
-    """Two models scoring the same units identically: no significant difference, said once; a
-    model winning on every unit beats the other, and the table bolds it."""
+    """Two models scoring the same units identically: not tested (the same difference, 0, on every
+    unit: #50), said once with why; a model winning on every unit beats the other, and the table
+    bolds it."""
     from training.report.compare import compare_dataset, verdicts
     from training.report.markdown import comparison_table
     from training.statistics import UnitScores
@@ -224,14 +225,14 @@ def test_paired_comparisons_mark_ties_and_wins():
         if bold:
             assert rows[pair.index(best)].count("**") == 2 and "no significant difference" not in text
         else:
-            assert "**" not in text and text.count("no significant difference") == 1
-        assert tests[0].p_holm == pytest.approx(tests[0].p_value)  # one test: Holm changes nothing
+            assert "**" not in text and text.count("not tested: all 400 units equal") == 1
+        assert tests[0].p_holm == pytest.approx(tests[0].p_value, nan_ok=True)  # one test: Holm changes nothing
 
 
 def test_report_has_paired_differences_forest_plots_and_floors(report):
     out, texts = report
     md = (out / "report.md").read_text()
-    assert "| metric | model | vs | n | difference [95 % CI] | p (sign-flip) | p (Holm) |" in md
+    assert "| metric | model | vs | n | difference [95 % CI] | test | p | p (Holm) |" in md
     for dataset in ("coco", "decorrelation", "counterfactuals"):
         assert (out / f"forest-{dataset}.png").stat().st_size > 0 and f"(forest-{dataset}.png)" in md
     assert md.count("| *chance level* |") == 3

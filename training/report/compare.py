@@ -3,11 +3,11 @@
 For every two models (or every model against `--baseline`) and every metric of a dataset's
 comparison table that both scored with units: the difference, its 95 % paired bootstrap interval
 (the same resamples of the same clusters for both models; studentized where the difference is
-linear in the units, else percentile) and the paired permutation (sign-flip) p-value, Holm-adjusted
-across exactly the tests of the table's columns. The per-class metrics (ODmAP@k and PN per removed
-class) are a family of their own (`per_class=True`), on each class's units, with no test below
-statistics.MIN_CLUSTERS clusters. `verdicts` tells the table which best value beats its runner-up at
-alpha = 0.05 (bold); failing to reject is no equivalence, so the others are left unmarked.
+linear in the units, else percentile; unadjusted) and the paired test's p-value (`mean_tests` of a
+difference in means, else the sign-flip test; none where `untested`), Holm-adjusted across exactly
+the tests of the table's columns; the per-class metrics (ODmAP@k and PN per removed class) are a
+family of their own (`per_class=True`), on each class's units. `verdicts` tells the table which
+best value beats its runner-up at alpha = 0.05 (bold); failing to reject is no equivalence.
 `plot_forest` draws each model's value with its interval and n.
 """
 
@@ -22,16 +22,20 @@ import numpy as np
 
 from builders.viewer.plots import plain_text
 from training.report.markdown import BLIND, higher_is_better, in_comparison, natural, sample_size
-from training.report.per_class import class_of, testable
+from training.report.per_class import class_of
 from training.report.results import record_name
 from training.statistics import (
     ALPHA,
+    FEW_CLUSTERS,
     MIN_CLUSTERS,
     UnitScores,
     bootstrap,
+    bootstrap_t,
     difference_interval,
     holm,
+    paired_difference,
     paired_intervals,
+    unit_sets,
 )
 from training.sign_flip import sign_flip_pvalues
 
@@ -56,7 +60,8 @@ class Comparison:
     n_clusters: int = 0  # their clusters (source images; the units where there are none)
     #: The smallest difference one test at alpha = 0.05 detects with 80 % power (`detectable`).
     detectable: float = float("nan")
-    note: str | None = None  # why there is no interval (statistics.Interval.note)
+    test: str = ""  # bootstrap-t (a difference in means), sign-flip (exchangeable scores), "" (none)
+    note: str | None = None  # why there is no test (`untested`) or no interval (statistics.Interval.note)
 
     def as_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in vars(self).items()}
@@ -79,59 +84,88 @@ def compare_dataset(
 ) -> list[Comparison]:
     """The paired comparisons of `dataset`, one Holm family; `units`: model -> evaluation key ->
     UnitScores. The metrics of the comparison table's columns, or (`per_class`) the per-class
-    metrics, those with too few units shown untested (NaN)."""
+    metrics; those `untested` have no p-value (NaN: outside the family) and say why (`note`)."""
     pairs = _pairs([m for m in models if m in units], baseline)
     keys = sorted(set.intersection(*(set(units[m]) for m in {x for p in pairs for x in p})) if pairs else [])
     keys = sorted(
         (k for k in keys if record_name(k) and _in_family(k, per_class)),
         key=lambda k: tuple(map(natural, record_name(k))),
     )
-    compared = {x for p in pairs for x in p}
-    tested = [k for k in keys if all(testable(k, units[m][k]) for m in compared)]
-    resampled = bootstrap({(m, k): units[m][k] for m in compared for k in tested}, resamples, seed)
-    paired = {(key, a, b): (units[a][key], units[b][key]) for key in tested for a, b in pairs}
-    pvalues = sign_flip_pvalues(paired, resamples, seed)
-    every = {(k, a, b): (units[a][k], units[b][k]) for k in keys for a, b in pairs if units[a][k].n == units[b][k].n}
-    found = paired_intervals(every, resamples, seed)  # with each missing interval's reason
+    paired = {(key, a, b): (units[a][key], units[b][key]) for key in keys for a, b in pairs}
+    notes = {k: untested(*pair) for k, pair in paired.items()}
+    live = {k: pair for k, pair in paired.items() if notes[k] is None}
+    resampled = bootstrap({(m, k): units[m][k] for (k, a, b) in live for m in (a, b)}, resamples, seed)
+    differences = {k: paired_difference(*pair) for k, pair in live.items()}
+    means = mean_tests({k: d for k, d in differences.items() if d}, resamples, seed)
+    flips = sign_flip_pvalues({k: pair for k, pair in live.items() if not differences[k]}, resamples, seed)
+    # Two proportions get Newcombe's interval, another difference linear in the units the
+    # studentized one, a median's or a mean over groups' the percentile interval of the paired
+    # resampled differences; each missing one says why.
+    found = paired_intervals({k: paired[k] for k in live}, resamples, seed)
     out = []
-    for key in keys:
-        task, metric = record_name(key)
-        for a, b in pairs:
-            nan = float("nan")
-            spread = resampled[(a, key)] - resampled[(b, key)] if key in tested else np.full(1, nan)
-            n, clusters = units[a][key].counted()
-            why = found.get((key, a, b))
-            low, high = difference_interval(why, spread) if key in tested and why else (nan, nan)
-            difference = units[a][key].value() - units[b][key].value()
-            p = pvalues[(key, a, b)] if key in tested else nan
-            c = Comparison(dataset, task, metric, a, b, difference, low, high, p, n=n, n_clusters=clusters)
-            c.note = why and why.note  # no interval (a fixed metric, equal units): nothing to detect
-            c.detectable = detectable(spread, clusters) if np.isfinite(low) else nan
-            out.append(c)
+    for k, (ua, ub) in paired.items():
+        (key, a, b), (n, clusters), nan = k, ua.counted(), float("nan")
+        spread = resampled[(a, key)] - resampled[(b, key)] if k in live else np.full(1, nan)
+        low, high = difference_interval(found[k], spread) if k in live else (nan, nan)
+        p, se, critical, test = means.get(k) or _sign_flip(flips.get(k, nan), spread, n)
+        c = Comparison(dataset, *record_name(key), a, b, ua.value() - ub.value(), low, high, p, nan, n, clusters)
+        c.detectable, c.test, c.note = detectable(se, clusters, critical), test, notes[k] or found[k].note
+        out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
     return out
 
 
-def detectable(spread: np.ndarray, n: int, power: float = POWER) -> float:
-    """The smallest true difference the paired sign-flip test of n clusters rejects at alpha =
-    0.05 with `power` (`spread`: the difference's resampled values). The test's statistic,
-    sum(d) / sqrt(sum(d^2)) against its normal limit, is a monotone function of Student's t
-    (Efron 1969), so it rejects where t > c = z(1 - alpha/2) sqrt((n - 1) / (n - z^2)); at a
-    true difference D, t is noncentral with delta = D / (s / sqrt(n)), and s / sqrt(n) is the
-    bootstrap standard error x sqrt(n / (n - 1)) (the bootstrap's variance divides by n). The
-    normal approximation (z(0.975) + z(0.8)) x se reached 77 % power at n = 50 and 60 % at
-    n = 10 (benchmarks/report_coverage.py). NaN below MIN_CLUSTERS (6) clusters, where no
-    sign-flip p-value (at least 2 / 2^n) is below 0.05. Holm's adjustment only raises it."""
-    finite = spread[np.isfinite(spread)]
-    if len(finite) < 2 or int(n) < MIN_CLUSTERS:
+def _sign_flip(p: float, spread: np.ndarray, n: int) -> tuple[float, float, float, str]:
+    """(p, se, critical, "sign-flip") of a sign-flip test (p NaN: none), a monotone function of
+    Student's t (Efron 1969): t > z sqrt((n - 1) / (n - z^2)), se the bootstrap's x sqrt(n / (n - 1))."""
+    finite, z = spread[np.isfinite(spread)], NormalDist().inv_cdf(1 - ALPHA / 2)
+    if not np.isfinite(p) or len(finite) < 2:
+        return p, np.nan, np.nan, ""
+    return p, np.std(finite, ddof=1) * np.sqrt(n / (n - 1)), z * np.sqrt((n - 1) / (n - z * z)), "sign-flip"
+
+
+def untested(a: UnitScores, b: UnitScores) -> str | None:
+    """Why two models' scores of one metric get no test and no interval (None: they do), the notes
+    of statistics.intervals: fixed by construction, fewer than MIN_CLUSTERS clusters (below 6 no
+    sign-flip p-value, at least 2 / 2^n, reaches 0.05), the same difference on every unit."""
+    n, clusters = a.counted()
+    if a.trivial or b.trivial:
+        return "fixed by construction"
+    if clusters < MIN_CLUSTERS:
+        return FEW_CLUSTERS
+    den = np.ones(a.n) if a.den is None else np.asarray(a.den, np.float64)
+    scores = np.stack([a.num, b.num])[:, den > 0] / den[den > 0]  # equal to 1,000 ulp: x - (x - 0.5) is not 0.5
+    equal = np.ptp(scores[0] - scores[1]) <= 1e3 * np.finfo(np.float64).eps * np.abs(scores).max(initial=0)
+    return f"all {n:,} units equal" if equal else None
+
+
+def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
+    """key -> (p, se, critical, "bootstrap-t"): the bootstrap-t test of "the difference in means is
+    0" (Hall & Wilson 1991) of each paired difference: t = difference / se against the t* of the
+    studentized interval's resamples (statistics.bootstrap_t: clusters, the dyadic se of partners),
+    p = min(1, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)); critical: the t* band's half width."""
+    out: dict = {}
+    for names in unit_sets(differences).values():
+        for key, (value, se, t) in bootstrap_t({k: differences[k] for k in names}, resamples, seed).items():
+            if len(t) and se > 0:
+                tails = np.count_nonzero(t <= value / se), np.count_nonzero(t >= value / se)
+                critical = np.diff(np.quantile(t, [ALPHA / 2, 1 - ALPHA / 2]))[0] / 2
+                out[key] = (min(1.0, 2 * (min(tails) + 1) / (len(t) + 1)), se, float(critical), "bootstrap-t")
+    return out
+
+
+def detectable(se: float, n: int, critical: float, power: float = POWER) -> float:
+    """The smallest true difference that a test rejecting where |difference| / se > `critical`
+    detects with `power` on n clusters, its statistic taken as noncentral t on n - 1 degrees of
+    freedom with delta = D / se, se the test's own (the dyadic one of partners); NaN untested.
+    Holm's adjustment only raises it. Power checked in benchmarks/report_coverage.py."""
+    if int(n) < MIN_CLUSTERS or not (np.isfinite(se) and se > 0 and np.isfinite(critical)):
         return float("nan")
     from scipy import optimize, stats  # 0.9 s to import: a one-model report compares nothing
 
-    z = NormalDist().inv_cdf(1 - ALPHA / 2)
-    critical = z * np.sqrt((n - 1) / (n - z * z))
-    delta = optimize.brentq(lambda d: stats.nct.sf(critical, n - 1, d) - power, 0, 100)
-    return float(delta * np.std(finite, ddof=1) * np.sqrt(n / (n - 1)))
+    delta = optimize.brentq(lambda d: stats.nct.sf(critical, int(n) - 1, d) - power, 0, 100)
+    return float(delta * se)
 
 
 def _in_family(key: str, per_class: bool) -> bool:
@@ -142,10 +176,10 @@ def _in_family(key: str, per_class: bool) -> bool:
 
 def verdicts(
     records: list[dict], dataset: str, comparisons: list[Comparison]
-) -> dict[tuple[str, str], tuple[str, bool, float]]:
+) -> dict[tuple[str, str], tuple[str, bool, float, str | None]]:
     """(task, metric) -> (best model, whether it beats the runner-up at alpha = 0.05 after Holm,
-    the smallest difference their test detects with 80 % power), for the columns of `dataset`
-    with two or more models and a test between the top two (the others are left unmarked)."""
+    the smallest difference their test detects with 80 % power, why they were not tested), for
+    the columns of `dataset` with two or more models compared (the others are left unmarked)."""
     tests = {(c.task, c.metric, frozenset((c.model, c.other))): c for c in comparisons if c.dataset == dataset}
     out = {}
     for task, metric in {(r["task"], n) for r in records if r["dataset"] == dataset for n in r["metrics"]}:
@@ -161,7 +195,7 @@ def verdicts(
         test = tests.get((task, metric, frozenset((best, second))))
         if test is None:  # not compared (--baseline: two other models on top): left unmarked
             continue
-        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA, test.detectable)
+        out[(task, metric)] = (best, best_value != second_value and test.p_holm < ALPHA, test.detectable, test.note)
     return out
 
 
@@ -174,8 +208,8 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
     if not rows:
         return []
     lines = [
-        "| metric | model | vs | n | difference [95 % CI] | p (sign-flip) | p (Holm) |",
-        "|---|---|---|---|---|---|---|",
+        "| metric | model | vs | n | difference [95 % CI] | test | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in rows:
         n = sample_size(c.n, c.n_clusters)
@@ -186,16 +220,14 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
 
 
 def comparison_cells(c: Comparison) -> str:
-    """A comparison's `difference [low, high] | p | p (Holm)` cells; a tested difference of
-    fewer than MIN_CLUSTERS clusters says why it has no interval; the difference alone, and n/a
-    for the p-values, where there were no resamples (`--bootstrap 0`) or no test."""
+    """A comparison's `difference [low, high] | test | p | p (Holm)` cells; an untested one says
+    why (`untested`), and n/a for the p-values, as where there were no resamples
+    (`--bootstrap 0`)."""
     from training.report.markdown import with_interval
 
-    if np.isfinite(c.low) and np.isfinite(c.high):
-        difference = with_interval(c.difference, c.low, c.high)
-    else:
-        difference = with_interval(c.difference, note=c.note)
-    return f"{difference} | {_p(c.p_value)} | {_p(c.p_holm)}"
+    finite = np.isfinite(c.low) and np.isfinite(c.high)
+    difference = with_interval(c.difference, c.low, c.high) if finite else with_interval(c.difference, note=c.note)
+    return f"{difference} | {c.test or 'none'} | {_p(c.p_value)} | {_p(c.p_holm)}"
 
 
 def _p(value: float) -> str:

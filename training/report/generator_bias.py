@@ -6,7 +6,7 @@ given as `--counterfactuals` is scored as one dataset per generator, `counterfac
 those of a build of G's rows alone. On top, the generator-bias table: on the pairs EVERY
 generator kept (the intersection of their pair ids), for each model and each ITM metric with
 per-pair units, value(G) - value(H) for every two generators G before H in the dataset's order,
-its 95 % paired bootstrap interval and the sign-flip p-value, Holm-adjusted across the whole table
+its 95 % paired bootstrap interval and the paired test's p-value, Holm-adjusted across the whole table
 (every model, metric and pair of generators), computed by compare.py's `compare_dataset` as it
 compares two models: the generators take the models' place, on the same pairs with the same
 resamples. A pair one generator dropped (its CLIP filters found no good image) is left out of
@@ -22,7 +22,7 @@ import numpy as np
 from builders.engine.provenance import source_digest
 from training.report.compare import Comparison, compare_dataset, comparison_cells
 from training.report.markdown import _fmt, cell, natural, plain
-from training.statistics import UnitScores, first_seen, holm
+from training.statistics import MIN_CLUSTERS, UnitScores, first_seen, holm
 
 #: The record task of a generator-bias record (one per model x pair of generators).
 TASK = "generator_bias"
@@ -180,13 +180,14 @@ def bias_lines(bias: GeneratorBias) -> list[str]:
         f"On the {bias.common:,} pairs every generator kept (pairs kept: {kept}; left out, kept by "
         f"another generator but not by this one: {dropped}), each model's value(generator) - "
         "value(vs) on the same pairs: the difference, its 95 % paired bootstrap interval (the same "
-        "resamples of the common pairs for both generators) and the paired sign-flip permutation "
-        f"p-value, Holm-corrected across this table ({len(bias.comparisons)} tests). No bias is a "
+        "resamples of the common pairs for both generators, unadjusted) and the p-value of the "
+        "paired test (a mean's: the bootstrap-t; a median's: the sign-flip permutation test; none "
+        f"below {MIN_CLUSTERS} pairs), Holm-corrected across this table ({len(bias.comparisons)} tests). No bias is a "
         "difference of 0; the captions of a pair are the same for every generator, so a "
         "difference comes from the images.",
         "",
-        "| model | metric | generator | vs | difference [95 % CI] | p (sign-flip) | p (Holm) |",
-        "|---|---|---|---|---|---|---|",
+        "| model | metric | generator | vs | difference [95 % CI] | test | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for model, c in bias.comparisons:
         lines.append(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from builders.engine.plain_text import one_line
 from training.report.floors import prior_effect
-from training.statistics import MIN_CLUSTERS
+from training.statistics import FEW_CLUSTERS, MIN_CLUSTERS
 
 _MARKDOWN = re.compile(r"([\\`*_\[\]|~])")
 #: The task of the blind text-only baseline's records (training/report/floors.py).
@@ -210,8 +210,11 @@ def _chance(values: set | None) -> str:
 
 def _no_difference(size: str, verdict: tuple) -> str:
     """A column without a winner: its n and, from a paired test, the smallest difference it
-    could detect (80 % power, compare.detectable)."""
-    power = verdict[2] if len(verdict) > 2 else None
+    could detect (80 % power, compare.detectable); untested, why (compare.untested): below
+    MIN_CLUSTERS clusters no p-value could reach 0.05, so `not testable`."""
+    power, note = (*verdict[2:], None, None)[:2]
+    if note:
+        return f"not testable (n = {size})" if note == FEW_CLUSTERS else f"not tested: {note}"
     known = power is not None and power == power  # not NaN
     return f"no significant difference (n = {size}" + (f"; detectable with 80 % power: {power:.4f})" if known else ")")
 
@@ -329,13 +332,18 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
         "## Comparison",
         "",
         "Bold: the best value of its column (fraction below zero: lowest; every other metric: "
-        "highest) where it beats the runner-up at alpha = 0.05 (paired sign-flip permutation "
-        "test on the same units, Holm-corrected across the tests of the dataset table's "
-        "columns). Elsewhere the column says `no significant difference`: the test did not "
-        "reject, which is no evidence that the models are equal (at small n it has little "
-        f"power). `n (units)`: the independent units of each column; below {SMALL_SAMPLE} they "
-        "are marked `small sample`. Per-class numbers (ODmAP@k and PN per removed class) are "
-        f"on the queries that removed the class, with no interval or test below "
+        "highest) where it beats the runner-up at alpha = 0.05 in a paired test on the same units, "
+        "Holm-corrected across the tests of the dataset table's columns: a difference in means "
+        "(means, ratios, proportions) by the bootstrap-t test, a median or a mean over groups by "
+        "the sign-flip permutation test, whose hypothesis is that the two models' scores are "
+        "exchangeable on each unit. The 95 % intervals are not adjusted for the number of "
+        "comparisons; the tests are. Elsewhere the column says `no significant difference`: the "
+        "test did not reject, which is no evidence that the models are equal (at small n it has "
+        f"little power); below {MIN_CLUSTERS} clusters, where no p-value can reach 0.05, `not "
+        "testable`; a metric fixed by construction, or the same difference on every unit, is not "
+        f"tested and not in the family. `n (units)`: the independent units of each column; below "
+        f"{SMALL_SAMPLE} they are marked `small sample`. Per-class numbers (ODmAP@k and PN per "
+        f"removed class) are on the queries that removed the class, with no interval or test below "
         f"{MIN_CLUSTERS} clusters (source images), and their tests are a Holm family of their own.",
         "",
     ]
