@@ -369,18 +369,30 @@ def robust_se(metric: UnitScores) -> float:
     return float(np.sqrt(variance)) if variance > 0 else float(se)
 
 
-def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
-    """value -/+ t(df) `robust_se` where units are linked by `partners`: the dyadic variance V,
-    the small difference of two large sums where linked residuals correlate negatively (an image
-    effect in IR_r), referred to t on its Satterthwaite degrees of freedom as Bell & McCaffrey
-    (2002) do: df = 2 V^2 / (c var(s)), s_k = e_k (e_k + linked e) the clusters' shares of V."""
-    from scipy import special  # t.ppf's own quantile function, without scipy.stats' 0.6 s import
-
+def dyadic_df(metric: UnitScores) -> float:
+    """The Satterthwaite degrees of freedom of `robust_se`'s dyadic variance V, as Bell & McCaffrey
+    (2002) refer it to t: df = 2 V^2 / (c var(s)), s_k = e_k (e_k + linked e) the clusters'
+    shares of V (V the small difference of two large sums where linked residuals correlate
+    negatively: an image effect in IR_r); infinite where it cannot be estimated."""
     e, linked = _residuals(metric)
     s = (e * (e + linked))[cluster_sums(metric)[1] > 0]
     with np.errstate(invalid="ignore", divide="ignore"):
         df = 2 * s.sum() ** 2 / (len(s) * s.var(ddof=1))
-    t = special.stdtrit(max(df, 1.0), 1 - (1 - level) / 2) if np.isfinite(df) else special.ndtri(1 - (1 - level) / 2)
+    return max(float(df), 1.0) if np.isfinite(df) else float("inf")
+
+
+def t_quantile(df: float, q: float) -> float:
+    """Student's t quantile (the normal's at infinite df), with scipy.special's own functions:
+    t.ppf's, without scipy.stats' 0.6 s import."""
+    from scipy import special
+
+    return float(special.stdtrit(df, q) if np.isfinite(df) else special.ndtri(q))
+
+
+def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
+    """value -/+ t(`dyadic_df`) `robust_se` where units are linked by `partners`, clipped to the
+    metric's range; its test of 0 is compare.mean_tests'."""
+    t = t_quantile(dyadic_df(metric), 1 - (1 - level) / 2)
     return tuple(np.clip(metric.value() + np.array([-t, t]) * robust_se(metric), *metric.limits()).tolist())
 
 

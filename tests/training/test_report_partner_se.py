@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from training.statistics import UnitScores, intervals, paired_difference, robust_se
+from training.statistics import UnitScores, dyadic_t, intervals, paired_difference, robust_se
 from training.unit_scores import delta_units, real_partners
 
 
@@ -137,26 +137,37 @@ def test_the_real_pairs_partners_are_the_evaluations_derangement():
         assert subset.partners[new] == (expected[0] if len(expected) else -1)
 
 
-def test_the_test_of_real_pair_means_is_the_bootstrap_t_with_the_dyadic_se():
+def test_the_test_of_real_pair_means_is_the_dual_of_the_dyadic_t_interval():
     """30 real pairs of two models (the adverse case: the dyadic se above the iid one): the
-    p-value is the bootstrap-t test's by hand, t = difference / dyadic se against t* = (mean* -
-    mean) / max(se*, 0.1 se) of the report's resamples, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) /
-    (B + 1); without partners the divisor is the iid se."""
+    p-value is the dyadic-t test's by hand, 2 P(T_df > |mean| / dyadic se), df = 2 V^2 / (c
+    var(s)) with s_k = e_k (e_k + the residuals linked to k) (Bell & McCaffrey 2002), the test
+    whose acceptance region is the interval's; without partners the bootstrap-t test, t = mean /
+    iid se against t* = (mean* - mean) / max(se*, 0.1 se) of the report's resamples,
+    2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)."""
     from training.report.compare import mean_tests
 
     n, resamples = 30, 999
     rng = np.random.default_rng(2)
     partners = real_partners(n)
     d = _distinctive(rng, n, partners) - _distinctive(rng, n, partners) + 0.01
+    linked = UnitScores("real pairs", d, partners=partners)
+    e = d - d.mean()
+    shares = e * (_shared(partners) @ e)
+    df = 2 * shares.sum() ** 2 / (n * shares.var(ddof=1))
+    se = robust_se(linked)
+    ((p, found_se, critical, name),) = mean_tests({0: linked}, resamples, 4).values()
+    expected = 2 * stats.t.sf(abs(d.mean()) / se, df)
+    assert (p, found_se, name) == (pytest.approx(expected, rel=1e-9), pytest.approx(se), "dyadic-t")
+    assert critical == pytest.approx(stats.t.ppf(0.975, df), rel=1e-9)
+    assert dyadic_t(linked) == pytest.approx((d.mean() - critical * se, d.mean() + critical * se))
     x = d[np.random.default_rng(4).integers(0, n, (resamples, n))]
     iid = d.std(ddof=1) / np.sqrt(n)
     t = (x.mean(1) - d.mean()) / np.maximum(x.std(1, ddof=1) / np.sqrt(n), 0.1 * iid)
-    for units, se in ((partners, robust_se(UnitScores("real pairs", d, partners=partners))), (None, iid)):
-        observed = d.mean() / se
-        expected = min(1, 2 * (min(np.sum(t <= observed), np.sum(t >= observed)) + 1) / (resamples + 1))
-        ((p, found_se, _, name),) = mean_tests({0: UnitScores("real pairs", d, partners=units)}, resamples, 4).values()
-        assert (p, found_se, name) == (pytest.approx(expected, abs=1e-12), pytest.approx(se), "bootstrap-t")
-    assert robust_se(UnitScores("real pairs", d, partners=partners)) > 1.2 * iid
+    observed = d.mean() / iid
+    expected = min(1, 2 * (min(np.sum(t <= observed), np.sum(t >= observed)) + 1) / (resamples + 1))
+    ((p, found_se, _, name),) = mean_tests({0: UnitScores("real pairs", d)}, resamples, 4).values()
+    assert (p, found_se, name) == (pytest.approx(expected, abs=1e-12), pytest.approx(iid), "bootstrap-t")
+    assert se > 1.2 * iid
 
 
 @pytest.mark.parametrize("case", ["adverse", "image effect"])

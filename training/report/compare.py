@@ -32,9 +32,12 @@ from training.statistics import (
     bootstrap,
     bootstrap_t,
     difference_interval,
+    dyadic_df,
     holm,
     paired_difference,
     paired_intervals,
+    robust_se,
+    t_quantile,
     unit_sets,
 )
 from training.sign_flip import sign_flip_pvalues
@@ -141,12 +144,25 @@ def untested(a: UnitScores, b: UnitScores) -> str | None:
 
 
 def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
-    """key -> (p, se, critical, "bootstrap-t"): the bootstrap-t test of "the difference in means is
-    0" (Hall & Wilson 1991) of each paired difference: t = difference / se against the t* of the
-    studentized interval's resamples (statistics.bootstrap_t: clusters, the dyadic se of partners),
-    p = min(1, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)); critical: the t* band's half width."""
+    """key -> (p, se, critical, test) of "the difference in means is 0" for each paired difference,
+    the dual of its interval: the bootstrap-t test (Hall & Wilson 1991), t = difference / se
+    against the t* of the studentized interval's resamples (statistics.bootstrap_t, on clusters),
+    p = min(1, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)), critical the t* band's half
+    width; with `partners` (real pairs) the dyadic-t test, t against Student's t on the dyadic se's
+    Satterthwaite df (statistics.dyadic_df). None without resamples (`--bootstrap 0`)."""
+    from scipy import special
+
     out: dict = {}
-    for names in unit_sets(differences).values():
+    linked = {k for k, d in differences.items() if d.partners is not None} if resamples else set()
+    for key in linked:
+        d = differences[key]
+        se, df = robust_se(d), dyadic_df(d)
+        if se > 0:
+            p = 2 * (
+                special.stdtr(df, -abs(d.value() / se)) if np.isfinite(df) else special.ndtr(-abs(d.value() / se))
+            )
+            out[key] = (float(p), se, t_quantile(df, 1 - ALPHA / 2), "dyadic-t")
+    for names in unit_sets({k: d for k, d in differences.items() if k not in linked}).values():
         for key, (value, se, t) in bootstrap_t({k: differences[k] for k in names}, resamples, seed).items():
             if len(t) and se > 0:
                 tails = np.count_nonzero(t <= value / se), np.count_nonzero(t >= value / se)
