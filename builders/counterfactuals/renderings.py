@@ -118,22 +118,23 @@ def combine(cfg: RenderingsConfig) -> RenderingsResult:
     sources = [read_source(Path(build)) for build in cfg.builds]
     check_generators(sources)
     check_same_table(sources)
-    layout = OutputLayout(Path(cfg.output))
-    _check_output(layout, sources, cfg.overwrite)
-    copies = _plan(sources)
-    pairs = _check_pairs(sources, _captions_source(sources))
-    manifest = _manifest(sources, copies, pairs, cfg)
-    with output_errors(layout.root), layout:
-        layout.root.mkdir(parents=True, exist_ok=True)
-        with output_lock(layout):
-            if cfg.overwrite:
-                discard_build(layout)
-            add_pending(layout, manifest["files"])  # a kill while copying leaves them the build's
-            for copy in copies:
-                _place(copy, layout.out)
-            _write_card_and_manifest(layout, manifest)
+    # OUT is opened once, at its first use; every write and delete below it goes through it.
+    with OutputLayout(Path(cfg.output)) as layout:
+        _check_output(layout, sources, cfg.overwrite)
+        copies = _plan(sources)
+        pairs = _check_pairs(sources, _captions_source(sources))
+        manifest = _manifest(sources, copies, pairs, cfg)
+        with output_errors(layout.root):
+            layout.root.mkdir(parents=True, exist_ok=True)
+            with output_lock(layout):
+                if cfg.overwrite:
+                    discard_build(layout)
+                add_pending(layout, manifest["files"])  # a kill while copying leaves them the build's
+                for copy in copies:
+                    _place(copy, layout.out)
+                _write_card_and_manifest(layout, manifest)
     rows = {s.generator: manifest["renderings"][s.generator]["rows"] for s in sources}
-    return RenderingsResult(layout.root, rows, pairs.common)
+    return RenderingsResult(Path(cfg.output), rows, pairs.common)
 
 
 def _check_output(layout: OutputLayout, sources: list[RenderingSource], overwrite: bool) -> None:
