@@ -85,6 +85,7 @@ def storage(raw: list[bytes], root: Path, best) -> None:
     """Shard bytes and decode rates of the images stored as read against re-encoded as PNG."""
     from datasets import Features, Image as ImageFeature
 
+    from builders.engine.no_follow import RootDir
     from builders.engine.sharding.part_writer import rows_to_table, write_parquet
     from loading_scripts.images import CheckedImage, check_image
 
@@ -99,7 +100,8 @@ def storage(raw: list[bytes], root: Path, best) -> None:
     given = sum(map(len, raw))
     for n, (name, cells) in enumerate(stored.items()):
         table = rows_to_table([{"image": c} for c in cells], features)
-        shard = write_parquet(root / f"storage-{n}.parquet", table)["bytes"]
+        with RootDir(root, create=True) as out:
+            shard = write_parquet(out, f"storage-{n}.parquet", table)["bytes"]
         images = [c["bytes"] for c in cells]
         fast = f"{best(lambda: full_decode(images, 224)):7.1f} images/s" if n == 0 else "does not apply (PNG)"
         print(

@@ -45,6 +45,7 @@ from builders.counterfactuals.rendering_sources import (
     read_source,
 )
 from builders.engine.errors import UserFacingError
+from builders.engine.no_follow import RootDir
 from builders.engine.provenance import git_state
 from builders.engine.sharding.build_records import add_pending, check_discardable, discard_build, write_card
 from builders.engine.sharding.layout import OutputLayout
@@ -117,22 +118,23 @@ def combine(cfg: RenderingsConfig) -> RenderingsResult:
     sources = [read_source(Path(build)) for build in cfg.builds]
     check_generators(sources)
     check_same_table(sources)
-    layout = OutputLayout(Path(cfg.output))
-    _check_output(layout, sources, cfg.overwrite)
-    copies = _plan(sources)
-    pairs = _check_pairs(sources, _captions_source(sources))
-    manifest = _manifest(sources, copies, pairs, cfg)
-    with output_errors(layout.root):
-        layout.root.mkdir(parents=True, exist_ok=True)
-        with output_lock(layout):
-            if cfg.overwrite:
-                discard_build(layout)
-            add_pending(layout, manifest["files"])  # a kill while copying leaves them the build's
-            for copy in copies:
-                _place(copy, layout.root / copy.dest)
-            _write_card_and_manifest(layout, manifest)
+    # OUT is opened once, at its first use; every write and delete below it goes through it.
+    with OutputLayout(Path(cfg.output)) as layout:
+        _check_output(layout, sources, cfg.overwrite)
+        copies = _plan(sources)
+        pairs = _check_pairs(sources, _captions_source(sources))
+        manifest = _manifest(sources, copies, pairs, cfg)
+        with output_errors(layout.root):
+            layout.root.mkdir(parents=True, exist_ok=True)
+            with output_lock(layout):
+                if cfg.overwrite:
+                    discard_build(layout)
+                add_pending(layout, manifest["files"])  # a kill while copying leaves them the build's
+                for copy in copies:
+                    _place(copy, layout.out)
+                _write_card_and_manifest(layout, manifest)
     rows = {s.generator: manifest["renderings"][s.generator]["rows"] for s in sources}
-    return RenderingsResult(layout.root, rows, pairs.common)
+    return RenderingsResult(Path(cfg.output), rows, pairs.common)
 
 
 def _check_output(layout: OutputLayout, sources: list[RenderingSource], overwrite: bool) -> None:
@@ -251,32 +253,34 @@ def _pair_rows(source: RenderingSource, rel: str, with_generator: bool):
                 yield pair_id, digest, batch["generator"][i] if with_generator else None
 
 
-def _place(copy: _Copy, dest: Path) -> None:
-    """Hard-link the checked file (the very inode that was checked), else copy it a chunk at a time."""
+def _place(copy: _Copy, out: RootDir) -> None:
+    """Hard-link the checked file (the very inode that was checked), else copy it a chunk at a
+    time; in OUT, relative to its descriptor (a linked folder there is refused, never written into)."""
     fd = open_listed(copy.source.folder, copy.rel)
-    with os.fdopen(fd, "rb") as fh:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(fd, "rb") as fh, out.parent(copy.dest, create=True) as (folder, name):
         checked = os.fstat(fh.fileno())
         try:
-            os.link(copy.source.folder / copy.rel, dest, follow_symlinks=False)
+            os.link(copy.source.folder / copy.rel, name, dst_dir_fd=folder, follow_symlinks=False)
         except OSError as err:
             if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP):
                 raise
         else:
-            linked = os.stat(dest, follow_symlinks=False)
+            linked = os.stat(name, dir_fd=folder, follow_symlinks=False)
             if (linked.st_dev, linked.st_ino) == (checked.st_dev, checked.st_ino):
                 return
-            dest.unlink()  # the path was replaced since it was checked: copy what was opened
+            os.unlink(name, dir_fd=folder)  # the path was replaced since it was checked: copy what was opened
         digest = hashlib.sha256()
-        tmp = dest.with_name(dest.name + ".tmp")
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb") as out:
+        tmp = name + ".tmp"
+        with os.fdopen(
+            os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666, dir_fd=folder), "wb"
+        ) as dest:
             while chunk := fh.read(8 << 20):
                 digest.update(chunk)
-                out.write(chunk)
+                dest.write(chunk)
         if digest.hexdigest() != copy.sha256:
-            tmp.unlink()
+            os.unlink(tmp, dir_fd=folder)
             raise UserFacingError(f"{copy.source.folder / copy.rel} changed while it was copied; re-run")
-        os.replace(tmp, dest)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
 
 
 def _write_card_and_manifest(layout: OutputLayout, manifest: dict[str, Any]) -> None:

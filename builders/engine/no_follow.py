@@ -77,6 +77,7 @@ class RootDir:
         self.root = Path(root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
+        self.fd = -1
         self.fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
 
     def __enter__(self) -> RootDir:
@@ -89,6 +90,11 @@ class RootDir:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def __del__(self) -> None:
+        # A root a caller forgot to close (an error path) must not hold its descriptor forever.
+        if getattr(self, "fd", -1) >= 0:
+            self.close()
 
     def path(self, rel: str | PurePosixPath = "") -> Path:
         """The path a message names (never opened: every act goes through the descriptor)."""
@@ -226,6 +232,17 @@ class RootDir:
             for name in dirs:
                 self.rmdir(here / name)
         self.rmdir(rel)
+
+
+@contextmanager
+def opened(root: Path | RootDir) -> Iterator[RootDir]:
+    """`root` itself when it is opened already (the caller's, left open), else `root` opened for
+    the duration."""
+    if isinstance(root, RootDir):
+        yield root
+        return
+    with RootDir(root) as out:
+        yield out
 
 
 def _parts(rel: str | PurePosixPath) -> tuple[str, ...]:

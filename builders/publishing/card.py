@@ -157,7 +157,7 @@ def write_card(layout: OutputLayout, manifest: dict[str, Any], written: set[str]
     shards, so the manifest lists them; the card is rendered from that manifest, which is written
     last (its presence marks a finished build, card included).
     """
-    manifest["card_figures"] = write_card_figures(layout.root, manifest)
+    manifest["card_figures"] = write_card_figures(layout.out, manifest)
     record_files(layout, manifest, written | {figure["path"] for figure in manifest["card_figures"]})
     write_card_file(layout, manifest, render_card(manifest))
     write_manifest(layout, manifest)

@@ -8,15 +8,16 @@ figures); the histograms cover every row of that output.
 
 from __future__ import annotations
 
+import functools
+import io
 import logging
 import math
-import shutil
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 import pyarrow.parquet as pq
 from PIL import Image
 
+from builders.engine.no_follow import RootDir
 from builders.viewer import plots
 from builders.viewer.row_view import Slot, view_of
 from builders.viewer.rows import facets, texts
@@ -59,41 +60,56 @@ def _images(row: dict[str, Any], slots: Sequence[Slot], index: int) -> list[Imag
     return images
 
 
-def write_card_figures(root: Path, manifest: dict[str, Any]) -> list[dict[str, str]]:
-    """Write the card's figures under `root/figures/`; return [{"path", "alt"}] for the card."""
-    shutil.rmtree(root / FIGURES_DIR, ignore_errors=True)  # no figure of an earlier merge stays
-    out = _pick_output(manifest)
-    if out is None:
+def write_card_figures(out: RootDir, manifest: dict[str, Any]) -> list[dict[str, str]]:
+    """Write the card's figures under the build root `out`'s `figures/`, relative to its descriptor
+    (a linked `figures/` is refused, never emptied or written through); return [{"path", "alt"}]
+    for the card."""
+    if out.lstat(FIGURES_DIR) is not None:
+        out.remove_tree(FIGURES_DIR)  # no figure of an earlier merge stays
+    chosen = _pick_output(manifest)
+    if chosen is None:
         return []
-    columns = list(out["features"])
-    view = view_of(out, columns, _image_columns(out["features"]))
+    columns = list(chosen["features"])
+    view = view_of(chosen, columns, _image_columns(chosen["features"]))
     slots = view.slots_in(columns)
-    shards = [root / name for name in out["shards"]]
-    first = next(pq.ParquetFile(shards[0]).iter_batches(batch_size=EXAMPLES)).to_pylist()
+    with out.open(chosen["shards"][0], "rb") as fh:
+        first = next(pq.ParquetFile(fh).iter_batches(batch_size=EXAMPLES)).to_pylist()
     examples = []
     for index, row in enumerate(first):
         images = _images(row, slots, index)
         if images:
             examples.append((images, _caption(texts(view, row), facets(view, row))))
     figures = []
-    name = f"{out['config']}/{out['split']}"
+    name = f"{chosen['config']}/{chosen['split']}"
     if examples:
-        path = plots.example_grid(examples, root / FIGURES_DIR / "examples.png")
-        figures.append({"path": path.relative_to(root).as_posix(), "alt": f"the first {len(examples)} rows of {name}"})
+        rel = _save(out, "examples.png", lambda png: plots.example_grid(examples, png))
+        figures.append({"path": rel, "alt": f"the first {len(examples)} rows of {name}"})
     for column in [c for c in view.histograms if c in columns]:
-        values = [
-            v
-            for s in shards
-            for v in pq.read_table(s, columns=[column]).column(column).to_pylist()
-            if v is not None and math.isfinite(v)
-        ]
+        values = [v for v in _column(out, chosen["shards"], column) if v is not None and math.isfinite(v)]
         if values:
-            path = plots.histogram(
-                values, root / FIGURES_DIR / f"hist_{column}.png", title=f"{column} ({name})", xlabel=column
-            )
-            figures.append({"path": path.relative_to(root).as_posix(), "alt": f"histogram of {column}"})
+            title = f"{column} ({name})"
+            draw = functools.partial(plots.histogram, values, title=title, xlabel=column)
+            figures.append({"path": _save(out, f"hist_{column}.png", draw), "alt": f"histogram of {column}"})
     log.info("card figures: %s", [f["path"] for f in figures])
     return figures
+
+
+def _save(out: RootDir, name: str, draw: Callable[[BinaryIO], object]) -> str:
+    """Draw a figure into memory, then write it as `figures/<name>` (its path in the build)."""
+    png = io.BytesIO()
+    draw(png)
+    rel = f"{FIGURES_DIR}/{name}"
+    out.write_atomic(rel, png.getbuffer())
+    return rel
+
+
+def _column(out: RootDir, shards: Sequence[str], column: str) -> list[Any]:
+    """One column of every shard, each read through the build root's descriptor."""
+    values: list[Any] = []
+    for shard in shards:
+        with out.open(shard, "rb") as fh:
+            values += pq.read_table(fh, columns=[column]).column(column).to_pylist()
+    return values
 
 
 def figures_markdown(manifest: dict[str, Any]) -> str:

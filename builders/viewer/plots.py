@@ -12,7 +12,7 @@ import functools
 import math
 import textwrap
 from pathlib import Path
-from typing import Callable, Mapping, ParamSpec, Sequence, TypeVar
+from typing import BinaryIO, Callable, Mapping, ParamSpec, Sequence, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -52,10 +52,12 @@ def _figure(width: float, height: float):
     return fig
 
 
-def _save(fig, path: Path, dpi: int = 100) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _save(fig, path: Path | BinaryIO, dpi: int = 100) -> Path | BinaryIO:
+    """Save as PNG to `path`, or into a binary file object (the caller writes it where it must)."""
+    if isinstance(path, Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi, metadata=_PNG)
+    fig.savefig(path, dpi=dpi, metadata=_PNG, format="png")
     return path
 
 
@@ -82,7 +84,9 @@ def bar_chart(counts: Mapping[str, int], path: Path, *, title: str, xlabel: str 
 
 
 @plain_text
-def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, bins: int = 30) -> Path:
+def histogram(
+    values: Sequence[float], path: Path | BinaryIO, *, title: str, xlabel: str, bins: int = 30
+) -> Path | BinaryIO:
     fig = _figure(4.5, 3.0)
     ax = fig.add_subplot()
     arr = np.asarray(values, dtype=float)
@@ -99,8 +103,12 @@ def histogram(values: Sequence[float], path: Path, *, title: str, xlabel: str, b
 
 @plain_text
 def example_grid(
-    rows: Sequence[tuple[Sequence[Image.Image], str]], path: Path, *, cell: float = 1.8, images_per_line: int = 4
-) -> Path:
+    rows: Sequence[tuple[Sequence[Image.Image], str]],
+    path: Path | BinaryIO,
+    *,
+    cell: float = 1.8,
+    images_per_line: int = 4,
+) -> Path | BinaryIO:
     """Examples side by side (their images next to each other), each captioned above."""
     n_img = max(len(images) for images, _ in rows)
     per_line = max(1, images_per_line // n_img)

@@ -328,7 +328,7 @@ def test_output_that_is_a_file_or_not_writable_is_one_line(coco, tmp_path, capsy
     assert build(coco, target) == 2
     assert f"--output {target} is a file" in error_line(capsys)
 
-    def denied(src, dst):
+    def denied(src, dst, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(dst))
 
     monkeypatch.setattr(os, "replace", denied)

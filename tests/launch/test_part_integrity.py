@@ -318,3 +318,21 @@ def test_an_output_that_is_a_file_is_one_line(tmp_path, capsys, mode):
     assert toy_cli(target, *mode) == 2
     assert f"--output {target} is a file" in error_line(capsys)
     assert target.read_text() == "x"
+
+
+def test_an_array_worker_never_cleans_up_or_writes_through_a_linked_parts_folder(tmp_path, capsys):
+    """Issue #49: `.parts/default/train` linked to the user's folder holding a file named as a
+    part's temporary file. Before, the worker's clean-up deleted it (only the last component was
+    checked) and its parts were written into that folder."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "part-00000.parquet.tmp").write_bytes(b"the user's draft")
+    out = tmp_path / "array"
+    (out / ".parts/default").mkdir(parents=True)
+    (out / TRAIN).symlink_to(outside, target_is_directory=True)
+    capsys.readouterr()
+    code = toy_cli(out, "--worker-index", "0", "--num-workers", "2")
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == {"part-00000.parquet.tmp": b"the user's draft"}
+    assert code == 2
+    line = error_line(capsys)
+    assert f"{out / TRAIN} is a symlink" in line, line

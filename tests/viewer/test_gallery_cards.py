@@ -15,6 +15,7 @@ from huggingface_hub import HfApi, hf_hub_download
 from PIL import Image
 
 from builders.app.cli import main as cli_main
+from builders.engine.no_follow import RootDir
 from builders.viewer.card_figures import write_card_figures
 
 from helpers.gallery_helpers import fixture_build
@@ -55,7 +56,8 @@ def test_card_embeds_examples_and_histograms_published_with_the_build(
     for link in links:
         assert_not_blank(build / link)
     before = {link: (build / link).read_bytes() for link in links}
-    write_card_figures(build, manifest)
+    with RootDir(build) as out:
+        write_card_figures(out, manifest)
     assert {link: (build / link).read_bytes() for link in links} == before
 
     repo = f"tester/cards-{name}"

@@ -2,7 +2,8 @@
 
 Module map:
 - `base`: the `ShardedBuilder` protocol builders implement, and the `Emit` / `Skip` records.
-- `layout`: where parts, stats, shards and the manifest live in an output folder.
+- `layout`: where parts, stats, shards and the manifest live in an output folder, and
+  `OutputLayout.out`, the output root opened once: the one way to write or delete below it.
 - `part_writer`: writes one part's rows as parquet (temp name, then rename; stats last, with each
   part file's sha256).
 - `part_files`: reads parts and stats files back without trusting them (regular files inside the

@@ -17,10 +17,12 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from pathlib import Path
-from typing import Any, Iterator
+from contextlib import nullcontext
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO, Iterator
 
 from builders.engine.errors import UserFacingError
+from builders.engine.no_follow import RootDir, opened
 from builders.engine.repo_paths import repo_path_problem
 from builders.engine.sharding.layout import MANIFEST, PARTS_DIR
 
@@ -31,23 +33,26 @@ CARD = "README.md"
 _NAMED = 5  # how many offending paths one error line names
 
 
-def read_chunks(path: Path, size: int = 8 << 20) -> Iterator[bytes]:
-    with open(path, "rb") as fh:
+def read_chunks(source: Path | BinaryIO, size: int = 8 << 20) -> Iterator[bytes]:
+    """The bytes of a file (a path, or a file object opened by the caller, read from where it is)."""
+    with open(source, "rb") if isinstance(source, Path) else nullcontext(source) as fh:
         while chunk := fh.read(size):
             yield chunk
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks (a shard may be GBs)."""
+def file_sha256(source: Path | BinaryIO) -> str:
+    """Hex sha256 of a file (a path, or an opened file object), read in chunks (a shard may be GBs)."""
     digest = hashlib.sha256()
-    for chunk in read_chunks(path):
+    for chunk in read_chunks(source):
         digest.update(chunk)
     return digest.hexdigest()
 
 
-def file_record(root: Path, rel: str) -> dict[str, Any]:
-    """`{"path", "bytes", "sha256"}` of one file of the build (relative POSIX path)."""
-    return {"path": rel, "bytes": (root / rel).stat().st_size, "sha256": file_sha256(root / rel)}
+def file_record(root: Path | RootDir, rel: str) -> dict[str, Any]:
+    """`{"path", "bytes", "sha256"}` of one file of the build (relative POSIX path), read through
+    the root's descriptor (never through a link below it)."""
+    with opened(root) as out, out.open(rel, "rb") as fh:
+        return {"path": rel, "bytes": os.fstat(fh.fileno()).st_size, "sha256": file_sha256(fh)}
 
 
 def is_bookkeeping(rel: str) -> bool:
@@ -56,20 +61,20 @@ def is_bookkeeping(rel: str) -> bool:
     return first == PARTS_DIR or (rel.endswith(".tmp") and ("/" not in rel or first == "data"))
 
 
-def folder_contents(root: Path) -> tuple[list[str], list[str]]:
-    """(files, symlinks) under `root` but outside `.parts/`, as relative paths; links not followed."""
-    files, links = [], []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        for name in sorted(dirnames):
-            if (here / name).is_symlink():
-                links.append((here / name).relative_to(root).as_posix())
-        dirnames[:] = sorted(
-            d for d in dirnames if not (here / d).is_symlink() and not (here == root and d == PARTS_DIR)
-        )
-        for name in sorted(filenames):
-            rel = (here / name).relative_to(root).as_posix()
-            (links if (here / name).is_symlink() else files).append(rel)
+def folder_contents(root: Path | RootDir) -> tuple[list[str], list[str]]:
+    """(files, symlinks) under `root` but outside `.parts/`, as relative paths; links not followed
+    (listed relative to the root's descriptor: `no_follow.RootDir.walk`)."""
+    files: list[str] = []
+    links: list[str] = []
+    if isinstance(root, Path) and not root.is_dir():
+        return files, links
+    with opened(root) as out:
+        for here, dirs, names, linked in out.walk():
+            if here == PurePosixPath():
+                dirs[:] = [d for d in dirs if d != PARTS_DIR]  # pruned in place: fwalk skips it
+            dirs.sort()
+            files += [(here / name).as_posix() for name in sorted(names)]
+            links += [(here / name).as_posix() for name in sorted(linked)]
     return files, links
 
 

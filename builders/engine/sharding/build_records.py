@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
 from builders.engine.errors import UserFacingError
-from builders.engine.owned_files import refuse, remove_empty_folders, unowned
+from builders.engine.owned_files import refuse, remove_empty_folders, remove_files, unowned
 from builders.engine.repo_paths import repo_path_problem
 from builders.engine.sharding.build_files import CARD, FILES, folder_contents, is_bookkeeping, listed_paths
-from builders.engine.sharding.layout import MANIFEST, OutputLayout
+from builders.engine.sharding.layout import MANIFEST, PARTS_DIR, OutputLayout
 from builders.engine.sharding.part_files import BookkeepingError, read_inside
-from builders.engine.sharding.part_writer import atomic_write_bytes, atomic_write_json
+from builders.engine.sharding.part_writer import write_json
 
 #: The pending record, in `.parts/`.
 PENDING = "written.json"
@@ -88,8 +87,7 @@ def build_records(layout: OutputLayout) -> Records | None:
 def add_pending(layout: OutputLayout, records: Iterable[dict[str, Any]]) -> None:
     """Record files about to be (or just) put in place, before the manifest that will list them."""
     merged = {**(_pending(layout) or {}), **{r["path"]: r for r in records}}
-    layout.parts.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(layout.parts / PENDING, {FILES: list(merged.values())})
+    write_json(layout.out, f"{PARTS_DIR}/{PENDING}", {FILES: list(merged.values())})
 
 
 def carry_manifest(layout: OutputLayout) -> None:
@@ -101,7 +99,7 @@ def carry_manifest(layout: OutputLayout) -> None:
 
 def clear_pending(layout: OutputLayout) -> None:
     """Once the manifest listing the build's files is written."""
-    (layout.parts / PENDING).unlink(missing_ok=True)
+    layout.out.unlink(f"{PARTS_DIR}/{PENDING}", missing_ok=True)
 
 
 def write_card(layout: OutputLayout, manifest: dict[str, Any], card: str) -> None:
@@ -109,7 +107,7 @@ def write_card(layout: OutputLayout, manifest: dict[str, Any], card: str) -> Non
     manifest lists are pending first, so a kill before the manifest leaves them the build's."""
     data = card.encode()
     add_pending(layout, manifest[FILES])
-    atomic_write_bytes(layout.readme, data)
+    layout.out.write_atomic(CARD, data)
     manifest[CARD_RECORD] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     add_pending(layout, [{"path": CARD, **manifest[CARD_RECORD]}])
 
@@ -118,7 +116,7 @@ def check_discardable(layout: OutputLayout) -> list[str]:
     """The files `discard_build` deletes (relative paths, `.parts/` aside), after checking every
     one is the build's (module docstring); one line naming the others, or the folder, if not."""
     root = layout.root
-    files, links = folder_contents(root) if root.is_dir() else ([], [])
+    files, links = folder_contents(layout.out) if root.is_dir() else ([], [])
     records = build_records(layout)
     if records is None and (files or links):
         raise UserFacingError(
@@ -128,17 +126,21 @@ def check_discardable(layout: OutputLayout) -> list[str]:
         )
     ours = manifest_records(layout) is not None
     checked = [p for p in files if not is_bookkeeping(p) and not (ours and p == MANIFEST)]
-    refuse("--overwrite", root, [f"symlink {p}" for p in links] + unowned(root, checked, records or {}), MANIFEST)
+    found = [f"symlink {p}" for p in links] + unowned(layout.out, checked, records or {})
+    refuse("--overwrite", root, found, MANIFEST)
     return files
 
 
 def discard_build(layout: OutputLayout) -> None:
     """Delete the build in `layout` for `--overwrite` (`check_discardable` first: nothing is
-    deleted unless every file is the build's). The lock this build holds stays."""
-    root = layout.root
-    for rel in check_discardable(layout):
-        (root / rel).unlink()
-    for path in layout.parts.iterdir() if layout.parts.is_dir() else ():  # all but the held lock
-        if path != layout.lock_file:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    remove_empty_folders(root)
+    deleted unless every file is the build's), relative to the root's descriptor: a folder swapped
+    for a link after the check is refused before any file is deleted (`owned_files.remove_files`).
+    The lock this build holds stays."""
+    out = layout.out
+    remove_files(out, check_discardable(layout))
+    if out.lstat(PARTS_DIR) is not None:
+        _, dirs, files, links = next(out.walk(PARTS_DIR))
+        remove_files(out, [f"{PARTS_DIR}/{name}" for name in files + links if name != layout.lock_file.name])
+        for name in dirs:
+            out.remove_tree(f"{PARTS_DIR}/{name}")
+    remove_empty_folders(out)

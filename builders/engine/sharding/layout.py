@@ -1,10 +1,11 @@
-"""Paths inside a build output folder.
+"""Paths inside a build output folder, and the one way to write below it.
 
     OUT/
       README.md                      dataset card with YAML `configs:` (written by merge)
       build_manifest.json            config, versions, models, seeds, counts (written by merge)
       data/{split}-NNNNN-of-NNNNN.parquet            the `default` config
       data/{config}/{split}-NNNNN-of-NNNNN.parquet   any named config
+      figures/*.png                  the card's figures (written by merge)
       .parts/run.json                the run fingerprint; a resume must match it
       .parts/lock                    held by the build that is writing here (see output_guard)
       .parts/worker-NNNNN.lock       held by job-array worker N while it builds its parts
@@ -13,20 +14,50 @@
 
 The same folder is what `load_dataset(OUT)` reads; `counterfactory publish` uploads the files the
 manifest lists, the card and the manifest (see `build_files`), never `.parts/`.
+
+Every write, rename and delete below OUT goes through `OutputLayout.out`, OUT opened once for the
+run (`no_follow.RootDir`, issue #49): a folder below it that is, or becomes, a symlink is refused
+in one line naming it, and nothing is written or deleted through it. The `Path` properties name
+files in messages and for reads (which go through `no_follow.open_no_follow`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from builders.engine.no_follow import RootDir
 
 PARTS_DIR = ".parts"
 MANIFEST = "build_manifest.json"
 
 
-@dataclass(frozen=True)
+@dataclass
 class OutputLayout:
     root: Path
+    _out: RootDir | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def out(self) -> RootDir:
+        """The output root, opened on first use (made when missing) and kept open for the run."""
+        if self._out is None:
+            self._out = RootDir(self.root, create=True)
+        return self._out
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def __enter__(self) -> OutputLayout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def rel(self, path: Path) -> str:
+        """`path` (one of this layout's) relative to the root, as `out` takes it."""
+        return path.relative_to(self.root).as_posix()
 
     @property
     def parts(self) -> Path:

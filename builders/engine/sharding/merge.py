@@ -9,6 +9,8 @@ each shard stays near `max_shard_bytes`. Each part is checked against the sha256
 its worker recorded before it is merged (`part_files`). New shards are written under temporary
 names and renamed once every output's are written (a refused part leaves the previous merge
 untouched), and shards of an earlier merge that the new set does not reuse are deleted afterwards.
+Every shard, rename and deletion goes through the output root's descriptor (`OutputLayout.out`):
+a linked `data/` (or a folder below it) is refused in one line before a shard is written.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import math
-import os
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -31,11 +32,11 @@ from builders.engine.errors import UserFacingError
 from builders.engine.provenance import git_state, portable
 from builders.engine.sharding.base import BuildInfo, OutputSpec
 from builders.engine.sharding.build_files import FILES, file_record
-from builders.engine.owned_files import unowned
+from builders.engine.owned_files import remove_files, unowned
 from builders.engine.sharding.build_records import add_pending, build_records, clear_pending
-from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.layout import MANIFEST, OutputLayout
 from builders.engine.sharding.part_files import PART_FILES, load_stats, part_tables
-from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, atomic_write_json
+from builders.engine.sharding.part_writer import ROW_GROUP_ROWS, write_json
 from builders.engine.sharding.up_to_date import invalidate
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class _Shards:
 
     rows: int
     names: list[str]
-    tmp: list[Path]
+    tmp: list[str]
 
 
 def _write_output_shards(
@@ -99,7 +100,7 @@ def _write_output_shards(
     spec: OutputSpec,
     stats: Sequence[dict[str, Any]],
     max_shard_bytes: int,
-    written_tmp: list[Path],
+    written_tmp: list[str],
 ) -> _Shards:
     """Stream the parts of `spec` into shards under temporary names (appended to `written_tmp` as
     they are created, for the caller to remove on failure). Each part is checked against its
@@ -118,13 +119,7 @@ def _write_output_shards(
     names = [layout.shard_name(spec.config, spec.split, i, n_shards) for i in range(n_shards)]
     start = len(written_tmp)
 
-    def open_writer(index: int) -> pq.ParquetWriter:
-        tmp = layout.root / (names[index] + ".tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        written_tmp.append(tmp)
-        return pq.ParquetWriter(tmp, schema)
-
-    shard, writer = 0, open_writer(0)
+    shard, writer = 0, _ShardWriter(layout, names[0] + ".tmp", schema, written_tmp)
     room = rows_per_shard
     try:
         for k, part_stats in enumerate(stats):
@@ -133,46 +128,61 @@ def _write_output_shards(
                     if room == 0:
                         writer.close()
                         shard += 1
-                        writer = open_writer(shard)
+                        writer = _ShardWriter(layout, names[shard] + ".tmp", schema, written_tmp)
                         room = rows_per_shard
                     take = table.slice(0, room)
-                    writer.write_table(take, row_group_size=ROW_GROUP_ROWS)
+                    writer.parquet.write_table(take, row_group_size=ROW_GROUP_ROWS)
                     room -= take.num_rows
                     table = table.slice(take.num_rows)
         writer.close()
     except BaseException:
-        try:
-            writer.close()
-        except OSError:
-            pass  # closing flushes, which fails the same way on a full disk
+        writer.close(failed=True)
         raise
     return _Shards(total_rows, names, written_tmp[start:])
+
+
+class _ShardWriter:
+    """A shard's parquet writer on a temporary file made relative to the output's descriptor
+    (never through a linked `data/`), its name appended to `written_tmp` once it exists."""
+
+    def __init__(self, layout: OutputLayout, rel: str, schema: Any, written_tmp: list[str]) -> None:
+        self.file = layout.out.open(rel, "wb", create_folders=True)
+        written_tmp.append(rel)
+        self.parquet = pq.ParquetWriter(self.file, schema)
+
+    def close(self, failed: bool = False) -> None:
+        try:
+            self.parquet.close()
+            self.file.close()
+        except OSError:
+            if not failed:
+                raise
+            self.file.close()  # closing flushes, which fails the same way on a full disk
 
 
 def _remove_stale_shards(layout: OutputLayout, keep: set[str]) -> None:
     """Delete the shards of an earlier merge that this one did not rewrite: those its records
     list unchanged (`build_records`); any other parquet file under `data/` is left in place and
     named (publish refuses the folder until the user moves it)."""
-    data = layout.root / "data"
-    if not data.exists():
+    out = layout.out
+    if out.lstat("data") is None:
         return
     records = build_records(layout) or {}
-    for path in sorted(data.rglob("*.parquet")):
-        rel = path.relative_to(layout.root).as_posix()
-        if rel in keep:
-            continue
-        if unowned(layout.root, [rel], records):
-            log.warning("%s is not a shard this build recorded (or it changed): left in place", path)
+    found = sorted((here / name).as_posix() for here, _, files, _ in out.walk("data") for name in files)
+    stale = [rel for rel in found if rel.endswith(".parquet") and rel not in keep]
+    for rel in stale:
+        if unowned(out, [rel], records):
+            log.warning("%s is not a shard this build recorded (or it changed): left in place", layout.root / rel)
         else:
             log.info("removing stale shard %s", rel)
-            path.unlink()
+            remove_files(out, [rel])
 
 
 def _list_pending(layout: OutputLayout, shards: list[_Shards]) -> None:
     """List the new shards before they are renamed into place: a merge killed half-way leaves
     them the build's (`build_records`), for a later --overwrite to delete."""
     records = [
-        {**file_record(layout.root, tmp.relative_to(layout.root).as_posix()), "path": name}
+        {**file_record(layout.out, tmp), "path": name}
         for output in shards
         for tmp, name in zip(output.tmp, output.names, strict=True)
     ]
@@ -254,14 +264,14 @@ def _write_all_shards(
     layout: OutputLayout, outputs: Sequence[OutputSpec], stats: Sequence[dict[str, Any]], max_shard_bytes: int
 ) -> dict[str, Any]:
     """Every output's shards under temporary names (nothing renamed yet)."""
-    written_tmp: list[Path] = []
+    written_tmp: list[str] = []
     try:
         return {spec.key: _write_output_shards(layout, spec, stats, max_shard_bytes, written_tmp) for spec in outputs}
     except BaseException:
         # A failed merge (disk full, a part that is not what its worker wrote) leaves no
         # half-written shard behind, and the previous merge as it was: nothing is renamed yet.
-        for path in written_tmp:
-            path.unlink(missing_ok=True)
+        for rel in written_tmp:
+            layout.out.unlink(rel, missing_ok=True)
         raise
 
 
@@ -274,7 +284,7 @@ def _put_shards_in_place(
     for spec in outputs:
         rows, names = shards[spec.key].rows, shards[spec.key].names
         for tmp, name in zip(shards[spec.key].tmp, names, strict=True):
-            os.replace(tmp, layout.root / name)
+            layout.out.replace(tmp, name)
         keep.update(names)
         outputs_manifest[spec.key] = {
             "config": spec.config,
@@ -282,7 +292,7 @@ def _put_shards_in_place(
             "rows": rows,
             "data_dir": layout.data_dir(spec.config),
             "shards": names,
-            "bytes": sum((layout.root / name).stat().st_size for name in names),
+            "bytes": sum(layout.out.lstat(name).st_size for name in names),
             "features": spec.features.to_dict(),
             **({"view": spec.view} if spec.view else {}),
         }
@@ -310,11 +320,11 @@ def record_files(layout: OutputLayout, manifest: dict[str, Any], written: set[st
     Every data file the merge and its finisher wrote, with size and digest: exactly what `publish`
     sends (with the card and this manifest) and what `--overwrite` deletes.
     """
-    manifest[FILES] = [file_record(layout.root, rel) for rel in sorted(written)]
+    manifest[FILES] = [file_record(layout.out, rel) for rel in sorted(written)]
 
 
 def write_manifest(layout: OutputLayout, manifest: dict[str, Any]) -> None:
     """Write the manifest: the last file of a merge, whose presence marks a finished build (a
     re-run with nothing to do relies on it: `up_to_date`). It lists the build's files from now on."""
-    atomic_write_json(layout.manifest, manifest)
+    write_json(layout.out, MANIFEST, manifest)
     clear_pending(layout)

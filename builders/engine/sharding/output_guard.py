@@ -11,7 +11,10 @@
 - `output_errors(root)`: turns the OS errors a user can fix (the folder is a file, no permission,
   read-only, disk full) into one `OutputError` line naming the path and the fix.
 - `remove_temp_files(layout)`: a killed or failed write leaves `*.tmp` files (see part_writer,
-  merge); they are never reused, so the next run of the build deletes them first.
+  merge); they are never reused, so the next run of the build deletes them first. Like every
+  write and delete below the output, they are found and deleted relative to the root's
+  descriptor (`OutputLayout.out`): a linked `data/` or `.parts/` is refused in one line before
+  anything is deleted, and no file outside the output is ever listed.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import os
 import stat
 import time
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from builders.engine.errors import OutputError
-from builders.engine.sharding.layout import OutputLayout
+from builders.engine.owned_files import remove_files
+from builders.engine.sharding.layout import PARTS_DIR, OutputLayout
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,9 @@ def output_errors(root: Path) -> Iterator[None]:
         if err.errno not in _FIXES:
             raise
         what, fix = _FIXES[err.errno]
-        raise OutputError(f"{err.filename or root}: {what} ({fix})") from err
+        # A call relative to a folder's descriptor names only the last component: name the root.
+        where = err.filename if err.filename and os.path.isabs(err.filename) else f"{root} ({err.filename or '.'})"
+        raise OutputError(f"{where}: {what} ({fix})") from err
 
 
 def check_output_folder(layout: OutputLayout) -> None:
@@ -134,16 +140,12 @@ def _open_lock(layout: OutputLayout, path: Path, create: bool) -> int | None:
     The lock is taken on a regular file inside `.parts/`, opened without following a symlink: a
     lock file (or `.parts/` itself) planted as a link is refused, never locked or created through.
     """
-    if layout.parts.is_symlink():
-        raise OutputError(
-            f"{layout.parts} is a symlink; a build's work area must be a folder "
-            "inside --output — remove the link (or use another --output)"
-        )
-    if create:
-        layout.parts.mkdir(parents=True, exist_ok=True)
+    if not create and not layout.root.is_dir():
+        return None  # nothing to ask about, and nothing to create
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, flags, 0o644)
+        with layout.out.parent(layout.rel(path), create=create) as (folder, name):
+            fd = os.open(name, flags, 0o644, dir_fd=folder)
     except FileNotFoundError:
         if create:
             raise
@@ -188,19 +190,32 @@ def remove_part_temp_files(layout: OutputLayout, keys: list[str], parts: list[in
     """Remove the `.tmp` files of `parts` only: a job-array worker must not touch the files other
     workers are writing."""
     for part in parts:
-        paths = [layout.stats_file(part), *(layout.part_file(key, part) for key in keys)]
-        for path in paths:
-            tmp = path.with_name(path.name + ".tmp")
-            if tmp.exists():
-                log.info("removing %s, left by an interrupted write", tmp)
-                tmp.unlink()
+        for path in [layout.stats_file(part), *(layout.part_file(key, part) for key in keys)]:
+            tmp = layout.rel(path) + ".tmp"
+            if _is_file(layout, tmp):
+                log.info("removing %s, left by an interrupted write", layout.root / tmp)
+                layout.out.unlink(tmp)
+
+
+def _is_file(layout: OutputLayout, rel: str) -> bool:
+    try:
+        info = layout.out.lstat(rel)
+    except NotADirectoryError:
+        return False
+    return info is not None and stat.S_ISREG(info.st_mode)
 
 
 def remove_temp_files(layout: OutputLayout) -> None:
-    for folder in (layout.root / "data", layout.parts):
-        for path in folder.rglob("*.tmp") if folder.is_dir() else ():
-            log.info("removing %s, left by an interrupted write", path)
-            path.unlink()
-    for path in layout.root.glob("*.tmp"):
-        log.info("removing %s, left by an interrupted write", path)
-        path.unlink()
+    """Remove the `*.tmp` files under `data/` and `.parts/` and at the top of the output (regular
+    files only: a link is never ours), every folder listed and every file deleted relative to the
+    root's descriptor; a linked folder among them is refused before anything is deleted."""
+    out = layout.out
+    _, _, top, _ = next(out.walk())
+    found = [PurePosixPath(name) for name in top]
+    for folder in ("data", PARTS_DIR):
+        if out.lstat(folder) is not None:
+            found += [here / name for here, _, files, _ in out.walk(folder) for name in files]
+    found = [rel for rel in found if rel.name.endswith(".tmp")]
+    for rel in found:
+        log.info("removing %s, left by an interrupted write", layout.root / rel)
+    remove_files(out, [rel.as_posix() for rel in found])

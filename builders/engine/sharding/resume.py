@@ -21,7 +21,7 @@ from builders.engine.sharding.build_records import discard_build
 from builders.engine.sharding.inputs import changed_items
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.part_files import BookkeepingError, load_stats, read_inside
-from builders.engine.sharding.part_writer import atomic_write_json
+from builders.engine.sharding.part_writer import write_json
 from builders.engine.sharding.shares import ItemShare, PartCheck
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,9 @@ def _prepare_output(layout: OutputLayout, fingerprint: dict[str, Any], overwrite
             )
         log.warning("--overwrite: discarding the previous build in %s", layout.root)
         discard_build(layout)
-        atomic_write_json(layout.run_file, fingerprint)
+        write_json(layout.out, layout.rel(layout.run_file), fingerprint)
         return False
-    atomic_write_json(layout.run_file, fingerprint)
+    write_json(layout.out, layout.rel(layout.run_file), fingerprint)
     return True
 
 
@@ -128,4 +128,4 @@ def prepare_resume(layout: OutputLayout, fingerprint: dict[str, Any], share: Ite
         )
     log.warning("--overwrite: the inputs changed (%s); discarding the previous build", changed[0])
     discard_build(layout)
-    atomic_write_json(layout.run_file, fingerprint)
+    write_json(layout.out, layout.rel(layout.run_file), fingerprint)

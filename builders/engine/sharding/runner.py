@@ -44,7 +44,7 @@ from builders.engine.sharding.output_guard import (
 )
 from builders.engine.sharding.merge import Finisher, collect_stats, merge_parts
 from builders.engine.sharding.part_files import PART_FILES, BookkeepingError, load_stats
-from builders.engine.sharding.part_writer import atomic_write_json, peak_rss_bytes, rows_to_table, write_parquet
+from builders.engine.sharding.part_writer import peak_rss_bytes, rows_to_table, write_json, write_parquet
 from builders.engine.sharding.run_config import BuildRunConfig
 from builders.engine.sharding.resume import finished_stats, fingerprint, part_changes, prepare_resume
 from builders.engine.sharding.shares import ItemShare, check_has_items, check_same_inputs, share_items
@@ -131,11 +131,11 @@ def _build_part(
     t1 = time.perf_counter()
     files = {}
     for key, spec in by_key.items():
-        path = layout.part_file(key, part)
+        rel = layout.rel(layout.part_file(key, part))
         if rows.get(key):
-            files[key] = write_parquet(path, rows_to_table(rows[key], spec.features))
-        elif os.path.lexists(path):  # leftover of an earlier attempt at this part
-            path.unlink()
+            files[key] = write_parquet(layout.out, rel, rows_to_table(rows[key], spec.features))
+        else:  # a leftover of an earlier attempt at this part
+            layout.out.unlink(rel, missing_ok=True)
     t2 = time.perf_counter()
     stats = {
         "part": part,
@@ -155,7 +155,7 @@ def _build_part(
         "world_size": group.world_size,
     }
     # Written last: its presence is what marks the part finished.
-    atomic_write_json(layout.stats_file(part), stats)
+    write_json(layout.out, layout.rel(layout.stats_file(part)), stats)
     return stats
 
 
@@ -167,25 +167,26 @@ def run_build(builder: ShardedBuilder, cfg: BuildRunConfig, finish: Finisher | N
     """
     if cfg.part_size < 1:
         raise UserFacingError(f"--part-size must be at least 1 (got {cfg.part_size})")
-    layout = OutputLayout(Path(cfg.output_dir))
-    if cfg.merge_only or cfg.num_workers is not None:
-        _check_array_config(cfg)
-        with output_errors(layout.root):
-            check_output_folder(layout)
-            if cfg.merge_only:
-                return _merge_only(builder, cfg, layout, finish)
-            return _run_array_worker(builder, cfg, layout)
-    group = init_process_group(cfg.expect_processes)
-    try:
-        with output_errors(layout.root):
-            if not group.is_main:
-                return _run_locked(builder, cfg, group, layout, finish)
-            check_output_folder(layout)
-            with output_lock(layout):
-                _check_no_workers(layout)
-                return _run_locked(builder, cfg, group, layout, finish)
-    finally:
-        group.close()
+    # Every write below the output goes through its root, opened once for the run (`layout.out`).
+    with OutputLayout(Path(cfg.output_dir)) as layout:
+        if cfg.merge_only or cfg.num_workers is not None:
+            _check_array_config(cfg)
+            with output_errors(layout.root):
+                check_output_folder(layout)
+                if cfg.merge_only:
+                    return _merge_only(builder, cfg, layout, finish)
+                return _run_array_worker(builder, cfg, layout)
+        group = init_process_group(cfg.expect_processes)
+        try:
+            with output_errors(layout.root):
+                if not group.is_main:
+                    return _run_locked(builder, cfg, group, layout, finish)
+                check_output_folder(layout)
+                with output_lock(layout):
+                    _check_no_workers(layout)
+                    return _run_locked(builder, cfg, group, layout, finish)
+        finally:
+            group.close()
 
 
 def _read_share(

@@ -27,7 +27,7 @@ from builders import __version__
 from builders.engine.errors import UserFacingError
 from builders.engine.sharding.build_files import FILES, listed_paths
 from builders.engine.sharding.build_records import carry_manifest
-from builders.engine.sharding.layout import OutputLayout
+from builders.engine.sharding.layout import MANIFEST, OutputLayout
 from builders.engine.sharding.part_files import read_inside
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def invalidate(layout: OutputLayout) -> None:
     the folder is not a finished build (for a re-run, and for `publish`). The files it listed stay
     listed, as pending (`build_records`)."""
     carry_manifest(layout)
-    layout.manifest.unlink(missing_ok=True)
+    layout.out.unlink(MANIFEST, missing_ok=True)
 
 
 def finished_manifest(

@@ -27,6 +27,7 @@ from builders.counterfactuals import renderings
 from builders.counterfactuals.generators import GENERATORS
 from builders.counterfactuals.renderings import wilson_interval
 from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture
+from builders.engine import owned_files
 from builders.engine.sharding.build_files import file_sha256
 from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
@@ -444,3 +445,42 @@ def test_never_reads_a_shard_through_a_symlink(builds, tmp_path, capsys):
     shard.symlink_to(outside)
     line = refused(capsys, tmp_path / "cf", builds["sd15"], linked)
     assert str(shard) in line and "symlink" in line
+
+
+@pytest.mark.e2e
+def test_overwrite_never_acts_through_a_data_folder_swapped_for_a_link_after_the_check(builds, tmp_path, capsys):
+    """Issue #49: `OUT/data` is swapped for a symlink to the user's folder between the check of
+    `--overwrite` and its deletions (a hook on the hashing, after the last listed shard is hashed
+    by the discard's own check: no timing). Before, the user's files named as the shards were
+    unlinked through the link and replaced by hard links to the shards."""
+    out = tmp_path / "cf"
+    assert combine(out, builds["sd15"], builds["sdxl"]) == 0
+    shards = {f["path"]: f["sha256"] for f in manifest(out)["files"] if f["path"].startswith("data/")}
+    mine = tmp_path / "mine"
+    for rel in shards:
+        (mine / rel).parent.mkdir(parents=True, exist_ok=True)
+        (mine / rel).write_bytes(f"the user's own {rel}".encode())
+    theirs = tree(mine)
+    real, hits = owned_files.file_sha256, []
+
+    def hashed_then_swapped(source):
+        digest = real(source)
+        hits.append(digest in shards.values())
+        # The first check (before any work) and the discard's check each hash every shard once.
+        if sum(hits) == 2 * len(shards) and hits[-1]:
+            (out / "data").rename(tmp_path / "aside")
+            (mine / "data").rename(tmp_path / "user")
+            (out / "data").symlink_to(tmp_path / "user", target_is_directory=True)
+        return digest
+
+    ours = tree(out)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(owned_files, "file_sha256", hashed_then_swapped)
+        code = combine(out, builds["sd15"], builds["sdxl"], extra=("--overwrite",))
+    assert tree(tmp_path / "user") == {rel.removeprefix("data/"): sha for rel, sha in theirs.items()}
+    assert code == 2
+    line = error_line(capsys)
+    assert f"{out / 'data'} is a symlink" in line and "nothing was written or deleted" in line, line
+    # Nothing of the build was deleted either: the real folder, moved aside, and the rest of OUT.
+    moved = {f"data/{rel}": sha for rel, sha in tree(tmp_path / "aside").items()}
+    assert {**tree(out), **moved, "data": "link"} == {**ours, "data": "link"}
