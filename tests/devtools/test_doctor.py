@@ -199,7 +199,10 @@ REFERENCE_STEPS = {
 ROWS_PER_PAIR = {"sd15": 4, "sdxl": 4, "sd3": 4, "flux": 2}
 
 
-def _cpu_tiny(tmp_path) -> str:
+@pytest.fixture(scope="module")
+def cpu_tiny(tmp_path_factory) -> tuple[str, Path]:
+    """`gpu_check.py --cpu-tiny`'s stdout and workdir, run once for the tests below."""
+    tmp_path = tmp_path_factory.mktemp("cpu_tiny")
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu-tiny", "--workdir", str(tmp_path)],
@@ -210,9 +213,7 @@ def _cpu_tiny(tmp_path) -> str:
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "no CUDA device" in proc.stdout
-    assert re.search(r"^production table: device CPU, torch \S+, dtype fp32$", proc.stdout, flags=re.M)
-    return proc.stdout
+    return proc.stdout, tmp_path
 
 
 def _stage_costs(rows: list[list[str]], name: str) -> dict:
@@ -233,17 +234,15 @@ def _stage_costs(rows: list[list[str]], name: str) -> dict:
     }
 
 
-def test_gpu_check_cpu_tiny_prints_gpu_days_per_generator(tmp_path):
+def test_gpu_check_cpu_tiny_prints_the_table_and_the_plan_assumptions(cpu_tiny):
     """The production table of benchmarks/gpu_check.py (#43, #52 item 5) through the same code on
-    the CPU with the tiny models: the assumptions, the fp16 sweep's rows, the compiled UNet
-    (apart), every generator's stage costs, and GPU-days for every generator and known model
-    at its reference steps and stated batch, which recompute from the printed stage costs by
-    the sum written out here."""
-    from builders.counterfactuals.generators import GENERATORS
-
-    stdout = _cpu_tiny(tmp_path)
+    the CPU with the tiny models: printed first, written to the workdir, with the plan's
+    assumptions, the fp16 sweep and the compiled UNet reported apart."""
+    stdout, workdir = cpu_tiny
+    assert "no CUDA device" in stdout
+    assert re.search(r"^production table: device CPU, torch \S+, dtype fp32$", stdout, flags=re.M)
     rows = _table(stdout)
-    assert (tmp_path / "production_table.md").read_text().count("\n| ") == len(rows) + 1  # + the rule
+    assert (workdir / "production_table.md").read_text().count("\n| ") == len(rows) + 1  # + the rule
     assumptions = " ".join(r[1] for r in rows if r[0] == "assumption")
     assert "24,508 caption pairs" in assumptions and "whatever their p" in assumptions, assumptions
     sweep = [r for r in rows if r[0] == "SD-1.5 P2P"]
@@ -253,14 +252,32 @@ def test_gpu_check_cpu_tiny_prints_gpu_days_per_generator(tmp_path):
     ]
     (compiled,) = [r for r in rows if r[0] == "SD-1.5 P2P compiled"]
     assert float(compiled[2]) > 0 and "backend eager" in compiled[1] and "no GPU-days use it" in compiled[6]
+
+
+def test_gpu_check_cpu_tiny_times_sd15_at_its_reference_steps(cpu_tiny):
+    """Every per-pair figure of SD-1.5 (GPU-days, pairs/s) at the paper's 100 steps, not 50."""
+    rows = _table(cpu_tiny[0])
+    stated = [int(m) for r in rows if "sd15" in r[0] for m in re.findall(r"pairs/s at (\d+) steps", r[6])]
+    stated += [int(re.search(r", (\d+) steps,", r[1]).group(1)) for r in rows if r[0] == "GPU-days sd15"]
+    assert stated and set(stated) == {100}, stated
+
+
+def test_gpu_check_cpu_tiny_prints_gpu_days_per_generator(cpu_tiny):
+    """GPU-days for every generator and known model at its reference steps and stated batch,
+    none from the compiled row, each recomputed from the printed stage costs by the sum written
+    out here."""
+    from builders.counterfactuals.generators import GENERATORS
+
+    rows = _table(cpu_tiny[0])
     days = [r for r in rows if r[3] == "GPU-days"]
     assert not [r for r in days if "compiled" in r[1] + r[6]]
     for name, spec in GENERATORS.items():
-        costs = _stage_costs(rows, name)
-        assert costs["rates"] and all(v > 0 for v in costs["rates"].values()), name
         mine = [r for r in days if r[0] == f"GPU-days {name}"]
         models = [spec.default_model, *(m for m, _ in spec.known_models)]
-        assert sorted({r[1].split(":")[0] for r in mine}) == sorted(models), mine
+        assert sorted({r[1].split(":")[0] for r in mine}) == sorted(models), (name, mine)
+        assert len(mine) == 3 * len(models)
+        costs = _stage_costs(rows, name)
+        assert costs["rates"] and all(v > 0 for v in costs["rates"].values()), name
         for row in mine:
             _check_day_row(name, row, costs)
 

@@ -106,7 +106,7 @@ def test_gpu_days_never_use_the_compiled_row(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("| ")]
     compiled = [line for line in lines if line.startswith("| SD-1.5 P2P compiled |")]
-    assert len(compiled) == 1 and "1e+09" in compiled[0], out
+    assert len(compiled) == 1, out
     days = [line for line in lines if re.search(r"\| GPU-days \|", line)]
     assert days, out
     assert not [line for line in days if "compiled" in line or "1e+09" in line or "1000000000" in line], days
