@@ -200,11 +200,13 @@ def _changed(selections, reference) -> float:
 
 
 def production_rows(plan: dict, row_ids: list[str]) -> tuple[float, float]:
-    """Mean UNet rows per caption pair of a production-size plan (100 steps) without sharing and
-    with it, counted from the specs by `row_keys` (no model runs)."""
-    from builders.devtools.production_rates import plan_rows
+    """Mean UNet rows per caption pair of a production-size plan (SD-1.5's reference steps) without
+    sharing and with it, counted from the specs by `row_keys` (no model runs)."""
+    from builders.counterfactuals.generators import GENERATORS
+    from builders.devtools.production_plan import count_plan
 
-    return plan_rows(plan, False, row_ids), plan_rows(plan, True, row_ids)
+    steps = GENERATORS["sd15"].reference.steps
+    return count_plan(plan, False, row_ids, steps).rows, count_plan(plan, True, row_ids, steps).rows
 
 
 def bench_plans(profile, args) -> dict:

@@ -1,20 +1,19 @@
 """The GPU check: the production table, then the demo pipeline and a short training run on the
 GPU compared with the CPU, then the fp32 production-size throughput and the release's GPU-days.
 
-0. The production table, printed first (builders/devtools/production_rates.py): SD-1.5
-   Prompt-to-Prompt at 512 px in fp16, UNet rows/s and peak memory over a sweep of candidate
-   pairs per batch (`--sweep`); the same with `torch.compile` of the UNet (`--compile-mode`, in a
-   child process limited to `--compile-budget` seconds: a failure is a row); each image-stage
-   generator's denoiser (`--generator sd15|sdxl|sd3|flux`, builders/devtools/generator_rates.py):
-   one denoising step of 2 candidate pairs, guidance halves included, at the model's native
-   resolution with random weights, fp16 (FLUX bf16); a generator whose denoiser and batch do not
-   fit the GPU is a row with the reason (`counterfactory doctor` gives the memory of the whole
-   pipeline and what `--cpu-offload` changes); and the release's GPU-days at the best fp16 rate,
-   the paper's plan beside the production plan (shared computation + early rejection). With the
-   device, the torch version and the dtype. Written to WORKDIR/production_table.md too.
-   Stage budgets on an H100 (all four generators, `--table-only`: about 5 min with the machine's
-   setup): the sweep ~1 min, the compiled stage at most `--compile-budget` (180 s), the
-   denoisers ~2 min.
+0. The production table, printed first, row by row as measured (builders/devtools/
+   production_rates.py, #52 item 5): the plan's assumptions; SD-1.5 Prompt-to-Prompt at 512 px in
+   fp16 over a sweep of candidate pairs per batch (`--sweep`); the same with `torch.compile` of
+   the UNet (`--compile-mode`, in a child process limited to `--compile-budget` seconds: reported
+   apart, no GPU-days use it); each generator's stages (`--generators`), through the build's render
+   function with random weights at the production architecture: the denoiser's rows/s at the
+   batches its plans run, text encoding, the VAE decode, the CLIP filters and the injection's
+   factor; and the release's GPU-days for every generator and known model, at each model's
+   reference steps, under the paper's plan, the shared plan and the shared plan with early
+   rejection (builders/devtools/production_plan.py). With the device, the torch version and the
+   dtype. Written to WORKDIR/production_table.md too. `--table-only`: about 6 min on an H100
+   (the sweep ~1 min, the compiled stage at most `--compile-budget`, 180 s; the generators'
+   stages ~2-3 min).
 1. `python -m builders.app.demo` twice, on the CPU (`CUDA_VISIBLE_DEVICES=`) and on the GPU, each
    in its own folder; every build's parquet shards are compared row by row. fp32 on both sides,
    with TF32 off on the GPU (`NVIDIA_TF32_OVERRIDE=0`: cuDNN convolutions would use it by
@@ -45,7 +44,7 @@ A mismatch in 1 or 2 exits 1.
 
 Run: `python benchmarks/gpu_check.py [--workdir gpu_check_output] [--steps 10] [--skip-demo]
 [--generators sd15,sdxl,sd3,flux] [--sweep 2,5,10,20] [--compile-mode max-autotune-no-cudagraphs]
-[--compile-budget 180] [--table-only]`.
+[--compile-budget 180] [--stage-steps 4] [--table-only]`.
 """
 
 from __future__ import annotations
@@ -312,14 +311,16 @@ def caption_rate(src, n: int) -> float:
 
 
 def p2p_rates(src, steps: int, pairs: int = 4) -> dict[str, float]:
-    from builders.devtools.production_rates import PRODUCTION_STEPS, p2p_rate
+    from builders.counterfactuals.generators import GENERATORS
+    from builders.devtools.production_rates import p2p_rate
 
+    reference = GENERATORS["sd15"].reference.steps
     rows_per_s = p2p_rate(src.get("sd"), "cuda:0", pairs, steps, 512, repeats=3)
     pairs_per_s = rows_per_s / (4 * steps)  # each candidate its own 4 rows a step
     return {
         "UNet rows/s (512 px)": rows_per_s,
         f"P2P pairs/s (512 px, {steps} steps)": pairs_per_s,
-        f"P2P pairs/s (512 px, {PRODUCTION_STEPS} steps, extrapolated)": pairs_per_s * steps / PRODUCTION_STEPS,
+        f"P2P pairs/s (512 px, {reference} steps, extrapolated)": pairs_per_s * steps / reference,
     }
 
 
@@ -393,6 +394,9 @@ def parse_args(argv: list[str] | None):
         metavar="N,M",
         help=f"candidate pairs per batch of the fp16 P2P sweep (default {','.join(map(str, PAIR_SWEEP))})",
     )
+    parser.add_argument(
+        "--stage-steps", type=int, default=4, help="denoising steps of each generator's timed render call"
+    )
     parser.add_argument("--compile-mode", default=COMPILE_MODE, help="torch.compile mode of the compiled UNet row")
     parser.add_argument(
         "--compile-budget", type=float, default=COMPILE_BUDGET, help="seconds the compiled stage may take"
@@ -408,9 +412,7 @@ def parse_args(argv: list[str] | None):
 
 def production(args, workdir: Path, device: str) -> list[dict]:
     """Section 0: the production table, printed and written to WORKDIR/production_table.md."""
-    from dataclasses import asdict
-
-    from builders.devtools.production_rates import TableConfig, format_table, production_table
+    from builders.devtools.production_rates import TableConfig, print_table
 
     tiny = device == "cpu"
     cfg = TableConfig(
@@ -418,16 +420,13 @@ def production(args, workdir: Path, device: str) -> list[dict]:
         tiny,
         workdir / "tiny_models",
         args.generators,
-        min(args.steps, 3) if tiny else args.steps,
-        args.sweep,
-        args.compile_mode,
-        args.compile_budget,
+        steps=min(args.steps, 3) if tiny else args.steps,
+        sweep=args.sweep,
+        compile_mode=args.compile_mode,
+        compile_budget=args.compile_budget,
+        stage_steps=2 if tiny else args.stage_steps,
     )
-    rows, header = production_table(cfg)
-    table = format_table(rows, header)
-    print(table, flush=True)
-    (workdir / "production_table.md").write_text(table + "\n")
-    return [asdict(r) for r in rows]
+    return print_table(cfg, workdir / "production_table.md", lambda line: print(line, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -442,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             production(args, workdir, "cpu")
         return 0
     workdir.mkdir(parents=True, exist_ok=True)
-    from builders.devtools.production_rates import RELEASE_CAPTION_PAIRS, release_rows
+    from builders.counterfactuals.generators import GENERATORS
+    from builders.devtools.production_plan import RELEASE_CAPTION_PAIRS, Assumptions, release_counts
 
     print(f"gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     table = production(args, workdir, "cuda:0")
@@ -462,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         f"release: {RELEASE_CAPTION_PAIRS:,} caption pairs -> {RELEASE_PAIRS:,} pairs with images "
         f"(builders/counterfactuals/METHOD.md §2); at {rows_per_s:.1f} UNet rows/s (fp32, this GPU):"
     )
-    days = {plan: RELEASE_CAPTION_PAIRS * rows / rows_per_s / 86_400 for plan, rows in release_rows().items()}
+    counts = release_counts(Assumptions(), GENERATORS["sd15"].reference.steps)
+    days = {plan: RELEASE_CAPTION_PAIRS * c.rows / rows_per_s / 86_400 for plan, c in counts.items()}
     for plan, value in days.items():
         print(f"  {plan}: {value:.1f} GPU-days")
     (workdir / "gpu_check.json").write_text(

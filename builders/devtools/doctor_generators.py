@@ -52,17 +52,17 @@ class GeneratorShape:
     dtype: str
     #: Denoiser rows per candidate pair and step.
     rows_per_pair: int
-    #: The model's default denoising steps (throughput per pair: benchmarks/gpu_check.py).
-    steps: int
     #: The pipeline decodes in fp32 (SDXL's: its VAE config's `force_upcast`, an fp16 overflow).
     vae_fp32: bool = False
 
 
+#: Denoising steps are the reference settings' (`GENERATORS[name].reference.steps`), read where
+#: a throughput needs them, never copied here.
 SHAPES = {
-    "sd15": GeneratorShape("sd15", 512, "fp16", 4, 50),
-    "sdxl": GeneratorShape("sdxl", 1024, "fp16", 4, 50, vae_fp32=True),
-    "sd3": GeneratorShape("sd3", 1024, "fp16", 4, 28),
-    "flux": GeneratorShape("flux", 1024, "bf16", 2, 4),
+    "sd15": GeneratorShape("sd15", 512, "fp16", 4),
+    "sdxl": GeneratorShape("sdxl", 1024, "fp16", 4, vae_fp32=True),
+    "sd3": GeneratorShape("sd3", 1024, "fp16", 4),
+    "flux": GeneratorShape("flux", 1024, "bf16", 2),
 }
 
 

@@ -1,28 +1,30 @@
-"""The production table of `benchmarks/gpu_check.py` (#43): the figures of the dtypes a release
-runs in, one table printed before anything else.
+"""The production table of `benchmarks/gpu_check.py` (#43, #52 item 5): the figures a production
+plan needs, in the dtypes a release runs in, one table printed before anything else.
 
+- **The plan's assumptions** (`production_plan.Assumptions`), a row each: what is assumed rather
+  than measured (early rejection's rate, independent of p; the release's size).
 - **SD-1.5 Prompt-to-Prompt in fp16 at 512 px** (`generate_pairs`, `inject="self"`, each
   candidate its own rows: 4 UNet rows per candidate pair a step), over a sweep of candidate pairs
-  per batch: UNet rows/s of the whole call (text encoding and the VAE decode included, as a build
-  pays them) and the peak GPU memory. A batch that runs out of memory ends the sweep as a row.
+  per batch: UNet rows/s of the whole call (text encoding and the VAE decode included) and the
+  peak GPU memory. A batch that runs out of memory ends the sweep as a row.
 - **The same with `torch.compile` of the UNet** (`nn.Module.compile`, mode
   `max-autotune-no-cudagraphs` by default; `--compile-mode default` is the documented
-  alternative when autotuning takes too long: inductor's kernels without the GEMM search; CUDA
-  graphs are left out because P2P's processors change the injected rows from step to step). It
-  runs in a child process with its own time budget, so a compile that fails or does not finish
-  is a row saying so, never the end of the check. The processors read the controller's step, so
-  dynamo may compile more than one graph: the row gives how many.
-- **Each generator's denoiser** at its native resolution and reference dtype (fp16; bf16 for
-  FLUX), random weights at the real config sizes (`generator_rates`).
-- **The release's GPU-days** (24,508 caption pairs, builders/counterfactuals/METHOD.md §2) at the
-  best fp16 rate: the paper's plan (100 independent candidates x 100 steps) beside the
-  production plan (grouped 10 seeds x 10 p values with shared computation, then early rejection).
-  The UNet rows of each plan are counted from the candidate specs (`row_keys`); how many
-  candidates early rejection drops needs real weights, so its rate is an assumption the row
-  states (`REJECT_RATE` at `REJECT_AT` of the steps); the preview's VAE decode and CLIP pass are
-  not counted.
+  alternative when autotuning takes too long; CUDA graphs are left out because P2P's processors
+  change the injected rows from step to step). It runs in a child process with its own time
+  budget, so a compile that fails or does not finish is a row saying so. Reported apart: no build
+  compiles the UNet, so no GPU-days figure uses it.
+- **Each generator's stages** (`stage_rates`): its denoiser's rows/s at every batch its plans run
+  (the mean rows a forward of each plan, `production_plan.count_plan`), the text encoding of a
+  render call, the VAE decode per image, the CLIP filters per candidate pair and the injection's
+  factor on the denoiser's time, measured through the build's render function at the production
+  architecture with random weights, in the generator's dtype (fp16; bf16 for FLUX).
+- **GPU-days of the release** for each generator's default model and every known model of its
+  family (`GENERATORS`' reference settings: each at its own reference steps), under the paper's
+  plan, the grouped plan with shared computation, and that plan with early rejection: rows,
+  render calls, decodes and CLIP-scored pairs counted from the specs, priced with the stage costs
+  (`production_plan.gpu_seconds`).
 
-`tiny=True` (`gpu_check.py --cpu-tiny`) runs the same code on the tiny pipeline at 64 px on the
+`tiny=True` (`gpu_check.py --cpu-tiny`) runs the same code on the tiny pipelines at 64 px on the
 CPU in fp32, and compiles with dynamo's `eager` backend (inductor's CPU code generation needs a
 C++ toolchain and minutes): the code runs, the numbers mean nothing.
 """
@@ -31,14 +33,36 @@ from __future__ import annotations
 
 import json
 import logging
-import random
+import math
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from builders.devtools.generator_rates import GIB, generator_rate, timed
+from builders.devtools.doctor_generators import SHAPES
+from builders.counterfactuals.config import ImageStageConfig
+from builders.devtools.generator_rates import GIB, device_memory, fits, timed
+from builders.devtools.production_plan import (
+    Assumptions,
+    PlanCount,
+    StageCosts,
+    gpu_days,
+    model_steps,
+    plans,
+    release_counts,
+)
+from builders.devtools.stage_rates import (
+    CAPTIONS,
+    TINY_SIDE,
+    clip_seconds,
+    denoiser_of,
+    free,
+    generator_pipeline,
+    plain_rate,
+    render_stages,
+    sd_pipeline,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +72,6 @@ TINY_SWEEP = (1, 2)
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 #: Seconds the compiled stage may take, compilation included, before it is reported unfinished.
 COMPILE_BUDGET = 180
-RELEASE_CAPTION_PAIRS = 24_508
-PRODUCTION_STEPS = 100
-#: Early rejection of the production plan: preview at half the steps; half of the candidates
-#: assumed rejected there (unmeasured: it needs the real models' previews).
-REJECT_AT, REJECT_RATE = 0.5, 0.5
-CAPTIONS = ("A man riding a brown horse.", "A man riding a brown elephant.")
 #: The project root: the child process imports the project from it.
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,16 +87,6 @@ class Row:
     peak_gib: float | None = None
     seconds: float | None = None
     note: str = ""
-
-
-def sd_pipeline(device: str, tiny: bool, tiny_dir: Path, dtype: str):
-    """SD-1.5 with random weights at its real size (the tiny pipeline with `tiny`) in `dtype`."""
-    from builders.devtools.doctor_generators import torch_dtype
-    from builders.devtools.doctor_models import ModelSource
-    from builders.models.profiles import tiny_profile
-
-    pipe = ModelSource("tiny" if tiny else "production", tiny_profile(tiny_dir), device).get("sd")
-    return pipe if dtype == "fp32" else pipe.to(torch_dtype(dtype))
 
 
 def _reset_peak(device: str) -> None:
@@ -135,7 +143,7 @@ def compiled_rate(device: str, tiny: bool, tiny_dir: Path, dtype: str, pairs: in
     import torch
 
     pipe = sd_pipeline(device, tiny, tiny_dir, dtype)
-    size = 64 if tiny else 512
+    size = TINY_SIDE if tiny else 512
     if tiny:
         pipe.unet.compile(backend="eager")
     else:
@@ -184,77 +192,6 @@ def compiled_row(
     return Row(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def generator_rows(device: str, names, tiny: bool) -> list[Row]:
-    rows = []
-    for name in names:
-        start = time.perf_counter()
-        r = generator_rate(name, device, tiny=tiny, repeats=1 if tiny else 3, pairs=1 if tiny else 2)
-        setting = f"{r.dtype}, {r.resolution} px, {r.rows} rows a step, random weights"
-        value = None if r.skipped else r.rows_per_s
-        note = r.skipped or f"{r.pairs_per_s:.3f} pairs/s at {r.steps} steps (denoiser only)"
-        rows.append(
-            Row(
-                f"denoiser {name}",
-                setting,
-                value,
-                "rows/s",
-                r.peak_gib or None,
-                time.perf_counter() - start,
-                note,
-            )
-        )
-    return rows
-
-
-def plan_rows(plan: dict, share: bool, row_ids, reject_rate: float = 0.0) -> float:
-    """Mean UNet rows per caption pair of `plan` (ImageStageConfig fields) at 100 steps, counted
-    from its specs by `row_keys` (no model runs), with or without the shared computation and,
-    with `reject_rate`, early rejection at `REJECT_AT` of the steps dropping that fraction of
-    each batch's candidates (a seeded draw per caption pair)."""
-    from builders.counterfactuals.config import ImageStageConfig
-    from builders.counterfactuals.images import candidate_batches, candidate_specs
-    from builders.counterfactuals.prompt_to_prompt import row_keys
-
-    cfg = ImageStageConfig(steps=PRODUCTION_STEPS, early_reject_at=REJECT_AT if reject_rate else None, **plan)
-    at = cfg.early_reject_step()
-    total = 0
-    for row_id in row_ids:
-        rng = random.Random(row_id)
-        for batch in candidate_batches(candidate_specs(0, row_id, cfg), cfg.candidate_batch):
-            for i in range(PRODUCTION_STEPS):
-                total += 2 * len(set(row_keys(batch, PRODUCTION_STEPS, i, share)))
-                if i == at:
-                    batch = [s for s in batch if rng.random() >= reject_rate]
-    return total / len(row_ids)
-
-
-def release_rows(sample: int = 20) -> dict[str, float]:
-    """UNet rows per caption pair of the paper's plan and of the production plan (without and
-    with early rejection), over `sample` caption pairs' specs."""
-    ids = [f"release-{k}" for k in range(sample)]
-    grouped = dict(candidate_plan="grouped", seeds=10, p_values=10, candidate_batch=10)
-    return {
-        "paper plan (100 independent candidates x 100 steps)": plan_rows(dict(candidates=100), False, ids),
-        "production: grouped 10 x 10, shared computation": plan_rows(grouped, True, ids),
-        f"production: grouped 10 x 10, shared + early rejection at {REJECT_AT:g} of the steps "
-        f"(assumed: {REJECT_RATE:.0%} of candidates rejected)": plan_rows(grouped, True, ids, REJECT_RATE),
-    }
-
-
-def gpu_day_rows(rate: Row) -> list[Row]:
-    """The release's GPU-days of each plan at the UNet rows/s of `rate` (a row of the table)."""
-    return [
-        Row(
-            "release GPU-days",
-            plan,
-            RELEASE_CAPTION_PAIRS * rows / rate.value / 86_400,
-            "GPU-days",
-            note=f"{rows:,.0f} UNet rows per caption pair at {rate.value:.1f} rows/s ({rate.stage}: {rate.setting})",
-        )
-        for plan, rows in release_rows().items()
-    ]
-
-
 @dataclass
 class TableConfig:
     """What the production table measures (`gpu_check.py` flags)."""
@@ -267,16 +204,123 @@ class TableConfig:
     sweep: tuple[int, ...] = PAIR_SWEEP
     compile_mode: str = COMPILE_MODE
     compile_budget: float = COMPILE_BUDGET
+    #: Denoising steps of the timed render calls (the stage costs do not depend on the count).
+    stage_steps: int = 4
+    assume: Assumptions = Assumptions()
 
 
-def production_table(cfg: TableConfig) -> tuple[list[Row], dict[str, str]]:
-    """Every row of the table and its header (device, torch version, dtype)."""
-    import torch
+def model_counts(name: str, assume: Assumptions) -> dict[tuple[str, int], dict[str, PlanCount]]:
+    """(model, reference steps) -> each plan's counts, for `name`'s default and known models."""
+    halves = SHAPES[name].rows_per_pair // 2
+    return {(model, steps): release_counts(assume, steps, halves) for model, steps in model_steps(name)}
 
+
+def stage_costs(name: str, cfg: TableConfig, scorer, counts) -> tuple[StageCosts, list[Row]]:
+    """`name`'s measured stage costs (builders/devtools/stage_rates.py) and their rows: the plain
+    denoiser at every batch its plans run (`counts`: `model_counts`), then one render call with
+    the stage timers."""
+    shape = SHAPES[name]
+    dtype, side = ("fp32", TINY_SIDE) if cfg.tiny else (shape.dtype, shape.resolution)
+    pairs = ImageStageConfig().candidate_batch
+    render_rows = pairs * shape.rows_per_pair
+    every = [c for plans_ in counts.values() for c in plans_.values()]
+    batches = sorted({max(1, round(c.rows_per_forward)) for c in every} | {render_rows})
+    _reset_peak(cfg.device)
+    start = time.perf_counter()
+    pipe = generator_pipeline(name, cfg.device, cfg.tiny, cfg.tiny_dir, dtype)
+    # One timed forward after a warm-up per batch: FLUX at 1024 px takes seconds a forward.
+    plain = {rows: plain_rate(denoiser_of(pipe), rows, side, cfg.device, 1) for rows in batches}
+    render = render_stages(pipe, name, cfg.device, side, pairs, cfg.stage_steps)
+    del pipe
+    free(cfg.device)
+    inside = render["rows"] / render["denoiser_s"]
+    costs = StageCosts(
+        render["text_s"],
+        render["vae_s"],
+        clip_seconds(scorer, side, pairs, cfg.device),
+        plain,
+        plain[render_rows] / inside,
+    )
+    where = f"{dtype}, {side} px"
+    stage = f"stage {name}"
+    rows = [Row(stage, f"{where}, denoiser, {n} rows a forward", rate, "rows/s") for n, rate in plain.items()]
+    rows += [
+        Row(stage, f"{where}, text encoding, one render call", costs.text_s, "s per call"),
+        Row(stage, f"{where}, VAE decode", costs.vae_s, "s per image"),
+        Row(stage, f"{where}, CLIP filters (ViT-L/14)", costs.clip_s, "s per candidate pair"),
+        Row(
+            stage,
+            f"{where}, injection, {pairs} pairs a batch ({render_rows} rows), p 0.5, {cfg.stage_steps} steps",
+            costs.injection,
+            "x denoiser time",
+            _peak(cfg.device),
+            time.perf_counter() - start,
+            f"{inside:.4g} rows/s inside the render call, as a build runs it",
+        ),
+    ]
+    return costs, rows
+
+
+def gpu_day_rows(name: str, costs: StageCosts, assume: Assumptions, counts) -> list[Row]:
+    """The release's GPU-days of `name`'s default and known models under each plan, at each
+    model's reference steps (`counts`: `model_counts`; `production_plan.gpu_days`)."""
+    out = []
+    for (model, steps), by_plan in counts.items():
+        for plan, count in by_plan.items():
+            batch = plans(assume)[plan][0].get("candidate_batch", ImageStageConfig().candidate_batch)
+            at, rate = costs.rate_at(count.rows_per_forward)
+            note = (
+                f"per caption pair: {count.rows:.6g} rows ({count.rows_per_forward:.4g} a forward; rate at {at}: "
+                f"{rate:.4g} rows/s), {count.calls:.4g} calls, {count.decodes:.4g} decodes, "
+                f"{count.scored:.4g} CLIP pairs"
+            )
+            setting = f"{model}: {plan}, {steps} steps, candidate_batch {batch}"
+            out.append(Row(f"GPU-days {name}", setting, gpu_days(count, costs, assume), "GPU-days", note=note))
+    return out
+
+
+def too_big(name: str, cfg: TableConfig, counts) -> str:
+    """Why `name`'s denoiser and its largest batch do not fit the device ('' when they do, and
+    always with the tiny models)."""
+    if cfg.tiny:
+        return ""
+    shape = SHAPES[name]
+    rows = max(c.rows_per_forward for by_plan in counts.values() for c in by_plan.values())
+    pairs = max(ImageStageConfig().candidate_batch, math.ceil(rows / shape.rows_per_pair))
+    return fits(name, cfg.device, shape.dtype, pairs, device_memory(cfg.device))
+
+
+def generator_rows(cfg: TableConfig, emit) -> list[Row]:
+    """Every generator's stage rows and GPU-days, each generator's passed to `emit` once done; a
+    generator whose stages fail is a row saying why (logged with its traceback), and the others
+    still run."""
+    from builders.devtools.doctor_models import ModelSource
+    from builders.models.profiles import tiny_profile
+
+    scorer = ModelSource("tiny" if cfg.tiny else "production", tiny_profile(cfg.tiny_dir), cfg.device).get(
+        "clip_filter"
+    )
+    rows = []
+    for name in cfg.generators:
+        counts = model_counts(name, cfg.assume)
+        if reason := too_big(name, cfg, counts):
+            rows += emit([Row(f"stage {name}", "stages", None, "", note=f"skipped, no GPU-days: {reason}")])
+            continue
+        try:
+            costs, done = stage_costs(name, cfg, scorer, counts)
+            done += gpu_day_rows(name, costs, cfg.assume, counts)
+        except Exception as err:  # a row per failed generator: the GPU session is one call
+            log.exception("production table: %s stages failed", name)
+            done = [Row(f"stage {name}", "stages", None, "", note=f"failed, no GPU-days: {str(err)[:160]}")]
+            free(cfg.device)
+        rows += emit(done)
+    return rows
+
+
+def sd15_rows(cfg: TableConfig) -> list[Row]:
+    """The SD-1.5 P2P sweep and the compiled row (reported apart: no build compiles the UNet)."""
     dtype = "fp32" if cfg.tiny else "fp16"  # CPUs lack fast fp16 kernels
-    size, sweep = (64, TINY_SWEEP) if cfg.tiny else (512, cfg.sweep)
-    device_name = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else "CPU"
-    header = {"device": device_name, "torch": torch.__version__, "dtype": "fp32" if cfg.tiny else "fp16 (FLUX bf16)"}
+    size, sweep = (TINY_SIDE, TINY_SWEEP) if cfg.tiny else (512, cfg.sweep)
     pipe = sd_pipeline(cfg.device, cfg.tiny, cfg.tiny_dir, dtype)
     rows = p2p_sweep(pipe, cfg.device, dtype, sweep, cfg.steps, size, repeats=1 if cfg.tiny else 2)
     del pipe  # the child process builds its own
@@ -284,38 +328,73 @@ def production_table(cfg: TableConfig) -> tuple[list[Row], dict[str, str]]:
     ran = [(r.value, pairs) for pairs, r in zip(sweep, rows, strict=False) if r.value is not None]
     if ran:
         pairs = max(ran)[1]  # the compiled stage runs the fastest batch
-        rows.append(
-            compiled_row(
-                cfg.device, cfg.tiny, cfg.tiny_dir, dtype, pairs, cfg.steps, cfg.compile_mode, cfg.compile_budget
-            )
+        row = compiled_row(
+            cfg.device, cfg.tiny, cfg.tiny_dir, dtype, pairs, cfg.steps, cfg.compile_mode, cfg.compile_budget
         )
-    rows += generator_rows(cfg.device, cfg.generators, cfg.tiny)
-    rates = [r for r in rows if r.stage.startswith("SD-1.5") and r.value]
-    if rates:
-        best = max(rates, key=lambda r: r.value)
-        rows += gpu_day_rows(best)
-    return rows, header
+        row.note = "; ".join(filter(None, [row.note, "apart: no build compiles the UNet, no GPU-days use it"]))
+        rows.append(row)
+    return rows
+
+
+def table_header(cfg: TableConfig) -> dict[str, str]:
+    """The device, the torch version and the dtype of the table."""
+    import torch
+
+    device_name = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else "CPU"
+    return {"device": device_name, "torch": torch.__version__, "dtype": "fp32" if cfg.tiny else "fp16 (FLUX bf16)"}
+
+
+def production_table(cfg: TableConfig, emit=lambda rows: rows) -> list[Row]:
+    """Every row of the table, each section passed to `emit` (which returns it) as it is done:
+    a run cut short has printed what it measured."""
+    rows = emit([Row("assumption", line, None, "") for line in cfg.assume.lines()])
+    rows += emit(sd15_rows(cfg))
+    return rows + generator_rows(cfg, emit)
+
+
+def format_header(header: dict[str, str]) -> str:
+    """The table's first lines: `header` (device, torch version, dtype), the column names."""
+    return "\n".join(
+        [
+            "production table: " + ", ".join(f"{k} {v}" for k, v in header.items()),
+            "| stage | setting | value | unit | peak GiB | s | note |",
+            "|---|---|---:|---|---:|---:|---|",
+        ]
+    )
+
+
+def format_row(r: Row) -> str:
+    """One markdown line; values to 4 significant digits (the stage costs span 1e-3 to 1e3)."""
+    cells = [
+        r.stage,
+        r.setting,
+        "—" if r.value is None else f"{r.value:.4g}",
+        r.unit,
+        "—" if r.peak_gib is None else f"{r.peak_gib:.1f}",
+        "—" if r.seconds is None else f"{r.seconds:.0f}",
+        r.note,
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 def format_table(rows: list[Row], header: dict[str, str]) -> str:
-    """The table as markdown, after a line of `header` (device, torch version, dtype)."""
-    lines = [
-        "production table: " + ", ".join(f"{k} {v}" for k, v in header.items()),
-        "| stage | setting | value | unit | peak GiB | s | note |",
-        "|---|---|---:|---|---:|---:|---|",
-    ]
-    for r in rows:
-        cells = [
-            r.stage,
-            r.setting,
-            "—" if r.value is None else f"{r.value:.2f}",
-            r.unit,
-            "—" if r.peak_gib is None else f"{r.peak_gib:.1f}",
-            "—" if r.seconds is None else f"{r.seconds:.0f}",
-            r.note,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join([format_header(header), *map(format_row, rows)])
+
+
+def print_table(cfg: TableConfig, out: Path, write) -> list[dict]:
+    """The table passed line by line to `write` as measured (a run cut short keeps what it
+    measured), then written whole to `out`; its rows as dicts."""
+    header = table_header(cfg)
+    write(format_header(header))
+
+    def emit(rows: list[Row]) -> list[Row]:
+        for row in rows:
+            write(format_row(row))
+        return rows
+
+    rows = production_table(cfg, emit)
+    out.write_text(format_table(rows, header) + "\n")
+    return [asdict(r) for r in rows]
 
 
 if __name__ == "__main__":  # the compiled stage's child process (`compiled_row`)

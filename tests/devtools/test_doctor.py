@@ -185,10 +185,24 @@ def _table(stdout: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines[3:] if line.startswith("| ")]
 
 
-def test_gpu_check_cpu_tiny_runs_the_production_table(tmp_path):
-    """The production table of benchmarks/gpu_check.py (#43) through the same code on the CPU with
-    the tiny models (the production shapes need a GPU): the fp16 sweep's rows, the compiled UNet,
-    every generator's denoiser, and the release's GPU-days of both plans, printed first."""
+#: Reference steps as the model cards and the paper state them (#52; METHOD.md §2).
+REFERENCE_STEPS = {
+    "stable-diffusion-v1-5/stable-diffusion-v1-5": 100,
+    "stabilityai/stable-diffusion-xl-base-1.0": 50,
+    "stabilityai/stable-diffusion-3-medium-diffusers": 28,
+    "stabilityai/stable-diffusion-3.5-medium": 40,
+    "stabilityai/stable-diffusion-3.5-large": 28,
+    "black-forest-labs/FLUX.1-schnell": 4,
+    "black-forest-labs/FLUX.1-dev": 28,
+}
+#: Denoiser rows per candidate pair a step: 2 images x 2 guidance halves (FLUX: no halves).
+ROWS_PER_PAIR = {"sd15": 4, "sdxl": 4, "sd3": 4, "flux": 2}
+
+
+@pytest.fixture(scope="module")
+def cpu_tiny(tmp_path_factory) -> tuple[str, Path]:
+    """`gpu_check.py --cpu-tiny`'s stdout and workdir, run once for the tests below."""
+    tmp_path = tmp_path_factory.mktemp("cpu_tiny")
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu-tiny", "--workdir", str(tmp_path)],
@@ -199,47 +213,111 @@ def test_gpu_check_cpu_tiny_runs_the_production_table(tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "no CUDA device" in proc.stdout
-    assert re.search(r"^production table: device CPU, torch \S+, dtype fp32$", proc.stdout, flags=re.M)
-    rows = _table(proc.stdout)
-    assert (tmp_path / "production_table.md").read_text().count("\n| ") == len(rows) + 1  # + the rule
-    by_stage: dict[str, list[list[str]]] = {}
-    for row in rows:
-        by_stage.setdefault(row[0], []).append(row)
-    sweep = by_stage["SD-1.5 P2P"]
+    return proc.stdout, tmp_path
+
+
+def _stage_costs(rows: list[list[str]], name: str) -> dict:
+    """Stage costs of `name` read off its printed rows."""
+    mine = [r for r in rows if r[0] == f"stage {name}"]
+    one = lambda key: float(next(r[2] for r in mine if key in r[1]))  # noqa: E731
+    rates = {
+        int(re.search(r"denoiser, (\d+) rows a forward", r[1]).group(1)): float(r[2])
+        for r in mine
+        if "denoiser," in r[1]
+    }
+    return {
+        "text": one("text encoding"),
+        "vae": one("VAE decode"),
+        "clip": one("CLIP filters"),
+        "injection": one("injection"),
+        "rates": rates,
+    }
+
+
+def test_gpu_check_cpu_tiny_prints_the_table_and_the_plan_assumptions(cpu_tiny):
+    """The production table of benchmarks/gpu_check.py (#43, #52 item 5) through the same code on
+    the CPU with the tiny models: printed first, written to the workdir, with the plan's
+    assumptions, the fp16 sweep and the compiled UNet reported apart."""
+    stdout, workdir = cpu_tiny
+    assert "no CUDA device" in stdout
+    assert re.search(r"^production table: device CPU, torch \S+, dtype fp32$", stdout, flags=re.M)
+    rows = _table(stdout)
+    assert (workdir / "production_table.md").read_text().count("\n| ") == len(rows) + 1  # + the rule
+    assumptions = " ".join(r[1] for r in rows if r[0] == "assumption")
+    assert "24,508 caption pairs" in assumptions and "whatever their p" in assumptions, assumptions
+    sweep = [r for r in rows if r[0] == "SD-1.5 P2P"]
     assert [re.search(r"(\d+) pairs a batch \((\d+) UNet rows\)", r[1]).groups() for r in sweep] == [
         ("1", "4"),
         ("2", "8"),
     ]
-    assert all(float(r[2]) > 0 and r[3] == "UNet rows/s" for r in sweep)
-    (compiled,) = by_stage["SD-1.5 P2P compiled"]
-    assert float(compiled[2]) > 0 and "backend eager" in compiled[1], compiled
-    assert re.fullmatch(r"\d+ graph\(s\) compiled under the P2P processors", compiled[6])
-    # One candidate pair a step: 2 images x 2 guidance halves, FLUX.1-schnell without guidance.
-    found = {
-        r[0].split()[1]: re.search(r"(\d+) rows a step", r[1]).group(1) for r in rows if r[0].startswith("denoiser")
-    }
-    assert found == {"sd15": "4", "sdxl": "4", "sd3": "4", "flux": "2"}, proc.stdout
-    assert all(float(r[2]) > 0 for r in rows if r[0].startswith("denoiser"))
-    # GPU-days at the fastest SD-1.5 rate: 24,508 caption pairs x rows / rate / 86,400 s, with the
-    # paper's 100 candidates x 100 steps x 2 branches x 2 guidance halves = 40,000 rows and the
-    # grouped plan's 13,708 (builders/counterfactuals/METHOD.md §2).
-    days = by_stage["release GPU-days"]
-    assert len(days) == 3
-    rate = float(re.search(r"at ([0-9.]+) rows/s", days[0][6]).group(1))
-    assert rate == pytest.approx(max(float(r[2]) for r in sweep + [compiled]), abs=0.06)
-    assert float(days[0][2]) == pytest.approx(24_508 * 40_000 / rate / 86_400, rel=0.01)
-    assert float(days[1][2]) == pytest.approx(24_508 * 13_708 / rate / 86_400, rel=0.01)
-    assert "early rejection" in days[2][1] and float(days[2][2]) < float(days[1][2])
+    (compiled,) = [r for r in rows if r[0] == "SD-1.5 P2P compiled"]
+    assert float(compiled[2]) > 0 and "backend eager" in compiled[1] and "no GPU-days use it" in compiled[6]
+
+
+def test_gpu_check_cpu_tiny_times_sd15_at_its_reference_steps(cpu_tiny):
+    """Every per-pair figure of SD-1.5 (GPU-days, pairs/s) at the paper's 100 steps, not 50."""
+    rows = _table(cpu_tiny[0])
+    stated = [int(m) for r in rows if "sd15" in r[0] for m in re.findall(r"pairs/s at (\d+) steps", r[6])]
+    stated += [int(re.search(r", (\d+) steps,", r[1]).group(1)) for r in rows if r[0] == "GPU-days sd15"]
+    assert stated and set(stated) == {100}, stated
+
+
+def test_gpu_check_cpu_tiny_prints_gpu_days_per_generator(cpu_tiny):
+    """GPU-days for every generator and known model at its reference steps and stated batch,
+    none from the compiled row, each recomputed from the printed stage costs by the sum written
+    out here."""
+    from builders.counterfactuals.generators import GENERATORS
+    from builders.counterfactuals.model_references import FAMILIES
+
+    rows = _table(cpu_tiny[0])
+    days = [r for r in rows if r[3] == "GPU-days"]
+    assert not [r for r in days if "compiled" in r[1] + r[6]]
+    for name in GENERATORS:
+        mine = [r for r in days if r[0] == f"GPU-days {name}"]
+        models = [m.hub_id for m in FAMILIES[name].models]
+        assert sorted({r[1].split(":")[0] for r in mine}) == sorted(models), (name, mine)
+        assert len(mine) == 3 * len(models)
+        costs = _stage_costs(rows, name)
+        assert costs["rates"] and all(v > 0 for v in costs["rates"].values()), name
+        for row in mine:
+            _check_day_row(name, row, costs)
+
+
+def _check_day_row(name: str, row: list[str], costs: dict) -> None:
+    model = row[1].split(":")[0]
+    steps = int(re.search(r", (\d+) steps, candidate_batch (\d+)", row[1]).group(1))
+    if model in REFERENCE_STEPS:
+        assert steps == REFERENCE_STEPS[model], row
+    note = row[6].replace(",", "")
+    n_rows, per_forward = (float(x) for x in re.search(r"([0-9.e+]+) rows \(([0-9.e+]+) a forward", note).groups())
+    at, rate = re.search(r"rate at (\d+): ([0-9.e+]+) rows/s", note).groups()
+    calls, decodes, pairs = (
+        float(re.search(rf"([0-9.e+]+) {w}", note).group(1)) for w in ("calls", "decodes", "CLIP")
+    )
+    # The rate is the printed denoiser row nearest the plan's rows a forward.
+    assert float(rate) == pytest.approx(costs["rates"][int(at)], rel=1e-3)
+    assert abs(int(at) - per_forward) == min(abs(k - per_forward) for k in costs["rates"])
+    if "paper plan" in row[1]:  # 100 independent candidates, batches of 4, no sharing
+        assert (n_rows, calls, decodes, pairs) == (100 * steps * ROWS_PER_PAIR[name], 25, 200, 100), row
+        assert per_forward == 4 * ROWS_PER_PAIR[name]
+    if name == "sd15" and row[1].endswith("shared, 100 steps, candidate_batch 10"):
+        assert n_rows == 13_708  # the grouped 10 x 10 plan's count (builders/counterfactuals/METHOD.md §2)
+    seconds = (
+        n_rows * costs["injection"] / costs["rates"][int(at)]
+        + calls * costs["text"]
+        + decodes * costs["vae"]
+        + pairs * costs["clip"]
+    )
+    assert float(row[2]) == pytest.approx(24_508 * seconds / 86_400, rel=0.01), row
 
 
 def test_gpu_check_skips_a_generator_that_does_not_fit():
-    from builders.devtools.generator_rates import generator_rate
+    from builders.devtools.generator_rates import fits
 
-    rate = generator_rate("flux", "cpu", memory=GIB)
-    assert rate.rows_per_s == 0 and "over 90% of the 1.0 GiB of cpu" in rate.skipped
+    reason = fits("flux", "cpu", "fp32", 1, GIB)
+    assert "over 90% of the 1.0 GiB of cpu" in reason
     # The FLUX.1-schnell transformer alone in fp32 (the CPU's dtype): 11,891,178,560 x 4 bytes.
-    needs = float(re.search(r"needs ([0-9.]+) GiB", rate.skipped).group(1))
+    needs = float(re.search(r"needs ([0-9.]+) GiB", reason).group(1))
     assert needs >= 11_891_178_560 * 4 / GIB
 
 
