@@ -229,14 +229,16 @@ class Interval:
     note: str | None = None
 
 
-def _no_interval(m: UnitScores) -> str | None:
-    """Why `m` gets no interval (None: it gets one); a paired difference's reasons are the same."""
+def no_interval(m: UnitScores) -> str | None:
+    """Why `m` gets no interval (None: it gets one); a paired difference's are its
+    `paired_units`'. All units equal: to 1,000 ulp of the largest (x - (x - 0.5) is not 0.5)."""
     (n, clusters), den = m.counted(), np.ones(m.n) if m.den is None else np.asarray(m.den, np.float64)
     if m.trivial:
         return "fixed by construction"
     if clusters < 2 and not (m.proportion and clusters):
         return "one cluster" if n else "no units"
-    if n and not m.proportion and np.ptp(m.num[den > 0] / den[den > 0]) == 0:  # each unit's own value
+    values = m.num[den > 0] / den[den > 0]  # each unit's own value
+    if n and not m.proportion and np.ptp(values) <= 1e3 * np.finfo(np.float64).eps * np.abs(values).max():
         return f"all {n:,} units equal"
     if clusters < MIN_CLUSTERS and not (m.proportion and m.groups is None):  # a bootstrap
         return FEW_CLUSTERS
@@ -250,7 +252,7 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
     for names in unit_sets(metrics).values():
         for name in names:
             m = metrics[name]
-            if note := _no_interval(m):
+            if note := no_interval(m):
                 out[name] = Interval(np.nan, np.nan, "none", *m.counted(), m.trivial, note)
             elif m.proportion and m.groups is None:
                 out[name] = Interval(*clopper_pearson(m, level), "clopper-pearson", *m.counted())
@@ -279,6 +281,13 @@ def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
     return UnitScores(a.units, num, a.den, clusters=a.clusters, partners=a.partners, bounds=(la - ub, ua - lb))
 
 
+def paired_units(a: UnitScores, b: UnitScores) -> UnitScores:
+    """The per-unit differences of a and b (over their shared den where linear): whose
+    `no_interval` is the pair's, the one answer of the interval and the test (compare.untested)."""
+    d = paired_difference(a, b)
+    return UnitScores(a.units, a.num - b.num, d and d.den, clusters=a.clusters, trivial=a.trivial or b.trivial)
+
+
 def paired_intervals(pairs: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
     """key -> `Interval` of value(a) - value(b) for each (a, b) in `pairs`: none with a single
     metric's notes (units that all differ alike: all units equal) or without resamples; two
@@ -286,11 +295,10 @@ def paired_intervals(pairs: dict, resamples: int, seed: int, level: float = LEVE
     else percentile, whose ends `difference_interval` takes from the paired resampled ones."""
     out, linear = {}, {}
     for key, (a, b) in pairs.items():
-        d = paired_difference(a, b)
-        same = UnitScores(a.units, a.num - b.num, d and d.den, clusters=a.clusters, trivial=a.trivial or b.trivial)
+        d, same = paired_difference(a, b), paired_units(a, b)
         if not resamples:  # --bootstrap 0: no interval at all, as for a single metric
             out[key] = Interval(np.nan, np.nan, "none", *same.counted())
-        elif note := _no_interval(same):
+        elif note := no_interval(same):
             out[key] = Interval(np.nan, np.nan, "none", *same.counted(), same.trivial, note)
         elif d is not None and a.proportion and b.proportion:
             out[key] = Interval(*newcombe(a, b, level), "newcombe", *same.counted())
@@ -464,14 +472,10 @@ def newcombe(a: UnitScores, b: UnitScores, level: float = LEVEL) -> tuple[float,
 
 
 def holm(pvalues) -> np.ndarray:
-    """Holm's step-down adjusted p-values (NaN stays NaN and does not count in the family)."""
+    """Holm's step-down adjusted p-values (NaN stays NaN and does not count in the family): the
+    running maximum of min(1, (m - rank) p) over the p-values in increasing order."""
     p = np.asarray(pvalues, dtype=np.float64)
-    out = np.full(p.shape, np.nan)
-    known = np.flatnonzero(np.isfinite(p))
-    order = known[np.argsort(p[known], kind="stable")]
-    m = len(order)
-    running = 0.0
-    for rank, k in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[k]))
-        out[k] = running
+    out, order = np.full(p.shape, np.nan), np.flatnonzero(np.isfinite(p))
+    order = order[np.argsort(p[order], kind="stable")]
+    out[order] = np.maximum.accumulate(np.minimum(1.0, (len(order) - np.arange(len(order))) * p[order]))
     return out

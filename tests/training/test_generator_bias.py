@@ -200,7 +200,7 @@ def test_a_generator_with_the_same_images_differs_by_zero_untested(report):
     assert "On the 3 pairs every generator kept" in section
     assert "sd15 0, sdxl 1, sd3 0" in section
     lines = [ln for ln in section.splitlines() if "| sd15 | sd3 |" in ln]
-    cells = "| 0.0000 (no interval: fewer than 6 clusters) | none | n/a | n/a |"
+    cells = "| 0.0000 (no interval: all 3 units equal) | none | n/a | n/a |"
     assert len(lines) == 2 * 6 and all(cells in ln for ln in lines)
 
 
@@ -264,7 +264,7 @@ def test_without_resamples_the_table_has_the_differences_alone(report, fixture, 
             assert set(r[field].values()) == {None}, field
     md = (tmp_path / "out" / "report.md").read_text().split("## Generator bias", 1)[1]
     lines = [ln for ln in md.splitlines() if "| sd15 | sdxl |" in ln]
-    cells = r"\| -?\d\.\d{4}( \(no interval: fewer than 6 clusters\))? \| none \| n/a \| n/a \|$"
+    cells = r"\| -?\d\.\d{4}( \(no interval: (fewer than 6 clusters|all 3 units equal)\))? \| none \| n/a \| n/a \|$"
     assert len(lines) == 6 and all(re.search(cells, ln) for ln in lines)
 
 

@@ -34,8 +34,10 @@ from training.statistics import (
     difference_interval,
     dyadic_df,
     holm,
+    no_interval,
     paired_difference,
     paired_intervals,
+    paired_units,
     robust_se,
     t_quantile,
     unit_sets,
@@ -129,18 +131,10 @@ def _sign_flip(p: float, spread: np.ndarray, n: int) -> tuple[float, float, floa
 
 
 def untested(a: UnitScores, b: UnitScores) -> str | None:
-    """Why two models' scores of one metric get no test and no interval (None: they do), the notes
-    of statistics.intervals: fixed by construction, fewer than MIN_CLUSTERS clusters (below 6 no
-    sign-flip p-value, at least 2 / 2^n, reaches 0.05), the same difference on every unit."""
-    n, clusters = a.counted()
-    if a.trivial or b.trivial:
-        return "fixed by construction"
-    if clusters < MIN_CLUSTERS:
-        return FEW_CLUSTERS
-    den = np.ones(a.n) if a.den is None else np.asarray(a.den, np.float64)
-    scores = np.stack([a.num, b.num])[:, den > 0] / den[den > 0]  # equal to 1,000 ulp: x - (x - 0.5) is not 0.5
-    equal = np.ptp(scores[0] - scores[1]) <= 1e3 * np.finfo(np.float64).eps * np.abs(scores).max(initial=0)
-    return f"all {n:,} units equal" if equal else None
+    """Why two models' scores of one metric get no test and no interval (None: they do): their
+    difference's `no_interval` (fixed by construction, all units equal, ...), or fewer than
+    MIN_CLUSTERS clusters (no sign-flip p-value, at least 2 / 2^n, reaches 0.05 below 6)."""
+    return no_interval(paired_units(a, b)) or (FEW_CLUSTERS if a.counted()[1] < MIN_CLUSTERS else None)
 
 
 def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
