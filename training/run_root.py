@@ -8,8 +8,7 @@ trainer's writers need besides:
 
 - `refuse_links`: one line naming every symlink in the run folder, before the run writes or
   deletes anything (nothing the trainer writes is a link, so a link there was put there);
-- `write_text` and `writing`: a file written whole (a `.tmp` sibling renamed over it, in the
-  same opened folder);
+- `write_text`: a file written whole (`RootDir.write_atomic`);
 - `at`: a path, for a library that only takes one (`save_pretrained`, safetensors, TensorBoard
   aside), that resolves through the opened folder's descriptor (`/proc/self/fd/N`), so what the
   library writes lands in the folder that was opened, never in a link's target.
@@ -20,7 +19,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 from builders.engine.errors import OutputError
 from builders.engine.no_follow import RootDir
@@ -67,22 +66,6 @@ class RunRoot(RootDir):
 
     def write_text(self, rel: str | PurePosixPath, text: str) -> None:
         self.write_atomic(rel, text.encode())
-
-    @contextmanager
-    def writing(self, rel: str | PurePosixPath) -> Iterator[BinaryIO]:
-        """A file object whose bytes replace `rel` whole when the block ends (`write_atomic`, for
-        a writer that streams: embeddings, weights); an exception leaves `rel` as it was."""
-        parts = PurePosixPath(rel).parts
-        tmp = PurePosixPath(*parts[:-1], parts[-1] + ".tmp")
-        try:
-            with self.open(tmp, "wb", create_folders=True) as fh:
-                yield fh
-                fh.flush()
-                os.fsync(fh.fileno())
-            self.replace(tmp, rel)
-        except BaseException:
-            self.unlink(tmp, missing_ok=True)
-            raise
 
     @contextmanager
     def at(self, rel: str | PurePosixPath, create: bool = True) -> Iterator[Path]:

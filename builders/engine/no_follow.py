@@ -172,20 +172,27 @@ class RootDir:
             os.set_blocking(file_fd, True)
         return os.fdopen(file_fd, mode)
 
-    def write_atomic(self, rel: str | PurePosixPath, data: bytes | memoryview) -> None:
-        """Write `rel` whole: a `.tmp` sibling, synced, renamed over it (in the same opened folder);
-        a failed write removes the temporary file."""
+    @contextmanager
+    def writing(self, rel: str | PurePosixPath) -> Iterator[BinaryIO]:
+        """A file object whose bytes replace `rel` whole when the block ends: a `.tmp` sibling,
+        synced, renamed over it (in the same opened folder); an exception removes the temporary
+        file and leaves `rel` as it was."""
         parts = _parts(rel)
         tmp = PurePosixPath(*parts[:-1], parts[-1] + ".tmp")
         try:
             with self.open(tmp, "wb", create_folders=True) as fh:
-                fh.write(data)
+                yield fh
                 fh.flush()
                 os.fsync(fh.fileno())
             self.replace(tmp, rel)
         except BaseException:
             self.unlink(tmp, missing_ok=True)
             raise
+
+    def write_atomic(self, rel: str | PurePosixPath, data: bytes | memoryview) -> None:
+        """Write `rel` whole (`writing`)."""
+        with self.writing(rel) as fh:
+            fh.write(data)
 
     def replace(self, src: str | PurePosixPath, dst: str | PurePosixPath) -> None:
         """`os.replace` of `src` onto `dst`, both relative to the root, neither folder a link."""

@@ -163,3 +163,25 @@ def report_builds(root: Path, coco_root: Path) -> tuple[Path, Path, Path]:
     n_test = len(load_dataset(str(root / "cc"), "default", split="test"))
     write_counterfactuals(root / "cf", list(range(1, n_test + 1)))
     return root / "cc", root / "dec", root / "cf"
+
+
+def tiny_args(data, tiny_models_dir, out, *extra: str) -> list[str]:
+    """`counterfactory train` on the color set `data` with the tiny models, one process, batch 16,
+    into `out`, then `extra`."""
+    return [
+        "--real",
+        str(data),
+        "--real-train-splits",
+        "train",
+        "--models",
+        "tiny",
+        "--tiny-models-dir",
+        str(tiny_models_dir),
+        "--num-workers",
+        "0",
+        "--batch-size",
+        "16",
+        "--output",
+        str(out),
+        *extra,
+    ]

@@ -23,7 +23,7 @@ import training.final_files
 import training.run_folder
 from training.finetune_clip import main as train_main
 
-from helpers.training_helpers import write_color_set
+from helpers.training_helpers import tiny_args, write_color_set
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -31,32 +31,9 @@ VICTIM = b"the user's own file, outside the run folder\n"
 
 
 def args(data: Path, tiny_models_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--real",
-        str(data),
-        "--real-train-splits",
-        "train",
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny_models_dir),
-        "--num-workers",
-        "0",
-        "--batch-size",
-        "16",
-        "--lr",
-        "1e-3",
-        "--eval-every",
-        "1",
-        "--best-by-val-loss",
-        "--save-every",
-        "1",
-        "--report-to",
-        "tensorboard",
-        "--output",
-        str(out),
-        *extra,
-    ]
+    """A run that writes every file a run can: evaluations, the best model, checkpoints, logs."""
+    flags = ["--lr", "1e-3", "--eval-every", "1", "--best-by-val-loss", "--save-every", "1"]
+    return tiny_args(data, tiny_models_dir, out, *flags, "--report-to", "tensorboard", *extra)
 
 
 def tree(folder: Path) -> dict[str, object]:
@@ -245,7 +222,8 @@ def test_a_sweep_refuses_a_link_in_its_output_before_any_seed_runs(colors, tiny_
     (users / "notes.txt").write_bytes(VICTIM)
     out.mkdir()
     (out / name).symlink_to(users / "notes.txt" if name == "summary.md" else users)
-    train = args(colors, tiny_models_dir, out)[:-2] + ["--max-steps", "1", "--report-to", "none"]
+    given = args(colors, tiny_models_dir, out, "--max-steps", "1", "--report-to", "none")
+    train = given[: given.index("--output")] + given[given.index("--output") + 2 :]  # the sweep's own
     capsys.readouterr()
     status = sweep_main(["--seeds", "1", "--output", str(out), "--", *train])
     err = capsys.readouterr().err

@@ -13,29 +13,9 @@ from builders.engine.sharding.layout import OutputLayout
 from builders.engine.sharding.output_guard import output_lock
 from training.finetune_clip import main as train_main
 
-from helpers.training_helpers import read_jsonl, write_color_set
+from helpers.training_helpers import read_jsonl, tiny_args, write_color_set
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
-
-
-def tiny_args(data, tiny_models_dir, out, *extra: str) -> list[str]:
-    return [
-        "--real",
-        str(data),
-        "--real-train-splits",
-        "train",
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny_models_dir),
-        "--num-workers",
-        "0",
-        "--batch-size",
-        "16",
-        "--output",
-        str(out),
-        *extra,
-    ]
 
 
 @pytest.fixture(scope="module")
