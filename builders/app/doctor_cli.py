@@ -114,7 +114,10 @@ def _vital_layers(args: argparse.Namespace) -> int:
     result = measure(config, args.tiny_models_dir)
     print(report(result))
     write_result(output, args.generator, result)
-    print(f"written to {output}: build with --generator {args.generator} --vital-layers-from {output}")
+    if result.vital_layers:
+        print(f"written to {output}: build with --generator {args.generator} --vital-layers-from {output}")
+    else:  # a build refuses an empty list: say so here rather than at the build
+        print(f"written to {output}, with no vital layers: a build cannot take it (measure with --top N to list N)")
     return 0
 
 

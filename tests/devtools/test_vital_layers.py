@@ -90,6 +90,23 @@ def test_a_build_takes_the_measured_list_and_records_its_provenance(tmp_path, ti
     assert "measured by `counterfactory doctor vital-layers`" in card
 
 
+@pytest.mark.e2e
+def test_a_flux_build_with_the_published_list_says_where_it_was_measured(tmp_path, tiny_models_dir):
+    table = tmp_path / "pairs.tsv"
+    table.write_text("9\tTwo dogs sleep on the couch.\tTwo cats sleep on the couch.\n")
+    out = tmp_path / "out"
+    argv = [
+        *("build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(table)),
+        *("--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--output", str(out)),
+        *("--generator", "flux", "--image-size", "64", "--steps", "2", "--candidates", "1"),
+    ]
+    assert cli_main(argv) == 0
+    said = "measured on black-forest-labs/FLUX.1-dev, applied here to an unknown flux variant"
+    manifest = json.loads((out / "build_manifest.json").read_text())
+    assert said in manifest["config"]["generator"]["vital_layers"]["provenance"]
+    assert said in " ".join((out / "README.md").read_text().split())
+
+
 def test_sd3s_default_layers_are_labelled_unmeasured_in_help_and_manifest(capsys, tmp_path):
     from builders.app.cli import build_parser
     from builders.counterfactuals.builder import from_args
@@ -216,7 +233,9 @@ def test_a_flat_ranking_has_no_vital_layers(tmp_path, tiny_models_dir, monkeypat
     # On the tiny FLUX every block once scored 1.0000, and the default top of 9 made all 6 "vital".
     rc, out = _run_with_scores(tmp_path, tiny_models_dir, monkeypatch, [1.0] * 6)
     assert rc == 0 and json.loads(out.read_text())["vital_layers"] == []
-    assert "no vital layers by the blocks ranked before the knee" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "no vital layers by the blocks ranked before the knee" in printed
+    assert "with no vital layers: a build cannot take it" in printed
 
 
 def test_top_beyond_the_block_count_is_refused_in_one_line(tmp_path, tiny_models_dir, monkeypatch, capsys):
