@@ -315,7 +315,8 @@ def report(result: VitalLayersResult) -> str:
     lines = ["rank  block  name                              DINOv2 similarity  vital", "-" * 71]
     for rank, i in enumerate(result.ranking(), 1):
         mark = "yes" if i in vital else ""
-        lines.append(f"{rank:>4}  {i:>5}  {result.blocks[i]:<32}  {result.similarity[i]:>17.4f}  {mark}")
+        # Six decimals: the rule is scale-free, so differences below 1e-4 can decide the set.
+        lines.append(f"{rank:>4}  {i:>5}  {result.blocks[i]:<32}  {result.similarity[i]:>17.6f}  {mark}")
     rule = result.provenance.get("rule", KNEE_RULE)
     if not result.vital_layers:
         lines.append(f"no vital layers by {rule}: the ranking has no knee (give --top N to take the N most vital)")

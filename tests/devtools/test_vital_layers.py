@@ -211,7 +211,7 @@ def test_the_set_is_read_off_the_rankings_knee_and_printed_with_every_score(
     printed = capsys.readouterr().out
     # Every block's score, the vital ones marked: rows `rank index name score [yes]`.
     rows = [line.split() for line in printed.splitlines() if "transformer_blocks." in line]
-    assert {int(r[1]): float(r[3]) for r in rows} == {i: round(s, 4) for i, s in enumerate(scores)}
+    assert {int(r[1]): float(r[3]) for r in rows} == {i: round(s, 6) for i, s in enumerate(scores)}
     assert {int(r[1]) for r in rows if r[-1] == "yes"} == {1, 3}
     assert "--vital-layers 1 3" in printed
 
