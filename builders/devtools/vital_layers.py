@@ -9,9 +9,9 @@ both streams is removed). Each bypassed image is compared with the full model's 
 their DINOv2 image embeddings (the CLS token of transformers' `Dinov2Model`, as Stable Flow
 scores "perceptual similarity"); a block's score is the mean over the K samples.
 
-The vital set is read off the ranking by a stated rule, as the paper reads it off its ranking of
-the 57 FLUX blocks (its Fig. 3) without publishing a threshold: the blocks before the ranking's
-knee, the knee being Kneedle's (Satopää, Albrecht, Irwin, Raghavan, "Finding a 'Kneedle' in a
+The vital set is read off the ranking by a stated rule (Stable Flow picks its set from its ranking
+of the 57 FLUX blocks, §3.1; this rule makes the choice stated and reproducible): the blocks
+before the ranking's knee, the knee being Kneedle's (Satopää, Albrecht, Irwin, Raghavan, "Finding a 'Kneedle' in a
 Haystack", ICDCS Workshops 2011): with the similarities sorted ascending and both axes scaled to
 [0, 1], the rank where the sorted curve stands furthest above its chord (the maximum of the
 difference curve y - x). A ranking with no knee (all scores equal, as on a tiny random model,
