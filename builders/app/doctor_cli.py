@@ -11,7 +11,14 @@ from pathlib import Path
 
 from builders.devtools.doctor_generators import GENERATORS
 from builders.devtools.doctor_stages import STAGE_NAMES
-from builders.devtools.vital_layers import DEFAULT_DINO, DEFAULT_PROMPTS, PUBLISHED_COUNT
+from builders.devtools.vital_layers import (
+    DEFAULT_DINO,
+    DEFAULT_PROMPTS,
+    MEASURED_MODEL,
+    SAMPLE_SIZE,
+    TINY_SAMPLES,
+    TINY_STEPS,
+)
 from builders.engine.option_types import positive_int, seed_int, steps_int
 from builders.engine.precision import add_dtype_argument
 
@@ -94,7 +101,8 @@ def _vital_layers(args: argparse.Namespace) -> int:
         args.generator,
         model=args.generator_model,
         prompts=tuple(args.prompts or DEFAULT_PROMPTS),
-        seeds=tuple(args.seeds or (0,)),
+        samples=args.samples,
+        seed=args.seed,
         steps=args.steps,
         size=args.image_size or (64 if tiny else 1024),
         top=args.top,
@@ -106,7 +114,10 @@ def _vital_layers(args: argparse.Namespace) -> int:
     result = measure(config, args.tiny_models_dir)
     print(report(result))
     write_result(output, args.generator, result)
-    print(f"written to {output}: build with --generator {args.generator} --vital-layers-from {output}")
+    if result.vital_layers:
+        print(f"written to {output}: build with --generator {args.generator} --vital-layers-from {output}")
+    else:  # a build refuses an empty list: say so here rather than at the build
+        print(f"written to {output}, with no vital layers: a build cannot take it (measure with --top N to list N)")
     return 0
 
 
@@ -114,27 +125,50 @@ def _register_vital_layers(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "vital-layers",
         help="measure an MM-DiT's vital layers as Stable Flow does (sd3, flux)",
-        description="Bypass each transformer block in turn on K prompt x seed pairs, score how "
-        "much the image changes against the full model's with DINOv2 image similarity, and rank "
-        "the blocks (Stable Flow, Avrahami et al. CVPR 2025, §3.1; builders/counterfactuals/METHOD.md "
-        "§6). Prints the ranking and the list --vital-layers takes, and writes it as JSON with its "
-        "provenance for `counterfactory build coco-counterfactuals --vital-layers-from`. Needs the "
-        "real weights and a GPU for a meaningful list (blocks x K pipeline runs); --models tiny "
-        "checks that it runs.",
+        description="Bypass each transformer block in turn on K prompt x seed samples, score how "
+        "much the image changes against the full model's with DINOv2 image similarity, rank the "
+        "blocks and read the vital set off the ranking: the blocks before its knee (Kneedle, "
+        "Satopaa et al. 2011), as Stable Flow reads its set off the ranking (Avrahami et al. CVPR "
+        "2025, §3.1; builders/counterfactuals/METHOD.md §6). Prints every block's score and the list "
+        "--vital-layers takes, and writes it as JSON with the model's identity (id, revision, "
+        "config hash, blocks) for `counterfactory build coco-counterfactuals --vital-layers-from`, "
+        "which refuses it for another model. Needs the real weights and a GPU for a meaningful "
+        "list ((blocks + 1) x K pipeline runs); --models tiny checks that it runs.",
     )
-    p.add_argument("--generator", choices=tuple(PUBLISHED_COUNT), required=True)
-    p.add_argument("--generator-model", default=None, metavar="HUB_ID_OR_PATH", help="default: the generator's")
-    p.add_argument("--prompts", nargs="+", default=None, help="prompts (default: 4 COCO-like scenes)")
-    p.add_argument("--seeds", nargs="+", type=seed_int, default=None, help="seeds per prompt (default: 0)")
-    p.add_argument("--steps", type=steps_int, default=None, help="default: the model's reference steps")
+    p.add_argument("--generator", choices=tuple(MEASURED_MODEL), required=True)
+    p.add_argument(
+        "--generator-model",
+        default=None,
+        metavar="HUB_ID_OR_PATH",
+        help="the model to measure (default: the one the published list comes from, "
+        + ", ".join(f"{g} {m}" for g, m in MEASURED_MODEL.items())
+        + ")",
+    )
+    p.add_argument(
+        "--prompts", nargs="+", default=None, help="prompts, cycled over the samples (default: 4 COCO-like scenes)"
+    )
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help=f"prompt x seed samples (default {SAMPLE_SIZE}, Stable Flow's K; tiny: {TINY_SAMPLES}); "
+        "sample i draws prompt i mod P with seed --seed + i",
+    )
+    p.add_argument("--seed", type=seed_int, default=0, help="the first sample's seed (default 0)")
+    p.add_argument(
+        "--steps",
+        type=steps_int,
+        default=None,
+        help=f"default: the model's reference steps (tiny: {TINY_STEPS}, a check that runs within a minute)",
+    )
     p.add_argument("--image-size", type=positive_int, default=None, help="default: 1024 (tiny: 64)")
     p.add_argument(
         "--top",
         type=positive_int,
         default=None,
-        help="how many of the most vital blocks to list (default: the published count, "
-        + ", ".join(f"{g} {n}" for g, n in PUBLISHED_COUNT.items())
-        + ")",
+        help="list the N most vital blocks instead of reading the set off the ranking's knee "
+        "(at most the model's block count)",
     )
     p.add_argument("--dino-model", default=DEFAULT_DINO, help="DINOv2 model scoring similarity (default %(default)s)")
     p.add_argument("--models", choices=("production", "tiny"), default="production")

@@ -161,7 +161,7 @@ class CocoCounterfactualsBuilder:
 
                 img = self.config.images
                 config["generator"]["vital_layers"] = vital_layers_record(
-                    spec.name, img.vital_layers, img.vital_layers_provenance
+                    spec.name, img.vital_layers, img.vital_layers_provenance, self.reference().get("model")
                 )
         # The manifest names a local table as `provenance` names local things, however its path
         # was spelled (`../home/me/pairs.tsv`): in the config and where the command line has it.

@@ -207,7 +207,7 @@ class ImageStageConfig:
     vital_layers: tuple[int, ...] = option(
         (),
         "sd3, flux: the blocks that inject, instead of the published ones (FLUX: Stable Flow's "
-        "0 1 17 18 25 28 53 54 56; SD3: 0 7 8 9, UNMEASURED, no checked source): e.g. the list "
+        "0 1 17 18 25 28 53 54 56, measured on FLUX.1-dev; SD3: 0 7 8 9, UNMEASURED, no checked source): e.g. the list "
         "`counterfactory doctor vital-layers` prints (METHOD.md §6)",
         metavar="N",
     )
@@ -215,7 +215,7 @@ class ImageStageConfig:
         None,
         "sd3, flux: the JSON `counterfactory doctor vital-layers` wrote: its layers, with their "
         "measurement recorded in the manifest and card; refused unless measured on the model this "
-        "build loads (generator, model, blocks) with distinct block indices (at most 1 MiB)",
+        "build loads (generator, model, blocks, config hash) with distinct block indices (at most 1 MiB)",
         metavar="JSON",
     )
     vital_layers_provenance: dict | None = None

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from builders.counterfactuals.model_references import check_loaded
+from builders.counterfactuals.vital_layers_file import published_elsewhere
 from builders.counterfactuals.prompt_to_prompt import (
     EarlyRejection,
     PairSpec,
@@ -68,14 +69,19 @@ FLUX_SINGLE_VITAL, FLUX_SINGLE_DEPTH = (6, 9, 34, 35, 37), 38
 SD3_VITAL, SD3_DEPTH = (0, 7, 8, 9), 24
 
 
-def vital_layers_record(generator: str, layers: Sequence[int], provenance: dict | None) -> dict:
+def vital_layers_record(
+    generator: str, layers: Sequence[int], provenance: dict | None, model: str | None = None
+) -> dict:
     """What the manifest and card say about the layers that inject: the given ones and what
-    measured them, or the published set by its source (SD3's: unmeasured)."""
+    measured them, or the published set by its source (SD3's: unmeasured), and where `model`
+    (the build's known model, None: an unknown variant) is not the one it was measured on, so."""
     if layers:
         return {"layers": list(layers), "provenance": provenance or "given by --vital-layers (unmeasured here)"}
     if generator == "flux":
         published = [*FLUX_DOUBLE_VITAL, *(FLUX_DOUBLE_DEPTH + i for i in FLUX_SINGLE_VITAL)]
         source = "Stable Flow's set (Avrahami et al. 2025; snap-research/stable-flow run_stable_flow.py)"
+        elsewhere = published_elsewhere(generator, model)
+        source += f", {elsewhere}" if elsewhere else ", measured on this model"
     else:
         published = list(SD3_VITAL)
         source = "UNMEASURED: no checked source; measure with `counterfactory doctor vital-layers`"

@@ -10,6 +10,7 @@ point) builds with.
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import asdict, fields
 
 from builders.counterfactuals.config import (
@@ -20,13 +21,16 @@ from builders.counterfactuals.config import (
     ImageStageConfig,
 )
 from builders.counterfactuals.generators import GENERATORS, GeneratorSpec, generator, generator_model
+from builders.counterfactuals.model_references import ModelReference
 from builders.counterfactuals.model_references import resolve as resolve_reference
-from builders.counterfactuals.vital_layers_file import read_vital_layers
+from builders.counterfactuals.vital_layers_file import PUBLISHED_ON, published_elsewhere, read_vital_layers
 from builders.engine.errors import UserFacingError
 from builders.engine.options import Values, add_config_arguments, build_config, field_default, flag_of, given_values
 from builders.models.profiles import add_model_arguments, profile_from_args, with_profile_preset
 
 HELP = "COCO-Counterfactuals: counterfactual caption pairs + Prompt-to-Prompt image pairs"
+log = logging.getLogger(__name__)
+
 _IMPORT = 'imported image pairs (builders/counterfactuals/METHOD.md §2, "Imported image pairs")'
 GROUPS = {
     "captions": "caption stage (builders/counterfactuals/METHOD.md §1)",
@@ -80,6 +84,7 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
     # "Reference settings").
     reference = resolve_reference(spec.name, models["sd"]) if generates else None
     images["reference"] = reference.record() if reference else None
+    _say_published_elsewhere(spec.name, images, reference)
     images.setdefault("guidance_range", (reference or spec).reference.guidance)
     if args.models == "production":
         images.setdefault("steps", (reference or spec).reference.steps)
@@ -88,6 +93,22 @@ def config_from_args(args: argparse.Namespace) -> CocoCounterfactualsConfig:
         CocoCounterfactualsConfig,
         {"stage": "images" if image_import else "all", **values, "models": models, "image_import": image_import},
     )
+
+
+def _say_published_elsewhere(generator_name: str, images: dict, reference: ModelReference | None) -> None:
+    """One log line where the build injects a published vital-layer list into a model other
+    than the one it was measured on (FLUX's list, measured on FLUX.1-dev, into schnell)."""
+    if reference is None or images.get("vital_layers") or generator_name not in PUBLISHED_ON:
+        return
+    elsewhere = published_elsewhere(generator_name, reference.model)
+    if elsewhere:
+        log.warning(
+            "--generator %s injects Stable Flow's published vital layers, %s: measure this model's with "
+            "`counterfactory doctor vital-layers --generator %s --generator-model MODEL` and pass --vital-layers-from",
+            generator_name,
+            elsewhere,
+            generator_name,
+        )
 
 
 def _generator_model(

@@ -6,8 +6,10 @@ The file is bounded before it is parsed (`MAX_BYTES`) and after (`MAX_DEPTH` of 
 layers are JSON integers (not booleans), each a block of the measured model, each once.
 
 The measurement is of one model: its identity is the JSON's `generator`, `blocks` (the block
-names, `mmdit_edit.block_names`) and `provenance.model` / `provenance.revision` (as
-`builders.engine.provenance.model_name` names the model). It must be the model the build
+names, `mmdit_edit.block_names`), `provenance.model` / `provenance.revision` (as
+`builders.engine.provenance.model_name` names the model) and `provenance.config_sha256` (the
+sha256 of its denoiser's `transformer/config.json`, canonical JSON: `config_sha256`), so a tiny
+or fine-tuned model of the same name and depth is still another model. It must be the model the build
 loads: `MUST_MATCH` lists the fields whose difference is refused, `SHOULD_MATCH` those only
 warned about (a Hub commit moves with any edit of the repository, weights or not). A field
 either side does not know (None) is not compared, so a field added to both identities (a
@@ -16,6 +18,7 @@ config hash) needs only an entry here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import operator
@@ -35,6 +38,22 @@ MAX_DEPTH = 8
 MAX_TEXT = 4096
 
 
+#: The model each published list was measured on (builders/counterfactuals/METHOD.md §6):
+#: Stable Flow's FLUX list on FLUX.1-dev; SD3's list has no measurement (unmeasured everywhere).
+PUBLISHED_ON = {"flux": "black-forest-labs/FLUX.1-dev"}
+
+
+def published_elsewhere(generator_name: str, model: str | None) -> str | None:
+    """What the manifest, card and log say where a build injects the published list into a
+    model other than the one it was measured on (`model`: the build's known model, None: an
+    unknown variant); None where it is that model, or where no list was measured."""
+    measured = PUBLISHED_ON.get(generator_name)
+    if measured is None or (model or "").casefold() == measured.casefold():
+        return None
+    other = model or f"an unknown {generator_name} variant"
+    return f"measured on {measured}, applied here to {other}, on which it was not measured"
+
+
 def _same_model(a: str, b: str) -> bool:
     """Hub ids resolve in any case; a local model (`local:NAME`) is its folder's name."""
     if a.startswith("local:") or b.startswith("local:"):
@@ -46,6 +65,7 @@ MUST_MATCH: dict[str, Callable[[Any, Any], bool]] = {
     "generator": operator.eq,
     "model": _same_model,
     "blocks": operator.eq,
+    "config_sha256": operator.eq,
 }
 SHOULD_MATCH: dict[str, Callable[[Any, Any], bool]] = {"revision": operator.eq}
 
@@ -142,6 +162,7 @@ def _recorded_identity(path: str, data: dict[str, Any]) -> dict[str, Any]:
         isinstance(data.get("generator"), str)
         and isinstance(model, str)
         and isinstance(provenance.get("revision"), (str, type(None)))
+        and isinstance(provenance.get("config_sha256"), (str, type(None)))
         and isinstance(provenance.get("dino_model"), str)
         and type(provenance.get("k")) is int
         and provenance["k"] >= 1
@@ -157,33 +178,61 @@ def _recorded_identity(path: str, data: dict[str, Any]) -> dict[str, Any]:
             "measure it with `counterfactory doctor vital-layers --generator-model MODEL`, or give "
             "the list with --vital-layers",
         )
-    return {"generator": data["generator"], "model": model, "revision": provenance.get("revision"), "blocks": blocks}
+    return {
+        "generator": data["generator"],
+        "model": model,
+        "revision": provenance.get("revision"),
+        "config_sha256": provenance.get("config_sha256"),
+        "blocks": blocks,
+    }
+
+
+def read_denoiser_config(model: str) -> dict[str, Any]:
+    """`model`'s `transformer/config.json` (a local folder, or the Hub's file: a build downloads
+    it anyway); raises OSError / ValueError where it cannot be read."""
+    local = Path(model).expanduser()
+    if local.is_dir():
+        text = (local / "transformer" / "config.json").read_text()
+    elif local.exists() or model.startswith(("/", ".", "~")):
+        raise FileNotFoundError(f"{model} is not a model folder")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        repo, _, revision = model.partition("@")
+        text = Path(hf_hub_download(repo, "transformer/config.json", revision=revision or None)).read_text()
+    config = json.loads(text)
+    if not isinstance(config, dict):
+        raise ValueError("its transformer/config.json is not a JSON object")
+    return config
+
+
+def config_sha256(config: dict[str, Any]) -> str:
+    """The sha256 of a denoiser config as canonical JSON (sorted keys, no spaces), so the same
+    config hashes the same however its file is laid out."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def loaded_identity(generator_name: str, model: str, path: str) -> dict[str, Any]:
-    """The identity of the model the build loads: its name as the doctor records it and its
-    transformer's blocks, from its `transformer/config.json` (a local folder, or the Hub's file:
-    the build downloads it anyway)."""
+    """The identity of the model the build loads: its name as the doctor records it, its
+    transformer's blocks and its config's hash (`read_denoiser_config`)."""
     from builders.counterfactuals.mmdit_edit import block_names
     from builders.engine.provenance import model_name
 
     try:
-        local = Path(model).expanduser()
-        if local.is_dir():
-            config = (local / "transformer" / "config.json").read_text()
-        elif local.exists() or model.startswith(("/", ".", "~")):
-            raise FileNotFoundError(f"{model} is not a model folder")
-        else:
-            from huggingface_hub import hf_hub_download
-
-            config = Path(hf_hub_download(model, "transformer/config.json")).read_text()
-        blocks = block_names(json.loads(config))
+        config = read_denoiser_config(model)
+        blocks = block_names(config)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise _refuse(
             path, f"cannot be checked: the transformer config of {model} is unreadable ({str(e)[:200]})"
         ) from e
     name, _, revision = model_name(model).partition("@")
-    return {"generator": generator_name, "model": name, "revision": revision or None, "blocks": blocks}
+    return {
+        "generator": generator_name,
+        "model": name,
+        "revision": revision or None,
+        "config_sha256": config_sha256(config),
+        "blocks": blocks,
+    }
 
 
 def check_identity(path: str, recorded: dict[str, Any], loaded: dict[str, Any], model: str | None) -> None:

@@ -1,23 +1,35 @@
 """`counterfactory doctor vital-layers`: measure an MM-DiT's vital layers as Stable Flow does
-(Avrahami et al., CVPR 2025, §3.1; builders/counterfactuals/METHOD.md §6).
+(Avrahami et al., "Stable Flow: Vital Layers for Training-Free Image Editing", CVPR 2025, §3.1;
+builders/counterfactuals/METHOD.md §6).
 
-For K (prompt, seed) pairs, the full model draws an image; then, for each transformer block in
-turn, the same prompt and seed are drawn with that block bypassed (its output is its input: the
-block's residual contribution to both streams is removed). Each bypassed image is compared with
-the full model's by the cosine of their DINOv2 image embeddings (the CLS token of transformers'
-`Dinov2Model`, as Stable Flow scores "perceptual similarity"); a block's score is the mean over
-the K pairs. The blocks whose bypass changes the image most (lowest similarity) are vital: the
-command prints the ranking and the `--top` most vital blocks as the list `--vital-layers` takes,
-and writes them as JSON with their provenance (model and revision, DINOv2 model, prompts, seeds,
-K, steps, size) for `--vital-layers-from`.
+For K samples (Stable Flow's K = 64 by default: sample i is prompt i mod P with seed `seed + i`),
+the full model draws an image; then, for each transformer block in turn, the same samples are
+drawn with that block bypassed (its output is its input: the block's residual contribution to
+both streams is removed). Each bypassed image is compared with the full model's by the cosine of
+their DINOv2 image embeddings (the CLS token of transformers' `Dinov2Model`, as Stable Flow
+scores "perceptual similarity"); a block's score is the mean over the K samples.
+
+The vital set is read off the ranking by a stated rule (Stable Flow picks its set from its ranking
+of the 57 FLUX blocks, §3.1; this rule makes the choice stated and reproducible): the blocks
+before the ranking's knee, the knee being Kneedle's (Satopää, Albrecht, Irwin, Raghavan, "Finding a 'Kneedle' in a
+Haystack", ICDCS Workshops 2011): with the similarities sorted ascending and both axes scaled to
+[0, 1], the rank where the sorted curve stands furthest above its chord (the maximum of the
+difference curve y - x). A ranking with no knee (all scores equal, as on a tiny random model,
+or a curve that never rises above its chord) has no vital block. `--top N` takes the N most
+vital instead (refused when N exceeds the block count). The command prints every block's score
+and the set, and writes them as JSON with the measured model's identity (id, revision, the
+sha256 of its denoiser `config.json`, its blocks) and the measurement's provenance (DINOv2
+model, prompts, seeds, K, steps, size) for `--vital-layers-from`.
 
 Block indices are `mmdit_edit.block_names`: FLUX's 19 double-stream blocks first, then its 38
-single-stream blocks (Stable Flow's numbering, 0..56); SD3's joint blocks. The images are the
-pipeline's own (`pipe(...)`) at the model's reference steps and guidance
-(`generators.Reference`), so the measurement is of the model as the build runs it.
+single-stream blocks (Stable Flow's numbering, 0..56); SD3's joint blocks. The model measured by
+default is the one the published list comes from (FLUX: FLUX.1-dev, Stable Flow's model; SD3:
+SD3-medium, the build's default, with no published measurement), drawn by the pipeline's own
+`pipe(...)` at its reference steps and guidance (`model_references`, decided from its configs).
 
 `--models tiny` measures the tiny random family of the generator (`builders.models.tiny_mmdit`)
-with a tiny random DINOv2: a check that the command runs, whose ranking means nothing.
+with a tiny random DINOv2, at `TINY_STEPS` steps and `TINY_SAMPLES` samples unless given: a
+check that the command runs (within a minute on a CPU), whose ranking means nothing.
 """
 
 from __future__ import annotations
@@ -31,15 +43,22 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from builders.counterfactuals.generators import GENERATORS
+from builders.counterfactuals.vital_layers_file import PUBLISHED_ON
 from builders.engine.errors import UserFacingError
 from builders.engine.option_types import check_image_side
 
 log = logging.getLogger(__name__)
 
-#: The published list lengths (builders/counterfactuals/METHOD.md §6): FLUX 9 blocks, SD3 4; `--top`'s default.
-PUBLISHED_COUNT = {"flux": 9, "sd3": 4}
-#: Default prompts (COCO-like scenes; Stable Flow used 64 prompts x seeds: give more with
-#: `--prompts`).
+#: The model measured by default: FLUX.1-dev, the model Stable Flow measured its published list on
+#: (builders/counterfactuals/METHOD.md §6); SD3-medium, the build's default (no published list).
+MEASURED_MODEL = {"flux": PUBLISHED_ON["flux"], "sd3": GENERATORS["sd3"].default_model}
+#: Stable Flow's sample size: K = 64 prompt x seed samples (§3.1).
+SAMPLE_SIZE = 64
+#: The tiny profile's defaults: a check that runs within a minute on a CPU (its ranking means
+#: nothing), not a measurement.
+TINY_STEPS, TINY_SAMPLES = 2, 4
+#: Default prompts (COCO-like scenes), cycled over the samples; Stable Flow drew random prompts:
+#: give more with `--prompts`.
 DEFAULT_PROMPTS = (
     "a man riding a horse on a beach",
     "two dogs sleeping on a couch",
@@ -49,20 +68,28 @@ DEFAULT_PROMPTS = (
 DEFAULT_DINO = "facebook/dinov2-base"
 #: DINOv2's input: 224 px, ImageNet mean and standard deviation (its image processor's).
 _DINO_SIDE, _MEAN, _STD = 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+#: How the set is read off the ranking (recorded in the JSON and printed).
+KNEE_RULE = (
+    "the blocks ranked before the knee of the ascending similarity ranking (Kneedle, Satopaa et al. "
+    "2011: the maximum of the scaled curve's height above its chord)"
+)
 
 
 @dataclass
 class VitalLayersConfig:
-    """Example: `VitalLayersConfig("flux", prompts=("a cat",), seeds=(0, 1))` (K = 2)."""
+    """Example: `VitalLayersConfig("flux", prompts=("a cat",), samples=2)` (K = 2: seeds 0, 1)."""
 
     generator: str
-    #: Hub id or path (None: the generator's default model, or its tiny one under `tiny`).
+    #: Hub id or path (None: `MEASURED_MODEL`, or the tiny one under `tiny`).
     model: str | None = None
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
-    seeds: tuple[int, ...] = (0,)
-    #: None: the model's reference steps (`generators.Reference`); image side in pixels.
+    #: K; None: `SAMPLE_SIZE` (tiny: `TINY_SAMPLES`). Sample i: prompt i mod P, seed `seed + i`.
+    samples: int | None = None
+    seed: int = 0
+    #: None: the model's reference steps (tiny: `TINY_STEPS`); image side in pixels.
     steps: int | None = None
     size: int = 1024
+    #: None: the set is read off the ranking (`knee_layers`); N: the N most vital.
     top: int | None = None
     dino_model: str = DEFAULT_DINO
     tiny: bool = False
@@ -70,21 +97,27 @@ class VitalLayersConfig:
     dtype: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.generator not in PUBLISHED_COUNT:
-            raise UserFacingError(f"--generator takes {', '.join(PUBLISHED_COUNT)} (got {self.generator!r})")
-        if not self.prompts or not self.seeds:
-            raise UserFacingError("give at least one --prompts and one --seeds")
-        if self.top is not None and self.top < 1:
-            raise UserFacingError(f"--top takes a number >= 1 (got {self.top})")
-        # The CLI's types check --steps and --seeds; the side depends on --generator.
+        if self.generator not in MEASURED_MODEL:
+            raise UserFacingError(f"--generator takes {', '.join(MEASURED_MODEL)} (got {self.generator!r})")
+        if not self.prompts:
+            raise UserFacingError("give at least one --prompts")
+        for flag, value in (("--samples", self.samples), ("--top", self.top)):
+            if value is not None and value < 1:
+                raise UserFacingError(f"{flag} takes a number >= 1 (got {value})")
+        # The CLI's types check --steps and --seed; the side depends on --generator.
         multiple = GENERATORS[self.generator].size_multiple
         check_image_side(self.size, multiple, "--image-size", f"the {self.generator} generator")
+
+    def pairs(self) -> list[tuple[str, int]]:
+        """The K (prompt, seed) samples."""
+        k = self.samples or (TINY_SAMPLES if self.tiny else SAMPLE_SIZE)
+        return [(self.prompts[i % len(self.prompts)], self.seed + i) for i in range(k)]
 
 
 @dataclass
 class VitalLayersResult:
     """Per block (`mmdit_edit.block_names` order) its mean DINOv2 similarity to the full model's
-    image; `vital_layers`, the `top` lowest; `provenance`, what was measured."""
+    image; `vital_layers`, the set read off the ranking; `provenance`, what was measured."""
 
     blocks: list[str]
     similarity: list[float]
@@ -93,7 +126,34 @@ class VitalLayersResult:
 
     def ranking(self) -> list[int]:
         """Block indices, most vital (lowest similarity) first; ties by index."""
-        return sorted(range(len(self.blocks)), key=lambda i: (self.similarity[i], i))
+        return ranking(self.similarity)
+
+
+def ranking(similarity: Sequence[float]) -> list[int]:
+    """Block indices, most vital (lowest similarity) first; ties by index."""
+    return sorted(range(len(similarity)), key=lambda i: (similarity[i], i))
+
+
+def knee_layers(similarity: Sequence[float]) -> list[int]:
+    """The vital set by `KNEE_RULE` (module docstring), sorted by index: the blocks ranked before
+    the knee; none where the ranking has no knee (equal scores, or no point above the chord)."""
+    order = ranking(similarity)
+    y = np.array([similarity[i] for i in order], dtype=float)
+    if len(y) < 3 or y[-1] - y[0] <= 0:
+        return []
+    x = np.arange(len(y)) / (len(y) - 1)
+    height = (y - y[0]) / (y[-1] - y[0]) - x
+    knee = int(np.argmax(height))  # the first maximum; 0 when no point is above the chord
+    return sorted(order[:knee]) if height[knee] > 0 else []
+
+
+def check_top(top: int | None, blocks: Sequence[str]) -> None:
+    """`--top` at most the model's block count (otherwise every block would be "vital")."""
+    if top is not None and top > len(blocks):
+        raise UserFacingError(
+            f"--top {top} is more than this transformer's {len(blocks)} blocks: give at most {len(blocks)}, "
+            "or leave --top out to read the set off the ranking"
+        )
 
 
 def bypassed(block) -> Callable[[], None]:
@@ -167,24 +227,38 @@ def build_tiny_dinov2(out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
+def measured_model(cfg: VitalLayersConfig, tiny_dir: Path) -> str:
+    """The model `cfg` measures: `--generator-model`, else the tiny one or `MEASURED_MODEL`."""
+    if cfg.model:
+        return cfg.model
+    if cfg.tiny:
+        from builders.counterfactuals.generators import generator, generator_model
+
+        return generator_model(generator(cfg.generator), "tiny", "", tiny_dir)
+    return MEASURED_MODEL[cfg.generator]
+
+
 def measure(cfg: VitalLayersConfig, tiny_dir: Path | None = None) -> VitalLayersResult:
-    """Load the generator and DINOv2, draw, bypass, rank (module docstring)."""
+    """Load the generator and DINOv2, draw, bypass, rank, read the set (module docstring).
+    `--top` beyond the block count is refused once the model's blocks are known, before drawing."""
     import torch
 
-    from builders.counterfactuals.generators import flux_t5_tokens, generator, generator_model
+    from builders.counterfactuals.generators import flux_t5_tokens, generator
     from builders.counterfactuals.mmdit_edit import block_names
-    from builders.engine.provenance import model_names
+    from builders.counterfactuals.vital_layers_file import config_sha256, read_denoiser_config
     from builders.models.loaders import load_generator
     from builders.models.profiles import default_tiny_dir
     from builders.models.tiny import build_once
 
     spec = generator(cfg.generator)
     tiny_dir = tiny_dir or default_tiny_dir()
-    model = cfg.model or generator_model(spec, "tiny" if cfg.tiny else "production", "", tiny_dir)
+    model = measured_model(cfg, tiny_dir)
     dino = build_once(tiny_dir / "dinov2", build_tiny_dinov2) if cfg.tiny else cfg.dino_model
     reference = spec.reference_for(model)
-    steps = reference.steps if cfg.steps is None else cfg.steps
+    steps = cfg.steps or (TINY_STEPS if cfg.tiny else reference.steps)
     pipe = load_generator(spec.pipeline, model, device=cfg.device, dtype=cfg.dtype)
+    names = block_names(pipe.transformer.config)
+    check_top(cfg.top, names)
     embed = dino_embedder(str(dino), cfg.device)
     # FLUX at the T5 length the build reads (schnell 256, dev 512).
     text = {"max_sequence_length": flux_t5_tokens(pipe)} if cfg.generator == "flux" else {}
@@ -202,37 +276,53 @@ def measure(cfg: VitalLayersConfig, tiny_dir: Path | None = None) -> VitalLayers
         ).images[0]
         return (image * 255).round().astype(np.uint8)
 
-    names = block_names(pipe.transformer.config)
-    pairs = [(p, s) for p in cfg.prompts for s in cfg.seeds]
+    pairs = cfg.pairs()
     similarity = rank_blocks(draw, embed, pipe.transformer, names, pairs)
-    top = cfg.top or PUBLISHED_COUNT[cfg.generator]
-    ranked = sorted(range(len(names)), key=lambda i: (similarity[i], i))
-    named = model_names({"model": model, "dino": str(dino)})
-    provenance = {
+    vital = sorted(ranking(similarity)[: cfg.top]) if cfg.top else knee_layers(similarity)
+    sha = config_sha256(read_denoiser_config(model))
+    drawn = {"config_sha256": sha, "steps": steps, "guidance": reference.guidance[0]}
+    return VitalLayersResult(names, similarity, vital, provenance(cfg, model, str(dino), pairs, drawn))
+
+
+def provenance(cfg: VitalLayersConfig, model: str, dino: str, pairs: list, drawn: dict[str, Any]) -> dict[str, Any]:
+    """What was measured: the model's identity (as `vital_layers_file` checks it), the sample,
+    the settings and the rule that read the set."""
+    from builders.engine.provenance import model_names
+
+    named = model_names({"model": model, "dino": dino})
+    return {
         "method": "Stable Flow bypass test (Avrahami et al., CVPR 2025, §3.1): DINOv2 CLS cosine of each "
-        "block-bypassed image to the full model's, mean over prompt x seed pairs",
+        "block-bypassed image to the full model's, mean over K prompt x seed samples",
         "model": named["model"].split("@")[0],
         "revision": named["model"].split("@", 1)[1] if "@" in named["model"] else None,
+        "config_sha256": drawn["config_sha256"],
         "dino_model": named["dino"],
-        "prompts": list(cfg.prompts),
-        "seeds": list(cfg.seeds),
+        "prompts": [p for p, _ in pairs],
+        "seeds": [s for _, s in pairs],
         "k": len(pairs),
-        "steps": steps,
-        "guidance": reference.guidance[0],
+        "steps": drawn["steps"],
+        "guidance": drawn["guidance"],
         "size": cfg.size,
         "dtype": cfg.dtype,
-        "top": top,
+        "rule": f"the {cfg.top} most vital (--top)" if cfg.top else KNEE_RULE,
+        "top": cfg.top,
     }
-    return VitalLayersResult(names, similarity, sorted(ranked[:top]), provenance)
 
 
 def report(result: VitalLayersResult) -> str:
-    """The ranking, most vital first, and the `--vital-layers` line."""
-    lines = ["rank  block  name                              DINOv2 similarity", "-" * 64]
+    """Every block's score, most vital first, marked where vital, and the `--vital-layers` line."""
+    vital = set(result.vital_layers)
+    lines = ["rank  block  name                              DINOv2 similarity  vital", "-" * 71]
     for rank, i in enumerate(result.ranking(), 1):
-        lines.append(f"{rank:>4}  {i:>5}  {result.blocks[i]:<32}  {result.similarity[i]:.4f}")
+        mark = "yes" if i in vital else ""
+        # Six decimals: the rule is scale-free, so differences below 1e-4 can decide the set.
+        lines.append(f"{rank:>4}  {i:>5}  {result.blocks[i]:<32}  {result.similarity[i]:>17.6f}  {mark}")
+    rule = result.provenance.get("rule", KNEE_RULE)
+    if not result.vital_layers:
+        lines.append(f"no vital layers by {rule}: the ranking has no knee (give --top N to take the N most vital)")
+        return "\n".join(lines)
     layers = " ".join(map(str, result.vital_layers))
-    lines.append(f"vital layers ({len(result.vital_layers)} most vital, by index): --vital-layers {layers}")
+    lines.append(f"vital layers ({len(result.vital_layers)}: {rule}): --vital-layers {layers}")
     return "\n".join(lines)
 
 
@@ -243,8 +333,8 @@ def check_output(path: Path) -> None:
 
 
 def write_result(path: Path, generator: str, result: VitalLayersResult) -> None:
-    """The JSON `--vital-layers-from` reads. `generator`, `blocks` and the provenance's `model`
-    and `revision` are the measured model's identity, which a build checks against the model it
+    """The JSON `--vital-layers-from` reads. `generator`, `blocks` and the provenance's `model`,
+    `revision` and `config_sha256` are the measured model's identity, which a build checks against the model it
     loads (builders/counterfactuals/vital_layers_file.py)."""
     check_output(path)
     data = {"generator": generator, **asdict(result)}

@@ -26,7 +26,7 @@ from helpers.build_helpers import error_line
 def _measure(tmp_path: Path, tiny: Path, name: str, *extra: str) -> dict:
     out = tmp_path / f"{name}.json"
     argv = ["doctor", "vital-layers", "--generator", name, "--models", "tiny", "--tiny-models-dir", str(tiny)]
-    argv += ["--prompts", "a red cat", "a blue bus", "--seeds", "0", "1", "--steps", "2", "--output", str(out)]
+    argv += ["--prompts", "a red cat", "a blue bus", "--samples", "4", "--steps", "2", "--output", str(out)]
     assert cli_main([*argv, *extra]) == 0
     return json.loads(out.read_text())
 
@@ -52,7 +52,13 @@ def test_vital_layers_ranks_every_block_and_writes_its_provenance(name, tmp_path
     # The two most vital are the two lowest similarities.
     assert sorted(data["vital_layers"]) == sorted(np.argsort(sim, kind="stable")[:2].tolist())
     prov = data["provenance"]
-    assert (prov["k"], prov["prompts"], prov["seeds"], prov["steps"]) == (4, ["a red cat", "a blue bus"], [0, 1], 2)
+    # Sample i: prompt i mod 2, seed i.
+    assert (prov["k"], prov["prompts"], prov["seeds"], prov["steps"]) == (
+        4,
+        ["a red cat", "a blue bus"] * 2,
+        [0, 1, 2, 3],
+        2,
+    )
     assert prov["model"].startswith(f"local:{name}") and prov["dino_model"].startswith("local:dinov2")
     printed = capsys.readouterr().out
     assert "--vital-layers " + " ".join(map(str, data["vital_layers"])) in printed
@@ -82,6 +88,23 @@ def test_a_build_takes_the_measured_list_and_records_its_provenance(tmp_path, ti
     )
     card = (out / "README.md").read_text()
     assert "measured by `counterfactory doctor vital-layers`" in card
+
+
+@pytest.mark.e2e
+def test_a_flux_build_with_the_published_list_says_where_it_was_measured(tmp_path, tiny_models_dir):
+    table = tmp_path / "pairs.tsv"
+    table.write_text("9\tTwo dogs sleep on the couch.\tTwo cats sleep on the couch.\n")
+    out = tmp_path / "out"
+    argv = [
+        *("build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(table)),
+        *("--models", "tiny", "--tiny-models-dir", str(tiny_models_dir), "--output", str(out)),
+        *("--generator", "flux", "--image-size", "64", "--steps", "2", "--candidates", "1"),
+    ]
+    assert cli_main(argv) == 0
+    said = "measured on black-forest-labs/FLUX.1-dev, applied here to an unknown flux variant"
+    manifest = json.loads((out / "build_manifest.json").read_text())
+    assert said in manifest["config"]["generator"]["vital_layers"]["provenance"]
+    assert said in " ".join((out / "README.md").read_text().split())
 
 
 def test_sd3s_default_layers_are_labelled_unmeasured_in_help_and_manifest(capsys, tmp_path):
@@ -145,3 +168,120 @@ def test_vital_layers_are_refused_for_the_unet_generators(tmp_path, capsys):
     assert "measured flux model black-forest-labs/FLUX.1-schnell (1 block), but this build loads sd3" in error_line(
         capsys
     )
+
+
+def _knee_by_distance(similarity: list[float]) -> list[int]:
+    """Independent reading of the knee (Kneedle, Satopää et al. 2011): sort ascending, scale both
+    axes to [0, 1], take the point furthest from the chord by the point-to-line distance on the
+    side above it; the blocks ranked before it are vital."""
+    order = sorted(range(len(similarity)), key=lambda i: (similarity[i], i))
+    lo, hi, n = similarity[order[0]], similarity[order[-1]], len(order)
+    if hi == lo:
+        return []
+    best, knee = 0.0, 0
+    for rank, i in enumerate(order):
+        x, y = rank / (n - 1), (similarity[i] - lo) / (hi - lo)
+        # Signed distance of (x, y) from the line through (0, 0) and (1, 1): |ax + by| / |(a, b)|.
+        above = (y - x) / 2**0.5
+        if above > best + 1e-12:
+            best, knee = above, rank
+    return sorted(order[:knee])
+
+
+def _run_with_scores(tmp_path, tiny, monkeypatch, scores, *extra) -> tuple[int, Path]:
+    """The CLI on the tiny FLUX with the bypass scores replaced by `scores` (no image is drawn)."""
+    import builders.devtools.vital_layers as vital
+
+    monkeypatch.setattr(vital, "rank_blocks", lambda *a: list(scores))
+    out = tmp_path / "flux.json"
+    argv = ["doctor", "vital-layers", "--generator", "flux", "--models", "tiny", "--tiny-models-dir", str(tiny)]
+    return cli_main([*argv, "--samples", "1", "--output", str(out), *extra]), out
+
+
+def test_the_set_is_read_off_the_rankings_knee_and_printed_with_every_score(
+    tmp_path, tiny_models_dir, monkeypatch, capsys
+):
+    # The tiny FLUX has 6 blocks; blocks 1 and 3 change the image far more than the others.
+    scores = [0.97, 0.41, 0.99, 0.55, 0.98, 0.96]
+    rc, out = _run_with_scores(tmp_path, tiny_models_dir, monkeypatch, scores)
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["vital_layers"] == _knee_by_distance(scores) == [1, 3]
+    assert data["provenance"]["rule"].startswith("the blocks ranked before the knee")
+    printed = capsys.readouterr().out
+    # Every block's score, the vital ones marked: rows `rank index name score [yes]`.
+    rows = [line.split() for line in printed.splitlines() if "transformer_blocks." in line]
+    assert {int(r[1]): float(r[3]) for r in rows} == {i: round(s, 6) for i, s in enumerate(scores)}
+    assert {int(r[1]) for r in rows if r[-1] == "yes"} == {1, 3}
+    assert "--vital-layers 1 3" in printed
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_knee_rule_agrees_with_an_independent_reading_on_flux_sized_tables(seed):
+    from builders.devtools.vital_layers import knee_layers
+
+    rng = np.random.default_rng(seed)
+    # 57 blocks: a few whose bypass changes the image (similarity 0.3-0.8), the rest near 1.
+    scores = rng.uniform(0.93, 1.0, 57)
+    vital = rng.choice(57, size=int(rng.integers(3, 12)), replace=False)
+    scores[vital] = rng.uniform(0.3, 0.8, len(vital))
+    assert knee_layers(scores.tolist()) == _knee_by_distance(scores.tolist())
+    assert set(knee_layers(scores.tolist())) >= set(vital.tolist())
+
+
+def test_a_flat_ranking_has_no_vital_layers(tmp_path, tiny_models_dir, monkeypatch, capsys):
+    # On the tiny FLUX every block once scored 1.0000, and the default top of 9 made all 6 "vital".
+    rc, out = _run_with_scores(tmp_path, tiny_models_dir, monkeypatch, [1.0] * 6)
+    assert rc == 0 and json.loads(out.read_text())["vital_layers"] == []
+    printed = capsys.readouterr().out
+    assert "no vital layers by the blocks ranked before the knee" in printed
+    assert "with no vital layers: a build cannot take it" in printed
+
+
+def test_top_beyond_the_block_count_is_refused_in_one_line(tmp_path, tiny_models_dir, monkeypatch, capsys):
+    rc, out = _run_with_scores(tmp_path, tiny_models_dir, monkeypatch, [0.5] * 6, "--top", "9")
+    assert rc != 0 and not out.exists()
+    assert "--top 9 is more than this transformer's 6 blocks: give at most 6" in error_line(capsys)
+
+
+class _Loaded(Exception):
+    """Raised by the stand-in loader: the measurement stops at the model it would load."""
+
+
+def test_by_default_flux_dev_is_measured_on_stable_flows_64_samples(tmp_path, monkeypatch):
+    import builders.devtools.vital_layers as vital
+    import builders.models.loaders as loaders
+
+    seen = {}
+
+    def load(kind, model, **_kw):
+        raise _Loaded(kind, model)
+
+    def measure(cfg, tiny_dir=None):
+        seen["pairs"] = cfg.pairs()
+        return original(cfg, tiny_dir)
+
+    original = vital.measure
+    monkeypatch.setattr(loaders, "load_generator", load)
+    monkeypatch.setattr(vital, "measure", measure)
+    with pytest.raises(_Loaded) as loaded:
+        cli_main(["doctor", "vital-layers", "--generator", "flux", "--output", str(tmp_path / "v.json")])
+    # The model Stable Flow measured its published list on, not the build's default schnell.
+    assert loaded.value.args == ("flux", "black-forest-labs/FLUX.1-dev")
+    assert len(seen["pairs"]) == 64 and len({s for _, s in seen["pairs"]}) == 64
+
+
+def test_the_tiny_profile_defaults_to_few_steps_and_samples(tmp_path, tiny_models_dir, monkeypatch):
+    # SD3 at its reference 28 steps had not finished 1 of 4 tiny blocks in 4 min 40 s.
+    import builders.devtools.vital_layers as vital
+
+    def one_draw(draw, embed, transformer, names, pairs):
+        assert draw(*pairs[0]).shape == (64, 64, 3)  # the pipeline runs at the tiny defaults
+        return [1.0] * len(names)
+
+    monkeypatch.setattr(vital, "rank_blocks", one_draw)
+    out = tmp_path / "sd3.json"
+    argv = ["doctor", "vital-layers", "--generator", "sd3", "--models", "tiny", "--tiny-models-dir"]
+    assert cli_main([*argv, str(tiny_models_dir), "--output", str(out)]) == 0
+    prov = json.loads(out.read_text())["provenance"]
+    assert (prov["steps"], prov["k"]) == (2, 4)

@@ -25,7 +25,8 @@ HOSTILE = "<script>alert(1)</script>\n# Pwned <img src=x onerror=alert(1)>\n## O
 def measured(tmp_path_factory, tiny_models_dir) -> dict:
     out = tmp_path_factory.mktemp("measured") / "sd3.json"
     argv = ["doctor", "vital-layers", "--generator", "sd3", "--models", "tiny", "--tiny-models-dir"]
-    argv += [str(tiny_models_dir), "--prompts", "a red cat", "--steps", "2", "--top", "2", "--output", str(out)]
+    argv += [str(tiny_models_dir), "--prompts", "a red cat", "--samples", "1", "--steps", "2", "--top", "2"]
+    argv += ["--output", str(out)]
     assert cli_main(argv) == 0
     return json.loads(out.read_text())
 
@@ -162,3 +163,92 @@ def test_a_model_folder_that_is_not_there_is_named(measured, tmp_path, tiny_mode
     missing = tmp_path / "no-such-model"
     line = _refused(tmp_path, tiny_models_dir, measured, capsys, "--generator-model", str(missing))
     assert f"the transformer config of {missing} is unreadable ({missing} is not a model folder)" in line
+
+
+def test_a_measurement_of_a_model_with_another_config_is_refused(measured, tmp_path, tiny_models_dir, capsys):
+    # Same folder name (local:sd3) and same blocks, another transformer config: before the config
+    # hash, only the folder's digest told them apart, and that is only warned about.
+    copy = tmp_path / "elsewhere" / "sd3"
+    shutil.copytree(generator_model(GENERATORS["sd3"], "tiny", "", tiny_models_dir), copy)
+    config_file = copy / "transformer" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["sample_size"] = config["sample_size"] * 2
+    config_file.write_text(json.dumps(config))
+    line = _refused(tmp_path, tiny_models_dir, measured, capsys, "--generator-model", str(copy))
+    assert "but this build loads sd3 model local:sd3" in line and "(config_sha256 differs)" in line
+
+
+def test_the_json_records_the_models_config_hash(measured, tiny_models_dir):
+    import hashlib
+
+    folder = Path(generator_model(GENERATORS["sd3"], "tiny", "", tiny_models_dir))
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    assert measured["provenance"]["config_sha256"] == hashlib.sha256(canonical).hexdigest()
+    assert len(measured["blocks"]) == config["num_layers"]
+
+
+#: FLUX.1-dev's transformer/config.json as the Hub has it (the fields block_names and the
+#: reference read): 19 double- and 38 single-stream blocks, a guidance embedding.
+FLUX_DEV_CONFIG = {
+    "_class_name": "FluxTransformer2DModel",
+    "attention_head_dim": 128,
+    "axes_dims_rope": [16, 56, 56],
+    "guidance_embeds": True,
+    "in_channels": 64,
+    "joint_attention_dim": 4096,
+    "num_attention_heads": 24,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "patch_size": 1,
+    "pooled_projection_dim": 768,
+}
+
+
+def test_a_tiny_measurement_is_refused_for_flux_dev(tmp_path, tiny_models_dir, capsys, monkeypatch):
+    import huggingface_hub
+
+    out = tmp_path / "tiny-flux.json"
+    argv = ["doctor", "vital-layers", "--generator", "flux", "--models", "tiny", "--tiny-models-dir"]
+    argv += [str(tiny_models_dir), "--samples", "1", "--steps", "1", "--top", "2", "--output", str(out)]
+    assert cli_main(argv) == 0
+    # The Hub's FLUX.1-dev config, offline: what the build reads to check the file.
+    hub = tmp_path / "hub" / "transformer" / "config.json"
+    hub.parent.mkdir(parents=True)
+    hub.write_text(json.dumps(FLUX_DEV_CONFIG))
+
+    def download(repo, filename, **_kw):
+        if (repo, filename) != ("black-forest-labs/FLUX.1-dev", "transformer/config.json"):
+            raise huggingface_hub.errors.LocalEntryNotFoundError(filename)
+        return str(hub)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    table = tmp_path / "pairs.tsv"
+    table.write_text("9\ta dog\ta cat\n")
+    argv = ["build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(table)]
+    argv += ["--output", str(tmp_path / "o"), "--generator", "flux"]
+    argv += ["--generator-model", "black-forest-labs/FLUX.1-dev", "--vital-layers-from", str(out)]
+    assert cli_main(argv) != 0 and not (tmp_path / "o").exists()
+    line = error_line(capsys)
+    assert (
+        "measured flux model local:flux (6 blocks), but this build loads flux model black-forest-labs/FLUX.1-dev"
+        in line
+    )
+    assert "(model, blocks, config_sha256 differ)" in line
+
+
+def test_the_published_flux_list_on_another_model_says_so(tmp_path, caplog):
+    from builders.app.cli import build_parser
+    from builders.counterfactuals.builder import from_args
+
+    table = tmp_path / "pairs.tsv"
+    table.write_text("9\ta dog\ta cat\n")
+    argv = ["build", "coco-counterfactuals", "--stage", "images", "--captions-from", str(table)]
+    argv += ["--output", str(tmp_path / "o"), "--generator", "flux"]
+    record = from_args(build_parser().parse_args(argv)).info().config["generator"]["vital_layers"]
+    said = "measured on black-forest-labs/FLUX.1-dev, applied here to black-forest-labs/FLUX.1-schnell"
+    assert said in record["provenance"] and said in caplog.text
+    caplog.clear()
+    argv += ["--generator-model", "black-forest-labs/FLUX.1-dev"]
+    record = from_args(build_parser().parse_args(argv)).info().config["generator"]["vital_layers"]
+    assert "measured on this model" in record["provenance"] and "applied here" not in caplog.text
