@@ -45,7 +45,7 @@ import numpy as np
 from builders.counterfactuals.generators import GENERATORS
 from builders.counterfactuals.vital_layers_file import PUBLISHED_ON
 from builders.engine.errors import UserFacingError
-from builders.engine.option_types import check_image_side
+from builders.engine.option_types import SEED_LIMIT, check_image_side
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,11 @@ class VitalLayersConfig:
         for flag, value in (("--samples", self.samples), ("--top", self.top)):
             if value is not None and value < 1:
                 raise UserFacingError(f"{flag} takes a number >= 1 (got {value})")
-        # The CLI's types check --steps and --seed; the side depends on --generator.
+        # The CLI's types check --steps and --seed; sample i draws seed --seed + i, so the last
+        # one must be a seed too; the side depends on --generator.
+        last = self.pairs()[-1][1]
+        if last >= SEED_LIMIT:
+            raise UserFacingError(f"--seed {self.seed}: its samples draw seeds up to {last}, past {SEED_LIMIT - 1}")
         multiple = GENERATORS[self.generator].size_multiple
         check_image_side(self.size, multiple, "--image-size", f"the {self.generator} generator")
 

@@ -94,8 +94,10 @@ def _vital(tmp_path: Path, tiny: Path, *extra: str) -> list[str]:
         (("--steps", "0"), "argument --steps: must be at least 1 (got 0)"),
         (("--steps", "100000"), "argument --steps: must be at most 1000"),
         # An overflow traceback from torch.Generator.manual_seed, after the models loaded.
-        (("--seeds", "0", "1180591620717411303424"), "argument --seeds: must be at most 4294967295"),
-        (("--seeds", "-1"), "argument --seeds: must be at least 0 (got -1)"),
+        (("--seed", "1180591620717411303424"), "argument --seed: must be at most 4294967295"),
+        (("--seed", "-1"), "argument --seed: must be at least 0 (got -1)"),
+        # Sample i draws seed --seed + i.
+        (("--seed", "4294967295", "--samples", "2"), "its samples draw seeds up to 4294967296, past 4294967295"),
         (("--image-size", "100"), "--image-size 100: the flux generator draws images whose side is a multiple of 16"),
     ],
 )
