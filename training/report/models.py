@@ -13,6 +13,7 @@ import torch
 
 from builders.engine.errors import UserFacingError
 from builders.models.clip_ids import OPEN_CLIP, ClipId, ClipIdError, parse_clip_id
+from builders.models.families import CLIP, CONTRASTIVE_ONLY, FamilyError, ModelFamily, model_family
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ class ModelSpec:
     backend: str  # transformers, open_clip, or text-only (the blind baseline's models)
     #: What training.backends.load_backend loads; None for a text-only model.
     clip: ClipId | None = None
+    #: Its family and head (builders/models/families.py); None for a text-only model.
+    family: ModelFamily | None = None
 
     @property
     def pretrained(self) -> str | None:
@@ -43,7 +46,19 @@ def parse_model(name: str, flag: str = "--model") -> ModelSpec:
         clip = parse_clip_id(name, backend)
     except ClipIdError as err:
         raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
-    return ModelSpec(name, clip.backend, clip)
+    if clip.backend == OPEN_CLIP:
+        return ModelSpec(name, clip.backend, clip, ModelFamily(CLIP, "open_clip"))
+    try:
+        family = model_family(name)
+    except FamilyError as err:
+        raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
+    if family.architecture in CONTRASTIVE_ONLY:
+        raise UserFacingError(
+            f"{flag} {name[:200]!r} is {family.family.name}'s contrastive head {family.architecture}, which has no "
+            f"ITM score; give its ITM head ({', '.join(h for h in family.family.heads if h not in CONTRASTIVE_ONLY)}): "
+            "retrieval by a contrastive head is not built yet"
+        )
+    return ModelSpec(name, clip.backend, clip, family)
 
 
 def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
