@@ -130,6 +130,11 @@ class OpenClipTokenize:
 class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
 
+    #: Retrieval by embedding (a cross-encoder scores pairs instead: training/cross_encoders.py).
+    dual_encoder = True
+    #: The ITM score G of the report's deltas: the cosine of the two embeddings.
+    g_kind = "cosine"
+
     def __init__(
         self,
         clip: ClipId,

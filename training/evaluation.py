@@ -151,8 +151,42 @@ def encode_texts(module, backend, texts: list[str], batch_size: int) -> np.ndarr
     return emb if len(first) == len(texts) else emb[rows]
 
 
+def cf_texts(ex: ExampleSet) -> list[str]:
+    """The captions of a counterfactual set's rows: caption_0 of the original, caption_1 of the
+    counterfactual, pair after pair."""
+    table = ex.tables[ex.table_of[0]]
+    captions = [column_values(table, "caption_0"), column_values(table, "caption_1")]
+    return [captions[i % 2][ex.row[i]] for i in range(len(ex))]
+
+
+def cross_encoder_scores(backend, data: EvalData, batch_size: int) -> dict[str, np.ndarray]:
+    """A cross-encoder's (training/cross_encoders.py) G of each counterfactual pair's three
+    scores (`cf_g`, pairs x 3); the images are decoded as they are read, a page at a time."""
+    from training.cross_encoders import counterfactual_pair_scores
+    from training.data import decode_image
+
+    if data.cf_pairs is None:
+        return {}
+    ex = data.cf_pairs
+    reader = ExampleDataset(ex, transform=None, min_side=0)  # bytes only: the processor transforms
+
+    def images(rows: list[int]) -> list:
+        try:
+            return [decode_image(b, lambda img: img.copy(), 0) for b in reader.image_bytes(rows)]
+        except Exception:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...: re-raised unless a row is bad
+            bad = first_undecodable(ex, rows[0], len(rows))
+            if bad is None:
+                raise
+            raise bad from None
+
+    return {"cf_g": counterfactual_pair_scores(backend, images, cf_texts(ex), batch_size)}
+
+
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:
-    """The embeddings every metric below needs (L2-normalised, float32)."""
+    """The embeddings every metric below needs (L2-normalised, float32); of a cross-encoder, its
+    counterfactual pairs' G (`cross_encoder_scores`: it has no embeddings)."""
+    if not getattr(backend, "dual_encoder", True):
+        return cross_encoder_scores(backend, data, batch_size)
     emb: dict[str, np.ndarray] = {}
     if data.retrieval is not None:
         emb["image"] = encode_images(module, backend, data.retrieval, batch_size, workers)
@@ -161,12 +195,8 @@ def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers
         emb["query_image"] = encode_images(module, backend, data.queries, batch_size, workers)
         emb["gallery_text"] = encode_texts(module, backend, data.gallery_captions, batch_size)
     if data.cf_pairs is not None:
-        ex = data.cf_pairs
-        emb["cf_image"] = encode_images(module, backend, ex, batch_size, workers)
-        table = ex.tables[ex.table_of[0]]
-        captions = [column_values(table, "caption_0"), column_values(table, "caption_1")]
-        texts = [captions[i % 2][ex.row[i]] for i in range(len(ex))]
-        emb["cf_text"] = encode_texts(module, backend, texts, batch_size)
+        emb["cf_image"] = encode_images(module, backend, data.cf_pairs, batch_size, workers)
+        emb["cf_text"] = encode_texts(module, backend, cf_texts(data.cf_pairs), batch_size)
     return emb
 
 
@@ -266,8 +296,12 @@ def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData
 
 
 def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
-    """Score arguments of `itm_score_deltas` (G = cosine similarity)."""
+    """Score arguments of `itm_score_deltas`: G = cosine similarity of the embeddings, or a
+    cross-encoder's own G of each pair (`cf_g`, `cross_encoder_scores`)."""
     args: dict[str, np.ndarray] = {}
+    if "cf_g" in emb:
+        g = emb["cf_g"]
+        args.update(g_cc_ics=g[:, 0], g_cc_ios=g[:, 1], g_co_ics=g[:, 2])
     if "cf_image" in emb:
         i0, i1 = emb["cf_image"][0::2], emb["cf_image"][1::2]
         c0, c1 = emb["cf_text"][0::2], emb["cf_text"][1::2]

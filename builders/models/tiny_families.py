@@ -19,27 +19,30 @@ from builders.models.tiny import SEED, _bpe, _caption_lines, build_once
 
 FAMILY_ROLES = ("blip", "bridgetower", "vilt", "flava")
 #: Bump when these models change, so old caches are rebuilt.
-FAMILIES_VERSION = 1
+FAMILIES_VERSION = 2
 #: The sizes every tiny family shares.
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 IMAGE = 32
 
 
-def _bert_tokenizer(out: Path):
+#: Words of the colour-and-shape captions the tests and the demo's synthetic sets use, beside the
+#: caption corpus: a caption of unknown words would give every pair the same text.
+EXTRA_WORDS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "white", "cube", "colour", "color")
+
+
+def _bert_tokenizer():
     """A word-level BERT tokenizer (WordPiece over whole words) of the tiny caption corpus."""
     from transformers import BertTokenizer
 
-    words = sorted({w.lower() for line in _caption_lines() for w in line.split() if w.isalpha()})
-    out.mkdir(parents=True, exist_ok=True)
-    vocab_file = out / "vocab.txt"
-    vocab_file.write_text("\n".join(dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])) + "\n")
-    return BertTokenizer(vocab_file=str(vocab_file), model_max_length=40)
+    words = {w.lower() for line in _caption_lines() for w in line.split() if w.isalpha()} | set(EXTRA_WORDS)
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(words)]
+    return BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, model_max_length=40)
 
 
 def build_blip_itm(out: Path) -> None:
     from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor, BlipProcessor
 
-    tok = _bert_tokenizer(out)
+    tok = _bert_tokenizer()
     text = {**TINY, "vocab_size": len(tok), "encoder_hidden_size": 32, "max_position_embeddings": 64}
     text.update(bos_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id)
     cfg = BlipConfig(text_config=text, vision_config={**TINY, "image_size": IMAGE, "patch_size": 8}, projection_dim=16)
@@ -76,7 +79,7 @@ def build_bridgetower(out: Path) -> None:
 def build_vilt(out: Path) -> None:
     from transformers import ViltConfig, ViltForImageAndTextRetrieval, ViltImageProcessor, ViltProcessor
 
-    tok = _bert_tokenizer(out)
+    tok = _bert_tokenizer()
     cfg = ViltConfig(**TINY, vocab_size=len(tok), image_size=IMAGE, patch_size=8, max_position_embeddings=40)
     torch.manual_seed(SEED)
     ViltForImageAndTextRetrieval(cfg).save_pretrained(out)
@@ -87,7 +90,7 @@ def build_vilt(out: Path) -> None:
 def build_flava(out: Path) -> None:
     from transformers import FlavaConfig, FlavaForPreTraining, FlavaImageProcessor, FlavaProcessor
 
-    tok = _bert_tokenizer(out)
+    tok = _bert_tokenizer()
     cfg = FlavaConfig(
         image_config={**TINY, "image_size": IMAGE, "patch_size": 8},
         text_config={**TINY, "vocab_size": len(tok), "max_position_embeddings": 64},

@@ -108,6 +108,10 @@ def test_the_tiny_families_are_tiny_safetensors_of_the_scored_heads(tiny_familie
         assert widths <= {16, 32, 64}, (family, widths)
         assert {v for k, v in _walk(config) if k == "num_hidden_layers"} <= {2}, family
         assert {v for k, v in _walk(config) if k == "image_size"} == {32}, family
+        # The captions of the test sets are words it knows: two captions differ in their ids.
+        tok = transformers.AutoTokenizer.from_pretrained(folder)
+        red, blue = tok("a red cube")["input_ids"], tok("a blue cube")["input_ids"]
+        assert red != blue and tok.unk_token_id not in red + blue, (family, red, blue)
 
 
 def _walk(config: dict):

@@ -28,13 +28,14 @@ from training.report.results import EVALUATION_MODULES
 log = logging.getLogger(__name__)
 
 
-def cache_key(digest: str, preprocessing: str, ds) -> dict:
+def cache_key(digest: str, preprocessing: str, ds, g_kind: str = "cosine") -> dict:
     """What the cached numbers depend on: the weights and the preprocessing that feeds them (two
     folders with the same weights may resize or tokenize differently), every table read (a local
     build named by its contents, a Hub one by the commit its revision resolved to), the metric
     code (the code version: git commit and dirty flag, or version and installed-files digest; and
-    each evaluation module's own file digest, which a fix in a dirty tree changes too) and the
-    evaluation settings that change a number (batch size and workers do not)."""
+    each evaluation module's own file digest, which a fix in a dirty tree changes too), the ITM
+    score G read (`g_kind`) and the evaluation settings that change a number (batch size and
+    workers do not)."""
     tables = [
         [model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows] for t in ds.tables
     ]
@@ -42,6 +43,7 @@ def cache_key(digest: str, preprocessing: str, ds) -> dict:
     return {
         "weights_digest": digest,
         "preprocessing_digest": preprocessing,
+        "g_kind": g_kind,
         "dataset": ds.name,
         "tables": tables,
         "k_values": list(ds.cfg.k_values),
@@ -123,7 +125,15 @@ def _read_metrics(meta: Path, key: dict) -> dict[str, float]:
 
 def expected_shapes(data, width: int) -> dict[str, tuple[int, ...]]:
     """Array name -> shape of the embeddings `evaluate_model` saves for `data` (`width` wide), and
-    of the ITM scores `itm_inputs` derives from them."""
+    of the ITM scores `itm_inputs` derives from them; `width` 0: a cross-encoder's, its three G
+    of each counterfactual pair (`cf_g`) and no embedding."""
+    if width == 0:
+        pairs = {"cf_g": np.zeros((len(data.cf_pairs) // 2, 3), np.float32)} if data.cf_pairs is not None else {}
+        scores = itm_inputs(pairs, data)
+        return {
+            **{name: v.shape for name, v in pairs.items()},
+            **{f"itm_{name}": tuple(v.shape) for name, v in scores.items()},
+        }
     rows = {}
     if data.retrieval is not None:
         rows.update(image=len(data.retrieval), text=len(data.captions))

@@ -69,10 +69,18 @@ def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
 
     try:
         with trusting_pickled_weights(trust_pickled_weights):
+            if not spec.family.dual_encoder:
+                from training.cross_encoders import load_cross_encoder
+
+                return load_cross_encoder(spec.clip, spec.family.architecture)
             return load_backend(spec.clip)
     except PickledWeightsError:
         raise  # already names the weight file and --trust-pickled-weights
     except Exception as err:  # noqa: BLE001 - any loader failure means the same to the user
+        if not spec.family.dual_encoder:
+            raise UserFacingError(
+                f"--model {spec.name}: cannot load it as {spec.family.architecture} ({_sentence(err)})"
+            ) from None
         raise UserFacingError(
             f"--model {spec.name}: cannot load it as a CLIP model ({_sentence(err)}); give a Hugging Face "
             "CLIP id, a save_pretrained or open_clip folder (a training run's final/), or "
@@ -119,7 +127,12 @@ def _step(step) -> dict:
 def preprocessing_digest(backend) -> str:
     """sha256 of what turns an image and a caption into the model's inputs, which the weights
     digest does not cover: the pixel pipeline (size, mean, std, each resize/crop step's settings)
-    and the tokenizer's ids of `PROBE_CAPTIONS`."""
+    and the tokenizer's ids of `PROBE_CAPTIONS` (a cross-encoder's: its processor's,
+    training/cross_encoders.py)."""
+    if not backend.dual_encoder:
+        from training.cross_encoders import preprocessing_digest as pairs_digest
+
+        return pairs_digest(backend, PROBE_CAPTIONS)
     p = backend.pixels
     tokens = backend.tokenize(PROBE_CAPTIONS)
     desc = {
@@ -134,7 +147,9 @@ def preprocessing_digest(backend) -> str:
 
 def embedding_width(backend) -> int:
     """The width of the model's embeddings (one caption encoded): what a cached entry's arrays
-    must have."""
+    must have; 0 for a cross-encoder, which has none (its entries hold G of each pair)."""
     from training.evaluation import encode_texts
 
+    if not backend.dual_encoder:
+        return 0
     return int(encode_texts(backend.module, backend, PROBE_CAPTIONS[:1], 1).shape[1])

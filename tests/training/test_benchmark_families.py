@@ -1,0 +1,130 @@
+"""`counterfactory benchmark` scores BLIP, BridgeTower, ViLT and FLAVA (#51): each pair's G is the
+model's own ITM output as its reference reads it, checked here against a forward call written
+from the references (one pair a call, as the COCO-Counterfactuals scoring script does), and the
+ITM records say which G they used."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from builders.app.cli import main as cli_main
+from helpers.training_helpers import read_jsonl, write_counterfactuals
+
+pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
+
+
+def _blip(model, inputs):
+    return model(**inputs, use_itm_head=True).itm_score[0, 1]  # BLIP's evaluation: itm_head(...)[:, 1]
+
+
+def _bridgetower(model, inputs):
+    return model(**inputs).logits[0, 1]  # the COCO-Counterfactuals script
+
+
+def _vilt(model, inputs):
+    return model(**inputs).logits[0, 0]  # the COCO-Counterfactuals script
+
+
+def _flava(model, inputs):
+    return model(**inputs, input_ids_masked=inputs["input_ids"], return_loss=False).itm_logits[0, 1]
+
+
+#: family -> (transformers class, the reference's G of one pair, the records' g_kind)
+REFERENCES = {
+    "blip": ("BlipForImageTextRetrieval", _blip, "blip_itm_logit"),
+    "bridgetower": ("BridgeTowerForImageAndTextRetrieval", _bridgetower, "bridgetower_itm_logit"),
+    "vilt": ("ViltForImageAndTextRetrieval", _vilt, "vilt_itm_logit"),
+    "flava": ("FlavaForPreTraining", _flava, "flava_itm_logit"),
+}
+
+
+@pytest.fixture(scope="module")
+def cf_pairs(tmp_path_factory):
+    return write_counterfactuals(tmp_path_factory.mktemp("cf") / "cf", list(range(1, 9)))
+
+
+def _reference_scores(folder, family: str, cf) -> dict[str, np.ndarray]:
+    """The three scores of each pair from the model's own call: G(C_c, I_c), G(C_c, I_o), G(C_o, I_c)."""
+    import transformers
+    from datasets import load_dataset
+
+    cls, score, _ = REFERENCES[family]
+    model = getattr(transformers, cls).from_pretrained(folder).eval()
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    rows = load_dataset(str(cf), split="test")
+
+    def g(image: dict, caption: str) -> float:
+        img = Image.open(io.BytesIO(image["bytes"])).convert("RGB")
+        with torch.no_grad():
+            return float(score(model, processor(images=img, text=caption, return_tensors="pt")))
+
+    out: dict[str, list[float]] = {"g_cc_ics": [], "g_cc_ios": [], "g_co_ics": []}
+    for row in rows.cast_column("image_0", rows.features["image_0"].__class__(decode=False)).cast_column(
+        "image_1", rows.features["image_1"].__class__(decode=False)
+    ):
+        out["g_cc_ics"].append(g(row["image_1"], row["caption_1"]))
+        out["g_cc_ios"].append(g(row["image_0"], row["caption_1"]))
+        out["g_co_ics"].append(g(row["image_1"], row["caption_0"]))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("family", sorted(REFERENCES))
+def test_each_pairs_g_is_the_models_own_itm_output(family, cf_pairs, tiny_families_dir, tmp_path):
+    folder = tiny_families_dir / family
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = ["benchmark", "--model", str(folder), "--counterfactuals", str(cf_pairs), "--output", str(out)]
+    argv += [
+        "--cache-dir",
+        str(cache),
+        "--blind-lm",
+        "none",
+        "--bootstrap",
+        "50",
+        "--no-plots",
+        "--eval-batch-size",
+        "6",
+    ]
+    assert cli_main(argv) == 0
+    (entry,) = cache.glob("*.npz")
+    with np.load(entry) as z:
+        saved = {k.removeprefix("itm_"): z[k] for k in z.files if k.startswith("itm_")}
+    ref = _reference_scores(folder, family, cf_pairs)
+    assert saved.keys() == ref.keys()
+    for name, values in ref.items():
+        # Batched with padding against one pair a call: equal to float32 rounding.
+        np.testing.assert_allclose(saved[name], values, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert np.ptp(ref["g_cc_ics"]) > 0  # the pairs' scores differ: the check can tell them apart
+    (itm,) = [r for r in read_jsonl(out / "results.jsonl") if r["task"] == "itm"]
+    assert itm["g_kind"] == REFERENCES[family][2]
+    assert itm["metrics"]["IR_c_mean"] == pytest.approx(np.mean(ref["g_cc_ics"] - ref["g_cc_ios"]), abs=1e-6)
+    assert itm["metrics"]["TR_c_mean"] == pytest.approx(np.mean(ref["g_cc_ics"] - ref["g_co_ics"]), abs=1e-6)
+    assert itm["ci_low"]["IR_c_mean"] is not None  # the same statistics as CLIP's
+
+
+def test_a_cross_encoder_without_counterfactuals_is_one_line(tmp_path, capsys, tiny_families_dir):
+    argv = ["benchmark", "--model", str(tiny_families_dir / "vilt"), "--coco", str(tmp_path / "none")]
+    assert cli_main([*argv, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ViLT" in err and "--coco" in err and "--counterfactuals" in err, err
+
+
+def test_g_of_different_units_is_never_compared(cf_pairs, tiny_families_dir, tiny_models_dir, tmp_path):
+    """A CLIP (cosine) and ViLT (its ITM logit) in one report, with --coco: ViLT is scored on the
+    counterfactual pairs only, each ITM record names its G, and the comparison table leaves out
+    the ITM deltas, saying why in one line."""
+    from builders.models.profiles import tiny_profile
+
+    clip, vilt = str(tiny_profile(tiny_models_dir).clip), str(tiny_families_dir / "vilt")
+    out = tmp_path / "out"
+    argv = ["benchmark", "--model", clip, "--model", vilt, "--counterfactuals", str(cf_pairs), "--output", str(out)]
+    assert cli_main([*argv, "--blind-lm", "none", "--bootstrap", "50", "--no-plots"]) == 0
+    records = [r for r in read_jsonl(out / "results.jsonl") if r["task"] == "itm"]
+    assert sorted(r["g_kind"] for r in records) == ["cosine", "vilt_itm_logit"]
+    report = (out / "report.md").read_text()
+    assert "ITM deltas not compared between models: their G differ" in report
+    assert "IR_c" not in report.split("## Comparison", 1)[-1].split("ITM deltas not compared")[0]
