@@ -47,6 +47,7 @@ from builders.engine.batching import ShrinkingBatches
 from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
+from training.backends import CLIP_LOGITS
 from training.eval_config import EvalConfig
 from training.data import ExampleDataset, fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
@@ -185,7 +186,7 @@ def cross_encoder_scores(backend, data: EvalData, batch_size: int) -> dict[str, 
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:
     """The embeddings every metric below needs (L2-normalised, float32); of a cross-encoder, its
     counterfactual pairs' G (`cross_encoder_scores`: it has no embeddings)."""
-    if not getattr(backend, "dual_encoder", True):
+    if not backend.dual_encoder:
         return cross_encoder_scores(backend, data, batch_size)
     emb: dict[str, np.ndarray] = {}
     if data.retrieval is not None:
@@ -197,6 +198,8 @@ def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers
     if data.cf_pairs is not None:
         emb["cf_image"] = encode_images(module, backend, data.cf_pairs, batch_size, workers)
         emb["cf_text"] = encode_texts(module, backend, cf_texts(data.cf_pairs), batch_size)
+    if backend.g_kind == CLIP_LOGITS:  # G = logits_per_text: the deltas are scaled by it
+        emb["logit_scale"] = np.asarray([float(module.logit_scale().detach())], np.float32)
     return emb
 
 
@@ -296,8 +299,9 @@ def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData
 
 
 def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
-    """Score arguments of `itm_score_deltas`: G = cosine similarity of the embeddings, or a
-    cross-encoder's own G of each pair (`cf_g`, `cross_encoder_scores`)."""
+    """Score arguments of `itm_score_deltas`: G = cosine similarity of the embeddings (times
+    CLIP's logit scale where it was kept: its `logits_per_text`), or a cross-encoder's own G of
+    each pair (`cf_g`, `cross_encoder_scores`)."""
     args: dict[str, np.ndarray] = {}
     if "cf_g" in emb:
         g = emb["cf_g"]
@@ -315,6 +319,8 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
         cap = emb["text"][first][order]
         r = real_partners(len(img))
         args.update(g_cr_ir=(cap[r] * img[r]).sum(1), g_cr_io=(cap[r] * img).sum(1), g_co_ir=(cap * img[r]).sum(1))
+    if "logit_scale" in emb:
+        return {name: g * emb["logit_scale"][0] for name, g in args.items()}
     return args
 
 

@@ -48,12 +48,12 @@ def cf_pairs(tmp_path_factory):
     return write_counterfactuals(tmp_path_factory.mktemp("cf") / "cf", list(range(1, 9)))
 
 
-def _reference_scores(folder, family: str, cf) -> dict[str, np.ndarray]:
-    """The three scores of each pair from the model's own call: G(C_c, I_c), G(C_c, I_o), G(C_o, I_c)."""
+def _reference_scores(folder, cls: str, score, cf) -> dict[str, np.ndarray]:
+    """The three scores of each pair from the model's own call (`score(model, inputs)`, the model
+    loaded as transformers' `cls`): G(C_c, I_c), G(C_c, I_o), G(C_o, I_c)."""
     import transformers
     from datasets import load_dataset
 
-    cls, score, _ = REFERENCES[family]
     model = getattr(transformers, cls).from_pretrained(folder).eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)
     rows = load_dataset(str(cf), split="test")
@@ -93,7 +93,7 @@ def test_each_pairs_g_is_the_models_own_itm_output(family, cf_pairs, tiny_famili
     (entry,) = cache.glob("*.npz")
     with np.load(entry) as z:
         saved = {k.removeprefix("itm_"): z[k] for k in z.files if k.startswith("itm_")}
-    ref = _reference_scores(folder, family, cf_pairs)
+    ref = _reference_scores(folder, *REFERENCES[family][:2], cf_pairs)
     assert saved.keys() == ref.keys()
     for name, values in ref.items():
         # Batched with padding against one pair a call: equal to float32 rounding.
@@ -128,3 +128,41 @@ def test_g_of_different_units_is_never_compared(cf_pairs, tiny_families_dir, tin
     report = (out / "report.md").read_text()
     assert "ITM deltas not compared between models: their G differ" in report
     assert "IR_c" not in report.split("## Comparison", 1)[-1].split("ITM deltas not compared")[0]
+
+
+def _logits_per_text(model, inputs):
+    return model(**inputs).logits_per_text[0, 0]  # the COCO-Counterfactuals script's CLIP G
+
+
+@pytest.mark.parametrize("clip_g", ["logits_per_text", "cosine"])
+def test_clip_g_is_its_logits_per_text_or_the_cosine(clip_g, cf_pairs, tiny_models_dir, tmp_path):
+    """`--clip-g logits_per_text`: each pair's G is CLIP's own `logits_per_text` (the logit scale
+    times the cosine, as the COCO-Counterfactuals script scores CLIP); the default, the cosine,
+    is the same divided by the scale. Each ITM record names its G."""
+    from builders.models.profiles import tiny_profile
+
+    clip = tiny_profile(tiny_models_dir).clip
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = ["benchmark", "--model", str(clip), "--counterfactuals", str(cf_pairs), "--output", str(out)]
+    argv += ["--cache-dir", str(cache), "--blind-lm", "none", "--bootstrap", "50", "--no-plots", "--clip-g", clip_g]
+    assert cli_main(argv) == 0
+    (entry,) = cache.glob("*.npz")
+    with np.load(entry) as z:
+        saved = {k.removeprefix("itm_"): z[k] for k in z.files if k.startswith("itm_")}
+    from transformers import CLIPModel
+
+    ref = _reference_scores(clip, "CLIPModel", _logits_per_text, cf_pairs)
+    scale = float(CLIPModel.from_pretrained(clip).logit_scale.exp().detach())
+    assert scale > 1  # the two G differ: the check tells them apart
+    for name, values in ref.items():
+        want = values if clip_g == "logits_per_text" else values / scale
+        # The pixels are the processor's within one grey level (training/backends.py PixelPipeline).
+        np.testing.assert_allclose(saved[name], want, rtol=1e-3, atol=1e-3 * abs(want).max(), err_msg=name)
+    (itm,) = [r for r in read_jsonl(out / "results.jsonl") if r["task"] == "itm"]
+    assert itm["g_kind"] == clip_g
+    # A second run with the other G is a cache miss: the entries are keyed on it.
+    other = "cosine" if clip_g == "logits_per_text" else "logits_per_text"
+    argv[argv.index(clip_g)] = other
+    argv[argv.index(str(out))] = str(tmp_path / "out2")
+    assert cli_main(argv) == 0
+    assert len(list(cache.glob("*.npz"))) == 2

@@ -34,6 +34,7 @@ from training.report.generator_bias import GeneratorBias, bias_records, generato
 from training.report.markdown import Extras, file_part, render_report
 from training.report.per_class import class_units, odmap_per_class, per_class_metrics, plot
 from builders.models.profiles import PRODUCTION
+from training.backends import COSINE
 from training.report.floors import BlindModels, blind_baseline, chance_levels, load_blind_models
 from training.report.models import (
     ModelSpec,
@@ -88,6 +89,9 @@ class BenchmarkConfig:
     blind_sentence_model: str | None = None
     #: --no-plots (False): the numbers only, no figure drawn or linked (no matplotlib import).
     plots: bool = True
+    #: --clip-g: a CLIP's ITM score G, the cosine or its logits_per_text (training.backends;
+    #: docs/report.md says why the cosine is the default). A cross-encoder's G is its own.
+    clip_g: str = COSINE
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -214,6 +218,8 @@ def _score_models(
     try:
         for n, spec in enumerate(specs):
             backend = load_model(spec, cfg.trust_pickled_weights)
+            if backend.dual_encoder:
+                backend.g_kind = cfg.clip_g
             # Started after the first model loads, so a bad --model leaves only its error line.
             bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
             records += _score_model(cfg, (n, spec, backend), sets, folders, bar, (all_units, chances, plots))
