@@ -166,3 +166,21 @@ def test_clip_g_is_its_logits_per_text_or_the_cosine(clip_g, cf_pairs, tiny_mode
     argv[argv.index(str(out))] = str(tmp_path / "out2")
     assert cli_main(argv) == 0
     assert len(list(cache.glob("*.npz"))) == 2
+
+
+def test_the_results_dataset_keeps_each_g_apart(cf_pairs, tiny_models_dir, repo_id, tmp_path):
+    """`--push-to-hub` of a CLIP's cosine deltas, then of its logits_per_text deltas: the second
+    push adds its ITM row (a record of another G, not one already there), and each row of the
+    results dataset names its G."""
+    from datasets import load_dataset
+
+    from builders.models.profiles import tiny_profile
+
+    clip = str(tiny_profile(tiny_models_dir).clip)
+    argv = ["benchmark", "--model", clip, "--counterfactuals", str(cf_pairs), "--push-to-hub", repo_id]
+    argv += ["--blind-lm", "none", "--bootstrap", "50", "--no-plots", "--cache-dir", str(tmp_path / "cache")]
+    assert cli_main([*argv, "--output", str(tmp_path / "cos")]) == 0
+    assert cli_main([*argv, "--output", str(tmp_path / "logits"), "--clip-g", "logits_per_text"]) == 0
+    rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
+    itm = sorted((r["g_kind"], r["metrics"]) for r in rows if r["task"] == "itm")
+    assert [g for g, _ in itm] == ["cosine", "logits_per_text"] and itm[0][1] != itm[1][1]

@@ -87,7 +87,12 @@ RETRIES = 3
 
 
 def record_key(record: dict) -> str:
-    return json.dumps([record.get(f) for f in KEY_FIELDS])
+    """A record's identity in the repo. An ITM record's G is part of it unless it is the cosine,
+    the G of every record pushed before `g_kind` existed: those keep their keys, and a CLIP's
+    logits_per_text deltas are never taken for its cosine ones already there."""
+    g_kind = record.get("g_kind")
+    extra = [g_kind] if g_kind not in (None, "cosine") else []
+    return json.dumps([record.get(f) for f in KEY_FIELDS] + extra)
 
 
 def to_row(record: dict) -> dict:

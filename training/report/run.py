@@ -132,7 +132,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     tests = bias_records(bias, records) if bias else []
     write_results(output / "results.jsonl", records + tests)
     extras = _extras(cfg, records, units, models, output, plots)
-    extras.notes.update({name: note for name, note in notes.items() if note})
+    for name, note in notes.items():  # beside a note _extras wrote (the ITM deltas not compared)
+        if note:
+            extras.notes[name] = f"{extras.notes[name]} {note}" if name in extras.notes else note
     extras.generators = generator_lines(records, bias) if bias else []
     (output / "report.md").write_text(render_report(records, extras))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records + tests))
