@@ -184,3 +184,40 @@ def test_the_results_dataset_keeps_each_g_apart(cf_pairs, tiny_models_dir, repo_
     rows = load_dataset(repo_id, split="train", download_mode="force_redownload")
     itm = sorted((r["g_kind"], r["metrics"]) for r in rows if r["task"] == "itm")
     assert [g for g, _ in itm] == ["cosine", "logits_per_text"] and itm[0][1] != itm[1][1]
+
+
+def test_a_cross_encoder_beside_coco_gets_its_itm_deltas_and_one_line(
+    tmp_path, coco_fixture_dir, nltk_data_dir, tiny_families_dir, tiny_models_dir, caplog, monkeypatch
+):
+    """ViLT beside a CLIP on --coco and --counterfactuals: one logged line says ViLT's retrieval is
+    not scored, its ITM deltas are (and CLIP's every metric); a second report with the same cache
+    scores no pair again (the entry is per model, data and G)."""
+    import logging
+
+    import training.cross_encoders as cross_encoders
+    from builders.models.profiles import tiny_profile
+    from helpers.training_helpers import report_builds
+
+    cc, _, cf = report_builds(tmp_path / "builds", coco_fixture_dir)
+    clip, vilt = str(tiny_profile(tiny_models_dir).clip), str(tiny_families_dir / "vilt")
+    argv = ["benchmark", "--model", clip, "--model", vilt, "--coco", str(cc), "--counterfactuals", str(cf)]
+    argv += ["--blind-lm", "none", "--bootstrap", "50", "--no-plots", "--cache-dir", str(tmp_path / "cache")]
+    with caplog.at_level(logging.WARNING):
+        assert cli_main([*argv, "--output", str(tmp_path / "out")]) == 0
+    said = [r.getMessage() for r in caplog.records if vilt in r.getMessage()]
+    assert len(said) == 1 and "--coco" in said[0] and "ITM deltas" in said[0], said
+    records = read_jsonl(tmp_path / "out" / "results.jsonl")
+    from builders.engine.provenance import model_name
+
+    vilt_tasks = {(r["dataset"], r["task"]) for r in records if r["model"] == model_name(vilt)}
+    assert vilt_tasks == {("counterfactuals", "itm")}
+    assert {"zeroshot_retrieval", "itm"} <= {r["task"] for r in records if r["model"] == model_name(clip)}
+    scored = []
+    score = cross_encoders.counterfactual_pair_scores
+    monkeypatch.setattr(cross_encoders, "counterfactual_pair_scores", lambda *a: scored.append(1) or score(*a))
+    assert cli_main([*argv, "--output", str(tmp_path / "again")]) == 0
+    assert scored == []
+    again = read_jsonl(tmp_path / "again" / "results.jsonl")
+    assert [r["metrics"] for r in again if r["model"] == model_name(vilt)] == [
+        r["metrics"] for r in records if r["model"] == model_name(vilt)
+    ]
