@@ -15,7 +15,8 @@ Sets (each evaluated when its source is given):
   COCO 5K test split only, which is checked before training.
 - odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
   (gallery class mentions from its `mentioned_classes`, streaming top-k).
-- itm: ITM score deltas (cosine similarity as the score G) on the held-out counterfactual pairs
+- itm: ITM score deltas (G: the cosine similarity, a CLIP's logits_per_text with the report's
+  `--clip-g`, or a cross-encoder's own ITM score: training/cross_encoders.py) on the held-out counterfactual pairs
   (IR_c, TR_c: a `cf:` mixture's validation pairs, or every pair of `--counterfactuals-split`
   when the build is not mixed into training, training/mixtures.py) and on real test pairs
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
