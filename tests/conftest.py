@@ -155,6 +155,17 @@ def tiny_models_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_families_dir(tiny_models_dir) -> Path:
+    """The tiny cross-encoders (BLIP ITM, BridgeTower, ViLT, FLAVA), as `counterfactory models
+    tiny DIR` builds them beside the tiny models."""
+    from builders.models.tiny_families import build_tiny_families
+
+    path = tiny_models_dir / "families"
+    build_tiny_families(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def coco_fixture_dir() -> Path:
     """A tiny COCO-format source (images, captions, instances, Karpathy split)."""
     from builders.devtools.fixtures.coco import CocoFixtureConfig, write_coco_fixture

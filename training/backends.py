@@ -127,8 +127,18 @@ class OpenClipTokenize:
         return {"input_ids": self.tokenizer(texts)}
 
 
+#: A CLIP's ITM score G: the cosine of the two embeddings (the default), or CLIP's own
+#: `logits_per_text`, the learnt logit scale times the cosine (`counterfactory benchmark --clip-g`).
+COSINE, CLIP_LOGITS = "cosine", "logits_per_text"
+
+
 class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
+
+    #: Retrieval by embedding (a cross-encoder scores pairs instead: training/cross_encoders.py).
+    dual_encoder = True
+    #: The ITM score G of the deltas (COSINE or CLIP_LOGITS).
+    g_kind = COSINE
 
     def __init__(
         self,

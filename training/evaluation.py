@@ -15,7 +15,8 @@ Sets (each evaluated when its source is given):
   COCO 5K test split only, which is checked before training.
 - odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
   (gallery class mentions from its `mentioned_classes`, streaming top-k).
-- itm: ITM score deltas (cosine similarity as the score G) on the held-out counterfactual pairs
+- itm: ITM score deltas (G: the cosine similarity, a CLIP's logits_per_text with the report's
+  `--clip-g`, or a cross-encoder's own ITM score: training/cross_encoders.py) on the held-out counterfactual pairs
   (IR_c, TR_c: a `cf:` mixture's validation pairs, or every pair of `--counterfactuals-split`
   when the build is not mixed into training, training/mixtures.py) and on real test pairs
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
@@ -47,6 +48,7 @@ from builders.engine.batching import ShrinkingBatches
 from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
 from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
+from training.backends import CLIP_LOGITS
 from training.eval_config import EvalConfig
 from training.data import ExampleDataset, fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
@@ -151,8 +153,42 @@ def encode_texts(module, backend, texts: list[str], batch_size: int) -> np.ndarr
     return emb if len(first) == len(texts) else emb[rows]
 
 
+def cf_texts(ex: ExampleSet) -> list[str]:
+    """The captions of a counterfactual set's rows: caption_0 of the original, caption_1 of the
+    counterfactual, pair after pair."""
+    table = ex.tables[ex.table_of[0]]
+    captions = [column_values(table, "caption_0"), column_values(table, "caption_1")]
+    return [captions[i % 2][ex.row[i]] for i in range(len(ex))]
+
+
+def cross_encoder_scores(backend, data: EvalData, batch_size: int) -> dict[str, np.ndarray]:
+    """A cross-encoder's (training/cross_encoders.py) G of each counterfactual pair's three
+    scores (`cf_g`, pairs x 3); the images are decoded as they are read, a page at a time."""
+    from training.cross_encoders import counterfactual_pair_scores
+    from training.data import decode_image
+
+    if data.cf_pairs is None:
+        return {}
+    ex = data.cf_pairs
+    reader = ExampleDataset(ex, transform=None, min_side=0)  # bytes only: the processor transforms
+
+    def images(rows: list[int]) -> list:
+        try:
+            return [decode_image(b, lambda img: img.copy(), 0) for b in reader.image_bytes(rows)]
+        except Exception:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...: re-raised unless a row is bad
+            bad = first_undecodable(ex, rows[0], len(rows))
+            if bad is None:
+                raise
+            raise bad from None
+
+    return {"cf_g": counterfactual_pair_scores(backend, images, cf_texts(ex), batch_size)}
+
+
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:
-    """The embeddings every metric below needs (L2-normalised, float32)."""
+    """The embeddings every metric below needs (L2-normalised, float32); of a cross-encoder, its
+    counterfactual pairs' G (`cross_encoder_scores`: it has no embeddings)."""
+    if not backend.dual_encoder:
+        return cross_encoder_scores(backend, data, batch_size)
     emb: dict[str, np.ndarray] = {}
     if data.retrieval is not None:
         emb["image"] = encode_images(module, backend, data.retrieval, batch_size, workers)
@@ -161,12 +197,10 @@ def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers
         emb["query_image"] = encode_images(module, backend, data.queries, batch_size, workers)
         emb["gallery_text"] = encode_texts(module, backend, data.gallery_captions, batch_size)
     if data.cf_pairs is not None:
-        ex = data.cf_pairs
-        emb["cf_image"] = encode_images(module, backend, ex, batch_size, workers)
-        table = ex.tables[ex.table_of[0]]
-        captions = [column_values(table, "caption_0"), column_values(table, "caption_1")]
-        texts = [captions[i % 2][ex.row[i]] for i in range(len(ex))]
-        emb["cf_text"] = encode_texts(module, backend, texts, batch_size)
+        emb["cf_image"] = encode_images(module, backend, data.cf_pairs, batch_size, workers)
+        emb["cf_text"] = encode_texts(module, backend, cf_texts(data.cf_pairs), batch_size)
+    if backend.g_kind == CLIP_LOGITS:  # G = logits_per_text: the deltas are scaled by it
+        emb["logit_scale"] = np.asarray([float(module.logit_scale().detach())], np.float32)
     return emb
 
 
@@ -266,8 +300,13 @@ def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData
 
 
 def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
-    """Score arguments of `itm_score_deltas` (G = cosine similarity)."""
+    """Score arguments of `itm_score_deltas`: G = cosine similarity of the embeddings (times
+    CLIP's logit scale where it was kept: its `logits_per_text`), or a cross-encoder's own G of
+    each pair (`cf_g`, `cross_encoder_scores`)."""
     args: dict[str, np.ndarray] = {}
+    if "cf_g" in emb:
+        g = emb["cf_g"]
+        args.update(g_cc_ics=g[:, 0], g_cc_ios=g[:, 1], g_co_ics=g[:, 2])
     if "cf_image" in emb:
         i0, i1 = emb["cf_image"][0::2], emb["cf_image"][1::2]
         c0, c1 = emb["cf_text"][0::2], emb["cf_text"][1::2]
@@ -281,6 +320,8 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
         cap = emb["text"][first][order]
         r = real_partners(len(img))
         args.update(g_cr_ir=(cap[r] * img[r]).sum(1), g_cr_io=(cap[r] * img).sum(1), g_co_ir=(cap * img[r]).sum(1))
+    if "logit_scale" in emb:
+        return {name: g * emb["logit_scale"][0] for name, g in args.items()}
     return args
 
 

@@ -40,6 +40,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         blind_lm=blind_lm,
         blind_sentence_model=args.blind_sentence_model,
         plots=args.plots,
+        clip_g=args.clip_g,
         sources={"coco": args.coco, "decorrelation": args.decorrelation, "counterfactuals": args.counterfactuals},
     )
     records = run_benchmark(cfg)
@@ -61,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         metavar="MODEL",
         help="repeatable: a Hugging Face CLIP id or save_pretrained folder (a training "
-        "run's final/), an open_clip folder, open_clip:ARCH:TAG, hf-hub:ID or local-dir:PATH",
+        "run's final/), an open_clip folder, open_clip:ARCH:TAG, hf-hub:ID or local-dir:PATH; "
+        "or a BLIP, BridgeTower, ViLT or FLAVA retrieval model (id or folder: ITM deltas)",
     )
     p.add_argument(
         "--models",
@@ -95,6 +97,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="numbers only: draw no figure (forest plots, ITM delta histograms, ODmAP per class) "
         "and never import matplotlib; report.md says the figures were not drawn",
+    )
+    p.add_argument(
+        "--clip-g",
+        choices=("cosine", "logits_per_text"),
+        default="cosine",
+        help="a CLIP's ITM score G: the cosine (default: comparable between models whatever "
+        "logit scale each learnt) or its logits_per_text, the logit scale times the cosine, as "
+        "the COCO-Counterfactuals script scores it; a cross-encoder's G is its own ITM head's",
     )
     p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_benchmark)

@@ -9,8 +9,12 @@ from pathlib import Path
 
 def _tiny(args: argparse.Namespace) -> int:
     from builders.models.tiny import build_tiny_models
+    from builders.models.tiny_families import build_tiny_families
 
-    for role, path in build_tiny_models(args.dir).items():
+    # The cross-encoder families in a folder of their own (their own version): adding one never
+    # rebuilds the models every other role uses.
+    roles = {**build_tiny_models(args.dir), **build_tiny_families(args.dir / "families")}
+    for role, path in roles.items():
         print(f"{role:12s} {path}")
     return 0
 
@@ -30,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tiny",
         help="build the tiny random-init models into DIR",
         description="Build tiny random-init models of every role (CLIP, open_clip, "
-        "SD, SD inpainting, RoBERTa MLM, GPT-2, BLIP captioner) loadable with the "
+        "SD, SD inpainting, RoBERTa MLM, GPT-2, BLIP captioner; the scored families BLIP ITM, "
+        "BridgeTower, ViLT and FLAVA under DIR/families) loadable with the "
         "same from_pretrained/open_clip calls as the real ones. Idempotent.",
     )
     tiny.add_argument("dir", type=Path, help="output folder")

@@ -87,6 +87,21 @@ def load_clip(model_id: str, device: str = "cpu", dtype: str = "fp32"):
     return _wrap("CLIP", model_id, load)
 
 
+def load_image_text_model(model_id: str, architecture: str, device: str = "cpu", dtype: str = "fp32"):
+    """A cross-encoder (BLIP, BridgeTower, ViLT, FLAVA: builders/models/families.py) loaded as the
+    transformers class `architecture` its config names: `(model, processor)`, its weights in
+    `dtype` on `device`, both given once to `from_pretrained`."""
+    import transformers
+
+    def load():
+        model = getattr(transformers, architecture).from_pretrained(
+            model_id, dtype=torch_dtype(dtype), device_map=device, **_weights()
+        )
+        return model.eval(), transformers.AutoProcessor.from_pretrained(model_id)
+
+    return _wrap(architecture, model_id, load)
+
+
 def load_open_clip(clip: ClipId, device: str = "cpu", dtype: str = "fp32"):
     """open_clip CLIP: `(model, preprocess, tokenizer)` of an open_clip `clip` (parsed by
     `clip_ids`). The whole model is cast to `dtype` (open_clip's `pure_` precisions), as the

@@ -22,19 +22,21 @@ import numpy as np
 
 from builders.engine.provenance import code_version, model_name, source_digest
 from builders.engine.sharding.build_files import file_sha256
+from training.backends import CLIP_LOGITS, COSINE
 from training.evaluation import itm_inputs
 from training.report.results import EVALUATION_MODULES
 
 log = logging.getLogger(__name__)
 
 
-def cache_key(digest: str, preprocessing: str, ds) -> dict:
+def cache_key(digest: str, preprocessing: str, ds, g_kind: str = COSINE) -> dict:
     """What the cached numbers depend on: the weights and the preprocessing that feeds them (two
     folders with the same weights may resize or tokenize differently), every table read (a local
     build named by its contents, a Hub one by the commit its revision resolved to), the metric
     code (the code version: git commit and dirty flag, or version and installed-files digest; and
-    each evaluation module's own file digest, which a fix in a dirty tree changes too) and the
-    evaluation settings that change a number (batch size and workers do not)."""
+    each evaluation module's own file digest, which a fix in a dirty tree changes too), the ITM
+    score G read (`g_kind`) and the evaluation settings that change a number (batch size and
+    workers do not)."""
     tables = [
         [model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows] for t in ds.tables
     ]
@@ -42,6 +44,7 @@ def cache_key(digest: str, preprocessing: str, ds) -> dict:
     return {
         "weights_digest": digest,
         "preprocessing_digest": preprocessing,
+        "g_kind": g_kind,
         "dataset": ds.name,
         "tables": tables,
         "k_values": list(ds.cfg.k_values),
@@ -89,7 +92,7 @@ def read_entry(
         return None  # not cached, or a write interrupted before its metrics (written last)
     try:
         metrics = _read_metrics(meta, key)
-        return npz, metrics, read_embeddings(npz, data, width)
+        return npz, metrics, read_embeddings(npz, data, width, key["g_kind"])
     except BadEntry as err:
         log.warning("embedding cache entry %s; computing it again", err)
         return None
@@ -121,9 +124,18 @@ def _read_metrics(meta: Path, key: dict) -> dict[str, float]:
     return {name: float(value) for name, value in metrics.items()}
 
 
-def expected_shapes(data, width: int) -> dict[str, tuple[int, ...]]:
+def expected_shapes(data, width: int, g_kind: str = COSINE) -> dict[str, tuple[int, ...]]:
     """Array name -> shape of the embeddings `evaluate_model` saves for `data` (`width` wide), and
-    of the ITM scores `itm_inputs` derives from them."""
+    of the ITM scores `itm_inputs` derives from them; `width` 0: a cross-encoder's, its three G
+    of each counterfactual pair (`cf_g`) and no embedding. A CLIP scored by `logits_per_text`
+    (`g_kind`) keeps its logit scale too (`logit_scale`, one number)."""
+    if width == 0:
+        pairs = {"cf_g": np.zeros((len(data.cf_pairs) // 2, 3), np.float32)} if data.cf_pairs is not None else {}
+        scores = itm_inputs(pairs, data)
+        return {
+            **{name: v.shape for name, v in pairs.items()},
+            **{f"itm_{name}": tuple(v.shape) for name, v in scores.items()},
+        }
     rows = {}
     if data.retrieval is not None:
         rows.update(image=len(data.retrieval), text=len(data.captions))
@@ -132,9 +144,11 @@ def expected_shapes(data, width: int) -> dict[str, tuple[int, ...]]:
     if data.cf_pairs is not None:
         rows.update(cf_image=len(data.cf_pairs), cf_text=len(data.cf_pairs))
     # The ITM score names and lengths as the evaluation computes them, from one-wide stand-ins.
-    scores = itm_inputs({name: np.zeros((n, 1), np.float32) for name, n in rows.items()}, data)
+    scale = {"logit_scale": np.ones(1, np.float32)} if g_kind == CLIP_LOGITS else {}
+    scores = itm_inputs({**{name: np.zeros((n, 1), np.float32) for name, n in rows.items()}, **scale}, data)
     return {
         **{name: (n, width) for name, n in rows.items()},
+        **{name: v.shape for name, v in scale.items()},
         **{f"itm_{name}": tuple(v.shape) for name, v in scores.items()},
     }
 
@@ -157,11 +171,11 @@ def _headers(npz: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     return out
 
 
-def read_embeddings(npz: Path, data, width: int) -> dict[str, np.ndarray]:
+def read_embeddings(npz: Path, data, width: int, g_kind: str = COSINE) -> dict[str, np.ndarray]:
     """The arrays of `npz`, checked against what `evaluate_model` saves for `data` with a model
     `width` wide: the same names, float arrays of those shapes; BadEntry otherwise."""
     _regular_file(npz)
-    want = expected_shapes(data, width)
+    want = expected_shapes(data, width, g_kind)
     try:
         headers = _headers(npz)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:

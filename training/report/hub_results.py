@@ -65,12 +65,9 @@ PER_METRIC = {
     f: {"ci_method": "string", "ci_note": "string", "trivial": "boolean"}.get(f, "number") for f in INTERVAL_FIELDS
 }
 #: The columns of every earlier version's files, oldest first: before the intervals, then before
-#: each interval's clusters, method, note and chance level (#42). Still read, and rewritten.
-PAST_COLUMNS = (
-    OLD_COLUMNS,
-    (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed", *OLD_COLUMNS[7:]),
-)
-COLUMNS = (
+#: each interval's clusters, method, note and chance level (#42), then before the ITM records
+#: said which G they used (`g_kind`, #51). Still read, and rewritten.
+_BEFORE_G_KIND = (
     *OLD_COLUMNS[:7],
     "language",
     *(f for f in PER_METRIC if f != "metrics"),
@@ -78,13 +75,24 @@ COLUMNS = (
     "seed",
     *OLD_COLUMNS[7:],
 )
+PAST_COLUMNS = (
+    OLD_COLUMNS,
+    (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed", *OLD_COLUMNS[7:]),
+    _BEFORE_G_KIND,
+)
+COLUMNS = (*_BEFORE_G_KIND[:-1], "g_kind", _BEFORE_G_KIND[-1])
 #: Record fields stored as JSON strings.
 JSON_FIELDS = (*PER_METRIC, "bootstrap", "seed")
 RETRIES = 3
 
 
 def record_key(record: dict) -> str:
-    return json.dumps([record.get(f) for f in KEY_FIELDS])
+    """A record's identity in the repo. An ITM record's G is part of it unless it is the cosine,
+    the G of every record pushed before `g_kind` existed: those keep their keys, and a CLIP's
+    logits_per_text deltas are never taken for its cosine ones already there."""
+    g_kind = record.get("g_kind")
+    extra = [g_kind] if g_kind not in (None, "cosine") else []
+    return json.dumps([record.get(f) for f in KEY_FIELDS] + extra)
 
 
 def to_row(record: dict) -> dict:

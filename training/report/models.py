@@ -13,6 +13,7 @@ import torch
 
 from builders.engine.errors import UserFacingError
 from builders.models.clip_ids import OPEN_CLIP, ClipId, ClipIdError, parse_clip_id
+from builders.models.families import CLIP, CONTRASTIVE_ONLY, FamilyError, ModelFamily, model_family
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ class ModelSpec:
     backend: str  # transformers, open_clip, or text-only (the blind baseline's models)
     #: What training.backends.load_backend loads; None for a text-only model.
     clip: ClipId | None = None
+    #: Its family and head (builders/models/families.py); None for a text-only model.
+    family: ModelFamily | None = None
 
     @property
     def pretrained(self) -> str | None:
@@ -43,7 +46,19 @@ def parse_model(name: str, flag: str = "--model") -> ModelSpec:
         clip = parse_clip_id(name, backend)
     except ClipIdError as err:
         raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
-    return ModelSpec(name, clip.backend, clip)
+    if clip.backend == OPEN_CLIP:
+        return ModelSpec(name, clip.backend, clip, ModelFamily(CLIP, "open_clip"))
+    try:
+        family = model_family(name)
+    except FamilyError as err:
+        raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
+    if family.architecture in CONTRASTIVE_ONLY:
+        raise UserFacingError(
+            f"{flag} {name[:200]!r} is {family.family.name}'s contrastive head {family.architecture}, which has no "
+            f"ITM score; give its ITM head ({', '.join(h for h in family.family.heads if h not in CONTRASTIVE_ONLY)}): "
+            "retrieval by a contrastive head is not built yet"
+        )
+    return ModelSpec(name, clip.backend, clip, family)
 
 
 def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
@@ -54,10 +69,18 @@ def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
 
     try:
         with trusting_pickled_weights(trust_pickled_weights):
+            if not spec.family.dual_encoder:
+                from training.cross_encoders import load_cross_encoder
+
+                return load_cross_encoder(spec.clip, spec.family.architecture)
             return load_backend(spec.clip)
     except PickledWeightsError:
         raise  # already names the weight file and --trust-pickled-weights
     except Exception as err:  # noqa: BLE001 - any loader failure means the same to the user
+        if not spec.family.dual_encoder:
+            raise UserFacingError(
+                f"--model {spec.name}: cannot load it as {spec.family.architecture} ({_sentence(err)})"
+            ) from None
         raise UserFacingError(
             f"--model {spec.name}: cannot load it as a CLIP model ({_sentence(err)}); give a Hugging Face "
             "CLIP id, a save_pretrained or open_clip folder (a training run's final/), or "
@@ -104,7 +127,12 @@ def _step(step) -> dict:
 def preprocessing_digest(backend) -> str:
     """sha256 of what turns an image and a caption into the model's inputs, which the weights
     digest does not cover: the pixel pipeline (size, mean, std, each resize/crop step's settings)
-    and the tokenizer's ids of `PROBE_CAPTIONS`."""
+    and the tokenizer's ids of `PROBE_CAPTIONS` (a cross-encoder's: its processor's,
+    training/cross_encoders.py)."""
+    if not backend.dual_encoder:
+        from training.cross_encoders import preprocessing_digest as pairs_digest
+
+        return pairs_digest(backend, PROBE_CAPTIONS)
     p = backend.pixels
     tokens = backend.tokenize(PROBE_CAPTIONS)
     desc = {
@@ -119,7 +147,9 @@ def preprocessing_digest(backend) -> str:
 
 def embedding_width(backend) -> int:
     """The width of the model's embeddings (one caption encoded): what a cached entry's arrays
-    must have."""
+    must have; 0 for a cross-encoder, which has none (its entries hold G of each pair)."""
     from training.evaluation import encode_texts
 
+    if not backend.dual_encoder:
+        return 0
     return int(encode_texts(backend.module, backend, PROBE_CAPTIONS[:1], 1).shape[1])

@@ -105,6 +105,7 @@ def make_records(
     bootstrap: int,
     seed: int,
     chance: dict[str, float] | None = None,
+    g_kind: str | None = None,
 ) -> list[dict]:
     """The records of one model on one dataset: `metrics` (training.evaluation's `task/name`
     keys) grouped by record task, with each one's interval (`intervals`: key ->
@@ -145,17 +146,21 @@ def make_records(
             "bootstrap": bootstrap,
             "seed": seed,
             **dataset.provenance(),
-            **(
-                {"pair_seed": PAIR_SEED}
-                if task == "itm" and any(n.endswith("_r") or "_r_" in n for n in fields["metrics"])
-                else {}
-            ),
+            **_itm_fields(task, fields["metrics"], g_kind),
             "metric": METRIC_MODULES.get(task, "training.evaluation"),
             "metric_version": metric_version(task),
             "code_version": code_version(),
         }
         for task, fields in sorted(by_task.items())
     ]
+
+
+def _itm_fields(task: str, metrics: dict, g_kind: str | None) -> dict:
+    """An ITM record's G (`g_kind`) and, with real-pair deltas, the seed of their partners."""
+    if task != "itm":
+        return {}
+    real = any(n.endswith("_r") or "_r_" in n for n in metrics)
+    return {**({"g_kind": g_kind} if g_kind else {}), **({"pair_seed": PAIR_SEED} if real else {})}
 
 
 def write_results(path: Path, records: list[dict]) -> None:

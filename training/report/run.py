@@ -34,6 +34,7 @@ from training.report.generator_bias import GeneratorBias, bias_records, generato
 from training.report.markdown import Extras, file_part, render_report
 from training.report.per_class import class_units, odmap_per_class, per_class_metrics, plot
 from builders.models.profiles import PRODUCTION
+from training.backends import COSINE
 from training.report.floors import BlindModels, blind_baseline, chance_levels, load_blind_models
 from training.report.models import (
     ModelSpec,
@@ -88,6 +89,9 @@ class BenchmarkConfig:
     blind_sentence_model: str | None = None
     #: --no-plots (False): the numbers only, no figure drawn or linked (no matplotlib import).
     plots: bool = True
+    #: --clip-g: a CLIP's ITM score G, the cosine or its logits_per_text (training.backends;
+    #: docs/report.md says why the cosine is the default). A cross-encoder's G is its own.
+    clip_g: str = COSINE
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
@@ -128,7 +132,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     tests = bias_records(bias, records) if bias else []
     write_results(output / "results.jsonl", records + tests)
     extras = _extras(cfg, records, units, models, output, plots)
-    extras.notes.update({name: note for name, note in notes.items() if note})
+    for name, note in notes.items():  # beside a note _extras wrote (the ITM deltas not compared)
+        if note:
+            extras.notes[name] = f"{extras.notes[name]} {note}" if name in extras.notes else note
     extras.generators = generator_lines(records, bias) if bias else []
     (output / "report.md").write_text(render_report(records, extras))
     log.info("wrote %s and %s (%d records)", output / "results.jsonl", output / "report.md", len(records + tests))
@@ -174,7 +180,31 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
     specs = [parse_model(m) for m in cfg.models]
     if cfg.baseline and cfg.baseline not in cfg.models:
         specs.insert(0, parse_model(cfg.baseline, "--baseline"))
+    _check_cross_encoders(specs, sources)
     return sources, specs
+
+
+def _check_cross_encoders(specs: list, sources: dict[str, str]) -> None:
+    """A cross-encoder (no dual encoder) has ITM deltas on --counterfactuals only: its retrieval,
+    ODmAP, PN and real-pair deltas need a first-stage model to re-rank, not built yet (#51). Said
+    in one line per model; one with no --counterfactuals to score is refused."""
+    other = [f"--{name}" for name in sources if name != "counterfactuals"]
+    for spec in specs:
+        family = spec.family.family
+        if spec.family.dual_encoder or not other:
+            continue
+        if "counterfactuals" not in sources:
+            raise UserFacingError(
+                f"--model {spec.name} is a {family.name} cross-encoder: {', '.join(other)} need retrieval by a dual "
+                "encoder (re-ranking by a cross-encoder is not built yet); give --counterfactuals for its ITM deltas"
+            )
+        log.warning(
+            "--model %s is a %s cross-encoder: not scored on %s (retrieval by re-ranking is not built yet); "
+            "its ITM deltas on --counterfactuals are",
+            spec.name,
+            family.name,
+            ", ".join(other),
+        )
 
 
 def _score_models(
@@ -190,6 +220,8 @@ def _score_models(
     try:
         for n, spec in enumerate(specs):
             backend = load_model(spec, cfg.trust_pickled_weights)
+            if backend.dual_encoder:
+                backend.g_kind = cfg.clip_g
             # Started after the first model loads, so a bad --model leaves only its error line.
             bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
             records += _score_model(cfg, (n, spec, backend), sets, folders, bar, (all_units, chances, plots))
@@ -212,6 +244,9 @@ def _score_model(
     width, name = embedding_width(backend), model_name(spec.name)
     records, scored = [], {}  # scored: the embeddings PN reads, of this model only
     for ds in sets:
+        if not backend.dual_encoder and ds.data.cf_pairs is None:  # said once (_check_cross_encoders)
+            bar.update()
+            continue
         bar.set_postfix_str(f"{spec.name} on {ds.name}")
         metrics, emb, units = _score(backend, (name, *digests, width), ds, *folders, (n, plots))
         units = class_units(units)
@@ -220,7 +255,15 @@ def _score_model(
         if ds.name not in chances:
             chances[ds.name] = chance_levels(metrics, ds.data, ds.cfg.k_values)
         records += make_records(
-            spec, digests[0], ds, metrics, _intervals(units, cfg), cfg.bootstrap, cfg.seed, chances[ds.name]
+            spec,
+            digests[0],
+            ds,
+            metrics,
+            _intervals(units, cfg),
+            cfg.bootstrap,
+            cfg.seed,
+            chances[ds.name],
+            backend.g_kind,
         )
         all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
         bar.update()
@@ -302,6 +345,9 @@ def _extras(
     baseline = model_name(cfg.baseline) if cfg.baseline else None
     extras = Extras(baseline=baseline, figures=cfg.plots)
     for dataset, by_model in units.items():
+        by_model, refused = _same_g(records, dataset, by_model)
+        if refused:
+            extras.notes[dataset] = refused
         if cfg.bootstrap and len(models) > 1:
             tests = compare_dataset(dataset, by_model, models, cfg.bootstrap, cfg.seed, baseline)
             extras.verdicts[dataset] = verdicts(records, dataset, tests)
@@ -312,6 +358,20 @@ def _extras(
             extras.forest[dataset] = f"forest-{file_part(dataset)}.png"
             plots.append(functools.partial(plot_forest, records, dataset, output / extras.forest[dataset]))
     return extras
+
+
+def _same_g(records: list[dict], dataset: str, by_model: dict) -> tuple[dict, str]:
+    """The units to compare on `dataset`: without the ITM deltas when the models' G differ (a
+    cosine and a logit are in different units: never compared or pooled), and the line saying so."""
+    kinds = {r["model"]: r["g_kind"] for r in records if r["dataset"] == dataset and r.get("g_kind")}
+    if len(set(kinds.values())) < 2:
+        return by_model, ""
+    itm = {model: {k: u for k, u in keys.items() if not k.startswith("itm/")} for model, keys in by_model.items()}
+    found = "; ".join(f"{model}: {kind}" for model, kind in sorted(kinds.items()))
+    return (
+        itm,
+        f"ITM deltas not compared between models: their G differ ({found}), so their deltas are in different units.",
+    )
 
 
 def _check_folder(flag: str, folder: Path) -> None:
@@ -343,7 +403,7 @@ def _score(
     and each metric's per-unit scores (from the embeddings: nothing is encoded again)."""
     name, *digests, width = model
     n, plots = chart  # the records' name: figures name no local path either
-    key = cache_key(*digests, ds)
+    key = cache_key(*digests, ds, backend.g_kind)
     hit = read_entry(cache, key, ds.data, width)
     units: dict[str, UnitScores] = {}
     if hit is not None:

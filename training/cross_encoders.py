@@ -1,0 +1,144 @@
+"""The papers' cross-encoders behind the backend interface: G, the ITM score of one image-caption
+pair, as each reference computes it, one small adapter per family.
+
+- BridgeTower: `logits[:, 1]` of `BridgeTowerForImageAndTextRetrieval`, the ITM head's logit for
+  "match", as the COCO-Counterfactuals scoring script reads it (`logits[0, 1]`, one pair a call).
+- ViLT: `logits[:, 0]` of `ViltForImageAndTextRetrieval` (its one logit), as that script reads it.
+- BLIP: `itm_score[:, 1]` of `BlipForImageTextRetrieval(..., use_itm_head=True)`, the ITM head's
+  logit for "match" before any softmax: BLIP's own retrieval evaluation
+  (`train_retrieval.py: evaluation`, Li et al. 2022) ranks by `itm_head(...)[:, 1]` (plus the ITC
+  similarity), not by the softmax its demo prints.
+- FLAVA: `itm_logits[:, 1]` of `FlavaForPreTraining` (its ITM head; label 1 is "matched" in its
+  pretraining), given the unmasked caption as `input_ids_masked` and no loss.
+
+A `CrossEncoderBackend` has what the report reads of a CLIP `Backend` (`module`, `model_id`,
+`g_kind`, `dual_encoder`) and scores pairs (`score`): the model's own processor turns images and
+captions into its inputs, so the inputs are exactly those of the model's reference call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from builders.models.clip_ids import ClipId
+from training.backends import TransformersRGB
+
+log = logging.getLogger(__name__)
+
+
+class CrossEncoder(nn.Module):
+    """forward(**inputs of the processor) -> G of each pair (one number a pair)."""
+
+    #: Which G: recorded with every ITM number, so deltas in different units are never compared.
+    g_kind = ""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+
+class BlipItm(CrossEncoder):
+    g_kind = "blip_itm_logit"
+
+    def forward(self, **inputs):
+        return self.model(**inputs, use_itm_head=True).itm_score[:, 1]
+
+
+class BridgeTowerItm(CrossEncoder):
+    g_kind = "bridgetower_itm_logit"
+
+    def forward(self, **inputs):
+        return self.model(**inputs).logits[:, 1]
+
+
+class ViltItm(CrossEncoder):
+    g_kind = "vilt_itm_logit"
+
+    def forward(self, **inputs):
+        return self.model(**inputs).logits[:, 0]
+
+
+class FlavaItm(CrossEncoder):
+    g_kind = "flava_itm_logit"
+
+    def forward(self, **inputs):
+        # The ITM head reads the multimodal encoding of `input_ids_masked`: the caption unmasked.
+        out = self.model(**inputs, input_ids_masked=inputs["input_ids"], return_loss=False)
+        return out.itm_logits[:, 1]
+
+
+#: The scored head (the architecture in config.json, builders/models/families.py) -> its adapter.
+ADAPTERS: dict[str, type[CrossEncoder]] = {
+    "BlipForImageTextRetrieval": BlipItm,
+    "BridgeTowerForImageAndTextRetrieval": BridgeTowerItm,
+    "ViltForImageAndTextRetrieval": ViltItm,
+    "FlavaForPreTraining": FlavaItm,
+}
+
+
+class CrossEncoderBackend:
+    """A cross-encoder as the report scores it: G per pair, no embeddings (no retrieval by
+    embedding: `dual_encoder` is False). Built by `load_cross_encoder`."""
+
+    dual_encoder = False
+
+    def __init__(self, clip: ClipId, module: CrossEncoder, processor) -> None:
+        self.clip, self.module, self.processor = clip, module, processor
+        self.kind, self.model_id, self.g_kind = clip.backend, clip.label, module.g_kind
+
+    def inputs(self, images: list, texts: list[str]) -> dict[str, torch.Tensor]:
+        """The processor's inputs of the pairs (image i with text i), on the model's device.
+        Images go in RGB as transformers' own conversion makes it (transparency over white): not
+        every family's processor converts."""
+        rgb = TransformersRGB()
+        out = self.processor(
+            images=[rgb(img) for img in images], text=texts, return_tensors="pt", padding=True, truncation=True
+        )
+        device = next(self.module.parameters()).device
+        return {k: v.to(device) for k, v in out.items()}
+
+    @torch.no_grad()
+    def score(self, images: list, texts: list[str]) -> torch.Tensor:
+        return self.module(**self.inputs(images, texts)).float().cpu()
+
+
+def load_cross_encoder(clip: ClipId, architecture: str) -> CrossEncoderBackend:
+    """The cross-encoder `clip` names, scored by the head `architecture` (its config's)."""
+    from builders.models.loaders import load_image_text_model
+
+    model, processor = load_image_text_model(clip.name, architecture)
+    return CrossEncoderBackend(clip, ADAPTERS[architecture](model), processor)
+
+
+def preprocessing_digest(backend: CrossEncoderBackend, probe: list[str]) -> str:
+    """sha256 of what turns a pair into the model's inputs, which the weights digest does not
+    cover: the image processor's settings and the tokenizer's ids of `probe` captions."""
+    tokens = backend.processor.tokenizer(probe, truncation=True)["input_ids"]
+    desc = {"image_processor": backend.processor.image_processor.to_dict(), "tokens": tokens}
+    return "sha256:" + hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def counterfactual_pair_scores(backend: CrossEncoderBackend, images, captions: list[str], batch: int) -> np.ndarray:
+    """(pairs, 3): G(C_c, I_c^s), G(C_c, I_o^s) and G(C_o, I_c^s) of each counterfactual pair,
+    the three scores of IR_c and TR_c (`itm_inputs`). `images(rows)` gives the pair rows' decoded
+    images, the original first (rows 2p and 2p + 1), as `captions` lists their captions; three
+    forward pairs a counterfactual pair, `batch` forward pairs a call, with progress and an ETA."""
+    pairs = len(captions) // 2
+    per_call = max(1, batch // 3)
+    out: list[np.ndarray] = []
+    with tqdm(total=pairs, desc=f"ITM pairs of {backend.model_id}", unit="pair", leave=False) as bar:
+        for start in range(0, pairs, per_call):
+            chunk = range(start, min(start + per_call, pairs))
+            decoded = images([r for p in chunk for r in (2 * p, 2 * p + 1)])
+            img = [x for k in range(len(chunk)) for x in (decoded[2 * k + 1], decoded[2 * k], decoded[2 * k + 1])]
+            cap = [x for p in chunk for x in (captions[2 * p + 1], captions[2 * p + 1], captions[2 * p])]
+            out.append(backend.score(img, cap).numpy().reshape(-1, 3))
+            bar.update(len(chunk))
+    return np.concatenate(out).astype(np.float32) if out else np.zeros((0, 3), np.float32)
