@@ -52,10 +52,19 @@ def resolve_commit(ref: SourceRef) -> str | None:
             )
         return None
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        HFValidationError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         return HfApi().dataset_info(ref.path, revision=ref.revision).sha
+    except HFValidationError:  # a missing folder's path is no repo id either (`/data/x`, `a/b/c`)
+        raise DataInputError(
+            f"dataset {ref.path}: no such local folder, and not a Hub repo id (ORG/NAME); check the path"
+        ) from None
     except RevisionNotFoundError:
         raise DataInputError(
             f"dataset {ref.path}: revision {ref.revision!r} does not exist; list "

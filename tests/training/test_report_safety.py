@@ -174,6 +174,20 @@ def test_a_model_id_naming_nothing_is_one_line_before_any_input_is_read(flag, mo
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flag", ["--counterfactuals", "--decorrelation", "--coco"])
+def test_a_missing_dataset_folder_is_one_line(flag, tiny_models_dir, tmp_path, capsys):
+    """A local path that does not exist is no repo id either: huggingface_hub's HFValidationError
+    came out as a traceback (#49's hostile inputs)."""
+    from builders.models.profiles import tiny_profile
+    from helpers.build_helpers import error_line
+
+    missing, out = tmp_path / "no-such-build", tmp_path / "out"
+    args = ["benchmark", "--model", tiny_profile(tiny_models_dir).clip, flag, str(missing), "--output", str(out)]
+    assert cli_main(args) == 2
+    line = error_line(capsys)
+    assert f"dataset {missing}: no such local folder, and not a Hub repo id" in line, line
+
+
 def test_a_negative_seed_is_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch):
     """numpy's default_rng refused --seed -1 only after every model was scored (#41)."""
     import training.report.run
