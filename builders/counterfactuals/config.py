@@ -199,7 +199,7 @@ class ImageStageConfig:
         type=fraction,
         metavar="FRACTION",
     )
-    #: sd3, flux: the transformer blocks that inject (indices of `mmdit_edit.block_names`: FLUX's
+    #: sd3, flux: the transformer blocks that inject (indices of `vital_layers_file.block_names`: FLUX's
     #: double-stream blocks, then its single-stream ones, as Stable Flow numbers them) instead of
     #: the published set; `vital_layers_from`: the JSON `counterfactory doctor vital-layers`
     #: writes, read and checked by `vital_layers_file.read_vital_layers` (from

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from builders.counterfactuals.model_references import check_loaded
-from builders.counterfactuals.vital_layers_file import published_elsewhere
+from builders.counterfactuals.vital_layers_file import block_names, published_elsewhere
 from builders.counterfactuals.prompt_to_prompt import (
     EarlyRejection,
     PairSpec,
@@ -105,14 +105,6 @@ def scaled_layers(vital: Sequence[int], published_depth: int, depth: int) -> tup
     if depth < 1:
         return ()
     return tuple(sorted({round(i * (depth - 1) / (published_depth - 1)) for i in vital}))
-
-
-def block_names(config) -> list[str]:
-    """The transformer blocks in order, as Stable Flow numbers them (FLUX: the `num_layers`
-    double-stream blocks, then the `num_single_layers` single-stream ones; SD3: its joint blocks):
-    the indices `--vital-layers` and `counterfactory doctor vital-layers` use."""
-    blocks = [f"transformer_blocks.{i}" for i in range(config["num_layers"])]
-    return blocks + [f"single_transformer_blocks.{i}" for i in range(config.get("num_single_layers", 0))]
 
 
 def vital_layer_map(config, layers: Sequence[int] | None = None) -> dict[str, str]:

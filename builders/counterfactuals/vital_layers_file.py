@@ -6,7 +6,7 @@ The file is bounded before it is parsed (`MAX_BYTES`) and after (`MAX_DEPTH` of 
 layers are JSON integers (not booleans), each a block of the measured model, each once.
 
 The measurement is of one model: its identity is the JSON's `generator`, `blocks` (the block
-names, `mmdit_edit.block_names`), `provenance.model` / `provenance.revision` (as
+names, `block_names`), `provenance.model` / `provenance.revision` (as
 `builders.engine.provenance.model_name` names the model) and `provenance.config_sha256` (the
 sha256 of its denoiser's `transformer/config.json`, canonical JSON: `config_sha256`), so a tiny
 or fine-tuned model of the same name and depth is still another model. It must be the model the build
@@ -206,6 +206,14 @@ def read_denoiser_config(model: str) -> dict[str, Any]:
     return config
 
 
+def block_names(config) -> list[str]:
+    """The transformer blocks in order, as Stable Flow numbers them (FLUX: the `num_layers`
+    double-stream blocks, then the `num_single_layers` single-stream ones; SD3: its joint blocks):
+    the indices `--vital-layers` and `counterfactory doctor vital-layers` use."""
+    blocks = [f"transformer_blocks.{i}" for i in range(config["num_layers"])]
+    return blocks + [f"single_transformer_blocks.{i}" for i in range(config.get("num_single_layers", 0))]
+
+
 def config_sha256(config: dict[str, Any]) -> str:
     """The sha256 of a denoiser config as canonical JSON (sorted keys, no spaces), so the same
     config hashes the same however its file is laid out."""
@@ -215,7 +223,6 @@ def config_sha256(config: dict[str, Any]) -> str:
 def loaded_identity(generator_name: str, model: str, path: str) -> dict[str, Any]:
     """The identity of the model the build loads: its name as the doctor records it, its
     transformer's blocks and its config's hash (`read_denoiser_config`)."""
-    from builders.counterfactuals.mmdit_edit import block_names
     from builders.engine.provenance import model_name
 
     try:

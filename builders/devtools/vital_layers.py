@@ -21,7 +21,7 @@ and the set, and writes them as JSON with the measured model's identity (id, rev
 sha256 of its denoiser `config.json`, its blocks) and the measurement's provenance (DINOv2
 model, prompts, seeds, K, steps, size) for `--vital-layers-from`.
 
-Block indices are `mmdit_edit.block_names`: FLUX's 19 double-stream blocks first, then its 38
+Block indices are `vital_layers_file.block_names`: FLUX's 19 double-stream blocks first, then its 38
 single-stream blocks (Stable Flow's numbering, 0..56); SD3's joint blocks. The model measured by
 default is the one the published list comes from (FLUX: FLUX.1-dev, Stable Flow's model; SD3:
 SD3-medium, the build's default, with no published measurement), drawn by the pipeline's own
@@ -120,7 +120,7 @@ class VitalLayersConfig:
 
 @dataclass
 class VitalLayersResult:
-    """Per block (`mmdit_edit.block_names` order) its mean DINOv2 similarity to the full model's
+    """Per block (`vital_layers_file.block_names` order) its mean DINOv2 similarity to the full model's
     image; `vital_layers`, the set read off the ranking; `provenance`, what was measured."""
 
     blocks: list[str]
@@ -248,7 +248,7 @@ def measure(cfg: VitalLayersConfig, tiny_dir: Path | None = None) -> VitalLayers
     import torch
 
     from builders.counterfactuals.generators import flux_t5_tokens, generator
-    from builders.counterfactuals.mmdit_edit import block_names
+    from builders.counterfactuals.vital_layers_file import block_names
     from builders.counterfactuals.vital_layers_file import config_sha256, read_denoiser_config
     from builders.models.loaders import load_generator
     from builders.models.profiles import default_tiny_dir
