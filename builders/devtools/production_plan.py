@@ -2,7 +2,7 @@
 a build of the release costs per caption pair, counted from the candidate specs, and its GPU-days
 from the stage costs the GPU run measures (builders/devtools/stage_rates.py).
 
-Per caption pair, under a candidate plan at a model's reference steps (METHOD.md §2, "Reference
+Per caption pair, under a candidate plan at a model's reference steps (builders/counterfactuals/METHOD.md §2, "Reference
 settings"; read from `GENERATORS`, never copied here):
 
 - denoiser rows: `halves` (2 guidance halves, 1 for FLUX) per distinct row state (`row_keys`) a
@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-#: The release: caption pairs of the COCO-Counterfactuals build (METHOD.md §2).
+#: The release: caption pairs of the COCO-Counterfactuals build (builders/counterfactuals/METHOD.md §2).
 RELEASE_CAPTION_PAIRS = 24_508
 #: The paper's plan: 100 independent candidates in batches of `candidate_batch`'s default (4).
 PAPER_PLAN = dict(candidates=100)

@@ -185,7 +185,7 @@ def _table(stdout: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines[3:] if line.startswith("| ")]
 
 
-#: Reference steps as the model cards and the paper state them (#52; METHOD.md §2).
+#: Reference steps as the model cards and the paper state them (#52; builders/counterfactuals/METHOD.md §2).
 REFERENCE_STEPS = {
     "stable-diffusion-v1-5/stable-diffusion-v1-5": 100,
     "stabilityai/stable-diffusion-xl-base-1.0": 50,

@@ -99,7 +99,7 @@ def test_gpu_days_add_every_stage():
     costs = StageCosts(text_s=0.1, vae_s=0.05, clip_s=0.02, rows_per_s={8: 100.0, 16: 200.0}, injection=1.25)
     assert gpu_seconds(count, costs) == pytest.approx(264.5)
     assert gpu_days(count, costs, Assumptions()) == pytest.approx(24_508 * 264.5 / 86_400)
-    assert RELEASE_CAPTION_PAIRS == 24_508  # METHOD.md §2
+    assert RELEASE_CAPTION_PAIRS == 24_508  # builders/counterfactuals/METHOD.md §2
     # The rate is read at the measured batch nearest the plan's rows a forward (13.7 -> 16).
     assert costs.rate_at(13.7) == (16, 200.0) and costs.rate_at(9.5) == (8, 100.0)
 
