@@ -19,7 +19,7 @@ from builders.engine.errors import InputFileError
 from training.finetune_clip import main as train_main
 
 from helpers.build_helpers import accelerate_cmd
-from helpers.training_helpers import REPO_ROOT, SCRIPT, read_jsonl, weights, write_color_set
+from helpers.training_helpers import REPO_ROOT, SCRIPT, read_jsonl, tiny_args, weights, write_color_set
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -46,31 +46,8 @@ def assert_payload_is_live(path: Path, marker: Path) -> None:
 
 
 def args(data: Path, tiny_models_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--real",
-        str(data),
-        "--real-train-splits",
-        "train",
-        "--real-val-split",
-        "",
-        "--real-test-split",
-        "",
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny_models_dir),
-        "--num-workers",
-        "0",
-        "--batch-size",
-        "16",
-        "--lr",
-        "1e-3",
-        "--report-to",
-        "none",
-        "--output",
-        str(out),
-        *extra,
-    ]
+    flags = ["--real-val-split", "", "--real-test-split", "", "--lr", "1e-3", "--report-to", "none"]
+    return tiny_args(data, tiny_models_dir, out, *flags, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from training.sweep import main as sweep_main
 
 from helpers.publish_helpers import one_error_line
 from helpers.training_helpers import read_jsonl, write_color_set
+from helpers.training_helpers import tiny_args as train_args  # this file's adds --report-to none
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -41,25 +42,7 @@ HOSTILE = "zs|<img src=x onerror=alert(1)>"
 
 
 def tiny_args(data, tiny_models_dir, out, *extra: str) -> list[str]:
-    return [
-        "--real",
-        str(data),
-        "--real-train-splits",
-        "train",
-        "--models",
-        "tiny",
-        "--tiny-models-dir",
-        str(tiny_models_dir),
-        "--num-workers",
-        "0",
-        "--batch-size",
-        "16",
-        "--report-to",
-        "none",
-        "--output",
-        str(out),
-        *extra,
-    ]
+    return train_args(data, tiny_models_dir, out, "--report-to", "none", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +172,8 @@ def test_an_output_that_is_a_file_is_one_line(colors, tiny_models_dir, tmp_path,
 
 
 def test_sweep_seeds_too_many_or_a_reversed_range_is_one_line(colors, tiny_models_dir, tmp_path, capsys):
-    train = tiny_args(colors, tiny_models_dir, tmp_path / "unused", "--eval-only")[:-2]
+    given = tiny_args(colors, tiny_models_dir, tmp_path / "unused", "--eval-only")
+    train = given[: given.index("--output")] + given[given.index("--output") + 2 :]  # the sweep's own
     for seeds, expected in (("1-99999999999", "99,999,999,999 seeds"), ("9-3", "the range is empty")):
         out = tmp_path / "sweep"
         assert sweep_main(["--seeds", seeds, "--output", str(out), "--", *train]) == 2
