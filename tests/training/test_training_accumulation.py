@@ -18,7 +18,7 @@ from training.finetune_clip import main as train_main
 from training.losses import clip_loss
 
 from helpers.build_helpers import accelerate_cmd
-from helpers.training_helpers import REPO_ROOT, SCRIPT, OneProcessAccelerator, read_jsonl, write_color_set
+from helpers.training_helpers import REPO_ROOT, SCRIPT, OneProcessAccelerator, read_jsonl, tiny_args, write_color_set
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -108,32 +108,8 @@ def test_grad_accum_over_two_processes_is_the_batch_of_one(tmp_path, tiny_models
     data = write_color_set(tmp_path / "colors", {"train": 4, "val": 1, "test": 1})
 
     def args(out, batch: str, accum: str) -> list[str]:
-        return [
-            "--real",
-            str(data),
-            "--real-train-splits",
-            "train",
-            "--models",
-            "tiny",
-            "--tiny-models-dir",
-            str(tiny_models_dir),
-            "--num-workers",
-            "0",
-            "--lr",
-            "1e-3",
-            "--batch-size",
-            batch,
-            "--grad-accum",
-            accum,
-            "--max-steps",
-            "3",
-            "--hard-negatives",
-            "pairs",
-            "--report-to",
-            "none",
-            "--output",
-            str(out),
-        ]
+        extra = ["--lr", "1e-3", "--batch-size", batch, "--grad-accum", accum, "--max-steps", "3"]
+        return tiny_args(data, tiny_models_dir, out, *extra, "--hard-negatives", "pairs", "--report-to", "none")
 
     assert train_main(args(tmp_path / "plain", "16", "1")) == 0
     assert train_main(args(tmp_path / "accum", "8", "2")) == 0
