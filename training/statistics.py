@@ -12,7 +12,6 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   `scipy.stats.bootstrap` draws them (`default_rng(seed).integers(0, n, (B, n))`), the same for
   every metric on the same units and every model (the paired bootstrap of a difference); a
   resample is a row of draw counts, made a page at a time (memory bounded by `PAGE_CELLS`).
-- `interval`: the percentile interval of a bootstrap distribution (scipy's `"percentile"`).
 - `intervals`: the interval a metric's kind needs (`Interval.method`; each cited in
   docs/report.md), clipped to the values it can take (`UnitScores.limits`): a proportion:
   Clopper-Pearson on Korn & Graubard's effective trials; a ratio of sums: the studentized
@@ -20,8 +19,7 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   over groups: the percentile one. None, with its reason (`Interval.note`): fixed by
   construction (`trivial`), all units equal, one cluster or, but for a proportion, fewer than
   MIN_CLUSTERS. `paired_intervals`: the same for two models' difference (proportions: `newcombe`).
-- `holm`: Holm's step-down adjustment of a family of p-values (the paired test itself:
-  training/sign_flip.py).
+- `holm`: Holm's adjustment of a family of p-values (the paired tests: training/report/compare.py).
 """
 
 from __future__ import annotations
@@ -157,13 +155,6 @@ def weighted_median(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return (values[order][low] + values[order][high]) / 2
 
 
-def draw_counts(indices: np.ndarray, n: int) -> np.ndarray:
-    """(rows, n) counts of each unit in each row of resample `indices`."""
-    rows = len(indices)
-    flat = (indices + (np.arange(rows) * n)[:, None]).ravel()
-    return np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float64)
-
-
 def resample_pages(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
     """Draw counts of `resamples` bootstrap resamples of `n` units, a page of rows at a time;
     the indices are those of one `default_rng(seed).integers(0, n, (resamples, n))` call (the
@@ -171,7 +162,9 @@ def resample_pages(n: int, resamples: int, seed: int, width: int = 0) -> Iterato
     rng = np.random.default_rng(seed)
     page = max(1, PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
     for start in range(0, resamples, page):
-        yield draw_counts(rng.integers(0, n, (min(page, resamples - start), n)), n)
+        rows = min(page, resamples - start)  # each row's draws as counts of each unit
+        flat = (rng.integers(0, n, (rows, n)) + (np.arange(rows) * n)[:, None]).ravel()
+        yield np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float64)
 
 
 def unit_sets(metrics: dict) -> dict[tuple, list]:
@@ -308,17 +301,10 @@ def difference_interval(found: Interval, spread: np.ndarray) -> tuple[float, flo
     return interval(spread) if found.method == "percentile" else (found.low, found.high)
 
 
-def cluster_totals(metric: UnitScores, values) -> np.ndarray:
-    """`values` (one per unit of `metric`) summed over each of its clusters, as float64 (the
-    units' own values without clusters)."""
-    index = metric.cluster_index()
-    return np.asarray(values, np.float64) if index is None else np.bincount(index, values)
-
-
 def cluster_sums(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
     """The per-cluster sums of a ratio metric's num and den (the units' own without clusters)."""
-    den = np.ones(metric.n) if metric.den is None else metric.den
-    return cluster_totals(metric, metric.num), cluster_totals(metric, den)
+    den, index = np.ones(metric.n) if metric.den is None else metric.den, metric.unit_clusters()
+    return np.bincount(index, metric.num), np.bincount(index, den)
 
 
 def _ratio_and_se(counts: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -398,22 +384,16 @@ def dyadic_df(metric: UnitScores) -> float:
     return max(float(min(empirical, trace**2 / squares) if np.isfinite(empirical) else trace**2 / squares), 1.0)
 
 
-def t_quantile(df: float, q: float) -> float:
-    """Student's t quantile (the normal's at infinite df): scipy.stats.t.ppf's special function,
-    without scipy.stats' 0.6 s import."""
-    from scipy import special
-
-    return float(special.stdtrit(df, q))
-
-
 def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
     """value -/+ t(`dyadic_df`) `robust_se` where units are linked by `partners`, clipped to the
     metric's range; its test of 0 is compare.mean_tests'."""
-    t = t_quantile(dyadic_df(metric), 1 - (1 - level) / 2)
+    from scipy import special  # t.ppf's function, without scipy.stats' 0.6 s import
+
+    t = special.stdtrit(dyadic_df(metric), 1 - (1 - level) / 2)
     return tuple(np.clip(metric.value() + np.array([-t, t]) * robust_se(metric), *metric.limits()).tolist())
 
 
-def bootstrap_t(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
+def bootstrap_t(metrics: dict, resamples: int, seed: int) -> dict:
     """name -> (value, se, finite t*) of each ratio metric (of one unit set), on clusters: t* =
     (value* - value) / se* of each resample (se* at least SE_FLOOR se), se the `robust_se` (with
     `partners` the dyadic one); `_studentized`'s interval and compare.py's test of a difference in
@@ -438,7 +418,7 @@ def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict
     """name -> the equal-tailed bootstrap-t interval of each ratio metric (`bootstrap_t`): `value -
     t*[1 - a/2] se, value - t*[a/2] se` (the alternatives measured: docs/report.md)."""
     out, tail = {}, (1 - level) / 2
-    for name, (value, se, t) in bootstrap_t(metrics, resamples, seed, level).items():
+    for name, (value, se, t) in bootstrap_t(metrics, resamples, seed).items():
         t_low, t_high = np.quantile(t, [tail, 1 - tail]) if len(t) and np.isfinite(se) else (np.nan, np.nan)
         out[name] = (float(value - t_high * se), float(value - t_low * se))
     return out
@@ -452,9 +432,7 @@ def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, fl
 
     a, d = cluster_sums(metric)
     trials, clusters, tail = d.sum(), len(a), (1 - level) / 2
-    if trials <= 0:
-        return float("nan"), float("nan")
-    p = a.sum() / trials
+    p = a.sum() / trials  # trials > 0: no_interval says "no units" first
     if (np.all(d == 1) and metric.partners is None) or p <= 0 or p >= 1 or clusters < 2:
         n_eff = float(clusters)  # one independent trial a cluster (a plain binomial), or no design effect
     else:

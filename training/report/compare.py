@@ -37,7 +37,6 @@ from training.statistics import (
     paired_difference,
     paired_intervals,
     robust_se,
-    t_quantile,
     unit_sets,
 )
 from training.sign_flip import sign_flip_pvalues
@@ -70,12 +69,6 @@ class Comparison:
         return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in vars(self).items()}
 
 
-def _pairs(models: list[str], baseline: str | None) -> list[tuple[str, str]]:
-    if baseline is None:
-        return list(itertools.combinations(models, 2))
-    return [(m, baseline) for m in models if m != baseline]
-
-
 def compare_dataset(
     dataset: str,
     units: dict[str, dict[str, UnitScores]],
@@ -90,7 +83,9 @@ def compare_dataset(
     metrics; those untested (statistics.paired_intervals' note: fixed, all units equal, ...; or
     fewer than MIN_CLUSTERS clusters, where no sign-flip p-value, at least 2 / 2^n, reaches 0.05)
     have no p-value (NaN: outside the family) and say why (`note`)."""
-    pairs = _pairs([m for m in models if m in units], baseline)
+    scored = [m for m in models if m in units]
+    against = [(m, baseline) for m in scored if m != baseline]  # every model against --baseline
+    pairs = list(itertools.combinations(scored, 2)) if baseline is None else against
     keys = sorted(set.intersection(*(set(units[m]) for m in {x for p in pairs for x in p})) if pairs else [])
     keys = sorted(
         (k for k in keys if record_name(k) and _in_family(k, per_class)),
@@ -147,7 +142,7 @@ def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
         se, df = robust_se(d), dyadic_df(d)
         if se > 0:
             p = 2 * special.stdtr(df, -abs(d.value() / se))
-            out[key] = (float(p), se, t_quantile(df, 1 - ALPHA / 2), df, "dyadic-t")
+            out[key] = (float(p), se, float(special.stdtrit(df, 1 - ALPHA / 2)), df, "dyadic-t")
     for names in unit_sets({k: d for k, d in differences.items() if k not in linked}).values():
         for key, (value, se, t) in bootstrap_t({k: differences[k] for k in names}, resamples, seed).items():
             if len(t) and se > 0:
