@@ -34,6 +34,7 @@ from training.statistics import (
     difference_interval,
     dyadic_df,
     holm,
+    newcombe,
     paired_difference,
     paired_intervals,
     robust_se,
@@ -100,7 +101,9 @@ def compare_dataset(
     live = {k: pair for k, pair in paired.items() if notes[k] is None}
     resampled = bootstrap({(m, k): units[m][k] for (k, a, b) in live for m in (a, b)}, resamples, seed)
     differences = {k: paired_difference(*pair) for k, pair in live.items()}
-    means = mean_tests({k: d for k, d in differences.items() if d}, resamples, seed)
+    both = {k for k, (a, b) in live.items() if differences[k] and a.proportion and b.proportion}
+    means = mean_tests({k: d for k, d in differences.items() if d and k not in both}, resamples, seed)
+    means |= newcombe_tests({k: live[k] for k in both})
     flips = sign_flip_pvalues({k: pair for k, pair in live.items() if not differences[k]}, resamples, seed)
     out = []
     for k, (ua, ub) in paired.items():
@@ -109,7 +112,8 @@ def compare_dataset(
         low, high = difference_interval(found[k], spread) if k in live else (nan, nan)
         p, se, critical, df, test = means.get(k) or _sign_flip(flips.get(k, nan), spread, n)
         c = Comparison(dataset, *record_name(key), a, b, ua.value() - ub.value(), low, high, p, nan, n, clusters)
-        c.detectable, c.test, c.note = detectable(se, df, critical), test, notes[k]
+        least, (bottom, top) = detectable(se, df, critical), ua.limits()  # none beyond the range
+        c.detectable, c.test, c.note = least if least <= top - bottom else nan, test, notes[k]
         out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
@@ -150,6 +154,23 @@ def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
                 critical = np.diff(np.quantile(t, [ALPHA / 2, 1 - ALPHA / 2]))[0] / 2
                 p = min(1.0, 2 * (min(tails) + 1) / (len(t) + 1))
                 out[key] = (p, se, float(critical), dyadic_df(differences[key]), "bootstrap-t")
+    return out
+
+
+def newcombe_tests(pairs: dict) -> dict:
+    """key -> (p, se, critical, df, "newcombe") of two proportions on the same units: the test
+    dual to their statistics.newcombe interval, p the alpha at which its 1 - alpha interval's end
+    nearest 0 is 0 (root-found, 1e-12 to 1 - 1e-6, then 1), se its 95 % half-width on that side over z,
+    critical z, df infinite (the interval is on the Korn-Graubard effective trials)."""
+    from scipy import optimize
+
+    out, z = {}, NormalDist().inv_cdf(1 - ALPHA / 2)
+    for key, (a, b) in pairs.items():
+        d = a.value() - b.value()
+        end = lambda alpha: np.sign(d) * newcombe(a, b, 1 - alpha)[int(d < 0)]  # noqa: E731, B023
+        low, high = 1e-12, 1 - 1e-6  # end(alpha) > 0: the 1 - alpha interval excludes 0
+        p = 1.0 if d == 0 or end(high) <= 0 else low if end(low) >= 0 else optimize.brentq(end, low, high)
+        out[key] = (float(p), abs(d - newcombe(a, b)[int(d < 0)]) / z, z, np.inf, "newcombe")
     return out
 
 
