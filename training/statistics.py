@@ -88,9 +88,7 @@ class UnitScores:
         """(units, clusters) that enter the value: those with a positive den (a class's queries
         among all the set's), all of them without den."""
         live = np.ones(self.n, bool) if self.den is None else np.asarray(self.den) > 0
-        if self.clusters is None:
-            return int(live.sum()), int(live.sum())
-        return int(live.sum()), len(np.unique(np.asarray(self.clusters)[live]))
+        return int(live.sum()), len(np.unique(self.unit_clusters()[live]))
 
     def cluster_index(self) -> np.ndarray | None:
         """Each unit's cluster as 0..n_clusters-1 (None without clusters)."""
@@ -253,7 +251,10 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
                 out[name] = Interval(*dyadic_t(m, level), "dyadic-t", *m.counted())
         rest = [name for name in names if name not in out]
         linear = [name for name in rest if not metrics[name].median and metrics[name].groups is None]
-        found = _studentized({k: metrics[k] for k in linear}, resamples, seed, level)
+        found, tail = {}, (1 - level) / 2  # equal-tailed bootstrap-t (the alternatives measured: docs/report.md)
+        for name, (value, se, t) in bootstrap_t({k: metrics[k] for k in linear}, resamples, seed).items():
+            t_low, t_high = np.quantile(t, [tail, 1 - tail]) if len(t) and np.isfinite(se) else (np.nan, np.nan)
+            found[name] = (float(value - t_high * se), float(value - t_low * se))  # value - t* se
         others = bootstrap({k: metrics[k] for k in rest if k not in linear}, resamples, seed)
         for name in rest:
             low, high = np.clip(found.get(name) or interval(others[name], level), *metrics[name].limits())
@@ -396,7 +397,7 @@ def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
 def bootstrap_t(metrics: dict, resamples: int, seed: int) -> dict:
     """name -> (value, se, finite t*) of each ratio metric (of one unit set), on clusters: t* =
     (value* - value) / se* of each resample (se* at least SE_FLOOR se), se the `robust_se` (with
-    `partners` the dyadic one); `_studentized`'s interval and compare.py's test of a difference in
+    `partners` the dyadic one); `intervals`' studentized one and compare.py's test of a difference in
     means use it. No resamples (`--bootstrap 0`): no t*, so no interval and no test."""
     sums = {name: cluster_sums(m) for name, m in metrics.items()}
     point = {name: _ratio_and_se(np.ones((1, len(a))), a, d) for name, (a, d) in sums.items()}
@@ -407,21 +408,8 @@ def bootstrap_t(metrics: dict, resamples: int, seed: int) -> dict:
             (value,), (floor,) = point[name][0], SE_FLOOR * point[name][1]
             with np.errstate(invalid="ignore", divide="ignore"):
                 ts[name].append((ratio - value) / np.maximum(se, floor))
-    out = {}
-    for name, parts in ts.items():
-        t = np.concatenate(parts) if parts else np.empty(0)
-        out[name] = (float(point[name][0][0]), robust_se(metrics[name]), t[np.isfinite(t)])
-    return out
-
-
-def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
-    """name -> the equal-tailed bootstrap-t interval of each ratio metric (`bootstrap_t`): `value -
-    t*[1 - a/2] se, value - t*[a/2] se` (the alternatives measured: docs/report.md)."""
-    out, tail = {}, (1 - level) / 2
-    for name, (value, se, t) in bootstrap_t(metrics, resamples, seed).items():
-        t_low, t_high = np.quantile(t, [tail, 1 - tail]) if len(t) and np.isfinite(se) else (np.nan, np.nan)
-        out[name] = (float(value - t_high * se), float(value - t_low * se))
-    return out
+    flat = {name: np.concatenate(parts) if parts else np.empty(0) for name, parts in ts.items()}
+    return {name: (float(point[name][0][0]), robust_se(metrics[name]), t[np.isfinite(t)]) for name, t in flat.items()}
 
 
 def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from training.report.compare import compare_dataset
-from training.sign_flip import sign_flip_pvalue
+from helpers.training_helpers import sign_flip_pvalue
 from training.statistics import UnitScores
 
 

@@ -210,7 +210,7 @@ def test_the_adverse_real_pairs_test_holds_its_level_at_8_pairs():
 
 
 def test_two_equal_models_on_real_pairs_differ_with_p_one():
-    from training.sign_flip import sign_flip_pvalue
+    from helpers.training_helpers import sign_flip_pvalue
 
     values = np.random.default_rng(3).normal(0, 1, 12)
     a = UnitScores("real pairs", values, partners=real_partners(12))

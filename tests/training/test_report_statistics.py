@@ -18,7 +18,8 @@ from training.statistics import (
     interval,
     intervals,
 )
-from training.sign_flip import sign_flip_pvalue, sign_flip_pvalues
+from helpers.training_helpers import sign_flip_pvalue
+from training.sign_flip import sign_flip_pvalues
 
 REPETITIONS = 400
 

@@ -1,10 +1,10 @@
 """Paired comparisons of the models of one report, on the same units (training/statistics.py).
 
 For every two models (or every model against `--baseline`) and every metric of a dataset's
-comparison table that both scored with units: the difference, its 95 % paired bootstrap interval
-(the same resamples of the same clusters for both models; studentized where the difference is
-linear in the units, else percentile; unadjusted) and the paired test's p-value (`mean_tests` of a
-difference in means, else the sign-flip test; none where untested), Holm-adjusted across exactly
+comparison table that both scored with units: the difference, its 95 % paired interval
+(statistics.paired_intervals; unadjusted) and the p-value of the test dual to it (`mean_tests` of
+a difference in means, `newcombe_tests` of two proportions) or of the sign-flip test (a median, a
+mean over groups; none where untested), Holm-adjusted across exactly
 the tests of the table's columns; the per-class metrics (ODmAP@k and PN per removed class) are a
 family of their own (`per_class=True`), on each class's units. `verdicts` tells the table which
 best value beats its runner-up at alpha = 0.05 (bold); failing to reject is no equivalence.
