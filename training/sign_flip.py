@@ -1,7 +1,7 @@
 """The paired permutation (sign-flip) test of two models on the same units (training/statistics.py's
 `UnitScores` and their clusters), the report's test of a median or a mean over groups.
 
-`sign_flip_pvalue` tests "the two models' scores are exchangeable on each unit" (each per-unit
+`sign_flip_pvalues` tests "the two models' scores are exchangeable on each unit" (each per-unit
 difference symmetric about 0; with equal means but skewed differences it rejects 7.5-15 % at 0.05,
 so a difference in means is tested by training/report/compare.py's bootstrap-t): each cluster's
 two scores are swapped (`scipy.stats.permutation_test` with `permutation_type="samples"`). When
@@ -89,10 +89,3 @@ def sign_flip_pvalues(pairs: dict, resamples: int, seed: int, swapped: np.ndarra
             for key, null in zip(keys, _nulls([pairs[key] for key in keys], unit_swap), strict=True):
                 nulls[key].append(null)
     return {key: _pvalue(np.concatenate(nulls[key])) if nulls[key] else float("nan") for key in pairs}
-
-
-def sign_flip_pvalue(
-    a: UnitScores, b: UnitScores, resamples: int, seed: int, swapped: np.ndarray | None = None
-) -> float:
-    """`sign_flip_pvalues` of one pair."""
-    return sign_flip_pvalues({0: (a, b)}, resamples, seed, swapped)[0]

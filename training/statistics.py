@@ -12,7 +12,6 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   `scipy.stats.bootstrap` draws them (`default_rng(seed).integers(0, n, (B, n))`), the same for
   every metric on the same units and every model (the paired bootstrap of a difference); a
   resample is a row of draw counts, made a page at a time (memory bounded by `PAGE_CELLS`).
-- `interval`: the percentile interval of a bootstrap distribution (scipy's `"percentile"`).
 - `intervals`: the interval a metric's kind needs (`Interval.method`; each cited in
   docs/report.md), clipped to the values it can take (`UnitScores.limits`): a proportion:
   Clopper-Pearson on Korn & Graubard's effective trials; a ratio of sums: the studentized
@@ -20,8 +19,7 @@ swaps and counts clusters (a cluster bootstrap; `n_clusters` beside `n`).
   over groups: the percentile one. None, with its reason (`Interval.note`): fixed by
   construction (`trivial`), all units equal, one cluster or, but for a proportion, fewer than
   MIN_CLUSTERS. `paired_intervals`: the same for two models' difference (proportions: `newcombe`).
-- `holm`: Holm's step-down adjustment of a family of p-values (the paired test itself:
-  training/sign_flip.py).
+- `holm`: Holm's adjustment of a family of p-values (the paired tests: training/report/compare.py).
 """
 
 from __future__ import annotations
@@ -90,9 +88,7 @@ class UnitScores:
         """(units, clusters) that enter the value: those with a positive den (a class's queries
         among all the set's), all of them without den."""
         live = np.ones(self.n, bool) if self.den is None else np.asarray(self.den) > 0
-        if self.clusters is None:
-            return int(live.sum()), int(live.sum())
-        return int(live.sum()), len(np.unique(np.asarray(self.clusters)[live]))
+        return int(live.sum()), len(np.unique(self.unit_clusters()[live]))
 
     def cluster_index(self) -> np.ndarray | None:
         """Each unit's cluster as 0..n_clusters-1 (None without clusters)."""
@@ -157,13 +153,6 @@ def weighted_median(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return (values[order][low] + values[order][high]) / 2
 
 
-def draw_counts(indices: np.ndarray, n: int) -> np.ndarray:
-    """(rows, n) counts of each unit in each row of resample `indices`."""
-    rows = len(indices)
-    flat = (indices + (np.arange(rows) * n)[:, None]).ravel()
-    return np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float64)
-
-
 def resample_pages(n: int, resamples: int, seed: int, width: int = 0) -> Iterator[np.ndarray]:
     """Draw counts of `resamples` bootstrap resamples of `n` units, a page of rows at a time;
     the indices are those of one `default_rng(seed).integers(0, n, (resamples, n))` call (the
@@ -171,7 +160,9 @@ def resample_pages(n: int, resamples: int, seed: int, width: int = 0) -> Iterato
     rng = np.random.default_rng(seed)
     page = max(1, PAGE_CELLS // max(n, width, 1))  # width: the units a page of clusters becomes
     for start in range(0, resamples, page):
-        yield draw_counts(rng.integers(0, n, (min(page, resamples - start), n)), n)
+        rows = min(page, resamples - start)  # each row's draws as counts of each unit
+        flat = (rng.integers(0, n, (rows, n)) + (np.arange(rows) * n)[:, None]).ravel()
+        yield np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float64)
 
 
 def unit_sets(metrics: dict) -> dict[tuple, list]:
@@ -230,8 +221,8 @@ class Interval:
 
 
 def no_interval(m: UnitScores) -> str | None:
-    """Why `m` gets no interval (None: it gets one); a paired difference's are its
-    `paired_units`'. All units equal: to 1,000 ulp of the largest (x - (x - 0.5) is not 0.5)."""
+    """Why `m` gets no interval (None: it gets one); a paired difference's are its per-unit
+    differences' (`paired_intervals`). All units equal: to 1,000 ulp of the largest (x - (x - 0.5) is not 0.5)."""
     (n, clusters), den = m.counted(), np.ones(m.n) if m.den is None else np.asarray(m.den, np.float64)
     if m.trivial:
         return "fixed by construction"
@@ -260,7 +251,10 @@ def intervals(metrics: dict, resamples: int, seed: int, level: float = LEVEL) ->
                 out[name] = Interval(*dyadic_t(m, level), "dyadic-t", *m.counted())
         rest = [name for name in names if name not in out]
         linear = [name for name in rest if not metrics[name].median and metrics[name].groups is None]
-        found = _studentized({k: metrics[k] for k in linear}, resamples, seed, level)
+        found, tail = {}, (1 - level) / 2  # equal-tailed bootstrap-t (the alternatives measured: docs/report.md)
+        for name, (value, se, t) in bootstrap_t({k: metrics[k] for k in linear}, resamples, seed).items():
+            t_low, t_high = np.quantile(t, [tail, 1 - tail]) if len(t) and np.isfinite(se) else (np.nan, np.nan)
+            found[name] = (float(value - t_high * se), float(value - t_low * se))  # value - t* se
         others = bootstrap({k: metrics[k] for k in rest if k not in linear}, resamples, seed)
         for name in rest:
             low, high = np.clip(found.get(name) or interval(others[name], level), *metrics[name].limits())
@@ -281,24 +275,17 @@ def paired_difference(a: UnitScores, b: UnitScores) -> UnitScores | None:
     return UnitScores(a.units, num, a.den, clusters=a.clusters, partners=a.partners, bounds=(la - ub, ua - lb))
 
 
-def paired_units(a: UnitScores, b: UnitScores) -> UnitScores:
-    """The per-unit differences of a and b (over their shared den where linear): whose
-    `no_interval` is the pair's, the one answer of the interval and the test (compare.untested)."""
-    d = paired_difference(a, b)
-    return UnitScores(a.units, a.num - b.num, d and d.den, clusters=a.clusters, trivial=a.trivial or b.trivial)
-
-
 def paired_intervals(pairs: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
-    """key -> `Interval` of value(a) - value(b) for each (a, b) in `pairs`: none with a single
-    metric's notes (units that all differ alike: all units equal) or without resamples; two
+    """key -> `Interval` of value(a) - value(b) for each (a, b) in `pairs`: none with the notes of
+    `no_interval` of their per-unit differences (units that all differ alike: all units equal),
+    the one answer of the interval and of compare.py's test, or without resamples; two
     proportions: `newcombe`; another linear difference: `intervals`' of `paired_difference`;
     else percentile, whose ends `difference_interval` takes from the paired resampled ones."""
     out, linear = {}, {}
     for key, (a, b) in pairs.items():
-        d, same = paired_difference(a, b), paired_units(a, b)
-        if not resamples:  # --bootstrap 0: no interval at all, as for a single metric
-            out[key] = Interval(np.nan, np.nan, "none", *same.counted())
-        elif note := no_interval(same):
+        d = paired_difference(a, b)
+        same = UnitScores(a.units, a.num - b.num, d and d.den, clusters=a.clusters, trivial=a.trivial or b.trivial)
+        if (note := no_interval(same)) or not resamples:  # --bootstrap 0: none, as for one metric
             out[key] = Interval(np.nan, np.nan, "none", *same.counted(), same.trivial, note)
         elif d is not None and a.proportion and b.proportion:
             out[key] = Interval(*newcombe(a, b, level), "newcombe", *same.counted())
@@ -315,17 +302,10 @@ def difference_interval(found: Interval, spread: np.ndarray) -> tuple[float, flo
     return interval(spread) if found.method == "percentile" else (found.low, found.high)
 
 
-def cluster_totals(metric: UnitScores, values) -> np.ndarray:
-    """`values` (one per unit of `metric`) summed over each of its clusters, as float64 (the
-    units' own values without clusters)."""
-    index = metric.cluster_index()
-    return np.asarray(values, np.float64) if index is None else np.bincount(index, values)
-
-
 def cluster_sums(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
     """The per-cluster sums of a ratio metric's num and den (the units' own without clusters)."""
-    den = np.ones(metric.n) if metric.den is None else metric.den
-    return cluster_totals(metric, metric.num), cluster_totals(metric, den)
+    den, index = np.ones(metric.n) if metric.den is None else metric.den, metric.unit_clusters()
+    return np.bincount(index, metric.num), np.bincount(index, den)
 
 
 def _ratio_and_se(counts: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -353,12 +333,17 @@ def partner_links(metric: UnitScores) -> np.ndarray:
     return np.unique(pairs, axis=0)
 
 
+def _linked(links: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Each cluster's sum of `v` over the clusters `links` ties it to (A v, A the links' adjacency)."""
+    return np.bincount(links[:, 0], v[links[:, 1]], len(v)) + np.bincount(links[:, 1], v[links[:, 0]], len(v))
+
+
 def _residuals(metric: UnitScores) -> tuple[np.ndarray, np.ndarray]:
     """The clusters' linearised residuals e = num - value den, and each one's sum of the residuals
-    of the clusters linked to it by `partners`."""
+    of the clusters linked to it by `partners` (`_linked`)."""
     a, d = cluster_sums(metric)
-    e, links = a - a.sum() / d.sum() * d, partner_links(metric)
-    return e, np.bincount(links[:, 0], e[links[:, 1]], len(e)) + np.bincount(links[:, 1], e[links[:, 0]], len(e))
+    e = a - a.sum() / d.sum() * d
+    return e, _linked(partner_links(metric), e)
 
 
 def robust_se(metric: UnitScores) -> float:
@@ -378,36 +363,41 @@ def robust_se(metric: UnitScores) -> float:
 
 
 def dyadic_df(metric: UnitScores) -> float:
-    """The Satterthwaite degrees of freedom of `robust_se`'s dyadic variance V, as Bell & McCaffrey
-    (2002) refer it to t: df = 2 V^2 / (c var(s)), s_k = e_k (e_k + linked e) the clusters'
-    shares of V (V the small difference of two large sums where linked residuals correlate
-    negatively: an image effect in IR_r); infinite where it cannot be estimated."""
-    e, linked = _residuals(metric)
-    s = (e * (e + linked))[cluster_sums(metric)[1] > 0]
+    """The degrees of freedom of `robust_se`'s variance V, the smaller of two Satterthwaite (1946)
+    approximations as Bell & McCaffrey (2002) refer V to t: the empirical one, 2 V^2 / (c var(s)),
+    s_k = e_k (e_k + linked e) the clusters' shares of V (it sees an image effect in IR_r, where V
+    is the small difference of two large sums), and the one under a working model of independent
+    clusters of equal variance (Pustejovsky & Tipton 2018), (tr Q)^2 / tr(Q^2), Q = M'(I + A)M,
+    M = I - u 1' (u = den / sum den) the residual maker, A the links: c - 1 without links. The
+    empirical one alone is noisy where linked units move together: the adverse real pairs' test
+    rejected 9.1 % of nulls at n = 8 (benchmarks/report_coverage.py; now 2-4 %)."""
+    (e, linked), links, d = _residuals(metric), partner_links(metric), cluster_sums(metric)[1]
+    s = (e * (e + linked))[d > 0]
     with np.errstate(invalid="ignore", divide="ignore"):
-        df = 2 * s.sum() ** 2 / (len(s) * s.var(ddof=1))
-    return max(float(df), 1.0) if np.isfinite(df) else float("inf")
-
-
-def t_quantile(df: float, q: float) -> float:
-    """Student's t quantile (the normal's at infinite df), with scipy.special's own functions:
-    t.ppf's, without scipy.stats' 0.6 s import."""
-    from scipy import special
-
-    return float(special.stdtrit(df, q) if np.isfinite(df) else special.ndtri(q))
+        empirical = 2 * s.sum() ** 2 / (len(s) * s.var(ddof=1))
+    # Q = W - 1 p' - p 1' + r 1 1' with W = I + A, p = W u, r = u' W u: its trace and squared norm.
+    n, u, w1 = len(d), d / d.sum(), 1 + _linked(links, np.ones(len(d)))
+    p = u + _linked(links, u)
+    r, total = u @ p, p.sum()
+    trace = n - 2 * total + n * r
+    squares = n + 2 * len(links) + 2 * n * (p @ p) + (n * r) ** 2
+    squares += 2 * (r * w1.sum() + total**2 - 2 * (w1 @ p) - 2 * n * r * total)
+    return max(float(min(empirical, trace**2 / squares) if np.isfinite(empirical) else trace**2 / squares), 1.0)
 
 
 def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
     """value -/+ t(`dyadic_df`) `robust_se` where units are linked by `partners`, clipped to the
     metric's range; its test of 0 is compare.mean_tests'."""
-    t = t_quantile(dyadic_df(metric), 1 - (1 - level) / 2)
+    from scipy import special  # t.ppf's function, without scipy.stats' 0.6 s import
+
+    t = special.stdtrit(dyadic_df(metric), 1 - (1 - level) / 2)
     return tuple(np.clip(metric.value() + np.array([-t, t]) * robust_se(metric), *metric.limits()).tolist())
 
 
-def bootstrap_t(metrics: dict, resamples: int, seed: int, level: float = LEVEL) -> dict:
+def bootstrap_t(metrics: dict, resamples: int, seed: int) -> dict:
     """name -> (value, se, finite t*) of each ratio metric (of one unit set), on clusters: t* =
     (value* - value) / se* of each resample (se* at least SE_FLOOR se), se the `robust_se` (with
-    `partners` the dyadic one); `_studentized`'s interval and compare.py's test of a difference in
+    `partners` the dyadic one); `intervals`' studentized one and compare.py's test of a difference in
     means use it. No resamples (`--bootstrap 0`): no t*, so no interval and no test."""
     sums = {name: cluster_sums(m) for name, m in metrics.items()}
     point = {name: _ratio_and_se(np.ones((1, len(a))), a, d) for name, (a, d) in sums.items()}
@@ -418,21 +408,8 @@ def bootstrap_t(metrics: dict, resamples: int, seed: int, level: float = LEVEL) 
             (value,), (floor,) = point[name][0], SE_FLOOR * point[name][1]
             with np.errstate(invalid="ignore", divide="ignore"):
                 ts[name].append((ratio - value) / np.maximum(se, floor))
-    out = {}
-    for name, parts in ts.items():
-        t = np.concatenate(parts) if parts else np.empty(0)
-        out[name] = (float(point[name][0][0]), robust_se(metrics[name]), t[np.isfinite(t)])
-    return out
-
-
-def _studentized(metrics: dict, resamples: int, seed: int, level: float) -> dict:
-    """name -> the equal-tailed bootstrap-t interval of each ratio metric (`bootstrap_t`): `value -
-    t*[1 - a/2] se, value - t*[a/2] se` (the alternatives measured: docs/report.md)."""
-    out, tail = {}, (1 - level) / 2
-    for name, (value, se, t) in bootstrap_t(metrics, resamples, seed, level).items():
-        t_low, t_high = np.quantile(t, [tail, 1 - tail]) if len(t) and np.isfinite(se) else (np.nan, np.nan)
-        out[name] = (float(value - t_high * se), float(value - t_low * se))
-    return out
+    flat = {name: np.concatenate(parts) if parts else np.empty(0) for name, parts in ts.items()}
+    return {name: (float(point[name][0][0]), robust_se(metrics[name]), t[np.isfinite(t)]) for name, t in flat.items()}
 
 
 def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:
@@ -443,9 +420,7 @@ def clopper_pearson(metric: UnitScores, level: float = LEVEL) -> tuple[float, fl
 
     a, d = cluster_sums(metric)
     trials, clusters, tail = d.sum(), len(a), (1 - level) / 2
-    if trials <= 0:
-        return float("nan"), float("nan")
-    p = a.sum() / trials
+    p = a.sum() / trials  # trials > 0: no_interval says "no units" first
     if (np.all(d == 1) and metric.partners is None) or p <= 0 or p >= 1 or clusters < 2:
         n_eff = float(clusters)  # one independent trial a cluster (a plain binomial), or no design effect
     else:

@@ -207,26 +207,19 @@ def necessity_units(
 ) -> dict[str, UnitScores]:
     """PN per removed class and its mean from `(query, class, PN)` values, per removal pair;
     `clusters`: each query's source image."""
-    out = {}
     if not values:
-        return out
-    q = np.asarray([v[0] for v in values])
-    pn = np.asarray([v[2] for v in values])
-    for c in sorted({v[1] for v in values}):
-        mine = np.asarray([v[1] == c for v in values])
-        out[f"necessity/PN_{c}"] = UnitScores(
+        return {}
+    q, pn = np.asarray([v[0] for v in values]), np.asarray([v[2] for v in values])
+    kinds = {f"PN_{c}": np.asarray([v[1] == c for v in values]) for c in sorted({v[1] for v in values})}
+    return {
+        f"necessity/{name}": UnitScores(
             "removal pairs",
             np.bincount(q[mine], pn[mine], queries),
             np.bincount(q[mine], minlength=queries).astype(np.float64),
             clusters=clusters,
         )
-    out["necessity/PN_mean"] = UnitScores(
-        "removal pairs",
-        np.bincount(q, pn, queries),
-        np.bincount(q, minlength=queries).astype(np.float64),
-        clusters=clusters,
-    )
-    return out
+        for name, mine in {**kinds, "PN_mean": np.ones(len(values), bool)}.items()
+    }
 
 
 def zeroshot_units(name: str, images: np.ndarray, classes: np.ndarray, labels: np.ndarray) -> dict[str, UnitScores]:

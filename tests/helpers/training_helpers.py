@@ -185,3 +185,10 @@ def tiny_args(data, tiny_models_dir, out, *extra: str) -> list[str]:
         str(out),
         *extra,
     ]
+
+
+def sign_flip_pvalue(a, b, resamples: int, seed: int, swapped=None) -> float:
+    """training.sign_flip.sign_flip_pvalues of the one pair (a, b)."""
+    from training.sign_flip import sign_flip_pvalues
+
+    return sign_flip_pvalues({0: (a, b)}, resamples, seed, swapped)[0]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from training.report.compare import compare_dataset
-from training.sign_flip import sign_flip_pvalue
+from helpers.training_helpers import sign_flip_pvalue
 from training.statistics import UnitScores
 
 
@@ -228,3 +228,35 @@ def test_without_resamples_there_is_no_test():
         resamples=0,
     )
     assert all(np.isnan(c.p_value) and not c.test for c in tests.values())
+
+
+@pytest.mark.parametrize("linked", [False, True])
+def test_two_proportions_are_tested_by_the_dual_of_their_newcombe_interval(linked):
+    """Two models' fractions below zero on the same 6-40 units (real pairs' partners or none):
+    the p-value is where Newcombe's 1 - p interval reaches 0 (the end nearest 0 is 0 there), so
+    p < 0.05 exactly where the printed interval excludes 0. The fixture report's TR_r fraction
+    below zero was tested by the dyadic-t on a near-0 se: p = 7e-17 and bold, its interval
+    [-0.11, 0.62] holding 0; its fraction below zero printed "detectable with 80 % power: 2.7223"."""
+    from training.statistics import newcombe
+    from training.unit_scores import real_partners
+
+    agreed = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(6, 40))
+        z = rng.random(n)
+        hits = [(z < 0.5 + 0.3 * rng.random()).astype(float), (z < 0.2 + 0.3 * rng.random()).astype(float)]
+        partners = real_partners(n) if linked else None
+        a, b = (UnitScores("real pairs", h, proportion=True, partners=partners) for h in hits)
+        units = {"A": {"itm/TR_r_frac_below_zero": a}, "B": {"itm/TR_r_frac_below_zero": b}}
+        (c,) = compare_dataset("cf", units, ["A", "B"], 200, 0)
+        if c.note:
+            continue
+        assert c.test == "newcombe" and (c.low, c.high) == pytest.approx(newcombe(a, b))
+        assert (c.p_value < 0.05) == (c.low > 0 or c.high < 0), (seed, c)
+        assert not c.detectable > 1, c  # a difference of proportions is at most 1: none beyond
+        if 1e-12 < c.p_value < 1:
+            end = newcombe(a, b, 1 - c.p_value)[int(c.difference < 0)]
+            assert end == pytest.approx(0, abs=1e-6), (seed, end)  # brentq: alpha to 2e-12
+        agreed += 1
+    assert agreed >= 30

@@ -18,7 +18,8 @@ from training.statistics import (
     interval,
     intervals,
 )
-from training.sign_flip import sign_flip_pvalue, sign_flip_pvalues
+from helpers.training_helpers import sign_flip_pvalue
+from training.sign_flip import sign_flip_pvalues
 
 REPETITIONS = 400
 
@@ -373,7 +374,7 @@ def test_the_detectable_difference_is_found_with_80_percent_power(n, low, high):
 
     samples = np.random.default_rng(n).normal(0, 1, (2000, n))
     null = mean_tests({k: UnitScores("pairs", x) for k, x in enumerate(samples)}, 1000, 0)
-    shift = np.mean([detectable(se, n, critical) for _, se, critical, _ in null.values()])
+    shift = np.mean([detectable(se, df, critical) for _, se, critical, df, _ in null.values()])
     found = mean_tests({k: UnitScores("pairs", x + shift) for k, x in enumerate(samples)}, 1000, 1)
     power = np.mean([p < 0.05 for p, *_ in found.values()])
     assert low <= power <= high, power
@@ -386,8 +387,8 @@ def test_the_sign_flip_tests_detectable_difference_is_found_with_80_percent_powe
 
     n, samples = 50, np.random.default_rng(3).normal(0, 1, (2000, 50))
     spreads = bootstrap({k: UnitScores("pairs", x) for k, x in enumerate(samples)}, 1000, 0)
-    tests = (_sign_flip(0.5, spreads[k], n) for k in spreads)  # (p, se, critical, name)
-    shift = np.mean([detectable(se, n, critical) for _, se, critical, _ in tests])
+    tests = (_sign_flip(0.5, spreads[k], n) for k in spreads)  # (p, se, critical, df, name)
+    shift = np.mean([detectable(se, df, critical) for _, se, critical, df, _ in tests])
     zero = UnitScores("pairs", np.zeros(n))
     pairs = {k: (UnitScores("pairs", x + shift), zero) for k, x in enumerate(samples)}
     power = np.mean(np.array(list(sign_flip_pvalues(pairs, 1000, 1).values())) < 0.05)
@@ -395,11 +396,11 @@ def test_the_sign_flip_tests_detectable_difference_is_found_with_80_percent_powe
 
 
 def test_no_detectable_difference_where_no_test_is_made():
-    """Below 6 clusters the paired test is not made (the smallest sign-flip p-value, 2 / 2^n,
-    is at least 0.0625): no difference is detectable (NaN); nor without a standard error. A
-    numpy count of clusters does not overflow."""
+    """No standard error or no degrees of freedom (no test: below 6 clusters compare_dataset
+    makes none, test_report_few_clusters.py): no difference is detectable (NaN). A numpy df does
+    not overflow."""
     from training.report.compare import detectable
 
-    assert np.isnan(detectable(1.0, 5, 2.0)) and np.isfinite(detectable(1.0, 6, 2.0))
+    assert np.isnan(detectable(1.0, float("nan"), 2.0)) and np.isfinite(detectable(1.0, 5, 2.0))
     assert np.isnan(detectable(0.0, 50, 2.0)) and np.isnan(detectable(float("nan"), 50, 2.0))
     assert detectable(1.0, np.int64(200), 2.0) == pytest.approx(detectable(1.0, 200, 2.0))

@@ -1,10 +1,10 @@
 """Paired comparisons of the models of one report, on the same units (training/statistics.py).
 
 For every two models (or every model against `--baseline`) and every metric of a dataset's
-comparison table that both scored with units: the difference, its 95 % paired bootstrap interval
-(the same resamples of the same clusters for both models; studentized where the difference is
-linear in the units, else percentile; unadjusted) and the paired test's p-value (`mean_tests` of a
-difference in means, else the sign-flip test; none where `untested`), Holm-adjusted across exactly
+comparison table that both scored with units: the difference, its 95 % paired interval
+(statistics.paired_intervals; unadjusted) and the p-value of the test dual to it (`mean_tests` of
+a difference in means, `newcombe_tests` of two proportions) or of the sign-flip test (a median, a
+mean over groups; none where untested), Holm-adjusted across exactly
 the tests of the table's columns; the per-class metrics (ODmAP@k and PN per removed class) are a
 family of their own (`per_class=True`), on each class's units. `verdicts` tells the table which
 best value beats its runner-up at alpha = 0.05 (bold); failing to reject is no equivalence.
@@ -34,12 +34,10 @@ from training.statistics import (
     difference_interval,
     dyadic_df,
     holm,
-    no_interval,
+    newcombe,
     paired_difference,
     paired_intervals,
-    paired_units,
     robust_se,
-    t_quantile,
     unit_sets,
 )
 from training.sign_flip import sign_flip_pvalues
@@ -66,16 +64,10 @@ class Comparison:
     #: The smallest difference one test at alpha = 0.05 detects with 80 % power (`detectable`).
     detectable: float = float("nan")
     test: str = ""  # bootstrap-t (a difference in means), sign-flip (exchangeable scores), "" (none)
-    note: str | None = None  # why there is no test (`untested`) or no interval (statistics.Interval.note)
+    note: str | None = None  # why there is no test (too few clusters) or no interval (statistics.Interval.note)
 
     def as_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in vars(self).items()}
-
-
-def _pairs(models: list[str], baseline: str | None) -> list[tuple[str, str]]:
-    if baseline is None:
-        return list(itertools.combinations(models, 2))
-    return [(m, baseline) for m in models if m != baseline]
 
 
 def compare_dataset(
@@ -89,61 +81,62 @@ def compare_dataset(
 ) -> list[Comparison]:
     """The paired comparisons of `dataset`, one Holm family; `units`: model -> evaluation key ->
     UnitScores. The metrics of the comparison table's columns, or (`per_class`) the per-class
-    metrics; those `untested` have no p-value (NaN: outside the family) and say why (`note`)."""
-    pairs = _pairs([m for m in models if m in units], baseline)
+    metrics; those untested (statistics.paired_intervals' note: fixed, all units equal, ...; or
+    fewer than MIN_CLUSTERS clusters, where no sign-flip p-value, at least 2 / 2^n, reaches 0.05)
+    have no p-value (NaN: outside the family) and say why (`note`)."""
+    scored = [m for m in models if m in units]
+    against = [(m, baseline) for m in scored if m != baseline]  # every model against --baseline
+    pairs = list(itertools.combinations(scored, 2)) if baseline is None else against
     keys = sorted(set.intersection(*(set(units[m]) for m in {x for p in pairs for x in p})) if pairs else [])
     keys = sorted(
         (k for k in keys if record_name(k) and _in_family(k, per_class)),
         key=lambda k: tuple(map(natural, record_name(k))),
     )
     paired = {(key, a, b): (units[a][key], units[b][key]) for key in keys for a, b in pairs}
-    notes = {k: untested(*pair) for k, pair in paired.items()}
+    # Two proportions get Newcombe's interval, another difference linear in the units the
+    # studentized one, a median's or a mean over groups' the percentile interval of the paired
+    # resampled differences; each missing one says why, and so does each pair left untested.
+    found = paired_intervals(paired, resamples, seed)
+    notes = {k: found[k].note or (FEW_CLUSTERS if found[k].n_clusters < MIN_CLUSTERS else None) for k in paired}
     live = {k: pair for k, pair in paired.items() if notes[k] is None}
     resampled = bootstrap({(m, k): units[m][k] for (k, a, b) in live for m in (a, b)}, resamples, seed)
     differences = {k: paired_difference(*pair) for k, pair in live.items()}
-    means = mean_tests({k: d for k, d in differences.items() if d}, resamples, seed)
+    both = {k for k, (a, b) in live.items() if differences[k] and a.proportion and b.proportion}
+    means = mean_tests({k: d for k, d in differences.items() if d and k not in both}, resamples, seed)
+    means |= newcombe_tests({k: live[k] for k in both})
     flips = sign_flip_pvalues({k: pair for k, pair in live.items() if not differences[k]}, resamples, seed)
-    # Two proportions get Newcombe's interval, another difference linear in the units the
-    # studentized one, a median's or a mean over groups' the percentile interval of the paired
-    # resampled differences; each missing one says why.
-    found = paired_intervals({k: paired[k] for k in live}, resamples, seed)
     out = []
     for k, (ua, ub) in paired.items():
         (key, a, b), (n, clusters), nan = k, ua.counted(), float("nan")
         spread = resampled[(a, key)] - resampled[(b, key)] if k in live else np.full(1, nan)
         low, high = difference_interval(found[k], spread) if k in live else (nan, nan)
-        p, se, critical, test = means.get(k) or _sign_flip(flips.get(k, nan), spread, n)
+        p, se, critical, df, test = means.get(k) or _sign_flip(flips.get(k, nan), spread, n)
         c = Comparison(dataset, *record_name(key), a, b, ua.value() - ub.value(), low, high, p, nan, n, clusters)
-        c.detectable, c.test, c.note = detectable(se, clusters, critical), test, notes[k] or found[k].note
+        least, (bottom, top) = detectable(se, df, critical), ua.limits()  # none beyond the range
+        c.detectable, c.test, c.note = least if least <= top - bottom else nan, test, notes[k]
         out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
         c.p_holm = float(p)
     return out
 
 
-def _sign_flip(p: float, spread: np.ndarray, n: int) -> tuple[float, float, float, str]:
-    """(p, se, critical, "sign-flip") of a sign-flip test (p NaN: none), a monotone function of
+def _sign_flip(p: float, spread: np.ndarray, n: int) -> tuple[float, float, float, float, str]:
+    """(p, se, critical, df, "sign-flip") of a sign-flip test (p NaN: none), a monotone function of
     Student's t (Efron 1969): t > z sqrt((n - 1) / (n - z^2)), se the bootstrap's x sqrt(n / (n - 1))."""
     finite, z = spread[np.isfinite(spread)], NormalDist().inv_cdf(1 - ALPHA / 2)
     if not np.isfinite(p) or len(finite) < 2:
-        return p, np.nan, np.nan, ""
-    return p, np.std(finite, ddof=1) * np.sqrt(n / (n - 1)), z * np.sqrt((n - 1) / (n - z * z)), "sign-flip"
-
-
-def untested(a: UnitScores, b: UnitScores) -> str | None:
-    """Why two models' scores of one metric get no test and no interval (None: they do): their
-    difference's `no_interval` (fixed by construction, all units equal, ...), or fewer than
-    MIN_CLUSTERS clusters (no sign-flip p-value, at least 2 / 2^n, reaches 0.05 below 6)."""
-    return no_interval(paired_units(a, b)) or (FEW_CLUSTERS if a.counted()[1] < MIN_CLUSTERS else None)
+        return p, np.nan, np.nan, np.nan, ""
+    se = np.std(finite, ddof=1) * np.sqrt(n / (n - 1))
+    return p, se, z * np.sqrt((n - 1) / (n - z * z)), n - 1, "sign-flip"
 
 
 def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
-    """key -> (p, se, critical, test) of "the difference in means is 0" for each paired difference,
-    the dual of its interval: the bootstrap-t test (Hall & Wilson 1991), t = difference / se
-    against the t* of the studentized interval's resamples (statistics.bootstrap_t, on clusters),
-    p = min(1, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)), critical the t* band's half
-    width; with `partners` (real pairs) the dyadic-t test, t against Student's t on the dyadic se's
-    Satterthwaite df (statistics.dyadic_df). None without resamples (`--bootstrap 0`)."""
+    """key -> (p, se, critical, df, test) of "the difference in means is 0" for each paired
+    difference, the dual of its interval: the bootstrap-t test (Hall & Wilson 1991), t = difference
+    / se against the t* of the studentized interval's resamples (statistics.bootstrap_t, on
+    clusters), p = min(1, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)), critical the t* band's
+    half width; with `partners` (real pairs) the dyadic-t test, t against Student's t on
+    statistics.dyadic_df. df: the se's degrees of freedom (`detectable`). None without resamples."""
     from scipy import special
 
     out: dict = {}
@@ -152,29 +145,47 @@ def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
         d = differences[key]
         se, df = robust_se(d), dyadic_df(d)
         if se > 0:
-            p = 2 * (
-                special.stdtr(df, -abs(d.value() / se)) if np.isfinite(df) else special.ndtr(-abs(d.value() / se))
-            )
-            out[key] = (float(p), se, t_quantile(df, 1 - ALPHA / 2), "dyadic-t")
+            p = 2 * special.stdtr(df, -abs(d.value() / se))
+            out[key] = (float(p), se, float(special.stdtrit(df, 1 - ALPHA / 2)), df, "dyadic-t")
     for names in unit_sets({k: d for k, d in differences.items() if k not in linked}).values():
         for key, (value, se, t) in bootstrap_t({k: differences[k] for k in names}, resamples, seed).items():
             if len(t) and se > 0:
                 tails = np.count_nonzero(t <= value / se), np.count_nonzero(t >= value / se)
                 critical = np.diff(np.quantile(t, [ALPHA / 2, 1 - ALPHA / 2]))[0] / 2
-                out[key] = (min(1.0, 2 * (min(tails) + 1) / (len(t) + 1)), se, float(critical), "bootstrap-t")
+                p = min(1.0, 2 * (min(tails) + 1) / (len(t) + 1))
+                out[key] = (p, se, float(critical), dyadic_df(differences[key]), "bootstrap-t")
     return out
 
 
-def detectable(se: float, n: int, critical: float, power: float = POWER) -> float:
+def newcombe_tests(pairs: dict) -> dict:
+    """key -> (p, se, critical, df, "newcombe") of two proportions on the same units: the test
+    dual to their statistics.newcombe interval, p the alpha at which its 1 - alpha interval's end
+    nearest 0 is 0 (root-found, 1e-12 to 1 - 1e-6, then 1), se its 95 % half-width on that side over z,
+    critical z, df infinite (the interval is on the Korn-Graubard effective trials)."""
+    from scipy import optimize
+
+    out, z = {}, NormalDist().inv_cdf(1 - ALPHA / 2)
+    for key, (a, b) in pairs.items():
+        d = a.value() - b.value()
+        end = lambda alpha: np.sign(d) * newcombe(a, b, 1 - alpha)[int(d < 0)]  # noqa: E731, B023
+        low, high = 1e-12, 1 - 1e-6  # end(alpha) > 0: the 1 - alpha interval excludes 0
+        p = 1.0 if d == 0 or end(high) <= 0 else low if end(low) >= 0 else optimize.brentq(end, low, high)
+        out[key] = (float(p), abs(d - newcombe(a, b)[int(d < 0)]) / z, z, np.inf, "newcombe")
+    return out
+
+
+def detectable(se: float, df: float, critical: float, power: float = POWER) -> float:
     """The smallest true difference that a test rejecting where |difference| / se > `critical`
-    detects with `power` on n clusters, its statistic taken as noncentral t on n - 1 degrees of
-    freedom with delta = D / se, se the test's own (the dyadic one of partners); NaN untested.
-    Holm's adjustment only raises it. Power checked in benchmarks/report_coverage.py."""
-    if int(n) < MIN_CLUSTERS or not (np.isfinite(se) and se > 0 and np.isfinite(critical)):
+    detects with `power`, its statistic taken as noncentral t with delta = D / se on the se's
+    df, both the test's own (the bootstrap-t's: statistics.dyadic_df's Satterthwaite df of its
+    variance, 2 V^2 / (c var(e^2)) without partners, lower for heavy-tailed differences; the
+    dyadic-t's its df; the sign-flip's n - 1); NaN untested. Holm's adjustment only raises it.
+    Power checked in benchmarks/report_coverage.py."""
+    if not (np.isfinite(se) and se > 0 and np.isfinite(critical) and df >= 1):
         return float("nan")
     from scipy import optimize, stats  # 0.9 s to import: a one-model report compares nothing
 
-    delta = optimize.brentq(lambda d: stats.nct.sf(critical, int(n) - 1, d) - power, 0, 100)
+    delta = optimize.brentq(lambda d: stats.nct.sf(critical, df, d) - power, 0, 100)
     return float(delta * se)
 
 
@@ -231,7 +242,7 @@ def comparison_lines(comparisons: list[Comparison], dataset: str) -> list[str]:
 
 def comparison_cells(c: Comparison) -> str:
     """A comparison's `difference [low, high] | test | p | p (Holm)` cells; an untested one says
-    why (`untested`), and n/a for the p-values, as where there were no resamples
+    why (its `note`), and n/a for the p-values, as where there were no resamples
     (`--bootstrap 0`)."""
     from training.report.markdown import with_interval
 

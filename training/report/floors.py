@@ -33,13 +33,9 @@ _WORDS = re.compile(r"[\w']+")
 
 def _recall_chance(gallery: int, positives: np.ndarray, k: int) -> float:
     """Mean over queries of P(one of m positives among G is in a random top K)."""
-    out = []
-    for m in positives:
-        miss = 1.0
-        for j in range(min(k, gallery)):
-            miss *= max(0.0, (gallery - m - j) / (gallery - j))
-        out.append(1.0 - miss)
-    return float(np.mean(out)) if out else float("nan")
+    j = np.arange(min(k, gallery))  # miss: no positive among the first K drawn without replacement
+    miss = np.prod(np.maximum(0.0, (gallery - np.asarray(positives)[:, None] - j) / (gallery - j)), axis=1)
+    return float(np.mean(1.0 - miss)) if len(positives) else float("nan")
 
 
 def retrieval_chance(data, k_values) -> dict[str, float]:

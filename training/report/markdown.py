@@ -210,7 +210,7 @@ def _chance(values: set | None) -> str:
 
 def _no_difference(size: str, verdict: tuple) -> str:
     """A column without a winner: its n and, from a paired test, the smallest difference it
-    could detect (80 % power, compare.detectable); untested, why (compare.untested): below
+    could detect (80 % power, compare.detectable); untested, why (compare.Comparison.note): below
     MIN_CLUSTERS clusters no p-value could reach 0.05, so `not testable`."""
     power, note = (*verdict[2:], None, None)[:2]
     if note:
