@@ -4,7 +4,7 @@ fixture COCO -> offline NLTK tagger -> tiny models -> every builder (sharded, re
 a local Hub on 127.0.0.1 -> publish each build as v1.0.0 -> `load_dataset(repo, revision=...)`
 -> publish the metric modules as Spaces -> `evaluate.load(...)` -> metrics on the loaded data
 -> a 5-step `accelerate launch training/finetune_clip.py` on the builds -> `counterfactory
-benchmark` of the base and the finetuned model; it ends with the paths of the run's metrics.md
+benchmark` of the base and the finetuned model beside a tiny BLIP ITM cross-encoder; it ends with the paths of the run's metrics.md
 and the report's report.md.
 
 The same commands work against the real Hub: drop `--endpoint`, set HF_TOKEN, use `--models
@@ -154,14 +154,19 @@ class Demo:
         return {"run": str(out), "metrics": str(out / "metrics.md"), "model": str(out / "final")}
 
     def benchmark(self, tiny_dir: Path) -> dict:
-        """`counterfactory benchmark` of the base tiny CLIP and the demo's finetuned one."""
+        """`counterfactory benchmark` of the base tiny CLIP, the demo's finetuned one and a tiny
+        cross-encoder (BLIP ITM, built by `models tiny` under families/: its ITM deltas on the
+        coco-counterfactuals build, as its paper's G)."""
         from builders.app.cli import main as cli
         from builders.models.profiles import resolve_profile
 
         builds, out = self.workdir / "builds", self.workdir / "report"
         base, tuned = resolve_profile("tiny", tiny_dir).clip, self.summary["steps"]["finetune"]["model"]
-        argv = ["benchmark", "--model", base, "--model", tuned, "--coco", str(builds / "coco-captions")]
-        argv += ["--decorrelation", str(builds / "decorrelation"), "--num-workers", "0", "--output", str(out)]
+        models = ["--model", base, "--model", tuned, "--model", str(tiny_dir / "families" / "blip")]
+        argv = ["benchmark", *models, "--coco", str(builds / "coco-captions")]
+        argv += ["--decorrelation", str(builds / "decorrelation")]
+        argv += ["--counterfactuals", str(builds / "coco-counterfactuals")]
+        argv += ["--num-workers", "0", "--output", str(out)]
         if cli(argv) != 0:
             raise SystemExit(f"demo step failed: counterfactory {' '.join(argv)}")
         return {"report": str(out / "report.md"), "results": str(out / "results.jsonl")}
@@ -294,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("demo finished in %.0f s; summary in %s", summary["total_seconds"], path)
     print(f"browse the demo builds: open {summary['steps']['gallery']['gallery']}")
     print(f"the finetuning run's metrics: {summary['steps']['finetune']['metrics']}")
-    print(f"the model report (base and finetuned): {summary['steps']['benchmark']['report']}")
+    print(f"the model report (base and finetuned CLIP, tiny BLIP ITM): {summary['steps']['benchmark']['report']}")
     return 0
 
 

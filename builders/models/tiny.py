@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 ROLES = ("clip", "open_clip", "sd", "sd_inpaint", "mlm", "lm", "captioner")
 DONE = "counterfactory_tiny_models.json"
 #: Bump when the tiny models change, so old caches are rebuilt.
-TINY_VERSION = 2
+TINY_VERSION = 3
 SEED = 0
 
 
@@ -247,16 +247,21 @@ def build_lm(out: Path, vocab: dict, merges: list) -> None:
     ).save_pretrained(out)
 
 
-def build_captioner(out: Path, vocab: dict) -> None:
-    from transformers import BertTokenizer, BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
+def word_tokenizer(words, **kwargs):
+    """A word-level BERT tokenizer (WordPiece over whole words) of `words`. Built from the vocab
+    dict: transformers 5's BertTokenizer reads no `vocab_file` given to its constructor, and every
+    word then becomes [UNK]."""
+    from transformers import BertTokenizer
 
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(
-        {w.lstrip("Ġ").lower() for w in vocab if w.lstrip("Ġ").isalpha()}
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    vocab_file = out / "vocab.txt"
-    vocab_file.write_text("\n".join(dict.fromkeys(words)) + "\n")
-    tok = BertTokenizer(vocab_file=str(vocab_file), bos_token="[CLS]", sep_token="[SEP]")
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(set(words))]
+    return BertTokenizer(vocab={t: i for i, t in enumerate(dict.fromkeys(tokens))}, **kwargs)
+
+
+def build_captioner(out: Path, vocab: dict) -> None:
+    from transformers import BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
+
+    words = {w.lstrip("Ġ").lower() for w in vocab if w.lstrip("Ġ").isalpha()}
+    tok = word_tokenizer(words, bos_token="[CLS]", sep_token="[SEP]")
     processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok)
     cfg = BlipConfig(
         text_config={

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from builders.models.tiny import SEED, _bpe, _caption_lines, build_once
+from builders.models.tiny import SEED, _bpe, _caption_lines, build_once, word_tokenizer
 
 FAMILY_ROLES = ("blip", "bridgetower", "vilt", "flava")
 #: Bump when these models change, so old caches are rebuilt.
@@ -31,12 +31,9 @@ EXTRA_WORDS = ("red", "green", "blue", "yellow", "purple", "orange", "black", "w
 
 
 def _bert_tokenizer():
-    """A word-level BERT tokenizer (WordPiece over whole words) of the tiny caption corpus."""
-    from transformers import BertTokenizer
-
+    """A word-level BERT tokenizer of the tiny caption corpus and the colour words."""
     words = {w.lower() for line in _caption_lines() for w in line.split() if w.isalpha()} | set(EXTRA_WORDS)
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(words)]
-    return BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, model_max_length=40)
+    return word_tokenizer(words, model_max_length=40)
 
 
 def build_blip_itm(out: Path) -> None:

@@ -105,12 +105,24 @@ def test_demo_runs_end_to_end(tmp_path, real_home):
     metrics, report = demo / "runs" / "finetune" / "metrics.md", demo / "report" / "report.md"
     assert proc.stdout.splitlines()[-2:] == [
         f"the finetuning run's metrics: {metrics}",
-        f"the model report (base and finetuned): {report}",
+        f"the model report (base and finetuned CLIP, tiny BLIP ITM): {report}",
     ]
     run = json.loads((demo / "runs" / "finetune" / "run.json").read_text())
     assert run["steps"] == 5 and run["processes"] == 1
     records = [json.loads(line) for line in (demo / "report" / "results.jsonl").read_text().splitlines()]
-    assert len({r["model"] for r in records}) == 2 and report.is_file() and metrics.is_file()
+    scored = {r["model"] for r in records if r["task"] != "blind_baseline"}
+    assert len(scored) == 3 and report.is_file() and metrics.is_file()
+    # The tiny cross-encoder's ITM deltas are its own G (BLIP's ITM logit), beside the CLIPs'.
+    itm = {r["model"]: r.get("g_kind") for r in records if r["task"] == "itm"}
+    assert sorted(itm.values()) == ["blip_itm_logit", "cosine", "cosine"], itm
+    # Each model is named by where it came from: the finetuned one by its base and run folder,
+    # not only by its folder's name and digest.
+    text = report.read_text()
+    base = next(r["model"] for r in records if r["model"].startswith("local:clip@"))
+    tuned = next(r["model"] for r in records if r["model"].startswith("local:final@"))
+    assert f"- {tuned}: finetuned from {base} for 5 steps (run folder finetune, its final/)" in text, text[:3000]
+    assert f"- {base}: tiny random-init clip (counterfactory models tiny)" in text
+    assert "tiny random-init blip (counterfactory models tiny)" in text
     reported = {f"{r['task']}/{name}" for r in records for name in r["metrics"]}
     assert "zeroshot_retrieval/text_retrieval_recall@5" in reported
     assert set(run["final_metrics"]) - {"val_loss"} <= reported, set(run["final_metrics"]) - reported

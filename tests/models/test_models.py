@@ -156,3 +156,15 @@ def test_profiles_and_overrides(tiny_models_dir, capsys):
 def test_unloadable_model_is_a_clear_error(tmp_path):
     with pytest.raises(UserFacingError, match="cannot load the masked LM model .*--models tiny"):
         loaders.load_mlm(str(tmp_path / "nothing-here"))
+
+
+def test_tiny_captioner_tokenizes_caption_words(tiny):
+    """The captioning path's tokenizer, loaded as the loader loads it from the folder `counterfactory
+    models tiny` writes: a caption's words are its vocabulary's ids, not [UNK] (transformers 5's
+    BertTokenizer read no vocab_file given to its constructor, so every word was [UNK])."""
+    _, processor = loaders.load_captioner(tiny.captioner)
+    tok = processor.tokenizer
+    caption = "a dog on a couch"
+    ids = tok(caption, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 5 and tok.unk_token_id not in ids
+    assert tok.convert_ids_to_tokens(ids) == caption.split()

@@ -287,6 +287,9 @@ class Extras:
     #: The per-generator table and the generator-bias table of a renderings dataset
     #: (training/report/generator_bias.py).
     generators: list[str] = field(default_factory=list)
+    #: model (as the records name it) -> where it came from (training/report/models.py
+    #: `model_origin`: the base and run of a finetuned model, a tiny model's role).
+    origins: dict[str, str] = field(default_factory=dict)
 
 
 def _settings(records: list[dict]) -> str:
@@ -328,6 +331,7 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
             else ["Figures: not drawn (`--no-plots`); run without it for the forest plots and histograms.", ""]
         ),
     ]
+    out += _models_section(models, extras.origins)
     out += [
         "## Comparison",
         "",
@@ -354,6 +358,14 @@ def render_report(records: list[dict], extras: Extras | None = None) -> str:
     for model in models:
         out += _model_section(records, model, models.index(model), extras)
     return "\n".join(out)
+
+
+def _models_section(models: list[str], origins: dict[str, str]) -> list[str]:
+    """Each model as the tables name it, and where it came from."""
+    if not origins:
+        return []
+    lines = [f"- {plain(m)}: {plain(origins.get(m, m))}" for m in models]
+    return ["## Models", "", *lines, ""]
 
 
 def _dataset_section(records: list[dict], dataset: str, models: list[str], extras: Extras) -> list[str]:
@@ -392,7 +404,9 @@ def _model_section(records: list[dict], model: str, n: int, extras: Extras) -> l
     position `n` in the report, as training/report/run.py draws them) and its table of every
     metric."""
     digest = next(r["weights_digest"] for r in records if r["model"] == model)
-    out = [f"### {plain(model)}", "", f"weights {plain(digest)}", ""]
+    origin = extras.origins.get(model)
+    out = [f"### {plain(model)}", "", *([plain(origin), ""] if origin and origin != model else [])]
+    out += [f"weights {plain(digest)}", ""]
     if extras.figures and any(r["task"] == "odmap_per_class" and r["model"] == model for r in records):
         out += [f"![ODmAP@k per removed class](odmap_per_class-model{n}.png)", ""]
     itm = [r["dataset"] for r in records if extras.figures and r["model"] == model and r["task"] == "itm"]

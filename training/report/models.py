@@ -61,6 +61,30 @@ def parse_model(name: str, flag: str = "--model") -> ModelSpec:
     return ModelSpec(name, clip.backend, clip, family)
 
 
+def model_origin(name: str) -> str:
+    """Where the model `--model name` came from, for the report's readers (the records name it by
+    its contents, `provenance.model_name`, which for a local folder says only `local:NAME@sha256`):
+    a training run's `final/` or `best/` is "finetuned from BASE for N steps (run folder RUN)" as
+    the run's `run.json` records them; a folder of `counterfactory models tiny` is "tiny
+    random-init ROLE"; anything else (a Hub id, another folder) is its provenance name."""
+    from builders.engine.provenance import model_name
+    from builders.models.tiny import DONE
+
+    folder = Path(name.removeprefix("local-dir:"))
+    run = folder.parent / "run.json"
+    if folder.is_dir() and run.is_file():
+        try:
+            record = json.loads(run.read_text())
+            base, steps = record["config"]["run"]["model"], record.get("steps")
+        except (OSError, ValueError, KeyError, TypeError):
+            return model_name(name)  # not a run record this trainer wrote
+        during = f" for {steps} steps" if isinstance(steps, int) else ""
+        return f"finetuned from {base}{during} (run folder {folder.parent.name}, its {folder.name}/)"
+    if folder.is_dir() and (folder.parent / DONE).is_file():
+        return f"tiny random-init {folder.name} (counterfactory models tiny)"
+    return model_name(name)
+
+
 def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
     """The trainer's backend of `spec`; a model that cannot be loaded is one line naming it.
     Pickled weights load only with `trust_pickled_weights` (builders.models.pickled_weights)."""

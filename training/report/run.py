@@ -40,6 +40,7 @@ from training.report.models import (
     ModelSpec,
     embedding_width,
     load_model,
+    model_origin,
     parse_model,
     preprocessing_digest,
     weights_digest,
@@ -132,6 +133,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     tests = bias_records(bias, records) if bias else []
     write_results(output / "results.jsonl", records + tests)
     extras = _extras(cfg, records, units, models, output, plots)
+    extras.origins = {name: model_origin(s.name) for name, s in zip(models, specs, strict=True)}
     for name, note in notes.items():  # beside a note _extras wrote (the ITM deltas not compared)
         if note:
             extras.notes[name] = f"{extras.notes[name]} {note}" if name in extras.notes else note
