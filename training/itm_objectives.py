@@ -95,7 +95,9 @@ def itm_pairs(n: int, neg_text: torch.Tensor, neg_image: torch.Tensor) -> tuple[
 
 
 def itm_labels(n: int, device) -> torch.Tensor:
-    return torch.cat([torch.ones(n, dtype=torch.long, device=device), torch.zeros(2 * n, dtype=torch.long, device=device)])
+    return torch.cat(
+        [torch.ones(n, dtype=torch.long, device=device), torch.zeros(2 * n, dtype=torch.long, device=device)]
+    )
 
 
 class BlipRetrievalTraining(BlipItm):
