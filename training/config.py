@@ -15,13 +15,9 @@ Recipes (the papers' finetuning set-ups):
   published no code, so Adam's own defaults stand for what it does not state: betas (0.9, 0.999),
   eps 1e-8 (Kingma & Ba 2015, `torch.optim.Adam`); and the incomplete last batch is dropped, so
   every step has the paper's batch of 256 (the trainer's default, as open_clip_train's).
-- `kim2023-blip` (the same paper's BLIP arm, Kim et al. 2023 §4.1 / builders/decorrelation/METHOD.md
-  §6): `--backend blip` (BLIP's retrieval objective, training/itm_objectives.py) on D ∪ D'
-  (`--mix decorrelation`, D' built with one caption per image), 2 epochs, batch 16, AdamW lr 1e-5,
-  lr x 0.5 every half epoch. What the paper does not state is BLIP's own retrieval finetuning
-  (Li et al. 2022, `configs/retrieval_coco.yaml` and `train_retrieval.py`), which the paper's BLIP
-  arm used: weight decay 0.05, `torch.optim.AdamW`'s betas (0.9, 0.999) and eps 1e-8, and the
-  incomplete last batch dropped (its `create_loader(..., drop_last=True)` for training).
+- `kim2023-blip` (its BLIP arm, same §4.1 / §6): `--backend blip` on D ∪ D', 2 epochs, batch 16,
+  AdamW lr 1e-5, x 0.5 every half epoch; the rest is BLIP's COCO retrieval finetuning (Li et al.
+  2022, `retrieval_coco.yaml`): weight decay 0.05, AdamW's defaults, last batch dropped.
 - `le2023` (COCO-Counterfactuals, Le et al. 2023 §5 / builders/counterfactuals/METHOD.md §5):
   AdamW, lr 5e-7, weight decay 0.001, batch 128, best checkpoint by validation loss. The paper
   finetuned with Hugging Face's `examples/pytorch/contrastive-image-text/run_clip.py`, so what
@@ -68,7 +64,6 @@ REPORT_TO = ("auto", "tensorboard", "wandb", "none")
 DEFAULT_MODELS: dict[str, tuple[str, str | None]] = {
     "transformers": ("openai/clip-vit-base-patch32", None),
     "open_clip": ("ViT-B-32", "openai"),
-    # The retrieval (ITM) heads the report scores (builders/models/families.py).
     "blip": ("Salesforce/blip-itm-base-coco", None),
     "bridgetower": ("BridgeTower/bridgetower-large-itm-mlm-itc", None),
 }

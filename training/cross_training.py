@@ -30,6 +30,7 @@ from training.backends import Backend, FloorCenterCrop, HFTokenize, PixelPipelin
 from training.cross_encoders import CrossEncoderBackend
 from training.data import fixed_batches, make_loader, to_device
 from training.itm_objectives import TERMS, TRAINABLE
+from training.losses import resolve_loss
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,18 @@ def check_cross_options(cfg) -> None:
             "--hard-negatives negclip adds text columns to a contrastive loss; BLIP / BridgeTower draw "
             "their own hard negatives for image-text matching: use --hard-negatives pairs or none"
         )
+
+
+def resolve_objective(cfg, backend) -> dict:
+    """Set `cfg.optim.loss` to what the model trains with: a dual encoder's `--loss` as the model
+    was trained (training/losses.py), a cross-encoder's family objective (its options checked);
+    the run record's `objective` entry (none for a dual encoder)."""
+    if backend.dual_encoder:
+        cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
+        return {}
+    check_cross_options(cfg)
+    cfg.optim.loss = backend.objective
+    return {"objective": backend.record()}
 
 
 def step_seed(seed: int, step: int, process: int) -> int:

@@ -43,14 +43,13 @@ from training.checkpoint import (
 from training.checkpoint_files import Resumable
 from training.augmentation import parse_aug_cfg
 from training.config import TrainConfig, as_dict, training_fingerprint
-from training.cross_training import check_cross_options, cross_encoder_step, load_training_backend, step_seed
+from training.cross_training import cross_encoder_step, load_training_backend, resolve_objective, step_seed
 from training.data import Batches, PairBatchSampler, make_loader, to_device
 from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_eval_data
 from training.evaluation import evaluate_model
 from training.final_files import MANIFEST, STAGING, check_before_training, copy_saved_model, fresh_staging, install
 from training.leakage import check_eval_overlap
-from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
 from training.run_folder import check_run_folder, clear_run_folder, recorded_logs
@@ -172,13 +171,9 @@ def _locked_run(cfg: TrainConfig, accelerator, root: RunRoot) -> dict[str, float
     random.seed(cfg.run.seed)  # open_clip's colour jitter (--augment) draws from `random`
     # CLIP / open_clip, or the family its config.json names (BLIP, BridgeTower: cross_training.py).
     backend = load_training_backend(cfg.run.clip_id(), cfg.run.backend)
-    objective = {}
-    if backend.dual_encoder:
-        # The loss the model was trained with (a SigLIP model's sigmoid loss), named in run.json.
-        cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
-    else:  # the family's objective (training/itm_objectives.py), its terms' weights recorded
-        check_cross_options(cfg)
-        cfg.optim.loss, objective = backend.objective, {"objective": backend.record()}
+    # The loss the model was trained with (a SigLIP model's sigmoid loss; a cross-encoder's own
+    # objective, its terms' weights recorded), named in run.json.
+    objective = resolve_objective(cfg, backend)
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
     if cfg.optim.grad_checkpointing:
         backend.enable_grad_checkpointing()
@@ -472,7 +467,8 @@ def finish(s: Session) -> dict[str, float]:
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
             copy_saved_model(s.root, "best", STAGING)
             best = load_training_backend(_saved_model(s.backend, staged)).module
-            s.unwrapped = best.to(accelerator.device)
+            # A cross-encoder scores through its backend's module: the best one too.
+            s.unwrapped = s.backend.module = best.to(accelerator.device)
         else:
             with s.root.at(STAGING) as folder:
                 s.backend.save(s.unwrapped, folder)
