@@ -29,7 +29,7 @@ from builders.models.families import FamilyError, model_family
 from training.backends import Backend, FloorCenterCrop, HFTokenize, PixelPipeline, TransformersRGB, load_backend
 from training.cross_encoders import CrossEncoderBackend
 from training.data import fixed_batches, make_loader, to_device
-from training.itm_objectives import TERMS, TRAINABLE
+from training.itm_objectives import GLOBAL_TERMS, TERMS, TRAINABLE
 from training.losses import resolve_loss
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,9 @@ def step_seed(seed: int, step: int, process: int) -> int:
 
 
 def cross_encoder_step(model, batch: dict, accelerator, backend, seed: int) -> dict[str, float]:
-    """Forward and backward of the family objective on one batch; the loss and each term.
-    x process count, as the CLIP loss: the ITC is of the gathered batch and DDP averages."""
+    """Forward and backward of the family objective on one batch; the loss and each term. A term
+    of the gathered batch (`GLOBAL_TERMS`) is multiplied by the process count before backward, as
+    the CLIP loss (DDP averages gradients); a term of the process's own batch is not."""
     weights = TERMS[backend.objective]
     with accelerator.autocast():
         terms = model(
@@ -170,7 +171,11 @@ def cross_encoder_step(model, batch: dict, accelerator, backend, seed: int) -> d
             accelerator=accelerator,
         )
         loss = sum(w * t for w, t in zip(weights.values(), terms, strict=True))
-    accelerator.backward(loss * accelerator.num_processes)
+        world = accelerator.num_processes
+        scaled = sum(
+            w * t * (world if name in GLOBAL_TERMS else 1) for (name, w), t in zip(weights.items(), terms, strict=True)
+        )
+    accelerator.backward(scaled)
     return {"loss": float(loss.detach()), **{k: float(t.detach()) for k, t in zip(weights, terms, strict=True)}}
 
 

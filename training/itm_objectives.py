@@ -24,7 +24,7 @@ in the momentum model's soft similarities. The learnt temperature `temp` is not 
 class either: the ITC uses BLIP's initial 0.07 (`BlipConfig.logit_scale_init_value` = ln(1/0.07)),
 fixed. Hard negatives are drawn within each process's batch (BLIP's `negative_all_rank=False`
 retrieval configs do the same on COCO; its Flickr config draws over all ranks); the ITC is over the
-gathered batch. The positive pair's text keeps the tokenizer's [CLS] (transformers' ITM scoring
+gathered batch (every process computes all of it, as the CLIP loss). The positive pair's text keeps the tokenizer's [CLS] (transformers' ITM scoring
 does; BLIP's code swaps in its [ENC] token), so the pairs trained are the pairs scored.
 
 BridgeTower (`--backend bridgetower`): `BridgeTowerForImageAndTextRetrieval` has only an ITM head
@@ -74,18 +74,16 @@ def sample_hard_negatives(
     return neg_text, neg_image
 
 
-def same_image(keys: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
-    """rows x columns: True where the two examples show the same image (BLIP's `idx` mask)."""
-    columns = keys if columns is None else columns
-    return keys[:, None] == columns[None, :]
+def same_image(keys: torch.Tensor) -> torch.Tensor:
+    """B x B: True where the two examples show the same image (BLIP's `idx` mask)."""
+    return keys[:, None] == keys[None, :]
 
 
 def soft_contrastive(sim: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
-    """BLIP's ITC without distillation: cross-entropy of each row towards its same-image columns
-    (uniformly), both directions, averaged. `sim`: local rows x global columns."""
+    """One direction of BLIP's ITC without distillation: cross-entropy of each row towards its
+    same-image columns (uniformly), averaged over the rows."""
     targets = same.float() / same.float().sum(1, keepdim=True)
-    i2t = -(F.log_softmax(sim, dim=1) * targets).sum(1).mean()
-    return i2t
+    return -(F.log_softmax(sim, dim=1) * targets).sum(1).mean()
 
 
 def itm_pairs(n: int, neg_text: torch.Tensor, neg_image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,11 +123,10 @@ class BlipRetrievalTraining(BlipItm):
         image_feat = F.normalize(m.vision_proj(image_embeds[:, 0, :]), dim=-1)
         text_feat = F.normalize(m.text_proj(text_embeds[:, 0, :]), dim=-1)
         scale = math.exp(m.config.logit_scale_init_value)  # 1 / BLIP's temp 0.07
-        keys = gather_global(image_key, accelerator)
-        sim_i2t = scale * image_feat @ gather_global(text_feat, accelerator).T
-        sim_t2i = scale * text_feat @ gather_global(image_feat, accelerator).T
-        same_global = same_image(image_key, keys)
-        itc = (soft_contrastive(sim_i2t, same_global) + soft_contrastive(sim_t2i, same_global)) / 2
+        # The whole (gathered) batch's ITC on every process, ours live, as training/losses.py.
+        same_all = same_image(gather_global(image_key, accelerator))
+        sim = scale * gather_global(image_feat, accelerator) @ gather_global(text_feat, accelerator).T
+        itc = (soft_contrastive(sim, same_all) + soft_contrastive(sim.T, same_all.T)) / 2
         local_sim = scale * image_feat @ text_feat.T
         neg_text, neg_image = sample_hard_negatives(
             local_sim.detach(), same_image(image_key), seeded_generator(local_sim.device, seed)
@@ -188,6 +185,9 @@ class BridgeTowerRetrievalTraining(BridgeTowerItm):
 
 #: The objective's terms, in the order the module returns them, and each term's weight.
 TERMS = {"blip_itc_itm": {"itc": ITC_WEIGHT, "itm": ITM_WEIGHT}, "bridgetower_itm": {"itm": 1.0}}
+#: Terms of the whole gathered batch (every process computes all of it); the others are of the
+#: process's own batch, which DDP's gradient average makes the batch's mean.
+GLOBAL_TERMS = ("itc",)
 #: The scored head (config.json's architecture) -> its training module.
 TRAINABLE = {
     "BlipForImageTextRetrieval": BlipRetrievalTraining,

@@ -22,7 +22,7 @@ from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 from training.itm_objectives import sample_hard_negatives, same_image
 
-from helpers.build_helpers import ACCELERATE, kill_tree
+from helpers.build_helpers import ACCELERATE, accelerate_cmd, kill_tree
 from helpers.training_helpers import COLORS, REAL_FEATURES, REPO_ROOT, SCRIPT, png, read_jsonl, tiny_args, weights
 from helpers.training_helpers import write_color_set, write_counterfactuals, write_split
 
@@ -222,3 +222,17 @@ def test_a_clip_checkpoint_under_backend_blip_is_refused(colors, tiny_models_dir
     assert done.returncode != 0
     assert "--backend blip trains a blip checkpoint" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.e2e
+def test_blip_itc_is_the_gathered_batchs_on_two_processes(colors, tiny_models_dir, tmp_path):
+    # The ITC of step 1 (the same weights, the same global batch) on 2 processes equals 1
+    # process's: every process computes the gathered batch's; the ITM is of each process's batch.
+    extra = ("--max-steps", "1", "--real-test-split", "")
+    two, one = tmp_path / "two", tmp_path / "one"
+    cmd = accelerate_cmd(SCRIPT, *_args(colors, tiny_models_dir, two, "blip", *extra, "--expect-processes", "2"))
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert train_main(_args(colors, tiny_models_dir, one, "blip", *extra)) == 0
+    (a,), (b,) = read_jsonl(two / "loss.jsonl"), read_jsonl(one / "loss.jsonl")
+    assert a["itc"] == pytest.approx(b["itc"], abs=1e-6)
