@@ -273,6 +273,38 @@ def final_tables(record: dict, metrics: dict[str, float]) -> str:
     return table + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
 
 
+_FAMILY_TITLES = {"blip_itc_itm": "BLIP", "bridgetower_itm": "BridgeTower"}
+#: What each cross-encoder objective leaves out of its reference, and why (training/itm_objectives.py).
+_LEFT_OUT = {
+    "blip_itc_itm": (
+        "BLIP's retrieval finetuning (Li et al. 2022, `train_retrieval.py`): ITC on the gathered batch "
+        "plus ITM with one hard negative text per image and one hard negative image per text, drawn "
+        "from the ITC similarities by softmax weight with the positives zeroed. Left out: BLIP's "
+        "momentum encoder, its queue of momentum features and momentum distillation, and its learnt "
+        "temperature (fixed at its initial 0.07): transformers' `BlipForImageTextRetrieval`, the "
+        "class saved here, holds none of them."
+    ),
+    "bridgetower_itm": (
+        "Image-text matching with in-batch hard negatives (BridgeTowerForImageAndTextRetrieval has "
+        "only an ITM head): one negative text per image and one negative image per text, drawn by "
+        "softmax weight of the model's own match scores of every in-batch pair, positives zeroed. "
+        "COCO-Counterfactuals publishes no BridgeTower training script (docs/training.md)."
+    ),
+}
+
+
+def objective_section(objective: dict | None) -> str:
+    """A cross-encoder's objective, its terms' weights and what it leaves out (none for CLIP)."""
+    if objective is None:
+        return ""
+    weights = ", ".join(f"{k} x {v}" for k, v in objective["weights"].items())
+    return f"""
+## Objective
+
+`{objective["name"]}`: loss = {weights}. {_LEFT_OUT.get(objective["name"], "")}
+"""
+
+
 def model_card(run_record: dict, metrics: dict[str, float]) -> str:
     """The final model's README.md: base model, data, optimisation and `final_tables`."""
     # Dataset paths, splits and model names are the user's or the data's text: plain text.
@@ -287,15 +319,16 @@ def model_card(run_record: dict, metrics: dict[str, float]) -> str:
     base = code_span(cfg["run"]["model"]) + (f", weights {code_span(tag)}" if tag else "")
     test = run_record.get("test_examples")
     held_out = f"; held out for the ITM deltas: {test}" if test else ""
+    objective = run_record.get("objective")
     return f"""---
-library_name: {"transformers" if cfg["run"]["backend"] == "transformers" else "open_clip"}
+library_name: {"open_clip" if cfg["run"]["backend"] == "open_clip" else "transformers"}
 tags:
-- clip
+- {"clip" if objective is None else objective["name"].split("_")[0]}
 - counterfactory
 - spurious-correlations
 ---
 
-# CLIP finetuned with counterfactory
+# {"CLIP" if objective is None else _FAMILY_TITLES.get(objective["name"], "Model")} finetuned with counterfactory
 
 Base model: {base} ({cfg["run"]["backend"]}). Mixture: `{cfg["data"]["mix"]}`
 (ratio {cfg["data"]["ratio"]}, data seed {cfg["data"]["data_seed"]}), hard negatives:
@@ -314,7 +347,7 @@ Examples trained on: {run_record["train_examples"]}; validation: {run_record["va
 ```json
 {json.dumps(cfg["optim"], indent=1)}
 ```
-
+{objective_section(objective)}
 ## Evaluation (final model)
 
 {final_tables(run_record, metrics)}

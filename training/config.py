@@ -15,6 +15,9 @@ Recipes (the papers' finetuning set-ups):
   published no code, so Adam's own defaults stand for what it does not state: betas (0.9, 0.999),
   eps 1e-8 (Kingma & Ba 2015, `torch.optim.Adam`); and the incomplete last batch is dropped, so
   every step has the paper's batch of 256 (the trainer's default, as open_clip_train's).
+- `kim2023-blip` (its BLIP arm, same §4.1 / §6): `--backend blip` on D ∪ D', 2 epochs, batch 16,
+  AdamW lr 1e-5, x 0.5 every half epoch; the rest is BLIP's COCO retrieval finetuning (Li et al.
+  2022, `retrieval_coco.yaml`): weight decay 0.05, AdamW's defaults, last batch dropped.
 - `le2023` (COCO-Counterfactuals, Le et al. 2023 §5 / builders/counterfactuals/METHOD.md §5):
   AdamW, lr 5e-7, weight decay 0.001, batch 128, best checkpoint by validation loss. The paper
   finetuned with Hugging Face's `examples/pytorch/contrastive-image-text/run_clip.py`, so what
@@ -53,13 +56,16 @@ from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
 HARD_NEGATIVES = ("none", "pairs", "negclip")
-BACKENDS = ("transformers", "open_clip")
+#: blip / bridgetower: a cross-encoder trained with its family's objective (training/cross_training.py).
+BACKENDS = ("transformers", "open_clip", "blip", "bridgetower")
 REPORT_TO = ("auto", "tensorboard", "wandb", "none")
 #: Backend -> (model, pretrained tag) when --model is not given: CLIP ViT-B/32 with OpenAI's
 #: weights in both (open_clip names the architecture and the weights separately).
 DEFAULT_MODELS: dict[str, tuple[str, str | None]] = {
     "transformers": ("openai/clip-vit-base-patch32", None),
     "open_clip": ("ViT-B-32", "openai"),
+    "blip": ("Salesforce/blip-itm-base-coco", None),
+    "bridgetower": ("BridgeTower/bridgetower-large-itm-mlm-itc", None),
 }
 
 #: Recipe name -> {section: {field: value}}.
@@ -96,6 +102,24 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
             "last_batch": "keep",
         },
         "run": {"best_by_val_loss": True, "eval_batch_size": 128},
+    },
+    "kim2023-blip": {
+        "data": {"mix": "decorrelation"},
+        "optim": {
+            "epochs": 2,
+            "batch_size": 16,
+            "optimizer": "adamw",
+            "lr": 1e-5,
+            "weight_decay": 0.05,
+            "schedule": "step",
+            "step_epochs": 0.5,
+            "step_gamma": 0.5,
+            "beta1": 0.9,
+            "beta2": 0.999,
+            "eps": 1e-8,
+            "last_batch": "drop",
+        },
+        "run": {"backend": "blip"},
     },
 }
 
@@ -237,7 +261,10 @@ class OptimConfig:
         "constant", "lr after warm-up (linear: to 0 at the last step; step: x --step-gamma every --step-epochs epochs)"
     )
     warmup_steps: int = option(0, "optimizer steps of linear lr warm-up (default 0)", type=non_negative_int)
-    step_epochs: int = option(2, "--schedule step: epochs between lr multiplications (default 2)", type=positive_int)
+    #: A fraction is a part of an epoch (kim2023-blip: 0.5, every half epoch).
+    step_epochs: float = option(
+        2, "--schedule step: epochs between lr multiplications, e.g. 0.5 (default 2)", type=positive_number
+    )
     step_gamma: float = option(
         0.5, "--schedule step: lr factor every --step-epochs epochs (default 0.5)", type=non_negative_number
     )
@@ -344,8 +371,10 @@ class RunConfig:
         an id naming nothing, or a --pretrained tag beside an id that names its weights, is one
         line naming --model."""
         model, tag = self.weights()
+        # A BLIP or BridgeTower checkpoint is a transformers id; its family is its config's.
+        backend = "transformers" if self.backend in ("blip", "bridgetower") else self.backend
         try:
-            return parse_clip_id(model, self.backend, tag)
+            return parse_clip_id(model, backend, tag)
         except ClipIdError as err:
             raise UserFacingError(f"--model {model[:200]!r} {err}") from None
 

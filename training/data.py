@@ -130,8 +130,18 @@ def decode_image(
     return transform(img)
 
 
+#: The image columns of our builds, numbered for `image_key`.
+_IMAGE_COLUMNS = {"image": 0, "image_0": 1, "image_1": 2}
+
+
+def image_key(examples: ExampleSet, i: int) -> int:
+    """One number per stored image (table, row, column): examples showing the same image (COCO's
+    five captions of it) share it, as BLIP's `idx` (training/itm_objectives.py)."""
+    return (examples.table_of[i] << 48) | (examples.row[i] << 4) | _IMAGE_COLUMNS.get(examples.column[i], 15)
+
+
 class ExampleDataset(torch.utils.data.Dataset):
-    """Example index -> (pixels, caption, negative caption or None).
+    """Example index -> (pixels, caption, negative caption or None, `image_key`).
 
     The DataLoader asks for a whole batch (`__getitems__`), and the batch's image bytes are read
     with one Arrow gather per (table, column), never a `Dataset.__getitem__` per row (each costs
@@ -166,28 +176,37 @@ class ExampleDataset(torch.utils.data.Dataset):
                 out[j] = data
         return out
 
-    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, str, str | None]]:
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, str, str | None, int]]:
         ex = self.examples
         return [
-            (decode_image(data, self.transform, self.min_side, self.fast_decode), ex.caption[i], ex.negative[i])
+            (
+                decode_image(data, self.transform, self.min_side, self.fast_decode),
+                ex.caption[i],
+                ex.negative[i],
+                image_key(ex, i),
+            )
             for i, data in zip(indices, self.image_bytes(indices), strict=True)
         ]
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, str, str | None]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str, str | None, int]:
         return self.__getitems__([i])[0]
 
 
 @dataclass
 class Collate:
     """Stacks the uint8 pixels and tokenizes captions (in the worker). Negatives: tokens + a mask
-    saying which rows have one."""
+    saying which rows have one. `image_key`: which rows show the same image."""
 
     tokenize: Callable[[list[str]], dict[str, torch.Tensor]]
     negatives: bool = False
 
     def __call__(self, items):
-        pixels, captions, negs = zip(*items, strict=True)
-        batch = {"pixel_values": torch.stack(pixels), "text": self.tokenize(list(captions))}
+        pixels, captions, negs, keys = zip(*items, strict=True)
+        batch = {
+            "pixel_values": torch.stack(pixels),
+            "text": self.tokenize(list(captions)),
+            "image_key": torch.tensor(keys, dtype=torch.int64),
+        }
         if self.negatives:
             batch["negative_text"] = self.tokenize([n or "" for n in negs])
             batch["negative_mask"] = torch.tensor([n is not None for n in negs])

@@ -86,7 +86,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         from builders.models.profiles import tiny_profile
 
         profile = tiny_profile(Path(args.tiny_models_dir) if args.tiny_models_dir else None)
-        if args.model is None:
+        if args.model is None and cfg.run.backend in ("blip", "bridgetower"):
+            from builders.models.tiny_families import build_tiny_families
+
+            tiny = Path(profile.clip).parent / "families"  # `counterfactory models tiny DIR`'s layout
+            cfg.run.model = str(build_tiny_families(tiny)[cfg.run.backend])
+        elif args.model is None:
             cfg.run.model = profile.open_clip if cfg.run.backend == "open_clip" else profile.clip
     cfg.check()
     # Concrete names, so run.json and the model card say which weights were the start.

@@ -31,7 +31,6 @@ from builders.models.pickled_weights import trusting_pickled_weights
 from training.accumulation import accumulate_gradients
 from training.before_after import BEFORE_EMBEDDINGS, final_statistics, write_before
 from training.accelerator_setup import check_mixed_precision, make_accelerator
-from training.backends import load_backend
 from training.checkpoint import (
     TrainerState,
     check_resume_step,
@@ -44,13 +43,13 @@ from training.checkpoint import (
 from training.checkpoint_files import Resumable
 from training.augmentation import parse_aug_cfg
 from training.config import TrainConfig, as_dict, training_fingerprint
+from training.cross_training import cross_encoder_step, load_training_backend, resolve_objective, step_seed
 from training.data import Batches, PairBatchSampler, make_loader, to_device
 from training.eval_config import EvalConfig
 from training.eval_data import EvalData, load_eval_data
 from training.evaluation import evaluate_model
 from training.final_files import MANIFEST, STAGING, check_before_training, copy_saved_model, fresh_staging, install
 from training.leakage import check_eval_overlap
-from training.losses import resolve_loss
 from training.mixtures import build_mixture, eval_only_sets
 from training.optimization import clamp_logit_scale, make_optimizer
 from training.run_folder import check_run_folder, clear_run_folder, recorded_logs
@@ -85,7 +84,8 @@ def lr_lambda(cfg: TrainConfig, steps_per_epoch: int, total_steps: int):
                 return warm
             return max(0.0, (total_steps - step) / max(1, total_steps - o.warmup_steps))
         if o.schedule == "step":
-            return warm * o.step_gamma ** ((step // max(1, steps_per_epoch)) // o.step_epochs)
+            # floor(step / (steps per epoch x --step-epochs)): whole epochs, or a part of one (0.5).
+            return warm * o.step_gamma ** math.floor(step / (max(1, steps_per_epoch) * o.step_epochs))
         return warm
 
     return factor
@@ -169,13 +169,15 @@ def _locked_run(cfg: TrainConfig, accelerator, root: RunRoot) -> dict[str, float
         accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)  # open_clip's colour jitter (--augment) draws from `random`
-    backend = load_backend(cfg.run.clip_id())
-    # The loss the model was trained with (a SigLIP model's sigmoid loss), named in run.json.
-    cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
+    # CLIP / open_clip, or the family its config.json names (BLIP, BridgeTower: cross_training.py).
+    backend = load_training_backend(cfg.run.clip_id(), cfg.run.backend)
+    # The loss the model was trained with (a SigLIP model's sigmoid loss; a cross-encoder's own
+    # objective, its terms' weights recorded), named in run.json.
+    objective = resolve_objective(cfg, backend)
     backend.freeze(cfg.optim.lock_image, cfg.optim.lock_text)
     if cfg.optim.grad_checkpointing:
         backend.enable_grad_checkpointing()
-    record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": []}
+    record = {"config": as_dict(cfg), "processes": accelerator.num_processes, "tables": [], **objective}
     if cfg.run.eval_only:
         return evaluate_only(cfg, accelerator, backend, record, root)
 
@@ -374,7 +376,7 @@ def train_one_epoch(s: Session) -> None:
     for _ in range(state.batch // accum, s.steps_per_epoch):
         if state.step >= s.total:
             break
-        loss_sum = _accumulate_gradients(s, batches)
+        terms = _accumulate_gradients(s, batches)
         if cfg.optim.max_grad_norm is not None:
             s.accelerator.clip_grad_norm_(s.model.parameters(), cfg.optim.max_grad_norm)
         s.optimizer.step()
@@ -386,11 +388,11 @@ def train_one_epoch(s: Session) -> None:
         state.batch += accum
         s.bar.update(1)
         if state.step % cfg.run.log_every == 0 or state.step == s.total:
-            s.history.append({"step": state.step, "epoch": state.epoch, "loss": loss_sum, "lr": lr})
-            s.accelerator.log({"loss": loss_sum, "lr": lr}, step=state.step)
+            s.history.append({"step": state.step, "epoch": state.epoch, **terms, "lr": lr})
+            s.accelerator.log({**terms, "lr": lr}, step=state.step)
             if s.accelerator.is_main_process:
                 write_jsonl(s.root, "loss.jsonl", s.history)
-            s.bar.set_postfix(loss=f"{loss_sum:.4f}")
+            s.bar.set_postfix(loss=f"{terms['loss']:.4f}")
         if cfg.run.eval_every and state.step % cfg.run.eval_every == 0:
             evaluate(s)
         if cfg.run.save_every and state.step % cfg.run.save_every == 0:
@@ -402,14 +404,18 @@ def _resumable(s: Session) -> Resumable:
     return Resumable(s.accelerator.unwrap_model(s.model), s.optimizer, s.scheduler, s.accelerator.scaler)
 
 
-def _accumulate_gradients(s: Session, batches) -> float:
+def _accumulate_gradients(s: Session, batches) -> dict[str, float]:
     """Forward and backward over --grad-accum batches of one optimizer step, as one contrastive
-    batch (training/accumulation.py); its loss."""
+    batch (training/accumulation.py); its loss (and a cross-encoder's terms: one batch, its
+    negatives drawn with the step's own seed)."""
     # An explicit move, not a prepared loader: preparing it would re-shard the batches that
     # PairBatchSampler already cut per process (pairs kept together, 1 and N processes equal).
     # Fewer only at the last step of an epoch with --last-batch keep (the batches left over).
     micro = [to_device(b, s.accelerator.device) for b in itertools.islice(batches, s.cfg.optim.grad_accum)]
-    return accumulate_gradients(s.model, micro, s.accelerator, s.cfg.optim.loss)
+    if not s.backend.dual_encoder:
+        seed = step_seed(s.cfg.run.seed, s.state.step, s.accelerator.process_index)
+        return cross_encoder_step(s.model, micro[0], s.accelerator, s.backend, seed)
+    return {"loss": accumulate_gradients(s.model, micro, s.accelerator, s.cfg.optim.loss)}
 
 
 def evaluate_base(s: Session) -> None:
@@ -460,8 +466,9 @@ def finish(s: Session) -> dict[str, float]:
         staged = fresh_staging(s.root)
         if cfg.run.best_by_val_loss and (output / "best").is_dir():
             copy_saved_model(s.root, "best", STAGING)
-            best = load_backend(_saved_model(s.backend, staged)).module
-            s.unwrapped = best.to(accelerator.device)
+            best = load_training_backend(_saved_model(s.backend, staged)).module
+            # A cross-encoder scores through its backend's module: the best one too.
+            s.unwrapped = s.backend.module = best.to(accelerator.device)
         else:
             with s.root.at(STAGING) as folder:
                 s.backend.save(s.unwrapped, folder)
