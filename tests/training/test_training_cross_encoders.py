@@ -236,3 +236,17 @@ def test_blip_itc_is_the_gathered_batchs_on_two_processes(colors, tiny_models_di
     assert train_main(_args(colors, tiny_models_dir, one, "blip", *extra)) == 0
     (a,), (b,) = read_jsonl(two / "loss.jsonl"), read_jsonl(one / "loss.jsonl")
     assert a["itc"] == pytest.approx(b["itc"], abs=1e-6)
+
+
+def test_the_bridgetower_recipe_is_le2023s_stated_hyperparameters_on_bridgetower():
+    """Le et al. 2023 Appendix B.3.2: AdamW lr 5e-7, weight decay 0.001, batch 128; Appendix A.1:
+    the best checkpoint on the development set; the model is their bridgetower-large-itm-mlm-itc."""
+    from training.options import build_parser, config_from_args
+
+    cfg = config_from_args(
+        build_parser().parse_args(["--real", "x", "--counterfactuals", "y", "--recipe", "le2023-bridgetower"])
+    )
+    o = cfg.optim
+    assert (o.optimizer, o.lr, o.weight_decay, o.batch_size) == ("adamw", 5e-7, 0.001, 128)
+    assert (cfg.run.backend, cfg.run.best_by_val_loss) == ("bridgetower", True)
+    assert cfg.run.model == "BridgeTower/bridgetower-large-itm-mlm-itc"
