@@ -123,8 +123,8 @@ def test_pvalues_on_few_clusters_are_exact_and_seed_independent(reports):
     """3 source images (IR_c, TR_c): below 6 clusters no p-value could reach 0.05, so there is
     none (n/a, #50). 6 real pairs (IR_r, TR_r): a median's sign-flip test enumerates the 2^6 <=
     1,000 swap patterns, so seeds 0 and 7 agree and its p-value is a multiple of 1/64 (printed to
-    4 digits), not a random (k + 1) / 1,001; a mean's or a fraction's of real pairs is the
-    dyadic-t test's, the dual of its interval."""
+    4 digits), not a random (k + 1) / 1,001; a mean's of real pairs is the dyadic-t test's and
+    a fraction's the Newcombe interval's (#50 round 3), each the dual of its interval."""
     first, second = (_pvalues(out) for out in reports)
     assert first and first.keys() == second.keys()
     for metric, (test, p) in first.items():
@@ -134,7 +134,8 @@ def test_pvalues_on_few_clusters_are_exact_and_seed_independent(reports):
             assert test == "sign-flip" and second[metric] == (test, p), metric
             assert 64 * float(p) == pytest.approx(round(64 * float(p)), abs=0.01), metric
         else:
-            assert test == "dyadic-t" and 0 < float(p) <= 1, metric
+            expected = "newcombe" if metric.endswith("frac_below_zero") else "dyadic-t"
+            assert test == expected and second[metric] == (test, p) and 0 < float(p) <= 1, metric
 
 
 def test_bootstrap_beyond_the_memory_budget_is_one_line_before_any_model(builds, tmp_path, capsys):

@@ -369,7 +369,7 @@ def test_the_detectable_difference_is_found_with_80_percent_power(n, low, high):
     differences, shifted by the mean printed detectable difference; the test rejects at 0.05 in
     about 80 % of them at n = 50 (Wilson half-width about 2 points), and in 73 % at n = 10,
     where the bootstrap's critical value varies from sample to sample (sd 0.26) and the
-    noncentral t on n - 1 degrees of freedom overstates the power (docs/report.md says so)."""
+    noncentral t on the se's degrees of freedom overstates the power (docs/report.md says so)."""
     from training.report.compare import detectable, mean_tests
 
     samples = np.random.default_rng(n).normal(0, 1, (2000, n))
