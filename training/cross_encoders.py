@@ -101,19 +101,23 @@ class CrossEncoderBackend:
         out = self.processor(
             images=[rgb(img) for img in images], text=texts, return_tensors="pt", padding=True, truncation=True
         )
-        device = next(self.module.parameters()).device
-        return {k: v.to(device) for k, v in out.items()}
+        weight = next(self.module.parameters())
+        # Pixels in the weights' dtype (a model loaded in fp16 or bf16); ids and masks stay integers.
+        return {k: v.to(weight.device, weight.dtype if v.is_floating_point() else v.dtype) for k, v in out.items()}
 
     @torch.no_grad()
     def score(self, images: list, texts: list[str]) -> torch.Tensor:
         return self.module(**self.inputs(images, texts)).float().cpu()
 
 
-def load_cross_encoder(clip: ClipId, architecture: str) -> CrossEncoderBackend:
-    """The cross-encoder `clip` names, scored by the head `architecture` (its config's)."""
+def load_cross_encoder(
+    clip: ClipId, architecture: str, device: str = "cpu", dtype: str = "fp32"
+) -> CrossEncoderBackend:
+    """The cross-encoder `clip` names, scored by the head `architecture` (its config's), its
+    weights loaded once in `dtype` on `device` (the caller owns both, as for a CLIP)."""
     from builders.models.loaders import load_image_text_model
 
-    model, processor = load_image_text_model(clip.name, architecture)
+    model, processor = load_image_text_model(clip.name, architecture, device=device, dtype=dtype)
     return CrossEncoderBackend(clip, ADAPTERS[architecture](model), processor)
 
 

@@ -235,7 +235,7 @@ def measured_on(device: str) -> str:
 
 
 HEADER = (
-    f"{'stage':<15}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
+    f"{'stage':<17}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
     f"{'peak MiB':>10}  {'batch @24/40/80 GB fp16':<34}note"
 )
 
@@ -243,7 +243,7 @@ HEADER = (
 def format_row(r: Row) -> str:
     batches = "/".join(str(r.batch_fp16[str(g)]) for g in GPU_GIB)
     return (
-        f"{r.stage:<15}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
+        f"{r.stage:<17}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
         f"{r.activation_mib_per_item:>13.1f}{r.peak_mib:>10.1f}  "
         f"{batches + ' ' + r.unit:<34}{r.note}"
     )

@@ -1,6 +1,7 @@
 """The models `counterfactory doctor` runs: the production architectures with random weights
 (`builders.models.production_configs.build_random`: real size, real memory, no download), or the
-tiny profile's models (same families at reduced depth: the CI test of the doctor).
+tiny profile's models (same families at reduced depth: the CI test of the doctor); the
+cross-encoders the report scores likewise (builders/devtools/doctor_families.py).
 
 Tokenizers and schedulers come from the tiny profile, which is built offline: the production
 vocabularies are larger than the tiny ones, so every tiny token id is a valid production id, and
@@ -17,6 +18,7 @@ import gc
 import logging
 from typing import Any, Callable
 
+from builders.devtools.doctor_families import FAMILY_KEYS
 from builders.models.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class ModelSource:
             "clip_filter": lambda: self._clip("clip_filter"),
             "clip": lambda: self._clip("clip"),
             "open_clip": self._open_clip,
+            **{key: (lambda key=key: self._cross_encoder(key)) for key in FAMILY_KEYS},
         }
 
     @property
@@ -166,3 +169,14 @@ class ModelSource:
             scorer = load_scorer(self.tiny.open_clip, self.device)
         self._modules["open_clip"] = [scorer.model]
         return scorer
+
+    def _cross_encoder(self, arch: str):
+        """A cross-encoder's report backend (builders/devtools/doctor_families.py); the tiny
+        families live beside the tiny profile's models."""
+        from pathlib import Path
+
+        from builders.devtools.doctor_families import cross_encoder
+
+        backend = cross_encoder(arch, Path(self.tiny.clip).parent, self.production, self.device)
+        self._modules[arch] = [backend.module]
+        return backend

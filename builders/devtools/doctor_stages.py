@@ -14,7 +14,10 @@ the trainer run (not copies):
   image and one caption (open_clip ViT-B/32);
 - `train-vit-b32|train-vit-l14`: one step of the trainer's loss (`training.losses.clip_loss` on
   `training.backends.HFClip`, AdamW) on 2 images, then `training.evaluation.encode_texts` and an
-  image encode in eval mode.
+  image encode in eval mode;
+- `itm-blip-base|blip-large|bridgetower|vilt|flava`: `CrossEncoderBackend`'s forward (the report's
+  ITM score, training/cross_encoders.py) on the image with the caption and its counterfactual,
+  each family at its published size (builders/devtools/doctor_families.py).
 
 Each `Stage` names the components it needs (`doctor_models.ModelSource` keys) and how its memory
 extrapolates (`per_pixel`: activations grow with the image area; `train`: the weights also hold
@@ -29,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from builders.devtools.doctor_families import FAMILY_ROWS
 from builders.devtools.doctor_models import ModelSource
 
 CAPTION, COUNTERFACTUAL = "a dog sitting on a couch next to a lamp", "a cat sitting on a couch next to a lamp"
@@ -202,6 +206,15 @@ def _train_step(scorer: Any, device: str) -> StageResult:
     return StageResult(2, f"loss {loss.item():.3f}; eval R@1 {recall:.2f} on 2 images")
 
 
+def itm_runner(key: str) -> Callable[[ModelSource, StageSettings, dict], StageResult]:
+    def run(src: ModelSource, s: StageSettings, shared: dict) -> StageResult:
+        from builders.devtools.doctor_families import score_pairs
+
+        return StageResult(*score_pairs(src.get(key), _image(s.resolution, shared), [CAPTION, COUNTERFACTUAL]))
+
+    return run
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         "captions", ("mlm", "lm", "sentence"), "captions", run_captions, models="roberta-base + gpt2-large + MiniLM-L6"
@@ -220,5 +233,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "train-vit-l14", ("clip_filter",), "images", train_runner("clip_filter"), train=True, models="CLIP ViT-L/14"
     ),
+    *(Stage(row.stage, (row.arch,), "pairs", itm_runner(row.arch), models=row.models) for row in FAMILY_ROWS),
 )
 STAGE_NAMES = tuple(stage.name for stage in STAGES)

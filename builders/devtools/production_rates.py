@@ -23,6 +23,8 @@ plan needs, in the dtypes a release runs in, one table printed before anything e
   plan, the grouped plan with shared computation, and that plan with early rejection: rows,
   render calls, decodes and CLIP-scored pairs counted from the specs, priced with the stage costs
   (`production_plan.gpu_seconds`).
+- **Each cross-encoder the report scores** (`family_rates`: BLIP ITM base and large, BridgeTower
+  large ITM, ViLT, FLAVA) at its published size: ITM pairs/s and the peak GPU memory in fp16.
 
 `tiny=True` (`gpu_check.py --cpu-tiny`) runs the same code on the tiny pipelines at 64 px on the
 CPU in fp32, and compiles with dynamo's `eager` backend (inductor's CPU code generation needs a
@@ -41,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from builders.devtools.doctor_generators import SHAPES
+from builders.devtools.family_rates import family_rows
 from builders.counterfactuals.config import ImageStageConfig
 from builders.devtools.generator_rates import GIB, device_memory, fits, timed
 from builders.devtools.production_plan import (
@@ -349,7 +352,8 @@ def production_table(cfg: TableConfig, emit=lambda rows: rows) -> list[Row]:
     a run cut short has printed what it measured."""
     rows = emit([Row("assumption", line, None, "") for line in cfg.assume.lines()])
     rows += emit(sd15_rows(cfg))
-    return rows + generator_rows(cfg, emit)
+    rows += generator_rows(cfg, emit)
+    return rows + emit(family_rows(cfg, Row, _reset_peak, _peak))
 
 
 def format_header(header: dict[str, str]) -> str:

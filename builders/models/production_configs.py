@@ -7,7 +7,8 @@ the meta device (shapes, no weight memory, no compute), so the shape-dependent c
 Prompt-to-Prompt processors and their `--inject` layer selection, the 9-channel inpainting UNet,
 the CLIP projection widths the scorer compares — are checked at the production shapes
 (tests/models/test_production_shapes.py). The image stage's other generators (SDXL, SD3, FLUX) are in
-`builders.models.production_generators`, built by the same `build_empty`.
+`builders.models.production_generators`, the papers' cross-encoders (BLIP, BridgeTower, ViLT,
+FLAVA) in `builders.models.production_families`, built by the same `build_empty`.
 
 Each config is copied from the model's `config.json` on the Hub (cited per entry), architecture
 fields only: dropout and init settings do not change shapes. `published_params` is the count
@@ -353,6 +354,9 @@ def _construct(family: str, config: dict[str, Any]):
         BERT: (tf.BertModel, tf.BertConfig),
         BLIP: (tf.BlipForConditionalGeneration, tf.BlipConfig),
     }
+    if family not in classes:  # a cross-encoder (production_families): its transformers class
+        model_cls = getattr(tf, family)
+        return model_cls(model_cls.config_class(**config))
     model_cls, config_cls = classes[family]
     return model_cls(config_cls(**config))
 

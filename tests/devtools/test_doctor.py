@@ -337,3 +337,55 @@ def test_live_tensor_bytes_counts_what_is_alive():
     assert live.peak == (1 + 1 + 0.5) * 2**20
     assert live.live == (0.5 + 1) * 2**20
     del c, d
+
+
+FAMILY_STAGES = ("itm-blip-base", "itm-blip-large", "itm-bridgetower", "itm-vilt", "itm-flava")
+
+
+def test_doctor_scores_each_cross_encoder_on_the_tiny_profile(tmp_path, tiny_models_dir, capsys):
+    report = _doctor(
+        tmp_path, tiny_models_dir, "--models", "tiny", "--stages", ",".join(FAMILY_STAGES), "--generators", "none"
+    )
+    _check_rows(report, FAMILY_STAGES)
+    g = ("blip_itm_logit", "blip_itm_logit", "bridgetower_itm_logit", "vilt_itm_logit", "flava_itm_logit")
+    for row, kind in zip(report["rows"], g, strict=True):
+        # Two pairs a row (the caption and its counterfactual), each with its G.
+        assert row["items"] == 2 and row["unit"] == "pairs" and row["note"].startswith(kind + " "), row
+    printed = capsys.readouterr().out
+    assert all(stage in printed for stage in FAMILY_STAGES), printed
+
+
+def test_doctor_cross_encoders_at_their_published_size(tmp_path, tiny_models_dir):
+    from builders.models.production_configs import build_empty, parameter_count
+    from builders.models.production_families import FAMILY_ARCH
+
+    report = _doctor(tmp_path, tiny_models_dir, "--stages", "itm-vilt,itm-blip-base", "--generators", "none")
+    _check_rows(report, ["itm-blip-base", "itm-vilt"])  # in the doctor's order
+    blip, vilt = report["rows"]
+    # The weights are the published architecture's (its count: tests/models/test_production_families.py).
+    for row, arch in ((vilt, "vilt_coco"), (blip, "blip_itm_base")):
+        count = parameter_count(build_empty(FAMILY_ARCH[arch]))
+        assert row["weights_mib"] == pytest.approx(count * 4 / 2**20, abs=0.1), row
+    # At the checkpoints' input sizes: ViLT's 384 px shorter side, BLIP's 384 x 384.
+    assert "384x384 px" in vilt["note"] and "384x384 px" in blip["note"]
+    assert vilt["batch_fp16"]["24"] > blip["batch_fp16"]["24"] > 0
+
+
+def test_gpu_check_cpu_tiny_prints_a_row_per_cross_encoder(cpu_tiny):
+    """The production table's ITM rows (builders/devtools/family_rates.py, #51): one per family the
+    report scores, pairs/s through the report's adapter with the input size and the G it read, in
+    the dtype the precision path picks on the device (fp32 on the CPU)."""
+    rows = {r[0]: r for r in _table(cpu_tiny[0]) if r[0].startswith("ITM ")}
+    families = ("BLIP ITM base", "BLIP ITM large", "BridgeTower large ITM", "ViLT B/32", "FLAVA full")
+    assert len(rows) == len(families) and all(any(f in name for name in rows) for f in families), rows
+    kinds = {
+        "BLIP": "blip_itm_logit",
+        "Bridge": "bridgetower_itm_logit",
+        "ViLT": "vilt_itm_logit",
+        "FLAVA": "flava_itm_logit",
+    }
+    for name, row in rows.items():
+        assert row[3] == "pairs/s" and float(row[2]) > 0, row
+        assert re.fullmatch(r"fp32, \d+x\d+ px, \d+ tokens, 4 pairs a forward", row[1]), row
+        kind = next(k for prefix, k in kinds.items() if name.startswith(f"ITM {prefix}"))
+        assert row[6].startswith(f"G {kind}"), row
