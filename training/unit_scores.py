@@ -87,13 +87,8 @@ def retrieval_units(
     img_order = np.argsort(data.image_ids, kind="stable")
     cap_order = np.argsort(data.caption_ids, kind="stable")
     captions = [data.captions[c] for c in cap_order] if len(data.captions) == len(cap_order) else []
-    # Images and captions in id order (the tie order); the units keep the data's image rows. A
-    # two-stage retrieval (training/rerank.py) ranks each direction by its own matrix.
-    if has_two_stage(emb, "retrieval"):
-        i2t = two_stage_matrix(emb, "i2t")[np.ix_(img_order, cap_order)]
-        t2i = two_stage_matrix(emb, "t2i")[np.ix_(cap_order, img_order)].T
-    else:
-        i2t = t2i = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
+    # Images and captions in id order (the tie order); the units keep the data's image rows.
+    i2t, t2i = _direction_scores(emb, img_order, cap_order, captions)
     all_image_ids, all_caption_ids = data.image_ids[img_order], data.caption_ids[cap_order]
     all_caption_image = data.caption_image[cap_order]
     position = np.empty_like(img_order)
@@ -139,6 +134,17 @@ def retrieval_units(
         metric: UnitScores(units, *arrays, proportion=True, trivial=metric not in beaten)
         for metric, arrays in parts.items()
     }
+
+
+def _direction_scores(emb, img_order: np.ndarray, cap_order: np.ndarray, captions: list[str]) -> tuple:
+    """(images x captions) scores ranking each direction, rows and columns in the given orders: one
+    matrix of a dual encoder's, or each direction's own of a two-stage retrieval
+    (training/rerank.py)."""
+    if has_two_stage(emb, "retrieval"):
+        i2t = two_stage_matrix(emb, "i2t")[np.ix_(img_order, cap_order)]
+        return i2t, two_stage_matrix(emb, "t2i")[np.ix_(cap_order, img_order)].T
+    sim = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
+    return sim, sim
 
 
 def pair_clusters(pairs) -> np.ndarray | None:
