@@ -47,13 +47,14 @@ import torch
 from builders.engine.batching import ShrinkingBatches
 from counterfactory_metrics.itm_score_deltas.deltas import itm_score_deltas
 from counterfactory_metrics.odmap.odmap_scores import odmap_from_topk
-from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
+from counterfactory_metrics.map_at_r.topk import stable_topk, topk_from_embeddings
 from training.backends import CLIP_LOGITS
 from training.eval_config import EvalConfig
 from training.data import ExampleDataset, fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
+from training.ranked_scores import SETS, has_two_stage, two_stage_matrix
 from training.sources import DataInputError, column_values
 from training.statistics import UnitScores
 from training.unit_scores import (
@@ -161,15 +162,11 @@ def cf_texts(ex: ExampleSet) -> list[str]:
     return [captions[i % 2][ex.row[i]] for i in range(len(ex))]
 
 
-def cross_encoder_scores(backend, data: EvalData, batch_size: int) -> dict[str, np.ndarray]:
-    """A cross-encoder's (training/cross_encoders.py) G of each counterfactual pair's three
-    scores (`cf_g`, pairs x 3); the images are decoded as they are read, a page at a time."""
-    from training.cross_encoders import counterfactual_pair_scores
+def image_reader(ex: ExampleSet):
+    """`images(rows)`: the decoded images of `ex`'s rows, read a page at a time (a cross-encoder's
+    processor transforms them); an image that does not decode is one line naming its row."""
     from training.data import decode_image
 
-    if data.cf_pairs is None:
-        return {}
-    ex = data.cf_pairs
     reader = ExampleDataset(ex, transform=None, min_side=0)  # bytes only: the processor transforms
 
     def images(rows: list[int]) -> list:
@@ -181,14 +178,30 @@ def cross_encoder_scores(backend, data: EvalData, batch_size: int) -> dict[str, 
                 raise
             raise bad from None
 
-    return {"cf_g": counterfactual_pair_scores(backend, images, cf_texts(ex), batch_size)}
+    return images
+
+
+def cross_encoder_scores(backend, data: EvalData, batch_size: int, workers: int = 0) -> dict[str, np.ndarray]:
+    """A cross-encoder's (training/cross_encoders.py) G of each counterfactual pair's three
+    scores (`cf_g`, pairs x 3); the images are decoded as they are read, a page at a time. With a
+    `ranker` (training/rerank.py, set by the report), also its two-stage retrieval arrays."""
+    from training.cross_encoders import counterfactual_pair_scores
+
+    out = {}
+    if data.cf_pairs is not None:
+        ex = data.cf_pairs
+        out["cf_g"] = counterfactual_pair_scores(backend, image_reader(ex), cf_texts(ex), batch_size)
+    ranker = getattr(backend, "ranker", None)
+    if ranker is not None and ranker.scores(data):
+        out.update(ranker(data, batch_size, workers))
+    return out
 
 
 def compute_embeddings(module, backend, data: EvalData, batch_size: int, workers: int) -> dict[str, np.ndarray]:
     """The embeddings every metric below needs (L2-normalised, float32); of a cross-encoder, its
     counterfactual pairs' G (`cross_encoder_scores`: it has no embeddings)."""
     if not backend.dual_encoder:
-        return cross_encoder_scores(backend, data, batch_size)
+        return cross_encoder_scores(backend, data, batch_size, workers)
     emb: dict[str, np.ndarray] = {}
     if data.retrieval is not None:
         emb["image"] = encode_images(module, backend, data.retrieval, batch_size, workers)
@@ -220,12 +233,14 @@ def eccv_metrics(emb, data: EvalData) -> dict[str, float]:
         targets += ("pmrp",)
     # load_eval_data checked the split is COCO 5K and kept its standard 25,000 captions, the
     # ones the suite is defined on.
+    two_stage = has_two_stage(emb, "retrieval")  # a cross-encoder ranks each direction apart
     res = eccv_suite_from_similarity(
-        emb["image"] @ emb["text"].T,
+        two_stage_matrix(emb, "i2t") if two_stage else emb["image"] @ emb["text"].T,
         data.image_ids,
         data.caption_ids,
         EccvSuiteConfig(target_metrics=targets),
         EccvAnnotations.load(pm),
+        two_stage_matrix(emb, "t2i") if two_stage else None,
     )
     return {f"eccv/{m}_{d}": float(v) for m, by_dir in res.items() for d, v in by_dir.items()}
 
@@ -245,7 +260,10 @@ def odmap_classes(data: EvalData) -> list[str]:
 def odmap_result(emb, data: EvalData, k_values):
     """The odmap module's result (overall and per query) for the k values the gallery allows."""
     k = min(max(k_values), len(data.gallery_captions))
-    top, _ = topk_from_embeddings(emb["query_image"], emb["gallery_text"], k)
+    if has_two_stage(emb, "odmap"):
+        top = stable_topk(two_stage_matrix(emb, "q2t"), k)
+    else:
+        top, _ = topk_from_embeddings(emb["query_image"], emb["gallery_text"], k)
     classes = odmap_classes(data)
     return odmap_from_topk(
         top,
@@ -311,18 +329,32 @@ def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
         i0, i1 = emb["cf_image"][0::2], emb["cf_image"][1::2]
         c0, c1 = emb["cf_text"][0::2], emb["cf_text"][1::2]
         args.update(g_cc_ics=(c1 * i1).sum(1), g_cc_ios=(c1 * i0).sum(1), g_co_ics=(c0 * i1).sum(1))
+    if "real_g" in emb:  # a cross-encoder's G of the same pairs (training/rerank.py)
+        g = emb["real_g"]
+        args.update(g_cr_ir=g[:, 0], g_cr_io=g[:, 1], g_co_ir=g[:, 2])
     if "image" in emb and len(data.image_ids) > 1:
         # Real pair (C_o, I_o) = image i with its first caption; (C_r, I_r) = a random other
         # image's (a seeded derangement: never itself, the same pairs for every model).
-        first = np.unique(data.caption_image, return_index=True)[1]
-        order = np.argsort(np.argsort(data.image_ids))  # image row -> rank of its id
         img = emb["image"]
-        cap = emb["text"][first][order]
+        cap = emb["text"][first_captions(data)]
         r = real_partners(len(img))
         args.update(g_cr_ir=(cap[r] * img[r]).sum(1), g_cr_io=(cap[r] * img).sum(1), g_co_ir=(cap * img[r]).sum(1))
     if "logit_scale" in emb:
         return {name: g * emb["logit_scale"][0] for name, g in args.items()}
     return args
+
+
+def first_captions(data: EvalData) -> np.ndarray:
+    """The caption row of each retrieval image's first caption, in image rows' order: the real
+    pairs' C_o (`itm_inputs`)."""
+    first = np.unique(data.caption_image, return_index=True)[1]
+    return first[np.argsort(np.argsort(data.image_ids))]  # image row -> rank of its id
+
+
+def ranks(emb: dict, which: str) -> bool:
+    """Whether `emb` ranks set `which` (training/ranked_scores.py SETS): a dual encoder's
+    embeddings or a cross-encoder's two-stage arrays."""
+    return SETS[which][0] in emb or has_two_stage(emb, which)
 
 
 def class_embeddings(encode_texts, classnames: list[str], templates) -> np.ndarray:
@@ -376,9 +408,9 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
     `evaluate_model` saved (without the COCO retrieval's when `retrieval` is False: the caller
     ranked them already)."""
     out: dict[str, UnitScores] = {}
-    if "image" in emb and retrieval:
+    if ranks(emb, "retrieval") and retrieval:
         out.update(retrieval_units(emb, data, k_values))
-    if "query_image" in emb:
+    if ranks(emb, "odmap"):
         out.update(odmap_units(odmap_result(emb, data, k_values), data.removed, data.query_image_ids))
         if "image" in emb:
             rows = original_rows(data.query_image_ids, data.image_ids)
@@ -436,12 +468,12 @@ def evaluate_model(
     emb = compute_embeddings(module, backend, data, bs, workers)
     metrics: dict[str, float] = {}
     per_image = {}
-    if "image" in emb:
+    if ranks(emb, "retrieval"):
         per_image = retrieval_units(emb, data, cfg.k_values)  # ranked once, for both
         metrics.update({name: u.value() for name, u in per_image.items()})
         if cfg.eccv:
             metrics.update(eccv_metrics(emb, data))
-    if "query_image" in emb:
+    if ranks(emb, "odmap"):
         metrics.update(odmap_metrics(emb, data, cfg.k_values))
         if "image" in emb:  # x is a retrieval image, already encoded
             rows = original_rows(data.query_image_ids, data.image_ids)

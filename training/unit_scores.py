@@ -34,6 +34,7 @@ import numpy as np
 
 from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, itm_deltas, random_derangement
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
+from training.ranked_scores import has_two_stage, two_stage_matrix
 from training.statistics import UnitScores, first_seen
 
 
@@ -87,7 +88,7 @@ def retrieval_units(
     cap_order = np.argsort(data.caption_ids, kind="stable")
     captions = [data.captions[c] for c in cap_order] if len(data.captions) == len(cap_order) else []
     # Images and captions in id order (the tie order); the units keep the data's image rows.
-    sim = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
+    i2t, t2i = _direction_scores(emb, img_order, cap_order, captions)
     all_image_ids, all_caption_ids = data.image_ids[img_order], data.caption_ids[cap_order]
     all_caption_image = data.caption_image[cap_order]
     position = np.empty_like(img_order)
@@ -107,13 +108,12 @@ def retrieval_units(
         order = np.argsort(cap_image, kind="stable")
         owners, starts = np.unique(cap_image[order], return_index=True)
         by_image = dict(zip(owners.tolist(), (g.tolist() for g in np.split(cap_ids[order], starts[1:])), strict=True))
-        i2t = {int(i): by_image.get(int(i), []) for i in image_ids}
-        t2i = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
-        s = sim if fold == 0 else sim[np.ix_(at, cols)]
+        i2t_pos = {int(i): by_image.get(int(i), []) for i in image_ids}
+        t2i_pos = {int(c): [int(i)] for c, i in zip(cap_ids, cap_image, strict=True)}
         caption_rows = np.fromiter((row_of[int(i)] for i in cap_image), np.int64, len(cap_image))
         for direction, matrix, pos, q, g in (
-            ("i2t", s, i2t, image_ids, cap_ids),
-            ("t2i", s.T, t2i, cap_ids, image_ids),
+            ("i2t", i2t if fold == 0 else i2t[np.ix_(at, cols)], i2t_pos, image_ids, cap_ids),
+            ("t2i", (t2i if fold == 0 else t2i[np.ix_(at, cols)]).T, t2i_pos, cap_ids, image_ids),
         ):
             scores = retrieval_scores_from_similarity(matrix, pos, q, g, cfg)
             for k in k_values:
@@ -134,6 +134,17 @@ def retrieval_units(
         metric: UnitScores(units, *arrays, proportion=True, trivial=metric not in beaten)
         for metric, arrays in parts.items()
     }
+
+
+def _direction_scores(emb, img_order: np.ndarray, cap_order: np.ndarray, captions: list[str]) -> tuple:
+    """(images x captions) scores ranking each direction, rows and columns in the given orders: one
+    matrix of a dual encoder's, or each direction's own of a two-stage retrieval
+    (training/rerank.py)."""
+    if has_two_stage(emb, "retrieval"):
+        i2t = two_stage_matrix(emb, "i2t")[np.ix_(img_order, cap_order)]
+        return i2t, two_stage_matrix(emb, "t2i")[np.ix_(cap_order, img_order)].T
+    sim = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
+    return sim, sim
 
 
 def pair_clusters(pairs) -> np.ndarray | None:

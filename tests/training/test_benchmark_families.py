@@ -106,11 +106,13 @@ def test_each_pairs_g_is_the_models_own_itm_output(family, cf_pairs, tiny_famili
     assert itm["ci_low"]["IR_c_mean"] is not None  # the same statistics as CLIP's
 
 
-def test_a_cross_encoder_without_counterfactuals_is_one_line(tmp_path, capsys, tiny_families_dir):
-    argv = ["benchmark", "--model", str(tiny_families_dir / "vilt"), "--coco", str(tmp_path / "none")]
+def test_a_cross_encoder_with_nothing_to_score_is_one_line(tmp_path, capsys, tiny_families_dir):
+    """ViLT on --decorrelation alone, without --first-stage: nothing it can score (ODmAP needs a
+    first stage to re-rank; --coco would give its real-pair deltas, --counterfactuals its own)."""
+    argv = ["benchmark", "--model", str(tiny_families_dir / "vilt"), "--decorrelation", str(tmp_path / "none")]
     assert cli_main([*argv, "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "ViLT" in err and "--coco" in err and "--counterfactuals" in err, err
+    assert len(err.splitlines()) == 1 and "ViLT" in err and "--decorrelation" in err and "--first-stage" in err, err
 
 
 def test_g_of_different_units_is_never_compared(cf_pairs, tiny_families_dir, tiny_models_dir, tmp_path):
@@ -189,9 +191,10 @@ def test_the_results_dataset_keeps_each_g_apart(cf_pairs, tiny_models_dir, repo_
 def test_a_cross_encoder_beside_coco_gets_its_itm_deltas_and_one_line(
     tmp_path, coco_fixture_dir, nltk_data_dir, tiny_families_dir, tiny_models_dir, caplog, monkeypatch
 ):
-    """ViLT beside a CLIP on --coco and --counterfactuals: one logged line says ViLT's retrieval is
-    not scored, its ITM deltas are (and CLIP's every metric); a second report with the same cache
-    scores no pair again (the entry is per model, data and G)."""
+    """ViLT beside a CLIP on --coco and --counterfactuals, without --first-stage: one logged line
+    says ViLT's retrieval is not scored, its ITM deltas are (the real pairs' on --coco too, and
+    CLIP's every metric); a second report with the same cache scores no pair again (the entry is
+    per model, data and G)."""
     import logging
 
     import training.cross_encoders as cross_encoders
@@ -210,7 +213,7 @@ def test_a_cross_encoder_beside_coco_gets_its_itm_deltas_and_one_line(
     from builders.engine.provenance import model_name
 
     vilt_tasks = {(r["dataset"], r["task"]) for r in records if r["model"] == model_name(vilt)}
-    assert vilt_tasks == {("counterfactuals", "itm")}
+    assert vilt_tasks == {("counterfactuals", "itm"), ("coco", "itm")}
     assert {"zeroshot_retrieval", "itm"} <= {r["task"] for r in records if r["model"] == model_name(clip)}
     scored = []
     score = cross_encoders.counterfactual_pair_scores

@@ -24,24 +24,28 @@ from builders.engine.provenance import code_version, model_name, source_digest
 from builders.engine.sharding.build_files import file_sha256
 from training.backends import CLIP_LOGITS, COSINE
 from training.evaluation import itm_inputs
+from training.ranked_scores import ranked_shapes
 from training.report.results import EVALUATION_MODULES
 
 log = logging.getLogger(__name__)
 
 
-def cache_key(digest: str, preprocessing: str, ds, g_kind: str = COSINE) -> dict:
+def cache_key(digest: str, preprocessing: str, ds, g_kind: str = COSINE, retrieval: dict | None = None) -> dict:
     """What the cached numbers depend on: the weights and the preprocessing that feeds them (two
     folders with the same weights may resize or tokenize differently), every table read (a local
     build named by its contents, a Hub one by the commit its revision resolved to), the metric
     code (the code version: git commit and dirty flag, or version and installed-files digest; and
     each evaluation module's own file digest, which a fix in a dirty tree changes too), the ITM
-    score G read (`g_kind`) and the evaluation settings that change a number (batch size and
-    workers do not)."""
+    score G read (`g_kind`), a cross-encoder's retrieval (`retrieval`: its method, k and first
+    stage with that model's digests, training/rerank.py) and the evaluation settings that change a
+    number (batch size and workers do not)."""
     tables = [
         [model_name(t.path) if t.commit is None else t.path, t.commit, t.config, t.split, t.rows] for t in ds.tables
     ]
     instances = ds.cfg.coco_instances
+    ranked = {"retrieval": retrieval} if retrieval else {}
     return {
+        **ranked,
         "weights_digest": digest,
         "preprocessing_digest": preprocessing,
         "g_kind": g_kind,
@@ -92,10 +96,16 @@ def read_entry(
         return None  # not cached, or a write interrupted before its metrics (written last)
     try:
         metrics = _read_metrics(meta, key)
-        return npz, metrics, read_embeddings(npz, data, width, key["g_kind"])
+        return npz, metrics, read_embeddings(npz, data, width, key["g_kind"], _ranked(key))
     except BadEntry as err:
         log.warning("embedding cache entry %s; computing it again", err)
         return None
+
+
+def _ranked(key: dict) -> tuple[int, int] | None:
+    """(k, first-stage width) of a cross-encoder's two-stage retrieval (its key's `retrieval`)."""
+    found = key.get("retrieval")
+    return (found["k"], found["width"]) if found else None
 
 
 def _regular_file(path: Path) -> None:
@@ -124,13 +134,21 @@ def _read_metrics(meta: Path, key: dict) -> dict[str, float]:
     return {name: float(value) for name, value in metrics.items()}
 
 
-def expected_shapes(data, width: int, g_kind: str = COSINE) -> dict[str, tuple[int, ...]]:
+def expected_shapes(
+    data, width: int, g_kind: str = COSINE, ranked: tuple[int, int] | None = None
+) -> dict[str, tuple[int, ...]]:
     """Array name -> shape of the embeddings `evaluate_model` saves for `data` (`width` wide), and
     of the ITM scores `itm_inputs` derives from them; `width` 0: a cross-encoder's, its three G
     of each counterfactual pair (`cf_g`) and no embedding. A CLIP scored by `logits_per_text`
-    (`g_kind`) keeps its logit scale too (`logit_scale`, one number)."""
+    (`g_kind`) keeps its logit scale too (`logit_scale`, one number). A cross-encoder that
+    ranks (`ranked`: its k and first-stage width) keeps its two-stage arrays too
+    (training/ranked_scores.py `ranked_shapes`), and every cross-encoder its real pairs' G."""
     if width == 0:
         pairs = {"cf_g": np.zeros((len(data.cf_pairs) // 2, 3), np.float32)} if data.cf_pairs is not None else {}
+        if data.retrieval is not None and len(data.retrieval) > 1:  # the real pairs' G (training/rerank.py)
+            pairs["real_g"] = np.zeros((len(data.retrieval), 3), np.float32)
+        if ranked is not None:
+            pairs.update({name: np.zeros(shape, np.float32) for name, shape in ranked_shapes(data, *ranked).items()})
         scores = itm_inputs(pairs, data)
         return {
             **{name: v.shape for name, v in pairs.items()},
@@ -171,11 +189,14 @@ def _headers(npz: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     return out
 
 
-def read_embeddings(npz: Path, data, width: int, g_kind: str = COSINE) -> dict[str, np.ndarray]:
+def read_embeddings(
+    npz: Path, data, width: int, g_kind: str = COSINE, ranked: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
     """The arrays of `npz`, checked against what `evaluate_model` saves for `data` with a model
-    `width` wide: the same names, float arrays of those shapes; BadEntry otherwise."""
+    `width` wide: the same names, float arrays of those shapes (a two-stage ranking's candidate
+    columns, `..._idx`, integer); BadEntry otherwise."""
     _regular_file(npz)
-    want = expected_shapes(data, width, g_kind)
+    want = expected_shapes(data, width, g_kind, ranked)
     try:
         headers = _headers(npz)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
@@ -183,12 +204,21 @@ def read_embeddings(npz: Path, data, width: int, g_kind: str = COSINE) -> dict[s
     if headers.keys() != want.keys():
         raise BadEntry(npz, f"holds arrays {sorted(headers)}, expected {sorted(want)}")
     for name, (shape, dtype) in headers.items():
-        if dtype.kind != "f" or shape != want[name]:
-            raise BadEntry(npz, f"array {name!r} is {dtype} {shape}, expected float {want[name]}")
+        kind = "i" if name.endswith("_idx") else "f"
+        if dtype.kind != kind or shape != want[name]:
+            expected = "integer" if kind == "i" else "float"
+            raise BadEntry(npz, f"array {name!r} is {dtype} {shape}, expected {expected} {want[name]}")
     try:
-        return load_arrays(npz)
+        arrays = load_arrays(npz)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise BadEntry(npz, f"not a readable .npz ({type(err).__name__})") from None
+    images = 0 if data.image_ids is None else len(data.image_ids)
+    galleries = {"rr_i2t_idx": len(data.captions), "rr_t2i_idx": images, "rr_q2t_idx": len(data.gallery_captions)}
+    for name, size in galleries.items():
+        found = arrays.get(name)
+        if found is not None and found.size and (found.min() < 0 or found.max() >= size):
+            raise BadEntry(npz, f"array {name!r} names a candidate outside the {size} of its gallery")
+    return arrays
 
 
 def load_arrays(npz: Path) -> dict[str, np.ndarray]:

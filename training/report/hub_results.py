@@ -75,14 +75,18 @@ _BEFORE_G_KIND = (
     "seed",
     *OLD_COLUMNS[7:],
 )
+_BEFORE_RETRIEVAL = (*_BEFORE_G_KIND[:-1], "g_kind", _BEFORE_G_KIND[-1])
 PAST_COLUMNS = (
     OLD_COLUMNS,
     (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed", *OLD_COLUMNS[7:]),
     _BEFORE_G_KIND,
+    _BEFORE_RETRIEVAL,
 )
-COLUMNS = (*_BEFORE_G_KIND[:-1], "g_kind", _BEFORE_G_KIND[-1])
+#: `retrieval`: how a cross-encoder ranked (method, k, first stage; training/rerank.py), null
+#: for a dual encoder's and for an unranked task's row.
+COLUMNS = (*_BEFORE_RETRIEVAL[:-1], "retrieval", _BEFORE_RETRIEVAL[-1])
 #: Record fields stored as JSON strings.
-JSON_FIELDS = (*PER_METRIC, "bootstrap", "seed")
+JSON_FIELDS = (*PER_METRIC, "bootstrap", "seed", "retrieval")
 RETRIES = 3
 
 
@@ -92,6 +96,8 @@ def record_key(record: dict) -> str:
     logits_per_text deltas are never taken for its cosine ones already there."""
     g_kind = record.get("g_kind")
     extra = [g_kind] if g_kind not in (None, "cosine") else []
+    if record.get("retrieval"):  # one cross-encoder re-ranking two first stages: two records
+        extra.append(record["retrieval"])
     return json.dumps([record.get(f) for f in KEY_FIELDS] + extra)
 
 
@@ -282,6 +288,8 @@ def _check_row(row: dict, where: str) -> None:
         for name, value in values.items():
             if value is not None and not _is(kind, value):
                 raise _hostile(where, f"{'metric' if column == 'metrics' else column} {name!r} is not a {kind}")
+    if row.get("retrieval") is not None and not isinstance(_json(row["retrieval"], "retrieval", where), dict):
+        raise _hostile(where, "'retrieval' is not a JSON object")
     for column in ("bootstrap", "seed"):
         if row[column] is not None:
             value = _json(row[column], column, where)

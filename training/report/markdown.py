@@ -118,11 +118,22 @@ def model_table(records: list[dict], model: str) -> list[str]:
     lines = ["| dataset | task | metric | value |", "|---|---|---|---|"]
     for r in records:
         if r["model"] == model:
+            task = plain(r["task"]) + ranking(r)
             lines += [
-                f"| {plain(r['dataset'])} | {plain(r['task'])} | {plain(name)} | {cell(r, name)}{_n_note(r, name)} |"
+                f"| {plain(r['dataset'])} | {task} | {plain(name)} | {cell(r, name)}{_n_note(r, name)} |"
                 for name in sorted(r["metrics"], key=natural)
             ]
     return lines
+
+
+def ranking(record: dict) -> str:
+    """` (ranked by: method, k = K, first stage MODEL)` of a cross-encoder's ranked record
+    (training/rerank.py); nothing for any other."""
+    found = record.get("retrieval")
+    if not found:
+        return ""
+    first = f", first stage {plain(found['first_stage'])}" if found.get("first_stage") else ""
+    return f" (ranked by {plain(found['method'])}, k = {found['k']}{first})"
 
 
 def _n_note(record: dict, name: str) -> str:

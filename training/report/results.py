@@ -65,6 +65,9 @@ EVALUATION_MODULES = tuple(
         - {"training.report.floors"}
     )
 )
+#: The tasks whose numbers come from a ranking: a cross-encoder's records of them carry its
+#: `retrieval` (method, k, first stage).
+RANKED_TASKS = ("zeroshot_retrieval", "zeroshot_retrieval_1k", "eccv", "odmap", "odmap_per_class")
 #: Our datasets' captions are English (COCO's).
 LANGUAGE = "en"
 _RECALL = re.compile(r"(text|image)_retrieval_recall@\d+")
@@ -106,11 +109,13 @@ def make_records(
     seed: int,
     chance: dict[str, float] | None = None,
     g_kind: str | None = None,
+    retrieval: dict | None = None,
 ) -> list[dict]:
     """The records of one model on one dataset: `metrics` (training.evaluation's `task/name`
     keys) grouped by record task, with each one's interval (`intervals`: key ->
     `training.statistics.Interval`; none with `bootstrap` 0) and chance level (`chance`,
-    training/report/floors.py)."""
+    training/report/floors.py); a cross-encoder's ranked tasks (`RANKED_TASKS`) say how it ranked
+    (`retrieval`: method, k and first stage, training/rerank.py)."""
     by_task: dict[str, dict[str, dict]] = {}
     chance = chance or {}
     for key, value in metrics.items():
@@ -147,6 +152,7 @@ def make_records(
             "seed": seed,
             **dataset.provenance(),
             **_itm_fields(task, fields["metrics"], g_kind),
+            **({"retrieval": retrieval} if retrieval and task in RANKED_TASKS else {}),
             "metric": METRIC_MODULES.get(task, "training.evaluation"),
             "metric_version": metric_version(task),
             "code_version": code_version(),

@@ -46,6 +46,7 @@ from training.report.models import (
     weights_digest,
 )
 from training.report.results import make_records, write_results
+from training.rerank import DEFAULT_K, OWN_FIRST_STAGE, ranker
 from training.statistics import DEFAULT_RESAMPLES, MAX_RESAMPLES, Interval, UnitScores, intervals
 from training.unit_scores import necessity_units
 
@@ -93,12 +94,17 @@ class BenchmarkConfig:
     #: --clip-g: a CLIP's ITM score G, the cosine or its logits_per_text (training.backends;
     #: docs/report.md says why the cosine is the default). A cross-encoder's G is its own.
     clip_g: str = COSINE
+    #: --first-stage: the dual encoder whose top k a cross-encoder without one of its own (ViLT,
+    #: BridgeTower's ITM head) re-ranks (training/rerank.py); None: those get no retrieval.
+    first_stage: str | None = None
+    #: --rerank-k: the candidates a query a cross-encoder re-ranks (BLIP's COCO k_test, 256).
+    rerank_k: int = DEFAULT_K
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     """Every record, also written to OUTPUT/results.jsonl and OUTPUT/report.md. Every input is
     checked (datasets opened, model names parsed) before the first model is loaded."""
-    sources, specs = _check_options(cfg)
+    sources, specs, first_stage = _check_options(cfg)
     output = Path(cfg.output)
     cache = Path(cfg.cache_dir) if cfg.cache_dir else output / "embeddings"
     folders = {"--output": output, "--cache-dir": cache}
@@ -120,7 +126,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
             ) from None
     # The charts are drawn once every number is written: a report's numbers never wait on them.
     plots: list[Callable[[], object]] = []
-    records, units = _score_models(cfg, specs, sets, (output, cache), plots)
+    records, units = _score_models(cfg, (specs, first_stage), sets, (output, cache), plots)
     notes: dict[str, str] = {}
     # The text models are loaded once, on first use, for every generator's pairs.
     text_models = functools.cache(load_blind_models)
@@ -151,9 +157,10 @@ def run_benchmark(cfg: BenchmarkConfig) -> list[dict]:
     return records + tests
 
 
-def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
-    """The dataset flags given and the parsed --model specs (--baseline among them, first when
-    it was not given as a --model); an option error is one line, before anything is read."""
+def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list, ModelSpec | None]:
+    """The dataset flags given, the parsed --model specs (--baseline among them, first when it
+    was not given as a --model) and --first-stage's; an option error is one line, before anything
+    is read."""
     if not cfg.models and not cfg.baseline:
         raise UserFacingError("give at least one --model")
     if len(set(cfg.models)) != len(cfg.models):
@@ -182,39 +189,50 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list]:
     specs = [parse_model(m) for m in cfg.models]
     if cfg.baseline and cfg.baseline not in cfg.models:
         specs.insert(0, parse_model(cfg.baseline, "--baseline"))
-    _check_cross_encoders(specs, sources)
-    return sources, specs
+    first_stage = parse_model(cfg.first_stage, "--first-stage") if cfg.first_stage else None
+    if first_stage is not None and not first_stage.family.dual_encoder:
+        raise UserFacingError(
+            f"--first-stage {cfg.first_stage[:200]!r} is a {first_stage.family.family.name} cross-encoder; give a "
+            "dual encoder (a CLIP id or folder), whose embeddings pick the candidates a cross-encoder re-ranks"
+        )
+    _check_cross_encoders(specs, sources, first_stage is not None)
+    return sources, specs, first_stage
 
 
-def _check_cross_encoders(specs: list, sources: dict[str, str]) -> None:
-    """A cross-encoder (no dual encoder) has ITM deltas on --counterfactuals only: its retrieval,
-    ODmAP, PN and real-pair deltas need a first-stage model to re-rank, not built yet (#51). Said
-    in one line per model; one with no --counterfactuals to score is refused."""
-    other = [f"--{name}" for name in sources if name != "counterfactuals"]
+def _check_cross_encoders(specs: list, sources: dict[str, str], first_stage: bool) -> None:
+    """A cross-encoder without a first stage of its own (ViLT, BridgeTower's ITM head) ranks
+    only with --first-stage (training/rerank.py): without it, its retrieval metrics (R@K, the
+    ECCV suite, ODmAP) are refused in one line per model, and its ITM deltas still run (the
+    counterfactual pairs', and the real pairs' of --coco); one with nothing else to score is
+    refused."""
+    ranked = [f"--{name}" for name in sources if name in ("coco", "decorrelation")]
     for spec in specs:
-        family = spec.family.family
-        if spec.family.dual_encoder or not other:
+        if spec.family.dual_encoder or first_stage or spec.family.architecture in OWN_FIRST_STAGE or not ranked:
             continue
-        if "counterfactuals" not in sources:
+        family = spec.family.family.name
+        if not {"counterfactuals", "coco"} & sources.keys():
             raise UserFacingError(
-                f"--model {spec.name} is a {family.name} cross-encoder: {', '.join(other)} need retrieval by a dual "
-                "encoder (re-ranking by a cross-encoder is not built yet); give --counterfactuals for its ITM deltas"
+                f"--model {spec.name} is a {family} cross-encoder without a first stage: {', '.join(ranked)} "
+                "need one to re-rank; give --first-stage MODEL (a CLIP), or --counterfactuals for its ITM deltas"
             )
         log.warning(
-            "--model %s is a %s cross-encoder: not scored on %s (retrieval by re-ranking is not built yet); "
-            "its ITM deltas on --counterfactuals are",
+            "--model %s is a %s cross-encoder without a first stage: no retrieval metrics on %s (give "
+            "--first-stage MODEL, a CLIP whose top k it re-ranks); its ITM deltas are scored",
             spec.name,
-            family.name,
-            ", ".join(other),
+            family,
+            ", ".join(ranked),
         )
 
 
 def _score_models(
-    cfg: BenchmarkConfig, specs: list, sets: list, folders: tuple[Path, Path], plots: list
+    cfg: BenchmarkConfig, models: tuple[list, ModelSpec | None], sets: list, folders: tuple[Path, Path], plots: list
 ) -> tuple[list[dict], dict[str, dict[str, dict[str, UnitScores]]]]:
     """The records of every model on every dataset, and each one's per-unit scores
-    (dataset -> model name -> metric key -> UnitScores), one model in memory at a time; the
-    charts to draw go to `plots` (folders: the output and the cache)."""
+    (dataset -> model name -> metric key -> UnitScores), one model in memory at a time (and the
+    --first-stage model beside a cross-encoder); the charts to draw go to `plots` (folders: the
+    output and the cache)."""
+    specs, first_stage = models
+    first = functools.cache(lambda: _load_first_stage(cfg, first_stage))  # loaded once, on first use
     records: list[dict] = []
     all_units: dict[str, dict[str, dict[str, UnitScores]]] = {}
     chances: dict[str, dict[str, float]] = {}  # per dataset: the data's, not a model's
@@ -224,6 +242,8 @@ def _score_models(
             backend = load_model(spec, cfg.trust_pickled_weights)
             if backend.dual_encoder:
                 backend.g_kind = cfg.clip_g
+            else:
+                backend.ranker = ranker(backend, spec, cfg.rerank_k, first if first_stage else None)
             # Started after the first model loads, so a bad --model leaves only its error line.
             bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
             records += _score_model(cfg, (n, spec, backend), sets, folders, bar, (all_units, chances, plots))
@@ -232,6 +252,13 @@ def _score_models(
         if bar is not None:  # ends its line: an error after it is a line of its own
             bar.close()
     return records, all_units
+
+
+def _load_first_stage(cfg: BenchmarkConfig, spec: ModelSpec) -> tuple:
+    """The --first-stage backend, on the scoring device in eval mode, and its digests."""
+    backend = load_model(spec, cfg.trust_pickled_weights)
+    backend.module.to(torch.device("cuda" if torch.cuda.is_available() else "cpu")).eval()
+    return backend, model_name(spec.name), weights_digest(backend.module) + "+" + preprocessing_digest(backend)
 
 
 def _score_model(
@@ -246,7 +273,7 @@ def _score_model(
     width, name = embedding_width(backend), model_name(spec.name)
     records, scored = [], {}  # scored: the embeddings PN reads, of this model only
     for ds in sets:
-        if not backend.dual_encoder and ds.data.cf_pairs is None:  # said once (_check_cross_encoders)
+        if not backend.dual_encoder and ds.data.cf_pairs is None and not backend.ranker.scores(ds.data):
             bar.update()
             continue
         bar.set_postfix_str(f"{spec.name} on {ds.name}")
@@ -266,10 +293,11 @@ def _score_model(
             cfg.seed,
             chances[ds.name],
             backend.g_kind,
+            _retrieval(backend),
         )
         all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
         bar.update()
-    if {"coco", "decorrelation"} <= scored.keys():
+    if backend.dual_encoder and {"coco", "decorrelation"} <= scored.keys():  # PN: s is a cosine
         by_name = {ds.name: ds for ds in sets}
         metrics, units, values = _necessity(by_name["coco"], by_name["decorrelation"], scored)
         units = class_units(units)
@@ -405,7 +433,8 @@ def _score(
     and each metric's per-unit scores (from the embeddings: nothing is encoded again)."""
     name, *digests, width = model
     n, plots = chart  # the records' name: figures name no local path either
-    key = cache_key(*digests, ds, backend.g_kind)
+    ranked = _retrieval(backend) is not None and (ds.data.retrieval is not None or ds.data.queries is not None)
+    key = cache_key(*digests, ds, backend.g_kind, backend.ranker.key() if ranked else None)
     hit = read_entry(cache, key, ds.data, width)
     units: dict[str, UnitScores] = {}
     if hit is not None:
@@ -443,6 +472,13 @@ def _score(
             )
         )
     return metrics, emb, units
+
+
+def _retrieval(backend) -> dict | None:
+    """How a cross-encoder ranks (its records' `retrieval`); None for a dual encoder, or a
+    cross-encoder without a first stage."""
+    found = getattr(backend, "ranker", None)
+    return found.spec.record() if found is not None and found.spec is not None else None
 
 
 def _necessity(
