@@ -27,12 +27,9 @@ Recipes (the papers' finetuning set-ups):
   (`Trainer.get_decay_parameter_names`), AdamW betas (0.9, 0.999) and eps 1e-8 (`adam_beta1`,
   `adam_beta2`, `adam_epsilon`), and the incomplete last batch kept (`dataloader_drop_last=False`:
   ceil(N / 128) steps an epoch).
-- `le2023-bridgetower` (its BridgeTower arm, Le et al. 2023 Appendix A.1): `--backend
-  bridgetower` with `le2023`'s optimisation. The appendix states the BridgeTower runs' split
-  (56 % train, 14 % development for the best checkpoint, 30 % of the pairs held out) but no
-  hyperparameters of their own, and the repository publishes no BridgeTower training script, so
-  the only ones the paper states (Appendix B.3.2, its CLIP runs) stand for them; the mixture is
-  the user's `--mix cf:base|medium|all`, as its `BT-finetune-on-coco-and-coco_cfs-*` runs.
+- `le2023-bridgetower` (its BridgeTower arm, Le et al. 2023 Appendix A.1, which states no
+  hyperparameters of its own): `--backend bridgetower` with `le2023`'s, the only ones the paper
+  states (Appendix B.3.2); the mixture is the user's `--mix` (docs/training.md).
 
 Every run, whatever the recipe, keeps biases, normalisation weights and `logit_scale` out of
 weight decay and clamps the logit scale to ln 100 after each step, as CLIP and open_clip do
@@ -109,26 +106,14 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "run": {"best_by_val_loss": True, "eval_batch_size": 128},
     },
-    "kim2023-blip": {
-        "data": {"mix": "decorrelation"},
-        "optim": {
-            "epochs": 2,
-            "batch_size": 16,
-            "optimizer": "adamw",
-            "lr": 1e-5,
-            "weight_decay": 0.05,
-            "schedule": "step",
-            "step_epochs": 0.5,
-            "step_gamma": 0.5,
-            "beta1": 0.9,
-            "beta2": 0.999,
-            "eps": 1e-8,
-            "last_batch": "drop",
-        },
-        "run": {"backend": "blip"},
-    },
 }
-#: The BridgeTower arm: the only hyperparameters Le et al. state (their CLIP runs'), on BridgeTower.
+#: The papers' other arms: kim2023's schedule with BLIP's optimiser; le2023's on BridgeTower.
+RECIPES["kim2023-blip"] = {
+    "data": {"mix": "decorrelation"},
+    "optim": RECIPES["kim2023"]["optim"]
+    | dict(epochs=2, batch_size=16, step_epochs=0.5, optimizer="adamw", lr=1e-5, weight_decay=0.05),
+    "run": {"backend": "blip"},
+}
 RECIPES["le2023-bridgetower"] = {**RECIPES["le2023"], "run": {**RECIPES["le2023"]["run"], "backend": "bridgetower"}}
 
 

@@ -9,7 +9,9 @@ ODmAP): the re-ranked candidates first, by their re-ranked score, every other it
 the first stage's order, so R@K for K <= k is BLIP's own ranking (`train_retrieval.py`
 `evaluation` fills the rest with -100) and a deeper metric still sees a whole ranking.
 
-Imports only numpy: training/evaluation.py and training/unit_scores.py both read it.
+It also holds the dual encoders' one matrix (`tied_scores`: equal inputs tie exactly) and
+`direction_scores`, each direction's matrix of either kind. Imports only numpy:
+training/evaluation.py, training/rerank.py and training/unit_scores.py all read it.
 """
 
 from __future__ import annotations
@@ -82,3 +84,41 @@ def ranked_shapes(data, k: int, width: int) -> dict[str, tuple[int, ...]]:
             rows, cols = (gallery, queries) if direction == "t2i" else (queries, gallery)
             out.update({f"rr_{direction}_{part}": (rows, min(k, cols)) for part in ("idx", "score")})
     return out
+
+
+def _copy_equal(matrix: np.ndarray, keys: np.ndarray) -> None:
+    """Overwrite, in place, each row of `matrix` whose key an earlier row has with that row."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    source = first[inverse.ravel()]
+    repeated = np.flatnonzero(source != np.arange(len(source)))
+    if len(repeated):
+        matrix[repeated] = matrix[source[repeated]]
+
+
+def _row_keys(x: np.ndarray) -> np.ndarray:
+    """Each row of `x` as one opaque value: equal rows, equal values."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.dtype((np.void, x.dtype.itemsize * x.shape[1]))).ravel()
+
+
+def tied_scores(images: np.ndarray, texts: np.ndarray, captions: list[str]) -> np.ndarray:
+    """`images @ texts.T` with each repeated caption's column (by text, or by embedding when
+    `captions` does not name them) a copy of its first one's, and each repeated image
+    embedding's row likewise: equal inputs tie exactly. The product alone would not tie them:
+    BLAS sums each cell in an order that depends on its position, which puts equal captions up
+    to ~200 ulp apart and lets that noise break their tie (#44). In place: no second matrix."""
+    scores = images @ texts.T
+    _copy_equal(scores.T, np.asarray(captions) if len(captions) == len(texts) else _row_keys(texts))
+    _copy_equal(scores, _row_keys(images))
+    return scores
+
+
+def direction_scores(emb, img_order: np.ndarray, cap_order: np.ndarray, captions: list[str]) -> tuple:
+    """(images x captions) scores ranking each direction, rows and columns in the given orders: one
+    matrix of a dual encoder's, or each direction's own of a two-stage retrieval
+    (training/rerank.py)."""
+    if has_two_stage(emb, "retrieval"):
+        i2t = two_stage_matrix(emb, "i2t")[np.ix_(img_order, cap_order)]
+        return i2t, two_stage_matrix(emb, "t2i")[np.ix_(cap_order, img_order)].T
+    sim = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
+    return sim, sim

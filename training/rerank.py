@@ -36,7 +36,8 @@ from counterfactory_metrics.map_at_r.topk import stable_topk
 from training.backends import TransformersRGB
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
 from training.ranked_scores import SETS, first
-from training.unit_scores import real_partners, tied_scores
+from training.ranked_scores import tied_scores
+from training.unit_scores import real_partners
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from counterfactory_metrics.itm_score_deltas.deltas import PAIR_SEED, itm_deltas, random_derangement
 from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores_from_similarity
-from training.ranked_scores import has_two_stage, two_stage_matrix
+from training.ranked_scores import direction_scores
 from training.statistics import UnitScores, first_seen
 
 
@@ -48,47 +48,20 @@ def recall_name(direction: str, k: int) -> str:
     return f"{'text' if direction == 'i2t' else 'image'}_retrieval_recall@{k}"
 
 
-def _copy_equal(matrix: np.ndarray, keys: np.ndarray) -> None:
-    """Overwrite, in place, each row of `matrix` whose key an earlier row has with that row."""
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    source = first[inverse.ravel()]
-    repeated = np.flatnonzero(source != np.arange(len(source)))
-    if len(repeated):
-        matrix[repeated] = matrix[source[repeated]]
-
-
-def _row_keys(x: np.ndarray) -> np.ndarray:
-    """Each row of `x` as one opaque value: equal rows, equal values."""
-    x = np.ascontiguousarray(x)
-    return x.view(np.dtype((np.void, x.dtype.itemsize * x.shape[1]))).ravel()
-
-
-def tied_scores(images: np.ndarray, texts: np.ndarray, captions: list[str]) -> np.ndarray:
-    """`images @ texts.T` with each repeated caption's column (by text, or by embedding when
-    `captions` does not name them) a copy of its first one's, and each repeated image
-    embedding's row likewise: equal inputs tie exactly. The product alone would not tie them:
-    BLAS sums each cell in an order that depends on its position, which puts equal captions up
-    to ~200 ulp apart and lets that noise break their tie (#44). In place: no second matrix."""
-    scores = images @ texts.T
-    _copy_equal(scores.T, np.asarray(captions) if len(captions) == len(texts) else _row_keys(texts))
-    _copy_equal(scores, _row_keys(images))
-    return scores
-
-
 def retrieval_units(
     emb: dict[str, np.ndarray], data, k_values, name: str = RETRIEVAL, units: str = "coco images"
 ) -> dict[str, UnitScores]:
     """R@K both ways (`recall_name`) on the whole split (`name/...`) and, when `data.folds` has
     them, on the COCO 1K folds (`name_1k/...`), per image.
 
-    Ties: equal captions (equal images) get equal scores by construction (`tied_scores`), and
+    Ties: equal captions (equal images) get equal scores by construction (`ranked_scores.tied_scores`), and
     equal scores rank by the gallery's id, ascending (caption id for image -> text, image id for
     text -> image), so R@K depends neither on float noise nor on the order of the captions."""
     img_order = np.argsort(data.image_ids, kind="stable")
     cap_order = np.argsort(data.caption_ids, kind="stable")
     captions = [data.captions[c] for c in cap_order] if len(data.captions) == len(cap_order) else []
     # Images and captions in id order (the tie order); the units keep the data's image rows.
-    i2t, t2i = _direction_scores(emb, img_order, cap_order, captions)
+    i2t, t2i = direction_scores(emb, img_order, cap_order, captions)
     all_image_ids, all_caption_ids = data.image_ids[img_order], data.caption_ids[cap_order]
     all_caption_image = data.caption_image[cap_order]
     position = np.empty_like(img_order)
@@ -134,17 +107,6 @@ def retrieval_units(
         metric: UnitScores(units, *arrays, proportion=True, trivial=metric not in beaten)
         for metric, arrays in parts.items()
     }
-
-
-def _direction_scores(emb, img_order: np.ndarray, cap_order: np.ndarray, captions: list[str]) -> tuple:
-    """(images x captions) scores ranking each direction, rows and columns in the given orders: one
-    matrix of a dual encoder's, or each direction's own of a two-stage retrieval
-    (training/rerank.py)."""
-    if has_two_stage(emb, "retrieval"):
-        i2t = two_stage_matrix(emb, "i2t")[np.ix_(img_order, cap_order)]
-        return i2t, two_stage_matrix(emb, "t2i")[np.ix_(cap_order, img_order)].T
-    sim = tied_scores(emb["image"][img_order], emb["text"][cap_order], captions)
-    return sim, sim
 
 
 def pair_clusters(pairs) -> np.ndarray | None:

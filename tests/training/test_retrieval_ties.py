@@ -90,7 +90,7 @@ def test_recall_with_duplicate_captions_follows_the_tie_rule_in_any_order():
 
 
 def test_equal_captions_get_bit_equal_scores():
-    from training.unit_scores import tied_scores
+    from training.ranked_scores import tied_scores
 
     p = _planted()
     full = tied_scores(p["images"], p["texts"], p["captions"])
