@@ -23,7 +23,7 @@ published size against it (ViT-B 86M, ViT-L 307M, RoBERTa-large 355M).
 
 from __future__ import annotations
 
-from builders.models.production_configs import ProductionArch
+from builders.models.production_configs import BLIP_BASE, ProductionArch
 
 #: Each arch's `family` is the transformers class of the head `--model` scores (its config's
 #: `architectures`, builders/models/families.py), which `build_empty` instantiates.
@@ -34,38 +34,19 @@ BLIP_ITM, BRIDGETOWER_ITM, VILT_ITM, FLAVA_PRETRAINING = (
     "FlavaForPreTraining",
 )
 
-# BERT-base with cross-attention (BLIP's `med_config.json`): the text encoder of both BLIP ITMs.
-_BLIP_TEXT = {
-    "vocab_size": 30524,  # BERT's 30522 + [DEC] and [ENC] (BLIP's `init_tokenizer`)
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "max_position_embeddings": 512,
-    "bos_token_id": 30522,
-    "sep_token_id": 102,
-    "pad_token_id": 0,
-}
-# Salesforce/blip-itm-base-coco config.json: ViT-B/16 at 384 px (577 positions), ITC projections
-# to 256 (`image_text_hidden_size`, BLIP's `embed_dim`).
+# Salesforce/blip-itm-base-coco config.json: the captioner's towers (`production_configs.BLIP_BASE`:
+# ViT-B/16 at 384 px, 577 positions; BERT-base cross-attending to the image, BLIP's
+# `med_config.json`) with ITC projections to 256 (`image_text_hidden_size`, BLIP's `embed_dim`).
 BLIP_ITM_BASE = {
     "image_text_hidden_size": 256,
-    "text_config": {**_BLIP_TEXT, "encoder_hidden_size": 768},
-    "vision_config": {
-        "image_size": 384,
-        "patch_size": 16,
-        "hidden_size": 768,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "layer_norm_eps": 1e-5,
-    },
+    "text_config": BLIP_BASE["text_config"],
+    "vision_config": BLIP_BASE["vision_config"],
 }
 # Salesforce/blip-itm-large-coco config.json: ViT-L/16 at 384 px; the text encoder stays BERT-base
 # and cross-attends to 1024-wide image tokens.
 BLIP_ITM_LARGE = {
     "image_text_hidden_size": 256,
-    "text_config": {**_BLIP_TEXT, "encoder_hidden_size": 1024},
+    "text_config": {**BLIP_BASE["text_config"], "encoder_hidden_size": 1024},
     "vision_config": {
         **BLIP_ITM_BASE["vision_config"],
         "hidden_size": 1024,

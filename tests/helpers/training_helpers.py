@@ -6,12 +6,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 from datasets import Dataset, Features, Image, List, Value
 from PIL import Image as PILImage
+
+from helpers.build_helpers import kill_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "training" / "finetune_clip.py"
@@ -192,3 +196,19 @@ def sign_flip_pvalue(a, b, resamples: int, seed: int, swapped=None) -> float:
     from training.sign_flip import sign_flip_pvalues
 
     return sign_flip_pvalues({0: (a, b)}, resamples, seed, swapped)[0]
+
+
+def kill_at_checkpoint(cmd: list[str], run: Path, step: int) -> None:
+    """Start the training command `cmd` (output folder `run`) and SIGKILL it, with every process
+    it started, as soon as the checkpoint of `step` is complete (its trainer_state.json)."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    marker = run / "checkpoints" / f"step-{step:08d}" / "trainer_state.json"
+    deadline = time.time() + 300
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline, f"no checkpoint at step {step}"
+        time.sleep(0.05)
+    kill_tree(proc)  # its DataLoader worker too, which shares the output lock's descriptor
+    assert not (run / "final").exists(), "the run finished before the kill"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import evaluate
@@ -18,13 +17,14 @@ import torch
 from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 
-from helpers.build_helpers import ACCELERATE, accelerate_cmd, kill_tree
+from helpers.build_helpers import ACCELERATE, accelerate_cmd
 from helpers.training_helpers import (
     COLORS,
     PYTHON,
     REPO_ROOT,
     SCRIPT,
     final_metrics,
+    kill_at_checkpoint,
     read_jsonl,
     weights,
     write_color_set,
@@ -232,21 +232,7 @@ def test_kill_and_resume_latest_equals_an_uninterrupted_run(builds, tiny_models_
     # 91 examples / batch 8 = 11 steps per epoch; 8 steps, killed after the step-4 checkpoint.
     extra = ("--max-steps", "8", "--save-every", "2", "--real-test-split", "", "--real-val-split", "")
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [PYTHON, str(SCRIPT), *base_args(builds, tiny_models_dir, killed, *extra)],
-        cwd=REPO_ROOT,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    marker = killed / "checkpoints" / "step-00000004" / "trainer_state.json"
-    deadline = time.time() + 300
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        assert time.time() < deadline, "no checkpoint at step 4"
-        time.sleep(0.05)
-    kill_tree(proc)  # its DataLoader worker too, which shares the output lock's descriptor
-    assert not (killed / "final").exists(), "the run finished before the kill"
+    kill_at_checkpoint([PYTHON, str(SCRIPT), *base_args(builds, tiny_models_dir, killed, *extra)], killed, 4)
     losses_at_kill = read_jsonl(killed / "loss.jsonl")
     assert train_main(base_args(builds, tiny_models_dir, killed, *extra, "--resume", "latest")) == 0
 

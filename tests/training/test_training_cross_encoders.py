@@ -11,7 +11,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +21,9 @@ from builders.app.cli import main as cli_main
 from training.finetune_clip import main as train_main
 from training.itm_objectives import sample_hard_negatives, same_image
 
-from helpers.build_helpers import ACCELERATE, accelerate_cmd, kill_tree
-from helpers.training_helpers import COLORS, REAL_FEATURES, REPO_ROOT, SCRIPT, png, read_jsonl, tiny_args, weights
-from helpers.training_helpers import write_color_set, write_counterfactuals, write_split
+from helpers.build_helpers import ACCELERATE, accelerate_cmd
+from helpers.training_helpers import COLORS, REAL_FEATURES, REPO_ROOT, SCRIPT, kill_at_checkpoint, png, read_jsonl
+from helpers.training_helpers import tiny_args, weights, write_color_set, write_counterfactuals, write_split
 
 
 @pytest.fixture(scope="module")
@@ -186,17 +185,7 @@ def test_blip_killed_under_accelerate_launch_resumes_at_the_same_step_with_the_s
     # One CPU process (accelerate's single-process launcher: `--multi_gpu` needs two).
     launch = [str(ACCELERATE), "launch", "--cpu", "--num_processes", "1", "--mixed_precision", "no"]
     cmd = [*launch, "--dynamo_backend", "no", str(SCRIPT), *_args(colors, tiny_models_dir, killed, "blip", *extra)]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    marker = killed / "checkpoints" / "step-00000004" / "trainer_state.json"
-    deadline = time.time() + 300
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        assert time.time() < deadline, "no checkpoint at step 4"
-        time.sleep(0.05)
-    kill_tree(proc)
-    assert not (killed / "final").exists(), "the run finished before the kill"
+    kill_at_checkpoint(cmd, killed, 4)
     at_kill = read_jsonl(killed / "loss.jsonl")
     assert train_main(_args(colors, tiny_models_dir, killed, "blip", *extra, "--resume", "latest")) == 0
     straight = tmp_path / "straight"
