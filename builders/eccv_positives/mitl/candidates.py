@@ -32,10 +32,32 @@ from builders.engine.precision import worker_precision
 from builders.eccv_positives.mitl.image_gallery import DatasetSource, Gallery
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.engine.provenance import model_names
+from builders.models.clip_ids import OPEN_CLIP, ClipIdError, parse_clip_id
+from builders.models.families import CLIP, FamilyError, model_family
 
 log = logging.getLogger(__name__)
 
 MODALITIES = ("i2t", "t2i")
+#: The model families a machine annotator may be, for the one line refusing any other.
+ANNOTATORS = "CLIP (transformers clip, or open_clip)"
+
+
+def check_annotator(model: str) -> None:
+    """Refuse, in one line and before any data is read, a `--model` that cannot annotate: a
+    transformers config of another family (ViLT, BLIP, a BERT ...) would otherwise be loaded into
+    a random-init CLIP or fail deep inside the embedding."""
+    backend = OPEN_CLIP if (Path(model) / "open_clip_config.json").is_file() else None
+    try:
+        if parse_clip_id(model, backend).backend == OPEN_CLIP:
+            return
+        family = model_family(model)
+    except (ClipIdError, FamilyError) as err:
+        raise UserFacingError(f"--model {model[:200]!r} {err}") from None
+    if family.family is not CLIP:
+        raise UserFacingError(
+            f"--model {model[:200]!r} is {family.family.name} ({family.architecture}), which cannot annotate: "
+            f"a machine annotator is {ANNOTATORS}"
+        )
 
 
 @dataclass
@@ -228,6 +250,8 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         raise UserFacingError(f"need 1 <= --k ({cfg.k}) <= --exclusion-depth ({cfg.exclusion_depth})")
     if (cfg.coco_root is None) == (cfg.dataset is None):
         raise UserFacingError("give the gallery as --coco-root or as --dataset (exactly one)")
+    for model in cfg.models:
+        check_annotator(model)
     gallery = Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root else Gallery.from_dataset(cfg.dataset)
     queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
     cache = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()).resolve()

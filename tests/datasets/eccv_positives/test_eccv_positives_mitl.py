@@ -449,3 +449,21 @@ def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, a
     rewritten(root / g.image_files[0])
     with pytest.raises(AssertionError, match="although its embeddings are cached"):
         embeddings.gallery_embeddings(str(model), g, cache)
+
+
+def test_a_model_of_another_family_is_refused_in_one_line_before_any_data_is_read(tiny_families_dir, tmp_path, capsys):
+    """A BERT folder (or a cross-encoder that cannot annotate yet) was loaded into a random-init
+    CLIP; now one line names it, the type found and the families accepted. The gallery given does
+    not exist: the refusal comes before it is read."""
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    for model, found in ((bert, "'bert'"), (tiny_families_dir / "flava", "FLAVA")):
+        code = cli_main(
+            ["eccv", "candidates", "--coco-root", str(tmp_path / "no-coco"), "--model", str(model)]
+            + ["--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "c.json")]
+        )
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert str(model) in err and found in err and "CLIP" in err and "no-coco" not in err, err
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "cache").exists()
