@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from counterfactory_metrics.map_at_r.topk import stable_topk
-from training.backends import TransformersRGB
+from builders.models.rgb import TransformersRGB
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
 from training.ranked_scores import SETS, first
 from training.ranked_scores import tied_scores

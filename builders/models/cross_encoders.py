@@ -28,7 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from builders.models.clip_ids import ClipId
-from training.backends import TransformersRGB
+from builders.models.rgb import TransformersRGB
 
 log = logging.getLogger(__name__)
 
