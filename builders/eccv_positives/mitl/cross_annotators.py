@@ -2,7 +2,7 @@
 
 ECCV Caption's annotators include ViLT (Chun et al. 2022, Table 1), a cross-encoder: it scores
 one (image, caption) pair per forward call and has no embedding to retrieve by, so a full ranking
-costs |images| x |captions| calls (the paper's §5 notes the cost). Here, as in the report's
+costs |images| x |captions| calls (the paper notes the cost, §4.1). Here, as in the report's
 retrieval (training/rerank.py), a first-stage annotator the user names (`--first-stage`, a CLIP)
 picks each query's top `rerank_k` by its cosine, and the cross-encoder's own G
 (builders/models/cross_encoders.py: `logits[:, 0]` for ViLT, the "match" logit for BridgeTower)
