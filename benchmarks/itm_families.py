@@ -9,7 +9,7 @@ size with random weights (builders/models/production_families.py: BLIP ITM base 
 BridgeTower large, ViLT B/32, FLAVA full; CLIP ViT-B/32 from builders/models/production_configs.py)
 with its checkpoint's image processing (builders/devtools/doctor_families.py) scores
 `--production-pairs` pairs (a few: seconds per pair on a CPU). Every cross-encoder goes through
-the adapter the report uses (training/cross_encoders.py: the model's own processor, then its ITM
+the adapter the report uses (builders/models/cross_encoders.py: the model's own processor, then its ITM
 head), `--batch` pairs a forward call; the CLIP rows encode the same images and captions and take
 the cosines. Each row names the input size the model saw (pixels, tokens). Times are the best of
 `--repeats` (the machine may be shared: two runs on this 2-core machine differed up to 30x).
@@ -89,7 +89,7 @@ def tiny_rows(root: Path, args) -> None:
     from builders.models.tiny import build_tiny_models
     from builders.models.tiny_families import build_tiny_families
     from training.backends import load_backend
-    from training.cross_encoders import load_cross_encoder
+    from builders.models.cross_encoders import load_cross_encoder
 
     clip = build_tiny_models(root)["clip"]
     images, captions = images_and_captions(args.pairs)

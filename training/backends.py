@@ -34,6 +34,7 @@ from torchvision import transforms
 from builders.models.clip import features
 from builders.models.clip_ids import TRANSFORMERS, ClipId, open_clip_model_config
 from builders.models.loaders import load_clip, load_open_clip
+from builders.models.rgb import TransformersRGB
 
 
 class DualEncoder(nn.Module):
@@ -135,7 +136,7 @@ COSINE, CLIP_LOGITS = "cosine", "logits_per_text"
 class Backend:
     """What the trainer needs from a CLIP implementation. Built by `load_backend`."""
 
-    #: Retrieval by embedding (a cross-encoder scores pairs instead: training/cross_encoders.py).
+    #: Retrieval by embedding (a cross-encoder scores pairs instead: builders/models/cross_encoders.py).
     dual_encoder = True
     #: The ITM score G of the deltas (COSINE or CLIP_LOGITS).
     g_kind = COSINE
@@ -208,18 +209,6 @@ class Backend:
         save_file(
             {k: v.contiguous() for k, v in module.model.state_dict().items()}, str(out / "open_clip_model.safetensors")
         )
-
-
-class TransformersRGB:
-    """transformers' `image_transforms.convert_to_rgb`, the first step of its CLIP image processor
-    (`do_convert_rgb`): an image with an alpha band or a transparent colour is composited over
-    white with PIL's `alpha_composite`, any other mode is PIL's `convert("RGB")` (CMYK included)."""
-
-    def __call__(self, img: Image.Image) -> Image.Image:
-        if "A" in img.getbands() or img.info.get("transparency") is not None:
-            white = Image.new("RGBA", img.size, (255, 255, 255, 255))
-            return Image.alpha_composite(white, img.convert("RGBA")).convert("RGB")
-        return img.convert("RGB")
 
 
 class FloorCenterCrop:

@@ -4,7 +4,7 @@ validation loss; the loop, data, checkpoints and evaluation are the CLIP trainer
 
 The family is read from the checkpoint's `config.json` (builders/models/families.py); `--backend
 blip|bridgetower` asks for one and is refused beside a checkpoint of another family. The model is
-the scoring adapter's (training/cross_encoders.py) with a training forward, so the evaluation
+the scoring adapter's (builders/models/cross_encoders.py) with a training forward, so the evaluation
 scores G with the weights being trained, and the final model is a `save_pretrained` folder of the
 same class (with its processor), which `counterfactory benchmark --model` scores.
 
@@ -26,8 +26,9 @@ from torchvision import transforms
 from builders.engine.errors import UserFacingError
 from builders.models.clip_ids import TRANSFORMERS, ClipId
 from builders.models.families import FamilyError, model_family
-from training.backends import Backend, FloorCenterCrop, HFTokenize, PixelPipeline, TransformersRGB, load_backend
-from training.cross_encoders import CrossEncoderBackend
+from builders.models.rgb import TransformersRGB
+from training.backends import Backend, FloorCenterCrop, HFTokenize, PixelPipeline, load_backend
+from builders.models.cross_encoders import CrossEncoderBackend
 from training.data import fixed_batches, make_loader, to_device
 from training.itm_objectives import GLOBAL_TERMS, TERMS, TRAINABLE
 from training.losses import resolve_loss

@@ -16,7 +16,7 @@ Sets (each evaluated when its source is given):
 - odmap: ODmAP@k of the decorrelation build's `odmap_queries` against `odmap_gallery`
   (gallery class mentions from its `mentioned_classes`, streaming top-k).
 - itm: ITM score deltas (G: the cosine similarity, a CLIP's logits_per_text with the report's
-  `--clip-g`, or a cross-encoder's own ITM score: training/cross_encoders.py) on the held-out counterfactual pairs
+  `--clip-g`, or a cross-encoder's own ITM score: builders/models/cross_encoders.py) on the held-out counterfactual pairs
   (IR_c, TR_c: a `cf:` mixture's validation pairs, or every pair of `--counterfactuals-split`
   when the build is not mixed into training, training/mixtures.py) and on real test pairs
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
@@ -182,10 +182,10 @@ def image_reader(ex: ExampleSet):
 
 
 def cross_encoder_scores(backend, data: EvalData, batch_size: int, workers: int = 0) -> dict[str, np.ndarray]:
-    """A cross-encoder's (training/cross_encoders.py) G of each counterfactual pair's three
+    """A cross-encoder's (builders/models/cross_encoders.py) G of each counterfactual pair's three
     scores (`cf_g`, pairs x 3); the images are decoded as they are read, a page at a time. With a
     `ranker` (training/rerank.py, set by the report), also its two-stage retrieval arrays."""
-    from training.cross_encoders import counterfactual_pair_scores
+    from builders.models.cross_encoders import counterfactual_pair_scores
 
     out = {}
     if data.cf_pairs is not None:

@@ -1,5 +1,5 @@
 """The cross-encoders' finetuning objectives: a loss per family on the scoring adapter's own model
-(training/cross_encoders.py), so the module trained is the module scored.
+(builders/models/cross_encoders.py), so the module trained is the module scored.
 
 BLIP (`--backend blip`, Li et al. 2022, BLIP's `train_retrieval.py` / `models/blip_retrieval.py`):
 
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from builders.engine.errors import UserFacingError
-from training.cross_encoders import BlipItm, BridgeTowerItm
+from builders.models.cross_encoders import BlipItm, BridgeTowerItm
 from training.losses import gather_global
 
 #: BLIP's `loss_ita + loss_itm`.

@@ -32,8 +32,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from builders.models.cross_encoders import FIRST_STAGE_METHOD
 from counterfactory_metrics.map_at_r.topk import stable_topk
-from training.backends import TransformersRGB
+from builders.models.rgb import TransformersRGB
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
 from training.ranked_scores import SETS, first
 from training.ranked_scores import tied_scores
@@ -46,7 +47,6 @@ DEFAULT_K = 256
 #: architecture -> how it ranks (the records' `retrieval.method`).
 BLIP_METHOD = "itc_top_k_reranked_by_itm_plus_itc"
 FLAVA_METHOD = "contrastive"
-FIRST_STAGE_METHOD = "first_stage_top_k_reranked_by_itm"
 OWN_FIRST_STAGE = {"BlipForImageTextRetrieval": BLIP_METHOD, "FlavaForPreTraining": FLAVA_METHOD}
 
 

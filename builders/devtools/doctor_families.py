@@ -1,6 +1,6 @@
 """The doctor's cross-encoder rows: each family the report scores (BLIP ITM base and large,
 BridgeTower large ITM, ViLT, FLAVA: builders/models/families.py) scoring image-caption pairs
-through the adapter the report uses (training/cross_encoders.py: the model's processor, then its
+through the adapter the report uses (builders/models/cross_encoders.py: the model's processor, then its
 ITM head), at its published size with random weights (builders/models/production_families.py)
 or as the tiny profile's model.
 
@@ -64,7 +64,7 @@ def cross_encoder(arch: str, tiny_root: Path, production: bool, device: str, dty
     from builders.models.production_configs import build_random
     from builders.models.production_families import FAMILY_ARCH
     from builders.models.tiny_families import build_tiny_families
-    from training.cross_encoders import ADAPTERS, CrossEncoderBackend, load_cross_encoder
+    from builders.models.cross_encoders import ADAPTERS, CrossEncoderBackend, load_cross_encoder
 
     row = next(r for r in FAMILY_ROWS if r.arch == arch)
     folder = build_tiny_families(tiny_root / "families")[row.tiny]

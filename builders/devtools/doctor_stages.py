@@ -16,7 +16,7 @@ the trainer run (not copies):
   `training.backends.HFClip`, AdamW) on 2 images, then `training.evaluation.encode_texts` and an
   image encode in eval mode;
 - `itm-blip-base|blip-large|bridgetower|vilt|flava`: `CrossEncoderBackend`'s forward (the report's
-  ITM score, training/cross_encoders.py) on the image with the caption and its counterfactual,
+  ITM score, builders/models/cross_encoders.py) on the image with the caption and its counterfactual,
   each family at its published size (builders/devtools/doctor_families.py).
 
 Each `Stage` names the components it needs (`doctor_models.ModelSource` keys) and how its memory

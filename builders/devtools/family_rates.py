@@ -1,7 +1,7 @@
 """The production table's cross-encoder rows (`benchmarks/gpu_check.py`, #51): each family the
 report scores (BLIP ITM base and large, BridgeTower large ITM, ViLT, FLAVA) at its published size
 with random weights (builders/devtools/doctor_families.py), scoring image-caption pairs through
-the report's adapter (training/cross_encoders.py): ITM pairs/s and the peak GPU memory, in the
+the report's adapter (builders/models/cross_encoders.py): ITM pairs/s and the peak GPU memory, in the
 dtype the production precision path picks on the device (`precision.worker_precision("auto")`:
 fp16 on CUDA; fp32 on the CPU, where `--cpu-tiny` runs the tiny models and the numbers mean
 nothing). The cost of a cross-encoder's ITM deltas is pairs x forward passes: three a

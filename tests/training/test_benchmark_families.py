@@ -197,7 +197,7 @@ def test_a_cross_encoder_beside_coco_gets_its_itm_deltas_and_one_line(
     per model, data and G)."""
     import logging
 
-    import training.cross_encoders as cross_encoders
+    import builders.models.cross_encoders as cross_encoders
     from builders.models.profiles import tiny_profile
     from helpers.training_helpers import report_builds
 

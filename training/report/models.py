@@ -94,7 +94,7 @@ def load_model(spec: ModelSpec, trust_pickled_weights: bool = False):
     try:
         with trusting_pickled_weights(trust_pickled_weights):
             if not spec.family.dual_encoder:
-                from training.cross_encoders import load_cross_encoder
+                from builders.models.cross_encoders import load_cross_encoder
 
                 return load_cross_encoder(spec.clip, spec.family.architecture)
             return load_backend(spec.clip)
@@ -152,9 +152,9 @@ def preprocessing_digest(backend) -> str:
     """sha256 of what turns an image and a caption into the model's inputs, which the weights
     digest does not cover: the pixel pipeline (size, mean, std, each resize/crop step's settings)
     and the tokenizer's ids of `PROBE_CAPTIONS` (a cross-encoder's: its processor's,
-    training/cross_encoders.py)."""
+    builders/models/cross_encoders.py)."""
     if not backend.dual_encoder:
-        from training.cross_encoders import preprocessing_digest as pairs_digest
+        from builders.models.cross_encoders import preprocessing_digest as pairs_digest
 
         return pairs_digest(backend, PROBE_CAPTIONS)
     p = backend.pixels

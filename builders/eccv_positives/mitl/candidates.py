@@ -27,15 +27,45 @@ from typing import Any
 
 import numpy as np
 
+from builders.eccv_positives.mitl.cross_annotators import RERANKING_HEADS, reranked_topk
+from builders.eccv_positives.mitl.cross_annotators import record as reranker_record
 from builders.eccv_positives.mitl.embeddings import gallery_embeddings
 from builders.engine.precision import worker_precision
 from builders.eccv_positives.mitl.image_gallery import DatasetSource, Gallery
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.engine.provenance import model_names
+from builders.models.clip_ids import OPEN_CLIP, ClipIdError, parse_clip_id
+from builders.models.families import CLIP, FamilyError, model_family
 
 log = logging.getLogger(__name__)
 
 MODALITIES = ("i2t", "t2i")
+#: The model families a machine annotator may be, for the one line refusing any other.
+ANNOTATORS = (
+    "CLIP (transformers clip, or open_clip), or with --first-stage a cross-encoder: "
+    "ViLT (ViltForImageAndTextRetrieval) or BridgeTower (BridgeTowerForImageAndTextRetrieval)"
+)
+
+
+def check_annotator(model: str) -> str | None:
+    """Refuse, in one line and before any data is read, a `--model` that cannot annotate: a
+    transformers config of another family (ViLT, BLIP, a BERT ...) would otherwise be loaded into
+    a random-init CLIP or fail deep inside the embedding."""
+    backend = OPEN_CLIP if (Path(model) / "open_clip_config.json").is_file() else None
+    try:
+        if parse_clip_id(model, backend).backend == OPEN_CLIP:
+            return None
+        family = model_family(model)
+    except (ClipIdError, FamilyError) as err:
+        raise UserFacingError(f"--model {model[:200]!r} {err}") from None
+    if family.architecture in RERANKING_HEADS:
+        return family.architecture
+    if family.family is not CLIP:
+        raise UserFacingError(
+            f"--model {model[:200]!r} is {family.family.name} ({family.architecture}), which cannot annotate: "
+            f"a machine annotator is {ANNOTATORS}"
+        )
+    return None
 
 
 @dataclass
@@ -65,6 +95,10 @@ class CandidatesConfig:
     #: Precision of the annotators' forward passes (`builders.engine.precision`; auto: fp16 on
     #: a GPU, fp32 elsewhere); the resolved one is recorded as `precision`.
     dtype: str = "auto"
+    #: A cross-encoder annotator re-ranks this CLIP's top `rerank_k` (cross_annotators.py).
+    first_stage: str | None = None
+    #: BLIP's COCO `k_test` (salesforce/BLIP configs/retrieval_coco.yaml), as the report's default.
+    rerank_k: int = 256
 
 
 @dataclass
@@ -218,6 +252,31 @@ def model_topk(
     return out
 
 
+def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> None:
+    crossed = [m for m, h in heads.items() if h]
+    if crossed and not cfg.first_stage:
+        raise UserFacingError(
+            f"--model {crossed[0]!r} is a cross-encoder: name the CLIP whose top --rerank-k it re-ranks "
+            "with --first-stage ID"
+        )
+    if cfg.first_stage and check_annotator(cfg.first_stage):
+        raise UserFacingError(f"--first-stage {cfg.first_stage!r} is a cross-encoder: give a CLIP")
+    if crossed and cfg.rerank_k < cfg.exclusion_depth:
+        raise UserFacingError(f"need --rerank-k ({cfg.rerank_k}) >= --exclusion-depth ({cfg.exclusion_depth})")
+
+
+def _annotator_topk(model: str, head: str | None, cfg: CandidatesConfig, round_: tuple, precision) -> dict:
+    """One annotator's top-`exclusion_depth` per modality: by its embeddings, or (a cross-encoder)
+    its G's ranking of the first stage's top `rerank_k` (cross_annotators.py)."""
+    gallery, queries, cache = round_
+    source = cfg.first_stage if head else model
+    image_emb, caption_emb = gallery_embeddings(source, gallery, cache, cfg.batch_size, precision)
+    if head is None:
+        return model_topk(image_emb, caption_emb, gallery, queries, cfg.exclusion_depth)
+    first = model_topk(image_emb, caption_emb, gallery, queries, cfg.rerank_k)
+    return reranked_topk(model, head, first, gallery, queries, cfg.exclusion_depth, (precision, cfg.batch_size))
+
+
 def find_candidates(cfg: CandidatesConfig) -> Candidates:
     if not cfg.models:
         raise UserFacingError("no machine annotator given: pass at least one --model ID")
@@ -228,6 +287,8 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         raise UserFacingError(f"need 1 <= --k ({cfg.k}) <= --exclusion-depth ({cfg.exclusion_depth})")
     if (cfg.coco_root is None) == (cfg.dataset is None):
         raise UserFacingError("give the gallery as --coco-root or as --dataset (exactly one)")
+    heads = {model: check_annotator(model) for model in cfg.models}
+    _check_first_stage(cfg, heads)
     gallery = Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root else Gallery.from_dataset(cfg.dataset)
     queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
     cache = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()).resolve()
@@ -235,8 +296,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     exclude: dict[str, dict[str, set[int]]] = {m: {} for m in MODALITIES}
     precision = worker_precision(cfg.dtype)
     for model in cfg.models:
-        image_emb, caption_emb = gallery_embeddings(model, gallery, cache, cfg.batch_size, precision)
-        top = model_topk(image_emb, caption_emb, gallery, queries, cfg.exclusion_depth)
+        top = _annotator_topk(model, heads[model], cfg, (gallery, queries, cache), precision)
         for modality in MODALITIES:
             for query, row in zip(queries[modality], top[modality].tolist(), strict=True):
                 exclude[modality].setdefault(str(query), set()).update(row)
@@ -257,6 +317,13 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         "proposals": n_raw,
         "precision": precision.as_config(),
         "gallery_left_out": gallery.left_out,
+        "rerankers": {
+            names[m]: reranker_record(
+                h, cfg.rerank_k, model_names({cfg.first_stage: cfg.first_stage})[cfg.first_stage]
+            )
+            for m, h in heads.items()
+            if h
+        },
     }
     return Candidates(
         config=config,

@@ -49,6 +49,8 @@ def _candidates(args: argparse.Namespace) -> int:
         cache_dir=str(args.cache_dir) if args.cache_dir else None,
         batch_size=args.batch_size,
         dtype=args.dtype,
+        first_stage=args.first_stage,
+        rerank_k=args.rerank_k,
     )
     with trusting_pickled_weights(args.trust_pickled_weights):
         found = find_candidates(cfg)
@@ -166,8 +168,16 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
         required=True,
         metavar="ID",
         help="a machine annotator (repeat): transformers CLIP id/folder, or open_clip "
-        "as open_clip:ARCH[:TAG], hf-hub:ORG/REPO, local-dir:PATH",
+        "as open_clip:ARCH[:TAG], hf-hub:ORG/REPO, local-dir:PATH; or a ViLT or BridgeTower ITM "
+        "cross-encoder with --first-stage",
     )
+    p.add_argument(
+        "--first-stage",
+        default=None,
+        metavar="ID",
+        help="the CLIP whose top --rerank-k a cross-encoder --model re-ranks",
+    )
+    p.add_argument("--rerank-k", type=int, default=256, help="candidates a cross-encoder re-ranks per query")
     p.add_argument("--splits", nargs="+", default=["test"], help="Karpathy splits of a COCO gallery")
     p.add_argument("--image-queries", type=int, default=1261, help="sampled image queries (paper: 1261)")
     p.add_argument("--caption-queries", type=int, default=1333, help="sampled caption queries (paper: 1333)")

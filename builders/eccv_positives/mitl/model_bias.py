@@ -25,7 +25,12 @@ from typing import Any
 import numpy as np
 
 from builders.eccv_positives.config import MITL_REPORT
-from builders.eccv_positives.mitl.candidates import Candidates, default_cache_dir, distinct_captions
+from builders.eccv_positives.mitl.candidates import (
+    Candidates,
+    check_annotator,
+    default_cache_dir,
+    distinct_captions,
+)
 from builders.eccv_positives.mitl.embeddings import gallery_embeddings
 from builders.engine.precision import worker_precision
 from builders.eccv_positives.mitl.tasks import load_tasks
@@ -84,6 +89,14 @@ def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
     sources = cands.config.get("model_sources", {})
     models = list(cfg.models) or [sources.get(name, name) for name in report["models"]]
     names = model_names({m: m for m in models})
+    for model in models:
+        # mAP@R here ranks the whole gallery by embedding; a cross-encoder's full ranking is
+        # |images| x |captions| forward calls, not built: refused in one line, not loaded as a CLIP.
+        if check_annotator(model):
+            raise UserFacingError(
+                f"model-bias ranks by embeddings; {model[:200]!r} is a cross-encoder: "
+                "pass --model for each dual-encoder (CLIP) annotator instead"
+            )
     # The round's own cache (recorded by `candidates`) holds the annotators' embeddings already.
     round_cache = cands.config.get("cache_dir")
     cache = Path(cfg.cache_dir or round_cache or default_cache_dir())

@@ -449,3 +449,73 @@ def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, a
     rewritten(root / g.image_files[0])
     with pytest.raises(AssertionError, match="although its embeddings are cached"):
         embeddings.gallery_embeddings(str(model), g, cache)
+
+
+def test_a_model_of_another_family_is_refused_in_one_line_before_any_data_is_read(tiny_families_dir, tmp_path, capsys):
+    """A BERT folder (or a cross-encoder that cannot annotate yet) was loaded into a random-init
+    CLIP; now one line names it, the type found and the families accepted. The gallery given does
+    not exist: the refusal comes before it is read."""
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    for model, found in ((bert, "'bert'"), (tiny_families_dir / "flava", "FLAVA")):
+        code = cli_main(
+            ["eccv", "candidates", "--coco-root", str(tmp_path / "no-coco"), "--model", str(model)]
+            + ["--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "c.json")]
+        )
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert str(model) in err and found in err and "CLIP" in err and "no-coco" not in err, err
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_vilt_annotator_proposes_its_own_itm_ranking(gallery, annotators, tiny_families_dir, tmp_path):
+    """ViLT, a cross-encoder, annotates by re-ranking the first stage's top --rerank-k by its ITM
+    logit; with --rerank-k the gallery size its proposals are its full ranking, computed here with
+    transformers' own ViLT calls (`logits[:, 0]`), ties to the lower gallery index."""
+    import torch
+    from transformers import ViltForImageAndTextRetrieval, ViltProcessor
+
+    vilt = str(tiny_families_dir / "vilt")
+    out = tmp_path / "c.json"
+    args = ["eccv", "candidates", "--coco-root", str(gallery["root"]), "--splits", "train", "restval", "val", "test"]
+    args += ["--image-queries", "2", "--caption-queries", "2", "--seed", "3", "--model", vilt]
+    args += ["--first-stage", annotators[0], "--rerank-k", "100000", "--cache-dir", str(tmp_path / "cache")]
+    assert cli_main([*args, "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    name = model_name(vilt)
+    assert data["config"]["rerankers"][name] == {
+        "architecture": "ViltForImageAndTextRetrieval",
+        "method": "first_stage_top_k_reranked_by_itm",
+        "k": 100000,
+        "first_stage": model_name(annotators[0]),
+        "g": "vilt_itm_logit",
+    }
+    got: dict[tuple, dict[int, int]] = {}
+    for c in data["candidates"]:
+        got.setdefault((c["modality"], c["query_id"]), {})[c["proposed_by"][name]] = c["item_id"]
+    model, proc = ViltForImageAndTextRetrieval.from_pretrained(vilt).eval(), ViltProcessor.from_pretrained(vilt)
+    images = [Image.open(p).convert("RGB") for p in gallery["paths"]]
+
+    def g(imgs, texts):
+        with torch.no_grad():
+            x = proc(images=imgs, text=texts, return_tensors="pt", padding=True, truncation=True)
+            return model(**x).logits[:, 0].numpy()
+
+    checked = 0
+    for modality in ("i2t", "t2i"):
+        for q in data["queries"][modality]:
+            if modality == "i2t":
+                items, i = gallery["caption_ids"], gallery["image_ids"].index(q)
+                scores = g([images[i]] * len(items), gallery["texts"])
+            else:
+                items, t = gallery["image_ids"], gallery["texts"][gallery["caption_ids"].index(q)]
+                scores = g(images, [t] * len(items))
+            expected = [items[j] for j in np.lexsort((np.arange(len(items)), -scores))[:5]]
+            mine = [got[(modality, q)][r] for r in sorted(got[(modality, q)])]
+            score = dict(zip(items, scores, strict=True))
+            assert len(mine) == 5 and all(
+                abs(score[a] - score[b]) <= 1e-5 for a, b in zip(mine, expected, strict=True)
+            ), (q, mine)
+            checked += 1
+    assert checked == 4

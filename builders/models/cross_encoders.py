@@ -28,9 +28,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from builders.models.clip_ids import ClipId
-from training.backends import TransformersRGB
+from builders.models.rgb import TransformersRGB
 
 log = logging.getLogger(__name__)
+
+#: How a cross-encoder with no dual encoder (ViLT, BridgeTower's ITM head) ranks: the top k of a
+#: first-stage model re-ranked by its G (training/rerank.py; the MITL annotators, builders/eccv_positives/METHOD.md §2).
+FIRST_STAGE_METHOD = "first_stage_top_k_reranked_by_itm"
 
 
 class CrossEncoder(nn.Module):
