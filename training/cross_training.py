@@ -85,6 +85,10 @@ class CrossEncoderTraining(CrossEncoderBackend, Backend):
         module.model.save_pretrained(out)
         self.processor.save_pretrained(out)
 
+    def validation_loss(self, module, examples, batch_size: int, workers: int) -> float:
+        """The evaluation's validation loss (`cross_validation_loss`), asked of the backend."""
+        return cross_validation_loss(module, self, examples, batch_size, workers)
+
     def record(self) -> dict:
         """run.json's `objective`: the loss, each term's weight, and what the family samples."""
         return {"name": self.objective, "weights": TERMS[self.objective], "hard_negatives_per_row": 1}
