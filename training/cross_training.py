@@ -86,6 +86,10 @@ class CrossEncoderTraining(CrossEncoderBackend, Backend):
         module.model.save_pretrained(out)
         self.processor.save_pretrained(out)
 
+    def validation_loss(self, module, examples, batch_size: int, workers: int) -> float:
+        """The evaluation's validation loss (`cross_validation_loss`), asked of the backend."""
+        return cross_validation_loss(module, self, examples, batch_size, workers)
+
     def record(self) -> dict:
         """run.json's `objective`: the loss, each term's weight, and what the family samples."""
         return {"name": self.objective, "weights": TERMS[self.objective], "hard_negatives_per_row": 1}
@@ -118,7 +122,28 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS) -> Backend:
 
     model, processor = load_image_text_model(clip.name, found.architecture)
     module = TRAINABLE[found.architecture](model.train())
-    return CrossEncoderTraining(clip, module, processor, found.family.model_type)
+    backend = CrossEncoderTraining(clip, module, processor, found.family.model_type)
+    backend.ranker = trainer_ranker(backend, clip.label, found.architecture)
+    return backend
+
+
+def trainer_ranker(backend, label: str, architecture: str):
+    """The evaluation's retrieval by the cross-encoder (training/rerank.py, the code `counterfactory
+    benchmark` ranks with, at its default k): BLIP's ITC top k re-ranked by ITM + ITC. An ITM model
+    with no contrastive head (BridgeTower's) has no first stage here: its real pairs' G only, said
+    in one line."""
+    from training.rerank import DEFAULT_K, FIRST_STAGE_METHOD, Ranker, RankerSpec, method_of
+
+    method = method_of(architecture)
+    if method != FIRST_STAGE_METHOD:
+        return Ranker(backend, RankerSpec(method, DEFAULT_K))
+    log.warning(
+        "--model %s (%s) has no first stage in the trainer: no retrieval metrics (R@K, ODmAP), the ITM "
+        "deltas still run; `counterfactory benchmark --first-stage MODEL` ranks by re-ranking",
+        label,
+        architecture,
+    )
+    return Ranker(backend, None)
 
 
 def check_cross_options(cfg) -> None:
@@ -144,13 +169,14 @@ def check_cross_options(cfg) -> None:
 def resolve_objective(cfg, backend) -> dict:
     """Set `cfg.optim.loss` to what the model trains with: a dual encoder's `--loss` as the model
     was trained (training/losses.py), a cross-encoder's family objective (its options checked);
-    the run record's `objective` entry (none for a dual encoder)."""
+    the run record's `objective` and `retrieval` (method, k) entries (none for a dual encoder)."""
     if backend.dual_encoder:
         cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
         return {}
     check_cross_options(cfg)
     cfg.optim.loss = backend.objective
-    return {"objective": backend.record()}
+    spec = backend.ranker.spec
+    return {"objective": backend.record(), "retrieval": spec.record() if spec else None}
 
 
 def step_seed(seed: int, step: int, process: int) -> int:

@@ -439,9 +439,7 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
 def validation_loss(module, backend, examples: ExampleSet, batch_size: int, workers: int, loss: str = "clip") -> float:
     """The mean `--loss` (clip or siglip) over in-order batches of `examples`."""
     if not backend.dual_encoder:  # a cross-encoder's own objective (training/cross_training.py)
-        from training.cross_training import cross_validation_loss
-
-        return cross_validation_loss(module, backend, examples, batch_size, workers)
+        return backend.validation_loss(module, examples, batch_size, workers)
     loader = make_loader(examples, fixed_batches(len(examples), batch_size), backend, workers)
     losses, sizes = [], []
     device = module_device(module)

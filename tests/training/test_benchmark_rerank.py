@@ -17,6 +17,7 @@ import torch
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
 from helpers.training_helpers import read_jsonl, report_builds
+from training.rerank import BLIP_METHOD
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -261,3 +262,57 @@ def test_the_results_dataset_keeps_k_and_the_first_stage(
         for r in rows
         if r["task"] == "zeroshot_retrieval"
     )
+
+
+def _eval_only(folder, builds, out, *extra: str) -> int:
+    """`counterfactory train --eval-only --model folder` on the coco build and the counterfactuals."""
+    cc, _, cf = builds
+    argv = ["train", "--real", str(cc), "--counterfactuals", str(cf), "--model", str(folder), "--eval-only"]
+    argv += ["--num-workers", "0", "--eval-batch-size", "7", "--report-to", "none", "--bootstrap", "20"]
+    return cli_main([*argv, "--output", str(out), *extra])
+
+
+def test_train_eval_only_ranks_blip_as_the_benchmark_does(builds, tiny_families_dir, tmp_path):
+    """The trainer's evaluation of a BLIP model has R@K by the benchmark's two-stage ranking (k =
+    256 >= the gallery: brute force's full ranking), equal to the benchmark's numbers, with the
+    method and k in run.json, beside the ITM deltas of the counterfactual and the real pairs."""
+    cc, _, _ = builds
+    folder, bench = tiny_families_dir / "blip", tmp_path / "bench"
+    assert cli_main(["benchmark", "--model", str(folder), "--coco", str(cc), "--output", str(bench), *COMMON]) == 0
+    (ranked,) = [r for r in read_jsonl(bench / "results.jsonl") if r["task"] == "zeroshot_retrieval"]
+    assert _eval_only(folder, builds, tmp_path / "run") == 0
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["retrieval"] == ranked["retrieval"] == {"method": BLIP_METHOD, "k": 256, "first_stage": None}
+    final = record["final_metrics"]
+    recalls = {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("zeroshot_retrieval/")}
+    assert len(recalls) >= 6 and set(ranked["metrics"]) <= set(recalls)
+    for name, value in ranked["metrics"].items():
+        assert recalls[name] == pytest.approx(value, abs=1e-6), name
+    _in_bounds(recalls, _recall_bounds(_brute_force(folder, "blip", cc), _test_split(cc)[2], 1e-5))
+    assert {"itm/IR_c_mean", "itm/TR_c_mean", "itm/IR_r_mean", "itm/TR_r_mean"} <= final.keys()
+    assert "zeroshot_retrieval/text_retrieval_recall@1" in record["final_intervals"]
+
+
+def test_train_eval_only_of_bridgetower_scores_its_deltas_and_says_why_no_recall(
+    builds, tiny_families_dir, tmp_path, caplog
+):
+    folder = tiny_families_dir / "bridgetower"
+    with caplog.at_level(logging.WARNING):
+        assert _eval_only(folder, builds, tmp_path / "run") == 0
+    said = [r.getMessage() for r in caplog.records if "first stage" in r.getMessage()]
+    assert len(said) == 1 and "benchmark --first-stage" in said[0] and "ITM deltas" in said[0], said
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["retrieval"] is None
+    final = record["final_metrics"]
+    assert {"itm/IR_c_mean", "itm/TR_c_mean", "itm/IR_r_mean", "itm/TR_r_mean"} <= final.keys()
+    assert not [k for k in final if k.startswith(("zeroshot_retrieval/", "odmap/"))]
+
+
+@pytest.mark.parametrize("family", ["vilt", "flava"])
+def test_train_eval_only_refuses_vilt_and_flava_in_one_line_naming_the_benchmark(
+    family, builds, tiny_families_dir, tmp_path, capsys
+):
+    capsys.readouterr()
+    assert _eval_only(tiny_families_dir / family, builds, tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "counterfactory benchmark" in err, err

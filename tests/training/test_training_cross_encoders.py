@@ -239,3 +239,22 @@ def test_the_bridgetower_recipe_is_le2023s_stated_hyperparameters_on_bridgetower
     assert (o.optimizer, o.lr, o.weight_decay, o.batch_size) == ("adamw", 5e-7, 0.001, 128)
     assert (cfg.run.backend, cfg.run.best_by_val_loss) == ("bridgetower", True)
     assert cfg.run.model == "BridgeTower/bridgetower-large-itm-mlm-itc"
+
+
+@pytest.mark.e2e
+def test_blip_training_evaluates_recall_before_and_after_by_the_benchmarks_reranking(
+    colors, tiny_models_dir, tmp_path
+):
+    # One step on the colour set, its 16 test images x 80 captions ranked before and after by
+    # training/rerank.py (BLIP's ITC top 256 re-ranked by ITM + ITC: every pair, k >= gallery).
+    out = tmp_path / "run"
+    assert cli_main(["train", *_args(colors, tiny_models_dir, out, "blip", "--max-steps", "1", "--epochs", "1")]) == 0
+    record = json.loads((out / "run.json").read_text())
+    assert record["retrieval"] == {"method": "itc_top_k_reranked_by_itm_plus_itc", "k": 256, "first_stage": None}
+    recalls = [f"zeroshot_retrieval/{d}_retrieval_recall@{k}" for d in ("text", "image") for k in (1, 5, 10)]
+    before = json.loads((out / "before.json").read_text())
+    for name in recalls:
+        assert 0 <= before[name] <= 1 and 0 <= record["final_metrics"][name] <= 1, name
+        row = record["before_after"][name]
+        assert row["difference"] == pytest.approx(record["final_metrics"][name] - before[name])
+    assert "zeroshot\\_retrieval/text\\_retrieval\\_recall@1" in (out / "final" / "README.md").read_text()
