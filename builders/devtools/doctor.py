@@ -94,6 +94,8 @@ class Row:
     #: A training row's recipe batch (examples) and the GPU memory (GiB, fp16) a step of it takes.
     recipe_batch: int = 0
     recipe_batch_gib: float | None = None
+    #: MiB a pair of the B x B no-gradient pass takes (measured in fp32; 0: none).
+    square_mib_per_pair: float = 0.0
 
 
 class PeakMemory:
@@ -178,7 +180,7 @@ def recipe_memory(stage: Stage, static: float, per_item_fp16: float, square_fp16
         f"+ {step / (1 << 30):.1f} activations"
     )
     if square:
-        note += f" | B x B no-grad pass {b * b:,} pairs {square / (1 << 30):.1f} GiB, the larger counts"
+        note += f"; B x B no-grad pass {b * b:,} pairs {square / (1 << 30):.1f} GiB, the larger counts"
     return b, round(gib, 2), note
 
 
@@ -220,6 +222,7 @@ def measure(stage: Stage, src: ModelSource, settings: StageSettings, shared: dic
         note="; ".join(notes),
         recipe_batch=recipe[0],
         recipe_batch_gib=recipe[1],
+        square_mib_per_pair=round(result.square_bytes_per_pair / MIB, 3),
     )
 
 
