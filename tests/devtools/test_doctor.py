@@ -411,7 +411,7 @@ def test_doctor_training_row_per_family_gives_the_recipe_batch_memory(tmp_path, 
         assert row["items"] == 2 and row["unit"] == "examples" and row["recipe_batch"] == batch, row
         assert row["note"].startswith("one step: loss "), row
         params = row["weights_mib"] * MIB / 4
-        act = max(row["activation_mib_per_item"], 1.0) * MIB / 2
+        act = row["activation_mib_per_item"] * MIB / 2
         square = row["square_mib_per_pair"] * MIB / 2
         want = (16 * params + max(batch * act, batch * batch * square)) / GIB
         assert row["recipe_batch_gib"] == pytest.approx(want, rel=0.02, abs=0.01), row
