@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import threading
@@ -90,6 +91,11 @@ class Row:
     #: GPU memory (GiB) -> the batch (in `unit`) that fits it in fp16, extrapolated.
     batch_fp16: dict[str, int] = field(default_factory=dict)
     note: str = ""
+    #: A training row's recipe batch (examples) and the GPU memory (GiB, fp16) a step of it takes.
+    recipe_batch: int = 0
+    recipe_batch_gib: float | None = None
+    #: MiB a pair of the B x B no-gradient pass takes (measured in fp32; 0: none).
+    square_mib_per_pair: float = 0.0
 
 
 class PeakMemory:
@@ -150,10 +156,32 @@ def follow_tensors_in_rss() -> None:
         log.info("doctor: not glibc; the RSS may miss memory reused from earlier stages")
 
 
-def fitting_batch(gpu_gib: float, static_bytes: float, per_item_bytes: float) -> int:
-    """Items per batch that fit `gpu_gib` next to `static_bytes` (0: not even the weights)."""
+def fitting_batch(gpu_gib: float, static_bytes: float, per_item_bytes: float, square_bytes: float = 0.0) -> int:
+    """Items per batch that fit `gpu_gib` next to `static_bytes` (0: not even the weights); with
+    `square_bytes`, a batch of B also runs a pass over B x B pairs of that many bytes each, before
+    the activations of the step are held (the larger of the two counts)."""
     free = gpu_gib * (1 << 30) * HEADROOM - static_bytes
-    return max(0, int(free // per_item_bytes)) if free > 0 else 0
+    if free <= 0:
+        return 0
+    batch = int(free // per_item_bytes)
+    return min(batch, math.isqrt(int(free // square_bytes))) if square_bytes > 0 else batch
+
+
+def recipe_memory(stage: Stage, static: float, per_item_fp16: float, square_fp16: float) -> tuple[int, float, str]:
+    """(recipe batch, its GiB, a note) of a training stage with a recipe: the fixed bytes plus the
+    larger of the step's activations (batch x per item) and the B x B no-gradient pass."""
+    from builders.devtools.family_training import recipe_batch
+
+    b = recipe_batch(stage.recipe)
+    step, square = b * per_item_fp16, b * b * square_fp16
+    gib = (static + max(step, square)) / (1 << 30)
+    note = (
+        f"{stage.recipe} batch {b}: {gib:.1f} GiB = {static / (1 << 30):.1f} fixed (16 B/param) "
+        f"+ {step / (1 << 30):.1f} activations"
+    )
+    if square:
+        note += f"; B x B no-grad pass {b * b:,} pairs {square / (1 << 30):.1f} GiB, the larger counts"
+    return b, round(gib, 2), note
 
 
 def measure(stage: Stage, src: ModelSource, settings: StageSettings, shared: dict) -> Row:
@@ -178,6 +206,9 @@ def measure(stage: Stage, src: ModelSource, settings: StageSettings, shared: dic
         )
     static = params * (TRAIN_STATIC_BYTES if stage.train else 2)
     per_item_fp16 = per_item / 2 * scale
+    square_fp16 = result.square_bytes_per_pair / 2
+    recipe = recipe_memory(stage, static, per_item_fp16, square_fp16) if stage.recipe else (0, None, "")
+    notes += [recipe[2]] if recipe[2] else []
     return Row(
         stage=stage.name,
         models=stage.models,
@@ -187,8 +218,11 @@ def measure(stage: Stage, src: ModelSource, settings: StageSettings, shared: dic
         peak_mib=round((params * 4 + max(memory.peak - memory.base, 0)) / MIB, 1),
         items=result.items,
         unit=stage.unit,
-        batch_fp16={str(g): fitting_batch(g, static, per_item_fp16) for g in GPU_GIB},
+        batch_fp16={str(g): fitting_batch(g, static, per_item_fp16, square_fp16) for g in GPU_GIB},
         note="; ".join(notes),
+        recipe_batch=recipe[0],
+        recipe_batch_gib=recipe[1],
+        square_mib_per_pair=round(result.square_bytes_per_pair / MIB, 3),
     )
 
 
@@ -235,7 +269,7 @@ def measured_on(device: str) -> str:
 
 
 HEADER = (
-    f"{'stage':<17}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
+    f"{'stage':<19}{'models':<30}{'time s':>8}{'weights MiB':>12}{'act MiB/item':>13}"
     f"{'peak MiB':>10}  {'batch @24/40/80 GB fp16':<34}note"
 )
 
@@ -243,7 +277,7 @@ HEADER = (
 def format_row(r: Row) -> str:
     batches = "/".join(str(r.batch_fp16[str(g)]) for g in GPU_GIB)
     return (
-        f"{r.stage:<17}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
+        f"{r.stage:<19}{r.models:<30}{r.seconds:>8.2f}{r.weights_mib:>12.1f}"
         f"{r.activation_mib_per_item:>13.1f}{r.peak_mib:>10.1f}  "
         f"{batches + ' ' + r.unit:<34}{r.note}"
     )

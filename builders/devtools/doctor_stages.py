@@ -15,6 +15,11 @@ the trainer run (not copies):
 - `train-vit-b32|train-vit-l14`: one step of the trainer's loss (`training.losses.clip_loss` on
   `training.backends.HFClip`, AdamW) on 2 images, then `training.evaluation.encode_texts` and an
   image encode in eval mode;
+- `train-blip-base|blip-large|bridgetower`: one optimizer step of the family's finetuning objective
+  (training/itm_objectives.py through the trainer's `cross_encoder_step`, AdamW) on 2 examples at
+  the published size (builders/devtools/family_training.py); its row adds the memory of a batch
+  of the family's recipe (kim2023-blip: 16, le2023-bridgetower: 128), with BridgeTower's B x B
+  no-gradient scoring pass measured alone;
 - `itm-blip-base|blip-large|bridgetower|vilt|flava`: `CrossEncoderBackend`'s forward (the report's
   ITM score, builders/models/cross_encoders.py) on the image with the caption and its counterfactual,
   each family at its published size (builders/devtools/doctor_families.py).
@@ -33,6 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from builders.devtools.doctor_families import FAMILY_ROWS
+from builders.devtools.family_training import TRAIN_ROWS, TrainRow
 from builders.devtools.doctor_models import ModelSource
 
 CAPTION, COUNTERFACTUAL = "a dog sitting on a couch next to a lamp", "a cat sitting on a couch next to a lamp"
@@ -51,6 +57,8 @@ class StageResult:
 
     items: int
     note: str = ""
+    #: Bytes a pair of a no-gradient pass over B x B pairs takes (0: the stage has none).
+    square_bytes_per_pair: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,8 @@ class Stage:
     train: bool = False
     #: The models it stands for (shown in the table).
     models: str = ""
+    #: A training recipe (training/config.py): the row adds the memory of its batch.
+    recipe: str = ""
 
 
 def _image(resolution: int, shared: dict):
@@ -206,6 +216,31 @@ def _train_step(scorer: Any, device: str) -> StageResult:
     return StageResult(2, f"loss {loss.item():.3f}; eval R@1 {recall:.2f} on 2 images")
 
 
+def family_train_runner(row: TrainRow) -> Callable[[ModelSource, StageSettings, dict], StageResult]:
+    def run(src: ModelSource, s: StageSettings, shared: dict) -> StageResult:
+        from builders.devtools import family_training as ft
+        from builders.devtools.doctor import PeakMemory
+
+        backend = ft.training_backend(src.get(row.arch))
+        batch = ft.example_batch(backend, ft.STEP_EXAMPLES, src.device)
+        accelerator = ft.OneProcess(src.device)
+        square = 0.0
+        if row.square:
+            # Before the step (no gradients or moments yet): the pass alone, per pair scored. On
+            # CUDA this resets the peak counter, which the step's own B x B pass then raises again.
+            with PeakMemory(src.device) as memory:
+                pairs = ft.square_pass(backend, batch, accelerator)
+            square = max(memory.peak - memory.base, 0) / pairs
+        optimizer = ft.optimizer_for(backend)
+        terms = ft.train_step(backend, batch, optimizer, accelerator)
+        backend.module.eval()
+        del optimizer
+        losses = ", ".join(f"{k} {v:.3f}" for k, v in terms.items())
+        return StageResult(ft.STEP_EXAMPLES, f"one step: {losses}", square_bytes_per_pair=square)
+
+    return run
+
+
 def itm_runner(key: str) -> Callable[[ModelSource, StageSettings, dict], StageResult]:
     def run(src: ModelSource, s: StageSettings, shared: dict) -> StageResult:
         from builders.devtools.doctor_families import score_pairs
@@ -232,6 +267,18 @@ STAGES: tuple[Stage, ...] = (
     Stage("train-vit-b32", ("clip",), "images", train_runner("clip"), train=True, models="CLIP ViT-B/32"),
     Stage(
         "train-vit-l14", ("clip_filter",), "images", train_runner("clip_filter"), train=True, models="CLIP ViT-L/14"
+    ),
+    *(
+        Stage(
+            row.stage,
+            (row.arch,),
+            "examples",
+            family_train_runner(row),
+            train=True,
+            models=row.models,
+            recipe=row.recipe,
+        )
+        for row in TRAIN_ROWS
     ),
     *(Stage(row.stage, (row.arch,), "pairs", itm_runner(row.arch), models=row.models) for row in FAMILY_ROWS),
 )

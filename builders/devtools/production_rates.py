@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from builders.devtools.doctor_generators import SHAPES
-from builders.devtools.family_rates import family_rows
+from builders.devtools.family_rates import family_rows, training_rows
 from builders.counterfactuals.config import ImageStageConfig
 from builders.devtools.generator_rates import GIB, device_memory, fits, timed
 from builders.devtools.production_plan import (
@@ -353,7 +353,8 @@ def production_table(cfg: TableConfig, emit=lambda rows: rows) -> list[Row]:
     rows = emit([Row("assumption", line, None, "") for line in cfg.assume.lines()])
     rows += emit(sd15_rows(cfg))
     rows += generator_rows(cfg, emit)
-    return rows + emit(family_rows(cfg, Row, _reset_peak, _peak))
+    rows += emit(family_rows(cfg, Row, _reset_peak, _peak))
+    return rows + emit(training_rows(cfg, Row, _reset_peak, _peak))
 
 
 def format_header(header: dict[str, str]) -> str:

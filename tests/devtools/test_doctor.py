@@ -389,3 +389,67 @@ def test_gpu_check_cpu_tiny_prints_a_row_per_cross_encoder(cpu_tiny):
         assert re.fullmatch(r"fp32, \d+x\d+ px, \d+ tokens, 4 pairs a forward", row[1]), row
         kind = next(k for prefix, k in kinds.items() if name.startswith(f"ITM {prefix}"))
         assert row[6].startswith(f"G {kind}"), row
+
+
+TRAIN_STAGES = ("train-blip-base", "train-blip-large", "train-bridgetower")
+GIB, MIB = 2**30, 2**20
+
+
+def test_doctor_training_row_per_family_gives_the_recipe_batch_memory(tmp_path, tiny_models_dir, capsys):
+    """#53: a training row per family the trainer finetunes, one step of its objective (2 examples),
+    with the memory of the recipe's batch (kim2023-blip 16, le2023-bridgetower 128), checked here
+    against the arithmetic written out: 16 B/parameter fixed (fp32 weights, gradients, AdamW's two
+    moments) + the larger of batch x fp16 activations per example and BridgeTower's
+    batch^2 x fp16 no-grad pair."""
+    report = _doctor(
+        tmp_path, tiny_models_dir, "--models", "tiny", "--stages", ",".join(TRAIN_STAGES), "--generators", "none"
+    )
+    _check_rows(report, TRAIN_STAGES)
+    rows = {r["stage"]: r for r in report["rows"]}
+    for stage, batch in zip(TRAIN_STAGES, (16, 16, 128), strict=True):
+        row = rows[stage]
+        assert row["items"] == 2 and row["unit"] == "examples" and row["recipe_batch"] == batch, row
+        assert row["note"].startswith("one step: loss "), row
+        params = row["weights_mib"] * MIB / 4
+        act = row["activation_mib_per_item"] * MIB / 2
+        square = row["square_mib_per_pair"] * MIB / 2
+        want = (16 * params + max(batch * act, batch * batch * square)) / GIB
+        assert row["recipe_batch_gib"] == pytest.approx(want, rel=0.02, abs=0.01), row
+        free = 24 * GIB * 0.9 - 16 * params
+        fits = min(free // act, int((free // square) ** 0.5) if square else free // act)
+        assert row["batch_fp16"]["24"] == pytest.approx(fits, rel=0.02), row
+        assert f"batch {batch}: " in row["note"], row
+    bridgetower = rows["train-bridgetower"]
+    # Its objective scores the B x B in-batch pairs without gradient: measured, and named in the note.
+    assert bridgetower["square_mib_per_pair"] > 0 and "16,384 pairs" in bridgetower["note"], bridgetower
+    assert rows["train-blip-base"]["square_mib_per_pair"] == 0
+    printed = capsys.readouterr().out
+    assert all(f"{stage} " in printed for stage in TRAIN_STAGES), printed
+    assert "le2023-bridgetower batch 128: " in printed and "kim2023-blip batch 16: " in printed
+
+
+def test_doctor_training_row_at_the_published_size(tmp_path, tiny_models_dir):
+    from builders.models.production_configs import build_empty, parameter_count
+    from builders.models.production_families import FAMILY_ARCH
+
+    report = _doctor(tmp_path, tiny_models_dir, "--stages", "train-blip-base", "--generators", "none")
+    _check_rows(report, ["train-blip-base"])
+    row = report["rows"][0]
+    count = parameter_count(build_empty(FAMILY_ARCH["blip_itm_base"]))
+    assert row["weights_mib"] == pytest.approx(count * 4 / MIB, abs=0.1), row
+    # The fixed part alone: 16 B/parameter, then the 16 examples' activations on top.
+    assert row["recipe_batch_gib"] > 16 * count / GIB and row["recipe_batch"] == 16, row
+
+
+def test_gpu_check_cpu_tiny_prints_a_training_row_per_family(cpu_tiny):
+    """#53: the production table's training rows (builders/devtools/family_rates.py): optimizer
+    steps/s of each family's objective, with its recipe's batch named (fp32 on the CPU)."""
+    rows = {r[0]: r for r in _table(cpu_tiny[0]) if r[0].startswith("train ")}
+    families = ("BLIP ITM base", "BLIP ITM large", "BridgeTower large ITM")
+    assert len(rows) == 3 and all(any(name.startswith(f"train {f}") for name in rows) for f in families), rows
+    recipes = {"BLIP": "kim2023-blip: 16", "Bridge": "le2023-bridgetower: 128"}
+    for name, row in rows.items():
+        assert row[3] == "steps/s" and float(row[2]) > 0, row
+        recipe = next(r for prefix, r in recipes.items() if name.startswith(f"train {prefix}"))
+        assert row[1] == f"fp32, batch 4 ({recipe})", row
+        assert "one step: loss " in row[6], row
