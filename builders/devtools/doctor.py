@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import platform
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Callable, Sequence
 
 from builders.devtools.doctor_models import ModelSource
 from builders.devtools.doctor_stages import STAGE_NAMES, STAGES, Stage, StageSettings
+from builders.devtools.peak_memory import PeakMemory
 from builders.engine.errors import OutputError, UserFacingError
 
 log = logging.getLogger(__name__)
@@ -96,48 +96,6 @@ class Row:
     recipe_batch_gib: float | None = None
     #: MiB a pair of the B x B no-gradient pass takes (measured in fp32; 0: none).
     square_mib_per_pair: float = 0.0
-
-
-class PeakMemory:
-    """Peak memory while inside the block, and the memory when it began (bytes)."""
-
-    def __init__(self, device: str, interval: float = 0.002) -> None:
-        self.device, self.interval = device, interval
-        self.base = self.peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> PeakMemory:
-        import torch
-
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base = torch.cuda.memory_allocated(self.device)
-            return self
-        import psutil
-
-        process = psutil.Process()
-        self.base = self.peak = process.memory_info().rss
-
-        def sample() -> None:
-            while not self._stop.is_set():
-                self.peak = max(self.peak, process.memory_info().rss)
-                time.sleep(self.interval)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import torch
-
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(self.device)
-            return
-        self._stop.set()
-        self._thread.join()
 
 
 def follow_tensors_in_rss() -> None:

@@ -276,7 +276,7 @@ def activations_meta(generator: str) -> tuple[int, int]:
 def activations_measured(generator: str, side: int, device: str) -> tuple[int, int]:
     """(denoiser, decode) bytes per pair measured at `side` px on `device`: the real-size
     components with random weights, in fp32 on the CPU, in the run dtype on CUDA."""
-    from builders.devtools.doctor import PeakMemory
+    from builders.devtools.peak_memory import PeakMemory
     from builders.models.production_configs import build_random
 
     shape, archs = SHAPES[generator], components(generator)

@@ -219,7 +219,7 @@ def _train_step(scorer: Any, device: str) -> StageResult:
 def family_train_runner(row: TrainRow) -> Callable[[ModelSource, StageSettings, dict], StageResult]:
     def run(src: ModelSource, s: StageSettings, shared: dict) -> StageResult:
         from builders.devtools import family_training as ft
-        from builders.devtools.doctor import PeakMemory
+        from builders.devtools.peak_memory import PeakMemory
 
         backend = ft.training_backend(src.get(row.arch))
         batch = ft.example_batch(backend, ft.STEP_EXAMPLES, src.device)
