@@ -81,6 +81,7 @@ def test_a_training_step_feeds_the_batch_on_the_accelerators_device(negatives):
     session = SimpleNamespace(
         accelerator=OneProcessAccelerator(RUN_DEVICE),
         model=model,
+        backend=SimpleNamespace(dual_encoder=True),
         cfg=SimpleNamespace(optim=SimpleNamespace(grad_accum=1, loss="clip")),
     )
     with pytest.raises(Reached):
@@ -93,7 +94,7 @@ def test_evaluation_encodes_on_the_models_device(monkeypatch):
     monkeypatch.setattr(
         evaluation, "make_loader", lambda examples, batches, backend, workers: [cpu_batch(len(b)) for b in batches]
     )
-    backend = SimpleNamespace(tokenize=lambda texts: cpu_batch(len(texts))["text"])
+    backend = SimpleNamespace(tokenize=lambda texts: cpu_batch(len(texts))["text"], dual_encoder=True)
     model = Recorder()
     images = evaluation.encode_images(model, backend, [0, 1, 2], batch_size=2, workers=0)
     texts = evaluation.encode_texts(model, backend, ["a", "b", "c"], batch_size=2)

@@ -501,6 +501,7 @@ def test_train_help_lists_every_config_field_with_help(capsys):
 def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, monkeypatch):
     import open_clip
 
+    import training.cross_training
     import training.trainer
     from builders.engine.errors import UserFacingError
     from builders.models.clip_ids import OPEN_CLIP, ClipId
@@ -527,7 +528,7 @@ def test_open_clip_backend_defaults_to_vit_b_32_with_openai_weights(tmp_path, mo
     def fake_load(clip):
         raise Loaded(clip)
 
-    monkeypatch.setattr(training.trainer, "load_backend", fake_load)
+    monkeypatch.setattr(training.cross_training, "load_backend", fake_load)
     with pytest.raises(Loaded) as got:
         training.trainer.run(_parse("--backend", "open_clip", "--output", str(tmp_path / "run")))
     assert got.value.args == (ClipId(OPEN_CLIP, "ViT-B-32", "ViT-B-32", "openai"),)
