@@ -30,9 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from builders.models.cross_encoders import FIRST_STAGE_METHOD
+from builders.models.cross_encoders import FIRST_STAGE_METHOD, score_pairs
 from counterfactory_metrics.map_at_r.topk import stable_topk
 from builders.models.rgb import TransformersRGB
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
@@ -192,23 +191,20 @@ class _PairPool:
         )
 
     def score(self, backend, examples: dict, batch: int) -> np.ndarray:
-        """G of every pair, in pool order: pairs sorted by image so a batch decodes few images,
-        `batch` pairs a forward call, with progress and an ETA."""
-        order = sorted(self.index.items(), key=lambda item: item[0][:2])
-        out = np.zeros(len(order), np.float32)
+        """G of every pair, in pool order (`score_pairs`: sorted by image, `batch` pairs a
+        forward call, with progress and an ETA); `examples`: each set's examples."""
         readers = {which: image_reader(ex) for which, ex in examples.items() if ex is not None}
-        with tqdm(total=len(order), desc=f"re-rank pairs of {backend.model_id}", unit="pair", leave=False) as bar:
-            for start in range(0, len(order), batch):
-                chunk = order[start : start + batch]
-                wanted = list(dict.fromkeys((w, r) for (w, r, _), _ in chunk))
-                decoded = {}
-                for which in dict.fromkeys(w for w, _ in wanted):
-                    rows = [r for w, r in wanted if w == which]
-                    decoded.update({(which, r): img for r, img in zip(rows, readers[which](rows), strict=True)})
-                g = backend.score([decoded[(w, r)] for (w, r, _), _ in chunk], [t for (_, _, t), _ in chunk])
-                out[[i for _, i in chunk]] = g.numpy()
-                bar.update(len(chunk))
-        return out
+
+        def read(keys: list[tuple[str, int]]) -> list:
+            decoded = {}
+            for which in dict.fromkeys(w for w, _ in keys):
+                rows = [r for w, r in keys if w == which]
+                decoded.update({(which, r): img for r, img in zip(rows, readers[which](rows), strict=True)})
+            return [decoded[key] for key in keys]
+
+        # The pool's keys in insertion order are its indices 0, 1, ... (`add`).
+        pairs = [((which, row), text) for which, row, text in self.index]
+        return score_pairs(backend, pairs, read, batch, f"re-rank pairs of {backend.model_id}")
 
 
 def ranker(backend, spec, k: int, first_stage=None) -> Ranker:

@@ -133,6 +133,22 @@ def preprocessing_digest(backend: CrossEncoderBackend, probe: list[str]) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def score_pairs(backend: CrossEncoderBackend, pairs: list[tuple], read, batch: int, desc: str) -> np.ndarray:
+    """G of each (image key, caption) of `pairs`, in their order. The pairs are scored sorted by
+    image key (stable), so a call of `batch` pairs decodes few images; `read(keys)` gives the
+    images of a list of distinct keys. Progress with an ETA."""
+    order = sorted(range(len(pairs)), key=lambda n: pairs[n][0])
+    out = np.zeros(len(pairs), dtype=np.float32)
+    with tqdm(total=len(order), desc=desc, unit="pair", leave=False) as bar:
+        for start in range(0, len(order), batch):
+            chunk = order[start : start + batch]
+            keys = list(dict.fromkeys(pairs[n][0] for n in chunk))
+            images = dict(zip(keys, read(keys), strict=True))
+            out[chunk] = backend.score([images[pairs[n][0]] for n in chunk], [pairs[n][1] for n in chunk]).numpy()
+            bar.update(len(chunk))
+    return out
+
+
 def counterfactual_pair_scores(backend: CrossEncoderBackend, images, captions: list[str], batch: int) -> np.ndarray:
     """(pairs, 3): G(C_c, I_c^s), G(C_c, I_o^s) and G(C_o, I_c^s) of each counterfactual pair,
     the three scores of IR_c and TR_c (`itm_inputs`). `images(rows)` gives the pair rows' decoded

@@ -16,11 +16,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from builders.eccv_positives.mitl.image_gallery import Gallery
 from builders.engine.precision import Precision
-from builders.models.cross_encoders import ADAPTERS, FIRST_STAGE_METHOD
+from builders.models.cross_encoders import ADAPTERS, FIRST_STAGE_METHOD, score_pairs
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,8 @@ def reranked_topk(
             ]
         keys = [[pairs.setdefault((i, gallery.captions[c]), len(pairs)) for i, c in row] for row in rows]
         plans[modality] = (top, np.asarray(keys, dtype=np.int64).reshape(top.shape))
-    scores = _score_pairs(backend, list(pairs), gallery, batch)
+    desc = f"MITL re-rank pairs of {backend.model_id}"
+    scores = score_pairs(backend, list(pairs), lambda rows: [gallery.open_image(r) for r in rows], batch, desc)
     out = {}
     for modality, (top, keys) in plans.items():
         index = caption_row if modality == "i2t" else image_row
@@ -69,21 +69,6 @@ def reranked_topk(
             position = np.array([index[int(i)] for i in items])
             ranked[r] = items[np.lexsort((position, -scores[k]))][: ranked.shape[1]]
         out[modality] = ranked
-    return out
-
-
-def _score_pairs(backend, pairs: list[tuple[int, str]], gallery: Gallery, batch: int) -> np.ndarray:
-    """G of each (image row, caption text), sorted by image so a batch opens few images."""
-    order = sorted(range(len(pairs)), key=lambda n: pairs[n][0])
-    out = np.zeros(len(pairs), dtype=np.float32)
-    bar = tqdm(total=len(order), desc=f"MITL re-rank pairs of {backend.model_id}", unit="pair", leave=False)
-    for start in range(0, len(order), batch):
-        chunk = order[start : start + batch]
-        opened = {r: gallery.open_image(r) for r in dict.fromkeys(pairs[n][0] for n in chunk)}
-        g = backend.score([opened[pairs[n][0]] for n in chunk], [pairs[n][1] for n in chunk])
-        out[chunk] = g.numpy()
-        bar.update(len(chunk))
-    bar.close()
     return out
 
 
