@@ -15,7 +15,6 @@ Run: `python benchmarks/training_families.py [--batch 16] [--steps 10] [--repeat
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import resource
 import subprocess
@@ -29,21 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 FAMILIES = ("clip", "blip", "bridgetower")
-
-
-class OneProcess:
-    """The accelerator as a one-process step uses it."""
-
-    num_processes, process_index = 1, 0
-
-    def autocast(self):
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()
-
-    def no_sync(self, model):
-        return contextlib.nullcontext()
 
 
 def _model(family: str, tiny_dir: Path | None):
@@ -60,6 +44,7 @@ def _model(family: str, tiny_dir: Path | None):
 def one_family(family: str, batch: int, steps: int, repeats: int, device: str, tiny_dir: Path | None) -> dict:
     from training.accumulation import accumulate_gradients
     from training.cross_training import cross_encoder_step
+    from builders.devtools.family_training import OneProcess
     from training.data import to_device
 
     backend = _model(family, tiny_dir)
@@ -76,7 +61,7 @@ def one_family(family: str, batch: int, steps: int, repeats: int, device: str, t
         },
         device,
     )
-    acc = OneProcess()
+    acc = OneProcess(device)
 
     def step(k: int) -> None:
         if backend.dual_encoder:

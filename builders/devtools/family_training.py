@@ -67,6 +67,10 @@ class OneProcess:
     def backward(self, loss) -> None:
         loss.backward()
 
+    def no_sync(self, model):
+        """Nothing to synchronise in one process (training/accumulation.py asks for it)."""
+        return contextlib.nullcontext()
+
 
 def training_backend(scoring):
     """The trainer's backend (`CrossEncoderTraining`) around a scoring backend's model: the same
