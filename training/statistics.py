@@ -366,15 +366,23 @@ def dyadic_df(metric: UnitScores) -> float:
     """The degrees of freedom of `robust_se`'s variance V, the smaller of two Satterthwaite (1946)
     approximations as Bell & McCaffrey (2002) refer V to t: the empirical one, 2 V^2 / (c var(s)),
     s_k = e_k (e_k + linked e) the clusters' shares of V (it sees an image effect in IR_r, where V
-    is the small difference of two large sums), and the one under a working model of independent
-    clusters of equal variance (Pustejovsky & Tipton 2018), (tr Q)^2 / tr(Q^2), Q = M'(I + A)M,
-    M = I - u 1' (u = den / sum den) the residual maker, A the links: c - 1 without links. The
-    empirical one alone is noisy where linked units move together: the adverse real pairs' test
-    rejected 9.1 % of nulls at n = 8 (benchmarks/report_coverage.py; now 2-4 %)."""
-    (e, linked), links, d = _residuals(metric), partner_links(metric), cluster_sums(metric)[1]
+    is the small difference of two large sums), and `working_df`'s. The empirical one alone is
+    noisy where linked units move together: the adverse real pairs' test rejected 9.1 % of nulls
+    at n = 8 (benchmarks/report_coverage.py; now 2-4 %)."""
+    (e, linked), d = _residuals(metric), cluster_sums(metric)[1]
     s = (e * (e + linked))[d > 0]
     with np.errstate(invalid="ignore", divide="ignore"):
         empirical = 2 * s.sum() ** 2 / (len(s) * s.var(ddof=1))
+    working = working_df(metric)
+    return max(float(min(empirical, working) if np.isfinite(empirical) else working), 1.0)
+
+
+def working_df(metric: UnitScores) -> float:
+    """Bell & McCaffrey's (2002) Satterthwaite df of `robust_se`'s variance under a working model
+    of independent clusters of equal variance (Pustejovsky & Tipton 2018), (tr Q)^2 / tr(Q^2),
+    Q = M'(I + A)M, M = I - u 1' (u = den / sum den) the residual maker, A the links: c - 1
+    without links."""
+    links, d = partner_links(metric), cluster_sums(metric)[1]
     # Q = W - 1 p' - p 1' + r 1 1' with W = I + A, p = W u, r = u' W u: its trace and squared norm.
     n, u, w1 = len(d), d / d.sum(), 1 + _linked(links, np.ones(len(d)))
     p = u + _linked(links, u)
@@ -382,7 +390,7 @@ def dyadic_df(metric: UnitScores) -> float:
     trace = n - 2 * total + n * r
     squares = n + 2 * len(links) + 2 * n * (p @ p) + (n * r) ** 2
     squares += 2 * (r * w1.sum() + total**2 - 2 * (w1 @ p) - 2 * n * r * total)
-    return max(float(min(empirical, trace**2 / squares) if np.isfinite(empirical) else trace**2 / squares), 1.0)
+    return max(float(trace**2 / squares), 1.0)
 
 
 def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:

@@ -39,6 +39,7 @@ from training.statistics import (
     paired_intervals,
     robust_se,
     unit_sets,
+    working_df,
 )
 from training.sign_flip import sign_flip_pvalues
 
@@ -110,9 +111,9 @@ def compare_dataset(
         (key, a, b), (n, clusters), nan = k, ua.counted(), float("nan")
         spread = resampled[(a, key)] - resampled[(b, key)] if k in live else np.full(1, nan)
         low, high = difference_interval(found[k], spread) if k in live else (nan, nan)
-        p, se, critical, df, test = means.get(k) or _sign_flip(flips.get(k, nan), spread, n)
+        p, _, least, test = means.get(k) or _sign_flip(flips.get(k, nan), spread, n)
         c = Comparison(dataset, *record_name(key), a, b, ua.value() - ub.value(), low, high, p, nan, n, clusters)
-        least, (bottom, top) = detectable(se, df, critical), ua.limits()  # none beyond the range
+        bottom, top = ua.limits()  # no detectable difference beyond the range
         c.detectable, c.test, c.note = least if least <= top - bottom else nan, test, notes[k]
         out.append(c)
     for c, p in zip(out, holm([c.p_value for c in out]), strict=True):
@@ -120,23 +121,30 @@ def compare_dataset(
     return out
 
 
-def _sign_flip(p: float, spread: np.ndarray, n: int) -> tuple[float, float, float, float, str]:
-    """(p, se, critical, df, "sign-flip") of a sign-flip test (p NaN: none), a monotone function of
-    Student's t (Efron 1969): t > z sqrt((n - 1) / (n - z^2)), se the bootstrap's x sqrt(n / (n - 1))."""
+def _sign_flip(p: float, spread: np.ndarray, n: int) -> tuple[float, float, float, str]:
+    """(p, se, detectable, "sign-flip") of a sign-flip test (p NaN: none), a monotone function of
+    Student's t (Efron 1969): t > z sqrt((n - 1) / (n - z^2)), se the bootstrap's x sqrt(n / (n - 1)),
+    `detectable` on n - 1 df."""
     finite, z = spread[np.isfinite(spread)], NormalDist().inv_cdf(1 - ALPHA / 2)
     if not np.isfinite(p) or len(finite) < 2:
-        return p, np.nan, np.nan, np.nan, ""
+        return p, np.nan, np.nan, ""
     se = np.std(finite, ddof=1) * np.sqrt(n / (n - 1))
-    return p, se, z * np.sqrt((n - 1) / (n - z * z)), n - 1, "sign-flip"
+    return p, se, detectable(se, n - 1, z * np.sqrt((n - 1) / (n - z * z))), "sign-flip"
 
 
 def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
-    """key -> (p, se, critical, df, test) of "the difference in means is 0" for each paired
-    difference, the dual of its interval: the bootstrap-t test (Hall & Wilson 1991), t = difference
-    / se against the t* of the studentized interval's resamples (statistics.bootstrap_t, on
-    clusters), p = min(1, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)), critical the t* band's
-    half width; with `partners` (real pairs) the dyadic-t test, t against Student's t on
-    statistics.dyadic_df. df: the se's degrees of freedom (`detectable`). None without resamples."""
+    """key -> (p, se, detectable difference, test) of "the difference in means is 0" for each
+    paired difference, the dual of its interval: the bootstrap-t test (Hall & Wilson 1991), t =
+    difference / se against the t* of the studentized interval's resamples (statistics.bootstrap_t,
+    on clusters), p = min(1, 2 min(#{t* <= t} + 1, #{t* >= t} + 1) / (B + 1)); with `partners`
+    (real pairs) the dyadic-t test, t against Student's t on statistics.dyadic_df. The detectable
+    difference D is each test's own: the bootstrap-t's from the same t*, taken as the studentized
+    statistic's distribution under a shift too (Davison & Hinkley 1997, §4.6), so t* + D / se
+    leaves the test's band [t*_0.025, t*_0.975] with probability POWER: D = se (t*_0.975 -
+    t*_0.2) for a rise, se (t*_0.8 - t*_0.025) for a fall, the larger; the dyadic-t's
+    `detectable` on its critical value and the working model's df (statistics.working_df), the
+    se's spread under independent clusters (the smaller df sets only the test's critical value).
+    None without resamples."""
     from scipy import special
 
     out: dict = {}
@@ -146,22 +154,23 @@ def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
         se, df = robust_se(d), dyadic_df(d)
         if se > 0:
             p = 2 * special.stdtr(df, -abs(d.value() / se))
-            out[key] = (float(p), se, float(special.stdtrit(df, 1 - ALPHA / 2)), df, "dyadic-t")
+            critical = float(special.stdtrit(df, 1 - ALPHA / 2))
+            out[key] = (float(p), se, detectable(se, working_df(d), critical), "dyadic-t")
     for names in unit_sets({k: d for k, d in differences.items() if k not in linked}).values():
         for key, (value, se, t) in bootstrap_t({k: differences[k] for k in names}, resamples, seed).items():
             if len(t) and se > 0:
                 tails = np.count_nonzero(t <= value / se), np.count_nonzero(t >= value / se)
-                critical = np.diff(np.quantile(t, [ALPHA / 2, 1 - ALPHA / 2]))[0] / 2
+                low, high, fall, rise = np.quantile(t, [ALPHA / 2, 1 - ALPHA / 2, 1 - POWER, POWER])
                 p = min(1.0, 2 * (min(tails) + 1) / (len(t) + 1))
-                out[key] = (p, se, float(critical), dyadic_df(differences[key]), "bootstrap-t")
+                out[key] = (p, se, float(se * max(high - fall, rise - low)), "bootstrap-t")
     return out
 
 
 def newcombe_tests(pairs: dict) -> dict:
-    """key -> (p, se, critical, df, "newcombe") of two proportions on the same units: the test
+    """key -> (p, se, detectable, "newcombe") of two proportions on the same units: the test
     dual to their statistics.newcombe interval, p the alpha at which its 1 - alpha interval's end
-    nearest 0 is 0 (root-found, 1e-12 to 1 - 1e-6, then 1), se its 95 % half-width on that side over z,
-    critical z, df infinite (the interval is on the Korn-Graubard effective trials)."""
+    nearest 0 is 0 (root-found, 1e-12 to 1 - 1e-6, then 1), se its 95 % half-width on that side
+    over z, `detectable` on z and infinite df (the interval is on the Korn-Graubard effective trials)."""
     from scipy import optimize
 
     out, z = {}, NormalDist().inv_cdf(1 - ALPHA / 2)
@@ -170,17 +179,16 @@ def newcombe_tests(pairs: dict) -> dict:
         end = lambda alpha: np.sign(d) * newcombe(a, b, 1 - alpha)[int(d < 0)]  # noqa: E731, B023
         low, high = 1e-12, 1 - 1e-6  # end(alpha) > 0: the 1 - alpha interval excludes 0
         p = 1.0 if d == 0 or end(high) <= 0 else low if end(low) >= 0 else optimize.brentq(end, low, high)
-        out[key] = (float(p), abs(d - newcombe(a, b)[int(d < 0)]) / z, z, np.inf, "newcombe")
+        se = abs(d - newcombe(a, b)[int(d < 0)]) / z
+        out[key] = (float(p), se, detectable(se, np.inf, z), "newcombe")
     return out
 
 
 def detectable(se: float, df: float, critical: float, power: float = POWER) -> float:
     """The smallest true difference that a test rejecting where |difference| / se > `critical`
     detects with `power`, its statistic taken as noncentral t with delta = D / se on the se's
-    df, both the test's own (the bootstrap-t's: statistics.dyadic_df's Satterthwaite df of its
-    variance, 2 V^2 / (c var(e^2)) without partners, lower for heavy-tailed differences; the
-    dyadic-t's its df; the sign-flip's n - 1); NaN untested. Holm's adjustment only raises it.
-    Power checked in benchmarks/report_coverage.py."""
+    `df` (the tests' own: `mean_tests`, `newcombe_tests`, `_sign_flip`); NaN untested. Holm's
+    adjustment only raises it. Power checked in benchmarks/report_coverage.py."""
     if not (np.isfinite(se) and se > 0 and np.isfinite(critical) and df >= 1):
         return float("nan")
     from scipy import optimize, stats  # 0.9 s to import: a one-model report compares nothing
