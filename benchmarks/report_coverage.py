@@ -44,7 +44,7 @@ skewness 6.2), clustered (3 pairs a source image sharing a normal effect, Exp(1)
 real pairs linked by their derangement partners (two models of the *real pairs* rows above, each
 its own draw: an image effect, and the adverse case). The repetitions are one column each of one
 comparison, so they share its resamples, as a report's columns do. And the power at the printed
-detectable difference (`detectable`, 80 % by construction): at n = 50 (`--power-size`), on pairs
+detectable difference (each test's own, compare.mean_tests): at n = 50 (`--power-size`), on pairs
 a = E1 + Z + delta, b = E2 + Z (E exponential, Z a shared normal unit effect) and on the real
 pairs with an image effect (A + delta, B), delta the mean printed detectable difference of
 `--power-repetitions` null samples (default 1,000; it does not depend on delta), the share of
