@@ -34,9 +34,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Lint first: it takes seconds, and the browser install and the suite take minutes.
+# Lint first: it takes seconds, and the browser install and the suite take minutes. The 25 slowest
+# tests are listed at the end, to keep the suite within CI's 30 idle minutes.
 test: $(STAMP) lint system-deps
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The unit tier, for the inner loop: every test but the end-to-end ones (marked `e2e`: the CLI in a
 # subprocess, `accelerate launch`, the browser, clean virtualenvs, the README's commands, full
