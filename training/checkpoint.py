@@ -26,7 +26,7 @@ from builders.publishing.hub_client import hub_errors, use_endpoint
 from training.checkpoint_files import CHECKPOINT_FILES, RNG, Resumable, check_files, read_all, write_rng, write_shared
 from training.final_files import opened_published
 from training.run_root import RunRoot
-from training.report.markdown import natural, plain, with_interval
+from training.report.markdown import natural, plain, ranking, with_interval
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
@@ -261,7 +261,8 @@ def final_tables(record: dict, metrics: dict[str, float]) -> str:
     """metrics.md's and the model card's evaluation: the final metrics (with the intervals of
     `record["final_intervals"]`, or why none: `final_interval_notes`) and, when the base model
     was evaluated before step 1, before -> after (`record["before_after"]`); the metrics of a
-    set that overlaps training (`eval_overlap`) marked, their intervals and notes alike."""
+    set that overlaps training (`eval_overlap`) marked, their intervals and notes alike; how a
+    cross-encoder ranked (`retrieval`, the benchmark's words) above them."""
     from training.before_after import before_after_table
     from training.leakage import mark_overlapping
 
@@ -270,6 +271,9 @@ def final_tables(record: dict, metrics: dict[str, float]) -> str:
     notes = record.get("final_interval_notes") or {}
     table = metric_table(*(mark_overlapping(d, overlap) for d in (metrics, intervals, notes)))
     change = before_after_table(record.get("before_after") or {}, overlap)
+    if record.get("retrieval"):
+        fixed = "; the first stage is not trained" if record.get("first_stage") else ""
+        table = f"Retrieval metrics{ranking(record)}{fixed}.\n\n{table}"
     return table + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
 
 

@@ -55,6 +55,7 @@ from builders.models.clip_ids import ClipId, ClipIdError, parse_clip_id
 from builders.models.pickled_weights import FLAG_HELP as PICKLED_WEIGHTS_HELP
 from builders.publishing.hub_client import repo_id_problem
 from training.augmentation import parse_aug_cfg
+from training.retrieval_options import DEFAULT_K
 from loading_scripts.images import DEFAULT_MAX_IMAGE_PIXELS
 
 MIXES = ("none", "decorrelation", "cf:real", "cf:base", "cf:medium", "cf:all")
@@ -351,6 +352,10 @@ class RunConfig:
         type=non_negative_int,
         metavar="N",
     )
+    #: --first-stage / --rerank-k (training/retrieval_options.py, the benchmark's flags): how a
+    #: cross-encoder ranks (training/rerank.py). Evaluation only, so outside the fingerprint.
+    first_stage: str | None = None
+    rerank_k: int = DEFAULT_K
 
     def weights(self) -> tuple[str, str | None]:
         """(model, pretrained tag) with the backend's defaults filled in."""

@@ -16,6 +16,7 @@ crop, each after transformers' RGB conversion. Evaluation scores through the pro
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -28,7 +29,7 @@ from builders.models.clip_ids import TRANSFORMERS, ClipId
 from builders.models.families import FamilyError, model_family
 from builders.models.rgb import TransformersRGB
 from training.backends import Backend, FloorCenterCrop, HFTokenize, PixelPipeline, load_backend
-from builders.models.cross_encoders import CrossEncoderBackend
+from builders.models.cross_encoders import CrossEncoderBackend, load_cross_encoder
 from training.data import fixed_batches, make_loader, to_device
 from training.itm_objectives import GLOBAL_TERMS, TERMS, TRAINABLE
 from training.losses import resolve_loss
@@ -74,12 +75,12 @@ class CrossEncoderTraining(CrossEncoderBackend, Backend):
 
     has_logit_bias = False
 
-    def __init__(self, clip: ClipId, module, processor, model_type: str) -> None:
+    def __init__(self, clip: ClipId, module, processor, model_type: str, architecture: str) -> None:
         Backend.__init__(self, clip, module, family_pixels(processor.image_processor, model_type), None, processor)
         CrossEncoderBackend.__init__(self, clip, module, processor)
         self.tokenize = HFTokenize(processor.tokenizer)
         self.objective = module.objective
-        self.family = model_type
+        self.family, self.architecture = model_type, architecture
 
     def save(self, module, out) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -95,16 +96,20 @@ class CrossEncoderTraining(CrossEncoderBackend, Backend):
         return {"name": self.objective, "weights": TERMS[self.objective], "hard_negatives_per_row": 1}
 
 
-def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS) -> Backend:
+def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS, run=None) -> Backend:
     """The backend `clip` trains with: CLIP / open_clip (training/backends.py), or a BLIP or
     BridgeTower retrieval checkpoint (its family from config.json), checked against `asked`
-    (`--backend`)."""
+    (`--backend`). With `run` (the trainer's RunConfig): its --eval-only also loads a ViLT or FLAVA
+    one, scored and never trained, and its --first-stage is checked before any weight loads."""
+    first, eval_only = (run.first_stage, run.eval_only) if run else (None, False)
     if clip.backend != TRANSFORMERS:
+        _check_first_stage(first, clip.label, None)
         return load_backend(clip)
     try:
         found = model_family(clip.name)
     except FamilyError as err:
         raise UserFacingError(f"--model {clip.label}: {err}") from None
+    _check_first_stage(first, clip.label, found)
     want = CROSS_BACKENDS.get(asked)
     if want is not None and found.family.model_type != want:
         raise UserFacingError(
@@ -113,37 +118,78 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS) -> Backend:
         )
     if found.dual_encoder:
         return load_backend(clip)
-    if found.architecture not in TRAINABLE:
+    if found.architecture not in TRAINABLE and not eval_only:
         raise UserFacingError(
-            f"--model {clip.label} is {found.family.name} ({found.architecture}): counterfactory trains "
-            f"CLIP, open_clip, BLIP ({', '.join(TRAINABLE)}); score it with `counterfactory benchmark`"
+            f"--model {clip.label} is {found.family.name} ({found.architecture}): counterfactory train "
+            f"finetunes CLIP, open_clip, BLIP and BridgeTower ({', '.join(TRAINABLE)}); score it with --eval-only"
         )
     from builders.models.loaders import load_image_text_model
 
+    if found.architecture not in TRAINABLE:
+        return ScoredCrossEncoder(load_cross_encoder(clip, found.architecture), found.architecture)
     model, processor = load_image_text_model(clip.name, found.architecture)
     module = TRAINABLE[found.architecture](model.train())
-    backend = CrossEncoderTraining(clip, module, processor, found.family.model_type)
-    backend.ranker = trainer_ranker(backend, clip.label, found.architecture)
-    return backend
+    return CrossEncoderTraining(clip, module, processor, found.family.model_type, found.architecture)
 
 
-def trainer_ranker(backend, label: str, architecture: str):
-    """The evaluation's retrieval by the cross-encoder (training/rerank.py, the code `counterfactory
-    benchmark` ranks with, at its default k): BLIP's ITC top k re-ranked by ITM + ITC. An ITM model
-    with no contrastive head (BridgeTower's) has no first stage here: its real pairs' G only, said
-    in one line."""
-    from training.rerank import DEFAULT_K, FIRST_STAGE_METHOD, Ranker, RankerSpec, method_of
+class ScoredCrossEncoder(CrossEncoderBackend):
+    """A cross-encoder `--eval-only` scores and the trainer does not train (ViLT, FLAVA): the
+    report's adapter (builders/models/cross_encoders.py), with nothing to freeze, no objective
+    and so no validation loss."""
 
-    method = method_of(architecture)
-    if method != FIRST_STAGE_METHOD:
-        return Ranker(backend, RankerSpec(method, DEFAULT_K))
-    log.warning(
-        "--model %s (%s) has no first stage in the trainer: no retrieval metrics (R@K, ODmAP), the ITM "
-        "deltas still run; `counterfactory benchmark --first-stage MODEL` ranks by re-ranking",
-        label,
-        architecture,
-    )
-    return Ranker(backend, None)
+    objective = None
+
+    def __init__(self, scored: CrossEncoderBackend, architecture: str) -> None:
+        super().__init__(scored.clip, scored.module, scored.processor)
+        self.architecture = architecture
+
+    def freeze(self, lock_image: bool, lock_text: bool) -> None:
+        """Nothing is trained."""
+
+    def enable_grad_checkpointing(self) -> None:
+        """Nothing is trained."""
+
+    def validation_loss(self, module, examples, batch_size: int, workers: int) -> float:
+        log.warning("--model %s has no training objective here: its validation loss is NaN", self.model_id)
+        return float("nan")
+
+
+def _check_first_stage(name: str | None, label: str, found) -> None:
+    """--first-stage against the model's family (`found`; None: open_clip): only a cross-encoder
+    without a contrastive head of its own re-ranks one, and it is a dual encoder."""
+    from training.rerank import FIRST_STAGE_METHOD, first_stage_spec, method_of
+
+    if not name:
+        return
+    if found is None or found.dual_encoder or method_of(found.architecture) != FIRST_STAGE_METHOD:
+        how = "its own embeddings" if found is None or found.dual_encoder else "its own contrastive head"
+        raise UserFacingError(
+            f"--first-stage picks the candidates of a cross-encoder without a contrastive head; --model {label} "
+            f"ranks by {how}: drop --first-stage"
+        )
+    first_stage_spec(name)
+
+
+def trainer_ranker(backend, run):
+    """The evaluation's retrieval by the cross-encoder (training/rerank.py, the code and flags
+    `counterfactory benchmark` ranks with): BLIP's ITC top --rerank-k re-ranked by ITM + ITC,
+    FLAVA's contrastive ranking, and an ITM model with no contrastive head (BridgeTower's, ViLT)
+    re-ranking the top --rerank-k of the `run.first_stage` CLIP, loaded once and never trained;
+    without one, its real pairs' G only, said in one line."""
+    from training.rerank import FIRST_STAGE_METHOD, first_stage_spec, load_first_stage, method_of, ranker
+
+    if run.first_stage:  # checked by load_training_backend
+        spec = first_stage_spec(run.first_stage)
+        first = functools.partial(load_first_stage, spec, run.trust_pickled_weights)
+        return ranker(backend, backend.architecture, run.rerank_k, first)
+    if method_of(backend.architecture) == FIRST_STAGE_METHOD:
+        log.warning(
+            "--model %s (%s) has no first stage: no retrieval metrics (R@K, ODmAP), the ITM deltas "
+            "still run; give --first-stage MODEL (a CLIP whose top --rerank-k it re-ranks)",
+            backend.model_id,
+            backend.architecture,
+        )
+    return ranker(backend, backend.architecture, run.rerank_k)
 
 
 def check_cross_options(cfg) -> None:
@@ -168,15 +214,23 @@ def check_cross_options(cfg) -> None:
 
 def resolve_objective(cfg, backend) -> dict:
     """Set `cfg.optim.loss` to what the model trains with: a dual encoder's `--loss` as the model
-    was trained (training/losses.py), a cross-encoder's family objective (its options checked);
-    the run record's `objective` and `retrieval` (method, k) entries (none for a dual encoder)."""
+    was trained (training/losses.py), a cross-encoder's family objective (its options checked),
+    and a cross-encoder's ranker (`trainer_ranker`); the run record's `objective`, `retrieval`
+    (method, k, first stage: the benchmark's records') and `first_stage` (its weights, never
+    trained) entries (none for a dual encoder)."""
     if backend.dual_encoder:
         cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
         return {}
     check_cross_options(cfg)
     cfg.optim.loss = backend.objective
+    backend.ranker = trainer_ranker(backend, cfg.run)
     spec = backend.ranker.spec
-    return {"objective": backend.record(), "retrieval": spec.record() if spec else None}
+    first = spec and spec.first_stage and {"model": spec.first_stage, "digest": spec.first_stage_digest}
+    return {
+        "objective": backend.record() if backend.objective else None,
+        "retrieval": spec.record() if spec else None,
+        **({"first_stage": {**first, "trained": False}} if first else {}),
+    }
 
 
 def step_seed(seed: int, step: int, process: int) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from builders.engine.options import add_config_arguments, add_field, config_fields, dest_of, flag_of, sections
 from training.config import RECIPES, SourceRef, TrainConfig
+from training.retrieval_options import add_retrieval_arguments
 
 TRAIN_DESCRIPTION = (
     "Finetune CLIP on our datasets (by repo id + revision or build folder) and evaluate it with the project's metrics."
@@ -41,7 +42,8 @@ def _add_source_ref(group: argparse._ActionsContainer, f: Field) -> None:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every field's flag, plus `--models tiny` (the tests' tiny CLIP)."""
+    """Every field's flag, plus `--models tiny` (the tests' tiny CLIP) and the benchmark's
+    `--first-stage` / `--rerank-k` (training/retrieval_options.py)."""
     for f, hint in config_fields(TrainConfig):
         if f.name not in _GROUPS:
             add_field(parser, f, hint)
@@ -56,6 +58,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where the tiny models are built/cached (default $COUNTERFACTORY_CACHE/tiny_models)",
     )
+    fixed = "; the first stage is never trained: the same weights pick the candidates before and after"
+    add_retrieval_arguments(parser, "--real's test split and --decorrelation's ODmAP sets", fixed)
     for f, cls in sections(TrainConfig):
         add_config_arguments(parser, cls, group=_GROUPS[f.name], adders={SourceRef: _add_source_ref})
 
@@ -82,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             elif isinstance(value, list):
                 value = tuple(value)
             setattr(getattr(cfg, section.name), f.name, value)
+    cfg.run.first_stage, cfg.run.rerank_k = args.first_stage, args.rerank_k
     if args.models == "tiny":
         from builders.models.profiles import tiny_profile
 

@@ -14,9 +14,10 @@ the real pairs (IR_r / TR_r).
   `examples/flava/coco_zero_shot.py`) rank; no ITM re-ranking, so k is 0.
 - BridgeTower's ITM head and ViLT have no dual encoder. ViLT's released evaluation
   (dandelin/ViLT `vilt/modules/objectives.py`, `compute_irtr_recall`) ranks every pair by its ITM
-  head; here a first-stage model the user names (`--first-stage`, any CLIP the report loads)
-  picks each query's top k by its cosine and the cross-encoder's G ranks them: with k the gallery
-  size this is that full ranking. Without a first stage they get no retrieval metric.
+  head; here a first-stage model the user names (`--first-stage`, any CLIP the report loads; in
+  the trainer's evaluation too, never trained) picks each query's top k by its cosine and the
+  cross-encoder's G ranks them: with k the gallery size this is that full ranking. Without a
+  first stage they get no retrieval metric.
 
 The candidates outside the top k rank below it in the first stage's order (ranked_scores.py).
 Each distinct (image, caption) pair is scored once, in batches with progress and an ETA.
@@ -31,18 +32,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from builders.engine.errors import UserFacingError
+from builders.engine.provenance import model_name
 from builders.models.cross_encoders import FIRST_STAGE_METHOD, score_pairs
 from counterfactory_metrics.map_at_r.topk import stable_topk
 from builders.models.rgb import TransformersRGB
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
 from training.ranked_scores import SETS, first
 from training.ranked_scores import tied_scores
+from training.report.models import ModelSpec, load_model, parse_model, preprocessing_digest, weights_digest
 from training.unit_scores import real_partners
 
 log = logging.getLogger(__name__)
 
-#: BLIP's COCO retrieval `k_test` (salesforce/BLIP configs/retrieval_coco.yaml): the default k.
-DEFAULT_K = 256
 #: architecture -> how it ranks (the records' `retrieval.method`).
 BLIP_METHOD = "itc_top_k_reranked_by_itm_plus_itc"
 FLAVA_METHOD = "contrastive"
@@ -115,6 +117,8 @@ class Ranker:
 
     def __call__(self, data, batch: int, workers: int) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
+        if self.first_stage is not None:  # on the device the cross-encoder scores on
+            self.first_stage.module.to(next(self.backend.module.parameters()).device)
         pairs, plans = _PairPool(), []
         sets = {"retrieval": (data.retrieval, data.captions), "odmap": (data.queries, data.gallery_captions)}
         for which, (examples, texts) in sets.items() if self.spec is not None else ():
@@ -207,12 +211,32 @@ class _PairPool:
         return score_pairs(backend, pairs, read, batch, f"re-rank pairs of {backend.model_id}")
 
 
-def ranker(backend, spec, k: int, first_stage=None) -> Ranker:
-    """The `Ranker` of cross-encoder `backend` (`spec`: its --model, training/report/models.py):
+def first_stage_spec(name: str) -> ModelSpec:
+    """`--first-stage name` parsed, before any data is read: a dual encoder (a CLIP), or one line."""
+    spec = parse_model(name, "--first-stage")
+    if not spec.family.dual_encoder:
+        raise UserFacingError(
+            f"--first-stage {name[:200]!r} is a {spec.family.family.name} cross-encoder; give a dual encoder "
+            "(a CLIP id or folder), whose embeddings pick the candidates a cross-encoder re-ranks"
+        )
+    return spec
+
+
+def load_first_stage(spec: ModelSpec, trust_pickled_weights: bool = False) -> tuple:
+    """The first-stage backend, in eval mode with no gradient (never trained: the trainer's
+    evaluations before and after training rank the same candidates), its name and digests. It
+    goes to the cross-encoder's device when it ranks (`Ranker.__call__`)."""
+    backend = load_model(spec, trust_pickled_weights)
+    backend.module.eval().requires_grad_(False)
+    return backend, model_name(spec.name), weights_digest(backend.module) + "+" + preprocessing_digest(backend)
+
+
+def ranker(backend, architecture: str, k: int, first_stage=None) -> Ranker:
+    """The `Ranker` of cross-encoder `backend` (`architecture`: its scored head, config.json's):
     BLIP on its own ITC top k, FLAVA by its contrastive embeddings alone (k 0), any other on the
-    top k of `first_stage()` (the loaded first-stage backend, its name and digests); without one,
-    a ranker of the real pairs' G only."""
-    method = method_of(spec.family.architecture)
+    top k of `first_stage()` (`load_first_stage`'s three); without one, a ranker of the real
+    pairs' G only."""
+    method = method_of(architecture)
     if method != FIRST_STAGE_METHOD:
         return Ranker(backend, RankerSpec(method, 0 if method == FLAVA_METHOD else k))
     if first_stage is None:

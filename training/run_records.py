@@ -17,11 +17,12 @@ def published_record(record: dict, cfg: TrainConfig, output: Path) -> dict:
     """The run record as run.json and the model card (pushed with the model) state it: no local
     path. The model (and a checkpoint file given as the open_clip tag) is named as every record
     names models (`provenance.model_name`: `local:NAME@sha256:...` for a local folder, however
-    spelled); a local dataset folder likewise (Hub datasets keep their id, revision and commit);
-    any other absolute path as the build manifests name it, the output folder as `.`."""
+    spelled), and --first-stage's; a local dataset folder likewise (Hub datasets keep their id,
+    revision and commit); any other absolute path as the build manifests name it, the output
+    folder as `.`."""
     sources = [ref.path for ref in (cfg.data.real, cfg.data.decorrelation, cfg.data.counterfactuals) if ref]
     local = [path for path in sources if Path(path).exists()]
-    return portable(record, output, inputs=[cfg.run.model, cfg.run.pretrained, *local])
+    return portable(record, output, inputs=[cfg.run.model, cfg.run.pretrained, cfg.run.first_stage, *local])
 
 
 def read_jsonl(path: Path, upto_step: int) -> list[dict]:

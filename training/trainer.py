@@ -169,8 +169,8 @@ def _locked_run(cfg: TrainConfig, accelerator, root: RunRoot) -> dict[str, float
         accelerator.init_trackers("finetune_clip")
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)  # open_clip's colour jitter (--augment) draws from `random`
-    # CLIP / open_clip, or the family its config.json names (BLIP, BridgeTower: cross_training.py).
-    backend = load_training_backend(cfg.run.clip_id(), cfg.run.backend)
+    # CLIP / open_clip, or the family its config.json names (BLIP, BridgeTower; ViLT, FLAVA scored only).
+    backend = load_training_backend(cfg.run.clip_id(), cfg.run.backend, cfg.run)
     # The loss the model was trained with (a SigLIP model's sigmoid loss; a cross-encoder's own
     # objective, its terms' weights recorded), named in run.json.
     objective = resolve_objective(cfg, backend)

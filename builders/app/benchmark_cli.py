@@ -9,6 +9,7 @@ from pathlib import Path
 
 from builders.engine.option_types import non_negative_int, positive_int, seed_int
 from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
+from training.retrieval_options import add_retrieval_arguments
 
 SOURCE_HELP = "build folder or Hub dataset id[@revision]"
 
@@ -108,30 +109,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "logit scale each learnt) or its logits_per_text, the logit scale times the cosine, as "
         "the COCO-Counterfactuals script scores it; a cross-encoder's G is its own ITM head's",
     )
-    _add_retrieval_arguments(p)
+    add_retrieval_arguments(p, "--coco and --decorrelation")
     p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_benchmark)
-
-
-def _add_retrieval_arguments(p: argparse.ArgumentParser) -> None:
-    """How a cross-encoder ranks (training/rerank.py)."""
-    p.add_argument(
-        "--first-stage",
-        default=None,
-        metavar="MODEL",
-        help="a CLIP (id or folder) whose top k a cross-encoder without a dual encoder of its own "
-        "(ViLT, BridgeTower's ITM head) re-ranks by its ITM score on --coco and --decorrelation; "
-        "without it those get no retrieval metrics (their ITM deltas still run). BLIP re-ranks its "
-        "own ITC top k, FLAVA ranks by its contrastive embeddings",
-    )
-    p.add_argument(
-        "--rerank-k",
-        type=positive_int,
-        default=256,
-        metavar="K",
-        help="candidates a query a cross-encoder re-ranks, capped at the gallery size (default 256, "
-        "BLIP's COCO k_test); recorded with every retrieval number",
-    )
 
 
 def _add_dataset_arguments(p: argparse.ArgumentParser) -> None:

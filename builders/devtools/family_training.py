@@ -79,8 +79,9 @@ def training_backend(scoring):
     from training.itm_objectives import TRAINABLE
 
     model = scoring.module.model.requires_grad_(True)
-    module = TRAINABLE[type(model).__name__](model.train())
-    return CrossEncoderTraining(scoring.clip, module, scoring.processor, model.config.model_type)
+    architecture = type(model).__name__
+    module = TRAINABLE[architecture](model.train())
+    return CrossEncoderTraining(scoring.clip, module, scoring.processor, model.config.model_type, architecture)
 
 
 def example_batch(backend, n: int, device: str) -> dict:

@@ -293,26 +293,91 @@ def test_train_eval_only_ranks_blip_as_the_benchmark_does(builds, tiny_families_
     assert "zeroshot_retrieval/text_retrieval_recall@1" in record["final_intervals"]
 
 
-def test_train_eval_only_of_bridgetower_scores_its_deltas_and_says_why_no_recall(
-    builds, tiny_families_dir, tmp_path, caplog
+@pytest.mark.parametrize("family", ["bridgetower", "vilt", "flava"])
+def test_train_eval_only_ranks_each_family_as_the_benchmark_does(
+    family, builds, tiny_families_dir, tiny_models_dir, tmp_path
 ):
-    folder = tiny_families_dir / "bridgetower"
+    """`counterfactory train --eval-only` of BridgeTower's and ViLT's ITM heads re-ranking a tiny
+    CLIP's top 3 (`--first-stage`, `--rerank-k`: the benchmark's flags), and of FLAVA by its
+    contrastive embeddings: R@K and ODmAP equal `counterfactory benchmark`'s for the same model,
+    first stage, k and data, and run.json says how it ranked as the benchmark's records do."""
+    from builders.models.profiles import tiny_profile
+
+    cc, dec, _ = builds
+    folder, clip = tiny_families_dir / family, str(tiny_profile(tiny_models_dir).clip)
+    first = [] if family == "flava" else ["--first-stage", clip, "--rerank-k", "3"]
+    bench = tmp_path / "bench"
+    argv = ["benchmark", "--model", str(folder), "--coco", str(cc), "--decorrelation", str(dec), *first]
+    assert cli_main([*argv, "--output", str(bench), *COMMON]) == 0
+    ranked = [r for r in read_jsonl(bench / "results.jsonl") if r["task"] in ("zeroshot_retrieval", "odmap")]
+    assert len(ranked) == 2
+    assert _eval_only(folder, builds, tmp_path / "run", "--decorrelation", str(dec), *first) == 0
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    final = record["final_metrics"]
+    for r in ranked:
+        assert record["retrieval"] == r["retrieval"], (record["retrieval"], r["retrieval"])
+        assert len(r["metrics"]) >= 3
+        for name, value in r["metrics"].items():
+            assert final[f"{r['task']}/{name}"] == pytest.approx(value, abs=1e-6), (r["task"], name)
+    if family == "flava":
+        assert record["retrieval"] == {"method": "contrastive", "k": 0, "first_stage": None}
+    else:
+        want = {"method": "first_stage_top_k_reranked_by_itm", "k": 3, "first_stage": model_name(clip)}
+        assert record["retrieval"] == want
+        assert record["first_stage"]["model"] == model_name(clip) and record["first_stage"]["trained"] is False
+        assert record["config"]["run"]["first_stage"] == model_name(clip)  # no local path in run.json
+    # Not vacuous: some recall is neither 0 nor 1, and the ITM deltas run beside the ranking.
+    assert any(0 < v < 1 for k, v in final.items() if "recall@" in k)
+    assert {"itm/IR_c_mean", "itm/TR_c_mean", "itm/IR_r_mean", "itm/TR_r_mean"} <= final.keys()
+
+
+@pytest.mark.parametrize("family", ["bridgetower", "vilt"])
+def test_train_eval_only_without_a_first_stage_scores_the_deltas_and_names_the_flag(
+    family, builds, tiny_families_dir, tmp_path, caplog
+):
+    folder = tiny_families_dir / family
     with caplog.at_level(logging.WARNING):
         assert _eval_only(folder, builds, tmp_path / "run") == 0
     said = [r.getMessage() for r in caplog.records if "first stage" in r.getMessage()]
-    assert len(said) == 1 and "benchmark --first-stage" in said[0] and "ITM deltas" in said[0], said
+    assert len(said) == 1 and "give --first-stage MODEL" in said[0] and "ITM deltas" in said[0], said
     record = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert record["retrieval"] is None
+    assert record["retrieval"] is None and "first_stage" not in record
     final = record["final_metrics"]
     assert {"itm/IR_c_mean", "itm/TR_c_mean", "itm/IR_r_mean", "itm/TR_r_mean"} <= final.keys()
     assert not [k for k in final if k.startswith(("zeroshot_retrieval/", "odmap/"))]
 
 
 @pytest.mark.parametrize("family", ["vilt", "flava"])
-def test_train_eval_only_refuses_vilt_and_flava_in_one_line_naming_the_benchmark(
+def test_training_vilt_or_flava_is_refused_in_one_line_naming_eval_only(
     family, builds, tiny_families_dir, tmp_path, capsys
 ):
+    cc, _, cf = builds
+    argv = ["train", "--real", str(cc), "--real-train-splits", "test", "--counterfactuals", str(cf)]
+    argv += ["--model", str(tiny_families_dir / family), "--output", str(tmp_path / "run"), "--report-to", "none"]
     capsys.readouterr()
-    assert _eval_only(tiny_families_dir / family, builds, tmp_path / "run") == 2
+    assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "counterfactory benchmark" in err, err
+    assert len(err.splitlines()) == 1 and "--eval-only" in err and "BridgeTower" in err, err
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "first_stage", "words"),
+    [
+        ("clip", "clip", "its own embeddings"),
+        ("flava", "clip", "its own contrastive head"),
+        ("vilt", "blip", "cross-encoder"),  # a first stage must be a dual encoder
+    ],
+)
+def test_a_first_stage_the_model_cannot_use_is_refused_in_one_line(
+    model, first_stage, words, builds, tiny_families_dir, tiny_models_dir, tmp_path, capsys
+):
+    from builders.models.profiles import tiny_profile
+
+    clip = str(tiny_profile(tiny_models_dir).clip)
+    folders = {"clip": clip, "flava": str(tiny_families_dir / "flava"), "vilt": str(tiny_families_dir / "vilt")}
+    folders["blip"] = str(tiny_families_dir / "blip")
+    capsys.readouterr()
+    assert _eval_only(folders[model], builds, tmp_path / "run", "--first-stage", folders[first_stage]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--first-stage" in err and words in err, err

@@ -258,3 +258,34 @@ def test_blip_training_evaluates_recall_before_and_after_by_the_benchmarks_reran
         row = record["before_after"][name]
         assert row["difference"] == pytest.approx(record["final_metrics"][name] - before[name])
     assert "zeroshot\\_retrieval/text\\_retrieval\\_recall@1" in (out / "final" / "README.md").read_text()
+
+
+@pytest.mark.e2e
+def test_bridgetower_training_reranks_a_fixed_first_stage_before_and_after(colors, tiny_models_dir, tmp_path):
+    # One BridgeTower step with --first-stage (the tiny CLIP) and --rerank-k 5: R@K before and
+    # after, each the ITM head's order of the same CLIP's top 5 (the first stage is not trained).
+    from builders.engine.provenance import model_name
+    from builders.models.profiles import tiny_profile
+
+    clip, out = str(tiny_profile(tiny_models_dir).clip), tmp_path / "run"
+    extra = ("--max-steps", "1", "--epochs", "1", "--lr", "1e-3", "--first-stage", clip, "--rerank-k", "5")
+    assert cli_main(["train", *_args(colors, tiny_models_dir, out, "bridgetower", *extra)]) == 0
+    record = json.loads((out / "run.json").read_text())
+    want = {"method": "first_stage_top_k_reranked_by_itm", "k": 5, "first_stage": model_name(clip)}
+    assert record["retrieval"] == want
+    assert record["first_stage"]["trained"] is False and record["first_stage"]["model"] == model_name(clip)
+    before = json.loads((out / "before.json").read_text())
+    for d in ("text", "image"):
+        name = f"zeroshot_retrieval/{d}_retrieval_recall@1"
+        assert 0 <= before[name] <= 1 and record["before_after"][name]["difference"] == pytest.approx(
+            record["final_metrics"][name] - before[name]
+        )
+    with np.load(out / "embeddings_before.npz") as b, np.load(out / "embeddings.npz") as a:
+        # The same first-stage embeddings and candidates, re-ranked by the trained ITM head.
+        for key in ("first_image", "first_text", "rr_i2t_idx", "rr_t2i_idx"):
+            np.testing.assert_array_equal(b[key], a[key], err_msg=key)
+        assert b["rr_i2t_idx"].shape[1] == 5
+        assert np.abs(b["rr_i2t_score"] - a["rr_i2t_score"]).max() > 1e-4
+    card = (out / "final" / "README.md").read_text()
+    line = next(x for x in card.splitlines() if x.startswith("Retrieval metrics"))
+    assert "k = 5" in line and "first stage" in line and "not trained" in line, line

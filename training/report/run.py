@@ -46,7 +46,8 @@ from training.report.models import (
     weights_digest,
 )
 from training.report.results import make_records, write_results
-from training.rerank import DEFAULT_K, OWN_FIRST_STAGE, ranker
+from training.rerank import OWN_FIRST_STAGE, first_stage_spec, load_first_stage, ranker
+from training.retrieval_options import DEFAULT_K
 from training.statistics import DEFAULT_RESAMPLES, MAX_RESAMPLES, Interval, UnitScores, intervals
 from training.unit_scores import necessity_units
 
@@ -189,12 +190,7 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list, ModelSpe
     specs = [parse_model(m) for m in cfg.models]
     if cfg.baseline and cfg.baseline not in cfg.models:
         specs.insert(0, parse_model(cfg.baseline, "--baseline"))
-    first_stage = parse_model(cfg.first_stage, "--first-stage") if cfg.first_stage else None
-    if first_stage is not None and not first_stage.family.dual_encoder:
-        raise UserFacingError(
-            f"--first-stage {cfg.first_stage[:200]!r} is a {first_stage.family.family.name} cross-encoder; give a "
-            "dual encoder (a CLIP id or folder), whose embeddings pick the candidates a cross-encoder re-ranks"
-        )
+    first_stage = first_stage_spec(cfg.first_stage) if cfg.first_stage else None
     _check_cross_encoders(specs, sources, first_stage is not None)
     return sources, specs, first_stage
 
@@ -232,7 +228,8 @@ def _score_models(
     --first-stage model beside a cross-encoder); the charts to draw go to `plots` (folders: the
     output and the cache)."""
     specs, first_stage = models
-    first = functools.cache(lambda: _load_first_stage(cfg, first_stage))  # loaded once, on first use
+    # Loaded once, on first use.
+    first = functools.cache(lambda: load_first_stage(first_stage, cfg.trust_pickled_weights))
     records: list[dict] = []
     all_units: dict[str, dict[str, dict[str, UnitScores]]] = {}
     chances: dict[str, dict[str, float]] = {}  # per dataset: the data's, not a model's
@@ -243,7 +240,9 @@ def _score_models(
             if backend.dual_encoder:
                 backend.g_kind = cfg.clip_g
             else:
-                backend.ranker = ranker(backend, spec, cfg.rerank_k, first if first_stage else None)
+                backend.ranker = ranker(
+                    backend, spec.family.architecture, cfg.rerank_k, first if first_stage else None
+                )
             # Started after the first model loads, so a bad --model leaves only its error line.
             bar = bar or tqdm(total=len(specs) * len(sets), desc="model x dataset", unit="eval")
             records += _score_model(cfg, (n, spec, backend), sets, folders, bar, (all_units, chances, plots))
@@ -252,13 +251,6 @@ def _score_models(
         if bar is not None:  # ends its line: an error after it is a line of its own
             bar.close()
     return records, all_units
-
-
-def _load_first_stage(cfg: BenchmarkConfig, spec: ModelSpec) -> tuple:
-    """The --first-stage backend, on the scoring device in eval mode, and its digests."""
-    backend = load_model(spec, cfg.trust_pickled_weights)
-    backend.module.to(torch.device("cuda" if torch.cuda.is_available() else "cpu")).eval()
-    return backend, model_name(spec.name), weights_digest(backend.module) + "+" + preprocessing_digest(backend)
 
 
 def _score_model(
