@@ -190,10 +190,13 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list, ModelSpe
     if cfg.baseline and cfg.baseline not in cfg.models:
         specs.insert(0, parse_model(cfg.baseline, "--baseline"))
     first_stage = parse_model(cfg.first_stage, "--first-stage") if cfg.first_stage else None
-    if first_stage is not None and not first_stage.family.dual_encoder:
+    if first_stage is not None and not (
+        first_stage.family.dual_encoder or first_stage.family.architecture in OWN_FIRST_STAGE
+    ):
         raise UserFacingError(
-            f"--first-stage {cfg.first_stage[:200]!r} is a {first_stage.family.family.name} cross-encoder; give a "
-            "dual encoder (a CLIP id or folder), whose embeddings pick the candidates a cross-encoder re-ranks"
+            f"--first-stage {cfg.first_stage[:200]!r} is a {first_stage.family.family.name} cross-encoder with no "
+            "contrastive embeddings; give a dual encoder (a CLIP id or folder) or a model with contrastive "
+            "embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning), whose embeddings pick the candidates"
         )
     _check_cross_encoders(specs, sources, first_stage is not None)
     return sources, specs, first_stage
