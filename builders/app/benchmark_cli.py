@@ -119,10 +119,12 @@ def _add_retrieval_arguments(p: argparse.ArgumentParser) -> None:
         "--first-stage",
         default=None,
         metavar="MODEL",
-        help="a CLIP (id or folder) whose top k a cross-encoder without a dual encoder of its own "
-        "(ViLT, BridgeTower's ITM head) re-ranks by its ITM score on --coco and --decorrelation; "
-        "without it those get no retrieval metrics (their ITM deltas still run). BLIP re-ranks its "
-        "own ITC top k, FLAVA ranks by its contrastive embeddings",
+        help="a CLIP (id or folder), or a model with contrastive embeddings (BLIP, FLAVA, "
+        "BridgeTowerForContrastiveLearning), whose top k a cross-encoder without a dual encoder of "
+        "its own (ViLT, BridgeTower's ITM head) re-ranks by its ITM score on --coco and "
+        "--decorrelation; without it those get no retrieval metrics (their ITM deltas still run). "
+        "BLIP re-ranks its own ITC top k, FLAVA and BridgeTowerForContrastiveLearning rank by their "
+        "contrastive embeddings",
     )
     p.add_argument(
         "--rerank-k",
