@@ -206,7 +206,7 @@ def test_bridgetower_contrastive_head_ranks_by_its_own_logits(builds, tiny_famil
     assert itm["g_kind"] == "bridgetower_itc_logit"
 
 
-def test_bridgetower_itm_re_ranks_its_contrastive_heads_top_k(builds, tiny_families_dir, tmp_path):
+def test_bridgetower_itm_re_ranks_its_contrastive_heads_top_k(builds, tiny_families_dir, tmp_path, capsys):
     """BridgeTower's own retrieval evaluation (compute_irtr_itm_itc_recall): the ITC top k of each
     query, ranked by the ITM head's logit alone. Each query's 3 candidates are the contrastive
     head's brute-force top 3 and their scores the ITM head's own, pair by pair."""
@@ -226,7 +226,7 @@ def test_bridgetower_itm_re_ranks_its_contrastive_heads_top_k(builds, tiny_famil
             assert (picked.min(1) >= others.max(1) - 1e-5).all(), direction  # the ITC top 3
             # ... which are not the ITM head's own top 3: the first stage decides.
             itm_top = np.argsort(-scored, axis=1, kind="stable")[:, :3]
-            assert any(set(a) != set(b) for a, b in zip(idx, itm_top)), direction
+            assert any(set(a) != set(b) for a, b in zip(idx, itm_top, strict=True)), direction
             np.testing.assert_allclose(score, np.take_along_axis(scored, idx, 1), rtol=1e-5, atol=1e-5)
     (ranked,) = [r for r in read_jsonl(out / "results.jsonl") if r["task"] == "zeroshot_retrieval"]
     assert ranked["retrieval"] == {
@@ -234,6 +234,12 @@ def test_bridgetower_itm_re_ranks_its_contrastive_heads_top_k(builds, tiny_famil
         "k": 3,
         "first_stage": model_name(str(itc)),
     }
+    # A first stage with no embeddings of its own (ViLT) is one line, before any data is read.
+    capsys.readouterr()
+    vilt = ["--first-stage", str(tiny_families_dir / "vilt"), "--coco", str(tmp_path / "none")]
+    assert cli_main(["benchmark", "--model", str(itm), *vilt, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ViLT" in err and "BridgeTowerForContrastiveLearning" in err, err
 
 
 def test_vilt_without_a_first_stage_refuses_retrieval_in_one_line_and_scores_its_deltas(

@@ -190,13 +190,11 @@ def _check_options(cfg: BenchmarkConfig) -> tuple[dict[str, str], list, ModelSpe
     if cfg.baseline and cfg.baseline not in cfg.models:
         specs.insert(0, parse_model(cfg.baseline, "--baseline"))
     first_stage = parse_model(cfg.first_stage, "--first-stage") if cfg.first_stage else None
-    if first_stage is not None and not (
-        first_stage.family.dual_encoder or first_stage.family.architecture in OWN_FIRST_STAGE
-    ):
+    found = first_stage.family if first_stage else None  # its embeddings pick the candidates
+    if found and not (found.dual_encoder or found.architecture in OWN_FIRST_STAGE):
         raise UserFacingError(
-            f"--first-stage {cfg.first_stage[:200]!r} is a {first_stage.family.family.name} cross-encoder with no "
-            "contrastive embeddings; give a dual encoder (a CLIP id or folder) or a model with contrastive "
-            "embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning), whose embeddings pick the candidates"
+            f"--first-stage {cfg.first_stage[:200]!r} is a {found.family.name} cross-encoder without embeddings; "
+            "give a CLIP or a model with contrastive embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning)"
         )
     _check_cross_encoders(specs, sources, first_stage is not None)
     return sources, specs, first_stage
