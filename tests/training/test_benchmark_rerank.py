@@ -17,7 +17,7 @@ import torch
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
 from helpers.training_helpers import read_jsonl, report_builds
-from training.rerank import BLIP_METHOD
+from training.rerank import BLIP_METHOD, FIRST_STAGE_METHOD as FIRST_STAGE
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -240,6 +240,31 @@ def test_bridgetower_itm_re_ranks_its_contrastive_heads_top_k(builds, tiny_famil
     assert cli_main(["benchmark", "--model", str(itm), *vilt, "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "ViLT" in err and "BridgeTowerForContrastiveLearning" in err, err
+
+
+@pytest.mark.parametrize("first", ["flava", "blip"])
+def test_a_first_stage_may_be_a_cross_encoders_own_contrastive_embeddings(first, builds, tiny_families_dir, tmp_path):
+    """ViLT re-ranking the top 3 of FLAVA's or BLIP's contrastive embeddings: its first-stage
+    arrays are those the model ranks by itself (its own benchmark's cache), and each query's
+    candidates are their top 3."""
+    cc, _, _ = builds
+    folder = str(tiny_families_dir / first)
+    argv = ["benchmark", "--coco", str(cc), *COMMON]
+    own = ["--model", folder, "--output", str(tmp_path / "own"), "--cache-dir", str(tmp_path / "own-cache")]
+    assert cli_main([*argv, *own]) == 0
+    vilt = ["--model", str(tiny_families_dir / "vilt"), "--first-stage", folder, "--rerank-k", "3"]
+    assert cli_main([*argv, *vilt, "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "cache")]) == 0
+    (mine,), (theirs,) = (tmp_path / "cache").glob("coco-*.npz"), (tmp_path / "own-cache").glob("coco-*.npz")
+    with np.load(mine) as z, np.load(theirs) as ref:
+        for name in ("first_image", "first_text"):
+            np.testing.assert_allclose(z[name], ref[name], rtol=1e-5, atol=1e-6)
+        sim = ref["first_image"].astype(np.float64) @ ref["first_text"].T
+        for direction, matrix in (("i2t", sim), ("t2i", sim.T)):
+            picked, others = np.take_along_axis(matrix, z[f"rr_{direction}_idx"], 1), matrix.copy()
+            np.put_along_axis(others, z[f"rr_{direction}_idx"], -np.inf, 1)
+            assert (picked.min(1) >= others.max(1) - 1e-6).all(), direction
+    (ranked,) = [r for r in read_jsonl(tmp_path / "o" / "results.jsonl") if r["task"] == "zeroshot_retrieval"]
+    assert ranked["retrieval"] == {"method": FIRST_STAGE, "k": 3, "first_stage": model_name(folder)}
 
 
 def test_vilt_without_a_first_stage_refuses_retrieval_in_one_line_and_scores_its_deltas(
