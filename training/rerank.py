@@ -12,12 +12,23 @@ the real pairs (IR_r / TR_r).
   cosine of the projected image and text [CLS] states), as FLAVA's paper (Singh et al. 2022,
   zero-shot retrieval) and its released example (facebookresearch/multimodal
   `examples/flava/coco_zero_shot.py`) rank; no ITM re-ranking, so k is 0.
+- BridgeTower's contrastive head (`BridgeTowerForContrastiveLearning`): by its contrastive
+  embeddings alone (its forward's normalised `text_embeds` and `image_embeds`, whose cosines
+  times its logit scale are the `logits_text_to_image` it trains on), k 0, as the
+  COCO-Counterfactuals paper's zero-shot retrieval with `bridgetower-large-itm-mlm-itc` is read
+  here (it does not say whether it re-ranked). BridgeTower's own retrieval evaluation
+  (microsoft/BridgeTower `src/modules/objectives.py`, `compute_irtr_itm_itc_recall`) picks each
+  query's ITC top k (`k_test`: 256 on COCO, 128 on Flickr30K, `src/config.py`) and ranks them by
+  the ITM head's `[:, 1]` alone: that is its ITM head as `--model` with this head as
+  `--first-stage` (below).
 - BridgeTower's ITM head and ViLT have no dual encoder. ViLT's released evaluation
   (dandelin/ViLT `vilt/modules/objectives.py`, `compute_irtr_recall`) ranks every pair by its ITM
   head; here a first-stage model the user names (`--first-stage`, any CLIP the report loads; in
   the trainer's evaluation too, never trained) picks each query's top k by its cosine and the
-  cross-encoder's G ranks them: with k the gallery size this is that full ranking. Without a
-  first stage they get no retrieval metric.
+  cross-encoder's G ranks them: with k the gallery size this is that full ranking. A first stage
+  may also be a model with contrastive embeddings of its own (BLIP, FLAVA, BridgeTower's
+  contrastive head): its embeddings pick the top k. Without a first stage they get no retrieval
+  metric.
 
 The candidates outside the top k rank below it in the first stage's order (ranked_scores.py).
 Each distinct (image, caption) pair is scored once, in batches with progress and an ETA.
@@ -47,8 +58,12 @@ log = logging.getLogger(__name__)
 
 #: architecture -> how it ranks (the records' `retrieval.method`).
 BLIP_METHOD = "itc_top_k_reranked_by_itm_plus_itc"
-FLAVA_METHOD = "contrastive"
-OWN_FIRST_STAGE = {"BlipForImageTextRetrieval": BLIP_METHOD, "FlavaForPreTraining": FLAVA_METHOD}
+CONTRASTIVE_METHOD = "contrastive"
+OWN_FIRST_STAGE = {
+    "BlipForImageTextRetrieval": BLIP_METHOD,
+    "FlavaForPreTraining": CONTRASTIVE_METHOD,
+    "BridgeTowerForContrastiveLearning": CONTRASTIVE_METHOD,
+}
 
 
 def method_of(architecture: str) -> str:
@@ -71,8 +86,11 @@ class RankerSpec:
 
 @torch.no_grad()
 def itc_images(backend, images: list) -> torch.Tensor:
-    """BLIP's or FLAVA's normalised contrastive image features (see the module docstring)."""
+    """BLIP's, FLAVA's or BridgeTower's normalised contrastive image features (see the module
+    docstring)."""
     model, rgb = backend.module.model, TransformersRGB()
+    if hasattr(model, "itc_image_head"):  # BridgeTower's forward needs captions: any will do
+        return _bridgetower_itc(backend, images, [""] * len(images)).image_embeds.float().cpu()
     px = backend.processor.image_processor(images=[rgb(i) for i in images], return_tensors="pt")["pixel_values"]
     px = px.to(next(model.parameters()).device)
     if hasattr(model, "flava"):
@@ -84,8 +102,12 @@ def itc_images(backend, images: list) -> torch.Tensor:
 
 @torch.no_grad()
 def itc_texts(backend, texts: list[str]) -> torch.Tensor:
-    """BLIP's or FLAVA's normalised contrastive text features."""
+    """BLIP's, FLAVA's or BridgeTower's normalised contrastive text features."""
     model = backend.module.model
+    if hasattr(model, "itc_text_head"):
+        from PIL import Image
+
+        return _bridgetower_itc(backend, [Image.new("RGB", (8, 8))] * len(texts), texts).text_embeds.float().cpu()
     tok = backend.processor.tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
     tok = {k: v.to(next(model.parameters()).device) for k, v in tok.items()}
     if hasattr(model, "flava"):
@@ -94,6 +116,14 @@ def itc_texts(backend, texts: list[str]) -> torch.Tensor:
         out = model.text_encoder(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"])
         feats = model.text_proj(out.last_hidden_state[:, 0])
     return F.normalize(feats, dim=-1).float().cpu()
+
+
+def _bridgetower_itc(backend, images: list, texts: list[str]):
+    """`BridgeTowerForContrastiveLearning`'s own output on the pairs: it has no text-only or
+    image-only call, but its uni-modal towers never see the other modality, so each row's
+    `text_embeds` depend on its caption alone and its `image_embeds` on its image alone (the
+    placeholder partners cost a forward pass, not a change)."""
+    return backend.module.model(**backend.inputs(images, texts))
 
 
 class Ranker:
@@ -164,19 +194,21 @@ class Ranker:
         return pairs.add("retrieval", rows, texts)
 
     def _embed_images(self, examples, batch: int, workers: int) -> np.ndarray:
-        if self.first_stage is not None:
-            return encode_images(self.first_stage.module, self.first_stage, examples, batch, workers)
+        stage = self.first_stage or self.backend  # a dual encoder, or contrastive features of its own
+        if stage.dual_encoder:
+            return encode_images(stage.module, stage, examples, batch, workers)
         read = image_reader(examples)
         starts = range(0, len(examples), batch)
         return torch.cat(
-            [itc_images(self.backend, read(list(range(s, min(s + batch, len(examples)))))) for s in starts]
+            [itc_images(stage, read(list(range(s, min(s + batch, len(examples)))))) for s in starts]
         ).numpy()
 
     def _embed_texts(self, texts: list[str], batch: int) -> np.ndarray:
-        if self.first_stage is not None:
-            return encode_texts(self.first_stage.module, self.first_stage, texts, batch)
+        stage = self.first_stage or self.backend
+        if stage.dual_encoder:
+            return encode_texts(stage.module, stage, texts, batch)
         distinct = list(dict.fromkeys(texts))
-        emb = torch.cat([itc_texts(self.backend, distinct[s : s + batch]) for s in range(0, len(distinct), batch)])
+        emb = torch.cat([itc_texts(stage, distinct[s : s + batch]) for s in range(0, len(distinct), batch)])
         row = {t: i for i, t in enumerate(distinct)}
         return emb.numpy()[[row[t] for t in texts]]
 
@@ -212,12 +244,15 @@ class _PairPool:
 
 
 def first_stage_spec(name: str) -> ModelSpec:
-    """`--first-stage name` parsed, before any data is read: a dual encoder (a CLIP), or one line."""
+    """`--first-stage name` parsed, before any data is read: a model whose embeddings pick the
+    candidates (a CLIP, or a cross-encoder's own contrastive head: BLIP, FLAVA, BridgeTower's), or
+    one line."""
     spec = parse_model(name, "--first-stage")
-    if not spec.family.dual_encoder:
+    found = spec.family
+    if not (found.dual_encoder or found.architecture in OWN_FIRST_STAGE):
         raise UserFacingError(
-            f"--first-stage {name[:200]!r} is a {spec.family.family.name} cross-encoder; give a dual encoder "
-            "(a CLIP id or folder), whose embeddings pick the candidates a cross-encoder re-ranks"
+            f"--first-stage {name[:200]!r} is a {found.family.name} cross-encoder without embeddings; "
+            "give a CLIP or a model with contrastive embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning)"
         )
     return spec
 
@@ -233,12 +268,12 @@ def load_first_stage(spec: ModelSpec, trust_pickled_weights: bool = False) -> tu
 
 def ranker(backend, architecture: str, k: int, first_stage=None) -> Ranker:
     """The `Ranker` of cross-encoder `backend` (`architecture`: its scored head, config.json's):
-    BLIP on its own ITC top k, FLAVA by its contrastive embeddings alone (k 0), any other on the
-    top k of `first_stage()` (`load_first_stage`'s three); without one, a ranker of the real
-    pairs' G only."""
+    BLIP on its own ITC top k, FLAVA and BridgeTower's contrastive head by their contrastive
+    embeddings alone (k 0), any other on the top k of `first_stage()` (`load_first_stage`'s
+    three); without one, a ranker of the real pairs' G only."""
     method = method_of(architecture)
     if method != FIRST_STAGE_METHOD:
-        return Ranker(backend, RankerSpec(method, 0 if method == FLAVA_METHOD else k))
+        return Ranker(backend, RankerSpec(method, 0 if method == CONTRASTIVE_METHOD else k))
     if first_stage is None:
         return Ranker(backend, None)
     loaded, name, digest = first_stage()

@@ -20,10 +20,11 @@ def add_retrieval_arguments(parser: argparse.ArgumentParser, scored: str, fixed:
         "--first-stage",
         default=None,
         metavar="MODEL",
-        help="a CLIP (id or folder) whose top k a cross-encoder without a dual encoder of its own "
-        f"(ViLT, BridgeTower's ITM head) re-ranks by its ITM score on {scored}; without it those get "
-        "no retrieval metrics (their ITM deltas still run). BLIP re-ranks its own ITC top k, FLAVA "
-        f"ranks by its contrastive embeddings{fixed}",
+        help="a CLIP (id or folder), or a model with contrastive embeddings (BLIP, FLAVA, "
+        "BridgeTowerForContrastiveLearning), whose top k a cross-encoder without a dual encoder of "
+        f"its own (ViLT, BridgeTower's ITM head) re-ranks by its ITM score on {scored}; without it "
+        "those get no retrieval metrics (their ITM deltas still run). BLIP re-ranks its own ITC top "
+        f"k, FLAVA and BridgeTowerForContrastiveLearning rank by their contrastive embeddings{fixed}",
     )
     parser.add_argument(
         "--rerank-k",

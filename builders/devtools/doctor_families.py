@@ -1,5 +1,5 @@
 """The doctor's cross-encoder rows: each family the report scores (BLIP ITM base and large,
-BridgeTower large ITM, ViLT, FLAVA: builders/models/families.py) scoring image-caption pairs
+BridgeTower large ITM and ITC, ViLT, FLAVA: builders/models/families.py) scoring image-caption pairs
 through the adapter the report uses (builders/models/cross_encoders.py: the model's processor, then its
 ITM head), at its published size with random weights (builders/models/production_families.py)
 or as the tiny profile's model.
@@ -34,6 +34,7 @@ FAMILY_ROWS = (
     FamilyRow("itm-blip-base", "blip_itm_base", "blip", "BLIP ITM base (ViT-B/16)"),
     FamilyRow("itm-blip-large", "blip_itm_large", "blip", "BLIP ITM large (ViT-L/16)"),
     FamilyRow("itm-bridgetower", "bridgetower_large_itm", "bridgetower", "BridgeTower large ITM"),
+    FamilyRow("itc-bridgetower", "bridgetower_large_itc", "bridgetower-itc", "BridgeTower large ITC"),
     FamilyRow("itm-vilt", "vilt_coco", "vilt", "ViLT B/32 (COCO)"),
     FamilyRow("itm-flava", "flava_full", "flava", "FLAVA full (ITM head)"),
 )
@@ -48,6 +49,9 @@ def _production_images(arch: str):
         "blip_itm_base": lambda: tf.BlipImageProcessor(size={"height": 384, "width": 384}),
         "blip_itm_large": lambda: tf.BlipImageProcessor(size={"height": 384, "width": 384}),
         "bridgetower_large_itm": lambda: tf.BridgeTowerImageProcessor(
+            size={"shortest_edge": 294}, crop_size={"shortest_edge": 294}
+        ),
+        "bridgetower_large_itc": lambda: tf.BridgeTowerImageProcessor(
             size={"shortest_edge": 294}, crop_size={"shortest_edge": 294}
         ),
         "vilt_coco": lambda: tf.ViltImageProcessor(size={"shortest_edge": 384}, size_divisor=32),

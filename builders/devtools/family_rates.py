@@ -1,5 +1,5 @@
 """The production table's cross-encoder rows (`benchmarks/gpu_check.py`, #51): each family the
-report scores (BLIP ITM base and large, BridgeTower large ITM, ViLT, FLAVA) at its published size
+report scores (BLIP ITM base and large, BridgeTower large ITM and ITC, ViLT, FLAVA) at its published size
 with random weights (builders/devtools/doctor_families.py), scoring image-caption pairs through
 the report's adapter (builders/models/cross_encoders.py): ITM pairs/s and the peak GPU memory, in the
 dtype the production precision path picks on the device (`precision.worker_precision("auto")`:

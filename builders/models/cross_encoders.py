@@ -3,6 +3,10 @@ pair, as each reference computes it, one small adapter per family.
 
 - BridgeTower: `logits[:, 1]` of `BridgeTowerForImageAndTextRetrieval`, the ITM head's logit for
   "match", as the COCO-Counterfactuals scoring script reads it (`logits[0, 1]`, one pair a call).
+  Its contrastive head, `BridgeTowerForContrastiveLearning`, has no ITM score: its G is its
+  contrastive logit, the learnt `logit_scale.exp()` times the cosine of the pair's `text_embeds`
+  and `image_embeds`, a cell of the `logits_text_to_image` its forward computes for its loss
+  (BridgeTower's own `compute_itc` scales its ITC similarity by its temperature likewise).
 - ViLT: `logits[:, 0]` of `ViltForImageAndTextRetrieval` (its one logit), as that script reads it.
 - BLIP: `itm_score[:, 1]` of `BlipForImageTextRetrieval(..., use_itm_head=True)`, the ITM head's
   logit for "match" before any softmax: BLIP's own retrieval evaluation
@@ -62,6 +66,15 @@ class BridgeTowerItm(CrossEncoder):
         return self.model(**inputs).logits[:, 1]
 
 
+class BridgeTowerItc(CrossEncoder):
+    g_kind = "bridgetower_itc_logit"
+
+    def forward(self, **inputs):
+        # Its uni-modal towers never see the other modality: each row's embeddings are its own.
+        out = self.model(**inputs)
+        return self.model.logit_scale.exp() * (out.text_embeds * out.image_embeds).sum(-1)
+
+
 class ViltItm(CrossEncoder):
     g_kind = "vilt_itm_logit"
 
@@ -82,6 +95,7 @@ class FlavaItm(CrossEncoder):
 ADAPTERS: dict[str, type[CrossEncoder]] = {
     "BlipForImageTextRetrieval": BlipItm,
     "BridgeTowerForImageAndTextRetrieval": BridgeTowerItm,
+    "BridgeTowerForContrastiveLearning": BridgeTowerItc,
     "ViltForImageAndTextRetrieval": ViltItm,
     "FlavaForPreTraining": FlavaItm,
 }

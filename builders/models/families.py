@@ -35,9 +35,9 @@ BRIDGETOWER = Family(
 VILT = Family("ViLT", "vilt", ("ViltForImageAndTextRetrieval",), False)
 FLAVA = Family("FLAVA", "flava", ("FlavaForPreTraining", "FlavaModel"), False)
 FAMILIES = (CLIP, BLIP, BRIDGETOWER, VILT, FLAVA)
-#: Heads told apart but not scored yet: their contrastive retrieval is the issue's next step
-#: (#51), and they have no ITM score for the deltas.
-CONTRASTIVE_ONLY = ("BridgeTowerForContrastiveLearning", "FlavaModel")
+#: Heads told apart but not scored: FlavaModel has no ITM head, and FLAVA's contrastive ranking is
+#: read from FlavaForPreTraining's own projections (training/rerank.py).
+CONTRASTIVE_ONLY = ("FlavaModel",)
 
 #: The families and architectures accepted, for the one line that refuses another model.
 ACCEPTED = "; ".join(

@@ -6,7 +6,9 @@ instantiates each at its published size with random weights and no download:
   at 384 px + a BERT-base text encoder with cross-attention to the image (Li et al. 2022, §3.1;
   the released `configs/retrieval_coco.yaml`: image_size 384, `vit: base|large`);
 - BridgeTower large ITM (`BridgeTower/bridgetower-large-itm-mlm`): CLIP ViT-L/14 at 294 px +
-  RoBERTa-large + 6 cross-modal layers of width 1024 (Xu et al. AAAI 2023, §4.1);
+  RoBERTa-large + 6 cross-modal layers of width 1024 (Xu et al. AAAI 2023, §4.1); its contrastive
+  head (`BridgeTower/bridgetower-large-itm-mlm-itc`, the COCO-Counterfactuals paper's) on the same
+  towers, with ITC projections to 512;
 - ViLT (`dandelin/vilt-b32-finetuned-coco`): one ViT-B/32 over word and patch embeddings, 384 px
   shorter side (Kim et al. ICML 2021, §3);
 - FLAVA (`facebook/flava-full`): ViT-B/16 image and text encoders, a 6-layer multimodal encoder
@@ -27,9 +29,10 @@ from builders.models.production_configs import BLIP_BASE, ProductionArch
 
 #: Each arch's `family` is the transformers class of the head `--model` scores (its config's
 #: `architectures`, builders/models/families.py), which `build_empty` instantiates.
-BLIP_ITM, BRIDGETOWER_ITM, VILT_ITM, FLAVA_PRETRAINING = (
+BLIP_ITM, BRIDGETOWER_ITM, BRIDGETOWER_ITC, VILT_ITM, FLAVA_PRETRAINING = (
     "BlipForImageTextRetrieval",
     "BridgeTowerForImageAndTextRetrieval",
+    "BridgeTowerForContrastiveLearning",
     "ViltForImageAndTextRetrieval",
     "FlavaForPreTraining",
 )
@@ -76,6 +79,9 @@ BRIDGETOWER_LARGE = {
     },
     "vision_config": {"hidden_size": 1024, "num_hidden_layers": 24, "patch_size": 14, "image_size": 294},
 }
+# BridgeTower/bridgetower-large-itm-mlm-itc config.json: the same towers, ITC heads to 512, logit
+# scale initialised at 2.6592 (log 1/0.07).
+BRIDGETOWER_LARGE_ITC = {**BRIDGETOWER_LARGE, "contrastive_hidden_size": 512, "logit_scale_init_value": 2.6592}
 # dandelin/vilt-b32-finetuned-coco config.json: transformers' ViltConfig defaults (documented as
 # dandelin/vilt-b32-mlm's, the checkpoint the COCO retrieval model is finetuned from).
 VILT_B32 = {
@@ -125,6 +131,13 @@ FAMILY_ARCHS: tuple[ProductionArch, ...] = (
         BRIDGETOWER_LARGE,
         source="BridgeTower/bridgetower-large-itm-mlm config.json (BridgeTower paper §4.1: "
         "CLIP ViT-L/14, RoBERTa-large, 294 px)",
+    ),
+    ProductionArch(
+        "bridgetower_large_itc",
+        "BridgeTower/bridgetower-large-itm-mlm-itc",
+        BRIDGETOWER_ITC,
+        BRIDGETOWER_LARGE_ITC,
+        source="BridgeTower/bridgetower-large-itm-mlm-itc config.json (contrastive_hidden_size 512)",
     ),
     ProductionArch(
         "vilt_coco",

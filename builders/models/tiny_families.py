@@ -4,7 +4,9 @@ built offline like the tiny CLIPs (builders/models/tiny.py) and saved with `save
 
 Each is the head the report scores (builders/models/families.py): `BlipForImageTextRetrieval`,
 `BridgeTowerForImageAndTextRetrieval`, `ViltForImageAndTextRetrieval` and `FlavaForPreTraining`,
-with hidden size 32, 2 layers and 32-pixel images. The word-level tokenizers know the tiny
+with hidden size 32, 2 layers and 32-pixel images; and BridgeTower's contrastive head,
+`BridgeTowerForContrastiveLearning` (`bridgetower-itc`), 64 wide throughout: its forward adds
+text-width token-type embeddings to the image tokens, so its towers must be as wide as each other. The word-level tokenizers know the tiny
 caption corpus (builders/models/tiny.py), so captions are words, not unknown tokens.
 """
 
@@ -17,9 +19,9 @@ import torch
 
 from builders.models.tiny import SEED, _bpe, _caption_lines, build_once, word_tokenizer
 
-FAMILY_ROLES = ("blip", "bridgetower", "vilt", "flava")
+FAMILY_ROLES = ("blip", "bridgetower", "bridgetower-itc", "vilt", "flava")
 #: Bump when these models change, so old caches are rebuilt.
-FAMILIES_VERSION = 2
+FAMILIES_VERSION = 3
 #: The sizes every tiny family shares.
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 IMAGE = 32
@@ -49,28 +51,27 @@ def build_blip_itm(out: Path) -> None:
     BlipProcessor(image_processor=images, tokenizer=tok).save_pretrained(out)
 
 
-def build_bridgetower(out: Path) -> None:
-    from transformers import (
-        BridgeTowerConfig,
-        BridgeTowerForImageAndTextRetrieval,
-        BridgeTowerImageProcessor,
-        BridgeTowerProcessor,
-        RobertaTokenizer,
-    )
+def build_bridgetower(out: Path, contrastive: bool = False) -> None:
+    import transformers as tf
 
     vocab, merges = _bpe()
-    tok = RobertaTokenizer(vocab=vocab, merges=merges, model_max_length=40)
-    cfg = BridgeTowerConfig(
-        **{k: v for k, v in TINY.items() if k != "intermediate_size"},
-        text_config={**TINY, "vocab_size": len(vocab), "max_position_embeddings": 64, "pad_token_id": 1},
-        # Its vision tower has hidden_size // 64 heads: 64 is its smallest width.
+    tok = tf.RobertaTokenizer(vocab=vocab, merges=merges, model_max_length=40)
+    # Its vision tower has hidden_size // 64 heads: 64 is its smallest width.
+    width = {"hidden_size": 64} if contrastive else {}
+    # The contrastive head's settings, as bridgetower-large-itm-mlm-itc's config.json names them.
+    itc = {"contrastive_hidden_size": 16, "logit_scale_init_value": 2.6592} if contrastive else {}
+    cfg = tf.BridgeTowerConfig(
+        **{k: v for k, v in TINY.items() if k != "intermediate_size"} | width,
+        text_config={**TINY, "vocab_size": len(vocab), "max_position_embeddings": 64, "pad_token_id": 1} | width,
         vision_config={"hidden_size": 64, "num_hidden_layers": 2, "image_size": IMAGE},
+        **itc,
     )
     cfg.vision_config.patch_size = 8
     torch.manual_seed(SEED)
-    BridgeTowerForImageAndTextRetrieval(cfg).save_pretrained(out)
-    images = BridgeTowerImageProcessor(size={"shortest_edge": IMAGE}, crop_size={"shortest_edge": IMAGE})
-    BridgeTowerProcessor(image_processor=images, tokenizer=tok).save_pretrained(out)
+    head = tf.BridgeTowerForContrastiveLearning if contrastive else tf.BridgeTowerForImageAndTextRetrieval
+    head(cfg).save_pretrained(out)
+    images = tf.BridgeTowerImageProcessor(size={"shortest_edge": IMAGE}, crop_size={"shortest_edge": IMAGE})
+    tf.BridgeTowerProcessor(image_processor=images, tokenizer=tok).save_pretrained(out)
 
 
 def build_vilt(out: Path) -> None:
@@ -107,6 +108,7 @@ def build_flava(out: Path) -> None:
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "blip": build_blip_itm,
     "bridgetower": build_bridgetower,
+    "bridgetower-itc": lambda out: build_bridgetower(out, contrastive=True),
     "vilt": build_vilt,
     "flava": build_flava,
 }

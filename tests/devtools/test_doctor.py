@@ -339,7 +339,7 @@ def test_live_tensor_bytes_counts_what_is_alive():
     del c, d
 
 
-FAMILY_STAGES = ("itm-blip-base", "itm-blip-large", "itm-bridgetower", "itm-vilt", "itm-flava")
+FAMILY_STAGES = ("itm-blip-base", "itm-blip-large", "itm-bridgetower", "itc-bridgetower", "itm-vilt", "itm-flava")
 
 
 def test_doctor_scores_each_cross_encoder_on_the_tiny_profile(tmp_path, tiny_models_dir, capsys):
@@ -347,7 +347,14 @@ def test_doctor_scores_each_cross_encoder_on_the_tiny_profile(tmp_path, tiny_mod
         tmp_path, tiny_models_dir, "--models", "tiny", "--stages", ",".join(FAMILY_STAGES), "--generators", "none"
     )
     _check_rows(report, FAMILY_STAGES)
-    g = ("blip_itm_logit", "blip_itm_logit", "bridgetower_itm_logit", "vilt_itm_logit", "flava_itm_logit")
+    g = (
+        "blip_itm_logit",
+        "blip_itm_logit",
+        "bridgetower_itm_logit",
+        "bridgetower_itc_logit",
+        "vilt_itm_logit",
+        "flava_itm_logit",
+    )
     for row, kind in zip(report["rows"], g, strict=True):
         # Two pairs a row (the caption and its counterfactual), each with its G.
         assert row["items"] == 2 and row["unit"] == "pairs" and row["note"].startswith(kind + " "), row
@@ -376,10 +383,18 @@ def test_gpu_check_cpu_tiny_prints_a_row_per_cross_encoder(cpu_tiny):
     report scores, pairs/s through the report's adapter with the input size and the G it read, in
     the dtype the precision path picks on the device (fp32 on the CPU)."""
     rows = {r[0]: r for r in _table(cpu_tiny[0]) if r[0].startswith("ITM ")}
-    families = ("BLIP ITM base", "BLIP ITM large", "BridgeTower large ITM", "ViLT B/32", "FLAVA full")
+    families = (
+        "BLIP ITM base",
+        "BLIP ITM large",
+        "BridgeTower large ITM",
+        "BridgeTower large ITC",
+        "ViLT B/32",
+        "FLAVA full",
+    )
     assert len(rows) == len(families) and all(any(f in name for name in rows) for f in families), rows
     kinds = {
         "BLIP": "blip_itm_logit",
+        "BridgeTower large ITC": "bridgetower_itc_logit",  # before "Bridge": the first prefix wins
         "Bridge": "bridgetower_itm_logit",
         "ViLT": "vilt_itm_logit",
         "FLAVA": "flava_itm_logit",

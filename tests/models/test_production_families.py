@@ -71,6 +71,13 @@ def bridgetower() -> int:
     return roberta_large() + vision + 2 * per_side + 2 * h + lin(2 * h, 2)
 
 
+def bridgetower_itc() -> int:
+    """BridgeTower's towers without the ITM head: ITC heads to 512 on the text and image [CLS] and
+    on both poolers, and the logit scale."""
+    h = 1024
+    return bridgetower() - lin(2 * h, 2) + 2 * lin(h, 512) + lin(2 * h, 512) + 1
+
+
 def dalle_encoder(n: int = 256, vocab: int = 8192) -> int:
     """FLAVA's image codebook, the DALL-E encoder: a 7x7 input conv, 4 groups of 2 residual blocks
     (widths n, 2n, 4n, 8n; 3x3, 3x3, 3x3, 1x1 convs at a quarter width; a 1x1 conv on the
@@ -103,6 +110,7 @@ ARITHMETIC = {
     "blip_itm_base": lambda: blip(768, 3072, 12),
     "blip_itm_large": lambda: blip(1024, 4096, 24),
     "bridgetower_large_itm": bridgetower,
+    "bridgetower_large_itc": bridgetower_itc,
     "vilt_coco": vilt,
     "flava_full": flava,
 }
@@ -114,6 +122,7 @@ def test_every_family_has_a_production_architecture():
         "Salesforce/blip-itm-base-coco",
         "Salesforce/blip-itm-large-coco",
         "BridgeTower/bridgetower-large-itm-mlm",
+        "BridgeTower/bridgetower-large-itm-mlm-itc",
         "dandelin/vilt-b32-finetuned-coco",
         "facebook/flava-full",
     }

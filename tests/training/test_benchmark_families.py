@@ -26,6 +26,12 @@ def _bridgetower(model, inputs):
     return model(**inputs).logits[0, 1]  # the COCO-Counterfactuals script
 
 
+def _bridgetower_itc(model, inputs):
+    # Its forward's `logits_text_to_image` (what its loss reads): the logit scale times the cosine.
+    out = model(**inputs)
+    return (model.logit_scale.exp() * out.text_embeds @ out.image_embeds.T)[0, 0]
+
+
 def _vilt(model, inputs):
     return model(**inputs).logits[0, 0]  # the COCO-Counterfactuals script
 
@@ -38,6 +44,7 @@ def _flava(model, inputs):
 REFERENCES = {
     "blip": ("BlipForImageTextRetrieval", _blip, "blip_itm_logit"),
     "bridgetower": ("BridgeTowerForImageAndTextRetrieval", _bridgetower, "bridgetower_itm_logit"),
+    "bridgetower-itc": ("BridgeTowerForContrastiveLearning", _bridgetower_itc, "bridgetower_itc_logit"),
     "vilt": ("ViltForImageAndTextRetrieval", _vilt, "vilt_itm_logit"),
     "flava": ("FlavaForPreTraining", _flava, "flava_itm_logit"),
 }

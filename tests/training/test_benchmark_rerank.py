@@ -17,7 +17,7 @@ import torch
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
 from helpers.training_helpers import read_jsonl, report_builds
-from training.rerank import BLIP_METHOD
+from training.rerank import BLIP_METHOD, FIRST_STAGE_METHOD as FIRST_STAGE
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -157,6 +157,114 @@ def test_flava_ranks_by_its_contrastive_embeddings(builds, tiny_families_dir, tm
     # The logits are the logit scale times the cosine: the same ranking.
     _in_bounds(ranked["metrics"], _recall_bounds(logits, owner, 1e-4))
     assert ranked["retrieval"] == {"method": "contrastive", "k": 0, "first_stage": None}
+
+
+def _bridgetower_itc(folder, cc) -> np.ndarray:
+    """(images, captions): BridgeTowerForContrastiveLearning's logits_per_image, each pair's cell of
+    the `logits_text_to_image` its forward computes for its loss (the logit scale times the
+    cosine of the pair's `text_embeds` and `image_embeds`), one pair a call."""
+    import transformers
+
+    model = transformers.BridgeTowerForContrastiveLearning.from_pretrained(folder).eval()
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    images, captions, _ = _test_split(cc)
+    out = np.zeros((len(images), len(captions)))
+    with torch.no_grad():
+        for i, img in enumerate(images):
+            for c, cap in enumerate(captions):
+                o = model(**processor(images=img, text=cap, return_tensors="pt"))
+                out[i, c] = float(model.logit_scale.exp() * o.text_embeds[0] @ o.image_embeds[0])
+    return out
+
+
+def _logit_scale(folder) -> float:
+    import transformers
+
+    return float(transformers.BridgeTowerForContrastiveLearning.from_pretrained(folder).logit_scale.detach())
+
+
+def test_bridgetower_contrastive_head_ranks_by_its_own_logits(builds, tiny_families_dir, tmp_path):
+    """BridgeTowerForContrastiveLearning as --model: R@K and the cached similarities are its own
+    logits_per_image (brute force, one pair a call), k = 0, and its real pairs' G is its logit."""
+    cc, _, _ = builds
+    folder, out, cache = tiny_families_dir / "bridgetower-itc", tmp_path / "out", tmp_path / "cache"
+    argv = ["benchmark", "--model", str(folder), "--coco", str(cc), "--output", str(out), "--cache-dir", str(cache)]
+    assert cli_main([*argv, *COMMON]) == 0
+    logits = _bridgetower_itc(folder, cc)
+    assert np.ptp(logits) > 0
+    (entry,) = cache.glob("coco-*.npz")
+    with np.load(entry) as z:
+        # Its embeddings' cosines, which rank as its logits do: times its logit scale, its logits.
+        cosines = z["first_image"].astype(np.float64) @ z["first_text"].T
+        np.testing.assert_allclose(np.exp(_logit_scale(folder)) * cosines, logits, rtol=1e-5, atol=1e-5)
+        assert z["rr_i2t_idx"].shape[1] == 0 and z["rr_t2i_idx"].shape[1] == 0
+    records = read_jsonl(out / "results.jsonl")
+    (ranked,) = [r for r in records if r["task"] == "zeroshot_retrieval"]
+    _in_bounds(ranked["metrics"], _recall_bounds(logits, _test_split(cc)[2], 1e-4))
+    assert ranked["retrieval"] == {"method": "contrastive", "k": 0, "first_stage": None}
+    (itm,) = [r for r in records if r["task"] == "itm"]
+    assert itm["g_kind"] == "bridgetower_itc_logit"
+
+
+def test_bridgetower_itm_re_ranks_its_contrastive_heads_top_k(builds, tiny_families_dir, tmp_path, capsys):
+    """BridgeTower's own retrieval evaluation (compute_irtr_itm_itc_recall): the ITC top k of each
+    query, ranked by the ITM head's logit alone. Each query's 3 candidates are the contrastive
+    head's brute-force top 3 and their scores the ITM head's own, pair by pair."""
+    cc, _, _ = builds
+    itm, itc = tiny_families_dir / "bridgetower", tiny_families_dir / "bridgetower-itc"
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = ["benchmark", "--model", str(itm), "--first-stage", str(itc), "--coco", str(cc), "--rerank-k", "3"]
+    assert cli_main([*argv, "--output", str(out), "--cache-dir", str(cache), *COMMON]) == 0
+    first, second = _bridgetower_itc(itc, cc), _brute_force(itm, "bridgetower", cc)
+    (entry,) = cache.glob("coco-*.npz")
+    with np.load(entry) as z:
+        for direction, ranked, scored in (("i2t", first, second), ("t2i", first.T, second.T)):
+            idx, score = z[f"rr_{direction}_idx"], z[f"rr_{direction}_score"]
+            assert idx.shape == (len(ranked), 3)
+            picked, others = np.take_along_axis(ranked, idx, 1), ranked.copy()
+            np.put_along_axis(others, idx, -np.inf, 1)
+            assert (picked.min(1) >= others.max(1) - 1e-5).all(), direction  # the ITC top 3
+            # ... which are not the ITM head's own top 3: the first stage decides.
+            itm_top = np.argsort(-scored, axis=1, kind="stable")[:, :3]
+            assert any(set(a) != set(b) for a, b in zip(idx, itm_top, strict=True)), direction
+            np.testing.assert_allclose(score, np.take_along_axis(scored, idx, 1), rtol=1e-5, atol=1e-5)
+    (ranked,) = [r for r in read_jsonl(out / "results.jsonl") if r["task"] == "zeroshot_retrieval"]
+    assert ranked["retrieval"] == {
+        "method": "first_stage_top_k_reranked_by_itm",
+        "k": 3,
+        "first_stage": model_name(str(itc)),
+    }
+    # A first stage with no embeddings of its own (ViLT) is one line, before any data is read.
+    capsys.readouterr()
+    vilt = ["--first-stage", str(tiny_families_dir / "vilt"), "--coco", str(tmp_path / "none")]
+    assert cli_main(["benchmark", "--model", str(itm), *vilt, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ViLT" in err and "BridgeTowerForContrastiveLearning" in err, err
+
+
+@pytest.mark.parametrize("first", ["flava", "blip"])
+def test_a_first_stage_may_be_a_cross_encoders_own_contrastive_embeddings(first, builds, tiny_families_dir, tmp_path):
+    """ViLT re-ranking the top 3 of FLAVA's or BLIP's contrastive embeddings: its first-stage
+    arrays are those the model ranks by itself (its own benchmark's cache), and each query's
+    candidates are their top 3."""
+    cc, _, _ = builds
+    folder = str(tiny_families_dir / first)
+    argv = ["benchmark", "--coco", str(cc), *COMMON]
+    own = ["--model", folder, "--output", str(tmp_path / "own"), "--cache-dir", str(tmp_path / "own-cache")]
+    assert cli_main([*argv, *own]) == 0
+    vilt = ["--model", str(tiny_families_dir / "vilt"), "--first-stage", folder, "--rerank-k", "3"]
+    assert cli_main([*argv, *vilt, "--output", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "cache")]) == 0
+    (mine,), (theirs,) = (tmp_path / "cache").glob("coco-*.npz"), (tmp_path / "own-cache").glob("coco-*.npz")
+    with np.load(mine) as z, np.load(theirs) as ref:
+        for name in ("first_image", "first_text"):
+            np.testing.assert_allclose(z[name], ref[name], rtol=1e-5, atol=1e-6)
+        sim = ref["first_image"].astype(np.float64) @ ref["first_text"].T
+        for direction, matrix in (("i2t", sim), ("t2i", sim.T)):
+            picked, others = np.take_along_axis(matrix, z[f"rr_{direction}_idx"], 1), matrix.copy()
+            np.put_along_axis(others, z[f"rr_{direction}_idx"], -np.inf, 1)
+            assert (picked.min(1) >= others.max(1) - 1e-6).all(), direction
+    (ranked,) = [r for r in read_jsonl(tmp_path / "o" / "results.jsonl") if r["task"] == "zeroshot_retrieval"]
+    assert ranked["retrieval"] == {"method": FIRST_STAGE, "k": 3, "first_stage": model_name(folder)}
 
 
 def test_vilt_without_a_first_stage_refuses_retrieval_in_one_line_and_scores_its_deltas(

@@ -55,8 +55,8 @@ def parse_model(name: str, flag: str = "--model") -> ModelSpec:
     if family.architecture in CONTRASTIVE_ONLY:
         raise UserFacingError(
             f"{flag} {name[:200]!r} is {family.family.name}'s contrastive head {family.architecture}, which has no "
-            f"ITM score; give its ITM head ({', '.join(h for h in family.family.heads if h not in CONTRASTIVE_ONLY)}): "
-            "retrieval by a contrastive head is not built yet"
+            f"ITM score; give its ITM head ({', '.join(h for h in family.family.heads if h not in CONTRASTIVE_ONLY)}), "
+            "which ranks by the same contrastive projections"
         )
     return ModelSpec(name, clip.backend, clip, family)
 
