@@ -16,6 +16,7 @@ crop, each after transformers' RGB conversion. Evaluation scores through the pro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -118,6 +119,9 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS, run=None) -> 
         )
     if found.dual_encoder:
         return load_backend(clip)
+    trained = next((a for a in TRAINABLE if a in found.family.heads), None)
+    if trained and not eval_only:  # the family's retrieval head, whichever head config.json names
+        found = dataclasses.replace(found, architecture=trained)  # (-itm-mlm-itc's: the contrastive one)
     if found.architecture not in TRAINABLE and not eval_only:
         raise UserFacingError(
             f"--model {clip.label} is {found.family.name} ({found.architecture}): counterfactory train "

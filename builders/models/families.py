@@ -10,8 +10,11 @@ heavy: option parsing reads it.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,11 @@ def read_config(model_id: str) -> dict | None:
 
 def model_family(model_id: str) -> ModelFamily:
     """The family of a transformers model id; CLIP when its config cannot be read (today's
-    loader then names the id). A config of another type, or a family's config without one of
-    its accepted heads, raises `FamilyError`."""
+    loader then names the id). A family's config that names no architecture (some Hub configs,
+    written before transformers recorded one) gets the family's first head, its ITM head, as
+    COCO-Counterfactuals' scoring script loads such a checkpoint, said in one logged line. A
+    config of another type, or one naming none of its family's accepted heads, raises
+    `FamilyError`."""
     config = read_config(model_id)
     if config is None:
         return ModelFamily(CLIP, "CLIPModel")
@@ -95,6 +101,9 @@ def model_family(model_id: str) -> ModelFamily:
     family = next((f for f in FAMILIES if f.model_type == model_type), None)
     if family is CLIP:
         return ModelFamily(CLIP, "CLIPModel")
+    if family is not None and not architectures:
+        log.info("%s: config.json names no architecture; loaded as %s", model_id, family.heads[0])
+        return ModelFamily(family, family.heads[0])
     head = next((a for a in architectures if family and a in family.heads), None)
     if family is None or head is None:
         found = f"model_type {model_type or 'missing'!r}"

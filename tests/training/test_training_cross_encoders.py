@@ -289,3 +289,21 @@ def test_bridgetower_training_reranks_a_fixed_first_stage_before_and_after(color
     card = (out / "final" / "README.md").read_text()
     line = next(x for x in card.splitlines() if x.startswith("Retrieval metrics"))
     assert "k = 5" in line and "first stage" in line and "not trained" in line, line
+
+
+def test_a_checkpoint_naming_its_contrastive_head_trains_the_itm_head(tiny_families_dir):
+    """BridgeTower/bridgetower-large-itm-mlm-itc, the trainer's default BridgeTower, names
+    BridgeTowerForContrastiveLearning in its config.json: training loads the family's retrieval
+    (ITM) head from it, while --eval-only scores the head the config names."""
+    from types import SimpleNamespace
+
+    from builders.models.clip_ids import ClipId
+    from training.cross_training import CrossEncoderTraining, load_training_backend
+
+    folder = str(tiny_families_dir / "bridgetower-itc")
+    clip = ClipId("transformers", folder, folder)
+    trained = load_training_backend(clip, "bridgetower")
+    assert isinstance(trained, CrossEncoderTraining)
+    assert trained.architecture == "BridgeTowerForImageAndTextRetrieval"
+    scored = load_training_backend(clip, "bridgetower", SimpleNamespace(first_stage=None, eval_only=True))
+    assert scored.architecture == "BridgeTowerForContrastiveLearning"
