@@ -145,10 +145,12 @@ def test_a_flava_annotator_proposes_its_contrastive_ranking(gallery, spread, tmp
 
 
 @pytest.mark.parametrize("family", ["vilt", "blip"])
-def test_a_second_round_scores_no_pair_again(family, gallery, annotators, tiny_families_dir, tmp_path, monkeypatch):
+def test_a_second_round_scores_no_pair_again(
+    family, gallery, annotators, tiny_families_dir, tmp_path, monkeypatch, caplog
+):
     """The cross-encoder's re-ranked scores are cached under the model, gallery, queries, method,
     k and first stage: the same round again loads no model (so no forward call) and proposes the
-    same; another k is another entry."""
+    same; another k is another entry; a damaged entry is a warning and scored again."""
     from builders.models import cross_encoders
 
     loads = []
@@ -162,7 +164,15 @@ def test_a_second_round_scores_no_pair_again(family, gallery, annotators, tiny_f
     again = _candidates(gallery, tmp_path, *args, out="again.json")
     assert loads == []
     assert again["candidates"] == first["candidates"] and again["exclude"] == first["exclude"]
-    assert sorted(p.suffix for p in (tmp_path / "cache" / "cross_encoder_scores").iterdir()) == [".json", ".npz"]
+    folder = tmp_path / "cache" / "cross_encoder_scores"
+    assert sorted(p.suffix for p in folder.iterdir()) == [".json", ".npz"]
+    (npz,) = folder.glob("*.npz")
+    npz.write_bytes(npz.read_bytes()[:100])  # truncated
+    assert _candidates(gallery, tmp_path, *args, out="damaged.json")["candidates"] == first["candidates"]
+    assert len(loads) == 1 and any(
+        npz.name in r.getMessage() and "scoring it again" in r.getMessage() for r in caplog.records
+    )
+    loads.clear()
     _candidates(gallery, tmp_path, *args, "--rerank-k", "40", out="other_k.json")
     assert len(loads) == 1  # the embeddings are cached; the pairs of another k are scored
-    assert len(list((tmp_path / "cache" / "cross_encoder_scores").glob("*.json"))) == 2
+    assert len(list(folder.glob("*.json"))) == 2
