@@ -139,16 +139,17 @@ def reranked_topk(
     """Per modality, [n_queries x depth] gallery ids of `model`'s ranking of the first stage's
     candidates; `first`: (the first stage's (image, caption) embeddings, its top gallery ids per
     modality, [n_queries x rerank_k]); `round_`: gallery, queries, cache folder; `run`: precision,
-    batch size, rerank_k, the first stage's name (None: the model's own)."""
+    batch size, rerank_k, the --first-stage spec (None: the model's own ITC)."""
     gallery, queries, cache = round_
     precision, batch, k, first_stage = run
     first_top = {m: np.asarray(t, dtype=np.int64) for m, t in first[1].items()}
     folder = Path(cache) / SCORES_FOLDER
-    key = _cache_key(model, architecture, k, first_stage, (gallery, queries, precision.dtype))
-    scores = _cached(folder, key, first_top)
+    keyed = (model, architecture, k, first_stage, (gallery, queries, precision.dtype))
+    scores = _cached(folder, _cache_key(*keyed), first_top)
     if scores is None:
         scores = _score(model, architecture, first, gallery, queries, (precision, batch))
-        _store(folder, key, first_top, scores)
+        # Loading a Hub model may have just downloaded it: keyed by the snapshot now cached.
+        _store(folder, _cache_key(*keyed), first_top, scores)
     else:
         log.info("re-ranked scores of %s: cached in %s", model, folder)
     image_row = {i: n for n, i in enumerate(gallery.image_ids)}
