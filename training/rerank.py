@@ -3,24 +3,14 @@ interface: `Ranker` gives the evaluation the arrays training/ranked_scores.py tu
 matrices the CLIP path already ranks (R@K, the ECCV suite, ODmAP), and the cross-encoder's G of
 the real pairs (IR_r / TR_r).
 
-- BLIP (`BlipForImageTextRetrieval`): its ITC similarity (the cosine of its projected [CLS]
-  features, the model's `use_itm_head=False` output) picks each query's top k, which are ranked by
-  ITM logit + ITC similarity, as BLIP's released evaluation adds them (salesforce/BLIP
-  `train_retrieval.py`, `evaluation`: `score_matrix_i2t[i, topk_idx] = itm_head(...)[:, 1] +
-  topk_sim`, and likewise t2i); k = 256, its COCO config's `k_test` (`configs/retrieval_coco.yaml`).
-- FLAVA (`FlavaForPreTraining`): zero-shot retrieval by its contrastive embeddings alone (the
-  cosine of the projected image and text [CLS] states), as FLAVA's paper (Singh et al. 2022,
-  zero-shot retrieval) and its released example (facebookresearch/multimodal
-  `examples/flava/coco_zero_shot.py`) rank; no ITM re-ranking, so k is 0.
-- BridgeTower's contrastive head (`BridgeTowerForContrastiveLearning`): by its contrastive
-  embeddings alone (its forward's normalised `text_embeds` and `image_embeds`, whose cosines
-  times its logit scale are the `logits_text_to_image` it trains on), k 0, as the
-  COCO-Counterfactuals paper's zero-shot retrieval with `bridgetower-large-itm-mlm-itc` is read
-  here (it does not say whether it re-ranked). BridgeTower's own retrieval evaluation
-  (microsoft/BridgeTower `src/modules/objectives.py`, `compute_irtr_itm_itc_recall`) picks each
-  query's ITC top k (`k_test`: 256 on COCO, 128 on Flickr30K, `src/config.py`) and ranks them by
-  the ITM head's `[:, 1]` alone: that is its ITM head as `--model` with this head as
-  `--first-stage` (below).
+Each family ranks as its own paper does (builders/models/cross_ranking.py, the copy the MITL
+annotators share): BLIP re-ranks its ITC top k by ITM + ITC, FLAVA and BridgeTower's
+contrastive head rank by their contrastive embeddings (k 0). BridgeTower's own retrieval
+evaluation (microsoft/BridgeTower `src/modules/objectives.py`, `compute_irtr_itm_itc_recall`)
+picks each query's ITC top k (`k_test`: 256 on COCO, 128 on Flickr30K, `src/config.py`) and ranks
+them by the ITM head's `[:, 1]` alone: that is its ITM head as `--model` with its contrastive
+head as `--first-stage` (below).
+
 - BridgeTower's ITM head and ViLT have no dual encoder. ViLT's released evaluation
   (dandelin/ViLT `vilt/modules/objectives.py`, `compute_irtr_recall`) ranks every pair by its ITM
   head; here a first-stage model the user names (`--first-stage`, any CLIP the report loads; in
@@ -41,13 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from builders.engine.errors import UserFacingError
 from builders.engine.provenance import model_name
 from builders.models.cross_encoders import FIRST_STAGE_METHOD, score_pairs
+from builders.models.cross_ranking import CONTRASTIVE_METHOD, OWN_FIRST_STAGE, itc_images, itc_texts
+from builders.models.cross_ranking import method_of, reranked_scores
 from counterfactory_metrics.map_at_r.topk import stable_topk
-from builders.models.rgb import TransformersRGB
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
 from training.ranked_scores import SETS, first
 from training.ranked_scores import tied_scores
@@ -55,19 +45,17 @@ from training.report.models import ModelSpec, load_model, parse_model, preproces
 from training.unit_scores import real_partners
 
 log = logging.getLogger(__name__)
-
-#: architecture -> how it ranks (the records' `retrieval.method`).
-BLIP_METHOD = "itc_top_k_reranked_by_itm_plus_itc"
-CONTRASTIVE_METHOD = "contrastive"
-OWN_FIRST_STAGE = {
-    "BlipForImageTextRetrieval": BLIP_METHOD,
-    "FlavaForPreTraining": CONTRASTIVE_METHOD,
-    "BridgeTowerForContrastiveLearning": CONTRASTIVE_METHOD,
-}
-
-
-def method_of(architecture: str) -> str:
-    return OWN_FIRST_STAGE.get(architecture, FIRST_STAGE_METHOD)
+#: What the report and the trainer import from here; the ranking constants are cross_ranking.py's.
+__all__ = [
+    "FIRST_STAGE_METHOD",
+    "OWN_FIRST_STAGE",
+    "Ranker",
+    "RankerSpec",
+    "first_stage_spec",
+    "load_first_stage",
+    "method_of",
+    "ranker",
+]
 
 
 @dataclass(frozen=True)
@@ -82,48 +70,6 @@ class RankerSpec:
 
     def record(self) -> dict:
         return {"method": self.method, "k": self.k, "first_stage": self.first_stage}
-
-
-@torch.no_grad()
-def itc_images(backend, images: list) -> torch.Tensor:
-    """BLIP's, FLAVA's or BridgeTower's normalised contrastive image features (see the module
-    docstring)."""
-    model, rgb = backend.module.model, TransformersRGB()
-    if hasattr(model, "itc_image_head"):  # BridgeTower's forward needs captions: any will do
-        return _bridgetower_itc(backend, images, [""] * len(images)).image_embeds.float().cpu()
-    px = backend.processor.image_processor(images=[rgb(i) for i in images], return_tensors="pt")["pixel_values"]
-    px = px.to(next(model.parameters()).device)
-    if hasattr(model, "flava"):
-        feats = model.flava.image_projection(model.flava.image_model(pixel_values=px).last_hidden_state[:, 0])
-    else:
-        feats = model.vision_proj(model.vision_model(pixel_values=px).last_hidden_state[:, 0])
-    return F.normalize(feats, dim=-1).float().cpu()
-
-
-@torch.no_grad()
-def itc_texts(backend, texts: list[str]) -> torch.Tensor:
-    """BLIP's, FLAVA's or BridgeTower's normalised contrastive text features."""
-    model = backend.module.model
-    if hasattr(model, "itc_text_head"):
-        from PIL import Image
-
-        return _bridgetower_itc(backend, [Image.new("RGB", (8, 8))] * len(texts), texts).text_embeds.float().cpu()
-    tok = backend.processor.tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
-    tok = {k: v.to(next(model.parameters()).device) for k, v in tok.items()}
-    if hasattr(model, "flava"):
-        feats = model.flava.text_projection(model.flava.text_model(**tok).last_hidden_state[:, 0])
-    else:
-        out = model.text_encoder(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"])
-        feats = model.text_proj(out.last_hidden_state[:, 0])
-    return F.normalize(feats, dim=-1).float().cpu()
-
-
-def _bridgetower_itc(backend, images: list, texts: list[str]):
-    """`BridgeTowerForContrastiveLearning`'s own output on the pairs: it has no text-only or
-    image-only call, but its uni-modal towers never see the other modality, so each row's
-    `text_embeds` depend on its caption alone and its `image_embeds` on its image alone (the
-    placeholder partners cost a forward pass, not a change)."""
-    return backend.module.model(**backend.inputs(images, texts))
 
 
 class Ranker:
@@ -157,17 +103,18 @@ class Ranker:
         if data.retrieval is not None and len(data.retrieval) > 1:
             plans.append(("real", None, self._real_pairs(pairs, data), 0.0))
         scores = pairs.score(self.backend, {"retrieval": data.retrieval, "odmap": data.queries}, batch)
-        for direction, idx, keys, bonus in plans:
+        for direction, idx, keys, itc in plans:
             if idx is None:
                 out["real_g"] = scores[keys].reshape(-1, 3)
             else:
                 out[f"rr_{direction}_idx"] = idx.astype(np.int64)
-                out[f"rr_{direction}_score"] = (scores[keys].reshape(idx.shape) + bonus).astype(np.float32)
+                g = scores[keys].reshape(idx.shape)
+                out[f"rr_{direction}_score"] = reranked_scores(self.spec.method, g, itc).astype(np.float32)
         return out
 
     def _candidates(self, which: str, examples, texts: list[str], sizes: tuple[int, int], into: tuple) -> list:
         """Each direction's top k of set `which` by the first stage, their pairs added to the pool,
-        as (direction, candidates, pool keys, what BLIP adds to G: the ITC similarity)."""
+        as (direction, candidates, pool keys, their first-stage similarity: BLIP adds its ITC's)."""
         out, pairs = into
         query, gallery, directions = SETS[which]
         images, captions = self._embed_images(examples, *sizes), self._embed_texts(texts, sizes[0])
@@ -181,8 +128,7 @@ class Ranker:
             own = np.broadcast_to(np.arange(len(matrix))[:, None], idx.shape)
             image_rows, text_cols = (idx, own) if direction == "t2i" else (own, idx)
             keys = pairs.add(which, image_rows.ravel(), [texts[c] for c in text_cols.ravel()])
-            bonus = np.take_along_axis(matrix, idx, 1) if self.spec.method == BLIP_METHOD else 0.0
-            plans.append((direction, idx, keys, bonus))
+            plans.append((direction, idx, keys, np.take_along_axis(matrix, idx, 1)))
         return plans
 
     def _real_pairs(self, pairs: _PairPool, data) -> np.ndarray:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 
 from builders.engine.option_types import positive_int
-
-#: BLIP's COCO retrieval `k_test` (salesforce/BLIP configs/retrieval_coco.yaml): the default k.
-DEFAULT_K = 256
+from builders.models.families import DEFAULT_K
 
 
 def add_retrieval_arguments(parser: argparse.ArgumentParser, scored: str, fixed: str = "") -> None:

@@ -16,6 +16,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+#: BLIP's COCO retrieval `k_test` (salesforce/BLIP configs/retrieval_coco.yaml): the default k a
+#: cross-encoder re-ranks (`--rerank-k` of the benchmark, the trainer and the MITL annotators).
+DEFAULT_K = 256
+
 
 @dataclass(frozen=True)
 class Family:

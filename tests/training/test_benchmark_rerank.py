@@ -17,7 +17,8 @@ import torch
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
 from helpers.training_helpers import read_jsonl, report_builds
-from training.rerank import BLIP_METHOD, FIRST_STAGE_METHOD as FIRST_STAGE
+from builders.models.cross_ranking import BLIP_METHOD
+from training.rerank import FIRST_STAGE_METHOD as FIRST_STAGE
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 

@@ -9,17 +9,14 @@ untrusted input (`read_entry`): one that is not what a run writes is logged and 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
 import os
-import tempfile
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 
+from builders.engine.array_cache import BadEntry, entry_paths, read_arrays, read_record
+from builders.engine.array_cache import write_entry as write_arrays
 from builders.engine.provenance import code_version, model_name, source_digest
 from builders.engine.sharding.build_files import file_sha256
 from training.backends import CLIP_LOGITS, COSINE
@@ -65,21 +62,12 @@ def _instances_digest(path: str) -> str:
     return file_sha256(Path(path))
 
 
-def entry_paths(folder: Path, key: dict) -> tuple[Path, Path]:
-    """The `.npz` and `.json` of `key`: named by dataset, weights and key digests, so a folder
+def entry_label(key: dict) -> str:
+    """An entry's file name before its key digest: dataset and weights digest, so a folder
     listing tells which model each file belongs to."""
-    whole = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     # A renderings dataset's generator (`counterfactuals/sd15`) is no sub-folder of the cache.
     dataset = key["dataset"].replace("/", "-")
-    stem = f"{dataset}-{key['weights_digest'].removeprefix('sha256:')[:16]}-{whole}"
-    return folder / f"{stem}.npz", folder / f"{stem}.json"
-
-
-class BadEntry(Exception):
-    """Why a cache entry cannot be used: logged, and the entry is computed again."""
-
-    def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
+    return f"{dataset}-{key['weights_digest'].removeprefix('sha256:')[:16]}"
 
 
 def read_entry(
@@ -91,7 +79,7 @@ def read_entry(
     JSON list, no metrics, a string value, object arrays, other shapes than `data` gives, a
     truncated file, a link) is a warning naming the file and a miss, never fatal, never
     unpickled."""
-    npz, meta = entry_paths(folder, key)
+    npz, meta = entry_paths(folder, key, entry_label(key))
     if not os.path.lexists(meta):
         return None  # not cached, or a write interrupted before its metrics (written last)
     try:
@@ -108,23 +96,8 @@ def _ranked(key: dict) -> tuple[int, int] | None:
     return (found["k"], found["width"]) if found else None
 
 
-def _regular_file(path: Path) -> None:
-    # A link may lead out of the cache folder: never followed.
-    if not os.path.lexists(path):
-        raise BadEntry(path, "missing")
-    if path.is_symlink() or not path.is_file():
-        raise BadEntry(path, "not a regular file")
-
-
 def _read_metrics(meta: Path, key: dict) -> dict[str, float]:
-    _regular_file(meta)
-    try:
-        saved = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadEntry(meta, f"unreadable ({type(err).__name__})") from None
-    if not isinstance(saved, dict) or saved.get("key") != key:
-        raise BadEntry(meta, "not an entry of this model and data")
-    metrics = saved.get("metrics")
+    metrics = read_record(meta, key).get("metrics")
     if not isinstance(metrics, dict) or not metrics:
         raise BadEntry(meta, "no metrics")
     for name, value in metrics.items():
@@ -171,47 +144,13 @@ def expected_shapes(
     }
 
 
-def _headers(npz: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Name -> (shape, dtype) of each array, read from the `.npy` headers only (an object array or
-    a huge member is refused before a byte of its data is read)."""
-    out = {}
-    with zipfile.ZipFile(npz) as z:
-        for name in z.namelist():
-            with z.open(name) as fp:
-                version = np.lib.format.read_magic(fp)
-                read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(
-                    version
-                )
-                if read is None or not name.endswith(".npy"):
-                    raise BadEntry(npz, f"{name} is not an array np.savez writes")
-                shape, _, dtype = read(fp)
-                out[name.removesuffix(".npy")] = (shape, dtype)
-    return out
-
-
 def read_embeddings(
     npz: Path, data, width: int, g_kind: str = COSINE, ranked: tuple[int, int] | None = None
 ) -> dict[str, np.ndarray]:
     """The arrays of `npz`, checked against what `evaluate_model` saves for `data` with a model
     `width` wide: the same names, float arrays of those shapes (a two-stage ranking's candidate
     columns, `..._idx`, integer); BadEntry otherwise."""
-    _regular_file(npz)
-    want = expected_shapes(data, width, g_kind, ranked)
-    try:
-        headers = _headers(npz)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        raise BadEntry(npz, f"not a readable .npz ({type(err).__name__})") from None
-    if headers.keys() != want.keys():
-        raise BadEntry(npz, f"holds arrays {sorted(headers)}, expected {sorted(want)}")
-    for name, (shape, dtype) in headers.items():
-        kind = "i" if name.endswith("_idx") else "f"
-        if dtype.kind != kind or shape != want[name]:
-            expected = "integer" if kind == "i" else "float"
-            raise BadEntry(npz, f"array {name!r} is {dtype} {shape}, expected {expected} {want[name]}")
-    try:
-        arrays = load_arrays(npz)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        raise BadEntry(npz, f"not a readable .npz ({type(err).__name__})") from None
+    arrays = read_arrays(npz, expected_shapes(data, width, g_kind, ranked))
     images = 0 if data.image_ids is None else len(data.image_ids)
     galleries = {"rr_i2t_idx": len(data.captions), "rr_t2i_idx": images, "rr_q2t_idx": len(data.gallery_captions)}
     for name, size in galleries.items():
@@ -221,30 +160,7 @@ def read_embeddings(
     return arrays
 
 
-def load_arrays(npz: Path) -> dict[str, np.ndarray]:
-    """Every array of `npz`, never unpickling one."""
-    with np.load(npz, allow_pickle=False) as z:
-        return {name: z[name] for name in z.files}
-
-
-def new_file(folder: Path, suffix: str) -> Path:
-    """A new empty file in `folder`, created by this process (never a name someone placed there:
-    a link there would redirect the write)."""
-    fd, name = tempfile.mkstemp(prefix="writing-", suffix=suffix, dir=folder)
-    os.close(fd)
-    return Path(name)
-
-
 def write_entry(folder: Path, key: dict, npz_written: Path, metrics: dict[str, float]) -> Path:
     """Move the embeddings `evaluate_model` wrote to `npz_written` (a `new_file`) into the cache
     beside their metrics; the cached `.npz` path. A bad entry of the same key is replaced."""
-    npz, meta = entry_paths(folder, key)
-    tmp = new_file(folder, ".json.tmp")
-    try:
-        # NaN (an empty ITM group) round-trips through Python's json, as evaluate_model returns it.
-        tmp.write_text(json.dumps({"key": key, "metrics": metrics}, sort_keys=True))
-        os.replace(npz_written, npz)
-        os.replace(tmp, meta)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return npz
+    return write_arrays(folder, key, entry_label(key), npz_written, {"metrics": metrics})

@@ -26,7 +26,8 @@ from training.evaluation import (
     original_rows,
     unit_scores,
 )
-from training.report.cache import cache_key, load_arrays, new_file, read_entry, write_entry
+from builders.engine.array_cache import load_arrays, new_file
+from training.report.cache import cache_key, read_entry, write_entry
 from training.report.datasets import KINDS, locate, open_datasets, parse_source
 from training.report.hub_results import push_results
 from training.report.compare import comparison_lines, compare_dataset, forest_columns, plot_forest, verdicts

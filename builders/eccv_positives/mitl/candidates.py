@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.mitl.cross_annotators import RERANKING_HEADS, reranked_topk
+from builders.eccv_positives.mitl.cross_annotators import CROSS_HEADS, needs_first_stage, reranked_topk
 from builders.eccv_positives.mitl.cross_annotators import record as reranker_record
 from builders.eccv_positives.mitl.embeddings import gallery_embeddings
 from builders.engine.precision import worker_precision
@@ -35,6 +35,8 @@ from builders.eccv_positives.mitl.image_gallery import DatasetSource, Gallery
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.engine.provenance import model_names
 from builders.models.clip_ids import OPEN_CLIP, ClipIdError, parse_clip_id
+from builders.models.cross_ranking import CONTRASTIVE_METHOD, method_of
+from builders.models.families import DEFAULT_K
 from builders.models.families import CLIP, FamilyError, model_family
 
 log = logging.getLogger(__name__)
@@ -42,15 +44,17 @@ log = logging.getLogger(__name__)
 MODALITIES = ("i2t", "t2i")
 #: The model families a machine annotator may be, for the one line refusing any other.
 ANNOTATORS = (
-    "CLIP (transformers clip, or open_clip), or with --first-stage a cross-encoder: "
-    "ViLT (ViltForImageAndTextRetrieval) or BridgeTower (BridgeTowerForImageAndTextRetrieval)"
+    "CLIP (transformers clip, or open_clip), BLIP (BlipForImageTextRetrieval), FLAVA (FlavaForPreTraining), "
+    "or with --first-stage a cross-encoder: ViLT (ViltForImageAndTextRetrieval) or BridgeTower "
+    "(BridgeTowerForImageAndTextRetrieval)"
 )
 
 
 def check_annotator(model: str) -> str | None:
     """Refuse, in one line and before any data is read, a `--model` that cannot annotate: a
-    transformers config of another family (ViLT, BLIP, a BERT ...) would otherwise be loaded into
-    a random-init CLIP or fail deep inside the embedding."""
+    transformers config of another family (a BERT ...) would otherwise be loaded into a
+    random-init CLIP or fail deep inside the embedding. The architecture of a cross-encoder
+    (cross_annotators.py), None for a CLIP."""
     backend = OPEN_CLIP if (Path(model) / "open_clip_config.json").is_file() else None
     try:
         if parse_clip_id(model, backend).backend == OPEN_CLIP:
@@ -58,7 +62,7 @@ def check_annotator(model: str) -> str | None:
         family = model_family(model)
     except (ClipIdError, FamilyError) as err:
         raise UserFacingError(f"--model {model[:200]!r} {err}") from None
-    if family.architecture in RERANKING_HEADS:
+    if family.architecture in CROSS_HEADS:
         return family.architecture
     if family.family is not CLIP:
         raise UserFacingError(
@@ -72,7 +76,8 @@ def check_annotator(model: str) -> str | None:
 class CandidatesConfig:
     """Example: `CandidatesConfig(models=("openai/clip-vit-base-patch32",), coco_root="coco")`."""
 
-    #: Machine annotators: transformers CLIP ids/folders or open_clip ids (see embeddings.py).
+    #: Machine annotators: transformers CLIP ids/folders or open_clip ids (see embeddings.py), or
+    #: cross-encoders: BLIP, FLAVA, ViLT, BridgeTower ITM (cross_annotators.py).
     models: tuple[str, ...]
     #: The gallery: a COCO download (images, captions, Karpathy split file) ...
     coco_root: str | None = None
@@ -95,10 +100,11 @@ class CandidatesConfig:
     #: Precision of the annotators' forward passes (`builders.engine.precision`; auto: fp16 on
     #: a GPU, fp32 elsewhere); the resolved one is recorded as `precision`.
     dtype: str = "auto"
-    #: A cross-encoder annotator re-ranks this CLIP's top `rerank_k` (cross_annotators.py).
+    #: A ViLT or BridgeTower annotator re-ranks this CLIP's top `rerank_k`, BLIP its own ITC's
+    #: (cross_annotators.py).
     first_stage: str | None = None
     #: BLIP's COCO `k_test` (salesforce/BLIP configs/retrieval_coco.yaml), as the report's default.
-    rerank_k: int = 256
+    rerank_k: int = DEFAULT_K
 
 
 @dataclass
@@ -253,7 +259,7 @@ def model_topk(
 
 
 def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> None:
-    crossed = [m for m, h in heads.items() if h]
+    crossed = [m for m, h in heads.items() if h and needs_first_stage(h)]
     if crossed and not cfg.first_stage:
         raise UserFacingError(
             f"--model {crossed[0]!r} is a cross-encoder: name the CLIP whose top --rerank-k it re-ranks "
@@ -261,20 +267,24 @@ def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> N
         )
     if cfg.first_stage and check_annotator(cfg.first_stage):
         raise UserFacingError(f"--first-stage {cfg.first_stage!r} is a cross-encoder: give a CLIP")
-    if crossed and cfg.rerank_k < cfg.exclusion_depth:
+    reranking = [m for m, h in heads.items() if h and method_of(h) != CONTRASTIVE_METHOD]
+    if reranking and cfg.rerank_k < cfg.exclusion_depth:
         raise UserFacingError(f"need --rerank-k ({cfg.rerank_k}) >= --exclusion-depth ({cfg.exclusion_depth})")
 
 
 def _annotator_topk(model: str, head: str | None, cfg: CandidatesConfig, round_: tuple, precision) -> dict:
-    """One annotator's top-`exclusion_depth` per modality: by its embeddings, or (a cross-encoder)
-    its G's ranking of the first stage's top `rerank_k` (cross_annotators.py)."""
+    """One annotator's top-`exclusion_depth` per modality: by its embeddings (a CLIP's, FLAVA's
+    contrastive ones), or its re-ranking of a first stage's top `rerank_k`: BLIP's own ITC, or
+    the --first-stage CLIP's for ViLT and BridgeTower (cross_annotators.py)."""
     gallery, queries, cache = round_
-    source = cfg.first_stage if head else model
-    image_emb, caption_emb = gallery_embeddings(source, gallery, cache, cfg.batch_size, precision)
-    if head is None:
-        return model_topk(image_emb, caption_emb, gallery, queries, cfg.exclusion_depth)
-    first = model_topk(image_emb, caption_emb, gallery, queries, cfg.rerank_k)
-    return reranked_topk(model, head, first, gallery, queries, cfg.exclusion_depth, (precision, cfg.batch_size))
+    first_stage = cfg.first_stage if head and needs_first_stage(head) else None
+    own = None if first_stage else head
+    embedded = gallery_embeddings(first_stage or model, gallery, cache, cfg.batch_size, precision, own)
+    if head is None or method_of(head) == CONTRASTIVE_METHOD:
+        return model_topk(*embedded, gallery, queries, cfg.exclusion_depth)
+    first = (embedded, model_topk(*embedded, gallery, queries, cfg.rerank_k))
+    run = (precision, cfg.batch_size, cfg.rerank_k, first_stage)
+    return reranked_topk(model, head, first, round_, cfg.exclusion_depth, run)
 
 
 def find_candidates(cfg: CandidatesConfig) -> Candidates:
@@ -307,6 +317,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     ]
     n_raw = sum(len(by) for by in proposed.values())
     log.info("%d proposals by %d models -> %d unique candidate pairs", n_raw, len(cfg.models), len(candidates))
+    first_stage = model_names({cfg.first_stage: cfg.first_stage})[cfg.first_stage] if cfg.first_stage else None
     # The cache actually used, absolute: `model-bias` reads the same embeddings from any folder.
     config = {
         **asdict(cfg),
@@ -317,13 +328,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
         "proposals": n_raw,
         "precision": precision.as_config(),
         "gallery_left_out": gallery.left_out,
-        "rerankers": {
-            names[m]: reranker_record(
-                h, cfg.rerank_k, model_names({cfg.first_stage: cfg.first_stage})[cfg.first_stage]
-            )
-            for m, h in heads.items()
-            if h
-        },
+        "rerankers": {names[m]: reranker_record(h, cfg.rerank_k, first_stage) for m, h in heads.items() if h},
     }
     return Candidates(
         config=config,

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builders.engine.option_types import number, seed_int
+from builders.engine.option_types import number, positive_int, seed_int
 from builders.engine.precision import add_dtype_argument
+from builders.models.families import DEFAULT_K
 from builders.models.pickled_weights import FLAG as PICKLE_FLAG, FLAG_HELP as PICKLE_FLAG_HELP
 
 
@@ -168,16 +169,22 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
         required=True,
         metavar="ID",
         help="a machine annotator (repeat): transformers CLIP id/folder, or open_clip "
-        "as open_clip:ARCH[:TAG], hf-hub:ORG/REPO, local-dir:PATH; or a ViLT or BridgeTower ITM "
+        "as open_clip:ARCH[:TAG], hf-hub:ORG/REPO, local-dir:PATH; a BLIP ITM (its ITC top --rerank-k "
+        "re-ranked by ITM + ITC) or FLAVA (its contrastive embeddings); or a ViLT or BridgeTower ITM "
         "cross-encoder with --first-stage",
     )
     p.add_argument(
         "--first-stage",
         default=None,
         metavar="ID",
-        help="the CLIP whose top --rerank-k a cross-encoder --model re-ranks",
+        help="the CLIP whose top --rerank-k a ViLT or BridgeTower --model re-ranks",
     )
-    p.add_argument("--rerank-k", type=int, default=256, help="candidates a cross-encoder re-ranks per query")
+    p.add_argument(
+        "--rerank-k",
+        type=positive_int,
+        default=DEFAULT_K,
+        help="candidates a BLIP, ViLT or BridgeTower --model re-ranks per query (default 256, BLIP's COCO k_test)",
+    )
     p.add_argument("--splits", nargs="+", default=["test"], help="Karpathy splits of a COCO gallery")
     p.add_argument("--image-queries", type=int, default=1261, help="sampled image queries (paper: 1261)")
     p.add_argument("--caption-queries", type=int, default=1333, help="sampled caption queries (paper: 1333)")
@@ -186,7 +193,7 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--exclusion-depth", type=int, default=25, help="golden negatives avoid every model's top-N (paper: 25)"
     )
-    p.add_argument("--cache-dir", type=Path, default=None, help="embedding cache")
+    p.add_argument("--cache-dir", type=Path, default=None, help="cache of embeddings and re-ranked scores")
     p.add_argument("--batch-size", type=int, default=64)
     add_dtype_argument(p, "the annotators' embeddings")
     p.add_argument("--output", type=Path, required=True, help="candidates JSON file to write")

@@ -2,9 +2,10 @@
 
 A machine annotator is any CLIP-like model: a transformers CLIP id or folder, or an open_clip
 model (`open_clip:ARCH[:TAG]`, `hf-hub:ORG/REPO`, `local-dir:PATH`; `builders.models.clip_ids`),
-embedding through `builders.models.clip.load_scorer` on the process's device (its GPU when there
-is one, `builders.engine.distributed.worker_device`; the vectors come back to the CPU in float32)
-in the precision of `--dtype` (`builders.engine.precision`: fp16 on a GPU by default). Each
+or the contrastive heads of a BLIP or FLAVA (cross_annotators.py), embedding through
+`builders.models.clip.load_scorer` (`builders.models.cross_ranking.ItcScorer`) on the process's
+device (its GPU when there is one, `builders.engine.distributed.worker_device`; the vectors come
+back to the CPU in float32) in the precision of `--dtype` (`builders.engine.precision`: fp16 on a GPU by default). Each
 embeds every gallery image and every distinct caption text once (a repeated caption reuses its
 vector, so identical captions tie exactly in retrieval, METHOD.md §2). The normalised embeddings
 are cached in `cache_dir`, one folder per entry holding `images.npy` and `captions.npy`, read
@@ -70,10 +71,16 @@ def read_cache_entry(entry: Path) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def gallery_embeddings(
-    model_id: str, gallery: Gallery, cache_dir: Path, batch_size: int = 64, precision: Precision | None = None
+    model_id: str,
+    gallery: Gallery,
+    cache_dir: Path,
+    batch_size: int = 64,
+    precision: Precision | None = None,
+    architecture: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(image embeddings [I x d], caption embeddings [C x d]), L2-normalised float32, cached;
-    computed on `precision`'s device and dtype (default: this process's, auto dtype)."""
+    computed on `precision`'s device and dtype (default: this process's, auto dtype) by a CLIP,
+    or by the contrastive heads of a BLIP or FLAVA (`architecture`, builders/models/cross_ranking.py)."""
     precision = precision or worker_precision()
     gallery_key = [gallery.digest(), gallery.files_fingerprint()]
     entry = Path(cache_dir) / _cache_key(model_id, gallery_key, precision.dtype)
@@ -81,9 +88,7 @@ def gallery_embeddings(
     if cached is not None:
         log.info("embeddings of %s: cached in %s", model_id, entry)
         return cached
-    from builders.models.clip import load_scorer
-
-    scorer = load_scorer(model_id, precision.device, dtype=precision.dtype)
+    scorer = _load_scorer(model_id, architecture, precision)
     texts = list(dict.fromkeys(gallery.captions))
     log.info(
         "embedding %d images and %d distinct captions (of %d) with %s",
@@ -112,3 +117,15 @@ def gallery_embeddings(
     entry = Path(cache_dir) / _cache_key(model_id, gallery_key, precision.dtype)
     write_cache_entry(entry, images, captions, {"model_id": model_id, "gallery": gallery.digest()})
     return images, captions
+
+
+def _load_scorer(model_id: str, architecture: str | None, precision: Precision):
+    if architecture is None:
+        from builders.models.clip import load_scorer
+
+        return load_scorer(model_id, precision.device, dtype=precision.dtype)
+    from builders.models.clip_ids import parse_clip_id
+    from builders.models.cross_encoders import load_cross_encoder
+    from builders.models.cross_ranking import ItcScorer
+
+    return ItcScorer(load_cross_encoder(parse_clip_id(model_id), architecture, precision.device, precision.dtype))

@@ -1,0 +1,178 @@
+"""BLIP and FLAVA as machine annotators through `counterfactory eccv candidates`, each ranking as
+its own paper does (BLIP: its ITC top --rerank-k re-ranked by ITM logit + ITC, as its
+`train_retrieval.py` adds them; FLAVA: its contrastive embeddings), checked against rankings
+computed here with transformers' own `BlipForImageTextRetrieval` and `FlavaForPreTraining`
+calls; and the cache of the cross-encoders' scores (a second round with the same inputs loads and
+scores nothing). The ViLT annotator's test is in test_eccv_positives_mitl.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from builders.app.cli import main as cli_main
+from builders.engine.provenance import model_name
+
+ROUND = [
+    "--splits",
+    "train",
+    "restval",
+    "val",
+    "test",
+    "--image-queries",
+    "2",
+    "--caption-queries",
+    "2",
+    "--seed",
+    "3",
+]
+
+
+@pytest.fixture(scope="module")
+def spread(tiny_families_dir, tmp_path_factory):
+    """family -> a copy of the tiny model drawn with weights 10x wider (initializer_range 0.2): the
+    tiny models' default draw scores every pair within ~1e-3 of each other, too alike for a
+    ranking test to tell one ranking rule from another."""
+    import transformers
+
+    out = {}
+    for family, cls in (("blip", "BlipForImageTextRetrieval"), ("flava", "FlavaForPreTraining")):
+        config = transformers.AutoConfig.from_pretrained(tiny_families_dir / family)
+        for part in (config, *(getattr(config, n) for n in config.sub_configs)):
+            part.initializer_range = 0.2
+        torch.manual_seed(0)
+        out[family] = tmp_path_factory.mktemp("spread") / family
+        getattr(transformers, cls)(config).save_pretrained(out[family])
+        transformers.AutoProcessor.from_pretrained(tiny_families_dir / family).save_pretrained(out[family])
+    return out
+
+
+def _candidates(gallery, tmp_path, *args: str, out: str = "c.json") -> dict:
+    argv = ["eccv", "candidates", "--coco-root", str(gallery["root"]), *ROUND, *args]
+    assert cli_main([*argv, "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / out)]) == 0
+    return json.loads((tmp_path / out).read_text())
+
+
+def _check_ranking(data: dict, name: str, gallery, scores) -> None:
+    """Each query's proposals by `name` are the top 5 of `scores(modality, query)` (over the
+    whole gallery side, -inf outside what the annotator ranks), ties to the lower gallery index:
+    the score at every rank equal (1e-5 relative), so near-ties of a tiny random model may swap."""
+    got: dict[tuple, dict[int, int]] = {}
+    for c in data["candidates"]:
+        got.setdefault((c["modality"], c["query_id"]), {})[c["proposed_by"][name]] = c["item_id"]
+    checked = 0
+    for modality in ("i2t", "t2i"):
+        items = gallery["caption_ids"] if modality == "i2t" else gallery["image_ids"]
+        for q in data["queries"][modality]:
+            s = scores(modality, q)
+            expected = [items[j] for j in np.lexsort((np.arange(len(items)), -s))[:5]]
+            mine = [got[(modality, q)][r] for r in sorted(got[(modality, q)])]
+            score = dict(zip(items, s, strict=True))
+            assert len(mine) == 5 and np.isfinite([score[m] for m in mine]).all(), (q, mine)
+            ranked = np.isfinite(s)  # scores far enough apart for a wrong ranking to show
+            assert ranked.sum() >= 25 and np.ptp(s[ranked]) > 1e-2, np.ptp(s[ranked])
+            assert np.allclose([score[m] for m in mine], [score[e] for e in expected], rtol=1e-5, atol=1e-5)
+            assert len(data["exclude"][modality][str(q)]) == 25
+            checked += 1
+    assert checked == 4
+
+
+def _pairs(gallery, modality: str, q: int) -> tuple[list, list[str]]:
+    """The query against every item of the other side: (images, captions), one pair an item."""
+    images = [Image.open(p).convert("RGB") for p in gallery["paths"]]
+    if modality == "i2t":
+        return [images[gallery["image_ids"].index(q)]] * len(gallery["texts"]), gallery["texts"]
+    return images, [gallery["texts"][gallery["caption_ids"].index(q)]] * len(images)
+
+
+def test_a_blip_annotator_proposes_its_itc_top_k_reranked_by_itm_plus_itc(gallery, spread, tmp_path):
+    from transformers import AutoProcessor, BlipForImageTextRetrieval
+
+    blip, k = str(spread["blip"]), 30
+    data = _candidates(gallery, tmp_path, "--model", blip, "--rerank-k", str(k))
+    name = model_name(blip)
+    assert data["config"]["rerankers"][name] == {
+        "architecture": "BlipForImageTextRetrieval",
+        "method": "itc_top_k_reranked_by_itm_plus_itc",
+        "k": k,
+        "first_stage": None,
+        "g": "blip_itm_logit",
+    }
+    model, proc = BlipForImageTextRetrieval.from_pretrained(blip).eval(), AutoProcessor.from_pretrained(blip)
+
+    def scores(modality: str, q: int) -> np.ndarray:
+        images, texts = _pairs(gallery, modality, q)
+        with torch.no_grad():
+            x = proc(images=images, text=texts, return_tensors="pt", padding=True, truncation=True)
+            itc = model(**x, use_itm_head=False).itm_score.diagonal().numpy()  # pair n: image n, text n
+            top = np.lexsort((np.arange(len(itc)), -itc))[:k]  # BLIP's ITC top k
+            itm = model(**x, use_itm_head=True).itm_score[:, 1].numpy()
+        out = np.full(len(itc), -np.inf)
+        out[top] = itm[top] + itc[top]  # train_retrieval.py: itm_head(...)[:, 1] + topk_sim
+        return out
+
+    _check_ranking(data, name, gallery, scores)
+
+
+def test_a_flava_annotator_proposes_its_contrastive_ranking(gallery, spread, tmp_path):
+    from transformers import AutoProcessor, FlavaForPreTraining
+
+    flava = str(spread["flava"])
+    data = _candidates(gallery, tmp_path, "--model", flava)
+    name = model_name(flava)
+    assert data["config"]["rerankers"][name] == {
+        "architecture": "FlavaForPreTraining",
+        "method": "contrastive",
+        "k": 0,
+        "first_stage": None,
+        "g": None,
+    }
+    model, proc = FlavaForPreTraining.from_pretrained(flava).eval(), AutoProcessor.from_pretrained(flava)
+
+    def scores(modality: str, q: int) -> np.ndarray:
+        images, texts = _pairs(gallery, modality, q)
+        with torch.no_grad():
+            x = proc(images=images, text=texts, return_tensors="pt", padding=True, truncation=True)
+            out = model(**x, input_ids_masked=x["input_ids"], return_loss=False)
+            # The logit scale times the cosine of pair n's image and text: the same ranking.
+            return (out.contrastive_logits_per_image.diagonal() / model.flava.logit_scale.exp()).numpy()
+
+    _check_ranking(data, name, gallery, scores)
+
+
+@pytest.mark.parametrize("family", ["vilt", "blip"])
+def test_a_second_round_scores_no_pair_again(
+    family, gallery, annotators, tiny_families_dir, tmp_path, monkeypatch, caplog
+):
+    """The cross-encoder's re-ranked scores are cached under the model, gallery, queries, method,
+    k and first stage: the same round again loads no model (so no forward call) and proposes the
+    same; another k is another entry; a damaged entry is a warning and scored again."""
+    from builders.models import cross_encoders
+
+    loads = []
+    real = cross_encoders.load_cross_encoder
+    monkeypatch.setattr(cross_encoders, "load_cross_encoder", lambda *a, **kw: loads.append(a) or real(*a, **kw))
+    args = ["--model", str(tiny_families_dir / family), "--rerank-k", "30"]
+    args += ["--first-stage", annotators[0]] if family == "vilt" else []
+    first = _candidates(gallery, tmp_path, *args, out="first.json")
+    assert len(loads) == (1 if family == "vilt" else 2)  # BLIP: its ITC embeddings, then its ITM
+    loads.clear()
+    again = _candidates(gallery, tmp_path, *args, out="again.json")
+    assert loads == []
+    assert again["candidates"] == first["candidates"] and again["exclude"] == first["exclude"]
+    folder = tmp_path / "cache" / "cross_encoder_scores"
+    assert sorted(p.suffix for p in folder.iterdir()) == [".json", ".npz"]
+    (npz,) = folder.glob("*.npz")
+    npz.write_bytes(npz.read_bytes()[:100])  # truncated
+    assert _candidates(gallery, tmp_path, *args, out="damaged.json")["candidates"] == first["candidates"]
+    assert len(loads) == 1 and any(
+        npz.name in r.getMessage() and "scoring it again" in r.getMessage() for r in caplog.records
+    )
+    loads.clear()
+    _candidates(gallery, tmp_path, *args, "--rerank-k", "40", out="other_k.json")
+    assert len(loads) == 1  # the embeddings are cached; the pairs of another k are scored
+    assert len(list(folder.glob("*.json"))) == 2
