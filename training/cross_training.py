@@ -178,7 +178,8 @@ def trainer_ranker(backend, run):
     """The evaluation's retrieval by the cross-encoder (training/rerank.py, the code and flags
     `counterfactory benchmark` ranks with): BLIP's ITC top --rerank-k re-ranked by ITM + ITC,
     FLAVA's contrastive ranking, and an ITM model with no contrastive head (BridgeTower's, ViLT)
-    re-ranking the top --rerank-k of the `run.first_stage` CLIP, loaded once and never trained;
+    re-ranking the top --rerank-k of the `run.first_stage` (a CLIP, or a model's own contrastive
+    head), loaded once and never trained;
     without one, its real pairs' G only, said in one line."""
     from training.rerank import FIRST_STAGE_METHOD, first_stage_spec, load_first_stage, method_of, ranker
 

@@ -63,7 +63,7 @@ def machine(tmp_path):
 #: rules, then the formatting), then the suite on two workers, file by file.
 LINT = "python -m ruff check ."
 FORMAT = "python -m ruff format --check ."
-PYTEST = "python -m pytest -n 2 --dist loadfile"
+PYTEST = "python -m pytest -n 2 --dist loadfile --durations=25"
 
 
 def _calls(calls: Path) -> list[str]:

@@ -475,7 +475,7 @@ def test_training_vilt_or_flava_is_refused_in_one_line_naming_eval_only(
     [
         ("clip", "clip", "its own embeddings"),
         ("flava", "clip", "its own contrastive head"),
-        ("vilt", "blip", "cross-encoder"),  # a first stage must be a dual encoder
+        ("vilt", "vilt", "without embeddings"),  # a first stage has embeddings (a CLIP's, BLIP's, ...)
     ],
 )
 def test_a_first_stage_the_model_cannot_use_is_refused_in_one_line(
