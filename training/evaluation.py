@@ -22,7 +22,8 @@ Sets (each evaluated when its source is given):
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
   `random_derangement(n, PAIR_SEED)` of the metric module, seed 0, recorded with the numbers).
 - necessity: per removed class, PN = (s(x, y) - s(x', y)) / s(x, y) with s = (cos + 1) / 2 in
-  [0, 1], x the original image, x' the object-removal image and y an original caption of x that
+  [0, 1] (a cross-encoder's: its ITM match probability, builders/models/cross_encoders.py, scored
+  by the report), x the original image, x' the object-removal image and y an original caption of x that
   mentions the removed class (the model-agnostic reading of the NUIF paper's necessity). x is
   the retrieval split's embedding of the query's source image, so PN needs both sets.
 - validation loss: the contrastive loss on the validation examples, in order.
@@ -284,12 +285,10 @@ def original_rows(query_image_ids: np.ndarray, image_ids: np.ndarray) -> np.ndar
     return np.asarray([row.get(int(i), -1) for i in query_image_ids], dtype=np.int64)
 
 
-def necessity_values(
-    original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData
-) -> list[tuple[int, str, float]]:
-    """(query, removed class, PN) of every caption of a query that mentions a class it removed
-    (see the module docstring). `original_images`: the retrieval split's image embeddings, in
-    which query q's x is row `rows[q]` (`original_rows`; -1: skipped)."""
+def necessity_pairs(rows: np.ndarray, data: EvalData) -> list[tuple[int, int, list[str]]]:
+    """(query q, gallery caption row t, the classes q removed that t mentions) of every original
+    caption of a query that mentions a class it removed (see the module docstring), whose x is row
+    `rows[q]` of the retrieval split (`original_rows`; -1: skipped)."""
     text_row = {int(c): i for i, c in enumerate(data.gallery_ids)}
     out = []
     for q, removed in enumerate(data.removed):
@@ -297,17 +296,41 @@ def necessity_values(
             continue
         for cap in data.query_captions[q]:
             t = text_row.get(int(cap))
-            if t is None:
-                continue
-            s_x = (original_images[rows[q]] @ emb["gallery_text"][t] + 1) / 2
-            s_xp = (emb["query_image"][q] @ emb["gallery_text"][t] + 1) / 2
-            out += [(q, c, float((s_x - s_xp) / s_x)) for c in sorted(set(removed) & set(data.gallery_mentions[t]))]
+            classes = [] if t is None else sorted(set(removed) & set(data.gallery_mentions[t]))
+            if classes:
+                out.append((q, t, classes))
     return out
 
 
-def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData) -> dict[str, float]:
+def cosine_s(original_images: np.ndarray, rows: np.ndarray, emb, pairs: list) -> np.ndarray:
+    """(pairs, 2): s(x, y) and s(x', y) of each `necessity_pairs` pair for a dual encoder, its
+    cosine mapped to [0, 1], (cos + 1) / 2; `original_images`: the retrieval split's images."""
+    text = emb["gallery_text"]
+    s = [
+        ((original_images[rows[q]] @ text[t] + 1) / 2, (emb["query_image"][q] @ text[t] + 1) / 2) for q, t, _ in pairs
+    ]
+    return np.asarray(s, np.float32).reshape(-1, 2)
+
+
+def necessity_values(pairs: list, s: np.ndarray) -> list[tuple[int, str, float]]:
+    """(query, removed class, PN) of each class of each `necessity_pairs` pair, from its s(x, y)
+    and s(x', y) (`s`: `cosine_s`, or a cross-encoder's match probabilities)."""
+    return [
+        (q, c, float((s_x - s_xp) / s_x))
+        for (q, _, classes), (s_x, s_xp) in zip(pairs, s, strict=True)
+        for c in classes
+    ]
+
+
+def own_necessity_values(emb, data: EvalData) -> list[tuple[int, str, float]]:
+    """`necessity_values` of a dual encoder whose retrieval split holds the queries' x."""
+    rows = original_rows(data.query_image_ids, data.image_ids)
+    pairs = necessity_pairs(rows, data)
+    return necessity_values(pairs, cosine_s(emb["image"], rows, emb, pairs))
+
+
+def necessity(values: list[tuple[int, str, float]]) -> dict[str, float]:
     """PN per removed class and its mean over every value (`necessity_values`)."""
-    values = necessity_values(original_images, rows, emb, data)
     per_class: dict[str, list[float]] = {}
     for _, c, v in values:
         per_class.setdefault(c, []).append(v)
@@ -413,9 +436,8 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
     if ranks(emb, "odmap"):
         out.update(odmap_units(odmap_result(emb, data, k_values), data.removed, data.query_image_ids))
         if "image" in emb:
-            rows = original_rows(data.query_image_ids, data.image_ids)
-            values = necessity_values(emb["image"], rows, emb, data)
-            out.update(necessity_units(values, len(rows), data.query_image_ids))
+            values = own_necessity_values(emb, data)
+            out.update(necessity_units(values, len(data.query_image_ids), data.query_image_ids))
     scores = itm_inputs(emb, data)
     if scores:
         out.update(delta_units(scores, pair_clusters(data.cf_pairs)))
@@ -474,8 +496,7 @@ def evaluate_model(
     if ranks(emb, "odmap"):
         metrics.update(odmap_metrics(emb, data, cfg.k_values))
         if "image" in emb:  # x is a retrieval image, already encoded
-            rows = original_rows(data.query_image_ids, data.image_ids)
-            metrics.update(necessity(emb["image"], rows, emb, data))
+            metrics.update(necessity(own_necessity_values(emb, data)))
     itm_args = itm_inputs(emb, data)
     if itm_args:
         for delta, stats in itm_score_deltas(**itm_args).items():
