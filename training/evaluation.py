@@ -21,11 +21,8 @@ Sets (each evaluated when its source is given):
   when the build is not mixed into training, training/mixtures.py) and on real test pairs
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
   `random_derangement(n, PAIR_SEED)` of the metric module, seed 0, recorded with the numbers).
-- necessity: per removed class, PN = (s(x, y) - s(x', y)) / s(x, y) with s = (cos + 1) / 2 in
-  [0, 1] (a cross-encoder's: its ITM match probability, builders/models/cross_encoders.py, scored
-  by the report), x the original image, x' the object-removal image and y an original caption of x that
-  mentions the removed class (the model-agnostic reading of the NUIF paper's necessity). x is
-  the retrieval split's embedding of the query's source image, so PN needs both sets.
+- necessity: object necessity PN per removed class (training/necessity.py); x is the retrieval
+  split's embedding of the query's source image, so PN needs both sets.
 - validation loss: the contrastive loss on the validation examples, in order.
 - zeroshot, flickr30k: zero-shot classification with the CLIP prompt templates (`--zeroshot`)
   and Flickr30k R@K with the retrieval code above (`--flickr30k`), training/zeroshot.py.
@@ -55,6 +52,7 @@ from training.data import ExampleDataset, fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
+from training.necessity import necessity, own_necessity_values
 from training.ranked_scores import SETS, has_two_stage, two_stage_matrix
 from training.sources import DataInputError, column_values
 from training.statistics import UnitScores
@@ -277,67 +275,6 @@ def odmap_result(emb, data: EvalData, k_values):
 
 def odmap_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
     return {f"odmap/{name}": v for name, v in odmap_result(emb, data, k_values).as_dict().items()}
-
-
-def original_rows(query_image_ids: np.ndarray, image_ids: np.ndarray) -> np.ndarray:
-    """Row of each query's source image x among the retrieval images (-1: not in that split)."""
-    row = {int(i): r for r, i in enumerate(image_ids)}
-    return np.asarray([row.get(int(i), -1) for i in query_image_ids], dtype=np.int64)
-
-
-def necessity_pairs(rows: np.ndarray, data: EvalData) -> list[tuple[int, int, list[str]]]:
-    """(query q, gallery caption row t, the classes q removed that t mentions) of every original
-    caption of a query that mentions a class it removed (see the module docstring), whose x is row
-    `rows[q]` of the retrieval split (`original_rows`; -1: skipped)."""
-    text_row = {int(c): i for i, c in enumerate(data.gallery_ids)}
-    out = []
-    for q, removed in enumerate(data.removed):
-        if rows[q] < 0:
-            continue
-        for cap in data.query_captions[q]:
-            t = text_row.get(int(cap))
-            classes = [] if t is None else sorted(set(removed) & set(data.gallery_mentions[t]))
-            if classes:
-                out.append((q, t, classes))
-    return out
-
-
-def cosine_s(original_images: np.ndarray, rows: np.ndarray, emb, pairs: list) -> np.ndarray:
-    """(pairs, 2): s(x, y) and s(x', y) of each `necessity_pairs` pair for a dual encoder, its
-    cosine mapped to [0, 1], (cos + 1) / 2; `original_images`: the retrieval split's images."""
-    text = emb["gallery_text"]
-    s = [
-        ((original_images[rows[q]] @ text[t] + 1) / 2, (emb["query_image"][q] @ text[t] + 1) / 2) for q, t, _ in pairs
-    ]
-    return np.asarray(s, np.float32).reshape(-1, 2)
-
-
-def necessity_values(pairs: list, s: np.ndarray) -> list[tuple[int, str, float]]:
-    """(query, removed class, PN) of each class of each `necessity_pairs` pair, from its s(x, y)
-    and s(x', y) (`s`: `cosine_s`, or a cross-encoder's match probabilities)."""
-    return [
-        (q, c, float((s_x - s_xp) / s_x))
-        for (q, _, classes), (s_x, s_xp) in zip(pairs, s, strict=True)
-        for c in classes
-    ]
-
-
-def own_necessity_values(emb, data: EvalData) -> list[tuple[int, str, float]]:
-    """`necessity_values` of a dual encoder whose retrieval split holds the queries' x."""
-    rows = original_rows(data.query_image_ids, data.image_ids)
-    pairs = necessity_pairs(rows, data)
-    return necessity_values(pairs, cosine_s(emb["image"], rows, emb, pairs))
-
-
-def necessity(values: list[tuple[int, str, float]]) -> dict[str, float]:
-    """PN per removed class and its mean over every value (`necessity_values`)."""
-    per_class: dict[str, list[float]] = {}
-    for _, c, v in values:
-        per_class.setdefault(c, []).append(v)
-    out = {f"necessity/PN_{c}": float(np.mean(v)) for c, v in sorted(per_class.items())}
-    if values:
-        out["necessity/PN_mean"] = float(np.mean([v for _, _, v in values]))
-    return out
 
 
 def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:

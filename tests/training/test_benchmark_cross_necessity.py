@@ -92,18 +92,20 @@ def _reference(folder, family: str, pairs: list) -> tuple[np.ndarray, dict[str, 
 
 @pytest.mark.parametrize("family", ["blip", "bridgetower", "flava"])
 def test_cross_encoder_pn_is_its_match_probability(
-    family, builds, tiny_families_dir, tiny_models_dir, tmp_path, monkeypatch
+    family, builds, tiny_families_dir, tiny_models_dir, tmp_path, monkeypatch, request
 ):
     """Each pair's s in the cache and each PN in the records equal the model's own softmax; the
-    PN record says which s, with its interval and floor. BLIP beside a CLIP: PN not compared (s
-    differ), in one line; a second report scores no pair again."""
+    PN record says which s, with its interval and floor (FLAVA: also in the results dataset).
+    BLIP beside a CLIP: PN not compared (s differ), in one line; a second report scores no pair
+    again."""
     from builders.models.profiles import tiny_profile
 
     cc, dec, _ = builds
     folder, clip = tiny_families_dir / family, str(tiny_profile(tiny_models_dir).clip)
     models = ["--model", str(folder), *(["--model", clip] if family == "blip" else [])]
     argv = ["benchmark", *models, "--coco", str(cc), "--decorrelation", str(dec), "--cache-dir", str(tmp_path / "c")]
-    assert cli_main([*argv, "--output", str(tmp_path / "out"), *COMMON]) == 0
+    push = ["--push-to-hub", request.getfixturevalue("repo_id")] if family == "flava" else []
+    assert cli_main([*argv, *push, "--output", str(tmp_path / "out"), *COMMON]) == 0
     pairs = _removal_pairs(cc, dec)
     want_s, want_pn = _reference(folder, family, pairs)
     assert len(pairs) >= 2 and np.ptp(want_s) > 0
@@ -123,6 +125,13 @@ def test_cross_encoder_pn_is_its_match_probability(
         assert got[f"PN_{c}"] == pytest.approx(np.mean(values), rel=1e-5, abs=1e-7), c
     assert got["PN_mean"] == pytest.approx(np.mean([v for vs in want_pn.values() for v in vs]), rel=1e-5, abs=1e-7)
     assert mine[0]["ci_low"]["PN_mean"] is not None and mine[0]["chance"]["PN_mean"] is not None
+    if push:
+        from datasets import load_dataset
+
+        rows = load_dataset(push[1], split="train", download_mode="force_redownload")
+        assert [(r["s_kind"], json.loads(r["metrics"])) for r in rows if r["task"] == "necessity"] == [
+            (ITM[family][2], got)
+        ]
     if family == "blip":
         assert sorted(r["s_kind"] for r in pn) == ["blip_itm_match_probability", "cosine_mapped_to_0_1"]
         report = (tmp_path / "out" / "report.md").read_text()

@@ -1,7 +1,7 @@
 """Object necessity PN in `counterfactory benchmark`: x is a decorrelation query's source image
 among the --coco build's images, x' (the query) and y (an original caption of x that mentions the
 removed class) come from the decorrelation build, as the trainer's --eval-only scores them with
-both (training/evaluation.py: `necessity_pairs`, `necessity_values`, `necessity`).
+both (training/necessity.py: `necessity_pairs`, `necessity_values`, `necessity`).
 
 s(x, y), a match score in [0, 1], is the model's own (`s_kind`, recorded with PN): a dual
 encoder's cosine mapped to [0, 1], from its embeddings of both builds; a cross-encoder's ITM
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.evaluation import cosine_s, necessity, necessity_pairs, necessity_values, original_rows
+from training.necessity import cosine_s, necessity, necessity_pairs, necessity_values, original_rows
 from training.report.cache import necessity_key, new_file, read_entry, write_entry
 from training.rerank import PairPool
 from training.statistics import UnitScores

@@ -45,7 +45,7 @@ INTERVAL_FIELDS = (
 )
 
 #: record task -> the code computing it (digested as `metric_version`): a metric module of
-#: counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
+#: counterfactory_metrics, or training.necessity for PN (no module: two datasets' scores).
 METRIC_MODULES = {
     "zeroshot_retrieval": "counterfactory_metrics.map_at_r",
     "zeroshot_retrieval_1k": "counterfactory_metrics.map_at_r",
@@ -53,7 +53,7 @@ METRIC_MODULES = {
     "odmap": "counterfactory_metrics.odmap",
     "odmap_per_class": "counterfactory_metrics.odmap",
     "itm": "counterfactory_metrics.itm_score_deltas",
-    "necessity": "training.evaluation",
+    "necessity": "training.necessity",
     "zeroshot_classification": "training.zeroshot",
     "blind_baseline": "training.report.floors",
 }
@@ -118,9 +118,8 @@ def make_records(
     """The records of one model on one dataset: `metrics` (training.evaluation's `task/name`
     keys) grouped by record task, with each one's interval (`intervals`: key ->
     `training.statistics.Interval`; none with `bootstrap` 0) and chance level (`chance`,
-    training/report/floors.py); the ITM record's G or the PN record's s (`kind`, `SCORE_KINDS`);
-    a cross-encoder's ranked tasks (`RANKED_TASKS`) say how it ranked
-    (`retrieval`: method, k and first stage, training/rerank.py)."""
+    training/report/floors.py); the ITM record's G or the PN one's s (`kind`); a cross-encoder's
+    ranked tasks (`RANKED_TASKS`) say how it ranked (`retrieval`: method, k, first stage)."""
     by_task: dict[str, dict[str, dict]] = {}
     chance = chance or {}
     for key, value in metrics.items():
