@@ -140,6 +140,8 @@ class Backend:
     dual_encoder = True
     #: The ITM score G of the deltas (COSINE or CLIP_LOGITS).
     g_kind = COSINE
+    #: PN's s(x, y): the cosine mapped to [0, 1], (cos + 1) / 2 (training/evaluation.py).
+    s_kind = "cosine_mapped_to_0_1"
 
     def __init__(
         self,

@@ -21,10 +21,8 @@ Sets (each evaluated when its source is given):
   when the build is not mixed into training, training/mixtures.py) and on real test pairs
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
   `random_derangement(n, PAIR_SEED)` of the metric module, seed 0, recorded with the numbers).
-- necessity: per removed class, PN = (s(x, y) - s(x', y)) / s(x, y) with s = (cos + 1) / 2 in
-  [0, 1], x the original image, x' the object-removal image and y an original caption of x that
-  mentions the removed class (the model-agnostic reading of the NUIF paper's necessity). x is
-  the retrieval split's embedding of the query's source image, so PN needs both sets.
+- necessity: object necessity PN per removed class (training/necessity.py); x is the retrieval
+  split's embedding of the query's source image, so PN needs both sets.
 - validation loss: the contrastive loss on the validation examples, in order.
 - zeroshot, flickr30k: zero-shot classification with the CLIP prompt templates (`--zeroshot`)
   and Flickr30k R@K with the retrieval code above (`--flickr30k`), training/zeroshot.py.
@@ -54,6 +52,7 @@ from training.data import ExampleDataset, fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
+from training.necessity import necessity, own_necessity_values
 from training.ranked_scores import SETS, has_two_stage, two_stage_matrix
 from training.sources import DataInputError, column_values
 from training.statistics import UnitScores
@@ -278,45 +277,6 @@ def odmap_metrics(emb, data: EvalData, k_values) -> dict[str, float]:
     return {f"odmap/{name}": v for name, v in odmap_result(emb, data, k_values).as_dict().items()}
 
 
-def original_rows(query_image_ids: np.ndarray, image_ids: np.ndarray) -> np.ndarray:
-    """Row of each query's source image x among the retrieval images (-1: not in that split)."""
-    row = {int(i): r for r, i in enumerate(image_ids)}
-    return np.asarray([row.get(int(i), -1) for i in query_image_ids], dtype=np.int64)
-
-
-def necessity_values(
-    original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData
-) -> list[tuple[int, str, float]]:
-    """(query, removed class, PN) of every caption of a query that mentions a class it removed
-    (see the module docstring). `original_images`: the retrieval split's image embeddings, in
-    which query q's x is row `rows[q]` (`original_rows`; -1: skipped)."""
-    text_row = {int(c): i for i, c in enumerate(data.gallery_ids)}
-    out = []
-    for q, removed in enumerate(data.removed):
-        if rows[q] < 0:
-            continue
-        for cap in data.query_captions[q]:
-            t = text_row.get(int(cap))
-            if t is None:
-                continue
-            s_x = (original_images[rows[q]] @ emb["gallery_text"][t] + 1) / 2
-            s_xp = (emb["query_image"][q] @ emb["gallery_text"][t] + 1) / 2
-            out += [(q, c, float((s_x - s_xp) / s_x)) for c in sorted(set(removed) & set(data.gallery_mentions[t]))]
-    return out
-
-
-def necessity(original_images: np.ndarray, rows: np.ndarray, emb, data: EvalData) -> dict[str, float]:
-    """PN per removed class and its mean over every value (`necessity_values`)."""
-    values = necessity_values(original_images, rows, emb, data)
-    per_class: dict[str, list[float]] = {}
-    for _, c, v in values:
-        per_class.setdefault(c, []).append(v)
-    out = {f"necessity/PN_{c}": float(np.mean(v)) for c, v in sorted(per_class.items())}
-    if values:
-        out["necessity/PN_mean"] = float(np.mean([v for _, _, v in values]))
-    return out
-
-
 def itm_inputs(emb, data: EvalData) -> dict[str, np.ndarray]:
     """Score arguments of `itm_score_deltas`: G = cosine similarity of the embeddings (times
     CLIP's logit scale where it was kept: its `logits_per_text`), or a cross-encoder's own G of
@@ -413,9 +373,8 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
     if ranks(emb, "odmap"):
         out.update(odmap_units(odmap_result(emb, data, k_values), data.removed, data.query_image_ids))
         if "image" in emb:
-            rows = original_rows(data.query_image_ids, data.image_ids)
-            values = necessity_values(emb["image"], rows, emb, data)
-            out.update(necessity_units(values, len(rows), data.query_image_ids))
+            values = own_necessity_values(emb, data)
+            out.update(necessity_units(values, len(data.query_image_ids), data.query_image_ids))
     scores = itm_inputs(emb, data)
     if scores:
         out.update(delta_units(scores, pair_clusters(data.cf_pairs)))
@@ -474,8 +433,7 @@ def evaluate_model(
     if ranks(emb, "odmap"):
         metrics.update(odmap_metrics(emb, data, cfg.k_values))
         if "image" in emb:  # x is a retrieval image, already encoded
-            rows = original_rows(data.query_image_ids, data.image_ids)
-            metrics.update(necessity(emb["image"], rows, emb, data))
+            metrics.update(necessity(own_necessity_values(emb, data)))
     itm_args = itm_inputs(emb, data)
     if itm_args:
         for delta, stats in itm_score_deltas(**itm_args).items():

@@ -95,7 +95,7 @@ class Ranker:
         out: dict[str, np.ndarray] = {}
         if self.first_stage is not None:  # on the device the cross-encoder scores on
             self.first_stage.module.to(next(self.backend.module.parameters()).device)
-        pairs, plans = _PairPool(), []
+        pairs, plans = PairPool(), []
         sets = {"retrieval": (data.retrieval, data.captions), "odmap": (data.queries, data.gallery_captions)}
         for which, (examples, texts) in sets.items() if self.spec is not None else ():
             if examples is not None:
@@ -131,7 +131,7 @@ class Ranker:
             plans.append((direction, idx, keys, np.take_along_axis(matrix, idx, 1)))
         return plans
 
-    def _real_pairs(self, pairs: _PairPool, data) -> np.ndarray:
+    def _real_pairs(self, pairs: PairPool, data) -> np.ndarray:
         """The pool keys of each real pair's three G: (C_r, I_r), (C_r, I_o), (C_o, I_r)."""
         cap = [data.captions[c] for c in first_captions(data)]
         r = real_partners(len(cap))
@@ -159,7 +159,7 @@ class Ranker:
         return emb.numpy()[[row[t] for t in texts]]
 
 
-class _PairPool:
+class PairPool:
     """Distinct (set, image row, caption) pairs to score, each once whoever asks for it."""
 
     def __init__(self) -> None:
@@ -172,9 +172,10 @@ class _PairPool:
             len(texts),
         )
 
-    def score(self, backend, examples: dict, batch: int) -> np.ndarray:
-        """G of every pair, in pool order (`score_pairs`: sorted by image, `batch` pairs a
-        forward call, with progress and an ETA); `examples`: each set's examples."""
+    def score(self, backend, examples: dict, batch: int, with_s: bool = False, what: str = "re-rank") -> np.ndarray:
+        """G of every pair (`with_s`: G and s, pairs x 2), in pool order (`score_pairs`: sorted by
+        image, `batch` pairs a forward call, with progress and an ETA); `examples`: each set's
+        examples; `what`: the progress bar's."""
         readers = {which: image_reader(ex) for which, ex in examples.items() if ex is not None}
 
         def read(keys: list[tuple[str, int]]) -> list:
@@ -186,7 +187,7 @@ class _PairPool:
 
         # The pool's keys in insertion order are its indices 0, 1, ... (`add`).
         pairs = [((which, row), text) for which, row, text in self.index]
-        return score_pairs(backend, pairs, read, batch, f"re-rank pairs of {backend.model_id}")
+        return score_pairs(backend, pairs, read, batch, f"{what} pairs of {backend.model_id}", with_s)
 
 
 def first_stage_spec(name: str) -> ModelSpec:

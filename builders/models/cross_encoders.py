@@ -15,6 +15,14 @@ pair, as each reference computes it, one small adapter per family.
 - FLAVA: `itm_logits[:, 1]` of `FlavaForPreTraining` (its ITM head; label 1 is "matched" in its
   pretraining), given the unmasked caption as `input_ids_masked` and no loss.
 
+PN's s(x, y) (training/evaluation.py), a match score in [0, 1], is the ITM head's probability of
+"match", the softmax of its two logits at the label G reads (`s_kind`; BLIP's demo prints exactly
+this, `softmax(itm_output, dim=1)[:, 1]`); it comes from the same forward call as G (`score(...,
+with_s=True)`); BridgeTower's contrastive head, with no ITM head, gives a dual encoder's, its
+cosine mapped to [0, 1] as CLIP's is. ViLT has none: its one logit (`rank_output`) is trained by a softmax over a
+positive and its sampled negatives (ViLT's `irtr` loss, Kim et al. 2021), so only differences
+between captions' logits are defined, no probability of one pair.
+
 A `CrossEncoderBackend` has what the report reads of a CLIP `Backend` (`module`, `model_id`,
 `g_kind`, `dual_encoder`) and scores pairs (`score`): the model's own processor turns images and
 captions into its inputs, so the inputs are exactly those of the model's reference call.
@@ -42,53 +50,74 @@ FIRST_STAGE_METHOD = "first_stage_top_k_reranked_by_itm"
 
 
 class CrossEncoder(nn.Module):
-    """forward(**inputs of the processor) -> G of each pair (one number a pair)."""
+    """forward(**inputs of the processor) -> G of each pair (one number a pair): column `column`
+    of the ITM head's logits (`logits`)."""
 
     #: Which G: recorded with every ITM number, so deltas in different units are never compared.
     g_kind = ""
+    #: Which s of PN (the module docstring): recorded with PN; "" where the head has none.
+    s_kind = ""
+    column = 1
 
     def __init__(self, model) -> None:
         super().__init__()
         self.model = model
 
-
-class BlipItm(CrossEncoder):
-    g_kind = "blip_itm_logit"
+    def logits(self, **inputs) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(self, **inputs):
-        return self.model(**inputs, use_itm_head=True).itm_score[:, 1]
+        return self.logits(**inputs)[:, self.column]
+
+    def g_and_s(self, **inputs) -> torch.Tensor:
+        """(pairs, 2): G and PN's s of one forward call (the module docstring)."""
+        logits = self.logits(**inputs).float()
+        return torch.stack([logits[:, self.column], logits.softmax(-1)[:, self.column]], 1)
+
+
+class BlipItm(CrossEncoder):
+    g_kind, s_kind = "blip_itm_logit", "blip_itm_match_probability"
+
+    def logits(self, **inputs):
+        return self.model(**inputs, use_itm_head=True).itm_score
 
 
 class BridgeTowerItm(CrossEncoder):
-    g_kind = "bridgetower_itm_logit"
+    g_kind, s_kind = "bridgetower_itm_logit", "bridgetower_itm_match_probability"
 
-    def forward(self, **inputs):
-        return self.model(**inputs).logits[:, 1]
+    def logits(self, **inputs):
+        return self.model(**inputs).logits
 
 
 class BridgeTowerItc(CrossEncoder):
-    g_kind = "bridgetower_itc_logit"
+    g_kind, s_kind = "bridgetower_itc_logit", "cosine_mapped_to_0_1"
 
-    def forward(self, **inputs):
+    def cosine(self, **inputs) -> torch.Tensor:
         # Its uni-modal towers never see the other modality: each row's embeddings are its own.
         out = self.model(**inputs)
-        return self.model.logit_scale.exp() * (out.text_embeds * out.image_embeds).sum(-1)
+        return (out.text_embeds * out.image_embeds).sum(-1)
+
+    def forward(self, **inputs):
+        return self.model.logit_scale.exp() * self.cosine(**inputs)
+
+    def g_and_s(self, **inputs) -> torch.Tensor:
+        cos = self.cosine(**inputs).float()  # s as a dual encoder's: its cosine mapped to [0, 1]
+        return torch.stack([self.model.logit_scale.exp().float() * cos, (cos + 1) / 2], 1)
 
 
 class ViltItm(CrossEncoder):
-    g_kind = "vilt_itm_logit"
+    g_kind, column = "vilt_itm_logit", 0
 
-    def forward(self, **inputs):
-        return self.model(**inputs).logits[:, 0]
+    def logits(self, **inputs):
+        return self.model(**inputs).logits
 
 
 class FlavaItm(CrossEncoder):
-    g_kind = "flava_itm_logit"
+    g_kind, s_kind = "flava_itm_logit", "flava_itm_match_probability"
 
-    def forward(self, **inputs):
+    def logits(self, **inputs):
         # The ITM head reads the multimodal encoding of `input_ids_masked`: the caption unmasked.
-        out = self.model(**inputs, input_ids_masked=inputs["input_ids"], return_loss=False)
-        return out.itm_logits[:, 1]
+        return self.model(**inputs, input_ids_masked=inputs["input_ids"], return_loss=False).itm_logits
 
 
 #: The scored head (the architecture in config.json, builders/models/families.py) -> its adapter.
@@ -109,7 +138,7 @@ class CrossEncoderBackend:
 
     def __init__(self, clip: ClipId, module: CrossEncoder, processor) -> None:
         self.clip, self.module, self.processor = clip, module, processor
-        self.kind, self.model_id, self.g_kind = clip.backend, clip.label, module.g_kind
+        self.kind, self.model_id, self.g_kind, self.s_kind = clip.backend, clip.label, module.g_kind, module.s_kind
 
     def inputs(self, images: list, texts: list[str]) -> dict[str, torch.Tensor]:
         """The processor's inputs of the pairs (image i with text i), on the model's device.
@@ -124,8 +153,11 @@ class CrossEncoderBackend:
         return {k: v.to(weight.device, weight.dtype if v.is_floating_point() else v.dtype) for k, v in out.items()}
 
     @torch.no_grad()
-    def score(self, images: list, texts: list[str]) -> torch.Tensor:
-        return self.module(**self.inputs(images, texts)).float().cpu()
+    def score(self, images: list, texts: list[str], with_s: bool = False) -> torch.Tensor:
+        """G of each pair; `with_s`: (pairs, 2), G and s (`s_kind`) of one forward call."""
+        if not with_s:
+            return self.module(**self.inputs(images, texts)).float().cpu()
+        return self.module.g_and_s(**self.inputs(images, texts)).cpu()
 
 
 def load_cross_encoder(
@@ -136,7 +168,8 @@ def load_cross_encoder(
     from builders.models.loaders import load_image_text_model
 
     model, processor = load_image_text_model(clip.name, architecture, device=device, dtype=dtype)
-    return CrossEncoderBackend(clip, ADAPTERS[architecture](model), processor)
+    # In eval mode as a whole: the evaluation restores the mode it found (dropout stays off after it).
+    return CrossEncoderBackend(clip, ADAPTERS[architecture](model).eval(), processor)
 
 
 def preprocessing_digest(backend: CrossEncoderBackend, probe: list[str]) -> str:
@@ -147,18 +180,21 @@ def preprocessing_digest(backend: CrossEncoderBackend, probe: list[str]) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def score_pairs(backend: CrossEncoderBackend, pairs: list[tuple], read, batch: int, desc: str) -> np.ndarray:
-    """G of each (image key, caption) of `pairs`, in their order. The pairs are scored sorted by
-    image key (stable), so a call of `batch` pairs decodes few images; `read(keys)` gives the
-    images of a list of distinct keys. Progress with an ETA."""
+def score_pairs(
+    backend: CrossEncoderBackend, pairs: list[tuple], read, batch: int, desc: str, with_s: bool = False
+) -> np.ndarray:
+    """G of each (image key, caption) of `pairs`, in their order (`with_s`: (pairs, 2), G and s).
+    The pairs are scored sorted by image key (stable), so a call of `batch` pairs decodes few
+    images; `read(keys)` gives the images of a list of distinct keys. Progress with an ETA."""
     order = sorted(range(len(pairs)), key=lambda n: pairs[n][0])
-    out = np.zeros(len(pairs), dtype=np.float32)
+    out = np.zeros((len(pairs), 2) if with_s else len(pairs), dtype=np.float32)
     with tqdm(total=len(order), desc=desc, unit="pair", leave=False) as bar:
         for start in range(0, len(order), batch):
             chunk = order[start : start + batch]
             keys = list(dict.fromkeys(pairs[n][0] for n in chunk))
             images = dict(zip(keys, read(keys), strict=True))
-            out[chunk] = backend.score([images[pairs[n][0]] for n in chunk], [pairs[n][1] for n in chunk]).numpy()
+            texts = [pairs[n][1] for n in chunk]
+            out[chunk] = backend.score([images[pairs[n][0]] for n in chunk], texts, with_s).numpy()
             bar.update(len(chunk))
     return out
 

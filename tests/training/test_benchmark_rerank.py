@@ -342,8 +342,8 @@ def test_a_first_stage_is_named_with_k_in_records_report_and_cache(
         assert lines and all(note in line for line in lines), (row, lines[:2])
     assert any("text\\_retrieval\\_recall@5" in line for line in report.splitlines() if note in line)
     scored = []
-    score = rerank._PairPool.score
-    monkeypatch.setattr(rerank._PairPool, "score", lambda *a: scored.append(1) or score(*a))
+    score = rerank.PairPool.score
+    monkeypatch.setattr(rerank.PairPool, "score", lambda *a: scored.append(1) or score(*a))
     assert cli_main([*argv, "--rerank-k", "3", "--output", str(tmp_path / "again")]) == 0
     assert scored == []
     assert [r["metrics"] for r in read_jsonl(tmp_path / "again" / "results.jsonl")] == [r["metrics"] for r in records]

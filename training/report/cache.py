@@ -56,6 +56,16 @@ def cache_key(digest: str, preprocessing: str, ds, g_kind: str = COSINE, retriev
     }
 
 
+def necessity_key(digest: str, preprocessing: str, coco, dec, s_kind: str) -> dict:
+    """The key of a cross-encoder's PN scores (training/report/necessity.py): `cache_key` of the
+    decorrelation build, with the --coco build's tables too (x is one of its images) and PN's s
+    (`s_kind`) in place of G."""
+    key = cache_key(digest, preprocessing, dec)
+    del key["g_kind"]
+    tables = cache_key(digest, preprocessing, coco)["tables"] + key["tables"]
+    return {**key, "dataset": "necessity", "s_kind": s_kind, "tables": tables}
+
+
 @functools.cache
 def _instances_digest(path: str) -> str:
     # COCO's instances file is ~450 MB: hashed once per report, not per model x dataset.
@@ -71,10 +81,11 @@ def entry_label(key: dict) -> str:
 
 
 def read_entry(
-    folder: Path, key: dict, data, width: int
+    folder: Path, key: dict, data, width: int, shapes: dict | None = None
 ) -> tuple[Path, dict[str, float], dict[str, np.ndarray]] | None:
     """(embeddings file, metrics, embeddings) of `key` on `data` (the dataset's EvalData) for a
-    model whose embeddings are `width` wide, or None when not cached. The cache folder is the
+    model whose embeddings are `width` wide (`shapes`: the arrays' names and shapes, when they
+    are not `expected_shapes`'), or None when not cached. The cache folder is the
     user's, but what is in it is not trusted: an entry that is not what `write_entry` writes (a
     JSON list, no metrics, a string value, object arrays, other shapes than `data` gives, a
     truncated file, a link) is a warning naming the file and a miss, never fatal, never
@@ -84,7 +95,8 @@ def read_entry(
         return None  # not cached, or a write interrupted before its metrics (written last)
     try:
         metrics = _read_metrics(meta, key)
-        return npz, metrics, read_embeddings(npz, data, width, key["g_kind"], _ranked(key))
+        want = shapes or expected_shapes(data, width, key["g_kind"], _ranked(key))
+        return npz, metrics, read_embeddings(npz, data, want)
     except BadEntry as err:
         log.warning("embedding cache entry %s; computing it again", err)
         return None
@@ -144,13 +156,11 @@ def expected_shapes(
     }
 
 
-def read_embeddings(
-    npz: Path, data, width: int, g_kind: str = COSINE, ranked: tuple[int, int] | None = None
-) -> dict[str, np.ndarray]:
-    """The arrays of `npz`, checked against what `evaluate_model` saves for `data` with a model
-    `width` wide: the same names, float arrays of those shapes (a two-stage ranking's candidate
-    columns, `..._idx`, integer); BadEntry otherwise."""
-    arrays = read_arrays(npz, expected_shapes(data, width, g_kind, ranked))
+def read_embeddings(npz: Path, data, want: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The arrays of `npz`, checked against `want` (`expected_shapes`: what `evaluate_model`
+    saves for `data`): the same names, float arrays of those shapes (a two-stage ranking's
+    candidate columns, `..._idx`, integer); BadEntry otherwise."""
+    arrays = read_arrays(npz, want)
     images = 0 if data.image_ids is None else len(data.image_ids)
     galleries = {"rr_i2t_idx": len(data.captions), "rr_t2i_idx": images, "rr_q2t_idx": len(data.gallery_captions)}
     for name, size in galleries.items():

@@ -66,7 +66,8 @@ PER_METRIC = {
 }
 #: The columns of every earlier version's files, oldest first: before the intervals, then before
 #: each interval's clusters, method, note and chance level (#42), then before the ITM records
-#: said which G they used (`g_kind`, #51). Still read, and rewritten.
+#: said which G they used (`g_kind`, #51), how a cross-encoder ranked, and PN's s. Still read,
+#: and rewritten.
 _BEFORE_G_KIND = (
     *OLD_COLUMNS[:7],
     "language",
@@ -76,15 +77,17 @@ _BEFORE_G_KIND = (
     *OLD_COLUMNS[7:],
 )
 _BEFORE_RETRIEVAL = (*_BEFORE_G_KIND[:-1], "g_kind", _BEFORE_G_KIND[-1])
+_BEFORE_S_KIND = (*_BEFORE_RETRIEVAL[:-1], "retrieval", _BEFORE_RETRIEVAL[-1])
 PAST_COLUMNS = (
     OLD_COLUMNS,
     (*OLD_COLUMNS[:7], "language", "ci_low", "ci_high", "n_units", "bootstrap", "seed", *OLD_COLUMNS[7:]),
     _BEFORE_G_KIND,
     _BEFORE_RETRIEVAL,
+    _BEFORE_S_KIND,
 )
 #: `retrieval`: how a cross-encoder ranked (method, k, first stage; training/rerank.py), null
-#: for a dual encoder's and for an unranked task's row.
-COLUMNS = (*_BEFORE_RETRIEVAL[:-1], "retrieval", _BEFORE_RETRIEVAL[-1])
+#: for a dual encoder's and for an unranked task's row; `s_kind`: a PN row's s (#51).
+COLUMNS = (*_BEFORE_S_KIND[:-1], "s_kind", _BEFORE_S_KIND[-1])
 #: Record fields stored as JSON strings.
 JSON_FIELDS = (*PER_METRIC, "bootstrap", "seed", "retrieval")
 RETRIES = 3

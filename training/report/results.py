@@ -45,7 +45,7 @@ INTERVAL_FIELDS = (
 )
 
 #: record task -> the code computing it (digested as `metric_version`): a metric module of
-#: counterfactory_metrics, or training.evaluation for PN (no module: two datasets' embeddings).
+#: counterfactory_metrics, or training.necessity for PN (no module: two datasets' scores).
 METRIC_MODULES = {
     "zeroshot_retrieval": "counterfactory_metrics.map_at_r",
     "zeroshot_retrieval_1k": "counterfactory_metrics.map_at_r",
@@ -53,7 +53,7 @@ METRIC_MODULES = {
     "odmap": "counterfactory_metrics.odmap",
     "odmap_per_class": "counterfactory_metrics.odmap",
     "itm": "counterfactory_metrics.itm_score_deltas",
-    "necessity": "training.evaluation",
+    "necessity": "training.necessity",
     "zeroshot_classification": "training.zeroshot",
     "blind_baseline": "training.report.floors",
 }
@@ -68,6 +68,10 @@ EVALUATION_MODULES = tuple(
 #: The tasks whose numbers come from a ranking: a cross-encoder's records of them carry its
 #: `retrieval` (method, k, first stage).
 RANKED_TASKS = ("zeroshot_retrieval", "zeroshot_retrieval_1k", "eccv", "odmap", "odmap_per_class")
+#: record task -> (the record field naming the score its numbers are made of, the task and that
+#: score as the report names them): the ITM deltas' G, PN's s (training/evaluation.py). Models
+#: whose scores differ are not compared on that task (training/report/run.py `_same_g`).
+SCORE_KINDS = {"itm": ("g_kind", "ITM deltas", "G"), "necessity": ("s_kind", "PN", "s")}
 #: Our datasets' captions are English (COCO's).
 LANGUAGE = "en"
 _RECALL = re.compile(r"(text|image)_retrieval_recall@\d+")
@@ -108,14 +112,14 @@ def make_records(
     bootstrap: int,
     seed: int,
     chance: dict[str, float] | None = None,
-    g_kind: str | None = None,
+    kind: str | None = None,
     retrieval: dict | None = None,
 ) -> list[dict]:
     """The records of one model on one dataset: `metrics` (training.evaluation's `task/name`
     keys) grouped by record task, with each one's interval (`intervals`: key ->
     `training.statistics.Interval`; none with `bootstrap` 0) and chance level (`chance`,
-    training/report/floors.py); a cross-encoder's ranked tasks (`RANKED_TASKS`) say how it ranked
-    (`retrieval`: method, k and first stage, training/rerank.py)."""
+    training/report/floors.py); the ITM record's G or the PN one's s (`kind`); a cross-encoder's
+    ranked tasks (`RANKED_TASKS`) say how it ranked (`retrieval`: method, k, first stage)."""
     by_task: dict[str, dict[str, dict]] = {}
     chance = chance or {}
     for key, value in metrics.items():
@@ -151,7 +155,7 @@ def make_records(
             "bootstrap": bootstrap,
             "seed": seed,
             **dataset.provenance(),
-            **_itm_fields(task, fields["metrics"], g_kind),
+            **_score_fields(task, fields["metrics"], kind),
             **({"retrieval": retrieval} if retrieval and task in RANKED_TASKS else {}),
             "metric": METRIC_MODULES.get(task, "training.evaluation"),
             "metric_version": metric_version(task),
@@ -161,12 +165,13 @@ def make_records(
     ]
 
 
-def _itm_fields(task: str, metrics: dict, g_kind: str | None) -> dict:
-    """An ITM record's G (`g_kind`) and, with real-pair deltas, the seed of their partners."""
-    if task != "itm":
+def _score_fields(task: str, metrics: dict, kind: str | None) -> dict:
+    """An ITM record's G (`g_kind`) and, with real-pair deltas, the seed of their partners; a PN
+    record's s (`s_kind`)."""
+    if task not in SCORE_KINDS:
         return {}
-    real = any(n.endswith("_r") or "_r_" in n for n in metrics)
-    return {**({"g_kind": g_kind} if g_kind else {}), **({"pair_seed": PAIR_SEED} if real else {})}
+    real = task == "itm" and any(n.endswith("_r") or "_r_" in n for n in metrics)
+    return {**({SCORE_KINDS[task][0]: kind} if kind else {}), **({"pair_seed": PAIR_SEED} if real else {})}
 
 
 def write_results(path: Path, records: list[dict]) -> None:

@@ -18,14 +18,7 @@ from builders.engine.errors import OutputError, UserFacingError
 from builders.engine.provenance import model_name
 from builders.publishing.hub_client import check_repo_id
 from counterfactory_metrics.itm_score_deltas.deltas import itm_deltas, plot_histograms
-from training.evaluation import (
-    UndecodableImage,
-    evaluate_model,
-    necessity,
-    necessity_values,
-    original_rows,
-    unit_scores,
-)
+from training.evaluation import UndecodableImage, evaluate_model, unit_scores
 from builders.engine.array_cache import load_arrays, new_file
 from training.report.cache import cache_key, read_entry, write_entry
 from training.report.datasets import KINDS, locate, open_datasets, parse_source
@@ -37,6 +30,7 @@ from training.report.per_class import class_units, odmap_per_class, per_class_me
 from builders.models.profiles import PRODUCTION
 from training.backends import COSINE
 from training.report.floors import BlindModels, blind_baseline, chance_levels, load_blind_models
+from training.report.necessity import object_necessity
 from training.report.models import (
     ModelSpec,
     embedding_width,
@@ -46,15 +40,14 @@ from training.report.models import (
     preprocessing_digest,
     weights_digest,
 )
-from training.report.results import make_records, write_results
+from training.report.results import SCORE_KINDS, make_records, write_results
 from training.rerank import OWN_FIRST_STAGE, first_stage_spec, load_first_stage, ranker
 from training.retrieval_options import DEFAULT_K
 from training.statistics import DEFAULT_RESAMPLES, MAX_RESAMPLES, Interval, UnitScores, intervals
-from training.unit_scores import necessity_units
 
 log = logging.getLogger(__name__)
 
-#: The embeddings object necessity reads, per dataset (`_necessity`): kept until the model's last
+#: The embeddings object necessity reads, per dataset (training/report/necessity.py): kept until the model's last
 #: dataset is scored, the rest (COCO's 25,000 caption embeddings) dropped at once.
 PN_ARRAYS = {"coco": ("image",), "decorrelation": ("query_image", "gallery_text")}
 
@@ -290,22 +283,30 @@ def _score_model(
         )
         all_units.setdefault(ds.name, {}).setdefault(name, {}).update(units)
         bar.update()
-    if backend.dual_encoder and {"coco", "decorrelation"} <= scored.keys():  # PN: s is a cosine
-        by_name = {ds.name: ds for ds in sets}
-        metrics, units, values = _necessity(by_name["coco"], by_name["decorrelation"], scored)
-        units = class_units(units)
-        records += make_records(
-            spec,
-            digests[0],
-            by_name["decorrelation"],
-            metrics,
-            _intervals(units, cfg),
-            cfg.bootstrap,
-            cfg.seed,
-            chance_levels(metrics, by_name["decorrelation"].data, cfg.k_values, values),
-        )
-        all_units["decorrelation"][name].update(units)
+    records += _necessity_records(cfg, (spec, name, backend, digests), sets, scored, (folders[1], all_units))
     return records
+
+
+def _necessity_records(cfg: BenchmarkConfig, model: tuple, sets: list, scored: dict, into: tuple) -> list[dict]:
+    """The PN record of a model (`model`: its spec, name, backend and digests) given --coco and
+    --decorrelation (training/report/necessity.py; `scored`: a dual encoder's embeddings of
+    both), its units added to `into`'s (the cache folder, and every model's units)."""
+    spec, name, backend, digests = model
+    cache, all_units = into
+    by_name = {ds.name: ds for ds in sets}
+    if not {"coco", "decorrelation"} <= by_name.keys():
+        return []
+    dec = by_name["decorrelation"]
+    pn = object_necessity(backend, name, (by_name["coco"], dec), scored, (cache, digests, cfg.eval_batch_size))
+    if pn is None:
+        return []
+    metrics, units, values = pn
+    units = class_units(units)
+    all_units.setdefault(dec.name, {}).setdefault(name, {}).update(units)
+    chance = chance_levels(metrics, dec.data, cfg.k_values, values)
+    return make_records(
+        spec, digests[0], dec, metrics, _intervals(units, cfg), cfg.bootstrap, cfg.seed, chance, backend.s_kind
+    )
 
 
 def _blind(cfg: BenchmarkConfig, ds, load: Callable[[str, str], BlindModels]) -> tuple[list[dict], str]:
@@ -384,17 +385,20 @@ def _extras(
 
 
 def _same_g(records: list[dict], dataset: str, by_model: dict) -> tuple[dict, str]:
-    """The units to compare on `dataset`: without the ITM deltas when the models' G differ (a
-    cosine and a logit are in different units: never compared or pooled), and the line saying so."""
-    kinds = {r["model"]: r["g_kind"] for r in records if r["dataset"] == dataset and r.get("g_kind")}
-    if len(set(kinds.values())) < 2:
-        return by_model, ""
-    itm = {model: {k: u for k, u in keys.items() if not k.startswith("itm/")} for model, keys in by_model.items()}
-    found = "; ".join(f"{model}: {kind}" for model, kind in sorted(kinds.items()))
-    return (
-        itm,
-        f"ITM deltas not compared between models: their G differ ({found}), so their deltas are in different units.",
-    )
+    """The units to compare on `dataset`: without a task's when the models' scores differ
+    (`SCORE_KINDS`: the ITM deltas' G, PN's s; a cosine and a logit are in different units: never
+    compared or pooled), and the lines saying so."""
+    notes = []
+    for task, (key, what, score) in SCORE_KINDS.items():
+        kinds = {r["model"]: r[key] for r in records if r["dataset"] == dataset and r["task"] == task and r.get(key)}
+        if len(set(kinds.values())) < 2:
+            continue
+        by_model = {m: {k: u for k, u in keys.items() if not k.startswith(f"{task}/")} for m, keys in by_model.items()}
+        found = "; ".join(f"{model}: {kind}" for model, kind in sorted(kinds.items()))
+        notes.append(
+            f"{what} not compared between models: their {score} differ ({found}), so their {what} are in different units."
+        )
+    return by_model, " ".join(notes)
 
 
 def _check_folder(flag: str, folder: Path) -> None:
@@ -472,21 +476,3 @@ def _retrieval(backend) -> dict | None:
     cross-encoder without a first stage."""
     found = getattr(backend, "ranker", None)
     return found.spec.record() if found is not None and found.spec is not None else None
-
-
-def _necessity(
-    coco, dec, scored: dict[str, dict[str, np.ndarray]]
-) -> tuple[dict[str, float], dict[str, UnitScores], list[tuple[int, str, float]]]:
-    """Object necessity PN per removed class: x is the query's source image among the --coco
-    build's images, x' and y come from the decorrelation build, as the trainer's --eval-only
-    scores them with both (training.evaluation.necessity on the same embeddings); its per-unit
-    scores and its `(query, class, PN)` values (for its floor)."""
-    rows = original_rows(dec.data.query_image_ids, coco.data.image_ids)
-    if (rows < 0).all():
-        log.warning(
-            "object necessity: no decorrelation query's source image is in the --coco "
-            "split; PN needs the split the decorrelation build's images came from"
-        )
-    image, emb = scored["coco"]["image"], scored["decorrelation"]
-    values = necessity_values(image, rows, emb, dec.data)
-    return necessity(image, rows, emb, dec.data), necessity_units(values, len(rows), dec.data.query_image_ids), values
