@@ -85,6 +85,20 @@ def brute_force_scores(model_id: str, gallery) -> tuple[np.ndarray, np.ndarray]:
     return (img @ txt.T).numpy()[:, same], (txt @ img.T).numpy()[same]
 
 
+def round_args(image_queries: int, caption_queries: int, seed: int) -> list[str]:
+    """`eccv candidates`' sampling: queries from every split of the fixture gallery."""
+    splits = ["--splits", "train", "restval", "val", "test"]
+    return [
+        *splits,
+        "--image-queries",
+        str(image_queries),
+        "--caption-queries",
+        str(caption_queries),
+        "--seed",
+        str(seed),
+    ]
+
+
 @pytest.fixture(scope="session")
 def round_dir(tmp_path_factory, gallery, annotators):
     run = tmp_path_factory.mktemp("round")
@@ -93,17 +107,7 @@ def round_dir(tmp_path_factory, gallery, annotators):
         "candidates",
         "--coco-root",
         str(gallery["root"]),
-        "--splits",
-        "train",
-        "restval",
-        "val",
-        "test",
-        "--image-queries",
-        "10",
-        "--caption-queries",
-        "14",
-        "--seed",
-        "1",
+        *round_args(10, 14, 1),
         "--batch-size",
         "1000",
         "--cache-dir",

@@ -28,7 +28,14 @@ ITM = {
     "blip": ("BlipForImageTextRetrieval", lambda m, x: m(**x, use_itm_head=True).itm_score[0, 1]),
     "vilt": ("ViltForImageAndTextRetrieval", lambda m, x: m(**x).logits[0, 0]),
     "bridgetower": ("BridgeTowerForImageAndTextRetrieval", lambda m, x: m(**x).logits[0, 1]),
+    "bridgetower-itc": ("BridgeTowerForContrastiveLearning", lambda m, x: _itc_logit(m, m(**x))),
 }
+
+
+def _itc_logit(model, out):
+    """BridgeTowerForContrastiveLearning's cell of the `logits_text_to_image` its forward computes
+    for its loss: the logit scale times the cosine of the pair's `text_embeds` and `image_embeds`."""
+    return model.logit_scale.exp() * out.text_embeds[0] @ out.image_embeds[0]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +56,9 @@ def _test_split(cc):
 
 
 def _brute_force(folder, family: str, cc) -> np.ndarray:
-    """(images, captions): every pair scored alone by the model's own call: ITM, plus BLIP's ITC
-    similarity (its `use_itm_head=False` output) for BLIP."""
+    """(images, captions): every pair scored alone by the model's own call (`ITM`: its ITM logit,
+    or BridgeTower's contrastive logit), plus BLIP's ITC similarity (its `use_itm_head=False`
+    output) for BLIP."""
     import transformers
 
     cls, itm = ITM[family]
@@ -160,24 +168,6 @@ def test_flava_ranks_by_its_contrastive_embeddings(builds, tiny_families_dir, tm
     assert ranked["retrieval"] == {"method": "contrastive", "k": 0, "first_stage": None}
 
 
-def _bridgetower_itc(folder, cc) -> np.ndarray:
-    """(images, captions): BridgeTowerForContrastiveLearning's logits_per_image, each pair's cell of
-    the `logits_text_to_image` its forward computes for its loss (the logit scale times the
-    cosine of the pair's `text_embeds` and `image_embeds`), one pair a call."""
-    import transformers
-
-    model = transformers.BridgeTowerForContrastiveLearning.from_pretrained(folder).eval()
-    processor = transformers.AutoProcessor.from_pretrained(folder)
-    images, captions, _ = _test_split(cc)
-    out = np.zeros((len(images), len(captions)))
-    with torch.no_grad():
-        for i, img in enumerate(images):
-            for c, cap in enumerate(captions):
-                o = model(**processor(images=img, text=cap, return_tensors="pt"))
-                out[i, c] = float(model.logit_scale.exp() * o.text_embeds[0] @ o.image_embeds[0])
-    return out
-
-
 def _logit_scale(folder) -> float:
     import transformers
 
@@ -191,7 +181,7 @@ def test_bridgetower_contrastive_head_ranks_by_its_own_logits(builds, tiny_famil
     folder, out, cache = tiny_families_dir / "bridgetower-itc", tmp_path / "out", tmp_path / "cache"
     argv = ["benchmark", "--model", str(folder), "--coco", str(cc), "--output", str(out), "--cache-dir", str(cache)]
     assert cli_main([*argv, *COMMON]) == 0
-    logits = _bridgetower_itc(folder, cc)
+    logits = _brute_force(folder, "bridgetower-itc", cc)
     assert np.ptp(logits) > 0
     (entry,) = cache.glob("coco-*.npz")
     with np.load(entry) as z:
@@ -216,7 +206,7 @@ def test_bridgetower_itm_re_ranks_its_contrastive_heads_top_k(builds, tiny_famil
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = ["benchmark", "--model", str(itm), "--first-stage", str(itc), "--coco", str(cc), "--rerank-k", "3"]
     assert cli_main([*argv, "--output", str(out), "--cache-dir", str(cache), *COMMON]) == 0
-    first, second = _bridgetower_itc(itc, cc), _brute_force(itm, "bridgetower", cc)
+    first, second = _brute_force(itc, "bridgetower-itc", cc), _brute_force(itm, "bridgetower", cc)
     (entry,) = cache.glob("coco-*.npz")
     with np.load(entry) as z:
         for direction, ranked, scored in (("i2t", first, second), ("t2i", first.T, second.T)):

@@ -16,20 +16,9 @@ from PIL import Image
 
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
+from helpers.eccv_mitl_fixtures import round_args
 
-ROUND = [
-    "--splits",
-    "train",
-    "restval",
-    "val",
-    "test",
-    "--image-queries",
-    "2",
-    "--caption-queries",
-    "2",
-    "--seed",
-    "3",
-]
+ROUND = round_args(2, 2, 3)
 
 
 @pytest.fixture(scope="module")
