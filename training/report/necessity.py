@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from training.necessity import cosine_s, necessity, necessity_pairs, necessity_values, original_rows
-from training.report.cache import necessity_key, new_file, read_entry, write_entry
+from builders.engine.array_cache import new_file
+from training.report.cache import necessity_key, read_entry, write_entry
 from training.rerank import PairPool
 from training.statistics import UnitScores
 from training.unit_scores import necessity_units
