@@ -23,7 +23,7 @@ from pathlib import Path
 from builders.engine.errors import InputFileError, OutputError, PublishError, UserFacingError
 from builders.engine.plain_text import code_span
 from builders.publishing.hub_client import hub_errors, use_endpoint
-from training.checkpoint_files import CHECKPOINT_FILES, RNG, Resumable, check_files, read_all, write_rng, write_shared
+from training.checkpoint_files import Resumable, check_files, read_all, write_rng, write_shared, written_by_trainer
 from training.final_files import opened_published
 from training.run_root import RunRoot
 from training.report.markdown import natural, plain, ranking, with_interval
@@ -111,8 +111,7 @@ def _check_checkpoint(root: RunRoot, rel: str) -> None:
         return
     dirs, files, links = root.entries(rel)
     for name in sorted(dirs + links + files):
-        ours = name in CHECKPOINT_FILES or name == STATE_FILE + ".tmp" or RNG.fullmatch(name) is not None
-        if name not in files or not ours:
+        if name not in files or not written_by_trainer(name):
             raise OutputError(
                 f"{root.path(rel) / name}: not a file the trainer writes into a checkpoint, so its folder is not "
                 "deleted (nothing was); move it out, then re-run the same command with --resume latest"

@@ -48,6 +48,20 @@ MODEL, OPTIMIZER, SCHEDULER, SCALER = "model.safetensors", "optimizer.pt", "sche
 RNG = re.compile(r"rng_state_(\d+)\.json")
 #: The files of a checkpoint besides the RNG states (`trainer_state.json`: training/checkpoint.py).
 CHECKPOINT_FILES = {MODEL, OPTIMIZER, SCHEDULER, SCALER, "trainer_state.json"}
+#: safetensors writes the model through a temporary sibling (Rust's `tempfile`: ".tmp" and 6
+#: characters) renamed over it: a save killed midway leaves one (found in a kill test, #51).
+SAVE_TMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")
+
+
+def written_by_trainer(name: str) -> bool:
+    """Whether a checkpoint's file `name` is one the trainer writes there, whole or interrupted:
+    an interrupted save is deleted as the trainer's own, anything else is refused."""
+    return (
+        name in CHECKPOINT_FILES
+        or name == "trainer_state.json.tmp"
+        or RNG.fullmatch(name) is not None
+        or SAVE_TMP.fullmatch(name) is not None
+    )
 RESUME_FIX = "resume from a checkpoint this version of `counterfactory train` wrote, or start again without --resume"
 
 

@@ -46,7 +46,7 @@ from builders.engine.sharding.build_files import file_record, folder_contents
 from builders.engine.sharding.layout import PARTS_DIR
 from training.before_after import BEFORE_EMBEDDINGS, BEFORE_METRICS
 from training.checkpoint import STATE_FILE, check_same_training, find_checkpoint, read_fingerprint
-from training.checkpoint_files import CHECKPOINT_FILES, RNG
+from training.checkpoint_files import written_by_trainer
 from training.config import TrainConfig, training_fingerprint
 from training.final_files import MANIFEST, check_final_unchanged, listed_files
 from training.run_root import RunRoot
@@ -140,7 +140,7 @@ def _owned_by_name(rel: str) -> bool:
         rel.startswith(CHECKPOINT)
         and len(parts) == 3
         and parts[1][len("step-") :].isdigit()
-        and (parts[2] in CHECKPOINT_FILES or parts[2] == STATE_FILE + ".tmp" or RNG.fullmatch(parts[2]) is not None)
+        and written_by_trainer(parts[2])
     )
 
 

@@ -229,3 +229,20 @@ def test_a_sweep_refuses_a_link_in_its_output_before_any_seed_runs(colors, tiny_
     err = capsys.readouterr().err
     assert tree(users) == {"notes.txt": VICTIM} and sorted(tree(out)) == [name]
     assert f"symlink {name}" in refusal(status, err)
+
+
+@pytest.mark.parametrize(("name", "ours"), [(".tmpBfgaU4", True), ("notes.txt", False)])
+def test_a_save_killed_midway_is_redone_and_a_users_file_is_refused(colors, tiny_models_dir, run, capsys, name, ours):
+    """A run killed while safetensors wrote step 3's model leaves its temporary sibling (Rust's
+    `tempfile`: ".tmp" and 6 characters) in an incomplete checkpoint: resuming deletes it as the
+    trainer's own and saves step 3 again; a file the user put there is refused in one line."""
+    step = run / "checkpoints" / "step-00000003"
+    step.mkdir()
+    (step / name).write_bytes(b"half a model")
+    status, err = train(capsys, args(colors, tiny_models_dir, run, "--max-steps", "3", "--resume", "latest"))
+    if ours:
+        assert status == 0, err
+        assert not (step / name).exists() and (step / "trainer_state.json").is_file()
+    else:
+        line = refusal(status, err)
+        assert name in line and "move it out" in line and (step / name).read_bytes() == b"half a model"
