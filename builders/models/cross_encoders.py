@@ -13,13 +13,16 @@ pair, as each reference computes it, one small adapter per family.
   (`train_retrieval.py: evaluation`, Li et al. 2022) ranks by `itm_head(...)[:, 1]` (plus the ITC
   similarity), not by the softmax its demo prints.
 - FLAVA: `itm_logits[:, 1]` of `FlavaForPreTraining` (its ITM head; label 1 is "matched" in its
-  pretraining), given the unmasked caption as `input_ids_masked` and no loss.
+  pretraining), given the unmasked caption as `input_ids_masked` and no loss. Its contrastive
+  model, `FlavaModel`, has no ITM head: its G is its contrastive logit, `logit_scale.exp()` times
+  the cosine of the normalised `text_projection` and `image_projection` of its text and image
+  [CLS] states, as `FlavaForPreTraining` computes `contrastive_logits_per_text` for its loss.
 
 PN's s(x, y) (training/evaluation.py), a match score in [0, 1], is the ITM head's probability of
 "match", the softmax of its two logits at the label G reads (`s_kind`; BLIP's demo prints exactly
 this, `softmax(itm_output, dim=1)[:, 1]`); it comes from the same forward call as G (`score(...,
 with_s=True)`); BridgeTower's contrastive head, with no ITM head, gives a dual encoder's, its
-cosine mapped to [0, 1] as CLIP's is. ViLT has none: its one logit (`rank_output`) is trained by a softmax over a
+cosine mapped to [0, 1] as CLIP's is, and so does `FlavaModel`. ViLT has none: its one logit (`rank_output`) is trained by a softmax over a
 positive and its sampled negatives (ViLT's `irtr` loss, Kim et al. 2021), so only differences
 between captions' logits are defined, no probability of one pair.
 
@@ -105,6 +108,17 @@ class BridgeTowerItc(CrossEncoder):
         return torch.stack([self.model.logit_scale.exp().float() * cos, (cos + 1) / 2], 1)
 
 
+class FlavaItc(BridgeTowerItc):
+    g_kind = "flava_itc_logit"
+
+    def cosine(self, **inputs) -> torch.Tensor:
+        # FlavaForPreTraining's global contrastive head, on FlavaModel's unimodal [CLS] states.
+        out = self.model(**inputs, skip_multimodal_encoder=True)
+        text = nn.functional.normalize(self.model.text_projection(out.text_embeddings[:, 0]), dim=-1)
+        image = nn.functional.normalize(self.model.image_projection(out.image_embeddings[:, 0]), dim=-1)
+        return (text * image).sum(-1)
+
+
 class ViltItm(CrossEncoder):
     g_kind, column = "vilt_itm_logit", 0
 
@@ -127,6 +141,7 @@ ADAPTERS: dict[str, type[CrossEncoder]] = {
     "BridgeTowerForContrastiveLearning": BridgeTowerItc,
     "ViltForImageAndTextRetrieval": ViltItm,
     "FlavaForPreTraining": FlavaItm,
+    "FlavaModel": FlavaItc,
 }
 
 

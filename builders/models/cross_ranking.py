@@ -10,7 +10,8 @@ annotators (builders/eccv_positives/mitl/cross_annotators.py).
 - FLAVA (`FlavaForPreTraining`): zero-shot retrieval by its contrastive embeddings alone (the
   cosine of the projected image and text [CLS] states), as FLAVA's paper (Singh et al. 2022,
   zero-shot retrieval) and its released example (facebookresearch/multimodal
-  `examples/flava/coco_zero_shot.py`) rank; no ITM re-ranking, so k is 0.
+  `examples/flava/coco_zero_shot.py`) rank; no ITM re-ranking, so k is 0. Its contrastive model
+  (`FlavaModel`) ranks by the same projections, read from itself rather than `.flava`.
 - BridgeTower's contrastive head (`BridgeTowerForContrastiveLearning`): by its contrastive
   embeddings alone (its forward's normalised `text_embeds` and `image_embeds`, whose cosines
   times its logit scale are the `logits_text_to_image` it trains on), k 0, as the
@@ -35,6 +36,7 @@ CONTRASTIVE_METHOD = "contrastive"
 OWN_FIRST_STAGE = {
     "BlipForImageTextRetrieval": BLIP_METHOD,
     "FlavaForPreTraining": CONTRASTIVE_METHOD,
+    "FlavaModel": CONTRASTIVE_METHOD,
     "BridgeTowerForContrastiveLearning": CONTRASTIVE_METHOD,
 }
 
@@ -59,8 +61,9 @@ def itc_images(backend, images: list) -> torch.Tensor:
     px = backend.processor.image_processor(images=[rgb(i) for i in images], return_tensors="pt")["pixel_values"]
     weight = next(model.parameters())
     px = px.to(weight.device, weight.dtype)  # pixels in the weights' dtype (fp16 or bf16 on a GPU)
-    if hasattr(model, "flava"):
-        feats = model.flava.image_projection(model.flava.image_model(pixel_values=px).last_hidden_state[:, 0])
+    flava = getattr(model, "flava", model)  # FlavaForPreTraining wraps a FlavaModel; FlavaModel is one
+    if hasattr(flava, "image_projection"):
+        feats = flava.image_projection(flava.image_model(pixel_values=px).last_hidden_state[:, 0])
     else:
         feats = model.vision_proj(model.vision_model(pixel_values=px).last_hidden_state[:, 0])
     return F.normalize(feats.float(), dim=-1).cpu()
@@ -76,8 +79,9 @@ def itc_texts(backend, texts: list[str]) -> torch.Tensor:
         return _bridgetower_itc(backend, [Image.new("RGB", (8, 8))] * len(texts), texts).text_embeds.float().cpu()
     tok = backend.processor.tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
     tok = {k: v.to(next(model.parameters()).device) for k, v in tok.items()}
-    if hasattr(model, "flava"):
-        feats = model.flava.text_projection(model.flava.text_model(**tok).last_hidden_state[:, 0])
+    flava = getattr(model, "flava", model)
+    if hasattr(flava, "text_projection"):
+        feats = flava.text_projection(flava.text_model(**tok).last_hidden_state[:, 0])
     else:
         out = model.text_encoder(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"])
         feats = model.text_proj(out.last_hidden_state[:, 0])

@@ -42,9 +42,6 @@ BRIDGETOWER = Family(
 VILT = Family("ViLT", "vilt", ("ViltForImageAndTextRetrieval",), False)
 FLAVA = Family("FLAVA", "flava", ("FlavaForPreTraining", "FlavaModel"), False)
 FAMILIES = (CLIP, BLIP, BRIDGETOWER, VILT, FLAVA)
-#: Heads told apart but not scored: FlavaModel has no ITM head, and FLAVA's contrastive ranking is
-#: read from FlavaForPreTraining's own projections (training/rerank.py).
-CONTRASTIVE_ONLY = ("FlavaModel",)
 
 #: The families and architectures accepted, for the one line that refuses another model.
 ACCEPTED = "; ".join(

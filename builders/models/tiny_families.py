@@ -6,8 +6,10 @@ Each is the head the report scores (builders/models/families.py): `BlipForImageT
 `BridgeTowerForImageAndTextRetrieval`, `ViltForImageAndTextRetrieval` and `FlavaForPreTraining`,
 with hidden size 32, 2 layers and 32-pixel images; and BridgeTower's contrastive head,
 `BridgeTowerForContrastiveLearning` (`bridgetower-itc`), 64 wide throughout: its forward adds
-text-width token-type embeddings to the image tokens, so its towers must be as wide as each other. The word-level tokenizers know the tiny
-caption corpus (builders/models/tiny.py), so captions are words, not unknown tokens.
+text-width token-type embeddings to the image tokens, so its towers must be as wide as each other;
+and FLAVA's contrastive model, `FlavaModel` (`flava-itc`), of the tiny FLAVA's config. The
+word-level tokenizers know the tiny caption corpus (builders/models/tiny.py), so captions are
+words, not unknown tokens.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import torch
 
 from builders.models.tiny import SEED, _bpe, _caption_lines, build_once, word_tokenizer
 
-FAMILY_ROLES = ("blip", "bridgetower", "bridgetower-itc", "vilt", "flava")
+FAMILY_ROLES = ("blip", "bridgetower", "bridgetower-itc", "vilt", "flava", "flava-itc")
 #: Bump when these models change, so old caches are rebuilt.
-FAMILIES_VERSION = 3
+FAMILIES_VERSION = 4
 #: The sizes every tiny family shares.
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 IMAGE = 32
@@ -85,8 +87,8 @@ def build_vilt(out: Path) -> None:
     ViltProcessor(image_processor=images, tokenizer=tok).save_pretrained(out)
 
 
-def build_flava(out: Path) -> None:
-    from transformers import FlavaConfig, FlavaForPreTraining, FlavaImageProcessor, FlavaProcessor
+def build_flava(out: Path, contrastive: bool = False) -> None:
+    from transformers import FlavaConfig, FlavaForPreTraining, FlavaImageProcessor, FlavaModel, FlavaProcessor
 
     tok = _bert_tokenizer()
     cfg = FlavaConfig(
@@ -98,7 +100,7 @@ def build_flava(out: Path) -> None:
         projection_dim=16,
     )
     torch.manual_seed(SEED)
-    FlavaForPreTraining(cfg).save_pretrained(out)
+    (FlavaModel if contrastive else FlavaForPreTraining)(cfg).save_pretrained(out)
     images = FlavaImageProcessor(
         size={"height": IMAGE, "width": IMAGE}, crop_size={"height": IMAGE, "width": IMAGE}, input_size_patches=4
     )
@@ -111,6 +113,7 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "bridgetower-itc": lambda out: build_bridgetower(out, contrastive=True),
     "vilt": build_vilt,
     "flava": build_flava,
+    "flava-itc": lambda out: build_flava(out, contrastive=True),
 }
 
 

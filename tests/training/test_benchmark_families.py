@@ -40,6 +40,12 @@ def _flava(model, inputs):
     return model(**inputs, input_ids_masked=inputs["input_ids"], return_loss=False).itm_logits[0, 1]
 
 
+def _flava_itc(model, inputs):
+    # FlavaModel's weights loaded as FlavaForPreTraining (its `flava`): the contrastive logits its
+    # forward computes for its global contrastive loss, the logit scale times the cosine.
+    return model(**inputs, input_ids_masked=inputs["input_ids"], return_loss=False).contrastive_logits_per_text[0, 0]
+
+
 #: family -> (transformers class, the reference's G of one pair, the records' g_kind)
 REFERENCES = {
     "blip": ("BlipForImageTextRetrieval", _blip, "blip_itm_logit"),
@@ -47,6 +53,7 @@ REFERENCES = {
     "bridgetower-itc": ("BridgeTowerForContrastiveLearning", _bridgetower_itc, "bridgetower_itc_logit"),
     "vilt": ("ViltForImageAndTextRetrieval", _vilt, "vilt_itm_logit"),
     "flava": ("FlavaForPreTraining", _flava, "flava_itm_logit"),
+    "flava-itc": ("FlavaForPreTraining", _flava_itc, "flava_itc_logit"),
 }
 
 

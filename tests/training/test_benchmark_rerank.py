@@ -144,13 +144,15 @@ def test_two_stage_at_k_gallery_is_the_brute_force_ranking(
     assert ranked["retrieval"] == want
 
 
-def test_flava_ranks_by_its_contrastive_embeddings(builds, tiny_families_dir, tmp_path):
+@pytest.mark.parametrize("family", ["flava", "flava-itc"])
+def test_flava_ranks_by_its_contrastive_embeddings(family, builds, tiny_families_dir, tmp_path):
     """FLAVA's paper ranks zero-shot retrieval by its contrastive embeddings, no ITM: R@K equals
-    the ranking of the model's own `contrastive_logits_per_image`, and the records say k = 0."""
+    the ranking of the model's own `contrastive_logits_per_image`, and the records say k = 0.
+    `flava-itc` is a FlavaModel, loaded here as FlavaForPreTraining (its weights are its `flava`)."""
     import transformers
 
     cc, _, _ = builds
-    folder, out = tiny_families_dir / "flava", tmp_path / "out"
+    folder, out = tiny_families_dir / family, tmp_path / "out"
     assert cli_main(["benchmark", "--model", str(folder), "--coco", str(cc), "--output", str(out), *COMMON]) == 0
     model = transformers.FlavaForPreTraining.from_pretrained(folder).eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)

@@ -66,12 +66,13 @@ def test_a_family_without_a_scored_head_is_one_line_naming_the_head_to_give(tmp_
     assert len(err.splitlines()) == 1 and "BlipForConditionalGeneration" in err and "BlipForImageTextRetrieval" in err
 
 
-def test_flava_model_is_told_apart_and_refused_naming_the_itm_head(tmp_path, capsys, tiny_families_dir):
-    """FlavaModel has no ITM head; FlavaForPreTraining ranks by the same contrastive projections.
-    (BridgeTowerForContrastiveLearning is scored: tests/training/test_benchmark_rerank.py.)"""
+def test_a_flava_head_that_scores_no_pair_is_refused_naming_the_heads(tmp_path, capsys, tiny_families_dir):
+    """FlavaImageModel is FLAVA's image tower alone: no pair to score. Refused in one line naming
+    FLAVA's scored heads. (FlavaModel and BridgeTowerForContrastiveLearning are scored:
+    tests/training/test_benchmark_rerank.py.)"""
     import shutil
 
-    for family, head, itm in (("flava", "FlavaModel", "FlavaForPreTraining"),):
+    for family, head, itm in (("flava", "FlavaImageModel", "FlavaForPreTraining"),):
         folder = tmp_path / head
         shutil.copytree(tiny_families_dir / family, folder)
         capsys.readouterr()
@@ -88,7 +89,7 @@ def test_flava_model_is_told_apart_and_refused_naming_the_itm_head(tmp_path, cap
         ]
         assert cli_main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and head in err and itm in err and "contrastive" in err, err
+        assert len(err.splitlines()) == 1 and head in err and itm in err and "FlavaModel" in err, err
 
 
 def test_the_tiny_families_are_tiny_safetensors_of_the_scored_heads(tiny_families_dir):

@@ -13,7 +13,7 @@ import torch
 
 from builders.engine.errors import UserFacingError
 from builders.models.clip_ids import OPEN_CLIP, ClipId, ClipIdError, parse_clip_id
-from builders.models.families import CLIP, CONTRASTIVE_ONLY, FamilyError, ModelFamily, model_family
+from builders.models.families import CLIP, FamilyError, ModelFamily, model_family
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,6 @@ def parse_model(name: str, flag: str = "--model") -> ModelSpec:
         family = model_family(name)
     except FamilyError as err:
         raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
-    if family.architecture in CONTRASTIVE_ONLY:
-        raise UserFacingError(
-            f"{flag} {name[:200]!r} is {family.family.name}'s contrastive head {family.architecture}, which has no "
-            f"ITM score; give its ITM head ({', '.join(h for h in family.family.heads if h not in CONTRASTIVE_ONLY)}), "
-            "which ranks by the same contrastive projections"
-        )
     return ModelSpec(name, clip.backend, clip, family)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from builders.eccv_positives.mitl.cross_annotators import CROSS_HEADS, needs_first_stage, reranked_topk
+from builders.eccv_positives.mitl.cross_annotators import needs_first_stage, reranked_topk
 from builders.eccv_positives.mitl.cross_annotators import record as reranker_record
 from builders.eccv_positives.mitl.embeddings import gallery_embeddings
 from builders.engine.precision import worker_precision
@@ -42,12 +42,6 @@ from builders.models.families import CLIP, FamilyError, model_family
 log = logging.getLogger(__name__)
 
 MODALITIES = ("i2t", "t2i")
-#: The model families a machine annotator may be, for the one line refusing any other.
-ANNOTATORS = (
-    "CLIP (transformers clip, or open_clip), BLIP (BlipForImageTextRetrieval), FLAVA (FlavaForPreTraining), "
-    "or with --first-stage a cross-encoder: ViLT (ViltForImageAndTextRetrieval) or BridgeTower "
-    "(BridgeTowerForImageAndTextRetrieval)"
-)
 
 
 def check_annotator(model: str) -> str | None:
@@ -62,14 +56,8 @@ def check_annotator(model: str) -> str | None:
         family = model_family(model)
     except (ClipIdError, FamilyError) as err:
         raise UserFacingError(f"--model {model[:200]!r} {err}") from None
-    if family.architecture in CROSS_HEADS:
-        return family.architecture
-    if family.family is not CLIP:
-        raise UserFacingError(
-            f"--model {model[:200]!r} is {family.family.name} ({family.architecture}), which cannot annotate: "
-            f"a machine annotator is {ANNOTATORS}"
-        )
-    return None
+    # Every head a family accepts annotates (cross_annotators.py): any other was refused above.
+    return None if family.family is CLIP else family.architecture
 
 
 @dataclass

@@ -36,13 +36,10 @@ from builders.eccv_positives.mitl.image_gallery import Gallery
 from builders.engine.array_cache import BadEntry, entry_paths, new_file, read_arrays, read_record, write_entry
 from builders.models.clip_ids import weights_fingerprint
 from builders.models.cross_encoders import ADAPTERS, FIRST_STAGE_METHOD, score_pairs
-from builders.models.cross_ranking import CONTRASTIVE_METHOD, OWN_FIRST_STAGE, method_of, reranked_scores
+from builders.models.cross_ranking import CONTRASTIVE_METHOD, method_of, reranked_scores
 
 log = logging.getLogger(__name__)
 
-#: The cross-encoders' heads that annotate (architecture names): BLIP and FLAVA by their own
-#: contrastive heads, ViLT and BridgeTower by re-ranking a first stage.
-CROSS_HEADS = (*OWN_FIRST_STAGE, "ViltForImageAndTextRetrieval", "BridgeTowerForImageAndTextRetrieval")
 #: The cache's sub-folder of the MITL cache folder.
 SCORES_FOLDER = "cross_encoder_scores"
 

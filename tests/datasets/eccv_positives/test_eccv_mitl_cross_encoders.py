@@ -29,7 +29,11 @@ def spread(tiny_families_dir, tmp_path_factory):
     import transformers
 
     out = {}
-    for family, cls in (("blip", "BlipForImageTextRetrieval"), ("flava", "FlavaForPreTraining")):
+    for family, cls in (
+        ("blip", "BlipForImageTextRetrieval"),
+        ("flava", "FlavaForPreTraining"),
+        ("flava-itc", "FlavaModel"),
+    ):
         config = transformers.AutoConfig.from_pretrained(tiny_families_dir / family)
         for part in (config, *(getattr(config, n) for n in config.sub_configs)):
             part.initializer_range = 0.2
@@ -107,14 +111,16 @@ def test_a_blip_annotator_proposes_its_itc_top_k_reranked_by_itm_plus_itc(galler
     _check_ranking(data, name, gallery, scores)
 
 
-def test_a_flava_annotator_proposes_its_contrastive_ranking(gallery, spread, tmp_path):
+@pytest.mark.parametrize("family, head", [("flava", "FlavaForPreTraining"), ("flava-itc", "FlavaModel")])
+def test_a_flava_annotator_proposes_its_contrastive_ranking(family, head, gallery, spread, tmp_path):
+    """`flava-itc`, a FlavaModel, is loaded here as FlavaForPreTraining (its weights are its `flava`)."""
     from transformers import AutoProcessor, FlavaForPreTraining
 
-    flava = str(spread["flava"])
+    flava = str(spread[family])
     data = _candidates(gallery, tmp_path, "--model", flava)
     name = model_name(flava)
     assert data["config"]["rerankers"][name] == {
-        "architecture": "FlavaForPreTraining",
+        "architecture": head,
         "method": "contrastive",
         "k": 0,
         "first_stage": None,

@@ -452,15 +452,15 @@ def test_embedding_cache_is_reused_until_the_weights_or_images_change(gallery, a
 
 
 def test_a_model_of_another_family_is_refused_in_one_line_before_any_data_is_read(tmp_path, capsys):
-    """A BERT folder (or a head that cannot annotate yet, FLAVA's bare `FlavaModel`) was loaded
+    """A BERT folder (or a FLAVA head that scores no pair, its image tower `FlavaImageModel`) was loaded
     into a random-init CLIP; now one line names it, the type found and the families accepted. The
     gallery given does not exist: the refusal comes before it is read."""
-    configs = {"bert": ("bert", "BertModel"), "flava": ("flava", "FlavaModel")}
+    configs = {"bert": ("bert", "BertModel"), "flava": ("flava", "FlavaImageModel")}
     for folder, (model_type, architecture) in configs.items():
         (tmp_path / folder).mkdir()
         config = {"model_type": model_type, "architectures": [architecture]}
         (tmp_path / folder / "config.json").write_text(json.dumps(config))
-    for model, found in ((tmp_path / "bert", "'bert'"), (tmp_path / "flava", "FLAVA (FlavaModel)")):
+    for model, found in ((tmp_path / "bert", "'bert'"), (tmp_path / "flava", "FlavaImageModel")):
         code = cli_main(
             ["eccv", "candidates", "--coco-root", str(tmp_path / "no-coco"), "--model", str(model)]
             + ["--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "c.json")]
