@@ -62,6 +62,8 @@ def written_by_trainer(name: str) -> bool:
         or RNG.fullmatch(name) is not None
         or SAVE_TMP.fullmatch(name) is not None
     )
+
+
 RESUME_FIX = "resume from a checkpoint this version of `counterfactory train` wrote, or start again without --resume"
 
 

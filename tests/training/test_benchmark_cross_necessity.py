@@ -43,12 +43,18 @@ def _mapped_cosine(model, x):  # BridgeTower's contrastive head: a dual encoder'
     return ((out.text_embeds * out.image_embeds).sum(-1)[0] + 1) / 2
 
 
+def _flava_mapped_cosine(model, x):  # FlavaModel's weights read by FlavaForPreTraining
+    out = model(**x, input_ids_masked=x["input_ids"], return_loss=False)
+    return (out.contrastive_logits_per_text[0, 0] / model.flava.logit_scale.exp() + 1) / 2
+
+
 #: family -> (transformers class, s of one pair from its own call, the records' s_kind)
 ITM = {
     "blip": ("BlipForImageTextRetrieval", _match(_blip), "blip_itm_match_probability"),
     "bridgetower": ("BridgeTowerForImageAndTextRetrieval", _match(_bridgetower), "bridgetower_itm_match_probability"),
     "bridgetower-itc": ("BridgeTowerForContrastiveLearning", _mapped_cosine, "cosine_mapped_to_0_1"),
     "flava": ("FlavaForPreTraining", _match(_flava), "flava_itm_match_probability"),
+    "flava-itc": ("FlavaForPreTraining", _flava_mapped_cosine, "cosine_mapped_to_0_1"),
 }
 
 
@@ -99,7 +105,7 @@ def _reference(folder, family: str, pairs: list) -> tuple[np.ndarray, dict[str, 
     return s, pn
 
 
-@pytest.mark.parametrize("family", ["blip", "bridgetower", "bridgetower-itc", "flava"])
+@pytest.mark.parametrize("family", ["blip", "bridgetower", "bridgetower-itc", "flava", "flava-itc"])
 def test_cross_encoder_pn_is_its_match_probability(
     family, builds, tiny_families_dir, tiny_models_dir, tmp_path, monkeypatch, request
 ):
