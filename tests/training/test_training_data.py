@@ -491,7 +491,7 @@ def test_train_help_lists_every_config_field_with_help(capsys):
             expected |= {flag, f"{flag}-revision"} if "SourceRef" in str(f.type) else {flag}
     subcommands = next(a for a in cli_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = {opt: a for a in subcommands.choices["train"]._actions for opt in a.option_strings}
-    assert len(expected) == 67 and expected <= set(actions)
+    assert len(expected) == 69 and expected <= set(actions)  # with --first-stage, --rerank-k
     for flag in expected:
         assert f" {flag} " in shown or f" {flag}\n" in shown, flag
     for flag, action in actions.items():
