@@ -112,6 +112,17 @@ def new_file(folder: Path, suffix: str) -> Path:
     return Path(name)
 
 
+def store_arrays(folder: Path, key: dict, label: str, arrays: dict[str, np.ndarray], record: dict) -> Path:
+    """`arrays` (np.savez into a `new_file`) and `record` as the entry of `key` (`write_entry`);
+    OSError passes up: the caller's numbers still count, uncached."""
+    written = new_file(folder, ".npz")
+    try:
+        np.savez(written, **arrays)
+        return write_entry(folder, key, label, written, record)
+    finally:
+        written.unlink(missing_ok=True)
+
+
 def write_entry(folder: Path, key: dict, label: str, npz_written: Path, record: dict) -> Path:
     """Move the arrays written to `npz_written` (a `new_file`) into the cache beside `key` and
     `record`; the cached `.npz` path. A bad entry of the same key is replaced."""

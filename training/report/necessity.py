@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from training.necessity import cosine_s, necessity, necessity_pairs, necessity_values, original_rows
-from builders.engine.array_cache import new_file
-from training.report.cache import necessity_key, read_entry, write_entry
+from builders.engine.array_cache import store_arrays
+from training.report.cache import entry_label, necessity_key, read_entry
 from training.rerank import PairPool
 from training.statistics import UnitScores
 from training.unit_scores import necessity_units
@@ -73,14 +73,11 @@ def _match_probabilities(backend, sets: tuple, rows: np.ndarray, pairs: list, ca
     examples = {"coco": coco.data.retrieval, "queries": dec.data.queries}
     s = pool.score(backend, examples, batch, with_s=True, what="PN")[:, 1]
     out = np.stack([s[x], s[x_removed]], 1)
-    written = new_file(folder, ".npz")
     try:
-        np.savez(written, s=out)
-        write_entry(folder, key, written, necessity(necessity_values(pairs, out)))
+        metrics = {"metrics": necessity(necessity_values(pairs, out))}
+        store_arrays(folder, key, entry_label(key), {"s": out}, metrics)
     except OSError as err:  # e.g. a folder where the entry goes: the numbers still count
         log.warning(
             "embedding cache %s: cannot store the PN scores of %s (%s); not cached", folder, backend.model_id, err
         )
-    finally:
-        written.unlink(missing_ok=True)
     return out

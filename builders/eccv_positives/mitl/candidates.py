@@ -223,10 +223,8 @@ def model_topk(
     identical captions tie exactly, see `distinct_captions`)."""
     from counterfactory_metrics.map_at_r.topk import topk_from_embeddings
 
-    image_row = {i: n for n, i in enumerate(gallery.image_ids)}
-    caption_row = {c: n for n, c in enumerate(gallery.caption_ids)}
-    i2t_q = image_emb[[image_row[q] for q in queries["i2t"]]]
-    t2i_q = caption_emb[[caption_row[q] for q in queries["t2i"]]]
+    i2t_q = image_emb[[gallery.image_row[q] for q in queries["i2t"]]]
+    t2i_q = caption_emb[[gallery.caption_row[q] for q in queries["t2i"]]]
     out = {}
     for modality, q, ids in (("i2t", i2t_q, gallery.caption_ids), ("t2i", t2i_q, gallery.image_ids)):
         n = min(k, len(ids))

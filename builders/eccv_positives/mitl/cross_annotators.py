@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from builders.eccv_positives.mitl.image_gallery import Gallery
-from builders.engine.array_cache import BadEntry, entry_paths, new_file, read_arrays, read_record, write_entry
+from builders.engine.array_cache import BadEntry, entry_paths, read_arrays, read_record, store_arrays
 from builders.models.clip_ids import weights_fingerprint
 from builders.models.cross_encoders import ADAPTERS, FIRST_STAGE_METHOD, score_pairs
 from builders.models.cross_ranking import CONTRASTIVE_METHOD, method_of, reranked_scores
@@ -51,8 +51,7 @@ def needs_first_stage(architecture: str) -> bool:
 def _pair_plans(first_top: dict, gallery: Gallery, queries: dict) -> tuple[dict, dict]:
     """The distinct (image row, caption text) pairs of the candidates (pair -> index), and per
     modality each candidate's (image row, caption row)."""
-    image_row = {i: n for n, i in enumerate(gallery.image_ids)}
-    caption_row = {c: n for n, c in enumerate(gallery.caption_ids)}
+    image_row, caption_row = gallery.image_row, gallery.caption_row
     pairs: dict[tuple[int, str], int] = {}
     rows = {}
     for modality in ("i2t", "t2i"):
@@ -149,11 +148,9 @@ def reranked_topk(
         _store(folder, _cache_key(*keyed), first_top, scores)
     else:
         log.info("re-ranked scores of %s: cached in %s", model, folder)
-    image_row = {i: n for n, i in enumerate(gallery.image_ids)}
-    caption_row = {c: n for n, c in enumerate(gallery.caption_ids)}
     out = {}
     for modality, top in first_top.items():
-        index = caption_row if modality == "i2t" else image_row
+        index = gallery.caption_row if modality == "i2t" else gallery.image_row
         ranked = np.empty((len(top), min(depth, top.shape[1])), dtype=np.int64)
         for r, (items, score) in enumerate(zip(top, scores[modality], strict=True)):
             position = np.array([index[int(i)] for i in items])
@@ -163,15 +160,10 @@ def reranked_topk(
 
 
 def _store(folder: Path, key: dict, first_top: dict, scores: dict) -> None:
+    arrays = {**{f"rr_{m}_idx": first_top[m] for m in first_top}, **{f"rr_{m}_score": scores[m] for m in first_top}}
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        written = new_file(folder, ".npz")
-        try:
-            arrays = {f"rr_{m}_idx": first_top[m] for m in first_top}
-            np.savez(written, **arrays, **{f"rr_{m}_score": scores[m] for m in first_top})
-            write_entry(folder, key, "mitl", written, {})
-        finally:
-            written.unlink(missing_ok=True)
+        store_arrays(folder, key, "mitl", arrays, {})
     except OSError as err:  # the proposals still count
         log.warning("MITL score cache %s: cannot store (%s); not cached", folder, err)
 

@@ -220,6 +220,16 @@ class Gallery:
         return open_rgb_image(cell_image_source(self.dataset.path, cell, where), name=where)
 
     @cached_property
+    def image_row(self) -> dict[int, int]:
+        """Image id -> its row (index) in the gallery."""
+        return {i: n for n, i in enumerate(self.image_ids)}
+
+    @cached_property
+    def caption_row(self) -> dict[int, int]:
+        """Caption id -> its row (index) in the gallery."""
+        return {c: n for n, c in enumerate(self.caption_ids)}
+
+    @cached_property
     def caption_image(self) -> dict[int, int]:
         """Caption id -> the image it was written for (the original pairs)."""
         return dict(zip(self.caption_ids, self.caption_image_ids, strict=True))
