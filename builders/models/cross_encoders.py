@@ -92,23 +92,33 @@ class BridgeTowerItm(CrossEncoder):
         return self.model(**inputs).logits
 
 
-class BridgeTowerItc(CrossEncoder):
-    g_kind, s_kind = "bridgetower_itc_logit", "cosine_mapped_to_0_1"
+class ContrastiveHead(CrossEncoder):
+    """A contrastive head with no ITM head: G its logit, the learnt logit scale times the cosine
+    of the pair's normalised embeddings (`cosine`); s a dual encoder's, that cosine mapped to [0, 1]."""
+
+    s_kind = "cosine_mapped_to_0_1"
+
+    def cosine(self, **inputs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, **inputs):
+        return self.model.logit_scale.exp() * self.cosine(**inputs)
+
+    def g_and_s(self, **inputs) -> torch.Tensor:
+        cos = self.cosine(**inputs).float()
+        return torch.stack([self.model.logit_scale.exp().float() * cos, (cos + 1) / 2], 1)
+
+
+class BridgeTowerItc(ContrastiveHead):
+    g_kind = "bridgetower_itc_logit"
 
     def cosine(self, **inputs) -> torch.Tensor:
         # Its uni-modal towers never see the other modality: each row's embeddings are its own.
         out = self.model(**inputs)
         return (out.text_embeds * out.image_embeds).sum(-1)
 
-    def forward(self, **inputs):
-        return self.model.logit_scale.exp() * self.cosine(**inputs)
 
-    def g_and_s(self, **inputs) -> torch.Tensor:
-        cos = self.cosine(**inputs).float()  # s as a dual encoder's: its cosine mapped to [0, 1]
-        return torch.stack([self.model.logit_scale.exp().float() * cos, (cos + 1) / 2], 1)
-
-
-class FlavaItc(BridgeTowerItc):
+class FlavaItc(ContrastiveHead):
     g_kind = "flava_itc_logit"
 
     def cosine(self, **inputs) -> torch.Tensor:
