@@ -24,8 +24,8 @@ their power on a symmetric alternative (so that a test conservative by construct
   s = 1.9 (Emerson & Owen 2009, Electronic Journal of Statistics 3:1161-1192), against chi2(1)
   and (`, F`) against F(1, n - 1), i.e. t(n-1)^2;
 - `tilted bootstrap`: resampling from the exponentially tilted EDF of mean 0, w_i ~ exp(tau x_i)
-  (Efron 1981, Canadian Journal of Statistics 9:139-158; DiCiccio & Romano 1990, JRSS B
-  52:59-72; Davison & Hinkley 1997, §4.4), the studentized mean, equal-tailed p; where 0 lies
+  (Efron 1981, Canadian Journal of Statistics 9:139-158; DiCiccio & Romano 1990, International
+  Statistical Review 58:59-76; Davison & Hinkley 1997, §4.4), the studentized mean, equal-tailed p; where 0 lies
   outside the sample's hull no distribution on the sample has mean 0 and p = 1/(B+1) (rejected,
   as EL's infinite -2 log R);
 - `stabilised bootstrap-t`: Tibshirani (1988, Biometrika 75:433-444): 100 resamples, each with a
