@@ -7,8 +7,7 @@ s(x, y), a match score in [0, 1], is the model's own (`s_kind`, recorded with PN
 encoder's cosine mapped to [0, 1], from its embeddings of both builds; a cross-encoder's ITM
 match probability (builders/models/cross_encoders.py), scored pair by pair, each distinct pair
 once (training/rerank.py `necessity_s`, the trainer's scoring too), and cached here per (weights,
-preprocessing, both builds, s_kind). ViLT has none: refused
-in one line."""
+preprocessing, both builds, s_kind). ViLT has none: refused in one line."""
 
 from __future__ import annotations
 
