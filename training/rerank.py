@@ -76,8 +76,9 @@ class RankerSpec:
 class Ranker:
     """`ranker(data, batch, workers)`: a cross-encoder's two-stage retrieval arrays of `data`
     (ranked_scores.py; none when `spec` is None: no first stage to rank with) and its real pairs'
-    G (`real_g`: G(C_r, I_r), G(C_r, I_o), G(C_o, I_r), evaluation.itm_inputs' three), set on
-    the backend as `backend.ranker` by the report."""
+    G (`real_g`: G(C_r, I_r), G(C_r, I_o), G(C_o, I_r), evaluation.itm_inputs' three), and PN's
+    s where `data` holds the queries and their x (`_necessity`), set on the backend as
+    `backend.ranker` by the report and the trainer."""
 
     def __init__(self, backend, spec: RankerSpec | None, first_stage=None) -> None:
         self.backend, self.spec, self.first_stage = backend, spec, first_stage
