@@ -261,7 +261,7 @@ def final_tables(record: dict, metrics: dict[str, float]) -> str:
     `record["final_intervals"]`, or why none: `final_interval_notes`) and, when the base model
     was evaluated before step 1, before -> after (`record["before_after"]`); the metrics of a
     set that overlaps training (`eval_overlap`) marked, their intervals and notes alike; how a
-    cross-encoder ranked (`retrieval`, the benchmark's words) above them."""
+    cross-encoder ranked (`retrieval`, the benchmark's words) and its PN's s (`necessity`) above them."""
     from training.before_after import before_after_table
     from training.leakage import mark_overlapping
 
@@ -273,6 +273,9 @@ def final_tables(record: dict, metrics: dict[str, float]) -> str:
     if record.get("retrieval"):
         fixed = "; the first stage is not trained" if record.get("first_stage") else ""
         table = f"Retrieval metrics{ranking(record)}{fixed}.\n\n{table}"
+    s_kind = (record.get("necessity") or {}).get("s_kind")
+    if s_kind and any(name.startswith("necessity/") for name in metrics):
+        table = f"Object necessity PN's s: {plain(s_kind)}.\n\n{table}"
     return table + (f"\n## Before -> after (the base model evaluated before step 1)\n\n{change}" if change else "")
 
 

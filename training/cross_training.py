@@ -222,7 +222,8 @@ def resolve_objective(cfg, backend) -> dict:
     was trained (training/losses.py), a cross-encoder's family objective (its options checked),
     and a cross-encoder's ranker (`trainer_ranker`); the run record's `objective`, `retrieval`
     (method, k, first stage: the benchmark's records') and `first_stage` (its weights, never
-    trained) entries (none for a dual encoder)."""
+    trained) and `necessity` (PN's s, `s_kind` as the benchmark's PN records say it, or why the
+    model has none) entries (none for a dual encoder)."""
     if backend.dual_encoder:
         cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
         return {}
@@ -235,6 +236,7 @@ def resolve_objective(cfg, backend) -> dict:
         "objective": backend.record() if backend.objective else None,
         "retrieval": spec.record() if spec else None,
         **({"first_stage": {**first, "trained": False}} if first else {}),
+        "necessity": {"s_kind": backend.s_kind} if backend.s_kind else {"s_kind": None, "no_pn": backend.module.no_s},
     }
 
 

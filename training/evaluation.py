@@ -22,7 +22,9 @@ Sets (each evaluated when its source is given):
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
   `random_derangement(n, PAIR_SEED)` of the metric module, seed 0, recorded with the numbers).
 - necessity: object necessity PN per removed class (training/necessity.py); x is the retrieval
-  split's embedding of the query's source image, so PN needs both sets.
+  split's copy of the query's source image, so PN needs both sets: a dual encoder's embeddings,
+  or a cross-encoder's match probability s of each pair (`necessity_s`, training/rerank.py, the
+  report's scoring; `s_kind` in run.json; ViLT has none: one logged line).
 - validation loss: the contrastive loss on the validation examples, in order.
 - zeroshot, flickr30k: zero-shot classification with the CLIP prompt templates (`--zeroshot`)
   and Flickr30k R@K with the retrieval code above (`--flickr30k`), training/zeroshot.py.
@@ -52,7 +54,7 @@ from training.data import ExampleDataset, fixed_batches, make_loader, to_device
 from training.eval_data import EvalData
 from training.losses import contrastive_loss
 from training.mixtures import ExampleSet
-from training.necessity import necessity, own_necessity_values
+from training.necessity import has_necessity, necessity, own_necessity_values
 from training.ranked_scores import SETS, has_two_stage, two_stage_matrix
 from training.sources import DataInputError, column_values
 from training.statistics import UnitScores
@@ -183,7 +185,8 @@ def image_reader(ex: ExampleSet):
 def cross_encoder_scores(backend, data: EvalData, batch_size: int, workers: int = 0) -> dict[str, np.ndarray]:
     """A cross-encoder's (builders/models/cross_encoders.py) G of each counterfactual pair's three
     scores (`cf_g`, pairs x 3); the images are decoded as they are read, a page at a time. With a
-    `ranker` (training/rerank.py, set by the report), also its two-stage retrieval arrays."""
+    `ranker` (training/rerank.py, set by the report and the trainer), also its two-stage retrieval
+    arrays, and PN's s where `data` holds the queries' x (`necessity_s`)."""
     from builders.models.cross_encoders import counterfactual_pair_scores
 
     out = {}
@@ -372,9 +375,9 @@ def unit_scores(emb: dict[str, np.ndarray], data, k_values, retrieval: bool = Tr
         out.update(retrieval_units(emb, data, k_values))
     if ranks(emb, "odmap"):
         out.update(odmap_units(odmap_result(emb, data, k_values), data.removed, data.query_image_ids))
-        if "image" in emb:
-            values = own_necessity_values(emb, data)
-            out.update(necessity_units(values, len(data.query_image_ids), data.query_image_ids))
+    if has_necessity(emb):
+        values = own_necessity_values(emb, data)
+        out.update(necessity_units(values, len(data.query_image_ids), data.query_image_ids))
     scores = itm_inputs(emb, data)
     if scores:
         out.update(delta_units(scores, pair_clusters(data.cf_pairs)))
@@ -432,8 +435,8 @@ def evaluate_model(
             metrics.update(eccv_metrics(emb, data))
     if ranks(emb, "odmap"):
         metrics.update(odmap_metrics(emb, data, cfg.k_values))
-        if "image" in emb:  # x is a retrieval image, already encoded
-            metrics.update(necessity(own_necessity_values(emb, data)))
+    if has_necessity(emb):  # x is a retrieval image: encoded, or its pairs scored by a cross-encoder
+        metrics.update(necessity(own_necessity_values(emb, data)))
     itm_args = itm_inputs(emb, data)
     if itm_args:
         for delta, stats in itm_score_deltas(**itm_args).items():

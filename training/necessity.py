@@ -3,7 +3,8 @@ image, x' the object-removal image and y an original caption of x that mentions 
 (the model-agnostic reading of the NUIF paper's probability of necessity, (P(m | o_d) -
 P(m | o'_d)) / P(m | o_d)). s is a match score in [0, 1]: a dual encoder's cosine mapped to
 [0, 1], (cos + 1) / 2 (`cosine_s`, as that paper maps its similarity), or a cross-encoder's ITM
-match probability (builders/models/cross_encoders.py, scored by training/report/necessity.py).
+match probability (builders/models/cross_encoders.py, scored by training/rerank.py `necessity_s`
+for the report and the trainer alike).
 Every model's values, per-class means and units go through this code and training/unit_scores.py."""
 
 from __future__ import annotations
@@ -56,11 +57,24 @@ def necessity_values(pairs: list, s: np.ndarray) -> list[tuple[int, str, float]]
     ]
 
 
+#: The evaluation array of a cross-encoder's s(x, y) and s(x', y) of each `necessity_pairs`
+#: pair (pairs x 2), scored by training/rerank.py `necessity_s`, the report's scoring too.
+CROSS_S = "necessity_s"
+
+
+def has_necessity(emb) -> bool:
+    """Whether the evaluation's arrays `emb` give PN: a dual encoder's embeddings of the retrieval
+    images and the queries, or a cross-encoder's scored s (`CROSS_S`)."""
+    return CROSS_S in emb or ("image" in emb and "query_image" in emb)
+
+
 def own_necessity_values(emb, data: EvalData) -> list[tuple[int, str, float]]:
-    """`necessity_values` of a dual encoder whose retrieval split holds the queries' x."""
+    """`necessity_values` of a model whose retrieval split holds the queries' x (`has_necessity`):
+    a dual encoder's `cosine_s`, or a cross-encoder's scored s."""
     rows = original_rows(data.query_image_ids, data.image_ids)
     pairs = necessity_pairs(rows, data)
-    return necessity_values(pairs, cosine_s(emb["image"], rows, emb, pairs))
+    s = emb[CROSS_S] if CROSS_S in emb else cosine_s(emb["image"], rows, emb, pairs)
+    return necessity_values(pairs, s)
 
 
 def necessity(values: list[tuple[int, str, float]]) -> dict[str, float]:

@@ -39,6 +39,7 @@ from builders.models.cross_ranking import CONTRASTIVE_METHOD, OWN_FIRST_STAGE, i
 from builders.models.cross_ranking import method_of, reranked_scores
 from counterfactory_metrics.map_at_r.topk import stable_topk
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
+from training.necessity import CROSS_S, necessity_pairs, original_rows
 from training.ranked_scores import SETS, first
 from training.ranked_scores import tied_scores
 from training.report.models import ModelSpec, load_model, parse_model, preprocessing_digest, weights_digest
@@ -75,8 +76,9 @@ class RankerSpec:
 class Ranker:
     """`ranker(data, batch, workers)`: a cross-encoder's two-stage retrieval arrays of `data`
     (ranked_scores.py; none when `spec` is None: no first stage to rank with) and its real pairs'
-    G (`real_g`: G(C_r, I_r), G(C_r, I_o), G(C_o, I_r), evaluation.itm_inputs' three), set on
-    the backend as `backend.ranker` by the report."""
+    G (`real_g`: G(C_r, I_r), G(C_r, I_o), G(C_o, I_r), evaluation.itm_inputs' three), and PN's
+    s where `data` holds the queries and their x (`_necessity`), set on the backend as
+    `backend.ranker` by the report and the trainer."""
 
     def __init__(self, backend, spec: RankerSpec | None, first_stage=None) -> None:
         self.backend, self.spec, self.first_stage = backend, spec, first_stage
@@ -84,7 +86,9 @@ class Ranker:
     def scores(self, data) -> bool:
         """Whether `data` has anything this ranker scores."""
         real = data.retrieval is not None and len(data.retrieval) > 1
-        return real or (self.spec is not None and (data.retrieval is not None or data.queries is not None))
+        ranked = self.spec is not None and (data.retrieval is not None or data.queries is not None)
+        both = data.retrieval is not None and data.queries is not None  # PN's x and x' (`_necessity`)
+        return real or ranked or both
 
     def key(self) -> dict:
         """The cache key's `retrieval` (training/report/cache.py): what the arrays depend on."""
@@ -110,7 +114,23 @@ class Ranker:
                 out[f"rr_{direction}_idx"] = idx.astype(np.int64)
                 g = scores[keys].reshape(idx.shape)
                 out[f"rr_{direction}_score"] = reranked_scores(self.spec.method, g, itc).astype(np.float32)
-        return out
+        return {**out, **self._necessity(data, batch)}
+
+    def _necessity(self, data, batch: int) -> dict[str, np.ndarray]:
+        """PN's s of `data`'s removal pairs (`necessity_s`) where it holds both the queries and the
+        split of their source images (the trainer's evaluation; a report's build holds one); a
+        model with no s (ViLT): none, said in one line."""
+        if data.retrieval is None or data.queries is None:
+            return {}
+        if not self.backend.s_kind:
+            log.warning(
+                "%s: no object necessity PN: %s; its other metrics are scored",
+                self.backend.model_id,
+                self.backend.module.no_s,
+            )
+            return {}
+        rows = original_rows(data.query_image_ids, data.image_ids)
+        return {CROSS_S: necessity_s(self.backend, data.retrieval, data, rows, necessity_pairs(rows, data), batch)}
 
     def _candidates(self, which: str, examples, texts: list[str], sizes: tuple[int, int], into: tuple) -> list:
         """Each direction's top k of set `which` by the first stage, their pairs added to the pool,
@@ -188,6 +208,20 @@ class PairPool:
         # The pool's keys in insertion order are its indices 0, 1, ... (`add`).
         pairs = [((which, row), text) for which, row, text in self.index]
         return score_pairs(backend, pairs, read, batch, f"{what} pairs of {backend.model_id}", with_s)
+
+
+def necessity_s(backend, originals, data, rows: np.ndarray, pairs: list, batch: int) -> np.ndarray:
+    """(pairs, 2): a cross-encoder's s(x, y) and s(x', y) (its `s_kind`) of each
+    `necessity_pairs` pair (training/necessity.py) of `data`'s queries: x row `rows[q]` of
+    `originals` (the split of their source images), x' query q, y gallery caption t; each
+    distinct pair scored once (`PairPool`), in batches with progress and an ETA. The report's
+    and the trainer's PN are scored here."""
+    pool, q = PairPool(), np.asarray([q for q, _, _ in pairs], np.int64)
+    texts = [data.gallery_captions[t] for _, t, _ in pairs]
+    x, x_removed = pool.add("originals", rows[q], texts), pool.add("queries", q, texts)
+    examples = {"originals": originals, "queries": data.queries}
+    s = pool.score(backend, examples, batch, with_s=True, what="PN")[:, 1]
+    return np.stack([s[x], s[x_removed]], 1)
 
 
 def first_stage_spec(name: str) -> ModelSpec:

@@ -2,12 +2,14 @@
 --decorrelation` (#51): PN = (s(x, y) - s(x', y)) / s(x, y) with s the NUIF paper's P(m | ...),
 for a 2-way ITM head its match probability, softmax(logits)[:, 1]. Each pair's s and each PN are
 checked against the model's own transformers call, one pair a call, with the removal pairs read
-here from the builds' own tables; ViLT (one logit, no probability) is refused in one line."""
+here from the builds' own tables; ViLT (one logit, no probability) is refused in one line. The
+trainer's --eval-only (`python training/finetune_clip.py`) gives the same PN."""
 
 from __future__ import annotations
 
 import json
 import logging
+import subprocess
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import torch
 
 import training.rerank as rerank
 from builders.app.cli import main as cli_main
-from helpers.training_helpers import read_jsonl, report_builds
+from helpers.training_helpers import PYTHON, REPO_ROOT, SCRIPT, read_jsonl, report_builds
 
 pytestmark = pytest.mark.e2e  # tests/README.md: the end-to-end tier
 
@@ -159,6 +161,68 @@ def test_cross_encoder_pn_is_its_match_probability(
     assert scored == []
     again = [r["metrics"] for r in read_jsonl(tmp_path / "again" / "results.jsonl") if r["task"] == "necessity"]
     assert again == [r["metrics"] for r in pn]
+
+
+def _train_eval_only(folder, builds, out, *extra: str) -> subprocess.CompletedProcess:
+    """`python training/finetune_clip.py --eval-only --model folder` on the coco build's test split
+    (the queries' x), the decorrelation build and the counterfactuals, as a stranger runs it."""
+    cc, dec, cf = builds
+    argv = ["--real", str(cc), "--decorrelation", str(dec), "--counterfactuals", str(cf), "--model", str(folder)]
+    argv += ["--eval-only", "--num-workers", "0", "--eval-batch-size", "7", "--report-to", "none", "--bootstrap", "50"]
+    cmd = [PYTHON, str(SCRIPT), *argv, "--output", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
+
+
+@pytest.mark.parametrize("family", ["bridgetower", "bridgetower-itc"])
+def test_train_eval_only_pn_of_a_cross_encoder_is_the_benchmarks(family, builds, tiny_families_dir, tmp_path):
+    """The trainer's --eval-only PN of a cross-encoder (its s: the ITM head's match probability, or
+    a contrastive head's mapped cosine) equals `counterfactory benchmark`'s for the same model and
+    data and the model's own transformers call, with CLIP's metric names, per-unit intervals and
+    run.json's `s_kind`; the other metrics still come out."""
+    cc, dec, _ = builds
+    folder = tiny_families_dir / family
+    bench = ["benchmark", "--model", str(folder), "--coco", str(cc), "--decorrelation", str(dec)]
+    assert cli_main([*bench, "--output", str(tmp_path / "bench"), *COMMON]) == 0
+    (benchmark,) = [r for r in read_jsonl(tmp_path / "bench" / "results.jsonl") if r["task"] == "necessity"]
+    done = _train_eval_only(folder, builds, tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    final = record["final_metrics"]
+    pn = {k.removeprefix("necessity/"): v for k, v in final.items() if k.startswith("necessity/")}
+    _, want = _reference(folder, family, _removal_pairs(cc, dec))
+    assert set(pn) == set(benchmark["metrics"]) == {"PN_mean", *(f"PN_{c}" for c in want)}
+    assert record["necessity"] == {"s_kind": ITM[family][2]} and benchmark["s_kind"] == ITM[family][2]
+    for name, value in benchmark["metrics"].items():
+        assert pn[name] == pytest.approx(value, abs=1e-6), name
+    for c, values in want.items():  # and the brute force of transformers' own call
+        assert pn[f"PN_{c}"] == pytest.approx(np.mean(values), rel=1e-5, abs=1e-6), c
+    # Not vacuous: x and x' score apart (not so the tiny BLIP, whose PN is ~0: left out here).
+    assert max(abs(v) for v in pn.values()) > 1e-4
+    # CLIP's per-unit scores (removal pairs, clustered by source image) and intervals: the
+    # benchmark's (the same --bootstrap and seed), or the same reason for none (one cluster).
+    notes = record.get("final_interval_notes") or {}
+    for name in pn:
+        if benchmark["ci_low"][name] is None:
+            assert notes[f"necessity/{name}"] == "one cluster", name
+        else:
+            want_ci = [benchmark["ci_low"][name], benchmark["ci_high"][name]]
+            assert record["final_intervals"][f"necessity/{name}"] == pytest.approx(want_ci, abs=1e-6), name
+    assert "necessity/PN_mean" in record["final_intervals"]
+    assert {"itm/IR_c_mean", "itm/TR_c_mean", "itm/IR_r_mean", "itm/TR_r_mean"} <= final.keys()
+    said = f"Object necessity PN's s: {ITM[family][2]}.".replace("_", "\\_")  # markdown-escaped
+    assert said in (tmp_path / "run" / "metrics.md").read_text().splitlines()
+
+
+def test_train_eval_only_refuses_vilts_pn_in_one_line_and_scores_the_rest(builds, tiny_families_dir, tmp_path):
+    done = _train_eval_only(tiny_families_dir / "vilt", builds, tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "necessity" in line]
+    assert len(said) == 1 and "no object necessity PN" in said[0] and "ViLT" in said[0], said
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["necessity"]["s_kind"] is None and "rank_output" in record["necessity"]["no_pn"]
+    final = record["final_metrics"]
+    assert not [k for k in final if k.startswith("necessity/")]
+    assert {"itm/IR_c_mean", "itm/TR_c_mean", "itm/IR_r_mean", "itm/TR_r_mean"} <= final.keys()
 
 
 def test_vilt_pn_is_refused_in_one_line_and_its_other_metrics_run(

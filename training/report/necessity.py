@@ -5,9 +5,9 @@ both (training/necessity.py: `necessity_pairs`, `necessity_values`, `necessity`)
 
 s(x, y), a match score in [0, 1], is the model's own (`s_kind`, recorded with PN): a dual
 encoder's cosine mapped to [0, 1], from its embeddings of both builds; a cross-encoder's ITM
-match probability (builders/models/cross_encoders.py), scored here pair by pair, each distinct
-pair once, and cached per (weights, preprocessing, both builds, s_kind). ViLT has none: refused
-in one line."""
+match probability (builders/models/cross_encoders.py), scored pair by pair, each distinct pair
+once (training/rerank.py `necessity_s`, the trainer's scoring too), and cached here per (weights,
+preprocessing, both builds, s_kind). ViLT has none: refused in one line."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import numpy as np
 from training.necessity import cosine_s, necessity, necessity_pairs, necessity_values, original_rows
 from builders.engine.array_cache import store_arrays
 from training.report.cache import entry_label, necessity_key, read_entry
-from training.rerank import PairPool
+from training.rerank import necessity_s
 from training.statistics import UnitScores
 from training.unit_scores import necessity_units
 
@@ -59,7 +59,7 @@ def object_necessity(backend, name: str, sets: tuple, scored: dict, cache: tuple
 
 def _match_probabilities(backend, sets: tuple, rows: np.ndarray, pairs: list, cache: tuple) -> np.ndarray:
     """(pairs, 2): a cross-encoder's s(x, y) and s(x', y) of each `necessity_pairs` pair, from the
-    cache or scored (`PairPool`: each distinct pair once, in batches, with progress and an ETA)."""
+    cache or scored (training/rerank.py `necessity_s`, the trainer's scoring too)."""
     (coco, dec), (folder, digests, batch) = sets, cache
     if not pairs:
         return np.zeros((0, 2), np.float32)
@@ -67,12 +67,7 @@ def _match_probabilities(backend, sets: tuple, rows: np.ndarray, pairs: list, ca
     hit = read_entry(folder, key, dec.data, 0, {"s": (len(pairs), 2)})
     if hit is not None:
         return hit[2]["s"]
-    pool, q = PairPool(), np.asarray([q for q, _, _ in pairs])
-    texts = [dec.data.gallery_captions[t] for _, t, _ in pairs]
-    x, x_removed = pool.add("coco", rows[q], texts), pool.add("queries", q, texts)
-    examples = {"coco": coco.data.retrieval, "queries": dec.data.queries}
-    s = pool.score(backend, examples, batch, with_s=True, what="PN")[:, 1]
-    out = np.stack([s[x], s[x_removed]], 1)
+    out = necessity_s(backend, coco.data.retrieval, dec.data, rows, pairs, batch)
     try:
         metrics = {"metrics": necessity(necessity_values(pairs, out))}
         store_arrays(folder, key, entry_label(key), {"s": out}, metrics)
