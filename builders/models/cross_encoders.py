@@ -58,8 +58,10 @@ class CrossEncoder(nn.Module):
 
     #: Which G: recorded with every ITM number, so deltas in different units are never compared.
     g_kind = ""
-    #: Which s of PN (the module docstring): recorded with PN; "" where the head has none.
+    #: Which s of PN (the module docstring): recorded with PN; "" where the head has none ...
     s_kind = ""
+    #: ... and why, in the one line that refuses its PN (training/report/necessity.py).
+    no_s = "its head gives no match probability s(x, y) in [0, 1]"
     column = 1
 
     def __init__(self, model) -> None:
@@ -131,6 +133,10 @@ class FlavaItc(ContrastiveHead):
 
 class ViltItm(CrossEncoder):
     g_kind, column = "vilt_itm_logit", 0
+    no_s = (
+        "ViLT's ITM head has one logit (`rank_output`), trained by a softmax over a caption and its "
+        "sampled negatives (ViLT's irtr loss), so it gives no match probability s(x, y) in [0, 1]"
+    )
 
     def logits(self, **inputs):
         return self.model(**inputs).logits
