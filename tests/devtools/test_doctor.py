@@ -339,7 +339,15 @@ def test_live_tensor_bytes_counts_what_is_alive():
     del c, d
 
 
-FAMILY_STAGES = ("itm-blip-base", "itm-blip-large", "itm-bridgetower", "itc-bridgetower", "itm-vilt", "itm-flava")
+FAMILY_STAGES = (
+    "itm-blip-base",
+    "itm-blip-large",
+    "itm-bridgetower",
+    "itc-bridgetower",
+    "itm-vilt",
+    "itm-flava",
+    "itc-flava",
+)
 
 
 def test_doctor_scores_each_cross_encoder_on_the_tiny_profile(tmp_path, tiny_models_dir, capsys):
@@ -354,6 +362,7 @@ def test_doctor_scores_each_cross_encoder_on_the_tiny_profile(tmp_path, tiny_mod
         "bridgetower_itc_logit",
         "vilt_itm_logit",
         "flava_itm_logit",
+        "flava_itc_logit",
     )
     for row, kind in zip(report["rows"], g, strict=True):
         # Two pairs a row (the caption and its counterfactual), each with its G.
@@ -389,7 +398,8 @@ def test_gpu_check_cpu_tiny_prints_a_row_per_cross_encoder(cpu_tiny):
         "BridgeTower large ITM",
         "BridgeTower large ITC",
         "ViLT B/32",
-        "FLAVA full",
+        "FLAVA full (ITM",
+        "FLAVA full (contrastive",
     )
     assert len(rows) == len(families) and all(any(f in name for name in rows) for f in families), rows
     kinds = {
@@ -397,6 +407,7 @@ def test_gpu_check_cpu_tiny_prints_a_row_per_cross_encoder(cpu_tiny):
         "BridgeTower large ITC": "bridgetower_itc_logit",  # before "Bridge": the first prefix wins
         "Bridge": "bridgetower_itm_logit",
         "ViLT": "vilt_itm_logit",
+        "FLAVA full (contrastive)": "flava_itc_logit",  # before "FLAVA"
         "FLAVA": "flava_itm_logit",
     }
     for name, row in rows.items():
