@@ -1,9 +1,8 @@
 """The doctor's cross-encoder rows: each family the report scores (BLIP ITM base and large,
-BridgeTower large ITM and ITC, ViLT, FLAVA's ITM head and its contrastive FlavaModel:
-builders/models/families.py) scoring image-caption pairs
-through the adapter the report uses (builders/models/cross_encoders.py: the model's processor, then its
-ITM head), at its published size with random weights (builders/models/production_families.py)
-or as the tiny profile's model.
+BridgeTower large ITM and ITC, ViLT, FLAVA ITM and contrastive: builders/models/families.py)
+scoring image-caption pairs through the adapter the report uses
+(builders/models/cross_encoders.py: the model's processor, then its ITM head), at its published
+size with random weights (builders/models/production_families.py) or as the tiny profile's model.
 
 At the production size the processor is the checkpoint's image preprocessing (its
 `preprocessor_config.json`: BLIP 384 x 384, BridgeTower large 294 px shorter side, ViLT 384 px
