@@ -375,15 +375,16 @@ def test_doctor_cross_encoders_at_their_published_size(tmp_path, tiny_models_dir
     from builders.models.production_configs import build_empty, parameter_count
     from builders.models.production_families import FAMILY_ARCH
 
-    report = _doctor(tmp_path, tiny_models_dir, "--stages", "itm-vilt,itm-blip-base", "--generators", "none")
-    _check_rows(report, ["itm-blip-base", "itm-vilt"])  # in the doctor's order
-    blip, vilt = report["rows"]
+    stages = "itc-flava,itm-vilt,itm-blip-base"
+    report = _doctor(tmp_path, tiny_models_dir, "--stages", stages, "--generators", "none")
+    _check_rows(report, ["itm-blip-base", "itm-vilt", "itc-flava"])  # in the doctor's order
+    blip, vilt, flava = report["rows"]
     # The weights are the published architecture's (its count: tests/models/test_production_families.py).
-    for row, arch in ((vilt, "vilt_coco"), (blip, "blip_itm_base")):
+    for row, arch in ((vilt, "vilt_coco"), (blip, "blip_itm_base"), (flava, "flava_full_itc")):
         count = parameter_count(build_empty(FAMILY_ARCH[arch]))
         assert row["weights_mib"] == pytest.approx(count * 4 / 2**20, abs=0.1), row
     # At the checkpoints' input sizes: ViLT's 384 px shorter side, BLIP's 384 x 384.
-    assert "384x384 px" in vilt["note"] and "384x384 px" in blip["note"]
+    assert "384x384 px" in vilt["note"] and "384x384 px" in blip["note"] and "224x224 px" in flava["note"]
     assert vilt["batch_fp16"]["24"] > blip["batch_fp16"]["24"] > 0
 
 
