@@ -14,8 +14,9 @@ GPU compared with the CPU, then the fp32 production-size throughput and the rele
    dtype. Written to WORKDIR/production_table.md too. `--table-only`: about 6 min on an H100
    (the sweep ~1 min, the compiled stage at most `--compile-budget`, 180 s; the generators'
    stages ~2-3 min; the cross-encoder rows, one per family the report scores: BLIP ITM base and
-   large, BridgeTower large ITM, ViLT, FLAVA at their published sizes, ITM pairs/s and peak memory
-   in fp16, builders/devtools/family_rates.py, ~1-2 min, most of it building the random weights).
+   large, BridgeTower large ITM and ITC, ViLT, FLAVA ITM and contrastive at their published
+   sizes, ITM pairs/s and peak memory in fp16, builders/devtools/family_rates.py, ~1-2 min, most
+   of it building the random weights).
 1. `python -m builders.app.demo` twice, on the CPU (`CUDA_VISIBLE_DEVICES=`) and on the GPU, each
    in its own folder; every build's parquet shards are compared row by row. fp32 on both sides,
    with TF32 off on the GPU (`NVIDIA_TF32_OVERRIDE=0`: cuDNN convolutions would use it by

@@ -6,7 +6,7 @@ caption once.
 Tiny: each family's tiny random-init model (builders/models/tiny_families.py; the tiny CLIP of
 the tiny profile) scores `--pairs` image-caption pairs. Production: each family at its published
 size with random weights (builders/models/production_families.py: BLIP ITM base and large,
-BridgeTower large, ViLT B/32, FLAVA full; CLIP ViT-B/32 from builders/models/production_configs.py)
+BridgeTower large ITM and ITC, ViLT B/32, FLAVA full ITM and contrastive; CLIP ViT-B/32 from builders/models/production_configs.py)
 with its checkpoint's image processing (builders/devtools/doctor_families.py) scores
 `--production-pairs` pairs (a few: seconds per pair on a CPU). Every cross-encoder goes through
 the adapter the report uses (builders/models/cross_encoders.py: the model's own processor, then its ITM

@@ -101,7 +101,9 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS, run=None) -> 
     """The backend `clip` trains with: CLIP / open_clip (training/backends.py), or a BLIP or
     BridgeTower retrieval checkpoint (its family from config.json), checked against `asked`
     (`--backend`). With `run` (the trainer's RunConfig): its --eval-only also loads a ViLT or FLAVA
-    one, scored and never trained, and its --first-stage is checked before any weight loads."""
+    one, scored and never trained, and its --first-stage is parsed and checked before any weight
+    loads, passed on to the evaluation's ranker as the cross-encoder's `first_stage` (a ModelSpec
+    or None; `trainer_ranker`)."""
     first, eval_only = (run.first_stage, run.eval_only) if run else (None, False)
     if clip.backend != TRANSFORMERS:
         _check_first_stage(first, clip.label, None)
@@ -110,7 +112,7 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS, run=None) -> 
         found = model_family(clip.name)
     except FamilyError as err:
         raise UserFacingError(f"--model {clip.label}: {err}") from None
-    _check_first_stage(first, clip.label, found)
+    first_stage = _check_first_stage(first, clip.label, found)
     want = CROSS_BACKENDS.get(asked)
     if want is not None and found.family.model_type != want:
         raise UserFacingError(
@@ -130,10 +132,13 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS, run=None) -> 
     from builders.models.loaders import load_image_text_model
 
     if found.architecture not in TRAINABLE:
-        return ScoredCrossEncoder(load_cross_encoder(clip, found.architecture), found.architecture)
-    model, processor = load_image_text_model(clip.name, found.architecture)
-    module = TRAINABLE[found.architecture](model.train())
-    return CrossEncoderTraining(clip, module, processor, found.family.model_type, found.architecture)
+        backend = ScoredCrossEncoder(load_cross_encoder(clip, found.architecture), found.architecture)
+    else:
+        model, processor = load_image_text_model(clip.name, found.architecture)
+        module = TRAINABLE[found.architecture](model.train())
+        backend = CrossEncoderTraining(clip, module, processor, found.family.model_type, found.architecture)
+    backend.first_stage = first_stage
+    return backend
 
 
 class ScoredCrossEncoder(CrossEncoderBackend):
@@ -158,34 +163,34 @@ class ScoredCrossEncoder(CrossEncoderBackend):
         return float("nan")
 
 
-def _check_first_stage(name: str | None, label: str, found) -> None:
+def _check_first_stage(name: str | None, label: str, found):
     """--first-stage against the model's family (`found`; None: open_clip): only a cross-encoder
-    without a contrastive head of its own re-ranks one, and it is a dual encoder."""
+    without a contrastive head of its own re-ranks one, and it is a model with embeddings; its
+    ModelSpec (`first_stage_spec`), None without one."""
     from training.rerank import FIRST_STAGE_METHOD, first_stage_spec, method_of
 
     if not name:
-        return
+        return None
     if found is None or found.dual_encoder or method_of(found.architecture) != FIRST_STAGE_METHOD:
         how = "its own embeddings" if found is None or found.dual_encoder else "its own contrastive head"
         raise UserFacingError(
             f"--first-stage picks the candidates of a cross-encoder without a contrastive head; --model {label} "
             f"ranks by {how}: drop --first-stage"
         )
-    first_stage_spec(name)
+    return first_stage_spec(name)
 
 
 def trainer_ranker(backend, run):
     """The evaluation's retrieval by the cross-encoder (training/rerank.py, the code and flags
     `counterfactory benchmark` ranks with): BLIP's ITC top --rerank-k re-ranked by ITM + ITC,
     FLAVA's contrastive ranking, and an ITM model with no contrastive head (BridgeTower's, ViLT)
-    re-ranking the top --rerank-k of the `run.first_stage` (a CLIP, or a model's own contrastive
-    head), loaded once and never trained;
+    re-ranking the top --rerank-k of its `first_stage` (`load_training_backend`'s parse of
+    --first-stage: a CLIP, or a model's own contrastive head), loaded once and never trained;
     without one, its real pairs' G only, said in one line."""
-    from training.rerank import FIRST_STAGE_METHOD, first_stage_spec, load_first_stage, method_of, ranker
+    from training.rerank import FIRST_STAGE_METHOD, load_first_stage, method_of, ranker
 
-    if run.first_stage:  # checked by load_training_backend
-        spec = first_stage_spec(run.first_stage)
-        first = functools.partial(load_first_stage, spec, run.trust_pickled_weights)
+    if backend.first_stage:
+        first = functools.partial(load_first_stage, backend.first_stage, run.trust_pickled_weights)
         return ranker(backend, backend.architecture, run.rerank_k, first)
     if method_of(backend.architecture) == FIRST_STAGE_METHOD:
         log.warning(

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from builders.engine.errors import UserFacingError
 from builders.engine.provenance import model_name
 from builders.models.cross_encoders import FIRST_STAGE_METHOD, score_pairs
 from builders.models.cross_ranking import CONTRASTIVE_METHOD, OWN_FIRST_STAGE, itc_images, itc_texts
-from builders.models.cross_ranking import method_of, reranked_scores
+from builders.models.cross_ranking import check_first_stage, method_of, reranked_scores
 from counterfactory_metrics.map_at_r.topk import stable_topk
 from training.evaluation import encode_images, encode_texts, first_captions, image_reader
 from training.necessity import CROSS_S, necessity_pairs, original_rows
@@ -225,16 +224,10 @@ def necessity_s(backend, originals, data, rows: np.ndarray, pairs: list, batch: 
 
 
 def first_stage_spec(name: str) -> ModelSpec:
-    """`--first-stage name` parsed, before any data is read: a model whose embeddings pick the
-    candidates (a CLIP, or a cross-encoder's own contrastive head: BLIP, FLAVA, BridgeTower's), or
-    one line."""
+    """`--first-stage name` parsed and checked (`cross_ranking.check_first_stage`), before any
+    data is read."""
     spec = parse_model(name, "--first-stage")
-    found = spec.family
-    if not (found.dual_encoder or found.architecture in OWN_FIRST_STAGE):
-        raise UserFacingError(
-            f"--first-stage {name[:200]!r} is a {found.family.name} cross-encoder without embeddings; "
-            "give a CLIP or a model with contrastive embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning)"
-        )
+    check_first_stage(name, spec.family)
     return spec
 
 

@@ -185,7 +185,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "memory and the batch that fits a 24/40/80 GB GPU",
         description="Instantiate every production architecture (SD v1.5 and its inpainting UNet, "
         "CLIP ViT-L/14 and ViT-B/32, roberta-base, gpt2-large, and the cross-encoders the report "
-        "scores: BLIP ITM base and large, BridgeTower large ITM, ViLT, FLAVA) with random weights "
+        "scores: BLIP ITM base and large, BridgeTower large ITM and ITC, ViLT, FLAVA ITM and contrastive) with random weights "
         "at its real size, run one item through each stage on this process's device (its GPU under CUDA, "
         "else the CPU) and print per stage the time, the peak memory and the batch size that "
         "fits a 24/40/80 GB GPU in fp16, extrapolated from the measured fp32 memory. Needs "

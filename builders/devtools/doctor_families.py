@@ -1,8 +1,8 @@
 """The doctor's cross-encoder rows: each family the report scores (BLIP ITM base and large,
-BridgeTower large ITM and ITC, ViLT, FLAVA: builders/models/families.py) scoring image-caption pairs
-through the adapter the report uses (builders/models/cross_encoders.py: the model's processor, then its
-ITM head), at its published size with random weights (builders/models/production_families.py)
-or as the tiny profile's model.
+BridgeTower large ITM and ITC, ViLT, FLAVA ITM and contrastive: builders/models/families.py)
+scoring image-caption pairs through the adapter the report uses
+(builders/models/cross_encoders.py: the model's processor, then its ITM head), at its published
+size with random weights (builders/models/production_families.py) or as the tiny profile's model.
 
 At the production size the processor is the checkpoint's image preprocessing (its
 `preprocessor_config.json`: BLIP 384 x 384, BridgeTower large 294 px shorter side, ViLT 384 px
@@ -37,6 +37,7 @@ FAMILY_ROWS = (
     FamilyRow("itc-bridgetower", "bridgetower_large_itc", "bridgetower-itc", "BridgeTower large ITC"),
     FamilyRow("itm-vilt", "vilt_coco", "vilt", "ViLT B/32 (COCO)"),
     FamilyRow("itm-flava", "flava_full", "flava", "FLAVA full (ITM head)"),
+    FamilyRow("itc-flava", "flava_full_itc", "flava-itc", "FLAVA full (contrastive)"),
 )
 FAMILY_KEYS = tuple(row.arch for row in FAMILY_ROWS)
 
@@ -55,7 +56,8 @@ def _production_images(arch: str):
             size={"shortest_edge": 294}, crop_size={"shortest_edge": 294}
         ),
         "vilt_coco": lambda: tf.ViltImageProcessor(size={"shortest_edge": 384}, size_divisor=32),
-        "flava_full": lambda: tf.FlavaImageProcessor(),
+        "flava_full": tf.FlavaImageProcessor,
+        "flava_full_itc": tf.FlavaImageProcessor,
     }[arch]()
 
 

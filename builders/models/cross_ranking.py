@@ -27,7 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from builders.engine.errors import UserFacingError
 from builders.models.cross_encoders import FIRST_STAGE_METHOD
+from builders.models.families import ModelFamily
 from builders.models.rgb import TransformersRGB
 
 #: architecture -> how it ranks (the records' `retrieval.method`).
@@ -43,6 +45,17 @@ OWN_FIRST_STAGE = {
 
 def method_of(architecture: str) -> str:
     return OWN_FIRST_STAGE.get(architecture, FIRST_STAGE_METHOD)
+
+
+def check_first_stage(name: str, found: ModelFamily) -> None:
+    """`--first-stage name` (of family `found`) for the benchmark, the trainer and the MITL
+    annotators: a model whose embeddings pick the candidates (a CLIP, or a cross-encoder's own
+    contrastive head: BLIP, FLAVA, BridgeTower's), or one line."""
+    if not (found.dual_encoder or found.architecture in OWN_FIRST_STAGE):
+        raise UserFacingError(
+            f"--first-stage {name[:200]!r} is a {found.family.name} cross-encoder without embeddings; "
+            "give a CLIP or a model with contrastive embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning)"
+        )
 
 
 def reranked_scores(method: str, g: np.ndarray, itc: np.ndarray) -> np.ndarray:

@@ -14,6 +14,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from builders.engine.errors import UserFacingError
+from builders.models.clip_ids import OPEN_CLIP, ClipId, ClipIdError, parse_clip_id
+
 log = logging.getLogger(__name__)
 
 #: BLIP's COCO retrieval `k_test` (salesforce/BLIP configs/retrieval_coco.yaml): the default k a
@@ -111,3 +114,16 @@ def model_family(model_id: str) -> ModelFamily:
         found += f" with architectures {', '.join(architectures)}" if architectures else " with no architectures"
         raise FamilyError(f"has {found}, not a model counterfactory scores; give a model of {ACCEPTED}")
     return ModelFamily(family, head)
+
+
+def named_model(name: str, flag: str = "--model") -> tuple[ClipId, ModelFamily]:
+    """`name`, given as `flag`, parsed before any data is read (the one parse of the benchmark,
+    the trainer and the MITL annotators): its id and its family (an open_clip model is a CLIP).
+    One naming nothing, or a model of no accepted family, is one line naming the flag."""
+    # An open_clip folder has no prefix to tell it: its config file does.
+    backend = OPEN_CLIP if (Path(name) / "open_clip_config.json").is_file() else None
+    try:
+        clip = parse_clip_id(name, backend)
+        return clip, ModelFamily(CLIP, "open_clip") if clip.backend == OPEN_CLIP else model_family(name)
+    except (ClipIdError, FamilyError) as err:
+        raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None

@@ -12,7 +12,8 @@ instantiates each at its published size with random weights and no download:
 - ViLT (`dandelin/vilt-b32-finetuned-coco`): one ViT-B/32 over word and patch embeddings, 384 px
   shorter side (Kim et al. ICML 2021, §3);
 - FLAVA (`facebook/flava-full`): ViT-B/16 image and text encoders, a 6-layer multimodal encoder
-  and the DALL-E codebook its pretraining heads use (Singh et al. CVPR 2022, §3).
+  and the DALL-E codebook its pretraining heads use (Singh et al. CVPR 2022, §3); its contrastive
+  model (`FlavaModel`) is the same towers and projections without the pretraining heads and codebook.
 
 Each config is the architecture fields of the checkpoint's `config.json` on the Hub (cited per
 entry); where transformers' default config is documented as that checkpoint's (ViLT's defaults
@@ -29,12 +30,13 @@ from builders.models.production_configs import BLIP_BASE, ProductionArch
 
 #: Each arch's `family` is the transformers class of the head `--model` scores (its config's
 #: `architectures`, builders/models/families.py), which `build_empty` instantiates.
-BLIP_ITM, BRIDGETOWER_ITM, BRIDGETOWER_ITC, VILT_ITM, FLAVA_PRETRAINING = (
+BLIP_ITM, BRIDGETOWER_ITM, BRIDGETOWER_ITC, VILT_ITM, FLAVA_PRETRAINING, FLAVA_ITC = (
     "BlipForImageTextRetrieval",
     "BridgeTowerForImageAndTextRetrieval",
     "BridgeTowerForContrastiveLearning",
     "ViltForImageAndTextRetrieval",
     "FlavaForPreTraining",
+    "FlavaModel",
 )
 
 # Salesforce/blip-itm-base-coco config.json: the captioner's towers (`production_configs.BLIP_BASE`:
@@ -152,6 +154,13 @@ FAMILY_ARCHS: tuple[ProductionArch, ...] = (
         FLAVA_PRETRAINING,
         FLAVA_FULL,
         source="facebook/flava-full config.json (transformers' FlavaConfig defaults)",
+    ),
+    ProductionArch(
+        "flava_full_itc",
+        "facebook/flava-full",
+        FLAVA_ITC,
+        FLAVA_FULL,
+        source="facebook/flava-full config.json (transformers' FlavaConfig defaults), as FlavaModel",
     ),
 )
 FAMILY_ARCH = {arch.name: arch for arch in FAMILY_ARCHS}

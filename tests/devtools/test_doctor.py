@@ -339,7 +339,15 @@ def test_live_tensor_bytes_counts_what_is_alive():
     del c, d
 
 
-FAMILY_STAGES = ("itm-blip-base", "itm-blip-large", "itm-bridgetower", "itc-bridgetower", "itm-vilt", "itm-flava")
+FAMILY_STAGES = (
+    "itm-blip-base",
+    "itm-blip-large",
+    "itm-bridgetower",
+    "itc-bridgetower",
+    "itm-vilt",
+    "itm-flava",
+    "itc-flava",
+)
 
 
 def test_doctor_scores_each_cross_encoder_on_the_tiny_profile(tmp_path, tiny_models_dir, capsys):
@@ -354,6 +362,7 @@ def test_doctor_scores_each_cross_encoder_on_the_tiny_profile(tmp_path, tiny_mod
         "bridgetower_itc_logit",
         "vilt_itm_logit",
         "flava_itm_logit",
+        "flava_itc_logit",
     )
     for row, kind in zip(report["rows"], g, strict=True):
         # Two pairs a row (the caption and its counterfactual), each with its G.
@@ -366,15 +375,16 @@ def test_doctor_cross_encoders_at_their_published_size(tmp_path, tiny_models_dir
     from builders.models.production_configs import build_empty, parameter_count
     from builders.models.production_families import FAMILY_ARCH
 
-    report = _doctor(tmp_path, tiny_models_dir, "--stages", "itm-vilt,itm-blip-base", "--generators", "none")
-    _check_rows(report, ["itm-blip-base", "itm-vilt"])  # in the doctor's order
-    blip, vilt = report["rows"]
+    stages = "itc-flava,itm-vilt,itm-blip-base"
+    report = _doctor(tmp_path, tiny_models_dir, "--stages", stages, "--generators", "none")
+    _check_rows(report, ["itm-blip-base", "itm-vilt", "itc-flava"])  # in the doctor's order
+    blip, vilt, flava = report["rows"]
     # The weights are the published architecture's (its count: tests/models/test_production_families.py).
-    for row, arch in ((vilt, "vilt_coco"), (blip, "blip_itm_base")):
+    for row, arch in ((vilt, "vilt_coco"), (blip, "blip_itm_base"), (flava, "flava_full_itc")):
         count = parameter_count(build_empty(FAMILY_ARCH[arch]))
         assert row["weights_mib"] == pytest.approx(count * 4 / 2**20, abs=0.1), row
     # At the checkpoints' input sizes: ViLT's 384 px shorter side, BLIP's 384 x 384.
-    assert "384x384 px" in vilt["note"] and "384x384 px" in blip["note"]
+    assert "384x384 px" in vilt["note"] and "384x384 px" in blip["note"] and "224x224 px" in flava["note"]
     assert vilt["batch_fp16"]["24"] > blip["batch_fp16"]["24"] > 0
 
 
@@ -389,7 +399,8 @@ def test_gpu_check_cpu_tiny_prints_a_row_per_cross_encoder(cpu_tiny):
         "BridgeTower large ITM",
         "BridgeTower large ITC",
         "ViLT B/32",
-        "FLAVA full",
+        "FLAVA full (ITM",
+        "FLAVA full (contrastive",
     )
     assert len(rows) == len(families) and all(any(f in name for name in rows) for f in families), rows
     kinds = {
@@ -397,6 +408,7 @@ def test_gpu_check_cpu_tiny_prints_a_row_per_cross_encoder(cpu_tiny):
         "BridgeTower large ITC": "bridgetower_itc_logit",  # before "Bridge": the first prefix wins
         "Bridge": "bridgetower_itm_logit",
         "ViLT": "vilt_itm_logit",
+        "FLAVA full (contrastive)": "flava_itc_logit",  # before "FLAVA"
         "FLAVA": "flava_itm_logit",
     }
     for name, row in rows.items():

@@ -93,17 +93,23 @@ def dalle_encoder(n: int = 256, vocab: int = 8192) -> int:
     return total + conv(8 * n, vocab, 1)
 
 
-def flava() -> int:
-    """ViT-B/16 image encoder (with a mask token), BERT-base text encoder, 6 multimodal layers,
-    each with a final LayerNorm and pooler; 4 projections and the logit scale; the MLM and MIM
-    heads twice (unimodal and multimodal), the ITM head, and the codebook."""
+def flava_itc() -> int:
+    """FlavaModel: ViT-B/16 image encoder (with a mask token), BERT-base text encoder, 6
+    multimodal layers, each with a final LayerNorm and pooler; 4 projections and the logit scale."""
     h = 768
     image = vit(h, 3072, 12, 224, 16) + h + ln(h) + lin(h, h)
     text = 30522 * h + 512 * h + 2 * h + ln(h) + 12 * layer(h, 3072) + ln(h) + lin(h, h)
     multimodal = 6 * layer(h, 3072) + h + ln(h) + lin(h, h)
+    return image + text + multimodal + 4 * lin(h, h) + 1
+
+
+def flava() -> int:
+    """FlavaForPreTraining: FlavaModel, the MLM and MIM heads twice (unimodal and multimodal), the
+    ITM head, and the codebook."""
+    h = 768
     mlm, mim = (lin(h, h) + ln(h) + lin(h, vocab) for vocab in (30522, 8192))
     itm = lin(h, h) + lin(h, 2)
-    return image + text + multimodal + 4 * lin(h, h) + 1 + 2 * mlm + 2 * mim + itm + dalle_encoder()
+    return flava_itc() + 2 * mlm + 2 * mim + itm + dalle_encoder()
 
 
 ARITHMETIC = {
@@ -113,6 +119,7 @@ ARITHMETIC = {
     "bridgetower_large_itc": bridgetower_itc,
     "vilt_coco": vilt,
     "flava_full": flava,
+    "flava_full_itc": flava_itc,
 }
 
 

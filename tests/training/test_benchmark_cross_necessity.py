@@ -240,3 +240,19 @@ def test_vilt_pn_is_refused_in_one_line_and_its_other_metrics_run(
     tasks = {(r["dataset"], r["task"]) for r in read_jsonl(tmp_path / "out" / "results.jsonl")}
     assert {("coco", "zeroshot_retrieval"), ("coco", "itm"), ("decorrelation", "odmap")} <= tasks
     assert not [t for t in tasks if t[1] == "necessity"]
+
+
+def test_a_head_without_s_is_refused_with_its_own_reason(caplog):
+    """The refusal names the head's own reason (`no_s`): ViLT's for ViLT (above), a generic one
+    for any other head without an s, never ViLT's."""
+    from types import SimpleNamespace
+
+    from builders.models.cross_encoders import CrossEncoder
+    from training.report.necessity import object_necessity
+
+    backend = SimpleNamespace(s_kind="", dual_encoder=False, module=CrossEncoder(None))
+    with caplog.at_level(logging.WARNING):
+        assert object_necessity(backend, "some-model", (None, None), {}, (None, (), 1)) is None
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("some-model: no object necessity PN") and "no match probability" in said, said
+    assert "ViLT" not in said and "rank_output" not in said, said

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from builders.engine.errors import UserFacingError
-from builders.models.clip_ids import OPEN_CLIP, ClipId, ClipIdError, parse_clip_id
-from builders.models.families import CLIP, FamilyError, ModelFamily, model_family
+from builders.models.clip_ids import ClipId
+from builders.models.families import ModelFamily, named_model
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +38,8 @@ class ModelSpec:
 
 
 def parse_model(name: str, flag: str = "--model") -> ModelSpec:
-    """`name` (given as `flag`) parsed once, before any dataset is opened; one naming nothing is
-    one line naming the flag and the spellings it may take."""
-    # An open_clip folder has no prefix to tell it: its config file does.
-    backend = OPEN_CLIP if (Path(name) / "open_clip_config.json").is_file() else None
-    try:
-        clip = parse_clip_id(name, backend)
-    except ClipIdError as err:
-        raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
-    if clip.backend == OPEN_CLIP:
-        return ModelSpec(name, clip.backend, clip, ModelFamily(CLIP, "open_clip"))
-    try:
-        family = model_family(name)
-    except FamilyError as err:
-        raise UserFacingError(f"{flag} {name[:200]!r} {err}") from None
+    """`name` (given as `flag`) parsed once, before any dataset is opened (`families.named_model`)."""
+    clip, family = named_model(name, flag)
     return ModelSpec(name, clip.backend, clip, family)
 
 

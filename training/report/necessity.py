@@ -32,15 +32,11 @@ def object_necessity(backend, name: str, sets: tuple, scored: dict, cache: tuple
     """PN per removed class and its mean, its per-unit scores and its `(query, class, PN)` values
     (for its floor) of the model `name` (`backend`), on `sets` (the --coco and the decorrelation
     datasets); `scored`: a dual encoder's embeddings of both (run.PN_ARRAYS); `cache`: the cache
-    folder, the model's digests and the batch size. None, said in one line, for a model with no s."""
+    folder, the model's digests and the batch size. None, said in one line with the head's own
+    reason (`no_s`), for a model with no s."""
     coco, dec = sets
     if not backend.s_kind:
-        log.warning(
-            "%s: no object necessity PN: ViLT's ITM head has one logit (`rank_output`), trained by a "
-            "softmax over a caption and its sampled negatives (ViLT's irtr loss), so it gives no "
-            "match probability s(x, y) in [0, 1]; its other metrics are scored",
-            name,
-        )
+        log.warning("%s: no object necessity PN: %s; its other metrics are scored", name, backend.module.no_s)
         return None
     rows = original_rows(dec.data.query_image_ids, coco.data.image_ids)
     if (rows < 0).all():

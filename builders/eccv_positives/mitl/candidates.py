@@ -34,10 +34,9 @@ from builders.engine.precision import worker_precision
 from builders.eccv_positives.mitl.image_gallery import DatasetSource, Gallery
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.engine.provenance import model_names
-from builders.models.clip_ids import OPEN_CLIP, ClipIdError, parse_clip_id
-from builders.models.cross_ranking import CONTRASTIVE_METHOD, method_of
+from builders.models.cross_ranking import CONTRASTIVE_METHOD, check_first_stage, method_of
 from builders.models.families import DEFAULT_K
-from builders.models.families import CLIP, FamilyError, model_family
+from builders.models.families import named_model
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +44,12 @@ MODALITIES = ("i2t", "t2i")
 
 
 def check_annotator(model: str) -> str | None:
-    """Refuse, in one line and before any data is read, a `--model` that cannot annotate: a
-    transformers config of another family (a BERT ...) would otherwise be loaded into a
-    random-init CLIP or fail deep inside the embedding. The architecture of a cross-encoder
-    (cross_annotators.py), None for a CLIP."""
-    backend = OPEN_CLIP if (Path(model) / "open_clip_config.json").is_file() else None
-    try:
-        if parse_clip_id(model, backend).backend == OPEN_CLIP:
-            return None
-        family = model_family(model)
-    except (ClipIdError, FamilyError) as err:
-        raise UserFacingError(f"--model {model[:200]!r} {err}") from None
-    # Every head a family accepts annotates (cross_annotators.py): any other was refused above.
-    return None if family.family is CLIP else family.architecture
+    """Refuse, in one line and before any data is read, a `--model` that cannot annotate
+    (`families.named_model`): a transformers config of another family (a BERT ...) would otherwise
+    be loaded into a random-init CLIP or fail deep inside the embedding. The architecture of a
+    cross-encoder (cross_annotators.py: every head a family accepts annotates), None for a CLIP."""
+    family = named_model(model)[1]
+    return None if family.dual_encoder else family.architecture
 
 
 @dataclass
@@ -88,8 +80,8 @@ class CandidatesConfig:
     #: Precision of the annotators' forward passes (`builders.engine.precision`; auto: fp16 on
     #: a GPU, fp32 elsewhere); the resolved one is recorded as `precision`.
     dtype: str = "auto"
-    #: A ViLT or BridgeTower annotator re-ranks this CLIP's top `rerank_k`, BLIP its own ITC's
-    #: (cross_annotators.py).
+    #: A ViLT or BridgeTower ITM annotator re-ranks this model's top `rerank_k` (a CLIP, or a model
+    #: with contrastive embeddings: `cross_ranking.check_first_stage`), BLIP its own ITC's.
     first_stage: str | None = None
     #: BLIP's COCO `k_test` (salesforce/BLIP configs/retrieval_coco.yaml), as the report's default.
     rerank_k: int = DEFAULT_K
@@ -244,27 +236,33 @@ def model_topk(
     return out
 
 
-def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> None:
+def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> str | None:
+    """The first stage's head (None: a CLIP), checked by the benchmark's rule (`check_first_stage`)."""
     crossed = [m for m, h in heads.items() if h and needs_first_stage(h)]
     if crossed and not cfg.first_stage:
         raise UserFacingError(
-            f"--model {crossed[0]!r} is a cross-encoder: name the CLIP whose top --rerank-k it re-ranks "
-            "with --first-stage ID"
+            f"--model {crossed[0]!r} is a cross-encoder: name the model whose top --rerank-k it re-ranks "
+            "with --first-stage ID (a CLIP or a model with contrastive embeddings)"
         )
-    if cfg.first_stage and check_annotator(cfg.first_stage):
-        raise UserFacingError(f"--first-stage {cfg.first_stage!r} is a cross-encoder: give a CLIP")
     reranking = [m for m, h in heads.items() if h and method_of(h) != CONTRASTIVE_METHOD]
     if reranking and cfg.rerank_k < cfg.exclusion_depth:
         raise UserFacingError(f"need --rerank-k ({cfg.rerank_k}) >= --exclusion-depth ({cfg.exclusion_depth})")
+    if not cfg.first_stage:
+        return None
+    found = named_model(cfg.first_stage, "--first-stage")[1]
+    check_first_stage(cfg.first_stage, found)
+    return None if found.dual_encoder else found.architecture
 
 
-def _annotator_topk(model: str, head: str | None, cfg: CandidatesConfig, round_: tuple, precision) -> dict:
+def _annotator_topk(model: str, heads: tuple, cfg: CandidatesConfig, round_: tuple, precision) -> dict:
     """One annotator's top-`exclusion_depth` per modality: by its embeddings (a CLIP's, FLAVA's
     contrastive ones), or its re-ranking of a first stage's top `rerank_k`: BLIP's own ITC, or
-    the --first-stage CLIP's for ViLT and BridgeTower (cross_annotators.py)."""
+    the --first-stage model's embeddings for ViLT and BridgeTower's ITM head (cross_annotators.py).
+    `heads`: the annotator's and the first stage's (None: a CLIP)."""
     gallery, queries, cache = round_
+    head, first_head = heads
     first_stage = cfg.first_stage if head and needs_first_stage(head) else None
-    own = None if first_stage else head
+    own = first_head if first_stage else head
     embedded = gallery_embeddings(first_stage or model, gallery, cache, cfg.batch_size, precision, own)
     if head is None or method_of(head) == CONTRASTIVE_METHOD:
         return model_topk(*embedded, gallery, queries, cfg.exclusion_depth)
@@ -284,7 +282,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     if (cfg.coco_root is None) == (cfg.dataset is None):
         raise UserFacingError("give the gallery as --coco-root or as --dataset (exactly one)")
     heads = {model: check_annotator(model) for model in cfg.models}
-    _check_first_stage(cfg, heads)
+    first_head = _check_first_stage(cfg, heads)
     gallery = Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root else Gallery.from_dataset(cfg.dataset)
     queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
     cache = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()).resolve()
@@ -292,7 +290,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     exclude: dict[str, dict[str, set[int]]] = {m: {} for m in MODALITIES}
     precision = worker_precision(cfg.dtype)
     for model in cfg.models:
-        top = _annotator_topk(model, heads[model], cfg, (gallery, queries, cache), precision)
+        top = _annotator_topk(model, (heads[model], first_head), cfg, (gallery, queries, cache), precision)
         for modality in MODALITIES:
             for query, row in zip(queries[modality], top[modality].tolist(), strict=True):
                 exclude[modality].setdefault(str(query), set()).update(row)

@@ -177,7 +177,8 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
         "--first-stage",
         default=None,
         metavar="ID",
-        help="the CLIP whose top --rerank-k a ViLT or BridgeTower --model re-ranks",
+        help="the model whose top --rerank-k a ViLT or BridgeTower ITM --model re-ranks: a CLIP, or a "
+        "model with contrastive embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning)",
     )
     p.add_argument(
         "--rerank-k",

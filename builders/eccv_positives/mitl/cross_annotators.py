@@ -11,7 +11,8 @@ costs |images| x |captions| calls (the paper notes the cost, §4.1).
 - BLIP's ITC embeddings (cached the same way) pick each query's top `rerank_k`, ranked by ITM
   logit + ITC similarity.
 - ViLT and BridgeTower's ITM head re-rank the top `rerank_k` of a first-stage annotator the user
-  names (`--first-stage`, a CLIP) by their own G (builders/models/cross_encoders.py:
+  names (`--first-stage`: a CLIP, or a model with contrastive embeddings, by the benchmark's rule,
+  `cross_ranking.check_first_stage`) by their own G (builders/models/cross_encoders.py:
   `logits[:, 0]` for ViLT, the "match" logit for BridgeTower).
 
 A re-ranker's top-k are its proposals and its top-`exclusion_depth` its exclusion list. With

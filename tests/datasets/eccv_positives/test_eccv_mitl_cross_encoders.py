@@ -3,7 +3,8 @@ its own paper does (BLIP: its ITC top --rerank-k re-ranked by ITM logit + ITC, a
 `train_retrieval.py` adds them; FLAVA: its contrastive embeddings), checked against rankings
 computed here with transformers' own `BlipForImageTextRetrieval` and `FlavaForPreTraining`
 calls; and the cache of the cross-encoders' scores (a second round with the same inputs loads and
-scores nothing). The ViLT annotator's test is in test_eccv_positives_mitl.py."""
+scores nothing). ViLT re-ranking a CLIP's top k is tested in test_eccv_positives_mitl.py, and
+here re-ranking a contrastive head's (FlavaModel's), as `counterfactory benchmark` allows."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def spread(tiny_families_dir, tmp_path_factory):
         ("blip", "BlipForImageTextRetrieval"),
         ("flava", "FlavaForPreTraining"),
         ("flava-itc", "FlavaModel"),
+        ("vilt", "ViltForImageAndTextRetrieval"),
     ):
         config = transformers.AutoConfig.from_pretrained(tiny_families_dir / family)
         for part in (config, *(getattr(config, n) for n in config.sub_configs)):
@@ -137,6 +139,52 @@ def test_a_flava_annotator_proposes_its_contrastive_ranking(family, head, galler
             return (out.contrastive_logits_per_image.diagonal() / model.flava.logit_scale.exp()).numpy()
 
     _check_ranking(data, name, gallery, scores)
+
+
+def test_a_vilt_annotator_reranks_the_top_k_of_a_contrastive_head_first_stage(gallery, spread, tmp_path):
+    """--first-stage may be any model with embeddings, as for the benchmark (the rule of
+    builders/models/cross_ranking.py): here FLAVA's contrastive model (FlavaModel), whose top
+    --rerank-k by its own contrastive logits ViLT re-ranks by its ITM logit (`logits[:, 0]`)."""
+    from transformers import AutoProcessor, FlavaForPreTraining, ViltForImageAndTextRetrieval
+
+    vilt, flava, k = str(spread["vilt"]), str(spread["flava-itc"]), 30
+    data = _candidates(gallery, tmp_path, "--model", vilt, "--first-stage", flava, "--rerank-k", str(k))
+    name = model_name(vilt)
+    assert data["config"]["rerankers"][name] == {
+        "architecture": "ViltForImageAndTextRetrieval",
+        "method": "first_stage_top_k_reranked_by_itm",
+        "k": k,
+        "first_stage": model_name(flava),
+        "g": "vilt_itm_logit",
+    }
+    first, first_proc = FlavaForPreTraining.from_pretrained(flava).eval(), AutoProcessor.from_pretrained(flava)
+    model, proc = ViltForImageAndTextRetrieval.from_pretrained(vilt).eval(), AutoProcessor.from_pretrained(vilt)
+
+    def scores(modality: str, q: int) -> np.ndarray:
+        images, texts = _pairs(gallery, modality, q)
+        with torch.no_grad():
+            x = first_proc(images=images, text=texts, return_tensors="pt", padding=True, truncation=True)
+            itc = first(**x, input_ids_masked=x["input_ids"], return_loss=False).contrastive_logits_per_image
+            top = np.lexsort((np.arange(len(texts)), -itc.diagonal().numpy()))[:k]  # FLAVA's top k
+            x = proc(images=images, text=texts, return_tensors="pt", padding=True, truncation=True)
+            g = model(**x).logits[:, 0].numpy()
+        out = np.full(len(texts), -np.inf)
+        out[top] = g[top]
+        return out
+
+    _check_ranking(data, name, gallery, scores)
+
+
+def test_a_first_stage_without_embeddings_is_refused_in_one_line(tiny_families_dir, tmp_path, capsys):
+    """ViLT has no embeddings to pick candidates with: one line, exit 2, before the (missing)
+    gallery is read, as the benchmark refuses it."""
+    vilt = str(tiny_families_dir / "vilt")
+    argv = ["eccv", "candidates", "--coco-root", str(tmp_path / "no-coco"), "--model", vilt, "--first-stage", vilt]
+    assert cli_main([*argv, "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "--first-stage" in err and "ViLT" in err and "without embeddings" in err and "no-coco" not in err, err
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("family", ["vilt", "blip"])
