@@ -122,11 +122,7 @@ class Ranker:
         if data.retrieval is None or data.queries is None:
             return {}
         if not self.backend.s_kind:
-            log.warning(
-                "%s: no object necessity PN: %s; its other metrics are scored",
-                self.backend.model_id,
-                self.backend.module.no_s,
-            )
+            say_no_necessity(self.backend.model_id, self.backend)
             return {}
         rows = original_rows(data.query_image_ids, data.image_ids)
         return {CROSS_S: necessity_s(self.backend, data.retrieval, data, rows, necessity_pairs(rows, data), batch)}
@@ -207,6 +203,12 @@ class PairPool:
         # The pool's keys in insertion order are its indices 0, 1, ... (`add`).
         pairs = [((which, row), text) for which, row, text in self.index]
         return score_pairs(backend, pairs, read, batch, f"{what} pairs of {backend.model_id}", with_s)
+
+
+def say_no_necessity(name: str, backend) -> None:
+    """The one line for a model with no s (ViLT), the report's and the trainer's: no PN, with the
+    head's own reason (`no_s`), its other metrics scored."""
+    log.warning("%s: no object necessity PN: %s; its other metrics are scored", name, backend.module.no_s)
 
 
 def necessity_s(backend, originals, data, rows: np.ndarray, pairs: list, batch: int) -> np.ndarray:

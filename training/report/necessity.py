@@ -19,7 +19,7 @@ import numpy as np
 from training.necessity import cosine_s, necessity, necessity_pairs, necessity_values, original_rows
 from builders.engine.array_cache import store_arrays
 from training.report.cache import entry_label, necessity_key, read_entry
-from training.rerank import necessity_s
+from training.rerank import necessity_s, say_no_necessity
 from training.statistics import UnitScores
 from training.unit_scores import necessity_units
 
@@ -36,7 +36,7 @@ def object_necessity(backend, name: str, sets: tuple, scored: dict, cache: tuple
     reason (`no_s`), for a model with no s."""
     coco, dec = sets
     if not backend.s_kind:
-        log.warning("%s: no object necessity PN: %s; its other metrics are scored", name, backend.module.no_s)
+        say_no_necessity(name, backend)
         return None
     rows = original_rows(dec.data.query_image_ids, coco.data.image_ids)
     if (rows < 0).all():
