@@ -195,7 +195,7 @@ def trainer_ranker(backend, run):
     if method_of(backend.architecture) == FIRST_STAGE_METHOD:
         log.warning(
             "--model %s (%s) has no first stage: no retrieval metrics (R@K, ODmAP), the ITM deltas "
-            "still run; give --first-stage MODEL (a CLIP whose top --rerank-k it re-ranks)",
+            "still run; give --first-stage MODEL (a CLIP or a contrastive head whose top --rerank-k it re-ranks)",
             backend.model_id,
             backend.architecture,
         )

@@ -203,11 +203,12 @@ def _check_cross_encoders(specs: list, sources: dict[str, str], first_stage: boo
         if not {"counterfactuals", "coco"} & sources.keys():
             raise UserFacingError(
                 f"--model {spec.name} is a {family} cross-encoder without a first stage: {', '.join(ranked)} "
-                "need one to re-rank; give --first-stage MODEL (a CLIP), or --counterfactuals for its ITM deltas"
+                "need one to re-rank; give --first-stage MODEL (a CLIP or a contrastive head), or --counterfactuals for "
+                "its ITM deltas"
             )
         log.warning(
             "--model %s is a %s cross-encoder without a first stage: no retrieval metrics on %s (give "
-            "--first-stage MODEL, a CLIP whose top k it re-ranks); its ITM deltas are scored",
+            "--first-stage MODEL, a CLIP or a contrastive head whose top k it re-ranks); its ITM deltas are scored",
             spec.name,
             family,
             ", ".join(ranked),
