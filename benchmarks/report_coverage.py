@@ -48,12 +48,14 @@ detectable difference (each test's own, compare.mean_tests): at n = 50 (`--power
 a = E1 + Z + delta, b = E2 + Z (E exponential, Z a shared normal unit effect) and on the real
 pairs with an image effect (A + delta, B): the share of `--power-repetitions` null samples
 (default 1,000) that the test rejects at 0.05 (one test, so no Holm) once each is shifted by its
-own printed d, and once all are shifted by the mean printed d. The first checks the claim a
-report makes: d is computed from the sample's own se and critical value (and t*), which a shift
-leaves unchanged, so "a true difference of d would be detected 80 % of the time" is a claim
-conditional on that precision (Cox 1958, the two measuring instruments). The second mixes
-samples of different precision: where the test's critical value varies from sample to sample
-(the dyadic-t's empirical degrees of freedom), the mean d is not the d of 80 % power.
+own printed d, once all are shifted by the mean printed d, and once each is shifted by the next
+sample's printed d. The first checks the claim a report makes: d is computed from the sample's
+own se and critical value (and t*), which a shift leaves unchanged, so "a true difference of d
+would be detected 80 % of the time" is a claim conditional on that precision (Cox 1958, the two
+measuring instruments). The other two mix samples of different precision: the second is the
+power at the mean d, the third the mean power at a d printed for another sample; where the
+test's critical value varies from sample to sample (the dyadic-t's empirical degrees of
+freedom), neither is the power each sample claims.
 
 Run: `python benchmarks/report_coverage.py [--repetitions N] [--resamples B]`; about 2.5
 minutes of CPU without the power check (`--power-repetitions 0`). The tables go in
@@ -243,16 +245,17 @@ def level(make, n: int, repetitions: int, resamples: int) -> tuple[int, int]:
     return sum(c.p_value < 0.05 for c in tests), sum(bool(np.isfinite(c.p_value)) for c in tests)
 
 
-def power(make, n: int, repetitions: int, resamples: int) -> tuple[float, int, int]:
-    """(delta, rejected at delta, rejected at its own d) of `repetitions` seeded null samples of n
-    units: delta their mean printed detectable difference, and how often the test rejects once
-    model A is delta above B, and once each sample's A is its own printed d above B."""
+def power(make, n: int, repetitions: int, resamples: int) -> tuple[float, int, int, int]:
+    """(delta, rejected at delta, at its own d, at another's d) of `repetitions` seeded null
+    samples of n units: delta their mean printed detectable difference, and how often the test
+    rejects once model A is delta above B, once each sample's A is its own printed d above B, and
+    once it is the next sample's printed d above B (a d drawn independently of the sample)."""
     rng = np.random.default_rng(n)
     pairs = [make(rng, n) for _ in range(repetitions)]
     found = np.array([c.detectable for c in _compared(pairs, resamples, 0)])
-    delta = float(np.nanmean(found))
+    delta, found = float(np.nanmean(found)), np.nan_to_num(found)
     rejected = []
-    for shift in (np.full(len(pairs), delta), np.nan_to_num(found)):
+    for shift in (np.full(len(pairs), delta), found, np.roll(found, 1)):
         shifted = [(dataclasses.replace(a, num=a.num + d), b) for (a, b), d in zip(pairs, shift, strict=True)]
         rejected.append(sum(c.p_value < 0.05 for c in _compared(shifted, resamples, 1)))
     return delta, *rejected
@@ -269,10 +272,12 @@ def tests_section(args) -> None:
             cells = [level(make, n, args.level_repetitions, args.resamples) for n in args.level_sizes]
             print(f"| {name} | " + " | ".join(_percent(*cell) if cell[1] else "n/a" for cell in cells) + " |")
     for name, make in POWER_KINDS.items() if args.power_repetitions else ():
-        delta, at_mean, at_own = power(make, args.power_size, args.power_repetitions, args.resamples)
-        print(f"\npower at n = {args.power_size}, {name}, {args.power_repetitions} seeded repetitions,")
-        print(f"rejected at 0.05 (target: 80 %): at its own printed d {_percent(at_own, args.power_repetitions)};")
-        print(f"at the mean printed d, {delta:.4g}, {_percent(at_mean, args.power_repetitions)}")
+        delta, at_mean, at_own, at_other = power(make, args.power_size, args.power_repetitions, args.resamples)
+        total = args.power_repetitions
+        print(f"\npower at n = {args.power_size}, {name}, {total} seeded repetitions,")
+        print(f"rejected at 0.05 (target: 80 %): at its own printed d {_percent(at_own, total)};")
+        print(f"at the mean printed d, {delta:.4g}, {_percent(at_mean, total)}; at the next sample's d")
+        print(f"{_percent(at_other, total)}")
 
 
 def few_clusters(repetitions: int, clusters: int = 6) -> tuple[int, int, int]:
