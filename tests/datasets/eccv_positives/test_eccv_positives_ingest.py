@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from datasets import load_dataset
-from helpers.eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, write_csv
+from helpers.eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, round_args, write_csv
 
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
@@ -506,6 +506,40 @@ def test_model_bias_scores_a_reranker_from_its_top_k(
         assert float(row["map_at_r"]) == pytest.approx(np.mean(expected), abs=1e-9), row
         checked += 1
     assert checked == 6  # 3 sets (2 annotators, all) x 2 modalities
+
+
+def test_model_bias_ranks_a_rounds_reranker_with_the_rounds_first_stage_and_k(
+    gallery, annotators, spread, tmp_path, capsys
+):
+    """Without --model, model-bias ranks the round's annotators with the round's own --first-stage
+    and --rerank-k (recorded in candidates.json), not the defaults: a round with a ViLT re-ranking
+    a CLIP's top 30, verified by one truthful worker."""
+    vilt, clip = str(spread["vilt"]), annotators[0]
+    argv = ["eccv", "candidates", "--coco-root", str(gallery["root"]), "--model", clip, "--model", vilt]
+    argv += ["--first-stage", clip, "--rerank-k", "30", "--cache-dir", str(tmp_path / "cache")]
+    assert cli_main([*argv, *round_args(4, 4, 2), "--output", str(tmp_path / "c.json")]) == 0
+    assert cli_main(["eccv", "tasks", str(tmp_path / "c.json"), "--output", str(tmp_path / "tasks")]) == 0
+    tasks = json.loads((tmp_path / "tasks" / "tasks.json").read_text())["tasks"]
+    rows = [
+        (t["task_id"], i["item_id"], "w", "100% YES" if truth(i, gallery) else "100% NO")
+        for t in tasks
+        for i in t["items"]
+    ]
+    round_ = ["--tasks", str(tmp_path / "tasks"), "--state", str(tmp_path / "state")]
+    assert cli_main(["eccv", "ingest", str(write_csv(tmp_path / "v.csv", rows)), *round_]) == 0
+    assert cli_main(["eccv", "model-bias", *round_, "--output", str(tmp_path / "bias")]) == 0
+    found = {
+        r["model"]: (r["retrieval"], r["k"], r["first_stage"])
+        for r in csv.DictReader(open(tmp_path / "bias" / "model_bias.csv"))
+    }
+    assert found == {
+        model_name(clip): ("contrastive", "0", ""),
+        model_name(vilt): ("first_stage_top_k_reranked_by_itm", "30", model_name(clip)),
+    }
+    assert (
+        f"{model_name(vilt)} (ranked by first_stage_top_k_reranked_by_itm, k = 30, first stage"
+        in capsys.readouterr().out
+    )
 
 
 def test_cxc_ratings_are_merged_above_the_threshold(round_dir, simulation, gallery, tmp_path):
