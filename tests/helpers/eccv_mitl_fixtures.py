@@ -1,7 +1,7 @@
 """Fixtures and helpers shared by the ECCV machine-in-the-loop tests (test_eccv_positives_mitl.py,
 test_eccv_positives_ingest.py): a fixture gallery, two tiny machine annotators, one candidates +
-tasks round and its full-matrix reference scores, each built once per test session (registered in
-conftest.py).
+tasks round and its full-matrix reference scores, and tiny cross-encoders drawn wide enough to rank
+(`spread`), each built once per test session (registered in conftest.py).
 
 conftest.py loads this module in every session, whatever tests are selected, so it imports no HF
 library (conftest.py sets their environment first) and no torch at module level.
@@ -83,6 +83,31 @@ def brute_force_scores(model_id: str, gallery) -> tuple[np.ndarray, np.ndarray]:
     first: dict[str, int] = {}
     same = [first.setdefault(t, n) for n, t in enumerate(gallery["texts"])]
     return (img @ txt.T).numpy()[:, same], (txt @ img.T).numpy()[same]
+
+
+@pytest.fixture(scope="session")
+def spread(tiny_families_dir, tmp_path_factory):
+    """family -> a copy of the tiny model drawn with weights 10x wider (initializer_range 0.2): the
+    tiny models' default draw scores every pair within ~1e-3 of each other, too alike for a
+    ranking test to tell one ranking rule from another."""
+    import torch
+    import transformers
+
+    out = {}
+    for family, cls in (
+        ("blip", "BlipForImageTextRetrieval"),
+        ("flava", "FlavaForPreTraining"),
+        ("flava-itc", "FlavaModel"),
+        ("vilt", "ViltForImageAndTextRetrieval"),
+    ):
+        config = transformers.AutoConfig.from_pretrained(tiny_families_dir / family)
+        for part in (config, *(getattr(config, n) for n in config.sub_configs)):
+            part.initializer_range = 0.2
+        torch.manual_seed(0)
+        out[family] = tmp_path_factory.mktemp("spread") / family
+        getattr(transformers, cls)(config).save_pretrained(out[family])
+        transformers.AutoProcessor.from_pretrained(tiny_families_dir / family).save_pretrained(out[family])
+    return out
 
 
 def round_args(image_queries: int, caption_queries: int, seed: int) -> list[str]:

@@ -236,7 +236,12 @@ def model_topk(
     return out
 
 
-def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> str | None:
+def reranks(head: str | None) -> bool:
+    """Whether an annotator of this head (None: a CLIP) ranks by re-ranking a top k, not by embeddings."""
+    return bool(head) and method_of(head) != CONTRASTIVE_METHOD
+
+
+def first_stage_head(cfg: CandidatesConfig, heads: dict[str, str | None]) -> str | None:
     """The first stage's head (None: a CLIP), checked by the benchmark's rule (`check_first_stage`)."""
     crossed = [m for m, h in heads.items() if h and needs_first_stage(h)]
     if crossed and not cfg.first_stage:
@@ -244,8 +249,7 @@ def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> s
             f"--model {crossed[0]!r} is a cross-encoder: name the model whose top --rerank-k it re-ranks "
             "with --first-stage ID (a CLIP or a model with contrastive embeddings)"
         )
-    reranking = [m for m, h in heads.items() if h and method_of(h) != CONTRASTIVE_METHOD]
-    if reranking and cfg.rerank_k < cfg.exclusion_depth:
+    if any(map(reranks, heads.values())) and cfg.rerank_k < cfg.exclusion_depth:
         raise UserFacingError(f"need --rerank-k ({cfg.rerank_k}) >= --exclusion-depth ({cfg.exclusion_depth})")
     if not cfg.first_stage:
         return None
@@ -254,7 +258,7 @@ def _check_first_stage(cfg: CandidatesConfig, heads: dict[str, str | None]) -> s
     return None if found.dual_encoder else found.architecture
 
 
-def _annotator_topk(model: str, heads: tuple, cfg: CandidatesConfig, round_: tuple, precision) -> dict:
+def annotator_topk(model: str, heads: tuple, cfg: CandidatesConfig, round_: tuple, precision) -> dict:
     """One annotator's top-`exclusion_depth` per modality: by its embeddings (a CLIP's, FLAVA's
     contrastive ones), or its re-ranking of a first stage's top `rerank_k`: BLIP's own ITC, or
     the --first-stage model's embeddings for ViLT and BridgeTower's ITM head (cross_annotators.py).
@@ -264,7 +268,7 @@ def _annotator_topk(model: str, heads: tuple, cfg: CandidatesConfig, round_: tup
     first_stage = cfg.first_stage if head and needs_first_stage(head) else None
     own = first_head if first_stage else head
     embedded = gallery_embeddings(first_stage or model, gallery, cache, cfg.batch_size, precision, own)
-    if head is None or method_of(head) == CONTRASTIVE_METHOD:
+    if not reranks(head):
         return model_topk(*embedded, gallery, queries, cfg.exclusion_depth)
     first = (embedded, model_topk(*embedded, gallery, queries, cfg.rerank_k))
     run = (precision, cfg.batch_size, cfg.rerank_k, first_stage)
@@ -282,7 +286,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     if (cfg.coco_root is None) == (cfg.dataset is None):
         raise UserFacingError("give the gallery as --coco-root or as --dataset (exactly one)")
     heads = {model: check_annotator(model) for model in cfg.models}
-    first_head = _check_first_stage(cfg, heads)
+    first_head = first_stage_head(cfg, heads)
     gallery = Gallery.from_coco(cfg.coco_root, cfg.splits) if cfg.coco_root else Gallery.from_dataset(cfg.dataset)
     queries = sample_queries(gallery, cfg.image_queries, cfg.caption_queries, cfg.seed)
     cache = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()).resolve()
@@ -290,7 +294,7 @@ def find_candidates(cfg: CandidatesConfig) -> Candidates:
     exclude: dict[str, dict[str, set[int]]] = {m: {} for m in MODALITIES}
     precision = worker_precision(cfg.dtype)
     for model in cfg.models:
-        top = _annotator_topk(model, (heads[model], first_head), cfg, (gallery, queries, cache), precision)
+        top = annotator_topk(model, (heads[model], first_head), cfg, (gallery, queries, cache), precision)
         for modality in MODALITIES:
             for query, row in zip(queries[modality], top[modality].tolist(), strict=True):
                 exclude[modality].setdefault(str(query), set()).update(row)

@@ -132,6 +132,8 @@ def _model_bias(args: argparse.Namespace) -> int:
         models=tuple(args.model or ()),
         cache_dir=str(args.cache_dir) if args.cache_dir else None,
         dtype=args.dtype,
+        first_stage=args.first_stage,
+        rerank_k=args.rerank_k,
     )
     with trusting_pickled_weights(args.trust_pickled_weights):
         scores = score_models(cfg)
@@ -173,19 +175,7 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
         "re-ranked by ITM + ITC) or FLAVA (its contrastive embeddings); or a ViLT or BridgeTower ITM "
         "cross-encoder with --first-stage",
     )
-    p.add_argument(
-        "--first-stage",
-        default=None,
-        metavar="ID",
-        help="the model whose top --rerank-k a ViLT or BridgeTower ITM --model re-ranks: a CLIP, or a "
-        "model with contrastive embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning)",
-    )
-    p.add_argument(
-        "--rerank-k",
-        type=positive_int,
-        default=DEFAULT_K,
-        help="candidates a BLIP, ViLT or BridgeTower --model re-ranks per query (default 256, BLIP's COCO k_test)",
-    )
+    _add_reranking(p, of_round=False)
     p.add_argument("--splits", nargs="+", default=["test"], help="Karpathy splits of a COCO gallery")
     p.add_argument("--image-queries", type=int, default=1261, help="sampled image queries (paper: 1261)")
     p.add_argument("--caption-queries", type=int, default=1333, help="sampled caption queries (paper: 1333)")
@@ -200,6 +190,27 @@ def _add_candidates(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", type=Path, required=True, help="candidates JSON file to write")
     p.add_argument(PICKLE_FLAG, action="store_true", help=PICKLE_FLAG_HELP)
     p.set_defaults(func=_candidates)
+
+
+def _add_reranking(p: argparse.ArgumentParser, of_round: bool) -> None:
+    """--first-stage and --rerank-k, one meaning for `candidates` and `model-bias` (`of_round`:
+    defaulting to the round's own when its annotators are ranked)."""
+    own = "the round's own when its annotators are ranked, else " if of_round else ""
+    first_default = f" (default: {own}none)" if of_round else ""
+    p.add_argument(
+        "--first-stage",
+        default=None,
+        metavar="ID",
+        help="the model whose top --rerank-k a ViLT or BridgeTower ITM --model re-ranks: a CLIP, or a "
+        f"model with contrastive embeddings (BLIP, FLAVA, BridgeTowerForContrastiveLearning){first_default}",
+    )
+    p.add_argument(
+        "--rerank-k",
+        type=positive_int,
+        default=None if of_round else DEFAULT_K,
+        help=f"candidates a BLIP, ViLT or BridgeTower --model re-ranks per query (default: {own}{DEFAULT_K}, "
+        "BLIP's COCO k_test)",
+    )
 
 
 def _add_tasks(sub: argparse._SubParsersAction) -> None:
@@ -282,8 +293,10 @@ def _add_model_bias(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=None,
         metavar="ID",
-        help="a model to rank (repeat; default: the round's annotators)",
+        help="a model to rank (repeat; default: the round's annotators), as `candidates` ranks it: a "
+        "re-ranker (BLIP, ViLT, BridgeTower ITM) from its top --rerank-k, which must hold each query's positives",
     )
+    _add_reranking(p, of_round=True)
     p.add_argument(
         "--cache-dir", type=Path, default=None, help="embedding cache (default: the one the round's candidates used)"
     )

@@ -2,8 +2,11 @@
 
 From one round's human-verified positive pairs, build one positive set per machine annotator
 (the verified positives that annotator proposed: the dataset a single-model MITL round would
-have produced) and the set of all of them. Every evaluated model then retrieves over the full
-gallery, and is scored with mAP@R (also R-Precision and R@1) on each set. A dataset free of model
+have produced) and the set of all of them. Every evaluated model then ranks the gallery as
+`candidates` ranks it (`candidates.annotator_topk`), and is scored with mAP@R (also R-Precision
+and R@1) on each set: a model with embeddings (a CLIP, a contrastive head) over the full gallery,
+a re-ranker (BLIP, ViLT and BridgeTower ITM) from its re-ranked top `rerank_k`, exact since mAP@R
+and R-Precision read only the top R ranks and R@1 the first (a query with R > `rerank_k` is refused). A dataset free of model
 bias ranks the models the same way whichever annotator built it; the bias of a set Θ is
 B_Θ = mean over models |s_Θ(model) - s_All(model)| (the paper's Eq. E.5), split into self-bias
 (models in Θ) and non-self-bias (the others).
@@ -26,17 +29,25 @@ import numpy as np
 
 from builders.eccv_positives.config import MITL_REPORT
 from builders.eccv_positives.mitl.candidates import (
+    MODALITIES,
     Candidates,
+    CandidatesConfig,
+    annotator_topk,
     check_annotator,
     default_cache_dir,
     distinct_captions,
+    first_stage_head,
+    reranks,
 )
+from builders.eccv_positives.mitl.cross_annotators import record
 from builders.eccv_positives.mitl.embeddings import gallery_embeddings
 from builders.engine.precision import worker_precision
 from builders.eccv_positives.mitl.tasks import load_tasks
 from builders.engine.errors import InputFileError, UserFacingError
 from builders.viewer.plots import plain_text
 from builders.engine.provenance import model_name, model_names
+from builders.models.cross_ranking import CONTRASTIVE_METHOD
+from builders.models.families import DEFAULT_K
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +71,10 @@ class ModelBiasConfig:
     #: Precision of the forward passes (as `CandidatesConfig.dtype`; the round's own to reuse
     #: its cached embeddings).
     dtype: str = "auto"
+    #: As `CandidatesConfig.first_stage` and `.rerank_k`; default: the round's own (recorded in
+    #: candidates.json's config) when its annotators are ranked, else none and DEFAULT_K.
+    first_stage: str | None = None
+    rerank_k: int | None = None
 
 
 def annotation_sets(report: dict[str, Any], cands: Candidates) -> dict[str, dict[str, dict[int, list[int]]]]:
@@ -77,58 +92,102 @@ def annotation_sets(report: dict[str, Any], cands: Candidates) -> dict[str, dict
 
 
 def score_models(cfg: ModelBiasConfig) -> list[dict[str, Any]]:
-    """One row per (evaluated model, annotation set, modality) with mAP@R, R-P and R@1."""
+    """One row per (evaluated model, annotation set, modality): how the model ranked (`retrieval`,
+    `k`, `first_stage`, the benchmark's words) and its mAP@R, R-P and R@1."""
     report_path = Path(cfg.state) / "annotations" / MITL_REPORT
     if not report_path.is_file():
         raise InputFileError(report_path, "no ingested verdicts", "run `counterfactory eccv ingest` first")
     report = json.loads(report_path.read_text())
     cands = Candidates.load(Path(load_tasks(Path(cfg.tasks))["config"]["candidates"]))
     sets = annotation_sets(report, cands)
-    # Models to embed with (specs): those asked for, else the round's annotators, whose specs as
-    # given `candidates` kept in `model_sources`; reports and tables name each by `model_name`.
+    # Models to rank (specs): those asked for, else the round's annotators, whose specs as given
+    # `candidates` kept in `model_sources`; reports and tables name each by `model_name`.
     sources = cands.config.get("model_sources", {})
     models = list(cfg.models) or [sources.get(name, name) for name in report["models"]]
     names = model_names({m: m for m in models})
-    for model in models:
-        # mAP@R here ranks the whole gallery by embedding; a cross-encoder's full ranking is
-        # |images| x |captions| forward calls, not built: refused in one line, not loaded as a CLIP.
-        if check_annotator(model):
-            raise UserFacingError(
-                f"model-bias ranks by embeddings; {model[:200]!r} is a cross-encoder: "
-                "pass --model for each dual-encoder (CLIP) annotator instead"
-            )
+    ranking = _ranking(cfg, cands.config, models)
+    heads = {model: check_annotator(model) for model in models}
+    first_head = first_stage_head(ranking, heads)  # candidates' checks, before any model is loaded
+    if any(map(reranks, heads.values())):
+        _check_depth(sets[ALL], ranking.rerank_k)
     # The round's own cache (recorded by `candidates`) holds the annotators' embeddings already.
     round_cache = cands.config.get("cache_dir")
     cache = Path(cfg.cache_dir or round_cache or default_cache_dir())
-    g = cands.gallery
+    # Every set's queries are among `all`'s: one ranking per model serves every set.
+    round_ = (cands.gallery, {m: sorted(sets[ALL][m]) for m in MODALITIES}, cache)
+    first_name = model_name(ranking.first_stage) if ranking.first_stage else None
     rows = []
     precision = worker_precision(cfg.dtype)
     for model in models:
-        images, captions = gallery_embeddings(model, g, cache, precision=precision)
-        # Captions are scored once per distinct text and the columns copied, so repeated captions
-        # tie exactly and rank by gallery index, as in the candidates (METHOD.md §2).
-        reps, slot = distinct_captions(captions, g.captions)
-        sims = {
-            "i2t": (images, np.asarray(captions[reps]), slot, g.image_ids, g.caption_ids),
-            "t2i": (captions, images, None, g.caption_ids, g.image_ids),
-        }
+        scores = _scorer(model, (heads[model], first_head), ranking, round_, precision)
+        how = _ranked_by(heads[model], ranking.rerank_k, first_name)
         for set_name, positives in sets.items():
-            for modality, sim in sims.items():
+            for modality in MODALITIES:
                 pos = positives[modality]
-                if not pos:
-                    continue
-                rows.append(
-                    {
-                        "model": names[model],
-                        "annotation_set": set_name,
-                        "modality": modality,
-                        "queries": len(pos),
-                        **_mean_scores(*sim, pos),
-                    }
-                )
+                if pos:
+                    row = {"model": names[model], **how, "annotation_set": set_name, "modality": modality}
+                    rows.append({**row, "queries": len(pos), **scores(modality, pos)})
     if not rows:
         raise UserFacingError(f"{report_path}: no verified positive pair to score models on")
     return rows
+
+
+def _ranking(cfg: ModelBiasConfig, round_config: dict[str, Any], models: list[str]) -> CandidatesConfig:
+    """The candidates settings the models rank with: `--first-stage` and `--rerank-k` as given,
+    else the round's own when its annotators are ranked; ranked lists `rerank_k` deep (a
+    re-ranker's whole re-ranked top)."""
+    own = {} if cfg.models else round_config
+    k = cfg.rerank_k or own.get("rerank_k") or DEFAULT_K
+    first = cfg.first_stage or own.get("first_stage")
+    return CandidatesConfig(models=tuple(models), first_stage=first, rerank_k=k, exclusion_depth=k, dtype=cfg.dtype)
+
+
+def _check_depth(positives: dict[str, dict[int, list[int]]], k: int) -> None:
+    """A re-ranker is scored from its top k, exact only where every query's R <= k: refused in one
+    line otherwise (raising k re-scores k pairs a query; the user chooses that cost)."""
+    over = [len(set(p)) for by_query in positives.values() for p in by_query.values() if len(set(p)) > k]
+    if over:
+        raise UserFacingError(
+            f"{len(over)} queries have more verified positives than --rerank-k {k}, which a re-ranker's "
+            f"mAP@R needs in its top --rerank-k: pass --rerank-k {max(over)} or more"
+        )
+
+
+def _ranked_by(head: str | None, k: int, first_stage: str | None) -> dict[str, Any]:
+    """How a model (head None: a CLIP) ranks, in the words of the benchmark's `retrieval` records
+    (cross_annotators.record): a CLIP, like a contrastive head, by its embeddings, k 0."""
+    found = record(head, k, first_stage) if head else {"method": CONTRASTIVE_METHOD, "k": 0, "first_stage": None}
+    return {"retrieval": found["method"], "k": found["k"], "first_stage": found["first_stage"] or ""}
+
+
+def _scorer(model: str, heads: tuple, ranking: CandidatesConfig, round_: tuple, precision) -> Any:
+    """(modality, positives) -> `model`'s METRICS, ranking as `candidates` ranks it: a re-ranker
+    from its re-ranked top `rerank_k` (`annotator_topk`), any other over the whole gallery by its
+    (or its contrastive head's) embeddings."""
+    g, queries, cache = round_
+    if reranks(heads[0]):
+        top = annotator_topk(model, heads, ranking, round_, precision)
+        return lambda modality, pos: _topk_scores(top[modality], queries[modality], pos)
+    images, captions = gallery_embeddings(model, g, cache, ranking.batch_size, precision, heads[0])
+    # Captions are scored once per distinct text and the columns copied, so repeated captions
+    # tie exactly and rank by gallery index, as in the candidates (METHOD.md §2).
+    reps, slot = distinct_captions(captions, g.captions)
+    sims = {
+        "i2t": (images, np.asarray(captions[reps]), slot, g.image_ids, g.caption_ids),
+        "t2i": (captions, images, None, g.caption_ids, g.image_ids),
+    }
+    return lambda modality, pos: _mean_scores(*sims[modality], pos)
+
+
+def _topk_scores(top: np.ndarray, q_ids: list[int], pos: dict[int, list[int]]) -> dict[str, float]:
+    """The METRICS of the queries of `pos` from their ranked lists (`top`: a row per query of
+    `q_ids`), each at least R long (`_check_depth`), so the same as from the full ranking."""
+    from counterfactory_metrics.map_at_r.retrieval import RetrievalMetricConfig, retrieval_scores
+
+    row_of = {q: n for n, q in enumerate(q_ids)}
+    ranked = {q: top[row_of[q]].tolist() for q in pos}
+    scores = retrieval_scores(ranked, pos, RetrievalMetricConfig(k_values=(1,))).as_dict()
+    return {m: scores[m] for m in METRICS}
 
 
 def _mean_scores(
@@ -234,7 +293,7 @@ def write_report(cfg: ModelBiasConfig, rows: list[dict[str, Any]]) -> Path:
                 r["annotation_set"]: r["map_at_r"] for r in rows if r["model"] == model and r["modality"] == modality
             }
             lines.append(
-                f"| {model} | "
+                f"| {model}{_ranked_words(rows, model)} | "
                 + " | ".join(f"{cells[s]:.4f} (#{ranks[s][model]})" if s in cells else "-" for s in sets)
                 + " |"
             )
@@ -247,6 +306,17 @@ def write_report(cfg: ModelBiasConfig, rows: list[dict[str, Any]]) -> Path:
     (out / "model_bias.md").write_text("\n".join(lines) + "\n")
     _plot(rows, sets, out / "model_bias.png")
     return out
+
+
+def _ranked_words(rows: list[dict[str, Any]], model: str) -> str:
+    """` (ranked by METHOD, k = K, first stage NAME)` of a model's rows, as the benchmark's
+    tables say it (training/report/markdown.py `ranking`); nothing for rows without it."""
+    found = next(r for r in rows if r["model"] == model)
+    if not found.get("retrieval"):
+        return ""
+    k = f", k = {found['k']}" if int(found["k"]) else ""
+    first = f", first stage {found['first_stage']}" if found["first_stage"] else ""
+    return f" (ranked by {found['retrieval']}{k}{first})"
 
 
 @plain_text  # model and annotator names are drawn as written

@@ -22,30 +22,6 @@ from helpers.eccv_mitl_fixtures import round_args
 ROUND = round_args(2, 2, 3)
 
 
-@pytest.fixture(scope="module")
-def spread(tiny_families_dir, tmp_path_factory):
-    """family -> a copy of the tiny model drawn with weights 10x wider (initializer_range 0.2): the
-    tiny models' default draw scores every pair within ~1e-3 of each other, too alike for a
-    ranking test to tell one ranking rule from another."""
-    import transformers
-
-    out = {}
-    for family, cls in (
-        ("blip", "BlipForImageTextRetrieval"),
-        ("flava", "FlavaForPreTraining"),
-        ("flava-itc", "FlavaModel"),
-        ("vilt", "ViltForImageAndTextRetrieval"),
-    ):
-        config = transformers.AutoConfig.from_pretrained(tiny_families_dir / family)
-        for part in (config, *(getattr(config, n) for n in config.sub_configs)):
-            part.initializer_range = 0.2
-        torch.manual_seed(0)
-        out[family] = tmp_path_factory.mktemp("spread") / family
-        getattr(transformers, cls)(config).save_pretrained(out[family])
-        transformers.AutoProcessor.from_pretrained(tiny_families_dir / family).save_pretrained(out[family])
-    return out
-
-
 def _candidates(gallery, tmp_path, *args: str, out: str = "c.json") -> dict:
     argv = ["eccv", "candidates", "--coco-root", str(gallery["root"]), *ROUND, *args]
     assert cli_main([*argv, "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / out)]) == 0

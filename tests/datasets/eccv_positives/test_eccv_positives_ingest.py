@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from datasets import load_dataset
-from helpers.eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, write_csv
+from helpers.eccv_mitl_fixtures import ANSWERS, NO, YES, no_model, ranked, round_args, write_csv
 
 from builders.app.cli import main as cli_main
 from builders.engine.provenance import model_name
@@ -424,6 +424,122 @@ def test_model_bias_ranks_models_on_single_annotator_sets(
         )
         assert int(row["queries"]) == len(positives)
         assert float(row["map_at_r"]) == pytest.approx(expected, abs=1e-9)
+
+
+def _reranked(scores, first, k: int) -> list[int]:
+    """Gallery positions ranked by `scores` among the top k by `first` (ties: lower position)."""
+    top = np.lexsort((np.arange(len(first)), -first))[:k]
+    return [int(j) for j in top[np.lexsort((top, -scores[top]))]]
+
+
+@pytest.mark.parametrize("family", ["blip", "vilt"])
+def test_model_bias_scores_a_reranker_from_its_top_k(
+    family, ingested, round_dir, gallery, annotators, brute, spread, tmp_path, capsys
+):
+    """A BLIP (its ITC top --rerank-k by ITM + ITC) or a ViLT re-ranking a CLIP's top --rerank-k
+    (its ITM logit) is scored as `candidates` ranks it, beside the CLIP (its embeddings): its
+    mAP@R on every set equals that of the ranking computed here with transformers' own calls over
+    the whole gallery; a --rerank-k below some query's number of positives is refused in one line."""
+    import torch
+    from PIL import Image
+    from transformers import AutoProcessor, BlipForImageTextRetrieval, ViltForImageAndTextRetrieval
+
+    model, clip, k = str(spread[family]), annotators[0], 30
+    argv = ["eccv", "model-bias", "--tasks", str(round_dir / "tasks"), "--state", str(round_dir / "state")]
+    argv += ["--model", model, "--model", clip, "--cache-dir", str(tmp_path / "cache")]
+    argv += ["--first-stage", clip] if family == "vilt" else []
+    assert cli_main([*argv, "--rerank-k", "2", "--output", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "queries have more verified positives than --rerank-k 2" in err, err
+    assert cli_main([*argv, "--rerank-k", str(k), "--output", str(tmp_path / "bias")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "bias" / "model_bias.csv")))
+    how = {r["model"]: (r["retrieval"], r["k"], r["first_stage"]) for r in rows}
+    assert how == {
+        model_name(clip): ("contrastive", "0", ""),
+        model_name(model): (
+            ("itc_top_k_reranked_by_itm_plus_itc", str(k), "")
+            if family == "blip"
+            else ("first_stage_top_k_reranked_by_itm", str(k), model_name(clip))
+        ),
+    }
+    assert f"| {model_name(model)} (ranked by {how[model_name(model)][0]}, k = {k}" in capsys.readouterr().out
+    # The positive sets, from the ingest report and the proposers in candidates.json.
+    report = json.loads((round_dir / "state" / "annotations" / "mitl_report.json").read_text())
+    proposed = {
+        (c["modality"], c["query_id"], c["item_id"]): c["proposed_by"]
+        for c in json.loads((round_dir / "candidates.json").read_text())["candidates"]
+    }
+    cls = BlipForImageTextRetrieval if family == "blip" else ViltForImageAndTextRetrieval
+    net, proc = cls.from_pretrained(model).eval(), AutoProcessor.from_pretrained(model)
+    images = [Image.open(p).convert("RGB") for p in gallery["paths"]]
+    texts = list(dict.fromkeys(gallery["texts"]))  # a repeated caption is one pair, one score
+    text_of = [texts.index(t) for t in gallery["texts"]]
+
+    def ranking(modality: str, q: int) -> list[int]:
+        if modality == "i2t":
+            pairs = [images[gallery["image_ids"].index(q)]] * len(texts), texts
+        else:
+            pairs = images, [gallery["texts"][gallery["caption_ids"].index(q)]] * len(images)
+        with torch.no_grad():
+            x = proc(images=pairs[0], text=pairs[1], return_tensors="pt", padding=True, truncation=True)
+            if family == "blip":
+                first = net(**x, use_itm_head=False).itm_score.diagonal().numpy()
+                score = net(**x, use_itm_head=True).itm_score[:, 1].numpy() + first
+            else:
+                score = net(**x).logits[:, 0].numpy()
+        if modality == "i2t":
+            first = first[text_of] if family == "blip" else brute[clip][0][gallery["image_ids"].index(q)]
+            return [gallery["caption_ids"][j] for j in _reranked(score[text_of], first, k)]
+        first = first if family == "blip" else brute[clip][1][gallery["caption_ids"].index(q)]
+        return [gallery["image_ids"][j] for j in _reranked(score, first, k)]
+
+    rankings: dict = {}
+    checked = 0
+    for row in (r for r in rows if r["model"] == model_name(model)):
+        m, set_name = row["modality"], row["annotation_set"]
+        positives: dict[int, set[int]] = {}
+        for mod, q, item in report["human_positive_pairs"]:
+            if mod == m and (set_name == "all" or set_name in proposed[(mod, q, item)]):
+                positives.setdefault(q, set()).add(item)
+        expected = [map_at_r(rankings.setdefault((m, q), ranking(m, q)), p) for q, p in sorted(positives.items())]
+        assert int(row["queries"]) == len(positives)
+        assert float(row["map_at_r"]) == pytest.approx(np.mean(expected), abs=1e-9), row
+        checked += 1
+    assert checked == 6  # 3 sets (2 annotators, all) x 2 modalities
+
+
+def test_model_bias_ranks_a_rounds_reranker_with_the_rounds_first_stage_and_k(
+    gallery, annotators, spread, tmp_path, capsys
+):
+    """Without --model, model-bias ranks the round's annotators with the round's own --first-stage
+    and --rerank-k (recorded in candidates.json), not the defaults: a round with a ViLT re-ranking
+    a CLIP's top 30, verified by one truthful worker."""
+    vilt, clip = str(spread["vilt"]), annotators[0]
+    argv = ["eccv", "candidates", "--coco-root", str(gallery["root"]), "--model", clip, "--model", vilt]
+    argv += ["--first-stage", clip, "--rerank-k", "30", "--cache-dir", str(tmp_path / "cache")]
+    assert cli_main([*argv, *round_args(4, 4, 2), "--output", str(tmp_path / "c.json")]) == 0
+    assert cli_main(["eccv", "tasks", str(tmp_path / "c.json"), "--output", str(tmp_path / "tasks")]) == 0
+    tasks = json.loads((tmp_path / "tasks" / "tasks.json").read_text())["tasks"]
+    rows = [
+        (t["task_id"], i["item_id"], "w", "100% YES" if truth(i, gallery) else "100% NO")
+        for t in tasks
+        for i in t["items"]
+    ]
+    round_ = ["--tasks", str(tmp_path / "tasks"), "--state", str(tmp_path / "state")]
+    assert cli_main(["eccv", "ingest", str(write_csv(tmp_path / "v.csv", rows)), *round_]) == 0
+    assert cli_main(["eccv", "model-bias", *round_, "--output", str(tmp_path / "bias")]) == 0
+    found = {
+        r["model"]: (r["retrieval"], r["k"], r["first_stage"])
+        for r in csv.DictReader(open(tmp_path / "bias" / "model_bias.csv"))
+    }
+    assert found == {
+        model_name(clip): ("contrastive", "0", ""),
+        model_name(vilt): ("first_stage_top_k_reranked_by_itm", "30", model_name(clip)),
+    }
+    assert (
+        f"{model_name(vilt)} (ranked by first_stage_top_k_reranked_by_itm, k = 30, first stage"
+        in capsys.readouterr().out
+    )
 
 
 def test_cxc_ratings_are_merged_above_the_threshold(round_dir, simulation, gallery, tmp_path):
