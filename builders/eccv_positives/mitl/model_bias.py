@@ -4,12 +4,12 @@ From one round's human-verified positive pairs, build one positive set per machi
 (the verified positives that annotator proposed: the dataset a single-model MITL round would
 have produced) and the set of all of them. Every evaluated model then ranks the gallery as
 `candidates` ranks it (`candidates.annotator_topk`), and is scored with mAP@R (also R-Precision
-and R@1) on each set: a model with embeddings (a CLIP, a contrastive head) over the full gallery,
-a re-ranker (BLIP, ViLT and BridgeTower ITM) from its re-ranked top `rerank_k`, exact since mAP@R
-and R-Precision read only the top R ranks and R@1 the first (a query with R > `rerank_k` is refused). A dataset free of model
-bias ranks the models the same way whichever annotator built it; the bias of a set Θ is
-B_Θ = mean over models |s_Θ(model) - s_All(model)| (the paper's Eq. E.5), split into self-bias
-(models in Θ) and non-self-bias (the others).
+and R@1) on each set: a model with embeddings (a CLIP, a contrastive head) over the full
+gallery, a re-ranker (BLIP, ViLT and BridgeTower ITM) from its re-ranked top `rerank_k`, exact
+since mAP@R and R-Precision read only the top R ranks and R@1 the first (a query with R >
+`rerank_k` is refused). A dataset free of model bias ranks the models the same way whichever
+annotator built it; the bias of a set Θ is B_Θ = mean over models |s_Θ(model) - s_All(model)|
+(the paper's Eq. E.5), split into self-bias (models in Θ) and non-self-bias (the others).
 
 Writes `model_bias.csv`, `model_bias.md` (mAP@R and each model's rank per set, Kendall's tau
 of each set's ranking against the ranking by all annotators, and the bias table) and
