@@ -340,7 +340,10 @@ def test_image_stage_selects_the_best_passing_candidate_whatever_the_batch(pipe,
         assert result.pair.seed == specs[best].seed and result.tried == result.passed == 5
         assert result.rejected == {"text_image": 0, "image_image": 0, "directional": 0}
         assert result.pair.directional == pytest.approx(scores[best]["dir"], abs=1e-5)
-        assert np.array_equal(np.asarray(result.pair.image_1), images[best])
+        # The candidate's own image, up to float rounding of batched kernels (docs/building.md): on
+        # one CPU thread a batch of 4 moves one of 12,288 values by one level.
+        diff = np.abs(np.asarray(result.pair.image_1).astype(int) - np.asarray(images[best]).astype(int))
+        assert diff.max() <= 1 and np.count_nonzero(diff) <= diff.size // 1000, (b, diff.max(), np.count_nonzero(diff))
 
     # Thresholds between candidates' scores (midway: float noise cannot move a candidate
     # across): each filter alone keeps exactly those above it, and all three together select
