@@ -193,6 +193,23 @@ def coco_fixture_dir() -> Path:
 LONGEST_FIRST = ("test_readme_commands.py", "test_demo.py")
 
 
+#: GB the suite writes to the temp folder and .cache/ (about 1 GB, measured 2026-11-29), with room.
+DISK_NEEDED_GB = 3
+
+
+def pytest_configure(config):
+    """On a fuller disk the tests fail with errors that do not name the cause: stop first, saying
+    so (once, in the main process)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for place in (tempfile.gettempdir(), REPO_ROOT):
+        free = shutil.disk_usage(place).free / 2**30
+        if free < DISK_NEEDED_GB:
+            raise pytest.UsageError(
+                f"{free:.1f} GB free where the tests write ({place}); they need {DISK_NEEDED_GB} GB: free some space"
+            )
+
+
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keep their order
 
