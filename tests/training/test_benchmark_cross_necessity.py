@@ -173,12 +173,15 @@ def _train_eval_only(folder, builds, out, *extra: str) -> subprocess.CompletedPr
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
 
 
-@pytest.mark.parametrize("family", ["bridgetower", "bridgetower-itc"])
+@pytest.mark.parametrize("family", ["bridgetower", "bridgetower-itc", "flava", "flava-itc"])
 def test_train_eval_only_pn_of_a_cross_encoder_is_the_benchmarks(family, builds, tiny_families_dir, tmp_path):
     """The trainer's --eval-only PN of a cross-encoder (its s: the ITM head's match probability, or
     a contrastive head's mapped cosine) equals `counterfactory benchmark`'s for the same model and
     data and the model's own transformers call, with CLIP's metric names, per-unit intervals and
-    run.json's `s_kind`; the other metrics still come out."""
+    run.json's `s_kind`; the other metrics still come out. Both 2-way ITM heads that rank
+    differently (BridgeTower's, FLAVA's `itm_logits`) and both contrastive heads (BridgeTower's,
+    and FlavaModel read by FlavaForPreTraining). BLIP's ITM head shares FLAVA's path but is left
+    out: the tiny BLIP barely sees the image (its PN is 0 to 1e-7), so the not-vacuous check fails."""
     cc, dec, _ = builds
     folder = tiny_families_dir / family
     bench = ["benchmark", "--model", str(folder), "--coco", str(cc), "--decorrelation", str(dec)]

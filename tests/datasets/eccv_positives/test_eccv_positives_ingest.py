@@ -7,6 +7,7 @@ and the model-bias report.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import random
 from pathlib import Path
@@ -432,22 +433,48 @@ def _reranked(scores, first, k: int) -> list[int]:
     return [int(j) for j in top[np.lexsort((top, -scores[top]))]]
 
 
-@pytest.mark.parametrize("family", ["blip", "vilt"])
+def _flava_itc_scores(folder, images: list, texts: list[str]) -> np.ndarray:
+    """[images x texts] contrastive logits of FLAVA's contrastive model (a FlavaModel, read by
+    FlavaForPreTraining), from one call of transformers' own forward: its global contrastive head
+    scores every image of the batch against every text, so the images are cycled to the texts'
+    count and the first len(images) rows kept."""
+    import torch
+    from transformers import AutoProcessor, FlavaForPreTraining
+
+    assert len(texts) >= len(images)
+    net, proc = FlavaForPreTraining.from_pretrained(folder).eval(), AutoProcessor.from_pretrained(folder)
+    cycled = [images[n % len(images)] for n in range(len(texts))]
+    with torch.no_grad():
+        x = proc(images=cycled, text=texts, return_tensors="pt", padding=True, truncation=True)
+        logits = net(**x, input_ids_masked=x["input_ids"], return_loss=False).contrastive_logits_per_image
+    return logits[: len(images)].numpy()
+
+
+@pytest.mark.parametrize(
+    "family, beside",
+    [
+        pytest.param("blip", "clip", id="blip"),
+        pytest.param("vilt", "clip", id="vilt"),
+        pytest.param("vilt", "flava-itc", id="vilt-after-flava-itc"),
+    ],
+)
 def test_model_bias_scores_a_reranker_from_its_top_k(
-    family, ingested, round_dir, gallery, annotators, brute, spread, tmp_path, capsys
+    family, beside, ingested, round_dir, gallery, annotators, brute, spread, tmp_path, capsys
 ):
-    """A BLIP (its ITC top --rerank-k by ITM + ITC) or a ViLT re-ranking a CLIP's top --rerank-k
-    (its ITM logit) is scored as `candidates` ranks it, beside the CLIP (its embeddings): its
-    mAP@R on every set equals that of the ranking computed here with transformers' own calls over
-    the whole gallery; a --rerank-k below some query's number of positives is refused in one line."""
+    """A BLIP (its ITC top --rerank-k by ITM + ITC) or a ViLT re-ranking the top --rerank-k of a
+    CLIP or of FLAVA's contrastive model (--first-stage; its ITM logit) is scored as `candidates`
+    ranks it, beside that CLIP or FLAVA (by their embeddings): each model's mAP@R on every set
+    equals that of the ranking computed here with transformers' own calls over the whole gallery
+    (the CLIP's: the module's brute-force matrix); a --rerank-k below some query's number of
+    positives is refused in one line."""
     import torch
     from PIL import Image
     from transformers import AutoProcessor, BlipForImageTextRetrieval, ViltForImageAndTextRetrieval
 
-    model, clip, k = str(spread[family]), annotators[0], 30
+    model, other, k = str(spread[family]), annotators[0] if beside == "clip" else str(spread[beside]), 30
     argv = ["eccv", "model-bias", "--tasks", str(round_dir / "tasks"), "--state", str(round_dir / "state")]
-    argv += ["--model", model, "--model", clip, "--cache-dir", str(tmp_path / "cache")]
-    argv += ["--first-stage", clip] if family == "vilt" else []
+    argv += ["--model", model, "--model", other, "--cache-dir", str(tmp_path / "cache")]
+    argv += ["--first-stage", other] if family == "vilt" else []
     assert cli_main([*argv, "--rerank-k", "2", "--output", str(tmp_path / "no")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "queries have more verified positives than --rerank-k 2" in err, err
@@ -455,11 +482,11 @@ def test_model_bias_scores_a_reranker_from_its_top_k(
     rows = list(csv.DictReader(open(tmp_path / "bias" / "model_bias.csv")))
     how = {r["model"]: (r["retrieval"], r["k"], r["first_stage"]) for r in rows}
     assert how == {
-        model_name(clip): ("contrastive", "0", ""),
+        model_name(other): ("contrastive", "0", ""),
         model_name(model): (
             ("itc_top_k_reranked_by_itm_plus_itc", str(k), "")
             if family == "blip"
-            else ("first_stage_top_k_reranked_by_itm", str(k), model_name(clip))
+            else ("first_stage_top_k_reranked_by_itm", str(k), model_name(other))
         ),
     }
     assert f"| {model_name(model)} (ranked by {how[model_name(model)][0]}, k = {k}" in capsys.readouterr().out
@@ -474,7 +501,13 @@ def test_model_bias_scores_a_reranker_from_its_top_k(
     images = [Image.open(p).convert("RGB") for p in gallery["paths"]]
     texts = list(dict.fromkeys(gallery["texts"]))  # a repeated caption is one pair, one score
     text_of = [texts.index(t) for t in gallery["texts"]]
+    if beside == "clip":
+        beside_i2t, beside_t2i = brute[other]
+    else:  # [gallery images x gallery captions], a repeated caption's copies tied
+        beside_i2t = _flava_itc_scores(other, images, texts)[:, text_of]
+        beside_t2i = beside_i2t.T
 
+    @functools.cache  # a query's ranking, once for its 3 sets
     def ranking(modality: str, q: int) -> list[int]:
         if modality == "i2t":
             pairs = [images[gallery["image_ids"].index(q)]] * len(texts), texts
@@ -488,24 +521,32 @@ def test_model_bias_scores_a_reranker_from_its_top_k(
             else:
                 score = net(**x).logits[:, 0].numpy()
         if modality == "i2t":
-            first = first[text_of] if family == "blip" else brute[clip][0][gallery["image_ids"].index(q)]
+            first = first[text_of] if family == "blip" else beside_i2t[gallery["image_ids"].index(q)]
             return [gallery["caption_ids"][j] for j in _reranked(score[text_of], first, k)]
-        first = first if family == "blip" else brute[clip][1][gallery["caption_ids"].index(q)]
+        first = first if family == "blip" else beside_t2i[gallery["caption_ids"].index(q)]
         return [gallery["image_ids"][j] for j in _reranked(score, first, k)]
 
-    rankings: dict = {}
+    @functools.cache
+    def beside_ranking(modality: str, q: int) -> list[int]:  # its embeddings, the whole gallery
+        if modality == "i2t":
+            return ranked(
+                beside_i2t, gallery["image_ids"].index(q), gallery["caption_ids"], len(gallery["caption_ids"])
+            )
+        return ranked(beside_t2i, gallery["caption_ids"].index(q), gallery["image_ids"], len(images))
+
     checked = 0
-    for row in (r for r in rows if r["model"] == model_name(model)):
-        m, set_name = row["modality"], row["annotation_set"]
+    for row in rows:
+        m, set_name, mine = row["modality"], row["annotation_set"], row["model"] == model_name(model)
         positives: dict[int, set[int]] = {}
         for mod, q, item in report["human_positive_pairs"]:
             if mod == m and (set_name == "all" or set_name in proposed[(mod, q, item)]):
                 positives.setdefault(q, set()).add(item)
-        expected = [map_at_r(rankings.setdefault((m, q), ranking(m, q)), p) for q, p in sorted(positives.items())]
+        rank = ranking if mine else beside_ranking
+        expected = [map_at_r(rank(m, q), p) for q, p in sorted(positives.items())]
         assert int(row["queries"]) == len(positives)
         assert float(row["map_at_r"]) == pytest.approx(np.mean(expected), abs=1e-9), row
         checked += 1
-    assert checked == 6  # 3 sets (2 annotators, all) x 2 modalities
+    assert checked == 12  # 2 models x 3 sets (2 annotators, all) x 2 modalities
 
 
 def test_model_bias_ranks_a_rounds_reranker_with_the_rounds_first_stage_and_k(
