@@ -27,7 +27,7 @@ from torchvision import transforms
 
 from builders.engine.errors import UserFacingError
 from builders.models.clip_ids import TRANSFORMERS, ClipId
-from builders.models.families import FamilyError, model_family
+from builders.models.families import named_model
 from builders.models.rgb import TransformersRGB
 from training.backends import Backend, FloorCenterCrop, HFTokenize, PixelPipeline, load_backend
 from builders.models.cross_encoders import CrossEncoderBackend, load_cross_encoder
@@ -108,10 +108,7 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS, run=None) -> 
     if clip.backend != TRANSFORMERS:
         _check_first_stage(first, clip.label, None)
         return load_backend(clip)
-    try:
-        found = model_family(clip.name)
-    except FamilyError as err:
-        raise UserFacingError(f"--model {clip.label}: {err}") from None
+    found = named_model(clip.name)[1]  # the benchmark's parse and its one line for a model of no family
     first_stage = _check_first_stage(first, clip.label, found)
     want = CROSS_BACKENDS.get(asked)
     if want is not None and found.family.model_type != want:
