@@ -33,6 +33,7 @@ from torchvision import transforms
 
 from builders.models.clip import features
 from builders.models.clip_ids import TRANSFORMERS, ClipId, open_clip_model_config
+from builders.models.cross_encoders import COSINE_S
 from builders.models.loaders import load_clip, load_open_clip
 from builders.models.rgb import TransformersRGB
 
@@ -141,7 +142,7 @@ class Backend:
     #: The ITM score G of the deltas (COSINE or CLIP_LOGITS).
     g_kind = COSINE
     #: PN's s(x, y): the cosine mapped to [0, 1], (cos + 1) / 2 (training/evaluation.py).
-    s_kind = "cosine_mapped_to_0_1"
+    s_kind = COSINE_S
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ from torchvision import transforms
 
 from builders.engine.errors import UserFacingError
 from builders.models.clip_ids import TRANSFORMERS, ClipId
-from builders.models.families import FamilyError, model_family
+from builders.models.families import named_model
 from builders.models.rgb import TransformersRGB
 from training.backends import Backend, FloorCenterCrop, HFTokenize, PixelPipeline, load_backend
 from builders.models.cross_encoders import CrossEncoderBackend, load_cross_encoder
@@ -108,10 +108,7 @@ def load_training_backend(clip: ClipId, asked: str = TRANSFORMERS, run=None) -> 
     if clip.backend != TRANSFORMERS:
         _check_first_stage(first, clip.label, None)
         return load_backend(clip)
-    try:
-        found = model_family(clip.name)
-    except FamilyError as err:
-        raise UserFacingError(f"--model {clip.label}: {err}") from None
+    found = named_model(clip.name)[1]  # the benchmark's parse and its one line for a model of no family
     first_stage = _check_first_stage(first, clip.label, found)
     want = CROSS_BACKENDS.get(asked)
     if want is not None and found.family.model_type != want:
@@ -227,11 +224,10 @@ def resolve_objective(cfg, backend) -> dict:
     was trained (training/losses.py), a cross-encoder's family objective (its options checked),
     and a cross-encoder's ranker (`trainer_ranker`); the run record's `objective`, `retrieval`
     (method, k, first stage: the benchmark's records') and `first_stage` (its weights, never
-    trained) and `necessity` (PN's s, `s_kind` as the benchmark's PN records say it, or why the
-    model has none) entries (none for a dual encoder)."""
+    trained) and `necessity` (`necessity_record`) entries (a dual encoder's `necessity` only)."""
     if backend.dual_encoder:
         cfg.optim.loss = resolve_loss(cfg.optim.loss, backend.has_logit_bias, backend.model_id)
-        return {}
+        return necessity_record(backend, cfg.data)
     check_cross_options(cfg)
     cfg.optim.loss = backend.objective
     backend.ranker = trainer_ranker(backend, cfg.run)
@@ -241,8 +237,20 @@ def resolve_objective(cfg, backend) -> dict:
         "objective": backend.record() if backend.objective else None,
         "retrieval": spec.record() if spec else None,
         **({"first_stage": {**first, "trained": False}} if first else {}),
-        "necessity": {"s_kind": backend.s_kind} if backend.s_kind else {"s_kind": None, "no_pn": backend.module.no_s},
+        **necessity_record(backend, cfg.data),
     }
+
+
+def necessity_record(backend, data) -> dict:
+    """run.json's `necessity`: PN's s (`s_kind` as the benchmark's PN records say it), or why the
+    model has none (`no_pn`); a dual encoder's only where its evaluation gives PN (`data`, the
+    run's data config, names both the retrieval split, x, and the decorrelation build, x':
+    training/eval_data.py), as a dual encoder's PN metrics are logged."""
+    if backend.dual_encoder:
+        scored = data.real is not None and data.real_test_split and data.decorrelation is not None
+        return {"necessity": {"s_kind": backend.s_kind}} if scored else {}
+    s = {"s_kind": backend.s_kind} if backend.s_kind else {"s_kind": None, "no_pn": backend.module.no_s}
+    return {"necessity": s}
 
 
 def step_seed(seed: int, step: int, process: int) -> int:

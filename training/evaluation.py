@@ -22,9 +22,10 @@ Sets (each evaluated when its source is given):
   against a random other pair (IR_r, TR_r: a seeded random derangement of the test images,
   `random_derangement(n, PAIR_SEED)` of the metric module, seed 0, recorded with the numbers).
 - necessity: object necessity PN per removed class (training/necessity.py); x is the retrieval
-  split's copy of the query's source image, so PN needs both sets: a dual encoder's embeddings,
-  or a cross-encoder's match probability s of each pair (`necessity_s`, training/rerank.py, the
-  report's scoring; `s_kind` in run.json; ViLT has none: one logged line).
+  split's copy of the query's source image, so PN needs both sets: a dual encoder's embeddings
+  (s their cosine mapped to [0, 1]), or a cross-encoder's match probability s of each pair
+  (`necessity_s`, training/rerank.py, the report's scoring); either's `s_kind` in run.json
+  (training/cross_training.py `necessity_record`); ViLT has none: one logged line.
 - validation loss: the contrastive loss on the validation examples, in order.
 - zeroshot, flickr30k: zero-shot classification with the CLIP prompt templates (`--zeroshot`)
   and Flickr30k R@K with the retrieval code above (`--flickr30k`), training/zeroshot.py.

@@ -362,18 +362,18 @@ def robust_se(metric: UnitScores) -> float:
     return float(np.sqrt(variance)) if variance > 0 else float(se)
 
 
-def dyadic_df(metric: UnitScores) -> float:
+def dyadic_df(metric: UnitScores, working: float | None = None) -> float:
     """The degrees of freedom of `robust_se`'s variance V, the smaller of two Satterthwaite (1946)
     approximations as Bell & McCaffrey (2002) refer V to t: the empirical one, 2 V^2 / (c var(s)),
     s_k = e_k (e_k + linked e) the clusters' shares of V (it sees an image effect in IR_r, where V
-    is the small difference of two large sums), and `working_df`'s. The empirical one alone is
-    noisy where linked units move together: the adverse real pairs' test rejected 9.1 % of nulls
-    at n = 8 (benchmarks/report_coverage.py; now 2-4 %)."""
+    is the small difference of two large sums), and `working_df`'s (`working`, where the caller
+    has it). The empirical one alone is noisy where linked units move together: the adverse real
+    pairs' test rejected 9.1 % of nulls at n = 8 (benchmarks/report_coverage.py; now 2-4 %)."""
     (e, linked), d = _residuals(metric), cluster_sums(metric)[1]
     s = (e * (e + linked))[d > 0]
     with np.errstate(invalid="ignore", divide="ignore"):
         empirical = 2 * s.sum() ** 2 / (len(s) * s.var(ddof=1))
-    working = working_df(metric)
+    working = working_df(metric) if working is None else working
     return max(float(min(empirical, working) if np.isfinite(empirical) else working), 1.0)
 
 

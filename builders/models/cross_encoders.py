@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 #: How a cross-encoder with no dual encoder (ViLT, BridgeTower's ITM head) ranks: the top k of a
 #: first-stage model re-ranked by its G (training/rerank.py; the MITL annotators, builders/eccv_positives/METHOD.md §2).
 FIRST_STAGE_METHOD = "first_stage_top_k_reranked_by_itm"
+#: PN's s of an embedding model (a dual encoder, a contrastive head): (cos + 1) / 2.
+COSINE_S = "cosine_mapped_to_0_1"
 
 
 class CrossEncoder(nn.Module):
@@ -98,7 +100,7 @@ class ContrastiveHead(CrossEncoder):
     """A contrastive head with no ITM head: G its logit, the learnt logit scale times the cosine
     of the pair's normalised embeddings (`cosine`); s a dual encoder's, that cosine mapped to [0, 1]."""
 
-    s_kind = "cosine_mapped_to_0_1"
+    s_kind = COSINE_S
 
     def cosine(self, **inputs) -> torch.Tensor:
         raise NotImplementedError

@@ -4,6 +4,8 @@ comparison ranks correctly, results.jsonl round-trips, bad input is one line nam
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from builders.app.cli import main as cli_main
@@ -105,13 +107,13 @@ def test_every_number_equals_the_trainers_eval_only(report, builds, tiny_models_
             if r["model"] == model_name(model) and r["task"] == "necessity"
             for n in r["metrics"]
         }
+        (pn,) = [r for r in records if r["model"] == model_name(model) and r["task"] == "necessity"]
+        assert json.loads((out / "run.json").read_text())["necessity"] == {"s_kind": pn["s_kind"]}
         # R@K both ways, ODmAP@k, 4 ITM deltas x 3, PN of at least one class and the mean
         assert compared >= 6 + 3 + 2 * 3 * 2 + 2, compared
 
 
 def test_results_round_trip_and_report(report):
-    import json
-
     from training.report.results import read_results
 
     records = read_results(report / "results.jsonl")
@@ -301,7 +303,6 @@ def test_one_more_model_encodes_only_that_model(report, builds, tiny_models_dir,
 def test_the_cache_tells_preprocessing_apart(builds, tiny_models_dir, tmp_path, monkeypatch):
     """Same weights, other preprocessing (a copy whose processor normalises differently): the
     cache must encode it again; an identical copy of the model is a hit."""
-    import json
     import shutil
 
     import training.evaluation
@@ -328,7 +329,6 @@ def test_the_cache_tells_preprocessing_apart(builds, tiny_models_dir, tmp_path, 
 def test_push_to_hub_appends_only_new_records(report, builds, repo_id):
     """Pushing the same records again adds no commit and no row, one more model adds only its
     rows, and `load_dataset` reads the repo (script-free) at its tag."""
-    import json
     from pathlib import Path
 
     from datasets import load_dataset

@@ -49,6 +49,11 @@ def test_a_model_of_no_family_is_one_line_before_any_dataset_is_read(tmp_path, c
     for family in ("CLIP", "BLIP", "BridgeTower", "ViLT", "FLAVA", *FAMILY_HEADS.values()):
         assert family in err, (family, err)
     assert str(missing) not in err and not (tmp_path / "o").exists()
+    # The trainer parses --model with the same code: the same one line, before --real is read.
+    from training.finetune_clip import main as train_main
+
+    assert train_main(["--model", str(folder), "--real", str(missing), "--output", str(tmp_path / "t")]) == 2
+    assert capsys.readouterr().err.strip() == err
 
 
 def test_a_family_without_a_scored_head_is_one_line_naming_the_head_to_give(tmp_path, capsys, tiny_families_dir):

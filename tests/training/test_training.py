@@ -438,6 +438,8 @@ def test_in_loop_metrics_equal_the_evaluate_modules_post_hoc(single_run, builds,
     for c, values in pn.items():
         assert final[f"necessity/PN_{c}"] == pytest.approx(np.mean(values), abs=1e-5), c
     assert final["necessity/PN_mean"] == pytest.approx(np.mean([v for vs in pn.values() for v in vs]), abs=1e-5)
+    # run.json names that s as the benchmark's PN records and a cross-encoder's run.json do.
+    assert json.loads((single_run / "run.json").read_text())["necessity"] == {"s_kind": "cosine_mapped_to_0_1"}
 
 
 def _error_of(capsys, argv) -> str:
@@ -689,6 +691,7 @@ def test_counterfactual_mixture_run_reports_itm_deltas_on_held_out_pairs(tmp_pat
     assert sum(s.get("counterfactual", 0) for s in (train, val, test)) == 2 * whole + extra
     final = record["final_metrics"]
     assert "val_loss" in final
+    assert "necessity" not in record and not [k for k in final if k.startswith("necessity/")]  # no PN: no s
     emb = np.load(out / "embeddings.npz")
     i0, i1, c0, c1 = emb["cf_image"][0::2], emb["cf_image"][1::2], emb["cf_text"][0::2], emb["cf_text"][1::2]
     assert len(i0) >= 1

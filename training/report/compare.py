@@ -151,11 +151,13 @@ def mean_tests(differences: dict, resamples: int, seed: int) -> dict:
     linked = {k for k, d in differences.items() if d.partners is not None} if resamples else set()
     for key in linked:
         d = differences[key]
-        se, df = robust_se(d), dyadic_df(d)
+        se = robust_se(d)
         if se > 0:
+            working = working_df(d)  # the df's working model's, and the detectable difference's
+            df = dyadic_df(d, working)
             p = 2 * special.stdtr(df, -abs(d.value() / se))
             critical = float(special.stdtrit(df, 1 - ALPHA / 2))
-            out[key] = (float(p), se, detectable(se, working_df(d), critical), "dyadic-t")
+            out[key] = (float(p), se, detectable(se, working, critical), "dyadic-t")
     for names in unit_sets({k: d for k, d in differences.items() if k not in linked}).values():
         for key, (value, se, t) in bootstrap_t({k: differences[k] for k in names}, resamples, seed).items():
             if len(t) and se > 0:
