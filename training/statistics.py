@@ -390,7 +390,8 @@ def working_df(metric: UnitScores) -> float:
     trace = n - 2 * total + n * r
     squares = n + 2 * len(links) + 2 * n * (p @ p) + (n * r) ** 2
     squares += 2 * (r * w1.sum() + total**2 - 2 * (w1 @ p) - 2 * n * r * total)
-    return max(float(trace**2 / squares), 1.0)
+    # Two clusters, each the other's partner, leave the working model no residual (Q = 0, 0/0): the floor.
+    return max(float(trace**2 / squares), 1.0) if squares > 0 else 1.0
 
 
 def dyadic_t(metric: UnitScores, level: float = LEVEL) -> tuple[float, float]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from training.statistics import UnitScores, dyadic_t, intervals, paired_difference, robust_se
+from training.statistics import UnitScores, dyadic_df, dyadic_t, intervals, paired_difference, robust_se
 from training.unit_scores import delta_units, real_partners
 
 
@@ -22,6 +22,16 @@ def _shared(partners: np.ndarray) -> np.ndarray:
     a = np.eye(n)
     a[np.arange(n), partners] = a[partners, np.arange(n)] = 1
     return a
+
+
+@pytest.mark.parametrize("num", [[1.0, 0.0], [0.5, 0.5], [0.2, 0.7]])
+def test_two_units_each_the_others_partner_get_the_floor_df_and_an_interval_in_range(num):
+    """Two real pairs, each the other's partner, leave the working model no residual (0/0): the
+    df is its floor, 1, and the interval is finite and inside the metric's range (it was NaN)."""
+    metric = UnitScores("pairs", np.array(num), partners=np.array([1, 0]), bounds=(-1.0, 1.0))
+    low, high = dyadic_t(metric)
+    assert dyadic_df(metric) == 1.0
+    assert -1.0 <= low <= np.mean(num) <= high <= 1.0
 
 
 def test_robust_se_is_the_dyadic_variance_by_hand():
