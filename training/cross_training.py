@@ -242,15 +242,14 @@ def resolve_objective(cfg, backend) -> dict:
 
 
 def necessity_record(backend, data) -> dict:
-    """run.json's `necessity`: PN's s (`s_kind` as the benchmark's PN records say it), or why the
-    model has none (`no_pn`); a dual encoder's only where its evaluation gives PN (`data`, the
-    run's data config, names both the retrieval split, x, and the decorrelation build, x':
-    training/eval_data.py), as a dual encoder's PN metrics are logged."""
-    if backend.dual_encoder:
-        scored = data.real is not None and data.real_test_split and data.decorrelation is not None
-        return {"necessity": {"s_kind": backend.s_kind}} if scored else {}
-    s = {"s_kind": backend.s_kind} if backend.s_kind else {"s_kind": None, "no_pn": backend.module.no_s}
-    return {"necessity": s}
+    """run.json's `necessity`, where the run's evaluation gives PN (`data`, the run's data config,
+    names both the retrieval split, x, and the decorrelation build, x': training/eval_data.py):
+    PN's s (`s_kind` as the benchmark's PN records say it), or why the model has none (`no_pn`)."""
+    if not (data.real is not None and data.real_test_split and data.decorrelation is not None):
+        return {}
+    if backend.dual_encoder or backend.s_kind:
+        return {"necessity": {"s_kind": backend.s_kind}}
+    return {"necessity": {"s_kind": None, "no_pn": backend.module.no_s}}
 
 
 def step_seed(seed: int, step: int, process: int) -> int:

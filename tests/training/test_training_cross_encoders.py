@@ -135,6 +135,7 @@ def test_cli_lowers_the_loss_on_a_fixed_batch_and_saves_a_model_transformers_loa
         assert math.isclose(r["loss"], sum(r[t] for t in terms), rel_tol=1e-5)
     record = json.loads((out / "run.json").read_text())
     assert record["objective"]["weights"] == {t: 1.0 for t in terms}
+    assert "necessity" not in record  # no test split nor decorrelation build: no PN, so no s (as CLIP's)
     # The before -> after table of the ITM deltas in the card, and the objective stated.
     card = (out / "final" / "README.md").read_text()
     assert "## Before -> after" in card and "itm/IR\\_c\\_mean" in card
