@@ -43,7 +43,8 @@ test: $(STAMP) lint system-deps
 # subprocess, `accelerate launch`, the browser, clean virtualenvs, the README's commands, full
 # builds and publishing; tests/README.md) and the unit tests of seconds or more (marked `slow`:
 # diffusion and caption-model runs on the CPU), and no Chromium. Measured in a fresh clone on 2 idle
-# cores (2026-11-27): 63 s of pytest, 3.0 min with the venv's creation; `make test`: 25.7 min (2026-11-29, 1,827 tests), 38.6 min (2026-11-29, 1,840 tests, a slower machine).
+# cores (2026-11-27): 63 s of pytest, 3.0 min with the venv's creation; 114 s of pytest in place on a
+# slower day (2026-11-29, 1,060 tests; 154 s with two threads a worker); `make test`: 25.0 min (2026-11-29, 1,846 tests).
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
 
