@@ -76,7 +76,9 @@ def _worker_threads() -> dict[str, str]:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // workers))}
+    # The CPUs this process may use (Linux), else all of them (macOS has no affinity call).
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"OMP_NUM_THREADS": str(max(1, cpus // workers))}
 
 
 # Before torch is imported (it reads the thread count once); subprocesses inherit it.
