@@ -44,7 +44,7 @@ test: $(STAMP) lint system-deps
 # builds and publishing; tests/README.md) and the unit tests of seconds or more (marked `slow`:
 # diffusion and caption-model runs on the CPU), and no Chromium. Measured in a fresh clone on 2 idle
 # cores (2026-11-27): 63 s of pytest, 3.0 min with the venv's creation; 114 s of pytest in place on a
-# slower day (2026-11-29, 1,060 tests; 154 s with two threads a worker); `make test`: 25.0 min (2026-11-29, 1,846 tests).
+# slower day (2026-11-29, 1,060 tests; 154 s with two threads a worker); `make test`: 22.0-25.0 min (2026-11-29, 1,846 tests).
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
 
